@@ -1,0 +1,453 @@
+"""Data-loader instrumentation injected into a captured job (self-contained).
+
+This module runs inside the traced job's interpreter, which may not have dlreplay
+installed, so it imports nothing from dlreplay.
+
+Events go into DFTracer's own per-process stream through the C region API of the
+preloaded library (``initialize_region`` / ``update_metadata_*`` /
+``finalize_region``), looked up with ctypes in the process's global symbol table.
+We do not import ``dftracer.dftracer`` (the pybind module): importing it in a
+preloaded process re-initialises the DFTracer core into a new ``-app`` file and
+discards every event the preload had buffered (measured: 1166 -> 150 events for a
+small NumPy job). Event names and categories follow ``dftracer.python.ai``:
+
+=============  ===========  ==================================================
+cat            name         meaning
+=============  ===========  ==================================================
+pipeline       epoch        one pass over a DataLoader (``epoch`` arg)
+dataloader     fetch        consumer blocked in ``next()`` for one batch
+                            (``epoch``, ``step``, ``batch_size``)
+compute        step         consumer time between receiving batch ``step`` and
+                            asking for the next one (the training step)
+data           item         one ``Dataset.__getitem__`` (``image_idx``)
+checkpoint     save / load  ``torch.save`` / ``torch.load`` (``path``, ``bytes``)
+=============  ===========  ==================================================
+
+Timestamps are taken by DFTracer itself (microseconds), so they share the clock of
+the POSIX events.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.abc
+import importlib.util
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_INT_MAX = 2**31 - 1
+_INT_MIN = -(2**31)
+
+
+_CSTRINGS: dict[str, bytes] = {}
+
+
+def _cstr(text: str) -> bytes:
+    """A NUL-terminated string that lives for the whole process.
+
+    DFTracer's region API keeps the ``const char*`` it is given for names,
+    categories and keys instead of copying them, so the bytes must never be freed.
+    """
+    b = _CSTRINGS.get(text)
+    if b is None:
+        b = _CSTRINGS[text] = text.encode("utf-8", "replace")
+    return b
+
+
+class _Regions:
+    """Thin ctypes binding of DFTracer's C region API; a no-op when not preloaded."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._fini: Any = None
+        self._finalized = False
+        if os.environ.get("DFTRACER_ENABLE") != "1":
+            return
+        try:
+            lib = ctypes.CDLL(None)
+            self._begin = lib.initialize_region
+            self._end = lib.finalize_region
+            self._set_int = lib.update_metadata_int
+            self._set_str = lib.update_metadata_string
+        except (AttributeError, OSError):
+            return
+        self._begin.restype = ctypes.c_void_p
+        self._begin.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+        self._end.restype = None
+        self._end.argtypes = [ctypes.c_void_p]
+        self._set_int.restype = None
+        self._set_int.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        self._set_str.restype = None
+        self._set_str.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+        self._fini = getattr(lib, "_Z13dftracer_finiv", None)
+        self.enabled = True
+
+    def begin(self, name: str, cat: str, **args: Any) -> int | None:
+        """Open a region now; returns a handle for :meth:`end` (None when disabled)."""
+        if not self.enabled or self._finalized:
+            return None
+        handle = self._begin(_cstr(name), _cstr(cat), 0)
+        if handle and args:
+            self.update(handle, **args)
+        return handle
+
+    def update(self, handle: int | None, **args: Any) -> None:
+        """Attach key/value args. Ints outside C int range are written as decimal strings."""
+        if not handle:
+            return
+        for key, value in args.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                value = int(value)
+            if isinstance(value, int) and _INT_MIN <= value <= _INT_MAX:
+                self._set_int(handle, _cstr(key), value)
+            else:
+                # Values are interned too: the string may be read only when the event is written.
+                self._set_str(handle, _cstr(key), _cstr(str(value)))
+
+    def end(self, handle: int | None, **args: Any) -> None:
+        """Close a region (its duration ends now)."""
+        if not handle:
+            return
+        if args:
+            self.update(handle, **args)
+        if not self._finalized:
+            self._end(handle)
+
+    def finalize(self) -> None:
+        """Flush and close this process's trace file (idempotent).
+
+        Needed where a process leaves through ``os._exit`` (multiprocessing children),
+        which skips the preload library's destructor and would lose buffered events.
+        """
+        if self.enabled and self._fini is not None and not self._finalized:
+            self._finalized = True
+            self._fini()
+
+
+REGIONS = _Regions()
+
+
+@contextmanager
+def region(name: str, cat: str = "user", **args: Any) -> Iterator[Callable[..., None]]:
+    """Trace a block as one event; yields ``update(**args)`` to add args before it ends."""
+    handle = REGIONS.begin(name, cat, **args)
+    try:
+        yield functools.partial(REGIONS.update, handle)
+    finally:
+        REGIONS.end(handle)
+
+
+def traced(name: str | None = None, cat: str = "user") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: trace every call of a function as one event."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        label = name or fn.__qualname__
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            with region(label, cat):
+                return fn(*a, **k)
+
+        return wrapper
+
+    return deco
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a collated batch: leading dim of the first tensor/array found."""
+    seen = 0
+    stack = [batch]
+    while stack and seen < 64:
+        seen += 1
+        obj = stack.pop(0)
+        shape = getattr(obj, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            if obj and not hasattr(obj[0], "shape") and not isinstance(obj[0], (list, tuple, dict)):
+                return len(obj)
+            stack.extend(obj)
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
+
+
+class _IterState:
+    __slots__ = ("epoch", "step", "epoch_handle", "step_handle", "done")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.step = 0
+        self.epoch_handle: int | None = None
+        self.step_handle: int | None = None
+        self.done = False
+
+    def close(self) -> None:
+        REGIONS.end(self.step_handle)
+        self.step_handle = None
+        REGIONS.end(self.epoch_handle, steps=self.step)
+        self.epoch_handle = None
+        self.done = True
+
+
+_open_iters: list[_IterState] = []
+_lock = threading.Lock()
+
+
+def _patch_dataloader(mod: Any) -> None:
+    loader_cls = mod.DataLoader
+    iter_cls = mod._BaseDataLoaderIter
+    if getattr(loader_cls, "_dlreplay_patched", False):
+        return
+    orig_iter = loader_cls.__iter__
+    orig_next = iter_cls.__next__
+
+    def __iter__(self: Any) -> Any:
+        it = orig_iter(self)
+        epoch = self.__dict__.get("_dlreplay_epoch", -1) + 1
+        self.__dict__["_dlreplay_epoch"] = epoch
+        prev = it.__dict__.get("_dlreplay_state")
+        if prev is not None and not prev.done:
+            prev.close()
+        state = _IterState(epoch)
+        state.epoch_handle = REGIONS.begin("epoch", "pipeline", epoch=epoch)
+        it.__dict__["_dlreplay_state"] = state
+        with _lock:
+            _open_iters.append(state)
+        return it
+
+    def __next__(self: Any) -> Any:
+        state = self.__dict__.get("_dlreplay_state")
+        if state is None or state.done:
+            return orig_next(self)
+        REGIONS.end(state.step_handle)
+        state.step_handle = None
+        handle = REGIONS.begin("fetch", "dataloader", epoch=state.epoch, step=state.step)
+        try:
+            batch = orig_next(self)
+        except StopIteration:
+            REGIONS.end(handle, batch_size=0, last=1)
+            state.close()
+            raise
+        except BaseException:
+            REGIONS.end(handle, batch_size=0, error=1)
+            state.close()
+            raise
+        REGIONS.end(handle, batch_size=_batch_size(batch))
+        state.step_handle = REGIONS.begin("step", "compute", epoch=state.epoch, step=state.step)
+        state.step += 1
+        return batch
+
+    loader_cls.__iter__ = __iter__
+    iter_cls.__next__ = __next__
+    loader_cls._dlreplay_patched = True
+
+
+def _patch_fetch(mod: Any) -> None:
+    map_cls = mod._MapDatasetFetcher
+    iter_cls = mod._IterableDatasetFetcher
+    if getattr(map_cls, "_dlreplay_patched", False):
+        return
+
+    def map_fetch(self: Any, possibly_batched_index: Any) -> Any:
+        if self.auto_collation:
+            if hasattr(self.dataset, "__getitems__") and self.dataset.__getitems__:
+                with region("items", "data", count=len(possibly_batched_index)):
+                    data = self.dataset.__getitems__(possibly_batched_index)
+            else:
+                data = []
+                for idx in possibly_batched_index:
+                    handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
+                    try:
+                        data.append(self.dataset[idx])
+                    finally:
+                        REGIONS.end(handle)
+        else:
+            idx = possibly_batched_index
+            handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
+            try:
+                data = self.dataset[idx]
+            finally:
+                REGIONS.end(handle)
+        return self.collate_fn(data)
+
+    orig_iter_fetch = iter_cls.fetch
+
+    def iter_fetch(self: Any, possibly_batched_index: Any) -> Any:
+        with region("items", "data", count=len(possibly_batched_index) if self.auto_collation else 1):
+            return orig_iter_fetch(self, possibly_batched_index)
+
+    map_cls.fetch = map_fetch
+    iter_cls.fetch = iter_fetch
+    map_cls._dlreplay_patched = True
+
+
+def _path_of(f: Any) -> str | None:
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return os.fsdecode(f)
+    name = getattr(f, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def _size_of(f: Any, path: str | None, start: int | None) -> int | None:
+    if path is not None and os.path.exists(path):
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return None
+    if start is not None and hasattr(f, "tell"):
+        try:
+            return int(f.tell()) - start
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _patch_torch(mod: Any) -> None:
+    if getattr(mod, "_dlreplay_patched", False) or not hasattr(mod, "save"):
+        return
+    orig_save = mod.save
+    orig_load = mod.load
+
+    @functools.wraps(orig_save)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _path_of(f)
+        start = f.tell() if path is None and hasattr(f, "tell") else None
+        handle = REGIONS.begin("save", "checkpoint")
+        try:
+            return orig_save(obj, f, *args, **kwargs)
+        finally:
+            REGIONS.end(handle, path=path, bytes=_size_of(f, path, start))
+
+    @functools.wraps(orig_load)
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _path_of(f)
+        handle = REGIONS.begin("load", "checkpoint")
+        try:
+            return orig_load(f, *args, **kwargs)
+        finally:
+            size = os.path.getsize(path) if path and os.path.exists(path) else None
+            REGIONS.end(handle, path=path, bytes=size)
+
+    mod.save = save
+    mod.load = load
+    serialization = sys.modules.get("torch.serialization")
+    if serialization is not None:
+        serialization.save = save
+        serialization.load = load
+    mod._dlreplay_patched = True
+
+
+_PATCHES: dict[str, Callable[[Any], None]] = {
+    "torch": _patch_torch,
+    "torch.utils.data.dataloader": _patch_dataloader,
+    "torch.utils.data._utils.fetch": _patch_fetch,
+}
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs a patch right after a target module finishes executing (no eager torch import)."""
+
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = _PATCHES.get(fullname)
+        if patch is None or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        orig_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig_exec(module)
+            try:
+                patch(module)
+            except Exception as exc:  # never break the user's job
+                print(f"dlreplay: could not instrument {fullname}: {exc}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+# ------------------------------------------------------------------ process exits
+
+
+def _close_open_iterators() -> None:
+    with _lock:
+        for state in _open_iters:
+            if not state.done:
+                state.close()
+        _open_iters.clear()
+
+
+def _finalize_process() -> None:
+    _close_open_iterators()
+    REGIONS.finalize()
+
+
+def _patch_multiprocessing() -> None:
+    """Finalize DFTracer at the end of every multiprocessing child (they leave via os._exit)."""
+    import multiprocessing.process as mp_process
+
+    cls = mp_process.BaseProcess
+    if getattr(cls, "_dlreplay_patched", False):
+        return
+    orig = cls._bootstrap
+
+    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _finalize_process()
+
+    cls._bootstrap = _bootstrap
+    cls._dlreplay_patched = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # Flush the trace, then die of the same signal so the exit status is unchanged.
+    _finalize_process()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install() -> None:
+    """Install all hooks in this process (idempotent). Called from sitecustomize."""
+    if getattr(install, "_done", False) or not REGIONS.enabled:
+        return
+    install._done = True  # type: ignore[attr-defined]
+    for name, patch in _PATCHES.items():
+        mod = sys.modules.get(name)
+        if mod is not None:
+            patch(mod)
+    sys.meta_path.insert(0, _PostImportFinder())
+    _patch_multiprocessing()
+    import atexit
+
+    atexit.register(_close_open_iterators)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):
+            pass

@@ -1,0 +1,319 @@
+"""Run a command under DFTracer and keep its trace as a dlreplay trace directory."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dlreplay
+from dlreplay.errors import CaptureError, UsageError
+from dlreplay.pfw import count_events
+from dlreplay.schema import TRACE_FORMAT_VERSION, TRACE_SCHEMA_NAME
+
+MANIFEST = "manifest.json"
+TRACE_PREFIX = "trace"
+_INJECT_DIR = Path(__file__).resolve().parent / "inject"
+_INJECT_FILES = ("sitecustomize.py", "_dlreplay_hooks.py")
+#: Environment variables recorded in the manifest (values that change I/O behaviour).
+_RECORDED_ENV_PREFIXES = ("DFTRACER_", "OMP_", "MKL_", "SLURM_", "PMI_", "OMPI_", "CUDA_", "TORCH")
+_RECORDED_ENV = ("PYTHONHASHSEED", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What to run and where to put the trace.
+
+    ``command`` is an argv list (never run through a shell). ``data_dirs`` limits
+    tracing to those trees (empty: trace every file). ``out`` defaults to
+    ``traces/<name>-<UTC timestamp>`` under the current directory.
+    """
+
+    command: tuple[str, ...]
+    out: Path | None = None
+    data_dirs: tuple[str, ...] = ()
+    name: str | None = None
+    force: bool = False
+    cwd: Path | None = None
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """Outcome of a capture. ``exit_code`` is the job's (128+N when killed by signal N)."""
+
+    trace_dir: Path
+    exit_code: int
+    status: str  # complete | failed | interrupted
+    wall_time_s: float
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def events(self) -> int:
+        return sum(int(f["events"]) for f in self.files)
+
+
+def preload_library() -> Path:
+    """Path of DFTracer's LD_PRELOAD library (from the installed ``dftracer`` wheel).
+
+    ``DLREPLAY_DFTRACER_PRELOAD`` overrides it.
+    """
+    override = os.environ.get("DLREPLAY_DFTRACER_PRELOAD")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise CaptureError(f"DLREPLAY_DFTRACER_PRELOAD={override} does not exist.")
+        return path
+    spec = importlib.util.find_spec("dftracer")
+    if spec is None or not spec.submodule_search_locations:
+        raise CaptureError("DFTracer is not installed: run `pip install dftracer` in this environment.")
+    for base in spec.submodule_search_locations:
+        for sub in ("lib64", "lib"):
+            candidate = Path(base) / sub / "libdftracer_preload.so"
+            if candidate.is_file():
+                return candidate
+    raise CaptureError(
+        "the installed dftracer package has no libdftracer_preload.so; "
+        "reinstall it (`pip install --force-reinstall dftracer`) or set DLREPLAY_DFTRACER_PRELOAD."
+    )
+
+
+def data_dir_spellings(data_dirs: Sequence[str], cwd: Path) -> list[str]:
+    """Every spelling of each data dir that DFTracer's prefix match may see.
+
+    DFTracer compares the path string the program passed, so a job that opens
+    ``data/x.npz`` is missed by a filter on ``/abs/data``: include the absolute,
+    the real (symlinks resolved), and the cwd-relative spellings.
+    """
+    out: list[str] = []
+    for d in data_dirs:
+        p = Path(d)
+        absolute = p if p.is_absolute() else (cwd / p)
+        candidates = {
+            os.path.normpath(str(absolute)),
+            os.path.realpath(absolute),
+        }
+        for c in list(candidates):
+            rel = os.path.relpath(c, cwd)
+            candidates.add(rel)
+            if not rel.startswith(".."):
+                candidates.add("./" + rel)
+        if not p.is_absolute():
+            candidates.add(d)
+        out.extend(sorted(candidates))
+    return list(dict.fromkeys(out))
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path("traces") / f"{name}-{stamp}"
+
+
+def _prepare_out_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise CaptureError(f"{out} exists and is not a directory; choose another --out.")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise CaptureError(
+                f"{out} is not empty; pass --force to replace a previous capture there, or choose another --out."
+            )
+        # --force replaces only what a capture writes; anything else stays.
+        for child in out.iterdir():
+            if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _versions() -> dict[str, str | None]:
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "dlreplay": dlreplay.__version__,
+        "dftracer": version("dftracer"),
+        "pydftracer": version("pydftracer"),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+    }
+
+
+def _recorded_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if k.startswith(_RECORDED_ENV_PREFIXES) or k in _RECORDED_ENV
+    }
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> dict[str, str]:
+    """The job's environment: the caller's plus DFTracer's and our injection path."""
+    env = dict(os.environ)
+    env.update(dict(config.extra_env))
+    preload = str(preload_library())
+    env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
+    env["DFTRACER_ENABLE"] = "1"
+    env["DFTRACER_INIT"] = "PRELOAD"
+    env["DFTRACER_INC_METADATA"] = "1"
+    env["DFTRACER_LOG_FILE"] = str(out.resolve() / TRACE_PREFIX)
+    env["DFTRACER_DATA_DIR"] = ":".join(data_dir_spellings(config.data_dirs, cwd)) if config.data_dirs else "all"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(inject_dir), env.get("PYTHONPATH", "")) if p)
+    env["DLREPLAY_CAPTURE"] = "1"
+    return env
+
+
+def run_capture(config: CaptureConfig) -> CaptureResult:
+    """Run ``config.command`` under DFTracer; write the trace dir and its manifest.
+
+    The job's exit code is returned in the result (the trace is kept and marked
+    ``failed`` / ``interrupted`` when the job fails or is stopped). SIGINT/SIGTERM
+    received by this process are forwarded to the job.
+    """
+    if not config.command:
+        raise UsageError("no command to capture: put it after `--`, e.g. `dlreplay capture -- python train.py`.")
+    cwd = (config.cwd or Path.cwd()).resolve()
+    name = config.name or Path(config.command[0]).stem or "job"
+    out = config.out or default_out_dir(name)
+    if not out.is_absolute():
+        out = Path.cwd() / out
+    executable = shutil.which(config.command[0], path=os.environ.get("PATH")) if os.sep not in config.command[0] else config.command[0]
+    if executable is None or not os.path.exists(executable if os.path.isabs(executable) else cwd / executable):
+        raise CaptureError(f"command not found: {config.command[0]}")
+    _prepare_out_dir(out, config.force)
+
+    inject_dir = Path(tempfile.mkdtemp(prefix="dlreplay-inject-"))
+    for fname in _INJECT_FILES:
+        shutil.copy2(_INJECT_DIR / fname, inject_dir / fname)
+    env = build_env(config, out, inject_dir, cwd)
+
+    manifest: dict[str, Any] = {
+        "schema": TRACE_SCHEMA_NAME,
+        "format_version": TRACE_FORMAT_VERSION,
+        "status": "running",
+        "name": name,
+        "command": list(config.command),
+        "cwd": str(cwd),
+        "env": _recorded_env(env),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "start_time": _now_iso(),
+        "start_time_us": time.time_ns() // 1000,
+        "versions": _versions(),
+        "data_dirs": [str((cwd / d).resolve()) if not os.path.isabs(d) else d for d in config.data_dirs],
+        "trace_prefix": TRACE_PREFIX,
+    }
+    manifest_path = out / MANIFEST
+    _write_json_atomic(manifest_path, manifest)
+
+    interrupted = False
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                returncode = proc.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - handler above normally wins
+                interrupted = True
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        shutil.rmtree(inject_dir, ignore_errors=True)
+    wall = time.perf_counter() - t0
+
+    exit_code = returncode if returncode >= 0 else 128 - returncode
+    killed_by = -returncode if returncode < 0 else None
+    if interrupted or killed_by in (signal.SIGINT, signal.SIGTERM):
+        status = "interrupted"
+    elif returncode != 0:
+        status = "failed"
+    else:
+        status = "complete"
+
+    files = []
+    for path in sorted(out.glob(f"{TRACE_PREFIX}-*.pfw*")):
+        counted = count_events(path)
+        files.append(
+            {
+                "name": path.name,
+                "bytes": path.stat().st_size,
+                "events": counted.events,
+                "damaged": counted.damaged,
+            }
+        )
+    manifest.update(
+        {
+            "status": status,
+            "exit_code": exit_code,
+            "killed_by_signal": killed_by,
+            "end_time": _now_iso(),
+            "end_time_us": time.time_ns() // 1000,
+            "wall_time_s": round(wall, 6),
+            "files": files,
+            "events": sum(f["events"] for f in files),
+        }
+    )
+    _write_json_atomic(manifest_path, manifest)
+    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files)
+
+
+def read_manifest(trace_dir: Path) -> dict[str, Any] | None:
+    """The manifest of a trace dir, or None if it has none. Rejects other schemas/versions."""
+    from dlreplay.errors import ArtifactVersionError
+
+    path = Path(trace_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactVersionError(f"{path} is not valid JSON ({exc}); recapture or delete it.") from exc
+    if data.get("schema") != TRACE_SCHEMA_NAME:
+        raise ArtifactVersionError(f"{path} names schema {data.get('schema')!r}, expected {TRACE_SCHEMA_NAME!r}.")
+    if int(data.get("format_version", -1)) > TRACE_FORMAT_VERSION:
+        raise ArtifactVersionError(
+            f"{path} has format_version {data.get('format_version')}, newer than this dlreplay reads "
+            f"({TRACE_FORMAT_VERSION}); upgrade dlreplay."
+        )
+    return data
+
+
+def main_python() -> str:
+    """The interpreter running dlreplay (handy for capturing Python jobs)."""
+    return sys.executable

@@ -1,0 +1,63 @@
+"""The event table: the typed polars schema every stage agrees on.
+
+One row per traced event (POSIX/STDIO call, data-loader event, checkpoint event).
+Metadata records of DFTracer (``FH`` file hashes, ``HH`` host hashes, ``PR`` etc.)
+are consumed while loading and are not rows.
+
+Units: ``ts`` and ``dur`` are microseconds (``ts`` since the Unix epoch, as DFTracer
+writes them with its default ``US`` time metric); every size and offset is bytes.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+TRACE_SCHEMA_NAME = "dlreplay.trace"
+TRACE_FORMAT_VERSION = 1
+
+#: Columns of the table returned by :func:`dlreplay.analyze.load`, in order.
+EVENT_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.Int64(),  # process id
+    "tid": pl.Int64(),  # thread id
+    "ppid": pl.Int64(),  # parent process id (from DFTracer's per-process start record), null if unknown
+    "host": pl.Utf8(),  # host name (resolved from HH records), else the host hash
+    "ts": pl.Int64(),  # start, microseconds since the Unix epoch
+    "dur": pl.Int64(),  # duration, microseconds
+    "cat": pl.Utf8(),  # POSIX, STDIO, dataloader, data, pipeline, compute, checkpoint, ...
+    "name": pl.Utf8(),  # operation: read, pread64, open64, lseek64, fetch, item, epoch, step, ...
+    "file": pl.Utf8(),  # resolved file path (FH record of any file of the run), null if none
+    "fhash": pl.Utf8(),  # DFTracer file hash as written (hex string), null if none
+    "size_requested": pl.Int64(),  # bytes asked for (read/write ``count``), null if n/a
+    "size": pl.Int64(),  # bytes transferred (``ret`` of read/write >= 0; checkpoint bytes)
+    "offset": pl.Int64(),  # file offset where the transfer starts (given or reconstructed)
+    "ret": pl.Int64(),  # raw return value where recorded (lseek: the new offset)
+    "epoch": pl.Int64(),  # data-loader epoch (0-based), null when not a data-loader event
+    "step": pl.Int64(),  # batch index within the epoch (fetch/step events)
+    "batch_size": pl.Int64(),  # samples in the batch (fetch events)
+    "sample_index": pl.Int64(),  # dataset index of the sample (item events)
+    "source": pl.Utf8(),  # trace file the event came from (basename)
+}
+
+#: Operation groups used across analyses (names as DFTracer writes them).
+READ_OPS = ("read", "pread", "pread64", "readv", "preadv", "preadv2", "fread")
+WRITE_OPS = ("write", "pwrite", "pwrite64", "writev", "pwritev", "pwritev2", "fwrite")
+OPEN_OPS = ("open", "open64", "openat", "openat64", "creat", "creat64", "fopen", "fopen64")
+CLOSE_OPS = ("close", "fclose")
+SEEK_OPS = ("lseek", "lseek64", "fseek", "fseeko", "fseeko64")
+STAT_OPS = ("stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "xstat", "xstat64",
+            "__xstat", "__xstat64", "__lxstat", "__lxstat64", "__fxstat", "__fxstat64",
+            "statx", "fstatat", "fstatat64", "newfstatat", "access", "faccessat")
+SYNC_OPS = ("fsync", "fdatasync", "sync_file_range", "msync")
+IO_CATEGORIES = ("POSIX", "STDIO")
+
+# Data-loader events written by ``dlreplay capture`` (names follow dftracer.python.ai).
+CAT_DATALOADER = "dataloader"  # name "fetch": consumer waits for one batch
+CAT_DATA = "data"  # name "item": one Dataset.__getitem__ in a worker
+CAT_PIPELINE = "pipeline"  # name "epoch": one pass over a DataLoader
+CAT_COMPUTE = "compute"  # name "step": consumer time between two batches
+CAT_CHECKPOINT = "checkpoint"  # names "save" / "load": torch.save / torch.load
+
+
+def empty_events() -> pl.DataFrame:
+    """An event table with no rows and the full schema."""
+    return pl.DataFrame(schema=EVENT_SCHEMA)
