@@ -1,0 +1,46 @@
+# dlreplay: two commands on a fresh machine, `make demo` and `make test`.
+# Both create .venv if missing and install the package (editable) with the extras they need;
+# the install is skipped while pyproject.toml is unchanged, so second runs are fast.
+
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.dlreplay-installed
+EXTRAS  ?= torch,mpi,dev
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo test test-fast lint bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned to 2.13.0 (the local CPU build) in the `torch` extra; pip never resolves a newer one.
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and install dlreplay with all extras
+
+demo: $(STAMP)  ## run the whole pipeline on the bundled example job (outputs in demo-out/)
+	$(VENV)/bin/dlreplay demo --out demo-out
+
+test: $(STAMP)  ## run the test suite (unit + end-to-end on real captures)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)  ## unit tests only (skips the slow end-to-end captures)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+lint: $(STAMP)  ## ruff (lint + format check) and mypy on the package
+	$(VENV)/bin/ruff check dlreplay capture analyze replay tests benchmarks examples
+	$(VENV)/bin/mypy dlreplay capture analyze
+
+bench: $(STAMP)  ## reproducible measurements (ratios against baselines measured in the same run)
+	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/capture_overhead.py
+
+clean:  ## remove the virtualenv and generated outputs
+	rm -rf $(VENV) demo-out bench-data .pytest_cache

@@ -1,0 +1,216 @@
+"""dlreplay capture: real DFTracer runs of small real jobs (no mocks)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlreplay.capture import CaptureConfig, data_dir_spellings, read_manifest, run_capture
+from dlreplay.errors import ArtifactVersionError, CaptureError, UsageError
+
+READER = """
+import os, sys
+paths = sorted(os.listdir("data"))
+total = 0
+for p in paths:
+    with open(os.path.join("data", p), "rb", buffering=0) as f:
+        while True:
+            b = f.read(65536)
+            if not b:
+                break
+            total += len(b)
+print(total)
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def _events(trace_dir: Path) -> list[dict]:
+    out = []
+    for f in sorted(trace_dir.glob("*.pfw.gz")):
+        if f.stat().st_size == 0:
+            continue
+        with gzip.open(f, "rt") as fh:
+            for line in fh:
+                line = line.strip()
+                if line.startswith("{"):
+                    out.append(json.loads(line))
+    return out
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    (tmp_path / "data").mkdir()
+    for i in range(3):
+        (tmp_path / "data" / f"s{i}.bin").write_bytes(os.urandom(100_000 + i))
+    (tmp_path / "job.py").write_text(READER)
+    return tmp_path
+
+
+def test_capture_records_reads_and_manifest(job_dir: Path) -> None:
+    out = job_dir / "trace"
+    result = run_capture(
+        CaptureConfig(command=(sys.executable, "job.py"), out=out, data_dirs=("data",), cwd=job_dir)
+    )
+    assert result.exit_code == 0 and result.status == "complete"
+    manifest = read_manifest(out)
+    assert manifest is not None
+    assert manifest["schema"] == "dlreplay.trace" and manifest["format_version"] == 1
+    assert manifest["command"] == [sys.executable, "job.py"]
+    assert manifest["versions"]["dftracer"]
+    assert manifest["events"] == sum(f["events"] for f in manifest["files"]) > 0
+    # Relative data dir spelled the way the job opens files ("data/s0.bin").
+    assert "data" in manifest["env"]["DFTRACER_DATA_DIR"].split(":")
+    events = _events(out)
+    fh = {e["args"]["value"]: e["args"]["name"] for e in events if e.get("name") == "FH"}
+    read_bytes = sum(
+        e["args"]["ret"] for e in events
+        if e.get("cat") == "POSIX" and e["name"] == "read" and fh.get(e["args"].get("fhash"), "").startswith("data/")
+    )
+    assert read_bytes == 300_003  # every byte of the three files, once
+
+
+def test_exit_code_is_propagated_and_trace_kept(job_dir: Path) -> None:
+    result = run_capture(
+        CaptureConfig(command=(sys.executable, "job.py", "3"), out=job_dir / "t", data_dirs=("data",), cwd=job_dir)
+    )
+    assert result.exit_code == 3 and result.status == "failed"
+    manifest = read_manifest(job_dir / "t")
+    assert manifest["status"] == "failed" and manifest["exit_code"] == 3
+    assert manifest["events"] > 0
+
+
+def test_cli_exit_code_and_summary(job_dir: Path, cli) -> None:
+    proc = cli("capture", "--out", str(job_dir / "t"), "--data-dir", "data", "--", sys.executable, "job.py", "5",
+               cwd=job_dir)
+    assert proc.returncode == 5
+    assert "capture failed (exit code 5)" in proc.stderr
+    assert "next: dlreplay analyze" in proc.stderr
+
+
+def test_refuses_non_empty_out_without_force(job_dir: Path) -> None:
+    out = job_dir / "t"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(CaptureError, match="not empty"):
+        run_capture(CaptureConfig(command=(sys.executable, "job.py"), out=out, cwd=job_dir))
+    # --force replaces capture files only; the user's file stays.
+    run_capture(CaptureConfig(command=(sys.executable, "job.py"), out=out, cwd=job_dir, force=True))
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "manifest.json").is_file()
+
+
+def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        run_capture(CaptureConfig(command=(), out=tmp_path / "t"))
+    with pytest.raises(CaptureError, match="command not found"):
+        run_capture(CaptureConfig(command=("no-such-program-xyz",), out=tmp_path / "t2"))
+
+
+def test_data_dir_spellings(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    spellings = data_dir_spellings(["d"], tmp_path)
+    assert str(tmp_path / "d") in spellings
+    assert "d" in spellings and "./d" in spellings
+    spellings = data_dir_spellings([str(tmp_path / "d")], tmp_path)
+    assert "d" in spellings
+
+
+def test_manifest_version_mismatch_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": "dlreplay.trace", "format_version": 99}))
+    with pytest.raises(ArtifactVersionError, match="format_version 99"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(ArtifactVersionError, match="schema"):
+        read_manifest(tmp_path)
+
+
+SLOW_JOB = """
+import os, time
+for i in range(400):
+    with open("data/s0.bin", "rb") as f:
+        f.read()
+    time.sleep(0.01)
+"""
+
+
+def test_sigterm_is_forwarded_trace_marked_interrupted(job_dir: Path) -> None:
+    (job_dir / "slow.py").write_text(SLOW_JOB)
+    out = job_dir / "t"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlreplay", "capture", "-q", "--out", str(out), "--data-dir", "data", "--",
+         sys.executable, "slow.py"],
+        cwd=job_dir,
+    )
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=60)
+    manifest = read_manifest(out)
+    assert manifest["status"] == "interrupted"
+    assert rc == 128 + signal.SIGTERM == manifest["exit_code"]
+    # The job's SIGTERM handler (installed by the injection) flushed its events.
+    assert manifest["events"] > 0
+
+
+TORCH_JOB = """
+import sys, numpy as np, torch
+from torch.utils.data import Dataset, DataLoader
+
+class DS(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        with open(f"data/s{i % 3}.bin", "rb", buffering=0) as f:
+            return torch.tensor(len(f.read()))
+
+if __name__ == "__main__":
+    dl = DataLoader(DS(), batch_size=3, num_workers=2, multiprocessing_context=sys.argv[1])
+    for epoch in range(2):
+        for batch in dl:
+            pass
+    torch.save({"w": torch.zeros(50_000)}, "ckpt.pt")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: str) -> None:
+    (job_dir / "tjob.py").write_text(TORCH_JOB)
+    out = job_dir / f"t-{ctx}"
+    result = run_capture(
+        CaptureConfig(command=(sys.executable, "tjob.py", ctx), out=out, data_dirs=("data", "ckpt.pt"), cwd=job_dir)
+    )
+    assert result.exit_code == 0, result
+    events = [e for e in _events(out) if "ts" in e]
+    by_name: dict[tuple[str, str], list[dict]] = {}
+    for e in events:
+        by_name.setdefault((e["cat"], e["name"]), []).append(e)
+    items = by_name[("data", "item")]
+    assert len(items) == 16  # 8 samples x 2 epochs
+    assert sorted(e["args"]["image_idx"] for e in items) == sorted(list(range(8)) * 2)
+    main_pid = {e["pid"] for e in by_name[("dataloader", "fetch")]}
+    assert len(main_pid) == 1
+    worker_pids = {e["pid"] for e in items}
+    assert len(worker_pids) == 4 and not (worker_pids & main_pid)  # 2 workers per epoch, not persistent
+    fetches = [e for e in by_name[("dataloader", "fetch")] if e["args"]["batch_size"] > 0]
+    assert len(fetches) == 6  # ceil(8/3) = 3 batches x 2 epochs
+    assert sorted(e["args"]["batch_size"] for e in fetches) == [2, 2, 3, 3, 3, 3]
+    assert len(by_name[("pipeline", "epoch")]) == 2
+    assert len(by_name[("compute", "step")]) == 6
+    (save,) = by_name[("checkpoint", "save")]
+    assert save["args"]["bytes"] == (job_dir / "ckpt.pt").stat().st_size
+    # Worker reads of the dataset are in the trace (spawned workers included).
+    fh = {e["args"]["value"]: e["args"]["name"] for e in _events(out) if e.get("name") == "FH"}
+    worker_read = sum(
+        e["args"]["ret"] for e in events
+        if e["pid"] in worker_pids and e["name"] == "read" and fh.get(e["args"].get("fhash"), "").startswith("data/")
+    )
+    sizes = [(job_dir / "data" / f"s{i % 3}.bin").stat().st_size for i in range(8)]
+    assert worker_read == 2 * sum(sizes)
