@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""cosmoflow-like 3D regression trained on HDF5 files holding several samples each.
+
+Each ``univ_XXXXX.h5`` holds dataset ``x`` (float32, [samples_per_file, C, V,
+V, V]) and ``y`` (float32, [samples_per_file, 4]).  A global sample index maps
+to ``(file, row) = divmod(index, samples_per_file)``; with ``--shuffle`` rows
+are read in shuffled order.  Every sample opens its file with ``h5py.File`` on
+an unbuffered, byte-counting ``io.FileIO`` (h5py's file-like-object driver) and
+reads one row of ``x`` and ``y``.  The model is a small Conv3d regression net.
+"""
+
+from __future__ import annotations
+
+import _common as C
+
+JOB = "cosmoflow_h5"
+
+
+def parse_args(argv=None):
+    p = C.make_parser(JOB, __doc__, num_files=8, batch_size=8, workers=3)
+    g = p.add_argument_group("cosmoflow")
+    g.add_argument("--samples-per-file", type=C.positive_int, default=4)
+    g.add_argument(
+        "--volume",
+        type=C.positive_int,
+        default=32,
+        help="edge V of the CxVxVxV samples (multiple of 4)",
+    )
+    g.add_argument("--channels", type=C.positive_int, default=4, help="channels C per sample")
+    layout = g.add_mutually_exclusive_group()
+    layout.add_argument(
+        "--chunked",
+        dest="chunked",
+        action="store_true",
+        help="store x/y chunked along the sample axis (--chunk-rows rows per chunk)",
+    )
+    layout.add_argument(
+        "--contiguous", dest="chunked", action="store_false", help="contiguous layout (default)"
+    )
+    p.set_defaults(chunked=False)
+    g.add_argument(
+        "--chunk-rows", type=C.positive_int, default=1, help="samples per chunk with --chunked"
+    )
+    args = p.parse_args(argv)
+    if args.volume % 4:
+        p.error("--volume must be a multiple of 4")
+    return args
+
+
+def generate(args):
+    import os
+
+    import h5py
+    import numpy as np
+
+    n, c, v = args.samples_per_file, args.channels, args.volume
+
+    def gen(data_dir):
+        rel = []
+        k = np.fft.fftfreq(v).astype(np.float32)
+        k2 = k[:, None, None] ** 2 + k[None, :, None] ** 2 + k[None, None, :] ** 2
+        for i in range(args.num_files):
+            rng = np.random.default_rng([args.seed, i])
+            # 4 "cosmological parameters" per sample; each sets the spectral
+            # slope / amplitude of a Gaussian random field so the target is
+            # learnable from the volume.
+            y = rng.uniform(-1.0, 1.0, size=(n, 4)).astype(np.float32)
+            x = np.empty((n, c, v, v, v), dtype=np.float32)
+            for s in range(n):
+                slope = 1.5 + 0.5 * y[s, 0]
+                amp = np.exp(-(k2 + 1e-3) * (8.0 + 4.0 * y[s, 1])) / (k2 + 1e-3) ** (slope / 4)
+                noise = rng.standard_normal((c, v, v, v), dtype=np.float32)
+                field = np.fft.ifftn(np.fft.fftn(noise, axes=(1, 2, 3)) * amp, axes=(1, 2, 3)).real
+                field /= field.std() + 1e-6
+                x[s] = (field * (1.0 + 0.3 * y[s, 2]) + 0.3 * y[s, 3]).astype(np.float32)
+            name = f"univ_{i:05d}.h5"
+            kw = {}
+            if args.chunked:
+                rows = min(args.chunk_rows, n)
+                kw = {"x": {"chunks": (rows, c, v, v, v)}, "y": {"chunks": (rows, 4)}}
+            with h5py.File(os.path.join(data_dir, name), "w") as h:
+                h.create_dataset("x", data=x, **kw.get("x", {}))
+                h.create_dataset("y", data=y, **kw.get("y", {}))
+            rel.append(name)
+        return rel
+
+    return gen
+
+
+class H5Samples:
+    """Map-style dataset: index -> (x, y, bytes read, read calls, pid)."""
+
+    def __init__(self, files, samples_per_file, keep_open=False):
+        self.files = list(files)
+        self.spf = samples_per_file
+        self.opener = C.Opener(keep_open)
+
+    def __len__(self):
+        return len(self.files) * self.spf
+
+    def __getitem__(self, idx):
+        import h5py
+        import torch
+
+        fi, row = divmod(idx, self.spf)
+        with C.CountedRead() as counted:
+            with self.opener(self.files[fi]) as f, h5py.File(f, "r") as h:
+                x = h["x"][row]
+                y = h["y"][row]
+        return (torch.from_numpy(x), torch.from_numpy(y), *C.io_tensors(counted))
+
+
+def build_model(channels, width):
+    from torch import nn
+
+    w = width
+    return nn.Sequential(
+        nn.Conv3d(channels, w, 2, stride=2),  # V/2
+        nn.LeakyReLU(0.1, inplace=True),
+        nn.Conv3d(w, w, 3, padding=1),
+        nn.LeakyReLU(0.1, inplace=True),
+        nn.MaxPool3d(2),  # V/4
+        nn.Conv3d(w, 2 * w, 3, padding=1),
+        nn.LeakyReLU(0.1, inplace=True),
+        nn.AdaptiveAvgPool3d(1),
+        nn.Flatten(),
+        nn.Linear(2 * w, 2 * w),
+        nn.LeakyReLU(0.1, inplace=True),
+        nn.Linear(2 * w, 4),
+        nn.Tanh(),
+    )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    params = {
+        "seed": args.seed,
+        "num_files": args.num_files,
+        "samples_per_file": args.samples_per_file,
+        "volume": args.volume,
+        "channels": args.channels,
+        "chunked": args.chunked,
+        "chunk_rows": args.chunk_rows if args.chunked else None,
+    }
+
+    def build(files):
+        from torch import nn
+
+        mse = nn.MSELoss()
+        model = build_model(args.channels, C.scaled(8, args.compute_scale))
+        return H5Samples(files, args.samples_per_file, args.keep_open), model, mse
+
+    return C.main_wrapper(JOB, args, params, generate(args), build)
+
+
+if __name__ == "__main__":
+    C.run(main)

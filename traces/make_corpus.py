@@ -1,0 +1,92 @@
+"""Regenerate the committed trace corpus: real captures of the example jobs.
+
+Each entry is captured with ``dlreplay capture`` into ``traces/<name>/`` and gets an
+``expected.json`` built from the job's own report (what the job itself counted: bytes
+read through its unbuffered counting file objects, per process; batches; samples;
+checkpoint bytes). Tests compare what the loader reads from the trace with it.
+
+    python traces/make_corpus.py [--only NAME] [--work /tmp/dlreplay-corpus]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+
+#: name -> (example script, job arguments). Sizes keep each trace well under 1 MB.
+CORPUS: dict[str, tuple[str, list[str]]] = {
+    "npz_fork": ("unet3d_npz.py", ["--num-files", "24", "--batch-size", "2", "--workers", "2", "--epochs", "3",
+                                   "--checkpoint-every", "4", "--mp-context", "fork"]),
+    "npz_spawn": ("unet3d_npz.py", ["--num-files", "8", "--batch-size", "2", "--workers", "2", "--epochs", "2",
+                                    "--mp-context", "spawn"]),
+    "h5_shuffle": ("cosmoflow_h5.py", ["--num-files", "8", "--samples-per-file", "4", "--batch-size", "8",
+                                       "--workers", "3", "--epochs", "2"]),
+    "jpeg_small": ("resnet_jpeg.py", ["--num-files", "256", "--batch-size", "32", "--workers", "2",
+                                      "--epochs", "2"]),
+}
+
+
+def expected_from_report(report: dict) -> dict:
+    """The values tests check against the trace, from the job's own accounting."""
+    ckpts = report.get("checkpoints", [])
+    return {
+        "job": report["job"],
+        "epochs": report["epochs"],
+        "batches": report["steps"],
+        "samples": report["samples"],
+        "dataset_files": len(report["dataset_files"]),
+        "dataset_bytes_read": report["dataset_bytes_read"],
+        "bytes_read_per_pid": {str(k): v for k, v in report["bytes_read_per_pid"].items()},
+        "dataset_read_calls": report.get("dataset_read_calls"),
+        "checkpoints": len(ckpts),
+        "checkpoint_bytes": sum(c["bytes"] for c in ckpts),
+        "main_pid": report["main_pid"],
+    }
+
+
+def make(name: str, work: Path) -> None:
+    script, job_args = CORPUS[name]
+    job_dir = work / name
+    data = job_dir / "data"
+    ckpt = job_dir / "checkpoints"
+    base = [sys.executable, str(REPO / "examples" / script), "--data-dir", str(data)]
+    subprocess.run([*base, *job_args, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
+    report_path = job_dir / "report.json"
+    command = [*base, *job_args, "--checkpoint-dir", str(ckpt), "--report", str(report_path), "--quiet"]
+    out = HERE / name
+    if out.exists():
+        shutil.rmtree(out)
+    result = run_capture(
+        CaptureConfig(command=tuple(command), out=out, data_dirs=(str(data), str(ckpt)), name=name)
+    )
+    if result.exit_code != 0:
+        raise SystemExit(f"{name}: job failed with exit code {result.exit_code}")
+    expected = expected_from_report(json.loads(report_path.read_text()))
+    (out / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print(f"{name}: {result.events:,} events, {len(result.files)} files, {size / 1024:.0f} KiB -> {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", choices=sorted(CORPUS))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-corpus"))
+    args = ap.parse_args()
+    for name in args.only or sorted(CORPUS):
+        make(name, args.work)
+
+
+if __name__ == "__main__":
+    main()
