@@ -50,6 +50,8 @@ def main() -> None:
     \b
     capture  run a training job under DFTracer, keep a trace directory
     analyze  summarise a trace (operations, files, transfer sizes, data-loader events)
+    distill  infer a workload model (YAML, DLIO-compatible) from a trace
+    model    import/export DLIO workload configs, show or check a model
     demo     run the whole pipeline on a bundled example job
     """
 
@@ -163,6 +165,95 @@ class _status:
         if self.live:
             sys.stderr.write(" " * (len(self.text) + 2) + "\r")
             sys.stderr.flush()
+
+
+@main.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model file to write (YAML).")
+@click.option("--data-dir", "data_dirs", multiple=True, help="Treat files under this path as the dataset.")
+@click.option("--force", is_flag=True, help="Overwrite an existing model file.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not print the model summary.")
+@handle_errors
+def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, quiet: bool) -> None:
+    """Infer a workload model from TRACE and write it to --output (YAML).
+
+    Dataset geometry (format, files, samples per file, record length), reader
+    (batch size, workers, shuffle, transfer sizes, access pattern, metadata per
+    sample), training (epochs, compute time per step), checkpoints and processes.
+    Every field records how it was obtained and a confidence (measured, inferred,
+    default); the summary lists the fields that could not be inferred.
+    """
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill as run_distill
+    from dlreplay.errors import UsageError
+    from dlreplay.model import save_model, summarize_model
+
+    if output.exists() and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it or choose another -o.")
+    with _status(f"loading {trace}"):
+        loaded = load_trace(trace)
+    model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace))
+    save_model(model, output)
+    if not quiet:
+        click.echo(summarize_model(model))
+        if loaded.damaged:
+            click.echo(f"warning: {loaded.describe_damage()}")
+    click.echo(f"model: {output}")
+    click.echo(f"next: dlreplay model export-dlio {output} -o workload.yaml")
+
+
+@main.group()
+def model() -> None:
+    """Workload models: DLIO import/export, show, check."""
+
+
+@model.command("import-dlio")
+@click.argument("workload", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model file to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing model file.")
+@handle_errors
+def model_import_dlio(workload: Path, output: Path, force: bool) -> None:
+    """Convert a DLIO workload YAML (WORKLOAD) into a dlreplay workload model."""
+    from dlreplay.dlio import import_dlio
+    from dlreplay.errors import UsageError
+    from dlreplay.model import save_model
+
+    if output.exists() and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it or choose another -o.")
+    m = import_dlio(workload)
+    save_model(m, output)
+    click.echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
+    for note in m.provenance.notes:
+        click.echo(f"note: {note}")
+
+
+@model.command("export-dlio")
+@click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="DLIO workload YAML to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@handle_errors
+def model_export_dlio(model_file: Path, output: Path, force: bool) -> None:
+    """Write MODEL_FILE as a DLIO workload config (only keys DLIO accepts)."""
+    from dlreplay.dlio import export_dlio
+    from dlreplay.errors import UsageError
+    from dlreplay.model import load_model
+
+    if output.exists() and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it or choose another -o.")
+    warnings = export_dlio(load_model(model_file), output)
+    for w in warnings:
+        click.echo(f"lossy: {w}")
+    click.echo(f"DLIO workload: {output}")
+
+
+@model.command("show")
+@click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@handle_errors
+def model_show(model_file: Path) -> None:
+    """Validate MODEL_FILE and print a readable summary of it."""
+    from dlreplay.model import load_model, summarize_model
+
+    click.echo(summarize_model(load_model(model_file)))
 
 
 @main.command()
