@@ -1,0 +1,24 @@
+"""Analysis stage: load DFTracer traces into the event table, classify files, summarise.
+
+>>> from dlreplay.analyze import load_trace, summarize
+>>> loaded = load_trace("out/trace")          # doctest: +SKIP
+>>> print(render_text(summarize(loaded.events)))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .files import classify_files
+from .load import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace
+from .summary import Summary, render_text, summarize
+
+__all__ = [
+    "FileReport",
+    "LoadedTrace",
+    "Summary",
+    "TraceDamageWarning",
+    "classify_files",
+    "load",
+    "load_trace",
+    "render_text",
+    "summarize",
+]

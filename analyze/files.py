@@ -1,0 +1,158 @@
+"""Per-file accounting and the role of every file a traced job touched.
+
+Roles, decided in this order:
+
+``checkpoint``
+    named by a ``checkpoint`` save/load event, or written with more than 1 MiB in total
+    and not read by a data-loader process (a process that emits ``item`` events).
+``library``
+    interpreter and system files: Python sources and bytecode, shared objects,
+    ``site-packages``/``dist-packages``, ``/proc``, ``/sys``, ``/dev``, ``/etc``, ``/usr``.
+``dataset``
+    files the input pipeline reads. With ``data_dirs``: read files under those
+    directories, and when the trace has ``item`` events, only those read by a process
+    that emits them (markers read by the main process are not samples). Without
+    ``data_dirs``: files read by processes that emit ``item`` events; without such
+    events: files read more than once (several opens) or by several processes.
+``other``
+    everything else (logs, directories, sockets, ...).
+
+Sizes are bytes; counts are events.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+import polars as pl
+
+from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA, OPEN_OPS, READ_OPS, WRITE_OPS
+
+__all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "loader_processes"]
+
+ROLES = ("dataset", "checkpoint", "library", "other")
+#: Written bytes above which a file not read by the loader counts as a checkpoint.
+CHECKPOINT_WRITE_BYTES = 1 << 20
+
+_LIBRARY_RE = (
+    r"(^/(proc|sys|dev|etc|usr|lib|lib64|bin|sbin|run)(/|$))"
+    r"|(/(site|dist)-packages/)|(/lib/python\d)|(/__pycache__/)"
+    r"|(\.(py|pyc|pyo|pyd|pth|so|a|la)$)|(\.so(\.\d+)+$)|(/pyvenv\.cfg$)|(/bin/python[\d.]*$)"
+)
+
+CLASSIFY_SCHEMA = {
+    "file": pl.String(), "role": pl.String(), "bytes_read": pl.Int64(), "bytes_written": pl.Int64(),
+    "reads": pl.Int64(), "writes": pl.Int64(), "opens": pl.Int64(), "processes": pl.Int64(),
+}
+
+
+def loader_processes(events: pl.DataFrame) -> pl.DataFrame:
+    """(host, pid) of the processes that emit ``item`` events (data-loader workers)."""
+    return (
+        events.lazy()
+        .filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item"))
+        .select("host", "pid")
+        .unique()
+        .collect()
+    )
+
+
+def file_process_table(events: pl.DataFrame) -> pl.DataFrame:
+    """Per (file, host, pid): bytes read/written (I/O calls and checkpoint events), call counts.
+
+    One group-by over the event table; :func:`classify_files` and the summary aggregate
+    this much smaller table. ``loader`` marks processes that emit ``item`` events.
+    """
+    name, cat = pl.col("name"), pl.col("cat")
+    size = pl.col("size").fill_null(0)
+    is_read, is_write = name.is_in(READ_OPS), name.is_in(WRITE_OPS)
+    ckpt = cat == CAT_CHECKPOINT
+
+    def when(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
+        return pl.when(cond).then(value).otherwise(0)
+
+    # per-row columns first, then plain sums: no per-group expression evaluation
+    table = (
+        events.lazy()
+        .filter(pl.col("file").is_not_null())
+        .select(
+            "file", "host", "pid",
+            when(is_read, size).alias("rb"), when(is_write, size).alias("wb"),
+            when(ckpt & (name == "load"), size).alias("ck_r"), when(ckpt & (name == "save"), size).alias("ck_w"),
+            is_read.cast(pl.Int64).alias("reads"), is_write.cast(pl.Int64).alias("writes"),
+            name.is_in(OPEN_OPS).cast(pl.Int64).alias("opens"), ckpt.alias("ckpt_event"),
+        )
+        .group_by("file", "host", "pid")
+        .agg(pl.exclude("ckpt_event").sum(), pl.col("ckpt_event").any())
+        .collect()
+    )
+    loaders = loader_processes(events).with_columns(pl.lit(True).alias("loader"))
+    return table.join(loaders, on=["host", "pid"], how="left", nulls_equal=True).with_columns(
+        pl.col("loader").fill_null(False))
+
+
+def _under(dirs: Iterable[str]) -> pl.Expr:
+    """True for files inside any of ``dirs`` (absolute prefixes; relative ones match anywhere)."""
+    expr = pl.lit(False)
+    for d in dirs:
+        d = os.path.normpath(str(d)).rstrip("/")
+        if not d or d == ".":
+            continue
+        if d.startswith("/"):
+            expr = expr | pl.col("file").str.starts_with(d + "/")
+        else:
+            expr = expr | pl.col("file").str.contains("/" + re.escape(d) + "/") \
+                | pl.col("file").str.starts_with(d + "/")
+    return expr
+
+
+def classify_files(events: pl.DataFrame, data_dirs: Iterable[str] | None = None, *,
+                   per_process: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per file: file, role, bytes_read, bytes_written, reads, writes, opens, processes.
+
+    ``bytes_read``/``bytes_written`` are bytes transferred by read/write calls (a
+    checkpoint save/load event counts when its writes/reads were not traced);
+    ``processes`` counts distinct (host, pid). Sorted by bytes read, then written.
+    ``per_process`` reuses a :func:`file_process_table` already computed.
+    """
+    if events.height == 0:
+        return pl.DataFrame(schema=CLASSIFY_SCHEMA)
+    fp = file_process_table(events) if per_process is None else per_process
+    has_loaders = bool(fp["loader"].any()) or loader_processes(events).height > 0
+    per_file = fp.lazy().group_by("file").agg(
+        pl.max_horizontal(pl.col("rb").sum(), pl.col("ck_r").sum()).alias("bytes_read"),
+        pl.max_horizontal(pl.col("wb").sum(), pl.col("ck_w").sum()).alias("bytes_written"),
+        pl.col("reads").sum(), pl.col("writes").sum(), pl.col("opens").sum(),
+        pl.len().cast(pl.Int64).alias("processes"),
+        pl.col("ckpt_event").any().alias("__ckpt_event"),
+        (pl.col("loader") & (pl.col("reads") > 0)).any().alias("__loader_read"),
+        (pl.col("reads") > 0).sum().alias("__readers"),
+    )
+    read = (pl.col("reads") > 0) | (pl.col("bytes_read") > 0)
+    checkpoint = pl.col("__ckpt_event") | (
+        (pl.col("bytes_written") > CHECKPOINT_WRITE_BYTES) & ~pl.col("__loader_read")
+    )
+    library = pl.col("file").str.contains(_LIBRARY_RE)
+    if data_dirs:
+        dataset = read & _under(data_dirs)
+        if has_loaders:
+            dataset = dataset & pl.col("__loader_read")
+    elif has_loaders:
+        dataset = read & pl.col("__loader_read")
+    else:
+        dataset = read & ((pl.col("opens") > 1) | (pl.col("__readers") > 1))
+    role = (
+        pl.when(checkpoint).then(pl.lit("checkpoint"))
+        .when(library).then(pl.lit("library"))
+        .when(dataset).then(pl.lit("dataset"))
+        .otherwise(pl.lit("other"))
+    )
+    return (
+        per_file.with_columns(role.alias("role"))
+        .select(list(CLASSIFY_SCHEMA))
+        .sort(["bytes_read", "bytes_written", "file"], descending=[True, True, False])
+        .collect()
+        .cast(pl.Schema(CLASSIFY_SCHEMA))
+    )

@@ -1,0 +1,309 @@
+"""A one-screen summary of a loaded trace: what ran, what it read, how, and from where.
+
+:func:`summarize` computes a :class:`Summary` from the event table; ``Summary.to_dict()``
+is JSON-safe (for ``--json`` output); :func:`render_text` formats it for a terminal.
+
+Units: durations and times in seconds (``*_s``), sizes in bytes, counts in events.
+Transfer-size histograms use Darshan's buckets (upper bounds inclusive, powers of 1024).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import polars as pl
+
+from dlreplay.schema import (
+    CAT_CHECKPOINT,
+    CAT_DATA,
+    CAT_DATALOADER,
+    CAT_PIPELINE,
+    READ_OPS,
+    WRITE_OPS,
+)
+
+from .files import classify_files, file_process_table
+
+__all__ = ["HISTOGRAM_BUCKETS", "Summary", "render_text", "summarize"]
+
+#: Darshan's access-size buckets: (label, inclusive upper bound in bytes; None = open).
+HISTOGRAM_BUCKETS: tuple[tuple[str, int | None], ...] = (
+    ("0-100", 100),
+    ("100-1K", 1 << 10),
+    ("1K-10K", 10 << 10),
+    ("10K-100K", 100 << 10),
+    ("100K-1M", 1 << 20),
+    ("1M-4M", 4 << 20),
+    ("4M-10M", 10 << 20),
+    ("10M-100M", 100 << 20),
+    ("100M-1G", 1 << 30),
+    ("1G+", None),
+)
+TOP_FILES = 10
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """Totals of one operation: events, bytes transferred, summed duration (s)."""
+
+    cat: str
+    name: str
+    count: int
+    bytes: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class FileRow:
+    """One of the most-read files."""
+
+    file: str
+    role: str
+    bytes_read: int
+    reads: int
+    processes: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What :func:`summarize` found. Sizes in bytes, times in seconds."""
+
+    events: int
+    duration_s: float
+    processes: int
+    threads: int
+    operations: list[OpRow]
+    top_files: list[FileRow]
+    read_histogram: dict[str, int]
+    write_histogram: dict[str, int]
+    bytes_read: int
+    bytes_written: int
+    dataset_bytes_read: int
+    dataset_bytes_read_per_pid: dict[int, int]
+    dataset_files: int
+    dataset_read_calls: int
+    roles: dict[str, int]
+    epochs: int
+    fetch_events: int
+    item_events: int
+    checkpoint_saves: int
+    checkpoint_save_bytes: int
+    checkpoint_loads: int
+    data_dirs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """A JSON-safe dict (pid keys become strings)."""
+        d = asdict(self)
+        d["dataset_bytes_read_per_pid"] = {str(k): v for k, v in self.dataset_bytes_read_per_pid.items()}
+        return d
+
+
+def _bucket(size: pl.Expr) -> pl.Expr:
+    """Index of the Darshan bucket of ``size`` (bytes)."""
+    idx = pl.lit(0, dtype=pl.Int32)
+    for _, ub in HISTOGRAM_BUCKETS[:-1]:
+        idx = idx + (size > ub).cast(pl.Int32)
+    return idx
+
+
+def _histogram(sizes: pl.Series) -> dict[str, int]:
+    """Counts of ``sizes`` (bytes) per Darshan bucket, every bucket present."""
+    counts = dict(sizes.to_frame("s").select(_bucket(pl.col("s")).alias("b")).group_by("b").len().iter_rows())
+    return {label: int(counts.get(i, 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)}
+
+
+def summarize(events: pl.DataFrame, data_dirs: Iterable[str] | None = None) -> Summary:
+    """Summarise an event table (see :data:`dlreplay.schema.EVENT_SCHEMA`).
+
+    ``data_dirs`` (e.g. a capture manifest's ``data_dirs``) decides which files are the
+    dataset; without it the files read by data-loader workers are (see
+    :func:`~dlreplay.analyze.files.classify_files`).
+    """
+    dirs = [str(d) for d in data_dirs] if data_dirs else []
+    per_process = file_process_table(events)
+    files = classify_files(events, dirs or None, per_process=per_process)
+    name, cat = pl.col("name"), pl.col("cat")
+    ev = events.lazy()
+    totals = ev.select(
+        pl.len().alias("events"),
+        pl.col("ts").min().alias("t0"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
+        pl.col("epoch").n_unique().alias("epoch_values"),
+        pl.col("epoch").null_count().alias("epoch_nulls"),
+    ).collect().row(0, named=True)
+    threads = ev.group_by("host", "pid", "tid").len().collect()
+    ops = (
+        ev.filter(cat != "dftracer")
+        .group_by("cat", "name")
+        .agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
+             (pl.col("dur").sum() / 1e6).alias("time_s"))
+        .sort(["time_s", "count"], descending=True)
+        .collect()
+    )
+
+    def op_total(c: str, n: str, col: str = "count") -> int:
+        hit = ops.filter((pl.col("cat") == c) & (pl.col("name") == n))[col]
+        return int(hit.sum() or 0)
+
+    dataset = files.filter(pl.col("role") == "dataset")["file"]
+    ds = per_process.filter(pl.col("file").is_in(dataset.implode()))
+    per_pid = ds.group_by("pid").agg(pl.col("rb").sum()).sort("pid")
+    is_read, is_write = name.is_in(READ_OPS), name.is_in(WRITE_OPS)
+    hist = {
+        (r, b): n for r, b, n in
+        ev.filter((is_read | is_write) & (pl.col("size") >= 0))
+        .group_by(is_read.alias("r"), _bucket(pl.col("size")).alias("b")).len()
+        .collect().iter_rows()
+    }
+    in_ops = ops.filter(name.is_in(READ_OPS + WRITE_OPS))
+    bytes_read = int(in_ops.filter(name.is_in(READ_OPS))["bytes"].sum() or 0)
+    bytes_written = int(in_ops.filter(name.is_in(WRITE_OPS))["bytes"].sum() or 0)
+    totals.update(
+        processes=threads.select("host", "pid").unique().height, threads=threads.height,
+        bytes_read=bytes_read, bytes_written=bytes_written,
+        items=op_total(CAT_DATA, "item"), fetches=op_total(CAT_DATALOADER, "fetch"),
+        epoch_events=op_total(CAT_PIPELINE, "epoch"), saves=op_total(CAT_CHECKPOINT, "save"),
+        save_bytes=op_total(CAT_CHECKPOINT, "save", "bytes"), loads=op_total(CAT_CHECKPOINT, "load"),
+    )
+    ds_calls = int(ds["reads"].sum() or 0)
+
+    epoch_values = totals["epoch_values"] - (1 if totals["epoch_nulls"] else 0)
+    t0, t1 = totals["t0"], totals["t1"]
+    return Summary(
+        events=int(totals["events"]),
+        duration_s=(t1 - t0) / 1e6 if t0 is not None and t1 is not None else 0.0,
+        processes=int(totals["processes"]),
+        threads=int(totals["threads"]),
+        operations=[OpRow(r["cat"] or "", r["name"] or "", int(r["count"]), int(r["bytes"] or 0),
+                          float(r["time_s"] or 0.0)) for r in ops.iter_rows(named=True)],
+        top_files=[FileRow(r["file"], r["role"], int(r["bytes_read"]), int(r["reads"]), int(r["processes"]))
+                   for r in files.filter(pl.col("bytes_read") > 0).head(TOP_FILES).iter_rows(named=True)],
+        read_histogram={label: int(hist.get((True, i), 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)},
+        write_histogram={label: int(hist.get((False, i), 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)},
+        bytes_read=int(totals["bytes_read"] or 0),
+        bytes_written=int(totals["bytes_written"] or 0),
+        dataset_bytes_read=int(per_pid["rb"].sum() or 0),
+        dataset_bytes_read_per_pid={int(p): int(b or 0) for p, b in per_pid.iter_rows()},
+        dataset_files=int(dataset.len()),
+        dataset_read_calls=int(ds_calls),
+        roles={role: int(n) for role, n in files.group_by("role").len().sort("role").iter_rows()},
+        epochs=int(totals["epoch_events"] or epoch_values),
+        fetch_events=int(totals["fetches"]),
+        item_events=int(totals["items"]),
+        checkpoint_saves=int(totals["saves"]),
+        checkpoint_save_bytes=int(totals["save_bytes"] or 0),
+        checkpoint_loads=int(totals["loads"]),
+        data_dirs=dirs,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Text rendering
+
+
+def human_bytes(n: float | int | None) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (powers of 1024; bytes shown exactly below 1 KiB)."""
+    if n is None:
+        return "-"
+    n = float(n)
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def human_seconds(s: float) -> str:
+    """Seconds with a unit that keeps 3 significant digits (µs, ms, s, min, h)."""
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """Aligned plain-text table (``right[i]`` right-aligns column i)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def _short(path: str, width: int = 60) -> str:
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+def render_text(summary: Summary, *, max_ops: int = 12) -> str:
+    """A compact terminal summary with aligned tables and human-readable sizes."""
+    s = summary
+    out: list[str] = []
+    out.append(
+        f"{s.events:,} events over {human_seconds(s.duration_s)} from {s.processes} process(es), "
+        f"{s.threads} thread(s); read {human_bytes(s.bytes_read)}, wrote {human_bytes(s.bytes_written)}"
+    )
+    out.append("")
+    if s.dataset_files:
+        out.append(f"Dataset: {s.dataset_files} file(s), {human_bytes(s.dataset_bytes_read)} read "
+                   f"in {s.dataset_read_calls:,} call(s)"
+                   + (f" (data dirs: {', '.join(s.data_dirs)})" if s.data_dirs else ""))
+        rows = [[str(pid), human_bytes(b)] for pid, b in s.dataset_bytes_read_per_pid.items()]
+        out += ["  " + line for line in _table(["pid", "dataset bytes read"], rows, [True, True])]
+    else:
+        out.append("Dataset: no dataset reads found"
+                   + (f" under {', '.join(s.data_dirs)}" if s.data_dirs else
+                      " (no data-loader item events; pass the data directories to classify files)"))
+    out.append("")
+    loader = []
+    if s.epochs or s.fetch_events or s.item_events:
+        loader.append(f"{s.epochs} epoch(s), {s.fetch_events:,} batch fetch(es), {s.item_events:,} sample(s) loaded")
+    else:
+        loader.append("no data-loader events found (capture without the dlreplay data-loader hooks?)")
+    if s.checkpoint_saves or s.checkpoint_loads:
+        loader.append(f"{s.checkpoint_saves} checkpoint save(s) of {human_bytes(s.checkpoint_save_bytes)}"
+                      + (f", {s.checkpoint_loads} load(s)" if s.checkpoint_loads else ""))
+    else:
+        loader.append("no checkpoint events found")
+    out.append("Data loader: " + "; ".join(loader))
+    out.append("")
+
+    if s.operations:
+        out.append("Operations (by time)")
+        rows = [[o.cat, o.name, f"{o.count:,}", human_bytes(o.bytes) if o.bytes else "-", human_seconds(o.time_s)]
+                for o in s.operations[:max_ops]]
+        out += ["  " + line for line in _table(["cat", "op", "count", "bytes", "time"], rows,
+                                                [False, False, True, True, True])]
+        if len(s.operations) > max_ops:
+            out.append(f"  … {len(s.operations) - max_ops} more operation(s)")
+    else:
+        out.append("Operations: no events")
+    out.append("")
+
+    if s.top_files:
+        out.append("Top files by bytes read (roles: "
+                   + ", ".join(f"{n} {r}" for r, n in s.roles.items()) + ")")
+        rows = [[_short(f.file), f.role, human_bytes(f.bytes_read), f"{f.reads:,}", str(f.processes)]
+                for f in s.top_files]
+        out += ["  " + line for line in _table(["file", "role", "read", "reads", "procs"], rows,
+                                                [False, False, True, True, True])]
+    else:
+        out.append("Top files: no file reads found")
+    out.append("")
+
+    hist_rows = [[label, f"{s.read_histogram[label]:,}", f"{s.write_histogram[label]:,}"]
+                 for label, _ in HISTOGRAM_BUCKETS]
+    if any(s.read_histogram.values()) or any(s.write_histogram.values()):
+        out.append("Transfer sizes (Darshan buckets)")
+        out += ["  " + line for line in _table(["size", "reads", "writes"], hist_rows, [False, True, True])]
+    else:
+        out.append("Transfer sizes: no reads or writes found")
+    return "\n".join(out).rstrip() + "\n"
