@@ -37,9 +37,35 @@ CORPUS: dict[str, tuple[str, list[str]]] = {
 
 
 def expected_from_report(report: dict) -> dict:
-    """The values tests check against the trace, from the job's own accounting."""
+    """The values tests check against the trace, from the job's own accounting.
+
+    The ``model`` part is the ground truth for distill: the job's flags, the real
+    dataset file sizes, and the compute time per step the job measured itself
+    (forward+backward+optimizer, checkpoint time excluded; first step excluded).
+    """
+    import os
+    import statistics
+
     ckpts = report.get("checkpoints", [])
+    args = report["args"]
+    files = report["dataset_files"]
+    spf = int(args.get("samples_per_file", 1) or 1)
+    file_bytes = sum(os.path.getsize(f) for f in files)
+    model = {
+        "format": {"unet3d_npz": "npz", "cosmoflow_h5": "hdf5"}.get(report["job"], args.get("format", "jpeg")),
+        "num_files": len(files),
+        "num_samples_per_file": spf,
+        "record_length_mean": file_bytes / (len(files) * spf),
+        "batch_size": args["batch_size"],
+        "read_threads": args["workers"],
+        "epochs": report["epochs"],
+        "shuffle": bool(args.get("shuffle", True)),
+        "step_compute_mean_s": statistics.fmean(report["step_compute_s"][1:]),
+        "checkpoint_every": args.get("checkpoint_every") or 0,
+        "checkpoint_bytes_mean": (sum(c["bytes"] for c in ckpts) / len(ckpts)) if ckpts else 0,
+    }
     return {
+        "model": model,
         "job": report["job"],
         "epochs": report["epochs"],
         "batches": report["steps"],
@@ -52,6 +78,13 @@ def expected_from_report(report: dict) -> dict:
         "checkpoint_bytes": sum(c["bytes"] for c in ckpts),
         "main_pid": report["main_pid"],
     }
+
+
+def rewrite_expected(name: str, work: Path) -> None:
+    """Rebuild expected.json from the job report left in the work dir (no recapture)."""
+    report = json.loads((work / name / "report.json").read_text())
+    (HERE / name / "expected.json").write_text(json.dumps(expected_from_report(report), indent=2) + "\n")
+    print(f"{name}: expected.json rewritten")
 
 
 def make(name: str, work: Path) -> None:
@@ -83,9 +116,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(CORPUS))
     ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-corpus"))
+    ap.add_argument("--expected-only", action="store_true", help="only rebuild expected.json from the job reports")
     args = ap.parse_args()
     for name in args.only or sorted(CORPUS):
-        make(name, args.work)
+        (rewrite_expected if args.expected_only else make)(name, args.work)
 
 
 if __name__ == "__main__":

@@ -217,14 +217,20 @@ def _patch_dataloader(mod: Any) -> None:
     orig_next = iter_cls.__next__
 
     def __iter__(self: Any) -> Any:
-        it = orig_iter(self)
         epoch = self.__dict__.get("_dlreplay_epoch", -1) + 1
         self.__dict__["_dlreplay_epoch"] = epoch
-        prev = it.__dict__.get("_dlreplay_state")
+        prev = self.__dict__.get("_dlreplay_state")
         if prev is not None and not prev.done:
             prev.close()
         state = _IterState(epoch)
+        # Opened before the original __iter__: it starts the workers, which prefetch at once.
         state.epoch_handle = REGIONS.begin("epoch", "pipeline", epoch=epoch)
+        try:
+            it = orig_iter(self)
+        except BaseException:
+            state.close()
+            raise
+        self.__dict__["_dlreplay_state"] = state
         it.__dict__["_dlreplay_state"] = state
         with _lock:
             _open_iters.append(state)
