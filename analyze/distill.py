@@ -1,0 +1,429 @@
+"""Distill: infer a workload model (``dlreplay.workload``) from an event table.
+
+Every inference is a small function over the polars event table (no Python loops
+over events) that returns a value and how it was obtained::
+
+    (value, method, confidence)   confidence in measured | inferred | default
+
+Traces captured by ``dlreplay capture`` carry data-loader events (epoch, fetch,
+step, item, checkpoint), which give batch size, workers, epochs, samples per file
+and step compute time directly (``measured``). Plain DFTracer traces (POSIX only,
+e.g. DLIO runs) fall back to POSIX-level inference (``inferred``) or defaults.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+import dlreplay
+from dlreplay.errors import TraceError
+from dlreplay.model import (
+    AccessPattern,
+    Checkpoint,
+    Dataset,
+    Distribution,
+    FieldProvenance,
+    Layout,
+    MetadataPerSample,
+    Processes,
+    Provenance,
+    Reader,
+    Train,
+    WorkloadModel,
+)
+from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS, SYNC_OPS, WRITE_OPS
+
+#: File extension -> dataset format (DLIO names).
+EXTENSION_FORMATS = {
+    ".npz": "npz", ".npy": "npy", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".he5": "hdf5",
+    ".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord",
+    ".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".idx": "indexed_binary", ".bin": "indexed_binary",
+}
+
+_US = 1e-6
+
+
+class DistillError(TraceError):
+    """The trace has nothing to distill (no events, no dataset reads, no file names)."""
+
+
+@dataclass
+class _Facts:
+    """Field path -> provenance, collected while inferring."""
+
+    fields: dict[str, FieldProvenance] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def put(self, path: str, method: str, confidence: str) -> None:
+        self.fields[path] = FieldProvenance(method=method, confidence=confidence)
+
+
+def _is(ev: pl.DataFrame, cat: str, name: str) -> pl.DataFrame:
+    return ev.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+
+
+def _mode(series: pl.Series) -> int | None:
+    s = series.drop_nulls()
+    if s.is_empty():
+        return None
+    counts = s.value_counts(sort=True)
+    return int(counts[s.name][0])
+
+
+def dataset_files(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """Dataset files with their roles, from :func:`classify_files`."""
+    from dlreplay.analyze.files import classify_files
+
+    files = classify_files(events, data_dirs=data_dirs)
+    return files.filter(pl.col("role") == "dataset")
+
+
+def _homogeneous(paths: list[str], facts: _Facts) -> list[str]:
+    """Keep the files of the dominant extension when it covers >= 90 % of them.
+
+    Datasets are homogeneous; a stray file under the data dir (a generator's marker,
+    an index) would otherwise count as a sample file.
+    """
+    exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
+    counts = exts.value_counts(sort=True)
+    top, n = counts[0, 0], counts[0, 1]
+    if n == len(paths) or n < 0.9 * len(paths):
+        return paths
+    kept = [p for p, e in zip(paths, exts.to_list(), strict=True) if e == top]
+    dropped = sorted(set(paths) - set(kept))
+    facts.notes.append(f"ignored {len(dropped)} non-{top or 'extensionless'} file(s) under the dataset: "
+                       + ", ".join(PurePosixPath(d).name for d in dropped[:5]))
+    return kept
+
+
+def infer_format(paths: list[str], reads: pl.DataFrame) -> tuple[str, str, str]:
+    """Format from the dataset files' extensions; else from the read pattern.
+
+    Pattern fallback: a read of the last 22 bytes (zip end-of-central-directory)
+    means zip (npz); an 8-byte read at offset 0 then reads far into the file means
+    HDF5's superblock probe.
+    """
+    exts = pl.Series([PurePosixPath(p).suffix.lower() for p in paths])
+    fmt = exts.replace_strict(EXTENSION_FORMATS, default=None, return_dtype=pl.Utf8).drop_nulls()
+    if not fmt.is_empty():
+        best = fmt.value_counts(sort=True)[0, 0]
+        return str(best), f"file extension of {fmt.len()} of {len(paths)} dataset files", "measured"
+    if reads.filter(pl.col("size") == 22).height > 0:
+        return "npz", "read pattern: zip end-of-central-directory reads (22 B)", "inferred"
+    if reads.filter((pl.col("offset") == 0) & (pl.col("size") == 8)).height > 0:
+        return "hdf5", "read pattern: 8-byte superblock probe at offset 0", "inferred"
+    return "raw", "no known extension or read pattern", "default"
+
+
+def _assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """Attach to each read the item (sample) event enclosing it in the same process."""
+    if items.is_empty() or reads.is_empty():
+        return reads.with_columns(pl.lit(None, pl.Int64).alias("item_index"), pl.lit(None, pl.Int64).alias("item_ts"))
+    it = items.select(
+        "pid", pl.col("ts").alias("item_ts"), (pl.col("ts") + pl.col("dur")).alias("item_end"),
+        pl.col("sample_index").alias("item_index"),
+    ).sort("item_ts")
+    joined = reads.sort("ts").join_asof(it, left_on="ts", right_on="item_ts", by="pid", strategy="backward",
+                                         check_sortedness=False)
+    inside = pl.col("ts") <= pl.col("item_end")
+    return joined.with_columns(
+        pl.when(inside).then(pl.col("item_index")).otherwise(None).alias("item_index"),
+        pl.when(inside).then(pl.col("item_ts")).otherwise(None).alias("item_ts"),
+    ).drop("item_end")
+
+
+def access_pattern(reads: pl.DataFrame) -> AccessPattern:
+    """Darshan's fractions over reads ordered per (pid, file).
+
+    consecutive: starts exactly where the previous read of that file ended;
+    sequential: starts at or past it (includes consecutive); random = 1 - sequential.
+    The first read of each (pid, file) has no predecessor and is not counted.
+    """
+    r = reads.filter(pl.col("offset").is_not_null()).sort("ts")
+    prev_end = (pl.col("offset") + pl.col("size")).shift(1).over(["pid", "file"])
+    r = r.with_columns(prev_end.alias("prev_end")).filter(pl.col("prev_end").is_not_null())
+    if r.is_empty():
+        return AccessPattern()
+    n = r.height
+    consecutive = r.filter(pl.col("offset") == pl.col("prev_end")).height / n
+    sequential = r.filter(pl.col("offset") >= pl.col("prev_end")).height / n
+    return AccessPattern(sequential=round(sequential, 4), consecutive=round(consecutive, 4),
+                         random=round(1 - sequential, 4))
+
+
+def _file_sizes(io: pl.DataFrame) -> pl.DataFrame:
+    """Per file: the largest byte position seen (end of a read, or an lseek result)."""
+    ends = io.select(
+        "file",
+        pl.when(pl.col("name").is_in(READ_OPS)).then(pl.col("offset") + pl.col("size"))
+        .when(pl.col("name").is_in(SEEK_OPS)).then(pl.col("ret"))
+        .otherwise(None).alias("end"),
+    )
+    return ends.group_by("file").agg(pl.col("end").max().alias("size")).filter(pl.col("size") > 0)
+
+
+def _shuffled(items: pl.DataFrame) -> bool | None:
+    """True when samples are visited out of index order within epochs.
+
+    Workers interleave batches, so even an unshuffled loader is not perfectly
+    ordered in time: call it shuffled when under 75 % of successive samples
+    (by start time) increase.
+    """
+    s = items.filter(pl.col("sample_index").is_not_null()).sort("ts")
+    if s.height < 4:
+        return None
+    inc = s.select((pl.col("sample_index").diff() > 0).mean()).item()
+    return bool(inc is not None and inc < 0.75)
+
+
+def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
+            data_dirs: list[str] | None = None, source: str | None = None) -> WorkloadModel:
+    """Infer a :class:`WorkloadModel` from an event table (see module doc)."""
+    if events.is_empty():
+        raise DistillError(f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`).")
+    facts = _Facts()
+    data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
+    has_files = events["file"].drop_nulls().len() > 0
+    if not has_files:
+        raise DistillError(
+            f"{source or 'the trace'} has no file names (no DFTracer FH records): recapture with "
+            "DFTRACER_INC_METADATA=1 (dlreplay capture sets it)."
+        )
+    ds_files = dataset_files(events, data_dirs)
+    if ds_files.is_empty():
+        raise DistillError(
+            f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
+            "repeatedly. Pass --data-dir with the dataset's path, or check the capture's --data-dir."
+        )
+    paths = _homogeneous(ds_files["file"].to_list(), facts)
+    io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
+    reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+
+    fetch = _is(events, "dataloader", "fetch")
+    batches = fetch.filter(pl.col("batch_size") > 0)
+    items = _is(events, "data", "item")
+    epochs_ev = _is(events, "pipeline", "epoch")
+    steps = _is(events, "compute", "step")
+    saves = _is(events, "checkpoint", "save")
+    has_loader = batches.height > 0
+    consumers = batches["pid"].unique().sort().to_list() if has_loader else []
+    main_pid = _mode(batches["pid"]) if has_loader else None
+
+    # ---------------------------------------------------------------- dataset
+    fmt, how, conf = infer_format(paths, reads)
+    facts.put("dataset.format", how, conf)
+    facts.put("dataset.num_files", "distinct dataset files read", "measured")
+    sizes = _file_sizes(io)
+    file_size = Distribution.from_values(sizes["size"].to_numpy()) if sizes.height else Distribution.unknown()
+    facts.put("dataset.file_size", "largest byte position read or seeked per file", "measured" if sizes.height else "default")
+
+    tagged = _assign_items(reads, items)
+    spf: int = 1
+    if items.height and tagged["item_index"].drop_nulls().len():
+        per_file = (tagged.filter(pl.col("item_index").is_not_null())
+                    .group_by("file").agg(pl.col("item_index").n_unique().alias("samples")))
+        spf = int(per_file["samples"].median() or 1)
+        facts.put("dataset.num_samples_per_file", "distinct sample indices read per file (item events)", "measured")
+    else:
+        facts.put("dataset.num_samples_per_file", "no item events: one sample per file assumed", "default")
+    if sizes.height:
+        record = Distribution.from_values(sizes["size"].to_numpy() / spf)
+        facts.put("dataset.record_length", "file size / samples per file", "measured" if items.height else "inferred")
+    else:
+        per_read = reads["size"].to_numpy()
+        record = Distribution.from_values(per_read) if per_read.size else Distribution.unknown()
+        facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
+    parents = {str(PurePosixPath(p).parent) for p in paths}
+    folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
+    if len(paths) > 1 and folder in paths:
+        folder = str(PurePosixPath(folder).parent)
+    facts.put("dataset.num_subfolders", "distinct parent directories of dataset files", "measured")
+    dataset = Dataset(
+        format=fmt, num_files=len(paths), num_samples_per_file=spf, record_length=record, file_size=file_size,
+        num_subfolders=len(parents) if len(parents) > 1 else 0, data_folder=folder, layout=Layout(),
+    )
+    facts.put("dataset.layout", "not visible in a POSIX trace", "default")
+
+    # ---------------------------------------------------------------- reader
+    if has_loader:
+        batch_size = _mode(batches["batch_size"]) or 1
+        facts.put("reader.batch_size", "most common batch size of fetch events", "measured")
+        worker_items = items.filter(~pl.col("pid").is_in(consumers))
+        if worker_items.height:
+            read_threads = _workers_per_epoch(worker_items, epochs_ev.filter(pl.col("pid") == main_pid))
+            facts.put("reader.read_threads", "most worker processes (with item events) in one epoch", "measured")
+        else:
+            read_threads = 0
+            facts.put("reader.read_threads", "items read in the consumer process (no workers)", "measured")
+    else:
+        batch_size = 1
+        facts.put("reader.batch_size", "no fetch events (POSIX-only trace)", "default")
+        read_threads = _concurrent_processes(reads)
+        facts.put("reader.read_threads", "most processes reading dataset files at the same time", "inferred")
+
+    shuffled = _shuffled(items) if items.height else None
+    shuffle_mode = "seed" if shuffled else "off"
+    facts.put("reader.sample_shuffle", "order of sample indices in item events" if shuffled is not None
+              else "no item events", "measured" if shuffled is not None else "default")
+    facts.put("reader.file_shuffle", "follows sample order (one decision per job)" if shuffled is not None
+              else "no item events", "inferred" if shuffled is not None else "default")
+
+    samples_read = items.height if items.height else max(io.filter(pl.col("name").is_in(OPEN_OPS)).height, 1)
+
+    def per_sample(ops: tuple[str, ...]) -> float:
+        return round(io.filter(pl.col("name").is_in(ops)).height / samples_read, 3)
+
+    meta = MetadataPerSample(opens=per_sample(OPEN_OPS), closes=per_sample(CLOSE_OPS),
+                             stats=per_sample(STAT_OPS), lseeks=per_sample(SEEK_OPS))
+    facts.put("reader.metadata_per_sample", "calls on dataset files / samples read", "measured" if items.height else "inferred")
+    open_per_sample = meta.opens is not None and meta.opens >= 0.5
+    facts.put("reader.open_per_sample", "dataset opens per sample >= 0.5", "measured" if items.height else "inferred")
+    transfer = Distribution.from_values(reads["size"].to_numpy()) if reads.height else Distribution.unknown()
+    facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
+    pattern = access_pattern(reads)
+    facts.put("reader.access_pattern", "Darshan sequential/consecutive over reads per process and file", "measured")
+    facts.put("reader.prefetch_factor", "not visible in a trace (PyTorch default)", "default")
+    reader = Reader(
+        data_loader="pytorch" if has_loader else "native", batch_size=batch_size, read_threads=read_threads,
+        file_shuffle=shuffle_mode, sample_shuffle=shuffle_mode, shuffle_seed=0 if shuffled else None,
+        open_per_sample=open_per_sample, transfer_size=transfer, access_pattern=pattern, metadata_per_sample=meta,
+    )
+
+    # ---------------------------------------------------------------- train
+    if has_loader and main_pid is not None:
+        n_epochs = max(int(epochs_ev.group_by("pid").len()["len"].max() or 0), 1) if epochs_ev.height else \
+            int(batches["epoch"].n_unique())
+        facts.put("train.epochs", "epoch events of the consumer" if epochs_ev.height else "fetch epochs", "measured")
+        per_epoch_steps = batches.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
+        steps_per_epoch = int(per_epoch_steps.median() or 0) or None
+        natural = -(-dataset.num_files * spf // max(batch_size, 1))
+        if steps_per_epoch == natural:
+            steps_per_epoch = None
+        facts.put("train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured")
+        compute = _compute_time(steps.filter(pl.col("pid") == main_pid), saves)
+        facts.put("train.computation_time",
+                  "consumer step events minus checkpoint time, first step excluded (warm-up)"
+                  if compute.is_known else "no step events", "measured" if compute.is_known else "default")
+    else:
+        n_epochs = _posix_epochs(io, paths)
+        steps_per_epoch = None
+        compute = Distribution.fixed(0.0)
+        facts.put("train.epochs", "median full reads per dataset file", "inferred")
+        facts.put("train.computation_time", "no data-loader events: compute not measurable", "default")
+    if not compute.is_known:
+        compute = Distribution.fixed(0.0)
+    train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
+
+    # ---------------------------------------------------------------- checkpoint
+    checkpoint = _checkpoint(events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches,
+                             facts)
+
+    # ---------------------------------------------------------------- processes
+    ranks = max(len(consumers), 1)
+    processes = Processes(ranks=ranks, workers_per_rank=read_threads)
+    facts.put("processes.ranks", "processes with fetch events" if consumers else "single process assumed",
+              "measured" if consumers else "default")
+
+    provenance = Provenance(
+        source_trace=source, capture_host=(manifest or {}).get("host"), dlreplay_version=dlreplay.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), fields=facts.fields,
+        notes=facts.notes,
+    )
+    return WorkloadModel(dataset=dataset, reader=reader, train=train, checkpoint=checkpoint,
+                         processes=processes, provenance=provenance)
+
+
+def _compute_time(steps: pl.DataFrame, saves: pl.DataFrame) -> Distribution:
+    """Step durations (s) minus checkpoint saves inside them; the very first step is warm-up."""
+    if steps.height < 2:
+        return Distribution.unknown()
+    s = steps.sort("ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
+    if saves.height:
+        sv = saves.select("pid", pl.col("ts").alias("save_ts"), pl.col("dur").alias("save_dur")).sort("save_ts")
+        inside = (sv.join_asof(s.select("pid", "ts", "end").sort("ts"), left_on="save_ts", right_on="ts",
+                               by="pid", strategy="backward", check_sortedness=False)
+                  .filter(pl.col("save_ts") <= pl.col("end"))
+                  .group_by("ts").agg(pl.col("save_dur").sum().alias("ckpt")))
+        s = s.join(inside, on="ts", how="left").with_columns(pl.col("ckpt").fill_null(0))
+    else:
+        s = s.with_columns(pl.lit(0).alias("ckpt"))
+    values = ((s["dur"] - s["ckpt"]).clip(lower_bound=0).to_numpy() * _US)[1:]
+    return Distribution.from_values(values)
+
+
+def _checkpoint(events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts) -> Checkpoint:
+    if saves.height == 0:
+        facts.put("checkpoint.enabled", "no checkpoint events", "measured")
+        return Checkpoint(enabled=False)
+    bt = batches.sort("ts").with_row_index("global_step").select("ts", "global_step")
+    at = saves.sort("ts").join_asof(bt, on="ts", strategy="backward").with_columns(
+        (pl.col("global_step") + 1).fill_null(0).alias("step_count"))
+    gaps = at["step_count"].diff().drop_nulls()
+    first = int(at["step_count"][0])
+    interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
+    facts.put("checkpoint.steps_between_checkpoints", "steps between torch.save events", "measured")
+    nbytes = int(saves["size"].drop_nulls().mean() or 0)
+    facts.put("checkpoint.bytes_per_checkpoint", "bytes of torch.save files", "measured")
+    ckpt_files = saves["file"].drop_nulls().unique().to_list()
+    fsync = events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
+    facts.put("checkpoint.fsync", "fsync/fdatasync on checkpoint files", "measured")
+    writes = events.filter(pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_in(ckpt_files) & (pl.col("size") > 0))
+    wts = Distribution.from_values(writes["size"].to_numpy()) if writes.height else Distribution.unknown()
+    facts.put("checkpoint.write_transfer_size", "POSIX writes to checkpoint files" if writes.height
+              else "torch.save writes are not visible to DFTracer", "measured" if writes.height else "default")
+    folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
+    return Checkpoint(enabled=True, steps_between_checkpoints=interval, files_per_checkpoint=1,
+                      bytes_per_checkpoint=nbytes, write_transfer_size=wts, fsync=fsync,
+                      checkpoint_folder=folders.pop() if len(folders) == 1 else None)
+
+
+def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
+    """Most worker processes belonging to one epoch.
+
+    A worker belongs to the epoch whose window contains the midpoint of its item
+    span: non-persistent workers live inside one epoch (they may prefetch just
+    before its event starts), persistent ones span all epochs and count once.
+    Without epoch events, fall back to processes alive at the same time.
+    """
+    if epochs.is_empty():
+        return _concurrent_processes(worker_items)
+    mids = worker_items.group_by("pid").agg(
+        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts"))
+    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort("epoch_ts")
+    tagged = mids.sort("ts").join_asof(starts, left_on="ts", right_on="epoch_ts", strategy="backward")
+    return int(tagged.group_by("win").len()["len"].max() or 0)
+
+
+def _concurrent_processes(frame: pl.DataFrame) -> int:
+    """Most processes whose event spans (first start .. last end) overlap in time.
+
+    Non-persistent DataLoader workers live for one epoch, so counting distinct pids
+    would multiply by the number of epochs; overlap counts the workers of one epoch.
+    A single process reading everything is the consumer itself: 0 workers.
+    """
+    spans = frame.group_by("pid").agg(pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur")).max().alias("b"))
+    if spans.height <= 1:
+        return 0
+    points = pl.concat([
+        spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
+        spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d")),
+    ]).sort(["t", "d"], descending=[False, True])
+    return int(points["d"].cum_sum().max() or 0)
+
+
+def _posix_epochs(io: pl.DataFrame, paths: list[str]) -> int:
+    """Median number of full passes over each dataset file (bytes read / file size)."""
+    sizes = _file_sizes(io)
+    got = io.filter(pl.col("name").is_in(READ_OPS)).group_by("file").agg(pl.col("size").sum().alias("read"))
+    j = got.join(sizes, on="file").filter(pl.col("size") > 0)
+    if j.is_empty():
+        return 1
+    passes = (j["read"] / j["size"]).median()
+    return max(int(np.floor(float(passes or 1) + 0.05)), 1)

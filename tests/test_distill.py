@@ -1,0 +1,130 @@
+"""distill: models inferred from real captures match what the jobs did."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.distill import DistillError, distill
+from dlreplay.capture import CaptureConfig, run_capture
+
+from dlreplay.model import load_model
+from dlreplay.schema import empty_events
+
+from .conftest import EXAMPLES, TRACES
+
+CORPUS = sorted(p.parent for p in TRACES.glob("*/expected.json"))
+
+
+def _check(model, truth: dict) -> None:
+    d, r, t, c = model.dataset, model.reader, model.train, model.checkpoint
+    assert d.format == truth["format"]
+    assert d.num_files == truth["num_files"]
+    assert d.num_samples_per_file == truth["num_samples_per_file"]
+    assert r.batch_size == truth["batch_size"]
+    assert r.read_threads == truth["read_threads"]
+    assert t.epochs == truth["epochs"]
+    assert d.record_length.mean == pytest.approx(truth["record_length_mean"], rel=0.02)
+    assert t.computation_time.mean == pytest.approx(truth["step_compute_mean_s"], rel=0.10)
+    if truth["checkpoint_every"]:
+        assert c.enabled and c.steps_between_checkpoints == truth["checkpoint_every"]
+        assert c.bytes_per_checkpoint == pytest.approx(truth["checkpoint_bytes_mean"], rel=0.05)
+    else:
+        assert not c.enabled
+    assert (r.sample_shuffle != "off") == truth["shuffle"]
+    assert model.provenance.fields["reader.batch_size"].confidence == "measured"
+
+
+@pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
+def test_corpus_models(trace: Path) -> None:
+    truth = json.loads((trace / "expected.json").read_text())["model"]
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    _check(model, truth)
+    assert model.provenance.source_trace == str(trace)
+    assert model.reader.transfer_size.is_known
+    assert model.reader.access_pattern.sequential is not None
+
+
+@pytest.mark.slow
+def test_npz_reads_in_256k_chunks(tmp_path: Path) -> None:
+    """np.load reads NPZ members in 262144-byte chunks (the DLIO talk's lesson)."""
+    data = tmp_path / "data"
+    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "4",
+           "--volume", "64", "--batch-size", "2", "--workers", "1", "--epochs", "1", "--quiet",
+           "--checkpoint-dir", str(tmp_path / "ck")]
+    assert run_capture(CaptureConfig(command=tuple(job), out=tmp_path / "t", data_dirs=(str(data),))).exit_code == 0
+    loaded = load_trace(tmp_path / "t")
+    model = distill(loaded.events, manifest=loaded.manifest)
+    assert model.reader.transfer_size.max == 262144
+    assert model.reader.metadata_per_sample.lseeks > 5  # zip directory probing per np.load
+
+
+def test_cli_distill_writes_a_valid_model(tmp_path: Path, cli) -> None:
+    out = tmp_path / "model.yaml"
+    proc = cli("distill", str(TRACES / "npz_fork"), "-o", str(out), check=True)
+    assert "next: dlreplay model export-dlio" in proc.stdout
+    model = load_model(out)
+    assert model.dataset.format == "npz" and model.reader.batch_size == 2
+    again = cli("distill", str(TRACES / "npz_fork"), "-o", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr
+    dlio = tmp_path / "workload.yaml"
+    cli("model", "export-dlio", str(out), "-o", str(dlio), check=True)
+    assert "num_files_train: 24" in dlio.read_text()
+
+
+def test_posix_only_fallback_marks_lower_confidence() -> None:
+    loaded = load_trace(TRACES / "npz_fork")
+    posix = loaded.events.filter(pl.col("cat").is_in(["POSIX", "STDIO"]))
+    data_dir = loaded.manifest["data_dirs"][0]
+    model = distill(posix, data_dirs=[data_dir])
+    assert model.dataset.format == "npz" and model.dataset.num_files == 24
+    assert model.train.epochs == 3
+    assert model.reader.read_threads >= 2
+    assert model.provenance.fields["reader.batch_size"].confidence == "default"
+    assert model.provenance.fields["train.epochs"].confidence == "inferred"
+
+
+def test_bad_inputs_give_clear_messages() -> None:
+    with pytest.raises(DistillError, match="no events"):
+        distill(empty_events())
+    loaded = load_trace(TRACES / "npz_spawn")
+    no_fh = loaded.events.with_columns(pl.lit(None, pl.Utf8).alias("file"))
+    with pytest.raises(DistillError, match="no file names"):
+        distill(no_fh)
+    only_meta = loaded.events.filter(~pl.col("name").is_in(["read", "pread64", "fread"]))
+    only_meta = only_meta.filter(~pl.col("cat").is_in(["data", "dataloader"]))
+    with pytest.raises(DistillError, match="no dataset reads"):
+        distill(only_meta, data_dirs=["/nonexistent-dir"])
+
+
+def test_cli_distill_empty_trace(tmp_path: Path, cli) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "trace-x-preload.pfw.gz").write_bytes(b"")
+    proc = cli("distill", str(tmp_path / "t"), "-o", str(tmp_path / "m.yaml"))
+    assert proc.returncode == 1
+    assert "no events" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_four_workers_with_shuffle(tmp_path: Path) -> None:
+    """Prior tools underestimate batch size with many workers; fetch events make it exact."""
+    data = tmp_path / "data"
+    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "16",
+           "--batch-size", "4", "--workers", "4", "--epochs", "2", "--shuffle", "--report", str(tmp_path / "r.json"),
+           "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
+    result = run_capture(CaptureConfig(command=tuple(job), out=tmp_path / "t", data_dirs=(str(data),)))
+    assert result.exit_code == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    loaded = load_trace(tmp_path / "t")
+    model = distill(loaded.events, manifest=loaded.manifest)
+    assert model.reader.batch_size == 4
+    assert model.reader.read_threads == 4
+    assert model.dataset.num_files == 16 and model.train.epochs == 2
+    assert model.reader.sample_shuffle != "off"
+    steps = report["step_compute_s"][1:]
+    assert model.train.computation_time.mean == pytest.approx(sum(steps) / len(steps), rel=0.10)
