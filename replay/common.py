@@ -1,0 +1,151 @@
+"""Shared pieces of the replay stage: the error class, the dataset plan, the manifest.
+
+The *plan* of a dataset is a pure function of the workload model's ``dataset``
+section and a seed: the file names, and for every file the byte size of each
+sample (record). :mod:`dlreplay.replay.generate` writes it; the replay engine reads
+the manifest generation leaves behind (``.dlreplay-dataset.json``).
+
+Units: sizes and offsets in bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlreplay.errors import DlreplayError
+from dlreplay.model import WorkloadModel, model_to_dict
+
+MANIFEST_NAME = ".dlreplay-dataset.json"
+JOURNAL_NAME = ".dlreplay-dataset.partial.json"
+DATASET_SCHEMA = "dlreplay.dataset"
+DATASET_FORMAT_VERSION = 1
+TMP_SUFFIX = ".dlreplay-tmp"
+
+#: File name extension per dataset format.
+EXTENSIONS = {
+    "npz": "npz", "npy": "npy", "hdf5": "h5", "jpeg": "jpg", "png": "png", "tfrecord": "tfrecord",
+    "csv": "csv", "indexed_binary": "bin", "parquet": "parquet", "raw": "raw",
+}
+#: Formats whose samples are byte ranges recorded in the manifest (``offsets``).
+RECORD_FORMATS = ("raw", "tfrecord", "indexed_binary")
+#: Formats that store one sample per file.
+ONE_SAMPLE_FORMATS = ("jpeg", "png")
+#: Formats whose samples are rows of a rectangular array (one record length per file).
+ARRAY_FORMATS = ("npz", "npy", "hdf5")
+
+
+class ReplayError(DlreplayError):
+    """Dataset generation or a replay failed; the message names the path and what to do."""
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One dataset file of the plan: its index, path relative to the data dir, sample sizes (bytes)."""
+
+    index: int
+    relpath: str
+    sizes: tuple[int, ...]
+
+
+def dataset_digest(model: WorkloadModel) -> str:
+    """SHA-256 (hex) of the model's dataset shape: equal digests mean identical datasets.
+
+    Only ``dataset`` fields that change bytes on disk count (``data_folder`` does not), so
+    replays that change the reader, training or checkpoints reuse the same dataset.
+    """
+    ds = dict(model_to_dict(model)["dataset"])
+    ds.pop("data_folder", None)
+    ds.pop("record_length_resize", None)
+    ds.pop("file_size", None)
+    ds.pop("num_files_eval", None)
+    text = json.dumps(ds, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_model_for_replay(model: WorkloadModel) -> None:
+    """Raise :class:`ReplayError` for models the replay cannot produce a dataset for."""
+    ds = model.dataset
+    if ds.format in ONE_SAMPLE_FORMATS and ds.num_samples_per_file != 1:
+        raise ReplayError(
+            f"dataset.num_samples_per_file: {ds.format} files hold one image each, got "
+            f"{ds.num_samples_per_file}; set dataset.num_samples_per_file=1 (e.g. --set dataset.num_samples_per_file=1)."
+        )
+
+
+def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
+    """The files of the dataset and each sample's size in bytes, from *model* and *seed*.
+
+    File ``i`` draws its sizes from ``numpy.random.default_rng([seed, i])``, so the plan
+    (and the bytes written) do not depend on how generation is split over processes.
+    Array formats (npz, npy, hdf5) use one record length per file (rectangular arrays).
+    """
+    check_model_for_replay(model)
+    ds = model.dataset
+    n = ds.num_files
+    width = len(str(max(n - 1, 0)))
+    ext = EXTENSIONS[ds.format]
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, i, 0x5EED])
+        k = ds.num_samples_per_file
+        draws = ds.record_length.sample(rng, 1 if ds.format in ARRAY_FORMATS else k)
+        sizes = np.maximum(1, np.rint(draws)).astype(np.int64)
+        if ds.format in ARRAY_FORMATS:
+            sizes = np.repeat(sizes, k)
+        name = f"img_{i:0{width}d}_of_{n}.{ext}"
+        rel = f"train/{i % ds.num_subfolders}/{name}" if ds.num_subfolders > 0 else f"train/{name}"
+        out.append(FileSpec(index=i, relpath=rel, sizes=tuple(int(s) for s in sizes)))
+    return out
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host in bytes (``os.sysconf``), 0 if unknown."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):
+        return 0
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write *payload* as JSON to *path* atomically (temporary file + fsync + os.replace)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=1)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise ReplayError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in *path*, or None when the file is missing or unreadable as JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_dataset_manifest(data_dir: Path) -> dict[str, Any] | None:
+    """The complete dataset manifest of *data_dir*, or None if there is no complete one."""
+    data = read_json(Path(data_dir) / MANIFEST_NAME)
+    if not data or data.get("schema") != DATASET_SCHEMA or data.get("complete") is not True:
+        return None
+    if int(data.get("format_version", 0)) > DATASET_FORMAT_VERSION:
+        raise ReplayError(f"{Path(data_dir) / MANIFEST_NAME}: format_version {data.get('format_version')} is newer "
+                          f"than this dlreplay reads ({DATASET_FORMAT_VERSION}); upgrade dlreplay.")
+    return data

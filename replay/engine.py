@@ -1,0 +1,614 @@
+"""``dlreplay replay``: replay a workload model on real storage, compute replaced by sleep.
+
+Each simulated accelerator (a local process, or an MPI rank) reads its shard of the
+dataset files (rank r reads files r::N) through a :class:`~.loader.Loader` with
+PyTorch DataLoader semantics, sleeps ``train.computation_time`` per step, writes
+checkpoints as the model says, and synchronises with the other accelerators once per
+step (a barrier, like data-parallel training). Metrics (:mod:`.metrics`) go to
+``<out>/metrics.json``. Unless ``trace`` is off, the replay runs itself under
+:func:`dlreplay.capture.run_capture`, so ``<out>`` is also a trace directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import dlreplay
+from dlreplay.model import WorkloadModel, save_model
+
+from .common import ReplayError, dataset_digest, read_dataset_manifest
+from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
+from .loader import Loader, WorkerSpec
+from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate, render_table
+
+METRICS_NAME = "metrics.json"
+ORDER_NAME = "sample-order.json"
+IO_MODES = ("library", "posix")
+#: Bytes per checkpoint write call when the model does not know it.
+DEFAULT_WRITE_TRANSFER = 4 << 20
+BARRIER_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replay. ``model`` already has overrides applied.
+
+    ``accelerators``: local accelerator processes (ignored under MPI, where each rank is
+    one); ``out``: result/trace directory (None = ``replays/<name>-<UTC time>``);
+    ``trace``: run under DFTracer; ``generate``: generate the dataset if missing;
+    ``io``: ``library`` or ``posix``; ``au_threshold``: pass/fail AU in percent;
+    ``record_order``: write every epoch's sample order to ``sample-order.json``.
+    """
+
+    model: WorkloadModel
+    data_dir: Path
+    accelerators: int = 1
+    out: Path | None = None
+    trace: bool = True
+    generate: bool = True
+    io: str = "library"
+    au_threshold: float = 90.0
+    seed: int = 0
+    record_order: bool = False
+    keep_checkpoints: bool = False
+    traced: bool = False  # internal: this process is the captured child
+    jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Outcome: where metrics (and the trace) are, the metrics dict, completeness."""
+
+    out: Path
+    metrics: dict[str, Any]
+    complete: bool
+    traced: bool
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------- MPI
+
+
+def _mpi_world() -> Any | None:
+    """mpi4py's COMM_WORLD when launched by mpiexec with more than one rank, else None."""
+    env_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMIX_SIZE")
+    if not env_size or int(env_size) <= 1:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ReplayError(f"launched under MPI ({env_size} ranks) but mpi4py is not importable ({exc}); "
+                          f"install dlreplay[mpi]") from None
+    comm = MPI.COMM_WORLD
+    return comm if comm.Get_size() > 1 else None
+
+
+# --------------------------------------------------------------------------- per accelerator
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one accelerator does (picklable, sent to accelerator processes)."""
+
+    model: WorkloadModel
+    spec: WorkerSpec
+    rank: int
+    size: int
+    seed: int
+    checkpoint_dir: str
+    record_order: bool
+
+
+def _shuffle(mode: str, seed: int | None, items: list[Any], key: Sequence[int]) -> list[Any]:
+    if mode == "off":
+        return items
+    rng = np.random.default_rng([seed or 0, *key]) if mode == "seed" else np.random.default_rng()
+    order = rng.permutation(len(items))
+    return [items[i] for i in order]
+
+
+def steps_per_epoch(model: WorkloadModel, size: int) -> int:
+    """Steps per epoch for each of *size* accelerators (all ranks take the same count)."""
+    nfiles = model.dataset.num_files
+    if nfiles < size:
+        raise ReplayError(f"dataset.num_files: {nfiles} file(s) cannot be shared by {size} accelerators "
+                          f"(each reads files r::N); use fewer accelerators or more files")
+    samples = (nfiles // size) * model.dataset.num_samples_per_file
+    steps = math.ceil(samples / model.reader.batch_size)
+    if model.train.steps_per_epoch:
+        steps = min(steps, model.train.steps_per_epoch)
+    return steps
+
+
+def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
+    """The batches (lists of (file index, sample in file)) of *epoch* (1-based) on this rank."""
+    m, rd = plan.model, plan.model.reader
+    seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
+    files = list(range(plan.rank, m.dataset.num_files, plan.size))
+    files = _shuffle(rd.file_shuffle, seed, files, (epoch, plan.rank, 1))
+    samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
+    samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
+    steps = steps_per_epoch(m, plan.size)
+    b = rd.batch_size
+    return [samples[i * b:(i + 1) * b] for i in range(steps) if samples[i * b:(i + 1) * b]]
+
+
+class _Checkpointer:
+    """Writes checkpoints as the model says; this rank writes files j with j % N == rank."""
+
+    def __init__(self, plan: RankPlan) -> None:
+        self.plan = plan
+        self.c = plan.model.checkpoint
+        self.count = 0
+        self.last_time = time.monotonic()
+        self.created: list[Path] = []
+        self.rng = np.random.default_rng([plan.seed, plan.rank, 0xC4])
+        wts = self.c.write_transfer_size
+        self.transfer = wts if wts.is_known else None
+        self._buf = b""
+
+    def due(self, global_step: int, epoch: int, last_in_epoch: bool) -> bool:
+        c = self.c
+        if not c.enabled or c.bytes_per_checkpoint <= 0:
+            return False
+        if c.num_checkpoints_write is not None and self.count >= c.num_checkpoints_write:
+            return False
+        if c.steps_between_checkpoints:
+            return global_step % c.steps_between_checkpoints == 0
+        if c.time_between_checkpoints:
+            return time.monotonic() - self.last_time >= c.time_between_checkpoints
+        every = c.epochs_between_checkpoints or 1
+        return last_in_epoch and epoch >= c.checkpoint_after_epoch and (epoch - c.checkpoint_after_epoch) % every == 0
+
+    def write(self) -> int:
+        """Write this rank's files of one checkpoint; returns bytes written."""
+        c, p = self.c, self.plan
+        self.count += 1
+        self.last_time = time.monotonic()
+        folder = Path(p.checkpoint_dir) / f"checkpoint-{self.count:04d}"
+        nfiles = c.files_per_checkpoint
+        total = 0
+        for j in range(p.rank, nfiles, p.size):
+            nbytes = c.bytes_per_checkpoint // nfiles + (c.bytes_per_checkpoint % nfiles if j == nfiles - 1 else 0)
+            path = folder / f"part-{j:04d}-of-{nfiles}.bin"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                self.created.append(path)
+                try:
+                    left = nbytes
+                    while left > 0:
+                        ts = int(self.transfer.sample(self.rng, 1)[0]) if self.transfer else DEFAULT_WRITE_TRANSFER
+                        ts = max(1, min(ts, left))
+                        if len(self._buf) < ts:
+                            self._buf = self.rng.bytes(ts)
+                        n = os.write(fd, memoryview(self._buf)[:ts])
+                        left -= n
+                        total += n
+                    if c.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise ReplayError(f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc})") from None
+        return total
+
+    def cleanup(self) -> None:
+        """Delete the checkpoint files this run created (and their folders if empty)."""
+        for path in self.created:
+            try:
+                path.unlink()
+                path.parent.rmdir()
+            except OSError:
+                pass
+
+
+def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = False) -> dict[str, Any]:
+    """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync).
+
+    Returns ``{"rank", "epochs": [records], "complete", "error", "order"}``. Times in
+    seconds, sizes in bytes. KeyboardInterrupt ends the run early (``complete`` false).
+    """
+    m = plan.model
+    rd = m.reader
+    compute_rng = np.random.default_rng([plan.seed, plan.rank, 0xC0])
+    epochs: list[dict[str, Any]] = []
+    order: dict[str, list[int]] = {}
+    result: dict[str, Any] = {"rank": plan.rank, "epochs": epochs, "complete": False, "error": None}
+    ckpt = _Checkpointer(plan)
+    loader: Loader | None = None
+    global_step = 0
+    sleep_debt = 0.0  # seconds slept beyond the modelled compute so far
+    total_cap = m.train.total_training_steps
+    try:
+        loader = Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor)
+        for epoch in range(1, m.train.epochs + 1):
+            batches = epoch_batches(plan, epoch)
+            if total_cap is not None:
+                batches = batches[: max(0, total_cap - global_step)]
+            if not batches:
+                break
+            rec = {"epoch": epoch, "steps": 0, "samples": 0, "bytes_read": 0, "compute_s": 0.0,
+                   "modelled_compute_s": 0.0, "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
+                   "window_s": 0.0, "samples_in_window": 0, "bytes_in_window": 0, "epoch_time_s": 0.0}
+            epochs.append(rec)
+            ids: list[int] = []
+            draws = m.train.computation_time.sample(compute_rng, len(batches))
+            t_start = t_prev = time.perf_counter()
+            for step, res in enumerate(loader.epoch(batches)):
+                t_got = time.perf_counter()
+                modelled = max(0.0, float(draws[step]))
+                c0 = time.perf_counter()
+                if modelled > 0 and modelled - sleep_debt > 0:
+                    time.sleep(modelled - sleep_debt)
+                compute = time.perf_counter() - c0
+                if modelled > 0:  # carry sleep overshoot into the next step: total compute tracks the model
+                    sleep_debt += compute - modelled
+                global_step += 1
+                ck0 = time.perf_counter()
+                if ckpt.due(global_step, epoch, step == len(batches) - 1):
+                    rec["checkpoint_bytes"] += ckpt.write()
+                ck = time.perf_counter() - ck0
+                sync()
+                t_end = time.perf_counter()
+                rec["steps"] += 1
+                rec["samples"] += len(res.samples)
+                rec["bytes_read"] += res.nbytes
+                rec["checkpoint_s"] += ck
+                if plan.record_order:
+                    ids.extend(res.samples)
+                if global_step > 1:  # DLIO leaves the run's first step out of AU and throughput
+                    rec["compute_s"] += compute
+                    rec["modelled_compute_s"] += modelled
+                    rec["io_wait_s"] += t_got - t_prev
+                    rec["window_s"] += t_end - t_prev
+                    rec["samples_in_window"] += len(res.samples)
+                    rec["bytes_in_window"] += res.nbytes
+                t_prev = t_end
+                rec["epoch_time_s"] = t_end - t_start
+            if plan.record_order:
+                order[str(epoch)] = ids
+        result["complete"] = True
+    except KeyboardInterrupt:
+        result["error"] = None
+    except threading.BrokenBarrierError:
+        result["error"] = "another accelerator stopped (barrier broken)"
+    except ReplayError as exc:
+        result["error"] = str(exc)
+    finally:
+        if loader is not None:
+            loader.close()
+        if not keep_checkpoints:
+            ckpt.cleanup()
+    result["order"] = order if plan.record_order else None
+    return result
+
+
+def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool) -> None:
+    def sync() -> None:
+        barrier.wait(timeout=BARRIER_TIMEOUT_S)
+
+    def interrupt_once(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second SIGINT must not cut the partial result
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt_once)
+
+    try:
+        res = run_rank(plan, sync, keep_checkpoints)
+    except KeyboardInterrupt:
+        res = {"rank": plan.rank, "epochs": [], "complete": False, "error": None, "order": None}
+    if not res["complete"]:
+        try:
+            barrier.abort()
+        except Exception:  # noqa: BLE001 - best effort to release peers
+            pass
+    results.put(res)
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def default_out(model: WorkloadModel) -> Path:
+    """``replays/<model name>-<UTC time>``."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = (model.model.name or model.dataset.format).replace("/", "_")
+    return Path("replays") / f"{name}-{stamp}"
+
+
+def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
+    m = config.model
+    files = manifest["files"]
+    md = m.reader.metadata_per_sample
+    return WorkerSpec(
+        data_dir=str(config.data_dir.resolve()), fmt=m.dataset.format, io=config.io,
+        paths=tuple(f["path"] for f in files), file_bytes=tuple(int(f["bytes"]) for f in files),
+        records=tuple(tuple((int(a), int(b)) for a, b in f["records"]) if f.get("records") else None for f in files),
+        samples_per_file=m.dataset.num_samples_per_file, open_per_sample=m.reader.open_per_sample,
+        transfer_size=m.reader.transfer_size, preprocess_time=m.reader.preprocess_time,
+        stats_per_sample=float(md.stats or 0.0) if config.io == "posix" else 0.0,
+        lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed)
+
+
+def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+    status = dataset_status(config.model, config.data_dir, config.seed)
+    if status != "ready":
+        if not config.generate:
+            raise ReplayError(f"{config.data_dir}: no complete dlreplay dataset for this model and seed "
+                              f"(status: {status}); run `dlreplay generate MODEL --data-dir {config.data_dir}` "
+                              f"or drop --no-generate")
+        echo(f"generating the dataset in {config.data_dir} …")
+        res = generate_dataset(GenerateConfig(model=config.model, data_dir=config.data_dir, seed=config.seed,
+                                              jobs=config.jobs))
+        echo(f"generated {res.generated} file(s), {res.total_bytes / 1e6:,.1f} MB in {res.seconds:.1f} s")
+    manifest = read_dataset_manifest(config.data_dir)
+    if manifest is None or manifest.get("model_digest") != dataset_digest(config.model):
+        raise ReplayError(f"{config.data_dir}: dataset manifest missing or for another model; regenerate it")
+    return manifest, cache_warnings(int(manifest.get("total_bytes", 0)))
+
+
+def _check_out(out: Path, allow_existing: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ReplayError(f"{out} exists and is not a directory; choose another --out")
+    if not allow_existing and out.is_dir() and any(out.iterdir()):
+        raise ReplayError(f"{out} is not empty; choose another --out (results are never written over)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReplayError(f"{out}: cannot create the output directory ({exc.strerror or exc})") from None
+
+
+def _metrics_doc(config: ReplayConfig, ranks: list[dict[str, Any]], manifest: dict[str, Any], started: str,
+                 wall: float, interrupted: bool, warnings: Sequence[str], size: int, mpi: bool) -> dict[str, Any]:
+    agg = aggregate(ranks, config.au_threshold)
+    complete = not interrupted and all(r["complete"] for r in ranks) and len(ranks) == size
+    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r.get("error")]
+    m = config.model
+    return {
+        "schema": METRICS_SCHEMA, "format_version": METRICS_FORMAT_VERSION, "complete": complete,
+        "interrupted": interrupted, "errors": errors,
+        "model_name": m.model.name, "dataset_format": m.dataset.format, "model_digest": dataset_digest(m),
+        "data_dir": str(config.data_dir), "dataset_bytes": int(manifest.get("total_bytes", 0)),
+        "io": config.io, "accelerators": size, "mpi": mpi, "seed": config.seed,
+        "batch_size": m.reader.batch_size, "read_threads": m.reader.read_threads,
+        "epochs_planned": m.train.epochs, "dlreplay_version": dlreplay.__version__,
+        "started": started, "wall_time_s": wall, "warnings": list(warnings), **agg,
+    }
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def run_replay(config: ReplayConfig, echo: Callable[[str], None] | None = None) -> ReplayResult:
+    """Replay ``config.model``; writes ``<out>/metrics.json`` (and a trace unless ``trace`` is off)."""
+    say = echo or (lambda s: None)
+    if config.io not in IO_MODES:
+        raise ReplayError(f"--io: expected one of {', '.join(IO_MODES)}, got {config.io!r}")
+    if config.accelerators < 1:
+        raise ReplayError(f"--accelerators: expected a positive integer, got {config.accelerators}")
+    comm = _mpi_world()
+    if comm is not None:
+        return _run_mpi(config, comm, say)
+    out = config.out or default_out(config.model)
+    if config.trace and not config.traced:
+        return _run_traced(config, out, say)
+    _check_out(out, allow_existing=config.traced)
+    manifest, warnings = _ensure_dataset(config, say)
+    spec = _worker_spec(config, manifest)
+    size = config.accelerators
+    steps_per_epoch(config.model, size)  # validate early
+    ckdir = str((out / "checkpoints").resolve())
+    plans = [RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order) for r in range(size)]
+    started, t0 = _now(), time.perf_counter()
+    interrupted = False
+    if size == 1:
+        try:
+            ranks = [run_rank(plans[0], lambda: None, config.keep_checkpoints)]
+        except KeyboardInterrupt:
+            ranks = [{"rank": 0, "epochs": [], "complete": False, "error": None, "order": None}]
+        interrupted = not ranks[0]["complete"] and ranks[0]["error"] is None
+    else:
+        ranks, interrupted = _run_local_ranks(plans, config.keep_checkpoints)
+    wall = time.perf_counter() - t0
+    return _finish(config, out, ranks, manifest, started, wall, interrupted, warnings, size, False, say)
+
+
+def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manifest: dict[str, Any], started: str,
+            wall: float, interrupted: bool, warnings: Sequence[str], size: int, mpi: bool,
+            say: Callable[[str], None]) -> ReplayResult:
+    doc = _metrics_doc(config, ranks, manifest, started, wall, interrupted, warnings, size, mpi)
+    from .common import write_json_atomic
+
+    write_json_atomic(out / METRICS_NAME, doc)
+    if config.record_order:
+        write_json_atomic(out / ORDER_NAME, {str(r["rank"]): r.get("order") for r in ranks})
+    if not config.keep_checkpoints:
+        try:
+            (out / "checkpoints").rmdir()  # only when empty: the ranks deleted their own files
+        except OSError:
+            pass
+    if doc["errors"] and not interrupted:
+        raise ReplayError(f"replay failed ({'; '.join(doc['errors'])}); partial metrics in {out / METRICS_NAME}")
+    return ReplayResult(out=out, metrics=doc, complete=doc["complete"], traced=False, warnings=tuple(warnings))
+
+
+def _run_local_ranks(plans: list[RankPlan], keep: bool) -> tuple[list[dict[str, Any]], bool]:
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(len(plans))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_process, args=(p, barrier, results, keep), name=f"dlreplay-rank-{p.rank}")
+             for p in plans]
+    for p in procs:
+        p.start()
+    got: list[dict[str, Any]] = []
+    interrupted = False
+    deadline: float | None = None
+    while len(got) < len(plans):
+        try:
+            got.append(results.get(timeout=1.0))
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        except KeyboardInterrupt:
+            interrupted = True
+            deadline = time.monotonic() + 30.0
+            for p in procs:  # a Ctrl-C on the terminal reaches them anyway; a signal to us alone must too
+                if p.is_alive() and p.pid:
+                    try:
+                        os.kill(p.pid, signal.SIGINT)
+                    except ProcessLookupError:
+                        pass
+    for p in procs:
+        p.join(5.0)
+        if p.is_alive():
+            p.terminate()
+            p.join(1.0)
+    dead = {r["rank"] for r in got}
+    for p, plan in zip(procs, plans, strict=True):
+        if plan.rank not in dead and not interrupted:
+            got.append({"rank": plan.rank, "epochs": [], "complete": False,
+                        "error": f"accelerator process ended unexpectedly (exit code {p.exitcode})", "order": None})
+    got.sort(key=lambda r: r["rank"])
+    if any(not r["complete"] and r["error"] is None for r in got):
+        interrupted = True
+    return got, interrupted
+
+
+def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> ReplayResult:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if config.trace and not config.traced:
+        if rank == 0:
+            raise ReplayError("tracing an MPI replay from inside mpiexec is not supported; run "
+                              "`dlreplay capture -- mpiexec -n N python -m dlreplay replay ... --no-trace`, "
+                              "or pass --no-trace")
+        comm.Abort(1)
+    out = Path(comm.bcast(str(config.out or default_out(config.model)) if rank == 0 else None, root=0))
+    err: str | None = None
+    manifest: dict[str, Any] = {}
+    warnings: list[str] = []
+    if rank == 0:
+        try:
+            _check_out(out, allow_existing=config.traced)
+            manifest, warnings = _ensure_dataset(config, say)
+            steps_per_epoch(config.model, size)
+        except ReplayError as exc:
+            err = str(exc)
+    err = comm.bcast(err, root=0)
+    if err:
+        if rank == 0:
+            raise ReplayError(err)
+        sys.exit(1)
+    manifest = comm.bcast(manifest if rank == 0 else None, root=0)
+    spec = _worker_spec(config, manifest)
+    plan = RankPlan(config.model, spec, rank, size, config.seed, str((out / "checkpoints").resolve()),
+                    config.record_order)
+    comm.Barrier()
+    started, t0 = _now(), time.perf_counter()
+    res = run_rank(plan, comm.Barrier, config.keep_checkpoints)
+    wall = time.perf_counter() - t0
+    ranks = comm.gather(res, root=0)
+    if rank != 0:
+        if res.get("error"):
+            sys.exit(1)
+        return ReplayResult(out=out, metrics={}, complete=res["complete"], traced=False)
+    interrupted = any(not r["complete"] and r["error"] is None for r in ranks)
+    return _finish(config, out, sorted(ranks, key=lambda r: r["rank"]), manifest, started, wall, interrupted,
+                   warnings, size, True, say)
+
+
+def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> ReplayResult:
+    """Generate outside the trace, then re-run this replay as ``python -m dlreplay replay`` under DFTracer."""
+    from dlreplay.capture import CaptureConfig, run_capture
+
+    _check_out(out, allow_existing=False)
+    _, warnings = _ensure_dataset(config, say)
+    model_path = out / "model.yaml"
+    save_model(config.model, model_path)
+    cmd = [sys.executable, "-m", "dlreplay", "replay", str(model_path.resolve()),
+           "--data-dir", str(config.data_dir.resolve()), "--accelerators", str(config.accelerators),
+           "--out", str(out.resolve()), "--no-trace", "--_traced", "--no-generate", "--io", config.io,
+           "--au-threshold", str(config.au_threshold), "--seed", str(config.seed), "--quiet"]
+    if config.record_order:
+        cmd.append("--record-order")
+    if config.keep_checkpoints:
+        cmd.append("--keep-checkpoints")
+    ckdir = out.resolve() / "checkpoints"
+    cap = run_capture(CaptureConfig(command=tuple(cmd), out=out, force=True,
+                                    data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
+                                    name=config.model.model.name or "replay"))
+    path = out / METRICS_NAME
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ReplayError(f"the traced replay wrote no metrics ({path}); exit code {cap.exit_code}, "
+                          f"trace status {cap.status} in {out}") from None
+    if cap.exit_code != 0 and metrics.get("complete") and cap.status != "interrupted":
+        raise ReplayError(f"the traced replay exited with code {cap.exit_code}; see {out}")
+    return ReplayResult(out=out, metrics=metrics, complete=bool(metrics.get("complete")) and cap.exit_code == 0,
+                        traced=True, warnings=tuple(warnings))
+
+
+# --------------------------------------------------------------------------- find max accelerators
+
+
+def find_max_accelerators(config: ReplayConfig, limit: int = 64,
+                          echo: Callable[[str], None] | None = None) -> list[tuple[int, float | None]]:
+    """Largest N whose AU stays >= the threshold: try 1, 2, 4, … then bisect. Returns (N, AU %) measured.
+
+    Each trial is an untraced replay into ``<out>/n<N>``.
+    """
+    say = echo or (lambda s: None)
+    base = config.out or default_out(config.model)
+    measured: dict[int, float | None] = {}
+
+    def trial(n: int) -> bool:
+        if n > config.model.dataset.num_files:
+            return False
+        cfg = dataclasses.replace(config, accelerators=n, out=base / f"n{n}", trace=False)
+        res = run_replay(cfg, echo=say)
+        au = res.metrics["overall"].get("au_percent")
+        measured[n] = au
+        say(f"accelerators {n}: AU {au if au is None else round(au, 2)} %")
+        return au is not None and au >= config.au_threshold
+
+    good, bad = 0, None
+    n = 1
+    while n <= limit:
+        if trial(n):
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if bad is not None and good:
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if trial(mid):
+                lo = mid
+            else:
+                hi = mid
+    return sorted(measured.items())
+
+
+def render_result(result: ReplayResult) -> str:
+    """The metrics table of a replay."""
+    return render_table(result.metrics)

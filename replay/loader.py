@@ -1,0 +1,221 @@
+"""A data loader with PyTorch DataLoader semantics, without importing torch.
+
+``num_workers`` workers (processes started with fork, or threads); batch *i* goes to
+worker ``i % W``; each worker has ``prefetch_factor`` batches in flight; results are
+returned in batch order. ``num_workers == 0`` reads in the calling process. Workers
+persist across epochs. Each worker reads whole batches through a
+:class:`~dlreplay.replay.formats.LibraryReader` or ``PosixReader``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dlreplay.model import Distribution
+
+from .common import ReplayError
+from .formats import LibraryReader, PosixReader
+
+#: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
+DEFAULT_TRANSFER = 262144
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to read samples (picklable)."""
+
+    data_dir: str
+    fmt: str
+    io: str  # library | posix
+    paths: tuple[str, ...]  # relative paths, by file index
+    file_bytes: tuple[int, ...]
+    records: tuple[tuple[tuple[int, int], ...] | None, ...]
+    samples_per_file: int
+    open_per_sample: bool
+    transfer_size: Distribution
+    preprocess_time: Distribution
+    stats_per_sample: float
+    lseeks_per_sample: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One batch read: its index, bytes actually read, sample ids (file*spf+k), read seconds."""
+
+    index: int
+    nbytes: int
+    samples: tuple[int, ...]
+    seconds: float
+
+
+class _BatchReader:
+    """Reads batches in one worker (keeps its files open unless open_per_sample)."""
+
+    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
+        self.spec = spec
+        self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
+        if spec.io == "posix":
+            self.reader: Any = PosixReader(spec.fmt, spec.open_per_sample, spec.stats_per_sample,
+                                           spec.lseeks_per_sample)
+        else:
+            self.reader = LibraryReader(spec.fmt, spec.open_per_sample)
+        self.preprocess = spec.preprocess_time if spec.preprocess_time.is_known and (
+            spec.preprocess_time.mean or 0) > 0 else None
+        self.transfer = spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER)
+
+    def read_batch(self, index: int, samples: Sequence[tuple[int, int]]) -> BatchResult:
+        s = self.spec
+        t0 = time.perf_counter()
+        total = 0
+        for f, k in samples:
+            path = os.path.join(s.data_dir, s.paths[f])
+            rec = s.records[f][k] if s.records[f] is not None else None
+            try:
+                if s.io == "posix":
+                    if rec is not None:
+                        off, length = rec
+                    else:
+                        size, n = s.file_bytes[f], s.samples_per_file
+                        off = size * k // n
+                        length = size * (k + 1) // n - off
+                    ts = max(1, int(self.transfer.sample(self.rng, 1)[0]))
+                    total += self.reader.read(path, off, length, ts)
+                else:
+                    total += self.reader.read(path, k, rec)
+            except OSError as exc:
+                raise ReplayError(f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})") from None
+            except ReplayError:
+                raise
+            except Exception as exc:  # a library failing on a damaged file
+                raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
+            if self.preprocess is not None:
+                time.sleep(max(0.0, float(self.preprocess.sample(self.rng, 1)[0])))
+        ids = tuple(f * s.samples_per_file + k for f, k in samples)
+        return BatchResult(index, total, ids, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_process: bool) -> None:
+    """Worker loop: take (epoch, index, samples) tasks until None; put BatchResult or ("error", msg)."""
+    if is_process:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the accelerator stops workers itself
+    reader = _BatchReader(spec, worker_id)
+    try:
+        while True:
+            task = tasks.get()
+            if task is None:
+                break
+            epoch, index, samples = task
+            try:
+                results.put((epoch, reader.read_batch(index, samples)))
+            except Exception as exc:
+                results.put((epoch, ("error", str(exc))))
+    finally:
+        reader.close()
+
+
+class Loader:
+    """Batches in order, read by ``num_workers`` workers with ``prefetch_factor`` batches each in flight."""
+
+    def __init__(self, spec: WorkerSpec, num_workers: int, worker_kind: str = "process",
+                 prefetch_factor: int = 2) -> None:
+        self.spec = spec
+        self.num_workers = num_workers
+        self.prefetch = max(1, prefetch_factor)
+        self._epoch = 0
+        self._local: _BatchReader | None = None
+        self._workers: list[Any] = []
+        self._tasks: list[Any] = []
+        if num_workers == 0:
+            self._local = _BatchReader(spec, 0)
+            return
+        if worker_kind == "thread":
+            self._results: Any = queue.Queue()
+            for w in range(num_workers):
+                q: Any = queue.Queue()
+                t = threading.Thread(target=_worker_main, args=(spec, w, q, self._results, False),
+                                     name=f"dlreplay-loader-{w}", daemon=True)
+                self._tasks.append(q)
+                self._workers.append(t)
+        else:
+            ctx = multiprocessing.get_context("fork")
+            self._results = ctx.Queue()
+            for w in range(num_workers):
+                q = ctx.Queue()
+                p = ctx.Process(target=_worker_main, args=(spec, w, q, self._results, True),
+                                name=f"dlreplay-loader-{w}", daemon=True)
+                self._tasks.append(q)
+                self._workers.append(p)
+        for w in self._workers:
+            w.start()
+
+    def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
+        """Yield the batches' results in order (batch i read by worker i % W)."""
+        self._epoch += 1
+        if self._local is not None:
+            for i, b in enumerate(batches):
+                yield self._local.read_batch(i, b)
+            return
+        W, nb = self.num_workers, len(batches)
+        sent = 0
+
+        def send(i: int) -> None:
+            self._tasks[i % W].put((self._epoch, i, list(batches[i])))
+
+        while sent < min(nb, self.prefetch * W):
+            send(sent)
+            sent += 1
+        buffer: dict[int, BatchResult] = {}
+        for i in range(nb):
+            while i not in buffer:
+                epoch, res = self._get()
+                if epoch != self._epoch:
+                    continue
+                if isinstance(res, tuple):
+                    raise ReplayError(res[1])
+                buffer[res.index] = res
+            if sent < nb:
+                send(sent)
+                sent += 1
+            yield buffer.pop(i)
+
+    def _get(self) -> Any:
+        while True:
+            try:
+                return self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [w for w in self._workers if not w.is_alive()]
+                if dead:
+                    code = getattr(dead[0], "exitcode", None)
+                    raise ReplayError(f"data-loader worker {dead[0].name} ended unexpectedly (exit code {code})"
+                                      ) from None
+
+    def close(self) -> None:
+        """Stop the workers (they finish their current batch)."""
+        if self._local is not None:
+            self._local.close()
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for w in self._workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+            if isinstance(w, multiprocessing.process.BaseProcess) and w.is_alive():
+                w.terminate()
+                w.join(1.0)
+        self._workers.clear()

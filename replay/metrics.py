@@ -1,0 +1,124 @@
+"""MLPerf Storage metrics of a replay: AU, samples/s, I/O throughput, per epoch and overall.
+
+Vocabulary and definitions follow MLPerf Storage / DLIO:
+
+* **AU** (accelerator utilization, %) = compute time / total time. The first step of
+  the run is excluded (DLIO does: it holds start-up costs). Across ranks, AU is the
+  mean of the ranks' AU.
+* **samples/s** = samples consumed / time (same window as AU, summed over ranks,
+  divided by the slowest rank's time).
+* **I/O throughput** = bytes *actually read* / time, in MB/s (1 MB = 10^6 bytes) and MiB/s.
+* epoch time (s, wall clock incl. the first step), mean and population stdev across epochs.
+* pass/fail: AU >= the threshold (MLPerf Storage: 90 % for unet3d and resnet50).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+METRICS_SCHEMA = "dlreplay.metrics"
+METRICS_FORMAT_VERSION = 1
+MB = 1_000_000
+MIB = 1 << 20
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    m = sum(vals) / len(vals)
+    return m, math.sqrt(sum((v - m) ** 2 for v in vals) / len(vals))
+
+
+def _combine(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One epoch (or the whole run) from the ranks' records of it."""
+    window = max((r["window_s"] for r in per_rank), default=0.0)
+    samples_w = sum(r["samples_in_window"] for r in per_rank)
+    bytes_w = sum(r["bytes_in_window"] for r in per_rank)
+    aus = [_ratio(r["compute_s"], r["window_s"]) for r in per_rank]
+    au_vals = [a for a in aus if a is not None]
+    au = 100.0 * sum(au_vals) / len(au_vals) if au_vals else None
+    mbps = _ratio(bytes_w, window)
+    return {
+        "au_percent": au,
+        "samples_per_s": _ratio(samples_w, window),
+        "io_mb_per_s": mbps / MB if mbps is not None else None,
+        "io_mib_per_s": mbps / MIB if mbps is not None else None,
+        "steps": max((r["steps"] for r in per_rank), default=0),
+        "samples": sum(r["samples"] for r in per_rank),
+        "bytes_read": sum(r["bytes_read"] for r in per_rank),
+        "compute_s": sum(r["compute_s"] for r in per_rank) / max(len(per_rank), 1),
+        "modelled_compute_s": sum(r["modelled_compute_s"] for r in per_rank) / max(len(per_rank), 1),
+        "io_wait_s": sum(r["io_wait_s"] for r in per_rank) / max(len(per_rank), 1),
+        "checkpoint_s": sum(r["checkpoint_s"] for r in per_rank) / max(len(per_rank), 1),
+        "checkpoint_bytes": sum(r["checkpoint_bytes"] for r in per_rank),
+        "window_s": window,
+        "epoch_time_s": max((r["epoch_time_s"] for r in per_rank), default=0.0),
+    }
+
+
+_SUMMED = ("steps", "samples", "bytes_read", "compute_s", "modelled_compute_s", "io_wait_s", "checkpoint_s",
+           "checkpoint_bytes", "window_s", "epoch_time_s", "samples_in_window", "bytes_in_window")
+
+
+def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str, Any]:
+    """Per-epoch and overall metrics from each rank's result (``{"epochs": [records...]}``)."""
+    n_epochs = max((len(r["epochs"]) for r in ranks), default=0)
+    epochs = []
+    for i in range(n_epochs):
+        recs = [r["epochs"][i] for r in ranks if len(r["epochs"]) > i]
+        epochs.append({"epoch": recs[0]["epoch"], **_combine(recs)})
+    totals = []
+    for r in ranks:
+        tot = {k: sum(e[k] for e in r["epochs"]) for k in _SUMMED}
+        tot["steps"] = sum(e["steps"] for e in r["epochs"])
+        totals.append(tot)
+    overall = _combine(totals) if totals else {}
+    summary = {}
+    for key in ("au_percent", "samples_per_s", "io_mb_per_s", "io_mib_per_s", "epoch_time_s"):
+        m, s = _mean_std([e[key] for e in epochs])
+        summary[key] = {"mean": m, "stdev": s}
+    au = overall.get("au_percent")
+    return {
+        "epochs": epochs,
+        "overall": overall,
+        "across_epochs": summary,
+        "au_threshold_percent": au_threshold,
+        "pass": bool(au is not None and au >= au_threshold),
+        "ranks": [{"rank": r["rank"], **{k: t[k] for k in ("samples", "bytes_read", "compute_s", "window_s")},
+                   "au_percent": (100.0 * t["compute_s"] / t["window_s"]) if t["window_s"] > 0 else None}
+                  for r, t in zip(ranks, totals, strict=True)],
+    }
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def render_table(metrics: dict[str, Any]) -> str:
+    """A short text table: one line per epoch, then overall, mean ± stdev and pass/fail."""
+    lines = [f"{'epoch':>5} {'AU %':>7} {'samples/s':>10} {'MB/s':>10} {'MiB/s':>10} {'time s':>8} {'bytes read':>14}"]
+    for e in metrics.get("epochs", []):
+        lines.append(f"{e['epoch']:>5} {_f(e['au_percent'], '.2f'):>7} {_f(e['samples_per_s'], '.1f'):>10} "
+                     f"{_f(e['io_mb_per_s'], '.1f'):>10} {_f(e['io_mib_per_s'], '.1f'):>10} "
+                     f"{e['epoch_time_s']:>8.2f} {e['bytes_read']:>14,}")
+    o = metrics.get("overall") or {}
+    if o:
+        lines.append(f"{'all':>5} {_f(o['au_percent'], '.2f'):>7} {_f(o['samples_per_s'], '.1f'):>10} "
+                     f"{_f(o['io_mb_per_s'], '.1f'):>10} {_f(o['io_mib_per_s'], '.1f'):>10} "
+                     f"{o['epoch_time_s']:>8.2f} {o['bytes_read']:>14,}")
+    s = metrics.get("across_epochs") or {}
+    if s.get("au_percent", {}).get("mean") is not None:
+        au = s["au_percent"]
+        lines.append(f"AU across epochs: {au['mean']:.2f} ± {au['stdev']:.2f} %; "
+                     f"samples/s {_f(s['samples_per_s']['mean'], '.1f')} ± {_f(s['samples_per_s']['stdev'], '.1f')}")
+    verdict = "PASS" if metrics.get("pass") else "FAIL"
+    lines.append(f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
+                 + ("" if metrics.get("complete", True) else " (incomplete run)"))
+    return "\n".join(lines)
