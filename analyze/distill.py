@@ -307,9 +307,9 @@ def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
         if steps_per_epoch == natural:
             steps_per_epoch = None
         facts.put("train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured")
-        compute = _compute_time(steps.filter(pl.col("pid") == main_pid), saves)
+        compute = _compute_time(steps.filter(pl.col("pid") == main_pid), saves, facts)
         facts.put("train.computation_time",
-                  "consumer step events minus checkpoint time, first step excluded (warm-up)"
+                  "consumer step events minus checkpoint time, warm-up steps excluded"
                   if compute.is_known else "no step events", "measured" if compute.is_known else "default")
     else:
         n_epochs = _posix_epochs(io, paths)
@@ -340,8 +340,27 @@ def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
                          processes=processes, provenance=provenance)
 
 
-def _compute_time(steps: pl.DataFrame, saves: pl.DataFrame) -> Distribution:
-    """Step durations (s) minus checkpoint saves inside them; the very first step is warm-up."""
+#: A leading step longer than this many times the median step is warm-up (JIT, allocator, caches).
+WARMUP_FACTOR = 3.0
+
+
+def warmup_steps(step_seconds: np.ndarray | list[float]) -> int:
+    """How many leading steps are warm-up: the first, plus the leading run of steps
+    longer than ``WARMUP_FACTOR`` x the median step."""
+    values = np.asarray(step_seconds, dtype=float)
+    if values.size < 2:
+        return min(values.size, 1)
+    slow = values[1:] > WARMUP_FACTOR * float(np.median(values))
+    return 1 + (int(np.argmin(slow)) if not slow.all() else 0)
+
+
+def _compute_time(steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None) -> Distribution:
+    """Step durations (s) minus checkpoint saves inside them, warm-up excluded.
+
+    The first step always counts as warm-up (as DLIO excludes it); so does every
+    following step of the leading run longer than ``WARMUP_FACTOR`` x the median
+    step (first kernels of a framework are 10-30x slower than steady state).
+    """
     if steps.height < 2:
         return Distribution.unknown()
     s = steps.sort("ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
@@ -354,8 +373,11 @@ def _compute_time(steps: pl.DataFrame, saves: pl.DataFrame) -> Distribution:
         s = s.join(inside, on="ts", how="left").with_columns(pl.col("ckpt").fill_null(0))
     else:
         s = s.with_columns(pl.lit(0).alias("ckpt"))
-    values = ((s["dur"] - s["ckpt"]).clip(lower_bound=0).to_numpy() * _US)[1:]
-    return Distribution.from_values(values)
+    values = (s["dur"] - s["ckpt"]).clip(lower_bound=0).to_numpy() * _US
+    warm = warmup_steps(values)
+    if facts is not None and warm > 1:
+        facts.notes.append(f"excluded {warm} warm-up step(s) ({values[:warm].sum():.3f} s) from computation_time")
+    return Distribution.from_values(values[warm:])
 
 
 def _checkpoint(events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts) -> Checkpoint:
