@@ -257,7 +257,7 @@ def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
         facts.put("reader.batch_size", "most common batch size of fetch events", "measured")
         worker_items = items.filter(~pl.col("pid").is_in(consumers))
         if worker_items.height:
-            read_threads = _workers_per_epoch(worker_items, epochs_ev.filter(pl.col("pid") == main_pid))
+            read_threads = _workers_per_rank(worker_items, epochs_ev, consumers)
             facts.put("reader.read_threads", "most worker processes (with item events) in one epoch", "measured")
         else:
             read_threads = 0
@@ -404,6 +404,22 @@ def _checkpoint(events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame
     return Checkpoint(enabled=True, steps_between_checkpoints=interval, files_per_checkpoint=1,
                       bytes_per_checkpoint=nbytes, write_transfer_size=wts, fsync=fsync,
                       checkpoint_folder=folders.pop() if len(folders) == 1 else None)
+
+
+def _workers_per_rank(worker_items: pl.DataFrame, epochs: pl.DataFrame, consumers: list[int]) -> int:
+    """Workers per epoch of each consumer (rank), the most over ranks.
+
+    A DataLoader worker's parent is its consumer, so workers are grouped by ppid;
+    workers whose parent is unknown are attributed to the only consumer, if one.
+    """
+    best = 0
+    for consumer in consumers:
+        mine = worker_items.filter(pl.col("ppid") == consumer)
+        if mine.is_empty() and len(consumers) == 1:
+            mine = worker_items
+        if mine.height:
+            best = max(best, _workers_per_epoch(mine, epochs.filter(pl.col("pid") == consumer)))
+    return best
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
