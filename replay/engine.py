@@ -450,6 +450,9 @@ def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manife
 
 
 def _run_local_ranks(plans: list[RankPlan], keep: bool) -> tuple[list[dict[str, Any]], bool]:
+    # Accelerators come from a forkserver: a clean parent that never ran polars, so the
+    # loader workers each accelerator forks (PyTorch's default) cannot inherit a busy
+    # polars thread pool (fork-after-polars deadlocks csv/parquet reads).
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(len(plans))
     results = ctx.Queue()

@@ -261,7 +261,9 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
             for spec in todo:
                 record(_write_one(fmt, str(data_dir), spec, layout, seed))
         else:
-            ctx = multiprocessing.get_context("fork")
+            # spawn, not fork: a parent that has used polars (its Rust thread pool) deadlocks
+            # forked children that use polars again (csv/parquet writers).
+            ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
                 pending: set[Future] = set()
                 it = iter(todo)
