@@ -450,9 +450,8 @@ def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manife
 
 
 def _run_local_ranks(plans: list[RankPlan], keep: bool) -> tuple[list[dict[str, Any]], bool]:
-    # Accelerators come from a forkserver: a clean parent that never ran polars, so the
-    # loader workers each accelerator forks (PyTorch's default) cannot inherit a busy
-    # polars thread pool (fork-after-polars deadlocks csv/parquet reads).
+    # fork, like PyTorch's default. The replay path never runs polars in this parent before
+    # forking (fork after polars' thread pool has run can deadlock csv/parquet readers).
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(len(plans))
     results = ctx.Queue()
