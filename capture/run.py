@@ -232,25 +232,30 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     _write_json_atomic(manifest_path, manifest)
 
     interrupted = False
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+    proc: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, frame: Any) -> None:
         nonlocal interrupted
         interrupted = True
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while True:
+        if proc is not None:
             try:
-                returncode = proc.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - handler above normally wins
-                interrupted = True
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    # Handlers first: a signal that arrives before the job starts stops the capture cleanly.
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    t0 = time.perf_counter()
+    try:
+        returncode = 128 + signal.SIGINT
+        if not interrupted:
+            proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+            while True:
+                try:
+                    returncode = proc.wait()
+                    break
+                except KeyboardInterrupt:  # pragma: no cover - handler above normally wins
+                    interrupted = True
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

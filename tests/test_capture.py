@@ -149,7 +149,14 @@ def test_sigterm_is_forwarded_trace_marked_interrupted(job_dir: Path) -> None:
          sys.executable, "slow.py"],
         cwd=job_dir,
     )
-    time.sleep(2.0)
+    # Wait until the job runs (the manifest says so), then a little for it to do I/O.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = out / "manifest.json"
+        if m.is_file() and json.loads(m.read_text()).get("status") == "running":
+            break
+        time.sleep(0.1)
+    time.sleep(1.5)
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=60)
     manifest = read_manifest(out)
