@@ -42,9 +42,22 @@ from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS, S
 
 #: File extension -> dataset format (DLIO names).
 EXTENSION_FORMATS = {
-    ".npz": "npz", ".npy": "npy", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".he5": "hdf5",
-    ".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord",
-    ".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".idx": "indexed_binary", ".bin": "indexed_binary",
+    ".npz": "npz",
+    ".npy": "npy",
+    ".h5": "hdf5",
+    ".hdf5": "hdf5",
+    ".hdf": "hdf5",
+    ".he5": "hdf5",
+    ".jpg": "jpeg",
+    ".jpeg": "jpeg",
+    ".png": "png",
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".idx": "indexed_binary",
+    ".bin": "indexed_binary",
 }
 
 _US = 1e-6
@@ -98,8 +111,10 @@ def _homogeneous(paths: list[str], facts: _Facts) -> list[str]:
         return paths
     kept = [p for p, e in zip(paths, exts.to_list(), strict=True) if e == top]
     dropped = sorted(set(paths) - set(kept))
-    facts.notes.append(f"ignored {len(dropped)} non-{top or 'extensionless'} file(s) under the dataset: "
-                       + ", ".join(PurePosixPath(d).name for d in dropped[:5]))
+    facts.notes.append(
+        f"ignored {len(dropped)} non-{top or 'extensionless'} file(s) under the dataset: "
+        + ", ".join(PurePosixPath(d).name for d in dropped[:5])
+    )
     return kept
 
 
@@ -125,13 +140,18 @@ def infer_format(paths: list[str], reads: pl.DataFrame) -> tuple[str, str, str]:
 def _assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     """Attach to each read the item (sample) event enclosing it in the same process."""
     if items.is_empty() or reads.is_empty():
-        return reads.with_columns(pl.lit(None, pl.Int64).alias("item_index"), pl.lit(None, pl.Int64).alias("item_ts"))
+        return reads.with_columns(
+            pl.lit(None, pl.Int64).alias("item_index"), pl.lit(None, pl.Int64).alias("item_ts")
+        )
     it = items.select(
-        "pid", pl.col("ts").alias("item_ts"), (pl.col("ts") + pl.col("dur")).alias("item_end"),
+        "pid",
+        pl.col("ts").alias("item_ts"),
+        (pl.col("ts") + pl.col("dur")).alias("item_end"),
         pl.col("sample_index").alias("item_index"),
     ).sort("item_ts")
-    joined = reads.sort("ts").join_asof(it, left_on="ts", right_on="item_ts", by="pid", strategy="backward",
-                                         check_sortedness=False)
+    joined = reads.sort("ts").join_asof(
+        it, left_on="ts", right_on="item_ts", by="pid", strategy="backward", check_sortedness=False
+    )
     inside = pl.col("ts") <= pl.col("item_end")
     return joined.with_columns(
         pl.when(inside).then(pl.col("item_index")).otherwise(None).alias("item_index"),
@@ -154,17 +174,23 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     n = r.height
     consecutive = r.filter(pl.col("offset") == pl.col("prev_end")).height / n
     sequential = r.filter(pl.col("offset") >= pl.col("prev_end")).height / n
-    return AccessPattern(sequential=round(sequential, 4), consecutive=round(consecutive, 4),
-                         random=round(1 - sequential, 4))
+    return AccessPattern(
+        sequential=round(sequential, 4),
+        consecutive=round(consecutive, 4),
+        random=round(1 - sequential, 4),
+    )
 
 
 def _file_sizes(io: pl.DataFrame) -> pl.DataFrame:
     """Per file: the largest byte position seen (end of a read, or an lseek result)."""
     ends = io.select(
         "file",
-        pl.when(pl.col("name").is_in(READ_OPS)).then(pl.col("offset") + pl.col("size"))
-        .when(pl.col("name").is_in(SEEK_OPS)).then(pl.col("ret"))
-        .otherwise(None).alias("end"),
+        pl.when(pl.col("name").is_in(READ_OPS))
+        .then(pl.col("offset") + pl.col("size"))
+        .when(pl.col("name").is_in(SEEK_OPS))
+        .then(pl.col("ret"))
+        .otherwise(None)
+        .alias("end"),
     )
     return ends.group_by("file").agg(pl.col("end").max().alias("size")).filter(pl.col("size") > 0)
 
@@ -183,11 +209,18 @@ def _shuffled(items: pl.DataFrame) -> bool | None:
     return bool(inc is not None and inc < 0.75)
 
 
-def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
-            data_dirs: list[str] | None = None, source: str | None = None) -> WorkloadModel:
+def distill(
+    events: pl.DataFrame,
+    *,
+    manifest: dict[str, Any] | None = None,
+    data_dirs: list[str] | None = None,
+    source: str | None = None,
+) -> WorkloadModel:
     """Infer a :class:`WorkloadModel` from an event table (see module doc)."""
     if events.is_empty():
-        raise DistillError(f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`).")
+        raise DistillError(
+            f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`)."
+        )
     facts = _Facts()
     data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
     has_files = events["file"].drop_nulls().len() > 0
@@ -221,21 +254,42 @@ def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
     facts.put("dataset.format", how, conf)
     facts.put("dataset.num_files", "distinct dataset files read", "measured")
     sizes = _file_sizes(io)
-    file_size = Distribution.from_values(sizes["size"].to_numpy()) if sizes.height else Distribution.unknown()
-    facts.put("dataset.file_size", "largest byte position read or seeked per file", "measured" if sizes.height else "default")
+    file_size = (
+        Distribution.from_values(sizes["size"].to_numpy())
+        if sizes.height
+        else Distribution.unknown()
+    )
+    facts.put(
+        "dataset.file_size",
+        "largest byte position read or seeked per file",
+        "measured" if sizes.height else "default",
+    )
 
     tagged = _assign_items(reads, items)
     spf: int = 1
     if items.height and tagged["item_index"].drop_nulls().len():
-        per_file = (tagged.filter(pl.col("item_index").is_not_null())
-                    .group_by("file").agg(pl.col("item_index").n_unique().alias("samples")))
+        per_file = (
+            tagged.filter(pl.col("item_index").is_not_null())
+            .group_by("file")
+            .agg(pl.col("item_index").n_unique().alias("samples"))
+        )
         spf = int(per_file["samples"].median() or 1)
-        facts.put("dataset.num_samples_per_file", "distinct sample indices read per file (item events)", "measured")
+        facts.put(
+            "dataset.num_samples_per_file",
+            "distinct sample indices read per file (item events)",
+            "measured",
+        )
     else:
-        facts.put("dataset.num_samples_per_file", "no item events: one sample per file assumed", "default")
+        facts.put(
+            "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
+        )
     if sizes.height:
         record = Distribution.from_values(sizes["size"].to_numpy() / spf)
-        facts.put("dataset.record_length", "file size / samples per file", "measured" if items.height else "inferred")
+        facts.put(
+            "dataset.record_length",
+            "file size / samples per file",
+            "measured" if items.height else "inferred",
+        )
     else:
         per_read = reads["size"].to_numpy()
         record = Distribution.from_values(per_read) if per_read.size else Distribution.unknown()
@@ -246,8 +300,14 @@ def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
         folder = str(PurePosixPath(folder).parent)
     facts.put("dataset.num_subfolders", "distinct parent directories of dataset files", "measured")
     dataset = Dataset(
-        format=fmt, num_files=len(paths), num_samples_per_file=spf, record_length=record, file_size=file_size,
-        num_subfolders=len(parents) if len(parents) > 1 else 0, data_folder=folder, layout=Layout(),
+        format=fmt,
+        num_files=len(paths),
+        num_samples_per_file=spf,
+        record_length=record,
+        file_size=file_size,
+        num_subfolders=len(parents) if len(parents) > 1 else 0,
+        data_folder=folder,
+        layout=Layout(),
     )
     facts.put("dataset.layout", "not visible in a POSIX trace", "default")
 
@@ -258,86 +318,181 @@ def distill(events: pl.DataFrame, *, manifest: dict[str, Any] | None = None,
         worker_items = items.filter(~pl.col("pid").is_in(consumers))
         if worker_items.height:
             read_threads = _workers_per_rank(worker_items, epochs_ev, consumers)
-            facts.put("reader.read_threads", "most worker processes (with item events) in one epoch", "measured")
+            facts.put(
+                "reader.read_threads",
+                "most worker processes (with item events) in one epoch",
+                "measured",
+            )
+            n_epochs_seen = epochs_ev.filter(pl.col("pid") == main_pid).height
+            if n_epochs_seen >= 2:
+                per_rank = (
+                    worker_items.filter(pl.col("ppid") == main_pid)["pid"].n_unique()
+                    or worker_items["pid"].n_unique()
+                )
+                persistent = per_rank <= read_threads
+                facts.put(
+                    "reader.persistent_workers",
+                    "worker pids reused across epochs"
+                    if persistent
+                    else "new worker pids every epoch",
+                    "measured",
+                )
         else:
             read_threads = 0
-            facts.put("reader.read_threads", "items read in the consumer process (no workers)", "measured")
+            facts.put(
+                "reader.read_threads", "items read in the consumer process (no workers)", "measured"
+            )
     else:
         batch_size = 1
         facts.put("reader.batch_size", "no fetch events (POSIX-only trace)", "default")
         read_threads = _concurrent_processes(reads)
-        facts.put("reader.read_threads", "most processes reading dataset files at the same time", "inferred")
+        facts.put(
+            "reader.read_threads",
+            "most processes reading dataset files at the same time",
+            "inferred",
+        )
 
     shuffled = _shuffled(items) if items.height else None
+    if "reader.persistent_workers" not in facts.fields:
+        persistent = False
+        facts.put(
+            "reader.persistent_workers",
+            "needs >= 2 epochs with worker events (PyTorch default)",
+            "default",
+        )
     shuffle_mode = "seed" if shuffled else "off"
-    facts.put("reader.sample_shuffle", "order of sample indices in item events" if shuffled is not None
-              else "no item events", "measured" if shuffled is not None else "default")
-    facts.put("reader.file_shuffle", "follows sample order (one decision per job)" if shuffled is not None
-              else "no item events", "inferred" if shuffled is not None else "default")
+    facts.put(
+        "reader.sample_shuffle",
+        "order of sample indices in item events" if shuffled is not None else "no item events",
+        "measured" if shuffled is not None else "default",
+    )
+    facts.put(
+        "reader.file_shuffle",
+        "follows sample order (one decision per job)" if shuffled is not None else "no item events",
+        "inferred" if shuffled is not None else "default",
+    )
 
-    samples_read = items.height if items.height else max(io.filter(pl.col("name").is_in(OPEN_OPS)).height, 1)
+    samples_read = (
+        items.height if items.height else max(io.filter(pl.col("name").is_in(OPEN_OPS)).height, 1)
+    )
 
     def per_sample(ops: tuple[str, ...]) -> float:
         return round(io.filter(pl.col("name").is_in(ops)).height / samples_read, 3)
 
-    meta = MetadataPerSample(opens=per_sample(OPEN_OPS), closes=per_sample(CLOSE_OPS),
-                             stats=per_sample(STAT_OPS), lseeks=per_sample(SEEK_OPS))
-    facts.put("reader.metadata_per_sample", "calls on dataset files / samples read", "measured" if items.height else "inferred")
+    meta = MetadataPerSample(
+        opens=per_sample(OPEN_OPS),
+        closes=per_sample(CLOSE_OPS),
+        stats=per_sample(STAT_OPS),
+        lseeks=per_sample(SEEK_OPS),
+    )
+    facts.put(
+        "reader.metadata_per_sample",
+        "calls on dataset files / samples read",
+        "measured" if items.height else "inferred",
+    )
     open_per_sample = meta.opens is not None and meta.opens >= 0.5
-    facts.put("reader.open_per_sample", "dataset opens per sample >= 0.5", "measured" if items.height else "inferred")
-    transfer = Distribution.from_values(reads["size"].to_numpy()) if reads.height else Distribution.unknown()
+    facts.put(
+        "reader.open_per_sample",
+        "dataset opens per sample >= 0.5",
+        "measured" if items.height else "inferred",
+    )
+    transfer = (
+        Distribution.from_values(reads["size"].to_numpy())
+        if reads.height
+        else Distribution.unknown()
+    )
     facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
     pattern = access_pattern(reads)
-    facts.put("reader.access_pattern", "Darshan sequential/consecutive over reads per process and file", "measured")
+    facts.put(
+        "reader.access_pattern",
+        "Darshan sequential/consecutive over reads per process and file",
+        "measured",
+    )
     facts.put("reader.prefetch_factor", "not visible in a trace (PyTorch default)", "default")
     reader = Reader(
-        data_loader="pytorch" if has_loader else "native", batch_size=batch_size, read_threads=read_threads,
-        file_shuffle=shuffle_mode, sample_shuffle=shuffle_mode, shuffle_seed=0 if shuffled else None,
-        open_per_sample=open_per_sample, transfer_size=transfer, access_pattern=pattern, metadata_per_sample=meta,
+        data_loader="pytorch" if has_loader else "native",
+        batch_size=batch_size,
+        read_threads=read_threads,
+        file_shuffle=shuffle_mode,
+        sample_shuffle=shuffle_mode,
+        shuffle_seed=0 if shuffled else None,
+        open_per_sample=open_per_sample,
+        persistent_workers=persistent,
+        transfer_size=transfer,
+        access_pattern=pattern,
+        metadata_per_sample=meta,
     )
 
     # ---------------------------------------------------------------- train
     if has_loader and main_pid is not None:
-        n_epochs = max(int(epochs_ev.group_by("pid").len()["len"].max() or 0), 1) if epochs_ev.height else \
-            int(batches["epoch"].n_unique())
-        facts.put("train.epochs", "epoch events of the consumer" if epochs_ev.height else "fetch epochs", "measured")
+        n_epochs = (
+            max(int(epochs_ev.group_by("pid").len()["len"].max() or 0), 1)
+            if epochs_ev.height
+            else int(batches["epoch"].n_unique())
+        )
+        facts.put(
+            "train.epochs",
+            "epoch events of the consumer" if epochs_ev.height else "fetch epochs",
+            "measured",
+        )
         per_epoch_steps = batches.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
         steps_per_epoch = int(per_epoch_steps.median() or 0) or None
         natural = -(-dataset.num_files * spf // max(batch_size, 1))
         if steps_per_epoch == natural:
             steps_per_epoch = None
-        facts.put("train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured")
+        facts.put(
+            "train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured"
+        )
         compute = _compute_time(steps.filter(pl.col("pid") == main_pid), saves, facts)
-        facts.put("train.computation_time",
-                  "consumer step events minus checkpoint time, warm-up steps excluded"
-                  if compute.is_known else "no step events", "measured" if compute.is_known else "default")
+        facts.put(
+            "train.computation_time",
+            "consumer step events minus checkpoint time, warm-up steps excluded"
+            if compute.is_known
+            else "no step events",
+            "measured" if compute.is_known else "default",
+        )
     else:
         n_epochs = _posix_epochs(io, paths)
         steps_per_epoch = None
         compute = Distribution.fixed(0.0)
         facts.put("train.epochs", "median full reads per dataset file", "inferred")
-        facts.put("train.computation_time", "no data-loader events: compute not measurable", "default")
+        facts.put(
+            "train.computation_time", "no data-loader events: compute not measurable", "default"
+        )
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
 
     # ---------------------------------------------------------------- checkpoint
-    checkpoint = _checkpoint(events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches,
-                             facts)
+    checkpoint = _checkpoint(
+        events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches, facts
+    )
 
     # ---------------------------------------------------------------- processes
     ranks = max(len(consumers), 1)
     processes = Processes(ranks=ranks, workers_per_rank=read_threads)
-    facts.put("processes.ranks", "processes with fetch events" if consumers else "single process assumed",
-              "measured" if consumers else "default")
+    facts.put(
+        "processes.ranks",
+        "processes with fetch events" if consumers else "single process assumed",
+        "measured" if consumers else "default",
+    )
 
     provenance = Provenance(
-        source_trace=source, capture_host=(manifest or {}).get("host"), dlreplay_version=dlreplay.__version__,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), fields=facts.fields,
+        source_trace=source,
+        capture_host=(manifest or {}).get("host"),
+        dlreplay_version=dlreplay.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        fields=facts.fields,
         notes=facts.notes,
     )
-    return WorkloadModel(dataset=dataset, reader=reader, train=train, checkpoint=checkpoint,
-                         processes=processes, provenance=provenance)
+    return WorkloadModel(
+        dataset=dataset,
+        reader=reader,
+        train=train,
+        checkpoint=checkpoint,
+        processes=processes,
+        provenance=provenance,
+    )
 
 
 #: A leading step longer than this many times the median step is warm-up (JIT, allocator, caches).
@@ -354,7 +509,9 @@ def warmup_steps(step_seconds: np.ndarray | list[float]) -> int:
     return 1 + (int(np.argmin(slow)) if not slow.all() else 0)
 
 
-def _compute_time(steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None) -> Distribution:
+def _compute_time(
+    steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None
+) -> Distribution:
     """Step durations (s) minus checkpoint saves inside them, warm-up excluded.
 
     The first step always counts as warm-up (as DLIO excludes it); so does every
@@ -365,28 +522,46 @@ def _compute_time(steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None
         return Distribution.unknown()
     s = steps.sort("ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
     if saves.height:
-        sv = saves.select("pid", pl.col("ts").alias("save_ts"), pl.col("dur").alias("save_dur")).sort("save_ts")
-        inside = (sv.join_asof(s.select("pid", "ts", "end").sort("ts"), left_on="save_ts", right_on="ts",
-                               by="pid", strategy="backward", check_sortedness=False)
-                  .filter(pl.col("save_ts") <= pl.col("end"))
-                  .group_by("ts").agg(pl.col("save_dur").sum().alias("ckpt")))
+        sv = saves.select(
+            "pid", pl.col("ts").alias("save_ts"), pl.col("dur").alias("save_dur")
+        ).sort("save_ts")
+        inside = (
+            sv.join_asof(
+                s.select("pid", "ts", "end").sort("ts"),
+                left_on="save_ts",
+                right_on="ts",
+                by="pid",
+                strategy="backward",
+                check_sortedness=False,
+            )
+            .filter(pl.col("save_ts") <= pl.col("end"))
+            .group_by("ts")
+            .agg(pl.col("save_dur").sum().alias("ckpt"))
+        )
         s = s.join(inside, on="ts", how="left").with_columns(pl.col("ckpt").fill_null(0))
     else:
         s = s.with_columns(pl.lit(0).alias("ckpt"))
     values = (s["dur"] - s["ckpt"]).clip(lower_bound=0).to_numpy() * _US
     warm = warmup_steps(values)
     if facts is not None and warm > 1:
-        facts.notes.append(f"excluded {warm} warm-up step(s) ({values[:warm].sum():.3f} s) from computation_time")
+        facts.notes.append(
+            f"excluded {warm} warm-up step(s) ({values[:warm].sum():.3f} s) from computation_time"
+        )
     return Distribution.from_values(values[warm:])
 
 
-def _checkpoint(events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts) -> Checkpoint:
+def _checkpoint(
+    events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts
+) -> Checkpoint:
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
         return Checkpoint(enabled=False)
     bt = batches.sort("ts").with_row_index("global_step").select("ts", "global_step")
-    at = saves.sort("ts").join_asof(bt, on="ts", strategy="backward").with_columns(
-        (pl.col("global_step") + 1).fill_null(0).alias("step_count"))
+    at = (
+        saves.sort("ts")
+        .join_asof(bt, on="ts", strategy="backward")
+        .with_columns((pl.col("global_step") + 1).fill_null(0).alias("step_count"))
+    )
     gaps = at["step_count"].diff().drop_nulls()
     first = int(at["step_count"][0])
     interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
@@ -394,19 +569,40 @@ def _checkpoint(events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame
     nbytes = int(saves["size"].drop_nulls().mean() or 0)
     facts.put("checkpoint.bytes_per_checkpoint", "bytes of torch.save files", "measured")
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
-    fsync = events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
+    fsync = (
+        events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
+    )
     facts.put("checkpoint.fsync", "fsync/fdatasync on checkpoint files", "measured")
-    writes = events.filter(pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_in(ckpt_files) & (pl.col("size") > 0))
-    wts = Distribution.from_values(writes["size"].to_numpy()) if writes.height else Distribution.unknown()
-    facts.put("checkpoint.write_transfer_size", "POSIX writes to checkpoint files" if writes.height
-              else "torch.save writes are not visible to DFTracer", "measured" if writes.height else "default")
+    writes = events.filter(
+        pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_in(ckpt_files) & (pl.col("size") > 0)
+    )
+    wts = (
+        Distribution.from_values(writes["size"].to_numpy())
+        if writes.height
+        else Distribution.unknown()
+    )
+    facts.put(
+        "checkpoint.write_transfer_size",
+        "POSIX writes to checkpoint files"
+        if writes.height
+        else "torch.save writes are not visible to DFTracer",
+        "measured" if writes.height else "default",
+    )
     folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
-    return Checkpoint(enabled=True, steps_between_checkpoints=interval, files_per_checkpoint=1,
-                      bytes_per_checkpoint=nbytes, write_transfer_size=wts, fsync=fsync,
-                      checkpoint_folder=folders.pop() if len(folders) == 1 else None)
+    return Checkpoint(
+        enabled=True,
+        steps_between_checkpoints=interval,
+        files_per_checkpoint=1,
+        bytes_per_checkpoint=nbytes,
+        write_transfer_size=wts,
+        fsync=fsync,
+        checkpoint_folder=folders.pop() if len(folders) == 1 else None,
+    )
 
 
-def _workers_per_rank(worker_items: pl.DataFrame, epochs: pl.DataFrame, consumers: list[int]) -> int:
+def _workers_per_rank(
+    worker_items: pl.DataFrame, epochs: pl.DataFrame, consumers: list[int]
+) -> int:
     """Workers per epoch of each consumer (rank), the most over ranks.
 
     A DataLoader worker's parent is its consumer, so workers are grouped by ppid;
@@ -433,9 +629,14 @@ def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
     if epochs.is_empty():
         return _concurrent_processes(worker_items)
     mids = worker_items.group_by("pid").agg(
-        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts"))
-    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort("epoch_ts")
-    tagged = mids.sort("ts").join_asof(starts, left_on="ts", right_on="epoch_ts", strategy="backward")
+        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
+    )
+    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort(
+        "epoch_ts"
+    )
+    tagged = mids.sort("ts").join_asof(
+        starts, left_on="ts", right_on="epoch_ts", strategy="backward"
+    )
     return int(tagged.group_by("win").len()["len"].max() or 0)
 
 
@@ -446,20 +647,28 @@ def _concurrent_processes(frame: pl.DataFrame) -> int:
     would multiply by the number of epochs; overlap counts the workers of one epoch.
     A single process reading everything is the consumer itself: 0 workers.
     """
-    spans = frame.group_by("pid").agg(pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur")).max().alias("b"))
+    spans = frame.group_by("pid").agg(
+        pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur")).max().alias("b")
+    )
     if spans.height <= 1:
         return 0
-    points = pl.concat([
-        spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
-        spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d")),
-    ]).sort(["t", "d"], descending=[False, True])
+    points = pl.concat(
+        [
+            spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
+            spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d")),
+        ]
+    ).sort(["t", "d"], descending=[False, True])
     return int(points["d"].cum_sum().max() or 0)
 
 
 def _posix_epochs(io: pl.DataFrame, paths: list[str]) -> int:
     """Median number of full passes over each dataset file (bytes read / file size)."""
     sizes = _file_sizes(io)
-    got = io.filter(pl.col("name").is_in(READ_OPS)).group_by("file").agg(pl.col("size").sum().alias("read"))
+    got = (
+        io.filter(pl.col("name").is_in(READ_OPS))
+        .group_by("file")
+        .agg(pl.col("size").sum().alias("read"))
+    )
     j = got.join(sizes, on="file").filter(pl.col("size") > 0)
     if j.is_empty():
         return 1

@@ -551,6 +551,8 @@ class Reader:
     shuffle_seed: int | None = _f(None, doc="seed of seeded shuffling")
     shuffle_size: int | None = _f(None, check="positive", doc="shuffle buffer in samples (tf.data)")
     open_per_sample: bool = _f(True, doc="open/close the file for every sample (else keep files open)")
+    persistent_workers: bool = _f(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
+                                             "false: new workers every epoch, as PyTorch's default")
     transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                      doc="bytes per read call on dataset files")
     preprocess_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",

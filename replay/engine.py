@@ -237,7 +237,8 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
     sleep_debt = 0.0  # seconds slept beyond the modelled compute so far
     total_cap = m.train.total_training_steps
     try:
-        loader = Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor)
+        # PyTorch starts new worker processes at every epoch unless persistent_workers.
+        persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
         for epoch in range(1, m.train.epochs + 1):
             batches = epoch_batches(plan, epoch)
             if total_cap is not None:
@@ -251,6 +252,10 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
             ids: list[int] = []
             draws = m.train.computation_time.sample(compute_rng, len(batches))
             t_start = t_prev = time.perf_counter()
+            if loader is None or not persistent:  # worker start-up is part of the epoch, as in PyTorch
+                if loader is not None:
+                    loader.close()
+                loader = Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor)
             for step, res in enumerate(loader.epoch(batches)):
                 t_got = time.perf_counter()
                 modelled = max(0.0, float(draws[step]))

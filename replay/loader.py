@@ -127,6 +127,20 @@ def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_
         reader.close()
 
 
+#: Formats read through polars in library mode: polars' thread pool does not survive fork
+#: when the parent has used it (children deadlock), so their workers come from a forkserver.
+POLARS_FORMATS = ("csv", "parquet")
+
+
+def worker_context(spec: WorkerSpec) -> Any:
+    """fork (PyTorch's default on Linux), or a forkserver with the readers preloaded for polars formats."""
+    if spec.io == "library" and spec.fmt in POLARS_FORMATS:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["dlreplay.replay.loader", "polars", "numpy"])
+        return ctx
+    return multiprocessing.get_context("fork")
+
+
 class Loader:
     """Batches in order, read by ``num_workers`` workers with ``prefetch_factor`` batches each in flight."""
 
@@ -151,7 +165,7 @@ class Loader:
                 self._tasks.append(q)
                 self._workers.append(t)
         else:
-            ctx = multiprocessing.get_context("fork")
+            ctx = worker_context(spec)
             self._results = ctx.Queue()
             for w in range(num_workers):
                 q = ctx.Queue()
