@@ -159,6 +159,23 @@ def _assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     ).drop("item_end")
 
 
+def _preprocess_time(io: pl.DataFrame, items: pl.DataFrame) -> Distribution:
+    """Per-sample CPU time in the loader worker (s): item duration minus the POSIX time inside it.
+
+    DLIO's ``preprocess_time``: decoding, conversion, augmentation. Unknown without items.
+    """
+    if items.is_empty():
+        return Distribution.unknown()
+    tagged = _assign_items(io, items).filter(pl.col("item_ts").is_not_null())
+    io_time = tagged.group_by("pid", "item_ts").agg(pl.col("dur").sum().alias("io_us"))
+    per_item = (
+        items.select("pid", pl.col("ts").alias("item_ts"), "dur")
+        .join(io_time, on=["pid", "item_ts"], how="left")
+        .select(((pl.col("dur") - pl.col("io_us").fill_null(0)).clip(lower_bound=0) * _US).alias("s"))
+    )
+    return Distribution.from_values(per_item["s"].to_numpy()) if per_item.height else Distribution.unknown()
+
+
 def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     """Darshan's fractions over reads ordered per (pid, file).
 
@@ -396,6 +413,12 @@ def distill(
         "dataset opens per sample >= 0.5",
         "measured" if items.height else "inferred",
     )
+    preprocess = _preprocess_time(io, items)
+    facts.put(
+        "reader.preprocess_time",
+        "item duration minus its POSIX time, per sample" if preprocess.is_known else "no item events",
+        "measured" if preprocess.is_known else "default",
+    )
     transfer = (
         Distribution.from_values(reads["size"].to_numpy())
         if reads.height
@@ -418,6 +441,7 @@ def distill(
         shuffle_seed=0 if shuffled else None,
         open_per_sample=open_per_sample,
         persistent_workers=persistent,
+        preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
         transfer_size=transfer,
         access_pattern=pattern,
         metadata_per_sample=meta,
