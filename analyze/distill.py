@@ -159,14 +159,15 @@ def _assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     ).drop("item_end")
 
 
-def _preprocess_time(io: pl.DataFrame, items: pl.DataFrame) -> Distribution:
+def _preprocess_time(tagged_io: pl.DataFrame, items: pl.DataFrame) -> Distribution:
     """Per-sample CPU time in the loader worker (s): item duration minus the POSIX time inside it.
 
-    DLIO's ``preprocess_time``: decoding, conversion, augmentation. Unknown without items.
+    DLIO's ``preprocess_time``: decoding, conversion, augmentation. ``tagged_io`` is the
+    dataset I/O with its enclosing item (:func:`_assign_items`). Unknown without items.
     """
     if items.is_empty():
         return Distribution.unknown()
-    tagged = _assign_items(io, items).filter(pl.col("item_ts").is_not_null())
+    tagged = tagged_io.filter(pl.col("item_ts").is_not_null())
     io_time = tagged.group_by("pid", "item_ts").agg(pl.col("dur").sum().alias("io_us"))
     per_item = (
         items.select("pid", pl.col("ts").alias("item_ts"), "dur")
@@ -183,8 +184,15 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     sequential: starts at or past it (includes consecutive); random = 1 - sequential.
     The first read of each (pid, file) has no predecessor and is not counted.
     """
-    r = reads.filter(pl.col("offset").is_not_null()).sort("ts")
-    prev_end = (pl.col("offset") + pl.col("size")).shift(1).over(["pid", "file"])
+    # Integer keys sort fast; a stable sort keeps each file's reads in time order.
+    r = (
+        reads.filter(pl.col("offset").is_not_null())
+        .select("pid", pl.col("fhash").hash().alias("fkey"), "ts", "offset", "size")
+        .sort("ts")
+        .sort("pid", "fkey", maintain_order=True)
+    )
+    same = (pl.col("pid") == pl.col("pid").shift(1)) & (pl.col("fkey") == pl.col("fkey").shift(1))
+    prev_end = pl.when(same).then((pl.col("offset") + pl.col("size")).shift(1))
     r = r.with_columns(prev_end.alias("prev_end")).filter(pl.col("prev_end").is_not_null())
     if r.is_empty():
         return AccessPattern()
@@ -282,7 +290,8 @@ def distill(
         "measured" if sizes.height else "default",
     )
 
-    tagged = _assign_items(reads, items)
+    tagged_io = _assign_items(io, items)  # every dataset I/O call with its enclosing sample, once
+    tagged = tagged_io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
     spf: int = 1
     if items.height and tagged["item_index"].drop_nulls().len():
         per_file = (
@@ -413,7 +422,7 @@ def distill(
         "dataset opens per sample >= 0.5",
         "measured" if items.height else "inferred",
     )
-    preprocess = _preprocess_time(io, items)
+    preprocess = _preprocess_time(tagged_io, items)
     facts.put(
         "reader.preprocess_time",
         "item duration minus its POSIX time, per sample" if preprocess.is_known else "no item events",
@@ -629,17 +638,24 @@ def _workers_per_rank(
 ) -> int:
     """Workers per epoch of each consumer (rank), the most over ranks.
 
-    A DataLoader worker's parent is its consumer, so workers are grouped by ppid;
-    workers whose parent is unknown are attributed to the only consumer, if one.
+    A DataLoader worker's parent is its consumer, so workers are grouped by ppid
+    (one join for all ranks); with a single consumer, every worker is its own.
     """
-    best = 0
-    for consumer in consumers:
-        mine = worker_items.filter(pl.col("ppid") == consumer)
-        if mine.is_empty() and len(consumers) == 1:
-            mine = worker_items
-        if mine.height:
-            best = max(best, _workers_per_epoch(mine, epochs.filter(pl.col("pid") == consumer)))
-    return best
+    if len(consumers) == 1:
+        return _workers_per_epoch(worker_items, epochs.filter(pl.col("pid") == consumers[0]))
+    mine = worker_items.filter(pl.col("ppid").is_in(consumers))
+    if mine.is_empty() or epochs.is_empty():
+        return _concurrent_processes(worker_items) // max(len(consumers), 1)
+    mids = mine.group_by("pid", "ppid").agg(
+        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
+    )
+    starts = epochs.select(
+        pl.col("pid").alias("ppid"), pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")
+    ).sort("epoch_ts")
+    tagged = mids.sort("ts").join_asof(
+        starts, left_on="ts", right_on="epoch_ts", by="ppid", strategy="backward", check_sortedness=False
+    )
+    return int(tagged.group_by("ppid", "win").len()["len"].max() or 0)
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
