@@ -1,8 +1,8 @@
 """Analysis stage: load DFTracer traces into the event table, classify files, summarise.
 
->>> from dlreplay.analyze import load_trace, summarize
->>> loaded = load_trace("out/trace")          # doctest: +SKIP
->>> print(render_text(summarize(loaded.events)))  # doctest: +SKIP
+>>> from dlreplay.analyze import load_trace, render_text, summarize
+>>> loaded = load_trace("out/trace")  # doctest: +SKIP
+>>> print(render_text(summarize(loaded.events, (loaded.manifest or {}).get("data_dirs"))))  # doctest: +SKIP
 """
 
 from __future__ import annotations

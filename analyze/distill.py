@@ -82,6 +82,11 @@ def _is(ev: pl.DataFrame, cat: str, name: str) -> pl.DataFrame:
     return ev.filter((pl.col("cat") == cat) & (pl.col("name") == name))
 
 
+def _num(value: Any, default: float = 0.0) -> float:
+    """A polars aggregate (typed loosely by polars) as a float; None -> default."""
+    return default if value is None else float(value)
+
+
 def _mode(series: pl.Series) -> int | None:
     s = series.drop_nulls()
     if s.is_empty():
@@ -299,7 +304,7 @@ def distill(
             .group_by("file")
             .agg(pl.col("item_index").n_unique().alias("samples"))
         )
-        spf = int(per_file["samples"].median() or 1)
+        spf = int(_num(per_file["samples"].median(), 1))
         facts.put(
             "dataset.num_samples_per_file",
             "distinct sample indices read per file (item events)",
@@ -459,7 +464,7 @@ def distill(
     # ---------------------------------------------------------------- train
     if has_loader and main_pid is not None:
         n_epochs = (
-            max(int(epochs_ev.group_by("pid").len()["len"].max() or 0), 1)
+            max(int(_num(epochs_ev.group_by("pid").len()["len"].max())), 1)
             if epochs_ev.height
             else int(batches["epoch"].n_unique())
         )
@@ -469,7 +474,7 @@ def distill(
             "measured",
         )
         per_epoch_steps = batches.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
-        steps_per_epoch = int(per_epoch_steps.median() or 0) or None
+        steps_per_epoch = int(_num(per_epoch_steps.median())) or None
         natural = -(-dataset.num_files * spf // max(batch_size, 1))
         if steps_per_epoch == natural:
             steps_per_epoch = None
@@ -599,7 +604,7 @@ def _checkpoint(
     first = int(at["step_count"][0])
     interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
     facts.put("checkpoint.steps_between_checkpoints", "steps between torch.save events", "measured")
-    nbytes = int(saves["size"].drop_nulls().mean() or 0)
+    nbytes = int(_num(saves["size"].drop_nulls().mean()))
     facts.put("checkpoint.bytes_per_checkpoint", "bytes of torch.save files", "measured")
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
     fsync = (
@@ -655,7 +660,7 @@ def _workers_per_rank(
     tagged = mids.sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", by="ppid", strategy="backward", check_sortedness=False
     )
-    return int(tagged.group_by("ppid", "win").len()["len"].max() or 0)
+    return int(_num(tagged.group_by("ppid", "win").len()["len"].max()))
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
@@ -677,7 +682,7 @@ def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
     tagged = mids.sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", strategy="backward"
     )
-    return int(tagged.group_by("win").len()["len"].max() or 0)
+    return int(_num(tagged.group_by("win").len()["len"].max()))
 
 
 def _concurrent_processes(frame: pl.DataFrame) -> int:
@@ -698,7 +703,7 @@ def _concurrent_processes(frame: pl.DataFrame) -> int:
             spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d")),
         ]
     ).sort(["t", "d"], descending=[False, True])
-    return int(points["d"].cum_sum().max() or 0)
+    return int(_num(points["d"].cum_sum().max()))
 
 
 def _posix_epochs(io: pl.DataFrame, paths: list[str]) -> int:
@@ -713,4 +718,4 @@ def _posix_epochs(io: pl.DataFrame, paths: list[str]) -> int:
     if j.is_empty():
         return 1
     passes = (j["read"] / j["size"]).median()
-    return max(int(np.floor(float(passes or 1) + 0.05)), 1)
+    return max(int(np.floor(_num(passes, 1.0) + 0.05)), 1)

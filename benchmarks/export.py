@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from dlreplay.analyze.perfetto import export_trace
 
+from dlreplay.analyze.perfetto import export_trace
 from dlreplay.schema import EVENT_SCHEMA
 
 CALLS_PER_ITEM = 6  # open64, lseek64, read x2, lseek64, close

@@ -18,9 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay
-
 from dlreplay.model import apply_overrides, model_from_dict
+from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay
 
 
 def drop_cache(files: list[Path]) -> None:

@@ -271,7 +271,7 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     else:
         status = "complete"
 
-    files = []
+    files: list[dict[str, Any]] = []
     for path in sorted(out.glob(f"{TRACE_PREFIX}-*.pfw*")):
         counted = count_events(path)
         files.append(
@@ -291,7 +291,7 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
             "end_time_us": time.time_ns() // 1000,
             "wall_time_s": round(wall, 6),
             "files": files,
-            "events": sum(f["events"] for f in files),
+            "events": sum(int(f["events"]) for f in files),
         }
     )
     _write_json_atomic(manifest_path, manifest)

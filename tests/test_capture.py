@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dlreplay.capture import CaptureConfig, data_dir_spellings, read_manifest, run_capture
 
+from dlreplay.capture import CaptureConfig, data_dir_spellings, read_manifest, run_capture
 from dlreplay.errors import ArtifactVersionError, CaptureError, UsageError
 
 READER = """

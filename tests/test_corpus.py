@@ -9,8 +9,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from dlreplay.analyze import TraceDamageWarning, load, load_trace, summarize
 
+from dlreplay.analyze import TraceDamageWarning, load, load_trace, summarize
 from dlreplay.schema import EVENT_SCHEMA, READ_OPS
 
 from .conftest import TRACES

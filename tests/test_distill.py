@@ -8,10 +8,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.distill import DistillError, distill, warmup_steps
 from dlreplay.capture import CaptureConfig, run_capture
-
 from dlreplay.model import load_model
 from dlreplay.schema import empty_events
 

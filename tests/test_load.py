@@ -20,10 +20,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from dlreplay.analyze import LoadedTrace, TraceDamageWarning, load, load_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dlreplay.analyze import LoadedTrace, TraceDamageWarning, load, load_trace
 from dlreplay.errors import TraceError
 from dlreplay.schema import EVENT_SCHEMA, READ_OPS, WRITE_OPS
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.perfetto import (
     NAMED_QUERIES,
@@ -26,7 +27,6 @@ from dlreplay.analyze.perfetto import (
     open_timeline,
 )
 from dlreplay.analyze.perfetto_tp import describe_routes, find_engine_bundle, find_ui_dist
-
 from dlreplay.schema import READ_OPS
 
 from .conftest import TRACES, run_cli

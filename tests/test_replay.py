@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from dlreplay.model import FORMATS, apply_overrides, model_from_dict
 from dlreplay.replay import (
     GenerateConfig,
     ReplayConfig,
@@ -21,8 +23,6 @@ from dlreplay.replay import (
     run_replay,
 )
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME, write_json_atomic
-
-from dlreplay.model import FORMATS, apply_overrides, model_from_dict
 
 from .conftest import run_cli
 

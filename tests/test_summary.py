@@ -7,9 +7,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from dlreplay.analyze import Summary, classify_files, load, summarize
 from dlreplay.analyze.summary import HISTOGRAM_BUCKETS, _histogram, human_bytes, render_text
-
 from dlreplay.schema import EVENT_SCHEMA
 
 from .test_load import T0, Proc, dataloader_job, write_gz

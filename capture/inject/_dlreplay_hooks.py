@@ -349,12 +349,12 @@ def _patch_torch(mod: Any) -> None:
             size = os.path.getsize(path) if path and os.path.exists(path) else None
             REGIONS.end(handle, path=path, bytes=size)
 
-    mod.save = save
-    mod.load = load
+    mod.save = save  # type: ignore[attr-defined]
+    mod.load = load  # type: ignore[attr-defined]
     serialization = sys.modules.get("torch.serialization")
     if serialization is not None:
-        serialization.save = save
-        serialization.load = load
+        serialization.save = save  # type: ignore[attr-defined]
+        serialization.load = load  # type: ignore[attr-defined]
     mod._dlreplay_patched = True
 
 
@@ -418,7 +418,7 @@ def _patch_multiprocessing() -> None:
     cls = mp_process.BaseProcess
     if getattr(cls, "_dlreplay_patched", False):
         return
-    orig = cls._bootstrap
+    orig = cls._bootstrap  # type: ignore[attr-defined]
 
     def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -426,8 +426,8 @@ def _patch_multiprocessing() -> None:
         finally:
             _finalize_process()
 
-    cls._bootstrap = _bootstrap
-    cls._dlreplay_patched = True
+    cls._bootstrap = _bootstrap  # type: ignore[attr-defined]
+    cls._dlreplay_patched = True  # type: ignore[attr-defined]
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
