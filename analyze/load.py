@@ -38,7 +38,6 @@ import json
 import os
 import re
 import warnings
-import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,16 +48,16 @@ import numpy as np
 import polars as pl
 
 from dlreplay.errors import TraceError
+from dlreplay.pfw import DecodeStats as _Stats
+from dlreplay.pfw import decoded_pieces as _decoded_pieces
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
 __all__ = ["FileReport", "LoadedTrace", "TraceDamageWarning", "load", "load_trace"]
 
-GZIP_MAGIC = b"\x1f\x8b\x08"
 TRACE_SUFFIXES = (".pfw", ".pfw.gz")
 MANIFEST_NAME = "manifest.json"
 
 #: Stored bytes fed to zlib per call (bounds the copy of ``unused_data``).
-_FEED_BYTES = 1 << 20
 #: Decoded text per parse chunk (bytes). Large chunks amortise per-layout overhead.
 _CHUNK_BYTES = 32 << 20
 #: Token columns read per line; the last one must be empty for a line to be complete.
@@ -257,20 +256,6 @@ def _read_manifest(path: Path) -> dict | None:
 # One file: decompress with salvage, then parse chunks
 
 
-@dataclass
-class _Stats:
-    """Mutable per-file counters (merged into a :class:`FileReport`)."""
-
-    members: int = 0
-    lines: int = 0
-    dropped_lines: int = 0
-    dropped_bytes: int = 0
-    problems: list[str] = field(default_factory=list)
-
-    def drop(self, lines: int, nbytes: int) -> None:
-        self.dropped_lines += lines
-        self.dropped_bytes += nbytes
-
 
 @dataclass
 class _FileResult:
@@ -370,77 +355,6 @@ def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool]]:
         yield b"".join(pending), False
 
 
-def _decoded_pieces(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool]]:
-    """Decode ``data`` (gzip members, or plain text); yield (bytes, damage_follows)."""
-    if not data.startswith(GZIP_MAGIC[:1]):  # JSON text never starts with 0x1f
-        yield data, False
-        return
-    mv = memoryview(data)
-    n = len(data)
-    pos = 0
-    while pos < n:
-        if n - pos < 10 and GZIP_MAGIC.startswith(data[pos:pos + 3]):  # cut inside a member header
-            stats.problems.append(f"file is truncated inside a gzip member header at byte {pos}")
-            return
-        if data[pos:pos + 3] != GZIP_MAGIC:
-            nxt = data.find(GZIP_MAGIC, pos)
-            skip_to = n if nxt < 0 else nxt
-            if data[pos:skip_to].strip(b"\x00"):  # zero padding after the last member is benign
-                stats.drop(0, skip_to - pos)
-                stats.problems.append(f"skipped {skip_to - pos} bytes that are not gzip data at byte {pos}")
-            pos = skip_to
-            continue
-        stats.members += 1
-        start = pos
-        d = zlib.decompressobj(31)
-        while True:
-            chunk = mv[pos:pos + _FEED_BYTES]
-            if not chunk:  # input ended inside the member
-                stats.problems.append(
-                    f"file is truncated: gzip member {stats.members} (at byte {start}) is incomplete"
-                )
-                yield d.flush(), True
-                return
-            before = d.copy()
-            try:
-                out = d.decompress(chunk)
-            except zlib.error as exc:
-                good, err_at = _salvage_chunk(before, chunk)
-                err_pos = pos + err_at
-                nxt = data.find(GZIP_MAGIC, start + 1)
-                resume = n if nxt < 0 else nxt
-                stats.drop(0, max(0, resume - err_pos))
-                stats.problems.append(
-                    f"corrupt gzip member {stats.members} at byte {err_pos} ({exc}); "
-                    + (f"resumed at the next member header at byte {resume}" if nxt >= 0
-                       else "no later member header")
-                )
-                yield good, True
-                pos = resume
-                break
-            if d.eof:
-                pos = pos + len(chunk) - len(d.unused_data)
-                yield out, False
-                break
-            yield out, False
-            pos += len(chunk)
-
-
-def _salvage_chunk(before, chunk: memoryview) -> tuple[bytes, int]:
-    """Output decodable from ``chunk`` before a zlib error, and the error's byte offset.
-
-    Bisects the prefix length: feeding a prefix that stops before the bad code raises
-    nothing, a longer one raises (deflate decodes sequentially).
-    """
-    lo, hi = 0, len(chunk)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            before.copy().decompress(chunk[:mid])
-            lo = mid
-        except zlib.error:
-            hi = mid
-    return before.copy().decompress(chunk[:lo]), lo
 
 
 # =======================================================================================

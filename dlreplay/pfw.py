@@ -1,83 +1,128 @@
 """Low-level reading of DFTracer trace files (``.pfw`` and multi-member ``.pfw.gz``).
 
 DFTracer writes each buffer flush as its own gzip member, and a job killed while
-writing leaves a truncated last member. :func:`decompress` returns everything
-decodable, skips a corrupt member by resynchronising on the next gzip header,
-and counts what it had to drop, in bytes of the compressed file.
+writing leaves a truncated last member. :func:`decoded_pieces` yields everything
+decodable (inside a corrupt member too, up to the bad byte), resynchronises on the
+next gzip member header, and counts what it had to drop. The trace loader
+(:mod:`dlreplay.analyze.load`) and capture's event counts both read through it.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_GZIP_MAGIC = b"\x1f\x8b\x08"
+GZIP_MAGIC = b"\x1f\x8b\x08"
+_FEED_BYTES = 1 << 20  # compressed bytes fed to zlib at a time
+
+
+@dataclass
+class DecodeStats:
+    """Mutable per-file counters: gzip members, lines, what was dropped (bytes), problems."""
+
+    members: int = 0
+    lines: int = 0
+    dropped_lines: int = 0
+    dropped_bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def drop(self, lines: int, nbytes: int) -> None:
+        self.dropped_lines += lines
+        self.dropped_bytes += nbytes
+
+
+def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, bool]]:
+    """Decode ``data`` (gzip members, or plain text); yield (bytes, damage_follows)."""
+    if not data.startswith(GZIP_MAGIC[:1]):  # JSON text never starts with 0x1f
+        yield data, False
+        return
+    mv = memoryview(data)
+    n = len(data)
+    pos = 0
+    while pos < n:
+        if n - pos < 10 and GZIP_MAGIC.startswith(data[pos:pos + 3]):  # cut inside a member header
+            stats.problems.append(f"file is truncated inside a gzip member header at byte {pos}")
+            return
+        if data[pos:pos + 3] != GZIP_MAGIC:
+            nxt = data.find(GZIP_MAGIC, pos)
+            skip_to = n if nxt < 0 else nxt
+            if data[pos:skip_to].strip(b"\x00"):  # zero padding after the last member is benign
+                stats.drop(0, skip_to - pos)
+                stats.problems.append(f"skipped {skip_to - pos} bytes that are not gzip data at byte {pos}")
+            pos = skip_to
+            continue
+        stats.members += 1
+        start = pos
+        d = zlib.decompressobj(31)
+        while True:
+            chunk = mv[pos:pos + _FEED_BYTES]
+            if not chunk:  # input ended inside the member
+                stats.problems.append(
+                    f"file is truncated: gzip member {stats.members} (at byte {start}) is incomplete"
+                )
+                yield d.flush(), True
+                return
+            before = d.copy()
+            try:
+                out = d.decompress(chunk)
+            except zlib.error as exc:
+                good, err_at = _salvage_chunk(before, chunk)
+                err_pos = pos + err_at
+                nxt = data.find(GZIP_MAGIC, start + 1)
+                resume = n if nxt < 0 else nxt
+                stats.drop(0, max(0, resume - err_pos))
+                stats.problems.append(
+                    f"corrupt gzip member {stats.members} at byte {err_pos} ({exc}); "
+                    + (f"resumed at the next member header at byte {resume}" if nxt >= 0
+                       else "no later member header")
+                )
+                yield good, True
+                pos = resume
+                break
+            if d.eof:
+                pos = pos + len(chunk) - len(d.unused_data)
+                yield out, False
+                break
+            yield out, False
+            pos += len(chunk)
+
+
+def _salvage_chunk(before, chunk: memoryview) -> tuple[bytes, int]:
+    """Output decodable from ``chunk`` before a zlib error, and the error's byte offset.
+
+    Bisects the prefix length: feeding a prefix that stops before the bad code raises
+    nothing, a longer one raises (deflate decodes sequentially).
+    """
+    lo, hi = 0, len(chunk)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            before.copy().decompress(chunk[:mid])
+            lo = mid
+        except zlib.error:
+            hi = mid
+    return before.copy().decompress(chunk[:lo]), lo
 
 
 @dataclass
 class Decoded:
-    """Decompressed text of one trace file and what was lost on the way.
-
-    ``dropped_bytes`` counts compressed bytes that could not be decoded;
-    ``truncated`` is True when the file ended inside a gzip member.
-    """
+    """Decompressed text of one trace file and what was lost on the way."""
 
     data: bytes
-    members: int = 0
-    dropped_bytes: int = 0
-    truncated: bool = False
-    problems: list[str] = field(default_factory=list)
+    stats: DecodeStats
 
-
-def decompress_bytes(raw: bytes, name: str = "<bytes>") -> Decoded:
-    """Decode all gzip members of ``raw`` (or return it as-is if it is not gzip)."""
-    if not raw.startswith(_GZIP_MAGIC[:2]):
-        return Decoded(data=raw)
-    chunks: list[bytes] = []
-    pos = 0
-    members = 0
-    dropped = 0
-    truncated = False
-    problems: list[str] = []
-    n = len(raw)
-    while pos < n:
-        if raw[pos : pos + 3] != _GZIP_MAGIC:
-            nxt = raw.find(_GZIP_MAGIC, pos + 1)
-            skip_to = n if nxt < 0 else nxt
-            if raw[pos:skip_to].strip(b"\x00"):
-                problems.append(f"{name}: {skip_to - pos} bytes of garbage at offset {pos} skipped")
-                dropped += skip_to - pos
-            pos = skip_to
-            continue
-        d = zlib.decompressobj(31)
-        try:
-            out = d.decompress(raw[pos:])
-        except zlib.error as exc:
-            nxt = raw.find(_GZIP_MAGIC, pos + 1)
-            skip_to = n if nxt < 0 else nxt
-            problems.append(f"{name}: corrupt gzip member at offset {pos} ({exc}); {skip_to - pos} bytes skipped")
-            dropped += skip_to - pos
-            pos = skip_to
-            continue
-        if not d.eof:
-            # Truncated last member: keep what decoded, report the rest.
-            chunks.append(out + d.flush())
-            truncated = True
-            problems.append(f"{name}: truncated inside gzip member at offset {pos}")
-            members += 1
-            break
-        chunks.append(out)
-        members += 1
-        consumed = n - pos - len(d.unused_data)
-        pos += consumed
-    return Decoded(data=b"".join(chunks), members=members, dropped_bytes=dropped, truncated=truncated, problems=problems)
+    @property
+    def damaged(self) -> bool:
+        return bool(self.stats.problems)
 
 
 def decompress(path: str | Path) -> Decoded:
-    """Read and decode one trace file (``.pfw`` plain text or ``.pfw.gz``)."""
-    p = Path(path)
-    return decompress_bytes(p.read_bytes(), p.name)
+    """Read and decode one trace file (``.pfw`` plain text or ``.pfw.gz``), salvaging damage."""
+    stats = DecodeStats()
+    data = b"".join(piece for piece, _ in decoded_pieces(Path(path).read_bytes(), stats))
+    return Decoded(data=data, stats=stats)
 
 
 @dataclass(frozen=True)
@@ -92,5 +137,4 @@ def count_events(path: str | Path) -> EventCount:
     dec = decompress(path)
     data = dec.data
     lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    events = data.count(b'"ts":')
-    return EventCount(events=events, lines=lines, damaged=bool(dec.problems))
+    return EventCount(events=data.count(b'"ts":'), lines=lines, damaged=dec.damaged)
