@@ -35,12 +35,16 @@ test-fast: $(STAMP)  ## unit tests only (skips the slow end-to-end captures)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 lint: $(STAMP)  ## ruff (lint + format check) and mypy on the package
-	$(VENV)/bin/ruff check dlreplay capture analyze replay tests benchmarks examples
+	$(VENV)/bin/ruff check dlreplay capture analyze replay tests benchmarks examples traces
 	$(VENV)/bin/mypy dlreplay capture analyze
 
 bench: $(STAMP)  ## reproducible measurements (ratios against baselines measured in the same run)
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/capture_overhead.py
+	$(PY) benchmarks/distill.py
+	$(PY) benchmarks/fidelity.py
+	$(PY) benchmarks/replay_bandwidth.py
+	$(PY) benchmarks/export.py
 
 clean:  ## remove the virtualenv and generated outputs
 	rm -rf $(VENV) demo-out bench-data .pytest_cache
