@@ -365,7 +365,18 @@ def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[
     manifest = read_dataset_manifest(config.data_dir)
     if manifest is None or manifest.get("model_digest") != dataset_digest(config.model):
         raise ReplayError(f"{config.data_dir}: dataset manifest missing or for another model; regenerate it")
-    return manifest, cache_warnings(int(manifest.get("total_bytes", 0)))
+    return manifest, [*cache_warnings(int(manifest.get("total_bytes", 0))), *model_warnings(config.model)]
+
+
+def model_warnings(model: WorkloadModel) -> list[str]:
+    """Parts of the model this replay does not reproduce yet (said, never silently dropped)."""
+    out = []
+    if model.train.evaluation is not None:
+        out.append("the model has evaluation phases (train.evaluation); this replay runs training epochs "
+                   "only, so evaluation reads and compute are not included in the timings")
+    if model.checkpoint.read_at_start:
+        out.append("checkpoint.read_at_start is not replayed (no checkpoint is read before training)")
+    return out
 
 
 def _check_out(out: Path, allow_existing: bool) -> None:

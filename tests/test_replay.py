@@ -361,3 +361,16 @@ def test_module_does_not_import_torch(tmp_path):
     code = ("import sys; from dlreplay.replay import engine, loader, formats; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unreplayed_model_parts_are_reported(tmp_path):
+    """Evaluation phases are not replayed yet: the result says so instead of dropping them silently."""
+    import dataclasses
+
+    from dlreplay.model import Evaluation
+
+    model = make_model("dataset.format=raw")
+    model = dataclasses.replace(model, train=dataclasses.replace(model.train, evaluation=Evaluation(steps=2)))
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False))
+    assert any("evaluation" in w for w in res.warnings)
+    assert any("evaluation" in w for w in res.metrics["warnings"])
