@@ -22,6 +22,7 @@ from dlreplay.schema import (
     READ_OPS,
     WRITE_OPS,
 )
+from dlreplay.units import human_bytes, human_seconds
 
 from .files import classify_files, file_process_table
 
@@ -200,33 +201,6 @@ def summarize(events: pl.DataFrame, data_dirs: Iterable[str] | None = None) -> S
 
 # ---------------------------------------------------------------------------------------
 # Text rendering
-
-
-def human_bytes(n: float | int | None) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (powers of 1024; bytes shown exactly below 1 KiB)."""
-    if n is None:
-        return "-"
-    n = float(n)
-    if abs(n) < 1024:
-        return f"{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        n /= 1024
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def human_seconds(s: float) -> str:
-    """Seconds with a unit that keeps 3 significant digits (µs, ms, s, min, h)."""
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 120:
-        return f"{s:.2f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.2f} h"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:

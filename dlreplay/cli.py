@@ -18,6 +18,7 @@ import click
 
 from dlreplay import __version__
 from dlreplay.errors import DlreplayError
+from dlreplay.units import human_bytes
 
 
 def _fail(message: str, code: int) -> None:
@@ -96,7 +97,7 @@ def _print_capture_summary(result: Any) -> None:
         s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
         click.echo(
             f"  processes traced: {s.processes}   events: {loaded.events.height:,}   "
-            f"dataset files: {s.dataset_files}   dataset bytes read: {_human(s.dataset_bytes_read)}",
+            f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",
             err=True,
         )
         if loaded.damaged:
@@ -105,17 +106,6 @@ def _print_capture_summary(result: Any) -> None:
         click.echo(f"  (trace could not be summarised: {exc})", err=True)
     click.echo(f"  trace: {result.trace_dir}", err=True)
     click.echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
-
-
-def _human(n: float | int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 @main.command()

@@ -51,6 +51,7 @@ import numpy as np
 import yaml
 
 from dlreplay.errors import ArtifactVersionError, ModelError
+from dlreplay.units import human_bytes
 
 __all__ = [
     "ACCESS_FRACTION_TOLERANCE",
@@ -1248,14 +1249,7 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
 
 
 def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
+    return human_bytes(n, missing="?")
 
 
 def _fmt_seconds(s: float | None) -> str:
