@@ -215,6 +215,14 @@ def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_b
     click.echo(f"({table.height} rows)")
 
 
+def _refuse_overwrite(path: Path, force: bool) -> None:
+    """Never overwrite a user's file without --force (usage error, exit 2)."""
+    from dlreplay.errors import UsageError
+
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it or choose another -o.")
+
+
 class _status:
     """A live status line on a TTY (stderr); silent in pipes and CI."""
 
@@ -252,11 +260,9 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     """
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.distill import distill as run_distill
-    from dlreplay.errors import UsageError
     from dlreplay.model import save_model, summarize_model
 
-    if output.exists() and not force:
-        raise UsageError(f"{output} exists; pass --force to overwrite it or choose another -o.")
+    _refuse_overwrite(output, force)
     with _status(f"loading {trace}"):
         loaded = load_trace(trace)
     model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace))
@@ -282,11 +288,9 @@ def model() -> None:
 def model_import_dlio(workload: Path, output: Path, force: bool) -> None:
     """Convert a DLIO workload YAML (WORKLOAD) into a dlreplay workload model."""
     from dlreplay.dlio import import_dlio
-    from dlreplay.errors import UsageError
     from dlreplay.model import save_model
 
-    if output.exists() and not force:
-        raise UsageError(f"{output} exists; pass --force to overwrite it or choose another -o.")
+    _refuse_overwrite(output, force)
     m = import_dlio(workload)
     save_model(m, output)
     click.echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
@@ -302,11 +306,9 @@ def model_import_dlio(workload: Path, output: Path, force: bool) -> None:
 def model_export_dlio(model_file: Path, output: Path, force: bool) -> None:
     """Write MODEL_FILE as a DLIO workload config (only keys DLIO accepts)."""
     from dlreplay.dlio import export_dlio
-    from dlreplay.errors import UsageError
     from dlreplay.model import load_model
 
-    if output.exists() and not force:
-        raise UsageError(f"{output} exists; pass --force to overwrite it or choose another -o.")
+    _refuse_overwrite(output, force)
     warnings = export_dlio(load_model(model_file), output)
     for w in warnings:
         click.echo(f"lossy: {w}")
