@@ -87,6 +87,12 @@ def _num(value: Any, default: float = 0.0) -> float:
     return default if value is None else float(value)
 
 
+def _observed(values: Any) -> Distribution:
+    """Empirical distribution of observed values (array or Series); ``unknown`` when there are none."""
+    arr = np.asarray(values.to_numpy() if isinstance(values, pl.Series) else values, dtype=float)
+    return Distribution.from_values(arr) if arr.size else Distribution.unknown()
+
+
 def _mode(series: pl.Series) -> int | None:
     s = series.drop_nulls()
     if s.is_empty():
@@ -179,7 +185,7 @@ def _preprocess_time(tagged_io: pl.DataFrame, items: pl.DataFrame) -> Distributi
         .join(io_time, on=["pid", "item_ts"], how="left")
         .select(((pl.col("dur") - pl.col("io_us").fill_null(0)).clip(lower_bound=0) * _US).alias("s"))
     )
-    return Distribution.from_values(per_item["s"].to_numpy()) if per_item.height else Distribution.unknown()
+    return _observed(per_item["s"])
 
 
 def access_pattern(reads: pl.DataFrame) -> AccessPattern:
@@ -284,11 +290,7 @@ def distill(
     facts.put("dataset.format", how, conf)
     facts.put("dataset.num_files", "distinct dataset files read", "measured")
     sizes = _file_sizes(io)
-    file_size = (
-        Distribution.from_values(sizes["size"].to_numpy())
-        if sizes.height
-        else Distribution.unknown()
-    )
+    file_size = _observed(sizes["size"])
     facts.put(
         "dataset.file_size",
         "largest byte position read or seeked per file",
@@ -323,7 +325,7 @@ def distill(
         )
     else:
         per_read = reads["size"].to_numpy()
-        record = Distribution.from_values(per_read) if per_read.size else Distribution.unknown()
+        record = _observed(per_read)
         facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
     parents = {str(PurePosixPath(p).parent) for p in paths}
     folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
@@ -433,11 +435,7 @@ def distill(
         "item duration minus its POSIX time, per sample" if preprocess.is_known else "no item events",
         "measured" if preprocess.is_known else "default",
     )
-    transfer = (
-        Distribution.from_values(reads["size"].to_numpy())
-        if reads.height
-        else Distribution.unknown()
-    )
+    transfer = _observed(reads["size"])
     facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
     pattern = access_pattern(reads)
     facts.put(
@@ -614,11 +612,7 @@ def _checkpoint(
     writes = events.filter(
         pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_in(ckpt_files) & (pl.col("size") > 0)
     )
-    wts = (
-        Distribution.from_values(writes["size"].to_numpy())
-        if writes.height
-        else Distribution.unknown()
-    )
+    wts = _observed(writes["size"])
     facts.put(
         "checkpoint.write_transfer_size",
         "POSIX writes to checkpoint files"
