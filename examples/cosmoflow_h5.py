@@ -41,6 +41,13 @@ def parse_args(argv=None):
     g.add_argument(
         "--chunk-rows", type=C.positive_int, default=1, help="samples per chunk with --chunked"
     )
+    g.add_argument(
+        "--chunk-edge",
+        type=C.positive_int,
+        default=None,
+        help="with --chunked: chunks of 1 channel x E^3 voxels (tiny chunks: one sample becomes "
+        "C*(V/E)^3 chunk reads); default: whole samples",
+    )
     args = p.parse_args(argv)
     if args.volume % 4:
         p.error("--volume must be a multiple of 4")
@@ -77,9 +84,23 @@ def generate(args):
             kw = {}
             if args.chunked:
                 rows = min(args.chunk_rows, n)
-                kw = {"x": {"chunks": (rows, c, v, v, v)}, "y": {"chunks": (rows, 4)}}
+                e = min(args.chunk_edge or v, v)
+                xchunk = (rows, c, v, v, v) if args.chunk_edge is None else (1, 1, e, e, e)
+                kw = {"x": {"chunks": xchunk}, "y": {"chunks": (rows, 4)}}
             with h5py.File(os.path.join(data_dir, name), "w") as h:
-                h.create_dataset("x", data=x, **kw.get("x", {}))
+                if args.chunked and args.chunk_edge:
+                    # Tiny chunks land in the file in the order their writers finish them (as
+                    # when many simulation ranks write blocks of one volume): write them in a
+                    # seeded random order, so one sample's chunks are scattered over the file.
+                    e = min(args.chunk_edge, v)
+                    dx = h.create_dataset("x", shape=x.shape, dtype=x.dtype, **kw["x"])
+                    blocks = [(s, ch, a, b, d) for s in range(n) for ch in range(c)
+                              for a in range(0, v, e) for b in range(0, v, e) for d in range(0, v, e)]
+                    for k in rng.permutation(len(blocks)):
+                        s, ch, a, b, d = blocks[k]
+                        dx[s, ch, a:a + e, b:b + e, d:d + e] = x[s, ch, a:a + e, b:b + e, d:d + e]
+                else:
+                    h.create_dataset("x", data=x, **kw.get("x", {}))
                 h.create_dataset("y", data=y, **kw.get("y", {}))
             rel.append(name)
         return rel
@@ -141,6 +162,7 @@ def main(argv=None):
         "channels": args.channels,
         "chunked": args.chunked,
         "chunk_rows": args.chunk_rows if args.chunked else None,
+        "chunk_edge": args.chunk_edge if args.chunked else None,
     }
 
     def build(files):

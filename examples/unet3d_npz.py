@@ -29,6 +29,13 @@ def parse_args(argv=None):
         action="store_true",
         help="write with np.savez_compressed instead of np.savez",
     )
+    g.add_argument(
+        "--arch",
+        choices=("unet", "pointwise"),
+        default="unet",
+        help="unet: the 3D U-Net; pointwise: one 1x1x1 convolution (a real but tiny "
+        "forward/backward, to make the input pipeline the bottleneck)",
+    )
     args = p.parse_args(argv)
     if args.volume % 4:
         p.error("--volume must be a multiple of 4")
@@ -83,9 +90,12 @@ class NpzVolumes:
         return (torch.from_numpy(x), torch.from_numpy(y), *C.io_tensors(counted))
 
 
-def build_model(width):
+def build_model(width, arch="unet"):
     import torch
     from torch import nn
+
+    if arch == "pointwise":
+        return nn.Conv3d(1, 1, 1)
 
     class TinyUNet3D(nn.Module):
         """Two-level 3D U-Net: patchify stem (stride 2), one skip, transposed-conv head."""
@@ -121,7 +131,7 @@ def main(argv=None):
         from torch import nn
 
         bce = nn.BCEWithLogitsLoss()
-        model = build_model(C.scaled(8, args.compute_scale))
+        model = build_model(C.scaled(8, args.compute_scale), args.arch)
         return NpzVolumes(files, args.keep_open), model, lambda out, y: bce(out, y.float())
 
     return C.main_wrapper(JOB, args, params, generate(args), build)

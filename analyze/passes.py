@@ -1,0 +1,635 @@
+"""Characterisation passes: what a traced job did, measured from the event table.
+
+Each pass is a function ``pass_x(view: TraceView) -> dict`` over one shared
+:class:`TraceView` (the event table plus the frames every pass needs: dataset I/O,
+data-loader events, file roles), returns JSON-safe numbers and can be run and tested
+alone. :func:`characterize` runs them all (or a chosen few) into a
+:class:`Characterization`; the findings rules (:mod:`.findings`), the report
+(:mod:`.report`) and ``compare`` read it.
+
+Units: times in seconds (``*_s``), sizes in bytes, bandwidths in bytes/s (``*_bps``),
+fractions in 0..1, counts in events. A value that the trace cannot give (for example
+AU without data-loader events) is ``None``, and the pass says why under ``missing``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dlreplay.schema import (
+    CAT_CHECKPOINT,
+    CAT_COMPUTE,
+    CAT_DATA,
+    CAT_DATALOADER,
+    CAT_PIPELINE,
+    CLOSE_OPS,
+    IO_CATEGORIES,
+    OPEN_OPS,
+    READ_OPS,
+    SEEK_OPS,
+    STAT_OPS,
+    SYNC_OPS,
+    WRITE_OPS,
+)
+
+from .distill import WARMUP_FACTOR, _assign_items, warmup_steps
+from .files import classify_files, file_process_table
+from .summary import summarize
+
+__all__ = ["PASSES", "Characterization", "TraceView", "characterize", "darshan_pattern"]
+
+_US = 1e-6
+META_OPS = OPEN_OPS + CLOSE_OPS + STAT_OPS + SEEK_OPS
+#: Bins of the bandwidth-over-time series.
+TIMELINE_BINS = 120
+
+
+def _f(x: Any, nd: int = 6) -> float | None:
+    """A JSON-safe rounded float (None for null/NaN)."""
+    if x is None:
+        return None
+    v = float(x)
+    return None if math.isnan(v) or math.isinf(v) else round(v, nd)
+
+
+def _i(x: Any) -> int:
+    return int(x or 0)
+
+
+def _num(x: Any) -> float:
+    """A polars scalar (sum/median/max, possibly null) as a float, null as 0."""
+    return float(x or 0)
+
+
+@dataclass
+class TraceView:
+    """The event table and the frames the passes share (computed once, on first use).
+
+    ``data_dirs`` selects the dataset as in :func:`~dlreplay.analyze.files.classify_files`;
+    ``manifest`` is the capture's ``manifest.json`` (host memory, data dirs), if any.
+    """
+
+    events: pl.DataFrame
+    manifest: dict | None = None
+    data_dirs: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.data_dirs:
+            self.data_dirs = list((self.manifest or {}).get("data_dirs") or []) or None
+
+    def _is(self, cat: str, name: str) -> pl.DataFrame:
+        return self.events.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+
+    @cached_property
+    def per_process(self) -> pl.DataFrame:
+        return file_process_table(self.events)
+
+    @cached_property
+    def files(self) -> pl.DataFrame:
+        """Per file: role, bytes, call counts (see :func:`classify_files`)."""
+        return classify_files(self.events, self.data_dirs, per_process=self.per_process)
+
+    def role_files(self, role: str) -> list[str]:
+        return self.files.filter(pl.col("role") == role)["file"].to_list()
+
+    @cached_property
+    def io(self) -> pl.DataFrame:
+        """POSIX/STDIO events with a file name."""
+        return self.events.filter(pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null())
+
+    @cached_property
+    def dataset_io(self) -> pl.DataFrame:
+        return self.io.filter(pl.col("file").is_in(self.role_files("dataset")))
+
+    @cached_property
+    def dataset_reads(self) -> pl.DataFrame:
+        return self.dataset_io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+
+    @cached_property
+    def items(self) -> pl.DataFrame:
+        return self._is(CAT_DATA, "item")
+
+    @cached_property
+    def fetches(self) -> pl.DataFrame:
+        """Consumer-side batch waits (the end-of-epoch probe, batch_size 0, included)."""
+        return self._is(CAT_DATALOADER, "fetch")
+
+    @cached_property
+    def steps(self) -> pl.DataFrame:
+        return self._is(CAT_COMPUTE, "step")
+
+    @cached_property
+    def epochs(self) -> pl.DataFrame:
+        return self._is(CAT_PIPELINE, "epoch")
+
+    @cached_property
+    def saves(self) -> pl.DataFrame:
+        return self._is(CAT_CHECKPOINT, "save")
+
+    @cached_property
+    def consumers(self) -> list[int]:
+        """Pids that consume batches (one per rank)."""
+        return sorted(self.fetches["pid"].unique().to_list())
+
+    @cached_property
+    def workers(self) -> list[int]:
+        """Pids that run ``Dataset.__getitem__`` in a separate process (loader workers)."""
+        return sorted(set(self.items["pid"].unique().to_list()) - set(self.consumers))
+
+    @cached_property
+    def span(self) -> tuple[int, int]:
+        """(first start, last end) of the trace in microseconds."""
+        ev = self.events
+        if ev.is_empty():
+            return (0, 0)
+        row = ev.select(pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b")).row(0)
+        return int(row[0]), int(row[1])
+
+    @property
+    def duration_s(self) -> float:
+        return (self.span[1] - self.span[0]) * _US
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+
+
+def darshan_pattern(reads: pl.DataFrame, by: Iterable[str] = ("pid", "file")) -> pl.DataFrame:
+    """Darshan's sequential/consecutive flags per read, ordered in time per ``by``.
+
+    A read is *consecutive* when it starts exactly where the previous read of the same
+    (process, file) ended, *sequential* when it starts at or past that end (so
+    consecutive reads are sequential too); the rest are random. The first read of each
+    open of a file has no predecessor: it is compared with offset 0, so a file read
+    from its start counts as consecutive (Darshan keeps one record per file and rank
+    across opens; per open is what a loader that re-opens files each epoch needs).
+    Returns ``reads`` with boolean ``seq`` and ``consec`` (null when the offset is unknown).
+    """
+    keys = list(by)
+    r = reads.sort("ts").with_columns(pl.col("session").fill_null(0) if "session" in reads.columns
+                                      else pl.lit(0).alias("session"))
+    grp = [*keys, "session"]
+    prev_end = (pl.col("offset") + pl.col("size")).shift(1).over(grp).fill_null(0)
+    return r.with_columns(
+        (pl.col("offset") >= prev_end).alias("seq"),
+        (pl.col("offset") == prev_end).alias("consec"),
+    )
+
+
+def _sessions(io: pl.DataFrame) -> pl.DataFrame:
+    """``io`` with ``session``: the number of opens of (pid, file) up to each event."""
+    return io.sort("ts").with_columns(
+        pl.col("name").is_in(OPEN_OPS).cast(pl.Int64).cum_sum().over("pid", "file").alias("session")
+    )
+
+
+def _stats(values: pl.Series) -> dict[str, float | int | None]:
+    """count/min/max/mean/median of a numeric series (JSON-safe)."""
+    v = values.drop_nulls()
+    if v.is_empty():
+        return {"count": 0, "min": None, "max": None, "mean": None, "median": None}
+    return {"count": int(v.len()), "min": _f(v.min()), "max": _f(v.max()), "mean": _f(v.mean()),
+            "median": _f(v.median())}
+
+
+def _weighted_median(sizes: pl.Series) -> float | None:
+    """The transfer size that moves the median byte: half the bytes go in reads at most this big."""
+    v = sizes.drop_nulls().sort()
+    if v.is_empty() or not v.sum():
+        return None
+    cum = v.cum_sum()
+    return _f(v[int((cum < cum[-1] / 2).sum())])
+
+
+def _interval_union_us(frame: pl.DataFrame) -> int:
+    """Length (µs) of the union of [ts, ts+dur) intervals in ``frame``."""
+    if frame.is_empty():
+        return 0
+    s = frame.select("ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")).sort("ts")
+    s = s.with_columns(pl.col("end").cum_max().shift(1).alias("reach"))
+    # a new run starts where the interval begins after everything before it ended
+    s = s.with_columns((pl.col("reach").is_null() | (pl.col("ts") > pl.col("reach"))).cum_sum().alias("run"))
+    runs = s.group_by("run").agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
+    return int(runs.select((pl.col("b") - pl.col("a")).sum()).item() or 0)
+
+
+# ---------------------------------------------------------------------------------------
+# Passes
+
+
+def pass_overview(v: TraceView) -> dict:
+    """The summary (operations, top files, Darshan histograms, dataset bytes)."""
+    return summarize(v.events, data_dirs=v.data_dirs).to_dict()
+
+
+def pass_access(v: TraceView) -> dict:
+    """Darshan's sequential / consecutive / random read fractions, overall and per file (dataset)."""
+    io = v.dataset_io
+    if io.is_empty():
+        return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
+                "missing": "no dataset reads"}
+    reads = _sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
+                                 & pl.col("offset").is_not_null())
+    if reads.is_empty():
+        return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
+                "missing": "read offsets unknown"}
+    flagged = darshan_pattern(reads)
+    n = flagged.height
+    seq = int(flagged["seq"].sum())
+    con = int(flagged["consec"].sum())
+    per_file = (
+        flagged.group_by("file")
+        .agg(pl.len().alias("reads"), pl.col("seq").mean().alias("sequential"),
+             pl.col("consec").mean().alias("consecutive"), pl.col("size").median().alias("median_read"))
+        .sort("reads", descending=True)
+    )
+    return {
+        "reads": n, "sequential": _f(seq / n, 4), "consecutive": _f(con / n, 4), "random": _f((n - seq) / n, 4),
+        "per_file": [{k: (_f(x, 4) if isinstance(x, float) else x) for k, x in r.items()}
+                     for r in per_file.head(20).iter_rows(named=True)],
+    }
+
+
+def pass_transfer(v: TraceView) -> dict:
+    """Dataset read sizes (bytes), reads and bytes per sample, which calls and which format."""
+    r = v.dataset_reads
+    out: dict[str, Any] = {"read_size": _stats(r["size"]), "calls": {}}
+    out["read_size"]["bytes_weighted_median"] = _weighted_median(r["size"])
+    out["calls"] = {n: c for n, c in r.group_by("name").len().sort("len", descending=True).iter_rows()}
+    exts = [os.path.splitext(f)[1].lower() for f in v.role_files("dataset")]
+    out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
+    items = v.items
+    if items.height and r.height:
+        tagged = _assign_items(r, items).filter(pl.col("item_ts").is_not_null())
+        per = tagged.group_by("pid", "item_ts").agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))
+        out["samples_with_reads"] = per.height
+        out["reads_per_sample"] = _f(per["reads"].median(), 2)
+        out["bytes_per_sample"] = _f(per["bytes"].median(), 1)
+    else:
+        out["samples_with_reads"] = 0
+        out["reads_per_sample"] = None
+        out["bytes_per_sample"] = None
+        out["missing"] = "no item events: sample size unknown" if r.height else "no dataset reads"
+    return out
+
+
+def pass_bandwidth(v: TraceView) -> dict:
+    """Bytes read per time bin over the run (dataset and all files), in bytes/s."""
+    t0, t1 = v.span
+    reads = v.io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+    if reads.is_empty() or t1 <= t0:
+        return {"bin_s": None, "t_s": [], "dataset_bps": [], "all_bps": [], "peak_bps": None,
+                "missing": "no reads"}
+    width = max((t1 - t0) / TIMELINE_BINS, 1.0)
+    ds = set(v.role_files("dataset"))
+    binned = (
+        reads.select(((pl.col("ts") - t0) / width).floor().cast(pl.Int64).clip(0, TIMELINE_BINS - 1).alias("b"),
+                     "size", pl.col("file").is_in(list(ds)).alias("ds"))
+        .group_by("b").agg(pl.col("size").sum().alias("all"), pl.col("size").filter(pl.col("ds")).sum().alias("dsb"))
+    )
+    full = pl.DataFrame({"b": np.arange(TIMELINE_BINS, dtype=np.int64)}).join(binned, on="b", how="left").fill_null(0)
+    sec = width * _US
+    all_bps = (full["all"] / sec).to_list()
+    return {
+        "bin_s": _f(sec), "t_s": [_f(i * sec, 4) for i in range(TIMELINE_BINS)],
+        "dataset_bps": [_f(x, 1) for x in (full["dsb"] / sec).to_list()], "all_bps": [_f(x, 1) for x in all_bps],
+        "peak_bps": _f(max(all_bps), 1),
+    }
+
+
+def pass_processes(v: TraceView) -> dict:
+    """Per process: role (consumer / worker / other), lifetime, I/O and item busy time."""
+    ev = v.events
+    if ev.is_empty():
+        return {"processes": []}
+    is_io = pl.col("cat").is_in(IO_CATEGORIES)
+    is_item = (pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")
+    per = (
+        ev.group_by("host", "pid")
+        .agg(
+            pl.col("ppid").drop_nulls().first().alias("ppid"),
+            pl.len().alias("events"),
+            pl.col("ts").min().alias("t0"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
+            pl.col("dur").filter(is_io).sum().alias("io_us"),
+            pl.col("dur").filter(is_item).sum().alias("item_us"),
+            is_item.sum().alias("items"),
+            pl.col("size").filter(pl.col("name").is_in(READ_OPS)).sum().alias("bytes_read"),
+        )
+        .sort("t0")
+    )
+    cons, work = set(v.consumers), set(v.workers)
+    rows = []
+    for r in per.iter_rows(named=True):  # one row per process, not per event
+        life = max(r["t1"] - r["t0"], 1)
+        role = "consumer" if r["pid"] in cons else "worker" if r["pid"] in work else "other"
+        rows.append({
+            "host": r["host"], "pid": r["pid"], "ppid": r["ppid"], "role": role, "events": r["events"],
+            "lifetime_s": _f(life * _US), "io_time_s": _f(_i(r["io_us"]) * _US),
+            "item_time_s": _f(_i(r["item_us"]) * _US), "items": _i(r["items"]), "bytes_read": _i(r["bytes_read"]),
+            "busy": _f(_i(r["item_us"]) / life, 4) if role == "worker" else None,
+        })
+    return {"processes": rows}
+
+
+def _step_table(v: TraceView) -> pl.DataFrame:
+    """One row per training step of each consumer: wait (fetch) before it, compute, checkpoint time.
+
+    Columns: pid, epoch, ts (step start), wait_us, compute_us (step minus checkpoint
+    saves inside it), ckpt_us, warm (bool: warm-up step, see :func:`warmup_steps`).
+    """
+    steps = v.steps.select("pid", "ts", "dur", "epoch").sort("ts")
+    if steps.is_empty():
+        return pl.DataFrame(schema={"pid": pl.Int64, "epoch": pl.Int64, "ts": pl.Int64, "wait_us": pl.Int64,
+                                    "compute_us": pl.Int64, "ckpt_us": pl.Int64, "warm": pl.Boolean,
+                                    "epoch_first": pl.Boolean})
+    fetch = (v.fetches.filter(pl.col("batch_size").fill_null(1) > 0)
+             .select("pid", pl.col("ts").alias("f_ts"), pl.col("dur").alias("wait_us")).sort("f_ts"))
+    s = steps.join_asof(fetch, left_on="ts", right_on="f_ts", by="pid", strategy="backward", check_sortedness=False)
+    saves = v.saves.select("pid", pl.col("ts").alias("s_ts"), pl.col("dur").alias("s_dur")).sort("s_ts")
+    if saves.height:
+        inside = (
+            saves.join_asof(s.select("pid", "ts", (pl.col("ts") + pl.col("dur")).alias("end")).sort("ts"),
+                            left_on="s_ts", right_on="ts", by="pid", strategy="backward", check_sortedness=False)
+            .filter(pl.col("s_ts") <= pl.col("end")).group_by("pid", "ts").agg(pl.col("s_dur").sum().alias("ckpt_us"))
+        )
+        s = s.join(inside, on=["pid", "ts"], how="left")
+    else:
+        s = s.with_columns(pl.lit(0, pl.Int64).alias("ckpt_us"))
+    s = s.with_columns(pl.col("ckpt_us").fill_null(0), pl.col("wait_us").fill_null(0))
+    s = s.with_columns((pl.col("dur") - pl.col("ckpt_us")).clip(lower_bound=0).alias("compute_us"))
+    s = s.with_columns(pl.int_range(pl.len()).over("pid").alias("k"))
+    warm = {p: warmup_steps(g["compute_us"].to_numpy() * _US)
+            for (p,), g in s.sort("ts").group_by("pid", maintain_order=True)}
+    s = s.with_columns((pl.col("k") < pl.col("pid").replace_strict(warm, default=1)).alias("warm"),
+                       (pl.int_range(pl.len()).over("pid", "epoch") == 0).alias("epoch_first"))
+    return s.select("pid", "epoch", "ts", "wait_us", "compute_us", "ckpt_us", "warm", "epoch_first")
+
+
+def pass_steps(v: TraceView) -> dict:
+    """Data wait vs compute per training step, AU overall and per epoch (from the trace).
+
+    AU = compute / (compute + data wait + checkpoint time), warm-up steps excluded
+    (the first step, and following steps longer than WARMUP_FACTOR x the median).
+    """
+    st = _step_table(v)
+    if st.is_empty():
+        return {"steps": 0, "au": None, "per_epoch": [],
+                "missing": "no data-loader step events (capture with `dlreplay capture` on a PyTorch job)"}
+    s = st.filter(~pl.col("warm"))
+    if s.is_empty():
+        s = st
+
+    def au(fr: pl.DataFrame) -> float | None:
+        c, w, k = (int(fr[x].sum()) for x in ("compute_us", "wait_us", "ckpt_us"))
+        return _f(c / (c + w + k), 4) if c + w + k else None
+
+    per_epoch = (
+        s.group_by("epoch").agg(pl.len().alias("steps"), pl.col("compute_us").sum(), pl.col("wait_us").sum(),
+                                pl.col("ckpt_us").sum()).sort("epoch")
+    )
+    waits = s["wait_us"]
+    comp_med = _num(s["compute_us"].median())
+    starved = s.filter(pl.col("wait_us") > pl.col("compute_us"))
+    worst = s.sort("wait_us", descending=True).head(5)
+    return {
+        "steps": st.height, "warmup_steps": int(st["warm"].sum()), "au": au(s),
+        # without the first batch of each epoch (worker start-up, first prefetch)
+        "au_steady": au(s.filter(~pl.col("epoch_first"))) if s.filter(~pl.col("epoch_first")).height else None,
+        "epoch_start_wait_s": _f(_num(s.filter(pl.col("epoch_first"))["wait_us"].sum()) * _US),
+        "compute_s": _f(_num(s["compute_us"].sum()) * _US), "wait_s": _f(_num(waits.sum()) * _US),
+        "checkpoint_s": _f(_num(s["ckpt_us"].sum()) * _US),
+        "median_compute_s": _f(comp_med * _US), "median_wait_s": _f(_num(waits.median()) * _US),
+        "steps_waiting_longer_than_compute": starved.height,
+        "worst_waits": [{"pid": r["pid"], "epoch": r["epoch"], "wait_s": _f(r["wait_us"] * _US),
+                         "compute_s": _f(r["compute_us"] * _US)} for r in worst.iter_rows(named=True)],
+        "per_epoch": [{"epoch": r["epoch"], "steps": r["steps"], "compute_s": _f(r["compute_us"] * _US),
+                       "wait_s": _f(r["wait_us"] * _US), "checkpoint_s": _f(r["ckpt_us"] * _US),
+                       "au": au(pl.DataFrame([r]))} for r in per_epoch.iter_rows(named=True)],
+        "warmup_factor": WARMUP_FACTOR,
+    }
+
+
+def pass_epochs(v: TraceView) -> dict:
+    """Epoch wall times (s) per consumer."""
+    ep = v.epochs.sort("ts")
+    return {"epochs": [{"pid": r["pid"], "epoch": r["epoch"], "time_s": _f(r["dur"] * _US)}
+                       for r in ep.iter_rows(named=True)]}
+
+
+def pass_overlap(v: TraceView) -> dict:
+    """Share of dataset I/O time spent while the consumer computes (overlapped).
+
+    Each dataset I/O call belongs to a consumer (itself, or its parent for a loader
+    worker); the part of the call inside one of that consumer's step intervals
+    counts as overlapped. Loader workers overlap; a loader without workers cannot.
+    """
+    io = v.dataset_io
+    st = v.steps
+    if io.is_empty() or st.is_empty():
+        return {"overlap": None, "io_time_s": _f(_num(io["dur"].sum()) * _US) if io.height else 0.0,
+                "missing": "no dataset I/O" if io.is_empty() else "no step events"}
+    cons = v.consumers or st["pid"].unique().to_list()
+    calls = io.select(
+        pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
+        "ts", pl.col("dur").fill_null(0),
+    ).sort("ts")
+    steps = st.select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
+                      (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
+    j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward", check_sortedness=False)
+    inside = (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0)
+    ov = j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all")).row(0, named=True)
+    total = int(ov["all"] or 0)
+    return {"overlap": _f(ov["ov"] / total, 4) if total else None, "io_time_s": _f(total * _US),
+            "overlapped_s": _f(int(ov["ov"] or 0) * _US),
+            "io_in_consumer_s": _f(_num(io.filter(pl.col("pid").is_in(cons))["dur"].sum()) * _US)}
+
+
+def pass_metadata(v: TraceView) -> dict:
+    """Metadata (open/close/stat/seek) vs data calls on the dataset files: counts, time, per sample."""
+    io = v.dataset_io
+    if io.is_empty():
+        return {"meta_calls": 0, "data_calls": 0, "meta_share": None, "missing": "no dataset I/O"}
+    name = pl.col("name")
+    kinds = io.select(
+        pl.when(name.is_in(OPEN_OPS)).then(pl.lit("open")).when(name.is_in(CLOSE_OPS)).then(pl.lit("close"))
+        .when(name.is_in(STAT_OPS)).then(pl.lit("stat")).when(name.is_in(SEEK_OPS)).then(pl.lit("seek"))
+        .when(name.is_in(READ_OPS + WRITE_OPS)).then(pl.lit("data")).otherwise(pl.lit("other")).alias("k"),
+        "dur",
+    ).group_by("k").agg(pl.len().alias("n"), pl.col("dur").sum().alias("us"))
+    d = {k: (n, us) for k, n, us in kinds.iter_rows()}
+    meta_n = sum(d.get(k, (0, 0))[0] for k in ("open", "close", "stat", "seek"))
+    meta_us = sum(d.get(k, (0, 0))[1] for k in ("open", "close", "stat", "seek"))
+    data_n, data_us = d.get("data", (0, 0))
+    files = v.files.filter(pl.col("role") == "dataset")
+    items = v.items.height
+    sizes = (v.dataset_io.filter(pl.col("name").is_in(READ_OPS)).group_by("file")
+             .agg((pl.col("offset") + pl.col("size")).max().alias("end")))
+    return {
+        "meta_calls": int(meta_n), "data_calls": int(data_n),
+        "meta_time_s": _f(meta_us * _US), "data_time_s": _f(data_us * _US),
+        "meta_share": _f(meta_us / (meta_us + data_us), 4) if meta_us + data_us else None,
+        "meta_call_share": _f(meta_n / (meta_n + data_n), 4) if meta_n + data_n else None,
+        "opens": int(d.get("open", (0, 0))[0]), "seeks": int(d.get("seek", (0, 0))[0]),
+        "stats": int(d.get("stat", (0, 0))[0]), "files": files.height,
+        "opens_per_sample": _f(d.get("open", (0, 0))[0] / items, 3) if items else None,
+        "seeks_per_read": _f(d.get("seek", (0, 0))[0] / data_n, 3) if data_n else None,
+        "mean_file_size": _f(sizes["end"].mean(), 1) if sizes.height else None,
+    }
+
+
+def pass_checkpoints(v: TraceView) -> dict:
+    """Checkpoint saves: count, bytes, time, share of the run, write calls, fsync."""
+    saves = v.saves
+    ck_files = sorted(set(v.role_files("checkpoint")) | set(saves["file"].drop_nulls().to_list()))
+    ck_io = v.io.filter(pl.col("file").is_in(ck_files))
+    writes = ck_io.filter(pl.col("name").is_in(WRITE_OPS) & (pl.col("size") > 0))
+    syncs = ck_io.filter(pl.col("name").is_in(SYNC_OPS)).height
+    cons = set(v.consumers)
+    save_s = _num(saves["dur"].sum()) * _US
+    blocked = float(saves.filter(pl.col("pid").is_in(list(cons)))["dur"].sum() or 0) * _US if cons else save_s
+    # share of the training loop (steps + waits); the run's wall time also holds start-up
+    st = _step_table(v)
+    loop_us = int(st.select(pl.col("wait_us").sum() + pl.col("compute_us").sum() + pl.col("ckpt_us").sum()).item()
+                  or 0) if st.height else 0
+    dur = loop_us * _US if loop_us else v.duration_s
+    nbytes = int(saves["size"].sum() or 0) if saves.height else int(writes["size"].sum() or 0)
+    return {
+        "saves": saves.height, "loads": v._is(CAT_CHECKPOINT, "load").height, "files": len(ck_files),
+        "bytes": nbytes, "time_s": _f(save_s), "blocked_s": _f(blocked),
+        "share_of_training": _f(blocked / dur, 4) if dur else None,
+        "training_s": _f(dur), "training_basis": "steps + data waits" if loop_us else "whole trace",
+        "save_time": _stats(saves["dur"] * _US), "bandwidth_bps": _f(nbytes / save_s, 1) if save_s else None,
+        "write_calls": writes.height, "write_size": _stats(writes["size"]), "fsyncs": syncs,
+        "writes_visible": writes.height > 0,
+    }
+
+
+def pass_balance(v: TraceView) -> dict:
+    """Balance across ranks (consumers) and loader workers: items, busy time, max/median ratios."""
+    items = v.items
+    out: dict[str, Any] = {}
+    if v.workers:
+        w = (items.filter(pl.col("pid").is_in(v.workers)).group_by("pid")
+             .agg(pl.len().alias("items"), pl.col("dur").sum().alias("busy_us"), pl.col("ppid").first()))
+        med = _num(w["busy_us"].median())
+        out["workers"] = {"count": w.height, "items": _stats(w["items"]), "busy_s": _stats(w["busy_us"] * _US),
+                          "max_over_median": _f(_num(w["busy_us"].max()) / med, 3) if med else None}
+    rank_rows = []
+    st = _step_table(v)
+    if len(v.consumers) > 1 and st.height:
+        per = st.group_by("pid").agg(pl.col("wait_us").sum(), pl.col("compute_us").sum(), pl.len().alias("steps"))
+        ep = v.epochs.group_by("pid").agg(pl.col("dur").sum().alias("epoch_us"))
+        per = per.join(ep, on="pid", how="left").sort("pid")
+        med = _num(per["epoch_us"].median())
+        rank_rows = [{"pid": r["pid"], "steps": r["steps"], "wait_s": _f(r["wait_us"] * _US),
+                      "compute_s": _f(r["compute_us"] * _US), "epoch_s": _f((r["epoch_us"] or 0) * _US)}
+                     for r in per.iter_rows(named=True)]
+        out["ranks"] = {"count": per.height, "per_rank": rank_rows,
+                        "max_over_median": _f(_num(per["epoch_us"].max()) / med, 3) if med else None,
+                        "wait_max_over_median": _f(_num(per["wait_us"].max()) / _num(per["wait_us"].median()),
+                                                   3) if per["wait_us"].median() else None}
+    return out
+
+
+def pass_preprocess(v: TraceView) -> dict:
+    """Time inside ``Dataset.__getitem__`` vs the POSIX time inside it (deserialisation, decode)."""
+    items = v.items
+    if items.is_empty():
+        return {"item_time_s": None, "io_in_items_s": None, "ratio": None, "missing": "no item events"}
+    io = v.io.filter(pl.col("pid").is_in(items["pid"].unique().implode()))
+    tagged = _assign_items(io, items).filter(pl.col("item_ts").is_not_null())
+    item_us = int(items["dur"].sum() or 0)
+    io_us = int(tagged["dur"].sum() or 0)
+    return {"items": items.height, "item_time_s": _f(item_us * _US), "io_in_items_s": _f(io_us * _US),
+            "non_io_s": _f(max(item_us - io_us, 0) * _US),
+            "ratio": _f(item_us / io_us, 3) if io_us else None,
+            "per_item_s": _f(item_us / items.height * _US)}
+
+
+def _host_memory(manifest: dict | None) -> tuple[int | None, str]:
+    mem = (manifest or {}).get("mem_total_bytes")
+    if mem:
+        return int(mem), "capture manifest"
+    host = (manifest or {}).get("host")
+    if host and host == socket.gethostname():
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host (same as the capture's)"
+        except (ValueError, OSError):
+            pass
+    return None, "unknown"
+
+
+def pass_page_cache(v: TraceView) -> dict:
+    """Signs that reads came from the page cache: in-call bandwidth, dataset size vs RAM, re-reads."""
+    r = v.dataset_reads
+    if r.is_empty():
+        return {"in_call_bps": None, "missing": "no dataset reads"}
+    us = int(r["dur"].sum() or 0)
+    nbytes = int(r["size"].sum())
+    ends = (v.dataset_io.filter(pl.col("name").is_in(READ_OPS + SEEK_OPS))
+            .select("file", pl.when(pl.col("name").is_in(SEEK_OPS)).then(pl.col("ret"))
+                    .otherwise(pl.col("offset") + pl.col("size")).alias("end"))
+            .group_by("file").agg(pl.col("end").max()))
+    ds_size = int(ends["end"].sum() or 0)
+    mem, mem_src = _host_memory(v.manifest)
+    big = r.filter(pl.col("size") >= (64 << 10))
+    big_us = int(big["dur"].sum() or 0)
+    return {"in_call_bps": _f(nbytes / (us * _US), 1) if us else None,
+            "large_read_bps": _f(int(big["size"].sum() or 0) / (big_us * _US), 1) if big_us else None,
+            "large_reads": big.height,
+            "dataset_bytes": ds_size, "bytes_read": nbytes,
+            "reread_factor": _f(nbytes / ds_size, 3) if ds_size else None,
+            "host_memory_bytes": mem, "host_memory_source": mem_src}
+
+
+PassFn = Callable[[TraceView], dict]
+#: Every pass, in report order.
+PASSES: dict[str, PassFn] = {
+    "overview": pass_overview,
+    "access": pass_access,
+    "transfer": pass_transfer,
+    "bandwidth": pass_bandwidth,
+    "processes": pass_processes,
+    "steps": pass_steps,
+    "epochs": pass_epochs,
+    "overlap": pass_overlap,
+    "metadata": pass_metadata,
+    "checkpoints": pass_checkpoints,
+    "balance": pass_balance,
+    "preprocess": pass_preprocess,
+    "page_cache": pass_page_cache,
+}
+
+
+@dataclass
+class Characterization:
+    """The passes' results by pass name (JSON-safe), plus the view they ran on."""
+
+    results: dict[str, dict]
+    view: TraceView = field(repr=False)
+
+    def __getitem__(self, key: str) -> dict:
+        return self.results[key]
+
+    def to_dict(self) -> dict:
+        return dict(self.results)
+
+
+def characterize(events: pl.DataFrame | TraceView, *, manifest: dict | None = None,
+                 data_dirs: list[str] | None = None, passes: Iterable[str] | None = None) -> Characterization:
+    """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table."""
+    view = events if isinstance(events, TraceView) else TraceView(events, manifest, data_dirs)
+    names = list(passes) if passes is not None else list(PASSES)
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise KeyError(f"unknown pass(es): {', '.join(unknown)}; known: {', '.join(PASSES)}")
+    return Characterization({n: PASSES[n](view) for n in names}, view)
