@@ -262,7 +262,7 @@ def rule_small_reads(c: Characterization, t: Thresholds) -> list[Finding]:
     if per_sample < t.small_reads_per_sample or typical > sample_bytes / 2:
         return []
     lib, why = _library(c)
-    calls = ", ".join(f"{n} x{k}" for k, n in tr["calls"].items())
+    calls = ", ".join(f"{n:,} {k}() calls" for k, n in tr["calls"].items())
     io_s = c["metadata"].get("data_time_s") or 0.0
     au = c["steps"].get("au")
     severity = "medium" if au is None or au < t.au_target or typical < t.small_read_bytes else "low"
@@ -614,9 +614,24 @@ def find(c: Characterization, thresholds: Thresholds | None = None, disable: Ite
             continue
         seen.add(rule)
         out.extend(f for f in rule(c, t) if f.id not in off)
+    _relate(out)
     order = {rid: i for i, rid in enumerate(RULES)}  # ties: the more specific rule first
     return sorted(out, key=lambda f: (f.kind != "symptom", SEVERITIES.index(f.severity), -round(f.impact_s, 6),
                                       order[f.id]))
+
+
+def _relate(findings: list[Finding]) -> None:
+    """Fold findings that explain another one into it (one root cause, one top finding).
+
+    With too few workers, the decoding time inside samples is *why* the workers are
+    slow; it stays as supporting detail (low severity) so the fix (more workers)
+    ranks first.
+    """
+    ids = {f.id for f in findings}
+    for f in findings:
+        if f.id == "decode-overhead" and "too-few-workers" in ids and f.severity in ("high", "medium"):
+            f.severity = "low"
+            f.root_cause += " This is the per-sample work that the too-few-workers finding spreads over more workers."
 
 
 def top_cause(findings: list[Finding]) -> Finding | None:

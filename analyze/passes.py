@@ -43,7 +43,7 @@ from dlreplay.schema import (
 
 from .distill import WARMUP_FACTOR, _assign_items, warmup_steps
 from .files import classify_files, file_process_table
-from .summary import summarize
+from .summary import Summary, summarize
 
 __all__ = ["PASSES", "Characterization", "TraceView", "characterize", "darshan_pattern"]
 
@@ -88,6 +88,11 @@ class TraceView:
 
     def _is(self, cat: str, name: str) -> pl.DataFrame:
         return self.events.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+
+    @cached_property
+    def summary(self) -> Summary:
+        """The one-screen summary (see :func:`~dlreplay.analyze.summary.summarize`)."""
+        return summarize(self.events, data_dirs=self.data_dirs)
 
     @cached_property
     def per_process(self) -> pl.DataFrame:
@@ -228,7 +233,7 @@ def _interval_union_us(frame: pl.DataFrame) -> int:
 
 def pass_overview(v: TraceView) -> dict:
     """The summary (operations, top files, Darshan histograms, dataset bytes)."""
-    return summarize(v.events, data_dirs=v.data_dirs).to_dict()
+    return v.summary.to_dict()
 
 
 def pass_access(v: TraceView) -> dict:

@@ -110,32 +110,65 @@ def _print_capture_summary(result: Any) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary, findings and passes as JSON (schema dlreplay.analysis).")
 @click.option("--data-dir", "data_dirs", multiple=True, help="Treat files under this path as the dataset.")
+@click.option("--report", "report_path", type=click.Path(path_type=Path),
+              help="Write a report: .html (self-contained) or .md (figures beside it).")
+@click.option("--config", "config", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="YAML with `thresholds:` overrides and `disable:` rule ids.")
+@click.option("--verify", is_flag=True, help="Replay the distilled model as traced and with each recommended "
+              "change; show predicted AU / samples/s side by side.")
+@click.option("--verify-dir", type=click.Path(path_type=Path),
+              help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
+@click.option("--verify-epochs", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Epochs per --verify replay.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
 @handle_errors
-def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...]) -> None:
-    """Summarise the trace at TRACE (a trace directory or .pfw/.pfw.gz files).
+def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path: Path | None, config: Path | None,
+            verify: bool, verify_dir: Path | None, verify_epochs: int, force: bool) -> None:
+    """Characterise the trace at TRACE and diagnose its I/O bottlenecks.
 
-    Prints duration, processes and threads, a per-operation table (count, bytes,
-    time), the top files, the read transfer-size histogram in Darshan's buckets and
-    the dataset bytes read. Damaged files are salvaged and the dropped count shown.
+    Prints duration, processes, a per-operation table (count, bytes, time), the top
+    files, the read transfer-size histogram (Darshan buckets), then the findings:
+    what slows the input pipeline, why, what to change and the `dlreplay replay
+    --set` that tries it. Damaged files are salvaged and the dropped count shown.
     """
-    from dlreplay.analyze import load_trace, render_text, summarize
+    from dlreplay.analyze.analysis import analyze_trace, render_findings_text
+    from dlreplay.analyze.report import write_report
+    from dlreplay.analyze.summary import render_text
 
-    with _status(f"loading {trace}"):
-        loaded = load_trace(trace)
-    dirs = list(data_dirs) or (loaded.manifest or {}).get("data_dirs") or None
-    summary = summarize(loaded.events, data_dirs=dirs)
+    if report_path is not None:
+        _refuse_overwrite(report_path, force)
+    say = (lambda s: click.echo(s, err=True)) if not as_json else None
+    with _status(f"analysing {trace}"):
+        report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
+                               verify_dir=verify_dir, verify_epochs=verify_epochs, echo=say)
+    if report_path is not None:
+        with _status(f"writing {report_path}"):
+            write_report(report, report_path)
+    loaded_damage = report.damage
+    ov = report.characterization["overview"]
     if as_json:
-        payload = summary.to_dict()
+        payload = dict(ov)
+        payload.update(report.to_dict())
         payload["trace"] = str(trace)
-        payload["dropped_lines"] = loaded.dropped_lines
-        payload["dropped_bytes"] = loaded.dropped_bytes
-        click.echo(json.dumps(payload, indent=2))
+        payload["dropped_lines"] = report.dropped_lines
+        payload["dropped_bytes"] = report.dropped_bytes
+        click.echo(json.dumps(payload, indent=2, default=str))
         return
-    click.echo(render_text(summary))
-    if loaded.damaged:
-        click.echo(f"\nwarning: {loaded.describe_damage()}")
+    click.echo(render_text(report.characterization.view.summary))
+    click.echo("")
+    click.echo(render_findings_text(report))
+    if loaded_damage:
+        click.echo(f"\nwarning: {loaded_damage}")
+    click.echo("")
+    if report_path is not None:
+        click.echo(f"report: {report_path}")
+    click.echo("next:")
+    if report_path is None:
+        click.echo(f"  dlreplay analyze {trace} --report report.html")
+    click.echo(f"  dlreplay distill {trace} -o model.yaml")
+    click.echo(f"  dlreplay export {trace}          # timeline for Perfetto")
 
 
 @main.command()

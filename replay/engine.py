@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import dlreplay
+from dlreplay.capture.inject._dlreplay_hooks import REGIONS
 from dlreplay.model import WorkloadModel, save_model
 
 from .common import ReplayError, dataset_digest, read_dataset_manifest
@@ -156,6 +157,7 @@ class _Checkpointer:
         self.plan = plan
         self.c = plan.model.checkpoint
         self.count = 0
+        self.last_path: str | None = None  # first file of the latest checkpoint (for its trace event)
         self.last_time = time.monotonic()
         self.created: list[Path] = []
         self.rng = np.random.default_rng([plan.seed, plan.rank, 0xC4])
@@ -191,6 +193,8 @@ class _Checkpointer:
                 folder.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 self.created.append(path)
+                if j == p.rank:
+                    self.last_path = str(path.resolve())
                 try:
                     left = nbytes
                     while left > 0:
@@ -256,7 +260,21 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
                 if loader is not None:
                     loader.close()
                 loader = Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor)
-            for step, res in enumerate(loader.epoch(batches)):
+            # the data-loader events a captured PyTorch job has (epoch, fetch, step, checkpoint
+            # save), so a replay trace is analysed like the real one; no-ops when not traced
+            ev_epoch = REGIONS.begin("epoch", "pipeline", epoch=epoch - 1)
+            batch_iter = iter(loader.epoch(batches))
+            step = -1
+            while True:
+                step += 1
+                ev_fetch = REGIONS.begin("fetch", "dataloader", epoch=epoch - 1, step=step)
+                try:
+                    res = next(batch_iter)
+                except StopIteration:
+                    REGIONS.end(ev_fetch, batch_size=0, last=1)
+                    break
+                REGIONS.end(ev_fetch, batch_size=len(res.samples))
+                ev_step = REGIONS.begin("step", "compute", epoch=epoch - 1, step=step)
                 t_got = time.perf_counter()
                 modelled = max(0.0, float(draws[step]))
                 c0 = time.perf_counter()
@@ -268,9 +286,13 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
                 global_step += 1
                 ck0 = time.perf_counter()
                 if ckpt.due(global_step, epoch, step == len(batches) - 1):
-                    rec["checkpoint_bytes"] += ckpt.write()
+                    ev_save = REGIONS.begin("save", "checkpoint")
+                    nbytes = ckpt.write()
+                    REGIONS.end(ev_save, path=ckpt.last_path, bytes=nbytes)
+                    rec["checkpoint_bytes"] += nbytes
                 ck = time.perf_counter() - ck0
                 sync()
+                REGIONS.end(ev_step)
                 t_end = time.perf_counter()
                 rec["steps"] += 1
                 rec["samples"] += len(res.samples)
@@ -287,6 +309,7 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
                     rec["bytes_in_window"] += res.nbytes
                 t_prev = t_end
                 rec["epoch_time_s"] = t_end - t_start
+            REGIONS.end(ev_epoch, steps=rec["steps"])
             if plan.record_order:
                 order[str(epoch)] = ids
         result["complete"] = True

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from dlreplay.capture.inject._dlreplay_hooks import REGIONS
 from dlreplay.model import Distribution
 
 from .common import ReplayError
@@ -81,6 +82,8 @@ class _BatchReader:
         for f, k in samples:
             path = os.path.join(s.data_dir, s.paths[f])
             rec = s.records[f][k] if s.records[f] is not None else None
+            # the same data/item event a captured PyTorch worker emits (no-op when not traced)
+            item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k)
             try:
                 if s.io == "posix":
                     if rec is not None:
@@ -101,6 +104,7 @@ class _BatchReader:
                 raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
             if self.preprocess is not None:
                 time.sleep(max(0.0, float(self.preprocess.sample(self.rng, 1)[0])))
+            REGIONS.end(item)
         ids = tuple(f * s.samples_per_file + k for f, k in samples)
         return BatchResult(index, total, ids, time.perf_counter() - t0)
 

@@ -33,6 +33,17 @@ CORPUS: dict[str, tuple[str, list[str]]] = {
                                        "--workers", "3", "--epochs", "2"]),
     "jpeg_small": ("resnet_jpeg.py", ["--num-files", "256", "--batch-size", "32", "--workers", "2",
                                       "--epochs", "2"]),
+    # Seeded bottlenecks (tests/test_findings.py): each should trigger its finding.
+    # 1 worker, a tiny (pointwise) model: the loader cannot keep up.
+    "npz_starved": ("unet3d_npz.py", ["--num-files", "32", "--volume", "48", "--batch-size", "4", "--workers", "1",
+                                      "--epochs", "2", "--arch", "pointwise", "--threads", "1"]),
+    # HDF5 with 8^3-voxel chunks written in random order: small random reads.
+    "h5_tiny_chunks": ("cosmoflow_h5.py", ["--num-files", "4", "--samples-per-file", "4", "--batch-size", "4",
+                                          "--workers", "2", "--epochs", "2", "--chunked", "--chunk-edge", "8"]),
+    # A wide model on small volumes, torch.save after every step: checkpoint stall.
+    "npz_checkpoint": ("unet3d_npz.py", ["--num-files", "32", "--volume", "16", "--batch-size", "4", "--workers",
+                                         "2", "--epochs", "2", "--compute-scale", "16", "--checkpoint-every", "1",
+                                         "--threads", "1"]),
 }
 
 

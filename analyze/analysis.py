@@ -1,0 +1,95 @@
+"""``dlreplay analyze``: load a trace, run the passes and the rules, report (and verify).
+
+The CLI's ``analyze`` command is a thin layer over :func:`analyze_trace` and
+:func:`render_findings_text`; notebooks call them the same way::
+
+    report = analyze_trace("traces/npz_fork")
+    print(render_findings_text(report))
+    write_report(report, "report.html")
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+from .findings import find, load_thresholds
+from .load import load_trace
+from .passes import characterize
+from .report import Report, build_report
+
+__all__ = ["analyze_trace", "render_findings_text"]
+
+
+def analyze_trace(
+    trace: str | Path,
+    *,
+    data_dirs: list[str] | None = None,
+    config: str | Path | None = None,
+    verify: bool = False,
+    verify_dir: Path | None = None,
+    verify_epochs: int | None = 2,
+    echo: Callable[[str], None] | None = None,
+) -> Report:
+    """Everything ``dlreplay analyze`` computes for ``trace`` (see the module doc).
+
+    With ``verify``, the findings' model changes are replayed (:func:`.whatif.verify`)
+    in ``verify_dir`` (default: a temporary directory, removed afterwards).
+    """
+    thresholds, disabled = load_thresholds(config)
+    loaded = load_trace(trace)
+    dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
+    c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
+    findings = find(c, thresholds, disabled)
+    verified = None
+    if verify:
+        from .whatif import verify as run_verify
+
+        if verify_dir is not None:
+            verified = run_verify(loaded.events, findings, verify_dir, manifest=loaded.manifest, data_dirs=dirs,
+                                  epochs=verify_epochs, echo=echo)
+        else:
+            with tempfile.TemporaryDirectory(prefix="dlreplay-verify-") as tmp:
+                verified = run_verify(loaded.events, findings, Path(tmp), manifest=loaded.manifest,
+                                      data_dirs=dirs, epochs=verify_epochs, echo=echo)
+                verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
+    return build_report(str(trace), c, findings, manifest=loaded.manifest,
+                        damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
+                        dropped=(loaded.dropped_lines, loaded.dropped_bytes))
+
+
+def render_findings_text(report: Report, *, width: int = 100) -> str:
+    """The findings for a terminal: symptom first, then causes by severity and impact."""
+    lines = []
+    st = report.characterization["steps"]
+    if st.get("au") is not None:
+        lines.append(f"AU {st['au']:.1%} over {st['steps'] - st['warmup_steps']} steps (warm-up excluded); "
+                     f"data wait {st['wait_s']:.3f} s, compute {st['compute_s']:.3f} s")
+    if not report.findings:
+        lines.append("No bottleneck found with the current thresholds.")
+    else:
+        lines.append(f"Findings ({len(report.findings)}):")
+    wrap = textwrap.TextWrapper(width=width, initial_indent="      ", subsequent_indent="      ")
+    for f in report.findings:
+        lines.append(f"  [{f.severity.upper():<6}] {f.title}  ({f.id})")
+        lines += wrap.wrap(f"why: {f.root_cause}")
+        lines += wrap.wrap(f"fix: {f.recommendation}")
+        if f.whatif:
+            sets = " ".join(f"--set {shlex.quote(s)}" for s in f.whatif)
+            lines.append(f"      replay: dlreplay replay MODEL --data-dir DIR {sets}")
+    if report.verify:
+        lines.append("")
+        lines.append("Verified by replay (predicted):")
+        lines.append(f"  {'run':<34} {'AU':>7} {'samples/s':>10} {'MB/s':>9}")
+        for r in report.verify["runs"]:
+            au = f"{r['au']:.1%}" if r["au"] is not None else "-"
+            sps = f"{r['samples_per_s']:.1f}" if r["samples_per_s"] is not None else "-"
+            mbs = f"{r['mb_per_s']:.1f}" if r["mb_per_s"] is not None else "-"
+            lines.append(f"  {(r['label'] + ' ' + ' '.join(r['overrides']))[:34]:<34} {au:>7} {sps:>10} {mbs:>9}")
+        lines.append(f"  {report.verify['note']}")
+    for n in report.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

@@ -1,0 +1,463 @@
+"""The analysis report: findings, figures and tables as self-contained HTML or Markdown.
+
+:func:`build_report` turns a :class:`~.passes.Characterization` and its findings into
+a :class:`Report` (JSON-safe, ``schema: dlreplay.analysis``); :func:`write_report`
+renders it. HTML embeds its figures (PNG, base64) and styles, so the one file can be
+mailed or attached to a ticket; Markdown writes its figures into ``<name>.figures/``
+beside it. Files are written to a temporary name and renamed, so an interrupted run
+never leaves a half-written report that looks complete.
+
+Figures use matplotlib's object API (``Figure``, no pyplot state), so nothing leaks.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import shlex
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from dlreplay.errors import UsageError
+from dlreplay.units import human_bytes, human_seconds
+
+from .findings import Finding
+from .passes import Characterization, TraceView
+
+__all__ = ["REPORT_FORMAT_VERSION", "REPORT_SCHEMA", "Report", "build_report", "figures", "write_report"]
+
+REPORT_SCHEMA = "dlreplay.analysis"
+REPORT_FORMAT_VERSION = 1
+_US = 1e-6
+#: Processes drawn on the timeline (the consumer(s) first, then the busiest workers).
+TIMELINE_PROCESSES = 10
+
+
+@dataclass
+class Report:
+    """Everything a report shows. ``verify`` holds a what-if comparison when one was run."""
+
+    trace: str
+    characterization: Characterization
+    findings: list[Finding]
+    manifest: dict | None = None
+    damage: str | None = None
+    verify: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    dropped_lines: int = 0
+    dropped_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": REPORT_SCHEMA,
+            "format_version": REPORT_FORMAT_VERSION,
+            "trace": self.trace,
+            "findings": [f.to_dict() for f in self.findings],
+            "characterization": self.characterization.to_dict(),
+            "damage": self.damage,
+            "verify": self.verify,
+            "notes": self.notes,
+            "dropped_lines": self.dropped_lines,
+            "dropped_bytes": self.dropped_bytes,
+        }
+
+
+def build_report(trace: str, c: Characterization, findings: list[Finding], *, manifest: dict | None = None,
+                 damage: str | None = None, verify: dict | None = None, dropped: tuple[int, int] = (0, 0)) -> Report:
+    """Collect the report and the explanations of whatever the trace could not give."""
+    notes = [f"{name}: {res['missing']}" for name, res in c.results.items() if isinstance(res, dict)
+             and res.get("missing")]
+    ov = c["overview"]
+    if not ov.get("dataset_read_calls"):
+        notes.insert(0, "The trace has no reads of dataset files: nothing to say about the input pipeline. "
+                        "Was the job's data directory traced (`dlreplay capture --data-dir`)?")
+    if ov.get("events") and not (ov.get("bytes_read") or ov.get("bytes_written")):
+        notes.insert(0, "The trace holds only metadata calls (open/stat/close), no data transfers.")
+    return Report(trace, c, findings, manifest, damage, verify, notes, dropped[0], dropped[1])
+
+
+# ---------------------------------------------------------------------------------------
+# Figures
+
+
+def _fig(w: float = 9.0, h: float = 3.2) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), dpi=100, layout="constrained")
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _timeline(v: TraceView) -> bytes | None:
+    ev = v.events
+    if ev.is_empty():
+        return None
+    t0 = v.span[0]
+    procs = [*v.consumers]
+    busiest = (ev.filter(~pl.col("pid").is_in(procs)).group_by("pid").agg(pl.col("dur").sum())
+               .sort("dur", descending=True)["pid"].to_list())
+    procs = (procs + busiest)[:TIMELINE_PROCESSES]
+    if not procs:
+        return None
+    layers = [
+        ("compute (step)", (pl.col("cat") == "compute") & (pl.col("name") == "step"), "#4caf50"),
+        ("data wait (fetch)", (pl.col("cat") == "dataloader") & (pl.col("name") == "fetch"), "#e53935"),
+        ("sample (item)", (pl.col("cat") == "data") & (pl.col("name") == "item"), "#90caf9"),
+        ("checkpoint", pl.col("cat") == "checkpoint", "#8e24aa"),
+        ("POSIX/STDIO I/O", pl.col("cat").is_in(["POSIX", "STDIO"]), "#263238"),
+    ]
+    fig = _fig(10, 0.45 * len(procs) + 1.4)
+    ax = fig.subplots()
+    role = {p: "consumer" for p in v.consumers} | {p: "worker" for p in v.workers}
+    for row, pid in enumerate(procs):
+        mine = ev.filter(pl.col("pid") == pid)
+        for i, (label, cond, color) in enumerate(layers):
+            sel = mine.filter(cond).select(((pl.col("ts") - t0) * _US).alias("a"), (pl.col("dur") * _US).alias("d"))
+            if sel.is_empty():
+                continue
+            h = 0.8 if i < 4 else 0.3
+            ax.broken_barh(list(sel.iter_rows()), (row - h / 2, h), facecolors=color,
+                           label=label if row == 0 or label not in ax.get_legend_handles_labels()[1] else None)
+    loop = ev.filter(pl.col("cat").is_in(["pipeline", "dataloader", "data", "compute"]))
+    if loop.height:  # zoom on the training loop (start-up, imports and dataset checks are long and empty)
+        a = (int(loop["ts"].min()) - t0) * _US  # type: ignore[arg-type]
+        b = (int((loop["ts"] + loop["dur"]).max()) - t0) * _US  # type: ignore[arg-type]
+        pad = 0.02 * max(b - a, 1e-3)
+        ax.set_xlim(a - pad, b + pad)
+    ax.set_yticks(range(len(procs)), [f"{role.get(p, 'process')} {p}" for p in procs])
+    ax.invert_yaxis()
+    ax.set_xlabel("time since trace start (s)")
+    ax.set_title("I/O vs compute per process")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=False))
+    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8,
+              frameon=False)
+    return _png(fig)
+
+
+def _bandwidth(c: Characterization) -> bytes | None:
+    b = c["bandwidth"]
+    if not b.get("t_s"):
+        return None
+    fig = _fig()
+    ax = fig.subplots()
+    ax.plot(b["t_s"], [x / 1e6 for x in b["all_bps"]], label="all reads", color="#90a4ae")
+    ax.plot(b["t_s"], [x / 1e6 for x in b["dataset_bps"]], label="dataset reads", color="#1e88e5")
+    ax.set_xlabel("time since trace start (s)")
+    ax.set_ylabel("MB/s")
+    ax.set_title(f"Read bandwidth over time ({b['bin_s']:.3g} s bins)")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _histogram(c: Characterization) -> bytes | None:
+    ov = c["overview"]
+    rh, wh = ov.get("read_histogram") or {}, ov.get("write_histogram") or {}
+    if not (sum(rh.values()) + sum(wh.values())):
+        return None
+    labels = list(rh)
+    x = range(len(labels))
+    fig = _fig()
+    ax = fig.subplots()
+    ax.bar([i - 0.2 for i in x], [rh[k] for k in labels], width=0.4, label="reads", color="#1e88e5")
+    ax.bar([i + 0.2 for i in x], [wh.get(k, 0) for k in labels], width=0.4, label="writes", color="#fb8c00")
+    ax.set_xticks(list(x), labels, rotation=30, fontsize=8)
+    ax.set_ylabel("calls")
+    ax.set_yscale("symlog")
+    ax.set_title("Transfer sizes (Darshan buckets, bytes)")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _au_per_epoch(c: Characterization) -> bytes | None:
+    per = c["steps"].get("per_epoch") or []
+    if not per:
+        return None
+    fig = _fig()
+    ax = fig.subplots()
+    ep = [str(p["epoch"]) for p in per]
+    comp = [p["compute_s"] for p in per]
+    wait = [p["wait_s"] for p in per]
+    ck = [p["checkpoint_s"] for p in per]
+    ax.bar(ep, comp, label="compute", color="#4caf50")
+    ax.bar(ep, wait, bottom=comp, label="data wait", color="#e53935")
+    ax.bar(ep, ck, bottom=[a + b for a, b in zip(comp, wait, strict=True)], label="checkpoint", color="#8e24aa")
+    for i, p in enumerate(per):
+        if p["au"] is not None:
+            ax.annotate(f"AU {p['au']:.0%}", (i, comp[i] + wait[i] + ck[i]), ha="center", va="bottom", fontsize=8)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("seconds (warm-up steps excluded)")
+    ax.set_title("Compute vs data wait per epoch")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _workers(c: Characterization) -> bytes | None:
+    rows = [p for p in c["processes"]["processes"] if p["role"] == "worker"]
+    if not rows:
+        return None
+    rows = rows[:32]
+    fig = _fig(9, 2.8)
+    ax = fig.subplots()
+    ax.bar([str(p["pid"]) for p in rows], [100 * (p["busy"] or 0) for p in rows], color="#1e88e5")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% of lifetime in samples")
+    ax.set_xlabel("loader worker pid")
+    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    ax.set_title("Loader worker utilisation")
+    return _png(fig)
+
+
+FIGURES: dict[str, tuple[str, Callable[[Characterization], bytes | None]]] = {
+    "timeline": ("I/O vs compute timeline", lambda c: _timeline(c.view)),
+    "bandwidth": ("Bandwidth over time", _bandwidth),
+    "histogram": ("Transfer-size histogram", _histogram),
+    "au": ("AU per epoch", _au_per_epoch),
+    "workers": ("Worker utilisation", _workers),
+}
+
+
+def figures(c: Characterization) -> dict[str, tuple[str, bytes | None]]:
+    """Every figure as PNG bytes (None when the trace lacks the data), by key."""
+    return {key: (title, fn(c)) for key, (title, fn) in FIGURES.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering
+
+
+def _headline(r: Report) -> list[tuple[str, str]]:
+    c = r.characterization
+    ov, st = c["overview"], c["steps"]
+    rows = [
+        ("trace", r.trace),
+        ("command", shlex.join((r.manifest or {}).get("command") or []) or "-"),
+        ("duration", human_seconds(ov["duration_s"])),
+        ("processes / events", f"{ov['processes']} / {ov['events']:,}"),
+        ("dataset", f"{ov['dataset_files']} files, {human_bytes(ov['dataset_bytes_read'])} read in "
+                    f"{ov['dataset_read_calls']:,} calls"),
+        ("AU (warm-up excluded)", f"{st['au']:.1%}" if st.get("au") is not None else "unknown (no step events)"),
+    ]
+    if st.get("au_steady") is not None:
+        rows.append(("AU without epoch starts", f"{st['au_steady']:.1%}"))
+    acc = c["access"]
+    if acc.get("reads"):
+        rows.append(("dataset reads", f"{acc['sequential']:.0%} sequential, {acc['consecutive']:.0%} consecutive, "
+                                      f"{acc['random']:.0%} random"))
+    return rows
+
+
+def _replay_cmd(trace: str, f: Finding) -> str | None:
+    if not f.whatif:
+        return None
+    sets = " ".join(f"--set {shlex.quote(s)}" for s in f.whatif)
+    return (f"dlreplay distill {shlex.quote(trace)} -o model.yaml && "
+            f"dlreplay replay model.yaml --data-dir /path/to/storage {sets}")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict | list):
+        import json
+
+        return json.dumps(v, default=str)[:300]
+    return str(v)
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;
+vertical-align:top} th{background:#f5f5f5} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.f{border-left:6px solid #999;padding:.4em 1em;margin:1em 0;background:#fafafa}
+.high{border-color:#c62828}.medium{border-color:#ef6c00}.low{border-color:#f9a825}.info{border-color:#90a4ae}
+.sev{font-weight:bold;text-transform:uppercase;font-size:.8em;margin-right:.5em}
+code,pre{background:#f0f0f0;padding:1px 4px;border-radius:3px;font-size:.92em}
+pre{padding:.5em;white-space:pre-wrap} img{max-width:100%} .note{color:#555}
+"""
+
+
+def render_html(r: Report) -> str:
+    """A self-contained HTML page (figures embedded as base64 PNG)."""
+    e = html.escape
+    out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+           f"<meta name='dlreplay-schema' content='{REPORT_SCHEMA} {REPORT_FORMAT_VERSION}'>",
+           f"<title>dlreplay report: {e(r.trace)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>I/O analysis of {e(os.path.basename(r.trace.rstrip('/')) or r.trace)}</h1>",
+           "<table>"]
+    out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _headline(r)]
+    out.append("</table>")
+    if r.damage:
+        out.append(f"<p class='note'><b>Damaged trace:</b> {e(r.damage)}</p>")
+    out.append(f"<h2>Findings ({len(r.findings)})</h2>")
+    if not r.findings:
+        out.append("<p>No bottleneck found with the current thresholds.</p>")
+    for f in r.findings:
+        out.append(f"<div class='f {e(f.severity)}' id='{e(f.id)}'><p><span class='sev'>{e(f.severity)}</span>"
+                   f"<b>{e(f.title)}</b> <code>{e(f.id)}</code>"
+                   + (" <i>(symptom)</i>" if f.kind == "symptom" else "") + "</p>")
+        out.append(f"<p><b>Root cause.</b> {e(f.root_cause)}</p><p><b>Recommendation.</b> {e(f.recommendation)}</p>")
+        cmd = _replay_cmd(r.trace, f)
+        if cmd:
+            out.append(f"<p><b>Try it by replay:</b></p><pre>{e(cmd)}</pre>")
+        out.append("<details><summary>evidence (threshold: " + e(f.threshold) + ")</summary><table>")
+        out += [f"<tr><th>{e(k)}</th><td>{e(_fmt(v))}</td></tr>" for k, v in f.evidence.items()]
+        if f.files:
+            out.append(f"<tr><th>files</th><td>{e(', '.join(f.files))}</td></tr>")
+        if f.processes:
+            out.append(f"<tr><th>processes</th><td>{e(', '.join(map(str, f.processes)))}</td></tr>")
+        out.append("</table></details></div>")
+    if r.verify:
+        out.append("<h2>Verified what-if (replay)</h2>" + _verify_html(r.verify))
+    out.append("<h2>Figures</h2>")
+    for _key, (title, png) in figures(r.characterization).items():
+        if png is None:
+            out.append(f"<p class='note'>{e(title)}: not available for this trace.</p>")
+            continue
+        out.append(f"<h3>{e(title)}</h3><img alt='{e(title)}' src='data:image/png;base64,"
+                   f"{base64.b64encode(png).decode()}'>")
+    out.append("<h2>Top operations</h2>" + _table_html(*_ops_table(r)))
+    out.append("<h2>Top files</h2>" + _table_html(*_files_table(r)))
+    if r.notes:
+        out.append("<h2>What the trace could not tell</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in r.notes)
+                   + "</ul>")
+    out.append("<p class='note'>Made by dlreplay. Thresholds: <code>dlreplay analyze --config rules.yaml</code>."
+               "</p></body></html>")
+    return "\n".join(out)
+
+
+def _verify_html(v: dict) -> str:
+    e = html.escape
+    rows = v.get("runs", [])
+    head = "<table><tr><th>run</th><th>overrides</th><th>AU</th><th>samples/s</th><th>MB/s</th></tr>"
+    body = "".join(
+        f"<tr><td>{e(x['label'])}</td><td><code>{e(' '.join(x['overrides']) or '-')}</code></td>"
+        f"<td class='n'>{_pct(x.get('au'))}</td><td class='n'>{_num(x.get('samples_per_s'))}</td>"
+        f"<td class='n'>{_num(x.get('mb_per_s'))}</td></tr>" for x in rows)
+    return head + body + "</table>" + (f"<p class='note'>{e(v['note'])}</p>" if v.get("note") else "")
+
+
+def _pct(x: Any) -> str:
+    return f"{x:.1%}" if isinstance(x, int | float) else "-"
+
+
+def _num(x: Any) -> str:
+    return f"{x:,.1f}" if isinstance(x, int | float) else "-"
+
+
+def _ops_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
+    ops = r.characterization["overview"]["operations"][:15]
+    rows = [[o["cat"], o["name"], f"{o['count']:,}", human_bytes(o["bytes"]), human_seconds(o["time_s"])]
+            for o in ops]
+    return ["category", "operation", "count", "bytes", "time"], rows, [False, False, True, True, True]
+
+
+def _files_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
+    c = r.characterization
+    pat = {p["file"]: p for p in c["access"].get("per_file", [])}
+    rows = []
+    for f in c["overview"]["top_files"]:
+        p = pat.get(f["file"], {})
+        rows.append([f["file"], f["role"], human_bytes(f["bytes_read"]), f"{f['reads']:,}", str(f["processes"]),
+                     _pct(p.get("sequential")), _pct(p.get("consecutive"))])
+    return (["file", "role", "bytes read", "reads", "processes", "sequential", "consecutive"], rows,
+            [False, False, True, True, True, True, True])
+
+
+def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
+    e = html.escape
+    if not rows:
+        return "<p class='note'>none</p>"
+    h = "".join(f"<th>{e(x)}</th>" for x in headers)
+    b = "".join("<tr>" + "".join(f"<td class='{'n' if rt else ''}'>{e(x)}</td>" for x, rt in zip(row, right,
+                                                                                                strict=True))
+                + "</tr>" for row in rows)
+    return f"<table><tr>{h}</tr>{b}</table>"
+
+
+def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
+    if not rows:
+        return "_none_\n"
+    esc = [[x.replace("|", "\\|") for x in row] for row in rows]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if rt else "---" for rt in right) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in esc]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
+    """Markdown text; writes the figures as PNG files into ``figure_dir``."""
+    out = [f"# I/O analysis of {os.path.basename(r.trace.rstrip('/')) or r.trace}", "",
+           f"<!-- {REPORT_SCHEMA} format_version {REPORT_FORMAT_VERSION} -->", ""]
+    out += [f"- **{k}**: {v}" for k, v in _headline(r)]
+    if r.damage:
+        out += ["", f"> **Damaged trace:** {r.damage}"]
+    out += ["", f"## Findings ({len(r.findings)})", ""]
+    if not r.findings:
+        out.append("No bottleneck found with the current thresholds.")
+    for f in r.findings:
+        out += [f"### [{f.severity.upper()}] {f.title} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})", "",
+                f"**Root cause.** {f.root_cause}", "", f"**Recommendation.** {f.recommendation}", ""]
+        cmd = _replay_cmd(r.trace, f)
+        if cmd:
+            out += ["Try it by replay:", "", "```", cmd, "```", ""]
+        out += [f"Evidence (threshold: {f.threshold}):", ""]
+        out += [f"- `{k}`: {_fmt(v)}" for k, v in f.evidence.items()]
+        out.append("")
+    if r.verify:
+        out += ["## Verified what-if (replay)", "",
+                _table_md(["run", "overrides", "AU", "samples/s", "MB/s"],
+                          [[x["label"], " ".join(x["overrides"]) or "-", _pct(x.get("au")), _num(x.get("samples_per_s")),
+                            _num(x.get("mb_per_s"))] for x in r.verify.get("runs", [])],
+                          [False, False, True, True, True])]
+        if r.verify.get("note"):
+            out += [r.verify["note"], ""]
+    out += ["## Figures", ""]
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    for key, (title, png) in figures(r.characterization).items():
+        if png is None:
+            out += [f"_{title}: not available for this trace._", ""]
+            continue
+        (figure_dir / f"{key}.png").write_bytes(png)
+        out += [f"### {title}", "", f"![{title}]({figure_prefix}/{key}.png)", ""]
+    out += ["## Top operations", "", _table_md(*_ops_table(r)), "## Top files", "", _table_md(*_files_table(r))]
+    if r.notes:
+        out += ["## What the trace could not tell", ""] + [f"- {n}" for n in r.notes] + [""]
+    return "\n".join(out) + "\n"
+
+
+def write_report(r: Report, path: str | Path) -> Path:
+    """Write ``path`` (.html/.htm or .md) atomically; returns the path."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in (".html", ".htm", ".md", ".markdown"):
+        raise UsageError(f"{p}: the report must end in .html or .md")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if suffix in (".html", ".htm"):
+        text = render_html(r)
+    else:
+        fig_dir = p.with_name(p.stem + ".figures")
+        text = render_markdown(r, fig_dir, fig_dir.name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is a normal file
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
