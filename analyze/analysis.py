@@ -31,7 +31,7 @@ def analyze_trace(
     config: str | Path | None = None,
     verify: bool = False,
     verify_dir: Path | None = None,
-    verify_epochs: int | None = 2,
+    verify_epochs: int | None = 4,
     echo: Callable[[str], None] | None = None,
 ) -> Report:
     """Everything ``dlreplay analyze`` computes for ``trace`` (see the module doc).
@@ -83,12 +83,13 @@ def render_findings_text(report: Report, *, width: int = 100) -> str:
     if report.verify:
         lines.append("")
         lines.append("Verified by replay (predicted):")
-        lines.append(f"  {'run':<34} {'AU':>7} {'samples/s':>10} {'MB/s':>9}")
+        lines.append(f"  {'run':<20} {'change (--set)':<40} {'AU':>7} {'samples/s':>10} {'MB/s':>9}")
         for r in report.verify["runs"]:
             au = f"{r['au']:.1%}" if r["au"] is not None else "-"
             sps = f"{r['samples_per_s']:.1f}" if r["samples_per_s"] is not None else "-"
             mbs = f"{r['mb_per_s']:.1f}" if r["mb_per_s"] is not None else "-"
-            lines.append(f"  {(r['label'] + ' ' + ' '.join(r['overrides']))[:34]:<34} {au:>7} {sps:>10} {mbs:>9}")
+            change = " ".join(r["overrides"]) or "-"
+            lines.append(f"  {r['label'][:20]:<20} {change[:40]:<40} {au:>7} {sps:>10} {mbs:>9}")
         lines.append(f"  {report.verify['note']}")
     for n in report.notes:
         lines.append(f"note: {n}")

@@ -281,7 +281,9 @@ def rule_small_reads(c: Characterization, t: Thresholds) -> list[Finding]:
                        "np.load(io.BytesIO(f.read())), open(path, 'rb', buffering=1<<20)), or store samples in a "
                        "format read in large blocks (HDF5 with sample-sized chunks, TFRecord/WebDataset shards).",
         impact_s=float(io_s), files=_dataset_files(c),
-        whatif=[f"reader.transfer_size.mean={int(sample_bytes)}"],
+        # no replay what-if: a library-mode replay reads through the same library (same calls), and a
+        # posix-mode replay draws call sizes from one distribution, which cannot express "15 calls, most
+        # bytes in 256 KiB pieces" faithfully enough to predict the gain
     )]
 
 
@@ -306,6 +308,8 @@ def rule_seeks(c: Characterization, t: Thresholds) -> list[Finding]:
 
 def rule_metadata(c: Characterization, t: Thresholds) -> list[Finding]:
     m = c["metadata"]
+    if m.get("missing"):
+        return []
     share, ops, size, files = m.get("meta_share"), m.get("opens_per_sample"), m.get("mean_file_size"), m["files"]
     small_files = ops is not None and ops >= 1 and size is not None and size < t.small_file_bytes \
         and files >= t.small_file_count

@@ -443,12 +443,17 @@ def write_report(r: Report, path: str | Path) -> Path:
     suffix = p.suffix.lower()
     if suffix not in (".html", ".htm", ".md", ".markdown"):
         raise UsageError(f"{p}: the report must end in .html or .md")
-    p.parent.mkdir(parents=True, exist_ok=True)
     if suffix in (".html", ".htm"):
         text = render_html(r)
     else:
         fig_dir = p.with_name(p.stem + ".figures")
         text = render_markdown(r, fig_dir, fig_dir.name)
+    return _atomic_write(p, text)
+
+
+def _atomic_write(p: Path, text: str) -> Path:
+    """Write ``text`` to ``p`` through a temporary file and a rename (never half-written)."""
+    p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
     try:
         umask = os.umask(0)

@@ -48,19 +48,18 @@ def verify(
 ) -> dict[str, Any]:
     """Run the baseline and up to :data:`MAX_CHANGES` changed replays; returns the comparison.
 
-    ``epochs`` caps the replayed epochs (None: as traced). Returns ``{"runs": [{label,
+    ``epochs``: epochs per replay (None: as traced; more than traced gives a steadier prediction). Returns ``{"runs": [{label,
     overrides, finding, au, samples_per_s, mb_per_s, epoch_time_s, out}], "workdir", "note"}``
     with AU as a fraction.
     """
-    from dlreplay.replay import ReplayConfig, run_replay
-    from dlreplay.replay import dataset_digest
+    from dlreplay.replay import ReplayConfig, dataset_digest, run_replay
 
     from .distill import distill
 
     say = echo or (lambda s: None)
     base = model or distill(events, manifest=manifest, data_dirs=data_dirs, source="the trace")
-    if epochs:
-        base = replace(base, train=replace(base.train, epochs=min(base.train.epochs, epochs)))
+    if epochs:  # steady state needs steps: may replay more epochs than were traced
+        base = replace(base, train=replace(base.train, epochs=epochs))
     changes: list[tuple[str, list[str]]] = []
     for f in findings:
         if f.whatif and all(f.whatif != ch for _, ch in changes):
@@ -68,11 +67,12 @@ def verify(
     changes = changes[:MAX_CHANGES]
     runs: list[dict[str, Any]] = []
     workdir.mkdir(parents=True, exist_ok=True)
-    plan = [("baseline", [], None), *[(_label(ch), ch, fid) for fid, ch in changes]]
+    plan: list[tuple[str, list[str], str | None]] = [("baseline", [], None)]
+    plan += [(fid, ch, fid) for fid, ch in changes]
     for i, (label, overrides, fid) in enumerate(plan):
         m = apply_overrides(base, overrides) if overrides else base
         data = workdir / f"data-{dataset_digest(m)[:12]}"
-        out = workdir / f"run-{i}-{label}"
+        out = workdir / f"run-{i}-{_label([label])}"
         say(f"replay {i + 1}/{len(plan)}: {label} {' '.join(overrides)}")
         res = run_replay(ReplayConfig(model=m, data_dir=data, out=out, trace=False), echo=None)
         o = res.metrics.get("overall", {})

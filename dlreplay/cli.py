@@ -120,8 +120,8 @@ def _print_capture_summary(result: Any) -> None:
               "change; show predicted AU / samples/s side by side.")
 @click.option("--verify-dir", type=click.Path(path_type=Path),
               help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
-@click.option("--verify-epochs", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Epochs per --verify replay.")
+@click.option("--verify-epochs", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
 @handle_errors
 def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path: Path | None, config: Path | None,
@@ -169,6 +169,44 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         click.echo(f"  dlreplay analyze {trace} --report report.html")
     click.echo(f"  dlreplay distill {trace} -o model.yaml")
     click.echo(f"  dlreplay export {trace}          # timeline for Perfetto")
+
+
+@main.command()
+@click.argument("trace_a", type=click.Path(path_type=Path))
+@click.argument("trace_b", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (similarity under `similarity`).")
+@click.option("--min-similarity", type=click.FloatRange(0, 1), default=None,
+              help="Exit with code 1 when the similarity is below this (0..1).")
+@click.option("--report", "report_path", type=click.Path(path_type=Path),
+              help="Write overlay plots and the table: .html (self-contained) or .md.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
+@handle_errors
+def compare(trace_a: Path, trace_b: Path, as_json: bool, min_similarity: float | None, report_path: Path | None,
+            force: bool) -> None:
+    """Compare the I/O of TRACE_A and TRACE_B (real vs replay, storage A vs storage B).
+
+    Prints the DLIO paper's feature vectors side by side (I/O time, bytes, transfer
+    sizes, bandwidth, % sequential/consecutive, files) and their cosine similarity
+    (each feature normalised by the larger value; 1.0 = same shape), KS distances of
+    read sizes and inter-batch gaps, epoch times and AU.
+    """
+    from dlreplay.analyze.compare import compare_traces, render_comparison, write_comparison_report
+
+    if report_path is not None:
+        _refuse_overwrite(report_path, force)
+    with _status(f"comparing {trace_a} and {trace_b}"):
+        cmp = compare_traces(trace_a, trace_b)
+    if report_path is not None:
+        write_comparison_report(cmp, report_path)
+    if as_json:
+        click.echo(json.dumps(cmp.to_dict(), indent=2))
+    else:
+        click.echo(render_comparison(cmp))
+        if report_path is not None:
+            click.echo(f"report: {report_path}")
+    if min_similarity is not None and cmp.similarity < min_similarity:
+        click.echo(f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}", err=True)
+        sys.exit(1)
 
 
 @main.command()

@@ -54,6 +54,9 @@ def _prepare(out: Path, force: bool) -> None:
 def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[str, str]:
     """Capture, analyse, distill, replay and export; returns the artifact paths."""
     from dlreplay.analyze import load_trace, render_text, summarize
+    from dlreplay.analyze.analysis import analyze_trace, render_findings_text
+    from dlreplay.analyze.compare import compare_traces, write_comparison_report
+    from dlreplay.analyze.report import write_report
     from dlreplay.analyze.distill import distill
     from dlreplay.analyze.perfetto import export_trace
     from dlreplay.capture import CaptureConfig, run_capture
@@ -76,11 +79,11 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         "--report", str(out / "job-report.json"),
         "--quiet",
     ]
-    echo(f"[1/5] dataset: {data}")
+    echo(f"[1/6] dataset: {data}")
     subprocess.run([*job[:4], "--num-files", str(config.num_files), "--generate-only"], check=True,
                    stdout=subprocess.DEVNULL)
 
-    echo("[2/5] capturing the training job under DFTracer …")
+    echo("[2/6] capturing the training job under DFTracer …")
     t0 = time.perf_counter()
     result = run_capture(
         CaptureConfig(command=tuple(job), out=out / "trace", data_dirs=(str(data), str(out / "checkpoints")),
@@ -90,20 +93,24 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         raise DlreplayError(f"the example job failed with exit code {result.exit_code}; its trace is in {result.trace_dir}")
     echo(f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s")
 
-    echo("[3/5] analysing the trace")
+    echo("[3/6] analysing the trace")
     loaded = load_trace(result.trace_dir)
     summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     echo(render_text(summary))
+    report = analyze_trace(result.trace_dir)
+    report_path = write_report(report, out / "report.html")
+    echo("")
+    echo(render_findings_text(report))
 
-    echo("\n[4/5] distilling the workload model")
+    echo("\n[4/6] distilling the workload model")
     model = distill(loaded.events, manifest=loaded.manifest, source=str(result.trace_dir))
     model_path = out / "model.yaml"
     save_model(model, model_path)
     echo(summarize_model(model))
 
-    echo("\n[5/5] replaying the model (compute replaced by sleep) under DFTracer …")
+    echo("\n[5/6] replaying the model (compute replaced by sleep) under DFTracer …")
     replay_dir = out / "replay"
     if replay_dir.exists():
         shutil.rmtree(replay_dir)  # made by an earlier demo run (the demo owns --out)
@@ -124,8 +131,16 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         export_trace(lt.events, path, manifest=lt.manifest)
         timelines[label] = str(path)
 
+    echo("\n[6/6] comparing the real job with its replay")
+    cmp = compare_traces(result.trace_dir, replay_dir)
+    compare_path = write_comparison_report(cmp, out / "compare.html")
+    echo(f"      similarity (DLIO features, cosine): {cmp.similarity:.4f}; KS read sizes "
+         f"{cmp.ks_read_sizes if cmp.ks_read_sizes is None else round(cmp.ks_read_sizes, 3)}")
+
     paths = {
         "trace": str(result.trace_dir),
+        "report": str(report_path),
+        "comparison": str(compare_path),
         "summary": str(summary_path),
         "model": str(model_path),
         "replay": str(replay_dir),
@@ -138,7 +153,8 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
     for key, value in paths.items():
         echo(f"  {key:<16} {value}")
     echo("next:")
-    echo(f"  dlreplay analyze {result.trace_dir}")
+    echo(f"  open {report_path}          # findings, figures, tables")
+    echo(f"  dlreplay analyze {result.trace_dir} --verify")
     echo(f"  dlreplay view {timelines['job']}          # the captured job in Perfetto")
     echo(f"  dlreplay view {timelines['replay']}       # the replay in Perfetto")
     echo(f"  dlreplay replay {model_path} --data-dir /your/storage --set reader.read_threads=4")

@@ -1,0 +1,341 @@
+"""``dlreplay compare A B``: how alike two traces' I/O is (real vs replay, storage A vs B).
+
+The similarity is the DLIO paper's: a feature vector per trace (I/O time, bytes read
+and written, transfer size min/max/mean/median, bandwidth per operation, % sequential,
+% consecutive, number of files), each feature normalised by the larger of the pair,
+and the cosine similarity of the two vectors (1.0 = same shape). Features one side
+cannot measure (e.g. write bandwidth when ``torch.save`` writes are invisible to the
+tracer) are left out of the vector and listed as ``not_compared``.
+
+Also: Kolmogorov-Smirnov distances of the read-size and inter-batch-gap
+distributions (0 = same distribution, 1 = disjoint), epoch times and AU side by side.
+
+Scope: calls on the files each trace's job reads as its dataset and writes as
+checkpoints (see :func:`~dlreplay.analyze.files.classify_files`); library and log
+files differ between any two programs and would only add noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dlreplay.schema import CAT_CHECKPOINT, READ_OPS, WRITE_OPS
+
+from .load import load_trace
+from .passes import Characterization, _sessions, characterize, darshan_pattern
+
+__all__ = ["COMPARE_FORMAT_VERSION", "COMPARE_SCHEMA", "FEATURES", "Comparison", "compare_traces", "cosine",
+           "features", "ks_distance"]
+
+COMPARE_SCHEMA = "dlreplay.comparison"
+COMPARE_FORMAT_VERSION = 1
+_US = 1e-6
+
+#: Feature name -> unit (the DLIO paper's feature set).
+FEATURES: dict[str, str] = {
+    "io_time_s": "s",
+    "bytes_read": "B",
+    "bytes_written": "B",
+    "read_size_min": "B",
+    "read_size_max": "B",
+    "read_size_mean": "B",
+    "read_size_median": "B",
+    "read_bandwidth": "B/s",
+    "write_bandwidth": "B/s",
+    "sequential": "fraction",
+    "consecutive": "fraction",
+    "files": "count",
+}
+
+
+def features(c: Characterization) -> dict[str, float | None]:
+    """The feature vector of one trace (None: not measurable in this trace)."""
+    v = c.view
+    files = set(v.role_files("dataset")) | set(v.role_files("checkpoint"))
+    io = v.io.filter(pl.col("file").is_in(list(files)))
+    reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+    writes = io.filter(pl.col("name").is_in(WRITE_OPS) & (pl.col("size") > 0))
+    saves = v.events.filter(pl.col("cat") == CAT_CHECKPOINT).filter(pl.col("name") == "save")
+    # bytes written per file: the write calls, or the checkpoint event where writes are invisible
+    per_file = writes.group_by("file").agg(pl.col("size").sum().alias("w"))
+    ck = saves.filter(pl.col("file").is_not_null()).group_by("file").agg(pl.col("size").sum().alias("s"))
+    merged = per_file.join(ck, on="file", how="full", coalesce=True).fill_null(0)
+    written = int(merged.select(pl.max_horizontal("w", "s")).sum().item() or 0) if merged.height else 0
+    if not merged.height and saves.height:
+        written = int(saves["size"].sum() or 0)
+    rt = float(reads["dur"].sum() or 0) * _US
+    wt = float(writes["dur"].sum() or 0) * _US
+    seq = con = None
+    r = _sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null())
+    if r.height:
+        flagged = darshan_pattern(r)
+        seq, con = float(flagged["seq"].mean() or 0), float(flagged["consec"].mean() or 0)  # type: ignore[arg-type]
+    sizes = reads["size"]
+    return {
+        "io_time_s": float(io["dur"].sum() or 0) * _US,
+        "bytes_read": float(sizes.sum() or 0),
+        "bytes_written": float(written),
+        "read_size_min": float(sizes.min()) if sizes.len() else None,  # type: ignore[arg-type]
+        "read_size_max": float(sizes.max()) if sizes.len() else None,  # type: ignore[arg-type]
+        "read_size_mean": float(sizes.mean()) if sizes.len() else None,  # type: ignore[arg-type]
+        "read_size_median": float(sizes.median()) if sizes.len() else None,  # type: ignore[arg-type]
+        "read_bandwidth": float(sizes.sum()) / rt if rt > 0 else None,
+        "write_bandwidth": float(writes["size"].sum()) / wt if wt > 0 else None,
+        "sequential": seq,
+        "consecutive": con,
+        "files": float(len({f for f in files if f in set(io["file"].unique().to_list())})),
+    }
+
+
+def cosine(a: dict[str, float | None], b: dict[str, float | None]) -> tuple[float, list[str]]:
+    """Cosine similarity of two feature dicts, each feature normalised by the max of the pair.
+
+    Features missing (None) on either side are skipped; features that are 0 on both
+    sides count as equal. Returns (similarity, skipped feature names).
+    """
+    va, vb, skipped = [], [], []
+    for k in FEATURES:
+        x, y = a.get(k), b.get(k)
+        if x is None or y is None:
+            skipped.append(k)
+            continue
+        m = max(abs(x), abs(y))
+        if m == 0:
+            va.append(1.0)
+            vb.append(1.0)
+            continue
+        va.append(x / m)
+        vb.append(y / m)
+    if not va:
+        return 0.0, skipped
+    na, nb = math.sqrt(sum(x * x for x in va)), math.sqrt(sum(y * y for y in vb))
+    if na == 0 or nb == 0:
+        return 0.0, skipped
+    return sum(x * y for x, y in zip(va, vb, strict=True)) / (na * nb), skipped
+
+
+def ks_distance(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two ECDFs."""
+    a, b = np.sort(np.asarray(a, dtype=float)), np.sort(np.asarray(b, dtype=float))
+    if a.size == 0 or b.size == 0:
+        return None
+    grid = np.concatenate([a, b])
+    fa = np.searchsorted(a, grid, side="right") / a.size
+    fb = np.searchsorted(b, grid, side="right") / b.size
+    return float(np.max(np.abs(fa - fb)))
+
+
+def _batch_gaps(c: Characterization) -> np.ndarray:
+    """Seconds between successive batch arrivals at each consumer (fetch ends)."""
+    f = c.view.fetches.filter(pl.col("batch_size").fill_null(1) > 0)
+    if f.height < 2:
+        return np.array([])
+    ends = f.select("pid", (pl.col("ts") + pl.col("dur")).alias("end")).sort("pid", "end")
+    gaps = ends.with_columns(pl.col("end").diff().over("pid").alias("gap"))["gap"].drop_nulls()
+    return gaps.to_numpy() * _US
+
+
+def _dataset_read_sizes(c: Characterization) -> np.ndarray:
+    return c.view.dataset_reads["size"].to_numpy()
+
+
+def _metrics_json(trace: Path) -> dict | None:
+    p = trace / "metrics.json" if trace.is_dir() else None
+    if p is None or not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _timing(c: Characterization, trace: Path) -> dict[str, Any]:
+    """Epoch times (s) and AU: from the trace's data-loader events, else a replay's metrics.json."""
+    epochs = [e["time_s"] for e in c["epochs"]["epochs"]]
+    au = c["steps"].get("au")
+    source = "trace"
+    m = _metrics_json(trace)
+    if (not epochs or au is None) and m:
+        epochs = epochs or [e.get("epoch_time_s") for e in m.get("epochs", [])]
+        if au is None and m.get("overall", {}).get("au_percent") is not None:
+            au = m["overall"]["au_percent"] / 100
+        source = "metrics.json"
+    return {"epoch_times_s": epochs, "au": au, "source": source if epochs or au is not None else None}
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare_traces` (``to_dict`` is the ``--json`` output)."""
+
+    a: str
+    b: str
+    similarity: float
+    features_a: dict[str, float | None]
+    features_b: dict[str, float | None]
+    not_compared: list[str]
+    ks_read_sizes: float | None
+    ks_batch_gaps: float | None
+    timing_a: dict[str, Any]
+    timing_b: dict[str, Any]
+    chars: tuple[Characterization, Characterization]
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": COMPARE_SCHEMA, "format_version": COMPARE_FORMAT_VERSION, "a": self.a, "b": self.b,
+            "similarity": round(self.similarity, 6),
+            "features": {k: {"a": self.features_a.get(k), "b": self.features_b.get(k), "unit": u}
+                         for k, u in FEATURES.items()},
+            "not_compared": self.not_compared,
+            "ks": {"read_sizes": self.ks_read_sizes, "batch_gaps": self.ks_batch_gaps},
+            "timing": {"a": self.timing_a, "b": self.timing_b},
+        }
+
+
+def compare_traces(a: str | Path, b: str | Path, *, data_dirs_a: list[str] | None = None,
+                   data_dirs_b: list[str] | None = None) -> Comparison:
+    """Load both traces and compare them (see the module doc)."""
+    chars = []
+    for path, dirs in ((a, data_dirs_a), (b, data_dirs_b)):
+        lt = load_trace(path)
+        chars.append(characterize(lt.events, manifest=lt.manifest, data_dirs=dirs,
+                                  passes=["overview", "steps", "epochs", "access"]))
+    ca, cb = chars
+    fa, fb = features(ca), features(cb)
+    sim, skipped = cosine(fa, fb)
+    return Comparison(
+        str(a), str(b), sim, fa, fb, skipped,
+        ks_distance(_dataset_read_sizes(ca), _dataset_read_sizes(cb)),
+        ks_distance(_batch_gaps(ca), _batch_gaps(cb)),
+        _timing(ca, Path(a)), _timing(cb, Path(b)), (ca, cb),
+    )
+
+
+def render_comparison(cmp: Comparison) -> str:
+    """A side-by-side table for the terminal."""
+    from dlreplay.units import human_bytes
+
+    def fmt(k: str, x: float | None) -> str:
+        if x is None:
+            return "-"
+        u = FEATURES[k]
+        if u == "B":
+            return human_bytes(x)
+        if u == "B/s":
+            return human_bytes(x) + "/s"
+        if u == "fraction":
+            return f"{x:.1%}"
+        if u == "s":
+            return f"{x:.4g} s"
+        return f"{x:g}"
+
+    lines = [f"A: {cmp.a}", f"B: {cmp.b}", "", f"  {'feature':<18} {'A':>14} {'B':>14}"]
+    lines.append(f"  {'-' * 18} {'-' * 14} {'-' * 14}")
+    for k in FEATURES:
+        mark = "  (not compared)" if k in cmp.not_compared else ""
+        lines.append(f"  {k:<18} {fmt(k, cmp.features_a.get(k)):>14} {fmt(k, cmp.features_b.get(k)):>14}{mark}")
+    lines.append("")
+    ta, tb = cmp.timing_a, cmp.timing_b
+    lines.append(f"  {'AU':<18} {_pct(ta['au']):>14} {_pct(tb['au']):>14}")
+    n = max(len(ta["epoch_times_s"]), len(tb["epoch_times_s"]))
+    for i in range(n):
+        x = ta["epoch_times_s"][i] if i < len(ta["epoch_times_s"]) else None
+        y = tb["epoch_times_s"][i] if i < len(tb["epoch_times_s"]) else None
+        lines.append(f"  {'epoch ' + str(i) + ' time':<18} {_sec(x):>14} {_sec(y):>14}")
+    lines.append("")
+    lines.append(f"similarity (cosine, DLIO features): {cmp.similarity:.4f}")
+    lines.append(f"KS distance, read sizes: {_opt(cmp.ks_read_sizes)}   inter-batch gaps: {_opt(cmp.ks_batch_gaps)}")
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:.1%}" if x is not None else "-"
+
+
+def _sec(x: float | None) -> str:
+    return f"{x:.3f} s" if x is not None else "-"
+
+
+def _opt(x: float | None) -> str:
+    return f"{x:.3f}" if x is not None else "n/a (no data on one side)"
+
+
+def overlay_figures(cmp: Comparison) -> dict[str, bytes]:
+    """PNG overlays: read-size ECDFs, inter-batch-gap ECDFs, epoch times."""
+    from .report import _fig, _png
+
+    out: dict[str, bytes] = {}
+    ca, cb = cmp.chars
+    for key, title, xa, xb, xlabel, logx in (
+        ("read_sizes", "Dataset read sizes (ECDF)", _dataset_read_sizes(ca), _dataset_read_sizes(cb), "bytes", True),
+        ("batch_gaps", "Inter-batch gaps (ECDF)", _batch_gaps(ca), _batch_gaps(cb), "seconds", False),
+    ):
+        if not (len(xa) or len(xb)):
+            continue
+        fig = _fig(7, 3)
+        ax = fig.subplots()
+        for data, label in ((xa, "A"), (xb, "B")):
+            if len(data):
+                s = np.sort(data)
+                ax.step(s, np.arange(1, s.size + 1) / s.size, where="post", label=label)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("fraction")
+        ax.set_title(title)
+        ax.legend()
+        out[key] = _png(fig)
+    ea, eb = cmp.timing_a["epoch_times_s"], cmp.timing_b["epoch_times_s"]
+    if ea or eb:
+        fig = _fig(7, 3)
+        ax = fig.subplots()
+        n = max(len(ea), len(eb))
+        idx = np.arange(n)
+        ax.bar(idx - 0.2, [x or 0 for x in ea] + [0] * (n - len(ea)), width=0.4, label="A")
+        ax.bar(idx + 0.2, [x or 0 for x in eb] + [0] * (n - len(eb)), width=0.4, label="B")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("seconds")
+        ax.set_title("Epoch times")
+        ax.legend()
+        out["epochs"] = _png(fig)
+    return out
+
+
+def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
+    """An HTML (self-contained) or Markdown comparison report, written atomically."""
+    import base64
+    import html
+
+    from .report import _CSS, _atomic_write
+
+    p = Path(path)
+    figs = overlay_figures(cmp)
+    text_table = render_comparison(cmp)
+    if p.suffix.lower() in (".html", ".htm"):
+        body = [f"<!doctype html><html><head><meta charset='utf-8'><meta name='dlreplay-schema' "
+                f"content='{COMPARE_SCHEMA} {COMPARE_FORMAT_VERSION}'><title>dlreplay compare</title>"
+                f"<style>{_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}</h1>",
+                f"<pre>{html.escape(text_table)}</pre>"]
+        for key, png in figs.items():
+            body.append(f"<h2>{html.escape(key)}</h2><img alt='{key}' src='data:image/png;base64,"
+                        f"{base64.b64encode(png).decode()}'>")
+        body.append("</body></html>")
+        return _atomic_write(p, "\n".join(body))
+    if p.suffix.lower() in (".md", ".markdown"):
+        fig_dir = p.with_name(p.stem + ".figures")
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        md = [f"# Comparison: similarity {cmp.similarity:.4f}", "",
+              f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->", "", "```", text_table, "```", ""]
+        for key, png in figs.items():
+            (fig_dir / f"{key}.png").write_bytes(png)
+            md += [f"![{key}]({fig_dir.name}/{key}.png)", ""]
+        return _atomic_write(p, "\n".join(md))
+    from dlreplay.errors import UsageError
+
+    raise UsageError(f"{p}: the report must end in .html or .md")
