@@ -450,7 +450,9 @@ def pass_overlap(v: TraceView) -> dict:
     steps = st.select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
                       (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
     j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward", check_sortedness=False)
-    inside = (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0)
+    # (min_horizontal skips nulls: a call before any step must count 0, not its whole duration)
+    inside = pl.when(pl.col("s_end").is_not_null()).then(
+        (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0))
     ov = j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all")).row(0, named=True)
     total = int(ov["all"] or 0)
     return {"overlap": _f(ov["ov"] / total, 4) if total else None, "io_time_s": _f(total * _US),

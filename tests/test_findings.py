@@ -294,3 +294,48 @@ def test_reports_on_traces_without_data_reads(tmp_path: Path, cli) -> None:
     empty_ok = pl.DataFrame(schema=EVENT_SCHEMA)
     c = characterize(empty_ok)
     assert find(c) == [] and c["steps"]["au"] is None
+
+
+def _frame(rows: list[dict]) -> pl.DataFrame:
+    """An event table from partial rows (missing columns null)."""
+    return pl.DataFrame([{k: r.get(k) for k in EVENT_SCHEMA} for r in rows], schema=EVENT_SCHEMA)
+
+
+def _loop(pid: int, steps: int, t0: int, compute_us: int, wait_us: int, epochs: int = 2) -> list[dict]:
+    """A consumer's epoch/fetch/step events (µs), like the capture hooks write them."""
+    rows, t = [], t0
+    for e in range(epochs):
+        start = t
+        for k in range(steps):
+            rows.append({"pid": pid, "ppid": 1, "host": "h", "cat": "dataloader", "name": "fetch", "ts": t,
+                         "dur": wait_us, "epoch": e, "step": k, "batch_size": 4})
+            t += wait_us
+            rows.append({"pid": pid, "ppid": 1, "host": "h", "cat": "compute", "name": "step", "ts": t,
+                         "dur": compute_us, "epoch": e, "step": k})
+            t += compute_us
+        rows.append({"pid": pid, "ppid": 1, "host": "h", "cat": "pipeline", "name": "epoch", "ts": start,
+                     "dur": t - start, "epoch": e})
+    return rows
+
+
+def test_rank_imbalance_names_the_straggler() -> None:
+    ev = _frame(_loop(10, 20, 0, 10_000, 500) + _loop(11, 20, 0, 10_000, 500) + _loop(12, 20, 0, 10_000, 12_000))
+    c = characterize(ev)
+    ranks = c["balance"]["ranks"]
+    assert ranks["count"] == 3 and ranks["max_over_median"] == pytest.approx(22_000 / 10_500, rel=1e-3)
+    f = _get(find(c), "rank-imbalance")
+    assert f.processes == [12] and "12" in f.title
+
+
+def test_loader_in_the_training_process_is_not_overlapped() -> None:
+    rows = [{"pid": 10, "ppid": 1, "host": "h", "cat": "data", "name": "item", "ts": 0, "dur": 1, "sample_index": 0}]
+    rows += _loop(10, 20, 0, 2_000, 8_000, epochs=1)
+    # the consumer reads its samples itself, inside each fetch (workers = 0)
+    for r in [r for r in rows if r["name"] == "fetch"]:
+        rows.append({"pid": 10, "ppid": 1, "host": "h", "cat": "POSIX", "name": "read", "ts": r["ts"] + 100,
+                     "dur": 7_000, "file": "/data/s.npy", "size": 1 << 20, "offset": 0})
+    c = characterize(_frame(rows), data_dirs=["/data"])
+    assert c["overlap"]["overlap"] == 0.0 and c["overlap"]["io_in_consumer_s"] == pytest.approx(0.14)
+    ids = _ids(find(c))
+    assert {"no-overlap", "data-wait", "too-few-workers"} <= ids
+    assert _get(find(c), "too-few-workers").evidence["workers_per_rank"] == 0
