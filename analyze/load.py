@@ -109,10 +109,22 @@ _LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid"}
 #: String args that may hold arbitrary text (checked for JSON escapes).
 _TEXT_ARGS = {"a_name", "path", "fname", "mode"}
 
+_OPEN, _LSEEK, _FSEEK, _FTELL, _REWIND, _CLOSE, _XFER, _SXFER, _PXFER = range(1, 10)
+_POSITIONAL = ("pread", "pread64", "pwrite", "pwrite64", "preadv", "preadv2", "pwritev", "pwritev2")
+#: Operation class per name: what an event does to the file position.
+_OP_CODE: dict[str, int] = {
+    **{n: _OPEN for n in OPEN_OPS}, "lseek": _LSEEK, "lseek64": _LSEEK,
+    "fseek": _FSEEK, "fseeko": _FSEEK, "fseeko64": _FSEEK, "ftell": _FTELL, "rewind": _REWIND,
+    **{n: _CLOSE for n in CLOSE_OPS},
+    **{n: _XFER for n in READ_OPS + WRITE_OPS if n not in _POSITIONAL},
+    "fread": _SXFER, "fwrite": _SXFER, **{n: _PXFER for n in _POSITIONAL},
+}
 #: Columns of a :class:`TracePart`'s frames: the trace file index (``src``), the line
-#: number in that file (``seq``, blank lines counted), then the raw fields.
+#: number in that file (``seq``, blank lines counted), the raw fields, and ``op``, the
+#: operation class of ``name`` (:data:`_OP_CODE`; a constant of each layout).
 RAW_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, **_TOP_FIELDS}
 RAW_SCHEMA.update({col: dt for col, dt in _ARG_FIELDS.values()})
+RAW_SCHEMA["op"] = pl.Int8()
 
 _META_PH = ("4", "M")  # metadata records: consumed, not rows
 _TIME_SCALE = {"US": 1.0, "NS": 1e-3, "MS": 1e3, "S": 1e6, "SEC": 1e6}
@@ -249,7 +261,7 @@ def _groups(jobs: list[tuple[int, Path]], workers: int) -> list[list[tuple[int, 
     """Consecutive files grouped by stored size: about ``_GROUP_BYTES`` per group, fewer
     when that leaves idle workers; a file larger than that is a group of its own."""
     sizes = [_stored_size(p) for _, p in jobs]
-    target = max(1, min(_GROUP_BYTES, sum(sizes) // (2 * workers)))
+    target = _GROUP_BYTES if workers == 1 else max(1, min(_GROUP_BYTES, sum(sizes) // (2 * workers)))
     groups: list[list[tuple[int, Path]]] = []
     current: list[tuple[int, Path]] = []
     size = 0
@@ -497,20 +509,27 @@ def _parse_segments(segments: list[_Segment]) -> tuple[list[pl.DataFrame], list[
     Counts each file's lines and its dropped lines into that file's stats.
     """
     tok = pl.concat([s.tok for s in segments]) if len(segments) > 1 else segments[0].tok
-    ntok = pl.sum_horizontal([pl.col(c).is_not_null() for c in _TOKEN_SCHEMA]).cast(pl.Int32)
-    # blank lines and the bare "[" / "]" lines of the DFTracer 1.x array form are not lines
-    bracket = (ntok == 1) & pl.col("c0").str.strip_chars().is_in(["[", "]"])
-    tok = tok.with_columns(ntok.alias("ntok")).filter((pl.col("ntok") > 0) & ~bracket)
+    # tokens fill columns from the left: the count is the number of non-null columns
+    ntok = pl.fold(pl.lit(0, dtype=pl.Int32), lambda acc, x: acc + x,
+                   [pl.col(c).is_not_null().cast(pl.Int32) for c in _TOKEN_SCHEMA])
+    tok = tok.with_columns(ntok.alias("ntok"))
     stats = {s.src: s.stats for s in segments}
-    if len(stats) == 1:
-        next(iter(stats.values())).lines += tok.height
-    else:
-        for src, n in tok.group_by("src").len().iter_rows():
-            stats[src].lines += n
     queries: list[pl.LazyFrame] = []
     kinds: list[bool] = []
     fallback: list[pl.DataFrame] = []
     for part in tok.partition_by("c1", "c2", "ntok", maintain_order=False):
+        ntoks = part["ntok"][0]
+        if ntoks == 0:  # blank lines are not lines
+            continue
+        if ntoks == 1:  # nor are the bare "[" / "]" lines of the DFTracer 1.x array form
+            part = part.filter(~pl.col("c0").str.strip_chars().is_in(["[", "]"]))
+            if not part.height:
+                continue
+        if len(stats) == 1:
+            next(iter(stats.values())).lines += part.height
+        else:
+            for src, n in part.group_by("src").len().iter_rows():
+                stats[src].lines += n
         sample = part.row(0, named=True)
         layout = _parse_layout(sample) if part.height >= _MIN_GROUP else None
         if layout is None:
@@ -626,8 +645,27 @@ def _field_of(path: tuple[str, ...]) -> tuple[str, pl.DataType, bool] | None:
     return None
 
 
+#: Built extraction expressions per (layout, constant tokens); building them costs more
+#: Python time than a small group's query. Bounded: cleared when it grows large.
+_QUERY_CACHE: dict[tuple, tuple[list[pl.Expr], list[str], pl.Expr, bool]] = {}
+
+
 def _layout_query(rows: pl.LazyFrame, layout: list[_Tok], sample: dict) -> tuple[pl.LazyFrame, bool]:
-    """(query, is-metadata) extracting the rows of one layout group, with a row check ``__ok``.
+    """(query, is-metadata) extracting the rows of one layout group (see :func:`_layout_exprs`)."""
+    # everything _layout_exprs reads from the sample: the constant tokens, name, cat, ph
+    key = (tuple(layout), sample.get("c1"), sample.get("c2"),
+           *(sample[f"c{t.slot}"] for t in layout if t.path in (("name",), ("cat",), ("ph",))))
+    built = _QUERY_CACHE.get(key)
+    if built is None:
+        if len(_QUERY_CACHE) > 4096:
+            _QUERY_CACHE.clear()
+        built = _QUERY_CACHE[key] = _layout_exprs(layout, sample)
+    exprs, names, ok, is_meta = built
+    return rows.with_columns(exprs).select(*names, ok), is_meta
+
+
+def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[list[pl.Expr], list[str], pl.Expr, bool]:
+    """(value expressions, output columns, row check ``__ok``, is-metadata) for one layout group.
 
     Checked per row: the first token's prefix, the last token's closing braces, the key
     of every extracted argument, and that every extracted number parses. The name and
@@ -667,9 +705,18 @@ def _layout_query(rows: pl.LazyFrame, layout: list[_Tok], sample: dict) -> tuple
             if col in _TEXT_ARGS:
                 checks.append(~pl.col(col).str.contains("\\", literal=True).fill_null(False))
             exprs.append(v.alias(col) if t.quoted else pl.when(v != "null").then(v).alias(col))
+    # the operation class: a constant when the name is (a partition key, else per row)
+    name_tok = next((t for t in layout if t.path == ("name",)), None)
+    if name_tok is not None and name_tok.slot in (1, 2):
+        op = pl.lit(_OP_CODE.get(values[("name",)], 0), dtype=pl.Int8)
+    elif name_tok is not None:  # (rare) recomputed from the name's value expression
+        name_expr = next(e for e in exprs if e.meta.output_name() == "name")
+        op = name_expr.replace_strict(_OP_CODE, default=0, return_dtype=pl.Int8)
+    else:
+        op = pl.lit(0, dtype=pl.Int8)
+    exprs.append(op.alias("op"))
     names = [e.meta.output_name() for e in exprs]
-    query = rows.with_columns(exprs).select(*names, pl.all_horizontal(checks).fill_null(False).alias("__ok"))
-    return query, is_meta
+    return exprs, names, pl.all_horizontal(checks).fill_null(False).alias("__ok"), is_meta
 
 
 def _token_value(tok: str, t: _Tok) -> str:
@@ -806,6 +853,7 @@ def _json_to_raw(df: pl.DataFrame, keys: list[tuple[int, int]]) -> pl.DataFrame:
     exprs += [_cast_loose(pl.col(k), dt).alias(k) for k, dt in _TOP_FIELDS.items()]
     exprs += [_cast_loose(pl.col("args").struct.field(k), dt).alias(col)
               for k, (col, dt) in _ARG_FIELDS.items()]
+    exprs.append(pl.col("name").replace_strict(_OP_CODE, default=0, return_dtype=pl.Int8).alias("op"))
     return df.select(exprs)
 
 
@@ -926,16 +974,6 @@ def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-_OPEN, _LSEEK, _FSEEK, _FTELL, _REWIND, _CLOSE, _XFER, _SXFER, _PXFER = range(1, 10)
-_POSITIONAL = ("pread", "pread64", "pwrite", "pwrite64", "preadv", "preadv2", "pwritev", "pwritev2")
-#: Operation class per name: what an event does to the file position.
-_OP_CODE: dict[str, int] = {
-    **{n: _OPEN for n in OPEN_OPS}, "lseek": _LSEEK, "lseek64": _LSEEK,
-    "fseek": _FSEEK, "fseeko": _FSEEK, "fseeko64": _FSEEK, "ftell": _FTELL, "rewind": _REWIND,
-    **{n: _CLOSE for n in CLOSE_OPS},
-    **{n: _XFER for n in READ_OPS + WRITE_OPS if n not in _POSITIONAL},
-    "fread": _SXFER, "fwrite": _SXFER, **{n: _PXFER for n in _POSITIONAL},
-}
 _O_APPEND = 0o2000
 _SEEK_SET, _SEEK_CUR = 0, 1
 
@@ -945,7 +983,7 @@ def _sizes(ev: pl.DataFrame) -> pl.DataFrame:
 
     fread/fwrite return items, so bytes = items x item size (their ``size`` argument).
     """
-    op = pl.col("__op")
+    op = pl.col("op")
     is_xfer = op >= _XFER
     item = pl.when(op == _SXFER).then(pl.col("isize").fill_null(1)).otherwise(1)
     size = (
@@ -964,7 +1002,7 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     it; rewind sets 0; close makes it unknown. Stream reads/writes advance it by the bytes
     transferred, fseek(SEEK_CUR) by its offset. A failed call (ret < 0) changes nothing.
     """
-    op, ret = pl.col("__op"), pl.col("ret")
+    op, ret = pl.col("op"), pl.col("ret")
     ok = ret.is_null() | (ret >= 0)
     appending = ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) | pl.col("mode").str.starts_with("a").fill_null(False)
     is_cur = (pl.col("whence") == _SEEK_CUR).fill_null(False)
@@ -1026,14 +1064,14 @@ def _int_stat(value: object) -> int | None:
 
 
 def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
-    """Reconstructed offsets of stream reads and writes, in output order (``rank[row]`` is
-    the output position of ``ev``'s row).
+    """Offsets in output order (``rank[row]`` is the output position of ``ev``'s row):
+    given for pread/pwrite, reconstructed for stream reads and writes.
 
     Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
     stream; a reset or the stream start begins a segment; within a segment the offset of
     a transfer is the segment's base plus the bytes advanced before it (exclusive running
     sum). A segment with an unknown base yields null offsets. ``ev`` has ``__p`` and
-    ``__f`` (process and file-hash indices) and ``__op``. The scan is a few vectorised
+    ``__f`` (process and file-hash indices). The scan is a few vectorised
     numpy passes over the I/O rows sorted by (stream, output position).
     """
     n = ev.height
@@ -1046,11 +1084,26 @@ def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
         "__row", stream.alias("g"), reset.alias("reset"),
         # a negative base (or none) is an unknown position
         base.fill_null(-1).alias("base"), advance.alias("adv"),
-        pl.col("__op").is_in((_XFER, _SXFER)).alias("xfer"),
+        pl.col("op").is_in((_XFER, _SXFER)).alias("xfer"),
     ).collect()
-    m = narrow.height
-    if not m:
-        return pl.Series("offset", [], dtype=pl.Int64).extend_constant(None, n)
+    values = np.zeros(n, dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    # pread/pwrite: the offset argument
+    given = ev.lazy().with_row_index("__row").filter((pl.col("op") == _PXFER) & pl.col("aoffset").is_not_null()) \
+        .select("__row", "aoffset").collect()
+    if given.height:
+        at = rank[given["__row"].to_numpy()]
+        values[at] = given["aoffset"].to_numpy()
+        valid[at] = True
+    if narrow.height:
+        _stream_offsets(narrow, rank, values, valid)
+    return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+
+
+def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
+    """Fill ``values``/``valid`` (output order) with the reconstructed offsets of the
+    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`)."""
+    n, m = len(rank), narrow.height
     pos = rank[narrow["__row"].to_numpy()]
     g = narrow["g"].to_numpy()
     # streams, each in output (time) order
@@ -1073,22 +1126,21 @@ def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
     last = np.maximum.accumulate(np.where(brk, np.arange(m), 0))  # the row's segment start
     seg_base = np.where(reset_, narrow["base"].to_numpy()[idx], -1)[last]
     known = narrow["xfer"].to_numpy()[idx] & (seg_base >= 0)
-    values = np.zeros(n, dtype=np.int64)
-    valid = np.zeros(n, dtype=bool)
     values[pos[known]] = (seg_base + cs - cs[last])[known]
     valid[pos[known]] = True
-    return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
 
 
 def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) -> pl.DataFrame:
     """The EVENT_SCHEMA table (by ts) from all raw event and metadata rows of a run.
 
-    Per-row work happens on the parsed rows as they are; the output columns are then
-    gathered once into (ts, file, line) order, and the strings that repeat (host, file,
-    fhash, source) are taken from small per-process and per-file tables after that.
+    Per-row work happens on the parsed rows as they are; the dense output columns are
+    then gathered once into (ts, file, line) order, the sparse ones (data-loader fields)
+    scattered there, and the strings that repeat (host, file, fhash, source) are taken
+    from small per-process and per-file tables.
     """
     if ev.height == 0:
         return pl.DataFrame(schema=EVENT_SCHEMA)
+    n = ev.height
     meta = meta.sort("src", "seq")
     ev = _apply_time_metric(ev, meta)
     every, pidx = _process_keys(ev)
@@ -1099,30 +1151,37 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
         _lookup(pl.col("cwdhash"), fh["hash"], fh["name"], pl.String).alias("__cwd"))
     fh = fh.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left").select(
         "hash", _absolute(pl.col("name")).alias("path"))
+    # every file hash of the run and its path; index nf stands for "no file hash"
     files = ev.select(pl.col("fhash").drop_nulls().unique().alias("hash")).join(
         fh, on="hash", how="left", maintain_order="left")
-    ev = ev.with_columns(
+    nf = files.height
+    files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)])
+    ev = _sizes(ev.with_columns(
         pidx.alias("__p"),
-        _lookup(pl.col("fhash"), files["hash"], range(files.height), pl.UInt32).alias("__f"),
-        pl.col("name").replace_strict(_OP_CODE, default=0, return_dtype=pl.Int8).alias("__op"),
-    )
-    ev = _sizes(ev)
+        _lookup(pl.col("fhash"), files["hash"][:nf], range(nf), pl.UInt32).fill_null(nf).alias("__f"),
+    ))
     # the output order: (ts, file, line); rank[row] is the output position of a row
     order = _output_order(ev)
-    n = ev.height
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     offset = _offsets(ev, rank)
     out = ev.select(
-        "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size",
-        pl.when(pl.col("__op") == _PXFER).then(pl.col("aoffset")).alias("__poff"),
-        "ret", "epoch", "step", "batch_size", pl.col("image_idx").alias("sample_index"),
-        "__p", "__f", "src",
+        "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
     )[pl.Series(order)]
+    # data-loader fields: few rows have them
+    loader = [("epoch", "epoch"), ("step", "step"), ("batch_size", "batch_size"), ("image_idx", "sample_index")]
+    sparse = ev.lazy().with_row_index("__row").filter(
+        pl.any_horizontal(pl.col(c).is_not_null() for c, _ in loader)
+    ).select("__row", *(c for c, _ in loader)).collect()
+    at = pl.Series(rank[sparse["__row"].to_numpy()])
+    out = out.with_columns(
+        pl.Series(name, [], dtype=pl.Int64).extend_constant(None, n).scatter(at, sparse[c])
+        for c, name in loader
+    )
     # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
+    no_path = files.with_row_index("__i").filter(pl.col("path").is_null())["__i"]
     named = ev.lazy().with_row_index("__row").filter(
-        (pl.col("__f").is_null() | pl.col("__f").is_in(_null_paths(files)))
-        & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
+        pl.col("__f").is_in(no_path.implode()) & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
     ).select("__row", "src", "pid", "path", "fname").collect()
     file = pl.lit(files["path"]).gather(pl.col("__f"))
     if named.height:
@@ -1130,21 +1189,17 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
                          maintain_order="left")
         paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
         file = pl.lit(out.select(file).to_series().scatter(rank[named["__row"].to_numpy()], paths))
+    source = pl.Series(names, dtype=pl.String).gather(procs["src"])
     out = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
         "ts", "dur", "cat", "name", file.alias("file"),
         pl.lit(files["hash"]).gather(pl.col("__f")).alias("fhash"),
-        "size_requested", "size", pl.coalesce("__poff", pl.lit(offset)).alias("offset"),
+        "size_requested", "size", pl.lit(offset).alias("offset"),
         "ret", "epoch", "step", "batch_size", "sample_index",
-        pl.lit(pl.Series(names, dtype=pl.String)).gather(pl.col("src")).alias("source"),
+        pl.lit(source).gather(pl.col("__p")).alias("source"),
     )
     return out.cast(pl.Schema(EVENT_SCHEMA))
-
-
-def _null_paths(files: pl.DataFrame) -> list[int]:
-    """Indices of ``files`` whose hash has no FH record (no path)."""
-    return files.with_row_index("__i").filter(pl.col("path").is_null())["__i"].to_list()
 
 
 def _absolute(path: pl.Expr) -> pl.Expr:
