@@ -377,7 +377,11 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
             problems=stats.problems,
         )))
     # one chunk per column: the combine stage gathers rows across all of them
-    return TracePart(events=_concat(batch.events).rechunk(), meta=_concat(batch.meta), files=files)
+    return TracePart(events=_rechunk(_concat(batch.events)), meta=_concat(batch.meta), files=files)
+
+
+def _rechunk(df: pl.DataFrame) -> pl.DataFrame:
+    return df.rechunk()
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -434,46 +438,95 @@ def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool
 
 @dataclass
 class _Segment:
-    """Complete lines of one file in a batch: tokens (with ``src``/``seq``) and the text."""
+    """Complete lines of one file in a batch: where they are (``src``, first line ``seq0``,
+    ``nlines`` lines, blank ones included), their text, and their file's stats."""
 
     src: int
     seq0: int
     text: bytes
-    tok: pl.DataFrame
-    lossy: bool
+    nlines: int
     stats: _Stats
+    lossy: bool = False  # tokenised with invalid UTF-8 replaced
+
+
+#: Segments at least this long are tokenised on their own when added (their line count
+#: comes from the tokenizer); shorter ones are counted and tokenised together at flush.
+_ALONE_BYTES = 1 << 20
 
 
 class _Batch:
-    """Accumulates tokenised segments; :meth:`flush` parses them together."""
+    """Accumulates segments of complete lines; :meth:`flush` parses them together."""
 
     def __init__(self) -> None:
         self.segments: list[_Segment] = []
+        self.toks: list[pl.DataFrame] = []
         self.nbytes = 0
         self.events: list[pl.DataFrame] = []
         self.meta: list[pl.DataFrame] = []
 
     def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
-        """Tokenise ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
-        tok, lossy = _tokenize(text)
-        n = tok.height
+        """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
         idx = len(self.segments)
-        tok = tok.with_columns(
-            pl.lit(src, dtype=_SRC).alias("src"),
-            pl.int_range(seq0, seq0 + n, dtype=pl.Int64).alias("seq"),
-            pl.lit(idx, dtype=pl.UInt32).alias("__seg"),
-        )
-        self.segments.append(_Segment(src, seq0, text, tok, lossy, stats))
         self.nbytes += len(text)
-        return n
+        if len(text) < _ALONE_BYTES:
+            n = text.count(b"\n") + (0 if text.endswith(b"\n") else 1)
+            self.segments.append(_Segment(src, seq0, text, n, stats))
+            return n
+        tok, lossy = _tokenize(text)
+        self.segments.append(_Segment(src, seq0, text, tok.height, stats, lossy))
+        self.toks.append(_located(tok, [idx], [src], [seq0], [tok.height]))
+        return tok.height
 
     def flush(self) -> None:
         if not self.segments:
             return
-        segments, self.segments, self.nbytes = self.segments, [], 0
-        ev, me = _parse_segments(segments)
+        segments, toks = self.segments, self.toks
+        self.segments, self.toks, self.nbytes = [], [], 0
+        toks += _tokenize_together(segments, [i for i, seg in enumerate(segments)
+                                              if len(seg.text) < _ALONE_BYTES])
+        ev, me = _parse_segments(segments, pl.concat(toks) if len(toks) > 1 else toks[0])
         self.events.extend(ev)
         self.meta.extend(me)
+
+
+def _located(tok: pl.DataFrame, idx: list[int], src: list[int], seq0: list[int],
+             nlines: list[int]) -> pl.DataFrame:
+    """Tokens of consecutive segments (``nlines`` rows each) with their ``src``, ``seq``
+    (line number in the file) and ``__seg`` (segment index in the batch)."""
+    if len(idx) == 1:
+        return tok.with_columns(
+            pl.lit(src[0], dtype=_SRC).alias("src"),
+            pl.int_range(seq0[0], seq0[0] + tok.height, dtype=pl.Int64).alias("seq"),
+            pl.lit(idx[0], dtype=pl.UInt32).alias("__seg"),
+        )
+    counts = np.asarray(nlines, dtype=np.int64)
+    first = np.cumsum(counts) - counts  # first row of each segment
+    shift = np.repeat(np.asarray(seq0, dtype=np.int64) - first, counts)
+    return tok.with_columns(
+        pl.Series("src", np.repeat(np.asarray(src, dtype=np.uint32), counts)),
+        pl.Series("seq", np.arange(tok.height, dtype=np.int64) + shift),
+        pl.Series("__seg", np.repeat(np.asarray(idx, dtype=np.uint32), counts)),
+    )
+
+
+def _tokenize_together(segments: list[_Segment], which: list[int]) -> list[pl.DataFrame]:
+    """Tokens of the segments ``which``: one tokenizer call over their joined text when
+    that reads cleanly and yields exactly their counted lines, else one call each."""
+    if not which:
+        return []
+    if len(which) > 1:
+        text = b"".join(segments[i].text if segments[i].text.endswith(b"\n") else segments[i].text + b"\n"
+                        for i in which)
+        tok, lossy = _tokenize(text)
+        if not lossy and tok.height == sum(segments[i].nlines for i in which):
+            return [_located(tok, which, [segments[i].src for i in which], [segments[i].seq0 for i in which],
+                             [segments[i].nlines for i in which])]
+    out = []
+    for i in which:
+        seg = segments[i]
+        tok, seg.lossy = _tokenize(seg.text)  # rows == counted lines: both split on "\n" only
+        out.append(_located(tok, [i], [seg.src], [seg.seq0], [tok.height]))
+    return out
 
 
 def _tokenize(text: bytes) -> tuple[pl.DataFrame, bool]:
@@ -503,12 +556,11 @@ def _tokenize(text: bytes) -> tuple[pl.DataFrame, bool]:
             [pl.lit(None, dtype=pl.String).alias(c) for c in list(_TOKEN_SCHEMA)[1:]]), True
 
 
-def _parse_segments(segments: list[_Segment]) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
-    """Parse tokenised segments together: (event frames, metadata frames).
+def _parse_segments(segments: list[_Segment], tok: pl.DataFrame) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
+    """Parse the tokens ``tok`` of ``segments`` together: (event frames, metadata frames).
 
     Counts each file's lines and its dropped lines into that file's stats.
     """
-    tok = pl.concat([s.tok for s in segments]) if len(segments) > 1 else segments[0].tok
     # tokens fill columns from the left: the count is the number of non-null columns
     ntok = pl.fold(pl.lit(0, dtype=pl.Int32), lambda acc, x: acc + x,
                    [pl.col(c).is_not_null().cast(pl.Int32) for c in _TOKEN_SCHEMA])
@@ -746,24 +798,26 @@ _JSON_SCHEMA = {
 }
 
 
-def _fallback_lines(seg: _Segment, rows: pl.DataFrame) -> list[bytes]:
-    """Exact line bytes of the given token rows of one segment (in the rows' order).
+def _fallback_lines(segments: list[_Segment], rows: pl.DataFrame) -> list[bytes]:
+    """Exact line bytes of the given token rows (in the rows' order).
 
     A line whose tokens were all read is re-joined from them; a longer line (or one with
-    an empty token, or any line of a lossily decoded segment) is cut out of the text by
-    its line number.
+    an empty token, or any line of a lossily decoded segment) is cut out of its
+    segment's text by its line number.
     """
     cols = list(_TOKEN_SCHEMA)
     last = pl.max_horizontal([pl.when(pl.col(c).is_not_null()).then(i) for i, c in enumerate(cols)])
+    lossy = [i for i, seg in enumerate(segments) if seg.lossy]
     rows = rows.with_columns(
-        ((pl.col("ntok") < _NTOK) & (last == pl.col("ntok") - 1) & (not seg.lossy)).alias("__whole"),
+        ((pl.col("ntok") < _NTOK) & (last == pl.col("ntok") - 1) & ~pl.col("__seg").is_in(lossy)).alias("__whole"),
         pl.concat_str(cols, separator=",", ignore_nulls=True).alias("__line"),
     )
     lines = [ln.encode() for ln in rows["__line"].to_list()]
     cut = rows.with_row_index("__i").filter(~pl.col("__whole"))
-    if cut.height:
-        found = _lines_at(seg.text, (cut["seq"] - seg.seq0).to_list(), seg.tok.height)
-        for i, ln in zip(cut["__i"].to_list(), found, strict=True):
+    for (seg_idx,), part in cut.group_by("__seg"):
+        seg = segments[cast(int, seg_idx)]
+        found = _lines_at(seg.text, (part["seq"] - seg.seq0).to_list(), seg.nlines)
+        for i, ln in zip(part["__i"].to_list(), found, strict=True):
             lines[i] = ln
     return lines
 
@@ -803,13 +857,9 @@ def _parse_fallback(segments: list[_Segment], rows: pl.DataFrame) -> pl.DataFram
 
     A dropped line is counted in the stats of its own file.
     """
-    lines: list[bytes] = []
-    keys: list[tuple[int, int]] = []
     rows = rows.sort("src", "seq")
-    for (seg_idx,), part in rows.group_by("__seg", maintain_order=True):
-        seg = segments[cast(int, seg_idx)]
-        lines.extend(_fallback_lines(seg, part))
-        keys.extend((seg.src, s) for s in part["seq"].to_list())
+    lines = _fallback_lines(segments, rows)
+    keys = list(zip(rows["src"].to_list(), rows["seq"].to_list(), strict=True))
     stats = {s.src: s.stats for s in segments}
     # DFTracer 1.x lines may end with "," (elements of one JSON array)
     lines = [ln.rstrip().rstrip(b",") for ln in lines]
