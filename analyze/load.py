@@ -13,9 +13,9 @@ zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
 2. **Tokenise** decoded text with polars' CSV reader (separator ``,``, no quoting): one
    row per line, one column per ``"key":value`` token. With the fields needed here this
    costs about half of what polars' JSON reader does per DFTracer line. The text of many
-   small files is tokenised file by file but parsed as one batch (up to about
-   ``_CHUNK_BYTES`` of text), so a trace of hundreds of small files costs little more
-   than one file of the same size.
+   small files is tokenised and parsed as one batch (up to about ``_CHUNK_BYTES`` of
+   text; rows are attributed to files by their counted lines), so a trace of hundreds of
+   small files costs little more than one file of the same size.
 3. **Layouts**: rows are grouped by (name token, category token, token count). DFTracer
    writes every event of one function with the same keys in the same order, so one
    sample row per group is parsed in Python into a *layout* (key path, prefix, quoting,
@@ -32,9 +32,11 @@ files at once, never a per-file query): time unit (``CM``) per file, ppid and ho
 (``start``/``HH`` records of the process's own file), sizes, and file offsets:
 read/write/fread/fwrite offsets are reconstructed per (file, pid, POSIX or STDIO, file
 hash) in time order with cumulative sums over segments (open/seek reset the position).
-Then ``FH`` file hashes are resolved to paths across all files (the record may sit in
-another process's file; relative names use the writing process's working directory),
-and the table is sorted by (``ts``, file, line).
+``FH`` file hashes are resolved to paths across all files (the record may sit in
+another process's file; relative names use the writing process's working directory).
+The output order is (``ts``, file, line): packed integer keys are value-sorted with
+numpy, every dense output column is gathered once, and repeated strings (host, path,
+hash, source) come from small per-process and per-file tables.
 
 Units: ``ts``/``dur`` microseconds (a ``CM`` time metric of ``NS``/``MS``/``S`` is
 converted), sizes and offsets bytes.
@@ -126,6 +128,8 @@ RAW_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, **_TOP_FIELDS}
 RAW_SCHEMA.update({col: dt for col, dt in _ARG_FIELDS.values()})
 RAW_SCHEMA["op"] = pl.Int8()
 
+#: Bits of a packed non-negative Int64 sort key (value-sorted instead of an argsort).
+_PACK_BITS = 63
 _META_PH = ("4", "M")  # metadata records: consumed, not rows
 _TIME_SCALE = {"US": 1.0, "NS": 1e-3, "MS": 1e3, "S": 1e6, "SEC": 1e6}
 _SCALAR_RE = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?|true|false|null")
@@ -339,6 +343,12 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
     order, in threads or processes, and :func:`combine_parts` gives the same table.
     Damage is salvaged and counted in the file's own report; an unreadable file raises
     :class:`~dlreplay.errors.TraceError`.
+
+    A part holds whole files. A part for a byte range of one file's gzip members would
+    keep this contract if its rows are whole lines, its ``seq`` orders lines within the
+    file (e.g. range index in the high bits, line in the range below) and its report
+    counts only its range; :func:`combine_parts` would then add up the reports of a
+    file's ranges.
     """
     batch = _Batch()
     done: list[tuple[int, Path, int, _Stats]] = []
@@ -1090,7 +1100,8 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     b_src = max(smax, 1).bit_length()
     b_seq = max(_int_stat(per_src["m"].max()) or 0, 1).bit_length()
     span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
-    if span.bit_length() + b_src + b_seq > 63:
+    slots = int((per_src["m"] + 1).sum())  # the (src, seq) table below: about one per line
+    if span.bit_length() + b_src + b_seq > _PACK_BITS or slots > 4 * n + 1024:
         order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
         return order.to_series().to_numpy().astype(np.int64)
     ts = ev["ts"].fill_null((tmax + 1) if tmax is not None else 0).to_numpy()
@@ -1158,7 +1169,7 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     g = narrow["g"].to_numpy()
     # streams, each in output (time) order
     b_pos = max(n, 1).bit_length()
-    if (int(g.max()) + 1).bit_length() + b_pos <= 63:
+    if (int(g.max()) + 1).bit_length() + b_pos <= _PACK_BITS:
         key = (g << b_pos) | pos
         key.sort()
         at = np.full(n, -1, dtype=np.int64)

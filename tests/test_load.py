@@ -679,3 +679,22 @@ def test_layout_with_varying_names_in_one_group(tmp_path: Path, monkeypatch) -> 
     assert fast.equals(slow)
     reads = fast.filter(pl.col("name") == "read")
     assert reads["offset"].to_list()[:4] == [0, 100, 0, 101]
+
+
+def test_unpacked_sort_paths_agree(tmp_path: Path, monkeypatch) -> None:
+    """Keys too wide to pack into one Int64 take the multi-key sorts: same table."""
+    d, _ = dataloader_job(tmp_path)
+    packed = load(d)
+    monkeypatch.setattr(LOAD, "_PACK_BITS", 0)
+    assert load(d).equals(packed)
+    monkeypatch.undo()
+    p = Proc(pid=400)
+    p.open("/d/far", ts=(1 << 61) - 5)
+    for k in range(30):  # a process whose clock is far off: a huge ts range
+        p.read("/d/far", k + 1, ts=(1 << 61) + k * 10)
+    p.finish()
+    write_gz(d / "trace-400.pfw.gz", p.lines())
+    wide = load(d)
+    assert wide["ts"].is_sorted() and wide.height == packed.height + 33
+    assert wide.filter(pl.col("pid") == 400, pl.col("name") == "read")["offset"].to_list() == \
+        [sum(range(1, k + 1)) for k in range(30)]
