@@ -1,14 +1,21 @@
 """Load DFTracer traces (``*.pfw`` / ``*.pfw.gz``) into the dlreplay event table.
 
-Per trace file (files run in parallel threads; zlib and polars release the GIL):
+Loading has two stages with a narrow interface between them, so that the first can run
+anywhere (threads here; later, workers of a distributed scheduler) and the second once:
 
-1. **Decompress** with :mod:`zlib`, one ``decompressobj`` per gzip member. Damage is
+:func:`parse_part` (per group of trace files, several groups in parallel threads;
+zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
+
+1. **Decompress** one ``decompressobj`` per gzip member (:mod:`dlreplay.pfw`). Damage is
    salvaged, never fatal: a truncated file keeps everything decoded before the cut; a
    corrupt member keeps what decoded cleanly and decoding resumes at the next member
    header (``1f 8b 08``). The partial line at each damage point is dropped and counted.
-2. **Tokenise** large text chunks with polars' CSV reader (separator ``,``, no quoting):
-   one row per line, one column per ``"key":value`` token. With the fields needed here
-   this costs about half of what polars' JSON reader does per DFTracer line.
+2. **Tokenise** decoded text with polars' CSV reader (separator ``,``, no quoting): one
+   row per line, one column per ``"key":value`` token. With the fields needed here this
+   costs about half of what polars' JSON reader does per DFTracer line. The text of many
+   small files is tokenised and parsed as one batch (up to about ``_CHUNK_BYTES`` of
+   text; rows are attributed to files by their counted lines), so a trace of hundreds of
+   small files costs little more than one file of the same size.
 3. **Layouts**: rows are grouped by (name token, category token, token count). DFTracer
    writes every event of one function with the same keys in the same order, so one
    sample row per group is parsed in Python into a *layout* (key path, prefix, quoting,
@@ -17,16 +24,19 @@ Per trace file (files run in parallel threads; zlib and polars release the GIL):
 4. **Fallback**: rows without a usable layout (nested values, commas or escapes inside
    strings, lines longer than the tokens read, small groups, garbage) are re-read from
    their line bytes with polars' JSON reader; a failing batch is bisected down to the
-   malformed lines, which are dropped and counted. No Python code runs per line on the
-   happy path.
-5. **Per file**: time unit (``CM``), ppid and host (``start``/``HH``), sizes, and file
-   offsets: read/write/fread/fwrite offsets are reconstructed per (pid, POSIX or STDIO,
-   file hash) in time order with cumulative sums over segments (open/seek reset the
-   position), never with a Python loop over events.
+   malformed lines, which are dropped and counted against their own file. No Python code
+   runs per line on the happy path.
 
-Across all files of the run: ``FH`` file hashes are resolved to paths (the record may
-sit in another process's file; relative names use the writing process's working
-directory), and the table is sorted by ``ts``.
+:func:`combine_parts` (once, over all parts of the run; every step is vectorised over all
+files at once, never a per-file query): time unit (``CM``) per file, ppid and host
+(``start``/``HH`` records of the process's own file), sizes, and file offsets:
+read/write/fread/fwrite offsets are reconstructed per (file, pid, POSIX or STDIO, file
+hash) in time order with cumulative sums over segments (open/seek reset the position).
+``FH`` file hashes are resolved to paths across all files (the record may sit in
+another process's file; relative names use the writing process's working directory).
+The output order is (``ts``, file, line): packed integer keys are value-sorted with
+numpy, every dense output column is gathered once, and repeated strings (host, path,
+hash, source) come from small per-process and per-file tables.
 
 Units: ``ts``/``dur`` microseconds (a ``CM`` time metric of ``NS``/``MS``/``S`` is
 converted), sizes and offsets bytes.
@@ -52,14 +62,19 @@ from dlreplay.pfw import DecodeStats as _Stats
 from dlreplay.pfw import decoded_pieces as _decoded_pieces
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
-__all__ = ["FileReport", "LoadedTrace", "TraceDamageWarning", "load", "load_trace"]
+__all__ = [
+    "FileReport", "LoadedTrace", "TraceDamageWarning", "TracePart", "combine_parts", "load",
+    "load_trace", "parse_part",
+]
 
 TRACE_SUFFIXES = (".pfw", ".pfw.gz")
 MANIFEST_NAME = "manifest.json"
 
-#: Stored bytes fed to zlib per call (bounds the copy of ``unused_data``).
-#: Decoded text per parse chunk (bytes). Large chunks amortise per-layout overhead.
+#: Decoded text per parse batch (bytes). Large batches amortise per-layout overhead.
 _CHUNK_BYTES = 32 << 20
+#: Stored bytes of the files parsed together by one :func:`parse_part` call of
+#: :func:`load_trace` (a larger file is a group of its own).
+_GROUP_BYTES = 4 << 20
 #: Token columns read per line; the last one must be empty for a line to be complete.
 _NTOK = 15
 #: Lines per JSON batch on the fallback path.
@@ -74,6 +89,7 @@ _TOKEN_SCHEMA = {f"c{i}": pl.String() for i in range(_NTOK)}
 
 _INT = pl.Int64()
 _STR = pl.String()
+_SRC = pl.UInt32()
 
 #: Top-level keys kept, with their raw type.
 _TOP_FIELDS: dict[str, pl.DataType] = {
@@ -95,9 +111,25 @@ _LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid"}
 #: String args that may hold arbitrary text (checked for JSON escapes).
 _TEXT_ARGS = {"a_name", "path", "fname", "mode"}
 
-RAW_SCHEMA: dict[str, pl.DataType] = {"seq": _INT, **_TOP_FIELDS}
+_OPEN, _LSEEK, _FSEEK, _FTELL, _REWIND, _CLOSE, _XFER, _SXFER, _PXFER = range(1, 10)
+_POSITIONAL = ("pread", "pread64", "pwrite", "pwrite64", "preadv", "preadv2", "pwritev", "pwritev2")
+#: Operation class per name: what an event does to the file position.
+_OP_CODE: dict[str, int] = {
+    **{n: _OPEN for n in OPEN_OPS}, "lseek": _LSEEK, "lseek64": _LSEEK,
+    "fseek": _FSEEK, "fseeko": _FSEEK, "fseeko64": _FSEEK, "ftell": _FTELL, "rewind": _REWIND,
+    **{n: _CLOSE for n in CLOSE_OPS},
+    **{n: _XFER for n in READ_OPS + WRITE_OPS if n not in _POSITIONAL},
+    "fread": _SXFER, "fwrite": _SXFER, **{n: _PXFER for n in _POSITIONAL},
+}
+#: Columns of a :class:`TracePart`'s frames: the trace file index (``src``), the line
+#: number in that file (``seq``, blank lines counted), the raw fields, and ``op``, the
+#: operation class of ``name`` (:data:`_OP_CODE`; a constant of each layout).
+RAW_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, **_TOP_FIELDS}
 RAW_SCHEMA.update({col: dt for col, dt in _ARG_FIELDS.values()})
+RAW_SCHEMA["op"] = pl.Int8()
 
+#: Bits of a packed non-negative Int64 sort key (value-sorted instead of an argsort).
+_PACK_BITS = 63
 _META_PH = ("4", "M")  # metadata records: consumed, not rows
 _TIME_SCALE = {"US": 1.0, "NS": 1e-3, "MS": 1e3, "S": 1e6, "SEC": 1e6}
 _SCALAR_RE = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?|true|false|null")
@@ -170,6 +202,24 @@ class LoadedTrace:
         return "\n".join(out)
 
 
+@dataclass(frozen=True)
+class TracePart:
+    """Parsed, not yet resolved rows of some trace files: the output of :func:`parse_part`.
+
+    ``events`` and ``meta`` have the columns of :data:`RAW_SCHEMA`: ``src`` (the file's
+    index in the run, as given to :func:`parse_part`), ``seq`` (line number in that file,
+    0-based, blank lines counted) and the raw values as written (``ts``/``dur`` in the
+    file's own time unit, hashes unresolved). ``events`` holds event rows, ``meta`` the
+    metadata records (``FH``, ``HH``, ``CM``, ...; ``ph`` 4 or ``M``). Row order is
+    unspecified. ``files`` has one report per file of the part, in the order given, with
+    ``events`` still 0 (:func:`combine_parts` fills it in).
+    """
+
+    events: pl.DataFrame
+    meta: pl.DataFrame
+    files: list[tuple[int, FileReport]]
+
+
 # =======================================================================================
 # Public entry points
 
@@ -178,20 +228,21 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
                threads: int | None = None) -> LoadedTrace:
     """Load a trace directory (all ``*.pfw``/``*.pfw.gz`` below it), one file, or a list of files.
 
-    ``threads`` bounds how many files are decompressed and parsed concurrently (default:
-    the CPU count, at most 8). Raises :class:`~dlreplay.errors.TraceError` when the path
-    does not exist or holds no trace file. Damage never raises: see :attr:`LoadedTrace.files`.
+    ``threads`` bounds how many groups of files are decompressed and parsed concurrently
+    (default: the CPU count, at most 8). Raises :class:`~dlreplay.errors.TraceError` when
+    the path does not exist or holds no trace file. Damage never raises: see
+    :attr:`LoadedTrace.files`.
     """
     files, manifest = _find_inputs(path)
-    workers = max(1, min(threads or min(os.cpu_count() or 1, 8), len(files)))
-    jobs = list(enumerate(files))
+    workers = max(1, threads or min(os.cpu_count() or 1, 8))
+    groups = _groups(list(enumerate(files)), workers)
+    workers = min(workers, len(groups))
     if workers == 1:
-        results = [_load_file(j) for j in jobs]
+        parts = [parse_part(g) for g in groups]
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
-            results = list(pool.map(_load_file, jobs))
-    events = _build_events(results, [p.name for p in files])
-    reports = [_with_events(r.report, r.events.height) for r in results]
+            parts = list(pool.map(parse_part, groups))
+    events, reports = combine_parts(parts, [p.name for p in files])
     return LoadedTrace(events=events, files=reports, manifest=manifest)
 
 
@@ -208,6 +259,32 @@ def load(path: str | os.PathLike | Sequence[str | os.PathLike], **kw) -> pl.Data
             stacklevel=2,
         )
     return loaded.events
+
+
+def _groups(jobs: list[tuple[int, Path]], workers: int) -> list[list[tuple[int, Path]]]:
+    """Consecutive files grouped by stored size: about ``_GROUP_BYTES`` per group, fewer
+    when that leaves idle workers; a file larger than that is a group of its own."""
+    sizes = [_stored_size(p) for _, p in jobs]
+    target = _GROUP_BYTES if workers == 1 else max(1, min(_GROUP_BYTES, sum(sizes) // (2 * workers)))
+    groups: list[list[tuple[int, Path]]] = []
+    current: list[tuple[int, Path]] = []
+    size = 0
+    for job, n in zip(jobs, sizes, strict=True):
+        if current and size + n > target:
+            groups.append(current)
+            current, size = [], 0
+        current.append(job)
+        size += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _stored_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 # =======================================================================================
@@ -253,66 +330,75 @@ def _read_manifest(path: Path) -> dict | None:
 
 
 # =======================================================================================
-# One file: decompress with salvage, then parse chunks
+# Stage 1: files -> TracePart (decompress with salvage, tokenise, parse in batches)
 
 
+def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
+    """Decompress and parse the trace files ``jobs`` = [(src, path), ...] into a :class:`TracePart`.
 
-@dataclass
-class _FileResult:
-    events: pl.DataFrame  # RAW_SCHEMA + src + per-file columns (see _per_file), event rows
-    meta: pl.DataFrame  # RAW_SCHEMA + src, metadata rows (FH, HH, CM, ...)
-    procs: pl.DataFrame  # src, pid, cwdhash: one row per process of the file
-    report: FileReport
+    ``src`` is the file's index in the whole run (the position of its name in the
+    ``names`` given to :func:`combine_parts`); the indices of all parts of a run must be
+    distinct. The result depends only on the files' bytes and their ``src``, never on
+    how files are grouped into parts or on other parts, so parts can be computed in any
+    order, in threads or processes, and :func:`combine_parts` gives the same table.
+    Damage is salvaged and counted in the file's own report; an unreadable file raises
+    :class:`~dlreplay.errors.TraceError`.
+
+    A part holds whole files. A part for a byte range of one file's gzip members would
+    keep this contract if its rows are whole lines, its ``seq`` orders lines within the
+    file (e.g. range index in the high bits, line in the range below) and its report
+    counts only its range; :func:`combine_parts` would then add up the reports of a
+    file's ranges.
+    """
+    batch = _Batch()
+    done: list[tuple[int, Path, int, _Stats]] = []
+    for src, p in jobs:
+        path = Path(p)
+        stats = _Stats()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise TraceError(f"cannot read trace file {path}: {exc}") from exc
+        if not data:
+            stats.problems.append("file is empty (0 bytes): the process wrote no trace")
+        seq0 = 0
+        for text, damaged_after, cut in _text_chunks(data, stats):
+            body, tail = _split_tail(text)
+            if tail:
+                if damaged_after:
+                    stats.drop(1, len(tail))
+                    stats.problems.append(f"dropped a partial line of {len(tail)} bytes at a damage point")
+                else:
+                    body = text  # last line without newline at a clean end of file: keep it
+            if body:
+                seq0 += batch.add(src, seq0, body, stats)
+            # a file's chunks are parsed before it decodes further: its problems stay in order
+            if damaged_after or cut or batch.nbytes >= _CHUNK_BYTES:
+                batch.flush()
+        done.append((src, path, len(data), stats))
+    batch.flush()
+    files = []
+    for src, path, size, stats in done:
+        if size and not stats.lines and not stats.problems:
+            stats.problems.append("file holds no trace lines")
+        files.append((src, FileReport(
+            path=str(path), bytes=size, members=stats.members, lines=stats.lines, events=0,
+            dropped_lines=stats.dropped_lines, dropped_bytes=stats.dropped_bytes,
+            problems=stats.problems,
+        )))
+    # one chunk per column: the combine stage gathers rows across all of them
+    return TracePart(events=_rechunk(_concat(batch.events)), meta=_concat(batch.meta), files=files)
 
 
-def _load_file(job: tuple[int, Path]) -> _FileResult:
-    """Decompress and parse one trace file (``job`` = (file index, path))."""
-    src, path = job
-    stats = _Stats()
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read trace file {path}: {exc}") from exc
-    if not data:
-        stats.problems.append("file is empty (0 bytes): the process wrote no trace")
-    events: list[pl.DataFrame] = []
-    meta: list[pl.DataFrame] = []
-    seq0 = 0
-    for text, damaged_after in _text_chunks(data, stats):
-        body, tail = _split_tail(text)
-        if tail:
-            if damaged_after:
-                stats.drop(1, len(tail))
-                stats.problems.append(f"dropped a partial line of {len(tail)} bytes at a damage point")
-            else:
-                body = text  # last line without newline at a clean end of file: keep it
-        if body:
-            ev, me, nlines = _parse_chunk(body, seq0, stats)
-            seq0 += nlines
-            events.extend(ev)
-            meta.extend(me)
-    if data and not stats.lines and not stats.problems:
-        stats.problems.append("file holds no trace lines")
-    report = FileReport(
-        path=str(path), bytes=len(data), members=stats.members, lines=stats.lines, events=0,
-        dropped_lines=stats.dropped_lines, dropped_bytes=stats.dropped_bytes, problems=stats.problems,
-    )
-    meta_df = _concat(meta, src)
-    ev_df, procs = _per_file(_concat(events, src), meta_df)
-    procs = procs.select(pl.lit(src, dtype=pl.UInt32).alias("src"), "pid", "cwdhash")
-    return _FileResult(ev_df, meta_df, procs, report)
+def _rechunk(df: pl.DataFrame) -> pl.DataFrame:
+    return df.rechunk()
 
 
-def _concat(frames: list[pl.DataFrame], src: int | None = None) -> pl.DataFrame:
-    """Concatenate raw frames; with ``src``, tag every part with the file index first, so
-    that all columns share one chunk layout (column-wise operations then need no copy)."""
-    empty = frames[0].clear() if frames else pl.DataFrame(schema=RAW_SCHEMA)
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Concatenate raw frames (RAW_SCHEMA); an empty frame when there are none."""
     frames = [f for f in frames if f.height]
-    if src is not None:
-        frames = [f.with_columns(pl.lit(src, dtype=pl.UInt32).alias("src")) for f in frames]
-        empty = empty.with_columns(pl.lit(src, dtype=pl.UInt32).alias("src"))
     if not frames:
-        return empty
+        return pl.DataFrame(schema=RAW_SCHEMA)
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
 
 
@@ -327,11 +413,12 @@ def _split_tail(text: bytes) -> tuple[bytes, bytes]:
     return text[:cut], text[cut:]
 
 
-def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool]]:
-    """Yield (text, damaged_after) chunks of decoded text of about ``_CHUNK_BYTES``.
+def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
+    """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``.
 
     Chunks end on a newline except the last one before a damage point (then
     ``damaged_after`` is True and its tail is a partial line) or at the end of input.
+    ``cut`` is True for a chunk ended because it reached the size (more may follow).
     """
     pending: list[bytes] = []
     size = 0
@@ -341,24 +428,115 @@ def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool]]:
             size += len(piece)
         if damage:
             if pending:
-                yield b"".join(pending), True
+                yield b"".join(pending), True, False
             pending, size = [], 0
         elif size >= _CHUNK_BYTES:
             text = b"".join(pending)
             body, tail = _split_tail(text)
             if body:
-                yield body, False
+                yield body, False, True
                 pending, size = ([tail], len(tail)) if tail else ([], 0)
             else:
                 pending, size = [text], len(text)
     if pending:
-        yield b"".join(pending), False
-
-
+        yield b"".join(pending), False, False
 
 
 # =======================================================================================
-# Parsing one chunk of complete lines
+# Parsing a batch of complete lines (of one or more files)
+
+
+@dataclass
+class _Segment:
+    """Complete lines of one file in a batch: where they are (``src``, first line ``seq0``,
+    ``nlines`` lines, blank ones included), their text, and their file's stats."""
+
+    src: int
+    seq0: int
+    text: bytes
+    nlines: int
+    stats: _Stats
+    lossy: bool = False  # tokenised with invalid UTF-8 replaced
+
+
+#: Segments at least this long are tokenised on their own when added (their line count
+#: comes from the tokenizer); shorter ones are counted and tokenised together at flush.
+_ALONE_BYTES = 1 << 20
+
+
+class _Batch:
+    """Accumulates segments of complete lines; :meth:`flush` parses them together."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+        self.toks: list[pl.DataFrame] = []
+        self.nbytes = 0
+        self.events: list[pl.DataFrame] = []
+        self.meta: list[pl.DataFrame] = []
+
+    def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
+        """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
+        idx = len(self.segments)
+        self.nbytes += len(text)
+        if len(text) < _ALONE_BYTES:
+            n = text.count(b"\n") + (0 if text.endswith(b"\n") else 1)
+            self.segments.append(_Segment(src, seq0, text, n, stats))
+            return n
+        tok, lossy = _tokenize(text)
+        self.segments.append(_Segment(src, seq0, text, tok.height, stats, lossy))
+        self.toks.append(_located(tok, [idx], [src], [seq0], [tok.height]))
+        return tok.height
+
+    def flush(self) -> None:
+        if not self.segments:
+            return
+        segments, toks = self.segments, self.toks
+        self.segments, self.toks, self.nbytes = [], [], 0
+        toks += _tokenize_together(segments, [i for i, seg in enumerate(segments)
+                                              if len(seg.text) < _ALONE_BYTES])
+        ev, me = _parse_segments(segments, pl.concat(toks) if len(toks) > 1 else toks[0])
+        self.events.extend(ev)
+        self.meta.extend(me)
+
+
+def _located(tok: pl.DataFrame, idx: list[int], src: list[int], seq0: list[int],
+             nlines: list[int]) -> pl.DataFrame:
+    """Tokens of consecutive segments (``nlines`` rows each) with their ``src``, ``seq``
+    (line number in the file) and ``__seg`` (segment index in the batch)."""
+    if len(idx) == 1:
+        return tok.with_columns(
+            pl.lit(src[0], dtype=_SRC).alias("src"),
+            pl.int_range(seq0[0], seq0[0] + tok.height, dtype=pl.Int64).alias("seq"),
+            pl.lit(idx[0], dtype=pl.UInt32).alias("__seg"),
+        )
+    counts = np.asarray(nlines, dtype=np.int64)
+    first = np.cumsum(counts) - counts  # first row of each segment
+    shift = np.repeat(np.asarray(seq0, dtype=np.int64) - first, counts)
+    return tok.with_columns(
+        pl.Series("src", np.repeat(np.asarray(src, dtype=np.uint32), counts)),
+        pl.Series("seq", np.arange(tok.height, dtype=np.int64) + shift),
+        pl.Series("__seg", np.repeat(np.asarray(idx, dtype=np.uint32), counts)),
+    )
+
+
+def _tokenize_together(segments: list[_Segment], which: list[int]) -> list[pl.DataFrame]:
+    """Tokens of the segments ``which``: one tokenizer call over their joined text when
+    that reads cleanly and yields exactly their counted lines, else one call each."""
+    if not which:
+        return []
+    if len(which) > 1:
+        text = b"".join(segments[i].text if segments[i].text.endswith(b"\n") else segments[i].text + b"\n"
+                        for i in which)
+        tok, lossy = _tokenize(text)
+        if not lossy and tok.height == sum(segments[i].nlines for i in which):
+            return [_located(tok, which, [segments[i].src for i in which], [segments[i].seq0 for i in which],
+                             [segments[i].nlines for i in which])]
+    out = []
+    for i in which:
+        seg = segments[i]
+        tok, seg.lossy = _tokenize(seg.text)  # rows == counted lines: both split on "\n" only
+        out.append(_located(tok, [i], [seg.src], [seg.seq0], [tok.height]))
+    return out
 
 
 def _tokenize(text: bytes) -> tuple[pl.DataFrame, bool]:
@@ -382,56 +560,65 @@ def _tokenize(text: bytes) -> tuple[pl.DataFrame, bool]:
         return read("utf8-lossy"), True
     except pl.exceptions.PolarsError:  # unreadable as text: every line goes to the JSON path
         lines = text.split(b"\n")
+        if text.endswith(b"\n"):  # like the CSV reader: no row after the last newline
+            lines.pop()
         return pl.DataFrame({"c0": ["?" if ln.strip() else None for ln in lines]}).with_columns(
             [pl.lit(None, dtype=pl.String).alias(c) for c in list(_TOKEN_SCHEMA)[1:]]), True
 
 
-def _parse_chunk(text: bytes, seq0: int, stats: _Stats) -> tuple[list[pl.DataFrame], list[pl.DataFrame], int]:
-    """Parse complete lines: (event frames, metadata frames, lines incl. blank ones)."""
-    tok, lossy = _tokenize(text)
-    nlines = tok.height
-    tok = tok.with_columns(
-        pl.int_range(seq0, seq0 + nlines, dtype=pl.Int64).alias("seq"),
-        pl.sum_horizontal([pl.col(c).is_not_null() for c in _TOKEN_SCHEMA]).cast(pl.Int32).alias("ntok"),
-    )
+def _parse_segments(segments: list[_Segment], tok: pl.DataFrame) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
+    """Parse the tokens ``tok`` of ``segments`` together: (event frames, metadata frames).
+
+    Counts each file's lines and its dropped lines into that file's stats.
+    """
+    # tokens fill columns from the left: the count is the number of non-null columns
+    ntok = pl.fold(pl.lit(0, dtype=pl.Int32), lambda acc, x: acc + x,
+                   [pl.col(c).is_not_null().cast(pl.Int32) for c in _TOKEN_SCHEMA])
+    tok = tok.with_columns(ntok.alias("ntok"))
+    stats = {s.src: s.stats for s in segments}
     queries: list[pl.LazyFrame] = []
     kinds: list[bool] = []
     fallback: list[pl.DataFrame] = []
     for part in tok.partition_by("c1", "c2", "ntok", maintain_order=False):
-        if part["ntok"][0] == 0:  # blank lines
+        ntoks = part["ntok"][0]
+        if ntoks == 0:  # blank lines are not lines
             continue
-        if part["ntok"][0] == 1:  # the bare "[" / "]" lines of the DFTracer 1.x array form
+        if ntoks == 1:  # nor are the bare "[" / "]" lines of the DFTracer 1.x array form
             part = part.filter(~pl.col("c0").str.strip_chars().is_in(["[", "]"]))
             if not part.height:
                 continue
-        stats.lines += part.height
+        if len(stats) == 1:
+            next(iter(stats.values())).lines += part.height
+        else:
+            for src, n in part.group_by("src").len().iter_rows():
+                stats[src].lines += n
         sample = part.row(0, named=True)
         layout = _parse_layout(sample) if part.height >= _MIN_GROUP else None
         if layout is None:
             fallback.append(part)
             continue
-        ok, exprs, is_meta = _layout_exprs(layout, sample)
-        queries.append(part.lazy().select(*exprs, ok.alias("__ok")))
+        query, is_meta = _layout_query(part.lazy(), layout, sample)
+        queries.append(query)
         kinds.append(is_meta)
     events: list[pl.DataFrame] = []
     meta: list[pl.DataFrame] = []
-    bad: list[pl.Series] = []
+    bad: list[pl.DataFrame] = []
     for df, is_meta in zip(pl.collect_all(queries) if queries else [], kinds, strict=True):
         good = df["__ok"]
         if not good.all():
-            bad.append(df.filter(~good)["seq"])
+            bad.append(df.filter(~good).select("src", "seq"))
             df = df.filter(good)
         (meta if is_meta else events).append(_conform(df.drop("__ok")))
     if bad:
-        fallback.append(tok.filter(pl.col("seq").is_in(pl.concat(bad).implode())))
+        fallback.append(tok.join(pl.concat(bad), on=["src", "seq"], how="semi"))
     if fallback:
         rows = pl.concat(fallback)
         if rows.height:
-            df = _parse_fallback(text, rows, seq0, stats, exact=lossy)
+            df = _parse_fallback(segments, rows)
             meta_rows = pl.col("ph").is_in(_META_PH).fill_null(False)
             events.append(df.filter(~meta_rows))
             meta.append(df.filter(meta_rows))
-    return events, meta, nlines
+    return events, meta
 
 
 def _conform(df: pl.DataFrame) -> pl.DataFrame:
@@ -520,13 +707,33 @@ def _field_of(path: tuple[str, ...]) -> tuple[str, pl.DataType, bool] | None:
     return None
 
 
-def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[pl.Expr, list[pl.Expr], bool]:
-    """(row check, extraction expressions, is-metadata) for the rows of one layout group.
+#: Built extraction expressions per (layout, constant tokens); building them costs more
+#: Python time than a small group's query. Bounded: cleared when it grows large.
+_QUERY_CACHE: dict[tuple, tuple[list[pl.Expr], list[str], pl.Expr, bool]] = {}
+
+
+def _layout_query(rows: pl.LazyFrame, layout: list[_Tok], sample: dict) -> tuple[pl.LazyFrame, bool]:
+    """(query, is-metadata) extracting the rows of one layout group (see :func:`_layout_exprs`)."""
+    # everything _layout_exprs reads from the sample: the constant tokens, name, cat, ph
+    key = (tuple(layout), sample.get("c1"), sample.get("c2"),
+           *(sample[f"c{t.slot}"] for t in layout if t.path in (("name",), ("cat",), ("ph",))))
+    built = _QUERY_CACHE.get(key)
+    if built is None:
+        if len(_QUERY_CACHE) > 4096:
+            _QUERY_CACHE.clear()
+        built = _QUERY_CACHE[key] = _layout_exprs(layout, sample)
+    exprs, names, ok, is_meta = built
+    return rows.with_columns(exprs).select(*names, ok), is_meta
+
+
+def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[list[pl.Expr], list[str], pl.Expr, bool]:
+    """(value expressions, output columns, row check ``__ok``, is-metadata) for one layout group.
 
     Checked per row: the first token's prefix, the last token's closing braces, the key
     of every extracted argument, and that every extracted number parses. The name and
     category tokens are partition keys (identical in the group); ``ph`` is taken from the
-    sample. Top-level keys are fixed by DFTracer's writer and not re-checked.
+    sample. Top-level keys are fixed by DFTracer's writer and not re-checked. Each value
+    is computed once; the checks read the computed columns.
     """
     values = {t.path: _token_value(sample[f"c{t.slot}"], t) for t in layout}
     ph = values.get(("ph",))
@@ -536,7 +743,7 @@ def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[pl.Expr, list[pl.Ex
     checks: list[pl.Expr] = [pl.col("c0").str.starts_with(layout[0].prefix)]
     last = layout[-1]
     checks.append(pl.col(f"c{last.slot}").str.ends_with(('"' if last.quoted else "") + last.suffix))
-    exprs: list[pl.Expr] = [pl.col("seq")]
+    exprs: list[pl.Expr] = [pl.col("src"), pl.col("seq")]
     for t in layout:
         target = _field_of(t.path)
         if target is None or (target[0] == "hhash" and not want_hhash):
@@ -554,14 +761,24 @@ def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[pl.Expr, list[pl.Ex
         if dt == _INT:
             if loose and not t.quoted:
                 v = v.str.strip_chars('"')
-            val = v.cast(pl.Int64, strict=False)
-            checks.append(val.is_not_null())
-            exprs.append(val.alias(col))
+            exprs.append(v.cast(pl.Int64, strict=False).alias(col))
+            checks.append(pl.col(col).is_not_null())
         else:
             if col in _TEXT_ARGS:
-                checks.append(~v.str.contains("\\", literal=True))
+                checks.append(~pl.col(col).str.contains("\\", literal=True).fill_null(False))
             exprs.append(v.alias(col) if t.quoted else pl.when(v != "null").then(v).alias(col))
-    return pl.all_horizontal(checks).fill_null(False), exprs, is_meta
+    # the operation class: a constant when the name is (a partition key, else per row)
+    name_tok = next((t for t in layout if t.path == ("name",)), None)
+    if name_tok is not None and name_tok.slot in (1, 2):
+        op = pl.lit(_OP_CODE.get(values[("name",)], 0), dtype=pl.Int8)
+    elif name_tok is not None:  # (rare) recomputed from the name's value expression
+        name_expr = next(e for e in exprs if e.meta.output_name() == "name")
+        op = name_expr.replace_strict(_OP_CODE, default=0, return_dtype=pl.Int8)
+    else:
+        op = pl.lit(0, dtype=pl.Int8)
+    exprs.append(op.alias("op"))
+    names = [e.meta.output_name() for e in exprs]
+    return exprs, names, pl.all_horizontal(checks).fill_null(False).alias("__ok"), is_meta
 
 
 def _token_value(tok: str, t: _Tok) -> str:
@@ -591,34 +808,36 @@ _JSON_SCHEMA = {
 }
 
 
-def _fallback_lines(text: bytes, rows: pl.DataFrame, seq0: int, exact: bool) -> tuple[list[bytes], list[int]]:
-    """Exact line bytes of the given token rows, sorted by line.
+def _fallback_lines(segments: list[_Segment], rows: pl.DataFrame) -> list[bytes]:
+    """Exact line bytes of the given token rows (in the rows' order).
 
     A line whose tokens were all read is re-joined from them; a longer line (or one with
-    an empty token) is cut out of ``text`` by its line number.
+    an empty token, or any line of a lossily decoded segment) is cut out of its
+    segment's text by its line number.
     """
     cols = list(_TOKEN_SCHEMA)
     last = pl.max_horizontal([pl.when(pl.col(c).is_not_null()).then(i) for i, c in enumerate(cols)])
-    rows = rows.sort("seq").with_columns(
-        ((pl.col("ntok") < _NTOK) & (last == pl.col("ntok") - 1) & (not exact)).alias("__whole"),
+    lossy = [i for i, seg in enumerate(segments) if seg.lossy]
+    rows = rows.with_columns(
+        ((pl.col("ntok") < _NTOK) & (last == pl.col("ntok") - 1) & ~pl.col("__seg").is_in(lossy)).alias("__whole"),
         pl.concat_str(cols, separator=",", ignore_nulls=True).alias("__line"),
     )
     lines = [ln.encode() for ln in rows["__line"].to_list()]
     cut = rows.with_row_index("__i").filter(~pl.col("__whole"))
-    if cut.height:
-        found = _lines_at(text, (cut["seq"] - seq0).to_list())
-        for i, ln in zip(cut["__i"].to_list(), found, strict=True):
+    for (seg_idx,), part in cut.group_by("__seg"):
+        seg = segments[cast(int, seg_idx)]
+        found = _lines_at(seg.text, (part["seq"] - seg.seq0).to_list(), seg.nlines)
+        for i, ln in zip(part["__i"].to_list(), found, strict=True):
             lines[i] = ln
-    return lines, rows["seq"].to_list()
+    return lines
 
 
-def _lines_at(text: bytes, rows: list[int]) -> list[bytes]:
-    """Lines number ``rows`` (0-based) of ``text``, without newline.
+def _lines_at(text: bytes, rows: list[int], total: int) -> list[bytes]:
+    """Lines number ``rows`` (0-based) of ``text`` (``total`` lines), without newline.
 
     Lines near either end (a trace's ``start`` and ``end`` records) are reached by
     stepping over a few newlines; otherwise one vectorised newline index is built.
     """
-    total = text.count(b"\n") + 1
     out = []
     for r in rows:
         if r < 256:
@@ -626,7 +845,8 @@ def _lines_at(text: bytes, rows: list[int]) -> list[bytes]:
             for _ in range(r):
                 start = text.index(b"\n", start) + 1
         elif total - 1 - r < 256:
-            start = len(text)
+            # the tokenizer's last row is the text's last line (with or without newline)
+            start = len(text) - (1 if text.endswith(b"\n") else 0)
             for _ in range(total - r):
                 start = text.rindex(b"\n", 0, start)
             start += 1
@@ -642,23 +862,29 @@ def _lines_at(text: bytes, rows: list[int]) -> list[bytes]:
     return [text[starts[r]:ends[r]] for r in rows]
 
 
-def _parse_fallback(text: bytes, rows: pl.DataFrame, seq0: int, stats: _Stats, *,
-                    exact: bool = False) -> pl.DataFrame:
+def _parse_fallback(segments: list[_Segment], rows: pl.DataFrame) -> pl.DataFrame:
     """Parse the given token rows' lines with the JSON reader, dropping malformed ones.
 
-    ``exact`` takes every line from ``text`` rather than re-joining its tokens.
+    A dropped line is counted in the stats of its own file.
     """
-    lines, seqs = _fallback_lines(text, rows, seq0, exact)
+    rows = rows.sort("src", "seq")
+    lines = _fallback_lines(segments, rows)
+    keys = list(zip(rows["src"].to_list(), rows["seq"].to_list(), strict=True))
+    stats = {s.src: s.stats for s in segments}
     # DFTracer 1.x lines may end with "," (elements of one JSON array)
     lines = [ln.rstrip().rstrip(b",") for ln in lines]
     frames: list[pl.DataFrame] = []
     for i in range(0, len(lines), _JSON_BATCH):
-        frames.extend(_json_bisect(lines[i:i + _JSON_BATCH], seqs[i:i + _JSON_BATCH], stats))
+        frames.extend(_json_bisect(lines[i:i + _JSON_BATCH], keys[i:i + _JSON_BATCH], stats))
     return _concat(frames)
 
 
-def _json_bisect(lines: list[bytes], seqs: list[int], stats: _Stats) -> list[pl.DataFrame]:
-    """Parse lines as NDJSON; on failure split in halves until the bad lines are isolated."""
+def _json_bisect(lines: list[bytes], keys: list[tuple[int, int]],
+                 stats: dict[int, _Stats]) -> list[pl.DataFrame]:
+    """Parse lines as NDJSON; on failure split in halves until the bad lines are isolated.
+
+    ``keys`` are the lines' (src, seq).
+    """
     if not lines:
         return []
     try:
@@ -666,23 +892,28 @@ def _json_bisect(lines: list[bytes], seqs: list[int], stats: _Stats) -> list[pl.
     except Exception:  # noqa: BLE001 - polars raises several exception types for bad JSON
         df = None
     if df is not None and df.height == len(lines):
-        return [_json_to_raw(df, seqs)]
+        return [_json_to_raw(df, keys)]
     if len(lines) == 1:
         if lines[0].strip():
-            if not stats.dropped_lines or not any("malformed" in p for p in stats.problems):
-                stats.problems.append("dropped malformed JSON line(s)")
-            stats.drop(1, len(lines[0]) + 1)
+            st = stats[keys[0][0]]
+            if not st.dropped_lines or not any("malformed" in p for p in st.problems):
+                st.problems.append("dropped malformed JSON line(s)")
+            st.drop(1, len(lines[0]) + 1)
         return []
     mid = len(lines) // 2
-    return _json_bisect(lines[:mid], seqs[:mid], stats) + _json_bisect(lines[mid:], seqs[mid:], stats)
+    return (_json_bisect(lines[:mid], keys[:mid], stats)
+            + _json_bisect(lines[mid:], keys[mid:], stats))
 
 
-def _json_to_raw(df: pl.DataFrame, seqs: list[int]) -> pl.DataFrame:
+def _json_to_raw(df: pl.DataFrame, keys: list[tuple[int, int]]) -> pl.DataFrame:
     """Cast the all-text JSON frame to RAW_SCHEMA."""
-    exprs: list[pl.Expr] = [pl.lit(pl.Series("seq", seqs, dtype=pl.Int64))]
+    srcs, seqs = zip(*keys, strict=True)
+    exprs: list[pl.Expr] = [pl.lit(pl.Series("src", srcs, dtype=_SRC)),
+                            pl.lit(pl.Series("seq", seqs, dtype=pl.Int64))]
     exprs += [_cast_loose(pl.col(k), dt).alias(k) for k, dt in _TOP_FIELDS.items()]
     exprs += [_cast_loose(pl.col("args").struct.field(k), dt).alias(col)
               for k, (col, dt) in _ARG_FIELDS.items()]
+    exprs.append(pl.col("name").replace_strict(_OP_CODE, default=0, return_dtype=pl.Int8).alias("op"))
     return df.select(exprs)
 
 
@@ -697,38 +928,27 @@ def _cast_loose(e: pl.Expr, dt: pl.DataType) -> pl.Expr:
 
 
 # =======================================================================================
-# Resolution across files and the final event table
+# Stage 2: TraceParts -> the event table
 
 
-# =======================================================================================
-# Per-file stage (runs in the file's thread): time unit, process info, sizes, offsets
+def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:
+    """Combine the :class:`TracePart` s of one run: (event table, per-file reports).
 
-
-def _per_file(ev: pl.DataFrame, meta: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Add what one trace file determines on its own; also return its process table.
-
-    ``ppid_``/``host`` (the process's ``start``/``HH`` records are in its own file),
-    ``__op`` (operation class), ``size``/``size_requested`` and ``offset`` (a file
-    position is per process). ts/dur are converted to µs first.
+    ``names[src]`` is the ``source`` of file ``src`` (its basename); every file of the run
+    must be in exactly one part. This resolves what needs more than one line or file:
+    the time unit per file (``CM``), each process's ppid and host (``start``/``HH`` in
+    its own file), sizes, offsets reconstructed per (file, pid, POSIX or STDIO, file
+    hash) stream, and ``FH`` paths across all files. Returns the
+    :data:`~dlreplay.schema.EVENT_SCHEMA` table sorted by (``ts``, file, line) and the
+    reports in ``src`` order with their event counts. The result does not depend on how
+    the files were split into parts, nor on the parts' order.
     """
-    if ev.height == 0:
-        empty = pl.DataFrame(schema={"pid": pl.Int64, "ppid": pl.Int64, "cwdhash": pl.String, "host": pl.String})
-        return ev.with_columns(
-            pl.lit(None, dtype=pl.Int64).alias("ppid_"), pl.lit(None, dtype=pl.String).alias("host"),
-            pl.lit(0, dtype=pl.Int8).alias("__op"), pl.lit(None, dtype=pl.Int64).alias("size"),
-            pl.lit(None, dtype=pl.Int64).alias("size_requested"), pl.lit(None, dtype=pl.Int64).alias("offset"),
-        ), empty
-    ev = _apply_time_metric(ev, meta)
-    procs = _process_table(ev, meta)
-    pidx = _lookup(pl.col("pid"), procs["pid"], range(procs.height), pl.UInt32)
-    ev = ev.with_columns(
-        pidx.alias("__p"),
-        pl.col("name").replace_strict(_OP_CODE, default=0, return_dtype=pl.Int8).alias("__op"),
-    ).with_columns(
-        pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid_"),
-        pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
-    )
-    return _offsets(_sizes(ev)), procs
+    ev = _concat([p.events for p in parts])
+    meta = _concat([p.meta for p in parts])
+    reports = dict(f for p in parts for f in p.files)
+    counts = dict(ev.group_by("src").len().iter_rows()) if ev.height else {}
+    files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
+    return _build_events(ev, meta, names), files
 
 
 def _lookup(key: pl.Expr, keys, values, dtype) -> pl.Expr:
@@ -740,65 +960,80 @@ def _lookup(key: pl.Expr, keys, values, dtype) -> pl.Expr:
     return key.replace_strict(keys, values, default=None, return_dtype=dtype)
 
 
-def _hash_map(meta: pl.DataFrame, kind: str) -> pl.DataFrame:
-    """(hash, name, src, pid) of ``FH`` or ``HH`` records, one per hash (first seen)."""
+def _hash_map(meta: pl.DataFrame, kind: str, by: Sequence[str] = ()) -> pl.DataFrame:
+    """(*by, hash, name, src, pid) of ``FH`` or ``HH`` records, one per (*by, hash): the
+    first in (file, line) order (``meta`` is sorted so)."""
     return (
         meta.filter((pl.col("name") == kind) & pl.col("a_value").is_not_null())
         .select(pl.col("a_value").alias("hash"), pl.col("a_name").alias("name"), "src", "pid")
-        .unique(subset="hash", keep="first", maintain_order=True)
+        .unique(subset=[*by, "hash"], keep="first", maintain_order=True)
     )
 
 
-def _process_table(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
-    """Per pid of one file: ppid, host (HH-resolved host hash), cwd hash (``start`` record)."""
+def _process_keys(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.Expr]:
+    """The (src, pid) pairs of ``ev`` (in no particular order) and an expression mapping each
+    row of ``ev`` to its pair's index (UInt32)."""
+    pmin, pmax = _int_stat(ev["pid"].min()), _int_stat(ev["pid"].max())
+    if pmin is not None and pmax is not None and 0 <= pmin and pmax < (1 << 32):
+        packed = pl.col("src").cast(pl.Int64) * (1 << 32) + pl.col("pid")
+        keys = ev.select(packed.unique().alias("__k"))["__k"]
+        every = pl.DataFrame({"src": (keys // (1 << 32)).cast(_SRC), "pid": keys % (1 << 32)})
+        return every, _lookup(packed, keys, range(keys.len()), pl.UInt32)
+    every = ev.select("src", "pid").unique()  # pids beyond 32 bits (or none): a struct key
+    idx = pl.struct("src", "pid").replace_strict(every.to_struct().to_list(), range(every.height),
+                                                 default=None, return_dtype=pl.UInt32)
+    return every, idx
+
+
+def _process_table(every: pl.DataFrame, ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
+    """Per (src, pid) of ``every`` (same order): ppid, cwd hash (``start`` record), host
+    (HH-resolved host hash).
+
+    Everything comes from the process's own trace file; "first" is in line order.
+    """
+    key = ["src", "pid"]
     starts = (
-        ev.filter(pl.col("name") == "start")
-        .filter(pl.col("cat") == "dftracer")
-        .group_by("pid")
+        ev.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer"))
+        .sort("src", "seq")
+        .group_by(key, maintain_order=True)
         .agg(pl.col("ppid").drop_nulls().first(), pl.col("cwd").drop_nulls().first().alias("cwdhash"),
              pl.col("hhash").drop_nulls().first().alias("h1"))
     )
-    cols = ["pid", "hhash"]
-    hosts = (
-        pl.concat([meta.select(cols), ev.filter(pl.col("hhash").is_not_null()).select(cols)])
-        .filter(pl.col("hhash").is_not_null())
-        .group_by("pid")
+    cols = ["src", "pid", "hhash"]
+    hosts = (  # metadata records first, then events, each in line order
+        pl.concat([meta.filter(pl.col("hhash").is_not_null()).select(cols),
+                   ev.filter(pl.col("hhash").is_not_null()).sort("src", "seq").select(cols)])
+        .group_by(key, maintain_order=True)
         .agg(pl.col("hhash").first().alias("h2"))
     )
-    hh = _hash_map(meta, "HH")
-    every = ev.select(pl.col("pid").unique())
-    table = every.join(starts, on="pid", how="left").join(hosts, on="pid", how="left")
-    hhash = pl.coalesce("h1", "h2")
-    return table.select(
-        "pid", "ppid", "cwdhash",
-        pl.coalesce(_lookup(hhash, hh["hash"], hh["name"], pl.String), hhash).alias("host"),
+    hh = _hash_map(meta, "HH", ["src"]).select("src", "hash", pl.col("name").alias("__hname"))
+    table = (
+        every.join(starts, on=key, how="left", maintain_order="left")
+        .join(hosts, on=key, how="left", maintain_order="left")
+        .with_columns(pl.coalesce("h1", "h2").alias("__hhash"))
+        .join(hh, left_on=["src", "__hhash"], right_on=["src", "hash"], how="left", maintain_order="left")
     )
+    return table.select("src", "pid", "ppid", "cwdhash", pl.coalesce("__hname", "__hhash").alias("host"))
 
 
 def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
-    """Convert ts/dur to µs when the file's ``CM`` time_metric is not ``US``."""
-    cm = meta.filter((pl.col("name") == "CM") & (pl.col("a_name") == "time_metric"))
-    if cm.height == 0:
+    """Convert ts/dur to µs in files whose (first) ``CM`` time_metric is not ``US``."""
+    cm = (
+        meta.filter((pl.col("name") == "CM") & (pl.col("a_name") == "time_metric"))
+        .group_by("src", maintain_order=True).agg(pl.col("a_value").first())
+    )
+    factors = {src: _TIME_SCALE.get((unit or "US").upper(), 1.0) for src, unit in cm.iter_rows()}
+    scaled = {src: f for src, f in factors.items() if f != 1.0}
+    if not scaled:
         return ev
-    factor = _TIME_SCALE.get((cm["a_value"][0] or "US").upper(), 1.0)
-    if factor == 1.0:
-        return ev
+    factor = pl.col("src").replace_strict(list(scaled), list(scaled.values()), default=None,
+                                          return_dtype=pl.Float64)
     return ev.with_columns(
-        (pl.col("ts") * factor).round().cast(pl.Int64),
-        (pl.col("dur") * factor).round().cast(pl.Int64),
+        pl.when(factor.is_not_null()).then((pl.col(c) * factor).round().cast(pl.Int64)).otherwise(pl.col(c)).alias(c)
+        for c in ("ts", "dur")
     )
 
 
-_OPEN, _LSEEK, _FSEEK, _FTELL, _REWIND, _CLOSE, _XFER, _SXFER, _PXFER = range(1, 10)
-_POSITIONAL = ("pread", "pread64", "pwrite", "pwrite64", "preadv", "preadv2", "pwritev", "pwritev2")
-#: Operation class per name: what an event does to the file position.
-_OP_CODE: dict[str, int] = {
-    **{n: _OPEN for n in OPEN_OPS}, "lseek": _LSEEK, "lseek64": _LSEEK,
-    "fseek": _FSEEK, "fseeko": _FSEEK, "fseeko64": _FSEEK, "ftell": _FTELL, "rewind": _REWIND,
-    **{n: _CLOSE for n in CLOSE_OPS},
-    **{n: _XFER for n in READ_OPS + WRITE_OPS if n not in _POSITIONAL},
-    "fread": _SXFER, "fwrite": _SXFER, **{n: _PXFER for n in _POSITIONAL},
-}
 _O_APPEND = 0o2000
 _SEEK_SET, _SEEK_CUR = 0, 1
 
@@ -808,7 +1043,7 @@ def _sizes(ev: pl.DataFrame) -> pl.DataFrame:
 
     fread/fwrite return items, so bytes = items x item size (their ``size`` argument).
     """
-    op = pl.col("__op")
+    op = pl.col("op")
     is_xfer = op >= _XFER
     item = pl.when(op == _SXFER).then(pl.col("isize").fill_null(1)).otherwise(1)
     size = (
@@ -827,7 +1062,7 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     it; rewind sets 0; close makes it unknown. Stream reads/writes advance it by the bytes
     transferred, fseek(SEEK_CUR) by its offset. A failed call (ret < 0) changes nothing.
     """
-    op, ret = pl.col("__op"), pl.col("ret")
+    op, ret = pl.col("op"), pl.col("ret")
     ok = ret.is_null() | (ret >= 0)
     appending = ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) | pl.col("mode").str.starts_with("a").fill_null(False)
     is_cur = (pl.col("whence") == _SEEK_CUR).fill_null(False)
@@ -851,20 +1086,37 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     return reset.fill_null(False), base, advance
 
 
-def _order_key(ev: pl.DataFrame, extra: list[str]) -> tuple[list[pl.Expr], list[str]]:
-    """Sort expressions for (ts, *extra ints, seq): one packed Int64 when the bits fit."""
+def _output_order(ev: pl.DataFrame) -> np.ndarray:
+    """Row indices of ``ev`` in output order: by ``ts`` (null last), then ``src``, then ``seq``.
+
+    (src, seq) is unique per row. When (ts, src, seq) packs into 63 bits, the packed
+    keys are sorted as values (SIMD-sorted by numpy, much faster than an argsort) and
+    the rows recovered from (src, seq); otherwise a three-key argsort.
+    """
+    n = ev.height
     tmin, tmax = _int_stat(ev["ts"].min()), _int_stat(ev["ts"].max())
-    if tmin is None or tmax is None:
-        return [pl.col("seq")], ["seq"]
-    bits = [max(_int_stat(ev[c].max()) or 0, 1).bit_length() for c in extra]
-    b_seq = max(_int_stat(ev["seq"].max()) or 0, 1).bit_length()
-    if (tmax - tmin + 1).bit_length() + sum(bits) + b_seq <= 62:
-        key = (pl.col("ts").fill_null(tmax + 1) - tmin).cast(pl.Int64)
-        for c, b in zip(extra, bits, strict=True):
-            key = key * (1 << b) + pl.col(c).cast(pl.Int64)
-        return [(key * (1 << b_seq) + pl.col("seq")).alias("__key")], ["__key"]
-    return [pl.col("ts").fill_null(tmax + 1).alias("__ts"), *map(pl.col, extra), pl.col("seq")], \
-        ["__ts", *extra, "seq"]
+    per_src = ev.group_by("src").agg(pl.col("seq").max().alias("m")).sort("src")
+    smax = _int_stat(per_src["src"].max()) or 0
+    b_src = max(smax, 1).bit_length()
+    b_seq = max(_int_stat(per_src["m"].max()) or 0, 1).bit_length()
+    span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
+    slots = int((per_src["m"] + 1).sum())  # the (src, seq) table below: about one per line
+    if span.bit_length() + b_src + b_seq > _PACK_BITS or slots > 4 * n + 1024:
+        order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
+        return order.to_series().to_numpy().astype(np.int64)
+    ts = ev["ts"].fill_null((tmax + 1) if tmax is not None else 0).to_numpy()
+    src = ev["src"].to_numpy().astype(np.int64)
+    seq = ev["seq"].to_numpy()
+    key = ((ts - (tmin or 0)) << (b_src + b_seq)) | (src << b_seq) | seq
+    key.sort()
+    # row of every (src, seq): a dense table, one slot per line of every file
+    base = np.zeros(smax + 2, dtype=np.int64)
+    base[per_src["src"].to_numpy().astype(np.int64) + 1] = per_src["m"].to_numpy() + 1
+    base = np.cumsum(base)
+    slot = np.full(int(base[-1]), -1, dtype=np.int64)
+    slot[base[src] + seq] = np.arange(n, dtype=np.int64)
+    mask = (1 << b_seq) - 1
+    return slot[base[(key >> b_seq) & ((1 << b_src) - 1)] + (key & mask)]
 
 
 def _int_stat(value: object) -> int | None:
@@ -872,83 +1124,143 @@ def _int_stat(value: object) -> int | None:
     return None if value is None else int(cast(int, value))
 
 
-def _offsets(ev: pl.DataFrame) -> pl.DataFrame:
-    """Add ``offset``: given for pread/pwrite, reconstructed for stream reads and writes.
+def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
+    """Offsets in output order (``rank[row]`` is the output position of ``ev``'s row):
+    given for pread/pwrite, reconstructed for stream reads and writes.
 
-    Rows of one (pid, POSIX or STDIO, file hash) of one trace file in (ts, line) order
-    form a stream; a reset or the stream start begins a segment; within a segment the
-    offset of a transfer is the segment's base plus the bytes advanced before it
-    (exclusive running sum). A segment with an unknown base yields null offsets.
+    Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
+    stream; a reset or the stream start begins a segment; within a segment the offset of
+    a transfer is the segment's base plus the bytes advanced before it (exclusive running
+    sum). A segment with an unknown base yields null offsets. ``ev`` has ``__p`` and
+    ``__f`` (process and file-hash indices). The scan is a few vectorised
+    numpy passes over the I/O rows sorted by (stream, output position).
     """
+    n = ev.height
     reset, base, advance = _position_rules()
     io = pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO"))
+    nfiles = (_int_stat(ev["__f"].max()) or 0) + 1
+    stream = (pl.col("__p").cast(pl.Int64) * 2 + (pl.col("cat") == "STDIO").cast(pl.Int64)) * nfiles \
+        + pl.col("__f").cast(pl.Int64)
     narrow = ev.lazy().with_row_index("__row").filter(io).select(
-        "__row", "ts", "seq", pl.struct("pid", pl.col("cat") == "STDIO", "fhash").hash().alias("__g"),
-        reset.alias("__reset"), base.alias("__base"), advance.alias("__adv"),
-        pl.col("__op").is_in((_XFER, _SXFER)).alias("__stream"),
+        "__row", stream.alias("g"), reset.alias("reset"),
+        # a negative base (or none) is an unknown position
+        base.fill_null(-1).alias("base"), advance.alias("adv"),
+        pl.col("op").is_in((_XFER, _SXFER)).alias("xfer"),
     ).collect()
-    offset = pl.Series("offset", [], dtype=pl.Int64).extend_constant(None, ev.height)
+    values = np.zeros(n, dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    # pread/pwrite: the offset argument
+    given = ev.lazy().with_row_index("__row").filter((pl.col("op") == _PXFER) & pl.col("aoffset").is_not_null()) \
+        .select("__row", "aoffset").collect()
+    if given.height:
+        at = rank[given["__row"].to_numpy()]
+        values[at] = given["aoffset"].to_numpy()
+        valid[at] = True
     if narrow.height:
-        keys, by = _order_key(narrow.select("ts", "seq"), [])
-        # streams (64-bit hash of their key), each in time order: a time sort, then a
-        # stable sort by stream (two one-key sorts beat one multi-key sort)
-        narrow = narrow.with_columns(keys).sort(by).sort("__g", maintain_order=True)
-        recon = (
-            narrow.lazy()
-            .with_columns(
-                (pl.col("__reset") | (pl.col("__g") != pl.col("__g").shift(1)).fill_null(True)).alias("__break"),
-                (pl.col("__adv").cum_sum() - pl.col("__adv")).alias("__cs"),
-            )
-            .with_columns(
-                pl.when("__break").then("__cs").forward_fill().alias("__cs0"),
-                # -1 marks an unknown base so forward_fill never carries a base across a break
-                pl.when("__break").then(pl.when("__reset").then("__base").fill_null(-1)).forward_fill().alias("__b"),
-            )
-            .filter(pl.col("__stream"))
-            .select("__row", pl.when(pl.col("__b") >= 0).then(pl.col("__b") + pl.col("__cs") - pl.col("__cs0")).alias("o"))
-            .collect()
-        )
-        if recon.height:
-            offset = offset.scatter(recon["__row"], recon["o"])
-    positional = pl.when(pl.col("__op") == _PXFER).then(pl.col("aoffset"))
-    return ev.with_columns(offset).with_columns(pl.coalesce(positional, pl.col("offset")).alias("offset"))
+        _stream_offsets(narrow, rank, values, valid)
+    return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
 
 
-# =======================================================================================
-# Global stage: file paths across all files of the run, time order, final table
+def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
+    """Fill ``values``/``valid`` (output order) with the reconstructed offsets of the
+    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`)."""
+    n, m = len(rank), narrow.height
+    pos = rank[narrow["__row"].to_numpy()]
+    g = narrow["g"].to_numpy()
+    # streams, each in output (time) order
+    b_pos = max(n, 1).bit_length()
+    if (int(g.max()) + 1).bit_length() + b_pos <= _PACK_BITS:
+        key = (g << b_pos) | pos
+        key.sort()
+        at = np.full(n, -1, dtype=np.int64)
+        at[pos] = np.arange(m, dtype=np.int64)
+        idx = at[key & ((1 << b_pos) - 1)]
+    else:
+        idx = np.lexsort((pos, g))
+    g, pos = g[idx], pos[idx]
+    reset_ = narrow["reset"].to_numpy()[idx]
+    adv = narrow["adv"].to_numpy()[idx]
+    brk = reset_.copy()
+    brk[0] = True
+    brk[1:] |= g[1:] != g[:-1]
+    cs = np.cumsum(adv) - adv  # bytes advanced before each row
+    last = np.maximum.accumulate(np.where(brk, np.arange(m), 0))  # the row's segment start
+    seg_base = np.where(reset_, narrow["base"].to_numpy()[idx], -1)[last]
+    known = narrow["xfer"].to_numpy()[idx] & (seg_base >= 0)
+    values[pos[known]] = (seg_base + cs - cs[last])[known]
+    valid[pos[known]] = True
 
 
-def _build_events(results: list[_FileResult], names: list[str]) -> pl.DataFrame:
-    """Resolve file hashes over all files of the run and build the EVENT_SCHEMA table (by ts)."""
-    ev = _concat([r.events for r in results if r.events.height])
+def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) -> pl.DataFrame:
+    """The EVENT_SCHEMA table (by ts) from all raw event and metadata rows of a run.
+
+    Per-row work happens on the parsed rows as they are; the dense output columns are
+    then gathered once into (ts, file, line) order, the sparse ones (data-loader fields)
+    scattered there, and the strings that repeat (host, file, fhash, source) are taken
+    from small per-process and per-file tables.
+    """
     if ev.height == 0:
         return pl.DataFrame(schema=EVENT_SCHEMA)
-    meta = _concat([r.meta for r in results])
+    n = ev.height
+    meta = meta.sort("src", "seq")
+    ev = _apply_time_metric(ev, meta)
+    every, pidx = _process_keys(ev)
+    procs = _process_table(every, ev, meta)
     fh = _hash_map(meta, "FH")
     # working directory of every process (its start record's cwd hash, resolved by FH)
-    procs = pl.concat([r.procs for r in results]).with_columns(
+    procs = procs.with_columns(
         _lookup(pl.col("cwdhash"), fh["hash"], fh["name"], pl.String).alias("__cwd"))
     fh = fh.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left").select(
         "hash", _absolute(pl.col("name")).alias("path"))
-    files = ev.select(pl.col("fhash").drop_nulls().unique().alias("hash")).join(fh, on="hash", how="left")
-    fidx = _lookup(pl.col("fhash"), files["hash"], range(files.height), pl.UInt32)
-    ev = ev.with_columns(pl.lit(files["path"]).gather(fidx).alias("file"))
-    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
-    named = pl.col("file").is_null() & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
-    rows = ev.select(pl.arg_where(named)).to_series()
-    if rows.len():
-        sub = ev[rows].join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left")
-        paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
-        ev = ev.with_columns(ev["file"].scatter(rows, paths))
-    keys, _ = _order_key(ev.select("ts", "src", "seq"), ["src"])
-    order = ev.select(pl.arg_sort_by(keys) if len(keys) > 1 else keys[0].arg_sort()).to_series()
+    # every file hash of the run and its path; index nf stands for "no file hash"
+    files = ev.select(pl.col("fhash").drop_nulls().unique().alias("hash")).join(
+        fh, on="hash", how="left", maintain_order="left")
+    nf = files.height
+    files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)])
+    ev = _sizes(ev.with_columns(
+        pidx.alias("__p"),
+        _lookup(pl.col("fhash"), files["hash"][:nf], range(nf), pl.UInt32).fill_null(nf).alias("__f"),
+    ))
+    # the output order: (ts, file, line); rank[row] is the output position of a row
+    order = _output_order(ev)
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    offset = _offsets(ev, rank)
     out = ev.select(
-        "pid", "tid", pl.col("ppid_").alias("ppid"), "host", "ts", "dur", "cat", "name", "file",
-        "fhash", "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size",
-        pl.col("image_idx").alias("sample_index"), "src",
-    )[order]
-    out = out.with_columns(pl.lit(pl.Series(names, dtype=pl.String)).gather(pl.col("src")).alias("source"))
-    return out.drop("src").cast(pl.Schema(EVENT_SCHEMA))
+        "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
+    )[pl.Series(order)]
+    # data-loader fields: few rows have them
+    loader = [("epoch", "epoch"), ("step", "step"), ("batch_size", "batch_size"), ("image_idx", "sample_index")]
+    sparse = ev.lazy().with_row_index("__row").filter(
+        pl.any_horizontal(pl.col(c).is_not_null() for c, _ in loader)
+    ).select("__row", *(c for c, _ in loader)).collect()
+    at = pl.Series(rank[sparse["__row"].to_numpy()])
+    out = out.with_columns(
+        pl.Series(name, [], dtype=pl.Int64).extend_constant(None, n).scatter(at, sparse[c])
+        for c, name in loader
+    )
+    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
+    no_path = files.with_row_index("__i").filter(pl.col("path").is_null())["__i"]
+    named = ev.lazy().with_row_index("__row").filter(
+        pl.col("__f").is_in(no_path.implode()) & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
+    ).select("__row", "src", "pid", "path", "fname").collect()
+    file = pl.lit(files["path"]).gather(pl.col("__f"))
+    if named.height:
+        sub = named.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
+                         maintain_order="left")
+        paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
+        file = pl.lit(out.select(file).to_series().scatter(rank[named["__row"].to_numpy()], paths))
+    source = pl.Series(names, dtype=pl.String).gather(procs["src"])
+    out = out.select(
+        "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
+        pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
+        "ts", "dur", "cat", "name", file.alias("file"),
+        pl.lit(files["hash"]).gather(pl.col("__f")).alias("fhash"),
+        "size_requested", "size", pl.lit(offset).alias("offset"),
+        "ret", "epoch", "step", "batch_size", "sample_index",
+        pl.lit(source).gather(pl.col("__p")).alias("source"),
+    )
+    return out.cast(pl.Schema(EVENT_SCHEMA))
 
 
 def _absolute(path: pl.Expr) -> pl.Expr:

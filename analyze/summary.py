@@ -42,6 +42,8 @@ HISTOGRAM_BUCKETS: tuple[tuple[str, int | None], ...] = (
     ("1G+", None),
 )
 TOP_FILES = 10
+_READ, _WRITE = 1, 2
+_RW_CLASS = {**{n: _READ for n in READ_OPS}, **{n: _WRITE for n in WRITE_OPS}}
 
 
 @dataclass(frozen=True)
@@ -126,22 +128,27 @@ def summarize(events: pl.DataFrame, data_dirs: Iterable[str] | None = None) -> S
     files = classify_files(events, dirs or None, per_process=per_process)
     name, cat = pl.col("name"), pl.col("cat")
     ev = events.lazy()
-    totals = ev.select(
-        pl.len().alias("events"),
-        pl.col("ts").min().alias("t0"),
-        (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
-        pl.col("epoch").n_unique().alias("epoch_values"),
-        pl.col("epoch").null_count().alias("epoch_nulls"),
-    ).collect().row(0, named=True)
-    threads = ev.group_by("host", "pid", "tid").len().collect()
-    ops = (
+    # four independent passes over the table, run together
+    rw = name.replace_strict(_RW_CLASS, default=0, return_dtype=pl.Int8)
+    totals_df, threads, ops, hist_df = pl.collect_all([
+        ev.select(
+            pl.len().alias("events"),
+            pl.col("ts").min().alias("t0"),
+            (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
+            pl.col("epoch").n_unique().alias("epoch_values"),
+            pl.col("epoch").null_count().alias("epoch_nulls"),
+        ),
+        ev.group_by("pid", "tid", "host").len(),
         ev.filter(cat != "dftracer")
         .group_by("cat", "name")
         .agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
              (pl.col("dur").sum() / 1e6).alias("time_s"))
-        .sort(["time_s", "count"], descending=True)
-        .collect()
-    )
+        .sort(["time_s", "count"], descending=True),
+        ev.select(rw.alias("__rw"), "size")
+        .filter((pl.col("__rw") > 0) & (pl.col("size") >= 0))
+        .group_by((pl.col("__rw") == _READ).alias("r"), _bucket(pl.col("size")).alias("b")).len(),
+    ])
+    totals = totals_df.row(0, named=True)
 
     def op_total(c: str, n: str, col: str = "count") -> int:
         hit = ops.filter((pl.col("cat") == c) & (pl.col("name") == n))[col]
@@ -150,13 +157,7 @@ def summarize(events: pl.DataFrame, data_dirs: Iterable[str] | None = None) -> S
     dataset = files.filter(pl.col("role") == "dataset")["file"]
     ds = per_process.filter(pl.col("file").is_in(dataset.implode()))
     per_pid = ds.group_by("pid").agg(pl.col("rb").sum()).sort("pid")
-    is_read, is_write = name.is_in(READ_OPS), name.is_in(WRITE_OPS)
-    hist = {
-        (r, b): n for r, b, n in
-        ev.filter((is_read | is_write) & (pl.col("size") >= 0))
-        .group_by(is_read.alias("r"), _bucket(pl.col("size")).alias("b")).len()
-        .collect().iter_rows()
-    }
+    hist = {(r, b): n for r, b, n in hist_df.iter_rows()}
     in_ops = ops.filter(name.is_in(READ_OPS + WRITE_OPS))
     bytes_read = int(in_ops.filter(name.is_in(READ_OPS))["bytes"].sum() or 0)
     bytes_written = int(in_ops.filter(name.is_in(WRITE_OPS))["bytes"].sum() or 0)

@@ -9,7 +9,9 @@ DFTracer 2.x layout of the real samples (``FH``/``HH``/``CM``/``thread_name`` me
 way DFTracer flushes its write buffer.
 
 Then it measures, in one run: the wall time of ``gzip -dc FILES > /dev/null`` and of
-``load()`` + ``summarize()``, and prints events, both rates (events/s) and their ratio.
+``load()`` + ``summarize()`` (runs interleaved, so both sides see the same machine load),
+and prints events, both rates (events/s; best and median run), their ratio, the CPU time
+of each side and the peak RSS of the loading process.
 
     python benchmarks/ingest.py [--dir bench-data/ingest] [--events 2200000]
 """
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="bench-data/ingest", help="cache directory for the trace")
     ap.add_argument("--events", type=int, default=2_200_000, help="events to generate (>= 2M)")
     ap.add_argument("--rebuild", action="store_true", help="regenerate even if cached")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each side (best is kept)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each side (best and median shown)")
     args = ap.parse_args(argv)
 
     out = Path(args.dir)
@@ -191,36 +194,40 @@ def main(argv: list[str] | None = None) -> int:
 
     from dlreplay.analyze import load, summarize
 
-    gz_best = ld_best = float("inf")
-    gz_cpu = ld_cpu = 0.0
+    gz: list[tuple[float, float]] = []  # (wall, cpu) per run
+    ld: list[tuple[float, float]] = []
+    ld_only: list[float] = []
     n_events = 0
-    ld_only = float("inf")
     for _ in range(args.repeat):
         c0, t0 = _cpu(), time.perf_counter()
         with open(os.devnull, "wb") as null:
             subprocess.run(["gzip", "-dc", *map(str, files)], stdout=null, check=True)
-        t = time.perf_counter() - t0
-        if t < gz_best:
-            gz_best, gz_cpu = t, _cpu() - c0
+        gz.append((time.perf_counter() - t0, _cpu() - c0))
         c0, t0 = _cpu(), time.perf_counter()
         ev = load(out)
-        t_load = time.perf_counter() - t0
+        ld_only.append(time.perf_counter() - t0)
         summarize(ev)
-        t = time.perf_counter() - t0
+        ld.append((time.perf_counter() - t0, _cpu() - c0))
         n_events = ev.height
         del ev
-        ld_only = min(ld_only, t_load)
-        if t < ld_best:
-            ld_best, ld_cpu = t, _cpu() - c0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
-    gz_rate = n_events / gz_best
-    ld_rate = n_events / ld_best
-    print(f"trace: {len(files)} files, {stored / 1e6:.1f} MB stored, {n_events:,} events")
-    print(f"gzip -dc          : {gz_best:6.2f} s wall ({gz_cpu:5.2f} s cpu)  {gz_rate / 1e6:6.2f} M events/s")
-    print(f"load()            : {ld_only:6.2f} s wall                   {n_events / ld_only / 1e6:6.2f} M events/s")
-    print(f"load()+summarize(): {ld_best:6.2f} s wall ({ld_cpu:5.2f} s cpu)  {ld_rate / 1e6:6.2f} M events/s")
-    print(f"ratio load+summarize / gzip (events/s): {ld_rate / gz_rate:.2f}  "
-          f"(load only: {(n_events / ld_only) / gz_rate:.2f})")
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    gz_best, gz_med = min(w for w, _ in gz), med([w for w, _ in gz])
+    ld_best, ld_med = min(w for w, _ in ld), med([w for w, _ in ld])
+    print(f"trace: {len(files)} files, {stored / 1e6:.1f} MB stored, {n_events:,} events; "
+          f"{args.repeat} runs of each side, interleaved (best / median)")
+    print(f"gzip -dc          : {gz_best:6.2f} / {gz_med:6.2f} s wall ({med([c for _, c in gz]):5.2f} s cpu)  "
+          f"{n_events / gz_best / 1e6:5.2f} / {n_events / gz_med / 1e6:5.2f} M events/s")
+    print(f"load()            : {min(ld_only):6.2f} / {med(ld_only):6.2f} s wall                 "
+          f"{n_events / min(ld_only) / 1e6:5.2f} / {n_events / med(ld_only) / 1e6:5.2f} M events/s")
+    print(f"load()+summarize(): {ld_best:6.2f} / {ld_med:6.2f} s wall ({med([c for _, c in ld]):5.2f} s cpu)  "
+          f"{n_events / ld_best / 1e6:5.2f} / {n_events / ld_med / 1e6:5.2f} M events/s")
+    print(f"ratio load+summarize / gzip (events/s): best {gz_best / ld_best:.2f}, median {gz_med / ld_med:.2f}  "
+          f"(load only: {gz_best / min(ld_only):.2f} / {gz_med / med(ld_only):.2f})")
+    print(f"peak RSS of this process (load+summarize): {peak:,.0f} MB")
     return 0
 
 

@@ -5,6 +5,11 @@ writing leaves a truncated last member. :func:`decoded_pieces` yields everything
 decodable (inside a corrupt member too, up to the bad byte), resynchronises on the
 next gzip member header, and counts what it had to drop. The trace loader
 (:mod:`dlreplay.analyze.load`) and capture's event counts both read through it.
+
+Intact members are inflated with ISA-L (``isal``) when it is installed, which is about
+twice as fast as :mod:`zlib` here; a member that does not decode cleanly that way is
+decoded again with :mod:`zlib`, so what is salvaged and counted never depends on which
+library is installed. Both release the GIL: files decode in parallel threads.
 """
 
 from __future__ import annotations
@@ -16,6 +21,21 @@ from pathlib import Path
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 _FEED_BYTES = 1 << 20  # compressed bytes fed to zlib at a time
+#: Decoded bytes of one member kept back on the fast path (the member is yielded only
+#: once it decoded cleanly); a larger member is decoded with zlib, streaming.
+_FAST_MEMBER_LIMIT = 64 << 20
+
+
+def _fast_inflate():
+    """The zlib-compatible module used for intact members: ISA-L, else zlib."""
+    try:
+        from isal import isal_zlib
+    except ImportError:  # optional speed-up
+        return zlib
+    return isal_zlib
+
+
+_FAST = _fast_inflate()
 
 
 @dataclass
@@ -55,6 +75,13 @@ def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, boo
             continue
         stats.members += 1
         start = pos
+        if _FAST is not zlib:
+            fast = _fast_member(mv, pos)
+            if fast is not None:
+                pieces, pos = fast
+                for piece in pieces:
+                    yield piece, False
+                continue
         d = zlib.decompressobj(31)
         while True:
             chunk = mv[pos:pos + _FEED_BYTES]
@@ -87,6 +114,29 @@ def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, boo
                 break
             yield out, False
             pos += len(chunk)
+
+
+def _fast_member(mv: memoryview, pos: int) -> tuple[list[bytes], int] | None:
+    """Decode the member at ``pos`` with the fast library: (pieces, end offset), or None
+    when it is damaged, truncated or too large (the caller then decodes it with zlib)."""
+    d = _FAST.decompressobj(31)
+    pieces: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            chunk = mv[pos:pos + _FEED_BYTES]
+            if not chunk:
+                return None
+            out = d.decompress(chunk)
+            pieces.append(out)
+            size += len(out)
+            if d.eof:
+                return pieces, pos + len(chunk) - len(d.unused_data)
+            if size > _FAST_MEMBER_LIMIT:
+                return None
+            pos += len(chunk)
+    except Exception:  # noqa: BLE001 - isal raises its own error type; zlib decides what to salvage
+        return None
 
 
 def _salvage_chunk(before, chunk: memoryview) -> tuple[bytes, int]:

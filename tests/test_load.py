@@ -588,3 +588,113 @@ def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool
     assert got.select(want.columns).sort(want.columns).equals(want.sort(want.columns))
     sized = got.filter(pl.col("name").is_in(["read", "write", "pread64"]))
     assert sized["size"].to_list() == [r if r >= 0 else None for r in sized["ret"].to_list()]
+
+
+# ---------------------------------------------------------------------------------------
+# Parts: grouping files into parts (and batching small files into one parse) changes nothing
+
+
+def _many_small_files(d: Path) -> None:
+    """A job of many small per-process files, one truncated and one with malformed lines."""
+    d.mkdir()
+    rnd = random.Random(5)
+    procs = [Proc(pid=300 + k, ppid=300 if k else 1, ts=T0 + k) for k in range(24)]
+    for p in procs:
+        for s in range(rnd.randrange(5, 40)):
+            f = f"/data/set/f{rnd.randrange(9)}.bin"
+            p.open(f)
+            p.read(f, rnd.randrange(1, 5000))
+            p.lseek(f, rnd.randrange(0, 100))
+            p.read(f, 7)
+            p.close(f)
+            p.event("item", "data", {"image_idx": s, "epoch": 0}, typ=2)
+        p.finish()
+    for k, p in enumerate(procs):
+        lines = p.lines()
+        if k == 5:
+            lines.insert(7, BAD_LINES[0])
+            lines.insert(12, BAD_LINES[2])
+        path = write_gz(d / f"trace-{p.pid}.pfw.gz", lines, members=2)
+        if k == 9:
+            data = path.read_bytes()
+            path.write_bytes(data[:len(data) * 2 // 3])
+    (d / "empty.pfw").write_bytes(b"")
+
+
+def test_batched_small_files_match_one_by_one(tmp_path: Path, monkeypatch) -> None:
+    d = tmp_path / "many"
+    _many_small_files(d)
+    files = sorted(p for p in d.iterdir())
+    batched = load_trace(d, threads=1)
+    assert len(LOAD._groups(list(enumerate(files)), 1)) == 1  # all small: one part, one parse batch
+    monkeypatch.setattr(LOAD, "_GROUP_BYTES", 1)  # every file its own part
+    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 1)  # and every file its own parse batch
+    single = load_trace(d, threads=2)
+    assert batched.events.equals(single.events)
+    assert batched.files == single.files
+    # a damaged file in the batch reports exactly what it reports alone
+    for k, rep in enumerate(batched.files):
+        alone = load_trace(files[k]).files[0]
+        assert rep == alone, rep.name
+    reps = {r.name: r for r in batched.files}
+    assert reps["trace-305.pfw.gz"].dropped_lines == 2
+    assert reps["trace-309.pfw.gz"].damaged and any("truncated" in p for p in reps["trace-309.pfw.gz"].problems)
+    assert sum(r.dropped_lines for r in batched.files) == batched.dropped_lines == 2 + reps["trace-309.pfw.gz"].dropped_lines
+    assert not reps["empty.pfw"].damaged and reps["empty.pfw"].events == 0
+
+
+def test_parts_combine_in_any_grouping_and_order(tmp_path: Path) -> None:
+    d = tmp_path / "many"
+    _many_small_files(d)
+    jobs = list(enumerate(sorted(p for p in d.iterdir())))
+    names = [p.name for _, p in jobs]
+    whole = LOAD.combine_parts([LOAD.parse_part(jobs)], names)
+    rnd = random.Random(2)
+    shuffled = jobs[:]
+    rnd.shuffle(shuffled)
+    parts = [LOAD.parse_part(shuffled[i:i + 5]) for i in range(0, len(shuffled), 5)]
+    rnd.shuffle(parts)
+    events, reports = LOAD.combine_parts(parts, names)
+    assert events.equals(whole[0]) and reports == whole[1]
+    assert events.equals(load_trace(d).events)
+
+
+def test_layout_with_varying_names_in_one_group(tmp_path: Path, monkeypatch) -> None:
+    """Records without "id" put the name first; one layout group then holds several names."""
+    recs = []
+    ts = T0
+    for k in range(40):
+        for name, args in (("open64", {"ret": 3, "count": 0, "fhash": "0a"}),
+                           ("read", {"ret": 100 + k, "count": 4096, "fhash": "0a"}),
+                           ("read", {"ret": 7, "count": 4096, "fhash": "0a"}),
+                           ("close", {"ret": 0, "count": 0, "fhash": "0a"})):
+            recs.append(_line({"name": name, "cat": "POSIX", "pid": 8, "tid": 8, "ts": ts, "dur": 1, "ph": "X",
+                               "args": args}))
+            ts += 2
+    write_gz(tmp_path / "t.pfw.gz", recs)
+    monkeypatch.setattr(LOAD, "_MIN_GROUP", 1)
+    fast = load(tmp_path)
+    monkeypatch.setattr(LOAD, "_MIN_GROUP", 10**9)
+    slow = load(tmp_path)
+    assert fast.equals(slow)
+    reads = fast.filter(pl.col("name") == "read")
+    assert reads["offset"].to_list()[:4] == [0, 100, 0, 101]
+
+
+def test_unpacked_sort_paths_agree(tmp_path: Path, monkeypatch) -> None:
+    """Keys too wide to pack into one Int64 take the multi-key sorts: same table."""
+    d, _ = dataloader_job(tmp_path)
+    packed = load(d)
+    monkeypatch.setattr(LOAD, "_PACK_BITS", 0)
+    assert load(d).equals(packed)
+    monkeypatch.undo()
+    p = Proc(pid=400)
+    p.open("/d/far", ts=(1 << 61) - 5)
+    for k in range(30):  # a process whose clock is far off: a huge ts range
+        p.read("/d/far", k + 1, ts=(1 << 61) + k * 10)
+    p.finish()
+    write_gz(d / "trace-400.pfw.gz", p.lines())
+    wide = load(d)
+    assert wide["ts"].is_sorted() and wide.height == packed.height + 33
+    assert wide.filter(pl.col("pid") == 400, pl.col("name") == "read")["offset"].to_list() == \
+        [sum(range(1, k + 1)) for k in range(30)]
