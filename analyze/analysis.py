@@ -32,15 +32,25 @@ def analyze_trace(
     verify: bool = False,
     verify_dir: Path | None = None,
     verify_epochs: int | None = 4,
+    scheduler: str | None = None,
+    workers: int | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> Report:
     """Everything ``dlreplay analyze`` computes for ``trace`` (see the module doc).
 
     With ``verify``, the findings' model changes are replayed (:func:`.whatif.verify`)
-    in ``verify_dir`` (default: a temporary directory, removed afterwards).
+    in ``verify_dir`` (default: a temporary directory, removed afterwards). With
+    ``scheduler`` (a Dask ``tcp://host:port``) or ``workers`` (a LocalCluster of that
+    many processes), the trace is parsed on the cluster (:mod:`.distributed`).
     """
     thresholds, disabled = load_thresholds(config)
-    loaded = load_trace(trace)
+    if scheduler is not None or workers is not None:
+        from .distributed import cluster, load_trace_distributed
+
+        with cluster(scheduler, workers) as client:
+            loaded, _info = load_trace_distributed(trace, client, echo=echo)
+    else:
+        loaded = load_trace(trace)
     dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
     findings = find(c, thresholds, disabled)

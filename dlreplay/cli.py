@@ -122,10 +122,14 @@ def _print_capture_summary(result: Any) -> None:
               help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
 @click.option("--verify-epochs", type=click.IntRange(min=1), default=4, show_default=True,
               help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
+@click.option("--scheduler", metavar="ADDRESS", help="Parse the trace files on this Dask cluster (tcp://host:port); "
+              "the workers must see the trace path.")
+@click.option("--workers", type=click.IntRange(min=1), help="Parse the trace files on a local Dask cluster of N processes.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
 @handle_errors
 def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path: Path | None, config: Path | None,
-            verify: bool, verify_dir: Path | None, verify_epochs: int, force: bool) -> None:
+            verify: bool, verify_dir: Path | None, verify_epochs: int, scheduler: str | None, workers: int | None,
+            force: bool) -> None:
     """Characterise the trace at TRACE and diagnose its I/O bottlenecks.
 
     Prints duration, processes, a per-operation table (count, bytes, time), the top
@@ -142,7 +146,8 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
     say = (lambda s: click.echo(s, err=True)) if not as_json else None
     with _status(f"analysing {trace}"):
         report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
-                               verify_dir=verify_dir, verify_epochs=verify_epochs, echo=say)
+                               verify_dir=verify_dir, verify_epochs=verify_epochs, scheduler=scheduler,
+                               workers=workers, echo=say)
     if report_path is not None:
         with _status(f"writing {report_path}"):
             write_report(report, report_path)

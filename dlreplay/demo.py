@@ -56,9 +56,9 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
     from dlreplay.analyze import load_trace, render_text, summarize
     from dlreplay.analyze.analysis import analyze_trace, render_findings_text
     from dlreplay.analyze.compare import compare_traces, write_comparison_report
-    from dlreplay.analyze.report import write_report
     from dlreplay.analyze.distill import distill
     from dlreplay.analyze.perfetto import export_trace
+    from dlreplay.analyze.report import write_report
     from dlreplay.capture import CaptureConfig, run_capture
     from dlreplay.model import save_model, summarize_model
     from dlreplay.replay import ReplayConfig, render_result, run_replay
