@@ -233,15 +233,18 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
 
     interrupted = False
     proc: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []  # signals received while Popen was starting the job
 
     def forward(signum: int, frame: Any) -> None:
         nonlocal interrupted
         interrupted = True
-        if proc is not None:
-            try:
-                proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
+        if proc is None:
+            pending.append(signum)
+            return
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
     # Handlers first: a signal that arrives before the job starts stops the capture cleanly.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -250,6 +253,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         returncode = 128 + signal.SIGINT
         if not interrupted:
             proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+            for signum in pending:  # else the job would run to its end, ignoring that Ctrl-C
+                proc.send_signal(signum)
             while True:
                 try:
                     returncode = proc.wait()

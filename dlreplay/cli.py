@@ -12,22 +12,23 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from dlreplay import __version__
 from dlreplay.errors import DlreplayError
+from dlreplay.interrupt import INTERRUPT
 from dlreplay.units import human_bytes
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"dlreplay: error: {message}", err=True)
     sys.exit(code)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn dlreplay errors (and a few OS errors) into messages and exit codes."""
+    """Turn dlreplay errors (and a few OS errors, and Ctrl-C: exit 130) into messages and exit codes."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -39,6 +40,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(f"permission denied: {exc.filename or exc}", 1)
         except FileNotFoundError as exc:
             _fail(f"no such file or directory: {exc.filename or exc}", 1)
+        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            _fail("interrupted (Ctrl-C)", 130)
 
     return wrapper
 
@@ -55,6 +58,9 @@ def main() -> None:
     model    import/export DLIO workload configs, show or check a model
     demo     run the whole pipeline on a bundled example job
     """
+    # Ctrl-C raises KeyboardInterrupt as usual, and is also remembered: Python discards one
+    # raised inside a finalizer or at-fork callback, and replay/generate check the flag.
+    INTERRUPT.install("always")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -340,7 +346,11 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
     from dlreplay.replay import GenerateConfig, generate_dataset
 
     m = apply_overrides(load_model(model_file), overrides)
-    res = generate_dataset(GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force))
+    try:
+        res = generate_dataset(GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force))
+    except KeyboardInterrupt:
+        _fail(f"interrupted (Ctrl-C): {data_dir} holds a partial dataset (no complete manifest, so nothing "
+              f"will use it); rerun the same command to resume", 130)
     click.echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
                f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)")
     for w in res.warnings:
