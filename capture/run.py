@@ -61,6 +61,7 @@ class CaptureResult:
     status: str  # complete | failed | interrupted
     wall_time_s: float
     files: list[dict[str, Any]] = field(default_factory=list)
+    killed_by_signal: int | None = None
 
     @property
     def events(self) -> int:
@@ -135,7 +136,11 @@ def _prepare_out_dir(out: Path, force: bool) -> None:
         for child in out.iterdir():
             if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
                 child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CaptureError(f"{out}: cannot create the trace directory ({exc.strerror or exc}); "
+                           f"choose another --out.") from None
 
 
 def _versions() -> dict[str, str | None]:
@@ -300,7 +305,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         }
     )
     _write_json_atomic(manifest_path, manifest)
-    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files)
+    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
+                         killed_by_signal=killed_by)
 
 
 def read_manifest(trace_dir: Path) -> dict[str, Any] | None:

@@ -40,6 +40,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(f"permission denied: {exc.filename or exc}", 1)
         except FileNotFoundError as exc:
             _fail(f"no such file or directory: {exc.filename or exc}", 1)
+        except OSError as exc:  # read-only file system, disk full, ... : name the file, not a traceback
+            where = f"{exc.filename}: " if exc.filename else ""
+            _fail(f"{where}{exc.strerror or exc}", 1)
         except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
             _fail("interrupted (Ctrl-C)", 130)
 
@@ -97,7 +100,10 @@ def _print_capture_summary(result: Any) -> None:
     from dlreplay.analyze import load_trace, summarize
 
     click.echo("", err=True)
-    click.echo(f"dlreplay: capture {result.status} (exit code {result.exit_code}) in {result.wall_time_s:.1f} s", err=True)
+    how = f"exit code {result.exit_code}"
+    if result.killed_by_signal:
+        how += f", killed by {_signal_name(result.killed_by_signal)}"
+    click.echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
     try:
         loaded = load_trace(result.trace_dir)
         s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
@@ -108,6 +114,8 @@ def _print_capture_summary(result: Any) -> None:
         )
         if loaded.damaged:
             click.echo(f"  warning: {loaded.describe_damage()}", err=True)
+        if loaded.events.height == 0:
+            click.echo(f"  warning: {_why_no_events(loaded)}", err=True)
     except DlreplayError as exc:
         click.echo(f"  (trace could not be summarised: {exc})", err=True)
     click.echo(f"  trace: {result.trace_dir}", err=True)
@@ -142,6 +150,31 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...]) -> None:
     click.echo(render_text(summary))
     if loaded.damaged:
         click.echo(f"\nwarning: {loaded.describe_damage()}")
+    if loaded.events.height == 0:
+        click.echo(f"\nwarning: {_why_no_events(loaded)}")
+
+
+def _why_no_events(loaded: Any) -> str:
+    """Why a trace holds no events: per-file problems, and how the captured job ended."""
+    lines = ["the trace holds no events."]
+    lines += [f"  {f.name}: {'; '.join(f.problems) or 'no event lines'}" for f in loaded.files]
+    manifest = loaded.manifest or {}
+    sig = manifest.get("killed_by_signal")
+    if sig:
+        lines.append(f"  the captured job was killed by signal {sig} ({_signal_name(sig)}): a process killed "
+                     f"that way cannot write the trace events DFTracer still held in memory.")
+    elif manifest.get("status") == "running":
+        lines.append("  the manifest says the capture is still running (or its dlreplay process was killed).")
+    return "\n".join(lines)
+
+
+def _signal_name(num: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 @main.command()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import math
 import multiprocessing
@@ -207,7 +208,9 @@ class _Checkpointer:
                 finally:
                     os.close(fd)
             except OSError as exc:
-                raise ReplayError(f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc})") from None
+                hint = "; free space or choose another --out" if exc.errno == errno.ENOSPC else ""
+                raise ReplayError(f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc}){hint}"
+                                  ) from None
         return total
 
     def cleanup(self) -> None:
@@ -613,8 +616,10 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
             return _not_started(config, out, manifest, started, warnings)
         raise ReplayError(f"the traced replay wrote no metrics ({path}); exit code {cap.exit_code}, "
                           f"trace status {cap.status} in {out}") from None
-    if cap.exit_code != 0 and metrics.get("complete") and cap.status != "interrupted":
-        raise ReplayError(f"the traced replay exited with code {cap.exit_code}; see {out}")
+    interrupted = cap.status == "interrupted" or bool(metrics.get("interrupted"))
+    if not interrupted and (cap.exit_code != 0 or metrics.get("errors")):  # failed: not a Ctrl-C (exit 130)
+        detail = "; ".join(metrics.get("errors") or []) or f"the traced replay exited with code {cap.exit_code}"
+        raise ReplayError(f"replay failed ({detail}); partial metrics and trace in {out}")
     return ReplayResult(out=out, metrics=metrics, complete=bool(metrics.get("complete")) and cap.exit_code == 0,
                         traced=True, warnings=tuple(warnings))
 
