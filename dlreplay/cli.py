@@ -145,6 +145,9 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...]) -> None:
         payload["trace"] = str(trace)
         payload["dropped_lines"] = loaded.dropped_lines
         payload["dropped_bytes"] = loaded.dropped_bytes
+        payload["files"] = [{"name": f.name, "bytes": f.bytes, "members": f.members, "lines": f.lines,
+                             "events": f.events, "dropped_lines": f.dropped_lines, "dropped_bytes": f.dropped_bytes,
+                             "problems": list(f.problems)} for f in loaded.files]
         click.echo(json.dumps(payload, indent=2))
         return
     click.echo(render_text(summary))
