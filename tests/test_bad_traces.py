@@ -14,9 +14,12 @@ import json
 import shutil
 import zlib
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dlreplay.analyze import load_trace
 
@@ -281,3 +284,91 @@ def test_lines_that_are_not_events_are_dropped_and_counted(tmp_path: Path, clean
     rep = file_report(payload, name)
     assert payload["events"] == clean["events"]
     assert rep["dropped_lines"] == len(not_events)
+
+
+# --------------------------------------------------------------------------- property: random events, random damage
+
+T0 = 1_795_315_916_000_000
+_NAMES = ["read", "read", "write", "open64", "close", "lseek64", "pread64", "fetch", "item", "odd_op"]
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n\r"), max_size=10)
+#: Lines that are not valid JSON (or not an object), none containing a newline, none ending
+#: in "," or blank (see test_dropped_bytes_of_a_malformed_line_ending_in_a_comma).
+_MALFORMED = [*BAD_LINES, b"[1, 2]", b"null", b"}{", b'{"ts":1', b"\x00\x00\x00", b'{"a":1}}']
+
+
+@st.composite
+def _events(draw: st.DrawFn) -> list[dict]:
+    n = draw(st.integers(1, 120))
+    out = []
+    for i in range(n):
+        name = draw(st.sampled_from(_NAMES))
+        args: dict[str, Any] = {"hhash": "6882804a826580cd", "fhash": draw(st.sampled_from(["00000000000000aa",
+                                                                                           "00000000000000bb"]))}
+        if name in ("read", "write", "pread64"):
+            args.update(ret=draw(st.integers(-1, 2**40)), count=draw(st.integers(0, 2**40)))
+        if name in ("fetch", "item"):
+            args.update(epoch=draw(st.integers(0, 5)), step=draw(st.integers(0, 1000)))
+        if draw(st.booleans()):
+            args["note"] = draw(_text)  # commas, quotes, escapes, non-ASCII
+        out.append({"id": i + 1, "name": name, "cat": "POSIX" if name not in ("fetch", "item") else "dataloader",
+                    "type": 3, "pid": draw(st.sampled_from([101, 102])), "tid": 101, "ts": T0 + 7 * i,
+                    "dur": draw(st.integers(0, 10**6)), "ph": 1, "args": args})
+    return out
+
+
+@st.composite
+def _damaged(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
+    """(file bytes, the lines written), with malformed lines inserted, several members, maybe a cut."""
+    meta = [json.dumps({"name": "FH", "cat": "dftracer", "type": 1, "pid": 101, "tid": 101, "ph": 4,
+                        "args": {"name": f"/d/{h}", "value": h}}).encode() for h in ("00000000000000aa",
+                                                                                      "00000000000000bb")]
+    ascii_only = draw(st.booleans())
+    lines = meta + [json.dumps(e, separators=(",", ":"), ensure_ascii=ascii_only).encode() for e in draw(_events())]
+    for _ in range(draw(st.integers(0, 6))):
+        lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from(_MALFORMED)))
+    data = gz_members(lines, draw(st.integers(1, 5)))
+    if draw(st.booleans()):
+        data = data[:draw(st.integers(1, len(data)))]
+    return data, lines
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(case=_damaged())
+def test_random_events_with_random_damage(tmp_path: Path, case: tuple[bytes, list[bytes]]) -> None:
+    """Exactly the complete valid events survive, and every other line is counted as dropped."""
+    data, _ = case
+    path = tmp_path / "h.pfw.gz"
+    path.write_bytes(data)
+    text, _ = ref_decode(data)
+    complete, tail = text.split(b"\n")[:-1], text[text.rfind(b"\n") + 1:]
+    want = sorted((o["ts"], o["pid"], o["name"], o["dur"]) for o in (json.loads(ln) for ln in complete
+                                                                     if is_event(ln)))
+    malformed = [ln for ln in complete if ln.strip() and not _json_object(ln)]
+    loaded = load_trace(path)
+    got = sorted(loaded.events.select("ts", "pid", "name", "dur").iter_rows())
+    assert got == want
+    rep = loaded.files[0]
+    assert rep.dropped_lines == len(malformed) + (1 if tail else 0)
+    assert rep.dropped_bytes == sum(len(ln) + 1 for ln in malformed) + len(tail)
+
+
+def _json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "loader bug (analyze/load.py, JSON fallback): a malformed line's trailing ',' and blanks are "
+    "stripped (DFTracer 1.x array elements) before its length is added to dropped_bytes, so "
+    "dropped_bytes is short by those bytes ('{\"ts\":1,' counts 8 bytes, not 9)"))
+def test_dropped_bytes_of_a_malformed_line_ending_in_a_comma(tmp_path: Path) -> None:
+    lines = corpus_lines()
+    bad = [b'{"ts":1,', b'{"name":"read" ,  ']
+    path = tmp_path / "c.pfw.gz"
+    path.write_bytes(gz_members([bad[0], *lines, bad[1]], 1))
+    rep = load_trace(path).files[0]
+    assert rep.dropped_lines == 2
+    assert rep.dropped_bytes == sum(len(b) + 1 for b in bad)
