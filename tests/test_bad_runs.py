@@ -350,3 +350,42 @@ def test_failed_or_killed_job_exit_code_and_trace(tmp_path: Path, how: str, code
         assert "killed by signal 9 (SIGKILL)" in text.stdout and "file is empty (0 bytes)" in text.stdout
     else:
         assert events > 20 * 5  # open + reads + close per pass
+
+
+def test_ctrl_c_while_capture_starts_the_job_is_forwarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a Ctrl-C that arrived while Popen was starting the job was recorded but
+    not forwarded, so the job ran to its end (the traced replay then ignored Ctrl-C)."""
+    from dlreplay.capture import CaptureConfig, run_capture
+    from dlreplay.capture import run as capture_run
+
+    real_popen = subprocess.Popen
+
+    def popen(argv, *args, **kwargs):
+        if argv[:2] == [PY, "-c"]:  # the job (platform.platform() runs `uname -p` earlier)
+            signal.raise_signal(signal.SIGINT)  # handled by capture's handler: the job does not exist yet
+        return real_popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(capture_run.subprocess, "Popen", popen)
+    t0 = time.monotonic()
+    result = run_capture(CaptureConfig(command=(PY, "-c", "import time; time.sleep(60)"), out=tmp_path / "t"))
+    assert time.monotonic() - t0 < 45
+    assert result.status == "interrupted" and result.exit_code in (130, 128 + signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_traced_replay_keeps_metrics_and_trace(tmp_path: Path) -> None:
+    model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out))
+    wait_for_line(proc, "replay started (traced)")
+    time.sleep(4.0)  # the traced child imports and starts its accelerator meanwhile
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["complete"] is False and m["interrupted"] is True and len(m["epochs"]) < 400
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    analyzed = run_cli("analyze", str(out), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert json.loads(analyzed.stdout)["events"] > 0  # the trace of the partial run is kept and loadable
