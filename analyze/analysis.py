@@ -68,7 +68,7 @@ def analyze_trace(
                 verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
     return build_report(str(trace), c, findings, manifest=loaded.manifest,
                         damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
-                        dropped=(loaded.dropped_lines, loaded.dropped_bytes))
+                        dropped=(loaded.dropped_lines, loaded.dropped_bytes), file_reports=loaded.files)
 
 
 def render_findings_text(report: Report, *, width: int = 100) -> str:

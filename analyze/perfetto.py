@@ -65,6 +65,8 @@ __all__ = [
 CHUNK_ROWS = 50_000
 #: Width of the read-bandwidth bins (microseconds).
 BANDWIDTH_BIN_US = 100_000
+#: Latest time a timeline can hold (µs): nanoseconds must fit a signed 64-bit integer.
+MAX_TS_US = (2**63 - 1) // 1000
 
 PROTO_SUFFIXES = (".perfetto-trace", ".pftrace")
 JSON_SUFFIXES = (".json", ".json.gz")
@@ -98,7 +100,8 @@ class ExportStats:
     format: str  # "perfetto" or "json"
     slices: int = 0  # events written as slices (one per event row)
     clipped: int = 0  # slices shortened to end with their parent (nesting repair)
-    dropped: int = 0  # rows without a timestamp (not written)
+    dropped: int = 0  # rows without pid, tid or timestamp, or with a timestamp out of range (not written)
+    repaired: int = 0  # negative durations (set to 0) or durations ending past MAX_TS_US (shortened)
     processes: int = 0
     threads: int = 0
     counter_points: int = 0  # values on the two counter tracks
@@ -109,11 +112,17 @@ class ExportStats:
 
     def summary(self) -> str:
         """One line for the CLI."""
-        return (
+        line = (
             f"{self.path}: {self.format}, {self.slices} slices on {self.threads} threads of "
             f"{self.processes} processes, {self.flows} flows, {self.counter_points} counter values, "
             f"{self.clipped} clipped to nest, {self.bytes_written / 1e6:.1f} MB in {self.seconds:.1f} s"
         )
+        if self.dropped:
+            line += (f"; {self.dropped} event(s) not written (no pid, tid or timestamp, or a timestamp "
+                     f"outside 0..{MAX_TS_US} µs)")
+        if self.repaired:
+            line += f"; {self.repaired} negative or overlong duration(s) repaired"
+        return line
 
 
 def format_for(path: str | os.PathLike[str]) -> str:
@@ -308,16 +317,20 @@ def _bandwidth(events: pl.DataFrame) -> pl.DataFrame:
         .group_by("bin")
         .agg(pl.col("size").sum())
     )
-    lo, hi = b["bin"].min(), b["bin"].max()
-    assert isinstance(lo, int) and isinstance(hi, int)
-    full = pl.DataFrame({"bin": pl.int_range(lo, hi + 2, eager=True)})
+    # Only bins with reads, and the empty bin after each (the value drops to 0 there): a
+    # dense range of bins would need (last - first) / 100 ms rows (a bad timestamp years off
+    # made that billions of rows).
+    b = b.sort("bin")
+    zeros = b.select((pl.col("bin") + 1).alias("bin"), pl.lit(0, dtype=b.schema["size"]).alias("size")).filter(
+        ~pl.col("bin").is_in(b["bin"].implode())
+    )
     out = (
-        full.join(b, on="bin", how="left")
+        pl.concat([b, zeros])
+        .sort("bin")
         .select(
             (pl.col("bin") * BANDWIDTH_BIN_US).alias("ts"),
-            (pl.col("size").fill_null(0) / 1e6 / (BANDWIDTH_BIN_US / 1e6)).alias("value"),
+            (pl.col("size") / 1e6 / (BANDWIDTH_BIN_US / 1e6)).alias("value"),
         )
-        .sort("ts")
     )
     return out.filter((pl.col("value") != pl.col("value").shift(1)).fill_null(True))
 
@@ -462,9 +475,13 @@ def export_trace(
     for c in _ARG_COLUMNS + ("ppid", "host"):
         if c not in events.columns:
             events = events.with_columns(pl.lit(None).alias(c))
+    events, dropped, repaired = _usable(events)
+    if events.is_empty():
+        raise ExportError(f"none of the {dropped} event(s) has a pid, tid and a timestamp in 0..{MAX_TS_US} µs: "
+                          "nothing to export")
     layout = _layout(events, manifest)
     stats = ExportStats(path=out, format=fmt, process_names=dict(layout.process_names))
-    stats.dropped = int(events["ts"].null_count())
+    stats.dropped, stats.repaired = dropped, repaired
     stats.processes = len(layout.process_names)
     stats.threads = len(layout.thread_names)
     flow_table = _flows(events, layout) if flows else None
@@ -485,6 +502,23 @@ def export_trace(
     stats.bytes_written = out.stat().st_size
     stats.seconds = time.perf_counter() - t0
     return stats
+
+
+def _usable(events: pl.DataFrame) -> tuple[pl.DataFrame, int, int]:
+    """Rows a timeline can hold, and (rows dropped, durations repaired).
+
+    Dropped: no pid, tid or timestamp, or a timestamp outside 0..MAX_TS_US. Repaired: a
+    negative duration becomes 0, one ending after MAX_TS_US ends there.
+    """
+    ts, dur = pl.col("ts"), pl.col("dur")
+    ok = (pl.col("pid").is_not_null() & pl.col("tid").is_not_null() & ts.is_between(0, MAX_TS_US)).fill_null(False)
+    kept = events.filter(ok)
+    bad_dur = ((dur < 0) | (dur > MAX_TS_US - ts)).fill_null(False)
+    repaired = int(kept.select(bad_dur.sum()).item())
+    if repaired:
+        kept = kept.with_columns(pl.when(dur < 0).then(0).when(dur > MAX_TS_US - ts).then(MAX_TS_US - ts)
+                                 .otherwise(dur).alias("dur"))
+    return kept, events.height - kept.height, repaired
 
 
 # =======================================================================================

@@ -53,6 +53,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     dropped_lines: int = 0
     dropped_bytes: int = 0
+    #: per trace file: :class:`~dlreplay.analyze.load.FileReport` (events, dropped, problems)
+    file_reports: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -70,7 +72,8 @@ class Report:
 
 
 def build_report(trace: str, c: Characterization, findings: list[Finding], *, manifest: dict | None = None,
-                 damage: str | None = None, verify: dict | None = None, dropped: tuple[int, int] = (0, 0)) -> Report:
+                 damage: str | None = None, verify: dict | None = None, dropped: tuple[int, int] = (0, 0),
+                 file_reports: list | None = None) -> Report:
     """Collect the report and the explanations of whatever the trace could not give."""
     notes = [f"{name}: {res['missing']}" for name, res in c.results.items() if isinstance(res, dict)
              and res.get("missing")]
@@ -80,7 +83,8 @@ def build_report(trace: str, c: Characterization, findings: list[Finding], *, ma
                         "Was the job's data directory traced (`dlreplay capture --data-dir`)?")
     if ov.get("events") and not (ov.get("bytes_read") or ov.get("bytes_written")):
         notes.insert(0, "The trace holds only metadata calls (open/stat/close), no data transfers.")
-    return Report(trace, c, findings, manifest, damage, verify, notes, dropped[0], dropped[1])
+    return Report(trace, c, findings, manifest, damage, verify, notes, dropped[0], dropped[1],
+                  list(file_reports or []))
 
 
 # ---------------------------------------------------------------------------------------

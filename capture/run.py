@@ -61,6 +61,7 @@ class CaptureResult:
     status: str  # complete | failed | interrupted
     wall_time_s: float
     files: list[dict[str, Any]] = field(default_factory=list)
+    killed_by_signal: int | None = None
 
     @property
     def events(self) -> int:
@@ -135,7 +136,11 @@ def _prepare_out_dir(out: Path, force: bool) -> None:
         for child in out.iterdir():
             if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
                 child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CaptureError(f"{out}: cannot create the trace directory ({exc.strerror or exc}); "
+                           f"choose another --out.") from None
 
 
 def _versions() -> dict[str, str | None]:
@@ -233,15 +238,18 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
 
     interrupted = False
     proc: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []  # signals received while Popen was starting the job
 
     def forward(signum: int, frame: Any) -> None:
         nonlocal interrupted
         interrupted = True
-        if proc is not None:
-            try:
-                proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
+        if proc is None:
+            pending.append(signum)
+            return
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
     # Handlers first: a signal that arrives before the job starts stops the capture cleanly.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -250,6 +258,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         returncode = 128 + signal.SIGINT
         if not interrupted:
             proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+            for signum in pending:  # else the job would run to its end, ignoring that Ctrl-C
+                proc.send_signal(signum)
             while True:
                 try:
                     returncode = proc.wait()
@@ -295,7 +305,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         }
     )
     _write_json_atomic(manifest_path, manifest)
-    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files)
+    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
+                         killed_by_signal=killed_by)
 
 
 def read_manifest(trace_dir: Path) -> dict[str, Any] | None:

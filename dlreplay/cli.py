@@ -12,22 +12,23 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from dlreplay import __version__
 from dlreplay.errors import DlreplayError
+from dlreplay.interrupt import INTERRUPT
 from dlreplay.units import human_bytes
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"dlreplay: error: {message}", err=True)
     sys.exit(code)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn dlreplay errors (and a few OS errors) into messages and exit codes."""
+    """Turn dlreplay errors (and a few OS errors, and Ctrl-C: exit 130) into messages and exit codes."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -39,6 +40,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(f"permission denied: {exc.filename or exc}", 1)
         except FileNotFoundError as exc:
             _fail(f"no such file or directory: {exc.filename or exc}", 1)
+        except OSError as exc:  # read-only file system, disk full, ... : name the file, not a traceback
+            where = f"{exc.filename}: " if exc.filename else ""
+            _fail(f"{where}{exc.strerror or exc}", 1)
+        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            _fail("interrupted (Ctrl-C)", 130)
 
     return wrapper
 
@@ -55,6 +61,9 @@ def main() -> None:
     model    import/export DLIO workload configs, show or check a model
     demo     run the whole pipeline on a bundled example job
     """
+    # Ctrl-C raises KeyboardInterrupt as usual, and is also remembered: Python discards one
+    # raised inside a finalizer or at-fork callback, and replay/generate check the flag.
+    INTERRUPT.install("always")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -91,7 +100,10 @@ def _print_capture_summary(result: Any) -> None:
     from dlreplay.analyze import load_trace, summarize
 
     click.echo("", err=True)
-    click.echo(f"dlreplay: capture {result.status} (exit code {result.exit_code}) in {result.wall_time_s:.1f} s", err=True)
+    how = f"exit code {result.exit_code}"
+    if result.killed_by_signal:
+        how += f", killed by {_signal_name(result.killed_by_signal)}"
+    click.echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
     try:
         loaded = load_trace(result.trace_dir)
         s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
@@ -102,6 +114,8 @@ def _print_capture_summary(result: Any) -> None:
         )
         if loaded.damaged:
             click.echo(f"  warning: {loaded.describe_damage()}", err=True)
+        if loaded.events.height == 0:
+            click.echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
     except DlreplayError as exc:
         click.echo(f"  (trace could not be summarised: {exc})", err=True)
     click.echo(f"  trace: {result.trace_dir}", err=True)
@@ -159,11 +173,17 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         payload["trace"] = str(trace)
         payload["dropped_lines"] = report.dropped_lines
         payload["dropped_bytes"] = report.dropped_bytes
+        payload["files"] = [{"name": f.name, "bytes": f.bytes, "members": f.members, "lines": f.lines,
+                             "events": f.events, "dropped_lines": f.dropped_lines, "dropped_bytes": f.dropped_bytes,
+                             "problems": list(f.problems)} for f in report.file_reports]
         click.echo(json.dumps(payload, indent=2, default=str))
         return
     click.echo(render_text(report.characterization.view.summary))
-    click.echo("")
-    click.echo(render_findings_text(report))
+    if not ov["events"]:
+        click.echo(f"\nwarning: {_why_no_events(report.file_reports, report.manifest)}")
+    else:
+        click.echo("")
+        click.echo(render_findings_text(report))
     if loaded_damage:
         click.echo(f"\nwarning: {loaded_damage}")
     click.echo("")
@@ -174,6 +194,29 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         click.echo(f"  dlreplay analyze {trace} --report report.html")
     click.echo(f"  dlreplay distill {trace} -o model.yaml")
     click.echo(f"  dlreplay export {trace}          # timeline for Perfetto")
+
+
+def _why_no_events(files: Any, manifest: dict | None) -> str:
+    """Why a trace holds no events: per-file problems, and how the captured job ended."""
+    lines = ["the trace holds no events."]
+    lines += [f"  {f.name}: {'; '.join(f.problems) or 'no event lines'}" for f in files]
+    manifest = manifest or {}
+    sig = manifest.get("killed_by_signal")
+    if sig:
+        lines.append(f"  the captured job was killed by signal {sig} ({_signal_name(sig)}): a process killed "
+                     f"that way cannot write the trace events DFTracer still held in memory.")
+    elif manifest.get("status") == "running":
+        lines.append("  the manifest says the capture is still running (or its dlreplay process was killed).")
+    return "\n".join(lines)
+
+
+def _signal_name(num: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 @main.command()
@@ -416,7 +459,11 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
     from dlreplay.replay import GenerateConfig, generate_dataset
 
     m = apply_overrides(load_model(model_file), overrides)
-    res = generate_dataset(GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force))
+    try:
+        res = generate_dataset(GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force))
+    except KeyboardInterrupt:
+        _fail(f"interrupted (Ctrl-C): {data_dir} holds a partial dataset (no complete manifest, so nothing "
+              f"will use it); rerun the same command to resume", 130)
     click.echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
                f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)")
     for w in res.warnings:

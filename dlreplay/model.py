@@ -1049,7 +1049,9 @@ def load_yaml_file(path: str | os.PathLike[str], error: type[ModelError] = Model
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, yaml.reader.ReaderError):  # e.g. binary data: no line/column, a position
+            where = f" (character {exc.position + 1})"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]  # one line
         raise error(f"{source}: not valid YAML: {problem}{where}") from None
 
 

@@ -10,6 +10,7 @@ Units: sizes and offsets in bytes.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -128,6 +129,9 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
             tmp.unlink()
         except OSError:
             pass
+        if exc.errno == errno.ENOSPC:
+            raise ReplayError(f"{path}: cannot write: no space left on the device; free space or choose "
+                              f"another directory") from None
         raise ReplayError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 

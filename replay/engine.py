@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import math
 import multiprocessing
@@ -31,6 +32,7 @@ import numpy as np
 
 import dlreplay
 from dlreplay.capture.inject._dlreplay_hooks import REGIONS
+from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, save_model
 
 from .common import ReplayError, dataset_digest, read_dataset_manifest
@@ -210,7 +212,9 @@ class _Checkpointer:
                 finally:
                     os.close(fd)
             except OSError as exc:
-                raise ReplayError(f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc})") from None
+                hint = "; free space or choose another --out" if exc.errno == errno.ENOSPC else ""
+                raise ReplayError(f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc}){hint}"
+                                  ) from None
         return total
 
     def cleanup(self) -> None:
@@ -227,8 +231,14 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
     """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync).
 
     Returns ``{"rank", "epochs": [records], "complete", "error", "order"}``. Times in
-    seconds, sizes in bytes. KeyboardInterrupt ends the run early (``complete`` false).
+    seconds, sizes in bytes. Ctrl-C ends the run early (``complete`` false), at the latest
+    after the step in progress (see :mod:`.interrupt`).
     """
+    with INTERRUPT.catching():
+        return _run_rank(plan, sync, keep_checkpoints)
+
+
+def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) -> dict[str, Any]:
     m = plan.model
     rd = m.reader
     compute_rng = np.random.default_rng([plan.seed, plan.rank, 0xC0])
@@ -244,6 +254,7 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
         # PyTorch starts new worker processes at every epoch unless persistent_workers.
         persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
         for epoch in range(1, m.train.epochs + 1):
+            INTERRUPT.check()
             batches = epoch_batches(plan, epoch)
             if total_cap is not None:
                 batches = batches[: max(0, total_cap - global_step)]
@@ -275,6 +286,7 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
                     break
                 REGIONS.end(ev_fetch, batch_size=len(res.samples))
                 ev_step = REGIONS.begin("step", "compute", epoch=epoch - 1, step=step)
+                INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
                 t_got = time.perf_counter()
                 modelled = max(0.0, float(draws[step]))
                 c0 = time.perf_counter()
@@ -312,6 +324,7 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
             REGIONS.end(ev_epoch, steps=rec["steps"])
             if plan.record_order:
                 order[str(epoch)] = ids
+        INTERRUPT.check()
         result["complete"] = True
     except KeyboardInterrupt:
         result["error"] = None
@@ -332,12 +345,9 @@ def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: 
     def sync() -> None:
         barrier.wait(timeout=BARRIER_TIMEOUT_S)
 
-    def interrupt_once(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second SIGINT must not cut the partial result
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt_once)
-
+    # Forked from the parent: its flag (set if a Ctrl-C came before the fork) carries over.
+    # The handler stays until the process ends: a second SIGINT must not cut the partial result.
+    INTERRUPT.install("first")
     try:
         res = run_rank(plan, sync, keep_checkpoints)
     except KeyboardInterrupt:
@@ -436,7 +446,18 @@ def _now() -> str:
 
 
 def run_replay(config: ReplayConfig, echo: Callable[[str], None] | None = None) -> ReplayResult:
-    """Replay ``config.model``; writes ``<out>/metrics.json`` (and a trace unless ``trace`` is off)."""
+    """Replay ``config.model``; writes ``<out>/metrics.json`` (and a trace unless ``trace`` is off).
+
+    Ctrl-C (also one received before the call whose KeyboardInterrupt was swallowed, see
+    :mod:`dlreplay.interrupt`) stops the replay and returns partial metrics, ``complete`` false.
+    """
+    try:
+        return _run_replay(config, echo)
+    finally:
+        INTERRUPT.reset()  # this run has answered any Ctrl-C; the next starts clean
+
+
+def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> ReplayResult:
     say = echo or (lambda s: None)
     if config.io not in IO_MODES:
         raise ReplayError(f"--io: expected one of {', '.join(IO_MODES)}, got {config.io!r}")
@@ -455,18 +476,23 @@ def run_replay(config: ReplayConfig, echo: Callable[[str], None] | None = None) 
     steps_per_epoch(config.model, size)  # validate early
     ckdir = str((out / "checkpoints").resolve())
     plans = [RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order) for r in range(size)]
-    started, t0 = _now(), time.perf_counter()
-    interrupted = False
-    if size == 1:
-        try:
-            ranks = [run_rank(plans[0], lambda: None, config.keep_checkpoints)]
-        except KeyboardInterrupt:
-            ranks = [{"rank": 0, "epochs": [], "complete": False, "error": None, "order": None}]
-        interrupted = not ranks[0]["complete"] and ranks[0]["error"] is None
-    else:
-        ranks, interrupted = _run_local_ranks(plans, config.keep_checkpoints)
-    wall = time.perf_counter() - t0
-    return _finish(config, out, ranks, manifest, started, wall, interrupted, warnings, size, False, say)
+    # One accelerator runs here: Ctrl-C raises KeyboardInterrupt. With several, this process
+    # only waits for results: Ctrl-C sets the flag, polled by _run_local_ranks.
+    with INTERRUPT.catching("first" if size == 1 else "flag"):
+        say(f"replay started: {size} accelerator(s), {config.model.train.epochs} epoch(s) of "
+            f"{steps_per_epoch(config.model, size)} step(s); results in {out} (Ctrl-C stops it, partial metrics "
+            f"are kept)")
+        started, t0 = _now(), time.perf_counter()
+        if size == 1:
+            try:
+                ranks = [run_rank(plans[0], lambda: None, config.keep_checkpoints)]
+            except KeyboardInterrupt:
+                ranks = [{"rank": 0, "epochs": [], "complete": False, "error": None, "order": None}]
+            interrupted = not ranks[0]["complete"] and ranks[0]["error"] is None
+        else:
+            ranks, interrupted = _run_local_ranks(plans, config.keep_checkpoints)
+        wall = time.perf_counter() - t0
+        return _finish(config, out, ranks, manifest, started, wall, interrupted, warnings, size, False, say)
 
 
 def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manifest: dict[str, Any], started: str,
@@ -509,7 +535,9 @@ def _run_local_ranks(plans: list[RankPlan], keep: bool) -> tuple[list[dict[str, 
                 break
             if deadline is not None and time.monotonic() > deadline:
                 break
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # SIGINT handled elsewhere than INTERRUPT's flag-only handler
+            INTERRUPT.requested = True
+        if INTERRUPT.requested and not interrupted:
             interrupted = True
             deadline = time.monotonic() + 30.0
             for p in procs:  # a Ctrl-C on the terminal reaches them anyway; a signal to us alone must too
@@ -581,7 +609,7 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     from dlreplay.capture import CaptureConfig, run_capture
 
     _check_out(out, allow_existing=False)
-    _, warnings = _ensure_dataset(config, say)
+    manifest, warnings = _ensure_dataset(config, say)
     model_path = out / "model.yaml"
     save_model(config.model, model_path)
     cmd = [sys.executable, "-m", "dlreplay", "replay", str(model_path.resolve()),
@@ -593,19 +621,40 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     if config.keep_checkpoints:
         cmd.append("--keep-checkpoints")
     ckdir = out.resolve() / "checkpoints"
-    cap = run_capture(CaptureConfig(command=tuple(cmd), out=out, force=True,
-                                    data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
-                                    name=config.model.model.name or "replay"))
+    started = _now()
+    try:
+        INTERRUPT.check()  # a Ctrl-C so far whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
+        say(f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s); "
+            f"results and trace in {out} (Ctrl-C stops it, partial metrics are kept)")
+        cap = run_capture(CaptureConfig(command=tuple(cmd), out=out, force=True,
+                                        data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
+                                        name=config.model.model.name or "replay"))
+    except KeyboardInterrupt:
+        return _not_started(config, out, manifest, started, warnings)
     path = out / METRICS_NAME
     try:
         metrics = json.loads(path.read_text())
     except (OSError, ValueError):
+        if cap.status == "interrupted":  # stopped before its first step
+            return _not_started(config, out, manifest, started, warnings)
         raise ReplayError(f"the traced replay wrote no metrics ({path}); exit code {cap.exit_code}, "
                           f"trace status {cap.status} in {out}") from None
-    if cap.exit_code != 0 and metrics.get("complete") and cap.status != "interrupted":
-        raise ReplayError(f"the traced replay exited with code {cap.exit_code}; see {out}")
+    interrupted = cap.status == "interrupted" or bool(metrics.get("interrupted"))
+    if not interrupted and (cap.exit_code != 0 or metrics.get("errors")):  # failed: not a Ctrl-C (exit 130)
+        detail = "; ".join(metrics.get("errors") or []) or f"the traced replay exited with code {cap.exit_code}"
+        raise ReplayError(f"replay failed ({detail}); partial metrics and trace in {out}")
     return ReplayResult(out=out, metrics=metrics, complete=bool(metrics.get("complete")) and cap.exit_code == 0,
                         traced=True, warnings=tuple(warnings))
+
+
+def _not_started(config: ReplayConfig, out: Path, manifest: dict[str, Any], started: str,
+                 warnings: Sequence[str]) -> ReplayResult:
+    """Metrics of a replay interrupted before its first step: no epochs, ``complete`` false."""
+    from .common import write_json_atomic
+
+    doc = _metrics_doc(config, [], manifest, started, 0.0, True, warnings, config.accelerators, False)
+    write_json_atomic(out / METRICS_NAME, doc)
+    return ReplayResult(out=out, metrics=doc, complete=False, traced=config.trace, warnings=tuple(warnings))
 
 
 # --------------------------------------------------------------------------- find max accelerators
@@ -626,6 +675,8 @@ def find_max_accelerators(config: ReplayConfig, limit: int = 64,
             return False
         cfg = dataclasses.replace(config, accelerators=n, out=base / f"n{n}", trace=False)
         res = run_replay(cfg, echo=say)
+        if not res.complete:  # interrupted: stop searching (partial metrics are in cfg.out)
+            raise KeyboardInterrupt
         au = res.metrics["overall"].get("au_percent")
         measured[n] = au
         say(f"accelerators {n}: AU {au if au is None else round(au, 2)} %")

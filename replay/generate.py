@@ -18,6 +18,7 @@ import datetime as _dt
 import errno
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import dlreplay
+from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Layout, WorkloadModel
 
 from .common import (
@@ -89,21 +91,66 @@ def _write_one(fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: in
         path.parent.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng([seed, spec.index, 0xDA7A])
         size, offsets, aux = write_file(fmt, path, spec.sizes, layout, rng)
-    except OSError as exc:
-        where = exc.filename or path
-        if exc.errno == errno.ENOSPC:
-            raise ReplayError(f"{where}: no space left on the device while generating the dataset; free space "
-                              f"or choose another --data-dir (rerun resumes where it stopped)") from None
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise ReplayError(f"{where}: permission denied while generating the dataset; choose a writable "
-                              f"--data-dir") from None
-        raise ReplayError(f"{where}: cannot write ({exc.strerror or exc})") from None
+    except ReplayError:
+        raise
+    except Exception as exc:  # OSError, or a library's own error (polars: ComputeError on a full disk)
+        for tmp in (path.with_name(f".{path.name}{TMP_SUFFIX}"), path.with_name(f".{path.name}.idx{TMP_SUFFIX}")):
+            tmp.unlink(missing_ok=True)  # our partial temporary file: it may hold the space that is missing
+        raise _write_error(exc, path, sum(spec.sizes)) from None
     entry: dict[str, Any] = {"path": spec.relpath, "bytes": size, "samples": len(spec.sizes)}
     if offsets is not None:
         entry["records"] = offsets
     if aux:
         entry["aux_bytes"] = aux
     return entry
+
+
+def _write_error(exc: Exception, path: Path, need: int) -> ReplayError:
+    """A message naming *path* for a failed file write; says so when the disk is full.
+
+    numpy (``np.save``: "200000 requested and 81792 written") and polars report a full
+    disk without ``errno``, so free space is checked too.
+    """
+    code = getattr(exc, "errno", None)
+    name = getattr(exc, "filename", None)
+    where = name if name and TMP_SUFFIX not in str(name) else path
+    if code == errno.ENOSPC or "No space left" in str(exc) or _free_bytes(path) < need:
+        return ReplayError(f"{where}: no space left on the device while generating the dataset; free space "
+                           f"or choose another --data-dir (rerun resumes where it stopped)")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ReplayError(f"{where}: permission denied while generating the dataset; choose a writable "
+                           f"--data-dir")
+    if isinstance(exc, OSError):
+        return ReplayError(f"{where}: cannot write ({exc.strerror or exc})")
+    return ReplayError(f"{where}: cannot write ({type(exc).__name__}: {exc})")
+
+
+def _free_bytes(path: Path) -> float:
+    """Bytes available to this user on the file system of *path* (its nearest existing parent)."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return float("inf")
+    return st.f_bavail * st.f_frsize
+
+
+def _pool_worker_init() -> None:
+    """Generator processes ignore Ctrl-C: the parent stops the pool (they finish their file)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _submit_blocked(pool: ProcessPoolExecutor, *args: Any) -> Future:
+    """``pool.submit`` with SIGINT blocked in this thread: a generator process it starts
+    inherits the mask, so a terminal Ctrl-C cannot hit it before it ignores SIGINT."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(*args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _owned_paths(doc: dict[str, Any]) -> list[str]:
@@ -250,6 +297,7 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
         nonlocal written_bytes, last_journal
         done[entry["path"]] = entry
         written_bytes += int(entry["bytes"])
+        INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
         progress.update(len(done), written_bytes)
         if time.monotonic() - last_journal > 0.5:
             write_json_atomic(journal_path, {**header, "files": done})
@@ -264,12 +312,12 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
             # spawn, not fork: a parent that has used polars (its Rust thread pool) deadlocks
             # forked children that use polars again (csv/parquet writers).
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_worker_init) as pool:
                 pending: set[Future] = set()
                 it = iter(todo)
                 try:
                     for spec in it:
-                        pending.add(pool.submit(_write_one, fmt, str(data_dir), spec, layout, seed))
+                        pending.add(_submit_blocked(pool, _write_one, fmt, str(data_dir), spec, layout, seed))
                         if len(pending) >= 2 * jobs:
                             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                             for f in finished:
@@ -281,11 +329,19 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
                     for f in pending:
                         f.cancel()
                     raise
-    finally:
+    except BaseException:
         progress.update(len(done), written_bytes, force=True)
         progress.close()
-        write_json_atomic(journal_path, {**header, "files": done})
+        try:  # keep what is done for the rerun; never hide the original error (e.g. disk full)
+            write_json_atomic(journal_path, {**header, "files": done})
+        except ReplayError:
+            pass
+        raise
+    progress.update(len(done), written_bytes, force=True)
+    progress.close()
+    write_json_atomic(journal_path, {**header, "files": done})
 
+    INTERRUPT.check()  # never mark a dataset complete after a Ctrl-C
     files = [done[s.relpath] for s in plan]
     total = sum(int(e["bytes"]) + int(e.get("aux_bytes", 0)) for e in files)
     manifest = {

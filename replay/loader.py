@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dlreplay.capture.inject._dlreplay_hooks import REGIONS
+from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Distribution
 
 from .common import ReplayError
@@ -29,6 +30,8 @@ from .formats import LibraryReader, PosixReader
 
 #: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
 DEFAULT_TRANSFER = 262144
+#: Seconds between checks of an idle worker process that its accelerator process is alive.
+_PARENT_CHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -113,13 +116,24 @@ class _BatchReader:
 
 
 def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_process: bool) -> None:
-    """Worker loop: take (epoch, index, samples) tasks until None; put BatchResult or ("error", msg)."""
+    """Worker loop: take (epoch, index, samples) tasks until None; put BatchResult or ("error", msg).
+
+    A worker process also ends when its accelerator process is gone (killed, or it lost
+    track of the worker), instead of waiting for tasks forever.
+    """
+    parent = multiprocessing.parent_process() if is_process else None
     if is_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the accelerator stops workers itself
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by Loader around the fork
     reader = _BatchReader(spec, worker_id)
     try:
         while True:
-            task = tasks.get()
+            try:
+                task = tasks.get(timeout=_PARENT_CHECK_S)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    break
+                continue
             if task is None:
                 break
             epoch, index, samples = task
@@ -177,8 +191,18 @@ class Loader:
                                 name=f"dlreplay-loader-{w}", daemon=True)
                 self._tasks.append(q)
                 self._workers.append(p)
-        for w in self._workers:
-            w.start()
+        # A Ctrl-C while workers start must not raise half-way through (a started worker not
+        # yet registered would be left behind): it only sets INTERRUPT, checked at the next
+        # batch. SIGINT also stays blocked in this thread meanwhile: a forked child inherits
+        # the mask, so a terminal Ctrl-C cannot hit it before it ignores SIGINT.
+        with INTERRUPT.deferred():
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if worker_kind != "thread" else None
+            try:
+                for w in self._workers:
+                    w.start()
+            finally:
+                if mask is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
         """Yield the batches' results in order (batch i read by worker i % W)."""
@@ -215,6 +239,7 @@ class Loader:
             try:
                 return self._results.get(timeout=1.0)
             except queue.Empty:
+                INTERRUPT.check()
                 dead = [w for w in self._workers if not w.is_alive()]
                 if dead:
                     code = getattr(dead[0], "exitcode", None)

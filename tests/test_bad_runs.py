@@ -1,0 +1,391 @@
+"""Bad conditions while generating, replaying and capturing (issue #7, bad-input suite).
+
+Real processes, real signals, real file systems: Ctrl-C (SIGINT to the process group, as
+a terminal sends it, or to the one process, as ``kill -INT`` does) during generation and
+replay; a full file system (a small tmpfs mounted for the test, else skipped); a
+read-only target; a traced command that fails or is killed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME
+
+from .conftest import REPO, run_cli
+from .test_replay import digest_dir, make_model, write_model
+
+PY = sys.executable
+
+
+def no_traceback(text: str) -> None:
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+
+
+def start_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    """``python -m dlreplay ARGS`` in its own process group (so a "terminal" Ctrl-C reaches all of it)."""
+    return subprocess.Popen([PY, "-m", "dlreplay", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120.0) -> list[str]:
+    """Read the process's stderr until a line contains ``needle``; returns the lines read."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        if ready:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if needle in line:
+                return lines
+        elif proc.poll() is not None:
+            break
+    raise AssertionError(f"{needle!r} never printed (exit {proc.poll()}):\n{''.join(lines)}")
+
+
+def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
+    if target == "group":  # what a terminal's Ctrl-C does
+        os.killpg(proc.pid, signal.SIGINT)
+    else:  # kill -INT PID: the main process only
+        proc.send_signal(signal.SIGINT)
+
+
+# --------------------------------------------------------------------------- Ctrl-C: replay
+
+LONG = ("dataset.format=raw", "dataset.num_files=8", "dataset.num_samples_per_file=1", "dataset.record_length=4096",
+        "reader.batch_size=1", "reader.read_threads=2", "train.epochs=400", "train.computation_time=0.002")
+
+
+@pytest.mark.parametrize(("accelerators", "target"), [(1, "group"), (1, "pid"), (2, "group"), (2, "pid")])
+def test_ctrl_c_during_replay_keeps_partial_metrics(tmp_path: Path, accelerators: int, target: str) -> None:
+    """Exit 130, metrics.json with the epochs done and ``complete: false``; no traceback.
+
+    400 epochs of 8 steps, each epoch forking 2 loader workers: Ctrl-C lands while workers
+    start or stop as often as not (the case that was once ignored entirely).
+    """
+    model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out), "--no-trace",
+                     "--accelerators", str(accelerators))
+    wait_for_line(proc, "replay started")
+    time.sleep(1.0)
+    ctrl_c(proc, target)
+    stdout, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    assert "(incomplete)" in stdout and "incomplete run" in stdout
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["complete"] is False and m["interrupted"] is True and m["errors"] == []
+    assert 0 < len(m["epochs"]) < 400 and m["accelerators"] == accelerators
+    assert not (out / "checkpoints").exists()
+
+
+REPLAY_SWALLOWED = """
+import os, signal, sys, time, weakref
+from pathlib import Path
+from dlreplay.model import load_model
+from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay
+
+where, tmp = sys.argv[1], Path(sys.argv[2])
+model = load_model(tmp / "model.yaml")
+generate_dataset(GenerateConfig(model=model, data_dir=tmp / "d", jobs=1))
+calls = {"sleep": 0, "fork": 0}
+real_sleep = time.sleep
+
+class Garbage:
+    pass
+
+def sleep(seconds):  # compute step 3: Ctrl-C arrives while a finalizer runs (garbage collection)
+    calls["sleep"] += 1
+    if where == "finalizer" and calls["sleep"] == 3:
+        g = Garbage()
+        weakref.finalize(g, signal.raise_signal, signal.SIGINT)
+        del g  # KeyboardInterrupt is raised inside the finalizer, and Python discards it there
+    real_sleep(seconds)
+
+def after_fork():  # epoch 2: Ctrl-C arrives while a loader worker is being forked
+    calls["fork"] += 1
+    if where == "fork" and calls["fork"] == 3:
+        signal.raise_signal(signal.SIGINT)  # raised inside an at-fork callback: discarded too
+
+time.sleep = sleep
+os.register_at_fork(after_in_parent=after_fork)
+res = run_replay(ReplayConfig(model=model, data_dir=tmp / "d", out=tmp / "o", trace=False))
+print(res.complete, len(res.metrics["epochs"]), res.metrics["interrupted"])
+"""
+
+
+@pytest.mark.parametrize("where", ["finalizer", "fork"])
+def test_swallowed_keyboard_interrupt_still_stops_the_replay(tmp_path: Path, where: str) -> None:
+    """Regression: a KeyboardInterrupt that Python discards (raised inside a finalizer or an
+    at-fork callback) used to be lost, and the replay ran every epoch and exited 0."""
+    script = tmp_path / "swallow.py"
+    script.write_text(REPLAY_SWALLOWED)
+    write_model(tmp_path, "dataset.format=raw", "reader.batch_size=1", "reader.read_threads=2", "train.epochs=20",
+                "train.computation_time=0.001")
+    proc = subprocess.run([PY, str(script), where, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    complete, epochs, interrupted = proc.stdout.split()
+    assert (complete, interrupted) == ("False", "True"), proc.stdout
+    assert int(epochs) <= 3
+    no_traceback(proc.stderr)
+
+
+# --------------------------------------------------------------------------- Ctrl-C: generate
+
+GEN = ("dataset.format=npy", "dataset.num_files=400", "dataset.record_length=50000")
+
+
+def journal_files(data: Path) -> int:
+    try:
+        return len(json.loads((data / JOURNAL_NAME).read_text())["files"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: Path) -> None:
+    model, data = write_model(tmp_path, *GEN), tmp_path / "d"
+    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2")
+    deadline = time.monotonic() + 120
+    while journal_files(data) == 0 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ctrl_c(proc, "group")  # the generator processes get it too
+    _, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    assert "interrupted (Ctrl-C)" in stderr and str(data) in stderr and "rerun" in stderr
+    assert not (data / MANIFEST_NAME).exists()
+    kept = journal_files(data)
+    assert 0 < kept < 400
+    again = run_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2", check=True)
+    generated, reused = (int(x) for x in re.search(r"(\d+) generated, (\d+) reused", again.stdout).groups())
+    assert reused >= kept and generated + reused == 400
+    assert json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
+    assert not list(data.rglob("*.dlreplay-tmp"))
+    run_cli("generate", str(model), "--data-dir", str(tmp_path / "ref"), "--jobs", "2", check=True)
+    assert digest_dir(data) == digest_dir(tmp_path / "ref")  # resumed = generated in one go
+
+
+# --------------------------------------------------------------------------- full / read-only file systems
+
+
+def _mount_tmpfs(where: Path, options: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): needs root; "
+                    f"test_simulated_enospc_* cover the messages without a mount")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 2 MiB tmpfs with a file of the user's in it (must survive every failure)."""
+    mnt = tmp_path / "fs"
+    _mount_tmpfs(mnt, "size=2m")
+    (mnt / "user-file.txt").write_text("not dlreplay's")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def read_only_fs(tmp_path: Path):
+    mnt = tmp_path / "ro"
+    _mount_tmpfs(mnt, "ro,size=1m")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "parquet"])  # np.save and polars report a full disk without errno
+def test_generate_on_a_full_disk_fails_clearly_and_resumes(tmp_path: Path, small_fs: Path, fmt: str) -> None:
+    model = write_model(tmp_path, f"dataset.format={fmt}", "dataset.num_files=30", "dataset.record_length=200000")
+    data = small_fs / "d"
+    proc = run_cli("generate", str(model), "--data-dir", str(data))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1
+    assert "no space left on the device" in proc.stderr and str(data) in proc.stderr
+    assert "rerun resumes" in proc.stderr
+    assert not (data / MANIFEST_NAME).exists()
+    assert not list(data.rglob("*.dlreplay-tmp"))  # its partial temporary files are not left taking space
+    assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
+    kept = journal_files(data)
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
+    again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    assert f"{30 - kept} generated, {kept} reused" in again.stdout
+    assert json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
+    assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
+def test_replay_checkpoints_on_a_full_disk(tmp_path: Path, small_fs: Path, traced: bool) -> None:
+    """Checkpoint writes hit ENOSPC: exit 1 (not 130: nobody pressed Ctrl-C) naming the file, partial
+    metrics with the error, the replay's own checkpoint files removed, the user's file kept."""
+    model = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true",
+                        "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=3000000",
+                        "checkpoint.files_per_checkpoint=2")
+    out = small_fs / "o"
+    proc = run_cli("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(out),
+                   *([] if traced else ["--no-trace"]))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot write checkpoint (No space left on device); free space or choose another --out" in proc.stderr
+    assert str(out) in proc.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["complete"] is False and m["interrupted"] is False and "No space left" in m["errors"][0]
+    assert not (out / "checkpoints").exists()
+    assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
+    if traced:  # the trace of the failed replay is kept and loadable
+        assert json.loads((out / "manifest.json").read_text())["status"] == "failed"
+        assert run_cli("analyze", str(out)).returncode == 0
+
+
+def test_read_only_targets_are_named(tmp_path: Path, read_only_fs: Path) -> None:
+    """Unwritable even for root (test_replay.test_unwritable_data_dir_is_named uses /proc)."""
+    model = write_model(tmp_path)
+    gen = run_cli("generate", str(model), "--data-dir", str(read_only_fs / "d"))
+    assert gen.returncode == 1 and "Read-only file system" in gen.stderr and str(read_only_fs / "d") in gen.stderr
+    rep = run_cli("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(read_only_fs / "o"))
+    assert rep.returncode == 1 and "Read-only file system" in rep.stderr and str(read_only_fs / "o") in rep.stderr
+    dis = run_cli("distill", str(REPO / "traces" / "npz_spawn"), "-o", str(read_only_fs / "m.yaml"))
+    assert dis.returncode == 1 and "Read-only file system" in dis.stderr and "m.yaml" in dis.stderr
+    cap = run_cli("capture", "--out", str(read_only_fs / "t"), "--", PY, "-c", "pass")
+    assert cap.returncode == 1 and str(read_only_fs / "t") in cap.stderr
+    for p in (gen, rep, dis, cap):
+        no_traceback(p.stderr)
+
+
+def test_simulated_enospc_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a mount: the third file write fails with ENOSPC."""
+    from dlreplay.replay import GenerateConfig, ReplayError, generate_dataset
+    from dlreplay.replay import generate as gen
+
+    real, calls = gen.write_file, {"n": 0}
+
+    def write_file(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "write_file", write_file)
+    with pytest.raises(ReplayError, match="no space left on the device while generating"):
+        generate_dataset(GenerateConfig(model=make_model(), data_dir=tmp_path / "d", jobs=1))
+    assert journal_files(tmp_path / "d") == 2 and not (tmp_path / "d" / MANIFEST_NAME).exists()
+
+
+def test_simulated_enospc_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlreplay.replay import ReplayConfig, ReplayError, engine, run_replay
+
+    model = make_model("dataset.format=raw", "reader.read_threads=0", "checkpoint.enabled=true",
+                       "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=100000")
+    real = os.write
+
+    def write(fd: int, data) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".bin"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(engine.os, "write", write)
+    with pytest.raises(ReplayError, match="cannot write checkpoint .No space left on device.; free space"):
+        run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False))
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["complete"] is False and "No space left" in m["errors"][0]
+    assert not (tmp_path / "o" / "checkpoints").exists()
+
+
+# --------------------------------------------------------------------------- a traced command that fails or is killed
+
+JOB = """
+import os, signal, sys
+for _ in range(int(sys.argv[2])):
+    with open("data/a.bin", "rb", buffering=0) as f:
+        while f.read(65536):
+            pass
+if sys.argv[1] == "exit":
+    sys.exit(3)
+os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize(("how", "code", "status"), [("exit", 3, "failed"), ("SIGTERM", 143, "interrupted"),
+                                                     ("SIGKILL", 137, "failed")])
+def test_failed_or_killed_job_exit_code_and_trace(tmp_path: Path, how: str, code: int, status: str) -> None:
+    """Exit code propagated (128+N when killed), trace kept and loadable; a SIGKILLed job's
+    buffered events are lost, and analyze says why instead of printing an empty summary."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.bin").write_bytes(os.urandom(300_000))
+    (tmp_path / "job.py").write_text(JOB)
+    out = tmp_path / "t"
+    proc = run_cli("capture", "--out", str(out), "--data-dir", "data", "--", PY, "job.py", how, "20", cwd=tmp_path)
+    no_traceback(proc.stderr)
+    assert proc.returncode == code
+    assert f"capture {status} (exit code {code}" in proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == status and manifest["exit_code"] == code
+    analyzed = run_cli("analyze", str(out), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    events = json.loads(analyzed.stdout)["events"]
+    if how == "SIGKILL":
+        assert "killed by SIGKILL" in proc.stderr and "the trace holds no events" in proc.stderr
+        text = run_cli("analyze", str(out))
+        assert "killed by signal 9 (SIGKILL)" in text.stdout and "file is empty (0 bytes)" in text.stdout
+    else:
+        assert events > 20 * 5  # open + reads + close per pass
+
+
+def test_ctrl_c_while_capture_starts_the_job_is_forwarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a Ctrl-C that arrived while Popen was starting the job was recorded but
+    not forwarded, so the job ran to its end (the traced replay then ignored Ctrl-C)."""
+    from dlreplay.capture import CaptureConfig, run_capture
+    from dlreplay.capture import run as capture_run
+
+    real_popen = subprocess.Popen
+
+    def popen(argv, *args, **kwargs):
+        if argv[:2] == [PY, "-c"]:  # the job (platform.platform() runs `uname -p` earlier)
+            signal.raise_signal(signal.SIGINT)  # handled by capture's handler: the job does not exist yet
+        return real_popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(capture_run.subprocess, "Popen", popen)
+    t0 = time.monotonic()
+    result = run_capture(CaptureConfig(command=(PY, "-c", "import time; time.sleep(60)"), out=tmp_path / "t"))
+    assert time.monotonic() - t0 < 45
+    assert result.status == "interrupted" and result.exit_code in (130, 128 + signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_traced_replay_keeps_metrics_and_trace(tmp_path: Path) -> None:
+    model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out))
+    wait_for_line(proc, "replay started (traced)")
+    time.sleep(4.0)  # the traced child imports and starts its accelerator meanwhile
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["complete"] is False and m["interrupted"] is True and len(m["epochs"]) < 400
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    analyzed = run_cli("analyze", str(out), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert json.loads(analyzed.stdout)["events"] > 0  # the trace of the partial run is kept and loadable

@@ -1,0 +1,374 @@
+"""Damaged and odd traces through the CLI (issue #7, bad-input suite).
+
+Every trace here is built from real corpus lines (``traces/npz_fork``): re-compressed into
+several gzip members, then damaged. The expected event count is computed independently
+(zlib and ``json.loads``, line by line) from what survives the damage, so "never loses a
+valid event" is checked exactly. Through the CLI: exit code, no traceback, and a message
+naming the file and what was dropped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlreplay.analyze import load_trace
+
+from .conftest import TRACES, run_cli
+from .test_load import BAD_LINES, member_offsets, ref_decode, to_v1
+
+SRC = TRACES / "npz_fork"
+META_PH = (4, "4", "M")
+
+
+def no_traceback(text: str) -> None:
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+
+
+def corpus_lines(name: str | None = None) -> list[bytes]:
+    """Lines of the largest corpus file of npz_fork (a loader worker), or of ``name``."""
+    path = SRC / name if name else max(SRC.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
+    return gzip.decompress(path.read_bytes()).splitlines()
+
+
+def biggest() -> str:
+    return max(SRC.glob("*.pfw.gz"), key=lambda p: p.stat().st_size).name
+
+
+def is_event(line: bytes) -> bool:
+    """A complete, valid, non-metadata DFTracer line (reference, independent of the loader)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and obj.get("ph") not in META_PH and "ts" in obj
+
+
+def events_in(text: bytes) -> int:
+    """Valid events among the complete lines of ``text`` (a trailing partial line is not one)."""
+    return sum(is_event(ln) for ln in text.split(b"\n")[:-1])
+
+
+def gz_members(lines: list[bytes], members: int) -> bytes:
+    per = -(-len(lines) // members)
+    return b"".join(gzip.compress(b"\n".join(lines[i:i + per]) + b"\n", mtime=0) for i in range(0, len(lines), per))
+
+
+def trace_with(tmp_path: Path, name: str, data: bytes) -> Path:
+    """A copy of npz_fork where file ``name`` holds ``data``."""
+    d = tmp_path / "trace"
+    shutil.copytree(SRC, d)
+    (d / name).write_bytes(data)
+    return d
+
+
+def analyze_json(trace: Path) -> dict:
+    proc = run_cli("analyze", str(trace), "--json")
+    no_traceback(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def file_report(payload: dict, name: str) -> dict:
+    (rep,) = [f for f in payload["files"] if f["name"] == name]
+    return rep
+
+
+@pytest.fixture(scope="module")
+def clean() -> dict:
+    return analyze_json(SRC)
+
+
+# --------------------------------------------------------------------------- gzip damage
+
+
+@pytest.mark.parametrize("where", ["10%", "45%", "member-boundary", "in-member-header", "in-trailer", "2-bytes"])
+def test_truncated_gzip_keeps_every_complete_event(tmp_path: Path, clean: dict, where: str) -> None:
+    name, lines = biggest(), corpus_lines()
+    data = gz_members(lines, 4)
+    starts = member_offsets(data)
+    cut = {"10%": len(data) // 10, "45%": len(data) * 45 // 100, "member-boundary": starts[2],
+           "in-member-header": starts[2] + 5, "in-trailer": len(data) - 3, "2-bytes": 2}[where]
+    trace = trace_with(tmp_path, name, data[:cut])
+    text, _ = ref_decode(data[:cut])
+    tail = text[text.rfind(b"\n") + 1:]
+    payload = analyze_json(trace)
+    rep = file_report(payload, name)
+    assert rep["events"] == events_in(text)  # exactly the complete events before the cut
+    assert payload["events"] == clean["events"] - events_in(gzip.decompress(data)) + events_in(text)
+    assert rep["dropped_lines"] == (1 if tail else 0) and rep["dropped_bytes"] == len(tail)
+    if where != "member-boundary":  # a cut exactly between members is indistinguishable from a shorter file
+        assert any("truncated" in p for p in rep["problems"])
+    text_out = run_cli("analyze", str(trace))
+    no_traceback(text_out.stderr)
+    if tail:
+        assert f"warning: {name}: dropped 1 line(s) and {len(tail)} byte(s)" in text_out.stdout
+
+
+def salvaged(member: bytes) -> bytes:
+    """What zlib decodes of a corrupt gzip member before its first error (byte by byte)."""
+    d = zlib.decompressobj(31)
+    out = b""
+    for i in range(len(member)):
+        try:
+            out += d.decompress(member[i:i + 1])
+        except zlib.error:
+            break
+    return out
+
+
+def test_corrupt_member_in_the_middle_later_members_still_read(tmp_path: Path, clean: dict) -> None:
+    name, lines = biggest(), corpus_lines()
+    data = gz_members(lines, 4)
+    starts = [*member_offsets(data), len(data)]
+    bad = bytearray(data)
+    mid = (starts[1] + starts[2]) // 2
+    bad[mid:mid + 48] = b"\xff" * 48
+    trace = trace_with(tmp_path, name, bytes(bad))
+    kept = [gzip.decompress(data[starts[k]:starts[k + 1]]) for k in (0, 2, 3)]
+    damaged = salvaged(bytes(bad[starts[1]:starts[2]]))
+    expected = sum(events_in(t) for t in kept) + events_in(damaged)
+    payload = analyze_json(trace)
+    rep = file_report(payload, name)
+    assert rep["events"] == expected and rep["members"] == 4
+    assert any("corrupt gzip member 2" in p and "resumed at the next member header" in p for p in rep["problems"])
+    # the events of the members after the damage are all there (by timestamp)
+    loaded = load_trace(trace)
+    got = set(loaded.events.filter(pl.col("source") == name)["ts"].to_list())
+    later = {json.loads(ln)["ts"] for t in kept[1:] for ln in t.splitlines() if is_event(ln)}
+    assert later <= got
+    out = run_cli("analyze", str(trace))
+    assert "warning:" in out.stdout and name in out.stdout and "corrupt gzip member 2" in out.stdout
+
+
+@pytest.mark.parametrize("members", [1, 3, 60])
+def test_multi_member_gzip_reads_like_one_member(tmp_path: Path, clean: dict, members: int) -> None:
+    name, lines = biggest(), corpus_lines()
+    data = gz_members(lines, members)
+    trace = trace_with(tmp_path, name, data)
+    payload = analyze_json(trace)
+    assert file_report(payload, name)["members"] == len(member_offsets(data)) >= min(members, 50)
+    assert {k: v for k, v in payload.items() if k not in ("trace", "files")} == \
+        {k: v for k, v in clean.items() if k not in ("trace", "files")}
+    assert load_trace(trace).events.drop("source").equals(load_trace(SRC).events.drop("source"))
+
+
+# --------------------------------------------------------------------------- empty and metadata-only files
+
+
+def test_empty_zero_byte_and_metadata_only_files(tmp_path: Path, clean: dict) -> None:
+    """Next to real files they change nothing; alone, analyze says why there is nothing and
+    distill refuses with a message (test_distill.test_cli_distill_empty_trace: 0-byte file)."""
+    meta_only = b"\n".join(ln for ln in corpus_lines() if not is_event(ln)) + b"\n"
+    odd = {"trace-empty-gzip.pfw.gz": gzip.compress(b""), "trace-zero.pfw.gz": b"", "trace-zero.pfw": b"",
+           "trace-meta.pfw.gz": gzip.compress(meta_only)}
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    for n, data in odd.items():
+        (trace / n).write_bytes(data)
+    payload = analyze_json(trace)
+    assert payload["events"] == clean["events"] and payload["dropped_lines"] == 0
+    assert file_report(payload, "trace-meta.pfw.gz")["lines"] == meta_only.count(b"\n")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for n, data in odd.items():
+        (alone / n).write_bytes(data)
+    out = run_cli("analyze", str(alone))
+    no_traceback(out.stderr)
+    assert out.returncode == 0 and "warning: the trace holds no events" in out.stdout
+    assert "trace-zero.pfw.gz: file is empty (0 bytes)" in out.stdout
+    dis = run_cli("distill", str(alone), "-o", str(tmp_path / "m.yaml"))
+    no_traceback(dis.stderr)
+    assert dis.returncode == 1 and "no events" in dis.stderr
+    exp = run_cli("export", str(alone), "-o", str(tmp_path / "x.perfetto-trace"))
+    no_traceback(exp.stderr)
+    assert exp.returncode == 1 and "no events" in exp.stderr
+
+
+# --------------------------------------------------------------------------- DFTracer 1.x next to 2.x
+
+
+def test_dftracer_1x_and_2x_files_in_one_directory(tmp_path: Path, clean: dict) -> None:
+    """Every other file rewritten in DFTracer 1.x form (``[`` first line, letter ``ph``,
+    numbers as strings, integer hashes, trailing commas): same summary as the 2.x original."""
+    trace = tmp_path / "mixed"
+    shutil.copytree(SRC, trace)
+    converted = sorted(trace.glob("*.pfw.gz"))[::2]
+    for f in converted:
+        recs = [json.loads(x) for x in gzip.decompress(f.read_bytes()).splitlines()]
+        f.write_bytes(gzip.compress(b"[\n" + b",\n".join(to_v1(r) for r in recs) + b",\n"))
+    payload = analyze_json(trace)
+    assert payload["dropped_lines"] == 0
+    assert {k: v for k, v in payload.items() if k not in ("trace", "files")} == \
+        {k: v for k, v in clean.items() if k not in ("trace", "files")}
+    model = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"))
+    assert model.returncode == 0, model.stderr
+
+
+# --------------------------------------------------------------------------- malformed and odd lines
+
+
+def test_malformed_json_lines_are_dropped_and_counted(tmp_path: Path, clean: dict) -> None:
+    name, lines = biggest(), corpus_lines()
+    bad = [*BAD_LINES, b'{"id":1,"name":"read","dur":NaN}', b"[1, 2, 3]", b"null", b'"just a string"',
+           b"\x00" * 40, b"}{"]
+    mixed = list(lines)
+    for k, b in enumerate(bad):
+        mixed.insert(7 + 13 * k, b)
+    trace = trace_with(tmp_path, name, gz_members(mixed, 3))
+    payload = analyze_json(trace)
+    rep = file_report(payload, name)
+    assert payload["events"] == clean["events"]  # not one valid event lost
+    assert rep["dropped_lines"] == len(bad) and rep["dropped_bytes"] == sum(len(b) + 1 for b in bad)
+    out = run_cli("analyze", str(trace))
+    assert f"{name}: dropped {len(bad)} line(s)" in out.stdout and "malformed" in out.stdout
+
+
+def _odd_trace(tmp_path: Path) -> tuple[Path, int]:
+    """Valid events with odd values: unknown ph and type, an unknown file hash (no FH
+    record anywhere), negative and huge durations, timestamps out of order and far away."""
+    name, lines = biggest(), corpus_lines()
+    recs = [json.loads(ln) for ln in lines]
+    reads = [i for i, r in enumerate(recs) if r.get("name") == "read"]
+    changes = [{"ph": "Z"}, {"type": 99}, {"args": {**recs[reads[2]]["args"], "fhash": "deadbeefdeadbeef"}},
+               {"dur": -5}, {"dur": 2**62}, {"ts": recs[reads[5]]["ts"] - 10**9},
+               {"ts": recs[reads[6]]["ts"] + 10**15}, {"ts": 2**63 - 1}]
+    for i, change in zip(reads, changes, strict=False):
+        recs[i] = {**recs[i], **change}
+    out = [json.dumps(r, separators=(",", ":")).encode() for r in recs]
+    return trace_with(tmp_path, name, gz_members(out, 2)), len(changes)
+
+
+def test_odd_values_are_kept_and_every_command_copes(tmp_path: Path, clean: dict) -> None:
+    """Not one of these events is dropped; analyze, distill and export (both formats) finish
+    without a traceback; export says what it could not draw (a timestamp beyond year 2262)
+    and repairs (negative and overlong durations)."""
+    trace, _ = _odd_trace(tmp_path)
+    payload = analyze_json(trace)
+    assert payload["events"] == clean["events"] and payload["dropped_lines"] == 0
+    events = load_trace(trace).events
+    assert events["ts"].is_sorted(nulls_last=True)  # out-of-order input comes out in time order
+    missing_fh = events.filter(pl.col("fhash") == "deadbeefdeadbeef")
+    assert missing_fh.height == 1 and missing_fh["file"][0] is None
+    dis = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"))
+    no_traceback(dis.stderr)
+    assert dis.returncode == 0, dis.stderr
+    for out in ("x.perfetto-trace", "x.json.gz"):
+        exp = run_cli("export", str(trace), "-o", str(tmp_path / out))
+        no_traceback(exp.stderr)
+        assert exp.returncode == 0, exp.stderr
+        assert "1 event(s) not written" in exp.stdout and "2 negative or overlong duration(s) repaired" in exp.stdout
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "loader bug (analyze/load.py): a JSON line that is not an event -- '{}', an object without "
+    "'ts', or with a ts outside Int64 such as 2**64, or pid true -- becomes a row with nulls "
+    "(pid/ts/name) instead of being dropped and counted as malformed; nothing in the report "
+    "says the row is not an event"))
+def test_lines_that_are_not_events_are_dropped_and_counted(tmp_path: Path, clean: dict) -> None:
+    name, lines = biggest(), corpus_lines()
+    read = next(json.loads(ln) for ln in lines if b'"name":"read"' in ln)
+    not_events = [b"{}", json.dumps({k: v for k, v in read.items() if k != "ts"}).encode(),
+                  json.dumps({**read, "ts": 2**64}).encode(), json.dumps({**read, "pid": True}).encode()]
+    trace = trace_with(tmp_path, name, gz_members([*lines, *not_events], 1))
+    payload = analyze_json(trace)
+    rep = file_report(payload, name)
+    assert payload["events"] == clean["events"]
+    assert rep["dropped_lines"] == len(not_events)
+
+
+# --------------------------------------------------------------------------- property: random events, random damage
+
+T0 = 1_795_315_916_000_000
+_NAMES = ["read", "read", "write", "open64", "close", "lseek64", "pread64", "fetch", "item", "odd_op"]
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n\r"), max_size=10)
+#: Lines that are not valid JSON (or not an object), none containing a newline, none ending
+#: in "," or blank (see test_dropped_bytes_of_a_malformed_line_ending_in_a_comma).
+_MALFORMED = [*BAD_LINES, b"[1, 2]", b"null", b"}{", b'{"ts":1', b"\x00\x00\x00", b'{"a":1}}']
+
+
+@st.composite
+def _events(draw: st.DrawFn) -> list[dict]:
+    n = draw(st.integers(1, 120))
+    out = []
+    for i in range(n):
+        name = draw(st.sampled_from(_NAMES))
+        args: dict[str, Any] = {"hhash": "6882804a826580cd", "fhash": draw(st.sampled_from(["00000000000000aa",
+                                                                                           "00000000000000bb"]))}
+        if name in ("read", "write", "pread64"):
+            args.update(ret=draw(st.integers(-1, 2**40)), count=draw(st.integers(0, 2**40)))
+        if name in ("fetch", "item"):
+            args.update(epoch=draw(st.integers(0, 5)), step=draw(st.integers(0, 1000)))
+        if draw(st.booleans()):
+            args["note"] = draw(_text)  # commas, quotes, escapes, non-ASCII
+        out.append({"id": i + 1, "name": name, "cat": "POSIX" if name not in ("fetch", "item") else "dataloader",
+                    "type": 3, "pid": draw(st.sampled_from([101, 102])), "tid": 101, "ts": T0 + 7 * i,
+                    "dur": draw(st.integers(0, 10**6)), "ph": 1, "args": args})
+    return out
+
+
+@st.composite
+def _damaged(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
+    """(file bytes, the lines written), with malformed lines inserted, several members, maybe a cut."""
+    meta = [json.dumps({"name": "FH", "cat": "dftracer", "type": 1, "pid": 101, "tid": 101, "ph": 4,
+                        "args": {"name": f"/d/{h}", "value": h}}).encode() for h in ("00000000000000aa",
+                                                                                      "00000000000000bb")]
+    ascii_only = draw(st.booleans())
+    lines = meta + [json.dumps(e, separators=(",", ":"), ensure_ascii=ascii_only).encode() for e in draw(_events())]
+    for _ in range(draw(st.integers(0, 6))):
+        lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from(_MALFORMED)))
+    data = gz_members(lines, draw(st.integers(1, 5)))
+    if draw(st.booleans()):
+        data = data[:draw(st.integers(1, len(data)))]
+    return data, lines
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(case=_damaged())
+def test_random_events_with_random_damage(tmp_path: Path, case: tuple[bytes, list[bytes]]) -> None:
+    """Exactly the complete valid events survive, and every other line is counted as dropped."""
+    data, _ = case
+    path = tmp_path / "h.pfw.gz"
+    path.write_bytes(data)
+    text, _ = ref_decode(data)
+    complete, tail = text.split(b"\n")[:-1], text[text.rfind(b"\n") + 1:]
+    want = sorted((o["ts"], o["pid"], o["name"], o["dur"]) for o in (json.loads(ln) for ln in complete
+                                                                     if is_event(ln)))
+    malformed = [ln for ln in complete if ln.strip() and not _json_object(ln)]
+    loaded = load_trace(path)
+    got = sorted(loaded.events.select("ts", "pid", "name", "dur").iter_rows())
+    assert got == want
+    rep = loaded.files[0]
+    assert rep.dropped_lines == len(malformed) + (1 if tail else 0)
+    assert rep.dropped_bytes == sum(len(ln) + 1 for ln in malformed) + len(tail)
+
+
+def _json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "loader bug (analyze/load.py, JSON fallback): a malformed line's trailing ',' and blanks are "
+    "stripped (DFTracer 1.x array elements) before its length is added to dropped_bytes, so "
+    "dropped_bytes is short by those bytes ('{\"ts\":1,' counts 8 bytes, not 9)"))
+def test_dropped_bytes_of_a_malformed_line_ending_in_a_comma(tmp_path: Path) -> None:
+    lines = corpus_lines()
+    bad = [b'{"ts":1,', b'{"name":"read" ,  ']
+    path = tmp_path / "c.pfw.gz"
+    path.write_bytes(gz_members([bad[0], *lines, bad[1]], 1))
+    rep = load_trace(path).files[0]
+    assert rep.dropped_lines == 2
+    assert rep.dropped_bytes == sum(len(b) + 1 for b in bad)
