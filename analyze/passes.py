@@ -255,7 +255,7 @@ def pass_access(v: TraceView) -> dict:
         flagged.group_by("file")
         .agg(pl.len().alias("reads"), pl.col("seq").mean().alias("sequential"),
              pl.col("consec").mean().alias("consecutive"), pl.col("size").median().alias("median_read"))
-        .sort("reads", descending=True)
+        .sort(["reads", "file"], descending=[True, False])
     )
     return {
         "reads": n, "sequential": _f(seq / n, 4), "consecutive": _f(con / n, 4), "random": _f((n - seq) / n, 4),
@@ -269,7 +269,7 @@ def pass_transfer(v: TraceView) -> dict:
     r = v.dataset_reads
     out: dict[str, Any] = {"read_size": _stats(r["size"]), "calls": {}}
     out["read_size"]["bytes_weighted_median"] = _weighted_median(r["size"])
-    out["calls"] = {n: c for n, c in r.group_by("name").len().sort("len", descending=True).iter_rows()}
+    out["calls"] = {n: c for n, c in r.group_by("name").len().sort(["len", "name"], descending=[True, False]).iter_rows()}
     exts = [os.path.splitext(f)[1].lower() for f in v.role_files("dataset")]
     out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
     items = v.items
@@ -329,7 +329,7 @@ def pass_processes(v: TraceView) -> dict:
             is_item.sum().alias("items"),
             pl.col("size").filter(pl.col("name").is_in(READ_OPS)).sum().alias("bytes_read"),
         )
-        .sort("t0")
+        .sort("t0", "pid")
     )
     cons, work = set(v.consumers), set(v.workers)
     rows = []
@@ -404,7 +404,7 @@ def pass_steps(v: TraceView) -> dict:
     waits = s["wait_us"]
     comp_med = _num(s["compute_us"].median())
     starved = s.filter(pl.col("wait_us") > pl.col("compute_us"))
-    worst = s.sort("wait_us", descending=True).head(5)
+    worst = s.sort(["wait_us", "ts"], descending=[True, False]).head(5)
     return {
         "steps": st.height, "warmup_steps": int(st["warm"].sum()), "au": au(s),
         # without the first batch of each epoch (worker start-up, first prefetch)
