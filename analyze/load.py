@@ -1089,34 +1089,21 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
 def _output_order(ev: pl.DataFrame) -> np.ndarray:
     """Row indices of ``ev`` in output order: by ``ts`` (null last), then ``src``, then ``seq``.
 
-    (src, seq) is unique per row. When (ts, src, seq) packs into 63 bits, the packed
-    keys are sorted as values (SIMD-sorted by numpy, much faster than an argsort) and
-    the rows recovered from (src, seq); otherwise a three-key argsort.
+    (src, seq) is unique per row. When (ts, src, seq) packs into one non-negative Int64,
+    numpy argsorts the packed keys (its stable sort merges the runs the rows already
+    come in: each layout group is in line order); otherwise a three-key argsort.
     """
-    n = ev.height
     tmin, tmax = _int_stat(ev["ts"].min()), _int_stat(ev["ts"].max())
-    per_src = ev.group_by("src").agg(pl.col("seq").max().alias("m")).sort("src")
-    smax = _int_stat(per_src["src"].max()) or 0
-    b_src = max(smax, 1).bit_length()
-    b_seq = max(_int_stat(per_src["m"].max()) or 0, 1).bit_length()
+    b_src = max(_int_stat(ev["src"].max()) or 0, 1).bit_length()
+    b_seq = max(_int_stat(ev["seq"].max()) or 0, 1).bit_length()
     span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
-    slots = int((per_src["m"] + 1).sum())  # the (src, seq) table below: about one per line
-    if span.bit_length() + b_src + b_seq > _PACK_BITS or slots > 4 * n + 1024:
+    if span.bit_length() + b_src + b_seq > _PACK_BITS or (_int_stat(ev["seq"].min()) or 0) < 0:
         order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
         return order.to_series().to_numpy().astype(np.int64)
     ts = ev["ts"].fill_null((tmax + 1) if tmax is not None else 0).to_numpy()
-    src = ev["src"].to_numpy().astype(np.int64)
-    seq = ev["seq"].to_numpy()
-    key = ((ts - (tmin or 0)) << (b_src + b_seq)) | (src << b_seq) | seq
-    key.sort()
-    # row of every (src, seq): a dense table, one slot per line of every file
-    base = np.zeros(smax + 2, dtype=np.int64)
-    base[per_src["src"].to_numpy().astype(np.int64) + 1] = per_src["m"].to_numpy() + 1
-    base = np.cumsum(base)
-    slot = np.full(int(base[-1]), -1, dtype=np.int64)
-    slot[base[src] + seq] = np.arange(n, dtype=np.int64)
-    mask = (1 << b_seq) - 1
-    return slot[base[(key >> b_seq) & ((1 << b_src) - 1)] + (key & mask)]
+    key = ((ts - (tmin or 0)) << (b_src + b_seq)) | (ev["src"].to_numpy().astype(np.int64) << b_seq) \
+        | ev["seq"].to_numpy()
+    return np.argsort(key, kind="stable")
 
 
 def _int_stat(value: object) -> int | None:
@@ -1170,11 +1157,7 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     # streams, each in output (time) order
     b_pos = max(n, 1).bit_length()
     if (int(g.max()) + 1).bit_length() + b_pos <= _PACK_BITS:
-        key = (g << b_pos) | pos
-        key.sort()
-        at = np.full(n, -1, dtype=np.int64)
-        at[pos] = np.arange(m, dtype=np.int64)
-        idx = at[key & ((1 << b_pos) - 1)]
+        idx = np.argsort((g << b_pos) | pos)  # keys are unique
     else:
         idx = np.lexsort((pos, g))
     g, pos = g[idx], pos[idx]
