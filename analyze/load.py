@@ -431,13 +431,14 @@ def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool
                 yield b"".join(pending), True, False
             pending, size = [], 0
         elif size >= _CHUNK_BYTES:
-            text = b"".join(pending)
-            body, tail = _split_tail(text)
-            if body:
-                yield body, False, True
-                pending, size = ([tail], len(tail)) if tail else ([], 0)
-            else:
-                pending, size = [text], len(text)
+            # cut after the last newline, found from the end: one copy of the text
+            j, k = len(pending) - 1, -1
+            while j >= 0 and (k := pending[j].rfind(b"\n")) < 0:
+                j -= 1
+            if j >= 0:
+                yield b"".join([*pending[:j], pending[j][:k + 1]]), False, True
+                pending = [x for x in [pending[j][k + 1:], *pending[j + 1:]] if x]
+                size = sum(map(len, pending))
     if pending:
         yield b"".join(pending), False, False
 
