@@ -387,11 +387,7 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
             problems=stats.problems,
         )))
     # one chunk per column: the combine stage gathers rows across all of them
-    return TracePart(events=_rechunk(_concat(batch.events)), meta=_concat(batch.meta), files=files)
-
-
-def _rechunk(df: pl.DataFrame) -> pl.DataFrame:
-    return df.rechunk()
+    return TracePart(events=_concat(batch.events).rechunk(), meta=_concat(batch.meta), files=files)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
