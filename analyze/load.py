@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -362,7 +364,8 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
         if not data:
             stats.problems.append("file is empty (0 bytes): the process wrote no trace")
         seq0 = 0
-        for text, damaged_after, cut in _text_chunks(data, stats):
+        chunks = _prefetched(data, stats) if len(data) >= _PREFETCH_BYTES else _text_chunks(data, stats)
+        for text, damaged_after, cut in chunks:
             body, tail = _split_tail(text)
             if tail:
                 if damaged_after:
@@ -407,6 +410,62 @@ def _split_tail(text: bytes) -> tuple[bytes, bytes]:
     """Split ``text`` after its last newline: (complete lines, trailing partial line)."""
     cut = text.rfind(b"\n") + 1
     return text[:cut], text[cut:]
+
+
+#: Files stored with at least this many bytes decode their next chunk in a helper
+#: thread while the current one is parsed (zlib/ISA-L release the GIL).
+_PREFETCH_BYTES = 2 << 20
+
+
+def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
+    """:func:`_text_chunks`, decoded one chunk ahead in a helper thread.
+
+    The helper counts into its own stats; what it counted up to each chunk is added to
+    ``stats`` when that chunk is handed over, so problems keep the order of a
+    sequential decode.
+    """
+    q: queue.Queue = queue.Queue(maxsize=1)
+    mine = _Stats()
+    stop = threading.Event()
+
+    def delta(seen: list[int]) -> tuple[int, int, int, list[str]]:
+        d = (mine.members - seen[0], mine.dropped_lines - seen[1], mine.dropped_bytes - seen[2],
+             mine.problems[seen[3]:])
+        seen[:] = [mine.members, mine.dropped_lines, mine.dropped_bytes, len(mine.problems)]
+        return d
+
+    def produce() -> None:
+        seen = [0, 0, 0, 0]
+        try:
+            for chunk in _text_chunks(data, mine):
+                if stop.is_set():
+                    return
+                q.put((chunk, delta(seen), None))
+            q.put((None, delta(seen), None))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            q.put((None, delta(seen), exc))
+
+    helper = threading.Thread(target=produce, name="dlreplay-decode", daemon=True)
+    helper.start()
+    try:
+        while True:
+            chunk, (members, lines, nbytes, problems), exc = q.get()
+            stats.members += members
+            stats.drop(lines, nbytes)
+            stats.problems.extend(problems)
+            if exc is not None:
+                raise exc
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        while helper.is_alive():  # unblock a helper waiting to put
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        helper.join()
 
 
 def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
