@@ -664,7 +664,7 @@ def _parse_segments(segments: list[_Segment], tok: pl.DataFrame) -> tuple[list[p
         if not good.all():
             bad.append(df.filter(~good).select("src", "seq"))
             df = df.filter(good)
-        (meta if is_meta else events).append(_conform(df.drop("__ok")))
+        (meta if is_meta else events).append(df.drop("__ok"))
     if bad:
         fallback.append(tok.join(pl.concat(bad), on=["src", "seq"], how="semi"))
     if fallback:
@@ -675,14 +675,6 @@ def _parse_segments(segments: list[_Segment], tok: pl.DataFrame) -> tuple[list[p
             events.append(df.filter(~meta_rows))
             meta.append(df.filter(meta_rows))
     return events, meta
-
-
-def _conform(df: pl.DataFrame) -> pl.DataFrame:
-    """Add missing raw columns as nulls and order them like RAW_SCHEMA."""
-    return df.select(
-        [pl.col(c).cast(dt) if c in df.columns else pl.lit(None, dtype=dt).alias(c)
-         for c, dt in RAW_SCHEMA.items()]
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -779,7 +771,11 @@ def _layout_query(rows: pl.LazyFrame, layout: list[_Tok], sample: dict) -> tuple
             _QUERY_CACHE.clear()
         built = _QUERY_CACHE[key] = _layout_exprs(layout, sample)
     exprs, names, ok, is_meta = built
-    return rows.with_columns(exprs).select(*names, ok), is_meta
+    # the raw columns in RAW_SCHEMA order (absent ones null) and the row check
+    return rows.with_columns(exprs).select(
+        *(pl.col(c).cast(dt) if c in names else pl.lit(None, dtype=dt).alias(c) for c, dt in RAW_SCHEMA.items()),
+        ok,
+    ), is_meta
 
 
 def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[list[pl.Expr], list[str], pl.Expr, bool]:
