@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -362,7 +364,8 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
         if not data:
             stats.problems.append("file is empty (0 bytes): the process wrote no trace")
         seq0 = 0
-        for text, damaged_after, cut in _text_chunks(data, stats):
+        chunks = _prefetched(data, stats) if len(data) >= _PREFETCH_BYTES else _text_chunks(data, stats)
+        for text, damaged_after, cut in chunks:
             body, tail = _split_tail(text)
             if tail:
                 if damaged_after:
@@ -387,11 +390,7 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
             problems=stats.problems,
         )))
     # one chunk per column: the combine stage gathers rows across all of them
-    return TracePart(events=_rechunk(_concat(batch.events)), meta=_concat(batch.meta), files=files)
-
-
-def _rechunk(df: pl.DataFrame) -> pl.DataFrame:
-    return df.rechunk()
+    return TracePart(events=_concat(batch.events).rechunk(), meta=_concat(batch.meta), files=files)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -413,6 +412,62 @@ def _split_tail(text: bytes) -> tuple[bytes, bytes]:
     return text[:cut], text[cut:]
 
 
+#: Files stored with at least this many bytes decode their next chunk in a helper
+#: thread while the current one is parsed (zlib/ISA-L release the GIL).
+_PREFETCH_BYTES = 2 << 20
+
+
+def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
+    """:func:`_text_chunks`, decoded one chunk ahead in a helper thread.
+
+    The helper counts into its own stats; what it counted up to each chunk is added to
+    ``stats`` when that chunk is handed over, so problems keep the order of a
+    sequential decode.
+    """
+    q: queue.Queue = queue.Queue(maxsize=1)
+    mine = _Stats()
+    stop = threading.Event()
+
+    def delta(seen: list[int]) -> tuple[int, int, int, list[str]]:
+        d = (mine.members - seen[0], mine.dropped_lines - seen[1], mine.dropped_bytes - seen[2],
+             mine.problems[seen[3]:])
+        seen[:] = [mine.members, mine.dropped_lines, mine.dropped_bytes, len(mine.problems)]
+        return d
+
+    def produce() -> None:
+        seen = [0, 0, 0, 0]
+        try:
+            for chunk in _text_chunks(data, mine):
+                if stop.is_set():
+                    return
+                q.put((chunk, delta(seen), None))
+            q.put((None, delta(seen), None))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            q.put((None, delta(seen), exc))
+
+    helper = threading.Thread(target=produce, name="dlreplay-decode", daemon=True)
+    helper.start()
+    try:
+        while True:
+            chunk, (members, lines, nbytes, problems), exc = q.get()
+            stats.members += members
+            stats.drop(lines, nbytes)
+            stats.problems.extend(problems)
+            if exc is not None:
+                raise exc
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        while helper.is_alive():  # unblock a helper waiting to put
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        helper.join()
+
+
 def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
     """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``.
 
@@ -431,13 +486,14 @@ def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool
                 yield b"".join(pending), True, False
             pending, size = [], 0
         elif size >= _CHUNK_BYTES:
-            text = b"".join(pending)
-            body, tail = _split_tail(text)
-            if body:
-                yield body, False, True
-                pending, size = ([tail], len(tail)) if tail else ([], 0)
-            else:
-                pending, size = [text], len(text)
+            # cut after the last newline, found from the end: one copy of the text
+            j, k = len(pending) - 1, -1
+            while j >= 0 and (k := pending[j].rfind(b"\n")) < 0:
+                j -= 1
+            if j >= 0:
+                yield b"".join([*pending[:j], pending[j][:k + 1]]), False, True
+                pending = [x for x in [pending[j][k + 1:], *pending[j + 1:]] if x]
+                size = sum(map(len, pending))
     if pending:
         yield b"".join(pending), False, False
 
@@ -608,7 +664,7 @@ def _parse_segments(segments: list[_Segment], tok: pl.DataFrame) -> tuple[list[p
         if not good.all():
             bad.append(df.filter(~good).select("src", "seq"))
             df = df.filter(good)
-        (meta if is_meta else events).append(_conform(df.drop("__ok")))
+        (meta if is_meta else events).append(df.drop("__ok"))
     if bad:
         fallback.append(tok.join(pl.concat(bad), on=["src", "seq"], how="semi"))
     if fallback:
@@ -619,14 +675,6 @@ def _parse_segments(segments: list[_Segment], tok: pl.DataFrame) -> tuple[list[p
             events.append(df.filter(~meta_rows))
             meta.append(df.filter(meta_rows))
     return events, meta
-
-
-def _conform(df: pl.DataFrame) -> pl.DataFrame:
-    """Add missing raw columns as nulls and order them like RAW_SCHEMA."""
-    return df.select(
-        [pl.col(c).cast(dt) if c in df.columns else pl.lit(None, dtype=dt).alias(c)
-         for c, dt in RAW_SCHEMA.items()]
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -723,7 +771,11 @@ def _layout_query(rows: pl.LazyFrame, layout: list[_Tok], sample: dict) -> tuple
             _QUERY_CACHE.clear()
         built = _QUERY_CACHE[key] = _layout_exprs(layout, sample)
     exprs, names, ok, is_meta = built
-    return rows.with_columns(exprs).select(*names, ok), is_meta
+    # the raw columns in RAW_SCHEMA order (absent ones null) and the row check
+    return rows.with_columns(exprs).select(
+        *(pl.col(c).cast(dt) if c in names else pl.lit(None, dtype=dt).alias(c) for c, dt in RAW_SCHEMA.items()),
+        ok,
+    ), is_meta
 
 
 def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[list[pl.Expr], list[str], pl.Expr, bool]:
@@ -1089,34 +1141,21 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
 def _output_order(ev: pl.DataFrame) -> np.ndarray:
     """Row indices of ``ev`` in output order: by ``ts`` (null last), then ``src``, then ``seq``.
 
-    (src, seq) is unique per row. When (ts, src, seq) packs into 63 bits, the packed
-    keys are sorted as values (SIMD-sorted by numpy, much faster than an argsort) and
-    the rows recovered from (src, seq); otherwise a three-key argsort.
+    (src, seq) is unique per row. When (ts, src, seq) packs into one non-negative Int64,
+    numpy argsorts the packed keys (its stable sort merges the runs the rows already
+    come in: each layout group is in line order); otherwise a three-key argsort.
     """
-    n = ev.height
     tmin, tmax = _int_stat(ev["ts"].min()), _int_stat(ev["ts"].max())
-    per_src = ev.group_by("src").agg(pl.col("seq").max().alias("m")).sort("src")
-    smax = _int_stat(per_src["src"].max()) or 0
-    b_src = max(smax, 1).bit_length()
-    b_seq = max(_int_stat(per_src["m"].max()) or 0, 1).bit_length()
+    b_src = max(_int_stat(ev["src"].max()) or 0, 1).bit_length()
+    b_seq = max(_int_stat(ev["seq"].max()) or 0, 1).bit_length()
     span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
-    slots = int((per_src["m"] + 1).sum())  # the (src, seq) table below: about one per line
-    if span.bit_length() + b_src + b_seq > _PACK_BITS or slots > 4 * n + 1024:
+    if span.bit_length() + b_src + b_seq > _PACK_BITS or (_int_stat(ev["seq"].min()) or 0) < 0:
         order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
         return order.to_series().to_numpy().astype(np.int64)
     ts = ev["ts"].fill_null((tmax + 1) if tmax is not None else 0).to_numpy()
-    src = ev["src"].to_numpy().astype(np.int64)
-    seq = ev["seq"].to_numpy()
-    key = ((ts - (tmin or 0)) << (b_src + b_seq)) | (src << b_seq) | seq
-    key.sort()
-    # row of every (src, seq): a dense table, one slot per line of every file
-    base = np.zeros(smax + 2, dtype=np.int64)
-    base[per_src["src"].to_numpy().astype(np.int64) + 1] = per_src["m"].to_numpy() + 1
-    base = np.cumsum(base)
-    slot = np.full(int(base[-1]), -1, dtype=np.int64)
-    slot[base[src] + seq] = np.arange(n, dtype=np.int64)
-    mask = (1 << b_seq) - 1
-    return slot[base[(key >> b_seq) & ((1 << b_src) - 1)] + (key & mask)]
+    key = ((ts - (tmin or 0)) << (b_src + b_seq)) | (ev["src"].to_numpy().astype(np.int64) << b_seq) \
+        | ev["seq"].to_numpy()
+    return np.argsort(key, kind="stable")
 
 
 def _int_stat(value: object) -> int | None:
@@ -1170,11 +1209,7 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     # streams, each in output (time) order
     b_pos = max(n, 1).bit_length()
     if (int(g.max()) + 1).bit_length() + b_pos <= _PACK_BITS:
-        key = (g << b_pos) | pos
-        key.sort()
-        at = np.full(n, -1, dtype=np.int64)
-        at[pos] = np.arange(m, dtype=np.int64)
-        idx = at[key & ((1 << b_pos) - 1)]
+        idx = np.argsort((g << b_pos) | pos)  # keys are unique
     else:
         idx = np.lexsort((pos, g))
     g, pos = g[idx], pos[idx]

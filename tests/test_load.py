@@ -698,3 +698,35 @@ def test_unpacked_sort_paths_agree(tmp_path: Path, monkeypatch) -> None:
     assert wide["ts"].is_sorted() and wide.height == packed.height + 33
     assert wide.filter(pl.col("pid") == 400, pl.col("name") == "read")["offset"].to_list() == \
         [sum(range(1, k + 1)) for k in range(30)]
+
+
+@pytest.mark.parametrize("chunk", [1 << 12, 32 << 20])
+def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_file, monkeypatch, chunk: int) -> None:
+    """Large files decode their next chunk in a helper thread: same rows, same reports
+    (problems in the same order) for clean, truncated, corrupt and malformed files."""
+    _, data = big_member_file
+    starts = member_offsets(data)
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "clean.pfw.gz").write_bytes(data)
+    (d / "cut.pfw.gz").write_bytes(data[:len(data) * 3 // 4])
+    bad = bytearray(data)
+    for m in (1, 2):  # two corrupt members: two damage points
+        mid = (starts[m] + starts[m + 1]) // 2
+        bad[mid:mid + 64] = b"\xff" * 64
+    (d / "corrupt.pfw.gz").write_bytes(bytes(bad))
+    p = Proc(pid=12)
+    for i in range(3000):
+        p.read("/d/x", i + 1)
+    lines = p.lines()
+    for k, b in enumerate(BAD_LINES):
+        lines.insert(100 + 400 * k, b)
+    write_gz(d / "malformed.pfw.gz", lines, members=5)
+    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1 << 40)
+    inline = load_trace(d)
+    monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 0)
+    ahead = load_trace(d)
+    assert ahead.events.equals(inline.events)
+    assert ahead.files == inline.files
+    assert {f.name for f in ahead.files if f.problems} == {"cut.pfw.gz", "corrupt.pfw.gz", "malformed.pfw.gz"}
