@@ -923,19 +923,37 @@ def _parse_fallback(segments: list[_Segment], rows: pl.DataFrame) -> pl.DataFram
     lines = _fallback_lines(segments, rows)
     keys = list(zip(rows["src"].to_list(), rows["seq"].to_list(), strict=True))
     stats = {s.src: s.stats for s in segments}
+    # the bytes a dropped line costs: as written, with its newline
+    sizes = [len(ln) + 1 for ln in lines]
     # DFTracer 1.x lines may end with "," (elements of one JSON array)
     lines = [ln.rstrip().rstrip(b",") for ln in lines]
     frames: list[pl.DataFrame] = []
     for i in range(0, len(lines), _JSON_BATCH):
-        frames.extend(_json_bisect(lines[i:i + _JSON_BATCH], keys[i:i + _JSON_BATCH], stats))
+        sl = slice(i, i + _JSON_BATCH)
+        frames.extend(_json_bisect(lines[sl], keys[sl], sizes[sl], stats))
     return _concat(frames)
 
 
-def _json_bisect(lines: list[bytes], keys: list[tuple[int, int]],
+def _drop_malformed(st: _Stats, lines: int, nbytes: int) -> None:
+    if not st.dropped_lines or not any("malformed" in p for p in st.problems):
+        st.problems.append("dropped malformed JSON line(s)")
+    st.drop(lines, nbytes)
+
+
+#: A parsed line is an event only with an integer ts and pid and a name (metadata records
+#: need none of them); anything else ({}, "pid": true, a ts beyond Int64) is malformed.
+def _is_record() -> pl.Expr:
+    return pl.col("ph").is_in(_META_PH).fill_null(False) | (
+        _cast_loose(pl.col("ts"), _INT).is_not_null() & _cast_loose(pl.col("pid"), _INT).is_not_null()
+        & pl.col("name").is_not_null())
+
+
+def _json_bisect(lines: list[bytes], keys: list[tuple[int, int]], sizes: list[int],
                  stats: dict[int, _Stats]) -> list[pl.DataFrame]:
     """Parse lines as NDJSON; on failure split in halves until the bad lines are isolated.
 
-    ``keys`` are the lines' (src, seq).
+    ``keys`` are the lines' (src, seq), ``sizes`` their bytes as written (newline
+    included), counted as dropped for a malformed line or a JSON object that is no event.
     """
     if not lines:
         return []
@@ -944,17 +962,23 @@ def _json_bisect(lines: list[bytes], keys: list[tuple[int, int]],
     except Exception:  # noqa: BLE001 - polars raises several exception types for bad JSON
         df = None
     if df is not None and df.height == len(lines):
+        ok = df.select(_is_record()).to_series()
+        if not ok.all():
+            for j in np.flatnonzero(~ok.to_numpy()):
+                _drop_malformed(stats[keys[j][0]], 1, sizes[j])
+            keep = np.flatnonzero(ok.to_numpy())
+            df = df.filter(ok)
+            keys = [keys[j] for j in keep]
+            if not keys:
+                return []
         return [_json_to_raw(df, keys)]
     if len(lines) == 1:
         if lines[0].strip():
-            st = stats[keys[0][0]]
-            if not st.dropped_lines or not any("malformed" in p for p in st.problems):
-                st.problems.append("dropped malformed JSON line(s)")
-            st.drop(1, len(lines[0]) + 1)
+            _drop_malformed(stats[keys[0][0]], 1, sizes[0])
         return []
     mid = len(lines) // 2
-    return (_json_bisect(lines[:mid], keys[:mid], stats)
-            + _json_bisect(lines[mid:], keys[mid:], stats))
+    return (_json_bisect(lines[:mid], keys[:mid], sizes[:mid], stats)
+            + _json_bisect(lines[mid:], keys[mid:], sizes[mid:], stats))
 
 
 def _json_to_raw(df: pl.DataFrame, keys: list[tuple[int, int]]) -> pl.DataFrame:
