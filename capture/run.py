@@ -173,6 +173,14 @@ def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _mem_total() -> int | None:
+    """Physical memory of this host in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -227,6 +235,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         "env": _recorded_env(env),
         "host": socket.gethostname(),
         "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "mem_total_bytes": _mem_total(),  # page-cache analysis: is the dataset smaller than RAM?
         "start_time": _now_iso(),
         "start_time_us": time.time_ns() // 1000,
         "versions": _versions(),

@@ -65,6 +65,7 @@ def test_capture_records_reads_and_manifest(job_dir: Path) -> None:
     assert manifest["schema"] == "dlreplay.trace" and manifest["format_version"] == 1
     assert manifest["command"] == [sys.executable, "job.py"]
     assert manifest["versions"]["dftracer"]
+    assert manifest["mem_total_bytes"] > 1 << 30 and manifest["cpus"] >= 1
     assert manifest["events"] == sum(f["events"] for f in manifest["files"]) > 0
     # Relative data dir spelled the way the job opens files ("data/s0.bin").
     assert "data" in manifest["env"]["DFTRACER_DATA_DIR"].split(":")

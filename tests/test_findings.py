@@ -339,3 +339,20 @@ def test_loader_in_the_training_process_is_not_overlapped() -> None:
     ids = _ids(find(c))
     assert {"no-overlap", "data-wait", "too-few-workers"} <= ids
     assert _get(find(c), "too-few-workers").evidence["workers_per_rank"] == 0
+
+
+def test_page_cache_uses_the_captured_hosts_memory(tmp_path: Path) -> None:
+    """RAM comes from the capture manifest (the trace may be analysed on another host)."""
+    d = tmp_path / "t"
+    shutil.copytree(TRACES / "npz_fork", d)
+    man = json.loads((d / "manifest.json").read_text())
+    man.update(host="some-other-node", mem_total_bytes=8 << 30)
+    (d / "manifest.json").write_text(json.dumps(man))
+    lt = load_trace(d)
+    pc = characterize(lt.events, manifest=lt.manifest, passes=["page_cache"])["page_cache"]
+    assert pc["host_memory_bytes"] == 8 << 30 and pc["host_memory_source"] == "capture manifest"
+    man.pop("mem_total_bytes")
+    (d / "manifest.json").write_text(json.dumps(man))
+    lt = load_trace(d)
+    pc = characterize(lt.events, manifest=lt.manifest, passes=["page_cache"])["page_cache"]
+    assert pc["host_memory_bytes"] is None and pc["host_memory_source"] == "unknown"  # never guessed
