@@ -1,10 +1,11 @@
 """Trace loading on a Dask distributed cluster (``dlreplay analyze --workers N | --scheduler ADDR``).
 
 Loading is two stages (:mod:`.load`): :func:`~.load.parse_part` decompresses and parses
-groups of trace files into raw partial frames, independently of every other file;
+groups of trace files (or byte ranges of whole gzip members of one large file) into raw
+partial frames, independently of every other file;
 :func:`~.load.combine_parts` resolves what spans files (FH paths, processes, offsets).
-Here the first stage runs as one Dask task per group of files on the cluster's
-workers, and the second on the client, with the same code as the single-process
+Here the first stage runs as one Dask task per group of files (or per range of a large
+file) on the cluster's workers, and the second on the client, with the same code as the single-process
 path, so the event table is identical: same rows, same counts and bytes, same
 salvage counts for damaged files.
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from dlreplay.errors import UsageError
 
-from .load import LoadedTrace, _find_inputs, _groups, combine_parts, parse_part
+from .load import LoadedTrace, _find_inputs, _groups, combine_parts, member_ranges, parse_part
 
 __all__ = ["ClusterInfo", "cluster", "load_trace_distributed"]
 
@@ -72,15 +73,36 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
         local.close()
 
 
-def load_trace_distributed(path: str | os.PathLike, client: Any, *,
+#: Files at least this big (stored bytes) are split into ranges of gzip members.
+SPLIT_BYTES = 64 << 20
+#: Compressed bytes per range of a split file.
+RANGE_BYTES = 16 << 20
+
+
+def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes: int = SPLIT_BYTES,
+                           range_bytes: int = RANGE_BYTES,
                            echo: Callable[[str], None] | None = None) -> tuple[LoadedTrace, ClusterInfo]:
-    """Load a trace with the parse stage on ``client``'s cluster (see the module doc)."""
+    """Load a trace with the parse stage on ``client``'s cluster (see the module doc).
+
+    Files of at least ``split_bytes`` are cut into ranges of whole gzip members of about
+    ``range_bytes`` (found by a streaming scan on a worker, :func:`~.load.member_ranges`),
+    one task each; a file that does not decode cleanly is parsed whole (salvage rules).
+    """
     files, manifest = _find_inputs(path)
     nworkers = max(1, len(client.scheduler_info().get("workers", {})))
-    # several groups per worker: the scheduler balances uneven files
-    groups = _groups(list(enumerate(files)), nworkers * 4)
-    jobs = [[(src, str(Path(p).resolve())) for src, p in g] for g in groups]
     t0 = time.perf_counter()
+    indexed = [(src, Path(p).resolve()) for src, p in enumerate(files)]
+    big = [(src, p) for src, p in indexed if p.stat().st_size >= split_bytes]
+    scans = client.gather(client.map(member_ranges, [str(p) for _, p in big], [range_bytes] * len(big), pure=False))
+    jobs: list[list[Any]] = []
+    split = set()
+    for (src, p), ranges in zip(big, scans, strict=True):
+        if ranges and len(ranges) > 1:
+            split.add(src)
+            jobs += [[(src, str(p), a, b, k)] for k, (a, b) in enumerate(ranges)]
+    rest = [(src, p) for src, p in indexed if src not in split]
+    # several groups per worker: the scheduler balances uneven files
+    jobs += [[(src, str(p)) for src, p in g] for g in _groups(rest, nworkers * 4)]
     futures = client.map(parse_part, jobs, pure=False)
     if echo:
         echo(f"parsing {len(files)} file(s) in {len(jobs)} task(s) on {nworkers} Dask worker(s)")

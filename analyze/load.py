@@ -335,7 +335,12 @@ def _read_manifest(path: Path) -> dict | None:
 # Stage 1: files -> TracePart (decompress with salvage, tokenise, parse in batches)
 
 
-def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
+#: A job of :func:`parse_part`: (src, path) for a whole file, or (src, path, start, end, k)
+#: for the byte range [start, end) of a file's gzip members, range number k of the file.
+PartJob = tuple[int, str | os.PathLike] | tuple[int, str | os.PathLike, int, int, int]
+
+
+def parse_part(jobs: Sequence[PartJob]) -> TracePart:
     """Decompress and parse the trace files ``jobs`` = [(src, path), ...] into a :class:`TracePart`.
 
     ``src`` is the file's index in the whole run (the position of its name in the
@@ -346,24 +351,31 @@ def parse_part(jobs: Sequence[tuple[int, str | os.PathLike]]) -> TracePart:
     Damage is salvaged and counted in the file's own report; an unreadable file raises
     :class:`~dlreplay.errors.TraceError`.
 
-    A part holds whole files. A part for a byte range of one file's gzip members would
-    keep this contract if its rows are whole lines, its ``seq`` orders lines within the
-    file (e.g. range index in the high bits, line in the range below) and its report
-    counts only its range; :func:`combine_parts` would then add up the reports of a
-    file's ranges.
+    A job may also be a byte range of one file's gzip members (see :data:`PartJob` and
+    :func:`member_ranges`, which only cuts after a member that ends a line): its rows
+    are whole lines, their ``seq`` is ``k << 32`` plus the line number in the range (so
+    it orders the file's lines), and its report counts only its range;
+    :func:`combine_parts` adds up the reports of a file's ranges.
     """
     batch = _Batch()
     done: list[tuple[int, Path, int, _Stats]] = []
-    for src, p in jobs:
+    for job in jobs:
+        src, p = job[0], job[1]
         path = Path(p)
         stats = _Stats()
         try:
-            data = path.read_bytes()
+            if len(job) == 5:
+                start, end = job[2], job[3]  # type: ignore[misc]
+                with open(path, "rb") as fh:
+                    fh.seek(start)
+                    data = fh.read(end - start)
+            else:
+                data = path.read_bytes()
         except OSError as exc:
             raise TraceError(f"cannot read trace file {path}: {exc}") from exc
         if not data:
             stats.problems.append("file is empty (0 bytes): the process wrote no trace")
-        seq0 = 0
+        seq0 = job[4] << 32 if len(job) == 5 else 0  # type: ignore[misc]
         chunks = _prefetched(data, stats) if len(data) >= _PREFETCH_BYTES else _text_chunks(data, stats)
         for text, damaged_after, cut in chunks:
             body, tail = _split_tail(text)
@@ -1021,10 +1033,66 @@ def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.
     """
     ev = _concat([p.events for p in parts])
     meta = _concat([p.meta for p in parts])
-    reports = dict(f for p in parts for f in p.files)
+    reports: dict[int, FileReport] = {}
+    for p in parts:
+        for src, rep in p.files:  # a file split into byte ranges has one report per range
+            reports[src] = _add_reports(reports[src], rep) if src in reports else rep
     counts = dict(ev.group_by("src").len().iter_rows()) if ev.height else {}
     files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
     return _build_events(ev, meta, names), files
+
+
+def _add_reports(a: FileReport, b: FileReport) -> FileReport:
+    """The report of a file from the reports of two of its byte ranges (in file order)."""
+    return FileReport(path=a.path, bytes=a.bytes + b.bytes, members=a.members + b.members,
+                      lines=a.lines + b.lines, events=0, dropped_lines=a.dropped_lines + b.dropped_lines,
+                      dropped_bytes=a.dropped_bytes + b.dropped_bytes, problems=[*a.problems, *b.problems])
+
+
+def member_ranges(path: str | os.PathLike, target_bytes: int) -> list[tuple[int, int]] | None:
+    """Byte ranges of about ``target_bytes`` (compressed) made of whole gzip members.
+
+    A range ends only after a member whose text ends with a newline, so no line spans
+    two ranges. Streams the file once (bounded memory). Returns None for a file that
+    does not decode cleanly from start to end (damaged, not gzip): such a file is
+    parsed whole, where the salvage rules apply.
+    """
+    import zlib
+
+    ranges: list[tuple[int, int]] = []
+    start = pos = 0  # pos: absolute offset of the next compressed byte fed
+    d = zlib.decompressobj(wbits=31)
+    last = b""
+    member_start = 0
+    try:
+        with open(path, "rb") as fh:
+            pending = b""
+            while True:
+                chunk = pending or fh.read(1 << 20)
+                pending = b""
+                if not chunk:
+                    break
+                out = d.decompress(chunk)
+                pos += len(chunk)
+                if out:
+                    last = out[-1:]
+                if d.eof:
+                    end = pos - len(d.unused_data)  # this member ends here
+                    pending = d.unused_data
+                    pos = end
+                    if last == b"\n" and end - start >= target_bytes:
+                        ranges.append((start, end))
+                        start = end
+                    d = zlib.decompressobj(wbits=31)
+                    last = b""
+                    member_start = end
+        if not d.eof and pos != member_start:
+            return None  # a truncated last member
+    except (OSError, zlib.error):
+        return None
+    if start < pos:
+        ranges.append((start, pos))
+    return ranges
 
 
 def _lookup(key: pl.Expr, keys, values, dtype) -> pl.Expr:

@@ -59,3 +59,46 @@ def test_bad_scheduler_is_a_clear_error(cli) -> None:
     with pytest.raises(UsageError):
         with cluster("tcp://127.0.0.1:1", 2):
             pass
+
+
+def _multi_member(tmp_path: Path, members: int) -> Path:
+    """npz_fork with its biggest file rewritten as ``members`` gzip members (whole lines each)."""
+    import gzip
+
+    d = tmp_path / f"mm{members}"
+    shutil.copytree(TRACES / "npz_fork", d)
+    big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
+    lines = gzip.decompress(big.read_bytes()).splitlines(keepends=True)
+    per = -(-len(lines) // members)
+    big.write_bytes(b"".join(gzip.compress(b"".join(lines[i:i + per]), mtime=0)
+                             for i in range(0, len(lines), per)))
+    return d
+
+
+def test_large_file_split_by_gzip_member(client, tmp_path: Path) -> None:
+    from dlreplay.analyze.load import member_ranges
+
+    d = _multi_member(tmp_path, 12)
+    big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
+    ranges = member_ranges(big, 1)
+    assert ranges is not None and len(ranges) == 12 and ranges[-1][1] == big.stat().st_size
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # contiguous, whole members
+    single = load_trace(d)
+    dist, info = load_trace_distributed(d, client, split_bytes=1, range_bytes=1)
+    assert info.tasks >= 12
+    assert_frame_equal(dist.events, single.events)
+    assert dist.files == single.files  # the ranges' reports add up to the file's
+
+
+def test_damaged_large_file_is_parsed_whole(client, tmp_path: Path) -> None:
+    from dlreplay.analyze.load import member_ranges
+
+    d = _multi_member(tmp_path, 6)
+    big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
+    raw = big.read_bytes()
+    big.write_bytes(raw[: len(raw) * 2 // 3])
+    assert member_ranges(big, 1) is None
+    single = load_trace(d)
+    dist, _ = load_trace_distributed(d, client, split_bytes=1, range_bytes=1)
+    assert single.damaged and dist.files == single.files
+    assert_frame_equal(dist.events, single.events)
