@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from dlreplay.schema import CAT_CHECKPOINT, READ_OPS, WRITE_OPS
+from dlreplay.schema import READ_OPS, WRITE_OPS
 
 from .load import load_trace
-from .passes import Characterization, _sessions, characterize, darshan_pattern
+from .passes import Characterization, characterize, flag_reads
 
 __all__ = ["COMPARE_FORMAT_VERSION", "COMPARE_SCHEMA", "FEATURES", "Comparison", "compare_traces", "cosine",
            "features", "ks_distance"]
@@ -62,7 +62,7 @@ def features(c: Characterization) -> dict[str, float | None]:
     io = v.io.filter(pl.col("file").is_in(list(files)))
     reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
     writes = io.filter(pl.col("name").is_in(WRITE_OPS) & (pl.col("size") > 0))
-    saves = v.events.filter(pl.col("cat") == CAT_CHECKPOINT).filter(pl.col("name") == "save")
+    saves = v.saves
     # bytes written per file: the write calls, or the checkpoint event where writes are invisible
     per_file = writes.group_by("file").agg(pl.col("size").sum().alias("w"))
     ck = saves.filter(pl.col("file").is_not_null()).group_by("file").agg(pl.col("size").sum().alias("s"))
@@ -73,9 +73,8 @@ def features(c: Characterization) -> dict[str, float | None]:
     rt = float(reads["dur"].sum() or 0) * _US
     wt = float(writes["dur"].sum() or 0) * _US
     seq = con = None
-    r = _sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null())
-    if r.height:
-        flagged = darshan_pattern(r)
+    flagged = flag_reads(io)
+    if flagged.height:
         seq, con = float(flagged["seq"].mean() or 0), float(flagged["consec"].mean() or 0)  # type: ignore[arg-type]
     sizes = reads["size"]
     return {

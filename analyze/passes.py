@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dlreplay.osutil import host_memory_bytes
 from dlreplay.schema import (
     CAT_CHECKPOINT,
     CAT_COMPUTE,
@@ -41,7 +42,7 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from .distill import WARMUP_FACTOR, _assign_items, warmup_steps
+from .distill import WARMUP_FACTOR, _assign_items, _file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
 
@@ -141,6 +142,16 @@ class TraceView:
         return self._is(CAT_CHECKPOINT, "save")
 
     @cached_property
+    def step_table(self) -> pl.DataFrame:
+        """One row per training step (see :func:`_step_table`); shared by several passes."""
+        return _step_table(self)
+
+    @cached_property
+    def dataset_file_sizes(self) -> pl.DataFrame:
+        """(file, size): the largest byte position read or seeked per dataset file."""
+        return _file_sizes(self.dataset_io)
+
+    @cached_property
     def consumers(self) -> list[int]:
         """Pids that consume batches (one per rank)."""
         return sorted(self.fetches["pid"].unique().to_list())
@@ -197,6 +208,14 @@ def _sessions(io: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def flag_reads(io: pl.DataFrame) -> pl.DataFrame:
+    """The reads (bytes > 0, offset known) of ``io`` with Darshan's ``seq``/``consec`` flags,
+    compared within each open of a (process, file): see :func:`darshan_pattern`."""
+    reads = _sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
+                                 & pl.col("offset").is_not_null())
+    return darshan_pattern(reads)
+
+
 def _stats(values: pl.Series) -> dict[str, float | int | None]:
     """count/min/max/mean/median of a numeric series (JSON-safe)."""
     v = values.drop_nulls()
@@ -215,18 +234,6 @@ def _weighted_median(sizes: pl.Series) -> float | None:
     return _f(v[int((cum < cum[-1] / 2).sum())])
 
 
-def _interval_union_us(frame: pl.DataFrame) -> int:
-    """Length (µs) of the union of [ts, ts+dur) intervals in ``frame``."""
-    if frame.is_empty():
-        return 0
-    s = frame.select("ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")).sort("ts")
-    s = s.with_columns(pl.col("end").cum_max().shift(1).alias("reach"))
-    # a new run starts where the interval begins after everything before it ended
-    s = s.with_columns((pl.col("reach").is_null() | (pl.col("ts") > pl.col("reach"))).cum_sum().alias("run"))
-    runs = s.group_by("run").agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
-    return int(runs.select((pl.col("b") - pl.col("a")).sum()).item() or 0)
-
-
 # ---------------------------------------------------------------------------------------
 # Passes
 
@@ -242,12 +249,10 @@ def pass_access(v: TraceView) -> dict:
     if io.is_empty():
         return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
                 "missing": "no dataset reads"}
-    reads = _sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
-                                 & pl.col("offset").is_not_null())
-    if reads.is_empty():
+    flagged = flag_reads(io)
+    if flagged.is_empty():
         return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
                 "missing": "read offsets unknown"}
-    flagged = darshan_pattern(reads)
     n = flagged.height
     seq = int(flagged["seq"].sum())
     con = int(flagged["consec"].sum())
@@ -385,7 +390,7 @@ def pass_steps(v: TraceView) -> dict:
     AU = compute / (compute + data wait + checkpoint time), warm-up steps excluded
     (the first step, and following steps longer than WARMUP_FACTOR x the median).
     """
-    st = _step_table(v)
+    st = v.step_table
     if st.is_empty():
         return {"steps": 0, "au": None, "per_epoch": [],
                 "missing": "no data-loader step events (capture with `dlreplay capture` on a PyTorch job)"}
@@ -478,8 +483,7 @@ def pass_metadata(v: TraceView) -> dict:
     data_n, data_us = d.get("data", (0, 0))
     files = v.files.filter(pl.col("role") == "dataset")
     items = v.items.height
-    sizes = (v.dataset_io.filter(pl.col("name").is_in(READ_OPS)).group_by("file")
-             .agg((pl.col("offset") + pl.col("size")).max().alias("end")))
+    sizes = v.dataset_file_sizes
     return {
         "meta_calls": int(meta_n), "data_calls": int(data_n),
         "meta_time_s": _f(meta_us * _US), "data_time_s": _f(data_us * _US),
@@ -489,7 +493,7 @@ def pass_metadata(v: TraceView) -> dict:
         "stats": int(d.get("stat", (0, 0))[0]), "files": files.height,
         "opens_per_sample": _f(d.get("open", (0, 0))[0] / items, 3) if items else None,
         "seeks_per_read": _f(d.get("seek", (0, 0))[0] / data_n, 3) if data_n else None,
-        "mean_file_size": _f(sizes["end"].mean(), 1) if sizes.height else None,
+        "mean_file_size": _f(sizes["size"].mean(), 1) if sizes.height else None,
     }
 
 
@@ -504,7 +508,7 @@ def pass_checkpoints(v: TraceView) -> dict:
     save_s = _num(saves["dur"].sum()) * _US
     blocked = float(saves.filter(pl.col("pid").is_in(list(cons)))["dur"].sum() or 0) * _US if cons else save_s
     # share of the training loop (steps + waits); the run's wall time also holds start-up
-    st = _step_table(v)
+    st = v.step_table
     loop_us = int(st.select(pl.col("wait_us").sum() + pl.col("compute_us").sum() + pl.col("ckpt_us").sum()).item()
                   or 0) if st.height else 0
     dur = loop_us * _US if loop_us else v.duration_s
@@ -531,7 +535,7 @@ def pass_balance(v: TraceView) -> dict:
         out["workers"] = {"count": w.height, "items": _stats(w["items"]), "busy_s": _stats(w["busy_us"] * _US),
                           "max_over_median": _f(_num(w["busy_us"].max()) / med, 3) if med else None}
     rank_rows = []
-    st = _step_table(v)
+    st = v.step_table
     if len(v.consumers) > 1 and st.height:
         per = st.group_by("pid").agg(pl.col("wait_us").sum(), pl.col("compute_us").sum(), pl.len().alias("steps"))
         ep = v.epochs.group_by("pid").agg(pl.col("dur").sum().alias("epoch_us"))
@@ -563,15 +567,13 @@ def pass_preprocess(v: TraceView) -> dict:
 
 
 def _host_memory(manifest: dict | None) -> tuple[int | None, str]:
+    """RAM of the traced host: from the capture manifest, else this host's when it is the same."""
     mem = (manifest or {}).get("mem_total_bytes")
     if mem:
         return int(mem), "capture manifest"
     host = (manifest or {}).get("host")
-    if host and host == socket.gethostname():
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host (same as the capture's)"
-        except (ValueError, OSError):
-            pass
+    if host and host == socket.gethostname() and host_memory_bytes():
+        return host_memory_bytes(), "this host (same as the capture's)"
     return None, "unknown"
 
 
@@ -582,11 +584,7 @@ def pass_page_cache(v: TraceView) -> dict:
         return {"in_call_bps": None, "missing": "no dataset reads"}
     us = int(r["dur"].sum() or 0)
     nbytes = int(r["size"].sum())
-    ends = (v.dataset_io.filter(pl.col("name").is_in(READ_OPS + SEEK_OPS))
-            .select("file", pl.when(pl.col("name").is_in(SEEK_OPS)).then(pl.col("ret"))
-                    .otherwise(pl.col("offset") + pl.col("size")).alias("end"))
-            .group_by("file").agg(pl.col("end").max()))
-    ds_size = int(ends["end"].sum() or 0)
+    ds_size = int(v.dataset_file_sizes["size"].sum() or 0)
     mem, mem_src = _host_memory(v.manifest)
     big = r.filter(pl.col("size") >= (64 << 10))
     big_us = int(big["dur"].sum() or 0)

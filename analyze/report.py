@@ -17,7 +17,6 @@ import html
 import io
 import os
 import shlex
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from dlreplay.errors import UsageError
+from dlreplay.osutil import atomic_write_text
 from dlreplay.units import human_bytes, human_seconds
 
 from .findings import Finding
@@ -456,17 +456,7 @@ def write_report(r: Report, path: str | Path) -> Path:
 
 
 def _atomic_write(p: Path, text: str) -> Path:
-    """Write ``text`` to ``p`` through a temporary file and a rename (never half-written)."""
+    """Write ``text`` to ``p`` (parents created) through :func:`atomic_write_text`."""
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is a normal file
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(p, text)
     return p

@@ -31,8 +31,9 @@ __all__ = ["MAX_CHANGES", "verify"]
 MAX_CHANGES = 3
 
 
-def _label(overrides: list[str]) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", "+".join(o.split(".")[-1] for o in overrides))[:60]
+def _dirname(label: str) -> str:
+    """A label as a safe directory-name part."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:60]
 
 
 def verify(
@@ -72,7 +73,7 @@ def verify(
     for i, (label, overrides, fid) in enumerate(plan):
         m = apply_overrides(base, overrides) if overrides else base
         data = workdir / f"data-{dataset_digest(m)[:12]}"
-        out = workdir / f"run-{i}-{_label([label])}"
+        out = workdir / f"run-{i}-{_dirname(label)}"
         say(f"replay {i + 1}/{len(plan)}: {label} {' '.join(overrides)}")
         res = run_replay(ReplayConfig(model=m, data_dir=data, out=out, trace=False), echo=None)
         o = res.metrics.get("overall", {})

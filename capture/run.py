@@ -22,6 +22,7 @@ from typing import Any
 
 import dlreplay
 from dlreplay.errors import CaptureError, UsageError
+from dlreplay.osutil import atomic_write_text, host_memory_bytes
 from dlreplay.pfw import count_events
 from dlreplay.schema import TRACE_FORMAT_VERSION, TRACE_SCHEMA_NAME
 
@@ -168,17 +169,7 @@ def _recorded_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _mem_total() -> int | None:
-    """Physical memory of this host in bytes (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 def _now_iso() -> str:
@@ -236,7 +227,7 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "mem_total_bytes": _mem_total(),  # page-cache analysis: is the dataset smaller than RAM?
+        "mem_total_bytes": host_memory_bytes() or None,  # page-cache analysis: is the dataset smaller than RAM?
         "start_time": _now_iso(),
         "start_time_us": time.time_ns() // 1000,
         "versions": _versions(),

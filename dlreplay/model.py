@@ -39,7 +39,6 @@ import math
 import numbers
 import os
 import re
-import tempfile
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -51,6 +50,7 @@ import numpy as np
 import yaml
 
 from dlreplay.errors import ArtifactVersionError, ModelError
+from dlreplay.osutil import atomic_write_text
 from dlreplay.units import human_bytes
 
 __all__ = [
@@ -1076,24 +1076,6 @@ def dump_yaml(data: Any) -> str:
     """Readable YAML (block style, key order kept, no python tags)."""
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True, width=100)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write *text* to *path* atomically (temporary file in the same folder + os.replace)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def save_model(model: WorkloadModel, path: str | os.PathLike[str]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 
 from dlreplay.errors import DlreplayError
 from dlreplay.model import WorkloadModel, model_to_dict
+from dlreplay.osutil import atomic_write_text
 
 MANIFEST_NAME = ".dlreplay-dataset.json"
 JOURNAL_NAME = ".dlreplay-dataset.partial.json"
@@ -106,29 +106,11 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     return out
 
 
-def host_memory_bytes() -> int:
-    """Physical memory of this host in bytes (``os.sysconf``), 0 if unknown."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError):
-        return 0
-
-
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write *payload* as JSON to *path* atomically (temporary file + fsync + os.replace)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write *payload* as JSON to *path* atomically; OS errors become one-line ReplayErrors."""
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
     except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
         if exc.errno == errno.ENOSPC:
             raise ReplayError(f"{path}: cannot write: no space left on the device; free space or choose "
                               f"another directory") from None

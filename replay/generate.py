@@ -32,6 +32,7 @@ import numpy as np
 import dlreplay
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Layout, WorkloadModel
+from dlreplay.osutil import host_memory_bytes
 
 from .common import (
     DATASET_FORMAT_VERSION,
@@ -42,7 +43,6 @@ from .common import (
     FileSpec,
     ReplayError,
     dataset_digest,
-    host_memory_bytes,
     plan_dataset,
     read_json,
     write_json_atomic,
