@@ -357,7 +357,7 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
     it orders the file's lines), and its report counts only its range;
     :func:`combine_parts` adds up the reports of a file's ranges.
     """
-    batch = _Batch()
+    batch = _new_batch()
     done: list[tuple[int, Path, int, _Stats]] = []
     for job in jobs:
         src, p = job[0], job[1]
@@ -565,6 +565,149 @@ class _Batch:
         ev, me = _parse_segments(segments, pl.concat(toks) if len(toks) > 1 else toks[0])
         self.events.extend(ev)
         self.meta.extend(me)
+
+
+# ---------------------------------------------------------------------------------------
+# Native scanner (C extension ``_pfwscan``): strict DFTracer lines straight into columns
+
+
+try:  # optional: built by setup.py when a C compiler is available
+    from . import _pfwscan as _NATIVE
+except ImportError:  # pragma: no cover - depends on the build
+    _NATIVE = None
+
+#: Environment variable selecting the parser: ``python`` forces the Python/polars path.
+PARSER_ENV = "DLREPLAY_PARSER"
+#: Raw columns of the scanner's int and string fields, in the order of its C enums.
+_NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "whence", "flags", "ppid",
+                "epoch", "step", "batch_size", "image_idx", "abytes")
+_NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
+
+
+def native_parser_available() -> bool:
+    """True when the C scanner is built and not disabled by ``DLREPLAY_PARSER=python``."""
+    return _NATIVE is not None and os.environ.get(PARSER_ENV, "").strip().lower() != "python"
+
+
+def _new_batch() -> _Batch | _NativeBatch:
+    return _NativeBatch() if native_parser_available() else _Batch()
+
+
+class _NativeBatch:
+    """:class:`_Batch` with the C scanner: each added text is scanned at once (without the
+    GIL) into raw columns; the lines it does not accept (and texts that are not UTF-8) go
+    to an inner :class:`_Batch`, the Python path, at the same flush points, so what is
+    salvaged and counted, and in which order problems are reported, stays the same."""
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+        self.events: list[pl.DataFrame] = []
+        self.meta: list[pl.DataFrame] = []
+        self.rest = _Batch()
+        #: (src, line number in the inner batch's text, line number in the file) of rejected lines
+        self.remap: list[tuple[int, np.ndarray, np.ndarray]] = []
+
+    def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
+        """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
+        n = text.count(b"\n") + (0 if text.endswith(b"\n") else 1)
+        self.nbytes += len(text)
+        scanned = _scan(text, n, src, seq0)
+        if scanned is None:  # not UTF-8: the Python path decodes it lossily, as before
+            self.rest.add(src, seq0, text, stats)
+            return n
+        events, meta, rejected = scanned
+        stats.lines += events.height + meta.height
+        if events.height:
+            self.events.append(events)
+        if meta.height:
+            self.meta.append(meta)
+        if len(rejected):
+            sub = b"\n".join([text[a:b] for a, b in rejected[:, 1:].tolist()]) + b"\n"
+            self.rest.add(src, seq0, sub, stats)
+            self.remap.append((src, seq0 + np.arange(len(rejected), dtype=np.int64), seq0 + rejected[:, 0]))
+        return n
+
+    def flush(self) -> None:
+        self.rest.flush()
+        if not (self.rest.events or self.rest.meta):
+            self.remap = []
+            return
+        if self.remap:
+            where = pl.DataFrame({
+                "src": np.concatenate([np.full(len(a), s, dtype=np.uint32) for s, a, _ in self.remap]),
+                "seq": np.concatenate([a for _, a, _ in self.remap]),
+                "__real": np.concatenate([b for _, _, b in self.remap]),
+            })
+            cols = list(RAW_SCHEMA)
+
+            def fix(df: pl.DataFrame) -> pl.DataFrame:
+                return df.join(where, on=["src", "seq"], how="left").with_columns(
+                    pl.coalesce("__real", "seq").alias("seq")).select(cols)
+
+            self.rest.events = [fix(df) for df in self.rest.events]
+            self.rest.meta = [fix(df) for df in self.rest.meta]
+        self.events.extend(self.rest.events)
+        self.meta.extend(self.rest.meta)
+        self.rest.events, self.rest.meta, self.remap = [], [], []
+
+
+def _scan(text: bytes, nlines: int, src: int, seq0: int) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray] | None:
+    """(event rows, metadata rows, rejected lines as rows of (line, start, end)) of ``text``
+    by the C scanner, or None when ``text`` is not valid UTF-8."""
+    cap = max(nlines, 1)
+    ints = np.empty((len(_NATIVE_INTS), cap), dtype=np.int64)
+    imask = np.empty(cap, dtype=np.uint32)
+    strs = np.empty((len(_NATIVE_STRS), cap), dtype=np.int32)
+    rows = np.empty(cap, dtype=np.int64)
+    assert _NATIVE is not None
+    out = _NATIVE.scan(text, ints, imask, strs, rows)
+    if out is None:
+        return None
+    nev, nmeta, rejected, uniques, any_mask = out
+    rej = np.frombuffer(rejected, dtype=np.int64).reshape(-1, 3)
+    values = pl.Series(uniques, dtype=_STR)
+    op_of = np.fromiter((_OP_CODE.get(u, 0) for u in uniques), dtype=np.int8, count=len(uniques))
+    # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
+    frames = [_native_frame(sl, ints, imask, strs, rows, values, op_of, any_mask, src, seq0)
+              for sl in (slice(0, nev), slice(cap - nmeta, cap))]
+    return frames[0], frames[1], rej
+
+
+def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, rows: np.ndarray,
+                  values: pl.Series, op_of: np.ndarray, any_mask: int, src: int, seq0: int) -> pl.DataFrame:
+    """The RAW_SCHEMA frame of the scanner's output rows ``sl``."""
+    if sl.stop <= sl.start:
+        return pl.DataFrame(schema=RAW_SCHEMA)
+    mask = imask[sl]
+    all_mask = int(np.bitwise_and.reduce(mask))
+    data: dict[str, np.ndarray] = {"__m": mask}
+    exprs: dict[str, pl.Expr] = {}
+    for k, col in enumerate(_NATIVE_INTS):
+        bit = 1 << k
+        if not any_mask & bit:
+            exprs[col] = pl.lit(None, dtype=_INT)
+            continue
+        data[col] = ints[k, sl]
+        exprs[col] = pl.col(col) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(col))
+    for k, col in enumerate(_NATIVE_STRS):
+        codes = strs[k, sl]
+        lo, hi = int(codes.min()), int(codes.max())
+        if hi < 0:
+            exprs[col] = pl.lit(None, dtype=_STR)
+        elif lo == hi:  # one value (cat, ph, host hash of a file): a constant
+            exprs[col] = pl.lit(values[lo], dtype=_STR)
+        else:
+            data[col] = codes
+            exprs[col] = pl.lit(values).gather(pl.when(pl.col(col) >= 0).then(pl.col(col)) if lo < 0
+                                               else pl.col(col))
+    name = strs[_NATIVE_STRS.index("name"), sl]
+    data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
+        else np.zeros(len(name), dtype=np.int8)
+    data["seq"] = rows[sl] + seq0
+    return pl.DataFrame(data).select(
+        pl.lit(src, dtype=_SRC).alias("src"), "seq",
+        *(exprs[c].alias(c) for c in RAW_SCHEMA if c not in ("src", "seq", "op")), "op",
+    )
 
 
 def _located(tok: pl.DataFrame, idx: list[int], src: list[int], seq0: list[int],

@@ -1,0 +1,775 @@
+/*
+ * dlreplay.analyze._pfwscan: a strict scanner of DFTracer JSON lines into column arrays.
+ *
+ * scan(text, ints, imask, strs, rows) -> (nevents, nmeta, rejected, uniques, any_mask) | None
+ *
+ *   text   decoded trace text (complete lines, "\n"-separated; the last line may lack "\n")
+ *   ints   writable int64 buffer of NI * cap values: int field f of output row r at f*cap + r
+ *   imask  writable uint32 buffer of cap values: bit f set when int field f of row r is present
+ *   strs   writable int32 buffer of NS * cap values: string field f of row r at f*cap + r, a
+ *          code into ``uniques`` (-1: absent or null)
+ *   rows   writable int64 buffer of cap values: the line number (0-based, in text) of row r
+ *
+ * cap (the length of ``rows``) must be at least the number of lines of text.
+ *
+ * Returns None when text is not valid UTF-8 (the caller parses it with the Python path, which
+ * then decodes it lossily, exactly as before). Otherwise: accepted event lines are rows
+ * [0, nevents) in line order, accepted metadata records rows [cap - nmeta, cap) in reverse
+ * line order; ``rejected`` is bytes of int64 triples (line number, start, end byte offset,
+ * without the newline) of non-blank lines this scanner does not fully understand, for the
+ * Python path; ``uniques`` the decoded strings of the codes; ``any_mask`` the OR of imask.
+ *
+ * Accepted lines (anything else is rejected, never guessed): one JSON object starting at the
+ * first byte, optionally followed by one "," (DFTracer 1.x array elements) and nothing else;
+ * spaces/tabs between tokens; strings without backslash escapes or control characters; the
+ * kept keys (top level: name cat ph pid tid ts dur args; in args: see ARG_KEYS) at most
+ * once each, with values
+ *   int fields:    a JSON integer in int64, or a string holding one (1.x), or null
+ *   string fields: a string, or a JSON integer (kept as written, e.g. "ph":1 -> "1"), or null
+ * and "args" an object; other keys may hold any JSON value (validated, skipped). A line must
+ * be a metadata record (ph "4" or "M") or have integer ts and pid and a name. Empty lines and
+ * the bare "[" / "]" lines of the 1.x array form are skipped (not rows, not rejected).
+ * The args hhash is kept only for metadata records and category "dftracer" (as the layout
+ * path of the Python parser does).
+ *
+ * The scan runs without the GIL: several texts can be scanned in parallel threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    I_PID, I_TID, I_TS, I_DUR, I_RET, I_COUNT, I_ISIZE, I_AOFFSET, I_WHENCE, I_FLAGS, I_PPID,
+    I_EPOCH, I_STEP, I_BATCH, I_IMAGE, I_ABYTES, NI
+};
+enum {
+    S_NAME, S_CAT, S_PH, S_HHASH, S_FHASH, S_MODE, S_CWD, S_ANAME, S_AVALUE, S_PATH, S_FNAME, NS
+};
+/* field ids: ints 0..NI-1, strings NI..NI+NS-1, args F_ARGS; -1 unknown */
+#define F_STR(k) (NI + (k))
+#define F_ARGS (NI + NS)
+#define MAX_DEPTH 64
+
+typedef struct {
+    int64_t iv[NI];
+    uint32_t imask;
+    const char *sp[NS];
+    Py_ssize_t sl[NS];
+    uint32_t smask;
+    uint64_t seen;
+} Row;
+
+/* ------------------------------------------------------------------------------------ keys */
+
+static int top_field(const char *k, Py_ssize_t n)
+{
+    switch (n) {
+    case 2:
+        if (!memcmp(k, "ph", 2)) return F_STR(S_PH);
+        if (!memcmp(k, "ts", 2)) return I_TS;
+        break;
+    case 3:
+        if (!memcmp(k, "cat", 3)) return F_STR(S_CAT);
+        if (!memcmp(k, "pid", 3)) return I_PID;
+        if (!memcmp(k, "tid", 3)) return I_TID;
+        if (!memcmp(k, "dur", 3)) return I_DUR;
+        break;
+    case 4:
+        if (!memcmp(k, "name", 4)) return F_STR(S_NAME);
+        if (!memcmp(k, "args", 4)) return F_ARGS;
+        break;
+    }
+    return -1;
+}
+
+static int arg_field(const char *k, Py_ssize_t n)
+{
+    switch (n) {
+    case 3:
+        if (!memcmp(k, "ret", 3)) return I_RET;
+        if (!memcmp(k, "cwd", 3)) return F_STR(S_CWD);
+        break;
+    case 4:
+        if (!memcmp(k, "size", 4)) return I_ISIZE;
+        if (!memcmp(k, "mode", 4)) return F_STR(S_MODE);
+        if (!memcmp(k, "ppid", 4)) return I_PPID;
+        if (!memcmp(k, "name", 4)) return F_STR(S_ANAME);
+        if (!memcmp(k, "step", 4)) return I_STEP;
+        if (!memcmp(k, "path", 4)) return F_STR(S_PATH);
+        break;
+    case 5:
+        if (!memcmp(k, "hhash", 5)) return F_STR(S_HHASH);
+        if (!memcmp(k, "fhash", 5)) return F_STR(S_FHASH);
+        if (!memcmp(k, "count", 5)) return I_COUNT;
+        if (!memcmp(k, "flags", 5)) return I_FLAGS;
+        if (!memcmp(k, "value", 5)) return F_STR(S_AVALUE);
+        if (!memcmp(k, "epoch", 5)) return I_EPOCH;
+        if (!memcmp(k, "bytes", 5)) return I_ABYTES;
+        if (!memcmp(k, "fname", 5)) return F_STR(S_FNAME);
+        break;
+    case 6:
+        if (!memcmp(k, "offset", 6)) return I_AOFFSET;
+        if (!memcmp(k, "whence", 6)) return I_WHENCE;
+        break;
+    case 9:
+        if (!memcmp(k, "image_idx", 9)) return I_IMAGE;
+        break;
+    case 10:
+        if (!memcmp(k, "batch_size", 10)) return I_BATCH;
+        break;
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------------- tokens */
+
+static inline const char *ws(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t')) p++;
+    return p;
+}
+
+/* SWAR helpers: a byte mask (high bit set) of bytes of w equal to c / below 0x20. */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+static inline uint64_t bytes_eq(uint64_t w, unsigned char c)
+{
+    uint64_t x = w ^ (ONES * c);
+    return (x - ONES) & ~x & HIGHS;
+}
+static inline uint64_t bytes_lt32(uint64_t w)
+{
+    return (w - ONES * 0x20) & ~w & HIGHS;
+}
+
+/* A string at p (p points at the opening quote): its content [*s, *s + *n); returns the byte
+ * after the closing quote, or NULL (escape, control character, unterminated). */
+static inline const char *str_tok(const char *p, const char *e, const char **s, Py_ssize_t *n)
+{
+    const char *q = ++p;
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (e - q >= 8) {
+        uint64_t w;
+        memcpy(&w, q, 8);
+        uint64_t hit = bytes_eq(w, '"') | bytes_eq(w, '\\') | bytes_lt32(w);
+        if (hit) {
+            q += __builtin_ctzll(hit) >> 3; /* little-endian: the first such byte */
+            break;
+        }
+        q += 8;
+    }
+#endif
+    while (q < e) {
+        unsigned char c = (unsigned char)*q;
+        if (c == '"') {
+            *s = p;
+            *n = q - p;
+            return q + 1;
+        }
+        if (c == '\\' || c < 0x20) return NULL;
+        q++;
+    }
+    return NULL;
+}
+
+/* A JSON number at p. *kind: 1 integer that fits int64 (*v), 2 integer beyond int64, 3 with
+ * fraction or exponent. Returns the byte after it, or NULL when it is not a JSON number. */
+static inline const char *num_tok(const char *p, const char *e, int64_t *v, int *kind)
+{
+    int neg = 0;
+    uint64_t acc = 0;
+    int big = 0;
+    if (p < e && *p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= e || *p < '0' || *p > '9') return NULL;
+    if (*p == '0') {
+        p++;
+    } else {
+        /* up to 19 digits cannot overflow uint64 */
+        const char *stop = e - p > 19 ? p + 19 : e;
+        while (p < stop && (unsigned)(*p - '0') < 10) acc = acc * 10 + (unsigned)(*p++ - '0');
+        if (p < e && (unsigned)(*p - '0') < 10) { /* a 20th digit, maybe more */
+            unsigned d = (unsigned)(*p++ - '0');
+            if (acc > (UINT64_MAX - d) / 10) big = 1;
+            else acc = acc * 10 + d;
+            while (p < e && (unsigned)(*p - '0') < 10) {
+                big = 1;
+                p++;
+            }
+        }
+    }
+    *kind = 1;
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return NULL;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+        *kind = 3;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (p >= e || *p < '0' || *p > '9') return NULL;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+        *kind = 3;
+    }
+    if (*kind == 1) {
+        if (big || (!neg && acc > (uint64_t)INT64_MAX) || (neg && acc > (uint64_t)INT64_MAX + 1)) {
+            *kind = 2;
+        } else {
+            *v = neg ? (int64_t)(0 - acc) : (int64_t)acc;
+        }
+    }
+    return p;
+}
+
+static inline const char *lit_tok(const char *p, const char *e, const char *lit, Py_ssize_t n)
+{
+    return (e - p >= n && !memcmp(p, lit, (size_t)n)) ? p + n : NULL;
+}
+
+/* Skip (and validate) any JSON value at p. */
+static const char *skip_value(const char *p, const char *e, int depth)
+{
+    const char *s;
+    Py_ssize_t n;
+    int64_t v;
+    int kind;
+    if (p >= e || depth > MAX_DEPTH) return NULL;
+    switch (*p) {
+    case '"':
+        return str_tok(p, e, &s, &n);
+    case 't':
+        return lit_tok(p, e, "true", 4);
+    case 'f':
+        return lit_tok(p, e, "false", 5);
+    case 'n':
+        return lit_tok(p, e, "null", 4);
+    case '{':
+        p = ws(p + 1, e);
+        if (p < e && *p == '}') return p + 1;
+        for (;;) {
+            if (p >= e || *p != '"' || !(p = str_tok(p, e, &s, &n))) return NULL;
+            p = ws(p, e);
+            if (p >= e || *p != ':') return NULL;
+            p = skip_value(ws(p + 1, e), e, depth + 1);
+            if (!p) return NULL;
+            p = ws(p, e);
+            if (p < e && *p == ',') {
+                p = ws(p + 1, e);
+                continue;
+            }
+            if (p < e && *p == '}') return p + 1;
+            return NULL;
+        }
+    case '[':
+        p = ws(p + 1, e);
+        if (p < e && *p == ']') return p + 1;
+        for (;;) {
+            p = skip_value(p, e, depth + 1);
+            if (!p) return NULL;
+            p = ws(p, e);
+            if (p < e && *p == ',') {
+                p = ws(p + 1, e);
+                continue;
+            }
+            if (p < e && *p == ']') return p + 1;
+            return NULL;
+        }
+    default:
+        return num_tok(p, e, &v, &kind);
+    }
+}
+
+/* A value of kept field f at p into row; NULL when the value's form is not accepted. */
+static inline const char *field_value(const char *p, const char *e, int f, Row *row)
+{
+    const char *s;
+    Py_ssize_t n;
+    int64_t v;
+    int kind;
+    uint64_t bit = (uint64_t)1 << f;
+    if (row->seen & bit) return NULL; /* duplicate key */
+    row->seen |= bit;
+    if (p >= e) return NULL;
+    if (*p == 'n') return lit_tok(p, e, "null", 4);
+    if (f < NI) {
+        if (*p == '"') {
+            const char *q = str_tok(p, e, &s, &n);
+            if (!q || n == 0 || num_tok(s, s + n, &v, &kind) != s + n || kind != 1) return NULL;
+            p = q;
+        } else {
+            p = num_tok(p, e, &v, &kind);
+            if (!p || kind != 1) return NULL;
+        }
+        row->iv[f] = v;
+        row->imask |= (uint32_t)1 << f;
+        return p;
+    }
+    f -= NI;
+    if (*p == '"') {
+        p = str_tok(p, e, &s, &n);
+    } else {
+        s = p;
+        p = num_tok(p, e, &v, &kind);
+        if (!p || kind == 3) return NULL;
+        n = p - s;
+    }
+    if (!p) return NULL;
+    row->sp[f] = s;
+    row->sl[f] = n;
+    row->smask |= (uint32_t)1 << f;
+    return p;
+}
+
+/* Parse the members of the args object; p points after "{". */
+static const char *args_object(const char *p, const char *e, Row *row)
+{
+    const char *k;
+    Py_ssize_t kn;
+    p = ws(p, e);
+    if (p < e && *p == '}') return p + 1;
+    for (;;) {
+        if (p >= e || *p != '"' || !(p = str_tok(p, e, &k, &kn))) return NULL;
+        p = ws(p, e);
+        if (p >= e || *p != ':') return NULL;
+        p = ws(p + 1, e);
+        int f = arg_field(k, kn);
+        p = f < 0 ? skip_value(p, e, 1) : field_value(p, e, f, row);
+        if (!p) return NULL;
+        p = ws(p, e);
+        if (p < e && *p == ',') {
+            p = ws(p + 1, e);
+            continue;
+        }
+        if (p < e && *p == '}') return p + 1;
+        return NULL;
+    }
+}
+
+/* Equality of two byte strings of length n (short: compared 8 bytes at a time, inline). */
+static inline int same_bytes(const char *a, const char *b, Py_ssize_t n)
+{
+    while (n >= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        if (x != y) return 0;
+        a += 8;
+        b += 8;
+        n -= 8;
+    }
+    while (n > 0) {
+        if (*a++ != *b++) return 0;
+        n--;
+    }
+    return 1;
+}
+
+static inline int str_is(const Row *row, int f, const char *lit, Py_ssize_t n)
+{
+    return (row->smask >> f & 1) && row->sl[f] == n && !memcmp(row->sp[f], lit, (size_t)n);
+}
+
+/* 1 when the line [p, e) is an accepted event, 2 an accepted metadata record (row filled),
+ * else 0. */
+static int parse_line(const char *p, const char *e, Row *row)
+{
+    const char *k;
+    Py_ssize_t kn;
+    row->imask = 0;
+    row->smask = 0;
+    row->seen = 0;
+    if (p >= e || *p != '{') return 0;
+    p = ws(p + 1, e);
+    if (p < e && *p == '}') return 0; /* {} is no record */
+    for (;;) {
+        if (p >= e || *p != '"' || !(p = str_tok(p, e, &k, &kn))) return 0;
+        p = ws(p, e);
+        if (p >= e || *p != ':') return 0;
+        p = ws(p + 1, e);
+        int f = top_field(k, kn);
+        if (f == F_ARGS) {
+            uint64_t bit = (uint64_t)1 << F_ARGS;
+            if ((row->seen & bit) || p >= e || *p != '{') return 0;
+            row->seen |= bit;
+            p = args_object(p + 1, e, row);
+        } else if (f < 0) {
+            p = skip_value(p, e, 1);
+        } else {
+            p = field_value(p, e, f, row);
+        }
+        if (!p) return 0;
+        p = ws(p, e);
+        if (p < e && *p == ',') {
+            p = ws(p + 1, e);
+            continue;
+        }
+        if (p < e && *p == '}') {
+            p++;
+            break;
+        }
+        return 0;
+    }
+    if (p < e && *p == ',') p++; /* DFTracer 1.x: elements of one JSON array */
+    if (p != e) return 0;
+    int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
+    if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
+        return 0;
+    if (!meta && !str_is(row, S_CAT, "dftracer", 8)) row->smask &= ~((uint32_t)1 << S_HHASH);
+    return meta ? 2 : 1;
+}
+
+/* ------------------------------------------------------------------------- string codes */
+
+typedef struct {
+    Py_ssize_t off; /* offset of the string in text */
+    Py_ssize_t len;
+    uint64_t hash;
+    int32_t code; /* -1: empty slot */
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t cap; /* power of two */
+    int32_t n;
+    Py_ssize_t *offs; /* per code: offset, length */
+    Py_ssize_t *lens;
+    size_t ncap;
+    const char *base;
+} Dict;
+
+static inline uint64_t hash_bytes(const char *s, Py_ssize_t n)
+{
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
+    h ^= h >> 32;
+    return h * 0x9E3779B97F4A7C15ULL;
+}
+
+static int dict_init(Dict *d, const char *base)
+{
+    d->cap = 1024;
+    d->slots = malloc(d->cap * sizeof(Slot));
+    d->ncap = 256;
+    d->offs = malloc(d->ncap * sizeof(Py_ssize_t));
+    d->lens = malloc(d->ncap * sizeof(Py_ssize_t));
+    d->n = 0;
+    d->base = base;
+    if (!d->slots || !d->offs || !d->lens) return -1;
+    for (size_t i = 0; i < d->cap; i++) d->slots[i].code = -1;
+    return 0;
+}
+
+static void dict_free(Dict *d)
+{
+    free(d->slots);
+    free(d->offs);
+    free(d->lens);
+}
+
+static int dict_grow(Dict *d)
+{
+    size_t cap = d->cap * 2;
+    Slot *slots = malloc(cap * sizeof(Slot));
+    if (!slots) return -1;
+    for (size_t i = 0; i < cap; i++) slots[i].code = -1;
+    for (size_t i = 0; i < d->cap; i++) {
+        if (d->slots[i].code < 0) continue;
+        size_t j = d->slots[i].hash & (cap - 1);
+        while (slots[j].code >= 0) j = (j + 1) & (cap - 1);
+        slots[j] = d->slots[i];
+    }
+    free(d->slots);
+    d->slots = slots;
+    d->cap = cap;
+    return 0;
+}
+
+/* The code of string [s, s + n) (s inside base); -2 on allocation failure. */
+static int32_t dict_code(Dict *d, const char *s, Py_ssize_t n)
+{
+    uint64_t h = hash_bytes(s, n);
+    size_t j = h & (d->cap - 1);
+    for (;;) {
+        Slot *sl = &d->slots[j];
+        if (sl->code < 0) break;
+        if (sl->hash == h && sl->len == n && same_bytes(d->base + sl->off, s, n)) return sl->code;
+        j = (j + 1) & (d->cap - 1);
+    }
+    if ((size_t)d->n >= d->ncap) {
+        size_t ncap = d->ncap * 2;
+        Py_ssize_t *o = realloc(d->offs, ncap * sizeof(Py_ssize_t));
+        if (!o) return -2;
+        d->offs = o;
+        Py_ssize_t *l = realloc(d->lens, ncap * sizeof(Py_ssize_t));
+        if (!l) return -2;
+        d->lens = l;
+        d->ncap = ncap;
+    }
+    int32_t code = d->n++;
+    d->offs[code] = s - d->base;
+    d->lens[code] = n;
+    Slot *sl = &d->slots[j];
+    sl->off = s - d->base;
+    sl->len = n;
+    sl->hash = h;
+    sl->code = code;
+    if ((size_t)d->n * 2 > d->cap && dict_grow(d) < 0) return -2;
+    return code;
+}
+
+/* ---------------------------------------------------------------------------------- UTF-8 */
+
+/* 1 when [s, s + n) is valid UTF-8 (no overlong forms, surrogates or code points > U+10FFFF). */
+static int utf8_valid(const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ULL)) {
+                i += 8;
+                continue;
+            }
+        }
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
+            if (c == 0xE0 && s[i + 1] < 0xA0) return 0;
+            if (c == 0xED && s[i + 1] > 0x9F) return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 ||
+                (s[i + 3] & 0xC0) != 0x80)
+                return 0;
+            if (c == 0xF0 && s[i + 1] < 0x90) return 0;
+            if (c == 0xF4 && s[i + 1] > 0x8F) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ----------------------------------------------------------------------------------- scan */
+
+typedef struct {
+    /* inputs */
+    const char *text;
+    Py_ssize_t len;
+    int64_t *ints;
+    uint32_t *imask;
+    int32_t *strs;
+    int64_t *rows;
+    Py_ssize_t cap;
+    /* outputs */
+    Py_ssize_t nev, nmeta;
+    int64_t *rej; /* triples */
+    Py_ssize_t nrej, rejcap;
+    uint32_t any_mask;
+    Dict dict;
+    int invalid_utf8;
+    const char *error;
+    int oom;
+} Scan;
+
+static int reject(Scan *sc, Py_ssize_t line, Py_ssize_t start, Py_ssize_t end)
+{
+    if (sc->nrej == sc->rejcap) {
+        Py_ssize_t cap = sc->rejcap ? sc->rejcap * 2 : 64;
+        int64_t *r = realloc(sc->rej, (size_t)cap * 3 * sizeof(int64_t));
+        if (!r) return -1;
+        sc->rej = r;
+        sc->rejcap = cap;
+    }
+    sc->rej[3 * sc->nrej] = line;
+    sc->rej[3 * sc->nrej + 1] = start;
+    sc->rej[3 * sc->nrej + 2] = end;
+    sc->nrej++;
+    return 0;
+}
+
+static void run_scan(Scan *sc)
+{
+    const char *text = sc->text, *end = text + sc->len;
+    if (!utf8_valid((const unsigned char *)text, sc->len)) {
+        sc->invalid_utf8 = 1;
+        return;
+    }
+    if (dict_init(&sc->dict, text) < 0) {
+        sc->oom = 1, sc->error = "out of memory while scanning a trace";
+        return;
+    }
+    /* last string seen per field: most consecutive values repeat (cat, ph, hashes) */
+    const char *last_s[NS];
+    Py_ssize_t last_n[NS];
+    int32_t last_c[NS];
+    for (int f = 0; f < NS; f++) last_c[f] = -1;
+    Row row;
+    Py_ssize_t cap = sc->cap, line = 0, nev = 0, nmeta = 0;
+    int kind;
+    const char *p = text;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        if (line >= cap) {
+            sc->error = "text has more lines than the output capacity";
+            return;
+        }
+        Py_ssize_t n = le - p;
+        if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
+            /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
+        } else if ((kind = parse_line(p, le, &row)) != 0) {
+            Py_ssize_t r = kind == 1 ? nev++ : cap - 1 - nmeta++;
+            for (int f = 0; f < NI; f++)
+                if (row.imask >> f & 1) sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
+            sc->imask[r] = row.imask;
+            sc->any_mask |= row.imask;
+            for (int f = 0; f < NS; f++) {
+                int32_t code = -1;
+                if (row.smask >> f & 1) {
+                    const char *s = row.sp[f];
+                    Py_ssize_t sn = row.sl[f];
+                    if (last_c[f] >= 0 && last_n[f] == sn && same_bytes(last_s[f], s, sn)) {
+                        code = last_c[f];
+                    } else {
+                        code = dict_code(&sc->dict, s, sn);
+                        if (code == -2) {
+                            sc->oom = 1, sc->error = "out of memory while scanning a trace";
+                            return;
+                        }
+                        last_s[f] = s;
+                        last_n[f] = sn;
+                        last_c[f] = code;
+                    }
+                }
+                sc->strs[(Py_ssize_t)f * cap + r] = code;
+            }
+            sc->rows[r] = line;
+        } else if (reject(sc, line, p - text, le - text) < 0) {
+            sc->oom = 1, sc->error = "out of memory while scanning a trace";
+            return;
+        }
+        line++;
+        if (!nl) break;
+        p = nl + 1;
+    }
+    sc->nev = nev;
+    sc->nmeta = nmeta;
+}
+
+static int get_buf(PyObject *obj, Py_buffer *b, Py_ssize_t itemsize, int writable, const char *what)
+{
+    if (PyObject_GetBuffer(obj, b, writable ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (b->len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: buffer length is not a multiple of %zd", what, itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_text, *o_ints, *o_imask, *o_strs, *o_rows, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_text, &o_ints, &o_imask, &o_strs, &o_rows)) return NULL;
+    Py_buffer bt, bi, bm, bs, br;
+    if (get_buf(o_text, &bt, 1, 0, "text") < 0) return NULL;
+    if (get_buf(o_ints, &bi, 8, 1, "ints") < 0) goto e1;
+    if (get_buf(o_imask, &bm, 4, 1, "imask") < 0) goto e2;
+    if (get_buf(o_strs, &bs, 4, 1, "strs") < 0) goto e3;
+    if (get_buf(o_rows, &br, 8, 1, "rows") < 0) goto e4;
+    Scan sc;
+    memset(&sc, 0, sizeof sc);
+    sc.text = bt.buf;
+    sc.len = bt.len;
+    sc.cap = br.len / 8;
+    sc.ints = bi.buf;
+    sc.imask = bm.buf;
+    sc.strs = bs.buf;
+    sc.rows = br.buf;
+    if (bi.len / 8 < (Py_ssize_t)NI * sc.cap || bm.len / 4 < sc.cap || bs.len / 4 < (Py_ssize_t)NS * sc.cap) {
+        PyErr_SetString(PyExc_ValueError, "output buffers are smaller than NI/1/NS times the capacity");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_scan(&sc);
+    Py_END_ALLOW_THREADS
+    if (sc.error) {
+        PyErr_SetString(sc.oom ? PyExc_MemoryError : PyExc_ValueError, sc.error);
+        goto done;
+    }
+    if (sc.invalid_utf8) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *uniques = PyList_New(sc.dict.n);
+    if (!uniques) goto done;
+    for (int32_t i = 0; i < sc.dict.n; i++) {
+        PyObject *u = PyUnicode_DecodeUTF8(sc.text + sc.dict.offs[i], sc.dict.lens[i], "strict");
+        if (!u) {
+            Py_DECREF(uniques);
+            goto done;
+        }
+        PyList_SET_ITEM(uniques, i, u);
+    }
+    PyObject *rej = PyBytes_FromStringAndSize((const char *)sc.rej, sc.nrej * 3 * (Py_ssize_t)sizeof(int64_t));
+    if (!rej) {
+        Py_DECREF(uniques);
+        goto done;
+    }
+    result = Py_BuildValue("(nnNNk)", sc.nev, sc.nmeta, rej, uniques, (unsigned long)sc.any_mask);
+done:
+    if (sc.dict.slots) dict_free(&sc.dict);
+    free(sc.rej);
+    PyBuffer_Release(&br);
+e4:
+    PyBuffer_Release(&bs);
+e3:
+    PyBuffer_Release(&bm);
+e2:
+    PyBuffer_Release(&bi);
+e1:
+    PyBuffer_Release(&bt);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_pfwscan", "Strict scanner of DFTracer JSON lines into columns.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__pfwscan(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "NI", NI) < 0 || PyModule_AddIntConstant(m, "NS", NS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
