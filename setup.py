@@ -11,7 +11,7 @@ setup(
         Extension(
             "dlreplay.analyze._pfwscan",
             sources=["analyze/_pfwscan.c"],
-            extra_compile_args=["-O3", "-g", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
             optional=True,
         )
     ],

@@ -29,8 +29,6 @@
  * and "args" an object; other keys may hold any JSON value (validated, skipped). A line must
  * be a metadata record (ph "4" or "M") or have integer ts and pid and a name. Empty lines and
  * the bare "[" / "]" lines of the 1.x array form are skipped (not rows, not rejected).
- * The args hhash is kept only for metadata records and category "dftracer" (as the layout
- * path of the Python parser does).
  *
  * The scan runs without the GIL: several texts can be scanned in parallel threads.
  */
@@ -419,7 +417,6 @@ static int parse_line(const char *p, const char *e, Row *row)
     int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
     if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
         return 0;
-    if (!meta && !str_is(row, S_CAT, "dftracer", 8)) row->smask &= ~((uint32_t)1 << S_HHASH);
     return meta ? 2 : 1;
 }
 

@@ -44,6 +44,7 @@ converted), sizes and offsets bytes.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import queue
@@ -54,7 +55,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import polars as pl
@@ -571,8 +572,9 @@ class _Batch:
 # Native scanner (C extension ``_pfwscan``): strict DFTracer lines straight into columns
 
 
+_NATIVE: Any
 try:  # optional: built by setup.py when a C compiler is available
-    from . import _pfwscan as _NATIVE
+    _NATIVE = importlib.import_module("._pfwscan", __package__)
 except ImportError:  # pragma: no cover - depends on the build
     _NATIVE = None
 
@@ -944,16 +946,14 @@ def _layout_exprs(layout: list[_Tok], sample: dict) -> tuple[list[pl.Expr], list
     """
     values = {t.path: _token_value(sample[f"c{t.slot}"], t) for t in layout}
     ph = values.get(("ph",))
-    cat = values.get(("cat",))
     is_meta = ph in _META_PH
-    want_hhash = is_meta or cat == "dftracer"
     checks: list[pl.Expr] = [pl.col("c0").str.starts_with(layout[0].prefix)]
     last = layout[-1]
     checks.append(pl.col(f"c{last.slot}").str.ends_with(('"' if last.quoted else "") + last.suffix))
     exprs: list[pl.Expr] = [pl.col("src"), pl.col("seq")]
     for t in layout:
         target = _field_of(t.path)
-        if target is None or (target[0] == "hhash" and not want_hhash):
+        if target is None:
             continue
         col, dt, loose = target
         c = pl.col(f"c{t.slot}")
@@ -1016,22 +1016,11 @@ _JSON_SCHEMA = {
 
 
 def _fallback_lines(segments: list[_Segment], rows: pl.DataFrame) -> list[bytes]:
-    """Exact line bytes of the given token rows (in the rows' order).
-
-    A line whose tokens were all read is re-joined from them; a longer line (or one with
-    an empty token, or any line of a lossily decoded segment) is cut out of its
-    segment's text by its line number.
-    """
-    cols = list(_TOKEN_SCHEMA)
-    last = pl.max_horizontal([pl.when(pl.col(c).is_not_null()).then(i) for i, c in enumerate(cols)])
-    lossy = [i for i, seg in enumerate(segments) if seg.lossy]
-    rows = rows.with_columns(
-        ((pl.col("ntok") < _NTOK) & (last == pl.col("ntok") - 1) & ~pl.col("__seg").is_in(lossy)).alias("__whole"),
-        pl.concat_str(cols, separator=",", ignore_nulls=True).alias("__line"),
-    )
-    lines = [ln.encode() for ln in rows["__line"].to_list()]
-    cut = rows.with_row_index("__i").filter(~pl.col("__whole"))
-    for (seg_idx,), part in cut.group_by("__seg"):
+    """Exact line bytes of the given token rows (in the rows' order), cut out of their
+    segment's text by line number (never re-joined from tokens: the tokenizer does not
+    keep every byte of a line, e.g. blanks at its end)."""
+    lines: list[bytes] = [b""] * rows.height
+    for (seg_idx,), part in rows.with_row_index("__i").group_by("__seg"):
         seg = segments[cast(int, seg_idx)]
         found = _lines_at(seg.text, (part["seq"] - seg.seq0).to_list(), seg.nlines)
         for i, ln in zip(part["__i"].to_list(), found, strict=True):
@@ -1287,12 +1276,13 @@ def _process_table(every: pl.DataFrame, ev: pl.DataFrame, meta: pl.DataFrame) ->
              pl.col("hhash").drop_nulls().first().alias("h1"))
     )
     cols = ["src", "pid", "hhash"]
-    hosts = (  # metadata records first, then events, each in line order
-        pl.concat([meta.filter(pl.col("hhash").is_not_null()).select(cols),
-                   ev.filter(pl.col("hhash").is_not_null()).sort("src", "seq").select(cols)])
-        .group_by(key, maintain_order=True)
+    # the first host hash of the metadata records, else (rare) of the events, in line order
+    hosts = meta.filter(pl.col("hhash").is_not_null()).select(cols).group_by(key, maintain_order=True) \
         .agg(pl.col("hhash").first().alias("h2"))
-    )
+    missing = every.join(hosts, on=key, how="anti")
+    if missing.height:
+        hosts = pl.concat([hosts, ev.join(missing, on=key, how="semi").filter(pl.col("hhash").is_not_null())
+                           .group_by(key).agg(pl.col("hhash").sort_by("seq").first().alias("h2"))])
     hh = _hash_map(meta, "HH", ["src"]).select("src", "hash", pl.col("name").alias("__hname"))
     table = (
         every.join(starts, on=key, how="left", maintain_order="left")

@@ -355,10 +355,6 @@ def _json_object(line: bytes) -> bool:
         return False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loader bug (analyze/load.py, _fallback_lines): a malformed line ending in blanks is re-joined "
-    "from its CSV tokens one byte short, so its dropped_bytes is 1 low (the trailing-',' part of this "
-    "bug is fixed: '{\"ts\":1,' now counts 9 bytes)"))
 def test_dropped_bytes_of_a_malformed_line_ending_in_a_comma(tmp_path: Path) -> None:
     lines = corpus_lines()
     bad = [b'{"ts":1,', b'{"name":"read" ,  ']

@@ -1,0 +1,270 @@
+"""The C scanner (``dlreplay.analyze._pfwscan``) against the Python/polars parser.
+
+Every trace of the corpus, every damaged trace of the bad-input suite (built with its
+builders) and random mixes of valid, odd and malformed lines load into identical event
+tables (values, dtypes, order) and identical per-file reports (lines, events, dropped
+lines and bytes, problems) with the native scanner and with ``DLREPLAY_PARSER=python``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+from dlreplay.analyze import LoadedTrace, load_trace
+
+from .conftest import TRACES
+from .test_bad_traces import SRC, biggest, corpus_lines, gz_members
+from .test_bad_traces import _odd_trace as odd_trace
+from .test_load import BAD_LINES, member_offsets, to_v1
+
+LOAD = importlib.import_module("dlreplay.analyze.load")
+CORPUS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.pfw.gz")))
+
+
+def load_both(path: Path | list[Path], monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[LoadedTrace, LoadedTrace]:
+    """(native, python) loads of ``path``."""
+    monkeypatch.delenv(LOAD.PARSER_ENV, raising=False)
+    assert LOAD.native_parser_available()
+    native = load_trace(path, **kw)
+    monkeypatch.setenv(LOAD.PARSER_ENV, "python")
+    assert not LOAD.native_parser_available()
+    python = load_trace(path, **kw)
+    monkeypatch.delenv(LOAD.PARSER_ENV)
+    return native, python
+
+
+def assert_same(native: LoadedTrace, python: LoadedTrace) -> None:
+    assert_frame_equal(native.events, python.events, check_exact=True)
+    assert native.files == python.files
+
+
+def test_the_extension_is_built() -> None:
+    """`make venv` builds it (setup.py); without it every other test here compares nothing."""
+    assert LOAD._NATIVE is not None, "dlreplay.analyze._pfwscan is not built: is a C compiler installed?"
+
+
+@pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
+def test_corpus_traces_load_identically(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    native, python = load_both(trace, monkeypatch)
+    assert native.events.height > 0
+    assert_same(native, python)
+
+
+def test_without_the_extension_loading_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = load_trace(SRC)
+    monkeypatch.setattr(LOAD, "_NATIVE", None)
+    assert not LOAD.native_parser_available()
+    assert_same(native, load_trace(SRC))
+
+
+# --------------------------------------------------------------------------- the bad-input suite's traces
+
+
+def _truncated(where: str) -> bytes:
+    data = gz_members(corpus_lines(), 4)
+    starts = member_offsets(data)
+    cut = {"10%": len(data) // 10, "45%": len(data) * 45 // 100, "member-boundary": starts[2],
+           "in-member-header": starts[2] + 5, "in-trailer": len(data) - 3, "2-bytes": 2}[where]
+    return data[:cut]
+
+
+def _corrupt_middle() -> bytes:
+    data = gz_members(corpus_lines(), 4)
+    starts = [*member_offsets(data), len(data)]
+    bad = bytearray(data)
+    mid = (starts[1] + starts[2]) // 2
+    bad[mid:mid + 48] = b"\xff" * 48
+    return bytes(bad)
+
+
+def _malformed() -> bytes:
+    bad = [*BAD_LINES, b'{"id":1,"name":"read","dur":NaN}', b"[1, 2, 3]", b"null", b'"just a string"',
+           b"\x00" * 40, b"}{", b'{"ts":1,', b'{"name":"read" ,  ']
+    mixed = list(corpus_lines())
+    for k, b in enumerate(bad):
+        mixed.insert(7 + 13 * k, b)
+    return gz_members(mixed, 3)
+
+
+def _not_events() -> bytes:
+    lines = corpus_lines()
+    read = next(json.loads(ln) for ln in lines if b'"name":"read"' in ln)
+    not_events = [b"{}", json.dumps({k: v for k, v in read.items() if k != "ts"}).encode(),
+                  json.dumps({**read, "ts": 2**64}).encode(), json.dumps({**read, "pid": True}).encode()]
+    return gz_members([*lines, *not_events], 1)
+
+
+BAD_CASES = {
+    **{f"truncated-{w}": (lambda w=w: _truncated(w))
+       for w in ("10%", "45%", "member-boundary", "in-member-header", "in-trailer", "2-bytes")},
+    "corrupt-middle-member": _corrupt_middle,
+    **{f"members-{m}": (lambda m=m: gz_members(corpus_lines(), m)) for m in (1, 3, 60)},
+    "malformed-lines": _malformed,
+    "not-events": _not_events,
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_input_suite_loads_identically(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    (trace / biggest()).write_bytes(BAD_CASES[case]())
+    native, python = load_both(trace, monkeypatch)
+    assert_same(native, python)
+
+
+def test_empty_metadata_only_and_1x_files_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    meta_only = b"\n".join(ln for ln in corpus_lines() if b'"ph":4' in ln) + b"\n"
+    for n, data in {"trace-empty-gzip.pfw.gz": gzip.compress(b""), "trace-zero.pfw.gz": b"",
+                    "trace-zero.pfw": b"", "trace-meta.pfw.gz": gzip.compress(meta_only)}.items():
+        (trace / n).write_bytes(data)
+    for f in sorted(trace.glob("trace-*-fork.pfw.gz"))[::2]:  # DFTracer 1.x form
+        recs = [json.loads(x) for x in gzip.decompress(f.read_bytes()).splitlines()]
+        f.write_bytes(gzip.compress(b"[\n" + b",\n".join(to_v1(r) for r in recs) + b",\n]\n"))
+    native, python = load_both(trace, monkeypatch)
+    assert native.events.height > 0
+    assert_same(native, python)
+
+
+def test_odd_values_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, _ = odd_trace(tmp_path)
+    assert_same(*load_both(trace, monkeypatch))
+
+
+def test_byte_ranges_and_groupings_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of several files, and a file cut into ranges of gzip members (the Dask path)."""
+    path = tmp_path / "big.pfw.gz"
+    path.write_bytes(gz_members(corpus_lines(), 7))
+    ranges = LOAD.member_ranges(path, 1)
+    assert ranges is not None and len(ranges) == 7
+    tables = []
+    for parser in ("native", "python"):
+        monkeypatch.setenv(LOAD.PARSER_ENV, parser)
+        parts = [LOAD.parse_part([(0, path, a, b, k)]) for k, (a, b) in enumerate(ranges)]
+        tables.append(LOAD.combine_parts(parts, [path.name]))
+    assert_frame_equal(tables[0][0], tables[1][0], check_exact=True)
+    assert tables[0][1] == tables[1][1]
+
+
+# --------------------------------------------------------------------------- property: random lines
+
+T0 = 1_795_315_916_000_000
+_HASHES = ["00000000000000aa", "00000000000000bb"]
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n"), max_size=8)
+_ints = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-5, 5), st.integers(2**63, 2**65))
+
+
+def _value(draw: st.DrawFn, v: Any) -> Any:
+    """``v`` or, sometimes, an odd spelling of it (string, float, null, bool, nested)."""
+    return draw(st.sampled_from([v, v, v, str(v), None, 1.5, True, {"x": [1]}, "", "0x1"]))
+
+
+@st.composite
+def _record(draw: st.DrawFn) -> bytes:
+    name = draw(st.sampled_from(["read", "write", "open64", "close", "lseek64", "pread64", "fread", "fetch",
+                                 "item", "save", "FH", "HH", "CM", "start", "odd"]))
+    meta = name in ("FH", "HH", "CM")
+    args: dict[str, Any] = {"hhash": "6882804a826580cd"}
+    if meta:
+        args.update(name=draw(st.sampled_from(["/d/x", "time_metric", "host", "rel/p"])),
+                    value=draw(st.sampled_from([*_HASHES, "US", "NS"])))
+    else:
+        args["fhash"] = draw(st.sampled_from(_HASHES))
+        for k in draw(st.lists(st.sampled_from(["ret", "count", "offset", "whence", "flags", "size", "epoch",
+                                                "step", "batch_size", "image_idx", "bytes", "ppid"]),
+                               max_size=4, unique=True)):
+            args[k] = _value(draw, draw(_ints))
+        for k in draw(st.lists(st.sampled_from(["mode", "cwd", "path", "fname", "note"]), max_size=2, unique=True)):
+            args[k] = draw(st.one_of(_text, st.sampled_from(["rb", "a+", "/ckpt/x.pt", "rel/x"])))
+    rec: dict[str, Any] = {"id": draw(st.integers(0, 9)), "name": name,
+                           "cat": "dftracer" if meta or name == "start" else draw(st.sampled_from(["POSIX", "STDIO",
+                                                                                                     "data"])),
+                           "pid": _value(draw, draw(st.sampled_from([101, 102]))), "tid": 101,
+                           "ts": _value(draw, T0 + draw(st.integers(0, 10**6))), "dur": draw(st.integers(-3, 10**5)),
+                           "ph": 4 if meta else draw(st.sampled_from([1, 1, "X", "M", "4"])), "args": args}
+    if draw(st.booleans()):  # key order, a dropped key
+        keys = draw(st.permutations(list(rec)))
+        rec = {k: rec[k] for k in keys[:len(keys) - draw(st.integers(0, 1))]}
+    line = json.dumps(rec, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])),
+                      ensure_ascii=draw(st.booleans())).encode()
+    return line + draw(st.sampled_from([b"", b"", b",", b" ", b",,", b"\r"]))
+
+
+_MALFORMED = [*BAD_LINES, b"[1, 2]", b"null", b"}{", b'{"ts":1', b"\x00\x00\x00", b'{"a":1}}', b"",
+              b"  ", b"[", b"]", b' ]', b'{"name":"read","pid":1,"ts":1,"name":"x"}',
+              b'{"name":"read","pid":1,"ts":01}', b'{"name":"read","pid":1,"ts":1}garbage',
+              b'{"name":"r\\u00e9ad","pid":1,"ts":1,"cat":"POSIX","args":{}}', b'{"name":"read","pid":1,"ts":1}',
+              b'{"name":"read","pid":"1","ts":"-0","args":{"fhash":12345678901234567890}}',
+              b'{"name":"a\xc3(b","pid":1,"ts":1}']
+
+
+@st.composite
+def _trace(draw: st.DrawFn) -> list[bytes]:
+    lines = draw(st.lists(_record(), min_size=1, max_size=80))
+    for _ in range(draw(st.integers(0, 8))):
+        lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from(_MALFORMED)))
+    if draw(st.booleans()):  # a group large enough for the Python path's layout queries
+        lines += [draw(_record())] * 30
+    return lines
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(lines=_trace(), members=st.integers(1, 3), cut=st.one_of(st.none(), st.integers(1, 10**6)))
+def test_random_lines_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[bytes],
+                                       members: int, cut: int | None) -> None:
+    data = gz_members(lines, members)
+    if cut is not None:
+        data = data[:cut]
+    path = tmp_path / "r.pfw.gz"
+    path.write_bytes(data)
+    assert_same(*load_both(path, monkeypatch))
+
+
+# --------------------------------------------------------------------------- the scanner itself
+
+
+def _scan(text: bytes) -> tuple[int, int, np.ndarray]:
+    n = text.count(b"\n") + 1
+    out = LOAD._NATIVE.scan(text, np.empty((16, n), np.int64), np.empty(n, np.uint32), np.empty((11, n), np.int32),
+                            np.empty(n, np.int64))
+    return out[0], out[1], np.frombuffer(out[2], dtype=np.int64).reshape(-1, 3)
+
+
+def test_scanner_accepts_dftracer_lines_and_hands_back_the_rest() -> None:
+    good = b'{"id":1,"name":"read","cat":"POSIX","pid":1,"tid":1,"ts":5,"dur":1,"ph":1,"args":{"ret":1}}'
+    meta = b'{"name":"FH","cat":"dftracer","pid":1,"tid":1,"ph":4,"args":{"name":"/a","value":"aa"}}'
+    odd = [b'{"name":"re\\"ad","pid":1,"ts":1}', b'{"name":"read","pid":1}', b'{"name":"read","pid":1,"ts":1.0}',
+           b'{"name":"read","pid":1,"ts":9223372036854775808}', b'{"name":"read","pid":1,"ts":1,"ts":2}',
+           b'{"name":"read","pid":1,"ts":1} ', b'{"name":["read"],"pid":1,"ts":1}', b" ", b"[,"]
+    text = b"\n".join([b"[", good, b"", meta, *odd, good + b",", b"]"])
+    nev, nmeta, rej = _scan(text)
+    assert (nev, nmeta) == (2, 1)
+    lines = text.split(b"\n")
+    assert [lines[i] for i in rej[:, 0]] == odd
+    assert [text[a:b] for _, a, b in rej] == odd
+    # not UTF-8: None, the caller hands the whole text to the Python path
+    assert LOAD._NATIVE.scan(b'{"name":"\xff"}', np.empty((16, 1), np.int64), np.empty(1, np.uint32),
+                             np.empty((11, 1), np.int32), np.empty(1, np.int64)) is None
+
+
+def test_scanner_refuses_too_small_buffers() -> None:
+    with pytest.raises(ValueError):
+        LOAD._NATIVE.scan(b"{}\n{}\n", np.empty((16, 1), np.int64), np.empty(1, np.uint32),
+                          np.empty((11, 1), np.int32), np.empty(1, np.int64))
+    with pytest.raises(ValueError):
+        LOAD._NATIVE.scan(b"{}", np.empty((16, 1), np.int64), np.empty(1, np.uint32),
+                          np.empty((10, 1), np.int32), np.empty(1, np.int64))
