@@ -1169,7 +1169,8 @@ def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.
     for p in parts:
         for src, rep in p.files:  # a file split into byte ranges has one report per range
             reports[src] = _add_reports(reports[src], rep) if src in reports else rep
-    counts = dict(ev.group_by("src").len().iter_rows()) if ev.height else {}
+    per_src = np.bincount(ev["src"].to_numpy()) if ev.height else np.zeros(0, dtype=np.int64)
+    counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
     return _build_events(ev, meta, names), files
 
@@ -1427,10 +1428,19 @@ def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
 
 def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
     """Fill ``values``/``valid`` (output order) with the reconstructed offsets of the
-    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`)."""
+    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`); one pass in C
+    when the native module is built (no sort), else vectorised numpy."""
     n, m = len(rank), narrow.height
     pos = rank[narrow["__row"].to_numpy()]
     g = narrow["g"].to_numpy()
+    if _NATIVE is not None:
+        def arr(c: str, dt: type) -> np.ndarray:
+            return np.ascontiguousarray(narrow[c].to_numpy(), dtype=dt)
+
+        _NATIVE.stream_offsets(np.ascontiguousarray(g, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64),
+                               arr("reset", np.bool_), arr("base", np.int64), arr("adv", np.int64),
+                               arr("xfer", np.bool_), values, valid)
+        return
     # streams, each in output (time) order
     b_pos = max(n, 1).bit_length()
     if (int(g.max()) + 1).bit_length() + b_pos <= _PACK_BITS:
