@@ -1498,7 +1498,7 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
     offset = _offsets(ev, rank)
     out = ev.select(
         "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
-    )[pl.Series(order)]
+    ).rechunk()[pl.Series(order)]
     # data-loader fields: few rows have them
     loader = [("epoch", "epoch"), ("step", "step"), ("batch_size", "batch_size"), ("image_idx", "sample_index")]
     sparse = ev.lazy().with_row_index("__row").filter(
