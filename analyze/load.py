@@ -10,18 +10,26 @@ zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
    salvaged, never fatal: a truncated file keeps everything decoded before the cut; a
    corrupt member keeps what decoded cleanly and decoding resumes at the next member
    header (``1f 8b 08``). The partial line at each damage point is dropped and counted.
-2. **Tokenise** decoded text with polars' CSV reader (separator ``,``, no quoting): one
+2. **Scan** (when the C extension :mod:`._pfwscan` is built, and ``DLREPLAY_PARSER`` is
+   not ``python``): a strict scanner reads each decoded text without the GIL straight
+   into raw columns (strings dictionary-encoded, no Python object per line). It accepts
+   only lines it fully understands (a JSON object with integer/string values of the kept
+   keys, an ``args`` object, DFTracer 1.x quoting and trailing commas); every other
+   non-blank line, and any text that is not UTF-8, goes through steps 3-5 below, the
+   Python path, at the same points, so both paths give identical tables and reports
+   (``tests/test_native_parser.py``). Without the extension, steps 3-5 parse everything.
+3. **Tokenise** decoded text with polars' CSV reader (separator ``,``, no quoting): one
    row per line, one column per ``"key":value`` token. With the fields needed here this
    costs about half of what polars' JSON reader does per DFTracer line. The text of many
    small files is tokenised and parsed as one batch (up to about ``_CHUNK_BYTES`` of
    text; rows are attributed to files by their counted lines), so a trace of hundreds of
    small files costs little more than one file of the same size.
-3. **Layouts**: rows are grouped by (name token, category token, token count). DFTracer
+4. **Layouts**: rows are grouped by (name token, category token, token count). DFTracer
    writes every event of one function with the same keys in the same order, so one
    sample row per group is parsed in Python into a *layout* (key path, prefix, quoting,
    closing braces of every token); the group's values are extracted with vectorised
    string expressions and checked (line start and end, argument keys, numbers parse).
-4. **Fallback**: rows without a usable layout (nested values, commas or escapes inside
+5. **Fallback**: rows without a usable layout (nested values, commas or escapes inside
    strings, lines longer than the tokens read, small groups, garbage) are re-read from
    their line bytes with polars' JSON reader; a failing batch is bisected down to the
    malformed lines, which are dropped and counted against their own file. No Python code
@@ -31,7 +39,8 @@ zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
 files at once, never a per-file query): time unit (``CM``) per file, ppid and host
 (``start``/``HH`` records of the process's own file), sizes, and file offsets:
 read/write/fread/fwrite offsets are reconstructed per (file, pid, POSIX or STDIO, file
-hash) in time order with cumulative sums over segments (open/seek reset the position).
+hash) in time order (open/seek reset the position; one C pass over the output order when
+the extension is built, else cumulative sums over segments in numpy).
 ``FH`` file hashes are resolved to paths across all files (the record may sit in
 another process's file; relative names use the writing process's working directory).
 The output order is (``ts``, file, line): packed integer keys are value-sorted with
