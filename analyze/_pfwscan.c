@@ -782,6 +782,19 @@ e1:
     return result;
 }
 
+static PyObject *is_utf8(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer b;
+    int ok;
+    if (get_buf(arg, &b, 1, 0, "is_utf8") < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ok = utf8_valid(b.buf, b.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(ok);
+}
+
 /* ------------------------------------------------------------------------- file offsets */
 
 /*
@@ -875,6 +888,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
+    {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
     {"stream_offsets", stream_offsets, METH_VARARGS, "File offsets of stream transfers (see the module source)."},
     {NULL, NULL, 0, NULL},
 };

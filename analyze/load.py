@@ -606,16 +606,21 @@ def _new_batch() -> _Batch | _NativeBatch:
 
 
 class _NativeBatch:
-    """:class:`_Batch` with the C scanner: each added text is scanned at once (without the
-    GIL) into raw columns; the lines it does not accept (and texts that are not UTF-8) go
-    to an inner :class:`_Batch`, the Python path, at the same flush points, so what is
-    salvaged and counted, and in which order problems are reported, stays the same."""
+    """:class:`_Batch` with the C scanner: at the flush, texts are scanned (without the GIL)
+    into raw columns, a large one alone, small ones (many small files) together; the lines
+    the scanner does not accept go to an inner :class:`_Batch`, the Python path, and when
+    any text of the batch is not UTF-8 the whole batch does (the Python path decodes it
+    lossily and groups lines across the batch's texts, as before). Flush points are those
+    of :class:`_Batch`, so what is salvaged and counted, and in which order problems are
+    reported, stays the same."""
 
     def __init__(self) -> None:
         self.nbytes = 0
         self.events: list[pl.DataFrame] = []
         self.meta: list[pl.DataFrame] = []
         self.rest = _Batch()
+        #: texts waiting for the flush: (src, seq0, text, stats, lines)
+        self.pending: list[tuple[int, int, bytes, _Stats, int]] = []
         #: (src, line number in the inner batch's text, line number in the file) of rejected lines
         self.remap: list[tuple[int, np.ndarray, np.ndarray]] = []
 
@@ -623,23 +628,50 @@ class _NativeBatch:
         """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
         n = text.count(b"\n") + (0 if text.endswith(b"\n") else 1)
         self.nbytes += len(text)
-        scanned = _scan(text, n, src, seq0)
-        if scanned is None:  # not UTF-8: the Python path decodes it lossily, as before
-            self.rest.add(src, seq0, text, stats)
-            return n
-        events, meta, rejected = scanned
-        stats.lines += events.height + meta.height
+        self.pending.append((src, seq0, text, stats, n))
+        return n
+
+    def _scan(self, segs: list[tuple[int, int, bytes, _Stats, int]], text: bytes, n: int) -> None:
+        """Scan ``text``, the texts of ``segs`` (each ending with a newline when more than one)."""
+        counts = np.fromiter((seg[4] for seg in segs), dtype=np.int64, count=len(segs))
+        first = np.cumsum(counts) - counts  # first line of each segment in text
+        scanned = _scan(text, n, first, np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
+                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)))
+        if scanned is None:
+            raise AssertionError("the scanner refused text its own UTF-8 check accepted")
+        events, meta, per_seg, rejected = scanned
+        for seg, k in zip(segs, per_seg.tolist(), strict=True):
+            seg[3].lines += k
         if events.height:
             self.events.append(events)
         if meta.height:
             self.meta.append(meta)
-        if len(rejected):
-            sub = b"\n".join([text[a:b] for a, b in rejected[:, 1:].tolist()]) + b"\n"
+        if not len(rejected):
+            return
+        owner = np.searchsorted(first, rejected[:, 0], side="right") - 1
+        for i in np.unique(owner).tolist():
+            src, seq0, _, stats, _ = segs[i]
+            mine = rejected[owner == i]
+            sub = b"\n".join([text[a:b] for a, b in mine[:, 1:].tolist()]) + b"\n"
             self.rest.add(src, seq0, sub, stats)
-            self.remap.append((src, seq0 + np.arange(len(rejected), dtype=np.int64), seq0 + rejected[:, 0]))
-        return n
+            self.remap.append((src, seq0 + np.arange(len(mine), dtype=np.int64), seq0 + mine[:, 0] - first[i]))
 
     def flush(self) -> None:
+        segs, self.pending = self.pending, []
+        assert _NATIVE is not None
+        if not all(_NATIVE.is_utf8(seg[2]) for seg in segs):
+            for src, seq0, text, stats, _ in segs:
+                self.rest.add(src, seq0, text, stats)
+            segs = []
+        small = [seg for seg in segs if len(seg[2]) < _ALONE_BYTES]
+        for seg in segs:
+            if len(seg[2]) >= _ALONE_BYTES:
+                self._scan([seg], seg[2], seg[4])
+        if small:
+            text = small[0][2] if len(small) == 1 else b"".join(
+                seg[2] if seg[2].endswith(b"\n") else seg[2] + b"\n" for seg in small)
+            self._scan(small, text, sum(seg[4] for seg in small))
+        self.nbytes = 0
         self.rest.flush()
         if not (self.rest.events or self.rest.meta):
             self.remap = []
@@ -663,9 +695,12 @@ class _NativeBatch:
         self.rest.events, self.rest.meta, self.remap = [], [], []
 
 
-def _scan(text: bytes, nlines: int, src: int, seq0: int) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray] | None:
-    """(event rows, metadata rows, rejected lines as rows of (line, start, end)) of ``text``
-    by the C scanner, or None when ``text`` is not valid UTF-8."""
+def _scan(text: bytes, nlines: int, first: np.ndarray, srcs: np.ndarray,
+          seq0s: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
+    """Scan ``text`` (segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line
+    ``seq0s[k]``) with the C scanner: (event rows, metadata rows, accepted lines per
+    segment, rejected lines as rows of (line in text, start, end)); None when ``text`` is
+    not valid UTF-8."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
     # The output buffers are one anonymous mapping, unmapped when the last array viewing
@@ -686,14 +721,26 @@ def _scan(text: bytes, nlines: int, src: int, seq0: int) -> tuple[pl.DataFrame, 
     values = pl.Series(uniques, dtype=_STR)
     op_of = np.fromiter((_OP_CODE.get(u, 0) for u in uniques), dtype=np.int8, count=len(uniques))
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
-    frames = [_native_frame(sl, ints, imask, strs, rows, values, op_of, any_mask, src, seq0)
-              for sl in (slice(0, nev), slice(cap - nmeta, cap))]
-    return frames[0], frames[1], rej
+    frames = []
+    per_seg = np.zeros(len(first), dtype=np.int64)
+    for sl in (slice(0, nev), slice(cap - nmeta, cap)):
+        lines = rows[sl]
+        if len(first) == 1:
+            src: int | np.ndarray = int(srcs[0])
+            seq = lines + seq0s[0]
+            per_seg[0] += len(lines)
+        else:
+            seg = np.searchsorted(first, lines, side="right") - 1
+            src, seq = srcs[seg], seq0s[seg] + (lines - first[seg])
+            per_seg += np.bincount(seg, minlength=len(first))
+        frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq))
+    return frames[0], frames[1], per_seg, rej
 
 
-def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, rows: np.ndarray,
-                  values: pl.Series, op_of: np.ndarray, any_mask: int, src: int, seq0: int) -> pl.DataFrame:
-    """The RAW_SCHEMA frame of the scanner's output rows ``sl``."""
+def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
+                  op_of: np.ndarray, any_mask: int, src: int | np.ndarray, seq: np.ndarray) -> pl.DataFrame:
+    """The RAW_SCHEMA frame of the scanner's output rows ``sl`` (of file ``src``, a constant
+    or one per row, lines ``seq``)."""
     if sl.stop <= sl.start:
         return pl.DataFrame(schema=RAW_SCHEMA)
     mask = imask[sl]
@@ -721,9 +768,11 @@ def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarr
     name = strs[_NATIVE_STRS.index("name"), sl]
     data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
         else np.zeros(len(name), dtype=np.int8)
-    data["seq"] = rows[sl] + seq0
+    data["seq"] = seq
+    if isinstance(src, np.ndarray):
+        data["src"] = src
     return pl.DataFrame(data).select(
-        pl.lit(src, dtype=_SRC).alias("src"), "seq",
+        pl.col("src") if isinstance(src, np.ndarray) else pl.lit(src, dtype=_SRC).alias("src"), "seq",
         *(exprs[c].alias(c) for c in RAW_SCHEMA if c not in ("src", "seq", "op")), "op",
     )
 

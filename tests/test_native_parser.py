@@ -26,7 +26,7 @@ from dlreplay.analyze import LoadedTrace, load_trace
 from .conftest import TRACES
 from .test_bad_traces import SRC, biggest, corpus_lines, gz_members
 from .test_bad_traces import _odd_trace as odd_trace
-from .test_load import BAD_LINES, member_offsets, to_v1
+from .test_load import BAD_LINES, _many_small_files, member_offsets, to_v1
 
 LOAD = importlib.import_module("dlreplay.analyze.load")
 CORPUS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.pfw.gz")))
@@ -157,6 +157,19 @@ def test_byte_ranges_and_groupings_load_identically(tmp_path: Path, monkeypatch:
         tables.append(LOAD.combine_parts(parts, [path.name]))
     assert_frame_equal(tables[0][0], tables[1][0], check_exact=True)
     assert tables[0][1] == tables[1][1]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_many_small_files_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """Small texts are scanned together (one truncated file, one with malformed lines, an
+    empty one among them); an invalid UTF-8 file among them is handed to the Python path."""
+    d = tmp_path / "many"
+    _many_small_files(d)
+    data = gzip.decompress((d / "trace-302.pfw.gz").read_bytes())
+    (d / "trace-302.pfw.gz").write_bytes(gzip.compress(data.replace(b"/data/set/f", b"/data/s\xe9t/f", 3)))
+    native, python = load_both(d, monkeypatch, threads=threads)
+    assert native.damaged and native.events.height > 0
+    assert_same(native, python)
 
 
 # --------------------------------------------------------------------------- property: random lines
