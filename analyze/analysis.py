@@ -34,6 +34,7 @@ def analyze_trace(
     verify_epochs: int | None = 4,
     scheduler: str | None = None,
     workers: int | None = None,
+    figures: bool = True,
     echo: Callable[[str], None] | None = None,
 ) -> Report:
     """Everything ``dlreplay analyze`` computes for ``trace`` (see the module doc).
@@ -41,30 +42,36 @@ def analyze_trace(
     With ``verify``, the findings' model changes are replayed (:func:`.whatif.verify`)
     in ``verify_dir`` (default: a temporary directory, removed afterwards). With
     ``scheduler`` (a Dask ``tcp://host:port``) or ``workers`` (a LocalCluster of that
-    many processes), the trace is parsed on the cluster (:mod:`.distributed`).
+    many processes), the trace is parsed on the cluster and the passes, rules, figures
+    (unless ``figures`` is false) and the model for ``verify`` are computed on a worker
+    (:func:`.distributed.analyze_distributed`): the client never holds the event table.
     """
     thresholds, disabled = load_thresholds(config)
+    model = None
     if scheduler is not None or workers is not None:
-        from .distributed import cluster, load_trace_distributed
+        from .distributed import analyze_distributed, cluster
 
         with cluster(scheduler, workers) as client:
-            loaded, _info = load_trace_distributed(trace, client, echo=echo)
+            remote = analyze_distributed(trace, client, data_dirs=data_dirs, thresholds=thresholds,
+                                         disabled=disabled, figures=figures, distill_model=verify, echo=echo)
+        loaded, c, findings, model = remote.loaded, remote.characterization, remote.findings, remote.model
+        dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     else:
         loaded = load_trace(trace)
-    dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
-    c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
-    findings = find(c, thresholds, disabled)
+        dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
+        c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
+        findings = find(c, thresholds, disabled)
     verified = None
     if verify:
         from .whatif import verify as run_verify
 
         if verify_dir is not None:
             verified = run_verify(loaded.events, findings, verify_dir, manifest=loaded.manifest, data_dirs=dirs,
-                                  epochs=verify_epochs, echo=echo)
+                                  epochs=verify_epochs, model=model, echo=echo)
         else:
             with tempfile.TemporaryDirectory(prefix="dlreplay-verify-") as tmp:
                 verified = run_verify(loaded.events, findings, Path(tmp), manifest=loaded.manifest,
-                                      data_dirs=dirs, epochs=verify_epochs, echo=echo)
+                                      data_dirs=dirs, epochs=verify_epochs, model=model, echo=echo)
                 verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
     return build_report(str(trace), c, findings, manifest=loaded.manifest,
                         damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,

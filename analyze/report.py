@@ -233,7 +233,17 @@ FIGURES: dict[str, tuple[str, Callable[[Characterization], bytes | None]]] = {
 
 
 def figures(c: Characterization) -> dict[str, tuple[str, bytes | None]]:
-    """Every figure as PNG bytes (None when the trace lacks the data), by key."""
+    """Every figure as PNG bytes (None when the trace lacks the data), by key.
+
+    Figures already rendered where the table is (a Dask worker, see
+    :class:`~.distributed.RemoteView`) are returned as they are.
+    """
+    rendered = getattr(c.view, "rendered", None)
+    if rendered is not None:
+        return dict(rendered)
+    if not isinstance(c.view, TraceView):
+        raise UsageError("this analysis ran on a Dask cluster without figures; "
+                         "run analyze_trace(..., figures=True) to write a report")
     return {key: (title, fn(c)) for key, (title, fn) in FIGURES.items()}
 
 

@@ -136,9 +136,11 @@ def _print_capture_summary(result: Any) -> None:
               help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
 @click.option("--verify-epochs", type=click.IntRange(min=1), default=4, show_default=True,
               help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
-@click.option("--scheduler", metavar="ADDRESS", help="Parse the trace files on this Dask cluster (tcp://host:port); "
-              "the workers must see the trace path.")
-@click.option("--workers", type=click.IntRange(min=1), help="Parse the trace files on a local Dask cluster of N processes.")
+@click.option("--scheduler", metavar="ADDRESS", help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
+              "in parallel tasks and the passes run on a worker, so the event table never comes to this "
+              "machine; the workers must see the trace path.")
+@click.option("--workers", type=click.IntRange(min=1), help="Analyse on a local Dask cluster of N processes "
+              "(as --scheduler, on this machine).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
 @handle_errors
 def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path: Path | None, config: Path | None,
@@ -161,7 +163,7 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
     with _status(f"analysing {trace}"):
         report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
                                verify_dir=verify_dir, verify_epochs=verify_epochs, scheduler=scheduler,
-                               workers=workers, echo=say)
+                               workers=workers, figures=report_path is not None, echo=say)
     if report_path is not None:
         with _status(f"writing {report_path}"):
             write_report(report, report_path)
