@@ -36,6 +36,7 @@ afterwards, also on errors, Ctrl-C and SIGTERM.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -55,6 +56,7 @@ from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
 
 from .load import FileReport, TracePart, _find_inputs, combine_parts, parse_part
+from .passes import ORDER_COL  # the order column of the spilled table: group << 40 | row in the group
 
 __all__ = [
     "EAGER_FACTOR", "GROUP_FACTOR", "ORDER_COL", "ROW_BYTES", "MemoryPlan", "SpilledTrace", "plan_memory",
@@ -66,13 +68,16 @@ __all__ = [
 ROW_BYTES = 220
 #: Peak RSS of the in-memory path (load + all passes) over the table's size, measured
 #: on the 5.1 M-event benchmark trace (see ``benchmarks/memory.py``).
-EAGER_FACTOR = 4.0
-#: Peak memory of parsing and combining one group over its event table's size.
-GROUP_FACTOR = 4.0
-#: Memory the interpreter, polars and numpy take before any trace is read (bytes).
-BASE_BYTES = 200 << 20
-#: The order column of the spilled table: group << 40 | row within the group.
-ORDER_COL = "__o"
+EAGER_FACTOR = 5.0
+#: Peak memory of parsing and combining one group over its event table's size
+#: (measured: 1 M events in 1, 6 and 17 groups).
+GROUP_FACTOR = 3.0
+#: Memory taken whatever the trace: the interpreter with polars, numpy and matplotlib
+#: (~120 MB) and the parser's buffers and polars' pools for even one small group (bytes).
+BASE_BYTES = 250 << 20
+#: Bytes per dataset I/O event the passes hold over a spilled table: the narrow
+#: dataset-I/O frame and the sorts of the access pass (measured: 130).
+DATASET_IO_BYTES = 130
 _ROW_BITS = 40
 #: Stored bytes read from each sampled file to estimate lines per stored byte.
 _SAMPLE_BYTES = 1 << 20
@@ -312,10 +317,40 @@ def spilled_trace(trace: str | os.PathLike | Sequence[str | os.PathLike], *, gro
             raise TraceError(f"cannot use the spill directory {base}: {exc.strerror or exc}") from exc
     with _sigterm_as_exit():
         tmp = Path(tempfile.mkdtemp(prefix="dlreplay-spill-", dir=base))
+
+        def at_exit() -> None:  # a second interrupt can land before the finally removes it
+            shutil.rmtree(tmp, ignore_errors=True)
+
+        atexit.register(at_exit)
         try:
             yield _spill(trace, tmp, group_stored_bytes, echo)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
+            atexit.unregister(at_exit)
+
+
+def _remove(tmp: Path) -> None:
+    """Remove the spill directory, even while Ctrl-C or SIGTERM arrive.
+
+    One Ctrl-C can raise twice: polars cancels a running query with a KeyboardInterrupt
+    and Python's own handler raises another at the next line, which would land here;
+    and a cancelled query's writer threads may still be closing a Parquet file in the
+    directory. So interrupts are held back until the directory is gone (then re-raised),
+    and the removal is retried for a few seconds.
+    """
+    pending: BaseException | None = None
+    while True:
+        try:
+            for _ in range(50):
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not tmp.exists():
+                    break
+                time.sleep(0.1)
+            break
+        except (KeyboardInterrupt, SystemExit) as exc:
+            pending = exc
+    if pending is not None:
+        raise pending
 
 
 def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None) -> SpilledTrace:
