@@ -27,13 +27,13 @@ import polars as pl
 
 from dlreplay.osutil import host_memory_bytes
 from dlreplay.schema import (
-    EVENT_SCHEMA,
     CAT_CHECKPOINT,
     CAT_COMPUTE,
     CAT_DATA,
     CAT_DATALOADER,
     CAT_PIPELINE,
     CLOSE_OPS,
+    EVENT_SCHEMA,
     IO_CATEGORIES,
     OPEN_OPS,
     READ_OPS,

@@ -56,7 +56,7 @@ from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
 
 from .load import FileReport, TracePart, _find_inputs, combine_parts, parse_part
-from .passes import ORDER_COL  # the order column of the spilled table: group << 40 | row in the group
+from .passes import ORDER_COL
 
 __all__ = [
     "EAGER_FACTOR", "GROUP_FACTOR", "ORDER_COL", "ROW_BYTES", "MemoryPlan", "SpilledTrace", "plan_memory",
@@ -151,6 +151,8 @@ def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: i
     table = events * ROW_BYTES
     eager = BASE_BYTES + int(table * EAGER_FACTOR)
     budget = max(limit - BASE_BYTES, 1)
+    # the passes later hold the dataset I/O events (at most every event): leave them room
+    budget -= min(events * DATASET_IO_BYTES, budget // 2)
     group = max(1, int(budget / (GROUP_FACTOR * ROW_BYTES * max(per_byte, 1e-9))))
     return MemoryPlan(limit=limit, files=len(files), stored_bytes=stored, events=events, table_bytes=table,
                       eager_bytes=eager, spill=eager > limit, group_stored_bytes=group)
