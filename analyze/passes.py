@@ -124,11 +124,21 @@ class TraceView:
             out = self.events.filter(cond)
             return out if cols is None else out.select(cols)
         want = cols if cols is not None else list(EVENT_SCHEMA)
-        extra = [] if "ts" in want else ["ts"]
-        return self.collect(
-            self.events.filter(cond).select(*want, *extra, ORDER_COL)
-            .sort("ts", ORDER_COL, nulls_last=True).drop(*extra, ORDER_COL)
-        ).rechunk()  # one chunk, as a filter of the in-memory table: float sums add up the same way
+        return self._ordered(self.events.filter(cond), [pl.col(c) for c in want])
+
+    def _ordered(self, query: pl.LazyFrame, exprs: list[pl.Expr]) -> pl.DataFrame:
+        """``query`` (over the spilled table) collected with ``exprs``, in table order.
+
+        The streaming engine keeps the scan's order: spill group by group, each group in
+        table order, groups in trace-file order. A stable sort by ``ts`` (nulls last)
+        then gives the in-memory table's order (``ts``, trace file, line) without a
+        second key; one chunk, as a filter of the in-memory table (so float sums add up
+        the same way).
+        """
+        names = [e.meta.output_name() for e in exprs]
+        extra = [] if "ts" in names else [pl.col("ts")]
+        df = self.collect(query.select(*exprs, *extra))
+        return df.sort("ts", nulls_last=True, maintain_order=True).select(names).rechunk()
 
     @cached_property
     def height(self) -> int:
@@ -173,10 +183,7 @@ class TraceView:
         if isinstance(self.events, pl.DataFrame):
             return self.io.filter(pl.col("file").is_in(self.role_files("dataset")))
         cols = [pl.col(c).cast(pl.Categorical) if c in ("file", "name") else pl.col(c) for c in DATASET_IO_COLUMNS]
-        return self.collect(
-            self.events.filter(_IO & pl.col("file").is_in(self.role_files("dataset")))
-            .select(*cols, ORDER_COL).sort("ts", ORDER_COL, nulls_last=True).drop(ORDER_COL)
-        ).rechunk()
+        return self._ordered(self.events.filter(_IO & pl.col("file").is_in(self.role_files("dataset"))), cols)
 
     @cached_property
     def dataset_reads(self) -> pl.DataFrame:

@@ -14,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.analysis import analyze_trace
-from dlreplay.analyze.passes import characterize
+from dlreplay.analyze.passes import TraceView, characterize
 from dlreplay.analyze.spill import plan_memory, spilled_trace
 from dlreplay.units import parse_bytes
 
@@ -72,6 +73,8 @@ def test_spilled_table_equals_loaded_table(trace, tmp_path):
         with spilled_trace(trace, group_stored_bytes=group, spill_dir=tmp_path) as sp:
             assert sp.groups == (len(loaded.files) if group == 1 else 1)
             assert_frame_equal(sp.collect(), loaded.events)
+            # the view's subsets: scan order + a stable sort by ts is the table's order
+            assert_frame_equal(TraceView(sp.events).rows(pl.lit(True)), loaded.events)
             assert sp.files == loaded.files
             assert sp.height == loaded.events.height
     assert _spills(tmp_path) == []
