@@ -29,8 +29,11 @@ spill: aggregations are lazy queries collected with polars' streaming engine; on
 subsets a pass needs row by row (data-loader events, dataset I/O with the columns the
 passes use) are collected. What bounds memory then: one group's parse and combine
 (sized from the limit; a single trace file larger than that is still one group), and
-the narrow dataset-I/O table (about 70 bytes per dataset I/O event instead of about
-220 per event of the whole table, plus its sorts). The spill directory is removed
+the narrow dataset-I/O table (9 columns, file and op names categorical: ~40 bytes per
+dataset I/O event instead of ~220 per event of the whole table; with the access pass's
+sorts and polars' buffers the passes grow the peak by ~180 bytes per dataset I/O event,
+:data:`DATASET_IO_BYTES`; a note says when that alone exceeds the limit). The spill
+directory is removed
 afterwards, also on errors, Ctrl-C and SIGTERM.
 """
 
@@ -76,8 +79,9 @@ GROUP_FACTOR = 3.0
 #: (~120 MB) and the parser's buffers and polars' pools for even one small group (bytes).
 BASE_BYTES = 250 << 20
 #: Bytes per dataset I/O event the passes hold over a spilled table: the narrow
-#: dataset-I/O frame and the sorts of the access pass (measured: 130).
-DATASET_IO_BYTES = 130
+#: dataset-I/O frame, the sorts of the access pass and the streaming engine's buffers (peak
+#: RSS growth over the passes of the 5.1 M-event benchmark trace: ~180 per dataset I/O event).
+DATASET_IO_BYTES = 180
 _ROW_BITS = 40
 #: Stored bytes read from each sampled file to estimate lines per stored byte.
 _SAMPLE_BYTES = 1 << 20
