@@ -625,7 +625,8 @@ def pass_balance(v: TraceView) -> dict:
     out: dict[str, Any] = {}
     if v.workers:
         w = (items.filter(pl.col("pid").is_in(v.workers)).group_by("pid")
-             .agg(pl.len().alias("items"), pl.col("dur").sum().alias("busy_us"), pl.col("ppid").first()))
+             .agg(pl.len().alias("items"), pl.col("dur").sum().alias("busy_us"), pl.col("ppid").first())
+             .sort("pid"))  # a fixed order: the mean of busy_s is a float sum
         med = _num(w["busy_us"].median())
         out["workers"] = {"count": w.height, "items": _stats(w["items"]), "busy_s": _stats(w["busy_us"] * _US),
                           "max_over_median": _f(_num(w["busy_us"].max()) / med, 3) if med else None}

@@ -256,3 +256,28 @@ def test_sigterm_while_spilling_removes_the_spill(big_trace, tmp_path):
             proc.kill()
     assert proc.returncode == 143
     assert _spills(tmp_path) == []
+
+
+def test_damaged_and_empty_files_through_the_spill(tmp_path):
+    """Salvage is per file: a truncated file and an empty one give the same table,
+    reports and damage summary through the spilled path."""
+    import shutil
+
+    trace = tmp_path / "trace"
+    shutil.copytree(TRACES / "npz_fork", trace)
+    victim = sorted(trace.glob("*.pfw.gz"))[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: int(len(data) * 0.45)])
+    (trace / "trace-empty.pfw.gz").write_bytes(b"")
+    loaded = load_trace(trace)
+    assert loaded.damaged
+    with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path / "sp") as sp:
+        assert_frame_equal(sp.collect(), loaded.events)
+        assert sp.files == loaded.files
+        assert sp.describe_damage() == loaded.describe_damage()
+    eager = analyze_trace(trace)
+    spilled = analyze_trace(trace, memory_limit=1, spill_dir=tmp_path / "sp")
+    assert spilled.damage == eager.damage and spilled.damage
+    assert (spilled.dropped_lines, spilled.dropped_bytes) == (eager.dropped_lines, eager.dropped_bytes)
+    assert _json(spilled.characterization.to_dict()) == _json(eager.characterization.to_dict())
+    assert _spills(tmp_path / "sp") == []
