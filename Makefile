@@ -47,6 +47,7 @@ bench: $(STAMP)  ## reproducible measurements (ratios against baselines measured
 	$(PY) benchmarks/replay_bandwidth.py
 	$(PY) benchmarks/export.py
 	$(PY) benchmarks/scale.py
+	$(PY) benchmarks/memory.py
 
 clean:  ## remove the virtualenv and generated outputs
 	rm -rf $(VENV) demo-out bench-data .pytest_cache

@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from dlreplay.errors import UsageError
+
 from .findings import find, load_thresholds
 from .load import load_trace
 from .passes import characterize
@@ -34,41 +36,104 @@ def analyze_trace(
     verify_epochs: int | None = 4,
     scheduler: str | None = None,
     workers: int | None = None,
+    figures: bool = True,
     echo: Callable[[str], None] | None = None,
+    memory_limit: int | None = None,
+    spill_dir: str | Path | None = None,
 ) -> Report:
     """Everything ``dlreplay analyze`` computes for ``trace`` (see the module doc).
 
     With ``verify``, the findings' model changes are replayed (:func:`.whatif.verify`)
     in ``verify_dir`` (default: a temporary directory, removed afterwards). With
     ``scheduler`` (a Dask ``tcp://host:port``) or ``workers`` (a LocalCluster of that
-    many processes), the trace is parsed on the cluster (:mod:`.distributed`).
+    many processes), the trace is parsed on the cluster and the passes, rules, figures
+    (unless ``figures`` is false) and the model for ``verify`` are computed on a worker
+    (:func:`.distributed.analyze_distributed`): the client never holds the event table.
+
+    With ``memory_limit`` (bytes), a trace whose in-memory analysis would not fit is
+    spilled to Parquet under ``spill_dir`` (default: the system temp) and analysed with
+    streaming queries (:mod:`.spill`); the spill is removed before this returns, so the
+    report's figures are drawn here when ``figures`` is set, and the returned
+    view's event table can no longer be read. The path taken is in ``report.notes``.
     """
     thresholds, disabled = load_thresholds(config)
+    memory_note = None
+    model = None
+    if memory_limit is not None:
+        if scheduler is not None or workers is not None:
+            raise UsageError("--memory-limit cannot be combined with --workers/--scheduler (yet): "
+                             "choose one")
+        from .spill import plan_memory
+
+        plan = plan_memory(trace, memory_limit)
+        memory_note = plan.describe()
+        if echo:
+            echo(memory_note)
+        if plan.spill:
+            return _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
+                                    figures)
     if scheduler is not None or workers is not None:
-        from .distributed import cluster, load_trace_distributed
+        from .distributed import analyze_distributed, cluster
 
         with cluster(scheduler, workers) as client:
-            loaded, _info = load_trace_distributed(trace, client, echo=echo)
+            remote = analyze_distributed(trace, client, data_dirs=data_dirs, thresholds=thresholds,
+                                         disabled=disabled, figures=figures, distill_model=verify, echo=echo)
+        loaded, c, findings, model = remote.loaded, remote.characterization, remote.findings, remote.model
+        dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     else:
         loaded = load_trace(trace)
-    dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
-    c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
-    findings = find(c, thresholds, disabled)
+        dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
+        c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
+        findings = find(c, thresholds, disabled)
     verified = None
     if verify:
         from .whatif import verify as run_verify
 
         if verify_dir is not None:
             verified = run_verify(loaded.events, findings, verify_dir, manifest=loaded.manifest, data_dirs=dirs,
-                                  epochs=verify_epochs, echo=echo)
+                                  epochs=verify_epochs, model=model, echo=echo)
         else:
             with tempfile.TemporaryDirectory(prefix="dlreplay-verify-") as tmp:
                 verified = run_verify(loaded.events, findings, Path(tmp), manifest=loaded.manifest,
-                                      data_dirs=dirs, epochs=verify_epochs, echo=echo)
+                                      data_dirs=dirs, epochs=verify_epochs, model=model, echo=echo)
                 verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
-    return build_report(str(trace), c, findings, manifest=loaded.manifest,
-                        damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
-                        dropped=(loaded.dropped_lines, loaded.dropped_bytes), file_reports=loaded.files)
+    report = build_report(str(trace), c, findings, manifest=loaded.manifest,
+                          damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
+                          dropped=(loaded.dropped_lines, loaded.dropped_bytes), file_reports=loaded.files)
+    if memory_note:
+        report.notes.append(memory_note)
+    return report
+
+
+def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
+                     figures_wanted) -> Report:
+    """The ``--memory-limit`` path for a trace that does not fit: spill, stream, report."""
+    from .passes import TraceView
+    from .report import figures
+    from .spill import BASE_BYTES, DATASET_IO_BYTES, spilled_trace
+
+    if verify:
+        raise UsageError(f"--verify distills the whole event table in memory, which needs ~{plan.eager_bytes >> 20} "
+                         "MiB here: raise --memory-limit or analyse without --verify")
+    with spilled_trace(trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo) as sp:
+        dirs = list(data_dirs or []) or (sp.manifest or {}).get("data_dirs") or None
+        c = characterize(TraceView(sp.events, sp.manifest, dirs))
+        findings = find(c, thresholds, disabled)
+        _ = c.view.summary  # printed by the CLI after the spill is gone
+        if figures_wanted:
+            figures(c)
+        report = build_report(str(trace), c, findings, manifest=sp.manifest,
+                              damage=sp.describe_damage() if sp.damaged else None,
+                              dropped=(sp.dropped_lines, sp.dropped_bytes), file_reports=sp.files)
+        report.notes.append(f"{plan.describe()}: {sp.height:,} events in {sp.groups} group(s), "
+                            f"{sp.spill_bytes >> 20} MiB of Parquet (removed)")
+        held = c.view.dataset_io.height * DATASET_IO_BYTES
+        if BASE_BYTES + held > plan.limit:
+            report.notes.append(
+                f"memory limit exceeded: the access, transfer and overlap passes hold the trace's "
+                f"{c.view.dataset_io.height:,} dataset I/O events in memory (~{held >> 20} MiB, narrow columns), "
+                f"more than the limit allows")
+    return report
 
 
 def render_findings_text(report: Report, *, width: int = 100) -> str:

@@ -5,13 +5,23 @@ groups of trace files (or byte ranges of whole gzip members of one large file) i
 partial frames, independently of every other file;
 :func:`~.load.combine_parts` resolves what spans files (FH paths, processes, offsets).
 Here the first stage runs as one Dask task per group of files (or per range of a large
-file) on the cluster's workers, and the second on the client, with the same code as the single-process
-path, so the event table is identical: same rows, same counts and bytes, same
-salvage counts for damaged files.
+file) on the cluster's workers, with the same code as the single-process path, so the
+event table is identical: same rows, same counts and bytes, same salvage counts for
+damaged files.
+
+Two ways to finish:
+
+- :func:`load_trace_distributed` combines the parts on the client and returns the table
+  (for notebooks and for code that needs the rows);
+- :func:`analyze_distributed` (what ``dlreplay analyze --workers/--scheduler`` runs)
+  combines the parts in a task on one worker and runs the characterisation passes, the
+  findings rules, the report figures and (for ``--verify``) the distillation there too:
+  the event table stays on the cluster and only the results (a few kB of numbers, the
+  findings, PNG figures) come back to the client, which therefore needs no more memory
+  than the results. The results equal the single-process path's, pass by pass.
 
 The workers read the trace files themselves: the trace path must be visible to them
 under the same name (a shared file system, or a LocalCluster on this machine).
-Characterisation passes then run on the combined table in the client.
 """
 
 from __future__ import annotations
@@ -26,9 +36,21 @@ from typing import Any
 
 from dlreplay.errors import UsageError
 
-from .load import LoadedTrace, _find_inputs, _groups, combine_parts, member_ranges, parse_part
+from .findings import Finding, Thresholds, find
+from .load import (
+    FileReport,
+    LoadedTrace,
+    _find_inputs,
+    _groups,
+    combine_parts,
+    member_ranges,
+    parse_part,
+)
+from .passes import Characterization, characterize
+from .summary import Summary
 
-__all__ = ["ClusterInfo", "cluster", "load_trace_distributed"]
+__all__ = ["ClusterInfo", "RemoteAnalysis", "RemoteView", "analyze_distributed", "cluster",
+           "load_trace_distributed"]
 
 
 @dataclass(frozen=True)
@@ -79,18 +101,11 @@ SPLIT_BYTES = 64 << 20
 RANGE_BYTES = 16 << 20
 
 
-def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes: int = SPLIT_BYTES,
-                           range_bytes: int = RANGE_BYTES,
-                           echo: Callable[[str], None] | None = None) -> tuple[LoadedTrace, ClusterInfo]:
-    """Load a trace with the parse stage on ``client``'s cluster (see the module doc).
-
-    Files of at least ``split_bytes`` are cut into ranges of whole gzip members of about
-    ``range_bytes`` (found by a streaming scan on a worker, :func:`~.load.member_ranges`),
-    one task each; a file that does not decode cleanly is parsed whole (salvage rules).
-    """
+def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_bytes: int,
+                  echo: Callable[[str], None] | None) -> tuple[list[Any], list[Path], dict | None, int]:
+    """Submit the parse stage: (futures of TraceParts, trace files, manifest, workers)."""
     files, manifest = _find_inputs(path)
     nworkers = max(1, len(client.scheduler_info().get("workers", {})))
-    t0 = time.perf_counter()
     indexed = [(src, Path(p).resolve()) for src, p in enumerate(files)]
     big = [(src, p) for src, p in indexed if p.stat().st_size >= split_bytes]
     scans = client.gather(client.map(member_ranges, [str(p) for _, p in big], [range_bytes] * len(big), pure=False))
@@ -106,7 +121,121 @@ def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes:
     futures = client.map(parse_part, jobs, pure=False)
     if echo:
         echo(f"parsing {len(files)} file(s) in {len(jobs)} task(s) on {nworkers} Dask worker(s)")
+    return futures, files, manifest, nworkers
+
+
+def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes: int = SPLIT_BYTES,
+                           range_bytes: int = RANGE_BYTES,
+                           echo: Callable[[str], None] | None = None) -> tuple[LoadedTrace, ClusterInfo]:
+    """Load a trace with the parse stage on ``client``'s cluster (see the module doc).
+
+    Files of at least ``split_bytes`` are cut into ranges of whole gzip members of about
+    ``range_bytes`` (found by a streaming scan on a worker, :func:`~.load.member_ranges`),
+    one task each; a file that does not decode cleanly is parsed whole (salvage rules).
+    """
+    t0 = time.perf_counter()
+    futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     parts = client.gather(futures)
     events, reports = combine_parts(parts, [p.name for p in files])
-    info = ClusterInfo(str(client.scheduler.address), nworkers, len(jobs), time.perf_counter() - t0)
+    info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0)
     return LoadedTrace(events=events, files=reports, manifest=manifest), info
+
+
+@dataclass(frozen=True)
+class RemoteView:
+    """What the client keeps of a :class:`~.passes.TraceView` whose table stayed on a worker.
+
+    It answers what is read of a view after the passes ran: the summary, the duration
+    (seconds), the loader-worker and consumer pids, and the report's figures
+    (``rendered``: key -> (title, PNG bytes or None), None when none were asked for).
+    """
+
+    summary: Summary
+    duration_s: float
+    workers: list[int]
+    consumers: list[int]
+    rendered: dict[str, tuple[str, bytes | None]] | None
+
+
+@dataclass(frozen=True)
+class RemoteAnalysis:
+    """The results of :func:`analyze_distributed`; the event table is not among them."""
+
+    characterization: Characterization
+    findings: list[Finding]
+    files: list[FileReport]
+    manifest: dict | None
+    model: Any  # WorkloadModel distilled on the worker (``distill=True``), else None
+    info: ClusterInfo
+
+    @property
+    def loaded(self) -> LoadedTrace:
+        """The per-file reports as a :class:`LoadedTrace` without rows (damage, dropped counts)."""
+        return LoadedTrace(events=_empty_events(), files=self.files, manifest=self.manifest)
+
+
+def _empty_events() -> Any:
+    import polars as pl
+
+    from dlreplay.schema import EVENT_SCHEMA
+
+    return pl.DataFrame(schema=EVENT_SCHEMA)
+
+
+def _combine_on_worker(parts: list[Any], names: list[str]) -> tuple[Any, list[FileReport]]:
+    return combine_parts(parts, names)
+
+
+def _events_of(combined: tuple[Any, list[FileReport]]) -> Any:
+    return combined[0]
+
+
+def _reports_of(combined: tuple[Any, list[FileReport]]) -> list[FileReport]:
+    return combined[1]
+
+
+def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] | None,
+                       thresholds: Thresholds, disabled: set[str], figures: bool,
+                       distill_model: bool) -> dict[str, Any]:
+    """Passes, rules, figures and (optionally) the distilled model, on the worker holding the table."""
+    from .report import figures as render_figures
+
+    c = characterize(events, manifest=manifest, data_dirs=data_dirs)
+    found = find(c, thresholds, disabled)
+    model = None
+    if distill_model and events.height:
+        from .distill import distill
+
+        model = distill(events, manifest=manifest, data_dirs=data_dirs, source="the trace")
+    v = c.view
+    view = RemoteView(summary=v.summary, duration_s=v.duration_s, workers=list(v.workers),
+                      consumers=list(v.consumers), rendered=render_figures(c) if figures else None)
+    return {"results": c.to_dict(), "view": view, "findings": found, "model": model}
+
+
+def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list[str] | None = None,
+                        thresholds: Thresholds | None = None, disabled: set[str] | None = None,
+                        figures: bool = True, distill_model: bool = False,
+                        split_bytes: int = SPLIT_BYTES, range_bytes: int = RANGE_BYTES,
+                        echo: Callable[[str], None] | None = None) -> RemoteAnalysis:
+    """Parse, combine, characterise and diagnose a trace on ``client``'s cluster (module doc).
+
+    ``data_dirs`` defaults to the manifest's. ``figures`` renders the report's figures on
+    the worker (PNG bytes come back); ``distill_model`` also distills the workload model
+    there (for ``--verify``, whose replays then run on the client).
+    """
+    t0 = time.perf_counter()
+    futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
+    dirs = list(data_dirs or []) or (manifest or {}).get("data_dirs") or None
+    combined = client.submit(_combine_on_worker, futures, [p.name for p in files], pure=False)
+    events = client.submit(_events_of, combined, pure=False)
+    reports = client.submit(_reports_of, combined, pure=False)
+    if echo:
+        echo("combining and characterising on a Dask worker (the event table stays on the cluster)")
+    out = client.submit(_analyse_on_worker, events, manifest, dirs, thresholds or Thresholds(),
+                        set(disabled or ()), figures, distill_model, pure=False)
+    res, file_reports = client.gather([out, reports])
+    view: RemoteView = res["view"]
+    info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures) + 3, time.perf_counter() - t0)
+    c = Characterization(res["results"], view)  # type: ignore[arg-type]
+    return RemoteAnalysis(c, res["findings"], file_reports, manifest, res["model"], info)

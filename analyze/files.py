@@ -51,22 +51,29 @@ CLASSIFY_SCHEMA = {
 }
 
 
-def loader_processes(events: pl.DataFrame) -> pl.DataFrame:
+def collect(query: pl.LazyFrame, events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Run ``query`` over ``events``: with polars' streaming engine when ``events`` is a
+    LazyFrame (a table spilled to disk, see :mod:`.spill`), else in memory."""
+    return query.collect(engine="streaming") if isinstance(events, pl.LazyFrame) else query.collect()
+
+
+def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """(host, pid) of the processes that emit ``item`` events (data-loader workers)."""
-    return (
+    return collect(
         events.lazy()
         .filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item"))
         .select("host", "pid")
-        .unique()
-        .collect()
+        .unique(),
+        events,
     )
 
 
-def file_process_table(events: pl.DataFrame) -> pl.DataFrame:
+def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """Per (file, host, pid): bytes read/written (I/O calls and checkpoint events), call counts.
 
-    One group-by over the event table; :func:`classify_files` and the summary aggregate
-    this much smaller table. ``loader`` marks processes that emit ``item`` events.
+    One group-by over the event table (a LazyFrame: a streaming query); :func:`classify_files`
+    and the summary aggregate this much smaller table. ``loader`` marks processes that
+    emit ``item`` events.
     """
     size = pl.col("size").fill_null(0)
     op, ckpt, name = pl.col("__op"), pl.col("__ckpt"), pl.col("name")
@@ -75,7 +82,7 @@ def file_process_table(events: pl.DataFrame) -> pl.DataFrame:
         return pl.when(cond).then(value).otherwise(0)
 
     # per-row columns first (the operation class decoded once), then plain sums
-    table = (
+    table = collect(
         events.lazy()
         .filter(pl.col("file").is_not_null())
         .with_columns(name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int8).alias("__op"),
@@ -89,12 +96,18 @@ def file_process_table(events: pl.DataFrame) -> pl.DataFrame:
         )
         .group_by("pid", "host", "file")  # the integer key first groups fastest
         .agg(pl.exclude("ckpt_event").sum(), pl.col("ckpt_event").any())
-        .select("file", "host", "pid", pl.exclude("file", "host", "pid"))
-        .collect()
+        .select("file", "host", "pid", pl.exclude("file", "host", "pid")),
+        events,
     )
     loaders = loader_processes(events).with_columns(pl.lit(True).alias("loader"))
     return table.join(loaders, on=["host", "pid"], how="left", nulls_equal=True).with_columns(
         pl.col("loader").fill_null(False))
+
+
+def _empty(events: pl.DataFrame | pl.LazyFrame) -> bool:
+    if isinstance(events, pl.DataFrame):
+        return events.height == 0
+    return collect(events.select(pl.len()), events).item() == 0
 
 
 def _under(dirs: Iterable[str]) -> pl.Expr:
@@ -112,7 +125,7 @@ def _under(dirs: Iterable[str]) -> pl.Expr:
     return expr
 
 
-def classify_files(events: pl.DataFrame, data_dirs: Iterable[str] | None = None, *,
+def classify_files(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | None = None, *,
                    per_process: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per file: file, role, bytes_read, bytes_written, reads, writes, opens, processes.
 
@@ -121,7 +134,7 @@ def classify_files(events: pl.DataFrame, data_dirs: Iterable[str] | None = None,
     ``processes`` counts distinct (host, pid). Sorted by bytes read, then written.
     ``per_process`` reuses a :func:`file_process_table` already computed.
     """
-    if events.height == 0:
+    if _empty(events):
         return pl.DataFrame(schema=CLASSIFY_SCHEMA)
     fp = file_process_table(events) if per_process is None else per_process
     has_loaders = bool(fp["loader"].any()) or loader_processes(events).height > 0

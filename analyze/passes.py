@@ -33,6 +33,7 @@ from dlreplay.schema import (
     CAT_DATALOADER,
     CAT_PIPELINE,
     CLOSE_OPS,
+    EVENT_SCHEMA,
     IO_CATEGORIES,
     OPEN_OPS,
     READ_OPS,
@@ -71,15 +72,30 @@ def _num(x: Any) -> float:
     return float(x or 0)
 
 
+#: Order column of a spilled table (see :mod:`.spill`): sorting by (ts, it) gives the
+#: order of the in-memory table.
+ORDER_COL = "__o"
+#: Columns of :attr:`TraceView.dataset_io` collected from a lazy (spilled) table.
+DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offset", "ret")
+_IO = pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null()
+
+
 @dataclass
 class TraceView:
     """The event table and the frames the passes share (computed once, on first use).
 
-    ``data_dirs`` selects the dataset as in :func:`~dlreplay.analyze.files.classify_files`;
-    ``manifest`` is the capture's ``manifest.json`` (host memory, data dirs), if any.
+    ``events`` is an in-memory table, or a ``pl.LazyFrame`` over a spilled one (see
+    :mod:`.spill`: the EVENT_SCHEMA columns plus :data:`ORDER_COL`). Over a LazyFrame,
+    aggregations run as lazy queries on polars' streaming engine, projecting only the
+    columns they need; the data-loader frames (items, fetches, steps, epochs, saves) are
+    collected whole (few rows), and :attr:`dataset_io` only with
+    :data:`DATASET_IO_COLUMNS` (``file`` and ``name`` categorical). Every frame keeps
+    the in-memory table's row order. ``data_dirs`` selects the dataset as in
+    :func:`~dlreplay.analyze.files.classify_files`; ``manifest`` is the capture's
+    ``manifest.json`` (host memory, data dirs), if any.
     """
 
-    events: pl.DataFrame
+    events: pl.DataFrame | pl.LazyFrame
     manifest: dict | None = None
     data_dirs: list[str] | None = None
 
@@ -87,13 +103,57 @@ class TraceView:
         if not self.data_dirs:
             self.data_dirs = list((self.manifest or {}).get("data_dirs") or []) or None
 
+    @property
+    def lazy(self) -> bool:
+        """True over a LazyFrame (a spilled table)."""
+        return isinstance(self.events, pl.LazyFrame)
+
+    @property
+    def scan(self) -> pl.LazyFrame:
+        """The event table as a LazyFrame."""
+        return self.events.lazy()
+
+    def collect(self, query: pl.LazyFrame) -> pl.DataFrame:
+        """Run ``query`` (streaming engine over a spilled table)."""
+        return query.collect(engine="streaming") if self.lazy else query.collect()
+
+    def rows(self, cond: pl.Expr, columns: Iterable[str] | None = None) -> pl.DataFrame:
+        """The events matching ``cond`` in table order, with ``columns`` (default: all)."""
+        cols = list(columns) if columns is not None else None
+        if isinstance(self.events, pl.DataFrame):
+            out = self.events.filter(cond)
+            return out if cols is None else out.select(cols)
+        want = cols if cols is not None else list(EVENT_SCHEMA)
+        return self._ordered(self.events.filter(cond), [pl.col(c) for c in want])
+
+    def _ordered(self, query: pl.LazyFrame, exprs: list[pl.Expr]) -> pl.DataFrame:
+        """``query`` (over the spilled table) collected with ``exprs``, in table order.
+
+        The streaming engine keeps the scan's order: spill group by group, each group in
+        table order, groups in trace-file order. A stable sort by ``ts`` (nulls last)
+        then gives the in-memory table's order (``ts``, trace file, line) without a
+        second key; one chunk, as a filter of the in-memory table (so float sums add up
+        the same way).
+        """
+        names = [e.meta.output_name() for e in exprs]
+        extra = [] if "ts" in names else [pl.col("ts")]
+        df = self.collect(query.select(*exprs, *extra))
+        return df.sort("ts", nulls_last=True, maintain_order=True).select(names).rechunk()
+
+    @cached_property
+    def height(self) -> int:
+        """Number of events."""
+        if isinstance(self.events, pl.DataFrame):
+            return self.events.height
+        return int(self.collect(self.events.select(pl.len())).item())
+
     def _is(self, cat: str, name: str) -> pl.DataFrame:
-        return self.events.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+        return self.rows((pl.col("cat") == cat) & (pl.col("name") == name))
 
     @cached_property
     def summary(self) -> Summary:
         """The one-screen summary (see :func:`~dlreplay.analyze.summary.summarize`)."""
-        return summarize(self.events, data_dirs=self.data_dirs)
+        return summarize(self.events, data_dirs=self.data_dirs, per_process=self.per_process)
 
     @cached_property
     def per_process(self) -> pl.DataFrame:
@@ -109,12 +169,21 @@ class TraceView:
 
     @cached_property
     def io(self) -> pl.DataFrame:
-        """POSIX/STDIO events with a file name."""
-        return self.events.filter(pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null())
+        """POSIX/STDIO events with a file name (over a spilled table: all of them in memory;
+        the passes use :attr:`io_lazy` and :attr:`dataset_io` instead)."""
+        return self.rows(_IO)
+
+    @property
+    def io_lazy(self) -> pl.LazyFrame:
+        """:attr:`io` as a LazyFrame (for aggregations)."""
+        return self.io.lazy() if isinstance(self.events, pl.DataFrame) else self.events.filter(_IO)
 
     @cached_property
     def dataset_io(self) -> pl.DataFrame:
-        return self.io.filter(pl.col("file").is_in(self.role_files("dataset")))
+        if isinstance(self.events, pl.DataFrame):
+            return self.io.filter(pl.col("file").is_in(self.role_files("dataset")))
+        cols = [pl.col(c).cast(pl.Categorical) if c in ("file", "name") else pl.col(c) for c in DATASET_IO_COLUMNS]
+        return self._ordered(self.events.filter(_IO & pl.col("file").is_in(self.role_files("dataset"))), cols)
 
     @cached_property
     def dataset_reads(self) -> pl.DataFrame:
@@ -164,10 +233,10 @@ class TraceView:
     @cached_property
     def span(self) -> tuple[int, int]:
         """(first start, last end) of the trace in microseconds."""
-        ev = self.events
-        if ev.is_empty():
+        row = self.collect(self.scan.select(
+            pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"))).row(0)
+        if row[0] is None or row[1] is None:
             return (0, 0)
-        row = ev.select(pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b")).row(0)
         return int(row[0]), int(row[1])
 
     @property
@@ -295,17 +364,17 @@ def pass_transfer(v: TraceView) -> dict:
 def pass_bandwidth(v: TraceView) -> dict:
     """Bytes read per time bin over the run (dataset and all files), in bytes/s."""
     t0, t1 = v.span
-    reads = v.io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
-    if reads.is_empty() or t1 <= t0:
-        return {"bin_s": None, "t_s": [], "dataset_bps": [], "all_bps": [], "peak_bps": None,
-                "missing": "no reads"}
     width = max((t1 - t0) / TIMELINE_BINS, 1.0)
-    ds = set(v.role_files("dataset"))
-    binned = (
-        reads.select(((pl.col("ts") - t0) / width).floor().cast(pl.Int64).clip(0, TIMELINE_BINS - 1).alias("b"),
-                     "size", pl.col("file").is_in(list(ds)).alias("ds"))
+    ds = v.role_files("dataset")
+    binned = v.collect(
+        v.io_lazy.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+        .select(((pl.col("ts") - t0) / width).floor().cast(pl.Int64).clip(0, TIMELINE_BINS - 1).alias("b"),
+                "size", pl.col("file").is_in(ds).alias("ds"))
         .group_by("b").agg(pl.col("size").sum().alias("all"), pl.col("size").filter(pl.col("ds")).sum().alias("dsb"))
     )
+    if binned.is_empty() or t1 <= t0:
+        return {"bin_s": None, "t_s": [], "dataset_bps": [], "all_bps": [], "peak_bps": None,
+                "missing": "no reads"}
     full = pl.DataFrame({"b": np.arange(TIMELINE_BINS, dtype=np.int64)}).join(binned, on="b", how="left").fill_null(0)
     sec = width * _US
     all_bps = (full["all"] / sec).to_list()
@@ -316,26 +385,52 @@ def pass_bandwidth(v: TraceView) -> dict:
     }
 
 
+def _first_ppid(v: TraceView) -> pl.DataFrame:
+    """(host, pid, ppid) over a lazy table: the ppid of each (host, pid)'s first event with one,
+    in table order (what ``ppid.drop_nulls().first()`` gives in memory).
+
+    The ppid is constant per trace file and pid, so each (host, pid) has few candidates:
+    the one with the earliest ``ts`` wins; a tie (or only null ``ts``) is settled by the
+    order column over that (host, pid)'s tied rows only.
+    """
+    cand = v.collect(v.scan.filter(pl.col("ppid").is_not_null())
+                     .group_by("host", "pid", "ppid").agg(pl.col("ts").min().alias("m")))
+    out = []
+    for (host, pid), g in cand.group_by("host", "pid"):
+        g = g.sort("m", nulls_last=True)
+        m = g["m"][0]
+        tied = g.filter(pl.col("m").eq_missing(m))
+        if tied.height == 1:
+            out.append((host, pid, tied["ppid"][0]))
+            continue
+        at = pl.col("ts").is_null() if m is None else pl.col("ts") == m
+        first = v.collect(v.scan.filter(pl.col("host").eq_missing(host) & (pl.col("pid") == pid)
+                                        & pl.col("ppid").is_not_null() & at)
+                          .select("ppid", ORDER_COL).sort(ORDER_COL).head(1))
+        out.append((host, pid, first["ppid"][0]))
+    return pl.DataFrame(out, schema={"host": pl.String, "pid": pl.Int64, "ppid": pl.Int64}, orient="row")
+
+
 def pass_processes(v: TraceView) -> dict:
     """Per process: role (consumer / worker / other), lifetime, I/O and item busy time."""
-    ev = v.events
-    if ev.is_empty():
+    if not v.height:
         return {"processes": []}
     is_io = pl.col("cat").is_in(IO_CATEGORIES)
     is_item = (pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")
-    per = (
-        ev.group_by("host", "pid")
-        .agg(
-            pl.col("ppid").drop_nulls().first().alias("ppid"),
-            pl.len().alias("events"),
-            pl.col("ts").min().alias("t0"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
-            pl.col("dur").filter(is_io).sum().alias("io_us"),
-            pl.col("dur").filter(is_item).sum().alias("item_us"),
-            is_item.sum().alias("items"),
-            pl.col("size").filter(pl.col("name").is_in(READ_OPS)).sum().alias("bytes_read"),
-        )
-        .sort("t0", "pid")
-    )
+    aggs = [
+        pl.len().alias("events"),
+        pl.col("ts").min().alias("t0"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
+        pl.col("dur").filter(is_io).sum().alias("io_us"),
+        pl.col("dur").filter(is_item).sum().alias("item_us"),
+        is_item.sum().alias("items"),
+        pl.col("size").filter(pl.col("name").is_in(READ_OPS)).sum().alias("bytes_read"),
+    ]
+    if isinstance(v.events, pl.DataFrame):
+        per = v.events.group_by("host", "pid").agg(pl.col("ppid").drop_nulls().first().alias("ppid"), *aggs)
+    else:
+        per = v.collect(v.events.group_by("host", "pid").agg(*aggs)).join(
+            _first_ppid(v), on=["host", "pid"], how="left", nulls_equal=True)
+    per = per.sort("t0", "pid")
     cons, work = set(v.consumers), set(v.workers)
     rows = []
     for r in per.iter_rows(named=True):  # one row per process, not per event
@@ -501,7 +596,7 @@ def pass_checkpoints(v: TraceView) -> dict:
     """Checkpoint saves: count, bytes, time, share of the run, write calls, fsync."""
     saves = v.saves
     ck_files = sorted(set(v.role_files("checkpoint")) | set(saves["file"].drop_nulls().to_list()))
-    ck_io = v.io.filter(pl.col("file").is_in(ck_files))
+    ck_io = v.collect(v.io_lazy.filter(pl.col("file").is_in(ck_files)).select("name", "size"))
     writes = ck_io.filter(pl.col("name").is_in(WRITE_OPS) & (pl.col("size") > 0))
     syncs = ck_io.filter(pl.col("name").is_in(SYNC_OPS)).height
     cons = set(v.consumers)
@@ -530,7 +625,8 @@ def pass_balance(v: TraceView) -> dict:
     out: dict[str, Any] = {}
     if v.workers:
         w = (items.filter(pl.col("pid").is_in(v.workers)).group_by("pid")
-             .agg(pl.len().alias("items"), pl.col("dur").sum().alias("busy_us"), pl.col("ppid").first()))
+             .agg(pl.len().alias("items"), pl.col("dur").sum().alias("busy_us"), pl.col("ppid").first())
+             .sort("pid"))  # a fixed order: the mean of busy_s is a float sum
         med = _num(w["busy_us"].median())
         out["workers"] = {"count": w.height, "items": _stats(w["items"]), "busy_s": _stats(w["busy_us"] * _US),
                           "max_over_median": _f(_num(w["busy_us"].max()) / med, 3) if med else None}
@@ -556,7 +652,7 @@ def pass_preprocess(v: TraceView) -> dict:
     items = v.items
     if items.is_empty():
         return {"item_time_s": None, "io_in_items_s": None, "ratio": None, "missing": "no item events"}
-    io = v.io.filter(pl.col("pid").is_in(items["pid"].unique().implode()))
+    io = v.collect(v.io_lazy.filter(pl.col("pid").is_in(items["pid"].unique().implode())).select("pid", "ts", "dur"))
     tagged = _assign_items(io, items).filter(pl.col("item_ts").is_not_null())
     item_us = int(items["dur"].sum() or 0)
     io_us = int(tagged["dur"].sum() or 0)
@@ -621,6 +717,8 @@ class Characterization:
 
     results: dict[str, dict]
     view: TraceView = field(repr=False)
+    #: the report's figures once drawn (see :func:`~dlreplay.analyze.report.figures`)
+    figures: dict[str, tuple[str, bytes | None]] | None = field(default=None, repr=False)
 
     def __getitem__(self, key: str) -> dict:
         return self.results[key]
@@ -629,7 +727,7 @@ class Characterization:
         return dict(self.results)
 
 
-def characterize(events: pl.DataFrame | TraceView, *, manifest: dict | None = None,
+def characterize(events: pl.DataFrame | pl.LazyFrame | TraceView, *, manifest: dict | None = None,
                  data_dirs: list[str] | None = None, passes: Iterable[str] | None = None) -> Characterization:
     """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table."""
     view = events if isinstance(events, TraceView) else TraceView(events, manifest, data_dirs)

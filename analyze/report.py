@@ -104,12 +104,11 @@ def _png(fig: Any) -> bytes:
 
 
 def _timeline(v: TraceView) -> bytes | None:
-    ev = v.events
-    if ev.is_empty():
+    if not v.height:
         return None
     t0 = v.span[0]
     procs = [*v.consumers]
-    busiest = (ev.filter(~pl.col("pid").is_in(procs)).group_by("pid").agg(pl.col("dur").sum())
+    busiest = (v.collect(v.scan.filter(~pl.col("pid").is_in(procs)).group_by("pid").agg(pl.col("dur").sum()))
                .sort("dur", descending=True)["pid"].to_list())
     procs = (procs + busiest)[:TIMELINE_PROCESSES]
     if not procs:
@@ -125,7 +124,7 @@ def _timeline(v: TraceView) -> bytes | None:
     ax = fig.subplots()
     role = {p: "consumer" for p in v.consumers} | {p: "worker" for p in v.workers}
     for row, pid in enumerate(procs):
-        mine = ev.filter(pl.col("pid") == pid)
+        mine = v.rows(pl.col("pid") == pid, ["cat", "name", "ts", "dur"])
         for i, (label, cond, color) in enumerate(layers):
             sel = mine.filter(cond).select(((pl.col("ts") - t0) * _US).alias("a"), (pl.col("dur") * _US).alias("d"))
             if sel.is_empty():
@@ -133,10 +132,12 @@ def _timeline(v: TraceView) -> bytes | None:
             h = 0.8 if i < 4 else 0.3
             ax.broken_barh(list(sel.iter_rows()), (row - h / 2, h), facecolors=color,
                            label=label if row == 0 or label not in ax.get_legend_handles_labels()[1] else None)
-    loop = ev.filter(pl.col("cat").is_in(["pipeline", "dataloader", "data", "compute"]))
-    if loop.height:  # zoom on the training loop (start-up, imports and dataset checks are long and empty)
-        a = (int(loop["ts"].min()) - t0) * _US  # type: ignore[arg-type]
-        b = (int((loop["ts"] + loop["dur"]).max()) - t0) * _US  # type: ignore[arg-type]
+    loop = v.collect(v.scan.filter(pl.col("cat").is_in(["pipeline", "dataloader", "data", "compute"]))
+                     .select(pl.len().alias("n"), pl.col("ts").min().alias("a"),
+                             (pl.col("ts") + pl.col("dur")).max().alias("b"))).row(0, named=True)
+    if loop["n"]:  # zoom on the training loop (start-up, imports and dataset checks are long and empty)
+        a = (int(loop["a"]) - t0) * _US
+        b = (int(loop["b"]) - t0) * _US
         pad = 0.02 * max(b - a, 1e-3)
         ax.set_xlim(a - pad, b + pad)
     ax.set_yticks(range(len(procs)), [f"{role.get(p, 'process')} {p}" for p in procs])
@@ -233,8 +234,22 @@ FIGURES: dict[str, tuple[str, Callable[[Characterization], bytes | None]]] = {
 
 
 def figures(c: Characterization) -> dict[str, tuple[str, bytes | None]]:
-    """Every figure as PNG bytes (None when the trace lacks the data), by key."""
-    return {key: (title, fn(c)) for key, (title, fn) in FIGURES.items()}
+    """Every figure as PNG bytes (None when the trace lacks the data), by key.
+
+    Figures already rendered where the table is (a Dask worker, see
+    :class:`~.distributed.RemoteView`) are returned as they are. Otherwise they are
+    drawn once per characterisation (kept in ``c.figures``): a spilled trace's figures
+    are drawn while its spill directory exists, and the report is written after.
+    """
+    rendered = getattr(c.view, "rendered", None)
+    if rendered is not None:
+        return dict(rendered)
+    if c.figures is None:
+        if not isinstance(c.view, TraceView):
+            raise UsageError("this analysis ran on a Dask cluster without figures; "
+                             "run analyze_trace(..., figures=True) to write a report")
+        c.figures = {key: (title, fn(c)) for key, (title, fn) in FIGURES.items()}
+    return c.figures
 
 
 # ---------------------------------------------------------------------------------------

@@ -116,15 +116,19 @@ def _histogram(sizes: pl.Series) -> dict[str, int]:
     return {label: int(counts.get(i, 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)}
 
 
-def summarize(events: pl.DataFrame, data_dirs: Iterable[str] | None = None) -> Summary:
+def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | None = None, *,
+              per_process: pl.DataFrame | None = None) -> Summary:
     """Summarise an event table (see :data:`dlreplay.schema.EVENT_SCHEMA`).
 
     ``data_dirs`` (e.g. a capture manifest's ``data_dirs``) decides which files are the
     dataset; without it the files read by data-loader workers are (see
-    :func:`~dlreplay.analyze.files.classify_files`).
+    :func:`~dlreplay.analyze.files.classify_files`). A LazyFrame (a spilled table) is
+    aggregated with polars' streaming engine, never loaded whole. ``per_process`` reuses
+    a :func:`~dlreplay.analyze.files.file_process_table` already computed.
     """
     dirs = [str(d) for d in data_dirs] if data_dirs else []
-    per_process = file_process_table(events)
+    if per_process is None:
+        per_process = file_process_table(events)
     files = classify_files(events, dirs or None, per_process=per_process)
     name, cat = pl.col("name"), pl.col("cat")
     ev = events.lazy()
@@ -143,11 +147,11 @@ def summarize(events: pl.DataFrame, data_dirs: Iterable[str] | None = None) -> S
         .group_by("cat", "name")
         .agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
              (pl.col("dur").sum() / 1e6).alias("time_s"))
-        .sort(["time_s", "count"], descending=True),
+        .sort(["time_s", "count", "cat", "name"], descending=[True, True, False, False]),
         ev.select(rw.alias("__rw"), "size")
         .filter((pl.col("__rw") > 0) & (pl.col("size") >= 0))
         .group_by((pl.col("__rw") == _READ).alias("r"), _bucket(pl.col("size")).alias("b")).len(),
-    ])
+    ], engine="streaming" if isinstance(events, pl.LazyFrame) else "auto")
     totals = totals_df.row(0, named=True)
 
     def op_total(c: str, n: str, col: str = "count") -> int:

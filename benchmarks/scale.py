@@ -4,9 +4,11 @@ Builds (once, cached under ``--dir``) a synthetic DFTracer 2.x trace with the la
 the real samples (see ``benchmarks/ingest.py``): one consumer and ``--files`` loader
 processes, one multi-member ``.pfw.gz`` each, ``--events`` events in all. Then, in one
 run, it loads the trace with ``load_trace`` (one process, its threads) and with the
-parse stage on a ``LocalCluster`` of ``--workers`` processes, runs the
-characterisation passes on each table, and prints both times and both event counts,
-which must be equal (exit 1 otherwise), along with the dataset bytes read.
+parse stage on a ``LocalCluster`` of ``--workers`` processes (combine, passes and rules
+then run in a task on a worker: ``analyze_distributed``), runs every characterisation
+pass and the findings rules on each, and prints both times, both event counts, dataset
+bytes read and finding ids, which must be equal (exit 1 otherwise), and the client's
+peak RSS on each path (the Dask path runs first, so its peak is its own).
 
     python benchmarks/scale.py [--dir bench-data/scale] [--files 64] [--events 5300000] [--workers 2]
 """
@@ -14,6 +16,7 @@ which must be equal (exit 1 otherwise), along with the dataset bytes read.
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
@@ -23,13 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ingest import build  # noqa: E402
 
 from dlreplay.analyze import load_trace  # noqa: E402
-from dlreplay.analyze.distributed import cluster, load_trace_distributed  # noqa: E402
+from dlreplay.analyze.distributed import analyze_distributed, cluster  # noqa: E402
+from dlreplay.analyze.findings import find  # noqa: E402
 from dlreplay.analyze.passes import characterize  # noqa: E402
 
 
-def _analyse(loaded) -> tuple[int, int]:
-    c = characterize(loaded.events, manifest=loaded.manifest, passes=["overview", "access", "metadata"])
-    return loaded.events.height, int(c["overview"]["dataset_bytes_read"])
+def _key(c, findings) -> tuple[int, int, list[str]]:
+    return int(c["overview"]["events"]), int(c["overview"]["dataset_bytes_read"]), [f.id for f in findings]
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,25 +57,28 @@ def main(argv: list[str] | None = None) -> int:
     stored = sum(f.stat().st_size for f in files)
     print(f"trace: {len(files)} files, {stored / 1e6:.1f} MB stored")
 
-    t = time.perf_counter()
-    single = load_trace(out)
-    n1, b1 = _analyse(single)
-    t_single = time.perf_counter() - t
-    del single
-
     with cluster(workers=args.workers) as client:
         t = time.perf_counter()
-        dist, info = load_trace_distributed(out, client)
-        n2, b2 = _analyse(dist)
+        remote = analyze_distributed(out, client, figures=False)
+        k2 = _key(remote.characterization, remote.findings)
         t_dist = time.perf_counter() - t
-    print(f"single process     : {t_single:7.2f} s  {n1:,} events  {b1:,} dataset bytes read")
-    print(f"LocalCluster x{args.workers:<4} : {t_dist:7.2f} s  {n2:,} events  {b2:,} dataset bytes read "
-          f"({info.tasks} tasks)")
-    print(f"ratio single/distributed: {t_single / t_dist:.2f}x")
-    if (n1, b1) != (n2, b2):
-        print("MISMATCH: the two paths disagree", file=sys.stderr)
+    rss_dist = _peak_rss_mb()
+
+    t = time.perf_counter()
+    single = load_trace(out)
+    c = characterize(single.events, manifest=single.manifest)
+    k1 = _key(c, find(c))
+    t_single = time.perf_counter() - t
+    rss_single = _peak_rss_mb()
+    print(f"single process     : {t_single:7.2f} s  {k1[0]:,} events  {k1[1]:,} dataset bytes read  "
+          f"client peak RSS {rss_single:,.0f} MB")
+    print(f"LocalCluster x{args.workers:<4} : {t_dist:7.2f} s  {k2[0]:,} events  {k2[1]:,} dataset bytes read  "
+          f"client peak RSS {rss_dist:,.0f} MB ({remote.info.tasks} tasks)")
+    print(f"ratio single/distributed: {t_single / t_dist:.2f}x; findings {', '.join(k1[2]) or '-'}")
+    if k1 != k2:
+        print(f"MISMATCH: the two paths disagree: {k1} vs {k2}", file=sys.stderr)
         return 1
-    print("event counts and bytes: equal")
+    print("event counts, bytes and findings: equal")
     return 0
 
 

@@ -136,14 +136,20 @@ def _print_capture_summary(result: Any) -> None:
               help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
 @click.option("--verify-epochs", type=click.IntRange(min=1), default=4, show_default=True,
               help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
-@click.option("--scheduler", metavar="ADDRESS", help="Parse the trace files on this Dask cluster (tcp://host:port); "
-              "the workers must see the trace path.")
-@click.option("--workers", type=click.IntRange(min=1), help="Parse the trace files on a local Dask cluster of N processes.")
+@click.option("--scheduler", metavar="ADDRESS", help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
+              "in parallel tasks and the passes run on a worker, so the event table never comes to this "
+              "machine; the workers must see the trace path.")
+@click.option("--workers", type=click.IntRange(min=1), help="Analyse on a local Dask cluster of N processes "
+              "(as --scheduler, on this machine).")
+@click.option("--memory-limit", metavar="SIZE", help="Memory budget (e.g. 2GiB, 500MB): a trace whose analysis "
+              "would not fit is spilled to Parquet and analysed with streaming queries.")
+@click.option("--spill-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where --memory-limit spills (a temporary directory inside it, removed; default: system temp).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
 @handle_errors
 def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path: Path | None, config: Path | None,
             verify: bool, verify_dir: Path | None, verify_epochs: int, scheduler: str | None, workers: int | None,
-            force: bool) -> None:
+            memory_limit: str | None, spill_dir: Path | None, force: bool) -> None:
     """Characterise the trace at TRACE and diagnose its I/O bottlenecks.
 
     Prints duration, processes, a per-operation table (count, bytes, time), the top
@@ -157,11 +163,20 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
 
     if report_path is not None:
         _refuse_overwrite(report_path, force)
+    limit = None
+    if memory_limit is not None:
+        from dlreplay.units import parse_bytes
+
+        try:
+            limit = parse_bytes(memory_limit)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--memory-limit") from None
     say = (lambda s: click.echo(s, err=True)) if not as_json else None
     with _status(f"analysing {trace}"):
         report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
                                verify_dir=verify_dir, verify_epochs=verify_epochs, scheduler=scheduler,
-                               workers=workers, echo=say)
+                               workers=workers, figures=report_path is not None, echo=say,
+                               memory_limit=limit, spill_dir=spill_dir)
     if report_path is not None:
         with _status(f"writing {report_path}"):
             write_report(report, report_path)

@@ -28,3 +28,28 @@ def human_seconds(s: float) -> str:
     if s < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.2f} h"
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"`` -> 2147483648, ``"500MB"`` -> 500000000, ``"1.5G"`` -> 1500000000, ``"4096"`` -> 4096.
+
+    Units: B, kB/MB/GB/TB (and K/M/G/T: powers of 1000), KiB/MiB/GiB/TiB (powers of 1024),
+    case-insensitive, optional blank before the unit. Raises ValueError naming the text.
+    """
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size: use e.g. 2GiB, 500MB, 1.5G or a number of bytes")
+    value = float(m.group(1)) * _SIZE_UNITS[unit or ""]
+    if value < 1:
+        raise ValueError(f"{text!r} is not a positive size")
+    return int(value)

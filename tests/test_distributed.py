@@ -102,3 +102,60 @@ def test_damaged_large_file_is_parsed_whole(client, tmp_path: Path) -> None:
     dist, _ = load_trace_distributed(d, client, split_bytes=1, range_bytes=1)
     assert single.damaged and dist.files == single.files
     assert_frame_equal(dist.events, single.events)
+
+
+# --- passes, rules and figures on a worker (analyze --workers/--scheduler) ---------------
+
+
+@pytest.mark.parametrize("name", ["npz_starved", "h5_tiny_chunks"])
+def test_passes_on_a_worker_equal_single_process(client, name: str) -> None:
+    from dlreplay.analyze.distributed import RemoteView, analyze_distributed
+    from dlreplay.analyze.findings import find
+    from dlreplay.analyze.passes import characterize
+    from dlreplay.analyze.report import figures
+
+    single = load_trace(TRACES / name)
+    c = characterize(single.events, manifest=single.manifest)
+    expected = find(c)
+    remote = analyze_distributed(TRACES / name, client, figures=True, distill_model=True)
+    # the table never came back: the client holds only the results
+    assert isinstance(remote.characterization.view, RemoteView)
+    assert remote.loaded.events.height == 0
+    assert json.dumps(remote.characterization.to_dict(), sort_keys=True, default=str) == \
+        json.dumps(c.to_dict(), sort_keys=True, default=str)
+    assert [f.to_dict() for f in remote.findings] == [f.to_dict() for f in expected]
+    assert remote.files == single.files and remote.manifest == single.manifest
+    assert remote.characterization.view.summary == c.view.summary
+    # figures rendered on the worker: same keys, and the ones with data are real PNGs
+    here, there = figures(c), figures(remote.characterization)
+    assert here.keys() == there.keys()
+    for key, (title, png) in there.items():
+        assert title == here[key][0] and (png is None) == (here[key][1] is None), key
+        assert png is None or png.startswith(b"\x89PNG"), key
+    # the model for --verify was distilled where the table is
+    from dlreplay.analyze.distill import distill
+    from dlreplay.model import model_to_dict
+
+    assert remote.model is not None
+    local = distill(single.events, manifest=single.manifest, source="the trace")
+    there_m, here_m = model_to_dict(remote.model), model_to_dict(local)
+    there_m["provenance"].pop("created"), here_m["provenance"].pop("created")  # wall-clock time of distilling
+    assert there_m == here_m
+
+
+def test_remote_without_figures_refuses_a_report(client, tmp_path: Path) -> None:
+    from dlreplay.analyze.distributed import analyze_distributed
+    from dlreplay.analyze.report import figures
+
+    remote = analyze_distributed(TRACES / "npz_fork", client, figures=False)
+    with pytest.raises(UsageError, match="without figures"):
+        figures(remote.characterization)
+
+
+def test_cli_workers_report_has_the_figures(cli, tmp_path: Path) -> None:
+    a, b = tmp_path / "single.html", tmp_path / "dask.html"
+    cli("analyze", str(TRACES / "npz_fork"), "--report", str(a), check=True)
+    proc = cli("analyze", str(TRACES / "npz_fork"), "--report", str(b), "--workers", "2", check=True)
+    assert "stays on the cluster" in proc.stderr
+    ha, hb = a.read_text(), b.read_text()
+    assert hb.count("data:image/png;base64,") == ha.count("data:image/png;base64,") >= 4

@@ -1,0 +1,283 @@
+"""Bounded-memory analysis (``analyze --memory-limit``): the spilled path gives the same
+table, characterisation and findings as the in-memory path, with a lower peak RSS, and
+leaves no spill directory behind (success, error, Ctrl-C)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.analysis import analyze_trace
+from dlreplay.analyze.passes import TraceView, characterize
+from dlreplay.analyze.spill import plan_memory, spilled_trace
+from dlreplay.units import parse_bytes
+
+from .conftest import REPO, TRACES, run_cli
+
+CORPUS = sorted(p for p in TRACES.iterdir() if (p / "manifest.json").is_file())
+
+# the real CLI in a child that prints its own peak RSS (KiB) and wall time on stderr
+_RSS_CHILD = """
+import resource, sys, time
+t = time.perf_counter()
+code = 0
+try:
+    from dlreplay.cli import main
+    main(sys.argv[1:], prog_name="dlreplay")
+except SystemExit as exc:
+    code = exc.code or 0
+finally:
+    print(f"RSS_KB={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} WALL={time.perf_counter() - t:.2f}",
+          file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _json(x):
+    """A JSON round trip (tuples become lists, keys strings): how --json output compares."""
+    return json.loads(json.dumps(x, default=str))
+
+
+def _spills(d: Path) -> list[Path]:
+    return sorted(d.glob("dlreplay-spill-*")) if d.exists() else []
+
+
+def test_parse_bytes():
+    assert parse_bytes("2GiB") == 2 << 30
+    assert parse_bytes("500MB") == 500_000_000
+    assert parse_bytes("1.5G") == 1_500_000_000
+    assert parse_bytes("64 kib") == 64 << 10
+    assert parse_bytes("4096") == 4096
+    for bad in ("", "abc", "5 parsecs", "-1GB", "0"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+@pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
+def test_spilled_table_equals_loaded_table(trace, tmp_path):
+    """Combining each trace file alone (with the whole run's metadata) gives the whole-trace table."""
+    loaded = load_trace(trace)
+    for group in (1, 1 << 30):  # every file its own group; one group
+        with spilled_trace(trace, group_stored_bytes=group, spill_dir=tmp_path) as sp:
+            assert sp.groups == (len(loaded.files) if group == 1 else 1)
+            assert_frame_equal(sp.collect(), loaded.events)
+            # the view's subsets: scan order + a stable sort by ts is the table's order
+            assert_frame_equal(TraceView(sp.events).rows(pl.lit(True)), loaded.events)
+            assert sp.files == loaded.files
+            assert sp.height == loaded.events.height
+    assert _spills(tmp_path) == []
+
+
+def _write(path: Path, lines: list[dict]) -> None:
+    with gzip.open(path, "wt") as fh:
+        for line in lines:
+            fh.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def _meta(pid: int, name: str, a_name: str, value: str) -> dict:
+    return {"name": name, "cat": "dftracer", "type": 1, "pid": pid, "tid": pid, "ph": 4,
+            "args": {"hhash": "aa", "name": a_name, "value": value}}
+
+
+def _ev(pid: int, i: int, name: str, cat: str, ts: int, **args) -> dict:
+    return {"id": i, "name": name, "cat": cat, "type": 3, "pid": pid, "tid": pid, "ts": ts, "dur": 5, "ph": 1,
+            "args": {"hhash": "aa", **args}}
+
+
+def test_relative_fh_name_written_by_a_process_in_another_group(tmp_path):
+    """An FH record with a relative name, written by process A (file 0) and used by
+    process B (file 1): the name is resolved with A's working directory whether or not
+    A's file is combined together with B's."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    a, b = 100, 200
+    _write(trace / "a.pfw.gz", [
+        _meta(a, "HH", "nodeA", "aa"), _meta(a, "CM", "time_metric", "US"),
+        _meta(a, "FH", "/home/u/run/", "c1"), _meta(a, "FH", "data/x.bin", "f1"),
+        _ev(a, 1, "start", "dftracer", 1000, ppid=1, cwd="c1"),
+        _ev(a, 2, "open64", "POSIX", 1010, fhash="f1", ret=3, flags=0),
+        _ev(a, 3, "read", "POSIX", 1020, fhash="f1", ret=100, count=100),
+    ])
+    _write(trace / "b.pfw.gz", [
+        _meta(b, "HH", "nodeA", "aa"), _meta(b, "FH", "/srv/b", "c2"),
+        _ev(b, 1, "start", "dftracer", 1001, ppid=a, cwd="c2"),
+        _ev(b, 2, "open64", "POSIX", 1011, fhash="f1", ret=3, flags=0),
+        _ev(b, 3, "read", "POSIX", 1021, fhash="f1", ret=50, count=50),
+        _ev(b, 4, "read", "POSIX", 1031, fhash="f1", ret=50, count=50),
+    ])
+    loaded = load_trace(trace)
+    reads = loaded.events.filter(loaded.events["name"] == "read")
+    assert reads["file"].to_list() == ["/home/u/run/data/x.bin"] * 3
+    assert reads["offset"].to_list() == [0, 0, 50]
+    with spilled_trace(trace, group_stored_bytes=1) as sp:
+        assert sp.groups == 2
+        assert_frame_equal(sp.collect(), loaded.events)
+
+
+@pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
+def test_spilled_analysis_equals_in_memory_analysis(trace, tmp_path):
+    """The corpus through the spilled path (1 byte limit: every file its own group):
+    the same characterisation (JSON) and findings as in memory; the path is named."""
+    eager = analyze_trace(trace)
+    figs = trace.name == "npz_checkpoint"  # drawing is slow: one trace checks it
+    spilled = analyze_trace(trace, memory_limit=1, spill_dir=tmp_path, figures=figs)
+    assert _json(spilled.characterization.to_dict()) == _json(eager.characterization.to_dict())
+    assert _json([f.to_dict() for f in spilled.findings]) == _json([f.to_dict() for f in eager.findings])
+    assert any("does not fit, spilling to Parquet" in n for n in spilled.notes)
+    assert (spilled.characterization.figures is not None) == figs  # drawn before the spill went away
+    assert _spills(tmp_path) == []
+
+
+def test_fitting_trace_stays_in_memory(tmp_path):
+    trace = TRACES / "npz_fork"
+    plan = plan_memory(trace, 8 << 30)
+    assert not plan.spill and plan.events > 0
+    # the estimate is of the right size: the sampled lines include metadata records
+    assert load_trace(trace).events.height <= plan.events <= 2 * load_trace(trace).events.height
+    r = run_cli("analyze", str(trace), "--memory-limit", "8GiB", "--spill-dir", str(tmp_path / "sp"))
+    assert r.returncode == 0, r.stderr
+    assert "fits, analysing in memory" in r.stderr
+    assert _spills(tmp_path / "sp") == []
+
+
+def test_memory_limit_cli_errors(tmp_path):
+    trace = str(TRACES / "npz_fork")
+    r = run_cli("analyze", trace, "--memory-limit", "lots")
+    assert r.returncode == 2 and "--memory-limit" in r.stderr and "not a size" in r.stderr
+    r = run_cli("analyze", trace, "--memory-limit", "1MB", "--verify", "--spill-dir", str(tmp_path))
+    assert r.returncode == 2 and "--verify" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("analyze", trace, "--memory-limit", "1MB", "--workers", "2")
+    assert r.returncode == 2 and "cannot be combined" in r.stderr
+    assert _spills(tmp_path) == []
+
+
+def test_spill_dir_removed_after_success_and_after_an_error(tmp_path):
+    trace = TRACES / "h5_tiny_chunks"
+    with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
+        (d,) = _spills(tmp_path)
+        assert sp.directory == d and len(list(d.glob("events-*.parquet"))) == sp.groups
+        characterize(sp.events, manifest=sp.manifest)
+    assert _spills(tmp_path) == []
+    with pytest.raises(RuntimeError, match="a pass failed"):
+        with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
+            assert _spills(tmp_path)
+            raise RuntimeError("a pass failed")
+    assert _spills(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------
+# A multi-file synthetic trace whose in-memory analysis takes about a gigabyte
+
+
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from ingest import build
+    finally:
+        sys.path.pop(0)
+    out = tmp_path_factory.mktemp("big") / "trace"
+    build(out, 1_000_000, workers=16)
+    return out
+
+
+def _measured(*args: str) -> tuple[dict, int, float]:
+    """(--json output, peak RSS in bytes, wall s) of ``dlreplay analyze ... --json`` in a child."""
+    proc = subprocess.run([sys.executable, "-c", _RSS_CHILD, "analyze", *args, "--json"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = re.search(r"RSS_KB=(\d+) WALL=([\d.]+)", proc.stderr)
+    assert m, proc.stderr[-2000:]
+    return json.loads(proc.stdout), int(m.group(1)) * 1024, float(m.group(2))
+
+
+def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path):
+    eager, rss_eager, _ = _measured(str(big_trace))
+    table = eager["events"] * 185  # bytes per row of this trace's table (polars estimated_size)
+    limit = table // 2  # below the table itself
+    spilled, rss_spilled, _ = _measured(str(big_trace), "--memory-limit", str(limit), "--spill-dir",
+                                        str(tmp_path))
+    assert eager["events"] > 900_000 and spilled["events"] == eager["events"]
+    assert any("does not fit, spilling" in n for n in spilled["notes"])
+    assert rss_spilled < 0.6 * rss_eager, (rss_spilled, rss_eager)
+    for key in ("events", "bytes_read", "bytes_written", "operations", "dataset_bytes_read", "read_histogram"):
+        assert spilled[key] == eager[key], key
+    assert [f["id"] for f in spilled["findings"]] == [f["id"] for f in eager["findings"]]
+    assert spilled["characterization"] == eager["characterization"]
+    assert spilled["files"] == eager["files"]
+    assert _spills(tmp_path) == []
+
+
+def test_ctrl_c_while_spilling_removes_the_spill(big_trace, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "analyze", str(big_trace), "--memory-limit", "1MB",
+                             "--spill-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(d.glob("*.parquet") for d in _spills(tmp_path)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no spill appeared"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _spills(tmp_path) == []
+
+
+def test_sigterm_while_spilling_removes_the_spill(big_trace, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "analyze", str(big_trace), "--memory-limit", "1MB",
+                             "--spill-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(d.glob("*.parquet") for d in _spills(tmp_path)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no spill appeared"
+            time.sleep(0.05)
+        proc.terminate()
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143
+    assert _spills(tmp_path) == []
+
+
+def test_damaged_and_empty_files_through_the_spill(tmp_path):
+    """Salvage is per file: a truncated file and an empty one give the same table,
+    reports and damage summary through the spilled path."""
+    import shutil
+
+    trace = tmp_path / "trace"
+    shutil.copytree(TRACES / "npz_fork", trace)
+    victim = sorted(trace.glob("*.pfw.gz"))[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: int(len(data) * 0.45)])
+    (trace / "trace-empty.pfw.gz").write_bytes(b"")
+    loaded = load_trace(trace)
+    assert loaded.damaged
+    with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path / "sp") as sp:
+        assert_frame_equal(sp.collect(), loaded.events)
+        assert sp.files == loaded.files
+        assert sp.describe_damage() == loaded.describe_damage()
+    eager = analyze_trace(trace)
+    spilled = analyze_trace(trace, memory_limit=1, spill_dir=tmp_path / "sp")
+    assert spilled.damage == eager.damage and spilled.damage
+    assert (spilled.dropped_lines, spilled.dropped_bytes) == (eager.dropped_lines, eager.dropped_bytes)
+    assert _json(spilled.characterization.to_dict()) == _json(eager.characterization.to_dict())
+    assert _spills(tmp_path / "sp") == []
