@@ -343,7 +343,17 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
 
 def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool) -> None:
     def sync() -> None:
-        barrier.wait(timeout=BARRIER_TIMEOUT_S)
+        # A KeyboardInterrupt raised inside the barrier's own locks leaves them half released
+        # ("lock is not owned" tracebacks from the rank): while waiting, Ctrl-C only sets the
+        # flag, and it is raised here, after the wait, at a safe point.
+        with INTERRUPT.catching("flag"):
+            try:
+                barrier.wait(timeout=BARRIER_TIMEOUT_S)
+            except threading.BrokenBarrierError:
+                if INTERRUPT.requested:  # a peer stopped for the same Ctrl-C
+                    raise KeyboardInterrupt from None
+                raise
+        INTERRUPT.check()
 
     # Forked from the parent: its flag (set if a Ctrl-C came before the fork) carries over.
     # The handler stays until the process ends: a second SIGINT must not cut the partial result.
