@@ -588,6 +588,12 @@ try:  # optional: built by setup.py when a C compiler is available
 except ImportError:  # pragma: no cover - depends on the build
     _NATIVE = None
 
+if _NATIVE is not None:
+    # polars imports numpy lazily, on first use, through a proxy that is not thread-safe
+    # (two loader threads building their first frame from numpy arrays at once raised
+    # "TypeError: 'module' object does not support item assignment"): resolve it now.
+    pl.DataFrame({"x": np.zeros(1, dtype=np.int64)})
+
 #: Environment variable selecting the parser: ``python`` forces the Python/polars path.
 PARSER_ENV = "DLREPLAY_PARSER"
 #: Raw columns of the scanner's int and string fields, in the order of its C enums.
