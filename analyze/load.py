@@ -181,13 +181,11 @@ class FileReport:
         return os.path.basename(self.path)
 
 
-@dataclass(frozen=True)
-class LoadedTrace:
-    """A loaded trace: the event table (sorted by ``ts``), per-file reports, manifest."""
+class FileDamage:
+    """What was lost, from the per-file reports in ``files`` (shared by every loaded form
+    of a trace: :class:`LoadedTrace`, :class:`~.spill.SpilledTrace`)."""
 
-    events: pl.DataFrame
     files: list[FileReport]
-    manifest: dict | None = None
 
     @property
     def dropped_lines(self) -> int:
@@ -213,6 +211,15 @@ class LoadedTrace:
                 f"kept {f.events} event(s) ({detail})."
             )
         return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class LoadedTrace(FileDamage):
+    """A loaded trace: the event table (sorted by ``ts``), per-file reports, manifest."""
+
+    events: pl.DataFrame
+    files: list[FileReport]
+    manifest: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from dlreplay.errors import TraceError
 from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
 
-from .load import FileReport, TracePart, _find_inputs, combine_parts, parse_part
+from .load import FileDamage, FileReport, TracePart, _find_inputs, combine_parts, parse_part
 from .passes import ORDER_COL
 
 __all__ = [
@@ -187,7 +187,7 @@ def spill_groups(files: Sequence[Path], target: int) -> list[list[tuple[int, Pat
 
 
 @dataclass
-class SpilledTrace:
+class SpilledTrace(FileDamage):
     """A trace loaded into a spill directory: a lazy scan of its event table (the
     :data:`~dlreplay.schema.EVENT_SCHEMA` columns plus :data:`ORDER_COL`), the per-file
     reports and the manifest, like :class:`~.load.LoadedTrace`."""
@@ -200,27 +200,6 @@ class SpilledTrace:
     directory: Path
     spill_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def dropped_lines(self) -> int:
-        return sum(f.dropped_lines for f in self.files)
-
-    @property
-    def dropped_bytes(self) -> int:
-        return sum(f.dropped_bytes for f in self.files)
-
-    @property
-    def damaged(self) -> bool:
-        return any(f.damaged for f in self.files)
-
-    def describe_damage(self) -> str:
-        out = []
-        for f in self.files:
-            if f.damaged:
-                detail = "; ".join(f.problems) if f.problems else "malformed content"
-                out.append(f"{f.name}: dropped {f.dropped_lines} line(s) and {f.dropped_bytes} byte(s), "
-                           f"kept {f.events} event(s) ({detail}).")
-        return "\n".join(out)
 
     def collect(self) -> pl.DataFrame:
         """The whole event table in memory, in the order of :func:`~.load.load_trace`'s (for tests)."""
