@@ -28,23 +28,6 @@ from .conftest import REPO, TRACES, run_cli
 
 CORPUS = sorted(p for p in TRACES.iterdir() if (p / "manifest.json").is_file())
 
-# the real CLI in a child that prints its own peak RSS (KiB) and wall time on stderr
-_RSS_CHILD = """
-import resource, sys, time
-t = time.perf_counter()
-code = 0
-try:
-    from dlreplay.cli import main
-    main(sys.argv[1:], prog_name="dlreplay")
-except SystemExit as exc:
-    code = exc.code or 0
-finally:
-    print(f"RSS_KB={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} WALL={time.perf_counter() - t:.2f}",
-          file=sys.stderr)
-sys.exit(code)
-"""
-
-
 def _json(x):
     """A JSON round trip (tuples become lists, keys strings): how --json output compares."""
     return json.loads(json.dumps(x, default=str))
@@ -195,8 +178,14 @@ def big_trace(tmp_path_factory) -> Path:
 
 
 def _measured(*args: str) -> tuple[dict, int, float]:
-    """(--json output, peak RSS in bytes, wall s) of ``dlreplay analyze ... --json`` in a child."""
-    proc = subprocess.run([sys.executable, "-c", _RSS_CHILD, "analyze", *args, "--json"], capture_output=True,
+    """(--json output, peak RSS in bytes, wall s) of ``dlreplay analyze ... --json`` in a child
+    (the memory benchmark's child script: the real CLI, printing its own peak RSS)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from memory import CHILD
+    finally:
+        sys.path.pop(0)
+    proc = subprocess.run([sys.executable, "-c", CHILD, "analyze", *args, "--json"], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"RSS_KB=(\d+) WALL=([\d.]+)", proc.stderr)
@@ -221,40 +210,34 @@ def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path
     assert _spills(tmp_path) == []
 
 
-def test_ctrl_c_while_spilling_removes_the_spill(big_trace, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "analyze", str(big_trace), "--memory-limit", "1MB",
-                             "--spill-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def _signal_while_spilling(trace: Path, spill_dir: Path, signum: int) -> tuple[int, str]:
+    """Start a spilling ``analyze``, send ``signum`` once a Parquet file exists: (exit code, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "analyze", str(trace), "--memory-limit", "1MB",
+                             "--spill-dir", str(spill_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         deadline = time.monotonic() + 120
-        while not any(d.glob("*.parquet") for d in _spills(tmp_path)):
+        while not any(d.glob("*.parquet") for d in _spills(spill_dir)):
             assert proc.poll() is None and time.monotonic() < deadline, "no spill appeared"
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signum)
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    return proc.returncode, err
+
+
+def test_ctrl_c_while_spilling_removes_the_spill(big_trace, tmp_path):
+    code, err = _signal_while_spilling(big_trace, tmp_path, signal.SIGINT)
+    assert code == 130, err
     assert "Traceback" not in err
     assert _spills(tmp_path) == []
 
 
 def test_sigterm_while_spilling_removes_the_spill(big_trace, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "analyze", str(big_trace), "--memory-limit", "1MB",
-                             "--spill-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not any(d.glob("*.parquet") for d in _spills(tmp_path)):
-            assert proc.poll() is None and time.monotonic() < deadline, "no spill appeared"
-            time.sleep(0.05)
-        proc.terminate()
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143
+    code, _err = _signal_while_spilling(big_trace, tmp_path, signal.SIGTERM)
+    assert code == 143
     assert _spills(tmp_path) == []
 
 
