@@ -815,6 +815,25 @@ typedef struct {
     int used;
 } Stream;
 
+/* The slot of stream key in the table (cap a power of two): its own, or the empty one to take. */
+static inline size_t stream_slot(const Stream *t, size_t cap, int64_t key)
+{
+    size_t j = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 20) & (cap - 1);
+    while (t[j].used && t[j].key != key) j = (j + 1) & (cap - 1);
+    return j;
+}
+
+/* The table rehashed into twice the slots (the old one freed); NULL when out of memory. */
+static Stream *stream_grow(Stream *t, size_t cap)
+{
+    Stream *g = calloc(cap * 2, sizeof(Stream));
+    if (!g) return NULL;
+    for (size_t j = 0; j < cap; j++)
+        if (t[j].used) g[stream_slot(g, cap * 2, t[j].key)] = t[j];
+    free(t);
+    return g;
+}
+
 static PyObject *stream_offsets(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -846,9 +865,10 @@ static PyObject *stream_offsets(PyObject *self, PyObject *args)
             goto done;
         }
     int64_t *row_at = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    size_t cap = 64;
-    while (cap < (size_t)m * 2 + 2) cap *= 2;
+    /* open addressing, sized by the streams seen (few: files x processes), not by rows */
+    size_t cap = 1024, used = 0;
     Stream *streams = calloc(cap, sizeof(Stream));
+    int oom = 0;
     if (!row_at || !streams) {
         free(row_at);
         free(streams);
@@ -861,10 +881,21 @@ static PyObject *stream_offsets(PyObject *self, PyObject *args)
     for (Py_ssize_t k = 0; k < n; k++) {
         int64_t i = row_at[k];
         if (i < 0) continue;
-        uint64_t h = (uint64_t)g[i] * 0x9E3779B97F4A7C15ULL;
-        size_t j = (size_t)(h >> 20) & (cap - 1);
-        while (streams[j].used && streams[j].key != g[i]) j = (j + 1) & (cap - 1);
+        size_t j = stream_slot(streams, cap, g[i]);
         Stream *st = &streams[j];
+        if (!st->used) {
+            if (2 * (used + 1) > cap) {
+                Stream *grown = stream_grow(streams, cap);
+                if (!grown) {
+                    oom = 1;
+                    break;
+                }
+                streams = grown;
+                cap *= 2;
+                st = &streams[stream_slot(streams, cap, g[i])];
+            }
+            used++;
+        }
         if (!st->used || reset[i]) {
             st->used = 1;
             st->key = g[i];
@@ -878,6 +909,12 @@ static PyObject *stream_offsets(PyObject *self, PyObject *args)
         st->state += (uint64_t)adv[i];
     }
     Py_END_ALLOW_THREADS
+    if (oom) {
+        free(row_at);
+        free(streams);
+        PyErr_NoMemory();
+        goto done;
+    }
     free(row_at);
     free(streams);
     result = Py_NewRef(Py_None);

@@ -83,7 +83,7 @@ def analyze_trace(
     else:
         loaded = load_trace(trace)
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
-        c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs)
+        c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs, per_process=loaded.per_process)
         findings = find(c, thresholds, disabled)
     verified = None
     if verify:

@@ -204,7 +204,7 @@ def compare_traces(a: str | Path, b: str | Path, *, data_dirs_a: list[str] | Non
     for path, dirs in ((a, data_dirs_a), (b, data_dirs_b)):
         lt = load_trace(path)
         chars.append(characterize(lt.events, manifest=lt.manifest, data_dirs=dirs,
-                                  passes=["overview", "steps", "epochs", "access"]))
+                                  passes=["overview", "steps", "epochs", "access"], per_process=lt.per_process))
     ca, cb = chars
     fa, fb = features(ca), features(cb)
     sim, skipped = cosine(fa, fb)

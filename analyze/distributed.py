@@ -26,6 +26,7 @@ under the same name (a shared file system, or a LocalCluster on this machine).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from .load import (
     LoadedTrace,
     _find_inputs,
     _groups,
+    combine,
     combine_parts,
     member_ranges,
     parse_part,
@@ -136,9 +138,9 @@ def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes:
     t0 = time.perf_counter()
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     parts = client.gather(futures)
-    events, reports = combine_parts(parts, [p.name for p in files])
+    loaded = dataclasses.replace(combine(parts, [p.name for p in files]), manifest=manifest)
     info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0)
-    return LoadedTrace(events=events, files=reports, manifest=manifest), info
+    return loaded, info
 
 
 @dataclass(frozen=True)

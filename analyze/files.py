@@ -26,11 +26,13 @@ import os
 import re
 from collections.abc import Iterable
 
+import numpy as np
 import polars as pl
 
 from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA, OPEN_OPS, READ_OPS, WRITE_OPS
 
-__all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "loader_processes"]
+__all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_keyed",
+           "loader_processes"]
 
 ROLES = ("dataset", "checkpoint", "library", "other")
 #: Written bytes above which a file not read by the loader counts as a checkpoint.
@@ -68,40 +70,81 @@ def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     )
 
 
-def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
-    """Per (file, host, pid): bytes read/written (I/O calls and checkpoint events), call counts.
-
-    One group-by over the event table (a LazyFrame: a streaming query); :func:`classify_files`
-    and the summary aggregate this much smaller table. ``loader`` marks processes that
-    emit ``item`` events.
-    """
+def _process_rows(keys: list[str]) -> list[pl.Expr]:
+    """Per-row values of :func:`file_process_table` (after :func:`_with_classes`), with ``keys``."""
     size = pl.col("size").fill_null(0)
     op, ckpt, name = pl.col("__op"), pl.col("__ckpt"), pl.col("name")
 
     def when(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
         return pl.when(cond).then(value).otherwise(0)
 
-    # per-row columns first (the operation class decoded once), then plain sums
+    return [
+        *(pl.col(k) for k in keys),
+        when(op == _READ, size).alias("rb"), when(op == _WRITE, size).alias("wb"),
+        when(ckpt & (name == "load"), size).alias("ck_r"), when(ckpt & (name == "save"), size).alias("ck_w"),
+        (op == _READ).cast(pl.Int64).alias("reads"), (op == _WRITE).cast(pl.Int64).alias("writes"),
+        (op == _OPEN).cast(pl.Int64).alias("opens"), ckpt.alias("ckpt_event"),
+    ]
+
+
+def _with_classes(rows: pl.LazyFrame) -> pl.LazyFrame:
+    """``rows`` with ``__op`` (operation class of ``name``) and ``__ckpt`` (a checkpoint event)."""
+    return rows.with_columns(pl.col("name").replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int8).alias("__op"),
+                             (pl.col("cat") == CAT_CHECKPOINT).alias("__ckpt"))
+
+
+_SUMS = [pl.exclude("ckpt_event").sum(), pl.col("ckpt_event").any()]
+
+
+def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Per (file, host, pid): bytes read/written (I/O calls and checkpoint events), call counts.
+
+    One group-by over the event table (a LazyFrame: a streaming query); :func:`classify_files`
+    and the summary aggregate this much smaller table. ``loader`` marks processes that
+    emit ``item`` events. Row order is unspecified.
+    """
     table = collect(
-        events.lazy()
-        .filter(pl.col("file").is_not_null())
-        .with_columns(name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int8).alias("__op"),
-                      (pl.col("cat") == CAT_CHECKPOINT).alias("__ckpt"))
-        .select(
-            "file", "host", "pid",
-            when(op == _READ, size).alias("rb"), when(op == _WRITE, size).alias("wb"),
-            when(ckpt & (name == "load"), size).alias("ck_r"), when(ckpt & (name == "save"), size).alias("ck_w"),
-            (op == _READ).cast(pl.Int64).alias("reads"), (op == _WRITE).cast(pl.Int64).alias("writes"),
-            (op == _OPEN).cast(pl.Int64).alias("opens"), ckpt.alias("ckpt_event"),
-        )
+        _with_classes(events.lazy().filter(pl.col("file").is_not_null()))
+        .select(_process_rows(["file", "host", "pid"]))
         .group_by("pid", "host", "file")  # the integer key first groups fastest
-        .agg(pl.exclude("ckpt_event").sum(), pl.col("ckpt_event").any())
+        .agg(_SUMS)
         .select("file", "host", "pid", pl.exclude("file", "host", "pid")),
         events,
     )
     loaders = loader_processes(events).with_columns(pl.lit(True).alias("loader"))
     return table.join(loaders, on=["host", "pid"], how="left", nulls_equal=True).with_columns(
         pl.col("loader").fill_null(False))
+
+
+def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl.DataFrame) -> pl.DataFrame:
+    """:func:`file_process_table` from events whose file and process are integer keys.
+
+    ``rows`` has ``name``, ``cat``, ``size`` and ``__file`` (UInt32 index into ``files``,
+    distinct paths; null: no file) and ``__proc`` (UInt32 index into ``processes``,
+    distinct (``host``, ``pid``) rows), in any order. Grouping by one packed integer key
+    instead of two strings and a pid makes this several times cheaper; the loader, which
+    has these keys, uses it (the result equals :func:`file_process_table` of the table).
+    """
+    nproc = max(processes.height, 1)
+    key = pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)
+    table = (
+        _with_classes(rows.lazy().filter(pl.col("__file").is_not_null()).with_columns(key.alias("__key")))
+        .select(_process_rows(["__key"]))
+        .group_by("__key")
+        .agg(_SUMS)
+        .collect()
+    )
+    keys = table["__key"]
+    loaders = rows.lazy().filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).select("__proc") \
+        .unique().collect()["__proc"].drop_nulls().to_numpy()
+    at = pl.Series(keys % nproc)
+    return table.select(
+        files.cast(pl.String).gather(keys // nproc).alias("file"),
+        processes["host"].cast(pl.String).gather(at).alias("host"),
+        processes["pid"].cast(pl.Int64).gather(at).alias("pid"),
+        pl.exclude("__key"),
+        pl.Series(np.isin(np.arange(processes.height), loaders)).gather(at).alias("loader"),
+    )
 
 
 def _empty(events: pl.DataFrame | pl.LazyFrame) -> bool:

@@ -53,6 +53,7 @@ converted), sizes and offsets bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import mmap
@@ -75,8 +76,10 @@ from dlreplay.pfw import DecodeStats as _Stats
 from dlreplay.pfw import decoded_pieces as _decoded_pieces
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
+from .files import file_process_table_keyed
+
 __all__ = [
-    "FileReport", "LoadedTrace", "TraceDamageWarning", "TracePart", "combine_parts", "load",
+    "FileReport", "LoadedTrace", "TraceDamageWarning", "TracePart", "combine", "combine_parts", "load",
     "load_trace", "parse_part",
 ]
 
@@ -137,8 +140,11 @@ _OP_CODE: dict[str, int] = {
 #: Columns of a :class:`TracePart`'s frames: the trace file index (``src``), the line
 #: number in that file (``seq``, blank lines counted), the raw fields, and ``op``, the
 #: operation class of ``name`` (:data:`_OP_CODE`; a constant of each layout).
+#: ``fhash`` (on most rows, with few distinct values) is Categorical: its integer codes
+#: are concatenated, filtered and mapped to file indices without hashing strings.
 RAW_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, **_TOP_FIELDS}
 RAW_SCHEMA.update({col: dt for col, dt in _ARG_FIELDS.values()})
+RAW_SCHEMA["fhash"] = pl.Categorical()
 RAW_SCHEMA["op"] = pl.Int8()
 
 #: Bits of a packed non-negative Int64 sort key (value-sorted instead of an argsort).
@@ -220,6 +226,9 @@ class LoadedTrace(FileDamage):
     events: pl.DataFrame
     files: list[FileReport]
     manifest: dict | None = None
+    #: :func:`~.files.file_process_table` of ``events`` (row order unspecified), computed
+    #: while loading from integer file and process keys; None when not computed
+    per_process: pl.DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -262,8 +271,7 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
             parts = list(pool.map(parse_part, groups))
-    events, reports = combine_parts(parts, [p.name for p in files])
-    return LoadedTrace(events=events, files=reports, manifest=manifest)
+    return dataclasses.replace(combine(parts, [p.name for p in files]), manifest=manifest)
 
 
 def load(path: str | os.PathLike | Sequence[str | os.PathLike], **kw) -> pl.DataFrame:
@@ -425,7 +433,7 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """Concatenate raw frames (RAW_SCHEMA); an empty frame when there are none."""
-    frames = [f for f in frames if f.height]
+    frames = [f if f.schema == RAW_SCHEMA else f.cast(RAW_SCHEMA) for f in frames if f.height]  # type: ignore[arg-type]
     if not frames:
         return pl.DataFrame(schema=RAW_SCHEMA)
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
@@ -770,14 +778,15 @@ def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarr
     for k, col in enumerate(_NATIVE_STRS):
         codes = strs[k, sl]
         lo, hi = int(codes.min()), int(codes.max())
+        dtype = RAW_SCHEMA[col]
         if hi < 0:
-            exprs[col] = pl.lit(None, dtype=_STR)
+            exprs[col] = pl.lit(None, dtype=dtype)
         elif lo == hi:  # one value (cat, ph, host hash of a file): a constant
-            exprs[col] = pl.lit(values[lo], dtype=_STR)
+            exprs[col] = pl.lit(values[lo], dtype=dtype)
         else:
             data[col] = codes
-            exprs[col] = pl.lit(values).gather(pl.when(pl.col(col) >= 0).then(pl.col(col)) if lo < 0
-                                               else pl.col(col))
+            exprs[col] = pl.lit(values if dtype == _STR else values.cast(dtype)).gather(
+                pl.when(pl.col(col) >= 0).then(pl.col(col)) if lo < 0 else pl.col(col))
     name = strs[_NATIVE_STRS.index("name"), sl]
     data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
         else np.zeros(len(name), dtype=np.int8)
@@ -1229,17 +1238,18 @@ def _cast_loose(e: pl.Expr, dt: pl.DataType) -> pl.Expr:
 # Stage 2: TraceParts -> the event table
 
 
-def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:
-    """Combine the :class:`TracePart` s of one run: (event table, per-file reports).
+def combine(parts: Sequence[TracePart], names: Sequence[str]) -> LoadedTrace:
+    """Combine the :class:`TracePart` s of one run into a :class:`LoadedTrace` (no manifest).
 
     ``names[src]`` is the ``source`` of file ``src`` (its basename); every file of the run
     must be in exactly one part. This resolves what needs more than one line or file:
     the time unit per file (``CM``), each process's ppid and host (``start``/``HH`` in
     its own file), sizes, offsets reconstructed per (file, pid, POSIX or STDIO, file
-    hash) stream, and ``FH`` paths across all files. Returns the
-    :data:`~dlreplay.schema.EVENT_SCHEMA` table sorted by (``ts``, file, line) and the
-    reports in ``src`` order with their event counts. The result does not depend on how
-    the files were split into parts, nor on the parts' order.
+    hash) stream, and ``FH`` paths across all files. The result has the
+    :data:`~dlreplay.schema.EVENT_SCHEMA` table sorted by (``ts``, file, line), the
+    reports in ``src`` order with their event counts and the per-(file, host, pid) table
+    of the summary. It does not depend on how the files were split into parts, nor on
+    the parts' order.
     """
     ev = _concat([p.events for p in parts])
     meta = _concat([p.meta for p in parts])
@@ -1250,7 +1260,14 @@ def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.
     per_src = np.bincount(ev["src"].to_numpy()) if ev.height else np.zeros(0, dtype=np.int64)
     counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
-    return _build_events(ev, meta, names), files
+    events, per_process = _build_events(ev, meta, names)
+    return LoadedTrace(events=events, files=files, per_process=per_process)
+
+
+def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:
+    """(event table, per-file reports) of :func:`combine`."""
+    loaded = combine(parts, names)
+    return loaded.events, loaded.files
 
 
 def _add_reports(a: FileReport, b: FileReport) -> FileReport:
@@ -1539,7 +1556,8 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     valid[pos[known]] = True
 
 
-def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) -> pl.DataFrame:
+def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
+                  names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """The EVENT_SCHEMA table (by ts) from all raw event and metadata rows of a run.
 
     Per-row work happens on the parsed rows as they are; the dense output columns are
@@ -1548,7 +1566,7 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
     from small per-process and per-file tables.
     """
     if ev.height == 0:
-        return pl.DataFrame(schema=EVENT_SCHEMA)
+        return pl.DataFrame(schema=EVENT_SCHEMA), None
     n = ev.height
     meta = meta.sort("src", "seq")
     ev = _apply_time_metric(ev, meta)
@@ -1561,14 +1579,10 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
     fh = fh.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left").select(
         "hash", _absolute(pl.col("name")).alias("path"))
     # every file hash of the run and its path; index nf stands for "no file hash"
-    files = ev.select(pl.col("fhash").drop_nulls().unique().alias("hash")).join(
-        fh, on="hash", how="left", maintain_order="left")
-    nf = files.height
+    hashes = ev["fhash"].drop_nulls().unique()
+    files = pl.DataFrame({"hash": hashes.cast(_STR)}).join(fh, on="hash", how="left", maintain_order="left")
     files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)])
-    ev = _sizes(ev.with_columns(
-        pidx.alias("__p"),
-        _lookup(pl.col("fhash"), files["hash"][:nf], range(nf), pl.UInt32).fill_null(nf).alias("__f"),
-    ))
+    ev = _sizes(ev.with_columns(pidx.alias("__p"), pl.Series("__f", _code_index(ev["fhash"], hashes))))
     # the output order: (ts, file, line); rank[row] is the output position of a row
     order = _output_order(ev)
     rank = np.empty(n, dtype=np.int64)
@@ -1599,6 +1613,8 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
         paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
         file = pl.lit(out.select(file).to_series().scatter(rank[named["__row"].to_numpy()], paths))
     source = pl.Series(names, dtype=pl.String).gather(procs["src"])
+    per_process = _per_process(ev, files["path"], named["__row"].to_numpy() if named.height else None,
+                               paths if named.height else None, procs)
     out = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
@@ -1608,7 +1624,42 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str]) ->
         "ret", "epoch", "step", "batch_size", "sample_index",
         pl.lit(source).gather(pl.col("__p")).alias("source"),
     )
-    return out.cast(pl.Schema(EVENT_SCHEMA))
+    return out.cast(pl.Schema(EVENT_SCHEMA)), per_process
+
+
+def _per_process(ev: pl.DataFrame, file_paths: pl.Series, named_rows: np.ndarray | None,
+                 named_paths: pl.Series | None, procs: pl.DataFrame) -> pl.DataFrame:
+    """The summary's per-(file, host, pid) table (:func:`~.files.file_process_table_keyed`)
+    of the raw rows ``ev`` (with ``__f``, ``__p`` and ``size``): integer keys for distinct
+    paths (``file_paths[__f]``, or ``named_paths`` at ``named_rows``) and (host, pid)."""
+    cand = file_paths if named_paths is None else pl.concat([file_paths, named_paths])
+    paths = cand.drop_nulls().unique()
+    none = paths.len()  # the key of "no file"
+    index = pl.DataFrame({"p": cand}).join(
+        pl.DataFrame({"p": paths, "i": np.arange(none, dtype=np.uint32)}), on="p", how="left",
+        maintain_order="left")["i"].fill_null(none).to_numpy()
+    fkey = index[: file_paths.len()][ev["__f"].to_numpy()]
+    if named_rows is not None:
+        fkey[named_rows] = index[file_paths.len():]
+    hosts = procs.select("host", "pid").unique(maintain_order=True)
+    pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
+                      maintain_order="left")["__h"].to_numpy()
+    rows = ev.select("name", "cat", "size").with_columns(
+        pl.Series("__file", fkey).replace(none, None),
+        pl.Series("__proc", pkey[ev["__p"].to_numpy()]),
+    )
+    return file_process_table_keyed(rows, paths, hosts)
+
+
+def _code_index(values: pl.Series, keys: pl.Series) -> np.ndarray:
+    """Per row of the Categorical ``values``: the index of its value in ``keys`` (distinct,
+    Categorical), ``len(keys)`` when null; a lookup table over the category codes."""
+    nk = keys.len()
+    codes = keys.to_physical().to_numpy()
+    size = int(codes.max()) + 2 if nk else 1
+    table = np.full(size, nk, dtype=np.uint32)
+    table[codes] = np.arange(nk, dtype=np.uint32)
+    return table[values.to_physical().fill_null(size - 1).to_numpy()]
 
 
 def _absolute(path: pl.Expr) -> pl.Expr:

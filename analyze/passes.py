@@ -98,6 +98,9 @@ class TraceView:
     events: pl.DataFrame | pl.LazyFrame
     manifest: dict | None = None
     data_dirs: list[str] | None = None
+    #: :func:`file_process_table` of ``events`` when already known (the loader's
+    #: :attr:`~.load.LoadedTrace.per_process`); computed on first use otherwise
+    known_per_process: pl.DataFrame | None = None
 
     def __post_init__(self) -> None:
         if not self.data_dirs:
@@ -157,6 +160,9 @@ class TraceView:
 
     @cached_property
     def per_process(self) -> pl.DataFrame:
+        """Per (file, host, pid): bytes and calls (see :func:`file_process_table`)."""
+        if self.known_per_process is not None:
+            return self.known_per_process
         return file_process_table(self.events)
 
     @cached_property
@@ -728,9 +734,14 @@ class Characterization:
 
 
 def characterize(events: pl.DataFrame | pl.LazyFrame | TraceView, *, manifest: dict | None = None,
-                 data_dirs: list[str] | None = None, passes: Iterable[str] | None = None) -> Characterization:
-    """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table."""
-    view = events if isinstance(events, TraceView) else TraceView(events, manifest, data_dirs)
+                 data_dirs: list[str] | None = None, passes: Iterable[str] | None = None,
+                 per_process: pl.DataFrame | None = None) -> Characterization:
+    """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table.
+
+    ``per_process`` is the table's :func:`file_process_table` when already known (e.g.
+    :attr:`~.load.LoadedTrace.per_process`).
+    """
+    view = events if isinstance(events, TraceView) else TraceView(events, manifest, data_dirs, per_process)
     names = list(passes) if passes is not None else list(PASSES)
     unknown = [n for n in names if n not in PASSES]
     if unknown:

@@ -1,4 +1,4 @@
-"""Ingest benchmark: ``load()`` + ``summarize()`` against ``gzip -dc`` on the same trace.
+"""Ingest benchmark: ``load_trace()`` + ``summarize()`` against ``gzip -dc`` on the same trace.
 
 Builds (once, cached under ``--dir``) a synthetic DFTracer 2.x trace of a PyTorch-style
 data-loading job: one main process (fetch/step/epoch/checkpoint events, some STDIO) and
@@ -9,7 +9,8 @@ DFTracer 2.x layout of the real samples (``FH``/``HH``/``CM``/``thread_name`` me
 way DFTracer flushes its write buffer.
 
 Then it measures, in one run: the wall time of ``gzip -dc FILES > /dev/null`` and of
-``load()`` + ``summarize()`` (runs interleaved, so both sides see the same machine load),
+``load_trace()`` + ``summarize()`` with the loader's per-process table, as ``dlreplay analyze``
+does (runs interleaved, so both sides see the same machine load),
 and prints events, both rates (events/s; best and median run), their ratio, the CPU time
 of each side and the peak RSS of the loading process.
 
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(out.glob("*.pfw.gz"))
     stored = sum(f.stat().st_size for f in files)
 
-    from dlreplay.analyze import load, summarize
+    from dlreplay.analyze import load_trace, summarize
 
     gz: list[tuple[float, float]] = []  # (wall, cpu) per run
     ld: list[tuple[float, float]] = []
@@ -204,12 +205,12 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["gzip", "-dc", *map(str, files)], stdout=null, check=True)
         gz.append((time.perf_counter() - t0, _cpu() - c0))
         c0, t0 = _cpu(), time.perf_counter()
-        ev = load(out)
+        loaded = load_trace(out)
         ld_only.append(time.perf_counter() - t0)
-        summarize(ev)
+        summarize(loaded.events, per_process=loaded.per_process)  # as `dlreplay analyze` does
         ld.append((time.perf_counter() - t0, _cpu() - c0))
-        n_events = ev.height
-        del ev
+        n_events = loaded.events.height
+        del loaded
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     def med(xs: list[float]) -> float:
@@ -221,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeat} runs of each side, interleaved (best / median)")
     print(f"gzip -dc          : {gz_best:6.2f} / {gz_med:6.2f} s wall ({med([c for _, c in gz]):5.2f} s cpu)  "
           f"{n_events / gz_best / 1e6:5.2f} / {n_events / gz_med / 1e6:5.2f} M events/s")
-    print(f"load()            : {min(ld_only):6.2f} / {med(ld_only):6.2f} s wall                 "
+    print(f"load_trace()      : {min(ld_only):6.2f} / {med(ld_only):6.2f} s wall                 "
           f"{n_events / min(ld_only) / 1e6:5.2f} / {n_events / med(ld_only) / 1e6:5.2f} M events/s")
-    print(f"load()+summarize(): {ld_best:6.2f} / {ld_med:6.2f} s wall ({med([c for _, c in ld]):5.2f} s cpu)  "
+    print(f"load+summarize()  : {ld_best:6.2f} / {ld_med:6.2f} s wall ({med([c for _, c in ld]):5.2f} s cpu)  "
           f"{n_events / ld_best / 1e6:5.2f} / {n_events / ld_med / 1e6:5.2f} M events/s")
     print(f"ratio load+summarize / gzip (events/s): best {gz_best / ld_best:.2f}, median {gz_med / ld_med:.2f}  "
           f"(load only: {gz_best / min(ld_only):.2f} / {gz_med / med(ld_only):.2f})")

@@ -106,7 +106,7 @@ def _print_capture_summary(result: Any) -> None:
     click.echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
     try:
         loaded = load_trace(result.trace_dir)
-        s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
+        s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"), per_process=loaded.per_process)
         click.echo(
             f"  processes traced: {s.processes}   events: {loaded.events.height:,}   "
             f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",

@@ -95,7 +95,8 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
 
     echo("[3/6] analysing the trace")
     loaded = load_trace(result.trace_dir)
-    summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"))
+    summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"),
+                        per_process=loaded.per_process)
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     echo(render_text(summary))

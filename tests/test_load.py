@@ -22,10 +22,13 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
 
 from dlreplay.analyze import LoadedTrace, TraceDamageWarning, load, load_trace
 from dlreplay.errors import TraceError
 from dlreplay.schema import EVENT_SCHEMA, READ_OPS, WRITE_OPS
+
+from .conftest import TRACES
 
 LOAD = importlib.import_module("dlreplay.analyze.load")
 HOST = "node-a"
@@ -730,3 +733,61 @@ def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_f
     assert ahead.events.equals(inline.events)
     assert ahead.files == inline.files
     assert {f.name for f in ahead.files if f.problems} == {"cut.pfw.gz", "corrupt.pfw.gz", "malformed.pfw.gz"}
+
+
+# ---------------------------------------------------------------------------------------
+# The loader's per-(file, host, pid) table (integer keys) equals the one of the event table
+
+
+def _assert_per_process_matches(loaded: LoadedTrace) -> None:
+    from dlreplay.analyze.files import file_process_table
+
+    assert loaded.per_process is not None
+    keys = ["file", "host", "pid"]
+    want = file_process_table(loaded.events).sort(keys)
+    assert want.height > 0
+    assert_frame_equal(loaded.per_process.sort(keys), want)
+
+
+@pytest.mark.parametrize("trace", sorted(p.parent for p in TRACES.glob("*/expected.json")), ids=lambda p: p.name)
+def test_per_process_table_of_the_corpus(trace: Path) -> None:
+    _assert_per_process_matches(load_trace(trace))
+
+
+def test_per_process_table_with_every_kind_of_file_name(tmp_path: Path) -> None:
+    """FH in another process's file, a checkpoint named only by its path argument, a
+    relative name, an unresolved hash, one path under two hashes, writes and opens, and a
+    pid that appears in two trace files (two processes, one host): one row each."""
+    d, _ = dataloader_job(tmp_path, fh_in_parent_only=True)
+    p = Proc(pid=100, cwd="/tmp/exp")  # the same pid as the job's main process, another file
+    p.open("data/f0.npz")
+    p.read("data/f0.npz", 100)
+    p.write("/tmp/exp/data/f0.npz", 7)  # the same path under another hash (absolute spelling)
+    p.event("read", "POSIX", {"ret": 5, "count": 5, "fhash": "00000000000000ab"})  # no FH record
+    p.event("load", "checkpoint", {"bytes": 42, "path": "ckpt/last.pt"}, typ=2)
+    p.finish()
+    write_gz(d / "other-100.pfw.gz", p.lines())
+    loaded = load_trace(d)
+    _assert_per_process_matches(loaded)
+    rows = loaded.per_process.filter(pl.col("file") == "/tmp/exp/data/f0.npz").row(0, named=True)
+    assert (rows["rb"], rows["wb"], rows["opens"]) == (100, 7, 1)
+    ckpt = loaded.per_process.filter(pl.col("file") == "/tmp/exp/ckpt/last.pt").row(0, named=True)
+    assert ckpt["ck_r"] == 42 and ckpt["ckpt_event"]
+
+
+def test_per_process_table_of_a_damaged_trace(tmp_path: Path) -> None:
+    d = tmp_path / "many"
+    _many_small_files(d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceDamageWarning)
+        loaded = load_trace(d)
+    assert loaded.damaged
+    _assert_per_process_matches(loaded)
+
+
+def test_per_process_table_of_an_empty_trace(tmp_path: Path) -> None:
+    p = Proc(pid=3)
+    p.records = [r for r in p.records if r["ph"] == 4]  # metadata only: no event rows
+    write_gz(tmp_path / "t.pfw.gz", p.lines())
+    loaded = load_trace(tmp_path)
+    assert loaded.events.height == 0 and loaded.per_process is None
