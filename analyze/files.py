@@ -116,34 +116,64 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         pl.col("loader").fill_null(False))
 
 
+#: Largest packed (file, process, row class) key space counted with dense arrays.
+_DENSE_KEYS = 1 << 24
+
+
 def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl.DataFrame) -> pl.DataFrame:
     """:func:`file_process_table` from events whose file and process are integer keys.
 
     ``rows`` has ``name``, ``cat``, ``size`` and ``__file`` (UInt32 index into ``files``,
     distinct paths; null: no file) and ``__proc`` (UInt32 index into ``processes``,
-    distinct (``host``, ``pid``) rows), in any order. Grouping by one packed integer key
-    instead of two strings and a pid makes this several times cheaper; the loader, which
-    has these keys, uses it (the result equals :func:`file_process_table` of the table).
+    distinct (``host``, ``pid``) rows), in any order. The loader, which has these keys,
+    uses it; the result equals :func:`file_process_table` of the table.
+
+    Rows are counted, and their bytes summed, per (file, process, row class) packed into
+    one integer (the row class: operation class x checkpoint load/save/other): with
+    ``numpy.bincount`` over a dense key space (up to :data:`_DENSE_KEYS`, and while all
+    bytes together stay below 2**53, so float64 sums are exact), else one polars
+    group-by; the classes are then spread into the columns on the small result.
     """
     nproc = max(processes.height, 1)
-    key = pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)
-    table = (
-        _with_classes(rows.lazy().filter(pl.col("__file").is_not_null()).with_columns(key.alias("__key")))
-        .select(_process_rows(["__key"]))
-        .group_by("__key")
-        .agg(_SUMS)
-        .collect()
-    )
+    name = pl.col("name")
+    ckpt = (pl.col("cat") == CAT_CHECKPOINT).fill_null(False)
+    ck_class = pl.when(~ckpt).then(0).when(name == "load").then(1).when(name == "save").then(2).otherwise(3)
+    row_class = name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int64) + 4 * ck_class
+    key = (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)) * 16 + row_class
+    v = rows.lazy().filter(pl.col("__file").is_not_null()).select(
+        key.alias("__k"), pl.col("size").fill_null(0).alias("b")).collect()
+    k, size = v["__k"].to_numpy(), v["b"].to_numpy()
+    nkeys = files.len() * nproc * 16
+    if nkeys <= _DENSE_KEYS and float(np.abs(size).sum(dtype=np.float64)) < 2.0**53:
+        count = np.bincount(k, minlength=nkeys)
+        at = np.flatnonzero(count)
+        parts = pl.DataFrame({"__k": at, "b": np.bincount(k, weights=size, minlength=nkeys)[at].astype(np.int64),
+                              "n": count[at].astype(np.int64)})
+    else:
+        parts = v.group_by("__k").agg(pl.col("b").sum(), pl.len().cast(pl.Int64).alias("n"))
+    op, ck, b, n = pl.col("__k") % 4, (pl.col("__k") // 4) % 4, pl.col("b"), pl.col("n")
+
+    def where(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
+        return pl.when(cond).then(value).otherwise(0)
+
+    # per-row values first, then plain sums (a conditional inside agg runs group by group)
+    table = parts.select(
+        (pl.col("__k") // 16).alias("__key"),
+        where(op == _READ, b).alias("rb"), where(op == _WRITE, b).alias("wb"),
+        where(ck == 1, b).alias("ck_r"), where(ck == 2, b).alias("ck_w"),
+        where(op == _READ, n).alias("reads"), where(op == _WRITE, n).alias("writes"),
+        where(op == _OPEN, n).alias("opens"), (ck > 0).alias("ckpt_event"),
+    ).group_by("__key").agg(_SUMS)
+    loaders = rows.lazy().filter((pl.col("cat") == CAT_DATA) & (name == "item")).select("__proc").unique() \
+        .collect()["__proc"].drop_nulls().to_numpy()
     keys = table["__key"]
-    loaders = rows.lazy().filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).select("__proc") \
-        .unique().collect()["__proc"].drop_nulls().to_numpy()
-    at = pl.Series(keys % nproc)
+    at_proc = pl.Series(keys % nproc)
     return table.select(
         files.cast(pl.String).gather(keys // nproc).alias("file"),
-        processes["host"].cast(pl.String).gather(at).alias("host"),
-        processes["pid"].cast(pl.Int64).gather(at).alias("pid"),
+        processes["host"].cast(pl.String).gather(at_proc).alias("host"),
+        processes["pid"].cast(pl.Int64).gather(at_proc).alias("pid"),
         pl.exclude("__key"),
-        pl.Series(np.isin(np.arange(processes.height), loaders)).gather(at).alias("loader"),
+        pl.Series(np.isin(np.arange(processes.height), loaders)).gather(at_proc).alias("loader"),
     )
 
 

@@ -754,10 +754,13 @@ def test_per_process_table_of_the_corpus(trace: Path) -> None:
     _assert_per_process_matches(load_trace(trace))
 
 
-def test_per_process_table_with_every_kind_of_file_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dense", [True, False], ids=["bincount", "group-by"])
+def test_per_process_table_with_every_kind_of_file_name(tmp_path: Path, monkeypatch, dense: bool) -> None:
     """FH in another process's file, a checkpoint named only by its path argument, a
     relative name, an unresolved hash, one path under two hashes, writes and opens, and a
     pid that appears in two trace files (two processes, one host): one row each."""
+    if not dense:
+        monkeypatch.setattr(importlib.import_module("dlreplay.analyze.files"), "_DENSE_KEYS", 0)
     d, _ = dataloader_job(tmp_path, fh_in_parent_only=True)
     p = Proc(pid=100, cwd="/tmp/exp")  # the same pid as the job's main process, another file
     p.open("data/f0.npz")
