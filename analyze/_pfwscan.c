@@ -923,10 +923,127 @@ done:
     return result;
 }
 
+/*
+ * file_offsets(order, g, op, ret, whence, aoffset, size, append, io, values, valid)
+ *
+ * The whole file-position model of dlreplay.analyze.load._offsets in one pass over the n
+ * raw rows in output order. order (int64): row indices in output order (a permutation of
+ * 0..n-1); per row: g (int64) its stream key, op (int8) its operation class (the _OP_CODE
+ * values), ret/whence/aoffset/size (int64, INT64_MIN standing for null), append (uint8:
+ * opened with O_APPEND or mode "a"), io (uint8: a POSIX/STDIO call with a file hash).
+ * Output, by output position k: values[k] (int64) and valid[k] (uint8), the offset.
+ *
+ * pread/pwrite (op PXFER) take their offset argument. For io rows, in output order per
+ * stream g: open/fopen (when it succeeded) start a segment at 0 (unknown when appending);
+ * lseek/ftell with ret >= 0 at ret; fseek (ok, whence not SEEK_CUR) at its offset for
+ * SEEK_SET, else unknown; rewind at 0; close makes it unknown (a reset without a base). A
+ * stream's first row that is no reset starts an unknown segment. Stream transfers (read,
+ * write, fread, fwrite) in a known segment get the position, then every row advances it:
+ * transfers by their bytes, fseek(SEEK_CUR) (ok) by its offset. ok = ret null or >= 0.
+ */
+enum { OP_OPEN = 1, OP_LSEEK, OP_FSEEK, OP_FTELL, OP_REWIND, OP_CLOSE, OP_XFER, OP_SXFER, OP_PXFER };
+#define NUL INT64_MIN
+
+static PyObject *file_offsets(PyObject *self, PyObject *args)
+{
+    (void)self;
+    enum { NB = 11 };
+    PyObject *o[NB];
+    Py_buffer b[NB];
+    static const Py_ssize_t isz[NB] = {8, 8, 1, 8, 8, 8, 8, 1, 1, 8, 1};
+    PyObject *result = NULL;
+    int got = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10]))
+        return NULL;
+    for (; got < NB; got++)
+        if (get_buf(o[got], &b[got], isz[got], got >= 9, "file_offsets") < 0) goto done;
+    Py_ssize_t n = b[0].len / 8;
+    for (int i = 1; i < NB; i++)
+        if (b[i].len / isz[i] != n) {
+            PyErr_SetString(PyExc_ValueError, "file_offsets: arrays differ in length");
+            goto done;
+        }
+    const int64_t *order = b[0].buf, *g = b[1].buf, *ret = b[3].buf, *whence = b[4].buf, *aoff = b[5].buf,
+                  *size = b[6].buf;
+    const int8_t *op = b[2].buf;
+    const uint8_t *append = b[7].buf, *io = b[8].buf;
+    int64_t *values = b[9].buf;
+    uint8_t *valid = b[10].buf;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (order[k] < 0 || order[k] >= n) {
+            PyErr_SetString(PyExc_ValueError, "file_offsets: row index out of range");
+            goto done;
+        }
+    size_t cap = 1024, used = 0;
+    Stream *streams = calloc(cap, sizeof(Stream));
+    int oom = !streams;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n && !oom; k++) {
+        int64_t i = order[k];
+        int c = op[i];
+        values[k] = 0;
+        valid[k] = 0;
+        if (c == OP_PXFER && aoff[i] != NUL) {
+            values[k] = aoff[i];
+            valid[k] = 1;
+        }
+        if (!io[i]) continue;
+        int64_t r = ret[i];
+        int ok = r == NUL || r >= 0, is_cur = whence[i] == 1;
+        int reset = (c == OP_OPEN && ok) || ((c == OP_LSEEK || c == OP_FTELL) && r != NUL && r >= 0) ||
+                    (c == OP_FSEEK && !is_cur && ok) || c == OP_REWIND || c == OP_CLOSE;
+        int64_t base = -1, adv = 0;
+        if (c == OP_OPEN) base = append[i] ? -1 : 0;
+        else if (c == OP_LSEEK || c == OP_FTELL) base = r == NUL ? -1 : r;
+        else if (c == OP_FSEEK) base = (whence[i] == 0 && aoff[i] != NUL) ? aoff[i] : -1;
+        else if (c == OP_REWIND) base = 0;
+        int xfer = c == OP_XFER || c == OP_SXFER;
+        if (xfer) adv = size[i] == NUL ? 0 : size[i];
+        else if (c == OP_FSEEK && is_cur && ok) adv = aoff[i] == NUL ? 0 : aoff[i];
+        Stream *st = &streams[stream_slot(streams, cap, g[i])];
+        if (!st->used) {
+            if (2 * (used + 1) > cap) {
+                Stream *grown = stream_grow(streams, cap);
+                if (!grown) {
+                    oom = 1;
+                    break;
+                }
+                streams = grown;
+                cap *= 2;
+                st = &streams[stream_slot(streams, cap, g[i])];
+            }
+            used++;
+        }
+        if (!st->used || reset) {
+            st->used = 1;
+            st->key = g[i];
+            st->known = reset && base >= 0;
+            st->state = reset ? (uint64_t)base : 0;
+        }
+        if (xfer && st->known) {
+            values[k] = (int64_t)st->state;
+            valid[k] = 1;
+        }
+        st->state += (uint64_t)adv;
+    }
+    Py_END_ALLOW_THREADS
+    free(streams);
+    if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
     {"stream_offsets", stream_offsets, METH_VARARGS, "File offsets of stream transfers (see the module source)."},
+    {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows in output order (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1437,7 +1437,7 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     """
     op, ret = pl.col("op"), pl.col("ret")
     ok = ret.is_null() | (ret >= 0)
-    appending = ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) | pl.col("mode").str.starts_with("a").fill_null(False)
+    appending = _appending()
     is_cur = (pl.col("whence") == _SEEK_CUR).fill_null(False)
     reset = (
         ((op == _OPEN) & ok)
@@ -1457,6 +1457,11 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
         .otherwise(0)
     )
     return reset.fill_null(False), base, advance
+
+
+def _appending() -> pl.Expr:
+    """Opened for appending: ``O_APPEND`` in the flags, or a mode starting with "a"."""
+    return ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) | pl.col("mode").str.starts_with("a").fill_null(False)
 
 
 def _output_order(ev: pl.DataFrame) -> np.ndarray:
@@ -1484,9 +1489,10 @@ def _int_stat(value: object) -> int | None:
     return None if value is None else int(cast(int, value))
 
 
-def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
-    """Offsets in output order (``rank[row]`` is the output position of ``ev``'s row):
-    given for pread/pwrite, reconstructed for stream reads and writes.
+def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series:
+    """Offsets in output order (``order`` lists ``ev``'s rows in output order, ``rank[row]``
+    is the output position of a row): given for pread/pwrite, reconstructed for stream
+    reads and writes.
 
     Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
     stream; a reset or the stream start begins a segment; within a segment the offset of
@@ -1496,11 +1502,26 @@ def _offsets(ev: pl.DataFrame, rank: np.ndarray) -> pl.Series:
     numpy passes over the I/O rows sorted by (stream, output position).
     """
     n = ev.height
-    reset, base, advance = _position_rules()
     io = pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO"))
     nfiles = (_int_stat(ev["__f"].max()) or 0) + 1
     stream = (pl.col("__p").cast(pl.Int64) * 2 + (pl.col("cat") == "STDIO").cast(pl.Int64)) * nfiles \
         + pl.col("__f").cast(pl.Int64)
+    if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
+        null = np.iinfo(np.int64).min
+        cols = ev.select(
+            stream.alias("g"), "op", *(pl.col(c).fill_null(null) for c in ("ret", "whence", "aoffset", "size")),
+            _appending().alias("append"), io.fill_null(False).alias("io"),
+        )
+        values = np.empty(n, dtype=np.int64)
+        valid = np.empty(n, dtype=np.bool_)
+        _NATIVE.file_offsets(np.ascontiguousarray(order, dtype=np.int64),
+                             *(np.ascontiguousarray(cols[c].to_numpy(), dtype=dt) for c, dt in (
+                                 ("g", np.int64), ("op", np.int8), ("ret", np.int64), ("whence", np.int64),
+                                 ("aoffset", np.int64), ("size", np.int64), ("append", np.bool_),
+                                 ("io", np.bool_))),
+                             values, valid)
+        return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+    reset, base, advance = _position_rules()
     narrow = ev.lazy().with_row_index("__row").filter(io).select(
         "__row", stream.alias("g"), reset.alias("reset"),
         # a negative base (or none) is an unknown position
@@ -1568,6 +1589,9 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
     if ev.height == 0:
         return pl.DataFrame(schema=EVENT_SCHEMA), None
     n = ev.height
+    # one chunk per column: expressions mixing columns of different chunkings (parts
+    # concatenated, computed columns) would realign them again and again
+    ev = ev.rechunk()
     meta = meta.sort("src", "seq")
     ev = _apply_time_metric(ev, meta)
     every, pidx = _process_keys(ev)
@@ -1582,12 +1606,12 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
     hashes = ev["fhash"].drop_nulls().unique()
     files = pl.DataFrame({"hash": hashes.cast(_STR)}).join(fh, on="hash", how="left", maintain_order="left")
     files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)])
-    ev = _sizes(ev.with_columns(pidx.alias("__p"), pl.Series("__f", _code_index(ev["fhash"], hashes))))
+    ev = _sizes(ev.with_columns(pidx.alias("__p"), _code_index(pl.col("fhash"), hashes).alias("__f")))
     # the output order: (ts, file, line); rank[row] is the output position of a row
     order = _output_order(ev)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
-    offset = _offsets(ev, rank)
+    offset = _offsets(ev, order, rank)
     out = ev.select(
         "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
     ).rechunk()[pl.Series(order)]
@@ -1651,15 +1675,16 @@ def _per_process(ev: pl.DataFrame, file_paths: pl.Series, named_rows: np.ndarray
     return file_process_table_keyed(rows, paths, hosts)
 
 
-def _code_index(values: pl.Series, keys: pl.Series) -> np.ndarray:
-    """Per row of the Categorical ``values``: the index of its value in ``keys`` (distinct,
-    Categorical), ``len(keys)`` when null; a lookup table over the category codes."""
+def _code_index(values: pl.Expr, keys: pl.Series) -> pl.Expr:
+    """Per row of the Categorical ``values``: the index (UInt32) of its value in ``keys``
+    (distinct, Categorical), ``len(keys)`` when null; a lookup table over the category
+    codes (an expression, so the column keeps the frame's chunks)."""
     nk = keys.len()
     codes = keys.to_physical().to_numpy()
     size = int(codes.max()) + 2 if nk else 1
     table = np.full(size, nk, dtype=np.uint32)
     table[codes] = np.arange(nk, dtype=np.uint32)
-    return table[values.to_physical().fill_null(size - 1).to_numpy()]
+    return pl.lit(pl.Series(table)).gather(values.to_physical().fill_null(size - 1))
 
 
 def _absolute(path: pl.Expr) -> pl.Expr:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
@@ -307,3 +307,58 @@ def test_stream_offsets_in_c_match_numpy(monkeypatch: pytest.MonkeyPatch, seed: 
         LOAD._stream_offsets(narrow, rank, values, valid)
         out.append((values, valid))
     assert (out[0][1] == out[1][1]).all() and (out[0][0] == out[1][0]).all()
+
+
+_POSITION_CALLS = st.sampled_from([
+    ("open64", "POSIX"), ("fopen", "STDIO"), ("lseek64", "POSIX"), ("fseek", "STDIO"), ("ftell", "STDIO"),
+    ("rewind", "STDIO"), ("close", "POSIX"), ("fclose", "STDIO"), ("read", "POSIX"), ("write", "POSIX"),
+    ("fread", "STDIO"), ("fwrite", "STDIO"), ("pread64", "POSIX"), ("pwrite64", "POSIX"), ("fsync", "POSIX"),
+])
+_MAYBE = st.one_of(st.none(), st.integers(0, 5000), st.integers(0, 5000), st.just(-1))
+
+
+@st.composite
+def _position_event(draw) -> dict:
+    name, cat = draw(_POSITION_CALLS)
+    args: dict = {"fhash": draw(st.sampled_from(["00000000000000a1", "00000000000000a1", "00000000000000b2", None]))}
+    for key, values in (("ret", _MAYBE), ("count", _MAYBE), ("offset", _MAYBE), ("whence", st.none() | st.integers(0, 2)),
+                        ("size", st.none() | st.integers(1, 8)), ("flags", st.none() | st.sampled_from([0, 0o2000, 0o101])),
+                        ("mode", st.none() | st.sampled_from(["r", "a", "ab+", "w"]))):
+        value = draw(values)
+        if value is not None:
+            args[key] = value
+    return {"name": name, "cat": cat, "pid": draw(st.sampled_from([7, 7, 8])), "ts": draw(st.integers(0, 3)),
+            "args": args}
+
+
+def _stdio(name: str, **args: int) -> dict:
+    return {"name": name, "cat": "STDIO", "pid": 7, "ts": 0, "args": {"fhash": "00000000000000a1", **args}}
+
+
+_SEEKS = [  # fopen, fread 10, fseek (whence, offset), ftell, fread 5, rewind, fread 1, fclose, fread 1
+    _stdio("fopen", ret=0), _stdio("fread", ret=10, count=10, size=1),
+    _stdio("fseek", ret=0, whence=1, offset=100), _stdio("fread", ret=5, count=5, size=1),
+    _stdio("fseek", ret=0, whence=0, offset=7), _stdio("fread", ret=5, count=5, size=1),
+    _stdio("fseek", ret=0, whence=2, offset=0), _stdio("fread", ret=5, count=5, size=1),
+    _stdio("ftell", ret=3), _stdio("fread", ret=5, count=5, size=2), _stdio("rewind"),
+    _stdio("fread", ret=1, count=1, size=1), _stdio("fclose", ret=0), _stdio("fread", ret=1, count=1, size=1),
+]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_position_event(), min_size=10, max_size=80))
+@example(events=_SEEKS)
+def test_file_offsets_in_c_match_the_polars_model(tmp_path_factory, events: list[dict]) -> None:
+    """Every position rule (open/append, lseek, fseek by whence, ftell, rewind, close, stream and
+    positional transfers, failed calls, missing values) in the one C pass and in polars/numpy."""
+    d = tmp_path_factory.mktemp("pos")
+    lines = [json.dumps({"id": i, "name": e["name"], "cat": e["cat"], "pid": e["pid"], "tid": e["pid"],
+                         "ts": 1_000 + 4 * i + e["ts"], "dur": 1, "ph": 1, "args": e["args"]})
+             for i, e in enumerate(events)]
+    (d / "t.pfw").write_text("\n".join(lines) + "\n")
+    assert LOAD._NATIVE is not None
+    native = load_trace(d)
+    with pytest.MonkeyPatch.context() as mp:  # undone after each example, not only after the test
+        mp.setattr(LOAD, "_NATIVE", None)
+        python = load_trace(d)
+    assert_frame_equal(native.events, python.events)
