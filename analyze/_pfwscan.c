@@ -797,17 +797,6 @@ static PyObject *is_utf8(PyObject *self, PyObject *arg)
 
 /* ------------------------------------------------------------------------- file offsets */
 
-/*
- * stream_offsets(g, pos, reset, base, adv, xfer, values, valid)
- *
- * The file-position scan of dlreplay.analyze.load._stream_offsets: m I/O rows with their
- * stream g (int64), output position pos (int64, distinct, < n), reset flag (uint8), base
- * (int64; < 0: unknown position), advance (int64) and transfer flag (uint8). Rows of one
- * stream are taken in output-position order; a reset row (or the first row of a stream)
- * starts a segment whose position is its base (a first row that is no reset: unknown); a
- * transfer row in a segment of known position gets values[pos] = position, valid[pos] = 1;
- * every row then advances the position by adv (wrapping like numpy's int64 sums).
- */
 typedef struct {
     int64_t key;
     uint64_t state;
@@ -832,95 +821,6 @@ static Stream *stream_grow(Stream *t, size_t cap)
         if (t[j].used) g[stream_slot(g, cap * 2, t[j].key)] = t[j];
     free(t);
     return g;
-}
-
-static PyObject *stream_offsets(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *o[8];
-    Py_buffer b[8];
-    static const Py_ssize_t isz[8] = {8, 8, 1, 8, 8, 1, 8, 1};
-    PyObject *result = NULL;
-    int got = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7])) return NULL;
-    for (; got < 8; got++)
-        if (get_buf(o[got], &b[got], isz[got], got >= 6, "stream_offsets") < 0) goto done;
-    Py_ssize_t m = b[0].len / 8, n = b[6].len / 8;
-    for (int i = 1; i < 6; i++)
-        if (b[i].len / isz[i] != m) {
-            PyErr_SetString(PyExc_ValueError, "stream_offsets: row arrays differ in length");
-            goto done;
-        }
-    if (b[7].len != n) {
-        PyErr_SetString(PyExc_ValueError, "stream_offsets: values and valid differ in length");
-        goto done;
-    }
-    const int64_t *g = b[0].buf, *pos = b[1].buf, *base = b[3].buf, *adv = b[4].buf;
-    const uint8_t *reset = b[2].buf, *xfer = b[5].buf;
-    int64_t *values = b[6].buf;
-    uint8_t *valid = b[7].buf;
-    for (Py_ssize_t i = 0; i < m; i++)
-        if (pos[i] < 0 || pos[i] >= n) {
-            PyErr_SetString(PyExc_ValueError, "stream_offsets: position out of range");
-            goto done;
-        }
-    int64_t *row_at = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    /* open addressing, sized by the streams seen (few: files x processes), not by rows */
-    size_t cap = 1024, used = 0;
-    Stream *streams = calloc(cap, sizeof(Stream));
-    int oom = 0;
-    if (!row_at || !streams) {
-        free(row_at);
-        free(streams);
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t k = 0; k < n; k++) row_at[k] = -1;
-    for (Py_ssize_t i = 0; i < m; i++) row_at[pos[i]] = i;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t i = row_at[k];
-        if (i < 0) continue;
-        size_t j = stream_slot(streams, cap, g[i]);
-        Stream *st = &streams[j];
-        if (!st->used) {
-            if (2 * (used + 1) > cap) {
-                Stream *grown = stream_grow(streams, cap);
-                if (!grown) {
-                    oom = 1;
-                    break;
-                }
-                streams = grown;
-                cap *= 2;
-                st = &streams[stream_slot(streams, cap, g[i])];
-            }
-            used++;
-        }
-        if (!st->used || reset[i]) {
-            st->used = 1;
-            st->key = g[i];
-            st->known = reset[i] && base[i] >= 0;
-            st->state = reset[i] ? (uint64_t)base[i] : 0;
-        }
-        if (xfer[i] && st->known) {
-            values[k] = (int64_t)st->state;
-            valid[k] = 1;
-        }
-        st->state += (uint64_t)adv[i];
-    }
-    Py_END_ALLOW_THREADS
-    if (oom) {
-        free(row_at);
-        free(streams);
-        PyErr_NoMemory();
-        goto done;
-    }
-    free(row_at);
-    free(streams);
-    result = Py_NewRef(Py_None);
-done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
-    return result;
 }
 
 /*
@@ -1042,7 +942,6 @@ done:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
-    {"stream_offsets", stream_offsets, METH_VARARGS, "File offsets of stream transfers (see the module source)."},
     {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows in output order (see the module source)."},
     {NULL, NULL, 0, NULL},
 };

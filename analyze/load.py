@@ -1498,8 +1498,10 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series
     stream; a reset or the stream start begins a segment; within a segment the offset of
     a transfer is the segment's base plus the bytes advanced before it (exclusive running
     sum). A segment with an unknown base yields null offsets. ``ev`` has ``__p`` and
-    ``__f`` (process and file-hash indices). The scan is a few vectorised
-    numpy passes over the I/O rows sorted by (stream, output position).
+    ``__f`` (process and file-hash indices). With the C extension the rules and the
+    scan are one pass over the rows in output order (``file_offsets`` in ``_pfwscan.c``);
+    without it, polars rule columns (:func:`_position_rules`) and a few vectorised numpy
+    passes over the I/O rows sorted by (stream, output position).
     """
     n = ev.height
     io = pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO"))
@@ -1544,19 +1546,11 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series
 
 def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
     """Fill ``values``/``valid`` (output order) with the reconstructed offsets of the
-    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`); one pass in C
-    when the native module is built (no sort), else vectorised numpy."""
+    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`): vectorised
+    numpy (builds without the C extension, which does all of :func:`_offsets` in one pass)."""
     n, m = len(rank), narrow.height
     pos = rank[narrow["__row"].to_numpy()]
     g = narrow["g"].to_numpy()
-    if _NATIVE is not None:
-        def arr(c: str, dt: type) -> np.ndarray:
-            return np.ascontiguousarray(narrow[c].to_numpy(), dtype=dt)
-
-        _NATIVE.stream_offsets(np.ascontiguousarray(g, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64),
-                               arr("reset", np.bool_), arr("base", np.int64), arr("adv", np.int64),
-                               arr("xfer", np.bool_), values, valid)
-        return
     # streams, each in output (time) order
     b_pos = max(n, 1).bit_length()
     if (int(g.max()) + 1).bit_length() + b_pos <= _PACK_BITS:

@@ -283,32 +283,6 @@ def test_scanner_refuses_too_small_buffers() -> None:
                           np.empty((10, 1), np.int32), np.empty(1, np.int64))
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 400), streams=st.integers(1, 6))
-def test_stream_offsets_in_c_match_numpy(monkeypatch: pytest.MonkeyPatch, seed: int, m: int, streams: int) -> None:
-    """The C pass of the file-position scan against the vectorised numpy one."""
-    import polars as pl
-
-    rng = np.random.default_rng(seed)
-    n = m + int(rng.integers(0, 50))
-    narrow = pl.DataFrame({
-        "__row": rng.permutation(n)[:m].astype(np.int64),
-        "g": rng.integers(0, streams, m) * 1_000_003,
-        "reset": rng.random(m) < 0.2,
-        "base": np.where(rng.random(m) < 0.2, -1, rng.integers(0, 10**6, m)),
-        "adv": rng.integers(-100, 10**5, m),
-        "xfer": rng.random(m) < 0.7,
-    })
-    rank = rng.permutation(n).astype(np.int64)
-    out = []
-    for native in (LOAD._NATIVE, None):
-        monkeypatch.setattr(LOAD, "_NATIVE", native)
-        values, valid = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-        LOAD._stream_offsets(narrow, rank, values, valid)
-        out.append((values, valid))
-    assert (out[0][1] == out[1][1]).all() and (out[0][0] == out[1][0]).all()
-
-
 _POSITION_CALLS = st.sampled_from([
     ("open64", "POSIX"), ("fopen", "STDIO"), ("lseek64", "POSIX"), ("fseek", "STDIO"), ("ftell", "STDIO"),
     ("rewind", "STDIO"), ("close", "POSIX"), ("fclose", "STDIO"), ("read", "POSIX"), ("write", "POSIX"),
