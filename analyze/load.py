@@ -1511,7 +1511,7 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series
     if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
         null = np.iinfo(np.int64).min
         cols = ev.select(
-            stream.alias("g"), "op", *(pl.col(c).fill_null(null) for c in ("ret", "whence", "aoffset", "size")),
+            stream.fill_null(-1).alias("g"), "op", *(pl.col(c).fill_null(null) for c in ("ret", "whence", "aoffset", "size")),
             _appending().alias("append"), io.fill_null(False).alias("io"),
         )
         values = np.empty(n, dtype=np.int64)
@@ -1582,7 +1582,6 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
     """
     if ev.height == 0:
         return pl.DataFrame(schema=EVENT_SCHEMA), None
-    n = ev.height
     # one chunk per column: expressions mixing columns of different chunkings (parts
     # concatenated, computed columns) would realign them again and again
     ev = ev.rechunk()
@@ -1601,6 +1600,30 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
     files = pl.DataFrame({"hash": hashes.cast(_STR)}).join(fh, on="hash", how="left", maintain_order="left")
     files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)])
     ev = _sizes(ev.with_columns(pidx.alias("__p"), _code_index(pl.col("fhash"), hashes).alias("__f")))
+    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
+    no_path = files.with_row_index("__i").filter(pl.col("path").is_null())["__i"]
+    named = ev.lazy().with_row_index("__row").filter(
+        pl.col("__f").is_in(no_path.implode()) & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
+    ).select("__row", "src", "pid", "path", "fname").collect()
+    paths = None
+    if named.height:
+        sub = named.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
+                         maintain_order="left")
+        paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
+    # the summary's per-(file, process) table needs no output order: built meanwhile in a
+    # second thread (polars, numpy's sort and the C passes release the GIL)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-combine") as pool:
+        per_process = pool.submit(_per_process, ev, files["path"],
+                                  named["__row"].to_numpy() if paths is not None else None, paths, procs)
+        out = _ordered_output(ev, procs, files, named, paths, names)
+        return out, per_process.result()
+
+
+def _ordered_output(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named: pl.DataFrame,
+                    paths: pl.Series | None, names: Sequence[str]) -> pl.DataFrame:
+    """The EVENT_SCHEMA table of the raw rows ``ev`` (with ``__p``, ``__f``, sizes) in output
+    order, with file paths ``paths`` for the ``named`` rows (path argument, no FH path)."""
+    n = ev.height
     # the output order: (ts, file, line); rank[row] is the output position of a row
     order = _output_order(ev)
     rank = np.empty(n, dtype=np.int64)
@@ -1619,20 +1642,10 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
         pl.Series(name, [], dtype=pl.Int64).extend_constant(None, n).scatter(at, sparse[c])
         for c, name in loader
     )
-    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
-    no_path = files.with_row_index("__i").filter(pl.col("path").is_null())["__i"]
-    named = ev.lazy().with_row_index("__row").filter(
-        pl.col("__f").is_in(no_path.implode()) & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
-    ).select("__row", "src", "pid", "path", "fname").collect()
     file = pl.lit(files["path"]).gather(pl.col("__f"))
-    if named.height:
-        sub = named.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
-                         maintain_order="left")
-        paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
+    if paths is not None:
         file = pl.lit(out.select(file).to_series().scatter(rank[named["__row"].to_numpy()], paths))
     source = pl.Series(names, dtype=pl.String).gather(procs["src"])
-    per_process = _per_process(ev, files["path"], named["__row"].to_numpy() if named.height else None,
-                               paths if named.height else None, procs)
     out = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
@@ -1642,7 +1655,7 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
         "ret", "epoch", "step", "batch_size", "sample_index",
         pl.lit(source).gather(pl.col("__p")).alias("source"),
     )
-    return out.cast(pl.Schema(EVENT_SCHEMA)), per_process
+    return out.cast(pl.Schema(EVENT_SCHEMA))
 
 
 def _per_process(ev: pl.DataFrame, file_paths: pl.Series, named_rows: np.ndarray | None,
