@@ -43,9 +43,12 @@ hash) in time order (open/seek reset the position; one C pass over the output or
 the extension is built, else cumulative sums over segments in numpy).
 ``FH`` file hashes are resolved to paths across all files (the record may sit in
 another process's file; relative names use the writing process's working directory).
-The output order is (``ts``, file, line): packed integer keys are value-sorted with
-numpy, every dense output column is gathered once, and repeated strings (host, path,
-hash, source) come from small per-process and per-file tables.
+``fhash`` is Categorical in the raw rows, so rows map to file indices through their
+category codes, never by hashing strings. The output order is (``ts``, file, line):
+packed integer keys are value-sorted with numpy, every dense output column is gathered
+once, and repeated strings (host, path, hash, source) come from small per-process and
+per-file tables. Meanwhile, in a second thread, the summary's per-(file, host, pid)
+table (:attr:`LoadedTrace.per_process`) is counted over integer file and process keys.
 
 Units: ``ts``/``dur`` microseconds (a ``CM`` time metric of ``NS``/``MS``/``S`` is
 converted), sizes and offsets bytes.
