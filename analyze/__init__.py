@@ -2,7 +2,12 @@
 
 >>> from dlreplay.analyze import load_trace, render_text, summarize
 >>> loaded = load_trace("out/trace")  # doctest: +SKIP
->>> print(render_text(summarize(loaded.events, (loaded.manifest or {}).get("data_dirs"))))  # doctest: +SKIP
+>>> dirs = (loaded.manifest or {}).get("data_dirs")  # doctest: +SKIP
+>>> print(render_text(summarize(loaded.events, dirs, per_process=loaded.per_process)))  # doctest: +SKIP
+
+``loaded.per_process`` (the per-(file, host, pid) table the loader counts from integer
+keys) saves :func:`summarize` its largest group-by; without it, it is computed from
+the table.
 """
 
 from __future__ import annotations
