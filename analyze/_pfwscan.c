@@ -1,7 +1,7 @@
 /*
  * dlreplay.analyze._pfwscan: a strict scanner of DFTracer JSON lines into column arrays.
  *
- * scan(text, ints, imask, strs, rows) -> (nevents, nmeta, rejected, uniques, any_mask) | None
+ * scan(text, ints, imask, strs, rows[, checked]) -> (nevents, nmeta, rejected, uniques, any_mask) | None
  *
  *   text   decoded trace text (complete lines, "\n"-separated; the last line may lack "\n")
  *   ints   writable int64 buffer of NI * cap values: int field f of output row r at f*cap + r
@@ -9,6 +9,8 @@
  *   strs   writable int32 buffer of NS * cap values: string field f of row r at f*cap + r, a
  *          code into ``uniques`` (-1: absent or null)
  *   rows   writable int64 buffer of cap values: the line number (0-based, in text) of row r
+ *
+ *   checked  true when the caller already found text valid UTF-8 (text_info): not checked again
  *
  * cap (the length of ``rows``) must be at least the number of lines of text.
  *
@@ -30,6 +32,9 @@
  * be a metadata record (ph "4" or "M") or have integer ts and pid and a name. Empty lines and
  * the bare "[" / "]" lines of the 1.x array form are skipped (not rows, not rejected).
  *
+ * text_info(text) -> (newlines, valid): the number of "\n" bytes of text and whether it is
+ * valid UTF-8 (the check scan makes), in one pass.
+ *
  * The scan runs without the GIL: several texts can be scanned in parallel threads.
  */
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +42,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 enum {
     I_PID, I_TID, I_TS, I_DUR, I_RET, I_COUNT, I_ISIZE, I_AOFFSET, I_WHENCE, I_FLAGS, I_PPID,
@@ -597,6 +605,41 @@ static int utf8_valid(const unsigned char *s, Py_ssize_t n)
     return 1;
 }
 
+/* Newlines in [s, s + n) and whether it is valid UTF-8 (*valid), in one pass: newlines are
+ * counted 16 bytes at a time while the high bits are ORed together; only text with a
+ * non-ASCII byte is then checked with utf8_valid. */
+static Py_ssize_t text_info(const unsigned char *s, Py_ssize_t n, int *valid)
+{
+    Py_ssize_t count = 0, i = 0;
+#if defined(__SSE2__)
+    const __m128i nl = _mm_set1_epi8('\n');
+    __m128i high = _mm_setzero_si128();
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        high = _mm_or_si128(high, _mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)));
+        uint64_t m = (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(a, nl)) |
+                     (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, nl)) << 16 |
+                     (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, nl)) << 32 |
+                     (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(d, nl)) << 48;
+        count += __builtin_popcountll(m);
+    }
+    int ascii = _mm_movemask_epi8(high) == 0;
+#else
+    int ascii = 1;
+#endif
+    unsigned char hi = 0;
+    for (; i < n; i++) {
+        count += s[i] == '\n';
+        hi |= s[i];
+    }
+    ascii = ascii && hi < 0x80;
+    *valid = ascii || utf8_valid(s, n);
+    return count;
+}
+
 /* ----------------------------------------------------------------------------------- scan */
 
 typedef struct {
@@ -614,6 +657,7 @@ typedef struct {
     Py_ssize_t nrej, rejcap;
     uint32_t any_mask;
     Dict dict;
+    int utf8_checked; /* the caller checked text with text_info: skip the check */
     int invalid_utf8;
     const char *error;
     int oom;
@@ -638,7 +682,7 @@ static int reject(Scan *sc, Py_ssize_t line, Py_ssize_t start, Py_ssize_t end)
 static void run_scan(Scan *sc)
 {
     const char *text = sc->text, *end = text + sc->len;
-    if (!utf8_valid((const unsigned char *)text, sc->len)) {
+    if (!sc->utf8_checked && !utf8_valid((const unsigned char *)text, sc->len)) {
         sc->invalid_utf8 = 1;
         return;
     }
@@ -720,7 +764,8 @@ static PyObject *scan(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *o_text, *o_ints, *o_imask, *o_strs, *o_rows, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOOO", &o_text, &o_ints, &o_imask, &o_strs, &o_rows)) return NULL;
+    int checked = 0;
+    if (!PyArg_ParseTuple(args, "OOOOO|p", &o_text, &o_ints, &o_imask, &o_strs, &o_rows, &checked)) return NULL;
     Py_buffer bt, bi, bm, bs, br;
     if (get_buf(o_text, &bt, 1, 0, "text") < 0) return NULL;
     if (get_buf(o_ints, &bi, 8, 1, "ints") < 0) goto e1;
@@ -736,6 +781,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
     sc.imask = bm.buf;
     sc.strs = bs.buf;
     sc.rows = br.buf;
+    sc.utf8_checked = checked;
     if (bi.len / 8 < (Py_ssize_t)NI * sc.cap || bm.len / 4 < sc.cap || bs.len / 4 < (Py_ssize_t)NS * sc.cap) {
         PyErr_SetString(PyExc_ValueError, "output buffers are smaller than NI/1/NS times the capacity");
         goto done;
@@ -780,6 +826,24 @@ e2:
 e1:
     PyBuffer_Release(&bt);
     return result;
+}
+
+static PyObject *py_text_info(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer b;
+    int ok;
+    Py_ssize_t lines;
+    if (get_buf(arg, &b, 1, 0, "text_info") < 0) return NULL;
+    if (b.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        lines = text_info(b.buf, b.len, &ok);
+        Py_END_ALLOW_THREADS
+    } else {
+        lines = text_info(b.buf, b.len, &ok);
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(nO)", lines, ok ? Py_True : Py_False);
 }
 
 static PyObject *is_utf8(PyObject *self, PyObject *arg)
@@ -889,6 +953,7 @@ done:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
+    {"text_info", py_text_info, METH_O, "(newline count, is valid UTF-8) of a bytes-like object, in one pass."},
     {"stream_offsets", stream_offsets, METH_VARARGS, "File offsets of stream transfers (see the module source)."},
     {NULL, NULL, 0, NULL},
 };

@@ -632,24 +632,26 @@ class _NativeBatch:
         self.events: list[pl.DataFrame] = []
         self.meta: list[pl.DataFrame] = []
         self.rest = _Batch()
-        #: texts waiting for the flush: (src, seq0, text, stats, lines)
-        self.pending: list[tuple[int, int, bytes, _Stats, int]] = []
+        #: texts waiting for the flush: (src, seq0, text, stats, lines, valid UTF-8)
+        self.pending: list[tuple[int, int, bytes, _Stats, int, bool]] = []
         #: (src, line number in the inner batch's text, line number in the file) of rejected lines
         self.remap: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
         """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
-        n = text.count(b"\n") + (0 if text.endswith(b"\n") else 1)
+        assert _NATIVE is not None
+        newlines, valid = _NATIVE.text_info(text)  # one C pass: lines and the UTF-8 check
+        n = newlines + (0 if text.endswith(b"\n") else 1)
         self.nbytes += len(text)
-        self.pending.append((src, seq0, text, stats, n))
+        self.pending.append((src, seq0, text, stats, n, valid))
         return n
 
-    def _scan(self, segs: list[tuple[int, int, bytes, _Stats, int]], text: bytes, n: int) -> None:
+    def _scan(self, segs: list[tuple[int, int, bytes, _Stats, int, bool]], text: bytes, n: int) -> None:
         """Scan ``text``, the texts of ``segs`` (each ending with a newline when more than one)."""
         counts = np.fromiter((seg[4] for seg in segs), dtype=np.int64, count=len(segs))
         first = np.cumsum(counts) - counts  # first line of each segment in text
         scanned = _scan(text, n, first, np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
-                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)))
+                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True)
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
         events, meta, per_seg, rejected = scanned
@@ -663,7 +665,7 @@ class _NativeBatch:
             return
         owner = np.searchsorted(first, rejected[:, 0], side="right") - 1
         for i in np.unique(owner).tolist():
-            src, seq0, _, stats, _ = segs[i]
+            src, seq0, _, stats, _, _ = segs[i]
             mine = rejected[owner == i]
             sub = b"\n".join([text[a:b] for a, b in mine[:, 1:].tolist()]) + b"\n"
             self.rest.add(src, seq0, sub, stats)
@@ -672,8 +674,8 @@ class _NativeBatch:
     def flush(self) -> None:
         segs, self.pending = self.pending, []
         assert _NATIVE is not None
-        if not all(_NATIVE.is_utf8(seg[2]) for seg in segs):
-            for src, seq0, text, stats, _ in segs:
+        if not all(seg[5] for seg in segs):
+            for src, seq0, text, stats, _, _ in segs:
                 self.rest.add(src, seq0, text, stats)
             segs = []
         small = [seg for seg in segs if len(seg[2]) < _ALONE_BYTES]
@@ -708,12 +710,12 @@ class _NativeBatch:
         self.rest.events, self.rest.meta, self.remap = [], [], []
 
 
-def _scan(text: bytes, nlines: int, first: np.ndarray, srcs: np.ndarray,
-          seq0s: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
+def _scan(text: bytes, nlines: int, first: np.ndarray, srcs: np.ndarray, seq0s: np.ndarray,
+          checked: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line
     ``seq0s[k]``) with the C scanner: (event rows, metadata rows, accepted lines per
     segment, rejected lines as rows of (line in text, start, end)); None when ``text`` is
-    not valid UTF-8."""
+    not valid UTF-8 (not checked again when ``checked``: the caller found it valid)."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
     # The output buffers are one anonymous mapping, unmapped when the last array viewing
@@ -726,7 +728,7 @@ def _scan(text: bytes, nlines: int, first: np.ndarray, srcs: np.ndarray,
     strs = np.frombuffer(scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4).reshape(ns, cap)
     rows = np.frombuffer(scratch, dtype=np.int64, count=cap, offset=ni * cap * 8 + cap * 4 + ns * cap * 4)
     assert _NATIVE is not None
-    out = _NATIVE.scan(text, ints, imask, strs, rows)
+    out = _NATIVE.scan(text, ints, imask, strs, rows, checked)
     if out is None:
         return None
     nev, nmeta, rejected, uniques, any_mask = out
