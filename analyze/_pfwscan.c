@@ -362,8 +362,61 @@ static inline const char *field_value(const char *p, const char *e, int f, Row *
     return p;
 }
 
+/* ------------------------------------------------------------------------------ layouts */
+
+/* DFTracer writes every event of one function with the same keys in the same order, and
+ * the same bytes between the values. A layout is that sequence, recorded from a line the
+ * general parser accepted: per value, the bytes from the end of the previous value (or the
+ * line start) to the start of this one (separators, the key, its quotes and colon, "{" of
+ * args) and the field the key names; then the bytes after the last value to the line end.
+ * A later line is parsed with a layout by comparing those bytes and parsing only the values
+ * (with the same value parsers as the general parser); where the bytes differ it continues
+ * with another layout that shares the steps so far, and when none matches, the line goes
+ * to the general parser. Equal bytes take the general parser through the same keys and
+ * separators, so the result is the same either way. */
+#define LAYOUT_STEPS 40 /* values per line */
+#define LAYOUT_LIT 32   /* bytes before one value */
+#define NLAYOUTS 16
+#define ACT_SKIP (-1)   /* a key that is not kept: its value is validated and skipped */
+#define ACT_END (-2)    /* the bytes after the last value: must reach the line end */
+
+typedef struct {
+    int8_t action;   /* field id, ACT_SKIP or ACT_END */
+    uint8_t args;    /* the bytes open the args object */
+    uint8_t len;
+    char lit[LAYOUT_LIT];
+} Step;
+
+typedef struct {
+    int n;
+    Step steps[LAYOUT_STEPS];
+} Layout;
+
+/* What the general parser saw of the current line (a layout when ok at the end). */
+typedef struct {
+    Layout lay;
+    const char *prev; /* end of the previous value */
+    int args;         /* the args object was opened since the last step */
+    int ok;
+} Rec;
+
+static inline void rec_step(Rec *rec, const char *at, int action)
+{
+    Py_ssize_t n = at - rec->prev;
+    if (!rec->ok || rec->lay.n >= LAYOUT_STEPS || n > LAYOUT_LIT) {
+        rec->ok = 0;
+        return;
+    }
+    Step *st = &rec->lay.steps[rec->lay.n++];
+    st->action = (int8_t)action;
+    st->args = (uint8_t)rec->args;
+    st->len = (uint8_t)n;
+    memcpy(st->lit, rec->prev, (size_t)n);
+    rec->args = 0;
+}
+
 /* Parse the members of the args object; p points after "{". */
-static const char *args_object(const char *p, const char *e, Row *row)
+static const char *args_object(const char *p, const char *e, Row *row, Rec *rec)
 {
     const char *k;
     Py_ssize_t kn;
@@ -375,8 +428,10 @@ static const char *args_object(const char *p, const char *e, Row *row)
         if (p >= e || *p != ':') return NULL;
         p = ws(p + 1, e);
         int f = arg_field(k, kn);
+        rec_step(rec, p, f < 0 ? ACT_SKIP : f);
         p = f < 0 ? skip_fast(p, e) : field_value(p, e, f, row);
         if (!p) return NULL;
+        rec->prev = p;
         p = ws(p, e);
         if (p < e && *p == ',') {
             p = ws(p + 1, e);
@@ -413,13 +468,26 @@ static inline int str_is(const Row *row, int f, const char *lit, Py_ssize_t n)
 
 /* 1 when the line [p, e) is an accepted event, 2 an accepted metadata record (row filled),
  * else 0. */
-static int parse_line(const char *p, const char *e, Row *row)
+static inline int line_kind(const Row *row)
+{
+    int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
+    if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
+        return 0;
+    return meta ? 2 : 1;
+}
+
+/* The general parser: recording the line's layout into rec (rec->ok when complete). */
+static int parse_line(const char *p, const char *e, Row *row, Rec *rec)
 {
     const char *k;
     Py_ssize_t kn;
     row->imask = 0;
     row->smask = 0;
     row->seen = 0;
+    rec->lay.n = 0;
+    rec->prev = p;
+    rec->args = 0;
+    rec->ok = 1;
     if (p >= e || *p != '{') return 0;
     p = ws(p + 1, e);
     if (p < e && *p == '}') return 0; /* {} is no record */
@@ -433,11 +501,12 @@ static int parse_line(const char *p, const char *e, Row *row)
             uint64_t bit = (uint64_t)1 << F_ARGS;
             if ((row->seen & bit) || p >= e || *p != '{') return 0;
             row->seen |= bit;
-            p = args_object(p + 1, e, row);
-        } else if (f < 0) {
-            p = skip_fast(p, e);
+            rec->args = 1;
+            p = args_object(p + 1, e, row, rec); /* the bytes up to the next value follow its last one */
         } else {
-            p = field_value(p, e, f, row);
+            rec_step(rec, p, f < 0 ? ACT_SKIP : f);
+            p = f < 0 ? skip_fast(p, e) : field_value(p, e, f, row);
+            rec->prev = p;
         }
         if (!p) return 0;
         p = ws(p, e);
@@ -453,10 +522,92 @@ static int parse_line(const char *p, const char *e, Row *row)
     }
     if (p < e && *p == ',') p++; /* DFTracer 1.x: elements of one JSON array */
     if (p != e) return 0;
-    int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
-    if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
-        return 0;
-    return meta ? 2 : 1;
+    rec_step(rec, e, ACT_END);
+    return line_kind(row);
+}
+
+/* Equality of the n (<= LAYOUT_LIT) bytes at p and lit. */
+static inline int lit_eq(const char *p, const char *lit, int n)
+{
+    uint64_t x, y;
+    while (n >= 8) {
+        memcpy(&x, p, 8);
+        memcpy(&y, lit, 8);
+        if (x != y) return 0;
+        p += 8;
+        lit += 8;
+        n -= 8;
+    }
+    while (n > 0) {
+        if (*p++ != *lit++) return 0;
+        n--;
+    }
+    return 1;
+}
+
+typedef struct {
+    Layout lay[NLAYOUTS];
+    /* common[a][b]: the number of leading steps layouts a and b share */
+    uint8_t common[NLAYOUTS][NLAYOUTS];
+    int n;    /* layouts held */
+    int last; /* the layout that parsed the last line */
+    int next; /* the slot replaced next */
+} Layouts;
+
+static inline int same_step(const Step *a, const Step *b)
+{
+    return a->action == b->action && a->args == b->args && a->len == b->len && !memcmp(a->lit, b->lit, a->len);
+}
+
+static void layouts_add(Layouts *ls, const Layout *lay)
+{
+    int slot = ls->n < NLAYOUTS ? ls->n++ : ls->next;
+    ls->next = (slot + 1) % NLAYOUTS;
+    ls->lay[slot] = *lay;
+    for (int b = 0; b < ls->n; b++) {
+        const Layout *o = &ls->lay[b];
+        int c = 0;
+        while (c < lay->n && c < o->n && same_step(&lay->steps[c], &o->steps[c])) c++;
+        ls->common[slot][b] = ls->common[b][slot] = (uint8_t)c;
+    }
+    ls->last = slot;
+}
+
+/* Parse [p, e) with the layouts: as parse_line, or -1 when no layout fits the line. */
+static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls)
+{
+    if (!ls->n) return -1;
+    int a = ls->last;
+    row->imask = 0;
+    row->smask = 0;
+    row->seen = 0;
+    for (int i = 0;;) {
+        const Step *st = &ls->lay[a].steps[i];
+        int fits = st->action == ACT_END ? e - p == st->len && lit_eq(p, st->lit, st->len)
+                                         : e - p >= st->len && lit_eq(p, st->lit, st->len);
+        if (!fits) { /* another layout with the same steps so far whose bytes fit here */
+            int b;
+            for (b = 0; b < ls->n; b++) {
+                if (b == a || ls->common[a][b] < i) continue;
+                const Step *o = &ls->lay[b].steps[i];
+                if (o->action == ACT_END ? e - p == o->len && lit_eq(p, o->lit, o->len)
+                                         : e - p >= o->len && lit_eq(p, o->lit, o->len))
+                    break;
+            }
+            if (b == ls->n) return -1;
+            a = b;
+            st = &ls->lay[a].steps[i];
+        }
+        if (st->action == ACT_END) {
+            ls->last = a;
+            return line_kind(row);
+        }
+        p += st->len;
+        if (st->args) row->seen |= (uint64_t)1 << F_ARGS;
+        p = st->action == ACT_SKIP ? skip_fast(p, e) : field_value(p, e, st->action, row);
+        if (!p) return -1;
+        i++;
+    }
 }
 
 /* ------------------------------------------------------------------------- string codes */
@@ -657,6 +808,8 @@ typedef struct {
     Py_ssize_t nrej, rejcap;
     uint32_t any_mask;
     Dict dict;
+    Layouts *layouts;
+    Rec *rec;
     int utf8_checked; /* the caller checked text with text_info: skip the check */
     int invalid_utf8;
     const char *error;
@@ -679,6 +832,17 @@ static int reject(Scan *sc, Py_ssize_t line, Py_ssize_t start, Py_ssize_t end)
     return 0;
 }
 
+/* parse_line with the layouts of earlier lines (a new layout from each line they miss). */
+static inline int line_layout(Scan *sc, const char *p, const char *e, Row *row)
+{
+    int kind = parse_layout(p, e, row, sc->layouts);
+    if (kind < 0) {
+        kind = parse_line(p, e, row, sc->rec);
+        if (kind && sc->rec->ok) layouts_add(sc->layouts, &sc->rec->lay);
+    }
+    return kind;
+}
+
 static void run_scan(Scan *sc)
 {
     const char *text = sc->text, *end = text + sc->len;
@@ -686,6 +850,13 @@ static void run_scan(Scan *sc)
         sc->invalid_utf8 = 1;
         return;
     }
+    sc->layouts = malloc(sizeof(Layouts));
+    sc->rec = malloc(sizeof(Rec));
+    if (!sc->layouts || !sc->rec) {
+        sc->oom = 1, sc->error = "out of memory while scanning a trace";
+        return;
+    }
+    sc->layouts->n = sc->layouts->last = sc->layouts->next = 0;
     if (dict_init(&sc->dict, text) < 0) {
         sc->oom = 1, sc->error = "out of memory while scanning a trace";
         return;
@@ -709,10 +880,12 @@ static void run_scan(Scan *sc)
         Py_ssize_t n = le - p;
         if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
             /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
-        } else if ((kind = parse_line(p, le, &row)) != 0) {
+        } else if ((kind = line_layout(sc, p, le, &row)) != 0) {
             Py_ssize_t r = kind == 1 ? nev++ : cap - 1 - nmeta++;
-            for (int f = 0; f < NI; f++)
-                if (row.imask >> f & 1) sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
+            for (uint32_t m = row.imask; m; m &= m - 1) {
+                int f = __builtin_ctz(m);
+                sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
+            }
             sc->imask[r] = row.imask;
             sc->any_mask |= row.imask;
             for (int f = 0; f < NS; f++) {
@@ -815,6 +988,8 @@ static PyObject *scan(PyObject *self, PyObject *args)
     result = Py_BuildValue("(nnNNk)", sc.nev, sc.nmeta, rej, uniques, (unsigned long)sc.any_mask);
 done:
     if (sc.dict.slots) dict_free(&sc.dict);
+    free(sc.layouts);
+    free(sc.rec);
     free(sc.rej);
     PyBuffer_Release(&br);
 e4:
