@@ -757,25 +757,28 @@ static int utf8_valid(const unsigned char *s, Py_ssize_t n)
 }
 
 /* Newlines in [s, s + n) and whether it is valid UTF-8 (*valid), in one pass: newlines are
- * counted 16 bytes at a time while the high bits are ORed together; only text with a
- * non-ASCII byte is then checked with utf8_valid. */
+ * counted 64 bytes at a time (per-byte counters summed every 63 blocks) while the high bits
+ * are ORed together; only text with a non-ASCII byte is then checked with utf8_valid. */
 static Py_ssize_t text_info(const unsigned char *s, Py_ssize_t n, int *valid)
 {
     Py_ssize_t count = 0, i = 0;
 #if defined(__SSE2__)
     const __m128i nl = _mm_set1_epi8('\n');
     __m128i high = _mm_setzero_si128();
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(s + i + 48));
-        high = _mm_or_si128(high, _mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)));
-        uint64_t m = (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(a, nl)) |
-                     (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, nl)) << 16 |
-                     (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, nl)) << 32 |
-                     (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(d, nl)) << 48;
-        count += __builtin_popcountll(m);
+    while (n - i >= 64) {
+        __m128i cnt = _mm_setzero_si128(); /* per byte lane: up to 4 * 63 newlines */
+        for (int blocks = 0; blocks < 63 && n - i >= 64; blocks++, i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            high = _mm_or_si128(high, _mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)));
+            /* a match is 0xFF (-1): subtracting counts it */
+            cnt = _mm_sub_epi8(cnt, _mm_add_epi8(_mm_add_epi8(_mm_cmpeq_epi8(a, nl), _mm_cmpeq_epi8(b, nl)),
+                                                 _mm_add_epi8(_mm_cmpeq_epi8(c, nl), _mm_cmpeq_epi8(d, nl))));
+        }
+        __m128i sums = _mm_sad_epu8(cnt, _mm_setzero_si128());
+        count += _mm_cvtsi128_si32(sums) + _mm_cvtsi128_si32(_mm_srli_si128(sums, 8));
     }
     int ascii = _mm_movemask_epi8(high) == 0;
 #else
