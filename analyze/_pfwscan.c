@@ -1,7 +1,7 @@
 /*
  * dlreplay.analyze._pfwscan: a strict scanner of DFTracer JSON lines into column arrays.
  *
- * scan(text, ints, imask, strs, rows) -> (nevents, nmeta, rejected, uniques, any_mask) | None
+ * scan(text, ints, imask, strs, rows[, checked]) -> (nevents, nmeta, rejected, uniques, any_mask) | None
  *
  *   text   decoded trace text (complete lines, "\n"-separated; the last line may lack "\n")
  *   ints   writable int64 buffer of NI * cap values: int field f of output row r at f*cap + r
@@ -9,6 +9,8 @@
  *   strs   writable int32 buffer of NS * cap values: string field f of row r at f*cap + r, a
  *          code into ``uniques`` (-1: absent or null)
  *   rows   writable int64 buffer of cap values: the line number (0-based, in text) of row r
+ *
+ *   checked  true when the caller already found text valid UTF-8 (text_info): not checked again
  *
  * cap (the length of ``rows``) must be at least the number of lines of text.
  *
@@ -30,6 +32,9 @@
  * be a metadata record (ph "4" or "M") or have integer ts and pid and a name. Empty lines and
  * the bare "[" / "]" lines of the 1.x array form are skipped (not rows, not rejected).
  *
+ * text_info(text) -> (newlines, valid): the number of "\n" bytes of text and whether it is
+ * valid UTF-8 (the check scan makes), in one pass.
+ *
  * The scan runs without the GIL: several texts can be scanned in parallel threads.
  */
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +42,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 enum {
     I_PID, I_TID, I_TS, I_DUR, I_RET, I_COUNT, I_ISIZE, I_AOFFSET, I_WHENCE, I_FLAGS, I_PPID,
@@ -354,8 +362,61 @@ static inline const char *field_value(const char *p, const char *e, int f, Row *
     return p;
 }
 
+/* ------------------------------------------------------------------------------ layouts */
+
+/* DFTracer writes every event of one function with the same keys in the same order, and
+ * the same bytes between the values. A layout is that sequence, recorded from a line the
+ * general parser accepted: per value, the bytes from the end of the previous value (or the
+ * line start) to the start of this one (separators, the key, its quotes and colon, "{" of
+ * args) and the field the key names; then the bytes after the last value to the line end.
+ * A later line is parsed with a layout by comparing those bytes and parsing only the values
+ * (with the same value parsers as the general parser); where the bytes differ it continues
+ * with another layout that shares the steps so far, and when none matches, the line goes
+ * to the general parser. Equal bytes take the general parser through the same keys and
+ * separators, so the result is the same either way. */
+#define LAYOUT_STEPS 40 /* values per line */
+#define LAYOUT_LIT 32   /* bytes before one value */
+#define NLAYOUTS 16
+#define ACT_SKIP (-1)   /* a key that is not kept: its value is validated and skipped */
+#define ACT_END (-2)    /* the bytes after the last value: must reach the line end */
+
+typedef struct {
+    int8_t action;   /* field id, ACT_SKIP or ACT_END */
+    uint8_t args;    /* the bytes open the args object */
+    uint8_t len;
+    char lit[LAYOUT_LIT];
+} Step;
+
+typedef struct {
+    int n;
+    Step steps[LAYOUT_STEPS];
+} Layout;
+
+/* What the general parser saw of the current line (a layout when ok at the end). */
+typedef struct {
+    Layout lay;
+    const char *prev; /* end of the previous value */
+    int args;         /* the args object was opened since the last step */
+    int ok;
+} Rec;
+
+static inline void rec_step(Rec *rec, const char *at, int action)
+{
+    Py_ssize_t n = at - rec->prev;
+    if (!rec->ok || rec->lay.n >= LAYOUT_STEPS || n > LAYOUT_LIT) {
+        rec->ok = 0;
+        return;
+    }
+    Step *st = &rec->lay.steps[rec->lay.n++];
+    st->action = (int8_t)action;
+    st->args = (uint8_t)rec->args;
+    st->len = (uint8_t)n;
+    memcpy(st->lit, rec->prev, (size_t)n);
+    rec->args = 0;
+}
+
 /* Parse the members of the args object; p points after "{". */
-static const char *args_object(const char *p, const char *e, Row *row)
+static const char *args_object(const char *p, const char *e, Row *row, Rec *rec)
 {
     const char *k;
     Py_ssize_t kn;
@@ -367,8 +428,10 @@ static const char *args_object(const char *p, const char *e, Row *row)
         if (p >= e || *p != ':') return NULL;
         p = ws(p + 1, e);
         int f = arg_field(k, kn);
+        rec_step(rec, p, f < 0 ? ACT_SKIP : f);
         p = f < 0 ? skip_fast(p, e) : field_value(p, e, f, row);
         if (!p) return NULL;
+        rec->prev = p;
         p = ws(p, e);
         if (p < e && *p == ',') {
             p = ws(p + 1, e);
@@ -405,13 +468,26 @@ static inline int str_is(const Row *row, int f, const char *lit, Py_ssize_t n)
 
 /* 1 when the line [p, e) is an accepted event, 2 an accepted metadata record (row filled),
  * else 0. */
-static int parse_line(const char *p, const char *e, Row *row)
+static inline int line_kind(const Row *row)
+{
+    int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
+    if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
+        return 0;
+    return meta ? 2 : 1;
+}
+
+/* The general parser: recording the line's layout into rec (rec->ok when complete). */
+static int parse_line(const char *p, const char *e, Row *row, Rec *rec)
 {
     const char *k;
     Py_ssize_t kn;
     row->imask = 0;
     row->smask = 0;
     row->seen = 0;
+    rec->lay.n = 0;
+    rec->prev = p;
+    rec->args = 0;
+    rec->ok = 1;
     if (p >= e || *p != '{') return 0;
     p = ws(p + 1, e);
     if (p < e && *p == '}') return 0; /* {} is no record */
@@ -425,11 +501,12 @@ static int parse_line(const char *p, const char *e, Row *row)
             uint64_t bit = (uint64_t)1 << F_ARGS;
             if ((row->seen & bit) || p >= e || *p != '{') return 0;
             row->seen |= bit;
-            p = args_object(p + 1, e, row);
-        } else if (f < 0) {
-            p = skip_fast(p, e);
+            rec->args = 1;
+            p = args_object(p + 1, e, row, rec); /* the bytes up to the next value follow its last one */
         } else {
-            p = field_value(p, e, f, row);
+            rec_step(rec, p, f < 0 ? ACT_SKIP : f);
+            p = f < 0 ? skip_fast(p, e) : field_value(p, e, f, row);
+            rec->prev = p;
         }
         if (!p) return 0;
         p = ws(p, e);
@@ -445,10 +522,92 @@ static int parse_line(const char *p, const char *e, Row *row)
     }
     if (p < e && *p == ',') p++; /* DFTracer 1.x: elements of one JSON array */
     if (p != e) return 0;
-    int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
-    if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
-        return 0;
-    return meta ? 2 : 1;
+    rec_step(rec, e, ACT_END);
+    return line_kind(row);
+}
+
+/* Equality of the n (<= LAYOUT_LIT) bytes at p and lit. */
+static inline int lit_eq(const char *p, const char *lit, int n)
+{
+    uint64_t x, y;
+    while (n >= 8) {
+        memcpy(&x, p, 8);
+        memcpy(&y, lit, 8);
+        if (x != y) return 0;
+        p += 8;
+        lit += 8;
+        n -= 8;
+    }
+    while (n > 0) {
+        if (*p++ != *lit++) return 0;
+        n--;
+    }
+    return 1;
+}
+
+typedef struct {
+    Layout lay[NLAYOUTS];
+    /* common[a][b]: the number of leading steps layouts a and b share */
+    uint8_t common[NLAYOUTS][NLAYOUTS];
+    int n;    /* layouts held */
+    int last; /* the layout that parsed the last line */
+    int next; /* the slot replaced next */
+} Layouts;
+
+static inline int same_step(const Step *a, const Step *b)
+{
+    return a->action == b->action && a->args == b->args && a->len == b->len && !memcmp(a->lit, b->lit, a->len);
+}
+
+static void layouts_add(Layouts *ls, const Layout *lay)
+{
+    int slot = ls->n < NLAYOUTS ? ls->n++ : ls->next;
+    ls->next = (slot + 1) % NLAYOUTS;
+    ls->lay[slot] = *lay;
+    for (int b = 0; b < ls->n; b++) {
+        const Layout *o = &ls->lay[b];
+        int c = 0;
+        while (c < lay->n && c < o->n && same_step(&lay->steps[c], &o->steps[c])) c++;
+        ls->common[slot][b] = ls->common[b][slot] = (uint8_t)c;
+    }
+    ls->last = slot;
+}
+
+/* Parse [p, e) with the layouts: as parse_line, or -1 when no layout fits the line. */
+static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls)
+{
+    if (!ls->n) return -1;
+    int a = ls->last;
+    row->imask = 0;
+    row->smask = 0;
+    row->seen = 0;
+    for (int i = 0;;) {
+        const Step *st = &ls->lay[a].steps[i];
+        int fits = st->action == ACT_END ? e - p == st->len && lit_eq(p, st->lit, st->len)
+                                         : e - p >= st->len && lit_eq(p, st->lit, st->len);
+        if (!fits) { /* another layout with the same steps so far whose bytes fit here */
+            int b;
+            for (b = 0; b < ls->n; b++) {
+                if (b == a || ls->common[a][b] < i) continue;
+                const Step *o = &ls->lay[b].steps[i];
+                if (o->action == ACT_END ? e - p == o->len && lit_eq(p, o->lit, o->len)
+                                         : e - p >= o->len && lit_eq(p, o->lit, o->len))
+                    break;
+            }
+            if (b == ls->n) return -1;
+            a = b;
+            st = &ls->lay[a].steps[i];
+        }
+        if (st->action == ACT_END) {
+            ls->last = a;
+            return line_kind(row);
+        }
+        p += st->len;
+        if (st->args) row->seen |= (uint64_t)1 << F_ARGS;
+        p = st->action == ACT_SKIP ? skip_fast(p, e) : field_value(p, e, st->action, row);
+        if (!p) return -1;
+        i++;
+    }
 }
 
 /* ------------------------------------------------------------------------- string codes */
@@ -597,6 +756,44 @@ static int utf8_valid(const unsigned char *s, Py_ssize_t n)
     return 1;
 }
 
+/* Newlines in [s, s + n) and whether it is valid UTF-8 (*valid), in one pass: newlines are
+ * counted 64 bytes at a time (per-byte counters summed every 63 blocks) while the high bits
+ * are ORed together; only text with a non-ASCII byte is then checked with utf8_valid. */
+static Py_ssize_t text_info(const unsigned char *s, Py_ssize_t n, int *valid)
+{
+    Py_ssize_t count = 0, i = 0;
+#if defined(__SSE2__)
+    const __m128i nl = _mm_set1_epi8('\n');
+    __m128i high = _mm_setzero_si128();
+    while (n - i >= 64) {
+        __m128i cnt = _mm_setzero_si128(); /* per byte lane: up to 4 * 63 newlines */
+        for (int blocks = 0; blocks < 63 && n - i >= 64; blocks++, i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            high = _mm_or_si128(high, _mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d)));
+            /* a match is 0xFF (-1): subtracting counts it */
+            cnt = _mm_sub_epi8(cnt, _mm_add_epi8(_mm_add_epi8(_mm_cmpeq_epi8(a, nl), _mm_cmpeq_epi8(b, nl)),
+                                                 _mm_add_epi8(_mm_cmpeq_epi8(c, nl), _mm_cmpeq_epi8(d, nl))));
+        }
+        __m128i sums = _mm_sad_epu8(cnt, _mm_setzero_si128());
+        count += _mm_cvtsi128_si32(sums) + _mm_cvtsi128_si32(_mm_srli_si128(sums, 8));
+    }
+    int ascii = _mm_movemask_epi8(high) == 0;
+#else
+    int ascii = 1;
+#endif
+    unsigned char hi = 0;
+    for (; i < n; i++) {
+        count += s[i] == '\n';
+        hi |= s[i];
+    }
+    ascii = ascii && hi < 0x80;
+    *valid = ascii || utf8_valid(s, n);
+    return count;
+}
+
 /* ----------------------------------------------------------------------------------- scan */
 
 typedef struct {
@@ -614,6 +811,9 @@ typedef struct {
     Py_ssize_t nrej, rejcap;
     uint32_t any_mask;
     Dict dict;
+    Layouts *layouts;
+    Rec *rec;
+    int utf8_checked; /* the caller checked text with text_info: skip the check */
     int invalid_utf8;
     const char *error;
     int oom;
@@ -635,13 +835,31 @@ static int reject(Scan *sc, Py_ssize_t line, Py_ssize_t start, Py_ssize_t end)
     return 0;
 }
 
+/* parse_line with the layouts of earlier lines (a new layout from each line they miss). */
+static inline int line_layout(Scan *sc, const char *p, const char *e, Row *row)
+{
+    int kind = parse_layout(p, e, row, sc->layouts);
+    if (kind < 0) {
+        kind = parse_line(p, e, row, sc->rec);
+        if (kind && sc->rec->ok) layouts_add(sc->layouts, &sc->rec->lay);
+    }
+    return kind;
+}
+
 static void run_scan(Scan *sc)
 {
     const char *text = sc->text, *end = text + sc->len;
-    if (!utf8_valid((const unsigned char *)text, sc->len)) {
+    if (!sc->utf8_checked && !utf8_valid((const unsigned char *)text, sc->len)) {
         sc->invalid_utf8 = 1;
         return;
     }
+    sc->layouts = malloc(sizeof(Layouts));
+    sc->rec = malloc(sizeof(Rec));
+    if (!sc->layouts || !sc->rec) {
+        sc->oom = 1, sc->error = "out of memory while scanning a trace";
+        return;
+    }
+    sc->layouts->n = sc->layouts->last = sc->layouts->next = 0;
     if (dict_init(&sc->dict, text) < 0) {
         sc->oom = 1, sc->error = "out of memory while scanning a trace";
         return;
@@ -665,10 +883,12 @@ static void run_scan(Scan *sc)
         Py_ssize_t n = le - p;
         if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
             /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
-        } else if ((kind = parse_line(p, le, &row)) != 0) {
+        } else if ((kind = line_layout(sc, p, le, &row)) != 0) {
             Py_ssize_t r = kind == 1 ? nev++ : cap - 1 - nmeta++;
-            for (int f = 0; f < NI; f++)
-                if (row.imask >> f & 1) sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
+            for (uint32_t m = row.imask; m; m &= m - 1) {
+                int f = __builtin_ctz(m);
+                sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
+            }
             sc->imask[r] = row.imask;
             sc->any_mask |= row.imask;
             for (int f = 0; f < NS; f++) {
@@ -720,7 +940,8 @@ static PyObject *scan(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *o_text, *o_ints, *o_imask, *o_strs, *o_rows, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOOO", &o_text, &o_ints, &o_imask, &o_strs, &o_rows)) return NULL;
+    int checked = 0;
+    if (!PyArg_ParseTuple(args, "OOOOO|p", &o_text, &o_ints, &o_imask, &o_strs, &o_rows, &checked)) return NULL;
     Py_buffer bt, bi, bm, bs, br;
     if (get_buf(o_text, &bt, 1, 0, "text") < 0) return NULL;
     if (get_buf(o_ints, &bi, 8, 1, "ints") < 0) goto e1;
@@ -736,6 +957,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
     sc.imask = bm.buf;
     sc.strs = bs.buf;
     sc.rows = br.buf;
+    sc.utf8_checked = checked;
     if (bi.len / 8 < (Py_ssize_t)NI * sc.cap || bm.len / 4 < sc.cap || bs.len / 4 < (Py_ssize_t)NS * sc.cap) {
         PyErr_SetString(PyExc_ValueError, "output buffers are smaller than NI/1/NS times the capacity");
         goto done;
@@ -769,6 +991,8 @@ static PyObject *scan(PyObject *self, PyObject *args)
     result = Py_BuildValue("(nnNNk)", sc.nev, sc.nmeta, rej, uniques, (unsigned long)sc.any_mask);
 done:
     if (sc.dict.slots) dict_free(&sc.dict);
+    free(sc.layouts);
+    free(sc.rec);
     free(sc.rej);
     PyBuffer_Release(&br);
 e4:
@@ -780,6 +1004,24 @@ e2:
 e1:
     PyBuffer_Release(&bt);
     return result;
+}
+
+static PyObject *py_text_info(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer b;
+    int ok;
+    Py_ssize_t lines;
+    if (get_buf(arg, &b, 1, 0, "text_info") < 0) return NULL;
+    if (b.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        lines = text_info(b.buf, b.len, &ok);
+        Py_END_ALLOW_THREADS
+    } else {
+        lines = text_info(b.buf, b.len, &ok);
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(nO)", lines, ok ? Py_True : Py_False);
 }
 
 static PyObject *is_utf8(PyObject *self, PyObject *arg)
@@ -942,6 +1184,7 @@ done:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
+    {"text_info", py_text_info, METH_O, "(newline count, is valid UTF-8) of a bytes-like object, in one pass."},
     {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows in output order (see the module source)."},
     {NULL, NULL, 0, NULL},
 };

@@ -10,6 +10,9 @@ zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
    salvaged, never fatal: a truncated file keeps everything decoded before the cut; a
    corrupt member keeps what decoded cleanly and decoding resumes at the next member
    header (``1f 8b 08``). The partial line at each damage point is dropped and counted.
+   Decoded text is handed on as lists of the decoder's output pieces, never joined: the
+   scanner reads each piece's lines where they lie (only a line spanning two pieces is
+   copied); the Python path joins a chunk's pieces once.
 2. **Scan** (when the C extension :mod:`._pfwscan` is built, and ``DLREPLAY_PARSER`` is
    not ``python``): a strict scanner reads each decoded text without the GIL straight
    into raw columns (strings dictionary-encoded, no Python object per line). It accepts
@@ -410,12 +413,12 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
             body, tail = _split_tail(text)
             if tail:
                 if damaged_after:
-                    stats.drop(1, len(tail))
-                    stats.problems.append(f"dropped a partial line of {len(tail)} bytes at a damage point")
+                    stats.drop(1, tail)
+                    stats.problems.append(f"dropped a partial line of {tail} bytes at a damage point")
                 else:
                     body = text  # last line without newline at a clean end of file: keep it
             if body:
-                seq0 += batch.add(src, seq0, body, stats)
+                seq0 += batch.add_pieces(src, seq0, body, stats)
             # a file's chunks are parsed before it decodes further: its problems stay in order
             if damaged_after or cut or batch.nbytes >= _CHUNK_BYTES:
                 batch.flush()
@@ -447,10 +450,57 @@ def _with_events(rep: FileReport, n: int) -> FileReport:
                       rep.dropped_bytes, list(rep.problems))
 
 
-def _split_tail(text: bytes) -> tuple[bytes, bytes]:
-    """Split ``text`` after its last newline: (complete lines, trailing partial line)."""
-    cut = text.rfind(b"\n") + 1
-    return text[:cut], text[cut:]
+#: A piece of decoded text: the bytes [lo, hi) of a bytes object (chunks of text are lists
+#: of pieces, so that decoded output is sliced and regrouped without copying it).
+_Piece = tuple[bytes, int, int]
+
+
+def _split_tail(text: list[_Piece]) -> tuple[list[_Piece], int]:
+    """Split ``text`` after its last newline: (complete lines, length of the trailing partial line)."""
+    for i in range(len(text) - 1, -1, -1):
+        b, lo, hi = text[i]
+        k = b.rfind(b"\n", lo, hi)
+        if k >= 0:
+            body = [*text[:i], (b, lo, k + 1)]
+            return body, hi - k - 1 + sum(p[2] - p[1] for p in text[i + 1:])
+    return [], sum(p[2] - p[1] for p in text)
+
+
+def _line_segments(text: list[_Piece]) -> list[bytes | memoryview]:
+    """``text`` (complete lines; the last one may lack its newline) as buffers of complete
+    lines, each ending with a newline except maybe the last: views of the pieces, and the
+    (short) lines that span two pieces joined."""
+    out: list[bytes | memoryview] = []
+    carry: list[memoryview] = []  # the start of a line that continues in the next piece
+    for b, lo, hi in text:
+        if lo >= hi:
+            continue
+        mv = memoryview(b)
+        if carry:
+            k = b.find(b"\n", lo, hi)
+            if k < 0:
+                carry.append(mv[lo:hi])
+                continue
+            carry.append(mv[lo:k + 1])
+            out.append(b"".join(carry))
+            carry, lo = [], k + 1
+            if lo == hi:
+                continue
+        k = b.rfind(b"\n", lo, hi)
+        if k >= lo:
+            out.append(b if lo == 0 and k + 1 == len(b) else mv[lo:k + 1])
+        if k + 1 < hi:
+            carry.append(mv[max(lo, k + 1):hi])
+    if carry:
+        out.append(b"".join(carry))
+    return out
+
+
+def _joined(text: list[_Piece]) -> bytes:
+    """The bytes of ``text``."""
+    if len(text) == 1 and text[0][1] == 0 and text[0][2] == len(text[0][0]):
+        return text[0][0]
+    return b"".join(memoryview(b)[lo:hi] for b, lo, hi in text)
 
 
 #: Files stored with at least this many bytes decode their next chunk in a helper
@@ -458,7 +508,7 @@ def _split_tail(text: bytes) -> tuple[bytes, bytes]:
 _PREFETCH_BYTES = 2 << 20
 
 
-def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
+def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
     """:func:`_text_chunks`, decoded one chunk ahead in a helper thread.
 
     The helper counts into its own stats; what it counted up to each chunk is added to
@@ -509,34 +559,36 @@ def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]
         helper.join()
 
 
-def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[bytes, bool, bool]]:
-    """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``.
+def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
+    """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``,
+    each a list of pieces of the decoder's output (never copied here).
 
     Chunks end on a newline except the last one before a damage point (then
     ``damaged_after`` is True and its tail is a partial line) or at the end of input.
     ``cut`` is True for a chunk ended because it reached the size (more may follow).
     """
-    pending: list[bytes] = []
+    pending: list[_Piece] = []
     size = 0
     for piece, damage in _decoded_pieces(data, stats):
         if piece:
-            pending.append(piece)
+            pending.append((piece, 0, len(piece)))
             size += len(piece)
         if damage:
             if pending:
-                yield b"".join(pending), True, False
+                yield pending, True, False
             pending, size = [], 0
         elif size >= _CHUNK_BYTES:
-            # cut after the last newline, found from the end: one copy of the text
+            # cut after the last newline, found from the end
             j, k = len(pending) - 1, -1
-            while j >= 0 and (k := pending[j].rfind(b"\n")) < 0:
+            while j >= 0 and (k := pending[j][0].rfind(b"\n", pending[j][1], pending[j][2])) < 0:
                 j -= 1
             if j >= 0:
-                yield b"".join([*pending[:j], pending[j][:k + 1]]), False, True
-                pending = [x for x in [pending[j][k + 1:], *pending[j + 1:]] if x]
-                size = sum(map(len, pending))
+                b, lo, hi = pending[j]
+                yield [*pending[:j], (b, lo, k + 1)], False, True
+                pending = [x for x in [(b, k + 1, hi), *pending[j + 1:]] if x[2] > x[1]]
+                size = sum(x[2] - x[1] for x in pending)
     if pending:
-        yield b"".join(pending), False, False
+        yield pending, False, False
 
 
 # =======================================================================================
@@ -555,6 +607,9 @@ class _Segment:
     stats: _Stats
     lossy: bool = False  # tokenised with invalid UTF-8 replaced
 
+
+#: A text of the native batch: (src, seq0, text, stats, lines, valid UTF-8).
+_Seg = tuple[int, int, bytes | memoryview, _Stats, int, bool]
 
 #: Segments at least this long are tokenised on their own when added (their line count
 #: comes from the tokenizer); shorter ones are counted and tokenised together at flush.
@@ -583,6 +638,10 @@ class _Batch:
         self.segments.append(_Segment(src, seq0, text, tok.height, stats, lossy))
         self.toks.append(_located(tok, [idx], [src], [seq0], [tok.height]))
         return tok.height
+
+    def add_pieces(self, src: int, seq0: int, text: list[_Piece], stats: _Stats) -> int:
+        """:meth:`add` of the text of pieces ``text``."""
+        return self.add(src, seq0, _joined(text), stats)
 
     def flush(self) -> None:
         if not self.segments:
@@ -643,24 +702,41 @@ class _NativeBatch:
         self.events: list[pl.DataFrame] = []
         self.meta: list[pl.DataFrame] = []
         self.rest = _Batch()
-        #: texts waiting for the flush: (src, seq0, text, stats, lines)
-        self.pending: list[tuple[int, int, bytes, _Stats, int]] = []
+        #: texts waiting for the flush, one list per added text, of its line segments:
+        #: (src, seq0, text, stats, lines, valid UTF-8)
+        self.pending: list[list[_Seg]] = []
         #: (src, line number in the inner batch's text, line number in the file) of rejected lines
         self.remap: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
         """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
-        n = text.count(b"\n") + (0 if text.endswith(b"\n") else 1)
-        self.nbytes += len(text)
-        self.pending.append((src, seq0, text, stats, n))
+        return self._add(src, seq0, [text], stats)
+
+    def add_pieces(self, src: int, seq0: int, text: list[_Piece], stats: _Stats) -> int:
+        """:meth:`add` of the text of pieces ``text``: its lines are scanned where they lie
+        (only a line spanning two pieces is copied)."""
+        return self._add(src, seq0, _line_segments(text), stats)
+
+    def _add(self, src: int, seq0: int, segments: list[bytes | memoryview], stats: _Stats) -> int:
+        assert _NATIVE is not None
+        segs: list[_Seg] = []
+        n = 0
+        for text in segments:
+            newlines, valid = _NATIVE.text_info(text)  # one C pass: lines and the UTF-8 check
+            k = newlines + (0 if text[-1] == 10 else 1)  # 10: "\n"
+            segs.append((src, seq0 + n, text, stats, k, valid))
+            n += k
+            self.nbytes += len(text)
+        if segs:
+            self.pending.append(segs)
         return n
 
-    def _scan(self, segs: list[tuple[int, int, bytes, _Stats, int]], text: bytes, n: int) -> None:
+    def _scan(self, segs: list[_Seg], text: bytes | memoryview, n: int) -> None:
         """Scan ``text``, the texts of ``segs`` (each ending with a newline when more than one)."""
         counts = np.fromiter((seg[4] for seg in segs), dtype=np.int64, count=len(segs))
         first = np.cumsum(counts) - counts  # first line of each segment in text
         scanned = _scan(text, n, first, np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
-                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)))
+                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True)
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
         events, meta, per_seg, rejected = scanned
@@ -674,26 +750,27 @@ class _NativeBatch:
             return
         owner = np.searchsorted(first, rejected[:, 0], side="right") - 1
         for i in np.unique(owner).tolist():
-            src, seq0, _, stats, _ = segs[i]
+            src, seq0, _, stats, _, _ = segs[i]
             mine = rejected[owner == i]
             sub = b"\n".join([text[a:b] for a, b in mine[:, 1:].tolist()]) + b"\n"
             self.rest.add(src, seq0, sub, stats)
             self.remap.append((src, seq0 + np.arange(len(mine), dtype=np.int64), seq0 + mine[:, 0] - first[i]))
 
     def flush(self) -> None:
-        segs, self.pending = self.pending, []
-        assert _NATIVE is not None
-        if not all(_NATIVE.is_utf8(seg[2]) for seg in segs):
-            for src, seq0, text, stats, _ in segs:
-                self.rest.add(src, seq0, text, stats)
-            segs = []
+        added, self.pending = self.pending, []
+        if not all(seg[5] for segs in added for seg in segs):
+            for segs in added:  # as added: the Python path sees the texts it saw without this batch
+                src, seq0, _, stats, _, _ = segs[0]
+                self.rest.add(src, seq0, b"".join([seg[2] for seg in segs]), stats)
+            added = []
+        segs = [seg for segs in added for seg in segs]
         small = [seg for seg in segs if len(seg[2]) < _ALONE_BYTES]
         for seg in segs:
             if len(seg[2]) >= _ALONE_BYTES:
                 self._scan([seg], seg[2], seg[4])
         if small:
             text = small[0][2] if len(small) == 1 else b"".join(
-                seg[2] if seg[2].endswith(b"\n") else seg[2] + b"\n" for seg in small)
+                [part for seg in small for part in ((seg[2],) if seg[2][-1] == 10 else (seg[2], b"\n"))])
             self._scan(small, text, sum(seg[4] for seg in small))
         self.nbytes = 0
         self.rest.flush()
@@ -719,25 +796,42 @@ class _NativeBatch:
         self.rest.events, self.rest.meta, self.remap = [], [], []
 
 
-def _scan(text: bytes, nlines: int, first: np.ndarray, srcs: np.ndarray,
-          seq0s: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
+#: Scratch buffers at least this large are backed by transparent huge pages when the
+#: kernel allows it (one page fault per 2 MiB instead of per 4 KiB).
+_HUGE_BYTES = 2 << 20
+
+
+def _scratch(nbytes: int) -> mmap.mmap:
+    """A private anonymous mapping of ``nbytes`` zero bytes (huge pages when large)."""
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    buf = mmap.mmap(-1, nbytes, flags=private) if private else mmap.mmap(-1, nbytes)
+    if nbytes >= _HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # THP not available: ordinary pages
+            pass
+    return buf
+
+
+def _scan(text: bytes | memoryview, nlines: int, first: np.ndarray, srcs: np.ndarray, seq0s: np.ndarray,
+          checked: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line
     ``seq0s[k]``) with the C scanner: (event rows, metadata rows, accepted lines per
     segment, rejected lines as rows of (line in text, start, end)); None when ``text`` is
-    not valid UTF-8."""
+    not valid UTF-8 (not checked again when ``checked``: the caller found it valid)."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
     # The output buffers are one anonymous mapping, unmapped when the last array viewing
     # it goes (the frames built from them view them, zero-copy). Large short-lived
     # malloc'd buffers would raise glibc's mmap threshold and fragment the heap across
     # loads (peak RSS grew ~15% per repeated load).
-    scratch = mmap.mmap(-1, cap * (ni * 8 + 4 + ns * 4 + 8))
+    scratch = _scratch(cap * (ni * 8 + 4 + ns * 4 + 8))
     ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
     imask = np.frombuffer(scratch, dtype=np.uint32, count=cap, offset=ni * cap * 8)
     strs = np.frombuffer(scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4).reshape(ns, cap)
     rows = np.frombuffer(scratch, dtype=np.int64, count=cap, offset=ni * cap * 8 + cap * 4 + ns * cap * 4)
     assert _NATIVE is not None
-    out = _NATIVE.scan(text, ints, imask, strs, rows)
+    out = _NATIVE.scan(text, ints, imask, strs, rows, checked)
     if out is None:
         return None
     nev, nmeta, rejected, uniques, any_mask = out
