@@ -1725,7 +1725,16 @@ def _ordered_output(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, 
     order = _output_order(ev)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
-    offset = _offsets(ev, order, rank)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-offsets") as pool:
+        offset = pool.submit(_offsets, ev, order, rank)  # meanwhile: the gather of every other column
+        out = _gathered(ev, procs, files, named, paths, names, order, rank)
+        return out.insert_column(list(EVENT_SCHEMA).index("offset"), offset.result().alias("offset"))
+
+
+def _gathered(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named: pl.DataFrame,
+              paths: pl.Series | None, names: Sequence[str], order: np.ndarray, rank: np.ndarray) -> pl.DataFrame:
+    """The columns of :func:`_ordered_output` but ``offset`` (a placeholder), gathered by ``order``."""
+    n = ev.height
     out = ev.select(
         "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
     ).rechunk()[pl.Series(order)]
@@ -1748,11 +1757,10 @@ def _ordered_output(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, 
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
         "ts", "dur", "cat", "name", file.alias("file"),
         pl.lit(files["hash"]).gather(pl.col("__f")).alias("fhash"),
-        "size_requested", "size", pl.lit(offset).alias("offset"),
-        "ret", "epoch", "step", "batch_size", "sample_index",
+        "size_requested", "size", "ret", "epoch", "step", "batch_size", "sample_index",
         pl.lit(source).gather(pl.col("__p")).alias("source"),
     )
-    return out.cast(pl.Schema(EVENT_SCHEMA))
+    return out.cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "offset"}))
 
 
 def _per_process(ev: pl.DataFrame, file_paths: pl.Series, named_rows: np.ndarray | None,
