@@ -179,6 +179,8 @@ def _now_iso() -> str:
 def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> dict[str, str]:
     """The job's environment: the caller's plus DFTracer's and our injection path."""
     env = dict(os.environ)
+    if dlreplay.JEMALLOC_SET_BY_DLREPLAY:  # dlreplay's own allocator setting, not the job's
+        env.pop(dlreplay.JEMALLOC_ENV, None)
     env.update(dict(config.extra_env))
     preload = str(preload_library())
     env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
