@@ -42,8 +42,6 @@ HISTOGRAM_BUCKETS: tuple[tuple[str, int | None], ...] = (
     ("1G+", None),
 )
 TOP_FILES = 10
-_READ, _WRITE = 1, 2
-_RW_CLASS = {**{n: _READ for n in READ_OPS}, **{n: _WRITE for n in WRITE_OPS}}
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,6 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
     name, cat = pl.col("name"), pl.col("cat")
     ev = events.lazy()
     # four independent passes over the table, run together
-    rw = name.replace_strict(_RW_CLASS, default=0, return_dtype=pl.Int8)
     totals_df, threads, ops, hist_df = pl.collect_all([
         ev.select(
             pl.len().alias("events"),
@@ -148,9 +145,10 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         .agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
              (pl.col("dur").sum() / 1e6).alias("time_s"))
         .sort(["time_s", "count", "cat", "name"], descending=[True, True, False, False]),
-        ev.select(rw.alias("__rw"), "size")
-        .filter((pl.col("__rw") > 0) & (pl.col("size") >= 0))
-        .group_by((pl.col("__rw") == _READ).alias("r"), _bucket(pl.col("size")).alias("b")).len(),
+        ev.filter(pl.col("size") >= 0)
+        .select(name.is_in(READ_OPS).alias("r"), name.is_in(WRITE_OPS).alias("w"), "size")
+        .filter(pl.col("r") | pl.col("w"))
+        .group_by("r", _bucket(pl.col("size")).alias("b")).len(),
     ], engine="streaming" if isinstance(events, pl.LazyFrame) else "auto")
     totals = totals_df.row(0, named=True)
 
