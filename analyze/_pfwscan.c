@@ -529,20 +529,7 @@ static int parse_line(const char *p, const char *e, Row *row, Rec *rec)
 /* Equality of the n (<= LAYOUT_LIT) bytes at p and lit. */
 static inline int lit_eq(const char *p, const char *lit, int n)
 {
-    uint64_t x, y;
-    while (n >= 8) {
-        memcpy(&x, p, 8);
-        memcpy(&y, lit, 8);
-        if (x != y) return 0;
-        p += 8;
-        lit += 8;
-        n -= 8;
-    }
-    while (n > 0) {
-        if (*p++ != *lit++) return 0;
-        n--;
-    }
-    return 1;
+    return same_bytes(p, lit, n);
 }
 
 typedef struct {
