@@ -1,24 +1,26 @@
 /*
  * dlreplay.analyze._pfwscan: a strict scanner of DFTracer JSON lines into column arrays.
  *
- * scan(text, ints, imask, strs, rows[, checked]) -> (nevents, nmeta, rejected, uniques, any_mask) | None
+ * scan(texts, ints, imask, strs, rows[, checked]) -> (nevents, nmeta, rejected, uniques, any_mask) | None
  *
- *   text   decoded trace text (complete lines, "\n"-separated; the last line may lack "\n")
+ *   texts  decoded trace text: one bytes-like object, or a list of them scanned as one text
+ *          whose lines are numbered on across them (each holds complete "\n"-separated lines;
+ *          its last line may lack "\n": the end of a text always ends a line)
  *   ints   writable int64 buffer of NI * cap values: int field f of output row r at f*cap + r
  *   imask  writable uint32 buffer of cap values: bit f set when int field f of row r is present
  *   strs   writable int32 buffer of NS * cap values: string field f of row r at f*cap + r, a
  *          code into ``uniques`` (-1: absent or null)
- *   rows   writable int64 buffer of cap values: the line number (0-based, in text) of row r
+ *   rows   writable int64 buffer of cap values: the line number (0-based, across texts) of row r
  *
  *   checked  true when the caller already found text valid UTF-8 (text_info): not checked again
  *
- * cap (the length of ``rows``) must be at least the number of lines of text.
+ * cap (the length of ``rows``) must be at least the number of lines of all texts.
  *
- * Returns None when text is not valid UTF-8 (the caller parses it with the Python path, which
+ * Returns None when a text is not valid UTF-8 (the caller parses it with the Python path, which
  * then decodes it lossily, exactly as before). Otherwise: accepted event lines are rows
  * [0, nevents) in line order, accepted metadata records rows [cap - nmeta, cap) in reverse
- * line order; ``rejected`` is bytes of int64 triples (line number, start, end byte offset,
- * without the newline) of non-blank lines this scanner does not fully understand, for the
+ * line order; ``rejected`` is bytes of int64 triples (line number, start, end byte offset in
+ * the line's own text, without the newline) of non-blank lines this scanner does not fully understand, for the
  * Python path; ``uniques`` the decoded strings of the codes; ``any_mask`` the OR of imask.
  *
  * Accepted lines (anything else is rejected, never guessed): one JSON object starting at the
@@ -600,7 +602,7 @@ static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls)
 /* ------------------------------------------------------------------------- string codes */
 
 typedef struct {
-    Py_ssize_t off; /* offset of the string in text */
+    const char *ptr; /* the string, inside one of the scanned texts */
     Py_ssize_t len;
     uint64_t hash;
     int32_t code; /* -1: empty slot */
@@ -610,10 +612,9 @@ typedef struct {
     Slot *slots;
     size_t cap; /* power of two */
     int32_t n;
-    Py_ssize_t *offs; /* per code: offset, length */
+    const char **ptrs; /* per code: the string and its length */
     Py_ssize_t *lens;
     size_t ncap;
-    const char *base;
 } Dict;
 
 static inline uint64_t hash_bytes(const char *s, Py_ssize_t n)
@@ -631,16 +632,15 @@ static inline uint64_t hash_bytes(const char *s, Py_ssize_t n)
     return h * 0x9E3779B97F4A7C15ULL;
 }
 
-static int dict_init(Dict *d, const char *base)
+static int dict_init(Dict *d)
 {
     d->cap = 1024;
     d->slots = malloc(d->cap * sizeof(Slot));
     d->ncap = 256;
-    d->offs = malloc(d->ncap * sizeof(Py_ssize_t));
+    d->ptrs = malloc(d->ncap * sizeof(const char *));
     d->lens = malloc(d->ncap * sizeof(Py_ssize_t));
     d->n = 0;
-    d->base = base;
-    if (!d->slots || !d->offs || !d->lens) return -1;
+    if (!d->slots || !d->ptrs || !d->lens) return -1;
     for (size_t i = 0; i < d->cap; i++) d->slots[i].code = -1;
     return 0;
 }
@@ -648,7 +648,7 @@ static int dict_init(Dict *d, const char *base)
 static void dict_free(Dict *d)
 {
     free(d->slots);
-    free(d->offs);
+    free(d->ptrs);
     free(d->lens);
 }
 
@@ -670,7 +670,7 @@ static int dict_grow(Dict *d)
     return 0;
 }
 
-/* The code of string [s, s + n) (s inside base); -2 on allocation failure. */
+/* The code of string [s, s + n) (s inside a scanned text); -2 on allocation failure. */
 static int32_t dict_code(Dict *d, const char *s, Py_ssize_t n)
 {
     uint64_t h = hash_bytes(s, n);
@@ -678,24 +678,24 @@ static int32_t dict_code(Dict *d, const char *s, Py_ssize_t n)
     for (;;) {
         Slot *sl = &d->slots[j];
         if (sl->code < 0) break;
-        if (sl->hash == h && sl->len == n && same_bytes(d->base + sl->off, s, n)) return sl->code;
+        if (sl->hash == h && sl->len == n && same_bytes(sl->ptr, s, n)) return sl->code;
         j = (j + 1) & (d->cap - 1);
     }
     if ((size_t)d->n >= d->ncap) {
         size_t ncap = d->ncap * 2;
-        Py_ssize_t *o = realloc(d->offs, ncap * sizeof(Py_ssize_t));
+        const char **o = realloc(d->ptrs, ncap * sizeof(const char *));
         if (!o) return -2;
-        d->offs = o;
+        d->ptrs = o;
         Py_ssize_t *l = realloc(d->lens, ncap * sizeof(Py_ssize_t));
         if (!l) return -2;
         d->lens = l;
         d->ncap = ncap;
     }
     int32_t code = d->n++;
-    d->offs[code] = s - d->base;
+    d->ptrs[code] = s;
     d->lens[code] = n;
     Slot *sl = &d->slots[j];
-    sl->off = s - d->base;
+    sl->ptr = s;
     sl->len = n;
     sl->hash = h;
     sl->code = code;
@@ -785,8 +785,9 @@ static Py_ssize_t text_info(const unsigned char *s, Py_ssize_t n, int *valid)
 
 typedef struct {
     /* inputs */
-    const char *text;
-    Py_ssize_t len;
+    const char **texts;
+    const Py_ssize_t *lens;
+    Py_ssize_t ntexts;
     int64_t *ints;
     uint32_t *imask;
     int32_t *strs;
@@ -835,10 +836,13 @@ static inline int line_layout(Scan *sc, const char *p, const char *e, Row *row)
 
 static void run_scan(Scan *sc)
 {
-    const char *text = sc->text, *end = text + sc->len;
-    if (!sc->utf8_checked && !utf8_valid((const unsigned char *)text, sc->len)) {
-        sc->invalid_utf8 = 1;
-        return;
+    if (!sc->utf8_checked) {
+        for (Py_ssize_t t = 0; t < sc->ntexts; t++) {
+            if (!utf8_valid((const unsigned char *)sc->texts[t], sc->lens[t])) {
+                sc->invalid_utf8 = 1;
+                return;
+            }
+        }
     }
     sc->layouts = malloc(sizeof(Layouts));
     sc->rec = malloc(sizeof(Rec));
@@ -847,7 +851,7 @@ static void run_scan(Scan *sc)
         return;
     }
     sc->layouts->n = sc->layouts->last = sc->layouts->next = 0;
-    if (dict_init(&sc->dict, text) < 0) {
+    if (dict_init(&sc->dict) < 0) {
         sc->oom = 1, sc->error = "out of memory while scanning a trace";
         return;
     }
@@ -859,53 +863,56 @@ static void run_scan(Scan *sc)
     Row row;
     Py_ssize_t cap = sc->cap, line = 0, nev = 0, nmeta = 0;
     int kind;
-    const char *p = text;
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *le = nl ? nl : end;
-        if (line >= cap) {
-            sc->error = "text has more lines than the output capacity";
-            return;
-        }
-        Py_ssize_t n = le - p;
-        if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
-            /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
-        } else if ((kind = line_layout(sc, p, le, &row)) != 0) {
-            Py_ssize_t r = kind == 1 ? nev++ : cap - 1 - nmeta++;
-            for (uint32_t m = row.imask; m; m &= m - 1) {
-                int f = __builtin_ctz(m);
-                sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
+    for (Py_ssize_t t = 0; t < sc->ntexts; t++) {
+        const char *text = sc->texts[t], *end = text + sc->lens[t];
+        const char *p = text;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            const char *le = nl ? nl : end;
+            if (line >= cap) {
+                sc->error = "text has more lines than the output capacity";
+                return;
             }
-            sc->imask[r] = row.imask;
-            sc->any_mask |= row.imask;
-            for (int f = 0; f < NS; f++) {
-                int32_t code = -1;
-                if (row.smask >> f & 1) {
-                    const char *s = row.sp[f];
-                    Py_ssize_t sn = row.sl[f];
-                    if (last_c[f] >= 0 && last_n[f] == sn && same_bytes(last_s[f], s, sn)) {
-                        code = last_c[f];
-                    } else {
-                        code = dict_code(&sc->dict, s, sn);
-                        if (code == -2) {
-                            sc->oom = 1, sc->error = "out of memory while scanning a trace";
-                            return;
-                        }
-                        last_s[f] = s;
-                        last_n[f] = sn;
-                        last_c[f] = code;
-                    }
+            Py_ssize_t n = le - p;
+            if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
+                /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
+            } else if ((kind = line_layout(sc, p, le, &row)) != 0) {
+                Py_ssize_t r = kind == 1 ? nev++ : cap - 1 - nmeta++;
+                for (uint32_t m = row.imask; m; m &= m - 1) {
+                    int f = __builtin_ctz(m);
+                    sc->ints[(Py_ssize_t)f * cap + r] = row.iv[f];
                 }
-                sc->strs[(Py_ssize_t)f * cap + r] = code;
+                sc->imask[r] = row.imask;
+                sc->any_mask |= row.imask;
+                for (int f = 0; f < NS; f++) {
+                    int32_t code = -1;
+                    if (row.smask >> f & 1) {
+                        const char *s = row.sp[f];
+                        Py_ssize_t sn = row.sl[f];
+                        if (last_c[f] >= 0 && last_n[f] == sn && same_bytes(last_s[f], s, sn)) {
+                            code = last_c[f];
+                        } else {
+                            code = dict_code(&sc->dict, s, sn);
+                            if (code == -2) {
+                                sc->oom = 1, sc->error = "out of memory while scanning a trace";
+                                return;
+                            }
+                            last_s[f] = s;
+                            last_n[f] = sn;
+                            last_c[f] = code;
+                        }
+                    }
+                    sc->strs[(Py_ssize_t)f * cap + r] = code;
+                }
+                sc->rows[r] = line;
+            } else if (reject(sc, line, p - text, le - text) < 0) {
+                sc->oom = 1, sc->error = "out of memory while scanning a trace";
+                return;
             }
-            sc->rows[r] = line;
-        } else if (reject(sc, line, p - text, le - text) < 0) {
-            sc->oom = 1, sc->error = "out of memory while scanning a trace";
-            return;
+            line++;
+            if (!nl) break;
+            p = nl + 1;
         }
-        line++;
-        if (!nl) break;
-        p = nl + 1;
     }
     sc->nev = nev;
     sc->nmeta = nmeta;
@@ -929,16 +936,33 @@ static PyObject *scan(PyObject *self, PyObject *args)
     PyObject *o_text, *o_ints, *o_imask, *o_strs, *o_rows, *result = NULL;
     int checked = 0;
     if (!PyArg_ParseTuple(args, "OOOOO|p", &o_text, &o_ints, &o_imask, &o_strs, &o_rows, &checked)) return NULL;
-    Py_buffer bt, bi, bm, bs, br;
-    if (get_buf(o_text, &bt, 1, 0, "text") < 0) return NULL;
+    /* one text, or a list of texts scanned as one */
+    PyObject *seq = PyList_Check(o_text) || PyTuple_Check(o_text)
+        ? PySequence_Fast(o_text, "texts") : PyTuple_Pack(1, o_text);
+    if (!seq) return NULL;
+    Py_ssize_t nt = PySequence_Fast_GET_SIZE(seq), got = 0;
+    Py_buffer *bt = PyMem_Calloc((size_t)(nt ? nt : 1), sizeof(Py_buffer));
+    const char **texts = PyMem_Calloc((size_t)(nt ? nt : 1), sizeof(const char *));
+    Py_ssize_t *lens = PyMem_Calloc((size_t)(nt ? nt : 1), sizeof(Py_ssize_t));
+    Py_buffer bi, bm, bs, br;
+    if (!bt || !texts || !lens) {
+        PyErr_NoMemory();
+        goto e1;
+    }
+    for (; got < nt; got++) {
+        if (get_buf(PySequence_Fast_GET_ITEM(seq, got), &bt[got], 1, 0, "text") < 0) goto e1;
+        texts[got] = bt[got].buf;
+        lens[got] = bt[got].len;
+    }
     if (get_buf(o_ints, &bi, 8, 1, "ints") < 0) goto e1;
     if (get_buf(o_imask, &bm, 4, 1, "imask") < 0) goto e2;
     if (get_buf(o_strs, &bs, 4, 1, "strs") < 0) goto e3;
     if (get_buf(o_rows, &br, 8, 1, "rows") < 0) goto e4;
     Scan sc;
     memset(&sc, 0, sizeof sc);
-    sc.text = bt.buf;
-    sc.len = bt.len;
+    sc.texts = texts;
+    sc.lens = lens;
+    sc.ntexts = nt;
     sc.cap = br.len / 8;
     sc.ints = bi.buf;
     sc.imask = bm.buf;
@@ -963,7 +987,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
     PyObject *uniques = PyList_New(sc.dict.n);
     if (!uniques) goto done;
     for (int32_t i = 0; i < sc.dict.n; i++) {
-        PyObject *u = PyUnicode_DecodeUTF8(sc.text + sc.dict.offs[i], sc.dict.lens[i], "strict");
+        PyObject *u = PyUnicode_DecodeUTF8(sc.dict.ptrs[i], sc.dict.lens[i], "strict");
         if (!u) {
             Py_DECREF(uniques);
             goto done;
@@ -989,7 +1013,11 @@ e3:
 e2:
     PyBuffer_Release(&bi);
 e1:
-    PyBuffer_Release(&bt);
+    for (Py_ssize_t t = 0; t < got; t++) PyBuffer_Release(&bt[t]);
+    PyMem_Free(bt);
+    PyMem_Free(texts);
+    PyMem_Free(lens);
+    Py_DECREF(seq);
     return result;
 }
 

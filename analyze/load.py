@@ -689,8 +689,8 @@ def _new_batch() -> _Batch | _NativeBatch:
 
 
 class _NativeBatch:
-    """:class:`_Batch` with the C scanner: at the flush, texts are scanned (without the GIL)
-    into raw columns, a large one alone, small ones (many small files) together; the lines
+    """:class:`_Batch` with the C scanner: at the flush, all texts are scanned in one call
+    (without the GIL, where they lie: no copy) into raw columns; the lines
     the scanner does not accept go to an inner :class:`_Batch`, the Python path, and when
     any text of the batch is not UTF-8 the whole batch does (the Python path decodes it
     lossily and groups lines across the batch's texts, as before). Flush points are those
@@ -731,11 +731,12 @@ class _NativeBatch:
             self.pending.append(segs)
         return n
 
-    def _scan(self, segs: list[_Seg], text: bytes | memoryview, n: int) -> None:
-        """Scan ``text``, the texts of ``segs`` (each ending with a newline when more than one)."""
+    def _scan(self, segs: list[_Seg]) -> None:
+        """Scan the texts of ``segs`` in one scanner call (their lines numbered on across them)."""
         counts = np.fromiter((seg[4] for seg in segs), dtype=np.int64, count=len(segs))
-        first = np.cumsum(counts) - counts  # first line of each segment in text
-        scanned = _scan(text, n, first, np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
+        first = np.cumsum(counts) - counts  # first line of each segment in the scanned text
+        scanned = _scan([seg[2] for seg in segs], int(counts.sum()), first,
+                        np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
                         np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True)
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
@@ -750,8 +751,8 @@ class _NativeBatch:
             return
         owner = np.searchsorted(first, rejected[:, 0], side="right") - 1
         for i in np.unique(owner).tolist():
-            src, seq0, _, stats, _, _ = segs[i]
-            mine = rejected[owner == i]
+            src, seq0, text, stats, _, _ = segs[i]
+            mine = rejected[owner == i]  # (line, start, end in the segment's own text)
             sub = b"\n".join([text[a:b] for a, b in mine[:, 1:].tolist()]) + b"\n"
             self.rest.add(src, seq0, sub, stats)
             self.remap.append((src, seq0 + np.arange(len(mine), dtype=np.int64), seq0 + mine[:, 0] - first[i]))
@@ -764,14 +765,8 @@ class _NativeBatch:
                 self.rest.add(src, seq0, b"".join([seg[2] for seg in segs]), stats)
             added = []
         segs = [seg for segs in added for seg in segs]
-        small = [seg for seg in segs if len(seg[2]) < _ALONE_BYTES]
-        for seg in segs:
-            if len(seg[2]) >= _ALONE_BYTES:
-                self._scan([seg], seg[2], seg[4])
-        if small:
-            text = small[0][2] if len(small) == 1 else b"".join(
-                [part for seg in small for part in ((seg[2],) if seg[2][-1] == 10 else (seg[2], b"\n"))])
-            self._scan(small, text, sum(seg[4] for seg in small))
+        if segs:  # all texts in one call, where they lie (no copy)
+            self._scan(segs)
         self.nbytes = 0
         self.rest.flush()
         if not (self.rest.events or self.rest.meta):
@@ -813,12 +808,13 @@ def _scratch(nbytes: int) -> mmap.mmap:
     return buf
 
 
-def _scan(text: bytes | memoryview, nlines: int, first: np.ndarray, srcs: np.ndarray, seq0s: np.ndarray,
-          checked: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
-    """Scan ``text`` (segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line
-    ``seq0s[k]``) with the C scanner: (event rows, metadata rows, accepted lines per
-    segment, rejected lines as rows of (line in text, start, end)); None when ``text`` is
-    not valid UTF-8 (not checked again when ``checked``: the caller found it valid)."""
+def _scan(text: bytes | memoryview | list[bytes | memoryview], nlines: int, first: np.ndarray, srcs: np.ndarray,
+          seq0s: np.ndarray, checked: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
+    """Scan ``text`` (one buffer, or a list of buffers of complete lines scanned as one text;
+    segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line ``seq0s[k]``) with
+    the C scanner: (event rows, metadata rows, accepted lines per segment, rejected lines as
+    rows of (line in the whole text, start, end in the line's own buffer)); None when
+    ``text`` is not valid UTF-8 (not checked again when ``checked``: the caller found it valid)."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
     # The output buffers are one anonymous mapping, unmapped when the last array viewing

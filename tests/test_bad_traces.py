@@ -10,6 +10,7 @@ naming the file and what was dropped.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import shutil
 import zlib
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dlreplay import pfw
 from dlreplay.analyze import load_trace
 
 from .conftest import TRACES, run_cli
@@ -148,6 +150,48 @@ def test_corrupt_member_in_the_middle_later_members_still_read(tmp_path: Path, c
     assert later <= got
     out = run_cli("analyze", str(trace))
     assert "warning:" in out.stdout and name in out.stdout and "corrupt gzip member 2" in out.stdout
+
+
+@pytest.mark.parametrize("damage", ["none", "truncated", "corrupt", "not-gzip-between"])
+def test_fast_decoder_pieces_join_to_what_zlib_decodes(monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    """ISA-L decodes members in small pieces (``_PIECE_BYTES``); joined, they are what the
+    zlib path yields, with the same members, drops and problems (clean and damaged input)."""
+    lines = corpus_lines()
+    data = gz_members(lines * 12, 5)  # members of several pieces each
+    starts = member_offsets(data)
+    assert len(gzip.decompress(data[starts[0]:starts[1]])) > 2 * pfw._PIECE_BYTES
+    if damage == "truncated":
+        data = data[:(starts[2] + starts[3]) // 2]
+    elif damage == "corrupt":
+        bad = bytearray(data)
+        bad[(starts[1] + starts[2]) // 2:(starts[1] + starts[2]) // 2 + 48] = b"\xff" * 48
+        data = bytes(bad)
+    elif damage == "not-gzip-between":
+        data = data[:starts[2]] + b"garbage" + data[starts[2]:]
+
+    def decode() -> tuple[list[tuple[bytes, bool]], pfw.DecodeStats]:
+        stats = pfw.DecodeStats()
+        return list(pfw.decoded_pieces(data, stats)), stats
+
+    assert pfw._FAST is not zlib, "isal is a dependency: the fast path must be in use"
+    fast, fast_stats = decode()
+    monkeypatch.setattr(pfw, "_FAST", zlib)
+    slow, slow_stats = decode()
+    assert b"".join(p for p, _ in fast) == b"".join(p for p, _ in slow)
+
+    def damage_points(pieces: list[tuple[bytes, bool]]) -> list[int]:
+        """Decoded bytes before each point where damage follows."""
+        ends = itertools.accumulate(len(p) for p, _ in pieces)
+        return [end for end, (_, dmg) in zip(ends, pieces, strict=True) if dmg]
+
+    assert damage_points(fast) == damage_points(slow)
+    assert bool(damage_points(fast)) == (damage in ("truncated", "corrupt"))
+    assert fast_stats == slow_stats
+    if damage == "none":
+        assert fast_stats.members == 5 and not fast_stats.problems
+        assert max(len(p) for p, _ in fast) <= pfw._PIECE_BYTES < max(len(p) for p, _ in slow)
+    else:
+        assert fast_stats.problems
 
 
 @pytest.mark.parametrize("members", [1, 3, 60])

@@ -274,6 +274,42 @@ def test_scanner_accepts_dftracer_lines_and_hands_back_the_rest() -> None:
                              np.empty((11, 1), np.int32), np.empty(1, np.int64)) is None
 
 
+def _scan_rows(texts: bytes | list[bytes]) -> tuple | None:
+    """Everything the scanner found in ``texts``, comparable across how the text is split:
+    per row its line, int fields present and string values; rejected lines as their bytes."""
+    parts = texts if isinstance(texts, list) else [texts]
+    n = max(1, sum(t.count(b"\n") + (1 if t and not t.endswith(b"\n") else 0) for t in parts))
+    ints, imask, strs, rows = (np.zeros((16, n), np.int64), np.zeros(n, np.uint32), np.zeros((11, n), np.int32),
+                               np.zeros(n, np.int64))
+    out = LOAD._NATIVE.scan(texts, ints, imask, strs, rows)
+    if out is None:
+        return None
+    nev, nmeta, rejected, uniques, any_mask = out
+    firsts = np.cumsum([0] + [t.count(b"\n") + (1 if t and not t.endswith(b"\n") else 0) for t in parts])
+
+    def row(r: int) -> tuple:
+        return (int(rows[r]), int(imask[r]), tuple(int(ints[f, r]) for f in range(16) if imask[r] >> f & 1),
+                tuple(uniques[c] if c >= 0 else None for c in strs[:, r]))
+
+    rej = [(int(line), parts[int(np.searchsorted(firsts, line, side="right")) - 1][a:b])
+           for line, a, b in np.frombuffer(rejected, dtype=np.int64).reshape(-1, 3)]
+    return ([row(r) for r in range(nev)], [row(r) for r in range(n - nmeta, n)], rej, any_mask)
+
+
+@settings(max_examples=80, deadline=None)
+@given(lines=_trace(), cuts=st.lists(st.integers(0, 200), max_size=6), last_newline=st.booleans())
+def test_scanner_scans_a_list_of_texts_as_their_concatenation(lines: list[bytes], cuts: list[int],
+                                                             last_newline: bool) -> None:
+    """The loader hands the scanner the decoder's pieces where they lie (a list of texts of
+    whole lines): rows, line numbers, values and rejected lines are those of the joined text."""
+    bounds = sorted({min(c, len(lines)) for c in cuts} | {0, len(lines)})
+    texts = [b"".join(ln + b"\n" for ln in lines[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    if not last_newline and texts and texts[-1]:
+        texts[-1] = texts[-1][:-1]
+    texts.insert(len(texts) // 2, b"")  # an empty text holds no line
+    assert _scan_rows(texts) == _scan_rows(b"".join(texts))
+
+
 def test_scanner_refuses_too_small_buffers() -> None:
     with pytest.raises(ValueError):
         LOAD._NATIVE.scan(b"{}\n{}\n", np.empty((16, 1), np.int64), np.empty(1, np.uint32),
