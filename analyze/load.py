@@ -433,8 +433,10 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
             dropped_lines=stats.dropped_lines, dropped_bytes=stats.dropped_bytes,
             problems=stats.problems,
         )))
-    # one chunk per column: the combine stage gathers rows across all of them
-    return TracePart(events=_concat(batch.events).rechunk(), meta=_concat(batch.meta), files=files)
+    # chunks as scanned (zero-copy views of the scanner's output): the combine stage makes
+    # one chunk of all parts' rows in one copy (a copy per part here as well cost ~0.1 s
+    # of wall time and ~10 % more peak memory on the ingest benchmark)
+    return TracePart(events=_concat(batch.events), meta=_concat(batch.meta), files=files)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
