@@ -79,7 +79,8 @@ import polars as pl
 
 from dlreplay.errors import TraceError
 from dlreplay.pfw import DecodeStats as _Stats
-from dlreplay.pfw import decoded_pieces as _decoded_pieces
+from dlreplay.pfw import Slabs, anonymous_map
+from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
 from .files import file_process_table_keyed
@@ -452,9 +453,10 @@ def _with_events(rep: FileReport, n: int) -> FileReport:
                       rep.dropped_bytes, list(rep.problems))
 
 
-#: A piece of decoded text: the bytes [lo, hi) of a bytes object (chunks of text are lists
-#: of pieces, so that decoded output is sliced and regrouped without copying it).
-_Piece = tuple[bytes, int, int]
+#: A piece of decoded text: the bytes [lo, hi) of a bytes object or of a mapping of
+#: :class:`~dlreplay.pfw.Slabs` (chunks of text are lists of pieces, so that decoded
+#: output is sliced and regrouped without copying it).
+_Piece = tuple["bytes | mmap.mmap", int, int]
 
 
 def _split_tail(text: list[_Piece]) -> tuple[list[_Piece], int]:
@@ -468,11 +470,11 @@ def _split_tail(text: list[_Piece]) -> tuple[list[_Piece], int]:
     return [], sum(p[2] - p[1] for p in text)
 
 
-def _line_segments(text: list[_Piece]) -> list[bytes | memoryview]:
+def _line_segments(text: list[_Piece]) -> list[bytes | mmap.mmap | memoryview]:
     """``text`` (complete lines; the last one may lack its newline) as buffers of complete
     lines, each ending with a newline except maybe the last: views of the pieces, and the
     (short) lines that span two pieces joined."""
-    out: list[bytes | memoryview] = []
+    out: list[bytes | mmap.mmap | memoryview] = []
     carry: list[memoryview] = []  # the start of a line that continues in the next piece
     for b, lo, hi in text:
         if lo >= hi:
@@ -500,7 +502,7 @@ def _line_segments(text: list[_Piece]) -> list[bytes | memoryview]:
 
 def _joined(text: list[_Piece]) -> bytes:
     """The bytes of ``text``."""
-    if len(text) == 1 and text[0][1] == 0 and text[0][2] == len(text[0][0]):
+    if len(text) == 1 and isinstance(text[0][0], bytes) and text[0][1] == 0 and text[0][2] == len(text[0][0]):
         return text[0][0]
     return b"".join(memoryview(b)[lo:hi] for b, lo, hi in text)
 
@@ -530,7 +532,7 @@ def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool
     def produce() -> None:
         seen = [0, 0, 0, 0]
         try:
-            for chunk in _text_chunks(data, mine):
+            for chunk in _text_chunks(data, mine, Slabs()):
                 if stop.is_set():
                     return
                 q.put((chunk, delta(seen), None))
@@ -561,9 +563,10 @@ def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool
         helper.join()
 
 
-def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
+def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iterable[tuple[list[_Piece], bool, bool]]:
     """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``,
-    each a list of pieces of the decoder's output (never copied here).
+    each a list of pieces of the decoder's output (in ``slabs`` when given; never copied
+    here).
 
     Chunks end on a newline except the last one before a damage point (then
     ``damaged_after`` is True and its tail is a partial line) or at the end of input.
@@ -571,10 +574,10 @@ def _text_chunks(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], boo
     """
     pending: list[_Piece] = []
     size = 0
-    for piece, damage in _decoded_pieces(data, stats):
-        if piece:
-            pending.append((piece, 0, len(piece)))
-            size += len(piece)
+    for buf, lo, hi, damage in _decoded_spans(data, stats, slabs):
+        if hi > lo:
+            pending.append((buf, lo, hi))
+            size += hi - lo
         if damage:
             if pending:
                 yield pending, True, False
@@ -611,7 +614,7 @@ class _Segment:
 
 
 #: A text of the native batch: (src, seq0, text, stats, lines, valid UTF-8).
-_Seg = tuple[int, int, bytes | memoryview, _Stats, int, bool]
+_Seg = tuple[int, int, "bytes | mmap.mmap | memoryview", _Stats, int, bool]
 
 #: Segments at least this long are tokenised on their own when added (their line count
 #: comes from the tokenizer); shorter ones are counted and tokenised together at flush.
@@ -719,7 +722,7 @@ class _NativeBatch:
         (only a line spanning two pieces is copied)."""
         return self._add(src, seq0, _line_segments(text), stats)
 
-    def _add(self, src: int, seq0: int, segments: list[bytes | memoryview], stats: _Stats) -> int:
+    def _add(self, src: int, seq0: int, segments: list[bytes | mmap.mmap | memoryview], stats: _Stats) -> int:
         assert _NATIVE is not None
         segs: list[_Seg] = []
         n = 0
@@ -793,24 +796,7 @@ class _NativeBatch:
         self.rest.events, self.rest.meta, self.remap = [], [], []
 
 
-#: Scratch buffers at least this large are backed by transparent huge pages when the
-#: kernel allows it (one page fault per 2 MiB instead of per 4 KiB).
-_HUGE_BYTES = 2 << 20
-
-
-def _scratch(nbytes: int) -> mmap.mmap:
-    """A private anonymous mapping of ``nbytes`` zero bytes (huge pages when large)."""
-    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    buf = mmap.mmap(-1, nbytes, flags=private) if private else mmap.mmap(-1, nbytes)
-    if nbytes >= _HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # THP not available: ordinary pages
-            pass
-    return buf
-
-
-def _scan(text: bytes | memoryview | list[bytes | memoryview], nlines: int, first: np.ndarray, srcs: np.ndarray,
+def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, srcs: np.ndarray,
           seq0s: np.ndarray, checked: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (one buffer, or a list of buffers of complete lines scanned as one text;
     segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line ``seq0s[k]``) with
@@ -823,7 +809,7 @@ def _scan(text: bytes | memoryview | list[bytes | memoryview], nlines: int, firs
     # it goes (the frames built from them view them, zero-copy). Large short-lived
     # malloc'd buffers would raise glibc's mmap threshold and fragment the heap across
     # loads (peak RSS grew ~15% per repeated load).
-    scratch = _scratch(cap * (ni * 8 + 4 + ns * 4 + 8))
+    scratch = anonymous_map(cap * (ni * 8 + 4 + ns * 4 + 8))
     ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
     imask = np.frombuffer(scratch, dtype=np.uint32, count=cap, offset=ni * cap * 8)
     strs = np.frombuffer(scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4).reshape(ns, cap)
@@ -1670,10 +1656,9 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
                   names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """The EVENT_SCHEMA table (by ts) from all raw event and metadata rows of a run.
 
-    Per-row work happens on the parsed rows as they are; the dense output columns are
-    then gathered once into (ts, file, line) order, the sparse ones (data-loader fields)
-    scattered there, and the strings that repeat (host, file, fhash, source) are taken
-    from small per-process and per-file tables.
+    Per-row work happens on the parsed rows as they are; the output columns are then
+    gathered once into (ts, file, line) order, and the strings that repeat (host, file,
+    fhash, source) are taken from small per-process and per-file tables.
     """
     if ev.height == 0:
         return pl.DataFrame(schema=EVENT_SCHEMA), None
@@ -1732,20 +1717,12 @@ def _ordered_output(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, 
 def _gathered(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named: pl.DataFrame,
               paths: pl.Series | None, names: Sequence[str], order: np.ndarray, rank: np.ndarray) -> pl.DataFrame:
     """The columns of :func:`_ordered_output` but ``offset`` (a placeholder), gathered by ``order``."""
-    n = ev.height
+    # the data-loader fields are sparse (7 % of the rows on the ingest benchmark), yet one
+    # gather with the other columns is cheaper than scattering their rows (34 vs 76 ms)
     out = ev.select(
         "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
+        "epoch", "step", "batch_size", pl.col("image_idx").alias("sample_index"),
     ).rechunk()[pl.Series(order)]
-    # data-loader fields: few rows have them
-    loader = [("epoch", "epoch"), ("step", "step"), ("batch_size", "batch_size"), ("image_idx", "sample_index")]
-    sparse = ev.lazy().with_row_index("__row").filter(
-        pl.any_horizontal(pl.col(c).is_not_null() for c, _ in loader)
-    ).select("__row", *(c for c, _ in loader)).collect()
-    at = pl.Series(rank[sparse["__row"].to_numpy()])
-    out = out.with_columns(
-        pl.Series(name, [], dtype=pl.Int64).extend_constant(None, n).scatter(at, sparse[c])
-        for c, name in loader
-    )
     file = pl.lit(files["path"]).gather(pl.col("__f"))
     if paths is not None:
         file = pl.lit(out.select(file).to_series().scatter(rank[named["__row"].to_numpy()], paths))

@@ -14,6 +14,7 @@ library is installed. Both release the GIL: files decode in parallel threads.
 
 from __future__ import annotations
 
+import mmap
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,11 +25,13 @@ _FEED_BYTES = 1 << 20  # compressed bytes fed to zlib at a time
 #: Decoded bytes of one member kept back on the fast path (the member is yielded only
 #: once it decoded cleanly); a larger member is decoded with zlib, streaming.
 _FAST_MEMBER_LIMIT = 64 << 20
-#: Decoded bytes per piece on the fast path. Small pieces come from malloc's free lists
-#: and are reused after the loader drops them: a new multi-MB buffer per member had its
+#: Decoded bytes per output of the fast path. A new multi-MB buffer per member had its
 #: pages faulted in afresh each time (decoding the ingest benchmark took 0.73 s of CPU
-#: that way, of which 0.45 s page faults; 64 KiB pieces: 0.3 s, almost no faults).
+#: that way, 0.45 s of it page faults); small outputs come from malloc's free lists, and
+#: copied into :class:`Slabs` at once, the same buffer serves every output.
 _PIECE_BYTES = 64 << 10
+#: Compressed bytes fed to it at a time (it keeps a copy of what it has not used yet).
+_FAST_FEED_BYTES = 64 << 10
 
 
 def _fast_inflate():
@@ -58,10 +61,80 @@ class DecodeStats:
         self.dropped_bytes += nbytes
 
 
+#: Anonymous mappings at least this large are backed by transparent huge pages when the
+#: kernel allows it (one page fault per 2 MiB instead of per 4 KiB).
+_HUGE_BYTES = 2 << 20
+
+
+def anonymous_map(nbytes: int) -> mmap.mmap:
+    """A private anonymous mapping of ``nbytes`` zero bytes (huge pages when large), unmapped
+    when the last reference (a view of it included) goes."""
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    buf = mmap.mmap(-1, nbytes, flags=private) if private else mmap.mmap(-1, nbytes)
+    if nbytes >= _HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # THP not available: ordinary pages
+            pass
+    return buf
+
+
+#: Bytes of one :class:`Slabs` mapping.
+SLAB_BYTES = 4 << 20
+
+#: Decoded bytes: ``buf[lo:hi]`` (``buf`` a bytes object or a :class:`Slabs` mapping).
+Span = tuple["bytes | mmap.mmap", int, int]
+
+
+class Slabs:
+    """Where the fast path puts decoded text of a large file: each small decoder output is
+    copied at once into the current 4 MiB mapping (huge pages), so the decoder's own
+    output buffer is freed and reused by malloc for the next one.
+
+    Decoded text held in many fresh malloc'd buffers until it was parsed had every page
+    faulted in anew (in a VM, a fault costs microseconds): 75k of the ~100k page faults of
+    parsing the ingest benchmark's trace. A mapping is unmapped when no span of it is
+    referenced any more. Used by one thread.
+    """
+
+    def __init__(self, size: int | None = None) -> None:
+        self.size = size or SLAB_BYTES
+        self._cur: mmap.mmap | None = None
+        self._pos = 0
+
+    def put(self, out: bytes) -> Span:
+        """The span where ``out`` now is (``out`` itself when larger than a mapping)."""
+        n = len(out)
+        if n > self.size:
+            return out, 0, n
+        if self._cur is None or self._pos + n > self.size:
+            self._cur, self._pos = anonymous_map(self.size), 0
+        lo = self._pos
+        self._cur[lo:lo + n] = out
+        self._pos = lo + n
+        return self._cur, lo, lo + n
+
+    def mark(self) -> tuple[mmap.mmap | None, int]:
+        return self._cur, self._pos
+
+    def rewind(self, mark: tuple[mmap.mmap | None, int]) -> None:
+        """Reuse the space written after ``mark`` (output that was discarded)."""
+        if mark[0] is not None and mark[0] is self._cur:
+            self._pos = mark[1]
+
+
 def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, bool]]:
     """Decode ``data`` (gzip members, or plain text); yield (bytes, damage_follows)."""
+    for buf, lo, hi, damage in decoded_spans(data, stats):
+        yield buf if isinstance(buf, bytes) and lo == 0 and hi == len(buf) else bytes(buf[lo:hi]), damage
+
+
+def decoded_spans(data: bytes, stats: DecodeStats,
+                  slabs: Slabs | None = None) -> Iterable[tuple[bytes | mmap.mmap, int, int, bool]]:
+    """:func:`decoded_pieces` as (buf, lo, hi, damage_follows): the decoded bytes are
+    ``buf[lo:hi]``; with ``slabs``, the fast path's output is copied there."""
     if not data.startswith(GZIP_MAGIC[:1]):  # JSON text never starts with 0x1f
-        yield data, False
+        yield data, 0, len(data), False
         return
     mv = memoryview(data)
     n = len(data)
@@ -81,12 +154,15 @@ def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, boo
         stats.members += 1
         start = pos
         if _FAST is not zlib:
-            fast = _fast_member(mv, pos)
+            mark = slabs.mark() if slabs is not None else None
+            fast = _fast_member(mv, pos, slabs)
             if fast is not None:
-                pieces, pos = fast
-                for piece in pieces:
-                    yield piece, False
+                spans, pos = fast
+                for buf, lo, hi in spans:
+                    yield buf, lo, hi, False
                 continue
+            if slabs is not None and mark is not None:
+                slabs.rewind(mark)
         d = zlib.decompressobj(31)
         while True:
             chunk = mv[pos:pos + _FEED_BYTES]
@@ -94,7 +170,8 @@ def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, boo
                 stats.problems.append(
                     f"file is truncated: gzip member {stats.members} (at byte {start}) is incomplete"
                 )
-                yield d.flush(), True
+                out = d.flush()
+                yield out, 0, len(out), True
                 return
             before = d.copy()
             try:
@@ -110,35 +187,35 @@ def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, boo
                     + (f"resumed at the next member header at byte {resume}" if nxt >= 0
                        else "no later member header")
                 )
-                yield good, True
+                yield good, 0, len(good), True
                 pos = resume
                 break
             if d.eof:
                 pos = pos + len(chunk) - len(d.unused_data)
-                yield out, False
+                yield out, 0, len(out), False
                 break
-            yield out, False
+            yield out, 0, len(out), False
             pos += len(chunk)
 
 
-def _fast_member(mv: memoryview, pos: int) -> tuple[list[bytes], int] | None:
-    """Decode the member at ``pos`` with the fast library: (pieces of at most
-    ``_PIECE_BYTES``, end offset), or None when it is damaged, truncated or too large (the
-    caller then decodes it with zlib)."""
+def _fast_member(mv: memoryview, pos: int, slabs: Slabs | None = None) -> tuple[list[Span], int] | None:
+    """Decode the member at ``pos`` with the fast library: (spans of at most
+    ``_PIECE_BYTES``, in ``slabs`` when given; end offset), or None when it is damaged,
+    truncated or too large (the caller then decodes it with zlib)."""
     d = _FAST.IgzipDecompressor(_FAST.DECOMP_GZIP)
-    pieces: list[bytes] = []
+    pieces: list[Span] = []
     size = 0
     end = pos  # end of the input fed so far (the decompressor keeps what it did not use yet)
     try:
         while True:
             data: memoryview | bytes = b""
             if d.needs_input:
-                data = mv[end:end + _FEED_BYTES]
+                data = mv[end:end + _FAST_FEED_BYTES]
                 if not data:
                     return None
                 end += len(data)
             out = d.decompress(data, _PIECE_BYTES)
-            pieces.append(out)
+            pieces.append(slabs.put(out) if slabs is not None else (out, 0, len(out)))
             size += len(out)
             if d.eof:
                 return pieces, end - len(d.unused_data)

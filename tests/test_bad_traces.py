@@ -175,6 +175,13 @@ def test_fast_decoder_pieces_join_to_what_zlib_decodes(monkeypatch: pytest.Monke
 
     assert pfw._FAST is not zlib, "isal is a dependency: the fast path must be in use"
     fast, fast_stats = decode()
+    # the loader's way for large files: spans of small mappings (a member spans several)
+    slab_stats = pfw.DecodeStats()
+    slabs = pfw.Slabs(size=3 * pfw._PIECE_BYTES)
+    spans = list(pfw.decoded_spans(data, slab_stats, slabs))
+    assert slab_stats == fast_stats
+    assert [(bytes(buf[lo:hi]), dmg) for buf, lo, hi, dmg in spans] == fast
+    assert any(not isinstance(buf, bytes) for buf, _, _, _ in spans)
     monkeypatch.setattr(pfw, "_FAST", zlib)
     slow, slow_stats = decode()
     assert b"".join(p for p, _ in fast) == b"".join(p for p, _ in slow)

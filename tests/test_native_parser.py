@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
+from dlreplay import pfw
 from dlreplay.analyze import LoadedTrace, load_trace
 
 from .conftest import TRACES
@@ -122,6 +123,33 @@ def test_bad_input_suite_loads_identically(case: str, tmp_path: Path, monkeypatc
     (trace / biggest()).write_bytes(BAD_CASES[case]())
     native, python = load_both(trace, monkeypatch)
     assert_same(native, python)
+
+
+@pytest.mark.parametrize("case", ["clean", "truncated-45%", "corrupt-middle-member", "malformed-lines", "members-60"])
+def test_large_file_path_loads_identically(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large files decode a chunk ahead in a helper thread, into huge-page mappings
+    (``pfw.Slabs``), and are parsed in chunks: forced here onto small files (and small
+    chunks, outputs and mappings, so that lines and members span them), the table and
+    reports are those of the ordinary path, and intact members never fall back to zlib."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    if case != "clean":
+        (trace / biggest()).write_bytes(BAD_CASES[case]())
+    ordinary = load_trace(trace)
+    monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
+    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 48 << 10)
+    monkeypatch.setattr(pfw, "SLAB_BYTES", 40 << 10)
+    monkeypatch.setattr(pfw, "_PIECE_BYTES", 16 << 10)
+    made: list[int] = []
+    real_map = pfw.anonymous_map
+    monkeypatch.setattr(pfw, "anonymous_map", lambda n: made.append(n) or real_map(n))
+    slow: list[int] = []
+    real_zlib = pfw.zlib.decompressobj
+    monkeypatch.setattr(pfw.zlib, "decompressobj", lambda *a: slow.append(1) or real_zlib(*a))
+    assert_same(load_trace(trace), ordinary)
+    assert set(made) == {40 << 10} and len(made) > len(list(trace.glob("*.pfw.gz")))  # files span mappings
+    if case in ("clean", "members-60", "malformed-lines"):
+        assert not slow, "intact members fell back to zlib"
 
 
 def test_empty_metadata_only_and_1x_files_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
