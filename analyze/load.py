@@ -576,7 +576,10 @@ def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iter
     size = 0
     for buf, lo, hi, damage in _decoded_spans(data, stats, slabs):
         if hi > lo:
-            pending.append((buf, lo, hi))
+            if pending and pending[-1][0] is buf and pending[-1][2] == lo:  # continues in a slab
+                pending[-1] = (buf, pending[-1][1], hi)
+            else:
+                pending.append((buf, lo, hi))
             size += hi - lo
         if damage:
             if pending:
