@@ -69,7 +69,7 @@ import re
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -1670,6 +1670,18 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
     ev = ev.rechunk()
     meta = meta.sort("src", "seq")
     ev = _apply_time_metric(ev, meta)
+    # Two helper threads (polars, numpy's sort and the C passes release the GIL): the
+    # output order needs only ts, file and line, so it is sorted while the processes,
+    # files and sizes are resolved; the summary's per-(file, process) table needs no
+    # output order, so it is counted while the rows are gathered into it.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlreplay-combine") as pool:
+        ordering = pool.submit(_ordering, ev)
+        return _resolved(ev, meta, names, ordering, pool)
+
+
+def _resolved(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str], ordering: Future,
+              pool: ThreadPoolExecutor) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """:func:`_build_events` once ``ev`` is one chunk and in µs, its order sorting in ``ordering``."""
     every, pidx = _process_keys(ev)
     procs = _process_table(every, ev, meta)
     fh = _hash_map(meta, "FH")
@@ -1695,33 +1707,27 @@ def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
         sub = named.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
                          maintain_order="left")
         paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
-    # the summary's per-(file, process) table needs no output order: built meanwhile in a
-    # second thread (polars, numpy's sort and the C passes release the GIL)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-combine") as pool:
-        per_process = pool.submit(_per_process, ev, files["path"],
-                                  named["__row"].to_numpy() if paths is not None else None, paths, procs)
-        out = _ordered_output(ev, procs, files, named, paths, names)
-        return out, per_process.result()
+    per_process = pool.submit(_per_process, ev, files["path"],
+                              named["__row"].to_numpy() if paths is not None else None, paths, procs)
+    order, rank = ordering.result()
+    offset = pool.submit(_offsets, ev, order, rank)  # meanwhile: the gather of every other column
+    out = _gathered(ev, procs, files, named, paths, names, order, rank)
+    out = out.insert_column(list(EVENT_SCHEMA).index("offset"), offset.result().alias("offset"))
+    return out, per_process.result()
 
 
-def _ordered_output(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named: pl.DataFrame,
-                    paths: pl.Series | None, names: Sequence[str]) -> pl.DataFrame:
-    """The EVENT_SCHEMA table of the raw rows ``ev`` (with ``__p``, ``__f``, sizes) in output
-    order, with file paths ``paths`` for the ``named`` rows (path argument, no FH path)."""
-    n = ev.height
-    # the output order: (ts, file, line); rank[row] is the output position of a row
+def _ordering(ev: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(order, rank): the rows of ``ev`` in output order (ts, file, line), and the output
+    position of each row (``rank[order[k]] == k``)."""
     order = _output_order(ev)
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n, dtype=np.int64)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-offsets") as pool:
-        offset = pool.submit(_offsets, ev, order, rank)  # meanwhile: the gather of every other column
-        out = _gathered(ev, procs, files, named, paths, names, order, rank)
-        return out.insert_column(list(EVENT_SCHEMA).index("offset"), offset.result().alias("offset"))
+    rank = np.empty(ev.height, dtype=np.int64)
+    rank[order] = np.arange(ev.height, dtype=np.int64)
+    return order, rank
 
 
 def _gathered(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named: pl.DataFrame,
               paths: pl.Series | None, names: Sequence[str], order: np.ndarray, rank: np.ndarray) -> pl.DataFrame:
-    """The columns of :func:`_ordered_output` but ``offset`` (a placeholder), gathered by ``order``."""
+    """The columns of the output table but ``offset``, gathered by ``order``."""
     # the data-loader fields are sparse (7 % of the rows on the ingest benchmark), yet one
     # gather with the other columns is cheaper than scattering their rows (34 vs 76 ms)
     out = ev.select(
