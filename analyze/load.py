@@ -716,25 +716,19 @@ class _NativeBatch:
         #: (src, line number in the inner batch's text, line number in the file) of rejected lines
         self.remap: list[tuple[int, np.ndarray, np.ndarray]] = []
 
-    def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
-        """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
-        return self._add(src, seq0, [text], stats)
-
     def add_pieces(self, src: int, seq0: int, text: list[_Piece], stats: _Stats) -> int:
-        """:meth:`add` of the text of pieces ``text``: its lines are scanned where they lie
-        (only a line spanning two pieces is copied)."""
-        return self._add(src, seq0, _line_segments(text), stats)
-
-    def _add(self, src: int, seq0: int, segments: list[bytes | mmap.mmap | memoryview], stats: _Stats) -> int:
+        """Add the text of pieces ``text`` (complete lines of file ``src`` from line ``seq0``);
+        returns its lines. They are scanned where they lie (only a line spanning two
+        pieces is copied)."""
         assert _NATIVE is not None
         segs: list[_Seg] = []
         n = 0
-        for text in segments:
-            newlines, valid = _NATIVE.text_info(text)  # one C pass: lines and the UTF-8 check
-            k = newlines + (0 if text[-1] == 10 else 1)  # 10: "\n"
-            segs.append((src, seq0 + n, text, stats, k, valid))
+        for seg in _line_segments(text):
+            newlines, valid = _NATIVE.text_info(seg)  # one C pass: lines and the UTF-8 check
+            k = newlines + (0 if seg[-1] == 10 else 1)  # 10: "\n"
+            segs.append((src, seq0 + n, seg, stats, k, valid))
             n += k
-            self.nbytes += len(text)
+            self.nbytes += len(seg)
         if segs:
             self.pending.append(segs)
         return n

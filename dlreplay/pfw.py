@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
-_FEED_BYTES = 1 << 20  # compressed bytes fed to zlib at a time
+_FEED_BYTES = 1 << 20  # compressed bytes fed to the decompressor at a time
 #: Decoded bytes of one member kept back on the fast path (the member is yielded only
 #: once it decoded cleanly); a larger member is decoded with zlib, streaming.
 _FAST_MEMBER_LIMIT = 64 << 20
@@ -30,8 +30,6 @@ _FAST_MEMBER_LIMIT = 64 << 20
 #: that way, 0.45 s of it page faults); small outputs come from malloc's free lists, and
 #: copied into :class:`Slabs` at once, the same buffer serves every output.
 _PIECE_BYTES = 64 << 10
-#: Compressed bytes fed to it at a time (it keeps a copy of what it has not used yet).
-_FAST_FEED_BYTES = 64 << 10
 
 
 def _fast_inflate():
@@ -114,14 +112,6 @@ class Slabs:
         self._pos = lo + n
         return self._cur, lo, lo + n
 
-    def mark(self) -> tuple[mmap.mmap | None, int]:
-        return self._cur, self._pos
-
-    def rewind(self, mark: tuple[mmap.mmap | None, int]) -> None:
-        """Reuse the space written after ``mark`` (output that was discarded)."""
-        if mark[0] is not None and mark[0] is self._cur:
-            self._pos = mark[1]
-
 
 def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, bool]]:
     """Decode ``data`` (gzip members, or plain text); yield (bytes, damage_follows)."""
@@ -154,15 +144,12 @@ def decoded_spans(data: bytes, stats: DecodeStats,
         stats.members += 1
         start = pos
         if _FAST is not zlib:
-            mark = slabs.mark() if slabs is not None else None
-            fast = _fast_member(mv, pos, slabs)
+            fast = _fast_member(mv, pos, slabs)  # a damaged member's spans in slabs are left unused
             if fast is not None:
                 spans, pos = fast
                 for buf, lo, hi in spans:
                     yield buf, lo, hi, False
                 continue
-            if slabs is not None and mark is not None:
-                slabs.rewind(mark)
         d = zlib.decompressobj(31)
         while True:
             chunk = mv[pos:pos + _FEED_BYTES]
@@ -210,7 +197,7 @@ def _fast_member(mv: memoryview, pos: int, slabs: Slabs | None = None) -> tuple[
         while True:
             data: memoryview | bytes = b""
             if d.needs_input:
-                data = mv[end:end + _FAST_FEED_BYTES]
+                data = mv[end:end + _FEED_BYTES]
                 if not data:
                     return None
                 end += len(data)
