@@ -258,13 +258,15 @@ def test_sleep_accuracy_au(tmp_path):
     data = tmp_path / "d"
     # Up to 3 runs: on a VM, hypervisor CPU steal can stretch single sleeps by tens of ms
     # (measured here: up to 68 ms on a 50 ms sleep); a systematic error fails every run.
+    # Steal lowers the AU itself too (the window stretches, the AU still matches the
+    # modelled share: a CI run saw 95.9 %), so a run must pass both to end the retries.
     errors = []
     for attempt in range(3):
         res = run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / f"o{attempt}", trace=False))
         o = res.metrics["overall"]
         modelled_share = 100.0 * o["modelled_compute_s"] / o["window_s"]
         errors.append(abs(o["au_percent"] - modelled_share))
-        if errors[-1] < 1.0:
+        if errors[-1] < 1.0 and o["au_percent"] > 98.0:
             break
     assert min(errors) < 1.0, errors
     assert o["au_percent"] > 98.0
