@@ -261,16 +261,16 @@ class TracePart:
 
 
 def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
-               threads: int | None = None) -> LoadedTrace:
+               jobs: int | None = None) -> LoadedTrace:
     """Load a trace directory (all ``*.pfw``/``*.pfw.gz`` below it), one file, or a list of files.
 
-    ``threads`` bounds how many groups of files are decompressed and parsed concurrently
-    (default: the CPU count, at most 8). Raises :class:`~dlreplay.errors.TraceError` when
+    ``jobs`` bounds how many groups of files are decompressed and parsed concurrently
+    (default: :func:`available_cores`). Raises :class:`~dlreplay.errors.TraceError` when
     the path does not exist or holds no trace file. Damage never raises: see
     :attr:`LoadedTrace.files`.
     """
     files, manifest = _find_inputs(path)
-    workers = max(1, threads or min(os.cpu_count() or 1, 8))
+    workers = max(1, jobs or available_cores())
     groups = _groups(list(enumerate(files)), workers)
     workers = min(workers, len(groups))
     if workers == 1:
@@ -279,6 +279,15 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
             parts = list(pool.map(parse_part, groups))
     return dataclasses.replace(combine(parts, [p.name for p in files]), manifest=manifest)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the CPU count where the
+    platform has no affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
+        return max(1, os.cpu_count() or 1)
 
 
 def load(path: str | os.PathLike | Sequence[str | os.PathLike], **kw) -> pl.DataFrame:

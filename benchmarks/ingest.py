@@ -1,20 +1,33 @@
-"""Ingest benchmark: ``load_trace()`` + ``summarize()`` against ``gzip -dc`` on the same trace.
+"""Ingest benchmark: ``dlreplay analyze``'s loading on 1, 2 and all cores against as many parallel ``gzip -dc``.
 
-Builds (once, cached under ``--dir``) a synthetic DFTracer 2.x trace of a PyTorch-style
-data-loading job: one main process (fetch/step/epoch/checkpoint events, some STDIO) and
-persistent loader workers that, per sample, open one ``.npz`` file, seek around its
-zip directory, read it, close it and emit an ``item`` event. Lines use the exact
-DFTracer 2.x layout of the real samples (``FH``/``HH``/``CM``/``thread_name`` metadata,
-``start``/``end`` records, ``"ph":1`` events), buffered into multi-member gzip files the
-way DFTracer flushes its write buffer.
+Builds (once, cached under ``--dir``) two synthetic DFTracer 2.x traces of a PyTorch-style
+data-loading job: a *multi-file* trace (one main process with fetch/step/epoch/checkpoint
+events and some STDIO, and 8 persistent loader workers that, per sample, open one ``.npz``
+file, seek around its zip directory, read it, close it and emit an ``item`` event: 9
+process files) and a *single-file* trace (the main process reads the samples itself).
+Lines use the exact DFTracer 2.x layout of the real samples (``FH``/``HH``/``CM``/
+``thread_name`` metadata, ``start``/``end`` records, ``"ph":1`` events), buffered into
+multi-member gzip files the way DFTracer flushes its write buffer.
 
-Then it measures, in one run: the wall time of ``gzip -dc FILES > /dev/null`` and of
-``load_trace()`` + ``summarize()`` with the loader's per-process table, as ``dlreplay analyze``
-does (runs interleaved, so both sides see the same machine load),
-and prints events, both rates (events/s; best and median run), their ratio, the CPU time
-of each side and the peak RSS of the loading process.
+Then, for each trace and each core count N (1, 2 and all the cores this process may
+use, without repeats), in one run and interleaved so that both sides see the same
+machine load:
 
-    python benchmarks/ingest.py [--dir bench-data/ingest] [--events 2200000]
+- ``gzip -dc`` as N parallel processes: the files dealt out by size (a single file is
+  decompressed by each of the N); its rate is the events decoded by all N over the wall
+  time;
+- a child process pinned to N cores (``sched_setaffinity``, ``POLARS_MAX_THREADS=N``)
+  that runs ``load_trace(jobs=N)`` + ``summarize()`` (as ``dlreplay analyze`` does) and
+  then the passes and rules (``characterize`` + ``find``); it reports the wall time of
+  each phase (after its imports) and its peak RSS (``VmHWM``) minus its RSS after the
+  imports, per event.
+
+Printed per (trace, N): both rates (events/s; best and median run), their ratio, and the
+peak bytes per event of the load + summarize and of the whole analysis.
+Targets (issue #19): >= 0.5x N parallel ``gzip -dc`` on N cores, >= 1.0x one ``gzip -dc``
+on 2 cores, <= 200 bytes per event at peak.
+
+    python benchmarks/ingest.py [--dir bench-data/ingest] [--events 2200000] [--repeat 3] [--cores 1,2]
 """
 
 from __future__ import annotations
@@ -22,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -129,7 +141,10 @@ def _sample(w: _Proc, idx: int, epoch: int, rng: np.random.Generator, fsize: int
 
 
 def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> list[Path]:
-    """Write the synthetic trace into ``out``; returns the .pfw.gz files."""
+    """Write the synthetic trace into ``out``; returns the .pfw.gz files.
+
+    ``workers`` loader processes read the samples, one trace file each; with 0 the main
+    process reads them itself and the trace is one file."""
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.pfw.gz"):
         old.unlink()
@@ -148,7 +163,8 @@ def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> lis
         order = rng.permutation(nfiles)
         for b in range(0, nfiles, batch):
             for k, idx in enumerate(order[b:b + batch]):
-                _sample(procs[(b // batch + k) % workers], int(idx), epoch, rng, int(sizes[idx]))
+                _sample(procs[(b // batch + k) % workers] if workers else main, int(idx), epoch, rng,
+                        int(sizes[idx]))
             main.event("fetch", "dataloader", int(rng.integers(100, 5000)),
                        f'"batch_size":{batch},"step":{b // batch},"epoch":{epoch}', typ=2)
             main.event("step", "compute", int(rng.integers(5000, 20000)), f'"step":{b // batch},"epoch":{epoch}', typ=2)
@@ -168,67 +184,126 @@ def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> lis
     return files
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+CHILD = r"""
+import json, os, sys, time
+cores = int(sys.argv[2])
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
+def rss(key):
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+from dlreplay.analyze import load_trace, summarize
+from dlreplay.analyze.findings import find
+from dlreplay.analyze.passes import characterize
+base = rss("VmRSS")
+t0 = time.perf_counter()
+loaded = load_trace(sys.argv[1], jobs=cores)
+t1 = time.perf_counter()
+summarize(loaded.events, per_process=loaded.per_process)
+t2 = time.perf_counter()
+peak_load = rss("VmHWM")
+find(characterize(loaded.events, manifest=loaded.manifest, per_process=loaded.per_process))
+t3 = time.perf_counter()
+print(json.dumps({"events": loaded.events.height, "load": t1 - t0, "summarize": t2 - t1, "passes": t3 - t2,
+                  "base": base, "peak_load": peak_load, "peak": rss("VmHWM"),
+                  "table": loaded.events.estimated_size()}))
+"""
+
+
+def _deal(files: list[Path], n: int) -> list[list[Path]]:
+    """``files`` dealt into ``n`` lists of about equal stored size (largest first); a single
+    file goes to every list."""
+    if len(files) == 1:
+        return [files] * n
+    out: list[list[Path]] = [[] for _ in range(n)]
+    load = [0] * n
+    for f in sorted(files, key=lambda f: -f.stat().st_size):
+        i = load.index(min(load))
+        out[i].append(f)
+        load[i] += f.stat().st_size
+    return [x for x in out if x]
+
+
+def _gzip(files: list[Path], n: int) -> tuple[float, int]:
+    """(wall seconds, copies of the trace decoded) of ``n`` parallel ``gzip -dc``."""
+    shares = _deal(files, n)
+    t = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        procs = [subprocess.Popen(["gzip", "-dc", *map(str, share)], stdout=null) for share in shares]
+        for p in procs:
+            if p.wait() != 0:
+                raise SystemExit("gzip -dc failed")
+    return time.perf_counter() - t, (len(shares) if len(files) == 1 else 1)
+
+
+def _analyze(trace: Path, n: int) -> dict:
+    env = {**os.environ, "POLARS_MAX_THREADS": str(n)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(trace), str(n)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"the analysis child failed on {trace}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _trace(out: Path, events: int, workers: int, rebuild: bool) -> list[Path]:
+    meta = out / "bench.json"
+    info = json.loads(meta.read_text()) if meta.is_file() else {}
+    cached = info.get("target") == events and info.get("version") == 3 and info.get("workers") == workers
+    if rebuild or not cached:
+        t = time.perf_counter()
+        build(out, events, workers=workers)
+        info = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**info, "version": 3, "workers": workers}))
+        print(f"built {out} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return sorted(out.glob("*.pfw.gz"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="bench-data/ingest", help="cache directory for the trace")
-    ap.add_argument("--events", type=int, default=2_200_000, help="events to generate (>= 2M)")
+    ap.add_argument("--dir", default="bench-data/ingest", help="cache directory for the traces")
+    ap.add_argument("--events", type=int, default=2_200_000, help="events per trace (>= 2M)")
     ap.add_argument("--rebuild", action="store_true", help="regenerate even if cached")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each side (best and median shown)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each side (best and median shown)")
+    ap.add_argument("--cores", default=None, help="core counts, comma-separated (default: 1, 2 and all)")
+    ap.add_argument("--traces", default="single,multi", help="which traces: single, multi or both")
     args = ap.parse_args(argv)
 
-    out = Path(args.dir)
-    meta = out / "bench.json"
-    info = json.loads(meta.read_text()) if meta.is_file() else {}
-    cached = info.get("target") == args.events and info.get("events", 0) >= 2_000_000 and info.get("version") == 2
-    if args.rebuild or not cached:
-        t = time.perf_counter()
-        files = build(out, args.events)
-        print(f"built {out} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    files = sorted(out.glob("*.pfw.gz"))
-    stored = sum(f.stat().st_size for f in files)
-
-    from dlreplay.analyze import load_trace, summarize
-
-    gz: list[tuple[float, float]] = []  # (wall, cpu) per run
-    ld: list[tuple[float, float]] = []
-    ld_only: list[float] = []
-    n_events = 0
-    for _ in range(args.repeat):
-        c0, t0 = _cpu(), time.perf_counter()
-        with open(os.devnull, "wb") as null:
-            subprocess.run(["gzip", "-dc", *map(str, files)], stdout=null, check=True)
-        gz.append((time.perf_counter() - t0, _cpu() - c0))
-        c0, t0 = _cpu(), time.perf_counter()
-        loaded = load_trace(out)
-        ld_only.append(time.perf_counter() - t0)
-        summarize(loaded.events, per_process=loaded.per_process)  # as `dlreplay analyze` does
-        ld.append((time.perf_counter() - t0, _cpu() - c0))
-        n_events = loaded.events.height
-        del loaded
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs)
-
-    gz_best, gz_med = min(w for w, _ in gz), med([w for w, _ in gz])
-    ld_best, ld_med = min(w for w, _ in ld), med([w for w, _ in ld])
-    print(f"trace: {len(files)} files, {stored / 1e6:.1f} MB stored, {n_events:,} events; "
-          f"{args.repeat} runs of each side, interleaved (best / median)")
-    print(f"gzip -dc          : {gz_best:6.2f} / {gz_med:6.2f} s wall ({med([c for _, c in gz]):5.2f} s cpu)  "
-          f"{n_events / gz_best / 1e6:5.2f} / {n_events / gz_med / 1e6:5.2f} M events/s")
-    print(f"load_trace()      : {min(ld_only):6.2f} / {med(ld_only):6.2f} s wall                 "
-          f"{n_events / min(ld_only) / 1e6:5.2f} / {n_events / med(ld_only) / 1e6:5.2f} M events/s")
-    print(f"load+summarize()  : {ld_best:6.2f} / {ld_med:6.2f} s wall ({med([c for _, c in ld]):5.2f} s cpu)  "
-          f"{n_events / ld_best / 1e6:5.2f} / {n_events / ld_med / 1e6:5.2f} M events/s")
-    print(f"ratio load+summarize / gzip (events/s): best {gz_best / ld_best:.2f}, median {gz_med / ld_med:.2f}  "
-          f"(load only: {gz_best / min(ld_only):.2f} / {gz_med / med(ld_only):.2f})")
-    print(f"peak RSS of this process (load+summarize): {peak:,.0f} MB")
+    avail = len(os.sched_getaffinity(0))
+    cores = sorted({int(c) for c in args.cores.split(",")} if args.cores else {1, min(2, avail), avail})
+    try:
+        load_avg = os.getloadavg()
+    except OSError:
+        load_avg = (float("nan"),) * 3
+    print(f"machine: {avail} core(s) available, load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f}")
+    root = Path(args.dir)
+    for kind in args.traces.split(","):
+        workers = 0 if kind == "single" else 8
+        files = _trace(root / kind, args.events, workers, args.rebuild)
+        stored = sum(f.stat().st_size for f in files)
+        for n in cores:
+            gz: list[float] = []
+            an: list[dict] = []
+            for _ in range(args.repeat):
+                wall, copies = _gzip(files, n)
+                gz.append(wall / copies)
+                an.append(_analyze(root / kind, n))
+            ev = an[0]["events"]
+            ld = [r["load"] + r["summarize"] for r in an]
+            full = [r["load"] + r["summarize"] + r["passes"] for r in an]
+            per_load = statistics.median((r["peak_load"] - r["base"]) / ev for r in an)
+            per_all = statistics.median((r["peak"] - r["base"]) / ev for r in an)
+            gz_b, gz_m = min(gz), statistics.median(gz)
+            ld_b, ld_m = min(ld), statistics.median(ld)
+            print(f"{kind}-file trace ({len(files)} file(s), {stored / 1e6:.1f} MB stored, {ev:,} events), "
+                  f"{n} core(s), {args.repeat} runs (best / median):")
+            print(f"  {n} x gzip -dc        : {ev / gz_b / 1e6:6.2f} / {ev / gz_m / 1e6:6.2f} M events/s")
+            print(f"  load + summarize     : {ev / ld_b / 1e6:6.2f} / {ev / ld_m / 1e6:6.2f} M events/s   "
+                  f"ratio {gz_b / ld_b:.2f} / {gz_m / ld_m:.2f}")
+            print(f"  + passes and rules   : {ev / min(full) / 1e6:6.2f} / {ev / statistics.median(full) / 1e6:6.2f} "
+                  f"M events/s   ratio {gz_b / min(full):.2f} / {gz_m / statistics.median(full):.2f}")
+            print(f"  peak bytes/event     : {per_load:6.0f} load + summarize, {per_all:6.0f} whole analysis "
+                  f"(table {an[0]['table'] / ev:.0f}; peak RSS {statistics.median(r['peak'] for r in an) / 2**20:,.0f} MiB)")
+            sys.stdout.flush()
     return 0
 
 

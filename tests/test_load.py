@@ -628,11 +628,11 @@ def test_batched_small_files_match_one_by_one(tmp_path: Path, monkeypatch) -> No
     d = tmp_path / "many"
     _many_small_files(d)
     files = sorted(p for p in d.iterdir())
-    batched = load_trace(d, threads=1)
+    batched = load_trace(d, jobs=1)
     assert len(LOAD._groups(list(enumerate(files)), 1)) == 1  # all small: one part, one parse batch
     monkeypatch.setattr(LOAD, "_GROUP_BYTES", 1)  # every file its own part
     monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 1)  # and every file its own parse batch
-    single = load_trace(d, threads=2)
+    single = load_trace(d, jobs=2)
     assert batched.events.equals(single.events)
     assert batched.files == single.files
     # a damaged file in the batch reports exactly what it reports alone

@@ -195,7 +195,7 @@ def test_many_small_files_load_identically(tmp_path: Path, monkeypatch: pytest.M
     _many_small_files(d)
     data = gzip.decompress((d / "trace-302.pfw.gz").read_bytes())
     (d / "trace-302.pfw.gz").write_bytes(gzip.compress(data.replace(b"/data/set/f", b"/data/s\xe9t/f", 3)))
-    native, python = load_both(d, monkeypatch, threads=threads)
+    native, python = load_both(d, monkeypatch, jobs=threads)
     assert native.damaged and native.events.height > 0
     assert_same(native, python)
 
