@@ -64,7 +64,7 @@ def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     return collect(
         events.lazy()
         .filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item"))
-        .select("host", "pid")
+        .select(pl.col("host").cast(pl.String), pl.col("pid").cast(pl.Int64))
         .unique(),
         events,
     )
@@ -108,7 +108,8 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         .select(_process_rows(["file", "host", "pid"]))
         .group_by("pid", "host", "file")  # the integer key first groups fastest
         .agg(_SUMS)
-        .select("file", "host", "pid", pl.exclude("file", "host", "pid")),
+        .select(pl.col("file").cast(pl.String), pl.col("host").cast(pl.String), pl.col("pid").cast(pl.Int64),
+                pl.exclude("file", "host", "pid")),
         events,
     )
     loaders = loader_processes(events).with_columns(pl.lit(True).alias("loader"))

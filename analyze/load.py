@@ -69,7 +69,7 @@ import re
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -240,20 +240,46 @@ class LoadedTrace(FileDamage):
 
 @dataclass(frozen=True)
 class TracePart:
-    """Parsed, not yet resolved rows of some trace files: the output of :func:`parse_part`.
+    """Whole trace files parsed and resolved as far as the files themselves allow: the
+    output of :func:`parse_part` for whole files, the input of :func:`combine`.
 
-    ``events`` and ``meta`` have the columns of :data:`RAW_SCHEMA`: ``src`` (the file's
-    index in the run, as given to :func:`parse_part`), ``seq`` (line number in that file,
-    0-based, blank lines counted) and the raw values as written (``ts``/``dur`` in the
-    file's own time unit, hashes unresolved). ``events`` holds event rows, ``meta`` the
-    metadata records (``FH``, ``HH``, ``CM``, ...; ``ph`` 4 or ``M``). Row order is
-    unspecified. ``files`` has one report per file of the part, in the order given, with
-    ``events`` still 0 (:func:`combine_parts` fills it in).
+    ``events`` has the columns of :data:`PART_SCHEMA`, in (``ts``, file, line) order:
+    ``ts``/``dur`` in microseconds, sizes and offsets reconstructed (every offset stream
+    lies in one trace file), strings Categorical. ``__p`` indexes ``processes`` (one row
+    per (``src``, ``pid``): ``ppid``, ``cwdhash``, ``host`` from the process's own file),
+    ``__path`` is the event's ``path``/``fname`` argument (used where no ``FH`` record
+    names its file hash). ``fh`` holds the part's ``FH`` records (``hash``, ``name``,
+    ``src``, ``seq``, ``pid``), the first of each hash in (file, line) order: a record
+    may name the file of another part's events. ``files`` has one report per file of the
+    part with ``events`` still 0 (:func:`combine` fills it in).
     """
 
     events: pl.DataFrame
-    meta: pl.DataFrame
+    processes: pl.DataFrame
+    fh: pl.DataFrame
     files: list[tuple[int, FileReport]]
+
+
+@dataclass(frozen=True)
+class RangePart:
+    """A byte range of one trace file's gzip members, parsed but not resolved (its offset
+    streams continue in the file's other ranges): the output of :func:`parse_part` for a
+    range job. :func:`resolve_ranges` turns all ranges of a file into a :class:`TracePart`.
+
+    ``rows`` has the columns of :data:`CHUNK_SCHEMA` (any order); ``meta`` the metadata
+    records (:data:`RAW_SCHEMA`); ``starts`` and ``hosts`` what the processes' ``start``
+    records and first host hashes say (:func:`_compact`). ``clean_end`` is False when the
+    range's text did not end with a newline (a line continues in the next range).
+    """
+
+    src: int
+    k: int
+    rows: pl.DataFrame
+    meta: pl.DataFrame
+    starts: pl.DataFrame
+    hosts: pl.DataFrame
+    report: FileReport
+    clean_end: bool
 
 
 # =======================================================================================
@@ -382,29 +408,35 @@ def _read_manifest(path: Path) -> dict | None:
 PartJob = tuple[int, str | os.PathLike] | tuple[int, str | os.PathLike, int, int, int]
 
 
-def parse_part(jobs: Sequence[PartJob]) -> TracePart:
-    """Decompress and parse the trace files ``jobs`` = [(src, path), ...] into a :class:`TracePart`.
+def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
+    """Decompress, parse and resolve the trace files ``jobs`` = [(src, path), ...] into a :class:`TracePart`.
 
     ``src`` is the file's index in the whole run (the position of its name in the
-    ``names`` given to :func:`combine_parts`); the indices of all parts of a run must be
+    ``names`` given to :func:`combine`); the indices of all parts of a run must be
     distinct. The result depends only on the files' bytes and their ``src``, never on
     how files are grouped into parts or on other parts, so parts can be computed in any
-    order, in threads or processes, and :func:`combine_parts` gives the same table.
+    order, in threads or processes, and :func:`combine` gives the same table.
     Damage is salvaged and counted in the file's own report; an unreadable file raises
     :class:`~dlreplay.errors.TraceError`.
 
-    A job may also be a byte range of one file's gzip members (see :data:`PartJob` and
-    :func:`member_ranges`, which only cuts after a member that ends a line): its rows
-    are whole lines, their ``seq`` is ``k << 32`` plus the line number in the range (so
-    it orders the file's lines), and its report counts only its range;
-    :func:`combine_parts` adds up the reports of a file's ranges.
+    ``jobs`` may instead be one byte range of a file's gzip members, [(src, path, start,
+    end, k)] (see :data:`PartJob`; :func:`member_ranges` and :func:`_speculative_ranges`
+    cut only between members): the result is then a :class:`RangePart`, its rows whole
+    lines whose ``seq`` is ``k << 32`` plus the line number in the range (so it orders
+    the file's lines), its report counting only its range.
     """
+    ranged = any(len(job) == 5 for job in jobs)
+    if ranged and len(jobs) != 1:
+        raise ValueError("parse_part: a byte range of a file is parsed alone")
     batch = _new_batch()
+    rows = _Compacted()
     done: list[tuple[int, Path, int, _Stats]] = []
+    clean_end = True
     for job in jobs:
         src, p = job[0], job[1]
         path = Path(p)
         stats = _Stats()
+        rows.stats[src] = stats
         try:
             if len(job) == 5:
                 start, end = job[2], job[3]  # type: ignore[misc]
@@ -421,6 +453,7 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
         chunks = _prefetched(data, stats) if len(data) >= _PREFETCH_BYTES else _text_chunks(data, stats)
         for text, damaged_after, cut in chunks:
             body, tail = _split_tail(text)
+            clean_end = not tail
             if tail:
                 if damaged_after:
                     stats.drop(1, tail)
@@ -432,21 +465,26 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
             # a file's chunks are parsed before it decodes further: its problems stay in order
             if damaged_after or cut or batch.nbytes >= _CHUNK_BYTES:
                 batch.flush()
+                rows.take(batch)
         done.append((src, path, len(data), stats))
     batch.flush()
+    rows.take(batch)
     files = []
     for src, path, size, stats in done:
-        if size and not stats.lines and not stats.problems:
+        if size and not stats.lines and not stats.problems and not ranged:
             stats.problems.append("file holds no trace lines")
         files.append((src, FileReport(
             path=str(path), bytes=size, members=stats.members, lines=stats.lines, events=0,
             dropped_lines=stats.dropped_lines, dropped_bytes=stats.dropped_bytes,
             problems=stats.problems,
         )))
-    # chunks as scanned (zero-copy views of the scanner's output): the combine stage makes
-    # one chunk of all parts' rows in one copy (a copy per part here as well cost ~0.1 s
-    # of wall time and ~10 % more peak memory on the ingest benchmark)
-    return TracePart(events=_concat(batch.events), meta=_concat(batch.meta), files=files)
+    if ranged:
+        job = jobs[0]
+        kept, meta, starts, hosts = rows.pop()
+        return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
+                         hosts=hosts, report=files[0][1], clean_end=clean_end)
+    events, processes, fh = _resolve(rows)
+    return TracePart(events=events, processes=processes, fh=fh, files=files)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -841,14 +879,18 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
             seg = np.searchsorted(first, lines, side="right") - 1
             src, seq = srcs[seg], seq0s[seg] + (lines - first[seg])
             per_seg += np.bincount(seg, minlength=len(first))
-        frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq))
+        frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq,
+                                    categorical=not frames))
     return frames[0], frames[1], per_seg, rej
 
 
 def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
-                  op_of: np.ndarray, any_mask: int, src: int | np.ndarray, seq: np.ndarray) -> pl.DataFrame:
+                  op_of: np.ndarray, any_mask: int, src: int | np.ndarray, seq: np.ndarray,
+                  categorical: bool = False) -> pl.DataFrame:
     """The RAW_SCHEMA frame of the scanner's output rows ``sl`` (of file ``src``, a constant
-    or one per row, lines ``seq``)."""
+    or one per row, lines ``seq``); with ``categorical``, its string columns are
+    Categorical (gathered by the scanner's codes: no string is hashed per row). The frame
+    never views the scanner's buffers, which are freed once it is built."""
     if sl.stop <= sl.start:
         return pl.DataFrame(schema=RAW_SCHEMA)
     mask = imask[sl]
@@ -860,19 +902,22 @@ def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarr
         if not any_mask & bit:
             exprs[col] = pl.lit(None, dtype=_INT)
             continue
-        data[col] = ints[k, sl]
+        # a copy when passed through: a zero-copy column would keep all the buffers alive
+        data[col] = ints[k, sl].copy() if all_mask & bit else ints[k, sl]
         exprs[col] = pl.col(col) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(col))
+    if categorical:
+        values = values.cast(pl.Categorical)
     for k, col in enumerate(_NATIVE_STRS):
         codes = strs[k, sl]
         lo, hi = int(codes.min()), int(codes.max())
-        dtype = RAW_SCHEMA[col]
+        dtype = pl.Categorical() if categorical else RAW_SCHEMA[col]
         if hi < 0:
             exprs[col] = pl.lit(None, dtype=dtype)
         elif lo == hi:  # one value (cat, ph, host hash of a file): a constant
             exprs[col] = pl.lit(values[lo], dtype=dtype)
         else:
             data[col] = codes
-            exprs[col] = pl.lit(values if dtype == _STR else values.cast(dtype)).gather(
+            exprs[col] = pl.lit(values if dtype == values.dtype else values.cast(dtype)).gather(
                 pl.when(pl.col(col) >= 0).then(pl.col(col)) if lo < 0 else pl.col(col))
     name = strs[_NATIVE_STRS.index("name"), sl]
     data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
@@ -1322,36 +1367,243 @@ def _cast_loose(e: pl.Expr, dt: pl.DataType) -> pl.Expr:
 
 
 # =======================================================================================
-# Stage 2: TraceParts -> the event table
+# Stage 2: compact rows -> resolved parts (per file) -> the event table (across files)
+
+_CAT = pl.Categorical()
+_I32 = pl.Int32()
+
+#: Columns of a parsed batch's event rows as a part keeps them until its files are
+#: resolved (:func:`_compact`): ``src``/``seq`` (file, line), the values of the event
+#: table that one row gives (strings Categorical; ``size``/``size_requested`` in bytes,
+#: fread/fwrite items times item size), and the inputs of the file-position model
+#: (``op`` class, ``whence`` 0/1/2 for SEEK_SET/SEEK_CUR/other, ``aoffset`` argument,
+#: ``append``: opened with ``O_APPEND`` or mode "a"). ``__path`` is the ``path`` (else
+#: ``fname``) argument.
+CHUNK_SCHEMA: dict[str, pl.DataType] = {
+    "src": _SRC, "seq": _INT, "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT,
+    "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
+    "op": pl.Int8(), "whence": pl.Int8(), "aoffset": _INT, "append": pl.Boolean(),
+    "epoch": _I32, "step": _I32, "batch_size": _I32, "sample_index": _INT, "__path": _CAT,
+}
+#: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
+PART_SCHEMA: dict[str, pl.DataType] = {
+    "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
+    "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _I32, "step": _I32,
+    "batch_size": _I32, "sample_index": _INT, "__p": pl.UInt32(), "__path": _CAT,
+}
+#: A part's processes: one row per (``src``, ``pid``), indexed by the events' ``__p``.
+PROCESS_SCHEMA: dict[str, pl.DataType] = {
+    "src": _SRC, "pid": _I32, "ppid": _I32, "cwdhash": _STR, "host": _STR,
+}
+FH_SCHEMA: dict[str, pl.DataType] = {"hash": _STR, "name": _STR, "src": _SRC, "seq": _INT, "pid": _I32}
+_STARTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, "pid": _I32, "ppid": _INT, "cwd": _STR,
+                                          "hhash": _STR}
+_HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, "hhash": _STR}
+#: Integer fields kept as Int32 (process ids are C ``pid_t``; epochs, steps and batch
+#: sizes are small): a value beyond 32 bits reads as null, and the file's report says so.
+_NARROW = ("pid", "ppid", "epoch", "step", "batch_size")
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_O_APPEND = 0o2000
+_SEEK_SET, _SEEK_CUR = 0, 1
+#: Columns gathered together into output order (polars gathers the columns of one call in
+#: parallel); each group's source columns are dropped before the next, so that the rows
+#: are never held twice.
+_GATHER_GROUP = 4
 
 
-def combine(parts: Sequence[TracePart], names: Sequence[str]) -> LoadedTrace:
-    """Combine the :class:`TracePart` s of one run into a :class:`LoadedTrace` (no manifest).
+def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
+    """(rows, starts, hosts, beyond) of raw event rows (:data:`RAW_SCHEMA`, strings as
+    String or Categorical): the :data:`CHUNK_SCHEMA` rows; the processes' ``start``
+    records (ppid, working-directory hash, host hash); the first host hash of each
+    (``src``, ``pid``) by line; and per ``src`` the rows with a :data:`_NARROW` value
+    beyond 32 bits (read as null)."""
+    op, ret = pl.col("op"), pl.col("ret")
+    is_xfer = op >= _XFER
+    item = pl.when(op == _SXFER).then(pl.col("isize").fill_null(1)).otherwise(1)
+    size = (
+        pl.when(is_xfer).then(pl.when(ret >= 0).then(ret * item))
+        .when(pl.col("cat") == CAT_CHECKPOINT).then(pl.col("abytes"))
+    )
+    whence = pl.col("whence")
+    append = ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) \
+        | pl.col("mode").cast(_CAT).cat.starts_with("a").fill_null(False)
+    rows = raw.select(
+        "src", "seq", pl.col("pid").cast(_I32, strict=False), "tid", "ts", "dur",
+        *(pl.col(c).cast(_CAT) for c in ("cat", "name", "fhash")), "ret",
+        pl.when(is_xfer).then(pl.col("count") * item).alias("size_requested"), size.alias("size"), "op",
+        pl.when(whence.is_in((_SEEK_SET, _SEEK_CUR))).then(whence).when(whence.is_not_null()).then(2)
+        .cast(pl.Int8).alias("whence"),
+        "aoffset", append.alias("append"),
+        *(pl.col(c).cast(_I32, strict=False) for c in ("epoch", "step", "batch_size")),
+        pl.col("image_idx").alias("sample_index"), pl.coalesce("path", "fname").cast(_CAT).alias("__path"),
+    )
+    starts = raw.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer")).select(
+        "src", "seq", pl.col("pid").cast(_I32, strict=False), "ppid", *(pl.col(c).cast(_STR) for c in ("cwd", "hhash")))
+    hosts = raw.filter(pl.col("hhash").is_not_null()).group_by("src", "pid").agg(
+        pl.col("seq").min(), pl.col("hhash").sort_by("seq").first().cast(_STR),
+    ).select("src", pl.col("pid").cast(_I32, strict=False), "seq", "hhash")
+    lims = raw.select(*(e for c in _NARROW for e in (pl.col(c).min().alias(c + "_lo"), pl.col(c).max().alias(c + "_hi"))))
+    beyond: dict[int, int] = {}
+    if any((lo is not None and lo < _I32_MIN) or (hi is not None and hi > _I32_MAX)
+           for lo, hi in zip(lims.row(0)[::2], lims.row(0)[1::2], strict=True)):
+        wide = pl.any_horizontal(*((pl.col(c) < _I32_MIN) | (pl.col(c) > _I32_MAX) for c in _NARROW)).fill_null(False)
+        beyond = dict(raw.filter(wide).group_by("src").len().iter_rows())
+    return rows, starts, hosts, beyond
+
+
+class _Compacted:
+    """What one part keeps of its parsed batches, in the compact forms of :func:`_compact`;
+    the lists are handed over (emptied) by :meth:`pop`, so their memory is freed as
+    soon as the resolved columns no longer need it."""
+
+    def __init__(self) -> None:
+        self.stats: dict[int, _Stats] = {}
+        self.rows: list[pl.DataFrame] = []
+        self.meta: list[pl.DataFrame] = []
+        self.starts: list[pl.DataFrame] = []
+        self.hosts: list[pl.DataFrame] = []
+
+    def take(self, batch: _Batch | _NativeBatch) -> None:
+        """Compact the rows the batch parsed since the last call (and forget them there)."""
+        events, batch.events = batch.events, []
+        self.meta.extend(m for m in batch.meta if m.height)
+        batch.meta = []
+        while events:
+            raw = events.pop(0)
+            if not raw.height:
+                continue
+            rows, starts, hosts, beyond = _compact(raw)
+            del raw
+            self.rows.append(rows)
+            if starts.height:
+                self.starts.append(starts)
+            if hosts.height:
+                self.hosts.append(hosts)
+            for src, n in beyond.items():
+                self.stats[src].problems.append(
+                    f"{n} event(s) with a pid, ppid, epoch, step or batch_size beyond 32 bits (read as null)")
+
+    def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
+        out = (_frames(self.rows, CHUNK_SCHEMA), _concat(self.meta), _frames(self.starts, _STARTS_SCHEMA),
+               _frames(self.hosts, _HOSTS_SCHEMA))
+        self.rows, self.meta, self.starts, self.hosts = [], [], [], []
+        return out
+
+
+def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """``frames`` as one frame (their chunks kept; no copy), or an empty one of ``schema``."""
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame(schema=schema)
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
+
+
+def _resolve(held: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(events, processes, fh) of a :class:`TracePart` from the compact rows of whole files.
+
+    Everything that one file decides is resolved here: the time unit (``CM``), each
+    process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
+    and the offsets, reconstructed per (trace file, pid, POSIX or STDIO, file hash) in
+    (``ts``, line) order; the rows are then gathered into (``ts``, file, line) order.
+    """
+    rows, meta, starts, hosts = held.pop()
+    meta = meta.sort("src", "seq")
+    fh = (
+        meta.filter((pl.col("name") == "FH") & pl.col("a_value").is_not_null())
+        .select(pl.col("a_value").alias("hash"), pl.col("a_name").alias("name"), "src", "seq",
+                pl.col("pid").cast(_I32, strict=False))
+        .unique(subset="hash", keep="first", maintain_order=True)
+    )
+    if rows.height == 0:
+        return pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh
+    rows = _apply_time_metric(rows, meta)
+    every, pidx = _process_keys(rows)
+    processes = _process_table(every, meta, starts, hosts)
+    rows = rows.with_columns(pidx.alias("__p"))
+    order = _output_order(rows)
+    offset = _offsets(rows, order)
+    out = _gather(rows, order, [c for c in PART_SCHEMA if c != "offset"])
+    out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
+    return out, processes, fh
+
+
+def _gather(frame: pl.DataFrame, order: np.ndarray | None, columns: Sequence[str]) -> pl.DataFrame:
+    """``frame``'s ``columns`` in the row order ``order`` (None: as they are), one chunk each.
+
+    Gathers a few columns at a time and drops them from ``frame`` before the next, so
+    the rows are not held twice (when the caller holds no other reference to them)."""
+    idx = None if order is None else _row_index(order)
+    out: list[pl.Series] = []
+    todo = list(columns)
+    while todo:
+        group, todo = todo[:_GATHER_GROUP], todo[_GATHER_GROUP:]
+        sub = frame.select(group)
+        frame = frame.drop(group)
+        out.extend((sub if idx is None else sub[idx]).rechunk().get_columns())
+        del sub
+    return pl.DataFrame(out)
+
+
+def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
+    """One :class:`TracePart` per file of the byte ranges ``ranges`` (all ranges of each file)."""
+    by_src: dict[int, list[RangePart]] = {}
+    for r in ranges:
+        by_src.setdefault(r.src, []).append(r)
+    out = []
+    for src, rs in sorted(by_src.items()):
+        rs.sort(key=lambda r: r.k)
+        rep = rs[0].report
+        for r in rs[1:]:
+            rep = _add_reports(rep, r.report)
+        if rep.bytes and not rep.lines and not rep.problems:
+            rep.problems.append("file holds no trace lines")
+        held = _Compacted()
+        held.rows = [r.rows for r in rs]
+        held.meta = [r.meta for r in rs if r.meta.height]
+        held.starts = [r.starts for r in rs]
+        held.hosts = [r.hosts for r in rs]
+        del rs
+        events, processes, fh = _resolve(held)
+        out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)]))
+    return out
+
+
+def combine(parts: Sequence[TracePart | RangePart], names: Sequence[str]) -> LoadedTrace:
+    """Combine the parts of one run (:func:`parse_part`) into a :class:`LoadedTrace` (no manifest).
 
     ``names[src]`` is the ``source`` of file ``src`` (its basename); every file of the run
-    must be in exactly one part. This resolves what needs more than one line or file:
-    the time unit per file (``CM``), each process's ppid and host (``start``/``HH`` in
-    its own file), sizes, offsets reconstructed per (file, pid, POSIX or STDIO, file
-    hash) stream, and ``FH`` paths across all files. The result has the
-    :data:`~dlreplay.schema.EVENT_SCHEMA` table sorted by (``ts``, file, line), the
-    reports in ``src`` order with their event counts and the per-(file, host, pid) table
-    of the summary. It does not depend on how the files were split into parts, nor on
-    the parts' order.
+    must be in exactly one :class:`TracePart` or in :class:`RangePart` s that cover it.
+    This resolves what needs more than one file: ``FH`` paths (the record may sit in
+    another process's file; relative names use the writing process's working directory)
+    and the order of all rows. The result has the :data:`~dlreplay.schema.EVENT_SCHEMA`
+    table sorted by (``ts``, file, line), the reports in ``src`` order with their event
+    counts and the per-(file, host, pid) table of the summary. It does not depend on how
+    the files were split into parts, nor on the parts' order.
     """
-    ev = _concat([p.events for p in parts])
-    meta = _concat([p.meta for p in parts])
+    return _combine_owned(list(parts), names)
+
+
+def _combine_owned(parts: list[TracePart | RangePart], names: Sequence[str]) -> LoadedTrace:
+    """:func:`combine`, emptying ``parts`` as their rows are taken (so the caller's list
+    does not keep them alive while the output table is built)."""
+    ranges = [p for p in parts if isinstance(p, RangePart)]
+    whole = [p for p in parts if isinstance(p, TracePart)]
+    parts.clear()
+    if ranges:
+        whole += resolve_ranges(ranges)
+        del ranges
     reports: dict[int, FileReport] = {}
-    for p in parts:
-        for src, rep in p.files:  # a file split into byte ranges has one report per range
-            reports[src] = _add_reports(reports[src], rep) if src in reports else rep
-    per_src = np.bincount(ev["src"].to_numpy()) if ev.height else np.zeros(0, dtype=np.int64)
-    counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
+    for p in whole:
+        for src, rep in p.files:
+            reports[src] = rep
+    whole.sort(key=lambda p: min((src for src, _ in p.files), default=0))
+    events, per_process, counts = _merge(whole, names)
     files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
-    events, per_process = _build_events(ev, meta, names)
     return LoadedTrace(events=events, files=files, per_process=per_process)
 
 
-def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:
+def combine_parts(parts: Sequence[TracePart | RangePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:
     """(event table, per-file reports) of :func:`combine`."""
     loaded = combine(parts, names)
     return loaded.events, loaded.files
@@ -1362,6 +1614,78 @@ def _add_reports(a: FileReport, b: FileReport) -> FileReport:
     return FileReport(path=a.path, bytes=a.bytes + b.bytes, members=a.members + b.members,
                       lines=a.lines + b.lines, events=0, dropped_lines=a.dropped_lines + b.dropped_lines,
                       dropped_bytes=a.dropped_bytes + b.dropped_bytes, problems=[*a.problems, *b.problems])
+
+
+def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int]]:
+    """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
+    fh = _frames([p.fh for p in parts], FH_SCHEMA).sort("src", "seq").unique(
+        subset="hash", keep="first", maintain_order=True)
+    frames, tables, base = [], [], 0
+    for p in parts:
+        if not p.events.height:
+            continue
+        frames.append(p.events.with_columns(pl.col("__p") + base) if base else p.events)
+        tables.append(p.processes)
+        base += p.processes.height
+    parts.clear()
+    if not frames:
+        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}
+    procs = _frames(tables, PROCESS_SCHEMA).rechunk()
+    # working directory of every process (its start record's cwd hash, resolved by FH)
+    procs = procs.with_columns(_lookup(pl.col("cwdhash"), fh["hash"], fh["name"], _STR).alias("__cwd"))
+    fh = fh.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left", maintain_order="left").select(
+        "hash", _absolute(pl.col("name")).alias("path"))
+    ev = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
+    del frames
+    proc_src = procs["src"].to_numpy()
+    order = None
+    if len(tables) > 1:  # each part is in order already: merge them by (ts, file)
+        order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
+    out = _gather(ev, order, [c for c in PART_SCHEMA])
+    del ev
+    pidx = out["__p"].to_numpy()
+    per_src = np.bincount(proc_src[pidx], minlength=len(names)) if len(pidx) else np.zeros(0, dtype=np.int64)
+    counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
+    # every file hash of the run and its path; index nf stands for "no file hash"
+    hashes = _distinct_categorical(out["fhash"])
+    files = pl.DataFrame({"hash": hashes.cast(_STR)}).join(fh, on="hash", how="left", maintain_order="left")
+    files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)]).rechunk()
+    fidx = out.select(_code_index(pl.col("fhash"), hashes)).to_series()
+    file = files["path"].cast(_CAT).gather(fidx)
+    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
+    named = out.lazy().with_row_index("__row").filter(pl.col("__path").is_not_null()).select(
+        "__row", "__p", "__path").collect()
+    if named.height:
+        named = named.filter(file.gather(named["__row"]).is_null())
+    if named.height:
+        sub = named.join(procs.with_row_index("__p").select("__p", "__cwd"), on="__p", how="left",
+                         maintain_order="left")
+        paths = sub.select(_absolute(pl.col("__path").cast(_STR))).to_series().cast(_CAT)
+        file = file.scatter(named["__row"], paths)
+    source = pl.Series(names, dtype=_CAT).gather(procs["src"])
+    events = out.select(
+        "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
+        pl.lit(procs["host"].cast(_CAT)).gather(pl.col("__p")).alias("host"),
+        "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
+        "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
+        pl.lit(source).gather(pl.col("__p")).alias("source"),
+    ).cast(pl.Schema(EVENT_SCHEMA))  # type: ignore[arg-type]
+    per_process = _per_process(events, out["__p"], procs)
+    return events, per_process, counts
+
+
+def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
+    """Row order by (``ts``, null last; ``src``) of rows that are in (ts, src, line) order
+    within each part and whose parts each hold whole files: a stable sort, so the rows of
+    one file keep their line order among equal timestamps."""
+    tmin, tmax = _int_stat(ts.min()), _int_stat(ts.max())
+    b_src = max(int(src.max()) if len(src) else 0, 1).bit_length()
+    span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
+    if span.bit_length() + b_src > _PACK_BITS:  # lexsort is stable; its last key sorts first
+        return np.lexsort((src, ts.fill_null(0).to_numpy(), ts.is_null().to_numpy()))
+    t = ts.fill_null((tmax + 1) if tmax is not None else 0).to_numpy()
+    key = ((t - (tmin or 0)) << b_src) | src.astype(np.int64)
+    return np.argsort(key, kind="stable")
 
 
 def member_ranges(path: str | os.PathLike, target_bytes: int) -> list[tuple[int, int]] | None:
@@ -1410,6 +1734,8 @@ def member_ranges(path: str | os.PathLike, target_bytes: int) -> list[tuple[int,
     return ranges
 
 
+
+
 def _lookup(key: pl.Expr, keys, values, dtype) -> pl.Expr:
     """``key`` mapped through (keys -> values), null when absent."""
     keys = keys.to_list() if isinstance(keys, pl.Series) else list(keys)
@@ -1432,48 +1758,54 @@ def _hash_map(meta: pl.DataFrame, kind: str, by: Sequence[str] = ()) -> pl.DataF
 def _process_keys(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.Expr]:
     """The (src, pid) pairs of ``ev`` (in no particular order) and an expression mapping each
     row of ``ev`` to its pair's index (UInt32)."""
+    smin, smax = _int_stat(ev["src"].min()), _int_stat(ev["src"].max())
     pmin, pmax = _int_stat(ev["pid"].min()), _int_stat(ev["pid"].max())
-    if pmin is not None and pmax is not None and 0 <= pmin and pmax < (1 << 32):
+    if smin == smax and pmin == pmax and pmin is not None and ev["pid"].null_count() == 0:
+        # one process (the common case of a part of one file): no per-row lookup
+        every = pl.DataFrame({"src": [smin], "pid": [pmin]}, schema={"src": _SRC, "pid": _I32})
+        return every, pl.lit(0, dtype=pl.UInt32)
+    if pmin is not None and pmax is not None and 0 <= pmin and ev["pid"].null_count() == 0:
         packed = pl.col("src").cast(pl.Int64) * (1 << 32) + pl.col("pid")
         keys = ev.select(packed.unique().alias("__k"))["__k"]
-        every = pl.DataFrame({"src": (keys // (1 << 32)).cast(_SRC), "pid": keys % (1 << 32)})
+        every = pl.DataFrame({"src": (keys // (1 << 32)).cast(_SRC), "pid": (keys % (1 << 32)).cast(_I32)})
         return every, _lookup(packed, keys, range(keys.len()), pl.UInt32)
-    every = ev.select("src", "pid").unique()  # pids beyond 32 bits (or none): a struct key
+    every = ev.select("src", "pid").unique()  # negative or null pids: a struct key
     idx = pl.struct("src", "pid").replace_strict(every.to_struct().to_list(), range(every.height),
                                                  default=None, return_dtype=pl.UInt32)
     return every, idx
 
 
-def _process_table(every: pl.DataFrame, ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
+def _process_table(every: pl.DataFrame, meta: pl.DataFrame, starts: pl.DataFrame,
+                   hosts: pl.DataFrame) -> pl.DataFrame:
     """Per (src, pid) of ``every`` (same order): ppid, cwd hash (``start`` record), host
     (HH-resolved host hash).
 
     Everything comes from the process's own trace file; "first" is in line order.
     """
     key = ["src", "pid"]
-    starts = (
-        ev.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer"))
-        .sort("src", "seq")
+    first = (
+        starts.sort("src", "seq")
         .group_by(key, maintain_order=True)
         .agg(pl.col("ppid").drop_nulls().first(), pl.col("cwd").drop_nulls().first().alias("cwdhash"),
              pl.col("hhash").drop_nulls().first().alias("h1"))
     )
-    cols = ["src", "pid", "hhash"]
     # the first host hash of the metadata records, else (rare) of the events, in line order
-    hosts = meta.filter(pl.col("hhash").is_not_null()).select(cols).group_by(key, maintain_order=True) \
+    found = meta.filter(pl.col("hhash").is_not_null()).select(
+        "src", pl.col("pid").cast(_I32, strict=False), "hhash").group_by(key, maintain_order=True) \
         .agg(pl.col("hhash").first().alias("h2"))
-    missing = every.join(hosts, on=key, how="anti")
+    missing = every.join(found, on=key, how="anti")
     if missing.height:
-        hosts = pl.concat([hosts, ev.join(missing, on=key, how="semi").filter(pl.col("hhash").is_not_null())
-                           .group_by(key).agg(pl.col("hhash").sort_by("seq").first().alias("h2"))])
+        found = pl.concat([found, hosts.join(missing, on=key, how="semi").sort("seq")
+                           .group_by(key, maintain_order=True).agg(pl.col("hhash").first().alias("h2"))])
     hh = _hash_map(meta, "HH", ["src"]).select("src", "hash", pl.col("name").alias("__hname"))
     table = (
-        every.join(starts, on=key, how="left", maintain_order="left")
-        .join(hosts, on=key, how="left", maintain_order="left")
+        every.join(first, on=key, how="left", maintain_order="left", nulls_equal=True)
+        .join(found, on=key, how="left", maintain_order="left", nulls_equal=True)
         .with_columns(pl.coalesce("h1", "h2").alias("__hhash"))
         .join(hh, left_on=["src", "__hhash"], right_on=["src", "hash"], how="left", maintain_order="left")
     )
-    return table.select("src", "pid", "ppid", "cwdhash", pl.coalesce("__hname", "__hhash").alias("host"))
+    return table.select("src", "pid", pl.col("ppid").cast(_I32, strict=False), "cwdhash",
+                        pl.coalesce("__hname", "__hhash").alias("host")).cast(pl.Schema(PROCESS_SCHEMA))  # type: ignore[arg-type]
 
 
 def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
@@ -1494,26 +1826,6 @@ def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-_O_APPEND = 0o2000
-_SEEK_SET, _SEEK_CUR = 0, 1
-
-
-def _sizes(ev: pl.DataFrame) -> pl.DataFrame:
-    """``size`` (bytes transferred) and ``size_requested`` (bytes asked) for I/O and checkpoints.
-
-    fread/fwrite return items, so bytes = items x item size (their ``size`` argument).
-    """
-    op = pl.col("op")
-    is_xfer = op >= _XFER
-    item = pl.when(op == _SXFER).then(pl.col("isize").fill_null(1)).otherwise(1)
-    size = (
-        pl.when(is_xfer).then(pl.when(pl.col("ret") >= 0).then(pl.col("ret") * item))
-        .when(pl.col("cat") == CAT_CHECKPOINT).then(pl.col("abytes"))
-    )
-    requested = pl.when(is_xfer).then(pl.col("count") * item)
-    return ev.with_columns(size.alias("size"), requested.alias("size_requested"))
-
-
 def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     """(reset, base, advance) expressions of the file-position model.
 
@@ -1524,7 +1836,6 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     """
     op, ret = pl.col("op"), pl.col("ret")
     ok = ret.is_null() | (ret >= 0)
-    appending = _appending()
     is_cur = (pl.col("whence") == _SEEK_CUR).fill_null(False)
     reset = (
         ((op == _OPEN) & ok)
@@ -1533,7 +1844,7 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
         | op.is_in((_REWIND, _CLOSE))
     )
     base = (
-        pl.when(op == _OPEN).then(pl.when(appending).then(None).otherwise(0))
+        pl.when(op == _OPEN).then(pl.when(pl.col("append")).then(None).otherwise(0))
         .when(op.is_in((_LSEEK, _FTELL))).then(ret)
         .when(op == _FSEEK).then(pl.when(pl.col("whence") == _SEEK_SET).then(pl.col("aoffset")))
         .when(op == _REWIND).then(0)
@@ -1544,11 +1855,6 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
         .otherwise(0)
     )
     return reset.fill_null(False), base, advance
-
-
-def _appending() -> pl.Expr:
-    """Opened for appending: ``O_APPEND`` in the flags, or a mode starting with "a"."""
-    return ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) | pl.col("mode").str.starts_with("a").fill_null(False)
 
 
 def _output_order(ev: pl.DataFrame) -> np.ndarray:
@@ -1576,30 +1882,29 @@ def _int_stat(value: object) -> int | None:
     return None if value is None else int(cast(int, value))
 
 
-def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series:
-    """Offsets in output order (``order`` lists ``ev``'s rows in output order, ``rank[row]``
-    is the output position of a row): given for pread/pwrite, reconstructed for stream
-    reads and writes.
+def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
+    """Offsets in output order (``order`` lists ``ev``'s rows in output order): given for
+    pread/pwrite, reconstructed for stream reads and writes.
 
     Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
     stream; a reset or the stream start begins a segment; within a segment the offset of
     a transfer is the segment's base plus the bytes advanced before it (exclusive running
-    sum). A segment with an unknown base yields null offsets. ``ev`` has ``__p`` and
-    ``__f`` (process and file-hash indices). With the C extension the rules and the
-    scan are one pass over the rows in output order (``file_offsets`` in ``_pfwscan.c``);
-    without it, polars rule columns (:func:`_position_rules`) and a few vectorised numpy
-    passes over the I/O rows sorted by (stream, output position).
+    sum). A segment with an unknown base yields null offsets. ``ev`` has ``__p`` (the
+    process index). With the C extension the rules and the scan are one pass over the
+    rows in output order (``file_offsets`` in ``_pfwscan.c``); without it, polars rule
+    columns (:func:`_position_rules`) and a few vectorised numpy passes over the I/O rows
+    sorted by (stream, output position).
     """
     n = ev.height
     io = pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO"))
-    nfiles = (_int_stat(ev["__f"].max()) or 0) + 1
-    stream = (pl.col("__p").cast(pl.Int64) * 2 + (pl.col("cat") == "STDIO").cast(pl.Int64)) * nfiles \
-        + pl.col("__f").cast(pl.Int64)
+    stream = (pl.col("__p").cast(pl.Int64) * 2 + (pl.col("cat") == "STDIO").cast(pl.Int64)) * (1 << 32) \
+        + pl.col("fhash").to_physical().cast(pl.Int64)
     if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
         null = np.iinfo(np.int64).min
         cols = ev.select(
-            stream.fill_null(-1).alias("g"), "op", *(pl.col(c).fill_null(null) for c in ("ret", "whence", "aoffset", "size")),
-            _appending().alias("append"), io.fill_null(False).alias("io"),
+            stream.fill_null(-1).alias("g"), "op",
+            *(pl.col(c).cast(pl.Int64).fill_null(null) for c in ("ret", "whence", "aoffset", "size")),
+            pl.col("append"), io.fill_null(False).alias("io"),
         )
         values = np.empty(n, dtype=np.int64)
         valid = np.empty(n, dtype=np.bool_)
@@ -1609,7 +1914,10 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series
                                  ("aoffset", np.int64), ("size", np.int64), ("append", np.bool_),
                                  ("io", np.bool_))),
                              values, valid)
+        del cols
         return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
     reset, base, advance = _position_rules()
     narrow = ev.lazy().with_row_index("__row").filter(io).select(
         "__row", stream.alias("g"), reset.alias("reset"),
@@ -1629,6 +1937,22 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, rank: np.ndarray) -> pl.Series
     if narrow.height:
         _stream_offsets(narrow, rank, values, valid)
     return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+
+
+def _per_process(events: pl.DataFrame, pidx: pl.Series, procs: pl.DataFrame) -> pl.DataFrame:
+    """The summary's per-(file, host, pid) table (:func:`~.files.file_process_table_keyed`)
+    of the event table, from integer keys: the ``file`` column's category codes and the
+    rows' process indices ``pidx`` into ``procs``."""
+    paths = _distinct_categorical(events["file"])
+    none = paths.len()  # the key of "no file"
+    hosts = procs.select("host", "pid").unique(maintain_order=True)
+    pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
+                      maintain_order="left")["__h"].to_numpy()
+    rows = events.select(
+        "name", "cat", "size", _code_index(pl.col("file"), paths).replace(none, None).alias("__file"),
+        pl.lit(pl.Series(pkey)).gather(pl.lit(pidx)).alias("__proc"),
+    )
+    return file_process_table_keyed(rows, paths, hosts)
 
 
 def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
@@ -1658,99 +1982,6 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     valid[pos[known]] = True
 
 
-def _build_events(ev: pl.DataFrame, meta: pl.DataFrame,
-                  names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """The EVENT_SCHEMA table (by ts) from all raw event and metadata rows of a run.
-
-    Per-row work happens on the parsed rows as they are; the output columns are then
-    gathered once into (ts, file, line) order, and the strings that repeat (host, file,
-    fhash, source) are taken from small per-process and per-file tables.
-    """
-    if ev.height == 0:
-        return pl.DataFrame(schema=EVENT_SCHEMA), None
-    # one chunk per column: expressions mixing columns of different chunkings (parts
-    # concatenated, computed columns) would realign them again and again
-    ev = ev.rechunk()
-    meta = meta.sort("src", "seq")
-    ev = _apply_time_metric(ev, meta)
-    # Two helper threads (polars, numpy's sort and the C passes release the GIL): the
-    # output order needs only ts, file and line, so it is sorted while the processes,
-    # files and sizes are resolved; the summary's per-(file, process) table needs no
-    # output order, so it is counted while the rows are gathered into it.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlreplay-combine") as pool:
-        ordering = pool.submit(_ordering, ev)
-        return _resolved(ev, meta, names, ordering, pool)
-
-
-def _resolved(ev: pl.DataFrame, meta: pl.DataFrame, names: Sequence[str], ordering: Future,
-              pool: ThreadPoolExecutor) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """:func:`_build_events` once ``ev`` is one chunk and in µs, its order sorting in ``ordering``."""
-    every, pidx = _process_keys(ev)
-    procs = _process_table(every, ev, meta)
-    fh = _hash_map(meta, "FH")
-    # working directory of every process (its start record's cwd hash, resolved by FH)
-    procs = procs.with_columns(
-        _lookup(pl.col("cwdhash"), fh["hash"], fh["name"], pl.String).alias("__cwd")).rechunk()
-    fh = fh.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left").select(
-        "hash", _absolute(pl.col("name")).alias("path"))
-    # every file hash of the run and its path; index nf stands for "no file hash"
-    hashes = _distinct_categorical(ev["fhash"])
-    files = pl.DataFrame({"hash": hashes.cast(_STR)}).join(fh, on="hash", how="left", maintain_order="left")
-    # one chunk per column: gathering 2 M rows from a string column of several chunks was
-    # 4x slower (59 vs 14 ms per column on the ingest benchmark)
-    files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)]).rechunk()
-    ev = _sizes(ev.with_columns(pidx.alias("__p"), _code_index(pl.col("fhash"), hashes).alias("__f")))
-    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
-    no_path = files.with_row_index("__i").filter(pl.col("path").is_null())["__i"]
-    named = ev.lazy().with_row_index("__row").filter(
-        pl.col("__f").is_in(no_path.implode()) & (pl.col("path").is_not_null() | pl.col("fname").is_not_null())
-    ).select("__row", "src", "pid", "path", "fname").collect()
-    paths = None
-    if named.height:
-        sub = named.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
-                         maintain_order="left")
-        paths = sub.select(pl.coalesce(_absolute(pl.col("path")), _absolute(pl.col("fname")))).to_series()
-    per_process = pool.submit(_per_process, ev, files["path"],
-                              named["__row"].to_numpy() if paths is not None else None, paths, procs)
-    order, rank = ordering.result()
-    offset = pool.submit(_offsets, ev, order, rank)  # meanwhile: the gather of every other column
-    out = _gathered(ev, procs, files, named, paths, names, order, rank)
-    out = out.insert_column(list(EVENT_SCHEMA).index("offset"), offset.result().alias("offset"))
-    return out, per_process.result()
-
-
-def _ordering(ev: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(order, rank): the rows of ``ev`` in output order (ts, file, line), and the output
-    position of each row (``rank[order[k]] == k``)."""
-    order = _output_order(ev)
-    rank = np.empty(ev.height, dtype=np.int64)
-    rank[order] = np.arange(ev.height, dtype=np.int64)
-    return order, rank
-
-
-def _gathered(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named: pl.DataFrame,
-              paths: pl.Series | None, names: Sequence[str], order: np.ndarray, rank: np.ndarray) -> pl.DataFrame:
-    """The columns of the output table but ``offset``, gathered by ``order``."""
-    # the data-loader fields are sparse (7 % of the rows on the ingest benchmark), yet one
-    # gather with the other columns is cheaper than scattering their rows (34 vs 76 ms)
-    out = ev.select(
-        "pid", "tid", "ts", "dur", "cat", "name", "size_requested", "size", "ret", "__p", "__f",
-        "epoch", "step", "batch_size", pl.col("image_idx").alias("sample_index"),
-    ).rechunk()[_row_index(order)]
-    file = pl.lit(files["path"]).gather(pl.col("__f"))
-    if paths is not None:
-        file = pl.lit(out.select(file).to_series().scatter(rank[named["__row"].to_numpy()], paths))
-    source = pl.Series(names, dtype=pl.String).gather(procs["src"])
-    out = out.select(
-        "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
-        pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
-        "ts", "dur", "cat", "name", file.alias("file"),
-        pl.lit(files["hash"]).gather(pl.col("__f")).alias("fhash"),
-        "size_requested", "size", "ret", "epoch", "step", "batch_size", "sample_index",
-        pl.lit(source).gather(pl.col("__p")).alias("source"),
-    )
-    return out.cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "offset"}))
-
 
 def _row_index(rows: np.ndarray) -> pl.Series:
     """``rows`` as a polars gather index: UInt32 (polars' own index type) when it fits; an
@@ -1758,29 +1989,6 @@ def _row_index(rows: np.ndarray) -> pl.Series:
     2.1 M rows: 73 vs 52 ms)."""
     return pl.Series(rows.astype(np.uint32) if len(rows) < (1 << 32) else rows)
 
-
-def _per_process(ev: pl.DataFrame, file_paths: pl.Series, named_rows: np.ndarray | None,
-                 named_paths: pl.Series | None, procs: pl.DataFrame) -> pl.DataFrame:
-    """The summary's per-(file, host, pid) table (:func:`~.files.file_process_table_keyed`)
-    of the raw rows ``ev`` (with ``__f``, ``__p`` and ``size``): integer keys for distinct
-    paths (``file_paths[__f]``, or ``named_paths`` at ``named_rows``) and (host, pid)."""
-    cand = file_paths if named_paths is None else pl.concat([file_paths, named_paths])
-    paths = cand.drop_nulls().unique()
-    none = paths.len()  # the key of "no file"
-    index = pl.DataFrame({"p": cand}).join(
-        pl.DataFrame({"p": paths, "i": np.arange(none, dtype=np.uint32)}), on="p", how="left",
-        maintain_order="left")["i"].fill_null(none).to_numpy()
-    fkey = index[: file_paths.len()][ev["__f"].to_numpy()]
-    if named_rows is not None:
-        fkey[named_rows] = index[file_paths.len():]
-    hosts = procs.select("host", "pid").unique(maintain_order=True)
-    pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
-                      maintain_order="left")["__h"].to_numpy()
-    rows = ev.select("name", "cat", "size").with_columns(
-        pl.Series("__file", fkey).replace(none, None),
-        pl.Series("__proc", pkey[ev["__p"].to_numpy()]),
-    )
-    return file_process_table_keyed(rows, paths, hosts)
 
 
 def _distinct_categorical(values: pl.Series) -> pl.Series:

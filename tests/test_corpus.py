@@ -37,7 +37,7 @@ def test_loader_matches_job_accounting(trace: Path) -> None:
     data_dir = loaded.manifest["data_dirs"][0]
 
     # Bytes read from dataset files, per process: exactly what each worker counted.
-    reads = ev.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").str.starts_with(data_dir))
+    reads = ev.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").cat.starts_with(data_dir))
     per_pid = {str(r["pid"]): r["size"] for r in reads.group_by("pid").agg(pl.col("size").sum()).to_dicts()}
     for pid, nbytes in exp["bytes_read_per_pid"].items():
         assert per_pid.get(pid) == nbytes, f"pid {pid}"

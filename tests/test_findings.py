@@ -98,7 +98,7 @@ def test_starved_npz_evidence_matches_the_trace(analysed: dict) -> None:
 
 def _random_fraction_by_hand(events: pl.DataFrame, data_dir: str) -> float:
     """Darshan's random fraction, one read at a time (independent of the vectorised pass)."""
-    io = events.filter(pl.col("file").str.starts_with(data_dir)).sort("ts")
+    io = events.filter(pl.col("file").cat.starts_with(data_dir)).sort("ts")
     end: dict[tuple, int] = {}
     session: dict[tuple, int] = {}
     n = seq = 0
@@ -145,8 +145,8 @@ def test_metadata_evidence_matches_the_trace(analysed: dict) -> None:
     f = _get(findings, "metadata-heavy")
     assert f.evidence["files"] == exp["dataset_files"] == 256
     data_dir = lt.manifest["data_dirs"][0]
-    opens = lt.events.filter(pl.col("name").is_in(OPEN_OPS) & pl.col("file").str.starts_with(data_dir)
-                             & pl.col("file").str.ends_with(".jpg")).height
+    opens = lt.events.filter(pl.col("name").is_in(OPEN_OPS) & pl.col("file").cat.starts_with(data_dir)
+                             & pl.col("file").cat.ends_with(".jpg")).height
     assert f.evidence["opens"] == opens
     assert f.evidence["opens_per_sample"] == pytest.approx(opens / exp["samples"], abs=1e-3)
     spf = int(next(w for w in f.whatif if w.startswith("dataset.num_samples_per_file=")).split("=")[1])

@@ -332,7 +332,7 @@ def test_traced_replay_matches_its_trace(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     events = load(out)
     reads = events.filter(pl.col("name").is_in(["read", "pread", "pread64", "readv", "preadv"])
-                          & pl.col("file").str.starts_with(str(data.resolve() / "train")))
+                          & pl.col("file").cat.starts_with(str(data.resolve() / "train")))
     assert reads["size"].sum() == metrics["overall"]["bytes_read"] > 0
     fsyncs = events.filter(pl.col("name").is_in(["fsync", "fdatasync"]))
     assert fsyncs.height >= 2  # checkpoints at steps 3 and 6 of 6
