@@ -68,6 +68,7 @@ import queue
 import re
 import threading
 import warnings
+import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,8 +79,8 @@ import numpy as np
 import polars as pl
 
 from dlreplay.errors import TraceError
+from dlreplay.pfw import GZIP_MAGIC, Slabs, anonymous_map
 from dlreplay.pfw import DecodeStats as _Stats
-from dlreplay.pfw import Slabs, anonymous_map
 from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
@@ -290,21 +291,125 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
                jobs: int | None = None) -> LoadedTrace:
     """Load a trace directory (all ``*.pfw``/``*.pfw.gz`` below it), one file, or a list of files.
 
-    ``jobs`` bounds how many groups of files are decompressed and parsed concurrently
-    (default: :func:`available_cores`). Raises :class:`~dlreplay.errors.TraceError` when
+    ``jobs`` is how many threads decompress, parse and resolve at once (default:
+    :func:`available_cores`): groups of small files, whole files, and byte ranges of
+    whole gzip members of a file larger than its share (:func:`_split_file`). The table
+    is the same whatever ``jobs`` is. Raises :class:`~dlreplay.errors.TraceError` when
     the path does not exist or holds no trace file. Damage never raises: see
     :attr:`LoadedTrace.files`.
     """
     files, manifest = _find_inputs(path)
     workers = max(1, jobs or available_cores())
-    groups = _groups(list(enumerate(files)), workers)
-    workers = min(workers, len(groups))
+    names = [p.name for p in files]
     if workers == 1:
-        parts = [parse_part(g) for g in groups]
+        parts: list[TracePart | RangePart] = [parse_part(g) for g in _groups(list(enumerate(files)), 1)]
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
-            parts = list(pool.map(parse_part, groups))
-    return dataclasses.replace(combine(parts, [p.name for p in files]), manifest=manifest)
+            parts = _parse_parallel(files, workers, pool)
+    return dataclasses.replace(_combine_owned(parts, names), manifest=manifest)
+
+
+#: Stored bytes below which a file is never split into byte ranges.
+_SPLIT_MIN_BYTES = 2 << 20
+
+
+def _parse_parallel(files: list[Path], workers: int, pool: ThreadPoolExecutor) -> list[TracePart | RangePart]:
+    """Parse and resolve ``files`` in ``pool``: a file holding more than its share of the
+    stored bytes is parsed as byte ranges (then resolved whole; parsed whole instead when
+    a range shows the cuts were wrong or the file damaged), the others in groups."""
+    indexed = list(enumerate(files))
+    sizes = [_stored_size(p) for p in files]
+    share = _range_bytes(sizes, workers)
+    split: dict[int, list[tuple[int, int]]] = {}
+    for (src, p), size in zip(indexed, sizes, strict=True):
+        if size >= 2 * share:
+            ranges = _split_file(p, size, -(-size // share))
+            if ranges:
+                split[src] = ranges
+    range_jobs = [[(src, files[src], a, b, k)] for src, ranges in split.items() for k, (a, b) in enumerate(ranges)]
+    groups = _groups([(src, p) for src, p in indexed if src not in split], workers)
+    futures = [pool.submit(parse_part, job) for job in range_jobs + groups]
+    done = [f.result() for f in futures]
+    parts: list[TracePart | RangePart] = [p for p in done if isinstance(p, TracePart)]
+    ranged: dict[int, list[RangePart]] = {}
+    for p in done:
+        if isinstance(p, RangePart):
+            ranged.setdefault(p.src, []).append(p)
+    del done, futures
+    second = []
+    for src, rs in ranged.items():
+        rs.sort(key=lambda r: r.k)
+        if any(r.report.problems for r in rs) or not all(r.clean_end for r in rs[:-1]):
+            second.append(pool.submit(parse_part, [(src, files[src])]))  # salvage rules apply to the whole file
+        else:
+            second.append(pool.submit(resolve_ranges, rs))
+    del ranged
+    for f in second:
+        res = f.result()
+        parts.extend(res if isinstance(res, list) else [res])
+    return parts
+
+
+def _range_bytes(sizes: list[int], workers: int) -> int:
+    """Stored bytes of a byte range: half a worker's share of the files (so that a file
+    twice that size is split and the workers stay busy), at least ``_SPLIT_MIN_BYTES``."""
+    return max(_SPLIT_MIN_BYTES, sum(sizes) // (2 * workers))
+
+
+def _split_file(path: Path, size: int, pieces: int) -> list[tuple[int, int]] | None:
+    """Byte ranges covering the gzip file ``path`` (``size`` bytes), cut at member headers
+    found near every ``size / pieces`` bytes; None when it is not gzip or no cut was found.
+
+    A cut is a guess until the ranges are parsed: a header is accepted when its flags are
+    valid and the next few KiB inflate to text, and :func:`_parse_parallel` checks that
+    every range decoded cleanly and ended with a line (a wrong cut leaves a truncated
+    member before it or a corrupt one after it) before it uses them.
+    """
+    cuts = [0]
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(3) != GZIP_MAGIC:
+                return None
+            for i in range(1, pieces):
+                at = _next_member(fh, max(size * i // pieces, cuts[-1] + 1), size)
+                if at is None:
+                    break
+                if at > cuts[-1]:
+                    cuts.append(at)
+    except OSError:
+        return None
+    if len(cuts) < 2:
+        return None
+    return list(zip(cuts, [*cuts[1:], size], strict=True))
+
+
+#: Bytes read at a time while looking for a member header, and the most looked through.
+_SEEK_WINDOW, _SEEK_LIMIT = 256 << 10, 64 << 20
+#: Compressed bytes inflated to check a header candidate.
+_PROBE_BYTES = 16 << 10
+
+
+def _next_member(fh: Any, at: int, size: int) -> int | None:
+    """Offset of the first plausible gzip member header at or after ``at`` in ``fh``."""
+    pos = at
+    while pos < min(size, at + _SEEK_LIMIT):
+        fh.seek(pos)
+        window = fh.read(_SEEK_WINDOW + _PROBE_BYTES)
+        k = window.find(GZIP_MAGIC)
+        while 0 <= k < _SEEK_WINDOW:
+            if len(window) - k >= 10 and not window[k + 3] & 0xE0:  # reserved flag bits clear
+                try:
+                    d = zlib.decompressobj(31)
+                    out = d.decompress(window[k:k + _PROBE_BYTES], 256)
+                except zlib.error:
+                    out = b""
+                if out[:1] in (b"{", b"[", b" ", b"\n", b"\r", b"\t"):
+                    return pos + k
+            k = window.find(GZIP_MAGIC, k + 1)
+        if len(window) <= _SEEK_WINDOW:
+            return None
+        pos += _SEEK_WINDOW
+    return None
 
 
 def available_cores() -> int:
@@ -1696,8 +1801,6 @@ def member_ranges(path: str | os.PathLike, target_bytes: int) -> list[tuple[int,
     does not decode cleanly from start to end (damaged, not gzip): such a file is
     parsed whole, where the salvage rules apply.
     """
-    import zlib
-
     ranges: list[tuple[int, int]] = []
     start = pos = 0  # pos: absolute offset of the next compressed byte fed
     d = zlib.decompressobj(wbits=31)

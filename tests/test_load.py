@@ -13,6 +13,7 @@ import gzip
 import importlib
 import json
 import random
+import shutil
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -794,3 +795,88 @@ def test_per_process_table_of_an_empty_trace(tmp_path: Path) -> None:
     write_gz(tmp_path / "t.pfw.gz", p.lines())
     loaded = load_trace(tmp_path)
     assert loaded.events.height == 0 and loaded.per_process is None
+
+
+# ---------------------------------------------------------------------------------------
+# Parallel loading: any number of jobs gives the table of one
+
+
+def _parallel_trace(tmp_path: Path) -> Path:
+    """npz_fork plus three large multi-member files: intact, truncated, and with a corrupt
+    member in the middle (each split into byte ranges when loaded with several jobs)."""
+    from .test_bad_traces import SRC, corpus_lines, gz_members
+
+    d = tmp_path / "par"
+    shutil.copytree(SRC, d)
+    lines = corpus_lines()
+    big = gz_members(lines * 3, 24)
+    (d / "big-intact.pfw.gz").write_bytes(big)
+    (d / "big-truncated.pfw.gz").write_bytes(big[: len(big) * 5 // 7])
+    starts = member_offsets(big)
+    mid = starts[len(starts) // 2]
+    bad = bytearray(big)
+    bad[mid + 200: mid + 260] = bytes(60)  # zeros inside the deflate data of one member
+    (d / "big-corrupt.pfw.gz").write_bytes(bytes(bad))
+    return d
+
+
+def _assert_same_load(a: LoadedTrace, b: LoadedTrace) -> None:
+    assert_frame_equal(a.events, b.events, check_exact=True)
+    assert a.files == b.files
+    assert a.per_process is not None and b.per_process is not None
+    keys = ["file", "host", "pid"]
+    assert_frame_equal(a.per_process.sort(keys), b.per_process.sort(keys))
+
+
+@pytest.mark.parametrize("jobs", [2, 3, 7])
+def test_jobs_give_the_table_of_one(tmp_path: Path, monkeypatch, jobs: int) -> None:
+    d = _parallel_trace(tmp_path)
+    one = load_trace(d, jobs=1)
+    assert one.damaged and one.events.height > 0
+    monkeypatch.setattr(LOAD, "_range_bytes", lambda sizes, workers: 4 << 10)  # the large files are cut
+    calls: list[tuple] = []
+    real = LOAD.parse_part
+    monkeypatch.setattr(LOAD, "parse_part", lambda job: calls.append(tuple(job)) or real(job))
+    many = load_trace(d, jobs=jobs)
+    _assert_same_load(one, many)
+    ranges = {job[0][1].name for job in calls if len(job[0]) == 5}
+    assert ranges == {"big-intact.pfw.gz", "big-truncated.pfw.gz", "big-corrupt.pfw.gz"}
+    # the damaged files were parsed again whole (their salvage counts are the whole file's)
+    again = {job[0][1].name for job in calls if len(job) == 1 and len(job[0]) == 2 and job[0][1].name.startswith("big")}
+    assert again == {"big-truncated.pfw.gz", "big-corrupt.pfw.gz"}
+
+
+def test_a_wrong_cut_falls_back_to_the_whole_file(tmp_path: Path, monkeypatch) -> None:
+    """Cuts inside a member, or after a member that ends inside a line, are detected after
+    the ranges are parsed; the file is then parsed whole, with the same result."""
+    from .test_bad_traces import corpus_lines
+
+    d = tmp_path / "cut"
+    d.mkdir()
+    text = b"\n".join(corpus_lines() * 2) + b"\n"
+    half = len(text) // 2
+    # three members: the second ends in the middle of a line
+    (d / "a.pfw.gz").write_bytes(gzip.compress(text[:half // 2], mtime=0) + gzip.compress(text[half // 2:half + 7], mtime=0)
+                                 + gzip.compress(text[half + 7:], mtime=0))
+    one = load_trace(d, jobs=1)
+    assert not one.damaged
+    data = (d / "a.pfw.gz").read_bytes()
+    starts = member_offsets(data)
+    for cuts in ([0, starts[1] + 100], [0, starts[2]]):  # inside a member; after the odd member
+        monkeypatch.setattr(LOAD, "_range_bytes", lambda sizes, workers: 1)
+        monkeypatch.setattr(LOAD, "_split_file", lambda p, size, n, c=cuts: list(zip(c, [*c[1:], size], strict=True)))
+        _assert_same_load(one, load_trace(d, jobs=2))
+
+
+def test_member_headers_are_found_where_they_are(tmp_path: Path) -> None:
+    from .test_bad_traces import corpus_lines, gz_members
+
+    path = tmp_path / "m.pfw.gz"
+    data = gz_members(corpus_lines() * 4, 16)
+    path.write_bytes(data)
+    starts = member_offsets(data)
+    ranges = LOAD._split_file(path, len(data), 4)
+    assert ranges and ranges[0][0] == 0 and ranges[-1][1] == len(data) and len(ranges) >= 3
+    assert all(a in starts for a, _ in ranges) and all(b == c for (_, b), (c, _) in zip(ranges[:-1], ranges[1:], strict=True))
+    (tmp_path / "plain.pfw").write_bytes(b"\n".join(corpus_lines()))
+    assert LOAD._split_file(tmp_path / "plain.pfw", 1000, 4) is None
