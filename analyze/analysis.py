@@ -40,6 +40,7 @@ def analyze_trace(
     echo: Callable[[str], None] | None = None,
     memory_limit: int | None = None,
     spill_dir: str | Path | None = None,
+    jobs: int | None = None,
 ) -> Report:
     """Everything ``dlreplay analyze`` computes for ``trace`` (see the module doc).
 
@@ -55,6 +56,9 @@ def analyze_trace(
     streaming queries (:mod:`.spill`); the spill is removed before this returns, so the
     report's figures are drawn here when ``figures`` is set, and the returned
     view's event table can no longer be read. The path taken is in ``report.notes``.
+
+    ``jobs`` is the number of threads that load the trace (:func:`~.load.load_trace`;
+    default: the cores available).
     """
     thresholds, disabled = load_thresholds(config)
     memory_note = None
@@ -81,7 +85,7 @@ def analyze_trace(
         loaded, c, findings, model = remote.loaded, remote.characterization, remote.findings, remote.model
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     else:
-        loaded = load_trace(trace)
+        loaded = load_trace(trace, jobs=jobs)
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
         c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs, per_process=loaded.per_process)
         findings = find(c, thresholds, disabled)

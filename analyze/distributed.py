@@ -1,12 +1,13 @@
 """Trace loading on a Dask distributed cluster (``dlreplay analyze --workers N | --scheduler ADDR``).
 
-Loading is two stages (:mod:`.load`): :func:`~.load.parse_part` decompresses and parses
-groups of trace files (or byte ranges of whole gzip members of one large file) into raw
-partial frames, independently of every other file;
-:func:`~.load.combine_parts` resolves what spans files (FH paths, processes, offsets).
-Here the first stage runs as one Dask task per group of files (or per range of a large
-file) on the cluster's workers, with the same code as the single-process path, so the
-event table is identical: same rows, same counts and bytes, same salvage counts for
+Loading is two stages (:mod:`.load`): :func:`~.load.parse_part` decompresses, parses and
+resolves groups of whole trace files (time units, processes, offsets: what one file
+decides), or parses byte ranges of whole gzip members of one large file, independently
+of every other file; :func:`~.load.combine` resolves what spans files (``FH`` paths, the
+ranges of a file together, the order of all rows). Here the first stage runs as one Dask
+task per group of files (or per range of a large file) on the cluster's workers, with
+the same code as the single-process loader (which runs the same jobs in threads), so
+the event table is identical: same rows, same counts and bytes, same salvage counts for
 damaged files.
 
 Two ways to finish:
@@ -105,18 +106,24 @@ RANGE_BYTES = 16 << 20
 
 def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_bytes: int,
                   echo: Callable[[str], None] | None) -> tuple[list[Any], list[Path], dict | None, int]:
-    """Submit the parse stage: (futures of TraceParts, trace files, manifest, workers)."""
+    """Submit the parse stage: (futures of parts, trace files, manifest, workers).
+
+    The jobs are those of the single-machine loader (:func:`~.load.parse_part`): groups of
+    whole files, and byte ranges of the gzip members of files of at least
+    ``split_bytes``; the ranges of a file are resolved together where the parts are
+    combined (:func:`~.load.resolve_ranges`, which parses the file whole when a cut was
+    wrong or the file is damaged)."""
     files, manifest = _find_inputs(path)
     nworkers = max(1, len(client.scheduler_info().get("workers", {})))
     indexed = [(src, Path(p).resolve()) for src, p in enumerate(files)]
-    big = [(src, p) for src, p in indexed if p.stat().st_size >= split_bytes]
-    scans = client.gather(client.map(member_ranges, [str(p) for _, p in big], [range_bytes] * len(big), pure=False))
     jobs: list[list[Any]] = []
     split = set()
-    for (src, p), ranges in zip(big, scans, strict=True):
-        if ranges and len(ranges) > 1:
-            split.add(src)
-            jobs += [[(src, str(p), a, b, k)] for k, (a, b) in enumerate(ranges)]
+    for src, p in indexed:
+        if p.stat().st_size >= split_bytes:
+            ranges = member_ranges(p, range_bytes)
+            if ranges and len(ranges) > 1:
+                split.add(src)
+                jobs += [[(src, str(p), a, b, k)] for k, (a, b) in enumerate(ranges)]
     rest = [(src, p) for src, p in indexed if src not in split]
     # several groups per worker: the scheduler balances uneven files
     jobs += [[(src, str(p)) for src, p in g] for g in _groups(rest, nworkers * 4)]
@@ -132,8 +139,8 @@ def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes:
     """Load a trace with the parse stage on ``client``'s cluster (see the module doc).
 
     Files of at least ``split_bytes`` are cut into ranges of whole gzip members of about
-    ``range_bytes`` (found by a streaming scan on a worker, :func:`~.load.member_ranges`),
-    one task each; a file that does not decode cleanly is parsed whole (salvage rules).
+    ``range_bytes`` (:func:`~.load.member_ranges`), one task each; a file whose ranges
+    do not decode cleanly is parsed whole (salvage rules).
     """
     t0 = time.perf_counter()
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)

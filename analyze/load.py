@@ -69,8 +69,8 @@ import re
 import threading
 import warnings
 import zlib
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -293,61 +293,89 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
 
     ``jobs`` is how many threads decompress, parse and resolve at once (default:
     :func:`available_cores`): groups of small files, whole files, and byte ranges of
-    whole gzip members of a file larger than its share (:func:`_split_file`). The table
+    whole gzip members of a file larger than its share (:func:`parse_parts`). The table
     is the same whatever ``jobs`` is. Raises :class:`~dlreplay.errors.TraceError` when
     the path does not exist or holds no trace file. Damage never raises: see
     :attr:`LoadedTrace.files`.
     """
     files, manifest = _find_inputs(path)
-    workers = max(1, jobs or available_cores())
-    names = [p.name for p in files]
-    if workers == 1:
-        parts: list[TracePart | RangePart] = [parse_part(g) for g in _groups(list(enumerate(files)), 1)]
-    else:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
-            parts = _parse_parallel(files, workers, pool)
-    return dataclasses.replace(_combine_owned(parts, names), manifest=manifest)
+    parts: list[TracePart | RangePart] = list(parse_parts(files, jobs=jobs))
+    return dataclasses.replace(_combine_owned(parts, [p.name for p in files]), manifest=manifest)
 
 
 #: Stored bytes below which a file is never split into byte ranges.
 _SPLIT_MIN_BYTES = 2 << 20
 
 
-def _parse_parallel(files: list[Path], workers: int, pool: ThreadPoolExecutor) -> list[TracePart | RangePart]:
-    """Parse and resolve ``files`` in ``pool``: a file holding more than its share of the
-    stored bytes is parsed as byte ranges (then resolved whole; parsed whole instead when
-    a range shows the cuts were wrong or the file damaged), the others in groups."""
+def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
+                group_bytes: int | None = None) -> Iterator[TracePart]:
+    """The resolved parts of the trace ``files`` (the run's files, ``src`` = position), as
+    they are done, parsed by ``jobs`` threads (default: :func:`available_cores`).
+
+    A file holding more than its share of the stored bytes (:func:`_range_bytes`) is
+    parsed as byte ranges (:func:`_split_file`) and then resolved whole
+    (:func:`resolve_ranges`); the other files in groups of consecutive files of about
+    ``group_bytes`` stored bytes (default: enough groups to keep the threads busy). At
+    most two jobs per thread are in flight, so with ``group_bytes`` the memory held is
+    bounded by the groups being parsed plus the parts not yet consumed.
+    """
+    workers = max(1, jobs or available_cores())
     indexed = list(enumerate(files))
+    if workers == 1 and group_bytes is None:  # one thread: no pool, no ranges
+        for group in _groups(indexed, 1):
+            yield cast(TracePart, parse_part(group))
+        return
     sizes = [_stored_size(p) for p in files]
     share = _range_bytes(sizes, workers)
     split: dict[int, list[tuple[int, int]]] = {}
-    for (src, p), size in zip(indexed, sizes, strict=True):
-        if size >= 2 * share:
-            ranges = _split_file(p, size, -(-size // share))
-            if ranges:
-                split[src] = ranges
-    range_jobs = [[(src, files[src], a, b, k)] for src, ranges in split.items() for k, (a, b) in enumerate(ranges)]
-    groups = _groups([(src, p) for src, p in indexed if src not in split], workers)
-    futures = [pool.submit(parse_part, job) for job in range_jobs + groups]
-    done = [f.result() for f in futures]
-    parts: list[TracePart | RangePart] = [p for p in done if isinstance(p, TracePart)]
-    ranged: dict[int, list[RangePart]] = {}
-    for p in done:
-        if isinstance(p, RangePart):
-            ranged.setdefault(p.src, []).append(p)
-    del done, futures
-    second = []
-    for src, rs in ranged.items():
-        rs.sort(key=lambda r: r.k)
-        if any(r.report.problems for r in rs) or not all(r.clean_end for r in rs[:-1]):
-            second.append(pool.submit(parse_part, [(src, files[src])]))  # salvage rules apply to the whole file
-        else:
-            second.append(pool.submit(resolve_ranges, rs))
-    del ranged
-    for f in second:
-        res = f.result()
-        parts.extend(res if isinstance(res, list) else [res])
-    return parts
+    if workers > 1:
+        for (src, p), size in zip(indexed, sizes, strict=True):
+            if size >= 2 * share:
+                ranges = _split_file(p, size, -(-size // share))
+                if ranges:
+                    split[src] = ranges
+    rest = [(src, p) for src, p in indexed if src not in split]
+    groups = _groups(rest, workers) if group_bytes is None else _groups_of(rest, group_bytes)
+    todo: list[tuple[Any, Any]] = [(parse_part, [(src, files[src], a, b, k)])
+                                   for src, ranges in split.items() for k, (a, b) in enumerate(ranges)]
+    todo += [(parse_part, g) for g in groups]
+    todo.reverse()  # popped from the end: in this order
+    waiting: dict[int, list[RangePart]] = {}
+    flight: set[Future] = set()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
+        while todo or flight:
+            while todo and len(flight) < 2 * workers:
+                fn, arg = todo.pop()
+                flight.add(pool.submit(fn, arg))
+            done, flight = wait(flight, return_when=FIRST_COMPLETED)
+            for fut in done:
+                res = fut.result()
+                for part in res if isinstance(res, list) else [res]:
+                    if isinstance(part, RangePart):
+                        got = waiting.setdefault(part.src, [])
+                        got.append(part)
+                        if len(got) == len(split[part.src]):  # all ranges of the file: resolve it next
+                            todo.append((resolve_ranges, waiting.pop(part.src)))
+                    else:
+                        yield part
+                del res
+
+
+def _groups_of(jobs: list[tuple[int, Path]], target: int) -> list[list[tuple[int, Path]]]:
+    """Consecutive (src, path) groups of about ``target`` stored bytes; a file is never split."""
+    groups: list[list[tuple[int, Path]]] = []
+    current: list[tuple[int, Path]] = []
+    size = 0
+    for job in jobs:
+        n = _stored_size(job[1])
+        if current and size + n > target:
+            groups.append(current)
+            current, size = [], 0
+        current.append(job)
+        size += n
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _range_bytes(sizes: list[int], workers: int) -> int:
@@ -361,7 +389,7 @@ def _split_file(path: Path, size: int, pieces: int) -> list[tuple[int, int]] | N
     found near every ``size / pieces`` bytes; None when it is not gzip or no cut was found.
 
     A cut is a guess until the ranges are parsed: a header is accepted when its flags are
-    valid and the next few KiB inflate to text, and :func:`_parse_parallel` checks that
+    valid and the next few KiB inflate to text, and :func:`resolve_ranges` checks that
     every range decoded cleanly and ended with a line (a wrong cut leaves a truncated
     member before it or a corrupt one after it) before it uses them.
     """
@@ -1651,13 +1679,24 @@ def _gather(frame: pl.DataFrame, order: np.ndarray | None, columns: Sequence[str
 
 
 def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
-    """One :class:`TracePart` per file of the byte ranges ``ranges`` (all ranges of each file)."""
+    """One :class:`TracePart` per file of the byte ranges ``ranges`` (all ranges of each file).
+
+    The cuts between ranges are checked first: every range must have decoded without
+    damage and every range but the last must end with a whole line. Otherwise a cut was
+    wrong (inside a member, or after a member that ends inside a line) or the file is
+    damaged, and the file is parsed again whole, where the salvage rules apply.
+    """
     by_src: dict[int, list[RangePart]] = {}
     for r in ranges:
         by_src.setdefault(r.src, []).append(r)
     out = []
     for src, rs in sorted(by_src.items()):
         rs.sort(key=lambda r: r.k)
+        if any(r.report.problems for r in rs) or not all(r.clean_end for r in rs[:-1]):
+            path = rs[0].report.path
+            del rs
+            out.append(cast(TracePart, parse_part([(src, path)])))
+            continue
         rep = rs[0].report
         for r in rs[1:]:
             rep = _add_reports(rep, r.report)
@@ -1721,42 +1760,53 @@ def _add_reports(a: FileReport, b: FileReport) -> FileReport:
                       dropped_bytes=a.dropped_bytes + b.dropped_bytes, problems=[*a.problems, *b.problems])
 
 
-def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int]]:
-    """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
-    fh = _frames([p.fh for p in parts], FH_SCHEMA).sort("src", "seq").unique(
-        subset="hash", keep="first", maintain_order=True)
-    frames, tables, base = [], [], 0
-    for p in parts:
-        if not p.events.height:
-            continue
-        frames.append(p.events.with_columns(pl.col("__p") + base) if base else p.events)
-        tables.append(p.processes)
-        base += p.processes.height
-    parts.clear()
-    if not frames:
-        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}
-    procs = _frames(tables, PROCESS_SCHEMA).rechunk()
+@dataclass(frozen=True)
+class RunTables:
+    """What the rows of every part need from the whole run (:func:`run_tables`): the
+    processes (one row per (``src``, ``pid``) in the order of the parts' ``__p`` indices
+    plus each part's offset, with ``ppid``, ``host``, ``source`` and the working
+    directory ``__cwd``), and the path of every file hash that an ``FH`` record names,
+    by the hash's category code (``path_by_code``, Categorical, null where none)."""
+
+    processes: pl.DataFrame
+    path_by_code: pl.Series
+
+
+def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], names: Sequence[str]) -> RunTables:
+    """The :class:`RunTables` of parts whose processes and ``FH`` records are ``processes``
+    and ``fh`` (in part order: a part's ``__p`` plus the processes of the parts before it
+    index the result); ``names[src]`` is the source name of file ``src``."""
+    records = _frames(list(fh), FH_SCHEMA).sort("src", "seq").unique(subset="hash", keep="first",
+                                                                     maintain_order=True)
+    procs = _frames(list(processes), PROCESS_SCHEMA).rechunk()
     # working directory of every process (its start record's cwd hash, resolved by FH)
-    procs = procs.with_columns(_lookup(pl.col("cwdhash"), fh["hash"], fh["name"], _STR).alias("__cwd"))
-    fh = fh.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left", maintain_order="left").select(
-        "hash", _absolute(pl.col("name")).alias("path"))
-    ev = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
-    del frames
-    proc_src = procs["src"].to_numpy()
-    order = None
-    if len(tables) > 1:  # each part is in order already: merge them by (ts, file)
-        order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
-    out = _gather(ev, order, [c for c in PART_SCHEMA])
-    del ev
-    pidx = out["__p"].to_numpy()
-    per_src = np.bincount(proc_src[pidx], minlength=len(names)) if len(pidx) else np.zeros(0, dtype=np.int64)
-    counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
-    # every file hash of the run and its path; index nf stands for "no file hash"
-    hashes = _distinct_categorical(out["fhash"])
-    files = pl.DataFrame({"hash": hashes.cast(_STR)}).join(fh, on="hash", how="left", maintain_order="left")
-    files = pl.concat([files, pl.DataFrame({"hash": [None], "path": [None]}, schema=files.schema)]).rechunk()
-    fidx = out.select(_code_index(pl.col("fhash"), hashes)).to_series()
-    file = files["path"].cast(_CAT).gather(fidx)
+    procs = procs.with_columns(
+        _lookup(pl.col("cwdhash"), records["hash"], records["name"], _STR).alias("__cwd"),
+        pl.Series(names, dtype=_CAT).gather(procs["src"]).alias("source"),
+        pl.col("host").cast(_CAT),
+    ).rechunk()
+    paths = records.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
+                         maintain_order="left").select(
+        pl.col("hash").cast(_CAT).to_physical().alias("code"), _absolute(pl.col("name")).cast(_CAT).alias("path"))
+    size = (_int_stat(paths["code"].max()) or -1) + 1
+    by_code = pl.DataFrame({"code": np.arange(size, dtype=np.uint32)}).join(
+        paths, on="code", how="left", maintain_order="left")["path"]
+    return RunTables(processes=procs, path_by_code=by_code.rechunk())
+
+
+def finalize(events: pl.DataFrame, order: np.ndarray | None, tables: RunTables) -> tuple[pl.DataFrame, pl.Series]:
+    """(event table, process index per row): the :data:`~dlreplay.schema.EVENT_SCHEMA` table
+    of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes),
+    gathered in ``order`` (None: as they are). ``file`` is the path the run's ``FH``
+    records give the file hash, else the event's path argument, made absolute with the
+    process's working directory."""
+    out = _gather(events, order, list(PART_SCHEMA))
+    del events
+    procs = tables.processes
+    nfile = tables.path_by_code.len()
+    code = pl.col("fhash").to_physical()
+    file = out.select(pl.lit(tables.path_by_code).gather(pl.when(code < nfile).then(code)).alias("file")) \
+        .to_series() if nfile else pl.Series("file", [None] * out.height, dtype=_CAT)
     # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
     named = out.lazy().with_row_index("__row").filter(pl.col("__path").is_not_null()).select(
         "__row", "__p", "__path").collect()
@@ -1767,16 +1817,41 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
                          maintain_order="left")
         paths = sub.select(_absolute(pl.col("__path").cast(_STR))).to_series().cast(_CAT)
         file = file.scatter(named["__row"], paths)
-    source = pl.Series(names, dtype=_CAT).gather(procs["src"])
-    events = out.select(
+    table = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
-        pl.lit(procs["host"].cast(_CAT)).gather(pl.col("__p")).alias("host"),
+        pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
         "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
         "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
-        pl.lit(source).gather(pl.col("__p")).alias("source"),
+        pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
     ).cast(pl.Schema(EVENT_SCHEMA))  # type: ignore[arg-type]
-    per_process = _per_process(events, out["__p"], procs)
-    return events, per_process, counts
+    return table, out["__p"]
+
+
+def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int]]:
+    """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
+    frames, processes, fh, base = [], [], [], 0
+    for p in parts:
+        fh.append(p.fh)
+        if not p.events.height:
+            continue
+        frames.append(p.events.with_columns(pl.col("__p") + base) if base else p.events)
+        processes.append(p.processes)
+        base += p.processes.height
+    parts.clear()
+    if not frames:
+        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}
+    tables = run_tables(processes, fh, names)
+    ev = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
+    del frames
+    proc_src = tables.processes["src"].to_numpy()
+    order = None
+    if len(processes) > 1:  # each part is in order already: merge them by (ts, file)
+        order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
+    events, pidx = finalize(ev, order, tables)
+    del ev
+    per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
+    counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
+    return events, _per_process(events, pidx, tables.processes), counts
 
 
 def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
@@ -1794,49 +1869,11 @@ def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
 
 
 def member_ranges(path: str | os.PathLike, target_bytes: int) -> list[tuple[int, int]] | None:
-    """Byte ranges of about ``target_bytes`` (compressed) made of whole gzip members.
-
-    A range ends only after a member whose text ends with a newline, so no line spans
-    two ranges. Streams the file once (bounded memory). Returns None for a file that
-    does not decode cleanly from start to end (damaged, not gzip): such a file is
-    parsed whole, where the salvage rules apply.
-    """
-    ranges: list[tuple[int, int]] = []
-    start = pos = 0  # pos: absolute offset of the next compressed byte fed
-    d = zlib.decompressobj(wbits=31)
-    last = b""
-    member_start = 0
-    try:
-        with open(path, "rb") as fh:
-            pending = b""
-            while True:
-                chunk = pending or fh.read(1 << 20)
-                pending = b""
-                if not chunk:
-                    break
-                out = d.decompress(chunk)
-                pos += len(chunk)
-                if out:
-                    last = out[-1:]
-                if d.eof:
-                    end = pos - len(d.unused_data)  # this member ends here
-                    pending = d.unused_data
-                    pos = end
-                    if last == b"\n" and end - start >= target_bytes:
-                        ranges.append((start, end))
-                        start = end
-                    d = zlib.decompressobj(wbits=31)
-                    last = b""
-                    member_start = end
-        if not d.eof and pos != member_start:
-            return None  # a truncated last member
-    except (OSError, zlib.error):
-        return None
-    if start < pos:
-        ranges.append((start, pos))
-    return ranges
-
-
+    """Byte ranges of about ``target_bytes`` (stored) cut at gzip member headers, covering
+    the file; None when it is not gzip or holds one member (see :func:`_split_file`: the
+    cuts are checked when the ranges are resolved, :func:`resolve_ranges`)."""
+    size = _stored_size(Path(path))
+    return _split_file(Path(path), size, max(1, -(-size // max(1, target_bytes))))
 
 
 def _lookup(key: pl.Expr, keys, values, dtype) -> pl.Expr:

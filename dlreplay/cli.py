@@ -141,6 +141,8 @@ def _print_capture_summary(result: Any) -> None:
               "machine; the workers must see the trace path.")
 @click.option("--workers", type=click.IntRange(min=1), help="Analyse on a local Dask cluster of N processes "
               "(as --scheduler, on this machine).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Threads that decompress and parse the trace (default: the cores available to this process).")
 @click.option("--memory-limit", metavar="SIZE", help="Memory budget (e.g. 2GiB, 500MB): a trace whose analysis "
               "would not fit is spilled to Parquet and analysed with streaming queries.")
 @click.option("--spill-dir", type=click.Path(path_type=Path, file_okay=False),
@@ -149,7 +151,7 @@ def _print_capture_summary(result: Any) -> None:
 @handle_errors
 def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path: Path | None, config: Path | None,
             verify: bool, verify_dir: Path | None, verify_epochs: int, scheduler: str | None, workers: int | None,
-            memory_limit: str | None, spill_dir: Path | None, force: bool) -> None:
+            jobs: int | None, memory_limit: str | None, spill_dir: Path | None, force: bool) -> None:
     """Characterise the trace at TRACE and diagnose its I/O bottlenecks.
 
     Prints duration, processes, a per-operation table (count, bytes, time), the top
@@ -176,7 +178,7 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
                                verify_dir=verify_dir, verify_epochs=verify_epochs, scheduler=scheduler,
                                workers=workers, figures=report_path is not None, echo=say,
-                               memory_limit=limit, spill_dir=spill_dir)
+                               memory_limit=limit, spill_dir=spill_dir, jobs=jobs)
     if report_path is not None:
         with _status(f"writing {report_path}"):
             write_report(report, report_path)

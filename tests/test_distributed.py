@@ -97,7 +97,8 @@ def test_damaged_large_file_is_parsed_whole(client, tmp_path: Path) -> None:
     big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
     raw = big.read_bytes()
     big.write_bytes(raw[: len(raw) * 2 // 3])
-    assert member_ranges(big, 1) is None
+    ranges = member_ranges(big, 1)
+    assert ranges is not None and len(ranges) > 1  # cut, then parsed whole once the damage shows
     single = load_trace(d)
     dist, _ = load_trace_distributed(d, client, split_bytes=1, range_bytes=1)
     assert single.damaged and dist.files == single.files
