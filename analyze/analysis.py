@@ -69,13 +69,13 @@ def analyze_trace(
                              "choose one")
         from .spill import plan_memory
 
-        plan = plan_memory(trace, memory_limit)
+        plan = plan_memory(trace, memory_limit, jobs=jobs)
         memory_note = plan.describe()
         if echo:
             echo(memory_note)
         if plan.spill:
             return _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
-                                    figures)
+                                    figures, jobs)
     if scheduler is not None or workers is not None:
         from .distributed import analyze_distributed, cluster
 
@@ -110,7 +110,7 @@ def analyze_trace(
 
 
 def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
-                     figures_wanted) -> Report:
+                     figures_wanted, jobs) -> Report:
     """The ``--memory-limit`` path for a trace that does not fit: spill, stream, report."""
     from .passes import TraceView
     from .report import figures
@@ -119,7 +119,8 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
     if verify:
         raise UsageError(f"--verify distills the whole event table in memory, which needs ~{plan.eager_bytes >> 20} "
                          "MiB here: raise --memory-limit or analyse without --verify")
-    with spilled_trace(trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo) as sp:
+    with spilled_trace(trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo,
+                       jobs=jobs) as sp:
         dirs = list(data_dirs or []) or (sp.manifest or {}).get("data_dirs") or None
         c = characterize(TraceView(sp.events, sp.manifest, dirs))
         findings = find(c, thresholds, disabled)

@@ -317,7 +317,8 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
     (:func:`resolve_ranges`); the other files in groups of consecutive files of about
     ``group_bytes`` stored bytes (default: enough groups to keep the threads busy). At
     most two jobs per thread are in flight, so with ``group_bytes`` the memory held is
-    bounded by the groups being parsed plus the parts not yet consumed.
+    bounded by the groups being parsed plus the parts not yet consumed (one job per
+    thread is in flight then).
     """
     workers = max(1, jobs or available_cores())
     indexed = list(enumerate(files))
@@ -344,7 +345,7 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
     flight: set[Future] = set()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
         while todo or flight:
-            while todo and len(flight) < 2 * workers:
+            while todo and len(flight) < (2 * workers if group_bytes is None else workers):
                 fn, arg = todo.pop()
                 flight.add(pool.submit(fn, arg))
             done, flight = wait(flight, return_when=FIRST_COMPLETED)

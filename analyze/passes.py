@@ -414,7 +414,7 @@ def _first_ppid(v: TraceView) -> pl.DataFrame:
                                         & pl.col("ppid").is_not_null() & at)
                           .select("ppid", ORDER_COL).sort(ORDER_COL).head(1))
         out.append((host, pid, first["ppid"][0]))
-    return pl.DataFrame(out, schema={"host": pl.String, "pid": pl.Int64, "ppid": pl.Int64}, orient="row")
+    return pl.DataFrame(out, schema={c: EVENT_SCHEMA[c] for c in ("host", "pid", "ppid")}, orient="row")
 
 
 def pass_processes(v: TraceView) -> dict:

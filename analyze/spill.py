@@ -4,37 +4,31 @@
 how many events the trace holds (stored bytes x decoded lines per stored byte, sampled
 from the files' first megabyte) and what the in-memory analysis would need (events x
 :data:`ROW_BYTES` x :data:`EAGER_FACTOR`). When that fits in the limit the normal
-path runs. Otherwise :func:`spilled_trace` loads the trace in groups of whole trace
-files, with the two stages of :mod:`.load` as they are:
+path runs. Otherwise :func:`spilled_trace` runs the same loader with a Parquet sink
+instead of the in-memory merge (one engine: :func:`~.load.parse_parts`,
+:func:`~.load.run_tables`, :func:`~.load.finalize`):
 
-1. every group is parsed (:func:`~.load.parse_part`) and its raw event rows written
-   to Parquet in a temporary spill directory; its metadata rows (``FH``/``HH``/``CM``)
-   are kept in memory, reduced to the rows :func:`~.load.combine_parts` can use (the
-   first record of each file hash, of each host hash per file, the first time unit per
-   file, the first host hash per process; see :func:`_reduce_meta`), together with the
-   processes' ``start`` records;
-2. every group is then combined (:func:`~.load.combine_parts`) with the metadata of
-   the whole run, which resolves file names (an ``FH`` record may sit in another
-   process's file), hosts, time units and offsets exactly as the whole-trace path
-   does: offset streams are per (trace file, pid, file hash) and a trace file is never
-   split between groups. The one thing the combine of a group cannot see is the
-   working directory of a process in another group that wrote an ``FH`` record with a
-   relative name; such names are made absolute beforehand (:func:`_absolute_fh`). The
-   group's event table, in (``ts``, file, line) order, is written to Parquet with an
-   order column ``__o`` (group << 40 | row), so sorting any subset by (``ts``, ``__o``)
-   gives the order of the whole-trace table.
+1. the trace is parsed and resolved in groups of whole trace files, sized from the
+   limit (:func:`~.load.parse_parts` with ``group_bytes``; a file larger than a group
+   is still one part), and every part's rows, already in (``ts``, file, line) order
+   with their offsets, are written to Parquet as soon as the part is done; only its
+   processes and ``FH`` records stay in memory;
+2. the run's tables are built from those (:func:`~.load.run_tables`: ``FH`` paths,
+   working directories, hosts), and every part's rows are read back, one part at a
+   time, given their :data:`~dlreplay.schema.EVENT_SCHEMA` columns
+   (:func:`~.load.finalize`, as in memory) and written again with an order column
+   ``__o`` (part << 40 | row); parts are numbered in trace-file order, so sorting any
+   subset by (``ts``, ``__o``) gives the order of the in-memory table.
 
 The passes then run over a :class:`~.passes.TraceView` of ``pl.scan_parquet`` of the
 spill: aggregations are lazy queries collected with polars' streaming engine; only the
 subsets a pass needs row by row (data-loader events, dataset I/O with the columns the
-passes use) are collected. What bounds memory then: one group's parse and combine
-(sized from the limit; a single trace file larger than that is still one group), and
-the narrow dataset-I/O table (9 columns, file and op names categorical: ~40 bytes per
-dataset I/O event instead of ~220 per event of the whole table; with the access pass's
-sorts and polars' buffers the passes grow the peak by ~180 bytes per dataset I/O event,
-:data:`DATASET_IO_BYTES`; a note says when that alone exceeds the limit). The spill
-directory is removed
-afterwards, also on errors, Ctrl-C and SIGTERM.
+passes use) are collected. What bounds memory then: the parts being parsed (sized from
+the limit), and the narrow dataset-I/O table (9 columns, file and op names
+categorical; with the access pass's sorts and polars' buffers the passes grow the peak
+by :data:`DATASET_IO_BYTES` per dataset I/O event; a note says when that alone exceeds
+the limit). The spill directory is removed afterwards, also on errors, Ctrl-C and
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -52,13 +46,24 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from dlreplay.errors import TraceError
 from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
 
-from .load import FileDamage, FileReport, TracePart, _find_inputs, combine_parts, parse_part
+from .load import (
+    PART_SCHEMA,
+    FileDamage,
+    FileReport,
+    _find_inputs,
+    _with_events,
+    available_cores,
+    finalize,
+    parse_parts,
+    run_tables,
+)
 from .passes import ORDER_COL
 
 __all__ = [
@@ -141,8 +146,10 @@ def _lines_per_byte(path: Path) -> tuple[int, int] | None:
     return (lines, used) if used else None
 
 
-def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: int) -> MemoryPlan:
-    """Estimate the events and memory of ``trace`` and decide whether to spill under ``limit``."""
+def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: int, *,
+                jobs: int | None = None) -> MemoryPlan:
+    """Estimate the events and memory of ``trace`` and decide whether to spill under ``limit``
+    (``jobs`` groups are parsed at once: each gets its share; default the cores available)."""
     files, _ = _find_inputs(trace)
     sizes = [_size(p) for p in files]
     stored = sum(sizes)
@@ -157,7 +164,7 @@ def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: i
     budget = max(limit - BASE_BYTES, 1)
     # the passes later hold the dataset I/O events (at most every event): leave them room
     budget -= min(events * DATASET_IO_BYTES, budget // 2)
-    group = max(1, int(budget / (GROUP_FACTOR * ROW_BYTES * max(per_byte, 1e-9))))
+    group = max(1, int(budget / (GROUP_FACTOR * ROW_BYTES * max(per_byte, 1e-9) * (jobs or available_cores()))))
     return MemoryPlan(limit=limit, files=len(files), stored_bytes=stored, events=events, table_bytes=table,
                       eager_bytes=eager, spill=eager > limit, group_stored_bytes=group)
 
@@ -167,23 +174,6 @@ def _size(p: Path) -> int:
         return p.stat().st_size
     except OSError:
         return 0
-
-
-def spill_groups(files: Sequence[Path], target: int) -> list[list[tuple[int, Path]]]:
-    """Consecutive (src, path) groups of about ``target`` stored bytes; a file is never split."""
-    groups: list[list[tuple[int, Path]]] = []
-    current: list[tuple[int, Path]] = []
-    size = 0
-    for src, p in enumerate(files):
-        n = _size(p)
-        if current and size + n > target:
-            groups.append(current)
-            current, size = [], 0
-        current.append((src, p))
-        size += n
-    if current:
-        groups.append(current)
-    return groups
 
 
 @dataclass
@@ -204,65 +194,6 @@ class SpilledTrace(FileDamage):
     def collect(self) -> pl.DataFrame:
         """The whole event table in memory, in the order of :func:`~.load.load_trace`'s (for tests)."""
         return self.events.sort("ts", ORDER_COL, nulls_last=True).drop(ORDER_COL).collect()
-
-
-# ---------------------------------------------------------------------------------------
-# Metadata kept in memory
-
-
-def _reduce_meta(meta: pl.DataFrame) -> pl.DataFrame:
-    """The metadata rows :func:`~.load.combine_parts` can use, in (src, seq) order.
-
-    combine_parts reads metadata only as "the first record in (file, line) order" of a
-    key: an ``FH`` record per file hash, an ``HH`` record per (file, host hash), the
-    ``CM`` time_metric per file, the first host hash per (file, pid). Keeping the first
-    row of every such key keeps its result; the reduction of reductions is the same.
-    """
-    if meta.height == 0:
-        return meta
-    m = meta.sort("src", "seq").with_row_index("__r")
-    name, value = pl.col("name"), pl.col("a_value")
-    keep = pl.concat([
-        m.filter((name == "FH") & value.is_not_null()).unique("a_value", keep="first")["__r"],
-        m.filter((name == "HH") & value.is_not_null()).unique(["src", "a_value"], keep="first")["__r"],
-        m.filter((name == "CM") & (pl.col("a_name") == "time_metric")).unique("src", keep="first")["__r"],
-        m.filter(pl.col("hhash").is_not_null()).unique(["src", "pid"], keep="first")["__r"],
-    ]).unique()
-    return m.filter(pl.col("__r").is_in(keep.implode())).drop("__r")
-
-
-def _starts(events: pl.DataFrame) -> pl.DataFrame:
-    """The processes' ``start`` records (src, seq, pid, cwd hash): their working directory."""
-    return events.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer")).select(
-        "src", "seq", "pid", "cwd")
-
-
-def _absolute_fh(meta: pl.DataFrame, starts: pl.DataFrame) -> pl.DataFrame:
-    """``meta`` with the relative names of its ``FH`` records made absolute with the
-    working directory of the process that wrote them, as combine_parts does when that
-    process is in the same part (its ``start`` record's cwd hash, resolved through the
-    first ``FH`` record of that hash). Records of hashes that are some process's working
-    directory keep their name (combine_parts resolves working directories unchanged)."""
-    if meta.height == 0 or starts.height == 0:
-        return meta
-    fh = meta.filter((pl.col("name") == "FH") & pl.col("a_value").is_not_null()).unique(
-        "a_value", keep="first", maintain_order=True).select(pl.col("a_value").alias("cwd"),
-                                                             pl.col("a_name").alias("__cwd"))
-    cwd = (
-        starts.sort("src", "seq").group_by("src", "pid", maintain_order=True).agg(pl.col("cwd").drop_nulls().first())
-        .join(fh, on="cwd", how="left").filter(pl.col("__cwd").is_not_null())
-    )
-    if cwd.height == 0:
-        return meta
-    cwd_hashes = cwd["cwd"].unique().implode()
-    relative = ((pl.col("name") == "FH") & pl.col("a_value").is_not_null() & ~pl.col("a_name").str.starts_with("/")
-                & ~pl.col("a_value").is_in(cwd_hashes) & pl.col("__cwd").is_not_null())
-    joined = meta.join(cwd.select("src", "pid", "__cwd"), on=["src", "pid"], how="left", maintain_order="left")
-    return joined.with_columns(
-        pl.when(relative).then(pl.concat_str([pl.col("__cwd").str.strip_suffix("/"), pl.col("a_name")],
-                                             separator="/"))
-        .otherwise(pl.col("a_name")).alias("a_name")
-    ).drop("__cwd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,11 +219,12 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 @contextlib.contextmanager
 def spilled_trace(trace: str | os.PathLike | Sequence[str | os.PathLike], *, group_stored_bytes: int,
-                  spill_dir: str | os.PathLike | None = None,
-                  echo: Callable[[str], None] | None = None) -> Iterator[SpilledTrace]:
+                  spill_dir: str | os.PathLike | None = None, echo: Callable[[str], None] | None = None,
+                  jobs: int | None = None) -> Iterator[SpilledTrace]:
     """Load ``trace`` into a temporary spill directory (under ``spill_dir``, default the
-    system temp) in groups of about ``group_stored_bytes`` of trace files; yields a
-    :class:`SpilledTrace`. The directory is removed when the block ends, however it ends.
+    system temp) in groups of about ``group_stored_bytes`` of trace files, ``jobs``
+    threads at a time (default: the cores available); yields a :class:`SpilledTrace`.
+    The directory is removed when the block ends, however it ends.
     """
     base = Path(spill_dir) if spill_dir is not None else None
     if base is not None:
@@ -308,7 +240,7 @@ def spilled_trace(trace: str | os.PathLike | Sequence[str | os.PathLike], *, gro
 
         atexit.register(at_exit)
         try:
-            yield _spill(trace, tmp, group_stored_bytes, echo)
+            yield _spill(trace, tmp, group_stored_bytes, echo, jobs)
         finally:
             _remove(tmp)
             atexit.unregister(at_exit)
@@ -338,47 +270,51 @@ def _remove(tmp: Path) -> None:
         raise pending
 
 
-def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None) -> SpilledTrace:
+def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None) -> SpilledTrace:
     files, manifest = _find_inputs(trace)
     names = [p.name for p in files]
-    groups = spill_groups(files, target)
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
-    metas: list[pl.DataFrame] = []
-    starts: list[pl.DataFrame] = []
-    reports: dict[int, list[tuple[int, FileReport]]] = {}
-    for g, group in enumerate(groups):
-        part = parse_part(group)
-        part.events.write_parquet(tmp / f"raw-{g:05d}.parquet", compression="lz4")
-        metas.append(_reduce_meta(part.meta))
-        starts.append(_starts(part.events))
-        reports[g] = part.files
+    # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
+    kept: list[tuple[int, pl.DataFrame, pl.DataFrame, list[tuple[int, FileReport]], Path | None]] = []
+    for part in parse_parts(files, jobs=jobs, group_bytes=target):
+        first = min(src for src, _ in part.files)
+        path = None
+        if part.events.height:
+            path = tmp / f"part-{first:09d}.parquet"
+            part.events.write_parquet(path, compression="lz4")
+        kept.append((first, part.processes, part.fh, part.files, path))
         del part
-    meta = _reduce_meta(pl.concat(metas, how="vertical"))
-    meta = _absolute_fh(meta, pl.concat(starts, how="vertical"))
+    kept.sort(key=lambda k: k[0])
     t1 = time.perf_counter()
-    say(f"spill: parsed {len(files)} file(s) in {len(groups)} group(s) in {t1 - t0:.1f} s; combining")
-    out_files: list[FileReport] = []
+    say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
+    # stage 2: the run's tables, then each part's EVENT_SCHEMA columns, one part at a time
+    with_rows = [k for k in kept if k[4] is not None]
+    tables = run_tables([k[1] for k in with_rows], [k[2] for k in kept], names)
+    proc_src = tables.processes["src"].to_numpy()
+    counts = np.zeros(len(names), dtype=np.int64)
     paths: list[Path] = []
-    height = 0
-    for g in range(len(groups)):
-        raw_path = tmp / f"raw-{g:05d}.parquet"
-        raw = pl.read_parquet(raw_path)
-        table, reps = combine_parts([TracePart(events=raw, meta=meta, files=reports[g])], names)
+    height = base = 0
+    for g, (_, processes, _, _, raw_path) in enumerate(with_rows):
+        assert raw_path is not None
+        raw = pl.read_parquet(raw_path, schema=PART_SCHEMA).with_columns(pl.col("__p") + base)
+        base += processes.height
+        table, pidx = finalize(raw, None, tables)
         del raw
         raw_path.unlink()
-        out_files.extend(reps)
-        table = table.with_columns(
-            (pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))
+        counts += np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
+        table = table.with_columns((pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))
         path = tmp / f"events-{g:05d}.parquet"
         table.write_parquet(path, compression="lz4")
         paths.append(path)
         height += table.height
-        del table
+        del table, pidx
+    reports = sorted((rep for k in kept for rep in k[3]), key=lambda r: r[0])
+    out_files = [_with_events(rep, int(counts[src])) for src, rep in reports]
     t2 = time.perf_counter()
     nbytes = sum(p.stat().st_size for p in paths)
     say(f"spill: {height:,} events, {human_bytes(nbytes)} of Parquet in {tmp}, combined in {t2 - t1:.1f} s")
     schema = {**EVENT_SCHEMA, ORDER_COL: pl.Int64()}
     scan = pl.scan_parquet(paths, schema=schema) if paths else pl.LazyFrame(schema=schema)
-    return SpilledTrace(events=scan, files=out_files, manifest=manifest, height=height, groups=len(groups),
+    return SpilledTrace(events=scan, files=out_files, manifest=manifest, height=height, groups=len(kept),
                         directory=tmp, spill_bytes=nbytes, timings={"parse_s": t1 - t0, "combine_s": t2 - t1})
