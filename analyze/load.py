@@ -1,10 +1,12 @@
 """Load DFTracer traces (``*.pfw`` / ``*.pfw.gz``) into the dlreplay event table.
 
-Loading has two stages with a narrow interface between them, so that the first can run
-anywhere (threads here; later, workers of a distributed scheduler) and the second once:
+One engine, three stages, run by :func:`parse_parts` on ``jobs`` threads (zlib/ISA-L,
+the C scanner and polars release the GIL) for :func:`load_trace` and the bounded-memory
+path (:mod:`.spill`), and as Dask tasks for the distributed one (:mod:`.distributed`):
 
-:func:`parse_part` (per group of trace files, several groups in parallel threads;
-zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
+**Parse** (:func:`parse_part`, per group of whole files, or per byte range of one file's
+gzip members: a file larger than its share is cut at member headers found near equal
+offsets, :func:`_split_file`):
 
 1. **Decompress** one ``decompressobj`` per gzip member (:mod:`dlreplay.pfw`). Damage is
    salvaged, never fatal: a truncated file keeps everything decoded before the cut; a
@@ -22,36 +24,40 @@ zlib/ISA-L and polars release the GIL) turns files into a :class:`TracePart`:
    Python path, at the same points, so both paths give identical tables and reports
    (``tests/test_native_parser.py``). Without the extension, steps 3-5 parse everything.
 3. **Tokenise** decoded text with polars' CSV reader (separator ``,``, no quoting): one
-   row per line, one column per ``"key":value`` token. With the fields needed here this
-   costs about half of what polars' JSON reader does per DFTracer line. The text of many
-   small files is tokenised and parsed as one batch (up to about ``_CHUNK_BYTES`` of
-   text; rows are attributed to files by their counted lines), so a trace of hundreds of
-   small files costs little more than one file of the same size.
-4. **Layouts**: rows are grouped by (name token, category token, token count). DFTracer
-   writes every event of one function with the same keys in the same order, so one
+   row per line, one column per ``"key":value`` token. The text of many small files is
+   tokenised and parsed as one batch (up to about ``_CHUNK_BYTES`` of text; rows are
+   attributed to files by their counted lines).
+4. **Layouts**: rows are grouped by (name token, category token, token count); one
    sample row per group is parsed in Python into a *layout* (key path, prefix, quoting,
    closing braces of every token); the group's values are extracted with vectorised
    string expressions and checked (line start and end, argument keys, numbers parse).
-5. **Fallback**: rows without a usable layout (nested values, commas or escapes inside
-   strings, lines longer than the tokens read, small groups, garbage) are re-read from
-   their line bytes with polars' JSON reader; a failing batch is bisected down to the
-   malformed lines, which are dropped and counted against their own file. No Python code
-   runs per line on the happy path.
+5. **Fallback**: rows without a usable layout are re-read from their line bytes with
+   polars' JSON reader; a failing batch is bisected down to the malformed lines, which
+   are dropped and counted against their own file.
+6. **Compact** (:func:`_compact`, every parsed batch at once): the rows kept are
+   :data:`CHUNK_SCHEMA` (strings Categorical, sizes computed, the file-position inputs
+   narrowed); ``start`` records and first host hashes are set aside per process.
 
-:func:`combine_parts` (once, over all parts of the run; every step is vectorised over all
-files at once, never a per-file query): time unit (``CM``) per file, ppid and host
-(``start``/``HH`` records of the process's own file), sizes, and file offsets:
-read/write/fread/fwrite offsets are reconstructed per (file, pid, POSIX or STDIO, file
-hash) in time order (open/seek reset the position; one C pass over the output order when
-the extension is built, else cumulative sums over segments in numpy).
-``FH`` file hashes are resolved to paths across all files (the record may sit in
-another process's file; relative names use the writing process's working directory).
-``fhash`` is Categorical in the raw rows, so rows map to file indices through their
-category codes, never by hashing strings. The output order is (``ts``, file, line):
-packed integer keys are value-sorted with numpy, every dense output column is gathered
-once, and repeated strings (host, path, hash, source) come from small per-process and
-per-file tables. Meanwhile, in a second thread, the summary's per-(file, host, pid)
-table (:attr:`LoadedTrace.per_process`) is counted over integer file and process keys.
+**Resolve per file** (:func:`_resolve`, in the same job for whole files; for the ranges of
+a split file once they are all parsed, :func:`resolve_ranges`, which first checks the
+cuts and parses the file whole when a range was damaged or cut a line): everything one
+file decides: the time unit (``CM``), each process's ppid, working-directory hash and
+host (``start``/``HH`` records of its own file), offsets reconstructed per (file, pid,
+POSIX or STDIO, file hash) in time order (open/seek reset the position; one C pass when
+the extension is built, else cumulative sums over segments in numpy), and the order
+(``ts``, file, line). The result is a :class:`TracePart`: rows of :data:`PART_SCHEMA`,
+the part's processes and its ``FH`` records.
+
+**Combine** (:func:`combine`, once): the run's tables (:func:`run_tables`: ``FH`` paths
+across all files, a record may sit in another process's file, relative names use the
+writing process's working directory), the parts merged by a stable sort on (``ts``,
+file) (each is in order already), and the :data:`~dlreplay.schema.EVENT_SCHEMA` columns
+(:func:`finalize`: ppid, host and source per process, file per file-hash category
+code). Columns are gathered a few at a time, their sources dropped before the next, so
+the rows are never held twice; the event table is compact (no string per event:
+Categorical names, categories, files, hosts and sources; Int32 where values fit). The
+summary's per-(file, host, pid) table (:attr:`LoadedTrace.per_process`) is counted over
+integer file and process keys.
 
 Units: ``ts``/``dur`` microseconds (a ``CM`` time metric of ``NS``/``MS``/``S`` is
 converted), sizes and offsets bytes.
@@ -1672,9 +1678,11 @@ def _gather(frame: pl.DataFrame, order: np.ndarray | None, columns: Sequence[str
     todo = list(columns)
     while todo:
         group, todo = todo[:_GATHER_GROUP], todo[_GATHER_GROUP:]
-        sub = frame.select(group)
+        # one chunk first: a gather from the many chunks of a part's batches costs 3-5x
+        # a copy and a gather from one
+        sub = frame.select(group).rechunk()
         frame = frame.drop(group)
-        out.extend((sub if idx is None else sub[idx]).rechunk().get_columns())
+        out.extend((sub if idx is None else sub[idx]).get_columns())
         del sub
     return pl.DataFrame(out)
 
