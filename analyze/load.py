@@ -1042,8 +1042,9 @@ def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarr
         if not any_mask & bit:
             exprs[col] = pl.lit(None, dtype=_INT)
             continue
-        # a copy when passed through: a zero-copy column would keep all the buffers alive
-        data[col] = ints[k, sl].copy() if all_mask & bit else ints[k, sl]
+        # a copy: a column passed through, or masked (polars' when/then keeps the values
+        # buffer and adds a validity mask), would view, and keep alive, all the buffers
+        data[col] = ints[k, sl].copy()
         exprs[col] = pl.col(col) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(col))
     if categorical:
         values = values.cast(pl.Categorical)
@@ -1663,16 +1664,20 @@ def _resolve(held: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
     rows = rows.with_columns(pidx.alias("__p"))
     order = _output_order(rows)
     offset = _offsets(rows, order)
-    out = _gather(rows, order, [c for c in PART_SCHEMA if c != "offset"])
+    held = [rows]
+    del rows
+    out = _gather(held, order, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
     return out, processes, fh
 
 
-def _gather(frame: pl.DataFrame, order: np.ndarray | None, columns: Sequence[str]) -> pl.DataFrame:
-    """``frame``'s ``columns`` in the row order ``order`` (None: as they are), one chunk each.
+def _gather(held: list[pl.DataFrame], order: np.ndarray | None, columns: Sequence[str]) -> pl.DataFrame:
+    """The ``columns`` of the frame in ``held`` (taken out of the list) in the row order
+    ``order`` (None: as they are), one chunk each.
 
-    Gathers a few columns at a time and drops them from ``frame`` before the next, so
-    the rows are not held twice (when the caller holds no other reference to them)."""
+    Gathers a few columns at a time and drops them from the frame before the next, so
+    the rows are not held twice (when no one else holds the frame: hence the list)."""
+    frame = held.pop()
     idx = None if order is None else _row_index(order)
     out: list[pl.Series] = []
     todo = list(columns)
@@ -1803,14 +1808,17 @@ def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], na
     return RunTables(processes=procs, path_by_code=by_code.rechunk())
 
 
-def finalize(events: pl.DataFrame, order: np.ndarray | None, tables: RunTables) -> tuple[pl.DataFrame, pl.Series]:
+def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | None,
+             tables: RunTables) -> tuple[pl.DataFrame, pl.Series]:
     """(event table, process index per row): the :data:`~dlreplay.schema.EVENT_SCHEMA` table
-    of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes),
-    gathered in ``order`` (None: as they are). ``file`` is the path the run's ``FH``
-    records give the file hash, else the event's path argument, made absolute with the
-    process's working directory."""
-    out = _gather(events, order, list(PART_SCHEMA))
+    of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes;
+    or a list holding that frame, taken out of it so that its columns are freed as they
+    are gathered), gathered in ``order`` (None: as they are). ``file`` is the path the
+    run's ``FH`` records give the file hash, else the event's path argument, made
+    absolute with the process's working directory."""
+    held = events if isinstance(events, list) else [events]
     del events
+    out = _gather(held, order, list(PART_SCHEMA))
     procs = tables.processes
     nfile = tables.path_by_code.len()
     code = pl.col("fhash").to_physical()
@@ -1856,8 +1864,9 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     order = None
     if len(processes) > 1:  # each part is in order already: merge them by (ts, file)
         order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
-    events, pidx = finalize(ev, order, tables)
+    held = [ev]
     del ev
+    events, pidx = finalize(held, order, tables)
     per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
     counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     return events, _per_process(events, pidx, tables.processes), counts

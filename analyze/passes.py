@@ -181,15 +181,18 @@ class TraceView:
 
     @property
     def io_lazy(self) -> pl.LazyFrame:
-        """:attr:`io` as a LazyFrame (for aggregations)."""
-        return self.io.lazy() if isinstance(self.events, pl.DataFrame) else self.events.filter(_IO)
+        """:attr:`io` as a LazyFrame (for aggregations; never materialised)."""
+        return self.events.lazy().filter(_IO)
 
     @cached_property
     def dataset_io(self) -> pl.DataFrame:
+        """I/O events on dataset files, in table order, with :data:`DATASET_IO_COLUMNS` only
+        (in memory as over a spilled table: most events of a training job are dataset I/O,
+        and all columns would copy most of the table)."""
+        dataset = _IO & pl.col("file").is_in(self.role_files("dataset"))
         if isinstance(self.events, pl.DataFrame):
-            return self.io.filter(pl.col("file").is_in(self.role_files("dataset")))
-        cols = [pl.col(c).cast(pl.Categorical) if c in ("file", "name") else pl.col(c) for c in DATASET_IO_COLUMNS]
-        return self._ordered(self.events.filter(_IO & pl.col("file").is_in(self.role_files("dataset"))), cols)
+            return self.events.lazy().filter(dataset).select(DATASET_IO_COLUMNS).collect()
+        return self._ordered(self.events.filter(dataset), [pl.col(c) for c in DATASET_IO_COLUMNS])
 
     @cached_property
     def dataset_reads(self) -> pl.DataFrame:
@@ -284,11 +287,31 @@ def _sessions(io: pl.DataFrame) -> pl.DataFrame:
 
 
 def flag_reads(io: pl.DataFrame) -> pl.DataFrame:
-    """The reads (bytes > 0, offset known) of ``io`` with Darshan's ``seq``/``consec`` flags,
-    compared within each open of a (process, file): see :func:`darshan_pattern`."""
-    reads = _sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
-                                 & pl.col("offset").is_not_null())
-    return darshan_pattern(reads)
+    """The reads (bytes > 0, offset known) of ``io`` (in time order) with Darshan's
+    ``seq``/``consec`` flags, compared within each open of a (process, file): what
+    :func:`darshan_pattern` of :func:`_sessions` gives, row order aside.
+
+    One stable sort by (pid, file code) keeps each (process, file)'s events in time
+    order; sessions and the previous read's end are then running sums and shifts over
+    the sorted rows, restarted where the (pid, file[, session]) key changes: no window
+    function over millions of small groups.
+    """
+    pid, file = pl.col("pid"), pl.col("__f")
+    rows = io.select("pid", "file", "name", "size", "offset").with_columns(
+        pl.col("file").to_physical().alias("__f")).sort("pid", "__f", maintain_order=True)
+    first = (pid != pid.shift(1)).fill_null(True) | (file != file.shift(1)).fill_null(True)
+    opens = pl.col("name").is_in(OPEN_OPS).cast(pl.Int64)
+    rows = rows.with_columns(opens.cum_sum().alias("__c"), first.alias("__first"))
+    # opens up to each event within its (pid, file): the running count minus the count before the group
+    before = pl.when(pl.col("__first")).then(pl.col("__c") - opens).forward_fill()
+    reads = rows.with_columns((pl.col("__c") - before).alias("session")).filter(
+        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null())
+    same = ((pid == pid.shift(1)) & (file == file.shift(1)) & (pl.col("session") == pl.col("session").shift(1))) \
+        .fill_null(False)
+    prev_end = pl.when(same).then((pl.col("offset") + pl.col("size")).shift(1)).otherwise(0)
+    return reads.with_columns(
+        (pl.col("offset") >= prev_end).alias("seq"), (pl.col("offset") == prev_end).alias("consec"),
+    ).drop("__f", "__c", "__first")
 
 
 def _stats(values: pl.Series) -> dict[str, float | int | None]:

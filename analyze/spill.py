@@ -297,10 +297,9 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     height = base = 0
     for g, (_, processes, _, _, raw_path) in enumerate(with_rows):
         assert raw_path is not None
-        raw = pl.read_parquet(raw_path, schema=PART_SCHEMA).with_columns(pl.col("__p") + base)
+        raw = [pl.read_parquet(raw_path, schema=PART_SCHEMA).with_columns(pl.col("__p") + base)]
         base += processes.height
         table, pidx = finalize(raw, None, tables)
-        del raw
         raw_path.unlink()
         counts += np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
         table = table.with_columns((pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))

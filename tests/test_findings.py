@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.analysis import analyze_trace
@@ -176,6 +178,25 @@ def test_darshan_pattern_on_known_offsets() -> None:
     out = darshan_pattern(reads)
     assert out["consec"].to_list() == [True, True, False, False, True]
     assert out["seq"].to_list() == [True, True, True, False, True]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from(["a", "b", "c"]), st.integers(0, 6),
+                          st.sampled_from(["open64", "read", "pread64", "lseek64", "close"]),
+                          st.one_of(st.none(), st.integers(0, 400)), st.integers(0, 150)), max_size=60))
+def test_flag_reads_equals_the_window_reference(rows) -> None:
+    """flag_reads (one stable sort, running sums) against _sessions + darshan_pattern (window
+    functions): the same flagged reads, ties in time included."""
+    from dlreplay.analyze.passes import _sessions, flag_reads
+
+    io = pl.DataFrame(sorted(rows, key=lambda r: r[2]), schema={"pid": pl.Int32, "file": pl.Categorical, "ts": pl.Int64,
+                                                                "name": pl.Categorical, "offset": pl.Int64,
+                                                                "size": pl.Int64}, orient="row")
+    ref = darshan_pattern(_sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
+                                               & pl.col("offset").is_not_null()))
+    cols = ["pid", "file", "offset", "size", "session", "seq", "consec"]
+    got = flag_reads(io).select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all())
+    assert got.equals(ref.select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all()))
 
 
 def test_ks_and_cosine() -> None:
