@@ -1081,52 +1081,57 @@ static Stream *stream_grow(Stream *t, size_t cap)
 }
 
 /*
- * file_offsets(order, g, op, ret, whence, aoffset, size, append, io, values, valid)
+ * file_offsets(order, proc, fcode, op, pos, parg, values, valid)
  *
  * The whole file-position model of dlreplay.analyze.load._offsets in one pass over the n
- * raw rows in output order. order (int64): row indices in output order (a permutation of
- * 0..n-1); per row: g (int64) its stream key, op (int8) its operation class (the _OP_CODE
- * values), ret/whence/aoffset/size (int64, INT64_MIN standing for null), append (uint8:
- * opened with O_APPEND or mode "a"), io (uint8: a POSIX/STDIO call with a file hash).
- * Output, by output position k: values[k] (int64) and valid[k] (uint8), the offset.
+ * resolved rows in output order. order (int64): row indices in output order (a permutation
+ * of 0..n-1); per row: proc (uint32) its process index, fcode (uint32) the category code of
+ * its file hash, op (int8) its operation class (the _OP_CODE values), pos (uint8) flags
+ * (POS_* below: the call succeeded, whence SEEK_CUR / SEEK_SET, opened for appending, an
+ * I/O call with a file hash, STDIO), parg (int64, INT64_MIN standing for null) the one
+ * argument the class needs: lseek/ftell their ret, fseek/pread/pwrite their offset,
+ * read/write/fread/fwrite their bytes. Output, by output position k: values[k] (int64)
+ * and valid[k] (uint8), the offset.
  *
  * pread/pwrite (op PXFER) take their offset argument. For io rows, in output order per
- * stream g: open/fopen (when it succeeded) start a segment at 0 (unknown when appending);
- * lseek/ftell with ret >= 0 at ret; fseek (ok, whence not SEEK_CUR) at its offset for
- * SEEK_SET, else unknown; rewind at 0; close makes it unknown (a reset without a base). A
- * stream's first row that is no reset starts an unknown segment. Stream transfers (read,
- * write, fread, fwrite) in a known segment get the position, then every row advances it:
- * transfers by their bytes, fseek(SEEK_CUR) (ok) by its offset. ok = ret null or >= 0.
+ * stream (proc, STDIO or not, fcode): open/fopen (when it succeeded) start a segment at 0
+ * (unknown when appending); lseek/ftell with ret >= 0 at ret; fseek (ok, whence not
+ * SEEK_CUR) at its offset for SEEK_SET, else unknown; rewind at 0; close makes it unknown
+ * (a reset without a base). A stream's first row that is no reset starts an unknown
+ * segment. Stream transfers (read, write, fread, fwrite) in a known segment get the
+ * position, then every row advances it: transfers by their bytes, fseek(SEEK_CUR) (ok)
+ * by its offset. Every input is a plain array without nulls: the loader passes polars'
+ * own buffers, uncopied.
  */
 enum { OP_OPEN = 1, OP_LSEEK, OP_FSEEK, OP_FTELL, OP_REWIND, OP_CLOSE, OP_XFER, OP_SXFER, OP_PXFER };
+enum { POS_OK = 1, POS_CUR = 2, POS_SET = 4, POS_APPEND = 8, POS_IO = 16, POS_STDIO = 32 };
 #define NUL INT64_MIN
 
 static PyObject *file_offsets(PyObject *self, PyObject *args)
 {
     (void)self;
-    enum { NB = 11 };
+    enum { NB = 8 };
     PyObject *o[NB];
     Py_buffer b[NB];
-    static const Py_ssize_t isz[NB] = {8, 8, 1, 8, 8, 8, 8, 1, 1, 8, 1};
+    static const Py_ssize_t isz[NB] = {8, 4, 4, 1, 1, 8, 8, 1};
     PyObject *result = NULL;
     int got = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                          &o[9], &o[10]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]))
         return NULL;
     for (; got < NB; got++)
-        if (get_buf(o[got], &b[got], isz[got], got >= 9, "file_offsets") < 0) goto done;
+        if (get_buf(o[got], &b[got], isz[got], got >= 6, "file_offsets") < 0) goto done;
     Py_ssize_t n = b[0].len / 8;
     for (int i = 1; i < NB; i++)
         if (b[i].len / isz[i] != n) {
             PyErr_SetString(PyExc_ValueError, "file_offsets: arrays differ in length");
             goto done;
         }
-    const int64_t *order = b[0].buf, *g = b[1].buf, *ret = b[3].buf, *whence = b[4].buf, *aoff = b[5].buf,
-                  *size = b[6].buf;
-    const int8_t *op = b[2].buf;
-    const uint8_t *append = b[7].buf, *io = b[8].buf;
-    int64_t *values = b[9].buf;
-    uint8_t *valid = b[10].buf;
+    const int64_t *order = b[0].buf, *parg = b[5].buf;
+    const uint32_t *proc = b[1].buf, *fcode = b[2].buf;
+    const int8_t *op = b[3].buf;
+    const uint8_t *pos = b[4].buf;
+    int64_t *values = b[6].buf;
+    uint8_t *valid = b[7].buf;
     for (Py_ssize_t k = 0; k < n; k++)
         if (order[k] < 0 || order[k] >= n) {
             PyErr_SetString(PyExc_ValueError, "file_offsets: row index out of range");
@@ -1138,27 +1143,28 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n && !oom; k++) {
         int64_t i = order[k];
-        int c = op[i];
+        int c = op[i], f = pos[i];
+        int64_t a = parg[i];
         values[k] = 0;
         valid[k] = 0;
-        if (c == OP_PXFER && aoff[i] != NUL) {
-            values[k] = aoff[i];
+        if (c == OP_PXFER && a != NUL) {
+            values[k] = a;
             valid[k] = 1;
         }
-        if (!io[i]) continue;
-        int64_t r = ret[i];
-        int ok = r == NUL || r >= 0, is_cur = whence[i] == 1;
-        int reset = (c == OP_OPEN && ok) || ((c == OP_LSEEK || c == OP_FTELL) && r != NUL && r >= 0) ||
+        if (!(f & POS_IO)) continue;
+        int ok = (f & POS_OK) != 0, is_cur = (f & POS_CUR) != 0;
+        int reset = (c == OP_OPEN && ok) || ((c == OP_LSEEK || c == OP_FTELL) && a != NUL && a >= 0) ||
                     (c == OP_FSEEK && !is_cur && ok) || c == OP_REWIND || c == OP_CLOSE;
         int64_t base = -1, adv = 0;
-        if (c == OP_OPEN) base = append[i] ? -1 : 0;
-        else if (c == OP_LSEEK || c == OP_FTELL) base = r == NUL ? -1 : r;
-        else if (c == OP_FSEEK) base = (whence[i] == 0 && aoff[i] != NUL) ? aoff[i] : -1;
+        if (c == OP_OPEN) base = (f & POS_APPEND) ? -1 : 0;
+        else if (c == OP_LSEEK || c == OP_FTELL) base = a == NUL ? -1 : a;
+        else if (c == OP_FSEEK) base = ((f & POS_SET) && a != NUL) ? a : -1;
         else if (c == OP_REWIND) base = 0;
         int xfer = c == OP_XFER || c == OP_SXFER;
-        if (xfer) adv = size[i] == NUL ? 0 : size[i];
-        else if (c == OP_FSEEK && is_cur && ok) adv = aoff[i] == NUL ? 0 : aoff[i];
-        Stream *st = &streams[stream_slot(streams, cap, g[i])];
+        if (xfer) adv = a == NUL ? 0 : a;
+        else if (c == OP_FSEEK && is_cur && ok) adv = a == NUL ? 0 : a;
+        int64_t key = (int64_t)((((uint64_t)proc[i] << 1) | ((f & POS_STDIO) ? 1u : 0u)) << 32 | fcode[i]);
+        Stream *st = &streams[stream_slot(streams, cap, key)];
         if (!st->used) {
             if (2 * (used + 1) > cap) {
                 Stream *grown = stream_grow(streams, cap);
@@ -1168,13 +1174,13 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
                 }
                 streams = grown;
                 cap *= 2;
-                st = &streams[stream_slot(streams, cap, g[i])];
+                st = &streams[stream_slot(streams, cap, key)];
             }
             used++;
         }
         if (!st->used || reset) {
             st->used = 1;
-            st->key = g[i];
+            st->key = key;
             st->known = reset && base >= 0;
             st->state = reset ? (uint64_t)base : 0;
         }

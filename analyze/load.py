@@ -607,6 +607,7 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
                 batch.flush()
                 rows.take(batch)
         done.append((src, path, len(data), stats))
+        del data, chunks  # the stored bytes are not needed any more (the resolve below is)
     batch.flush()
     rows.take(batch)
     files = []
@@ -1516,14 +1517,14 @@ _I32 = pl.Int32()
 #: Columns of a parsed batch's event rows as a part keeps them until its files are
 #: resolved (:func:`_compact`): ``src``/``seq`` (file, line), the values of the event
 #: table that one row gives (strings Categorical; ``size``/``size_requested`` in bytes,
-#: fread/fwrite items times item size), and the inputs of the file-position model
-#: (``op`` class, ``whence`` 0/1/2 for SEEK_SET/SEEK_CUR/other, ``aoffset`` argument,
-#: ``append``: opened with ``O_APPEND`` or mode "a"). ``__path`` is the ``path`` (else
-#: ``fname``) argument.
+#: fread/fwrite items times item size), and the inputs of the file-position model,
+#: without nulls so that they reach the C pass uncopied: ``op`` (the class), ``pos``
+#: (:data:`_POS_OK` ... flags) and ``parg`` (the one argument the class needs, or
+#: :data:`_NUL`). ``__path`` is the ``path`` (else ``fname``) argument.
 CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "src": _SRC, "seq": _INT, "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT,
     "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
-    "op": pl.Int8(), "whence": pl.Int8(), "aoffset": _INT, "append": pl.Boolean(),
+    "op": pl.Int8(), "pos": pl.UInt8(), "parg": _INT,
     "epoch": _I32, "step": _I32, "batch_size": _I32, "sample_index": _INT, "__path": _CAT,
 }
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
@@ -1546,10 +1547,16 @@ _NARROW = ("pid", "ppid", "epoch", "step", "batch_size")
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _O_APPEND = 0o2000
 _SEEK_SET, _SEEK_CUR = 0, 1
+#: Flags of ``pos`` (as ``POS_*`` in ``_pfwscan.c``): the call succeeded (``ret`` null or
+#: >= 0), whence SEEK_CUR, whence SEEK_SET, opened for appending (``O_APPEND`` or mode
+#: "a"), an I/O call with a file hash (POSIX or STDIO), STDIO.
+_POS_OK, _POS_CUR, _POS_SET, _POS_APPEND, _POS_IO, _POS_STDIO = 1, 2, 4, 8, 16, 32
+#: ``parg`` of a row without the argument its class needs.
+_NUL = -(1 << 63)
 #: Columns gathered together into output order (polars gathers the columns of one call in
 #: parallel); each group's source columns are dropped before the next, so that the rows
 #: are never held twice.
-_GATHER_GROUP = 4
+_GATHER_GROUP = 2
 
 
 def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
@@ -1568,13 +1575,24 @@ def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFram
     whence = pl.col("whence")
     append = ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) \
         | pl.col("mode").cast(_CAT).cat.starts_with("a").fill_null(False)
+
+    def flag(cond: pl.Expr, bit: int) -> pl.Expr:
+        return pl.when(cond.fill_null(False)).then(pl.lit(bit, dtype=pl.UInt8)).otherwise(pl.lit(0, dtype=pl.UInt8))
+
+    pos = (flag(ret.is_null() | (ret >= 0), _POS_OK) | flag(whence == _SEEK_CUR, _POS_CUR)
+           | flag(whence == _SEEK_SET, _POS_SET) | flag(append, _POS_APPEND)
+           | flag(pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO")), _POS_IO)
+           | flag(pl.col("cat") == "STDIO", _POS_STDIO))
+    parg = (
+        pl.when(op.is_in((_LSEEK, _FTELL))).then(ret)
+        .when(op.is_in((_FSEEK, _PXFER))).then(pl.col("aoffset"))
+        .when(op.is_in((_XFER, _SXFER))).then(size)
+    )
     rows = raw.select(
         "src", "seq", pl.col("pid").cast(_I32, strict=False), "tid", "ts", "dur",
         *(pl.col(c).cast(_CAT) for c in ("cat", "name", "fhash")), "ret",
         pl.when(is_xfer).then(pl.col("count") * item).alias("size_requested"), size.alias("size"), "op",
-        pl.when(whence.is_in((_SEEK_SET, _SEEK_CUR))).then(whence).when(whence.is_not_null()).then(2)
-        .cast(pl.Int8).alias("whence"),
-        "aoffset", append.alias("append"),
+        pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
         *(pl.col(c).cast(_I32, strict=False) for c in ("epoch", "step", "batch_size")),
         pl.col("image_idx").alias("sample_index"), pl.coalesce("path", "fname").cast(_CAT).alias("__path"),
     )
@@ -1664,21 +1682,26 @@ def _resolve(held: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
     rows = rows.with_columns(pidx.alias("__p"))
     order = _output_order(rows)
     offset = _offsets(rows, order)
-    held = [rows]
-    del rows
-    out = _gather(held, order, [c for c in PART_SCHEMA if c != "offset"])
+    held, kept = [rows], [order]
+    del rows, order
+    out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
     return out, processes, fh
 
 
-def _gather(held: list[pl.DataFrame], order: np.ndarray | None, columns: Sequence[str]) -> pl.DataFrame:
+def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
+            columns: Sequence[str]) -> pl.DataFrame:
     """The ``columns`` of the frame in ``held`` (taken out of the list) in the row order
-    ``order`` (None: as they are), one chunk each.
+    ``order`` (None: as they are; a list holding the order is emptied once it is turned
+    into polars' index), one chunk each.
 
     Gathers a few columns at a time and drops them from the frame before the next, so
-    the rows are not held twice (when no one else holds the frame: hence the list)."""
+    the rows are not held twice (when no one else holds the frame: hence the lists)."""
     frame = held.pop()
-    idx = None if order is None else _row_index(order)
+    rows = order.pop() if isinstance(order, list) else order
+    del order
+    idx = None if rows is None else _row_index(rows)
+    del rows
     out: list[pl.Series] = []
     todo = list(columns)
     while todo:
@@ -1808,7 +1831,7 @@ def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], na
     return RunTables(processes=procs, path_by_code=by_code.rechunk())
 
 
-def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | None,
+def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
              tables: RunTables) -> tuple[pl.DataFrame, pl.Series]:
     """(event table, process index per row): the :data:`~dlreplay.schema.EVENT_SCHEMA` table
     of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes;
@@ -1864,9 +1887,9 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     order = None
     if len(processes) > 1:  # each part is in order already: merge them by (ts, file)
         order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
-    held = [ev]
-    del ev
-    events, pidx = finalize(held, order, tables)
+    held, kept = [ev], [order]
+    del ev, order
+    events, pidx = finalize(held, kept, tables)
     per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
     counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     return events, _per_process(events, pidx, tables.processes), counts
@@ -1985,31 +2008,36 @@ def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
 
 
 def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
-    """(reset, base, advance) expressions of the file-position model.
+    """(reset, base, advance) expressions of the file-position model, over ``op``, ``pos``
+    and ``parg`` (see :data:`CHUNK_SCHEMA`).
 
     open/fopen reset the position to 0 (unknown with O_APPEND or mode "a"); lseek sets it
     to its ``ret``; fseek(SEEK_SET) to its offset (other whence: unknown); ftell reports
     it; rewind sets 0; close makes it unknown. Stream reads/writes advance it by the bytes
     transferred, fseek(SEEK_CUR) by its offset. A failed call (ret < 0) changes nothing.
     """
-    op, ret = pl.col("op"), pl.col("ret")
-    ok = ret.is_null() | (ret >= 0)
-    is_cur = (pl.col("whence") == _SEEK_CUR).fill_null(False)
+    op, pos = pl.col("op"), pl.col("pos")
+    arg = pl.when(pl.col("parg") != _NUL).then(pl.col("parg"))
+
+    def has(bit: int) -> pl.Expr:
+        return (pos & bit) != 0
+
+    ok, is_cur = has(_POS_OK), has(_POS_CUR)
     reset = (
         ((op == _OPEN) & ok)
-        | (op.is_in((_LSEEK, _FTELL)) & (ret >= 0).fill_null(False))
+        | (op.is_in((_LSEEK, _FTELL)) & (arg >= 0).fill_null(False))
         | ((op == _FSEEK) & ~is_cur & ok)
         | op.is_in((_REWIND, _CLOSE))
     )
     base = (
-        pl.when(op == _OPEN).then(pl.when(pl.col("append")).then(None).otherwise(0))
-        .when(op.is_in((_LSEEK, _FTELL))).then(ret)
-        .when(op == _FSEEK).then(pl.when(pl.col("whence") == _SEEK_SET).then(pl.col("aoffset")))
+        pl.when(op == _OPEN).then(pl.when(has(_POS_APPEND)).then(None).otherwise(0))
+        .when(op.is_in((_LSEEK, _FTELL))).then(arg)
+        .when(op == _FSEEK).then(pl.when(has(_POS_SET)).then(arg))
         .when(op == _REWIND).then(0)
     )
     advance = (
-        pl.when(op.is_in((_XFER, _SXFER))).then(pl.col("size").fill_null(0))
-        .when((op == _FSEEK) & is_cur & ok).then(pl.col("aoffset").fill_null(0))
+        pl.when(op.is_in((_XFER, _SXFER))).then(arg.fill_null(0))
+        .when((op == _FSEEK) & is_cur & ok).then(arg.fill_null(0))
         .otherwise(0)
     )
     return reset.fill_null(False), base, advance
@@ -2048,32 +2076,28 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
     stream; a reset or the stream start begins a segment; within a segment the offset of
     a transfer is the segment's base plus the bytes advanced before it (exclusive running
     sum). A segment with an unknown base yields null offsets. ``ev`` has ``__p`` (the
-    process index). With the C extension the rules and the scan are one pass over the
-    rows in output order (``file_offsets`` in ``_pfwscan.c``); without it, polars rule
+    process index) and the model's inputs ``op``, ``pos``, ``parg``. With the C extension
+    the rules and the scan are one pass over the rows in output order (``file_offsets`` in
+    ``_pfwscan.c``, reading polars' buffers where they are); without it, polars rule
     columns (:func:`_position_rules`) and a few vectorised numpy passes over the I/O rows
     sorted by (stream, output position).
     """
     n = ev.height
-    io = pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO"))
-    stream = (pl.col("__p").cast(pl.Int64) * 2 + (pl.col("cat") == "STDIO").cast(pl.Int64)) * (1 << 32) \
-        + pl.col("fhash").to_physical().cast(pl.Int64)
     if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
-        null = np.iinfo(np.int64).min
-        cols = ev.select(
-            stream.fill_null(-1).alias("g"), "op",
-            *(pl.col(c).cast(pl.Int64).fill_null(null) for c in ("ret", "whence", "aoffset", "size")),
-            pl.col("append"), io.fill_null(False).alias("io"),
-        )
         values = np.empty(n, dtype=np.int64)
         valid = np.empty(n, dtype=np.bool_)
-        _NATIVE.file_offsets(np.ascontiguousarray(order, dtype=np.int64),
-                             *(np.ascontiguousarray(cols[c].to_numpy(), dtype=dt) for c, dt in (
-                                 ("g", np.int64), ("op", np.int8), ("ret", np.int64), ("whence", np.int64),
-                                 ("aoffset", np.int64), ("size", np.int64), ("append", np.bool_),
-                                 ("io", np.bool_))),
+        proc = ev["__p"].rechunk().to_numpy()
+        fcode = ev["fhash"].to_physical().fill_null(0).to_numpy()
+        _NATIVE.file_offsets(np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(proc, dtype=np.uint32),
+                             np.ascontiguousarray(fcode, dtype=np.uint32),
+                             *(np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt) for c, dt in (
+                                 ("op", np.int8), ("pos", np.uint8), ("parg", np.int64))),
                              values, valid)
-        del cols
+        del proc, fcode
         return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+    io = (pl.col("pos") & _POS_IO) != 0
+    stream = (pl.col("__p").cast(pl.Int64) * 2 + ((pl.col("pos") & _POS_STDIO) != 0).cast(pl.Int64)) * (1 << 32) \
+        + pl.col("fhash").to_physical().cast(pl.Int64)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     reset, base, advance = _position_rules()
@@ -2086,11 +2110,11 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
     values = np.zeros(n, dtype=np.int64)
     valid = np.zeros(n, dtype=bool)
     # pread/pwrite: the offset argument
-    given = ev.lazy().with_row_index("__row").filter((pl.col("op") == _PXFER) & pl.col("aoffset").is_not_null()) \
-        .select("__row", "aoffset").collect()
+    given = ev.lazy().with_row_index("__row").filter((pl.col("op") == _PXFER) & (pl.col("parg") != _NUL)) \
+        .select("__row", "parg").collect()
     if given.height:
         at = rank[given["__row"].to_numpy()]
-        values[at] = given["aoffset"].to_numpy()
+        values[at] = given["parg"].to_numpy()
         valid[at] = True
     if narrow.height:
         _stream_offsets(narrow, rank, values, valid)
