@@ -71,14 +71,14 @@ __all__ = [
     "spilled_trace",
 ]
 
-#: Bytes per event of the in-memory event table (polars ``estimated_size`` of the corpus
-#: traces and of the benchmark trace: 213-222).
-ROW_BYTES = 220
+#: Bytes per event of the in-memory event table (the compact EVENT_SCHEMA: polars
+#: ``estimated_size`` of the benchmark traces, 97-109, and of the corpus traces).
+ROW_BYTES = 110
 #: Peak RSS of the in-memory path (load + all passes) over the table's size, measured
-#: on the 5.1 M-event benchmark trace (see ``benchmarks/memory.py``).
-EAGER_FACTOR = 5.0
-#: Peak memory of parsing and combining one group over its event table's size
-#: (measured: 1 M events in 1, 6 and 17 groups).
+#: on the 2.1 M-event ingest benchmark traces (``benchmarks/ingest.py``: 426-433 bytes
+#: per event for the whole analysis).
+EAGER_FACTOR = 4.0
+#: Peak memory of parsing and resolving one group over its event table's size.
 GROUP_FACTOR = 3.0
 #: Memory taken whatever the trace: the interpreter with polars, numpy and matplotlib
 #: (~120 MB) and the parser's buffers and polars' pools for even one small group (bytes).

@@ -194,14 +194,18 @@ def _measured(*args: str) -> tuple[dict, int, float]:
 
 
 def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path):
+    from dlreplay.analyze.spill import ROW_BYTES
+
     eager, rss_eager, _ = _measured(str(big_trace))
-    table = eager["events"] * 185  # bytes per row of this trace's table (polars estimated_size)
+    table = eager["events"] * ROW_BYTES  # bytes of this trace's compact table
     limit = table // 2  # below the table itself
     spilled, rss_spilled, _ = _measured(str(big_trace), "--memory-limit", str(limit), "--spill-dir",
                                         str(tmp_path))
     assert eager["events"] > 900_000 and spilled["events"] == eager["events"]
     assert any("does not fit, spilling" in n for n in spilled["notes"])
-    assert rss_spilled < 0.6 * rss_eager, (rss_spilled, rss_eager)
+    # the in-memory path itself holds ~110 bytes per event (compact table) and ~430 at its
+    # peak; the spilled one holds the passes' narrow dataset I/O rows and one group at a time
+    assert rss_spilled < 0.8 * rss_eager, (rss_spilled, rss_eager)
     for key in ("events", "bytes_read", "bytes_written", "operations", "dataset_bytes_read", "read_histogram"):
         assert spilled[key] == eager[key], key
     assert [f["id"] for f in spilled["findings"]] == [f["id"] for f in eager["findings"]]
