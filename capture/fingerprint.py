@@ -142,7 +142,8 @@ def _list_tree(root: str, limits: FingerprintLimits, skip: frozenset[str]) -> _L
                                 stack.append(e.path)
                             continue
                         if not e.is_file():
-                            continue
+                            if not (e.is_symlink() and not os.path.exists(e.path)):
+                                continue  # a broken link is listed: reading it reports the problem
                     except OSError:
                         continue
                     out.groups.setdefault(os.path.splitext(e.name)[1].lower(), []).append(e.path)
@@ -300,8 +301,6 @@ def _deflate_level(data: bytes, compressed_size: int) -> int | None:
 
 
 def _inspect_zip(path: str, limits: FingerprintLimits, probe_level: bool) -> dict[str, Any]:
-    from numpy.lib import format as npformat
-
     members: list[dict[str, Any]] = []
     with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
         infos = zf.infolist()
@@ -319,8 +318,7 @@ def _inspect_zip(path: str, limits: FingerprintLimits, probe_level: bool) -> dic
             m["zip64"] = _ZIP64_EXTRA in _local_extra_ids(fh, info.header_offset)
             if info.filename.endswith(".npy"):
                 with zf.open(info) as f:
-                    version = npformat.read_magic(f)
-                    shape, fortran, dtype = npformat._read_array_header(f, version)  # numpy's own parser
+                    version, shape, fortran, dtype = _npy_header(f)
                     m.update(dtype=dtype.str if dtype.names is None else str(dtype.descr), shape=list(shape),
                              fortran_order=bool(fortran), npy_version=list(version),
                              npy_header_bytes=f.tell() if info.compress_type == zipfile.ZIP_STORED else None)
@@ -334,12 +332,19 @@ def _inspect_zip(path: str, limits: FingerprintLimits, probe_level: bool) -> dic
     return out
 
 
-def _inspect_npy(path: str) -> dict[str, Any]:
+def _npy_header(fh: Any) -> tuple[tuple[int, int], tuple[int, ...], bool, np.dtype]:
+    """(version, shape, fortran order, dtype) from an NPY header, with numpy's own readers."""
     from numpy.lib import format as npformat
 
+    version = npformat.read_magic(fh)
+    reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+    shape, fortran, dtype = reader(fh)
+    return version, shape, fortran, dtype
+
+
+def _inspect_npy(path: str) -> dict[str, Any]:
     with open(path, "rb") as fh:
-        version = npformat.read_magic(fh)
-        shape, fortran, dtype = npformat._read_array_header(fh, version)
+        version, shape, fortran, dtype = _npy_header(fh)
         header = fh.tell()
     member = {"name": "", "dtype": dtype.str if dtype.names is None else str(dtype.descr), "shape": list(shape),
               "fortran_order": bool(fortran), "npy_version": list(version), "npy_header_bytes": header}
@@ -367,18 +372,24 @@ def _chunk_addresses(dset: Any, limit: int) -> tuple[list[tuple[tuple[int, ...],
     return out, n
 
 
-def _attr_bytes(obj: Any) -> tuple[int, int]:
-    """(attributes, bytes of their values) of an HDF5 object, without reading the values."""
+def _attr_bytes(obj: Any) -> tuple[int, int, int]:
+    """(attributes, bytes of their values, variable-length ones) of an HDF5 object, without
+    reading the values. Variable-length values (h5py's default for str) live in a global heap."""
     import h5py
 
     names = list(obj.attrs.keys())
-    total = 0
+    total = vlen = 0
     for name in names:
         try:
-            total += h5py.h5a.open(obj.id, name.encode() if isinstance(name, str) else name).get_storage_size()
+            aid = h5py.h5a.open(obj.id, name.encode() if isinstance(name, str) else name)
+            total += aid.get_storage_size()
+            if aid.get_type().is_variable_str() if hasattr(aid.get_type(), "is_variable_str") else False:
+                vlen += 1
+            elif h5py.check_vlen_dtype(aid.dtype) is not None:
+                vlen += 1
         except Exception:  # an attribute of a type h5py cannot open
             pass
-    return len(names), total
+    return len(names), total, vlen
 
 
 def _hdf5_dataset(name: str, dset: Any, limits: FingerprintLimits, addresses: list[tuple[int, int]]
@@ -422,7 +433,7 @@ def _hdf5_dataset(name: str, dset: Any, limits: FingerprintLimits, addresses: li
     fv = dset.fillvalue
     if isinstance(fv, (np.number, int, float, np.bool_)) and np.isfinite(fv):
         d["fill_value"] = float(fv)
-    d["attributes"], d["attribute_bytes"] = _attr_bytes(dset)
+    d["attributes"], d["attribute_bytes"], d["vlen_attributes"] = _attr_bytes(dset)
     if layout == "contiguous":
         off = dset.id.get_offset()
         if off is not None:
@@ -478,7 +489,7 @@ def _inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
                 out["file_space_page_size"] = int(fcpl.get_file_space_page_size())
         except Exception:  # older HDF5 without file-space strategies
             pass
-        out["root_attributes"], out["root_attribute_bytes"] = _attr_bytes(f)
+        out["root_attributes"], out["root_attribute_bytes"], out["root_vlen_attributes"] = _attr_bytes(f)
 
         def visit(name: str, obj: Any) -> None:
             nonlocal omitted
@@ -660,18 +671,22 @@ def _inspect_parquet(path: str) -> dict[str, Any]:
         import polars as pl
 
         schema = pl.read_parquet_schema(path)
-        return {"columns": [{"name": k, "type": str(v)} for k, v in schema.items()],
+        names = {"Int64": "int64", "Int32": "int32", "Float64": "double", "Float32": "float", "Boolean": "boolean",
+                 "Binary": "binary", "String": "string"}
+        return {"columns": [{"name": k, "type": names.get(str(v), str(v).lower())} for k, v in schema.items()],
                 "note": "row groups and codecs need pyarrow (pip install 'dlreplay[parquet]')"}
     meta = pq.ParquetFile(path).metadata
     columns: list[dict[str, Any]] = []
     rg_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     comp = uncomp = 0
+    per_column: Counter[int] = Counter()
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
         for j in range(rg.num_columns):
             c = rg.column(j)
             comp += c.total_compressed_size
             uncomp += c.total_uncompressed_size
+            per_column[j] += c.total_uncompressed_size
             if i == 0:
                 codec = c.compression.lower()
                 columns.append({
@@ -681,6 +696,8 @@ def _inspect_parquet(path: str) -> dict[str, Any]:
                     "compression": None if codec == "uncompressed" else codec,
                     "dictionary": c.dictionary_page_offset is not None,
                 })
+    for j, col in enumerate(columns):
+        col["row_bytes"] = round(per_column[j] / meta.num_rows, 3) if meta.num_rows else None
     return {"rows": int(meta.num_rows), "row_groups": int(meta.num_row_groups), "row_group_rows": rg_rows[:64],
             "columns": columns, "compression_ratio": round(comp / uncomp, 6) if uncomp else None,
             "created_by": meta.created_by}
@@ -778,7 +795,7 @@ def _fingerprint_group(root: str, ext: str, paths: list[str], limits: Fingerprin
         files.append({"path": os.path.relpath(path, root) if os.path.isdir(root) else os.path.basename(path),
                       **entry})
     where = f"{root} ({ext or 'no extension'}, {len(paths)} file{'s' if len(paths) != 1 else ''})"
-    if unstat:
+    if unstat and not unreadable:
         problems.append(f"{where}: {unstat} file(s) could not be stat'ed")
     for reason, count in unreadable.items():
         problems.append(f"{where}: {count} sampled file(s) unreadable ({reason})")

@@ -118,6 +118,8 @@ def _print_capture_summary(result: Any) -> None:
             click.echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
     except DlreplayError as exc:
         click.echo(f"  (trace could not be summarised: {exc})", err=True)
+    for problem in getattr(result, "fingerprint_problems", []):
+        click.echo(f"  dataset fingerprint: {problem}", err=True)
     click.echo(f"  trace: {result.trace_dir}", err=True)
     click.echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
 
@@ -386,7 +388,9 @@ class _status:
 def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, quiet: bool) -> None:
     """Infer a workload model from TRACE and write it to --output (YAML).
 
-    Dataset geometry (format, files, samples per file, record length), reader
+    Dataset geometry (format, files, samples per file, record length) and layout
+    (the files' inside: from the dataset fingerprint made at capture, else from a
+    reachable --data-dir fingerprinted now, else what the reads show), reader
     (batch size, workers, shuffle, transfer sizes, access pattern, metadata per
     sample), training (epochs, compute time per step), checkpoints and processes.
     Every field records how it was obtained and a confidence (measured, inferred,
@@ -394,12 +398,16 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     """
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.distill import distill as run_distill
+    from dlreplay.analyze.layout import resolve_fingerprint
     from dlreplay.model import save_model, summarize_model
 
     _refuse_overwrite(output, force)
     with _status(f"loading {trace}"):
         loaded = load_trace(trace)
-    model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace))
+    with _status("reading the dataset fingerprint"):
+        fingerprint, _where = resolve_fingerprint(trace, data_dirs)
+    model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace),
+                        fingerprint=fingerprint)
     save_model(model, output)
     if not quiet:
         click.echo(summarize_model(model))

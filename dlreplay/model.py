@@ -521,6 +521,7 @@ class ArrayMember:
     zip64: bool = _f(False, doc="NPZ: the local header carries a zip64 extra field (numpy always writes one)")
     attributes: int = _f(0, check="nonneg", doc="HDF5 attributes on the dataset")
     attribute_bytes: int = _f(0, check="nonneg", doc="bytes of those attributes' values")
+    vlen_attributes: int = _f(0, check="nonneg", doc="of those, variable-length (strings: a global heap)")
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -532,6 +533,7 @@ class ArrayFile:
 
     weight: float = _f(1.0, check="fraction", doc="share of the sampled files with this structure")
     bytes: int | None = _f(None, check="nonneg", doc="file size (median of those files)")
+    file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files with this structure")
     samples: int | None = _f(None, check="positive", doc="samples in such a file (the sample axis' length)")
     members: list[ArrayMember] = _f(factory=list, doc="arrays in file order")
     groups: list[str] = _f(factory=list, doc="HDF5 groups other than the root")
@@ -553,6 +555,7 @@ class Hdf5File:
     file_space_page_size: int | None = _f(None, check="positive", doc="page size of paged aggregation, bytes")
     root_attributes: int = _f(0, check="nonneg")
     root_attribute_bytes: int = _f(0, check="nonneg")
+    root_vlen_attributes: int = _f(0, check="nonneg", doc="variable-length (string) root attributes")
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -563,10 +566,12 @@ class ImageFile:
     """One kind of image file (JPEG, PNG) and the share of files that look like it."""
 
     weight: float = _f(1.0, check="fraction", doc="share of the sampled files")
-    bytes: int | None = _f(None, check="nonneg", doc="file size")
+    bytes: int | None = _f(None, check="nonneg", doc="file size (median)")
+    file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files of this kind")
     width: int = _f(check="positive", doc="pixels")
     height: int = _f(check="positive", doc="pixels")
     mode: str = _f("RGB", doc="Pillow mode: L, LA, RGB, RGBA, P, CMYK, I;16")
+    bits: int | None = _f(None, check="positive", doc="PNG bit depth per channel (palette images: 1, 2, 4 or 8)")
     quality: int | None = _f(None, check="positive", doc="JPEG quality 1..100 (estimated from the tables)")
     qtables: list[list[int]] | None = _f(None, check="positive", doc="JPEG quantization tables (64 each)")
     subsampling: str | None = _f(None, choices=SUBSAMPLINGS, doc="JPEG chroma subsampling")
@@ -590,6 +595,7 @@ class TableColumn:
     type: str = _f(doc="Parquet physical/logical type (e.g. double, int64, binary); CSV: str")
     compression: str | None = _f(None, doc="Parquet codec (snappy, zstd, gzip, ...); null = uncompressed")
     dictionary: bool = _f(False, doc="Parquet dictionary encoding")
+    row_bytes: float | None = _f(None, check="nonneg", doc="Parquet: uncompressed bytes per row of this column")
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -601,6 +607,7 @@ class TableFile:
 
     weight: float = _f(1.0, check="fraction")
     bytes: int | None = _f(None, check="nonneg")
+    file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files with this structure")
     rows: int | None = _f(None, check="nonneg")
     row_groups: int | None = _f(None, check="positive", doc="Parquet row groups per file")
     data_page_size: int | None = _f(None, check="positive", doc="Parquet bytes per data page (largest seen)")

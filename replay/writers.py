@@ -218,16 +218,17 @@ def _calibrate(measure: Callable[[float], float], target: float, tol: float = 0.
 
 
 @lru_cache(maxsize=256)
-def _deflate_share(n: int, ratio: float, level: int) -> float:
-    """Random share giving a raw-deflate ratio of *ratio* at *level* for an *n*-byte stream."""
+def _deflate_share(n: int, ratio: float, level: int, header: bytes = b"") -> float:
+    """Random share of *n* content bytes giving a raw-deflate ratio of *ratio* at *level* for
+    the stream *header* + content (an NPZ member: the NPY header, then the array)."""
     probe = min(n, 4 << 20)
     block = _block_for(n)
     rng = np.random.default_rng(12345)
 
     def measure(share: float) -> float:
-        data = _fill(probe, share, rng, block).tobytes()
+        data = header + _fill(probe, share, rng, block).tobytes()
         c = zlib.compressobj(level, zlib.DEFLATED, -15)
-        return (len(c.compress(data)) + len(c.flush())) / probe
+        return (len(c.compress(data)) + len(c.flush())) / len(data)
 
     return _calibrate(measure, ratio)
 
@@ -262,16 +263,24 @@ def structure_bytes(s: ArrayFile) -> int:
     return total
 
 
-def choose_structure(weights: Sequence[float], sizes: Sequence[int | None], target: int,
-                     rng: np.random.Generator) -> int:
-    """Index of the structure for a file of *target* bytes: the nearest known size, else by weight."""
-    if len(weights) == 1:
+def choose_structure(structures: Sequence[Any], target: int, rng: np.random.Generator) -> int:
+    """Index of the structure for a file of *target* bytes.
+
+    The structure of the sampled file nearest in size (``file_bytes``), so the plan's
+    sizes, drawn from the real size distribution, bring each structure in its share and
+    with its sizes; else the nearest median ``bytes``; else one drawn by ``weight``.
+    """
+    if len(structures) == 1:
         return 0
-    known = [(abs(int(s) - target), -w, i) for i, (w, s) in enumerate(zip(weights, sizes, strict=True))
-             if s is not None]
+    files = [(abs(int(b) - target), i) for i, s in enumerate(structures) for b in (s.file_bytes or ())]
+    if files:
+        best = min(d for d, _ in files)
+        tied = sorted({i for d, i in files if d == best})
+        return tied[int(rng.integers(len(tied)))] if len(tied) > 1 else tied[0]
+    known = [(abs(int(s.bytes) - target), -s.weight, i) for i, s in enumerate(structures) if s.bytes is not None]
     if known:
         return min(known)[2]
-    p = np.asarray(weights, dtype=float)
+    p = np.asarray([s.weight for s in structures], dtype=float)
     return int(rng.choice(len(p), p=p / p.sum()))
 
 
@@ -282,6 +291,21 @@ def _array_data(m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator
     arr = raw.view(dt) if dt.itemsize and n else np.zeros(shape, dtype=dt)
     order = "F" if m.fortran_order else "C"
     return arr.reshape(shape, order=order)
+
+
+def _npy_header(m: ArrayMember, shape: tuple[int, ...]) -> bytes:
+    """The NPY header numpy writes for member *m* of *shape*."""
+    from numpy.lib import format as npformat
+
+    buf = io.BytesIO()
+    arr = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=_dtype(m.dtype)), shape=shape, strides=(0,) * len(shape))
+    header = npformat.header_data_from_array_1_0(arr)
+    header["fortran_order"] = m.fortran_order
+    try:
+        npformat.write_array_header_1_0(buf, header)
+    except ValueError:  # too large for a version 1.0 header
+        npformat.write_array_header_2_0(buf, header)
+    return buf.getvalue()
 
 
 def _write_npz(fh: Any, s: ArrayFile, spf: int, rng: np.random.Generator) -> str:
@@ -299,7 +323,8 @@ def _write_npz(fh: Any, s: ArrayFile, spf: int, rng: np.random.Generator) -> str
         share = 1.0
         if m.storage == "deflated" and m.compression_ratio is not None and m.compression_ratio < 0.98:
             share = _deflate_share(max(_nbytes(shape, _dtype(m.dtype)), 1), round(m.compression_ratio, 4),
-                                   m.compression_level if m.compression_level is not None else 6)
+                                   m.compression_level if m.compression_level is not None else 6,
+                                   _npy_header(m, shape) if m.name.endswith(".npy") else b"")
         datas.append(_array_data(m, shape, rng, share) if m.name.endswith(".npy") or not m.name
                      else _fill(max(int(np.prod(shape)) if shape else 0, 0), share, rng, 4096))
     if plain:
@@ -346,22 +371,27 @@ def _h5_filters(m: ArrayMember) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=256)
-def _h5_share(dtype: str, chunks: tuple[int, ...], filters: tuple[tuple[str, Any], ...], ratio: float) -> float:
-    """Random share per chunk giving stored/logical = *ratio* through h5py's own filters."""
+def _h5_share(dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], filters: tuple[tuple[str, Any], ...],
+              fill: float | None, ratio: float) -> float:
+    """Random share per chunk giving stored/logical bytes = *ratio* through h5py's own filters.
+
+    Measured on an in-memory file with the dataset's chunks and edge chunks (the first
+    axis cut to about 4 MiB), since padding in edge chunks compresses too.
+    """
     import h5py
 
     dt = _dtype(dtype)
-    k = 8
-    shape = (chunks[0] * k, *chunks[1:])
-    n_chunk = _nbytes(chunks, dt)
+    row = max(_nbytes(shape[1:], dt), 1)
+    rows = min(shape[0], max(chunks[0], ((4 << 20) // row) // chunks[0] * chunks[0]))
+    probe = (rows, *shape[1:])
     rng = np.random.default_rng(12345)
+    kw = {"fillvalue": fill} if fill is not None else {}
 
     def measure(share: float) -> float:
-        data = np.concatenate([_fill(n_chunk, share, rng, _block_for(n_chunk)) for _ in range(k)])
-        arr = data.view(dt).reshape(shape)
+        arr = _chunked_fill(probe, chunks, dt, share, rng)
         with h5py.File(f"dlreplay-calibration-{os.getpid()}.h5", "w", driver="core", backing_store=False) as f:
-            ds = f.create_dataset("x", data=arr, chunks=chunks, **dict(filters))
-            return ds.id.get_storage_size() / arr.nbytes
+            ds = f.create_dataset("x", data=arr, chunks=chunks, **kw, **dict(filters))
+            return ds.id.get_storage_size() / max(arr.nbytes, 1)
 
     return _calibrate(measure, ratio)
 
@@ -389,10 +419,16 @@ def _chunk_slices(shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[tuple
     return out
 
 
-def _attrs(obj: Any, count: int, nbytes: int) -> None:
-    if count <= 0:
+def _attrs(obj: Any, count: int, nbytes: int, vlen: int = 0) -> None:
+    """*count* attributes on *obj*: *vlen* variable-length strings (h5py's default for str),
+    the others fixed-size arrays sharing *nbytes* bytes of values."""
+    for i in range(min(vlen, count)):
+        obj.attrs[f"text_{i:03d}"] = "x" * 8
+    fixed = count - min(vlen, count)
+    if fixed <= 0:
         return
-    each = [nbytes // count + (1 if i < nbytes % count else 0) for i in range(count)]
+    nbytes = max(nbytes - 16 * min(vlen, count), 0)
+    each = [nbytes // fixed + (1 if i < nbytes % fixed else 0) for i in range(fixed)]
     for i, n in enumerate(each):
         obj.attrs[f"attr_{i:03d}"] = np.zeros(max(n, 1), dtype=np.uint8) if n != 1 else np.uint8(0)
 
@@ -409,13 +445,13 @@ def _write_hdf5(tmp: Path, s: ArrayFile, layout: Layout, spf: int, rng: np.rando
             kw["userblock_size"] = h.userblock_size
         if h.alignment_interval:
             kw.update(alignment_threshold=max(h.alignment_threshold or 1, 1), alignment_interval=h.alignment_interval)
-        if h.file_space_strategy in ("fsm_aggr", "page", "aggr", "none"):
-            kw["fs_strategy"] = h.file_space_strategy
+        if h.file_space_strategy in ("page", "aggr", "none"):  # fsm_aggr is HDF5's default
+            kw["fs_strategy"] = {"page": "page", "aggr": "aggregate", "none": "none"}[h.file_space_strategy]
             if h.file_space_strategy == "page" and h.file_space_page_size:
                 kw["fs_page_size"] = h.file_space_page_size
     with h5py.File(tmp, "w", **kw) as f:
         if h is not None:
-            _attrs(f, h.root_attributes, h.root_attribute_bytes)
+            _attrs(f, h.root_attributes, h.root_attribute_bytes, h.root_vlen_attributes)
         for g in s.groups:
             f.require_group(g)
         for m in s.members:
@@ -432,7 +468,7 @@ def _write_h5_dataset(f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.ra
         ds = f.create_dataset(m.name, shape=shape, dtype=h5py.string_dtype())
         if n:
             ds[...] = np.array([rng.bytes(4).hex() for _ in range(n)], dtype=object).reshape(shape)
-        _attrs(ds, m.attributes, m.attribute_bytes)
+        _attrs(ds, m.attributes, m.attribute_bytes, m.vlen_attributes)
         return
     dt = _dtype(m.dtype)
     kw: dict[str, Any] = {"track_times": m.track_times}
@@ -449,7 +485,7 @@ def _write_h5_dataset(f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.ra
         dcpl.set_layout(h5py.h5d.COMPACT)
         kw["dcpl"] = dcpl
     ds = f.create_dataset(m.name, shape=shape, dtype=dt, **kw)
-    _attrs(ds, m.attributes, m.attribute_bytes)
+    _attrs(ds, m.attributes, m.attribute_bytes, m.vlen_attributes)
     if not _nbytes(shape, dt):
         return
     if chunks is None:
@@ -457,8 +493,8 @@ def _write_h5_dataset(f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.ra
         return
     share = 1.0
     filters = tuple(sorted(_h5_filters(m).items()))
-    if filters and m.compression_ratio is not None and m.compression_ratio < 0.98:
-        share = _h5_share(m.dtype, chunks, filters, round(m.compression_ratio, 4))
+    if filters and m.compression_ratio is not None:
+        share = _h5_share(m.dtype, shape, chunks, filters, m.fill_value, round(m.compression_ratio, 4))
     data = _chunked_fill(shape, chunks, dt, share, rng)
     slices = _chunk_slices(shape, chunks)
     if m.chunks_allocated is not None and m.chunks_allocated < 1.0:
@@ -508,8 +544,12 @@ _MODE_CHANNELS = {"1": 1, "L": 1, "P": 1, "I;16": 1, "I": 1, "F": 1, "LA": 2, "R
                   "RGBA": 4, "CMYK": 4}
 
 
-def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.random.Generator) -> Any:
-    """A Pillow image: a *share* of 16x16 tiles noise, the rest flat, spread evenly."""
+def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.random.Generator,
+                  bits: int | None = None) -> Any:
+    """A Pillow image: a *share* of 16x16 tiles noise, the rest flat, spread evenly.
+
+    Palette images get a palette of 2**bits colours (Pillow writes the PNG bit depth from it).
+    """
     from PIL import Image
 
     channels = _MODE_CHANNELS.get(mode, 3)
@@ -529,7 +569,9 @@ def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.rand
     if mode == "1":
         return Image.fromarray(arr > 127)
     if mode == "P":
-        img = Image.fromarray(arr, "L").convert("P")
+        colours = 1 << (bits or 8)
+        img = Image.frombytes("P", (width, height), (arr % colours).astype(np.uint8).tobytes())
+        img.putpalette([v for c in range(colours) for v in (c, 255 - c, (c * 7) % 256)])
         return img
     if mode == "CMYK":
         return Image.fromarray(arr, "CMYK")
@@ -581,7 +623,7 @@ def _encode_image(img: Any, fmt: str, t: ImageFile) -> bytes:
             kw["comment"] = b"x" * (t.extra_bytes - 4)
         img.save(bio, format="JPEG", **kw)
         return bio.getvalue()
-    img.save(bio, format="PNG", interlace=1 if t.interlaced else 0) if t.interlaced else img.save(bio, format="PNG")
+    img.save(bio, format="PNG")
     return _png_rechunk(bio.getvalue(), t.chunk_bytes, t.extra_bytes)
 
 
@@ -591,13 +633,13 @@ _IMAGE_CURVES: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
 
 def _image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> bytes:
     """An image of template *t* whose encoded size is as close to *target* bytes as content allows."""
-    key = (fmt, t.width, t.height, t.mode, t.quality, tuple(map(tuple, t.qtables or ())), t.subsampling,
+    key = (fmt, t.width, t.height, t.mode, t.bits, t.quality, tuple(map(tuple, t.qtables or ())), t.subsampling,
            t.progressive, t.optimize, t.interlaced)
     curve = _IMAGE_CURVES.setdefault(key, [])
     seed = rng.integers(0, 2**63)
 
     def encode(share: float) -> bytes:
-        img = _image_pixels(t.width, t.height, t.mode, share, np.random.default_rng(seed))
+        img = _image_pixels(t.width, t.height, t.mode, share, np.random.default_rng(seed), t.bits)
         out = _encode_image(img, fmt, t)
         curve.append((share, len(out)))
         return out
@@ -660,14 +702,19 @@ def _write_parquet(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np
         return "polars"
     ratio = t.compression_ratio if t and t.compression_ratio else 1.0
     fixed = {"int64": 8, "double": 8, "float": 4, "int32": 4, "boolean": 1, "int16": 2, "int8": 1}
-    width = sum(fixed.get(c.type, 0) for c in cols)
     var = [c for c in cols if c.type not in fixed] or [cols[-1]]
-    per_var = [max(0, (s - width) // len(var)) for s in sizes]
+    if all(c.row_bytes is not None for c in var):
+        # the real columns' widths (a length prefix of 4 bytes per value in Parquet's plain encoding)
+        per_var_col = {c.name: [max(0, int(round((c.row_bytes or 0) - 4)))] * rows for c in var}
+    else:  # the plan's bytes per row, less the fixed-width columns, shared by the variable ones
+        width = sum(fixed.get(c.type, 0) for c in cols)
+        share_var = [max(0, (s - width) // len(var)) for s in sizes]
+        per_var_col = {c.name: share_var for c in var}
     share = 1.0 if ratio >= 0.98 else _deflate_share(max(sum(sizes), 1), round(ratio, 4), 6)
     data: dict[str, Any] = {}
     for c in cols:
         if c in var:
-            data[c.name] = [_fill(n, share, rng, _block_for(max(n, 16))).tobytes() for n in per_var]
+            data[c.name] = [_fill(n, share, rng, _block_for(max(n, 16))).tobytes() for n in per_var_col[c.name]]
         elif c.type in ("double", "float"):
             data[c.name] = rng.standard_normal(rows).astype(np.float64 if c.type == "double" else np.float32)
         elif c.type == "boolean":
@@ -732,7 +779,7 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
     target = int(sum(sizes))
     if fmt in ("npz", "npy", "hdf5"):
         if layout.arrays:
-            i = choose_structure([a.weight for a in layout.arrays], [a.bytes for a in layout.arrays], target, rng)
+            i = choose_structure(layout.arrays, target, rng)
             s = layout.arrays[i]
             out.structure = i
             if fmt == "npz":
@@ -748,9 +795,11 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
             _write_array_legacy(fmt, tmp, sizes, layout, rng)
     elif fmt in ("jpeg", "png"):
         if layout.images:
-            i = choose_structure([t.weight for t in layout.images], [t.bytes for t in layout.images], target, rng)
+            i = choose_structure(layout.images, target, rng)
             out.structure = i
             tmp.write_bytes(_image_for(layout.images[i], fmt, target, rng))
+            if layout.images[i].interlaced:
+                out.notes.append("Pillow (Adam7 interlacing not written: Pillow cannot write it)")
         else:
             tmp.write_bytes(_image_legacy(rng, sizes[0], fmt))
     elif fmt in ("raw", "tfrecord", "indexed_binary"):
@@ -774,7 +823,7 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
     elif fmt in ("csv", "parquet"):
         t = None
         if layout.tables:
-            i = choose_structure([x.weight for x in layout.tables], [x.bytes for x in layout.tables], target, rng)
+            i = choose_structure(layout.tables, target, rng)
             out.structure, t = i, layout.tables[i]
         out.notes.append(_write_csv(tmp, sizes, t, rng) if fmt == "csv" else _write_parquet(tmp, sizes, t, rng))
     else:  # pragma: no cover - validated by the model
