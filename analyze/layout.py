@@ -101,7 +101,7 @@ def find_group(doc: dict[str, Any], fmt: str, paths: Sequence[str]) -> dict[str,
 # --------------------------------------------------------------------------- fingerprint -> layout
 
 
-def _median_int(values: Sequence[float]) -> int | None:
+def _median_int(values: Sequence[float | None]) -> int | None:
     vals = [v for v in values if v is not None]
     return int(np.median(vals)) if vals else None
 
@@ -232,7 +232,7 @@ def _hdf5_file(files: list[dict[str, Any]]) -> Hdf5File:
 
 
 def _images(files: list[dict[str, Any]], fmt: str) -> list[ImageFile]:
-    multi = [f.get("chunk_bytes") for f in files if f.get("idat_chunks", 0) > 1 and f.get("chunk_bytes")]
+    multi = [int(f["chunk_bytes"]) for f in files if f.get("idat_chunks", 0) > 1 and f.get("chunk_bytes")]
     chunk = max(multi) if multi else None
     out = []
     for same in _structures(files, lambda f: [f.get(k) for k in (
@@ -381,12 +381,13 @@ def infer_layout(fmt: str, reads: pl.DataFrame, record_length: float | None) -> 
         big = sizes.filter(sizes >= 1024)
         if big.len():
             mode = int(big.mode().sort()[-1])
-            if mode < 0.5 * record_length and (big == mode).mean() >= 0.3:
+            share = float((big == mode).sum()) / big.len()
+            if mode < 0.5 * record_length and share >= 0.3:
                 res.layout = Layout(source="inferred", hdf5_chunk_bytes=mode)
                 res.fields["dataset.layout"] = ("read sizes (no fingerprint: the dataset was not reachable)",
                                                 "inferred")
                 res.fields["dataset.layout.hdf5_chunk_bytes"] = (
-                    f"most common dataset read ({mode} B, {100 * float((big == mode).mean()):.0f} % of reads >= 1 KiB)",
+                    f"most common dataset read ({mode} B, {100 * share:.0f} % of reads >= 1 KiB)",
                     "inferred")
                 return res
     if fmt == "npz":

@@ -531,7 +531,7 @@ def _reference_luma(quality: int) -> np.ndarray:
         Image.new("L", (8, 8)).save(buf, "JPEG", quality=quality)
         buf.seek(0)
         with Image.open(buf) as im:
-            _QUALITY_TABLES[quality] = np.asarray(im.quantization[0], dtype=np.int64)
+            _QUALITY_TABLES[quality] = np.asarray(im.quantization[0], dtype=np.int64)  # type: ignore[attr-defined]
     return _QUALITY_TABLES[quality]
 
 
@@ -582,7 +582,8 @@ def _inspect_jpeg(path: str) -> dict[str, Any]:
     with Image.open(path) as im:
         width, height = im.size
         mode = im.mode
-        tables = [list(map(int, im.quantization[k])) for k in sorted(im.quantization)]
+        quant = im.quantization  # type: ignore[attr-defined]
+        tables = [list(map(int, quant[k])) for k in sorted(quant)]
         sampling = JpegImagePlugin.get_sampling(im) if mode not in ("L", "1") else -1
         progressive = bool(im.info.get("progressive") or im.info.get("progression"))
     segments, restart = _jpeg_segments(path)
@@ -836,8 +837,8 @@ def fingerprint_dataset(roots: Sequence[str | os.PathLike[str]] = (), files: Ite
             if os.path.basename(p).startswith("."):
                 continue
             by_dir.setdefault(os.path.dirname(p), {}).setdefault(os.path.splitext(p)[1].lower(), []).append(p)
-        for d, groups in sorted(by_dir.items()):
-            listings.append(_Listing(root=d, groups=groups, listed=sum(map(len, groups.values()))))
+        for d, by_ext in sorted(by_dir.items()):
+            listings.append(_Listing(root=d, groups=by_ext, listed=sum(map(len, by_ext.values()))))
     groups: list[dict[str, Any]] = []
     for listing in listings:
         for ext, paths in sorted(listing.groups.items(), key=lambda kv: -len(kv[1])):

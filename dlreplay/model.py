@@ -1070,6 +1070,11 @@ def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
         raise _error(ctx.source, _join(path, exc.subpath), exc.message) from None
 
 
+def _default_of(f: Any) -> Any:
+    """The default value of dataclass field *f* (from its factory when it has one)."""
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
 def _to_plain(obj: Any) -> Any:
     """Dataclasses/containers → plain YAML-safe Python values, in field order."""
     if is_dataclass(obj) and not isinstance(obj, type):
@@ -1080,8 +1085,7 @@ def _to_plain(obj: Any) -> Any:
             v = getattr(obj, f.name)
             if v is None and (omit or omit_defaults):
                 continue
-            if omit_defaults and not _is_required(f) and v == (
-                    f.default if f.default is not MISSING else f.default_factory()):  # type: ignore[misc]
+            if omit_defaults and not _is_required(f) and v == _default_of(f):
                 continue
             out[f.name] = _to_plain(v)
         return out

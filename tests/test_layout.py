@@ -27,7 +27,14 @@ from dlreplay.capture.fingerprint import (
     write_fingerprint,
 )
 from dlreplay.errors import ArtifactVersionError
-from dlreplay.model import Dataset, Distribution, Layout, WorkloadModel, model_from_dict, model_to_dict
+from dlreplay.model import (
+    Dataset,
+    Distribution,
+    Layout,
+    WorkloadModel,
+    model_from_dict,
+    model_to_dict,
+)
 from dlreplay.replay.generate import GenerateConfig, generate_dataset
 
 from .conftest import EXAMPLES, run_cli
