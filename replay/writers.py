@@ -328,9 +328,12 @@ def _write_npz(fh: Any, s: ArrayFile, spf: int, rng: np.random.Generator) -> str
         datas.append(_array_data(m, shape, rng, share) if m.name.endswith(".npy") or not m.name
                      else _fill(max(int(np.prod(shape)) if shape else 0, 0), share, rng, 4096))
     if plain:
-        save = np.savez_compressed if storages == {"deflated"} else np.savez
-        save(fh, **{m.name[:-4]: d for m, d in zip(members, datas, strict=True)})
-        return "numpy.savez_compressed" if save is np.savez_compressed else "numpy.savez"
+        arrays: dict[str, Any] = {m.name[:-4]: d for m, d in zip(members, datas, strict=True)}
+        if storages == {"deflated"}:
+            np.savez_compressed(fh, **arrays)
+            return "numpy.savez_compressed"
+        np.savez(fh, **arrays)
+        return "numpy.savez"
     with zipfile.ZipFile(fh, "w", allowZip64=True) as zf:
         for m, d in zip(members, datas, strict=True):
             info = zipfile.ZipInfo(m.name, date_time=(1980, 1, 1, 0, 0, 0))
@@ -727,8 +730,8 @@ def _write_parquet(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np
         import pyarrow.parquet as pq
     except ImportError:
         codecs = {c.compression for c in cols if c.compression}
-        pl.DataFrame(data).write_parquet(tmp, compression=next(iter(codecs)) if len(codecs) == 1 else "uncompressed",
-                                         row_group_size=row_group)
+        codec: Any = next(iter(codecs)) if len(codecs) == 1 else "uncompressed"
+        pl.DataFrame(data).write_parquet(tmp, compression=codec, row_group_size=row_group)
         return "polars (pyarrow not installed: one codec for all columns)"
     table = pa.table({c.name: pa.array(data[c.name], type=pa.binary()) if c in var else pa.array(data[c.name])
                       for c in cols})
