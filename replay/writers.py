@@ -289,8 +289,7 @@ def _array_data(m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator
     n = _nbytes(shape, dt)
     raw = _fill(n, share, rng, _block_for(n))
     arr = raw.view(dt) if dt.itemsize and n else np.zeros(shape, dtype=dt)
-    order = "F" if m.fortran_order else "C"
-    return arr.reshape(shape, order=order)
+    return arr.reshape(shape, order="F") if m.fortran_order else arr.reshape(shape)
 
 
 def _npy_header(m: ArrayMember, shape: tuple[int, ...]) -> bytes:
