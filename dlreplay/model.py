@@ -1442,6 +1442,40 @@ def _summary_checkpoint(c: Checkpoint) -> str:
             f"writes {_fmt_dist(c.write_transfer_size, _fmt_bytes)}, fsync {'yes' if c.fsync else 'no'}")
 
 
+def _summary_layout(lay: Layout) -> str:
+    """One line: the files' inside (first structure), where it came from."""
+    parts: list[str] = []
+    if lay.arrays:
+        s = lay.arrays[0]
+        for m in s.members[:3]:
+            how = m.storage or ""
+            if m.chunks:
+                how += f" {'x'.join(map(str, m.chunks))}"
+            if m.compression and m.storage != "deflated":
+                how += f" {m.compression}"
+            if m.chunk_order == "scattered":
+                how += " scattered"
+            parts.append(f"{m.name or 'array'} {m.dtype} {list(m.shape)} {how}".rstrip())
+        if len(s.members) > 3:
+            parts.append(f"+{len(s.members) - 3} more")
+    elif lay.images:
+        i = lay.images[0]
+        coding = " ".join(x for x in (f"q{i.quality}" if i.quality else "", i.subsampling or "",
+                                      "progressive" if i.progressive else "") if x)
+        parts.append(f"{i.width}x{i.height} {i.mode} {coding}".rstrip())
+    elif lay.tables:
+        t = lay.tables[0]
+        parts.append(f"{len(t.columns)} column(s)" + (f", {t.row_groups} row group(s)" if t.row_groups else ""))
+    elif lay.hdf5_chunk_bytes or lay.hdf5_chunk_shape or lay.compressed:
+        parts.append("chunks " + (f"{lay.hdf5_chunk_shape}" if lay.hdf5_chunk_shape else _fmt_bytes(lay.hdf5_chunk_bytes))
+                     if lay.hdf5_chunk_bytes or lay.hdf5_chunk_shape else "deflated members")
+    if not parts:
+        return ""
+    kinds = len(lay.arrays or lay.images or lay.tables or [])
+    more = f"; {kinds} kinds of files" if kinds > 1 else ""
+    return f"{', '.join(parts)}{more} ({lay.source or 'given'})"
+
+
 def summarize_model(model: WorkloadModel) -> str:
     """A readable multi-line summary, ending with the fields left at defaults."""
     m, ds, rd, tr, pr = model.model, model.dataset, model.reader, model.train, model.processes
@@ -1452,6 +1486,9 @@ def summarize_model(model: WorkloadModel) -> str:
                  + (f", {ds.num_files_eval} eval files" if ds.num_files_eval else "")
                  + (f", in {ds.data_folder}" if ds.data_folder else ""))
     lines.append(f"  record      {_fmt_dist(ds.record_length, _fmt_bytes)}; file {_fmt_dist(ds.file_size, _fmt_bytes)}")
+    layout = _summary_layout(ds.layout)
+    if layout:
+        lines.append(f"  layout      {layout}")
     lines.append(f"  reader      {rd.data_loader}, {rd.read_threads} {rd.worker_kind} worker(s)/rank, "
                  f"batch {rd.batch_size}, prefetch {rd.prefetch_factor}, shuffle files={rd.file_shuffle} "
                  f"samples={rd.sample_shuffle}, {'open per sample' if rd.open_per_sample else 'files kept open'}")
