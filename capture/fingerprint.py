@@ -358,18 +358,33 @@ _FS_STRATEGIES = {0: "fsm_aggr", 1: "page", 2: "aggr", 3: "none"}
 _LAYOUTS = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
 
 
-def _chunk_addresses(dset: Any, limit: int) -> tuple[list[tuple[tuple[int, ...], int, int]], int]:
-    """(logical offset, file address, stored bytes) of up to *limit* chunks, and the count allocated."""
+def _chunk_addresses(dset: Any, grid: Sequence[int], limit: int
+                     ) -> tuple[list[tuple[tuple[int, ...], int, int]], int, bool]:
+    """(logical offset, file address, stored bytes) of chunks, the chunks allocated, and
+    whether that count is estimated.
+
+    Up to *limit* chunks in the grid, every allocated chunk (one pass over the chunk
+    index); beyond, *limit* chunks spread over the grid looked up by coordinate, so a
+    dataset of millions of chunks costs what *limit* index lookups cost.
+    """
     dsid = dset.id
-    n = dsid.get_num_chunks()
+    total = int(np.prod(grid, dtype=np.int64)) if len(grid) else 1
     out: list[tuple[tuple[int, ...], int, int]] = []
-    if n <= limit and hasattr(dsid, "chunk_iter"):
-        dsid.chunk_iter(lambda info: out.append((tuple(info.chunk_offset), info.byte_offset, info.size)))
-    else:
-        for i in _spread(n, limit):
-            info = dsid.get_chunk_info(i)
-            out.append((tuple(info.chunk_offset), info.byte_offset, info.size))
-    return out, n
+    if total <= limit:
+        if hasattr(dsid, "chunk_iter"):
+            dsid.chunk_iter(lambda info: out.append((tuple(info.chunk_offset), info.byte_offset, info.size)))
+        else:
+            for i in range(dsid.get_num_chunks()):
+                info = dsid.get_chunk_info(i)
+                out.append((tuple(info.chunk_offset), info.byte_offset, info.size))
+        return out, len(out), False
+    probes = _spread(total, min(limit, 1024))
+    for i in probes:
+        coord = tuple(int(c) * int(k) for c, k in zip(np.unravel_index(i, grid), dset.chunks, strict=True))
+        info = dsid.get_chunk_info_by_coord(coord)
+        if info.byte_offset is not None:
+            out.append((coord, info.byte_offset, info.size))
+    return out, round(len(out) * total / max(len(probes), 1)), True
 
 
 def _attr_bytes(obj: Any) -> tuple[int, int, int]:
@@ -414,7 +429,6 @@ def _hdf5_dataset(name: str, dset: Any, limits: FingerprintLimits, addresses: li
         "shape": list(dset.shape) if dset.shape is not None else [],
         "storage": layout,
         "logical_bytes": logical,
-        "stored_bytes": int(dset.id.get_storage_size()),
         "track_times": bool(dcpl.get_obj_track_times()),
     }
     if dset.maxshape is not None and tuple(dset.maxshape) != tuple(dset.shape or ()):
@@ -434,27 +448,34 @@ def _hdf5_dataset(name: str, dset: Any, limits: FingerprintLimits, addresses: li
     if isinstance(fv, (np.number, int, float, np.bool_)) and np.isfinite(fv):
         d["fill_value"] = float(fv)
     d["attributes"], d["attribute_bytes"], d["vlen_attributes"] = _attr_bytes(dset)
-    if layout == "contiguous":
-        off = dset.id.get_offset()
-        if off is not None:
-            d["offset"] = int(off)
-            addresses.append((int(off), d["stored_bytes"]))
-    elif layout == "chunked" and dset.chunks:
-        chunks, allocated = _chunk_addresses(dset, limits.chunks_per_dataset)
+    if layout == "chunked" and dset.chunks:
         grid = [-(-s // c) for s, c in zip(dset.shape, dset.chunks, strict=True)]
+        chunks, allocated, estimated = _chunk_addresses(dset, grid, limits.chunks_per_dataset)
         total = int(np.prod(grid, dtype=np.int64)) if grid else 1
         d["chunks_allocated"] = allocated
         d["chunks_total"] = total
+        if estimated:  # the stored size of every chunk would read the whole chunk index
+            d["chunks_estimated"] = True
+            d["stored_bytes"] = round(float(np.mean([c[2] for c in chunks])) * allocated) if chunks else 0
+        else:
+            d["stored_bytes"] = sum(c[2] for c in chunks)
         if chunks:
             chunks.sort()  # logical (row-major) order
             offsets = np.array([c[1] for c in chunks], dtype=np.int64)
             sizes = np.array([c[2] for c in chunks], dtype=np.int64)
+            d["address"] = int(offsets.min())
             inc = float((np.diff(offsets) > 0).mean()) if offsets.size > 1 else 1.0
             d["chunk_order"] = "sequential" if inc >= 0.9 else "scattered"
             d["chunk_increasing"] = round(inc, 4)
             d["chunk_stored_bytes"] = {"min": int(sizes.min()), "median": float(np.median(sizes)),
                                        "max": int(sizes.max())}
             addresses.extend((int(o), int(s)) for o, s in zip(offsets[:64], sizes[:64], strict=True))
+    else:
+        d["stored_bytes"] = int(dset.id.get_storage_size())
+        off = dset.id.get_offset() if layout == "contiguous" else None
+        if off is not None:
+            d["offset"] = d["address"] = int(off)
+            addresses.append((int(off), d["stored_bytes"]))
     return d
 
 
@@ -491,20 +512,29 @@ def _inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
             pass
         out["root_attributes"], out["root_attribute_bytes"], out["root_vlen_attributes"] = _attr_bytes(f)
 
-        def visit(name: str, obj: Any) -> None:
-            nonlocal omitted
-            if isinstance(obj, h5py.Group):
-                if len(groups) < limits.max_objects:
-                    groups.append("/" + name)
-            elif isinstance(obj, h5py.Dataset):
-                if len(datasets) < limits.max_objects:
-                    datasets.append(_hdf5_dataset("/" + name, obj, limits, addresses))
-                else:
-                    omitted += 1
-
-        f.visititems(visit)  # order: h5py's link order (alphabetical unless track_order)
+        # Links walked group by group (h5py's link order: by name unless track_order);
+        # not visititems, whose object info traverses every chunk index.
+        pending: list[Any] = [f]
+        while pending:
+            group = pending.pop(0)
+            for key in group:
+                link = group.get(key, getlink=True)
+                if not isinstance(link, h5py.HardLink):
+                    continue  # soft/external links point at objects listed elsewhere (or in other files)
+                obj = group[key]
+                if isinstance(obj, h5py.Group):
+                    if len(groups) < limits.max_objects:
+                        groups.append(obj.name)
+                    pending.append(obj)
+                elif isinstance(obj, h5py.Dataset):
+                    if len(datasets) < limits.max_objects:
+                        datasets.append(_hdf5_dataset(obj.name, obj, limits, addresses))
+                    else:
+                        omitted += 1
     if omitted:
         out["datasets_omitted"] = omitted
+    # in the order their data sits in the file (the order it was written); compact and empty last
+    datasets.sort(key=lambda d: (d.get("address") is None, d.get("address") or 0))
     aligned = _alignment(addresses)
     if aligned:
         out["alignment_threshold"], out["alignment_interval"] = aligned

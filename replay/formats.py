@@ -153,9 +153,18 @@ class LibraryReader(_Reader):
         if names is None:
             import h5py
 
+            # names by walking links, not visititems: H5Ovisit's object info traverses every
+            # chunk index (hundreds of KiB of B-tree reads in a file of small chunks)
             found: list[tuple[str, int]] = []
-            h5.visititems(lambda n, o: found.append((n, o.shape[0]))
-                          if isinstance(o, h5py.Dataset) and o.ndim >= 1 else None)
+            stack = [h5]
+            while stack:
+                group = stack.pop()
+                for key in group:
+                    obj = group[key]
+                    if isinstance(obj, h5py.Group):
+                        stack.append(obj)
+                    elif isinstance(obj, h5py.Dataset) and obj.ndim >= 1:
+                        found.append((obj.name.lstrip("/"), obj.shape[0]))
             leading = [n for _, n in found]
             samples = max(set(leading), key=leading.count) if leading else 0
             names = self._h5_names = [n for n, rows in found if rows == samples]
