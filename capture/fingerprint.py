@@ -512,29 +512,27 @@ def _inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
             pass
         out["root_attributes"], out["root_attribute_bytes"], out["root_vlen_attributes"] = _attr_bytes(f)
 
-        # Links walked group by group (h5py's link order: by name unless track_order);
-        # not visititems, whose object info traverses every chunk index.
-        pending: list[Any] = [f]
-        while pending:
-            group = pending.pop(0)
+        # Links walked depth first in h5py's link order (by name unless track_order), as
+        # visititems goes; not visititems itself, whose object info reads every chunk index.
+        def walk(group: Any) -> None:
+            nonlocal omitted
             for key in group:
-                link = group.get(key, getlink=True)
-                if not isinstance(link, h5py.HardLink):
+                if not isinstance(group.get(key, getlink=True), h5py.HardLink):
                     continue  # soft/external links point at objects listed elsewhere (or in other files)
                 obj = group[key]
                 if isinstance(obj, h5py.Group):
                     if len(groups) < limits.max_objects:
                         groups.append(obj.name)
-                    pending.append(obj)
+                    walk(obj)
                 elif isinstance(obj, h5py.Dataset):
                     if len(datasets) < limits.max_objects:
                         datasets.append(_hdf5_dataset(obj.name, obj, limits, addresses))
                     else:
                         omitted += 1
+
+        walk(f)
     if omitted:
         out["datasets_omitted"] = omitted
-    # in the order their data sits in the file (the order it was written); compact and empty last
-    datasets.sort(key=lambda d: (d.get("address") is None, d.get("address") or 0))
     aligned = _alignment(addresses)
     if aligned:
         out["alignment_threshold"], out["alignment_interval"] = aligned
