@@ -548,22 +548,22 @@ _MODE_CHANNELS = {"1": 1, "L": 1, "P": 1, "I;16": 1, "I": 1, "F": 1, "LA": 2, "R
 
 def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.random.Generator,
                   bits: int | None = None) -> Any:
-    """A Pillow image: a *share* of 16x16 tiles noise, the rest flat, spread evenly.
+    """A Pillow image of noise whose amplitude is *share* (0: flat grey, 1: full-range noise).
 
-    Palette images get a palette of 2**bits colours (Pillow writes the PNG bit depth from it).
+    The encoded size grows continuously with the amplitude, for any image size (tiles of
+    noise among flat ones give too few steps on small images). Palette images get a
+    palette of 2**bits colours (Pillow writes the PNG bit depth from it).
     """
     from PIL import Image
 
     channels = _MODE_CHANNELS.get(mode, 3)
-    tiles_y, tiles_x = -(-height // 16), -(-width // 16)
-    mask = _block_pattern(tiles_y * tiles_x, share, 1).reshape(tiles_y, tiles_x)
-    big = np.kron(mask, np.ones((16, 16), dtype=bool))[:height, :width]
+    share = min(max(share, 0.0), 1.0)
     if mode in ("I;16", "I"):
-        arr = np.full((height, width), 20000, dtype=np.uint16)
-        arr[big] = rng.integers(0, 65536, size=int(big.sum()), dtype=np.uint16)
-        return Image.fromarray(arr, "I;16")
-    arr = np.full((height, width, channels), 128, dtype=np.uint8)
-    arr[big] = rng.integers(0, 256, size=(int(big.sum()), channels), dtype=np.uint8)
+        noise = rng.integers(0, 65536, size=(height, width)).astype(np.float64) - 32768
+        arr16 = np.clip(np.rint(32768 + share * noise), 0, 65535).astype(np.uint16)
+        return Image.fromarray(arr16, "I;16")
+    noise = rng.integers(0, 256, size=(height, width, channels)).astype(np.float64) - 128
+    arr = np.clip(np.rint(128 + share * noise), 0, 255).astype(np.uint8)
     if mode in ("RGBA", "LA"):
         arr[..., -1] = 255  # opaque alpha, as photos with an alpha channel mostly are
     if channels == 1:
@@ -572,7 +572,7 @@ def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.rand
         return Image.fromarray(arr > 127)
     if mode == "P":
         colours = 1 << (bits or 8)
-        img = Image.frombytes("P", (width, height), (arr % colours).astype(np.uint8).tobytes())
+        img = Image.frombytes("P", (width, height), (arr.astype(np.int64) * colours // 256).astype(np.uint8).tobytes())
         img.putpalette([v for c in range(colours) for v in (c, 255 - c, (c * 7) % 256)])
         return img
     if mode == "CMYK":
