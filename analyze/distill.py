@@ -257,6 +257,7 @@ def distill(
     data_dirs: list[str] | None = None,
     source: str | None = None,
     fingerprint: dict[str, Any] | None = None,
+    fingerprint_origin: str | None = None,
 ) -> WorkloadModel:
     """Infer a :class:`WorkloadModel` from an event table (see module doc).
 
@@ -277,6 +278,13 @@ def distill(
             "DFTRACER_INC_METADATA=1 (dlreplay capture sets it)."
         )
     ds_files = dataset_files(events, data_dirs)
+    if ds_files.is_empty() and data_dirs and fingerprint is not None:
+        # --data-dir names where the dataset is now (a trace captured elsewhere): it served the
+        # fingerprint; the trace's own dataset files are found by how they were read
+        ds_files = dataset_files(events, None)
+        if not ds_files.is_empty():
+            facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
+                               f"its reads; the directory was used for the dataset fingerprint")
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
@@ -351,7 +359,7 @@ def distill(
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
-        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, source, facts),
+        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts),
     )
     per_record = _layout_record_length(dataset.layout, fmt)
     if per_record is not None:
@@ -557,11 +565,12 @@ def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
 
 
 def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
-                    fingerprint: dict[str, Any] | None, source: str | None, facts: _Facts) -> Layout:
+                    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
+                    facts: _Facts) -> Layout:
     """``dataset.layout``: the fingerprint's, else inferred from reads (provenance into *facts*)."""
     from dlreplay.analyze.layout import infer_layout, layout_from_fingerprint, resolve_fingerprint
 
-    where = "the given fingerprint"
+    where = origin or "given to distill"
     if fingerprint is None and source and os.path.isdir(source):
         try:
             fingerprint, where = resolve_fingerprint(source)

@@ -297,7 +297,7 @@ def layout_from_fingerprint(doc: dict[str, Any], fmt: str, paths: Sequence[str],
     if not files:
         return None
     sampled = f"{len(files)} of {group.get('files', len(files)):,} files under {group.get('root')}"
-    how = f"dataset fingerprint {where}: {sampled}"
+    how = f"dataset fingerprint ({where}): {sampled}"
     res = LayoutResult(layout=Layout())
     res.fields["dataset.layout"] = (how, "measured")
     summary: dict[str, Any] = {"source": "fingerprint", "files_sampled": len(files)}

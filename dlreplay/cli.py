@@ -405,9 +405,9 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     with _status(f"loading {trace}"):
         loaded = load_trace(trace)
     with _status("reading the dataset fingerprint"):
-        fingerprint, _where = resolve_fingerprint(trace, data_dirs)
+        fingerprint, where = resolve_fingerprint(trace, data_dirs)
     model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace),
-                        fingerprint=fingerprint)
+                        fingerprint=fingerprint, fingerprint_origin=where)
     save_model(model, output)
     if not quiet:
         click.echo(summarize_model(model))

@@ -562,3 +562,27 @@ def test_capture_fingerprints_the_dataset_and_distill_uses_it(tmp_path: Path) ->
     gen = fingerprint_dataset([tmp_path / "gen" / "train"])["groups"][0]
     real = fingerprint_dataset([data])["groups"][0]
     assert gen["bytes"] == pytest.approx(real["bytes"], rel=0.03)
+
+
+def test_distill_data_dir_fingerprints_a_foreign_traces_dataset(tmp_path: Path) -> None:
+    """A trace captured elsewhere (paths that do not exist here) and its dataset copied to a
+    new place: distill --data-dir fingerprints the copy and still finds the trace's dataset."""
+    import subprocess
+    import sys
+
+    from dlreplay.model import load_model
+
+    from .conftest import TRACES
+
+    data = tmp_path / "copy-of-the-data"
+    subprocess.run([sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "8",
+                    "--generate-only", "--quiet"], check=True, capture_output=True)
+    out = tmp_path / "m.yaml"
+    proc = run_cli("distill", str(TRACES / "npz_spawn"), "--data-dir", str(data), "-o", str(out), check=True)
+    assert "layout      x.npy <f4 [1, 32, 32, 32] stored, y.npy |u1 [1, 32, 32, 32] stored (fingerprint)" in proc.stdout
+    model = load_model(out)
+    assert model.dataset.num_files == 8 and model.dataset.layout.source == "fingerprint"
+    assert "made by distill" in model.provenance.fields["dataset.layout"].method
+    bare = run_cli("distill", str(TRACES / "npz_spawn"), "-o", str(tmp_path / "bare.yaml"), check=True)
+    assert "layout " not in bare.stdout
+    assert load_model(tmp_path / "bare.yaml").provenance.fields["dataset.layout"].confidence == "default"
