@@ -84,7 +84,10 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
     Every process is traced (DataLoader workers started by fork or spawn,
     multiprocessing pools, children of torchrun/mpiexec). PyTorch jobs also get
     data-loader events (epoch, fetch, step, item) and torch.save/torch.load
-    checkpoint bytes, without code changes. Exits with the job's exit code.
+    checkpoint bytes, without code changes. After the job, the --data-dir trees
+    (else the dataset files the job opened) are fingerprinted into
+    dataset-fingerprint.json: the files' layout, not their content, from a
+    bounded sample. Exits with the job's exit code.
     """
     from dlreplay.capture import CaptureConfig, run_capture
 
@@ -477,7 +480,12 @@ def model_show(model_file: Path) -> None:
 @handle_errors
 def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, force: bool,
              overrides: tuple[str, ...]) -> None:
-    """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible)."""
+    """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible).
+
+    With a dataset.layout from a fingerprint, files get the real files' inside
+    (members, compression, HDF5 chunks and filters, image coding), written by the
+    formats' own libraries; the dataset manifest records the layout written.
+    """
     from dlreplay.model import apply_overrides, load_model
     from dlreplay.replay import GenerateConfig, generate_dataset
 
