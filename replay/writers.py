@@ -491,24 +491,48 @@ def _write_h5_dataset(f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.ra
     if not _nbytes(shape, dt):
         return
     if chunks is None:
-        ds[...] = _array_data(m, shape, rng, 1.0)
+        if not shape:  # a scalar
+            ds[()] = _array_data(m, (), rng, 1.0)
+            return
+        rows = _slab_rows(shape, dt, 1)
+        for r0 in range(0, shape[0], rows):  # bounded memory for large datasets
+            part = (min(rows, shape[0] - r0), *shape[1:])
+            ds[r0:r0 + part[0]] = _array_data(m, part, rng, 1.0)
         return
     share = 1.0
     filters = tuple(sorted(_h5_filters(m).items()))
     if filters and m.compression_ratio is not None:
         share = _h5_share(m.dtype, shape, chunks, filters, m.fill_value, round(m.compression_ratio, 4))
-    data = _chunked_fill(shape, chunks, dt, share, rng)
-    slices = _chunk_slices(shape, chunks)
-    if m.chunks_allocated is not None and m.chunks_allocated < 1.0:
-        keep = int(round(m.chunks_allocated * len(slices)))
-        slices = [slices[i] for i in sorted(rng.choice(len(slices), size=keep, replace=False))]
-    elif m.chunk_order != "scattered":
-        ds[...] = data
+    sparse = m.chunks_allocated is not None and m.chunks_allocated < 1.0
+    if not sparse and m.chunk_order != "scattered":
+        rows = _slab_rows(shape, dt, chunks[0])  # whole chunk rows, so each chunk holds the pattern
+        for r0 in range(0, shape[0], rows):
+            part = (min(rows, shape[0] - r0), *shape[1:])
+            ds[r0:r0 + part[0]] = _chunked_fill(part, chunks, dt, share, rng)
         return
+    slices = _chunk_slices(shape, chunks)
+    if sparse:
+        keep = int(round((m.chunks_allocated or 0.0) * len(slices)))
+        slices = [slices[i] for i in sorted(rng.choice(len(slices), size=keep, replace=False))]
     order = rng.permutation(len(slices)) if m.chunk_order == "scattered" else range(len(slices))
     for i in order:
         sl = slices[i]
-        ds[sl] = data[sl]
+        block = tuple(x.stop - x.start for x in sl)
+        ds[sl] = _chunked_fill(block, chunks, dt, share, rng) if block == chunks else \
+            _chunked_fill(chunks, chunks, dt, share, rng)[tuple(slice(0, b) for b in block)]
+
+
+#: Bytes of array data generated at a time (a slab of rows) when writing an HDF5 dataset.
+_SLAB_BYTES = 64 << 20
+
+
+def _slab_rows(shape: tuple[int, ...], dt: np.dtype, multiple: int) -> int:
+    """Rows per slab: about :data:`_SLAB_BYTES`, a multiple of *multiple* (chunk rows)."""
+    if not shape:
+        return 1
+    row = max(_nbytes(shape[1:], dt), 1)
+    rows = max(1, _SLAB_BYTES // row)
+    return max(multiple, rows // multiple * multiple)
 
 
 def _write_array_legacy(fmt: str, tmp: Path, sizes: Sequence[int], layout: Layout, rng: np.random.Generator) -> None:
