@@ -224,6 +224,25 @@ def test_hdf5_scattered_tiny_chunks(tmp_path: Path) -> None:
     assert again.arrays[0].bytes == real.arrays[0].bytes
 
 
+def test_hdf5_lzf_sparse_scalar_and_strings(tmp_path: Path) -> None:
+    """Corner cases: an lzf-filtered dataset, a sparse one (few chunks written), a scalar and
+    variable-length strings (a global heap)."""
+    import h5py
+
+    src = tmp_path / "h5c"
+    src.mkdir()
+    for i in range(2):
+        with h5py.File(src / f"f{i}.h5", "w") as f:
+            f.create_dataset("big", shape=(300, 500), dtype="<f4", chunks=(100, 100), compression="lzf")[...] = 1.0
+            f.create_dataset("names", data=np.array(["ab", "cde"], dtype=object), dtype=h5py.string_dtype())
+            f.create_dataset("scalar", data=3.5)
+            f.create_dataset("sparse", shape=(100, 100), dtype="<i4", chunks=(10, 10))[0:20, :] = 1
+    real, _ = roundtrip(src, "hdf5", tmp_path, spf=300, ratio_tol=0.1, bytes_tol=0.05)
+    members = {m.name: m for m in real.arrays[0].members}
+    assert members["/big"].compression == "lzf" and members["/sparse"].chunks_allocated == 0.2
+    assert members["/names"].dtype == "vlen-str" and members["/scalar"].shape == []
+
+
 def test_hdf5_samples_per_file_override_scales_the_sample_axis(tmp_path: Path) -> None:
     import h5py
 
