@@ -60,6 +60,15 @@ def _replay(model: WorkloadModel, work: Path, tag: str) -> Path:
     return out
 
 
+def layout_columns(job_trace: Path, replay_trace: Path) -> dict[str, float | None]:
+    """The dataset-layout columns of a job vs its replay: read-size KS, dataset bytes ratio
+    (replay / job) and ``dlreplay compare``'s similarity (for benchmarks/fidelity.py too)."""
+    cmp = compare_traces(job_trace, replay_trace)
+    real, got = cmp.features_a.get("bytes_read") or 0, cmp.features_b.get("bytes_read") or 0
+    return {"ks_read_sizes": cmp.ks_read_sizes, "bytes_ratio": got / real if real else None,
+            "similarity": cmp.similarity}
+
+
 def measure(name: str, trace: Path, data_dirs: list[str], work: Path) -> list[dict]:
     loaded = load_trace(trace)
     fingerprint, where = resolve_fingerprint(trace, data_dirs)
@@ -69,10 +78,7 @@ def measure(name: str, trace: Path, data_dirs: list[str], work: Path) -> list[di
     bare = dataclasses.replace(model, dataset=dataclasses.replace(model.dataset, layout=Layout()))
     for tag, m in (("layout", model), ("no layout", bare)):
         replay = _replay(m, work, tag.replace(" ", "-"))
-        cmp = compare_traces(trace, replay)
-        real, got = cmp.features_a.get("bytes_read") or 0, cmp.features_b.get("bytes_read") or 0
-        rows.append({"case": name, "model": tag, "ks_read_sizes": cmp.ks_read_sizes,
-                     "bytes_ratio": got / real if real else None, "similarity": cmp.similarity,
+        rows.append({"case": name, "model": tag, **layout_columns(trace, replay),
                      "fingerprint": where if tag == "layout" else None,
                      "layout_source": m.dataset.layout.source})
     return rows
