@@ -653,40 +653,56 @@ def _encode_image(img: Any, fmt: str, t: ImageFile) -> bytes:
     return _png_rechunk(bio.getvalue(), t.chunk_bytes, t.extra_bytes)
 
 
-#: (template key) -> observed (random share, bytes) pairs, to start each file's search near its size.
-_IMAGE_CURVES: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+#: Noise amplitudes at which each kind of image is encoded once to map amplitude -> bytes.
+_CURVE_SHARES = (0.0, 0.05, 0.15, 0.3, 0.5, 0.75, 1.0)
+
+
+_SIZE_CURVES: dict[str, tuple[tuple[float, int], ...]] = {}
+
+
+def _size_curve(t: ImageFile, fmt: str) -> tuple[tuple[float, int], ...]:
+    """(noise amplitude, encoded bytes) of image kind *t* with a fixed seed: the same in every
+    generator process, so where a file's search starts never depends on the files before it."""
+    key = f"{fmt}{t!r}"
+    if key not in _SIZE_CURVES:
+        rng = np.random.default_rng(0x1A6E)
+        _SIZE_CURVES[key] = tuple(
+            (share, len(_encode_image(_image_pixels(t.width, t.height, t.mode, share, rng, t.bits), fmt, t)))
+            for share in _CURVE_SHARES)
+    return _SIZE_CURVES[key]
 
 
 def _image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> bytes:
-    """An image of template *t* whose encoded size is as close to *target* bytes as content allows."""
-    key = (fmt, t.width, t.height, t.mode, t.bits, t.quality, tuple(map(tuple, t.qtables or ())), t.subsampling,
-           t.progressive, t.optimize, t.interlaced)
-    curve = _IMAGE_CURVES.setdefault(key, [])
+    """An image of kind *t* whose encoded size is as close to *target* bytes as content allows.
+
+    The amplitude comes from the kind's size curve, then up to 5 secant steps on this
+    file's own encodes (within 1 %): the result depends only on the file's seed.
+    """
     seed = rng.integers(0, 2**63)
+    base = list(_size_curve(t, fmt))
+    own: list[tuple[float, int]] = []
 
     def encode(share: float) -> bytes:
-        img = _image_pixels(t.width, t.height, t.mode, share, np.random.default_rng(seed), t.bits)
-        out = _encode_image(img, fmt, t)
-        curve.append((share, len(out)))
+        out = _encode_image(_image_pixels(t.width, t.height, t.mode, share, np.random.default_rng(seed), t.bits),
+                            fmt, t)
+        own.append((share, len(out)))
         return out
 
-    if not curve:
-        encode(0.0)
-        encode(1.0)
     best: bytes | None = None
     for _ in range(6):
-        pts = sorted(set(curve))
+        below = [p for p in own if p[1] <= target]
+        above = [p for p in own if p[1] >= target]
+        # this file's own points once they bracket the target; the kind's curve until then
+        pts = sorted(set(own)) if below and above else sorted(set(base + own), key=lambda p: p[0])
         shares = np.array([p[0] for p in pts])
         sizes = np.array([p[1] for p in pts], dtype=float)
-        order = np.argsort(sizes)
+        order = np.argsort(sizes, kind="stable")
         share = float(np.clip(np.interp(target, sizes[order], shares[order]), 0.0, 1.0))
         out = encode(share)
         if best is None or abs(len(out) - target) < abs(len(best) - target):
             best = out
         if abs(len(out) - target) <= 0.01 * target or share in (0.0, 1.0):
             break
-    if len(curve) > 64:
-        del curve[:-64]
     assert best is not None
     return best
 
