@@ -483,6 +483,7 @@ def _import_layout(imp: _Importer, fmt: str) -> dict[str, Any]:
     if given:
         layout["hdf5_chunk_shape"] = dims
     if layout:
+        layout["source"] = "dlio"
         imp.mark("dataset.layout", "dataset.compression/chunk_size/hdf5")
     return layout
 
