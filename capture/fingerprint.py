@@ -398,9 +398,8 @@ def _attr_bytes(obj: Any) -> tuple[int, int, int]:
         try:
             aid = h5py.h5a.open(obj.id, name.encode() if isinstance(name, str) else name)
             total += aid.get_storage_size()
-            if aid.get_type().is_variable_str() if hasattr(aid.get_type(), "is_variable_str") else False:
-                vlen += 1
-            elif h5py.check_vlen_dtype(aid.dtype) is not None:
+            text = h5py.check_string_dtype(aid.dtype)
+            if (text is not None and text.length is None) or h5py.check_vlen_dtype(aid.dtype) is not None:
                 vlen += 1
         except Exception:  # an attribute of a type h5py cannot open
             pass
