@@ -13,8 +13,8 @@ the table.
 from __future__ import annotations
 
 from .files import classify_files
-from .load import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace
 from .summary import Summary, render_text, summarize
+from .trace import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace
 
 __all__ = [
     "FileReport",

@@ -19,9 +19,9 @@ from pathlib import Path
 from dlreplay.errors import UsageError
 
 from .findings import find, load_thresholds
-from .load import load_trace
 from .passes import characterize
 from .report import Report, build_report
+from .trace import load_trace
 
 __all__ = ["analyze_trace", "render_findings_text"]
 
@@ -67,7 +67,7 @@ def analyze_trace(
         if scheduler is not None or workers is not None:
             raise UsageError("--memory-limit cannot be combined with --workers/--scheduler (yet): "
                              "choose one")
-        from .spill import plan_memory
+        from .trace.spill import plan_memory
 
         plan = plan_memory(trace, memory_limit, jobs=jobs)
         memory_note = plan.describe()
@@ -114,7 +114,7 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
     """The ``--memory-limit`` path for a trace that does not fit: spill, stream, report."""
     from .passes import TraceView
     from .report import figures
-    from .spill import BASE_BYTES, DATASET_IO_BYTES, spilled_trace
+    from .trace.spill import BASE_BYTES, DATASET_IO_BYTES, spilled_trace
 
     if verify:
         raise UsageError(f"--verify distills the whole event table in memory, which needs ~{plan.eager_bytes >> 20} "

@@ -28,8 +28,8 @@ import polars as pl
 
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
-from .load import load_trace
 from .passes import Characterization, characterize, flag_reads
+from .trace import load_trace
 
 __all__ = ["COMPARE_FORMAT_VERSION", "COMPARE_SCHEMA", "FEATURES", "Comparison", "compare_traces", "cosine",
            "features", "ks_distance"]

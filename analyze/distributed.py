@@ -39,7 +39,9 @@ from typing import Any
 from dlreplay.errors import UsageError
 
 from .findings import Finding, Thresholds, find
-from .load import (
+from .passes import Characterization, characterize
+from .summary import Summary
+from .trace.load import (
     FileReport,
     LoadedTrace,
     _find_inputs,
@@ -49,8 +51,6 @@ from .load import (
     member_ranges,
     parse_part,
 )
-from .passes import Characterization, characterize
-from .summary import Summary
 
 __all__ = ["ClusterInfo", "RemoteAnalysis", "RemoteView", "analyze_distributed", "cluster",
            "load_trace_distributed"]

@@ -46,6 +46,7 @@ from dlreplay.schema import (
 from .distill import WARMUP_FACTOR, _assign_items, _file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
+from .trace.spill import ORDER_COL
 
 __all__ = ["PASSES", "Characterization", "TraceView", "characterize", "darshan_pattern"]
 
@@ -72,9 +73,6 @@ def _num(x: Any) -> float:
     return float(x or 0)
 
 
-#: Order column of a spilled table (see :mod:`.spill`): sorting by (ts, it) gives the
-#: order of the in-memory table.
-ORDER_COL = "__o"
 #: Columns of :attr:`TraceView.dataset_io` collected from a lazy (spilled) table.
 DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offset", "ret")
 _IO = pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null()

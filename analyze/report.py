@@ -53,7 +53,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     dropped_lines: int = 0
     dropped_bytes: int = 0
-    #: per trace file: :class:`~dlreplay.analyze.load.FileReport` (events, dropped, problems)
+    #: per trace file: :class:`~dlreplay.analyze.trace.load.FileReport` (events, dropped, problems)
     file_reports: list = field(default_factory=list)
 
     def to_dict(self) -> dict:

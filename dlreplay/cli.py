@@ -314,8 +314,8 @@ def export(trace: Path, output: Path | None, no_flows: bool) -> None:
 @handle_errors
 def view(trace: Path, port: int, offline: bool, no_browser: bool) -> None:
     """Open TRACE (a trace directory or an exported timeline) in the Perfetto UI."""
-    from dlreplay.analyze.perfetto_tp import timeline_file
-    from dlreplay.analyze.perfetto_view import serve
+    from dlreplay.analyze.perfetto.processor import timeline_file
+    from dlreplay.analyze.perfetto.view import serve
 
     with timeline_file(trace) as f:
         serve(f, port=port, offline=offline, browser=not no_browser, echo=click.echo)
@@ -340,7 +340,7 @@ def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_b
     """
     import polars as pl
 
-    from dlreplay.analyze.perfetto_tp import NAMED_QUERIES, query
+    from dlreplay.analyze.perfetto.processor import NAMED_QUERIES, query
     from dlreplay.errors import UsageError
 
     if bool(sql_text) == bool(named):

@@ -4,7 +4,7 @@ DFTracer writes each buffer flush as its own gzip member, and a job killed while
 writing leaves a truncated last member. :func:`decoded_pieces` yields everything
 decodable (inside a corrupt member too, up to the bad byte), resynchronises on the
 next gzip member header, and counts what it had to drop. The trace loader
-(:mod:`dlreplay.analyze.load`) and capture's event counts both read through it.
+(:mod:`dlreplay.analyze.trace.load`) and capture's event counts both read through it.
 
 Intact members are inflated with ISA-L (``isal``) when it is installed, which is about
 twice as fast as :mod:`zlib` here; a member that does not decode cleanly that way is

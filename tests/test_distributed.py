@@ -76,7 +76,7 @@ def _multi_member(tmp_path: Path, members: int) -> Path:
 
 
 def test_large_file_split_by_gzip_member(client, tmp_path: Path) -> None:
-    from dlreplay.analyze.load import member_ranges
+    from dlreplay.analyze.trace.load import member_ranges
 
     d = _multi_member(tmp_path, 12)
     big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
@@ -91,7 +91,7 @@ def test_large_file_split_by_gzip_member(client, tmp_path: Path) -> None:
 
 
 def test_damaged_large_file_is_parsed_whole(client, tmp_path: Path) -> None:
-    from dlreplay.analyze.load import member_ranges
+    from dlreplay.analyze.trace.load import member_ranges
 
     d = _multi_member(tmp_path, 6)
     big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)

@@ -31,7 +31,7 @@ from dlreplay.schema import EVENT_SCHEMA, READ_OPS, WRITE_OPS
 
 from .conftest import TRACES
 
-LOAD = importlib.import_module("dlreplay.analyze.load")
+LOAD = importlib.import_module("dlreplay.analyze.trace.load")
 HOST = "node-a"
 HHASH = "6882804a826580cd"
 T0 = 1_795_313_692_000_000  # µs

@@ -1,4 +1,4 @@
-"""The C scanner (``dlreplay.analyze._pfwscan``) against the Python/polars parser.
+"""The C scanner (``dlreplay.analyze.trace._pfwscan``) against the Python/polars parser.
 
 Every trace of the corpus, every damaged trace of the bad-input suite (built with its
 builders) and random mixes of valid, odd and malformed lines load into identical event
@@ -29,7 +29,7 @@ from .test_bad_traces import SRC, biggest, corpus_lines, gz_members
 from .test_bad_traces import _odd_trace as odd_trace
 from .test_load import BAD_LINES, _many_small_files, member_offsets, to_v1
 
-LOAD = importlib.import_module("dlreplay.analyze.load")
+LOAD = importlib.import_module("dlreplay.analyze.trace.load")
 CORPUS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.pfw.gz")))
 
 
@@ -52,7 +52,7 @@ def assert_same(native: LoadedTrace, python: LoadedTrace) -> None:
 
 def test_the_extension_is_built() -> None:
     """`make venv` builds it (setup.py); without it every other test here compares nothing."""
-    assert LOAD._NATIVE is not None, "dlreplay.analyze._pfwscan is not built: is a C compiler installed?"
+    assert LOAD._NATIVE is not None, "dlreplay.analyze.trace._pfwscan is not built: is a C compiler installed?"
 
 
 @pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)

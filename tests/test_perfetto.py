@@ -26,7 +26,7 @@ from dlreplay.analyze.perfetto import (
     format_for,
     open_timeline,
 )
-from dlreplay.analyze.perfetto_tp import describe_routes, find_engine_bundle, find_ui_dist
+from dlreplay.analyze.perfetto.processor import describe_routes, find_engine_bundle, find_ui_dist
 from dlreplay.schema import READ_OPS
 
 from .conftest import TRACES, run_cli
@@ -180,7 +180,7 @@ def test_cli_export_and_sql(tmp_path: Path) -> None:
 
 
 def test_view_server_serves_file_with_cors(tmp_path: Path) -> None:
-    from dlreplay.analyze.perfetto_view import make_server
+    from dlreplay.analyze.perfetto.view import make_server
 
     out = tmp_path / "v.json"
     export_trace(
@@ -215,7 +215,7 @@ def test_view_server_serves_file_with_cors(tmp_path: Path) -> None:
 )
 def test_offline_ui_in_headless_chromium(loaded: dict, tmp_path: Path) -> None:
     """Real headless Chromium opens the offline Perfetto UI on an exported trace and draws our tracks."""
-    from dlreplay.analyze.perfetto_view import make_server
+    from dlreplay.analyze.perfetto.view import make_server
 
     from .cdp import Browser
 

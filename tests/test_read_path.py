@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlreplay.replay.formats import DIRECT_ALIGN, LibraryReader, PosixReader, ReadBuffer, pread_direct, pread_into
+from dlreplay.replay.formats import (
+    DIRECT_ALIGN,
+    LibraryReader,
+    PosixReader,
+    ReadBuffer,
+    pread_direct,
+    pread_into,
+)
 
 SIZE = 3 * DIRECT_ALIGN + 1234
 

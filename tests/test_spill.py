@@ -21,7 +21,7 @@ from polars.testing import assert_frame_equal
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.analysis import analyze_trace
 from dlreplay.analyze.passes import TraceView, characterize
-from dlreplay.analyze.spill import plan_memory, spilled_trace
+from dlreplay.analyze.trace.spill import plan_memory, spilled_trace
 from dlreplay.units import parse_bytes
 
 from .conftest import REPO, TRACES, run_cli
@@ -194,7 +194,7 @@ def _measured(*args: str) -> tuple[dict, int, float]:
 
 
 def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path):
-    from dlreplay.analyze.spill import ROW_BYTES
+    from dlreplay.analyze.trace.spill import ROW_BYTES
 
     eager, rss_eager, _ = _measured(str(big_trace))
     table = eager["events"] * ROW_BYTES  # bytes of this trace's compact table

@@ -33,6 +33,9 @@ import polars as pl
 from dlreplay.errors import DlreplayError
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
+from ..trace import load_trace
+from .export import export_trace
+
 __all__ = [
     "ENV_TRACE_PROCESSOR",
     "NAMED_QUERIES",
@@ -303,9 +306,6 @@ def timeline_file(trace: str | os.PathLike[str]) -> Iterator[Path]:
     if is_timeline_file(trace):
         yield Path(trace)
         return
-    from .load import load_trace
-    from .perfetto import export_trace
-
     loaded = load_trace(trace)
     with tempfile.TemporaryDirectory(prefix="dlreplay-timeline-") as tmp:
         out = Path(tmp) / "timeline.perfetto-trace"

@@ -23,7 +23,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from dlreplay.errors import DlreplayError
 
-from .perfetto_tp import find_ui_dist
+from .processor import find_ui_dist
 
 __all__ = ["HOSTED_UI", "ViewError", "TimelineServer", "make_server", "serve"]
 

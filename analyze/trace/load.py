@@ -90,11 +90,12 @@ from dlreplay.pfw import DecodeStats as _Stats
 from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
-from .files import file_process_table_keyed
+from ..files import file_process_table_keyed
 
 __all__ = [
-    "FileReport", "LoadedTrace", "TraceDamageWarning", "TracePart", "combine", "combine_parts", "load",
-    "load_trace", "parse_part",
+    "CHUNK_SCHEMA", "PART_SCHEMA", "FileDamage", "FileReport", "LoadedTrace", "RangePart", "RunTables",
+    "TraceDamageWarning", "TracePart", "available_cores", "combine", "combine_parts", "finalize", "load",
+    "load_trace", "member_ranges", "parse_part", "parse_parts", "resolve_ranges", "run_tables",
 ]
 
 TRACE_SUFFIXES = (".pfw", ".pfw.gz")
@@ -624,8 +625,8 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
         kept, meta, starts, hosts = rows.pop()
         return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
                          hosts=hosts, report=files[0][1], clean_end=clean_end)
-    events, processes, fh = _resolve(rows)
-    return TracePart(events=events, processes=processes, fh=fh, files=files)
+    events, processes, records = _resolve(rows)
+    return TracePart(events=events, processes=processes, fh=records, files=files)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -1008,7 +1009,7 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     values = pl.Series(uniques, dtype=_STR)
     op_of = np.fromiter((_OP_CODE.get(u, 0) for u in uniques), dtype=np.int8, count=len(uniques))
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
-    frames = []
+    frames: list[pl.DataFrame] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
     for sl in (slice(0, nev), slice(cap - nmeta, cap)):
         lines = rows[sl]
@@ -1658,7 +1659,7 @@ def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
 
 
-def _resolve(held: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(events, processes, fh) of a :class:`TracePart` from the compact rows of whole files.
 
     Everything that one file decides is resolved here: the time unit (``CM``), each
@@ -1666,7 +1667,7 @@ def _resolve(held: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
     and the offsets, reconstructed per (trace file, pid, POSIX or STDIO, file hash) in
     (``ts``, line) order; the rows are then gathered into (``ts``, file, line) order.
     """
-    rows, meta, starts, hosts = held.pop()
+    rows, meta, starts, hosts = compacted.pop()
     meta = meta.sort("src", "seq")
     fh = (
         meta.filter((pl.col("name") == "FH") & pl.col("a_value").is_not_null())
@@ -1682,7 +1683,8 @@ def _resolve(held: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
     rows = rows.with_columns(pidx.alias("__p"))
     order = _output_order(rows)
     offset = _offsets(rows, order)
-    held, kept = [rows], [order]
+    held: list[pl.DataFrame] = [rows]
+    kept: list[np.ndarray | None] = [order]
     del rows, order
     out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))

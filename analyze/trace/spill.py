@@ -64,7 +64,6 @@ from .load import (
     parse_parts,
     run_tables,
 )
-from .passes import ORDER_COL
 
 __all__ = [
     "EAGER_FACTOR", "GROUP_FACTOR", "ORDER_COL", "ROW_BYTES", "MemoryPlan", "SpilledTrace", "plan_memory",
@@ -88,6 +87,9 @@ BASE_BYTES = 250 << 20
 #: RSS growth over the passes of the 5.1 M-event benchmark trace: ~180 per dataset I/O event).
 DATASET_IO_BYTES = 180
 _ROW_BITS = 40
+#: Order column of a spilled table: sorting by (ts, it) gives the order of the in-memory
+#: table (part << 40 | row in the part; parts in trace-file order).
+ORDER_COL = "__o"
 #: Stored bytes read from each sampled file to estimate lines per stored byte.
 _SAMPLE_BYTES = 1 << 20
 _SAMPLE_FILES = 16

@@ -47,19 +47,7 @@ import polars as pl
 from dlreplay.errors import DlreplayError
 from dlreplay.schema import CAT_DATA, CAT_DATALOADER, READ_OPS
 
-__all__ = [
-    "CHUNK_ROWS",
-    "ExportError",
-    "ExportStats",
-    "NAMED_QUERIES",
-    "QueryError",
-    "Timeline",
-    "TraceProcessorUnavailable",
-    "export_trace",
-    "format_for",
-    "open_timeline",
-    "query",
-]
+__all__ = ["CHUNK_ROWS", "ExportError", "ExportStats", "export_trace", "format_for"]
 
 #: Event rows converted to Python objects at a time while writing.
 CHUNK_ROWS = 50_000
@@ -838,14 +826,3 @@ def _write_proto(
                 q.track_event.double_counter_value = v
             stats.counter_points += part.height
             fh.write(trace.SerializeToString())
-
-
-# Re-exported helpers that live in sibling modules (trace processor, viewer).
-from .perfetto_tp import (  # noqa: E402
-    NAMED_QUERIES,
-    QueryError,
-    Timeline,
-    TraceProcessorUnavailable,
-    open_timeline,
-    query,
-)

@@ -1,0 +1,70 @@
+"""The package's rooms: the trace layer (``dlreplay.analyze.trace``) and the Perfetto pieces
+(``dlreplay.analyze.perfetto``) are sub-packages, no module of ``dlreplay.analyze`` is in an
+import cycle (lazy imports inside functions included), the trace layer imports nothing
+above it, and the public imports the README uses keep working."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+from .conftest import REPO
+
+ROOT = REPO / "analyze"
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the ``dlreplay.analyze`` modules it imports (anywhere in its source)."""
+    out: dict[str, set[str]] = {}
+    for f in ROOT.rglob("*.py"):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(("dlreplay.analyze", *(p for p in parts if p != "__init__")))
+        pkg = name if f.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)] if node.level else []
+                target = ".".join([*base, node.module] if node.module else base) if node.level else node.module
+                if target and target.startswith("dlreplay.analyze"):
+                    deps.add(target)
+        out[name] = deps
+    return out
+
+
+def test_no_import_cycles() -> None:
+    graph = _imports()
+
+    def reach(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(graph.get(start, ()))
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        return seen
+
+    assert [m for m in graph if m in reach(m)] == []
+
+
+def test_the_trace_layer_imports_nothing_above_it() -> None:
+    graph = _imports()
+    allowed = ("dlreplay.analyze.trace", "dlreplay.analyze.files")  # files: the loader's per-process counts
+    for module, deps in graph.items():
+        if module.startswith("dlreplay.analyze.trace"):
+            assert all(d.startswith(allowed) for d in deps), (module, deps)
+    assert (ROOT / "trace" / "_pfwscan.c").is_file() and (ROOT / "perfetto" / "tp_shell.js").is_file()
+
+
+def test_readme_imports() -> None:
+    from dlreplay.analyze import load, load_trace, summarize  # noqa: F401
+    from dlreplay.analyze.analysis import analyze_trace, render_findings_text  # noqa: F401
+    from dlreplay.analyze.findings import Thresholds  # noqa: F401
+    from dlreplay.analyze.passes import PASSES  # noqa: F401
+    from dlreplay.analyze.perfetto import export_trace, query  # noqa: F401
+
+    assert callable(load) and callable(query)
+    for name in ("dlreplay.analyze.trace.load", "dlreplay.analyze.trace.spill", "dlreplay.analyze.perfetto.view"):
+        importlib.import_module(name)
+    assert Path(importlib.import_module("dlreplay.analyze.perfetto.processor").TP_SHELL_JS).is_file()
