@@ -31,8 +31,8 @@ import polars as pl
 
 from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA, OPEN_OPS, READ_OPS, WRITE_OPS
 
-__all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_keyed",
-           "loader_processes"]
+__all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_counted",
+           "file_process_table_keyed", "loader_processes", "row_class"]
 
 ROLES = ("dataset", "checkpoint", "library", "other")
 #: Written bytes above which a file not read by the loader counts as a checkpoint.
@@ -121,26 +121,30 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
 _DENSE_KEYS = 1 << 24
 
 
+def row_class() -> pl.Expr:
+    """The class of an event row for :func:`file_process_table`: operation class (read,
+    write, open, other) + 4 x checkpoint class (none, load, save, other checkpoint event)."""
+    name = pl.col("name")
+    ckpt = (pl.col("cat") == CAT_CHECKPOINT).fill_null(False)
+    ck_class = pl.when(~ckpt).then(0).when(name == "load").then(1).when(name == "save").then(2).otherwise(3)
+    return name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int64) + 4 * ck_class
+
+
 def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl.DataFrame) -> pl.DataFrame:
     """:func:`file_process_table` from events whose file and process are integer keys.
 
     ``rows`` has ``name``, ``cat``, ``size`` and ``__file`` (UInt32 index into ``files``,
     distinct paths; null: no file) and ``__proc`` (UInt32 index into ``processes``,
-    distinct (``host``, ``pid``) rows), in any order. The loader, which has these keys,
-    uses it; the result equals :func:`file_process_table` of the table.
+    distinct (``host``, ``pid``) rows), in any order. The result equals
+    :func:`file_process_table` of the table.
 
     Rows are counted, and their bytes summed, per (file, process, row class) packed into
-    one integer (the row class: operation class x checkpoint load/save/other): with
-    ``numpy.bincount`` over a dense key space (up to :data:`_DENSE_KEYS`, and while all
-    bytes together stay below 2**53, so float64 sums are exact), else one polars
-    group-by; the classes are then spread into the columns on the small result.
+    one integer (:func:`row_class`): with ``numpy.bincount`` over a dense key space (up
+    to :data:`_DENSE_KEYS`, and while all bytes together stay below 2**53, so float64
+    sums are exact), else one polars group-by; then :func:`file_process_table_counted`.
     """
     nproc = max(processes.height, 1)
-    name = pl.col("name")
-    ckpt = (pl.col("cat") == CAT_CHECKPOINT).fill_null(False)
-    ck_class = pl.when(~ckpt).then(0).when(name == "load").then(1).when(name == "save").then(2).otherwise(3)
-    row_class = name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int64) + 4 * ck_class
-    key = (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)) * 16 + row_class
+    key = (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)) * 16 + row_class()
     v = rows.lazy().filter(pl.col("__file").is_not_null()).select(
         key.alias("__k"), pl.col("size").fill_null(0).alias("b")).collect()
     k, size = v["__k"].to_numpy(), v["b"].to_numpy()
@@ -152,21 +156,34 @@ def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl
                               "n": count[at].astype(np.int64)})
     else:
         parts = v.group_by("__k").agg(pl.col("b").sum(), pl.len().cast(pl.Int64).alias("n"))
-    op, ck, b, n = pl.col("__k") % 4, (pl.col("__k") // 4) % 4, pl.col("b"), pl.col("n")
+    loaders = rows.lazy().filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).select("__proc").unique() \
+        .collect()["__proc"].drop_nulls().to_numpy()
+    counts = parts.select((pl.col("__k") // 16 // nproc).alias("__file"), (pl.col("__k") // 16 % nproc).alias("__proc"),
+                          (pl.col("__k") % 16).alias("cls"), "n", "b")
+    return file_process_table_counted(counts, files, processes, loaders)
+
+
+def file_process_table_counted(counts: pl.DataFrame, files: pl.Series, processes: pl.DataFrame,
+                               loaders: np.ndarray) -> pl.DataFrame:
+    """:func:`file_process_table` from row counts: ``counts`` has ``__file`` (index into
+    ``files``, distinct paths; rows without a file are left out), ``__proc`` (index into
+    ``processes``, distinct (``host``, ``pid``) rows), ``cls`` (:func:`row_class`), ``n``
+    (rows) and ``b`` (bytes), several rows per key allowed; ``loaders`` the ``__proc``
+    indices of the processes that emit ``item`` events."""
+    nproc = max(processes.height, 1)
+    op, ck, b, n = pl.col("cls") % 4, (pl.col("cls") // 4) % 4, pl.col("b"), pl.col("n")
 
     def where(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
         return pl.when(cond).then(value).otherwise(0)
 
     # per-row values first, then plain sums (a conditional inside agg runs group by group)
-    table = parts.select(
-        (pl.col("__k") // 16).alias("__key"),
+    table = counts.select(
+        (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)).alias("__key"),
         where(op == _READ, b).alias("rb"), where(op == _WRITE, b).alias("wb"),
         where(ck == 1, b).alias("ck_r"), where(ck == 2, b).alias("ck_w"),
         where(op == _READ, n).alias("reads"), where(op == _WRITE, n).alias("writes"),
         where(op == _OPEN, n).alias("opens"), (ck > 0).alias("ckpt_event"),
     ).group_by("__key").agg(_SUMS)
-    loaders = rows.lazy().filter((pl.col("cat") == CAT_DATA) & (name == "item")).select("__proc").unique() \
-        .collect()["__proc"].drop_nulls().to_numpy()
     keys = table["__key"]
     at_proc = pl.Series(keys % nproc)
     return table.select(

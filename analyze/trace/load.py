@@ -88,9 +88,17 @@ from dlreplay.errors import TraceError
 from dlreplay.pfw import GZIP_MAGIC, Slabs, anonymous_map
 from dlreplay.pfw import DecodeStats as _Stats
 from dlreplay.pfw import decoded_spans as _decoded_spans
-from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
+from dlreplay.schema import (
+    CAT_CHECKPOINT,
+    CAT_DATA,
+    CLOSE_OPS,
+    EVENT_SCHEMA,
+    OPEN_OPS,
+    READ_OPS,
+    WRITE_OPS,
+)
 
-from ..files import file_process_table_keyed
+from ..files import file_process_table_counted, row_class
 
 __all__ = [
     "CHUNK_SCHEMA", "PART_SCHEMA", "FileDamage", "FileReport", "LoadedTrace", "RangePart", "RunTables",
@@ -259,13 +267,16 @@ class TracePart:
     names its file hash). ``fh`` holds the part's ``FH`` records (``hash``, ``name``,
     ``src``, ``seq``, ``pid``), the first of each hash in (file, line) order: a record
     may name the file of another part's events. ``files`` has one report per file of the
-    part with ``events`` still 0 (:func:`combine` fills it in).
+    part with ``events`` still 0 (:func:`combine` fills it in); ``counts`` the rows and
+    bytes per (file, process, row class) for the summary, counted where the part was.
     """
 
     events: pl.DataFrame
     processes: pl.DataFrame
     fh: pl.DataFrame
     files: list[tuple[int, FileReport]]
+    #: the summary's per-process counts of the rows (:func:`_part_counts`)
+    counts: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COUNTS_SCHEMA))
 
 
 @dataclass(frozen=True)
@@ -625,8 +636,8 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
         kept, meta, starts, hosts = rows.pop()
         return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
                          hosts=hosts, report=files[0][1], clean_end=clean_end)
-    events, processes, records = _resolve(rows)
-    return TracePart(events=events, processes=processes, fh=records, files=files)
+    events, processes, records, counts = _resolve(rows)
+    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -1538,6 +1549,11 @@ PART_SCHEMA: dict[str, pl.DataType] = {
 PROCESS_SCHEMA: dict[str, pl.DataType] = {
     "src": _SRC, "pid": _I32, "ppid": _I32, "cwdhash": _STR, "host": _STR,
 }
+#: A part's per-process counts (:func:`_part_counts`).
+COUNTS_SCHEMA: dict[str, pl.DataType] = {
+    "fhash": _CAT, "__path": _CAT, "__p": pl.UInt32(), "cls": pl.Int64(), "item": pl.Boolean(), "n": pl.Int64(),
+    "b": pl.Int64(),
+}
 FH_SCHEMA: dict[str, pl.DataType] = {"hash": _STR, "name": _STR, "src": _SRC, "seq": _INT, "pid": _I32}
 _STARTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, "pid": _I32, "ppid": _INT, "cwd": _STR,
                                           "hhash": _STR}
@@ -1659,8 +1675,8 @@ def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
 
 
-def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """(events, processes, fh) of a :class:`TracePart` from the compact rows of whole files.
+def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(events, processes, fh, counts) of a :class:`TracePart` from the compact rows of whole files.
 
     Everything that one file decides is resolved here: the time unit (``CM``), each
     process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
@@ -1676,7 +1692,7 @@ def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.Data
         .unique(subset="hash", keep="first", maintain_order=True)
     )
     if rows.height == 0:
-        return pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh
+        return pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh, pl.DataFrame(schema=COUNTS_SCHEMA)
     rows = _apply_time_metric(rows, meta)
     every, pidx = _process_keys(rows)
     processes = _process_table(every, meta, starts, hosts)
@@ -1688,7 +1704,7 @@ def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.Data
     del rows, order
     out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
-    return out, processes, fh
+    return out, processes, fh, _part_counts(out)
 
 
 def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
@@ -1747,8 +1763,8 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, processes, fh = _resolve(held)
-        out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)]))
+        events, processes, fh, counts = _resolve(held)
+        out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts))
     return out
 
 
@@ -1845,20 +1861,7 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     del events
     out = _gather(held, order, list(PART_SCHEMA))
     procs = tables.processes
-    nfile = tables.path_by_code.len()
-    code = pl.col("fhash").to_physical()
-    file = out.select(pl.lit(tables.path_by_code).gather(pl.when(code < nfile).then(code)).alias("file")) \
-        .to_series() if nfile else pl.Series("file", [None] * out.height, dtype=_CAT)
-    # rows without an FH-resolved file but a path argument (checkpoint events, 1.x fname)
-    named = out.lazy().with_row_index("__row").filter(pl.col("__path").is_not_null()).select(
-        "__row", "__p", "__path").collect()
-    if named.height:
-        named = named.filter(file.gather(named["__row"]).is_null())
-    if named.height:
-        sub = named.join(procs.with_row_index("__p").select("__p", "__cwd"), on="__p", how="left",
-                         maintain_order="left")
-        paths = sub.select(_absolute(pl.col("__path").cast(_STR))).to_series().cast(_CAT)
-        file = file.scatter(named["__row"], paths)
+    file = _file_column(out, tables)
     table = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
@@ -1869,16 +1872,68 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     return table, out["__p"]
 
 
+def _file_column(rows: pl.DataFrame, tables: RunTables) -> pl.Series:
+    """The ``file`` of ``rows`` (with ``fhash``, ``__path`` and ``__p``): the path the run's
+    ``FH`` records give the file hash, else (checkpoint events, 1.x ``fname``) the path
+    argument made absolute with the process's working directory; Categorical."""
+    nfile = tables.path_by_code.len()
+    code = pl.col("fhash").to_physical()
+    file = rows.select(pl.lit(tables.path_by_code).gather(pl.when(code < nfile).then(code)).alias("file")) \
+        .to_series() if nfile else pl.Series("file", [None] * rows.height, dtype=_CAT)
+    named = rows.lazy().with_row_index("__row").filter(pl.col("__path").is_not_null()).select(
+        "__row", "__p", "__path").collect()
+    if named.height:
+        named = named.filter(file.gather(named["__row"]).is_null())
+    if named.height:
+        sub = named.join(tables.processes.with_row_index("__p").select("__p", "__cwd"), on="__p", how="left",
+                         maintain_order="left")
+        paths = sub.select(_absolute(pl.col("__path").cast(_STR))).to_series().cast(_CAT)
+        file = file.scatter(named["__row"], paths)
+    return file.alias("file")
+
+
+def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
+    """The summary's per-process counts of a part's rows before their files are known
+    (:data:`COUNTS_SCHEMA`): rows (``n``) and bytes (``b``) per (file hash, path argument,
+    process, :func:`~..files.row_class`, ``item`` event)."""
+    item = ((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).fill_null(False)
+    return events.group_by(
+        "fhash", "__path", "__p", row_class().alias("cls"), item.alias("item")
+    ).agg(pl.len().cast(pl.Int64).alias("n"), pl.col("size").fill_null(0).sum().alias("b")).cast(
+        pl.Schema(COUNTS_SCHEMA))  # type: ignore[arg-type]
+
+
+def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.DataFrame:
+    """The summary's per-(file, host, pid) table (:func:`~..files.file_process_table_counted`)
+    from the parts' :func:`_part_counts` (``__p`` indexing ``tables``' processes)."""
+    file = _file_column(counts, tables)
+    counted = counts.with_columns(file)
+    paths = _distinct_categorical(file)
+    none = paths.len()
+    procs = tables.processes
+    hosts = procs.select("host", "pid").unique(maintain_order=True)
+    pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
+                      maintain_order="left")["__h"]
+    counted = counted.select(
+        _code_index(pl.col("file"), paths).alias("__file"), pl.lit(pkey).gather(pl.col("__p")).alias("__proc"),
+        "cls", "n", "b", "item",
+    )
+    loaders = counted.filter(pl.col("item"))["__proc"].unique().to_numpy()  # item events have no file
+    return file_process_table_counted(counted.filter(pl.col("__file") != none), paths, hosts, loaders)
+
+
 def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int]]:
     """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
-    frames, processes, fh, base = [], [], [], 0
+    frames, processes, fh, counts, base = [], [], [], [], 0
     for p in parts:
         fh.append(p.fh)
         if not p.events.height:
             continue
         frames.append(p.events.with_columns(pl.col("__p") + base) if base else p.events)
+        counts.append(p.counts.with_columns(pl.col("__p") + base) if base else p.counts)
         processes.append(p.processes)
         base += p.processes.height
+    del p
     parts.clear()
     if not frames:
         return pl.DataFrame(schema=EVENT_SCHEMA), None, {}
@@ -1893,8 +1948,8 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     del ev, order
     events, pidx = finalize(held, kept, tables)
     per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
-    counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
-    return events, _per_process(events, pidx, tables.processes), counts
+    per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
+    return events, _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables), per_file
 
 
 def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
@@ -2121,22 +2176,6 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
     if narrow.height:
         _stream_offsets(narrow, rank, values, valid)
     return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
-
-
-def _per_process(events: pl.DataFrame, pidx: pl.Series, procs: pl.DataFrame) -> pl.DataFrame:
-    """The summary's per-(file, host, pid) table (:func:`~.files.file_process_table_keyed`)
-    of the event table, from integer keys: the ``file`` column's category codes and the
-    rows' process indices ``pidx`` into ``procs``."""
-    paths = _distinct_categorical(events["file"])
-    none = paths.len()  # the key of "no file"
-    hosts = procs.select("host", "pid").unique(maintain_order=True)
-    pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
-                      maintain_order="left")["__h"].to_numpy()
-    rows = events.select(
-        "name", "cat", "size", _code_index(pl.col("file"), paths).replace(none, None).alias("__file"),
-        pl.lit(pl.Series(pkey)).gather(pl.lit(pidx)).alias("__proc"),
-    )
-    return file_process_table_keyed(rows, paths, hosts)
 
 
 def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
