@@ -1897,10 +1897,23 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
     (:data:`COUNTS_SCHEMA`): rows (``n``) and bytes (``b``) per (file hash, path argument,
     process, :func:`~..files.row_class`, ``item`` event)."""
     item = ((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).fill_null(False)
-    return events.group_by(
-        "fhash", "__path", "__p", row_class().alias("cls"), item.alias("item")
-    ).agg(pl.len().cast(pl.Int64).alias("n"), pl.col("size").fill_null(0).sum().alias("b")).cast(
-        pl.Schema(COUNTS_SCHEMA))  # type: ignore[arg-type]
+    # grouped by name and category codes first (the classes are computed on the groups),
+    # on one packed integer key when the codes fit in 64 bits (twice as fast as five keys)
+    keys = ("fhash", "__path", "__p", "name", "cat")
+    code = {c: pl.col(c).to_physical().cast(pl.UInt64) for c in keys}
+    tops = events.select(*(v.max().alias(c) for c, v in code.items())).row(0)
+    bits = [(int(m) + 2).bit_length() if m is not None else 1 for m in tops]  # + a value for null
+    if events.height and sum(bits) <= 64:
+        packed = pl.lit(0, dtype=pl.UInt64)
+        for v, nbits, top in zip(code.values(), bits, tops, strict=True):
+            packed = (packed * (1 << nbits)) + v.fill_null((int(top) + 1) if top is not None else 0)
+        first = events.group_by(packed.alias("__k")).agg(
+            *(pl.col(c).first() for c in keys), pl.len().cast(pl.Int64).alias("n"),
+            pl.col("size").fill_null(0).sum().alias("b")).drop("__k")
+    else:
+        first = events.group_by(*keys).agg(pl.len().cast(pl.Int64).alias("n"), pl.col("size").fill_null(0).sum().alias("b"))
+    return first.group_by("fhash", "__path", "__p", row_class().alias("cls"), item.alias("item")).agg(
+        pl.col("n").sum(), pl.col("b").sum()).cast(pl.Schema(COUNTS_SCHEMA))  # type: ignore[arg-type]
 
 
 def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.DataFrame:
