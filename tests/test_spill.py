@@ -194,7 +194,7 @@ def _measured(*args: str) -> tuple[dict, int, float]:
 
 
 def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path):
-    from dlreplay.analyze.trace.spill import ROW_BYTES
+    from dlreplay.analyze.trace.spill import BASE_BYTES, DATASET_IO_BYTES, ROW_BYTES
 
     eager, rss_eager, _ = _measured(str(big_trace))
     table = eager["events"] * ROW_BYTES  # bytes of this trace's compact table
@@ -203,9 +203,11 @@ def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path
                                         str(tmp_path))
     assert eager["events"] > 900_000 and spilled["events"] == eager["events"]
     assert any("does not fit, spilling" in n for n in spilled["notes"])
-    # the in-memory path itself holds ~110 bytes per event (compact table) and ~430 at its
-    # peak; the spilled one holds the passes' narrow dataset I/O rows and one group at a time
-    assert rss_spilled < 0.8 * rss_eager, (rss_spilled, rss_eager)
+    # what --memory-limit promises: the interpreter and its libraries, the groups sized from
+    # the limit, and the passes' narrow dataset I/O rows (at most one per event); the
+    # in-memory path (~430 bytes per event at its peak, the compact table ~110) is above it
+    assert rss_spilled <= BASE_BYTES + limit + eager["events"] * DATASET_IO_BYTES, (rss_spilled, limit)
+    assert rss_spilled < rss_eager, (rss_spilled, rss_eager)
     for key in ("events", "bytes_read", "bytes_written", "operations", "dataset_bytes_read", "read_histogram"):
         assert spilled[key] == eager[key], key
     assert [f["id"] for f in spilled["findings"]] == [f["id"] for f in eager["findings"]]

@@ -75,7 +75,7 @@ import re
 import threading
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -885,6 +885,8 @@ PARSER_ENV = "DLREPLAY_PARSER"
 _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "whence", "flags", "ppid",
                 "epoch", "step", "batch_size", "image_idx", "abytes")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
+#: Raw int columns that :func:`_compact_exprs` passes through unchanged.
+_PASSED_THROUGH = ("tid", "ts", "dur", "ret", "image_idx")
 
 
 def native_parser_available() -> bool:
@@ -939,13 +941,14 @@ class _NativeBatch:
         first = np.cumsum(counts) - counts  # first line of each segment in the scanned text
         scanned = _scan([seg[2] for seg in segs], int(counts.sum()), first,
                         np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
-                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True)
+                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True,
+                        compact=True)
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
         events, meta, per_seg, rejected = scanned
         for seg, k in zip(segs, per_seg.tolist(), strict=True):
             seg[3].lines += k
-        if events.height:
+        if events is not None:  # compacted already (rows, starts, hosts, beyond)
             self.events.append(events)
         if meta.height:
             self.meta.append(meta)
@@ -994,12 +997,14 @@ class _NativeBatch:
 
 
 def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, srcs: np.ndarray,
-          seq0s: np.ndarray, checked: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray, np.ndarray] | None:
+          seq0s: np.ndarray, checked: bool = False,
+          compact: bool = False) -> tuple[Any, pl.DataFrame, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (one buffer, or a list of buffers of complete lines scanned as one text;
     segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line ``seq0s[k]``) with
     the C scanner: (event rows, metadata rows, accepted lines per segment, rejected lines as
     rows of (line in the whole text, start, end in the line's own buffer)); None when
-    ``text`` is not valid UTF-8 (not checked again when ``checked``: the caller found it valid)."""
+    ``text`` is not valid UTF-8 (not checked again when ``checked``: the caller found it valid).
+    With ``compact``, the event rows come compacted (:func:`_native_compact`; None when none)."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
     # The output buffers are one anonymous mapping, unmapped when the last array viewing
@@ -1020,7 +1025,7 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     values = pl.Series(uniques, dtype=_STR)
     op_of = np.fromiter((_OP_CODE.get(u, 0) for u in uniques), dtype=np.int8, count=len(uniques))
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
-    frames: list[pl.DataFrame] = []
+    frames: list[Any] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
     for sl in (slice(0, nev), slice(cap - nmeta, cap)):
         lines = rows[sl]
@@ -1032,8 +1037,12 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
             seg = np.searchsorted(first, lines, side="right") - 1
             src, seq = srcs[seg], seq0s[seg] + (lines - first[seg])
             per_seg += np.bincount(seg, minlength=len(first))
-        frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq,
-                                    categorical=not frames))
+        if not frames and compact:  # events
+            frames.append(_native_compact(sl, ints, imask, strs, values, op_of, any_mask, src, seq)
+                          if sl.stop > sl.start else None)
+        else:
+            frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq,
+                                        categorical=not frames))
     return frames[0], frames[1], per_seg, rej
 
 
@@ -1576,55 +1585,136 @@ _NUL = -(1 << 63)
 _GATHER_GROUP = 2
 
 
-def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
-    """(rows, starts, hosts, beyond) of raw event rows (:data:`RAW_SCHEMA`, strings as
-    String or Categorical): the :data:`CHUNK_SCHEMA` rows; the processes' ``start``
-    records (ppid, working-directory hash, host hash); the first host hash of each
-    (``src``, ``pid``) by line; and per ``src`` the rows with a :data:`_NARROW` value
-    beyond 32 bits (read as null)."""
-    op, ret = pl.col("op"), pl.col("ret")
+def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
+    """The :data:`CHUNK_SCHEMA` columns of raw event rows whose :data:`RAW_SCHEMA` column
+    ``c`` is ``col(c)`` (strings as String or Categorical): the values one row gives,
+    ``size``/``size_requested`` (fread/fwrite: items x item size; checkpoints: their bytes),
+    the file-position inputs ``pos`` and ``parg``, and the ``path`` (else ``fname``)
+    argument. One definition for the Python path (a frame) and the scanner's (its buffers)."""
+    op, ret = col("op"), col("ret")
     is_xfer = op >= _XFER
-    item = pl.when(op == _SXFER).then(pl.col("isize").fill_null(1)).otherwise(1)
+    item = pl.when(op == _SXFER).then(col("isize").fill_null(1)).otherwise(1)
     size = (
         pl.when(is_xfer).then(pl.when(ret >= 0).then(ret * item))
-        .when(pl.col("cat") == CAT_CHECKPOINT).then(pl.col("abytes"))
+        .when(col("cat") == CAT_CHECKPOINT).then(col("abytes"))
     )
-    whence = pl.col("whence")
-    append = ((pl.col("flags").fill_null(0) & _O_APPEND) != 0) \
-        | pl.col("mode").cast(_CAT).cat.starts_with("a").fill_null(False)
+    whence = col("whence")
+    append = ((col("flags").fill_null(0) & _O_APPEND) != 0) \
+        | col("mode").cast(_CAT).cat.starts_with("a").fill_null(False)
 
     def flag(cond: pl.Expr, bit: int) -> pl.Expr:
         return pl.when(cond.fill_null(False)).then(pl.lit(bit, dtype=pl.UInt8)).otherwise(pl.lit(0, dtype=pl.UInt8))
 
     pos = (flag(ret.is_null() | (ret >= 0), _POS_OK) | flag(whence == _SEEK_CUR, _POS_CUR)
            | flag(whence == _SEEK_SET, _POS_SET) | flag(append, _POS_APPEND)
-           | flag(pl.col("fhash").is_not_null() & pl.col("cat").is_in(("POSIX", "STDIO")), _POS_IO)
-           | flag(pl.col("cat") == "STDIO", _POS_STDIO))
+           | flag(col("fhash").is_not_null() & col("cat").is_in(("POSIX", "STDIO")), _POS_IO)
+           | flag(col("cat") == "STDIO", _POS_STDIO))
     parg = (
         pl.when(op.is_in((_LSEEK, _FTELL))).then(ret)
-        .when(op.is_in((_FSEEK, _PXFER))).then(pl.col("aoffset"))
+        .when(op.is_in((_FSEEK, _PXFER))).then(col("aoffset"))
         .when(op.is_in((_XFER, _SXFER))).then(size)
     )
-    rows = raw.select(
-        "src", "seq", pl.col("pid").cast(_I32, strict=False), "tid", "ts", "dur",
-        *(pl.col(c).cast(_CAT) for c in ("cat", "name", "fhash")), "ret",
-        pl.when(is_xfer).then(pl.col("count") * item).alias("size_requested"), size.alias("size"), "op",
+    return [
+        col("src").alias("src"), col("seq").alias("seq"), col("pid").cast(_I32, strict=False).alias("pid"),
+        *(col(c).alias(c) for c in ("tid", "ts", "dur")),
+        *(col(c).cast(_CAT).alias(c) for c in ("cat", "name", "fhash")), ret.alias("ret"),
+        pl.when(is_xfer).then(col("count") * item).alias("size_requested"), size.alias("size"), op.alias("op"),
         pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
-        *(pl.col(c).cast(_I32, strict=False) for c in ("epoch", "step", "batch_size")),
-        pl.col("image_idx").alias("sample_index"), pl.coalesce("path", "fname").cast(_CAT).alias("__path"),
-    )
-    starts = raw.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer")).select(
-        "src", "seq", pl.col("pid").cast(_I32, strict=False), "ppid", *(pl.col(c).cast(_STR) for c in ("cwd", "hhash")))
-    hosts = raw.filter(pl.col("hhash").is_not_null()).group_by("src", "pid").agg(
-        pl.col("seq").min(), pl.col("hhash").sort_by("seq").first().cast(_STR),
-    ).select("src", pl.col("pid").cast(_I32, strict=False), "seq", "hhash")
+        *(col(c).cast(_I32, strict=False).alias(c) for c in ("epoch", "step", "batch_size")),
+        col("image_idx").alias("sample_index"), pl.coalesce(col("path"), col("fname")).cast(_CAT).alias("__path"),
+    ]
+
+
+def _starts_and_hosts(wide: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(starts, hosts) of compacted rows with ``__ppid``, ``__cwd`` and ``__hhash``: the
+    processes' ``start`` records (ppid, working-directory hash, host hash), and the first
+    host hash of each (``src``, ``pid``) by line."""
+    starts = wide.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer")).select(
+        "src", "seq", "pid", pl.col("__ppid").alias("ppid"), pl.col("__cwd").cast(_STR).alias("cwd"),
+        pl.col("__hhash").cast(_STR).alias("hhash"))
+    hosts = wide.filter(pl.col("__hhash").is_not_null()).group_by("src", "pid").agg(
+        pl.col("seq").min(), pl.col("__hhash").sort_by("seq").first().cast(_STR).alias("hhash"),
+    ).select("src", "pid", "seq", "hhash")
+    return starts, hosts
+
+
+def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
+    """(rows, starts, hosts, beyond) of raw event rows (:data:`RAW_SCHEMA`, strings as
+    String or Categorical): the :data:`CHUNK_SCHEMA` rows (:func:`_compact_exprs`), the
+    processes' ``start`` records and first host hashes (:func:`_starts_and_hosts`), and per
+    ``src`` the rows with a :data:`_NARROW` value beyond 32 bits (read as null)."""
+    wide = raw.select(*_compact_exprs(pl.col), pl.col("ppid").alias("__ppid"), pl.col("cwd").cast(_CAT).alias("__cwd"),
+                      pl.col("hhash").cast(_CAT).alias("__hhash"))
+    starts, hosts = _starts_and_hosts(wide)
     lims = raw.select(*(e for c in _NARROW for e in (pl.col(c).min().alias(c + "_lo"), pl.col(c).max().alias(c + "_hi"))))
     beyond: dict[int, int] = {}
     if any((lo is not None and lo < _I32_MIN) or (hi is not None and hi > _I32_MAX)
            for lo, hi in zip(lims.row(0)[::2], lims.row(0)[1::2], strict=True)):
-        wide = pl.any_horizontal(*((pl.col(c) < _I32_MIN) | (pl.col(c) > _I32_MAX) for c in _NARROW)).fill_null(False)
-        beyond = dict(raw.filter(wide).group_by("src").len().iter_rows())
-    return rows, starts, hosts, beyond
+        out_of_range = pl.any_horizontal(*((pl.col(c) < _I32_MIN) | (pl.col(c) > _I32_MAX) for c in _NARROW))
+        beyond = dict(raw.filter(out_of_range.fill_null(False)).group_by("src").len().iter_rows())
+    return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, beyond
+
+
+def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
+                    op_of: np.ndarray, any_mask: int, src: int | np.ndarray,
+                    seq: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
+    """:func:`_compact` of the scanner's event rows ``sl`` straight from its buffers (of
+    file ``src``, a constant or one per row, lines ``seq``): the same expressions
+    (:func:`_compact_exprs`) over the buffers, without a raw frame in between. Columns
+    that reach the result unchanged are copied first (polars would view the buffers,
+    and keep them all alive); the others are only read."""
+    mask = imask[sl]
+    all_mask = int(np.bitwise_and.reduce(mask))
+    data: dict[str, np.ndarray] = {"__m": mask}
+    exprs: dict[str, pl.Expr] = {}
+    for k, c in enumerate(_NATIVE_INTS):
+        bit = 1 << k
+        if not any_mask & bit:
+            exprs[c] = pl.lit(None, dtype=_INT)
+            continue
+        data[c] = ints[k, sl].copy() if c in _PASSED_THROUGH else ints[k, sl]
+        exprs[c] = pl.col(c) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(c))
+    cats = values.cast(_CAT)
+    for k, c in enumerate(_NATIVE_STRS):
+        if c in ("ph", "a_name", "a_value", "fname"):  # metadata only; fname folded into path
+            continue
+        codes = strs[k, sl]
+        if c == "path":  # the path argument, else fname: one gather
+            codes = np.where(codes >= 0, codes, strs[_NATIVE_STRS.index("fname"), sl])
+        lo, hi = int(codes.min()), int(codes.max())
+        if hi < 0:
+            exprs[c] = pl.lit(None, dtype=_CAT)
+        elif lo == hi:
+            exprs[c] = pl.lit(values[lo], dtype=_CAT)
+        else:
+            data[c] = codes
+            exprs[c] = pl.lit(cats).gather(pl.when(pl.col(c) >= 0).then(pl.col(c)) if lo < 0 else pl.col(c))
+    exprs["fname"] = pl.lit(None, dtype=_CAT)
+    name = strs[_NATIVE_STRS.index("name"), sl]
+    data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
+        else np.zeros(len(name), dtype=np.int8)
+    exprs["op"] = pl.col("op")
+    data["seq"] = seq
+    exprs["seq"] = pl.col("seq")
+    if isinstance(src, np.ndarray):
+        data["src"] = src
+        exprs["src"] = pl.col("src")
+    else:
+        exprs["src"] = pl.lit(src, dtype=_SRC)
+    wide = pl.DataFrame(data).select(*_compact_exprs(exprs.__getitem__), exprs["ppid"].alias("__ppid"),
+                                     exprs["cwd"].alias("__cwd"), exprs["hhash"].alias("__hhash"))
+    starts, hosts = _starts_and_hosts(wide)
+    beyond: dict[int, int] = {}
+    out_of_range = np.zeros(sl.stop - sl.start, dtype=bool)
+    for c in _NARROW:
+        k = _NATIVE_INTS.index(c)
+        if any_mask & (1 << k):
+            v = ints[k, sl]
+            out_of_range |= ((mask >> k) & 1).astype(bool) & ((v < _I32_MIN) | (v > _I32_MAX))
+    if out_of_range.any():
+        srcs = src[out_of_range] if isinstance(src, np.ndarray) else np.full(int(out_of_range.sum()), src)
+        beyond = {int(s_): int(n) for s_, n in zip(*np.unique(srcs, return_counts=True), strict=True)}
+    return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, beyond
 
 
 class _Compacted:
@@ -1646,9 +1736,12 @@ class _Compacted:
         batch.meta = []
         while events:
             raw = events.pop(0)
-            if not raw.height:
+            if isinstance(raw, tuple):  # compacted by the scanner's path
+                rows, starts, hosts, beyond = raw
+            elif not raw.height:
                 continue
-            rows, starts, hosts, beyond = _compact(raw)
+            else:
+                rows, starts, hosts, beyond = _compact(raw)
             del raw
             self.rows.append(rows)
             if starts.height:
