@@ -47,11 +47,11 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "dlio_npz_starved": {
         "model": {"name": "unet3d_small"},
         "framework": "pytorch",
-        "dataset": {"format": "npz", "num_files_train": 16, "num_samples_per_file": 1,
-                    "record_length": 8 << 20, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 4, "read_threads": 1, "file_shuffle": "seed",
+        "dataset": {"format": "npz", "num_files_train": 32, "num_samples_per_file": 1,
+                    "record_length": 4 << 20, "record_length_stdev": 0, "record_length_resize": 0},
+        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 1, "file_shuffle": "seed",
                    "sample_shuffle": "seed"},
-        "train": {"epochs": 3, "computation_time": 0.02},
+        "train": {"epochs": 3, "computation_time": 0.05},
     },
     # cosmoflow-like HDF5, 4 samples per file, two worker processes.
     "dlio_h5_multi": {
