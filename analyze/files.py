@@ -31,6 +31,8 @@ import polars as pl
 
 from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA, OPEN_OPS, READ_OPS, WRITE_OPS
 
+from . import vocabulary as voc
+
 __all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_keyed",
            "loader_processes"]
 
@@ -61,6 +63,7 @@ def collect(query: pl.LazyFrame, events: pl.DataFrame | pl.LazyFrame) -> pl.Data
 
 def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """(host, pid) of the processes that emit ``item`` events (data-loader workers)."""
+    events = _with_roles(events)
     return collect(
         events.lazy()
         .filter(_role_is(events, "item", (pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")))
@@ -68,6 +71,11 @@ def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         .unique(),
         events,
     )
+
+
+def _with_roles(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
+    """An in-memory table built without the loader (by hand, by an older dlreplay) gets its roles."""
+    return voc.ensure_roles(events) if isinstance(events, pl.DataFrame) else events
 
 
 def _role_is(events: pl.DataFrame | pl.LazyFrame, role: str | tuple[str, ...], spelled: pl.Expr) -> pl.Expr:
@@ -124,6 +132,7 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     and the summary aggregate this much smaller table. ``loader`` marks processes that
     emit ``item`` events. Row order is unspecified.
     """
+    events = _with_roles(events)
     table = collect(
         _with_classes(events.lazy().filter(pl.col("file").is_not_null()))
         .select(_process_rows(["file", "host", "pid"]))
@@ -231,6 +240,7 @@ def classify_files(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str]
     """
     if _empty(events):
         return pl.DataFrame(schema=CLASSIFY_SCHEMA)
+    events = _with_roles(events)
     fp = file_process_table(events) if per_process is None else per_process
     has_loaders = bool(fp["loader"].any()) or loader_processes(events).height > 0
     per_file = fp.lazy().group_by("file").agg(

@@ -84,7 +84,7 @@ from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
 from . import vocabulary
-from .files import file_process_table_keyed
+from .files import file_process_table, file_process_table_keyed
 
 __all__ = [
     "FileReport", "LoadedTrace", "TraceDamageWarning", "TracePart", "combine", "combine_parts", "load",
@@ -1342,7 +1342,9 @@ def combine(parts: Sequence[TracePart], names: Sequence[str]) -> LoadedTrace:
     events, per_process = _build_events(ev, meta, names)
     # the one event vocabulary (roles, DLIO's rank pids, start/stop markers): analyze/vocabulary.py
     events, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(meta), list(names))
-    return LoadedTrace(events=events, files=files, per_process=None if changed else per_process)
+    if changed:  # processes or roles other than the raw rows said: count them again, by role
+        per_process = file_process_table(events)
+    return LoadedTrace(events=events, files=files, per_process=per_process)
 
 
 def combine_parts(parts: Sequence[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:

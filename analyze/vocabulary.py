@@ -484,7 +484,7 @@ def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) ->
 
 STEP_SCHEMA = {"pid": pl.Int64, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
                "wait_us": pl.Int64, "compute_us": pl.Int64, "ckpt_us": pl.Int64, "other_us": pl.Int64,
-               "after_ckpt_us": pl.Int64,
+               "after_ckpt_us": pl.Int64, "lead_in_us": pl.Int64,
                "batch_size": pl.Int64, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
 
 
@@ -502,8 +502,9 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     body is checkpoint time, not compute. ``epoch_first``: the epoch's first step;
     ``block_first``: DLIO's first step of a block (an epoch's first, and the first after
     a checkpoint), which DLIO leaves out of its AU; ``after_ckpt_us``: from the end of
-    the checkpoints before a step to its batch's arrival. An epoch's first gap (the
-    loader starting, then the first wait) is all data wait.
+    the checkpoints before a step to its batch's arrival; ``lead_in_us``: for an epoch's
+    first step, from the epoch's start to its first fetch (creating the iterator,
+    starting workers), part of no step (the ``worker-startup`` finding reads it).
 
     Columns: :data:`STEP_SCHEMA` (µs), ordered by pid and time. ``basis`` names the anchor.
     """
@@ -537,20 +538,21 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     spans = epoch_spans(ann).select("pid", pl.col("epoch"), pl.col("ts").alias("e_ts"))
     a = a.join(spans, on=["pid", "epoch"], how="left", maintain_order="left").with_columns(
         pl.col("end").shift(1).over("pid", "epoch").alias("prev_end"))
-    a = a.with_columns(
-        (pl.col("prev_end").is_null()).alias("epoch_first"),
-        pl.coalesce("prev_end", pl.when(pl.col("e_ts") <= pl.col("ts")).then(pl.col("e_ts"))).alias("gap_start"))
-    # the fetch wait of each step: the last one ending at or before the anchor starts
+    a = a.with_columns((pl.col("prev_end").is_null()).alias("epoch_first"),
+                       pl.when(pl.col("e_ts") <= pl.col("ts")).then(pl.col("e_ts")).alias("e_ts"))
+    # the fetch wait of each step: the last one ending at or before the anchor starts, after the previous step
     a = a.sort("ts").join_asof(fetch.sort("f_end"), left_on="ts", right_on="f_end", by="pid", strategy="backward",
                                check_sortedness=False)
-    own = pl.col("f_end").is_not_null() & (pl.col("gap_start").is_null() | (pl.col("f_end") > pl.col("gap_start")))
+    after = pl.coalesce("prev_end", "e_ts")
+    own = pl.col("f_end").is_not_null() & (after.is_null() | (pl.col("f_end") > after))
     a = a.with_columns(
         pl.when(own).then(pl.col("f_dur")).alias("fetch_us"),
         pl.when(own).then(pl.col("f_end")).alias("fetch_end"),
         pl.when(own).then(pl.col("f_bs")).alias("batch_size"),
-        # an epoch's first step without an epoch span: its gap starts where its fetch began
-        pl.coalesce("gap_start", pl.when(own).then(pl.col("f_ts")), "ts").alias("gap_start"),
-    )
+        # an epoch's first step starts at its fetch (the loader's start before it is the epoch's lead-in)
+        pl.coalesce("prev_end", pl.when(own).then(pl.col("f_ts")), "e_ts", "ts").alias("gap_start"),
+    ).with_columns(pl.when(pl.col("epoch_first")).then((pl.col("gap_start") - pl.col("e_ts")).clip(lower_bound=0))
+                   .fill_null(0).alias("lead_in_us"))
     # checkpoint saves of each step: in the gap before it, or inside its body
     saves = ann.filter(pl.col("role") == CKPT_SAVE).select(
         "pid", pl.col("ts").alias("c_ts"), pl.col("dur").fill_null(0).alias("c_dur")).sort("c_ts")
@@ -570,9 +572,7 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
                            pl.lit(None, pl.Int64).alias("ck_end"))
     gap = (pl.col("ts") - pl.col("gap_start")).clip(lower_bound=0)
     ck_gap, ck_in = pl.col("ck_gap").fill_null(0), pl.col("ck_in").fill_null(0)
-    # an epoch's first gap is the loader starting (iterator, workers) then the first wait: all data wait
-    wait = pl.when(pl.col("epoch_first")).then((gap - ck_gap).clip(lower_bound=0)).otherwise(
-        pl.coalesce(pl.min_horizontal("fetch_us", gap), (gap - ck_gap).clip(lower_bound=0)))
+    wait = pl.coalesce(pl.min_horizontal("fetch_us", gap), (gap - ck_gap).clip(lower_bound=0))
     a = a.with_columns(
         wait.alias("wait_us"),
         pl.when(pl.col("role") == COMPUTE).then(pl.col("dur")).otherwise((pl.col("dur") - ck_in).clip(lower_bound=0))
