@@ -479,9 +479,12 @@ def _step_table(v: TraceView) -> pl.DataFrame:
     return s.sort("pid", "ts").with_columns((k < pl.col("pid").replace_strict(warm, default=1)).alias("warm"))
 
 
-def _au(fr: pl.DataFrame) -> float | None:
-    """compute / (compute + data wait + checkpoint + other) over the steps of ``fr``."""
+def _au(fr: pl.DataFrame, data_only: bool = False) -> float | None:
+    """compute / (compute + data wait + checkpoint + other) over the steps of ``fr``; with
+    ``data_only``, compute / (compute + data wait): what the input pipeline alone costs."""
     c, w, k, o = (int(fr[x].sum()) for x in ("compute_us", "wait_us", "ckpt_us", "other_us"))
+    if data_only:
+        k = o = 0
     return _f(c / (c + w + k + o), 4) if c + w + k + o else None
 
 
@@ -517,7 +520,9 @@ def pass_steps(v: TraceView) -> dict:
 
     AU = compute / (compute + data wait + checkpoint time + other time), warm-up steps
     excluded (the first step, and following steps longer than WARMUP_FACTOR x the
-    median). ``au_steady`` also leaves out each epoch's first step; ``au_dlio`` is
+    median). ``au_steady`` also leaves out each epoch's first step; ``au_data`` and
+    ``au_data_steady`` count data wait only (compute / (compute + wait): checkpoints and
+    other loop time left out), which the data-loader findings read; ``au_dlio`` is
     :func:`au_dlio` (what DLIO prints for the same run).
     """
     st = v.step_table
@@ -542,9 +547,12 @@ def pass_steps(v: TraceView) -> dict:
         "steps": st.height, "warmup_steps": int(st["warm"].sum()), "au": _au(s),
         # without the first batch of each epoch (worker start-up, first prefetch)
         "au_steady": _au(steady) if steady.height else None,
+        "au_data": _au(s, data_only=True),
+        "au_data_steady": _au(steady, data_only=True) if steady.height else None,
         "au_dlio": au_dlio(st),
         "basis": st["basis"][0],
         "epoch_start_wait_s": _f(_num(s.filter(pl.col("epoch_first"))["wait_us"].sum()) * _US),
+        "epoch_lead_in_s": _f(_num(st["lead_in_us"].sum()) * _US),
         "compute_s": _f(_num(s["compute_us"].sum()) * _US), "wait_s": _f(_num(waits.sum()) * _US),
         "checkpoint_s": _f(_num(s["ckpt_us"].sum()) * _US), "other_s": _f(_num(s["other_us"].sum()) * _US),
         "median_compute_s": _f(comp_med * _US), "median_wait_s": _f(_num(waits.median()) * _US),
