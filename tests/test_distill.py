@@ -17,7 +17,8 @@ from dlreplay.schema import empty_events
 
 from .conftest import EXAMPLES, TRACES
 
-CORPUS = sorted(p.parent for p in TRACES.glob("*/expected.json"))
+# dlreplay captures; DLIO and DFTracer-annotated traces: tests/test_vocabulary.py
+CORPUS = sorted(p.parent for p in TRACES.glob("*/manifest.json"))
 
 
 def _check(model, truth: dict) -> None:
