@@ -93,7 +93,7 @@ _CKPT_LOADS, _CKPT_SAVES = ("load", "restart"), ("save", "capture")
 def _process_rows(keys: list[str]) -> list[pl.Expr]:
     """Per-row values of :func:`file_process_table` (after :func:`_with_classes`), with ``keys``."""
     size = pl.col("size").fill_null(0)
-    op, ckpt, name = pl.col("__op"), pl.col("__ckpt"), pl.col("name")
+    op, ckpt = pl.col("__op"), pl.col("__ckpt")
 
     def when(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
         return pl.when(cond).then(value).otherwise(0)

@@ -172,7 +172,8 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         loads=role_total(voc.CKPT_LOAD),
     )
     spans = voc.epoch_spans(ann)
-    epochs = int(spans.group_by("pid").len()["len"].max() or 0) if spans.height else 0
+    epochs = spans.group_by("pid").len()["len"].max() if spans.height else 0
+    epochs = int(epochs) if isinstance(epochs, int) else 0
     ds_calls = int(ds["reads"].sum() or 0)
 
     epoch_values = totals["epoch_values"] - (1 if totals["epoch_nulls"] else 0)

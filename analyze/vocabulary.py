@@ -136,7 +136,7 @@ _SYSTEM_CATS = ("dftracer",)
 
 def _is_annotation_category(cat: str | None) -> bool:
     """Categories a person or a framework wrote (``compute``, ``reader``); not ``POSIX``/``STDIO``/``MPI``."""
-    return bool(cat) and cat not in _SYSTEM_CATS and not cat.isupper()
+    return cat is not None and cat != "" and cat not in _SYSTEM_CATS and not cat.isupper()
 
 
 @lru_cache(maxsize=4096)
@@ -256,7 +256,8 @@ def marker_spans(meta: pl.DataFrame) -> pl.DataFrame:
     and the time in ``a_value``, and ``pid``, ``tid``, ``src``. The k-th start of a name in
     a process pairs with its k-th end. Returns (src, pid, tid, name, ts, dur).
     """
-    schema = {"src": pl.UInt32, "pid": pl.Int64, "tid": pl.Int64, "name": pl.String, "ts": pl.Int64, "dur": pl.Int64}
+    schema = pl.Schema({"src": pl.UInt32(), "pid": pl.Int64(), "tid": pl.Int64(), "name": pl.String(),
+                        "ts": pl.Int64(), "dur": pl.Int64()})
     if meta.height == 0 or "a_name" not in meta.columns:
         return pl.DataFrame(schema=schema)
     m = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
@@ -286,8 +287,11 @@ def _marker_rows(ev: pl.DataFrame, markers: pl.DataFrame, sources: list[str] | N
     """Event rows for marker spans whose role the process has no events of."""
     if markers.is_empty():
         return None
-    known = {n: _marker_role(n) for n in markers["name"].unique().to_list()}
-    known = {n: v for n, v in known.items() if v is not None}
+    known: dict[str, tuple[str, str]] = {}
+    for n in markers["name"].unique().to_list():
+        hit = _marker_role(n)
+        if hit is not None:
+            known[n] = hit
     if not known:
         return None
     mk = markers.filter(pl.col("name").is_in(list(known))).with_columns(
