@@ -464,6 +464,14 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
 # ------------------------------------------------------------------- reading roles
 
 
+#: Columns :func:`canonicalize` reads, with their types (see dlreplay.schema.EVENT_SCHEMA).
+_NEEDED: dict[str, pl.DataType] = {
+    "pid": pl.Int64(), "tid": pl.Int64(), "ppid": pl.Int64(), "host": pl.String(), "ts": pl.Int64(),
+    "dur": pl.Int64(), "cat": pl.String(), "name": pl.String(), "file": pl.String(), "size": pl.Int64(),
+    "epoch": pl.Int64(), "step": pl.Int64(), "batch_size": pl.Int64(), "sample_index": pl.Int64(),
+}
+
+
 def ensure_roles(events: pl.DataFrame) -> pl.DataFrame:
     """``events`` with roles: as loaded (the loader adds them), or classified now for a table
     built by hand or by an older dlreplay (no ``role`` column, or one left all null)."""
@@ -472,8 +480,12 @@ def ensure_roles(events: pl.DataFrame) -> pl.DataFrame:
     if "role" in events.columns and not events.select(
             pl.col("cat").is_not_null() & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"])).to_series().any():
         return events
-    return canonicalize(events.drop("role", strict=False))[0].select(
-        [*[c for c in events.columns if c != "role"], "role"])
+    base = events.drop("role", strict=False)
+    cols = base.columns
+    missing = [c for c in _NEEDED if c not in cols]
+    if missing:  # a partial table: the columns the hook reads, null, dropped again after
+        base = base.with_columns(pl.lit(None, dtype=_NEEDED[c]).alias(c) for c in missing)
+    return canonicalize(base)[0].select([*cols, "role"])
 
 
 def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) -> list[dict]:
