@@ -481,11 +481,14 @@ def install() -> None:
     if getattr(install, "_done", False) or not REGIONS.enabled:
         return
     install._done = True  # type: ignore[attr-defined]
-    for name, patch in _PATCHES.items():
-        mod = sys.modules.get(name)
-        if mod is not None:
-            patch(mod)
-    sys.meta_path.insert(0, _PostImportFinder())
+    # DLREPLAY_LOADER_HOOKS=0 (capture --no-loader-hooks): POSIX/STDIO only, as DFTracer's preload
+    # alone records; children are still flushed at exit, or their events would be lost
+    if os.environ.get("DLREPLAY_LOADER_HOOKS", "1") != "0":
+        for name, patch in _PATCHES.items():
+            mod = sys.modules.get(name)
+            if mod is not None:
+                patch(mod)
+        sys.meta_path.insert(0, _PostImportFinder())
     _patch_multiprocessing()
     import atexit
 
