@@ -43,6 +43,7 @@ from dlreplay.model import (
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS, SYNC_OPS, WRITE_OPS
 
 from . import vocabulary as voc
+from .infer import infer_posix_loop
 
 #: File extension -> dataset format (DLIO names).
 EXTENSION_FORMATS = {
@@ -292,6 +293,8 @@ def distill(
     has_loader = loop.height > 0
     consumers = loop["pid"].unique().sort().to_list() if has_loader else []
     main_pid = _mode(loop["pid"]) if has_loader else None
+    # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
+    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()))
 
     # ---------------------------------------------------------------- dataset
     fmt, how, conf = infer_format(paths, reads)
@@ -320,6 +323,9 @@ def distill(
             "distinct sample indices read per file (item events)",
             "measured",
         )
+    elif posix is not None and posix.samples_per_file.value:
+        spf = int(posix.samples_per_file.value)
+        facts.put("dataset.num_samples_per_file", posix.samples_per_file.evidence, "inferred")
     else:
         facts.put(
             "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
@@ -385,14 +391,13 @@ def distill(
                 "reader.read_threads", "items read in the consumer process (no workers)", "measured"
             )
     else:
-        batch_size = 1
-        facts.put("reader.batch_size", "no fetch events (POSIX-only trace)", "default")
-        read_threads = _concurrent_processes(reads)
-        facts.put(
-            "reader.read_threads",
-            "most processes reading dataset files at the same time",
-            "inferred",
-        )
+        assert posix is not None
+        batch_size = int(posix.batch_size.value or 1)
+        facts.put("reader.batch_size", posix.batch_size.evidence if posix.batch_size.value else
+                  f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
+                  "inferred" if posix.batch_size.value else "default")
+        read_threads = int(posix.read_threads.value or 0)
+        facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
 
     shuffled = _shuffled(items) if items.height else None
     if "reader.persistent_workers" not in facts.fields:
@@ -497,13 +502,17 @@ def distill(
             "measured" if compute.is_known else "default",
         )
     else:
-        n_epochs = _posix_epochs(io, paths)
+        assert posix is not None
+        n_epochs = int(posix.epochs.value or _posix_epochs(io, paths))
         steps_per_epoch = None
-        compute = Distribution.fixed(0.0)
-        facts.put("train.epochs", "median full reads per dataset file", "inferred")
-        facts.put(
-            "train.computation_time", "no data-loader events: compute not measurable", "default"
-        )
+        facts.put("train.epochs", posix.epochs.evidence, "inferred")
+        if posix.compute_samples:
+            compute = Distribution.from_values(np.asarray(posix.compute_samples))
+            facts.put("train.computation_time", posix.computation_time.evidence, "inferred")
+        else:
+            compute = Distribution.fixed(0.0)
+            facts.put("train.computation_time",
+                      f"no data-loader events, and {posix.computation_time.evidence}", "default")
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
