@@ -72,10 +72,16 @@ class PosixLoop:
     epoch_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        out = {k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
-               for k in ("epochs", "read_threads", "samples_per_file", "batch_size", "computation_time")}
+        out: dict[str, object] = {k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
+                                  for k in ("epochs", "read_threads", "samples_per_file", "batch_size",
+                                            "computation_time")}
         out["epoch_spans_s"] = [(e, (b - a) * _US) for e, a, b in self.epoch_spans]
         return out
+
+
+def _num(x: object) -> float:
+    """A polars aggregate (median, max; possibly null) as a float, null as 0."""
+    return float(x) if isinstance(x, (int, float)) else 0.0
 
 
 def _visits(io: pl.DataFrame) -> pl.DataFrame:
@@ -137,7 +143,7 @@ def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
     """Visits of the files visited like the rest: a file visited less than 3/4 of the median
     number of times (a marker, a stray check) is not part of the passes."""
     per_file = v.group_by("file").len()
-    med = float(per_file["len"].median() or 0)
+    med = _num(per_file["len"].median())
     keep = per_file.filter(pl.col("len") >= 0.75 * med)["file"]
     return v.filter(pl.col("file").is_in(keep.implode()))
 
@@ -160,7 +166,7 @@ def _concurrent(frame: pl.DataFrame) -> int:
     points = pl.concat([spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
                         spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d"))]).sort(
         ["t", "d"], descending=[False, True])
-    return int(points["d"].cum_sum().max() or 0)
+    return int(_num(points["d"].cum_sum().max()))
 
 
 def _worker_gaps(v: pl.DataFrame) -> list[np.ndarray]:
@@ -249,7 +255,7 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
         mid = readers.filter(pl.col("ppid").is_in(list(traced_pids))).group_by("pid").agg(
             pl.col("ts").median().cast(pl.Int64))
         per = _per_epoch(mid, epoch_spans).group_by("epoch").agg(pl.col("pid").n_unique())["pid"]
-        threads = int(per.max() or 0) if per.len() else 0
+        threads = int(_num(per.max())) if per.len() else 0
         ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
                       f"({pids} reading process(es) in all)" if threads else
                       f"the consumer reads the samples itself ({pids} reading process(es), none a worker)")
@@ -259,8 +265,9 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
 
     # samples per file
     per = visits.group_by("file", "epoch").len()["len"]
-    spf = int(per.median() or 1)
-    ev_spf = f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, {per.min()}-{per.max()})"
+    spf = int(_num(per.median()) or 1)
+    ev_spf = (f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
+              f"{int(_num(per.min()))}-{int(_num(per.max()))})")
 
     # batch size and compute time
     batch, ev_batch = _batch_size(visits)
