@@ -295,6 +295,13 @@ def distill(
     main_pid = _mode(loop["pid"]) if has_loader else None
     # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
     posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()))
+    if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):
+        stray = sorted(set(paths) - set(posix.sample_files))
+        facts.notes.append(f"left out {len(stray)} file(s) not visited like the samples: "
+                           + ", ".join(PurePosixPath(d).name for d in stray[:5]))
+        paths = posix.sample_files
+        io = io.filter(pl.col("file").is_in(paths))
+        reads = reads.filter(pl.col("file").is_in(paths))
 
     # ---------------------------------------------------------------- dataset
     fmt, how, conf = infer_format(paths, reads)

@@ -70,6 +70,8 @@ class PosixLoop:
     compute_samples: list[float] = field(default_factory=list)
     #: (epoch, start µs, end µs) of each inferred epoch
     epoch_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    #: the files visited like samples (a marker or a file checked once is not one)
+    sample_files: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
@@ -299,4 +301,5 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
         epochs=Inferred(n_epochs, ev_epochs), read_threads=Inferred(threads, ev_threads),
         samples_per_file=Inferred(spf, ev_spf), batch_size=Inferred(batch, ev_batch),
         computation_time=Inferred(compute, ev_compute), compute_samples=samples, epoch_spans=epoch_spans,
+        sample_files=sorted(visits["file"].unique().to_list()),
     )
