@@ -676,7 +676,7 @@ def _checkpoint(
     if per_save.height:
         # saves that name no file (DLIO's, ai.checkpoint.capture): the files written inside them
         ckpt_files = sorted(set(ckpt_files) | set(per_save["file"].unique().to_list()))
-        files_per = int(_num(per_save.group_by("save").agg(pl.col("file").n_unique())["file"].median(), 1))
+        files_per = int(_num(per_save.unique(["save", "file"]).group_by("save").len()["len"].median(), 1))
     fsync = (
         events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
     )
