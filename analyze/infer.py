@@ -150,6 +150,19 @@ def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
     return v.filter(pl.col("file").is_in(keep.implode()))
 
 
+#: as distill's WARMUP_FACTOR: a leading interval longer than this x the median is warm-up
+_WARMUP_FACTOR = 3.0
+
+
+def _warmup(values: np.ndarray) -> int:
+    """Leading values (in time order) longer than _WARMUP_FACTOR x the median: the first
+    steps of a framework are much slower than its steady state (distill leaves them out too)."""
+    if values.size < 3:
+        return 0
+    slow = values > _WARMUP_FACTOR * float(np.median(values))
+    return int(np.argmin(slow)) if not slow.all() else 0
+
+
 def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
     """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
     if not spans:
@@ -283,14 +296,26 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
         if threads:
             iv = starts.with_columns((pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv"))
             # steady state: not a worker's first two batches of an epoch (its prefetch burst)
-            steady = iv.filter((pl.col("batch") >= 2) & (pl.col("n") == batch) & pl.col("iv").is_not_null())
+            steady = iv.filter((pl.col("batch") >= 2) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
+                               ).sort("t0")
             vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
-            what = f"median interval between a worker's batch starts / {w} workers"
+            # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
+            # worker idles most of it (a few %); above a quarter the loader sets the pace and the
+            # interval is the loader's period, an upper bound on the compute
+            busy = _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item()) \
+                if steady.height else 0.0
+            what = (f"median interval between a worker's batch starts / {w} workers"
+                    + (f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)" if busy > 0.25
+                       else ""))
         else:
             iv = starts.with_columns((pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv"))
-            steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch))
+            steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch)).sort("t0")
             vals = steady["iv"].to_numpy() * _US if steady.height else np.array([])
             what = "median idle time of the reading process between its batches"
+        warm = _warmup(vals)
+        if warm:
+            what += f", {warm} warm-up interval(s) left out"
+            vals = vals[warm:]
         if vals.size:
             compute = float(np.median(vals))
             samples = [float(x) for x in vals]
