@@ -294,7 +294,8 @@ def distill(
     consumers = loop["pid"].unique().sort().to_list() if has_loader else []
     main_pid = _mode(loop["pid"]) if has_loader else None
     # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
-    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()))
+    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()),
+                                                      pauses=_checkpoint_writes(events, data_dirs))
     if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):
         stray = sorted(set(paths) - set(posix.sample_files))
         facts.notes.append(f"left out {len(stray)} file(s) not visited like the samples: "
@@ -702,6 +703,17 @@ def _checkpoint(
         fsync=fsync,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
+
+
+def _checkpoint_writes(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """(ts, end) µs of the write bursts to checkpoint files (first write to last, per process
+    and file): time a POSIX-only trace shows the loop was not computing."""
+    from dlreplay.analyze.files import classify_files
+
+    files = classify_files(events, data_dirs=data_dirs).filter(pl.col("role") == "checkpoint")["file"]
+    w = events.filter(pl.col("file").is_in(files.implode()) & pl.col("name").is_in(WRITE_OPS))
+    return w.group_by("pid", "file").agg(pl.col("ts").min(), (pl.col("ts") + pl.col("dur").fill_null(0)).max()
+                                         .alias("end")).select("ts", "end")
 
 
 def _written_inside(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:

@@ -22,8 +22,8 @@ leaves in the I/O still tells most of the loop:
 Each value comes with its evidence (the numbers it rests on) and is ``inferred``. Hard
 cases: a worker that reads continuously with little per-batch work (no period in its
 gaps: batch size unknown), an I/O-bound run (the "compute" time is then the loader's
-period, an upper bound), prefetching at epoch starts (a worker's first two batches are
-left out of the steady state), and many workers (4 or more: intervals overlap more, the
+period, an upper bound), prefetching at epoch starts (a worker's first three batches
+are left out of the steady state: prefetch_factor 2 and the interval after it), and many workers (4 or more: intervals overlap more, the
 error grows; see the README's table).
 Times are seconds; the frame's ``ts``/``dur`` are µs.
 """
@@ -163,12 +163,34 @@ def _warmup(values: np.ndarray) -> int:
     return int(np.argmin(slow)) if not slow.all() else 0
 
 
+def _overlap(a: pl.Series, b: pl.Series, spans: pl.DataFrame) -> pl.Series:
+    """Per interval [a, b): the time (µs) covered by ``spans`` (ts, end; non-overlapping
+    after a merge), from cumulative coverage at the interval's ends."""
+    s = spans.select("ts", "end").sort("ts")
+    # merge overlapping spans, then cumulative covered time at every span edge
+    s = s.with_columns(pl.col("end").cum_max().shift(1).alias("__prev")).with_columns(
+        (pl.col("__prev").is_null() | (pl.col("ts") > pl.col("__prev"))).cum_sum().alias("__g"))
+    m = s.group_by("__g").agg(pl.col("ts").min(), pl.col("end").max()).sort("ts")
+    starts, ends = m["ts"].to_numpy(), m["end"].to_numpy()
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right")  # spans starting at or before t
+        full = before[np.maximum(i - 1, 0)]
+        part = np.where(i > 0, np.clip(t - starts[np.maximum(i - 1, 0)], 0,
+                                       (ends - starts)[np.maximum(i - 1, 0)]), 0)
+        return np.where(i > 0, full + part, 0)
+
+    return pl.Series((covered(b.to_numpy()) - covered(a.to_numpy())).astype(np.int64))
+
+
 def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
     """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
     if not spans:
         return frame.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
     starts = pl.DataFrame({"epoch": [e for e, _, _ in spans], "e_ts": [a for _, a, _ in spans]}).sort("e_ts")
-    out = frame.sort("ts").join_asof(starts, left_on="ts", right_on="e_ts", strategy="backward")
+    out = frame.drop("epoch", strict=False).sort("ts").join_asof(starts, left_on="ts", right_on="e_ts",
+                                                                 strategy="backward")
     return out.with_columns(pl.col("epoch").fill_null(starts["epoch"][0])).drop("e_ts")
 
 
@@ -231,10 +253,12 @@ def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
 
 
 def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
-                     traced_pids: set[int] | None = None) -> PosixLoop:
+                     traced_pids: set[int] | None = None, pauses: pl.DataFrame | None = None) -> PosixLoop:
     """Infer the loop from ``io``: POSIX/STDIO events on the dataset files (pid, ppid, ts,
     dur, name, file, size, offset). ``read_threads`` overrides the concurrency count;
-    ``traced_pids`` (every process of the trace) tells a lone reading worker from a consumer."""
+    ``traced_pids`` (every process of the trace) tells a lone reading worker from a consumer;
+    ``pauses`` (``ts``, ``end`` µs: checkpoint writes) are time the loop did not compute,
+    taken out of the intervals they fall in."""
     visits = _visits(io)
     basis = "opens"
     if visits.is_empty() or visits.group_by("file").len()["len"].max() is None:
@@ -266,10 +290,12 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
     if read_threads is not None:
         threads, ev_threads = read_threads, "given"
     elif traced_pids is not None:
-        # each worker counts in the epoch of its median read (persistent workers: in one epoch)
-        mid = readers.filter(pl.col("ppid").is_in(list(traced_pids))).group_by("pid").agg(
-            pl.col("ts").median().cast(pl.Int64))
-        per = _per_epoch(mid, epoch_spans).group_by("epoch").agg(pl.col("pid").n_unique())["pid"]
+        # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
+        # reads at an epoch's edge, by the previous epoch's workers, do not count)
+        work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
+        n = work.group_by("pid", "epoch").len()
+        fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
+        per = fair.group_by("epoch").agg(pl.col("pid").n_unique())["pid"]
         threads = int(_num(per.max())) if per.len() else 0
         ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
                       f"({pids} reading process(es) in all)" if threads else
@@ -295,9 +321,13 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
                                                          .alias("t1"), pl.len().alias("n")).sort("pid", "t0")
         if threads:
             iv = starts.with_columns((pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv"))
-            # steady state: not a worker's first two batches of an epoch (its prefetch burst)
-            steady = iv.filter((pl.col("batch") >= 2) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
+            # steady state: from a worker's fourth batch of an epoch on (its first two are the
+            # prefetch burst, the third's interval still runs from the burst)
+            steady = iv.filter((pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
                                ).sort("t0")
+            if pauses is not None and pauses.height and steady.height:
+                steady = steady.with_columns(
+                    (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv"))
             vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
             # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
             # worker idles most of it (a few %); above a quarter the loader sets the pace and the
