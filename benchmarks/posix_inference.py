@@ -17,7 +17,9 @@ Prints one markdown row per trace: epochs, read threads, samples per file, batch
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +46,7 @@ JOBS = {
 }
 
 
-def _row(name: str, hooks, posix) -> str:
+def _row(name: str, hooks, posix, job_compute: float | None = None) -> str:
     f = posix.provenance.fields
 
     def pair(h, p, field):
@@ -57,6 +59,8 @@ def _row(name: str, hooks, posix) -> str:
         else None
     comp = (f"{hc:.3f} / {pc:.3f} ({(pc - hc) / hc:+.0%})" if hc and pc else
             f"{hc:.3f} / ?" if hc else "- / -")
+    if job_compute and pc:  # two runs: the POSIX run's own median step, as the job measured it
+        comp += f"; that run's own {job_compute:.3f} ({(pc - job_compute) / job_compute:+.0%})"
     return (f"| {name} | {pair(hooks.train.epochs, posix.train.epochs, 'train.epochs')} | "
             f"{pair(hooks.reader.read_threads, posix.reader.read_threads, 'reader.read_threads')} | "
             f"{pair(hooks.dataset.num_samples_per_file, posix.dataset.num_samples_per_file, 'dataset.num_samples_per_file')} | "
@@ -83,16 +87,19 @@ def capture_rows(work: Path) -> list[str]:
         data = job_dir / "data"
         base = [sys.executable, str(REPO / "examples" / script), "--data-dir", str(data), *args, "--quiet"]
         subprocess.run([*base, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
-        models = []
+        models, job_compute = [], None
         for hooks in (True, False):
             out = job_dir / ("hooks" if hooks else "posix")
-            res = run_capture(CaptureConfig(command=tuple(base), out=out, data_dirs=(str(data),), name=name,
-                                            loader_hooks=hooks))
+            report = job_dir / f"report-{out.name}.json"
+            res = run_capture(CaptureConfig(command=(*base, "--report", str(report)), out=out, data_dirs=(str(data),),
+                                            name=name, loader_hooks=hooks))
             if res.exit_code != 0:
                 raise SystemExit(f"{name}: job failed ({res.exit_code})")
             lt = load_trace(out)
             models.append(distill(lt.events, manifest=lt.manifest))
-        rows.append(_row(f"{name} (two runs)", *models))
+            steps = json.loads(report.read_text())["step_compute_s"]
+            job_compute = statistics.median(steps[1:] or steps)
+        rows.append(_row(f"{name} (two runs)", *models, job_compute=job_compute))
     return rows
 
 
