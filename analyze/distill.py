@@ -754,25 +754,23 @@ def _workers_per_rank(
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
-    """Most worker processes belonging to one epoch.
+    """Most worker processes loading samples in one epoch.
 
-    A worker belongs to the epoch whose window contains the midpoint of its item
-    span: non-persistent workers live inside one epoch (they may prefetch just
-    before its event starts), persistent ones span all epochs and count once.
-    Without epoch events, fall back to processes alive at the same time.
+    Each item belongs to the epoch whose window it starts in; a worker counts in an epoch
+    where it loaded at least a quarter of the median items per (worker, epoch): persistent
+    workers count in every epoch, non-persistent ones in theirs, and a previous epoch's
+    worker finishing at a window's edge does not count twice. Without epoch events, fall
+    back to processes alive at the same time.
     """
     if epochs.is_empty():
         return _concurrent_processes(worker_items)
-    mids = worker_items.group_by("pid").agg(
-        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
-    )
-    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort(
-        "epoch_ts"
-    )
-    tagged = mids.sort("ts").join_asof(
+    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort("epoch_ts")
+    tagged = worker_items.select("pid", "ts").sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", strategy="backward"
-    )
-    return int(_num(tagged.group_by("win").len()["len"].max()))
+    ).with_columns(pl.col("win").fill_null(starts["win"][0]))
+    n = tagged.group_by("pid", "win").len()
+    fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
+    return int(_num(fair.group_by("win").len()["len"].max()))
 
 
 def _concurrent_processes(frame: pl.DataFrame) -> int:
