@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 import dlreplay
-from dlreplay.errors import TraceError
+from dlreplay.errors import DlreplayError, TraceError
 from dlreplay.model import (
     AccessPattern,
     Checkpoint,
@@ -121,6 +121,11 @@ def _homogeneous(paths: list[str], facts: _Facts) -> list[str]:
     Datasets are homogeneous; a stray file under the data dir (a generator's marker,
     an index) would otherwise count as a sample file.
     """
+    hidden = [p for p in paths if PurePosixPath(p).name.startswith(".")]
+    if hidden and len(hidden) < len(paths):  # markers and temporary files (.done, .lock), never samples
+        facts.notes.append(f"ignored {len(hidden)} hidden file(s) under the dataset: "
+                           + ", ".join(PurePosixPath(h).name for h in sorted(hidden)[:5]))
+        paths = [p for p in paths if p not in set(hidden)]
     exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
     counts = exts.value_counts(sort=True)
     top, n = counts[0, 0], counts[0, 1]
@@ -257,8 +262,15 @@ def distill(
     manifest: dict[str, Any] | None = None,
     data_dirs: list[str] | None = None,
     source: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    fingerprint_origin: str | None = None,
 ) -> WorkloadModel:
-    """Infer a :class:`WorkloadModel` from an event table (see module doc)."""
+    """Infer a :class:`WorkloadModel` from an event table (see module doc).
+
+    ``dataset.layout`` comes from *fingerprint* (a dataset fingerprint document), else
+    from ``dataset-fingerprint.json`` in the trace directory *source*, else from what
+    the reads show (:mod:`dlreplay.analyze.layout`).
+    """
     if events.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`)."
@@ -273,6 +285,13 @@ def distill(
             "DFTRACER_INC_METADATA=1 (dlreplay capture sets it)."
         )
     ds_files = dataset_files(events, data_dirs)
+    if ds_files.is_empty() and data_dirs and fingerprint is not None:
+        # --data-dir names where the dataset is now (a trace captured elsewhere): it served the
+        # fingerprint; the trace's own dataset files are found by how they were read
+        ds_files = dataset_files(events, None)
+        if not ds_files.is_empty():
+            facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
+                               f"its reads; the directory was used for the dataset fingerprint")
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
@@ -362,9 +381,13 @@ def distill(
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
-        layout=Layout(),
+        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts),
     )
-    facts.put("dataset.layout", "not visible in a POSIX trace", "default")
+    per_record = _layout_record_length(dataset.layout, fmt)
+    if per_record is not None:
+        dataset = replace(dataset, record_length=per_record)
+        facts.put("dataset.record_length", "TFRecord payload / CSV line lengths of the sampled files (dataset "
+                                           "fingerprint)", "measured")
 
     # ---------------------------------------------------------------- reader
     if has_loader:
@@ -555,6 +578,39 @@ def distill(
         processes=processes,
         provenance=provenance,
     )
+
+
+def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
+    """Bytes per sample from the fingerprint where a file's records differ (TFRecord payloads,
+    CSV lines): the file size / samples per file would make every record alike."""
+    if fmt == "tfrecord" and layout.record_bytes is not None:
+        return layout.record_bytes
+    if fmt == "csv" and layout.tables and layout.tables[0].line_bytes is not None:
+        return layout.tables[0].line_bytes
+    return None
+
+
+def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
+                    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
+                    facts: _Facts) -> Layout:
+    """``dataset.layout``: the fingerprint's, else inferred from reads (provenance into *facts*)."""
+    from dlreplay.analyze.layout import infer_layout, layout_from_fingerprint, resolve_fingerprint
+
+    where = origin or "given to distill"
+    if fingerprint is None and source and os.path.isdir(source):
+        try:
+            fingerprint, where = resolve_fingerprint(source)
+        except DlreplayError as exc:
+            facts.notes.append(f"dataset fingerprint ignored: {exc}")
+    result = layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+    if fingerprint and result is None:
+        facts.notes.append(f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace")
+    if result is None:
+        result = infer_layout(fmt, reads, record.mean)
+    for path, (how, confidence) in result.fields.items():
+        facts.put(path, how, confidence)
+    facts.notes.extend(result.notes)
+    return result.layout
 
 
 #: A leading step longer than this many times the median step is warm-up (JIT, allocator, caches).

@@ -66,6 +66,8 @@ class CaptureResult:
     wall_time_s: float
     files: list[dict[str, Any]] = field(default_factory=list)
     killed_by_signal: int | None = None
+    #: what the dataset fingerprint (``dataset-fingerprint.json``) could not read, one line each
+    fingerprint_problems: list[str] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -313,8 +315,42 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         }
     )
     _write_json_atomic(manifest_path, manifest)
+    problems = _fingerprint(out, manifest, status)
+    _write_json_atomic(manifest_path, manifest)
     return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
-                         killed_by_signal=killed_by)
+                         killed_by_signal=killed_by, fingerprint_problems=problems)
+
+
+def _fingerprint(out: Path, manifest: dict[str, Any], status: str) -> list[str]:
+    """Fingerprint the dataset (the --data-dir trees, else the dataset files the job opened)
+    into the trace dir; record it in *manifest*. Never fails the capture: returns problems."""
+    from dlreplay.capture.fingerprint import (
+        FINGERPRINT_NAME,
+        fingerprint_dataset,
+        opened_files,
+        write_fingerprint,
+    )
+
+    if status == "interrupted":
+        manifest["dataset_fingerprint"] = {"file": None, "skipped": "capture interrupted"}
+        return []
+    try:
+        roots = manifest.get("data_dirs") or []
+        opened = [] if roots else opened_files(out / f["name"] for f in manifest.get("files", []))
+        doc = fingerprint_dataset(roots, files=opened, skip=[out])
+        if not doc["groups"] and not doc["problems"]:
+            where = "under --data-dir" if roots else "among the files the job opened"
+            doc["problems"].append(f"no dataset files found {where}: dataset layout not recorded")
+        write_fingerprint(doc, out)
+    except Exception as exc:  # the trace is complete without it; say why once
+        problem = f"dataset fingerprint failed ({type(exc).__name__}: {exc})"
+        manifest["dataset_fingerprint"] = {"file": None, "problems": [problem]}
+        return [problem]
+    manifest["dataset_fingerprint"] = {
+        "file": FINGERPRINT_NAME, "groups": len(doc["groups"]), "seconds": doc["seconds"],
+        "problems": doc["problems"],
+    }
+    return list(doc["problems"])
 
 
 def read_manifest(trace_dir: Path) -> dict[str, Any] | None:
