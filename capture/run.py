@@ -41,7 +41,9 @@ class CaptureConfig:
 
     ``command`` is an argv list (never run through a shell). ``data_dirs`` limits
     tracing to those trees (empty: trace every file). ``out`` defaults to
-    ``traces/<name>-<UTC timestamp>`` under the current directory.
+    ``traces/<name>-<UTC timestamp>`` under the current directory. ``loader_hooks``
+    False records POSIX/STDIO only, as DFTracer's preload alone would (no data-loader or
+    checkpoint events; worker processes are still flushed when they exit).
     """
 
     command: tuple[str, ...]
@@ -51,6 +53,7 @@ class CaptureConfig:
     force: bool = False
     cwd: Path | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
+    loader_hooks: bool = True
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,7 @@ def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> 
     env["DFTRACER_DATA_DIR"] = ":".join(data_dir_spellings(config.data_dirs, cwd)) if config.data_dirs else "all"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(inject_dir), env.get("PYTHONPATH", "")) if p)
     env["DLREPLAY_CAPTURE"] = "1"
+    env["DLREPLAY_LOADER_HOOKS"] = "1" if config.loader_hooks else "0"
     return env
 
 
@@ -237,6 +241,7 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         "versions": _versions(),
         "data_dirs": [str((cwd / d).resolve()) if not os.path.isabs(d) else d for d in config.data_dirs],
         "trace_prefix": TRACE_PREFIX,
+        "loader_hooks": config.loader_hooks,
     }
     manifest_path = out / MANIFEST
     _write_json_atomic(manifest_path, manifest)

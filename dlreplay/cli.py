@@ -71,10 +71,14 @@ def main() -> None:
 @click.option("--data-dir", "data_dirs", multiple=True, help="Trace only files under this path (repeatable). Default: every file.")
 @click.option("--name", help="Name of the capture (default: the command's name).")
 @click.option("--force", is_flag=True, help="Replace a previous capture in a non-empty --out.")
+@click.option("--no-loader-hooks", is_flag=True,
+              help="Record POSIX/STDIO only, as DFTracer's preload alone does (no data-loader or checkpoint events; "
+                   "distill then infers the loop from the I/O).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
-def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, quiet: bool, command: tuple[str, ...]) -> None:
+def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, no_loader_hooks: bool,
+            quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under DFTracer and keep its trace.
 
     \b
@@ -92,7 +96,8 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
     from dlreplay.capture import CaptureConfig, run_capture
 
     result = run_capture(
-        CaptureConfig(command=tuple(command), out=out, data_dirs=tuple(data_dirs), name=name, force=force)
+        CaptureConfig(command=tuple(command), out=out, data_dirs=tuple(data_dirs), name=name, force=force,
+                      loader_hooks=not no_loader_hooks)
     )
     if not quiet:
         _print_capture_summary(result)

@@ -16,13 +16,12 @@ TRACE_SCHEMA_NAME = "dlreplay.trace"
 TRACE_FORMAT_VERSION = 1
 
 #: Columns of the table returned by :func:`dlreplay.analyze.load`, in order. Compact: no
-#: string per event (names, categories, files, hosts and sources are Categorical, 4 bytes
-#: a row) and 32-bit integers where the values are (process ids are C ``pid_t``; epochs,
-#: steps and batch sizes): about 112 bytes per event with the null masks.
+#: string per event (names, categories, files, hosts, sources and roles are Categorical,
+#: 4 bytes a row): about 130 bytes per event with the null masks.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
-    "pid": pl.Int32(),  # process id
+    "pid": pl.Int64(),  # process id
     "tid": pl.Int64(),  # thread id
-    "ppid": pl.Int32(),  # parent process id (from DFTracer's per-process start record), null if unknown
+    "ppid": pl.Int64(),  # parent process id (from DFTracer's per-process start record), null if unknown
     "host": pl.Categorical(),  # host name (resolved from HH records), else the host hash
     "ts": pl.Int64(),  # start, microseconds since the Unix epoch
     "dur": pl.Int64(),  # duration, microseconds
@@ -34,11 +33,15 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "size": pl.Int64(),  # bytes transferred (``ret`` of read/write >= 0; checkpoint bytes)
     "offset": pl.Int64(),  # file offset where the transfer starts (given or reconstructed)
     "ret": pl.Int64(),  # raw return value where recorded (lseek: the new offset)
-    "epoch": pl.Int32(),  # data-loader epoch (0-based), null when not a data-loader event
-    "step": pl.Int32(),  # batch index within the epoch (fetch/step events)
-    "batch_size": pl.Int32(),  # samples in the batch (fetch events)
+    "epoch": pl.Int64(),  # data-loader epoch (0-based), null when not a data-loader event
+    "step": pl.Int64(),  # batch index within the epoch (fetch/step events)
+    "batch_size": pl.Int64(),  # samples in the batch (fetch events)
     "sample_index": pl.Int64(),  # dataset index of the sample (item events)
     "source": pl.Categorical(),  # trace file the event came from (basename)
+    # what an annotation event means, whoever spelled it (DFTracer's AI conventions, DLIO,
+    # dlreplay): epoch, fetch, step, compute, item, checkpoint.save, ... (see
+    # dlreplay.analyze.vocabulary); null for POSIX/STDIO calls and unknown annotations
+    "role": pl.Categorical(),
 }
 
 #: Operation groups used across analyses (names as DFTracer writes them).
@@ -53,7 +56,8 @@ STAT_OPS = ("stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "xstat", "
 SYNC_OPS = ("fsync", "fdatasync", "sync_file_range", "msync")
 IO_CATEGORIES = ("POSIX", "STDIO")
 
-# Data-loader events written by ``dlreplay capture`` (names follow dftracer.python.ai).
+# Data-loader events of ``dlreplay capture`` before it wrote DFTracer's AI conventions
+# (format_version 1 traces, replays); read through dlreplay.analyze.vocabulary's roles.
 CAT_DATALOADER = "dataloader"  # name "fetch": consumer waits for one batch
 CAT_DATA = "data"  # name "item": one Dataset.__getitem__ in a worker
 CAT_PIPELINE = "pipeline"  # name "epoch": one pass over a DataLoader

@@ -98,7 +98,8 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from ..files import file_process_table_counted, row_class
+from .. import vocabulary
+from ..files import file_process_table, file_process_table_counted, row_class
 
 __all__ = [
     "CHUNK_SCHEMA", "PART_SCHEMA", "FileDamage", "FileReport", "LoadedTrace", "RangePart", "RunTables",
@@ -277,6 +278,9 @@ class TracePart:
     files: list[tuple[int, FileReport]]
     #: the summary's per-process counts of the rows (:func:`_part_counts`)
     counts: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COUNTS_SCHEMA))
+    #: the start/stop markers of DFTracer's AI conventions (``CM`` records ``X.start`` /
+    #: ``X.end``; :data:`MARKER_SCHEMA`), for :func:`~..vocabulary.marker_spans`
+    markers: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MARKER_SCHEMA))
 
 
 @dataclass(frozen=True)
@@ -636,8 +640,8 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
         kept, meta, starts, hosts = rows.pop()
         return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
                          hosts=hosts, report=files[0][1], clean_end=clean_end)
-    events, processes, records, counts = _resolve(rows)
-    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts)
+    events, processes, records, counts, markers = _resolve(rows)
+    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers)
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -886,7 +890,7 @@ _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "
                 "epoch", "step", "batch_size", "image_idx", "abytes")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
 #: Raw int columns that :func:`_compact_exprs` passes through unchanged.
-_PASSED_THROUGH = ("tid", "ts", "dur", "ret", "image_idx")
+_PASSED_THROUGH = ("tid", "ts", "dur", "ret", "image_idx", "epoch", "step", "batch_size")
 
 
 def native_parser_available() -> bool:
@@ -1546,18 +1550,21 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "src": _SRC, "seq": _INT, "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT,
     "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
     "op": pl.Int8(), "pos": pl.UInt8(), "parg": _INT,
-    "epoch": _I32, "step": _I32, "batch_size": _I32, "sample_index": _INT, "__path": _CAT,
+    "epoch": _INT, "step": _INT, "batch_size": _INT, "sample_index": _INT, "__path": _CAT,
 }
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
 PART_SCHEMA: dict[str, pl.DataType] = {
     "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
-    "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _I32, "step": _I32,
-    "batch_size": _I32, "sample_index": _INT, "__p": pl.UInt32(), "__path": _CAT,
+    "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _INT, "step": _INT,
+    "batch_size": _INT, "sample_index": _INT, "__p": pl.UInt32(), "__path": _CAT,
 }
 #: A part's processes: one row per (``src``, ``pid``), indexed by the events' ``__p``.
 PROCESS_SCHEMA: dict[str, pl.DataType] = {
     "src": _SRC, "pid": _I32, "ppid": _I32, "cwdhash": _STR, "host": _STR,
 }
+#: A part's start/stop marker records (:attr:`TracePart.markers`).
+MARKER_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, "pid": _INT, "tid": _INT, "name": _STR,
+                                         "a_name": _STR, "a_value": _STR}
 #: A part's per-process counts (:func:`_part_counts`).
 COUNTS_SCHEMA: dict[str, pl.DataType] = {
     "fhash": _CAT, "__path": _CAT, "__p": pl.UInt32(), "cls": pl.Int64(), "item": pl.Boolean(), "n": pl.Int64(),
@@ -1567,9 +1574,9 @@ FH_SCHEMA: dict[str, pl.DataType] = {"hash": _STR, "name": _STR, "src": _SRC, "s
 _STARTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, "pid": _I32, "ppid": _INT, "cwd": _STR,
                                           "hhash": _STR}
 _HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, "hhash": _STR}
-#: Integer fields kept as Int32 (process ids are C ``pid_t``; epochs, steps and batch
-#: sizes are small): a value beyond 32 bits reads as null, and the file's report says so.
-_NARROW = ("pid", "ppid", "epoch", "step", "batch_size")
+#: Integer fields kept as Int32 while loading (process ids are C ``pid_t``): a value beyond
+#: 32 bits reads as null, and the file's report says so.
+_NARROW = ("pid", "ppid")
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _O_APPEND = 0o2000
 _SEEK_SET, _SEEK_CUR = 0, 1
@@ -1620,7 +1627,7 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
         *(col(c).cast(_CAT).alias(c) for c in ("cat", "name", "fhash")), ret.alias("ret"),
         pl.when(is_xfer).then(col("count") * item).alias("size_requested"), size.alias("size"), op.alias("op"),
         pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
-        *(col(c).cast(_I32, strict=False).alias(c) for c in ("epoch", "step", "batch_size")),
+        *(col(c).alias(c) for c in ("epoch", "step", "batch_size")),
         col("image_idx").alias("sample_index"), pl.coalesce(col("path"), col("fname")).cast(_CAT).alias("__path"),
     ]
 
@@ -1749,8 +1756,7 @@ class _Compacted:
             if hosts.height:
                 self.hosts.append(hosts)
             for src, n in beyond.items():
-                self.stats[src].problems.append(
-                    f"{n} event(s) with a pid, ppid, epoch, step or batch_size beyond 32 bits (read as null)")
+                self.stats[src].problems.append(f"{n} event(s) with a pid or ppid beyond 32 bits (read as null)")
 
     def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
@@ -1768,8 +1774,8 @@ def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
 
 
-def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """(events, processes, fh, counts) of a :class:`TracePart` from the compact rows of whole files.
+def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(events, processes, fh, counts, markers) of a :class:`TracePart` from the compact rows of whole files.
 
     Everything that one file decides is resolved here: the time unit (``CM``), each
     process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
@@ -1784,8 +1790,11 @@ def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.Data
                 pl.col("pid").cast(_I32, strict=False))
         .unique(subset="hash", keep="first", maintain_order=True)
     )
+    markers = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
+        list(MARKER_SCHEMA))
     if rows.height == 0:
-        return pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh, pl.DataFrame(schema=COUNTS_SCHEMA)
+        return (pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh,
+                pl.DataFrame(schema=COUNTS_SCHEMA), markers)
     rows = _apply_time_metric(rows, meta)
     every, pidx = _process_keys(rows)
     processes = _process_table(every, meta, starts, hosts)
@@ -1797,7 +1806,7 @@ def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.Data
     del rows, order
     out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
-    return out, processes, fh, _part_counts(out)
+    return out, processes, fh, _part_counts(out), markers
 
 
 def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
@@ -1856,8 +1865,9 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, processes, fh, counts = _resolve(held)
-        out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts))
+        events, processes, fh, counts, markers = _resolve(held)
+        out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts,
+                             markers=markers))
     return out
 
 
@@ -1945,7 +1955,7 @@ def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], na
 def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
              tables: RunTables) -> tuple[pl.DataFrame, pl.Series]:
     """(event table, process index per row): the :data:`~dlreplay.schema.EVENT_SCHEMA` table
-    of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes;
+    but ``role`` (:func:`canonical` adds it) of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes;
     or a list holding that frame, taken out of it so that its columns are freed as they
     are gathered), gathered in ``order`` (None: as they are). ``file`` is the path the
     run's ``FH`` records give the file hash, else the event's path argument, made
@@ -1961,7 +1971,7 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
         "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
         "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
         pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
-    ).cast(pl.Schema(EVENT_SCHEMA))  # type: ignore[arg-type]
+    ).cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "role"}))  # type: ignore[arg-type]
     return table, out["__p"]
 
 
@@ -2030,9 +2040,10 @@ def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.Data
 
 def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int]]:
     """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
-    frames, processes, fh, counts, base = [], [], [], [], 0
+    frames, processes, fh, counts, markers, base = [], [], [], [], [], 0
     for p in parts:
         fh.append(p.fh)
+        markers.append(p.markers)
         if not p.events.height:
             continue
         frames.append(p.events.with_columns(pl.col("__p") + base) if base else p.events)
@@ -2042,7 +2053,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     del p
     parts.clear()
     if not frames:
-        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}
+        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}  # (a trace of markers only has no processes)
     tables = run_tables(processes, fh, names)
     ev = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
     del frames
@@ -2055,7 +2066,20 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     events, pidx = finalize(held, kept, tables)
     per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
     per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
-    return events, _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables), per_file
+    per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
+    events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
+    if changed:  # processes or roles other than the raw rows said: count them again, by role
+        per_process = file_process_table(events)
+    return events, per_process, per_file
+
+
+def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str]) -> tuple[pl.DataFrame, bool]:
+    """The one event vocabulary (:func:`~..vocabulary.canonicalize`: roles, DLIO's rank pids,
+    start/stop markers) over :func:`finalize`'s table, in :data:`~dlreplay.schema.EVENT_SCHEMA`
+    (``role`` Categorical); True when it changed processes or roles the loader's own
+    per-process counts relied on."""
+    table, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(markers), list(names))
+    return table.cast(pl.Schema(EVENT_SCHEMA), strict=False), changed  # type: ignore[arg-type]
 
 
 def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:

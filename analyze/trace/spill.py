@@ -60,6 +60,7 @@ from .load import (
     _find_inputs,
     _with_events,
     available_cores,
+    canonical,
     finalize,
     parse_parts,
     run_tables,
@@ -278,14 +279,14 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
     # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
-    kept: list[tuple[int, pl.DataFrame, pl.DataFrame, list[tuple[int, FileReport]], Path | None]] = []
+    kept: list[tuple[int, pl.DataFrame, pl.DataFrame, list[tuple[int, FileReport]], Path | None, pl.DataFrame]] = []
     for part in parse_parts(files, jobs=jobs, group_bytes=target):
         first = min(src for src, _ in part.files)
         path = None
         if part.events.height:
             path = tmp / f"part-{first:09d}.parquet"
             part.events.write_parquet(path, compression="lz4")
-        kept.append((first, part.processes, part.fh, part.files, path))
+        kept.append((first, part.processes, part.fh, part.files, path, part.markers))
         del part
     kept.sort(key=lambda k: k[0])
     t1 = time.perf_counter()
@@ -297,13 +298,16 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     counts = np.zeros(len(names), dtype=np.int64)
     paths: list[Path] = []
     height = base = 0
-    for g, (_, processes, _, _, raw_path) in enumerate(with_rows):
+    for g, (_, processes, _, _, raw_path, markers) in enumerate(with_rows):
         assert raw_path is not None
         raw = [pl.read_parquet(raw_path, schema=PART_SCHEMA).with_columns(pl.col("__p") + base)]
         base += processes.height
         table, pidx = finalize(raw, None, tables)
         raw_path.unlink()
         counts += np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
+        # the event vocabulary per part, as in memory over the whole table: what it reads
+        # (a rank's pids, its markers, a consumer's loop) lies in the process's own file
+        table, _ = canonical(table, markers, names)
         table = table.with_columns((pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))
         path = tmp / f"events-{g:05d}.parquet"
         table.write_parquet(path, compression="lz4")
