@@ -12,9 +12,16 @@ the table.
 
 from __future__ import annotations
 
-from .files import classify_files
-from .summary import Summary, render_text, summarize
-from .trace import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace
+import sys as _sys
+
+from .trace import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace, vocabulary
+
+# The event vocabulary lives in the trace layer (dlreplay.analyze.trace.vocabulary); its
+# earlier name keeps working for code written against it.
+_sys.modules.setdefault(f"{__name__}.vocabulary", vocabulary)
+
+from .files import classify_files  # noqa: E402
+from .summary import Summary, render_text, summarize  # noqa: E402
 
 __all__ = [
     "FileReport",
@@ -26,4 +33,5 @@ __all__ = [
     "load_trace",
     "render_text",
     "summarize",
+    "vocabulary",
 ]

@@ -42,8 +42,8 @@ from dlreplay.model import (
 )
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS, SYNC_OPS, WRITE_OPS
 
-from . import vocabulary as voc
 from .infer import infer_posix_loop
+from .trace import vocabulary as voc
 
 #: File extension -> dataset format (DLIO names).
 EXTENSION_FORMATS = {

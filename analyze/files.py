@@ -29,9 +29,20 @@ from collections.abc import Iterable
 import numpy as np
 import polars as pl
 
-from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA, OPEN_OPS, READ_OPS, WRITE_OPS
+from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA
 
-from . import vocabulary as voc
+from .trace import vocabulary as voc
+from .trace.counts import (
+    _CKPT_LOADS,
+    _CKPT_SAVES,
+    _OP_CLASS,
+    _OPEN,
+    _READ,
+    _SUMS,
+    _WRITE,
+    file_process_table_counted,
+    row_class,
+)
 
 __all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_counted",
            "file_process_table_keyed", "loader_processes", "row_class"]
@@ -46,8 +57,6 @@ _LIBRARY_RE = (
     r"|(\.(py|pyc|pyo|pyd|pth|so|a|la)$)|(\.so(\.\d+)+$)|(/pyvenv\.cfg$)|(/bin/python[\d.]*$)"
 )
 
-_READ, _WRITE, _OPEN = 1, 2, 3
-_OP_CLASS = {**{n: _READ for n in READ_OPS}, **{n: _WRITE for n in WRITE_OPS}, **{n: _OPEN for n in OPEN_OPS}}
 
 CLASSIFY_SCHEMA = {
     "file": pl.String(), "role": pl.String(), "bytes_read": pl.Int64(), "bytes_written": pl.Int64(),
@@ -86,8 +95,6 @@ def _role_is(events: pl.DataFrame | pl.LazyFrame, role: str | tuple[str, ...], s
     return pl.col("role").is_in([role] if isinstance(role, str) else list(role)).fill_null(False)
 
 
-#: checkpoint names of dlreplay's capture: DFTracer's AI conventions (capture/restart) and format_version 1
-_CKPT_LOADS, _CKPT_SAVES = ("load", "restart"), ("save", "capture")
 
 
 def _process_rows(keys: list[str]) -> list[pl.Expr]:
@@ -122,7 +129,6 @@ def _with_classes(rows: pl.LazyFrame) -> pl.LazyFrame:
                              ckpt.alias("__ckpt"), ck.alias("__ck"))
 
 
-_SUMS = [pl.exclude("ckpt_event").sum(), pl.col("ckpt_event").any()]
 
 
 def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
@@ -149,16 +155,6 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
 
 #: Largest packed (file, process, row class) key space counted with dense arrays.
 _DENSE_KEYS = 1 << 24
-
-
-def row_class() -> pl.Expr:
-    """The class of an event row for :func:`file_process_table`: operation class (read,
-    write, open, other) + 4 x checkpoint class (none, load, save, other checkpoint event)."""
-    name = pl.col("name")
-    ckpt = (pl.col("cat") == CAT_CHECKPOINT).fill_null(False)
-    ck_class = pl.when(~ckpt).then(0).when(name.is_in(_CKPT_LOADS)).then(1).when(name.is_in(_CKPT_SAVES)).then(2) \
-        .otherwise(3)
-    return name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int64) + 4 * ck_class
 
 
 def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl.DataFrame) -> pl.DataFrame:
@@ -192,38 +188,6 @@ def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl
     counts = parts.select((pl.col("__k") // 16 // nproc).alias("__file"), (pl.col("__k") // 16 % nproc).alias("__proc"),
                           (pl.col("__k") % 16).alias("cls"), "n", "b")
     return file_process_table_counted(counts, files, processes, loaders)
-
-
-def file_process_table_counted(counts: pl.DataFrame, files: pl.Series, processes: pl.DataFrame,
-                               loaders: np.ndarray) -> pl.DataFrame:
-    """:func:`file_process_table` from row counts: ``counts`` has ``__file`` (index into
-    ``files``, distinct paths; rows without a file are left out), ``__proc`` (index into
-    ``processes``, distinct (``host``, ``pid``) rows), ``cls`` (:func:`row_class`), ``n``
-    (rows) and ``b`` (bytes), several rows per key allowed; ``loaders`` the ``__proc``
-    indices of the processes that emit ``item`` events."""
-    nproc = max(processes.height, 1)
-    op, ck, b, n = pl.col("cls") % 4, (pl.col("cls") // 4) % 4, pl.col("b"), pl.col("n")
-
-    def where(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
-        return pl.when(cond).then(value).otherwise(0)
-
-    # per-row values first, then plain sums (a conditional inside agg runs group by group)
-    table = counts.select(
-        (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)).alias("__key"),
-        where(op == _READ, b).alias("rb"), where(op == _WRITE, b).alias("wb"),
-        where(ck == 1, b).alias("ck_r"), where(ck == 2, b).alias("ck_w"),
-        where(op == _READ, n).alias("reads"), where(op == _WRITE, n).alias("writes"),
-        where(op == _OPEN, n).alias("opens"), (ck > 0).alias("ckpt_event"),
-    ).group_by("__key").agg(_SUMS)
-    keys = table["__key"]
-    at_proc = pl.Series(keys % nproc)
-    return table.select(
-        files.cast(pl.String).gather(keys // nproc).alias("file"),
-        processes["host"].cast(pl.String).gather(at_proc).alias("host"),
-        processes["pid"].cast(pl.Int64).gather(at_proc).alias("pid"),
-        pl.exclude("__key"),
-        pl.Series(np.isin(np.arange(processes.height), loaders)).gather(at_proc).alias("loader"),
-    )
 
 
 def _empty(events: pl.DataFrame | pl.LazyFrame) -> bool:

@@ -38,10 +38,10 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from . import vocabulary as voc
 from .distill import WARMUP_FACTOR, _assign_items, _file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
+from .trace import vocabulary as voc
 from .trace.spill import ORDER_COL
 
 __all__ = ["PASSES", "Characterization", "TraceView", "characterize", "darshan_pattern"]

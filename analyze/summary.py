@@ -17,8 +17,8 @@ import polars as pl
 from dlreplay.schema import READ_OPS, WRITE_OPS
 from dlreplay.units import human_bytes, human_seconds
 
-from . import vocabulary as voc
 from .files import classify_files, file_process_table
+from .trace import vocabulary as voc
 
 __all__ = ["HISTOGRAM_BUCKETS", "Summary", "render_text", "summarize"]
 

@@ -40,7 +40,7 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "source": pl.Categorical(),  # trace file the event came from (basename)
     # what an annotation event means, whoever spelled it (DFTracer's AI conventions, DLIO,
     # dlreplay): epoch, fetch, step, compute, item, checkpoint.save, ... (see
-    # dlreplay.analyze.vocabulary); null for POSIX/STDIO calls and unknown annotations
+    # dlreplay.analyze.trace.vocabulary); null for POSIX/STDIO calls and unknown annotations
     "role": pl.Categorical(),
 }
 
@@ -57,7 +57,7 @@ SYNC_OPS = ("fsync", "fdatasync", "sync_file_range", "msync")
 IO_CATEGORIES = ("POSIX", "STDIO")
 
 # Data-loader events of ``dlreplay capture`` before it wrote DFTracer's AI conventions
-# (format_version 1 traces, replays); read through dlreplay.analyze.vocabulary's roles.
+# (format_version 1 traces, replays); read through dlreplay.analyze.trace.vocabulary's roles.
 CAT_DATALOADER = "dataloader"  # name "fetch": consumer waits for one batch
 CAT_DATA = "data"  # name "item": one Dataset.__getitem__ in a worker
 CAT_PIPELINE = "pipeline"  # name "epoch": one pass over a DataLoader

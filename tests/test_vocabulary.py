@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze import load_trace
-from dlreplay.analyze import vocabulary as voc
 from dlreplay.analyze.distill import distill
 from dlreplay.analyze.passes import au_dlio, characterize
+from dlreplay.analyze.trace import vocabulary as voc
 from dlreplay.schema import EVENT_SCHEMA
 
 from .conftest import TRACES

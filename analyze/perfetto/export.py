@@ -47,7 +47,7 @@ import polars as pl
 from dlreplay.errors import DlreplayError
 from dlreplay.schema import READ_OPS
 
-from .. import vocabulary as voc
+from ..trace import vocabulary as voc
 
 __all__ = ["CHUNK_ROWS", "ExportError", "ExportStats", "export_trace", "format_for"]
 
@@ -73,7 +73,7 @@ _ARG_COLUMNS = (
     "step",
     "batch_size",
     "sample_index",
-    "role",  # the event's meaning in dlreplay's vocabulary (analyze/vocabulary.py)
+    "role",  # the event's meaning in dlreplay's vocabulary (analyze/trace/vocabulary.py)
 )
 _ARG_NAMES = {"size": "bytes"}
 _COUNTER_PID = 0  # the JSON format needs a process for counters: pid 0, "I/O counters"

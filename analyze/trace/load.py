@@ -98,8 +98,8 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from .. import vocabulary
-from ..files import file_process_table, file_process_table_counted, row_class
+from . import vocabulary
+from .counts import file_process_table_counted, row_class
 
 __all__ = [
     "CHUNK_SCHEMA", "PART_SCHEMA", "FileDamage", "FileReport", "LoadedTrace", "RangePart", "RunTables",
@@ -1998,7 +1998,7 @@ def _file_column(rows: pl.DataFrame, tables: RunTables) -> pl.Series:
 def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
     """The summary's per-process counts of a part's rows before their files are known
     (:data:`COUNTS_SCHEMA`): rows (``n``) and bytes (``b``) per (file hash, path argument,
-    process, :func:`~..files.row_class`, ``item`` event)."""
+    process, :func:`~.counts.row_class`, ``item`` event)."""
     item = ((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).fill_null(False)
     # grouped by name and category codes first (the classes are computed on the groups),
     # on one packed integer key when the codes fit in 64 bits (twice as fast as five keys)
@@ -2020,7 +2020,7 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.DataFrame:
-    """The summary's per-(file, host, pid) table (:func:`~..files.file_process_table_counted`)
+    """The summary's per-(file, host, pid) table (:func:`~.counts.file_process_table_counted`)
     from the parts' :func:`_part_counts` (``__p`` indexing ``tables``' processes)."""
     file = _file_column(counts, tables)
     counted = counts.with_columns(file)
@@ -2068,9 +2068,9 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
     events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
-    if changed:  # processes or roles other than the raw rows said: count them again, by role
-        per_process = file_process_table(events)
-    return events, per_process, per_file
+    # processes or roles other than the raw rows said: the per-process table is counted
+    # again, by role, where it is used (TraceView.per_process, summarize)
+    return events, (None if changed else per_process), per_file
 
 
 def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str]) -> tuple[pl.DataFrame, bool]:
