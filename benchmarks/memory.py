@@ -3,7 +3,7 @@
 Uses the trace of ``benchmarks/scale.py`` (built once and cached under ``--dir``: one
 consumer and ``--files`` loader processes, one ``.pfw.gz`` each, >= 5 M events). Runs,
 in one invocation, ``dlreplay analyze TRACE --json`` twice in child processes (the real
-CLI; each child prints its own peak RSS from ``getrusage``): once in memory and once
+CLI; each child prints its own peak RSS, ``VmHWM``): once in memory and once
 with ``--memory-limit`` (default 1GiB, below the event table's ~1 GB). Prints wall time,
 peak RSS and event count of each, and exits 1 unless the event counts, the
 characterisation and the findings are identical.
@@ -26,8 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ingest import build  # noqa: E402
 
+#: The child's own peak RSS is VmHWM (per address space): getrusage's ru_maxrss keeps the
+#: high-water mark of the process that forked it (Linux carries it across exec), so a
+#: child of a large parent reported the parent's peak.
 CHILD = """
-import resource, sys, time
+import sys, time
 t = time.perf_counter()
 code = 0
 try:
@@ -36,8 +39,9 @@ try:
 except SystemExit as exc:
     code = exc.code or 0
 finally:
-    print(f"RSS_KB={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} WALL={time.perf_counter() - t:.2f}",
-          file=sys.stderr)
+    with open("/proc/self/status") as fh:
+        hwm = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
+    print(f"RSS_KB={hwm} WALL={time.perf_counter() - t:.2f}", file=sys.stderr)
 sys.exit(code)
 """
 
