@@ -22,7 +22,13 @@ from typing import Any
 
 import dlreplay
 from dlreplay.errors import CaptureError, UsageError
-from dlreplay.osutil import atomic_write_text, host_memory_bytes
+from dlreplay.osutil import (
+    DirectoryClaim,
+    atomic_write_text,
+    claim_directory,
+    host_memory_bytes,
+    is_empty_dir,
+)
 from dlreplay.pfw import count_events
 from dlreplay.schema import TRACE_FORMAT_VERSION, TRACE_SCHEMA_NAME
 
@@ -125,23 +131,28 @@ def default_out_dir(name: str) -> Path:
     return Path("traces") / f"{name}-{stamp}"
 
 
-def _prepare_out_dir(out: Path, force: bool) -> None:
+def _prepare_out_dir(out: Path, force: bool) -> DirectoryClaim:
+    """Claim *out* for this capture (one writer per directory), then refuse it unless empty or ``force``."""
     if out.exists() and not out.is_dir():
         raise CaptureError(f"{out} exists and is not a directory; choose another --out.")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise CaptureError(
-                f"{out} is not empty; pass --force to replace a previous capture there, or choose another --out."
-            )
-        # --force replaces only what a capture writes; anything else stays.
-        for child in out.iterdir():
-            if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
-                child.unlink()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        claim = claim_directory(out, "--out")
     except OSError as exc:
         raise CaptureError(f"{out}: cannot create the trace directory ({exc.strerror or exc}); "
                            f"choose another --out.") from None
+    try:
+        if not is_empty_dir(out):
+            if not force:
+                raise CaptureError(f"{out} is not empty; pass --force to replace a previous capture there, or "
+                                   f"choose another --out.")
+            # --force replaces only what a capture writes; anything else stays.
+            for child in out.iterdir():
+                if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
+                    child.unlink()
+    except BaseException:
+        claim.release()
+        raise
+    return claim
 
 
 def _versions() -> dict[str, str | None]:
@@ -211,8 +222,15 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     executable = shutil.which(config.command[0], path=os.environ.get("PATH")) if os.sep not in config.command[0] else config.command[0]
     if executable is None or not os.path.exists(executable if os.path.isabs(executable) else cwd / executable):
         raise CaptureError(f"command not found: {config.command[0]}")
-    _prepare_out_dir(out, config.force)
+    claim = _prepare_out_dir(out, config.force)
+    try:
+        return _capture_into(config, out, cwd, name)
+    finally:
+        claim.release()
 
+
+def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> CaptureResult:
+    """The capture itself, into the claimed directory *out*."""
     inject_dir = Path(tempfile.mkdtemp(prefix="dlreplay-inject-"))
     for fname in _INJECT_FILES:
         shutil.copy2(_INJECT_DIR / fname, inject_dir / fname)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 
 from dlreplay.errors import DlreplayError
 from dlreplay.model import WorkloadModel, model_to_dict
-from dlreplay.osutil import atomic_write_text
+from dlreplay.osutil import atomic_write_text, confined_path
 
 MANIFEST_NAME = ".dlreplay-dataset.json"
 JOURNAL_NAME = ".dlreplay-dataset.partial.json"
@@ -126,12 +127,70 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _byte_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def listed_files(data_dir: Path, doc: dict[str, Any], source: Path) -> dict[str, dict[str, Any]]:
+    """The file entries of a dataset manifest or journal *doc* read from *source*, by relative path.
+
+    Every entry must be an object with a ``path`` inside *data_dir* (see
+    :func:`dlreplay.osutil.confined_path`) and integer byte counts; anything else raises
+    (:class:`~dlreplay.errors.UnsafePathError` or :class:`ReplayError`) naming *source*, so
+    nothing it lists is ever read, overwritten or deleted.
+    """
+    files = doc.get("files", [])
+    entries = list(files.values()) if isinstance(files, dict) else files
+    if not isinstance(entries, list):
+        raise ReplayError(f"{source}: 'files' is not a list of files; delete {source} (it is not a file dlreplay "
+                          f"wrote) or choose another --data-dir")
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        rel = e.get("path") if isinstance(e, dict) else e
+        confined_path(data_dir, rel, source)
+        if not (isinstance(e, dict) and _byte_count(e.get("bytes")) and _byte_count(e.get("aux_bytes", 0))):
+            raise ReplayError(f"{source}: the entry for {rel!r} has no valid byte count; delete {source} (it is not "
+                              f"a file dlreplay wrote) or choose another --data-dir")
+        if isinstance(e.get("aux_bytes"), int) and e["aux_bytes"]:
+            confined_path(data_dir, rel + ".idx", source)
+        out[str(rel)] = e
+    return out
+
+
+def file_problems(data_dir: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Listed files that are missing or whose size differs from the listing (``bytes``, ``aux_bytes``).
+
+    Returns {relative path: what is wrong, e.g. ``train/a.npz: 4096 bytes, listed 8192``}. One
+    ``stat`` per file: a dataset whose files were deleted or truncated after generation is
+    never reused as complete.
+    """
+    out: dict[str, str] = {}
+    for rel, e in files.items():
+        for name, want in ((rel, e["bytes"]), (rel + ".idx", e.get("aux_bytes") or 0)):
+            if name != rel and not want:
+                continue
+            try:
+                st = (Path(data_dir) / name).stat()
+                have = st.st_size if stat.S_ISREG(st.st_mode) else None
+            except OSError:
+                have = None
+            if have != want:
+                out[rel] = f"{name}: {'missing' if have is None else f'{have} bytes'}, listed {want}"
+                break
+    return out
+
+
 def read_dataset_manifest(data_dir: Path) -> dict[str, Any] | None:
-    """The complete dataset manifest of *data_dir*, or None if there is no complete one."""
-    data = read_json(Path(data_dir) / MANIFEST_NAME)
+    """The complete dataset manifest of *data_dir*, or None if there is no complete one.
+
+    Its file paths are checked to stay inside *data_dir* (raises, naming the manifest).
+    """
+    source = Path(data_dir) / MANIFEST_NAME
+    data = read_json(source)
     if not data or data.get("schema") != DATASET_SCHEMA or data.get("complete") is not True:
         return None
-    if int(data.get("format_version", 0)) > DATASET_FORMAT_VERSION:
-        raise ReplayError(f"{Path(data_dir) / MANIFEST_NAME}: format_version {data.get('format_version')} is newer "
-                          f"than this dlreplay reads ({DATASET_FORMAT_VERSION}); upgrade dlreplay.")
+    if not isinstance(data.get("format_version", 0), int) or data.get("format_version", 0) > DATASET_FORMAT_VERSION:
+        raise ReplayError(f"{source}: format_version {data.get('format_version')!r} is not one this dlreplay reads "
+                          f"({DATASET_FORMAT_VERSION}); upgrade dlreplay or regenerate the dataset.")
+    listed_files(Path(data_dir), data, source)
     return data

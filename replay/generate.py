@@ -38,7 +38,7 @@ import numpy as np
 import dlreplay
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Layout, WorkloadModel
-from dlreplay.osutil import host_memory_bytes
+from dlreplay.osutil import DirectoryClaim, claim_directory, host_memory_bytes, is_empty_dir
 
 from .common import (
     DATASET_FORMAT_VERSION,
@@ -49,6 +49,8 @@ from .common import (
     FileSpec,
     ReplayError,
     dataset_digest,
+    file_problems,
+    listed_files,
     plan_dataset,
     read_json,
     write_json_atomic,
@@ -164,24 +166,16 @@ def _submit_blocked(pool: ProcessPoolExecutor, *args: Any) -> Future:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _owned_paths(doc: dict[str, Any]) -> list[str]:
-    out = []
-    for e in doc.get("files", []) if isinstance(doc.get("files"), list) else (doc.get("files") or {}).values():
-        out.append(e["path"])
-        if e.get("aux_bytes"):
-            out.append(e["path"] + ".idx")
-    return out
+def _remove_owned(data_dir: Path, listed: dict[str, dict[str, Any]]) -> None:
+    """Delete the files a previous dlreplay generation listed as its own (paths already confined).
 
-
-def _remove_owned(data_dir: Path, doc: dict[str, Any], plan: list[FileSpec]) -> None:
-    """Delete files a previous dlreplay generation created here (listed in its manifest/journal or planned)."""
-    names = set(_owned_paths(doc))
-    for rel in names:
-        for p in (data_dir / rel,):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
+    Only regular files and symbolic links are removed (a link itself, never its target).
+    """
+    for rel, entry in listed.items():
+        for name in (rel, rel + ".idx") if entry.get("aux_bytes") else (rel,):
+            p = data_dir / name
+            if p.is_symlink() or p.is_file():
+                p.unlink(missing_ok=True)
 
 
 def _hold_after() -> int | None:
@@ -209,8 +203,12 @@ def _clean_tmp(data_dir: Path) -> None:
 
 
 def dataset_status(model: WorkloadModel, data_dir: Path, seed: int) -> str:
-    """``ready`` (complete manifest for this dataset), ``partial``, ``other`` (another dataset),
-    ``foreign`` (non-empty, not dlreplay's), ``empty`` (missing or empty)."""
+    """``ready`` (complete manifest for this dataset, every file at its listed size), ``damaged``
+    (complete manifest, but files missing or of another size since), ``partial``, ``other``
+    (another dataset), ``foreign`` (non-empty, not dlreplay's), ``empty`` (missing or empty).
+
+    Raises (naming the file) when the manifest or journal lists a path outside *data_dir*.
+    """
     data_dir = Path(data_dir)
     manifest = read_json(data_dir / MANIFEST_NAME)
     journal = read_json(data_dir / JOURNAL_NAME)
@@ -218,18 +216,27 @@ def dataset_status(model: WorkloadModel, data_dir: Path, seed: int) -> str:
     if manifest and manifest.get("schema") == DATASET_SCHEMA:
         same = manifest.get("model_digest") == digest and manifest.get("seed") == seed
         if manifest.get("complete") is True and same:
-            return "ready"
+            files = listed_files(data_dir, manifest, data_dir / MANIFEST_NAME)
+            return "damaged" if file_problems(data_dir, files) else "ready"
         if not same:
             return "other"
         return "partial"
     if journal and journal.get("schema") == DATASET_SCHEMA:
         same = journal.get("model_digest") == digest and journal.get("seed") == seed
         return "partial" if same else "other"
-    if data_dir.is_dir() and any(data_dir.iterdir()):
-        return "foreign"
-    if data_dir.exists() and not data_dir.is_dir():
+    if not is_empty_dir(data_dir):
         return "foreign"
     return "empty"
+
+
+def _claim(data_dir: Path) -> DirectoryClaim:
+    """Claim *data_dir* for this generation (one writer per directory), creating it if needed."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ReplayError(f"{data_dir} exists and is not a directory; choose another --data-dir")
+    try:
+        return claim_directory(data_dir, "--data-dir")
+    except OSError as exc:
+        raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
 
 
 class _Progress:
@@ -261,6 +268,14 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
     On KeyboardInterrupt the journal stays and no complete manifest is written.
     """
     t0 = time.perf_counter()
+    plan_dataset(config.model, config.seed)  # a model without a dataset plan fails before anything is created
+    if dataset_status(config.model, Path(config.data_dir), config.seed) == "ready":
+        return _generate(config, t0)  # reuse only reads: no claim, so read-only storage works
+    with _claim(Path(config.data_dir)):  # status again under the claim: another writer may just have finished
+        return _generate(config, t0)
+
+
+def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     model, data_dir, seed = config.model, Path(config.data_dir), config.seed
     plan = plan_dataset(model, seed)
     digest = dataset_digest(model)
@@ -275,40 +290,44 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
             raise ReplayError(
                 f"{data_dir} holds a dlreplay dataset generated for another model shape or seed; pass --force to "
                 f"replace it (only files dlreplay created are deleted) or choose another --data-dir.")
-        old = read_json(data_dir / MANIFEST_NAME) or read_json(data_dir / JOURNAL_NAME) or {}
+        listed: dict[str, dict[str, Any]] = {}
+        for name in (MANIFEST_NAME, JOURNAL_NAME):  # every listed path checked before anything is deleted
+            doc = read_json(data_dir / name)
+            if doc and doc.get("schema") == DATASET_SCHEMA:
+                listed.update(listed_files(data_dir, doc, data_dir / name))
         (data_dir / MANIFEST_NAME).unlink(missing_ok=True)
-        _remove_owned(data_dir, old, plan)
+        _remove_owned(data_dir, listed)
         (data_dir / JOURNAL_NAME).unlink(missing_ok=True)
         _clean_tmp(data_dir)
         status = "empty"
-    warnings: list[str] = []
     if status == "ready":
         manifest = read_json(data_dir / MANIFEST_NAME) or {}
         total = int(manifest.get("total_bytes", 0))
-        warnings.extend(cache_warnings(total))
         return GenerateResult(data_dir=data_dir, files=len(plan), total_bytes=total, generated=0,
-                              reused=len(plan), seconds=time.perf_counter() - t0, warnings=tuple(warnings),
-                              manifest=manifest)
+                              reused=len(plan), seconds=time.perf_counter() - t0,
+                              warnings=tuple(cache_warnings(total)), manifest=manifest)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
     if not os.access(data_dir, os.W_OK):
         raise ReplayError(f"{data_dir}: permission denied (not writable); choose a writable --data-dir")
+    # What an earlier run finished: the journal of an interrupted one, or the manifest of a
+    # complete one whose files were deleted or truncated since ("damaged"); each file is
+    # kept only at its listed size, and only when the plan still has it.
+    source = data_dir / (MANIFEST_NAME if status == "damaged" else JOURNAL_NAME)
+    earlier = read_json(source) if status in ("partial", "damaged") else None
+    listed = listed_files(data_dir, earlier, source) if earlier else {}
+    planned = {s.relpath for s in plan}
+    listed = {rel: e for rel, e in listed.items() if rel in planned}
+    broken = file_problems(data_dir, listed)
+    done: dict[str, dict[str, Any]] = {rel: e for rel, e in listed.items() if rel not in broken}
+    warnings: list[str] = []
+    if status == "damaged":
+        warnings.append(f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
+                        f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them")
     (data_dir / MANIFEST_NAME).unlink(missing_ok=True)  # an incomplete manifest is never trusted
     _clean_tmp(data_dir)
-
-    journal = read_json(data_dir / JOURNAL_NAME) if status == "partial" else None
-    done: dict[str, dict[str, Any]] = {}
-    if journal:
-        for rel, entry in (journal.get("files") or {}).items():
-            p = data_dir / rel
-            ok = p.is_file() and p.stat().st_size == entry.get("bytes")
-            if ok and entry.get("aux_bytes"):
-                idx = data_dir / (rel + ".idx")
-                ok = idx.is_file() and idx.stat().st_size == entry["aux_bytes"]
-            if ok:
-                done[rel] = entry
     header = {"schema": DATASET_SCHEMA, "format_version": DATASET_FORMAT_VERSION, "model_digest": digest,
               "seed": seed, "format": model.dataset.format, "complete": False}
     journal_path = data_dir / JOURNAL_NAME
