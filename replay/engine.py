@@ -36,7 +36,7 @@ from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, save_model
 from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir
 
-from .common import ReplayError, dataset_digest, read_dataset_manifest
+from .common import ReplayError, check_replay_resources, dataset_digest, read_dataset_manifest
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
 from .loader import Loader, WorkerSpec
 from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate, render_table
@@ -488,6 +488,7 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
         raise ReplayError(f"--io: expected one of {', '.join(IO_MODES)}, got {config.io!r}")
     if config.accelerators < 1:
         raise ReplayError(f"--accelerators: expected a positive integer, got {config.accelerators}")
+    check_replay_resources(config.model, config.accelerators, config.out)
     comm = _mpi_world()
     if comm is not None:
         return _run_mpi(config, comm, say)

@@ -11,11 +11,11 @@ Generation refuses a non-empty directory that holds no dlreplay manifest or jour
 and only ever deletes files it created (its temporary files, or with ``force`` the
 files listed in its own manifest/journal).
 
-Test-only hook: with ``DLREPLAY_TEST_GENERATE_HOLD=N`` in the environment, generation
-stops after N finished files, writes the journal, prints ``generate held after N files``
-on stderr and waits there (at most :data:`HOLD_MAX_S`) for Ctrl-C. The Ctrl-C tests use
-it so that the interrupt lands mid-generation on a machine of any speed; nothing else
-sets it.
+Test-only hook: with ``DLREPLAY_TEST_GENERATE_HOLD=N`` (or ``N:PATH``) in the environment,
+generation stops after N finished files, writes the journal, prints ``generate held after N
+files`` on stderr and waits there for Ctrl-C (or until the file PATH exists, then goes on;
+at most :data:`HOLD_MAX_S`). Tests use it so that a Ctrl-C, or a disk filling up, lands
+mid-generation on a machine of any speed; nothing else sets it.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from .common import (
     TMP_SUFFIX,
     FileSpec,
     ReplayError,
+    check_generate_resources,
     dataset_digest,
     file_problems,
     listed_files,
@@ -178,18 +179,20 @@ def _remove_owned(data_dir: Path, listed: dict[str, dict[str, Any]]) -> None:
                 p.unlink(missing_ok=True)
 
 
-def _hold_after() -> int | None:
-    """N from ``DLREPLAY_TEST_GENERATE_HOLD`` (test-only), or None when unset or not a positive integer."""
-    value = os.environ.get(HOLD_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+def _hold_after() -> tuple[int, Path | None] | None:
+    """(N, release file) from ``DLREPLAY_TEST_GENERATE_HOLD`` (test-only), or None when unset or malformed."""
+    count, _, release = os.environ.get(HOLD_ENV, "").partition(":")
+    if not count.isdigit() or int(count) <= 0:
+        return None
+    return int(count), Path(release) if release else None
 
 
-def _hold(files: int) -> None:
-    """Test-only: wait for Ctrl-C (KeyboardInterrupt) for at most :data:`HOLD_MAX_S` seconds."""
+def _hold(files: int, release: Path | None) -> None:
+    """Test-only: wait for Ctrl-C (KeyboardInterrupt) or *release* to exist, at most :data:`HOLD_MAX_S` seconds."""
     sys.stderr.write(f"generate held after {files} files ({HOLD_ENV}); waiting for Ctrl-C\n")
     sys.stderr.flush()
     deadline = time.monotonic() + HOLD_MAX_S
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (release is not None and release.exists()):
         time.sleep(0.05)
         INTERRUPT.check()
 
@@ -271,8 +274,18 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
     plan_dataset(config.model, config.seed)  # a model without a dataset plan fails before anything is created
     if dataset_status(config.model, Path(config.data_dir), config.seed) == "ready":
         return _generate(config, t0)  # reuse only reads: no claim, so read-only storage works
-    with _claim(Path(config.data_dir)):  # status again under the claim: another writer may just have finished
-        return _generate(config, t0)
+    data_dir = Path(config.data_dir)
+    created = not data_dir.exists()
+    try:
+        with _claim(data_dir):  # status again under the claim: another writer may just have finished
+            return _generate(config, t0)
+    except BaseException:
+        if created:  # refused before writing anything: leave no empty directory behind
+            try:
+                data_dir.rmdir()
+            except OSError:
+                pass
+        raise
 
 
 def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
@@ -326,6 +339,9 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     if status == "damaged":
         warnings.append(f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
                         f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them")
+    jobs = config.jobs or min(4, os.cpu_count() or 1)
+    check_generate_resources(model, data_dir, jobs, reusable_bytes=sum(int(e["bytes"]) for e in done.values()),
+                             reusable_files=len(done))
     (data_dir / MANIFEST_NAME).unlink(missing_ok=True)  # an incomplete manifest is never trusted
     _clean_tmp(data_dir)
     header = {"schema": DATASET_SCHEMA, "format_version": DATASET_FORMAT_VERSION, "model_digest": digest,
@@ -333,7 +349,6 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     journal_path = data_dir / JOURNAL_NAME
     write_json_atomic(journal_path, {**header, "files": done})
     todo = [s for s in plan if s.relpath not in done]
-    jobs = config.jobs or min(4, os.cpu_count() or 1)
     show = sys.stderr.isatty() if config.progress is None else config.progress
     progress = _Progress(len(plan), show)
     written_bytes = sum(int(e["bytes"]) for e in done.values())
@@ -346,11 +361,12 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
         written_bytes += int(entry["bytes"])
         INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
         progress.update(len(done), written_bytes)
-        if time.monotonic() - last_journal > 0.5 or len(done) == hold:
+        held = hold is not None and len(done) == hold[0]
+        if time.monotonic() - last_journal > 0.5 or held:
             write_json_atomic(journal_path, {**header, "files": done})
             last_journal = time.monotonic()
-        if len(done) == hold:
-            _hold(len(done))
+        if held and hold is not None:
+            _hold(len(done), hold[1])
 
     fmt, layout = model.dataset.format, model.dataset.layout
     try:

@@ -222,22 +222,54 @@ def read_only_fs(tmp_path: Path):
 
 @pytest.mark.parametrize("fmt", ["npy", "parquet"])  # np.save and polars report a full disk without errno
 def test_generate_on_a_full_disk_fails_clearly_and_resumes(tmp_path: Path, small_fs: Path, fmt: str) -> None:
-    model = write_model(tmp_path, f"dataset.format={fmt}", "dataset.num_files=30", "dataset.record_length=200000")
-    data = small_fs / "d"
-    proc = run_cli("generate", str(model), "--data-dir", str(data))
-    no_traceback(proc.stderr)
+    """The disk fills up mid-generation (another writer takes the space while generation is held
+    after 3 files): exit 1 naming the path, no manifest, no temporary files; a rerun resumes."""
+    model = write_model(tmp_path, f"dataset.format={fmt}", "dataset.num_files=8", "dataset.num_samples_per_file=1",
+                        "dataset.record_length=200000")  # 1.6 MB: passes the up-front check on the 2 MiB file system
+    data, release = small_fs / "d", tmp_path / "release"
+    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "1",
+                     env={**os.environ, HOLD_ENV: f"3:{release}"})
+    wait_for_line(proc, "generate held after 3 files")
+    (small_fs / "filler").write_bytes(b"\0" * (_free_bytes(small_fs) - 100_000))  # leaves less than a file
+    release.touch()
+    _, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
     assert proc.returncode == 1
-    assert "no space left on the device" in proc.stderr and str(data) in proc.stderr
-    assert "rerun resumes" in proc.stderr
+    assert "no space left on the device" in stderr and str(data) in stderr
+    assert "rerun resumes" in stderr
     assert not (data / MANIFEST_NAME).exists()
     assert not list(data.rglob("*.dlreplay-tmp"))  # its partial temporary files are not left taking space
     assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
     kept = journal_files(data)
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
+    assert kept >= 3
+    (small_fs / "filler").unlink()
     again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
-    assert f"{30 - kept} generated, {kept} reused" in again.stdout
+    assert f"{8 - kept} generated, {kept} reused" in again.stdout
     assert json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
     assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_generate_larger_than_the_free_space_is_refused_up_front(tmp_path: Path, small_fs: Path) -> None:
+    """A dataset that cannot fit is refused before a byte is written, naming the fields and sizes."""
+    model = write_model(tmp_path, "dataset.format=raw", "dataset.num_files=30", "dataset.num_samples_per_file=1",
+                        "dataset.record_length=200000")
+    proc = run_cli("generate", str(model), "--data-dir", str(small_fs / "d"))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1
+    assert ("dataset.num_files x dataset.num_samples_per_file x dataset.record_length = 30 x 1 x 195.3 KiB = "
+            f"5.7 MiB, but the file system of {small_fs / 'd'} has ") in proc.stderr
+    assert not (small_fs / "d").exists()
+    ck = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2",
+                     "checkpoint.bytes_per_checkpoint=3000000")
+    proc = run_cli("replay", str(ck), "--data-dir", str(tmp_path / "d"), "--out", str(small_fs / "o"), "--no-trace")
+    assert proc.returncode == 1 and "checkpoint.bytes_per_checkpoint: 2.9 MiB per checkpoint, but the file " \
+        f"system of {small_fs / 'o'} has " in proc.stderr
+    assert not (small_fs / "o").exists()
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
@@ -245,8 +277,8 @@ def test_replay_checkpoints_on_a_full_disk(tmp_path: Path, small_fs: Path, trace
     """Checkpoint writes hit ENOSPC: exit 1 (not 130: nobody pressed Ctrl-C) naming the file, partial
     metrics with the error, the replay's own checkpoint files removed, the user's file kept."""
     model = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true",
-                        "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=3000000",
-                        "checkpoint.files_per_checkpoint=2")
+                        "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=1500000",
+                        "checkpoint.files_per_checkpoint=2")  # one fits (refused up front otherwise), two do not
     out = small_fs / "o"
     proc = run_cli("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(out),
                    *([] if traced else ["--no-trace"]))
@@ -394,3 +426,35 @@ def test_ctrl_c_during_traced_replay_keeps_metrics_and_trace(tmp_path: Path) -> 
     analyzed = run_cli("analyze", str(out), "--json")
     assert analyzed.returncode == 0, analyzed.stderr
     assert json.loads(analyzed.stdout)["events"] > 0  # the trace of the partial run is kept and loadable
+
+
+# --------------------------------------------------------------------------- a dataset changed after generation
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "grown"])
+def test_dataset_damaged_after_generation_is_not_reused(tmp_path: Path, damage: str) -> None:
+    """Files deleted or resized after generation: sizes are checked against the manifest before
+    reuse; generate regenerates just those files (and says so), replay --no-generate refuses."""
+    model, data = write_model(tmp_path, "dataset.format=npy"), tmp_path / "d"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    before = digest_dir(data)
+    victim = sorted((data / "train").rglob("*.npy"))[2]
+    rel = victim.relative_to(data).as_posix()
+    if damage == "deleted":
+        victim.unlink()
+    elif damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:100])
+    else:
+        victim.write_bytes(victim.read_bytes() + b"more")
+    refused = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o"), "--no-trace",
+                      "--no-generate")
+    no_traceback(refused.stderr)
+    assert refused.returncode == 1 and "files were deleted or changed size since it was generated" in refused.stderr
+    again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    assert "1 generated, 5 reused" in again.stdout
+    assert f"1 file(s) of the dataset in {data} were missing or had changed size" in again.stderr
+    assert rel in again.stderr and ("missing" if damage == "deleted" else "bytes, listed") in again.stderr
+    assert digest_dir(data) == before  # regenerated byte for byte
+    replayed = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o2"), "--no-trace",
+                       "--no-generate", check=True)
+    assert "metrics:" in replayed.stdout
