@@ -69,6 +69,7 @@ class CaptureResult:
     wall_time_s: float
     files: list[dict[str, Any]] = field(default_factory=list)
     killed_by_signal: int | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def events(self) -> int:
@@ -302,6 +303,9 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     else:
         status = "complete"
 
+    warnings = [f"--data-dir {d} does not exist (in {cwd}): nothing under it was traced; check the path "
+                f"(a relative one is relative to the job's working directory)"
+                for d in config.data_dirs if not (cwd / d).exists()]
     files: list[dict[str, Any]] = []
     for path in sorted(out.glob(f"{TRACE_PREFIX}-*.pfw*")):
         counted = count_events(path)
@@ -323,11 +327,12 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
             "wall_time_s": round(wall, 6),
             "files": files,
             "events": sum(int(f["events"]) for f in files),
+            "warnings": warnings,
         }
     )
     _write_json_atomic(manifest_path, manifest)
     return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
-                         killed_by_signal=killed_by)
+                         killed_by_signal=killed_by, warnings=tuple(warnings))
 
 
 def read_manifest(trace_dir: Path) -> dict[str, Any] | None:

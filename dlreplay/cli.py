@@ -124,7 +124,7 @@ def main() -> None:
 @click.option("--data-dir", "data_dirs", multiple=True, help="Trace only files under this path (repeatable). Default: every file.")
 @click.option("--name", help="Name of the capture (default: the command's name).")
 @click.option("--force", is_flag=True, help="Replace a previous capture in a non-empty --out.")
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
 def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, quiet: bool, command: tuple[str, ...]) -> None:
@@ -146,6 +146,9 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
     )
     if not quiet:
         _print_capture_summary(result)
+    else:  # warnings are not chatter: a wrong --data-dir leaves a trace without the dataset
+        for w in result.warnings:
+            click.echo(f"dlreplay: warning: {w}", err=True)
     sys.exit(result.exit_code)
 
 
@@ -171,6 +174,8 @@ def _print_capture_summary(result: Any) -> None:
             click.echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
     except DlreplayError as exc:
         click.echo(f"  (trace could not be summarised: {exc})", err=True)
+    for w in result.warnings:
+        click.echo(f"  warning: {w}", err=True)
     click.echo(f"  trace: {result.trace_dir}", err=True)
     click.echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
 

@@ -458,3 +458,71 @@ def test_dataset_damaged_after_generation_is_not_reused(tmp_path: Path, damage: 
     replayed = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o2"), "--no-trace",
                        "--no-generate", check=True)
     assert "metrics:" in replayed.stdout
+
+
+# --------------------------------------------------------------------------- the job's own sitecustomize
+
+
+USER_SITECUSTOMIZE = """
+import os, sys
+if __name__ == "sitecustomize":  # as Python imports it
+    with open(os.environ["SC_LOG"], "a") as f:
+        f.write(f"{os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else '-'}\\n")
+"""
+
+SPAWNING_JOB = """
+import multiprocessing as mp, os, sys
+import sitecustomize  # the job's own, not dlreplay's
+assert sitecustomize.__file__.startswith(os.environ["SC_DIR"]), sitecustomize.__file__
+
+def pid(_):
+    return os.getpid()
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(2) as pool:
+        children = set(pool.map(pid, range(8)))
+    print(os.getpid(), *children)
+"""
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["capture", "capture-in-capture"])
+def test_users_sitecustomize_runs_exactly_once_per_process(tmp_path: Path, nested: bool) -> None:
+    """The job's own sitecustomize.py (on PYTHONPATH) runs once in the job and in each spawned
+    child, under its own name; also when captures nest (an inner capture's copy used to chain
+    to the outer one and back until RecursionError, and the job's own never ran)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    (tmp_path / "job.py").write_text(SPAWNING_JOB)
+    log = tmp_path / "sc.log"
+    env = {**os.environ, "PYTHONPATH": str(site), "SC_LOG": str(log), "SC_DIR": str(site)}
+    job = [PY, "job.py"]
+    if nested:
+        job = [PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "inner"), "--", *job]
+    proc = subprocess.run([PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "t"), "--", *job],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    no_traceback(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    assert "Error in sitecustomize" not in proc.stderr
+    pids = [int(x) for x in proc.stdout.split()]
+    runs = [int(line.split()[0]) for line in log.read_text().splitlines()]
+    assert len(pids) >= 2  # the job and at least one spawned worker
+    for pid in pids:
+        assert runs.count(pid) == 1, (pid, runs)
+    assert len(runs) == len(set(runs))  # no process ran it twice (dlreplay's own processes run it once too)
+
+
+def test_capture_data_dir_that_does_not_exist_is_reported(tmp_path: Path) -> None:
+    """A --data-dir that does not exist (a typo) is named in the summary, also with -q, and kept in
+    the manifest; one the job creates while it runs is not a mistake."""
+    (tmp_path / "job.py").write_text("import os\nos.makedirs('made', exist_ok=True)\n")
+    for quiet in ([], ["-q"]):
+        out = tmp_path / f"t{len(quiet)}"
+        proc = run_cli("capture", *quiet, "--out", str(out), "--data-dir", "dta", "--data-dir", "made", "--",
+                       PY, "job.py", cwd=tmp_path)
+        no_traceback(proc.stderr)
+        assert proc.returncode == 0, proc.stderr
+        assert f"--data-dir dta does not exist (in {tmp_path}): nothing under it was traced" in proc.stderr
+        assert "--data-dir made" not in proc.stderr
+        assert json.loads((out / "manifest.json").read_text())["warnings"] == [
+            line.split("warning: ", 1)[1] for line in proc.stderr.splitlines() if "warning: --data-dir" in line]
