@@ -326,8 +326,24 @@ def _stored_size(path: Path) -> int:
 # Inputs
 
 
-def _find_inputs(path) -> tuple[list[Path], dict | None]:
-    """Resolve ``path`` to trace files (sorted) and the manifest of a directory, if any."""
+@dataclass(frozen=True)
+class TraceInputs:
+    """The trace files of a path, its manifest, and the files left out (one sentence each, naming them)."""
+
+    files: list[Path]
+    manifest: dict | None
+    skipped: list[str] = field(default_factory=list)
+
+
+def find_trace_inputs(path) -> TraceInputs:
+    """Resolve ``path`` (a trace directory, a file, or a list of files) to its trace files, sorted.
+
+    A directory's files are those below it, except: files under a subdirectory with its own
+    ``manifest.json`` (another capture, e.g. a replay's trace kept inside) and files whose
+    bytes are identical to an earlier one (the same process's trace twice); both are left
+    out and named in ``skipped``, never summed. A directory whose trace files all belong to
+    two or more such runs is refused: analyse one run at a time.
+    """
     if isinstance(path, (list, tuple)):
         if not path:
             raise TraceError("no trace files given: pass a trace directory or .pfw/.pfw.gz files")
@@ -335,20 +351,113 @@ def _find_inputs(path) -> tuple[list[Path], dict | None]:
         for p in files:
             if not p.is_file():
                 raise TraceError(f"trace file {p} does not exist: check the path")
-        return files, None
+        return TraceInputs(files, None)
     p = Path(path)
     if p.is_file():
-        return [p], None
+        return TraceInputs([p], None)
     if not p.exists():
         raise TraceError(f"trace path {p} does not exist: pass a directory written by "
                          "'dlreplay capture' or a .pfw/.pfw.gz file")
     if not p.is_dir():
         raise TraceError(f"trace path {p} is neither a file nor a directory")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-    if not files:
+    found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    if not found:
         raise TraceError(f"no trace files (*.pfw, *.pfw.gz) under {p}: was the job captured "
                          "with DFTracer, and did it run long enough to write its trace?")
-    return files, _read_manifest(p / MANIFEST_NAME)
+    runs = sorted({d for d in (_run_root(f, p) for f in found) if d is not None}, key=str)
+    mine = [f for f in found if _run_root(f, p) is None]
+    if not mine and len(runs) > 1:
+        names = ", ".join(str(r.relative_to(p)) for r in runs[:5]) + (", ..." if len(runs) > 5 else "")
+        raise TraceError(f"{p} holds {len(runs)} captured runs ({names}), each with its own {MANIFEST_NAME}: "
+                         f"analyse one run at a time (e.g. {runs[0]})")
+    if not mine:  # one run in a subdirectory: that run
+        return find_trace_inputs(runs[0])
+    skipped = [f"{r.relative_to(p)}/: {sum(1 for f in found if _run_root(f, p) == r)} trace file(s) of another "
+               f"run (it has its own {MANIFEST_NAME}), left out; analyse {r} on its own" for r in runs]
+    files, dupes = _without_duplicates(mine)
+    if dupes:
+        pairs = "; ".join(f"{f.relative_to(p)} = {g.relative_to(p)}" for f, g in dupes[:5])
+        skipped.append(f"{len(dupes)} trace file(s) are byte-identical copies of others (the same process's trace "
+                       f"twice), left out: {pairs}{'; ...' if len(dupes) > 5 else ''}")
+    return TraceInputs(files, _read_manifest(p / MANIFEST_NAME), skipped)
+
+
+def _run_root(f: Path, top: Path) -> Path | None:
+    """The subdirectory of *top* above *f* that holds another capture's manifest, or None."""
+    for d in f.parents:
+        if d == top or top not in d.parents:
+            return None
+        if (d / MANIFEST_NAME).is_file():
+            return d
+    return None
+
+
+def _without_duplicates(files: list[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """*files* without byte-identical copies, and the (copy, original) pairs left out.
+
+    Only files of equal size are hashed; of identical files the one nearest the top of the
+    directory (then the first by name) is kept.
+    """
+    import hashlib
+
+    def digest(f: Path) -> bytes | None:
+        h = hashlib.blake2b(digest_size=16)
+        try:
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 20):
+                    h.update(block)
+        except OSError:
+            return None
+        return h.digest()
+
+    by_size: dict[int, list[Path]] = {}
+    for f in sorted(files, key=lambda f: (len(f.parts), f)):
+        by_size.setdefault(_stored_size(f), []).append(f)
+    dupes: list[tuple[Path, Path]] = []
+    for size, same in by_size.items():
+        if len(same) < 2 or size == 0:
+            continue
+        first: dict[bytes, Path] = {}
+        for f in same:
+            key = digest(f)
+            if key is None:
+                continue
+            if key in first:
+                dupes.append((f, first[key]))
+            else:
+                first[key] = f
+    gone = {f for f, _ in dupes}
+    return [f for f in files if f not in gone], sorted(dupes)
+
+
+def _find_inputs(path) -> tuple[list[Path], dict | None]:
+    """Resolve ``path`` to trace files (sorted) and the manifest of a directory, if any (see
+    :func:`find_trace_inputs`)."""
+    found = find_trace_inputs(path)
+    return found.files, found.manifest
+
+
+def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
+    """What a reader must know before any number derived from the trace at *path*: a capture
+    that did not end (manifest ``running``; a process file cut), files left out (another run,
+    duplicates) and files that hold no events. One sentence each, naming the file."""
+    found = find_trace_inputs(path)
+    out = []
+    status = (found.manifest or {}).get("status")
+    if status == "running":
+        out.append(f"the capture did not end: its {MANIFEST_NAME} still says 'running' (its dlreplay process was "
+                   f"killed, or it is still running), so the trace may be incomplete")
+    cut = [f for f in files if f.damaged]
+    if cut:
+        out.append(f"{len(cut)} process file(s) cut or damaged ({', '.join(f.name for f in cut[:5])}"
+                   f"{', ...' if len(cut) > 5 else ''}): those processes' traces are incomplete")
+    out += found.skipped
+    empty = [f for f in files if f.events == 0]
+    if empty:
+        why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
+        out.append(f"{len(empty)} of {len(files)} trace file(s) hold no events: {why}"
+                   f"{'; ...' if len(empty) > 5 else ''}")
+    return out
 
 
 def _read_manifest(path: Path) -> dict | None:

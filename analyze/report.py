@@ -55,6 +55,9 @@ class Report:
     dropped_bytes: int = 0
     #: per trace file: :class:`~dlreplay.analyze.load.FileReport` (events, dropped, problems)
     file_reports: list = field(default_factory=list)
+    #: what a reader must know first (:func:`~dlreplay.analyze.load.trace_warnings`): a capture that
+    #: did not end, files cut, left out or without events
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -66,6 +69,7 @@ class Report:
             "damage": self.damage,
             "verify": self.verify,
             "notes": self.notes,
+            "warnings": self.warnings,
             "dropped_lines": self.dropped_lines,
             "dropped_bytes": self.dropped_bytes,
         }
@@ -318,6 +322,8 @@ def render_html(r: Report) -> str:
            "<table>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _headline(r)]
     out.append("</table>")
+    for w in r.warnings:
+        out.append(f"<p class='note'><b>Warning:</b> {e(w)}</p>")
     if r.damage:
         out.append(f"<p class='note'><b>Damaged trace:</b> {e(r.damage)}</p>")
     out.append(f"<h2>Findings ({len(r.findings)})</h2>")
@@ -420,6 +426,7 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     out = [f"# I/O analysis of {os.path.basename(r.trace.rstrip('/')) or r.trace}", "",
            f"<!-- {REPORT_SCHEMA} format_version {REPORT_FORMAT_VERSION} -->", ""]
     out += [f"- **{k}**: {v}" for k, v in _headline(r)]
+    out += [f"\n> **Warning:** {w}" for w in r.warnings]
     if r.damage:
         out += ["", f"> **Damaged trace:** {r.damage}"]
     out += ["", f"## Findings ({len(r.findings)})", ""]

@@ -7,6 +7,7 @@ a one-line message on stderr (exit 1; usage errors exit 2), never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -37,6 +38,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except DlreplayError as exc:
             _fail(str(exc), exc.exit_code)
+        except BrokenPipeError:  # `dlreplay analyze T | head`: the reader left; nothing to say to it
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error when Python flushes at exit
+            sys.exit(1)
         except PermissionError as exc:
             _fail(f"permission denied: {exc.filename or exc}", 1)
         except FileNotFoundError as exc:
@@ -244,6 +250,7 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         payload = dict(ov)
         payload.update(report.to_dict())
         payload["trace"] = str(trace)
+        payload["incomplete"] = bool(report.warnings)
         payload["dropped_lines"] = report.dropped_lines
         payload["dropped_bytes"] = report.dropped_bytes
         payload["files"] = [{"name": f.name, "bytes": f.bytes, "members": f.members, "lines": f.lines,
@@ -251,6 +258,10 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
                              "problems": list(f.problems)} for f in report.file_reports]
         click.echo(json.dumps(payload, indent=2, default=str))
         return
+    for w in report.warnings:  # before any number derived from the trace
+        click.echo(f"warning: {w}")
+    if report.warnings:
+        click.echo("")
     click.echo(render_text(report.characterization.view.summary))
     if not ov["events"]:
         click.echo(f"\nwarning: {_why_no_events(report.file_reports, report.manifest)}")
@@ -322,6 +333,9 @@ def compare(trace_a: Path, trace_b: Path, as_json: bool, min_similarity: float |
     if as_json:
         click.echo(json.dumps(cmp.to_dict(), indent=2))
     else:
+        for side, path, warnings in (("A", trace_a, cmp.warnings_a), ("B", trace_b, cmp.warnings_b)):
+            for w in warnings:  # before the numbers derived from them
+                click.echo(f"warning: {side} ({path}): {w}")
         click.echo(render_comparison(cmp))
         if report_path is not None:
             click.echo(f"report: {report_path}")
@@ -452,12 +466,20 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     """
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.distill import distill as run_distill
+    from dlreplay.analyze.load import trace_warnings
     from dlreplay.model import save_model, summarize_model
 
     _refuse_overwrite(output, force)
     with _status(f"loading {trace}"):
         loaded = load_trace(trace)
+    warnings = trace_warnings(trace, loaded.files)
+    for w in warnings:  # before the model: it is derived from what the trace holds
+        click.echo(f"warning: {w}")
     model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace))
+    if warnings:  # the model file says so too
+        model = dataclasses.replace(model, provenance=dataclasses.replace(
+            model.provenance, notes=[*model.provenance.notes, *(f"distilled from an incomplete trace: {w}"
+                                                                for w in warnings)]))
     save_model(model, output)
     if not quiet:
         click.echo(summarize_model(model))

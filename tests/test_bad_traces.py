@@ -414,3 +414,107 @@ def test_dropped_bytes_of_a_malformed_line_ending_in_a_comma(tmp_path: Path) -> 
     rep = load_trace(path).files[0]
     assert rep.dropped_lines == 2
     assert rep.dropped_bytes == sum(len(b) + 1 for b in bad)
+
+
+# --------------------------------------------------------------------------- traces that hold nothing, runs that did not end
+
+
+def _first_lines(text: str) -> list[str]:
+    """The lines before the summary (what a reader sees first)."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("warning: "):
+            break
+        out.append(line)
+    return out
+
+
+def test_empty_header_only_and_cut_files_are_named_first_in_plain_output(tmp_path: Path) -> None:
+    """Not only in --json: the plain text names each file without events and each cut one, before the summary."""
+    lines = corpus_lines()
+    data = gz_members(lines, 2)
+    odd = {"trace-zero.pfw.gz": b"", "trace-header.pfw.gz": gzip.compress(b"[\n"),
+           "trace-cut.pfw.gz": data[: len(data) * 2 // 3]}
+    trace = trace_with(tmp_path, biggest(), data)
+    for n, d in odd.items():
+        (trace / n).write_bytes(d)
+    proc = run_cli("analyze", str(trace))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    first = "\n".join(_first_lines(proc.stdout))
+    assert "1 process file(s) cut or damaged (trace-cut.pfw.gz)" in first
+    assert "trace-zero.pfw.gz (file is empty (0 bytes)" in first and "trace-header.pfw.gz (" in first
+    assert "hold no events" in first
+    payload = json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)
+    assert payload["incomplete"] is True
+    assert [f"warning: {w}" for w in payload["warnings"]] == _first_lines(proc.stdout)
+
+
+def test_comparing_traces_without_events_is_an_error(tmp_path: Path) -> None:
+    """Two empty traces used to be 'identical' (similarity 1.0)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "trace-a.pfw.gz").write_bytes(b"")
+    (empty / "trace-b.pfw.gz").write_bytes(gzip.compress(b"[\n"))
+    for a, b, bad in ((empty, empty, empty), (SRC, empty, empty), (empty, SRC, empty)):
+        proc = run_cli("compare", str(a), str(b), "--json")
+        no_traceback(proc.stderr)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+        assert f"dlreplay: error: {bad}: the trace holds no events, so there is nothing to compare" in proc.stderr
+        assert "trace-a.pfw.gz (file is empty (0 bytes)" in proc.stderr
+
+
+def test_duplicate_files_and_another_run_inside_are_reported_not_summed(tmp_path: Path, clean: dict) -> None:
+    """The same run copied into a subdirectory, and another capture (its own manifest) kept inside:
+    both left out and named; the numbers are those of the run itself."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    shutil.copytree(SRC, trace / "again", ignore=shutil.ignore_patterns("manifest.json"))  # the same run twice
+    shutil.copytree(TRACES / "npz_spawn", trace / "replay")  # another run, with its manifest
+    payload = analyze_json(trace)
+    assert payload["events"] == clean["events"]
+    assert payload["bytes_read"] == clean["bytes_read"]
+    n = len(list(SRC.glob("*.pfw*")))
+    assert any(w.startswith(f"{n} trace file(s) are byte-identical copies of others") for w in payload["warnings"])
+    assert any(w.startswith("replay/: ") and "of another run" in w for w in payload["warnings"])
+    text = run_cli("analyze", str(trace), check=True).stdout
+    assert "byte-identical copies" in text.split("\n\n")[0] and "replay/" in text.split("\n\n")[0]
+    cmp = json.loads(run_cli("compare", str(trace), str(SRC), "--json", check=True).stdout)
+    assert cmp["similarity"] == pytest.approx(1.0, abs=1e-9) and cmp["warnings"]["b"] == []
+    assert len(cmp["warnings"]["a"]) == 2
+
+
+def test_a_directory_of_several_runs_is_refused(tmp_path: Path) -> None:
+    runs = tmp_path / "traces"
+    runs.mkdir()
+    shutil.copytree(SRC, runs / "a")
+    shutil.copytree(TRACES / "npz_spawn", runs / "b")
+    proc = run_cli("analyze", str(runs))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1
+    assert f"{runs} holds 2 captured runs (a, b), each with its own manifest.json: analyse one run at a time" \
+        in proc.stderr
+    (runs / "b" / "manifest.json").unlink()  # b's files are now loose files of the directory: a is left out
+    assert "a/: " in "\n".join(analyze_json(runs)["warnings"])
+
+
+def test_capture_that_did_not_end_is_said_first_and_marked(tmp_path: Path) -> None:
+    """manifest 'running' (the capture was killed): analyze, distill and compare say so first; the
+    distilled model and the JSON outputs carry it."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    manifest = json.loads((trace / "manifest.json").read_text())
+    manifest["status"] = "running"
+    (trace / "manifest.json").write_text(json.dumps(manifest))
+    said = "the capture did not end: its manifest.json still says 'running'"
+    ana = run_cli("analyze", str(trace), check=True)
+    assert ana.stdout.startswith(f"warning: {said}")
+    assert said in json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)["warnings"][0]
+    dis = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), check=True)
+    assert dis.stdout.startswith(f"warning: {said}")
+    from dlreplay.model import load_model
+
+    assert any(n.startswith(f"distilled from an incomplete trace: {said}")
+               for n in load_model(tmp_path / "m.yaml").provenance.notes)
+    cmp = run_cli("compare", str(SRC), str(trace), check=True)
+    assert cmp.stdout.startswith(f"warning: B ({trace}): {said}")
