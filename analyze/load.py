@@ -79,7 +79,7 @@ import polars as pl
 
 from dlreplay.errors import TraceError
 from dlreplay.pfw import DecodeStats as _Stats
-from dlreplay.pfw import Slabs, anonymous_map
+from dlreplay.pfw import PlainFile, Slabs, anonymous_map
 from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
@@ -95,6 +95,8 @@ MANIFEST_NAME = "manifest.json"
 
 #: Decoded text per parse batch (bytes). Large batches amortise per-layout overhead.
 _CHUNK_BYTES = 32 << 20
+#: Longest line kept (bytes): a longer one is dropped as it streams by (see :func:`_text_chunks`).
+_MAX_LINE_BYTES = 4 << 20
 #: Stored bytes of the files parsed together by one :func:`parse_part` call of
 #: :func:`load_trace` (a larger file is a group of its own).
 _GROUP_BYTES = 4 << 20
@@ -505,14 +507,15 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
         src, p = job[0], job[1]
         path = Path(p)
         stats = _Stats()
+        data: bytes | PlainFile
         try:
             if len(job) == 5:
                 start, end = job[2], job[3]  # type: ignore[misc]
                 with open(path, "rb") as fh:
                     fh.seek(start)
                     data = fh.read(end - start)
-            else:
-                data = path.read_bytes()
+            else:  # plain text is read as it is parsed (garbage costs no memory by its size)
+                data = PlainFile.of(path) or path.read_bytes()
         except OSError as exc:
             raise TraceError(f"cannot read trace file {path}: {exc}") from exc
         if not data:
@@ -621,7 +624,7 @@ def _joined(text: list[_Piece]) -> bytes:
 _PREFETCH_BYTES = 2 << 20
 
 
-def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
+def _prefetched(data: bytes | PlainFile, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
     """:func:`_text_chunks`, decoded one chunk ahead in a helper thread.
 
     The helper counts into its own stats; what it counted up to each chunk is added to
@@ -672,7 +675,7 @@ def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool
         helper.join()
 
 
-def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iterable[tuple[list[_Piece], bool, bool]]:
+def _text_chunks(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None) -> Iterable[tuple[list[_Piece], bool, bool]]:
     """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``,
     each a list of pieces of the decoder's output (in ``slabs`` when given; never copied
     here).
@@ -680,10 +683,22 @@ def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iter
     Chunks end on a newline except the last one before a damage point (then
     ``damaged_after`` is True and its tail is a partial line) or at the end of input.
     ``cut`` is True for a chunk ended because it reached the size (more may follow).
+    A line longer than :data:`_MAX_LINE_BYTES` (no trace event is; a file of NUL bytes or
+    other garbage has one) is dropped and counted as it streams by, never held: memory
+    stays bounded by the chunk size, whatever the file holds.
     """
     pending: list[_Piece] = []
     size = 0
+    skipping = False  # inside an over-long line: drop until its newline
     for buf, lo, hi, damage in _decoded_spans(data, stats, slabs):
+        if skipping and hi > lo:
+            k = buf.find(b"\n", lo, hi)
+            stats.drop(0, (hi if k < 0 else k + 1) - lo)
+            if k < 0:
+                if damage:
+                    skipping = False
+                continue
+            skipping, lo = False, k + 1
         if hi > lo:
             if pending and pending[-1][0] is buf and pending[-1][2] == lo:  # continues in a slab
                 pending[-1] = (buf, pending[-1][1], hi)
@@ -704,6 +719,11 @@ def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iter
                 yield [*pending[:j], (b, lo, k + 1)], False, True
                 pending = [x for x in [(b, k + 1, hi), *pending[j + 1:]] if x[2] > x[1]]
                 size = sum(x[2] - x[1] for x in pending)
+            if size > _MAX_LINE_BYTES:  # what is left is one unfinished line, already too long
+                stats.drop(1, size)
+                stats.problems.append(f"dropped a line longer than {_MAX_LINE_BYTES >> 20} MiB (no trace event is; "
+                                      f"garbage such as NUL bytes)")
+                pending, size, skipping = [], 0, True
     if pending:
         yield pending, False, False
 
@@ -745,6 +765,7 @@ class _Batch:
 
     def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
         """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
+        text = _blank_garbage(text, stats)
         idx = len(self.segments)
         self.nbytes += len(text)
         if len(text) < _ALONE_BYTES:
@@ -770,6 +791,45 @@ class _Batch:
         ev, me = _parse_segments(segments, pl.concat(toks) if len(toks) > 1 else toks[0])
         self.events.extend(ev)
         self.meta.extend(me)
+
+
+#: First bytes of a line that may be a trace record: ``{`` (an event or metadata record),
+#: ``[`` / ``]`` (DFTracer 1.x's array brackets), or blanks before one of them.
+_RECORD_FIRST = np.frombuffer(b"{[] \t\r", dtype=np.uint8)
+
+
+def _blank_garbage(text: bytes, stats: _Stats) -> bytes:
+    """``text`` with every line that cannot be a trace record blanked (its newline kept, so
+    line numbers hold), dropped and counted: a line whose first byte is none of
+    :data:`_RECORD_FIRST`, or that holds a NUL byte (JSON text never does).
+
+    Garbage (random bytes, a binary file named ``.pfw``) then costs one vectorised pass
+    instead of the tokenizer and a JSON bisection per line: time and memory stay bounded by
+    the chunk size. Well-formed text is returned as is.
+    """
+    arr = np.frombuffer(text, dtype=np.uint8)
+    if not len(arr):
+        return text
+    nl = np.flatnonzero(arr == 10)
+    starts = np.concatenate(([0], nl + 1))
+    ends = np.concatenate((nl, [len(arr)]))  # exclusive; the newline itself (if any) is at ends
+    if starts[-1] == len(arr):  # no line after a final newline
+        starts, ends = starts[:-1], ends[:-1]
+    filled = ends > starts
+    bad = filled & ~np.isin(arr[np.minimum(starts, len(arr) - 1)], _RECORD_FIRST)
+    nuls = np.flatnonzero(arr == 0)
+    if len(nuls):
+        bad[np.searchsorted(starts, nuls, side="right") - 1] = True
+    bad &= filled
+    if not bad.any():
+        return text
+    lo, hi = starts[bad], ends[bad]
+    stats.lines += int(bad.sum())
+    _drop_malformed(stats, int(bad.sum()), int((hi - lo).sum() + np.count_nonzero(hi < len(arr))))
+    edge = np.zeros(len(arr) + 1, dtype=np.int8)
+    edge[lo] += 1
+    edge[hi] -= 1
+    return arr[np.cumsum(edge[:-1], dtype=np.int8) == 0].tobytes()
 
 
 # ---------------------------------------------------------------------------------------
