@@ -26,7 +26,14 @@ import polars as pl
 
 from dlreplay.errors import UsageError
 from dlreplay.osutil import atomic_write_text
-from dlreplay.units import human_bytes, human_seconds
+from dlreplay.units import (
+    human_bytes,
+    human_seconds,
+    markdown_cell,
+    markdown_text,
+    printable,
+    terminal_safe,
+)
 
 from .findings import Finding
 from .passes import Characterization, TraceView
@@ -312,9 +319,14 @@ pre{padding:.5em;white-space:pre-wrap} img{max-width:100%} .note{color:#555}
 """
 
 
+def _html(text: object) -> str:
+    """Text for HTML: markup escaped, and control characters (from names in traces) shown escaped."""
+    return html.escape(terminal_safe(text))
+
+
 def render_html(r: Report) -> str:
     """A self-contained HTML page (figures embedded as base64 PNG)."""
-    e = html.escape
+    e = _html
     out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
            f"<meta name='dlreplay-schema' content='{REPORT_SCHEMA} {REPORT_FORMAT_VERSION}'>",
            f"<title>dlreplay report: {e(r.trace)}</title><style>{_CSS}</style></head><body>",
@@ -364,7 +376,7 @@ def render_html(r: Report) -> str:
 
 
 def _verify_html(v: dict) -> str:
-    e = html.escape
+    e = _html
     rows = v.get("runs", [])
     head = "<table><tr><th>run</th><th>overrides</th><th>AU</th><th>samples/s</th><th>MB/s</th></tr>"
     body = "".join(
@@ -402,7 +414,7 @@ def _files_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
 
 
 def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
-    e = html.escape
+    e = _html
     if not rows:
         return "<p class='note'>none</p>"
     h = "".join(f"<th>{e(x)}</th>" for x in headers)
@@ -415,7 +427,7 @@ def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) ->
 def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
     if not rows:
         return "_none_\n"
-    esc = [[x.replace("|", "\\|") for x in row] for row in rows]
+    esc = [[markdown_cell(x) for x in row] for row in rows]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if rt else "---" for rt in right) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in esc]
     return "\n".join(lines) + "\n"
@@ -423,23 +435,24 @@ def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
 
 def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     """Markdown text; writes the figures as PNG files into ``figure_dir``."""
-    out = [f"# I/O analysis of {os.path.basename(r.trace.rstrip('/')) or r.trace}", "",
+    t = markdown_text  # every text here may hold names from the trace (files, paths)
+    out = [f"# I/O analysis of {markdown_cell(os.path.basename(r.trace.rstrip('/')) or r.trace)}", "",
            f"<!-- {REPORT_SCHEMA} format_version {REPORT_FORMAT_VERSION} -->", ""]
-    out += [f"- **{k}**: {v}" for k, v in _headline(r)]
-    out += [f"\n> **Warning:** {w}" for w in r.warnings]
+    out += [f"- **{t(k)}**: {t(v)}" for k, v in _headline(r)]
+    out += [f"\n> **Warning:** {t(w)}" for w in r.warnings]
     if r.damage:
-        out += ["", f"> **Damaged trace:** {r.damage}"]
+        out += ["", f"> **Damaged trace:** {t(r.damage)}"]
     out += ["", f"## Findings ({len(r.findings)})", ""]
     if not r.findings:
         out.append("No bottleneck found with the current thresholds.")
     for f in r.findings:
-        out += [f"### [{f.severity.upper()}] {f.title} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})", "",
-                f"**Root cause.** {f.root_cause}", "", f"**Recommendation.** {f.recommendation}", ""]
+        out += [f"### [{f.severity.upper()}] {t(f.title)} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})", "",
+                f"**Root cause.** {t(f.root_cause)}", "", f"**Recommendation.** {t(f.recommendation)}", ""]
         cmd = _replay_cmd(r.trace, f)
         if cmd:
-            out += ["Try it by replay:", "", "```", cmd, "```", ""]
-        out += [f"Evidence (threshold: {f.threshold}):", ""]
-        out += [f"- `{k}`: {_fmt(v)}" for k, v in f.evidence.items()]
+            out += ["Try it by replay:", "", "```", printable(cmd).replace("```", "\\`\\`\\`"), "```", ""]
+        out += [f"Evidence (threshold: {t(f.threshold)}):", ""]
+        out += [f"- `{k}`: {t(_fmt(v))}" for k, v in f.evidence.items()]
         out.append("")
     if r.verify:
         out += ["## Verified what-if (replay)", "",
@@ -448,7 +461,7 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
                             _num(x.get("mb_per_s"))] for x in r.verify.get("runs", [])],
                           [False, False, True, True, True])]
         if r.verify.get("note"):
-            out += [r.verify["note"], ""]
+            out += [markdown_text(r.verify["note"]), ""]
     out += ["## Figures", ""]
     figure_dir.mkdir(parents=True, exist_ok=True)
     for key, (title, png) in figures(r.characterization).items():
@@ -459,7 +472,7 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
         out += [f"### {title}", "", f"![{title}]({figure_prefix}/{key}.png)", ""]
     out += ["## Top operations", "", _table_md(*_ops_table(r)), "## Top files", "", _table_md(*_files_table(r))]
     if r.notes:
-        out += ["## What the trace could not tell", ""] + [f"- {n}" for n in r.notes] + [""]
+        out += ["## What the trace could not tell", ""] + [f"- {markdown_text(n)}" for n in r.notes] + [""]
     return "\n".join(out) + "\n"
 
 

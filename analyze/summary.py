@@ -22,7 +22,7 @@ from dlreplay.schema import (
     READ_OPS,
     WRITE_OPS,
 )
-from dlreplay.units import human_bytes, human_seconds
+from dlreplay.units import human_bytes, human_seconds, printable
 
 from .files import classify_files, file_process_table
 
@@ -217,6 +217,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
 
 
 def _short(path: str, width: int = 60) -> str:
+    """*path* shown safely (control characters escaped), its last *width* characters when longer."""
+    path = printable(path)
     return path if len(path) <= width else "…" + path[-(width - 1):]
 
 

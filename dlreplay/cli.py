@@ -21,11 +21,17 @@ import click
 from dlreplay import __version__
 from dlreplay.errors import DlreplayError
 from dlreplay.interrupt import INTERRUPT
-from dlreplay.units import human_bytes
+from dlreplay.units import human_bytes, terminal_safe
+
+
+def _echo(message: Any = "", err: bool = False, nl: bool = True) -> None:
+    """``click.echo`` of text that may hold names from traces or models: control characters
+    (escape sequences, bells, carriage returns) are shown escaped, never sent to the terminal."""
+    click.echo(terminal_safe(message), err=err, nl=nl)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"dlreplay: error: {message}", err=True)
+    _echo(f"dlreplay: error: {message}", err=True)
     sys.exit(code)
 
 
@@ -154,36 +160,36 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
         _print_capture_summary(result)
     else:  # warnings are not chatter: a wrong --data-dir leaves a trace without the dataset
         for w in result.warnings:
-            click.echo(f"dlreplay: warning: {w}", err=True)
+            _echo(f"dlreplay: warning: {w}", err=True)
     sys.exit(result.exit_code)
 
 
 def _print_capture_summary(result: Any) -> None:
     from dlreplay.analyze import load_trace, summarize
 
-    click.echo("", err=True)
+    _echo("", err=True)
     how = f"exit code {result.exit_code}"
     if result.killed_by_signal:
         how += f", killed by {_signal_name(result.killed_by_signal)}"
-    click.echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
+    _echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
     try:
         loaded = load_trace(result.trace_dir)
         s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"), per_process=loaded.per_process)
-        click.echo(
+        _echo(
             f"  processes traced: {s.processes}   events: {loaded.events.height:,}   "
             f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",
             err=True,
         )
         if loaded.damaged:
-            click.echo(f"  warning: {loaded.describe_damage()}", err=True)
+            _echo(f"  warning: {loaded.describe_damage()}", err=True)
         if loaded.events.height == 0:
-            click.echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
+            _echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
     except DlreplayError as exc:
-        click.echo(f"  (trace could not be summarised: {exc})", err=True)
+        _echo(f"  (trace could not be summarised: {exc})", err=True)
     for w in result.warnings:
-        click.echo(f"  warning: {w}", err=True)
-    click.echo(f"  trace: {result.trace_dir}", err=True)
-    click.echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
+        _echo(f"  warning: {w}", err=True)
+    _echo(f"  trace: {result.trace_dir}", err=True)
+    _echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
 
 
 @main.command()
@@ -235,7 +241,7 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
             limit = parse_bytes(memory_limit)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--memory-limit") from None
-    say = (lambda s: click.echo(s, err=True)) if not as_json else None
+    say = (lambda s: _echo(s, err=True)) if not as_json else None
     with _status(f"analysing {trace}"):
         report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
                                verify_dir=verify_dir, verify_epochs=verify_epochs, scheduler=scheduler,
@@ -256,28 +262,28 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         payload["files"] = [{"name": f.name, "bytes": f.bytes, "members": f.members, "lines": f.lines,
                              "events": f.events, "dropped_lines": f.dropped_lines, "dropped_bytes": f.dropped_bytes,
                              "problems": list(f.problems)} for f in report.file_reports]
-        click.echo(json.dumps(payload, indent=2, default=str))
+        _echo(json.dumps(payload, indent=2, default=str))
         return
     for w in report.warnings:  # before any number derived from the trace
-        click.echo(f"warning: {w}")
+        _echo(f"warning: {w}")
     if report.warnings:
-        click.echo("")
-    click.echo(render_text(report.characterization.view.summary))
+        _echo("")
+    _echo(render_text(report.characterization.view.summary))
     if not ov["events"]:
-        click.echo(f"\nwarning: {_why_no_events(report.file_reports, report.manifest)}")
+        _echo(f"\nwarning: {_why_no_events(report.file_reports, report.manifest)}")
     else:
-        click.echo("")
-        click.echo(render_findings_text(report))
+        _echo("")
+        _echo(render_findings_text(report))
     if loaded_damage:
-        click.echo(f"\nwarning: {loaded_damage}")
-    click.echo("")
+        _echo(f"\nwarning: {loaded_damage}")
+    _echo("")
     if report_path is not None:
-        click.echo(f"report: {report_path}")
-    click.echo("next:")
+        _echo(f"report: {report_path}")
+    _echo("next:")
     if report_path is None:
-        click.echo(f"  dlreplay analyze {trace} --report report.html")
-    click.echo(f"  dlreplay distill {trace} -o model.yaml")
-    click.echo(f"  dlreplay export {trace}          # timeline for Perfetto")
+        _echo(f"  dlreplay analyze {trace} --report report.html")
+    _echo(f"  dlreplay distill {trace} -o model.yaml")
+    _echo(f"  dlreplay export {trace}          # timeline for Perfetto")
 
 
 def _why_no_events(files: Any, manifest: dict | None) -> str:
@@ -331,16 +337,16 @@ def compare(trace_a: Path, trace_b: Path, as_json: bool, min_similarity: float |
     if report_path is not None:
         write_comparison_report(cmp, report_path)
     if as_json:
-        click.echo(json.dumps(cmp.to_dict(), indent=2))
+        _echo(json.dumps(cmp.to_dict(), indent=2))
     else:
         for side, path, warnings in (("A", trace_a, cmp.warnings_a), ("B", trace_b, cmp.warnings_b)):
             for w in warnings:  # before the numbers derived from them
-                click.echo(f"warning: {side} ({path}): {w}")
-        click.echo(render_comparison(cmp))
+                _echo(f"warning: {side} ({path}): {w}")
+        _echo(render_comparison(cmp))
         if report_path is not None:
-            click.echo(f"report: {report_path}")
+            _echo(f"report: {report_path}")
     if min_similarity is not None and cmp.similarity < min_similarity:
-        click.echo(f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}", err=True)
+        _echo(f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}", err=True)
         sys.exit(1)
 
 
@@ -366,8 +372,8 @@ def export(trace: Path, output: Path | None, no_flows: bool) -> None:
         loaded = load_trace(trace)
     with _status(f"writing {out}"):
         stats = export_trace(loaded.events, out, manifest=loaded.manifest, flows=not no_flows)
-    click.echo(stats.summary())
-    click.echo(f"next: dlreplay view {out}   |   dlreplay sql {out} --query io-per-thread")
+    _echo(stats.summary())
+    _echo(f"next: dlreplay view {out}   |   dlreplay sql {out} --query io-per-thread")
 
 
 @main.command()
@@ -414,11 +420,11 @@ def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_b
     with _status(f"querying {trace}"):
         table = query(trace, text, trace_processor=tp_bin)
     if as_csv:
-        click.echo(table.write_csv(), nl=False)
+        _echo(table.write_csv(), nl=False)
         return
     with pl.Config(tbl_rows=200, tbl_cols=30, fmt_str_lengths=80, tbl_width_chars=200, tbl_hide_dataframe_shape=True):
-        click.echo(table)
-    click.echo(f"({table.height} rows)")
+        _echo(table)
+    _echo(f"({table.height} rows)")
 
 
 def _refuse_overwrite(path: Path, force: bool) -> None:
@@ -474,7 +480,7 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
         loaded = load_trace(trace)
     warnings = trace_warnings(trace, loaded.files)
     for w in warnings:  # before the model: it is derived from what the trace holds
-        click.echo(f"warning: {w}")
+        _echo(f"warning: {w}")
     model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace))
     if warnings:  # the model file says so too
         model = dataclasses.replace(model, provenance=dataclasses.replace(
@@ -482,11 +488,11 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
                                                                 for w in warnings)]))
     save_model(model, output)
     if not quiet:
-        click.echo(summarize_model(model))
+        _echo(summarize_model(model))
         if loaded.damaged:
-            click.echo(f"warning: {loaded.describe_damage()}")
-    click.echo(f"model: {output}")
-    click.echo(f"next: dlreplay model export-dlio {output} -o workload.yaml")
+            _echo(f"warning: {loaded.describe_damage()}")
+    _echo(f"model: {output}")
+    _echo(f"next: dlreplay model export-dlio {output} -o workload.yaml")
 
 
 @main.group()
@@ -507,9 +513,9 @@ def model_import_dlio(workload: Path, output: Path, force: bool) -> None:
     _refuse_overwrite(output, force)
     m = import_dlio(workload)
     save_model(m, output)
-    click.echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
+    _echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
     for note in m.provenance.notes:
-        click.echo(f"note: {note}")
+        _echo(f"note: {note}")
 
 
 @model.command("export-dlio")
@@ -525,8 +531,8 @@ def model_export_dlio(model_file: Path, output: Path, force: bool) -> None:
     _refuse_overwrite(output, force)
     warnings = export_dlio(load_model(model_file), output)
     for w in warnings:
-        click.echo(f"lossy: {w}")
-    click.echo(f"DLIO workload: {output}")
+        _echo(f"lossy: {w}")
+    _echo(f"DLIO workload: {output}")
 
 
 @model.command("show")
@@ -536,7 +542,7 @@ def model_show(model_file: Path) -> None:
     """Validate MODEL_FILE and print a readable summary of it."""
     from dlreplay.model import load_model, summarize_model
 
-    click.echo(summarize_model(load_model(model_file)))
+    _echo(summarize_model(load_model(model_file)))
 
 
 @main.command()
@@ -559,11 +565,11 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
     except KeyboardInterrupt:
         _fail(f"interrupted (Ctrl-C): {data_dir} holds a partial dataset (no complete manifest, so nothing "
               f"will use it); rerun the same command to resume", 130)
-    click.echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
+    _echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
                f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)")
     for w in res.warnings:
-        click.echo(f"warning: {w}", err=True)
-    click.echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")
+        _echo(f"warning: {w}", err=True)
+    _echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")
 
 
 @main.command()
@@ -602,21 +608,21 @@ def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | No
     config = ReplayConfig(model=m, data_dir=data_dir, accelerators=accelerators, out=out, trace=not no_trace,
                           generate=not no_generate, io=io_mode, au_threshold=au_threshold, seed=seed,
                           record_order=record_order, keep_checkpoints=keep_checkpoints, traced=traced)
-    echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
+    echo = (lambda s: None) if quiet else (lambda s: _echo(s, err=True))
     if find_max_accelerators:
         for n, au in find_max(config, echo=echo):
-            click.echo(f"accelerators {n:>4}  AU {'-' if au is None else f'{au:.2f}'} %")
+            _echo(f"accelerators {n:>4}  AU {'-' if au is None else f'{au:.2f}'} %")
         return
     result = run_replay(config, echo=echo)
     if traced:
         sys.exit(0 if result.complete else 130)
     if not quiet:
-        click.echo(render_result(result))
+        _echo(render_result(result))
         for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
-    click.echo(f"metrics: {result.out / 'metrics.json'}" + ("" if result.complete else " (incomplete)"))
+            _echo(f"warning: {w}", err=True)
+    _echo(f"metrics: {result.out / 'metrics.json'}" + ("" if result.complete else " (incomplete)"))
     if result.traced:
-        click.echo(f"next: dlreplay analyze {result.out}")
+        _echo(f"next: dlreplay analyze {result.out}")
     if not result.complete:
         sys.exit(130)
 
@@ -636,7 +642,7 @@ def demo(out: Path, force: bool) -> None:
     """
     from dlreplay.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(out=out, force=force), echo=lambda s: click.echo(s))
+    run_demo(DemoConfig(out=out, force=force), echo=lambda s: _echo(s))
 
 
 if __name__ == "__main__":  # pragma: no cover

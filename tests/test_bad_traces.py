@@ -568,3 +568,43 @@ def test_garbage_files_need_memory_by_content_not_size(tmp_path: Path, kind: str
     assert size * 0.98 <= rep["dropped_bytes"] <= size
     print(f"{kind}: {size >> 20} MiB file, peak RSS {peak >> 20} MiB")
     assert peak < 1 << 30  # measured 105-560 MiB here (the interpreter, polars and numpy alone: ~110 MiB)
+
+
+# --------------------------------------------------------------------------- names with control characters or markup
+
+
+NASTY = "vol_\x1b[31mRED\x1b[0m<script>alert(1)</script>|*x*_\nnext\r\x07\u202e`y`[l](http://e)"
+
+
+def test_names_with_control_characters_and_markup_are_escaped(tmp_path: Path) -> None:
+    """A dataset file whose name holds a terminal escape, markup, Markdown table syntax, a line
+    break, a bell and a bidi override: shown escaped on the terminal, in Markdown and in HTML."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    renamed = 0
+    for f in trace.glob("*.pfw.gz"):
+        out = []
+        for line in gzip.decompress(f.read_bytes()).splitlines():
+            if b"vol_00001" in line:
+                line = line.replace(b"vol_00001", json.dumps(NASTY).encode()[1:-1])
+                renamed += 1
+            out.append(line)
+        f.write_bytes(gzip.compress(b"\n".join(out) + b"\n"))
+    assert renamed
+    data = json.loads((SRC / "manifest.json").read_text())["data_dirs"][0]
+    text = run_cli("analyze", str(trace), "--data-dir", data, check=True).stdout
+    for raw in ("\x1b", "\r", "\x07", "\u202e"):
+        assert raw not in text
+    assert "\\nnext\\r\\x07\\u202e" in text  # the end of the name (the table shows a long name's end)
+    md = tmp_path / "r.md"
+    run_cli("analyze", str(trace), "--data-dir", data, "--report", str(md), check=True)
+    doc = md.read_text()
+    assert "\x1b" not in doc and "<script>" not in doc and "&lt;script&gt;" in doc
+    (row,) = [ln for ln in doc.splitlines() if "RED" in ln]  # the name did not break its table row
+    assert row.startswith("| ") and row.count(" | ") == 6 and "\\|\\*x\\*" in row
+    page = tmp_path / "r.html"
+    run_cli("analyze", str(trace), "--report", str(page), check=True)
+    html_doc = page.read_text()
+    assert "\x1b" not in html_doc and "<script>alert" not in html_doc and "&lt;script&gt;alert(1)" in html_doc
+    cmp = run_cli("compare", str(trace), str(SRC), "--report", str(tmp_path / "c.md"), check=True)
+    assert "\x1b" not in cmp.stdout
