@@ -57,6 +57,8 @@ class CaptureConfig:
     force: bool = False
     cwd: Path | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
+    #: file that receives the job's stdout and stderr (None: this process's own)
+    job_output: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,12 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     try:
         returncode = 128 + signal.SIGINT
         if not interrupted:
-            proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+            if config.job_output is not None:
+                with open(config.job_output, "wb") as log:
+                    proc = subprocess.Popen(list(config.command), cwd=cwd, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)
+            else:
+                proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
             for signum in pending:  # else the job would run to its end, ignoring that Ctrl-C
                 proc.send_signal(signum)
             while True:

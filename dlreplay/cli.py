@@ -41,7 +41,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt a finalizer swallowed: not a finished run
+            return result
         except DlreplayError as exc:
             _fail(str(exc), exc.exit_code)
         except BrokenPipeError:  # `dlreplay analyze T | head`: the reader left; nothing to say to it
@@ -114,7 +116,23 @@ def _scheduler_address(ctx: click.Context, param: click.Parameter, value: str | 
     return value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The command group; once a command has finished (its result printed, its exit code
+    set), a late Ctrl-C is ignored while Python shuts down (closing a Dask cluster, joining
+    threads), where it would print a traceback over a finished run."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            import signal
+            import threading
+
+            if kwargs.get("standalone_mode", True) and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dlreplay")
 def main() -> None:
     """Trace-driven replay and analysis of deep-learning I/O.
@@ -390,6 +408,7 @@ def view(trace: Path, port: int, offline: bool, no_browser: bool) -> None:
 
     with timeline_file(trace) as f:
         serve(f, port=port, offline=offline, browser=not no_browser, echo=click.echo)
+    INTERRUPT.reset()  # Ctrl-C is how a viewer is stopped: a normal end
 
 
 @main.command()

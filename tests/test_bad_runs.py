@@ -41,22 +41,28 @@ def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = 
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120.0) -> list[str]:
-    """Read the process's stderr until a line contains ``needle``; returns the lines read."""
+    """Read the process's stderr until a line contains ``needle``; returns the lines read (the
+    needle's and whatever arrived with it: nothing read is dropped).
+
+    Reads the pipe's file descriptor directly: ``select`` with a buffered ``readline`` misses a
+    line that arrived in the same read as the previous one (it waits in Python's buffer).
+    """
     assert proc.stderr is not None
-    lines: list[str] = []
+    fd = proc.stderr.fileno()
+    text = ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
-            line = proc.stderr.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            lines.append(line)
-            if needle in line:
-                return lines
+            text += chunk.decode(errors="replace")
+            if any(needle in line for line in text.splitlines()):
+                return text.splitlines(keepends=True)
         elif proc.poll() is not None:
             break
-    raise AssertionError(f"{needle!r} never printed (exit {proc.poll()}):\n{''.join(lines)}")
+    raise AssertionError(f"{needle!r} never printed (exit {proc.poll()}):\n{text}")
 
 
 def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
@@ -526,3 +532,54 @@ def test_capture_data_dir_that_does_not_exist_is_reported(tmp_path: Path) -> Non
         assert "--data-dir made" not in proc.stderr
         assert json.loads((out / "manifest.json").read_text())["warnings"] == [
             line.split("warning: ", 1)[1] for line in proc.stderr.splitlines() if "warning: --data-dir" in line]
+
+
+# --------------------------------------------------------------------------- Ctrl-C: analyze, analyze --verify, demo
+
+
+def test_ctrl_c_during_a_verify_replay_stops_analyze(tmp_path: Path) -> None:
+    """A Ctrl-C during --verify's first replay used to be answered by that replay (partial
+    metrics) and swallowed: the next replay ran and the table was shown as a finished result.
+    The replay lasts at least its compute sleeps (~0.6 s), so the Ctrl-C sent as it starts lands in it."""
+    proc = start_cli("analyze", str(REPO / "traces" / "npz_starved"), "--verify", "--verify-dir", str(tmp_path / "v"))
+    wait_for_line(proc, "replay 1/")
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=300)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    assert "interrupted (Ctrl-C)" in stderr and "replay 2/" not in stderr
+    assert "Verified by replay" not in stdout and "AU" not in stdout  # no result shown at all
+
+
+@pytest.mark.parametrize("target", ["group", "pid"])
+def test_ctrl_c_during_distributed_analyze(tmp_path: Path, target: str) -> None:
+    """--workers 2: Ctrl-C with parse tasks in flight (held there by the test-only hook): exit 130,
+    no traceback from the client, the event loop or a worker process (the whole process group gets it)."""
+    from dlreplay.interrupt import HOLD_ENV
+
+    proc = start_cli("analyze", str(REPO / "traces" / "npz_fork"), "--workers", "2",
+                     env={**os.environ, HOLD_ENV: "dask-parse"})
+    wait_for_line(proc, "held at dask-parse")
+    ctrl_c(proc, target)
+    stdout, stderr = proc.communicate(timeout=300)
+    no_traceback(stderr)
+    assert "Task exception was never retrieved" not in stderr
+    assert proc.returncode == 130, stderr
+    assert stdout == "" and "interrupted (Ctrl-C)" in stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_demo_capture(tmp_path: Path) -> None:
+    """Ctrl-C while the demo's training job runs (it imports torch for over a second): exit 130, no
+    traceback (the job's own output goes to job.log), no later step runs."""
+    log = tmp_path / "demo" / "job.log"
+    proc = start_cli("demo", "--out", str(tmp_path / "demo"))
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and "dataset" not in (
+            log.read_text() if log.is_file() else ""):
+        time.sleep(0.05)  # the job's first line: it goes on to import torch and train
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=300)
+    no_traceback(stdout + stderr)
+    assert proc.returncode == 130, stderr
+    assert "interrupted (Ctrl-C)" in stderr and "[2/6]" in stdout and "[3/6]" not in stdout
