@@ -5,17 +5,19 @@ over events) that returns a value and how it was obtained::
 
     (value, method, confidence)   confidence in measured | inferred | default
 
-Traces captured by ``dlreplay capture`` carry data-loader events (epoch, fetch,
-step, item, checkpoint), which give batch size, workers, epochs, samples per file
-and step compute time directly (``measured``). Plain DFTracer traces (POSIX only,
-e.g. DLIO runs) fall back to POSIX-level inference (``inferred``) or defaults.
+Traces captured by ``dlreplay capture``, DLIO's traces and code annotated with
+DFTracer's AI conventions carry data-loader events (epoch, fetch, step, compute, item,
+checkpoint; read by role, see :mod:`.vocabulary`), which give batch size, workers,
+epochs, samples per file and step compute time directly (``measured``). Plain DFTracer
+traces (POSIX only) fall back to POSIX-level inference (``inferred``, see
+:mod:`.infer`) or defaults.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -23,7 +25,7 @@ import numpy as np
 import polars as pl
 
 import dlreplay
-from dlreplay.errors import TraceError
+from dlreplay.errors import DlreplayError, TraceError
 from dlreplay.model import (
     AccessPattern,
     Checkpoint,
@@ -39,6 +41,9 @@ from dlreplay.model import (
     WorkloadModel,
 )
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS, SYNC_OPS, WRITE_OPS
+
+from . import vocabulary as voc
+from .infer import infer_posix_loop
 
 #: File extension -> dataset format (DLIO names).
 EXTENSION_FORMATS = {
@@ -78,8 +83,9 @@ class _Facts:
         self.fields[path] = FieldProvenance(method=method, confidence=confidence)
 
 
-def _is(ev: pl.DataFrame, cat: str, name: str) -> pl.DataFrame:
-    return ev.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+def _role(ev: pl.DataFrame, *roles: str) -> pl.DataFrame:
+    """Events of these vocabulary roles (whatever their spelling)."""
+    return ev.filter(voc.has_role(roles))
 
 
 def _num(value: Any, default: float = 0.0) -> float:
@@ -115,6 +121,11 @@ def _homogeneous(paths: list[str], facts: _Facts) -> list[str]:
     Datasets are homogeneous; a stray file under the data dir (a generator's marker,
     an index) would otherwise count as a sample file.
     """
+    hidden = [p for p in paths if PurePosixPath(p).name.startswith(".")]
+    if hidden and len(hidden) < len(paths):  # markers and temporary files (.done, .lock), never samples
+        facts.notes.append(f"ignored {len(hidden)} hidden file(s) under the dataset: "
+                           + ", ".join(PurePosixPath(h).name for h in sorted(hidden)[:5]))
+        paths = [p for p in paths if p not in set(hidden)]
     exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
     counts = exts.value_counts(sort=True)
     top, n = counts[0, 0], counts[0, 1]
@@ -251,13 +262,21 @@ def distill(
     manifest: dict[str, Any] | None = None,
     data_dirs: list[str] | None = None,
     source: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    fingerprint_origin: str | None = None,
 ) -> WorkloadModel:
-    """Infer a :class:`WorkloadModel` from an event table (see module doc)."""
+    """Infer a :class:`WorkloadModel` from an event table (see module doc).
+
+    ``dataset.layout`` comes from *fingerprint* (a dataset fingerprint document), else
+    from ``dataset-fingerprint.json`` in the trace directory *source*, else from what
+    the reads show (:mod:`dlreplay.analyze.layout`).
+    """
     if events.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`)."
         )
     facts = _Facts()
+    events = voc.ensure_roles(events)
     data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
     has_files = events["file"].drop_nulls().len() > 0
     if not has_files:
@@ -266,6 +285,13 @@ def distill(
             "DFTRACER_INC_METADATA=1 (dlreplay capture sets it)."
         )
     ds_files = dataset_files(events, data_dirs)
+    if ds_files.is_empty() and data_dirs and fingerprint is not None:
+        # --data-dir names where the dataset is now (a trace captured elsewhere): it served the
+        # fingerprint; the trace's own dataset files are found by how they were read
+        ds_files = dataset_files(events, None)
+        if not ds_files.is_empty():
+            facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
+                               f"its reads; the directory was used for the dataset fingerprint")
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
@@ -275,15 +301,27 @@ def distill(
     io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
     reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
 
-    fetch = _is(events, "dataloader", "fetch")
-    batches = fetch.filter(pl.col("batch_size") > 0)
-    items = _is(events, "data", "item")
-    epochs_ev = _is(events, "pipeline", "epoch")
-    steps = _is(events, "compute", "step")
-    saves = _is(events, "checkpoint", "save")
-    has_loader = batches.height > 0
-    consumers = batches["pid"].unique().sort().to_list() if has_loader else []
-    main_pid = _mode(batches["pid"]) if has_loader else None
+    annotated = events.filter(pl.col("role").is_not_null())
+    fetch = _role(annotated, voc.FETCH)
+    items = _role(annotated, voc.ITEM)
+    epochs_ev = voc.epoch_spans(annotated)
+    saves = _role(annotated, voc.CKPT_SAVE)
+    # one row per training step of each consumer, whichever convention annotated the loop
+    loop = voc.training_steps(annotated)
+    batches = loop
+    has_loader = loop.height > 0
+    consumers = loop["pid"].unique().sort().to_list() if has_loader else []
+    main_pid = _mode(loop["pid"]) if has_loader else None
+    # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
+    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()),
+                                                      pauses=_checkpoint_writes(events, data_dirs))
+    if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):
+        stray = sorted(set(paths) - set(posix.sample_files))
+        facts.notes.append(f"left out {len(stray)} file(s) not visited like the samples: "
+                           + ", ".join(PurePosixPath(d).name for d in stray[:5]))
+        paths = posix.sample_files
+        io = io.filter(pl.col("file").is_in(paths))
+        reads = reads.filter(pl.col("file").is_in(paths))
 
     # ---------------------------------------------------------------- dataset
     fmt, how, conf = infer_format(paths, reads)
@@ -312,6 +350,9 @@ def distill(
             "distinct sample indices read per file (item events)",
             "measured",
         )
+    elif posix is not None and posix.samples_per_file.value:
+        spf = int(posix.samples_per_file.value)
+        facts.put("dataset.num_samples_per_file", posix.samples_per_file.evidence, "inferred")
     else:
         facts.put(
             "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
@@ -340,14 +381,19 @@ def distill(
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
-        layout=Layout(),
+        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts),
     )
-    facts.put("dataset.layout", "not visible in a POSIX trace", "default")
+    per_record = _layout_record_length(dataset.layout, fmt)
+    if per_record is not None:
+        dataset = replace(dataset, record_length=per_record)
+        facts.put("dataset.record_length", "TFRecord payload / CSV line lengths of the sampled files (dataset "
+                                           "fingerprint)", "measured")
 
     # ---------------------------------------------------------------- reader
     if has_loader:
-        batch_size = _mode(batches["batch_size"]) or 1
-        facts.put("reader.batch_size", "most common batch size of fetch events", "measured")
+        batch_size, how = _batch_size(fetch, items, loop, epochs_ev, main_pid)
+        facts.put("reader.batch_size", how, "measured" if batch_size else "default")
+        batch_size = batch_size or 1
         worker_items = items.filter(~pl.col("pid").is_in(consumers))
         if worker_items.height:
             read_threads = _workers_per_rank(worker_items, epochs_ev, consumers)
@@ -356,7 +402,7 @@ def distill(
                 "most worker processes (with item events) in one epoch",
                 "measured",
             )
-            n_epochs_seen = epochs_ev.filter(pl.col("pid") == main_pid).height
+            n_epochs_seen = int(loop.filter(pl.col("pid") == main_pid)["epoch"].n_unique())
             if n_epochs_seen >= 2:
                 per_rank = (
                     worker_items.filter(pl.col("ppid") == main_pid)["pid"].n_unique()
@@ -376,14 +422,13 @@ def distill(
                 "reader.read_threads", "items read in the consumer process (no workers)", "measured"
             )
     else:
-        batch_size = 1
-        facts.put("reader.batch_size", "no fetch events (POSIX-only trace)", "default")
-        read_threads = _concurrent_processes(reads)
-        facts.put(
-            "reader.read_threads",
-            "most processes reading dataset files at the same time",
-            "inferred",
-        )
+        assert posix is not None
+        batch_size = int(posix.batch_size.value or 1)
+        facts.put("reader.batch_size", posix.batch_size.evidence if posix.batch_size.value else
+                  f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
+                  "inferred" if posix.batch_size.value else "default")
+        read_threads = int(posix.read_threads.value or 0)
+        facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
 
     shuffled = _shuffled(items) if items.height else None
     if "reader.persistent_workers" not in facts.fields:
@@ -461,40 +506,44 @@ def distill(
 
     # ---------------------------------------------------------------- train
     if has_loader and main_pid is not None:
-        n_epochs = (
-            max(int(_num(epochs_ev.group_by("pid").len()["len"].max())), 1)
-            if epochs_ev.height
-            else int(batches["epoch"].n_unique())
-        )
+        mine = epochs_ev.filter(pl.col("pid") == main_pid)
+        n_epochs = mine.height if mine.height else int(loop.filter(pl.col("pid") == main_pid)["epoch"].n_unique())
+        n_epochs = max(n_epochs, 1)
         facts.put(
             "train.epochs",
-            "epoch events of the consumer" if epochs_ev.height else "fetch epochs",
+            f"epochs of the consumer ({mine['basis'][0]})" if mine.height else "epoch numbers of its steps",
             "measured",
         )
-        per_epoch_steps = batches.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
+        per_epoch_steps = loop.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
         steps_per_epoch = int(_num(per_epoch_steps.median())) or None
         natural = -(-dataset.num_files * spf // max(batch_size, 1))
         if steps_per_epoch == natural:
             steps_per_epoch = None
         facts.put(
-            "train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured"
+            "train.steps_per_epoch", "training steps per epoch (null = full passes)", "measured"
         )
-        compute = _compute_time(steps.filter(pl.col("pid") == main_pid), saves, facts)
+        mine_steps = loop.filter(pl.col("pid") == main_pid).sort("ts")
+        compute = _compute_values(mine_steps["compute_us"].to_numpy() * _US, facts)
         facts.put(
             "train.computation_time",
-            "consumer step events minus checkpoint time, warm-up steps excluded"
+            ("consumer compute events" if mine_steps["basis"][0] == "compute events" else
+             "consumer loop bodies minus checkpoint time") + ", warm-up steps excluded"
             if compute.is_known
-            else "no step events",
+            else "fewer than two training steps",
             "measured" if compute.is_known else "default",
         )
     else:
-        n_epochs = _posix_epochs(io, paths)
+        assert posix is not None
+        n_epochs = int(posix.epochs.value or _posix_epochs(io, paths))
         steps_per_epoch = None
-        compute = Distribution.fixed(0.0)
-        facts.put("train.epochs", "median full reads per dataset file", "inferred")
-        facts.put(
-            "train.computation_time", "no data-loader events: compute not measurable", "default"
-        )
+        facts.put("train.epochs", posix.epochs.evidence, "inferred")
+        if posix.compute_samples:
+            compute = Distribution.from_values(np.asarray(posix.compute_samples))
+            facts.put("train.computation_time", posix.computation_time.evidence, "inferred")
+        else:
+            compute = Distribution.fixed(0.0)
+            facts.put("train.computation_time",
+                      f"no data-loader events, and {posix.computation_time.evidence}", "default")
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
@@ -531,6 +580,39 @@ def distill(
     )
 
 
+def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
+    """Bytes per sample from the fingerprint where a file's records differ (TFRecord payloads,
+    CSV lines): the file size / samples per file would make every record alike."""
+    if fmt == "tfrecord" and layout.record_bytes is not None:
+        return layout.record_bytes
+    if fmt == "csv" and layout.tables and layout.tables[0].line_bytes is not None:
+        return layout.tables[0].line_bytes
+    return None
+
+
+def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
+                    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
+                    facts: _Facts) -> Layout:
+    """``dataset.layout``: the fingerprint's, else inferred from reads (provenance into *facts*)."""
+    from dlreplay.analyze.layout import infer_layout, layout_from_fingerprint, resolve_fingerprint
+
+    where = origin or "given to distill"
+    if fingerprint is None and source and os.path.isdir(source):
+        try:
+            fingerprint, where = resolve_fingerprint(source)
+        except DlreplayError as exc:
+            facts.notes.append(f"dataset fingerprint ignored: {exc}")
+    result = layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+    if fingerprint and result is None:
+        facts.notes.append(f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace")
+    if result is None:
+        result = infer_layout(fmt, reads, record.mean)
+    for path, (how, confidence) in result.fields.items():
+        facts.put(path, how, confidence)
+    facts.notes.extend(result.notes)
+    return result.layout
+
+
 #: A leading step longer than this many times the median step is warm-up (JIT, allocator, caches).
 WARMUP_FACTOR = 3.0
 
@@ -543,6 +625,47 @@ def warmup_steps(step_seconds: np.ndarray | list[float]) -> int:
         return min(values.size, 1)
     slow = values[1:] > WARMUP_FACTOR * float(np.median(values))
     return 1 + (int(np.argmin(slow)) if not slow.all() else 0)
+
+
+def _compute_values(values: np.ndarray, facts: _Facts | None = None) -> Distribution:
+    """Per-step compute times (s) of one consumer in time order, warm-up excluded (see
+    :func:`warmup_steps`)."""
+    if values.size < 2:
+        return Distribution.unknown()
+    warm = warmup_steps(values)
+    if facts is not None and warm > 1:
+        facts.notes.append(
+            f"excluded {warm} warm-up step(s) ({values[:warm].sum():.3f} s) from computation_time"
+        )
+    return Distribution.from_values(values[warm:])
+
+
+def _batch_size(fetch: pl.DataFrame, items: pl.DataFrame, loop: pl.DataFrame, epochs: pl.DataFrame,
+                main_pid: int | None) -> tuple[int | None, str]:
+    """Samples per batch: the fetch events' ``batch_size``; else the consumer's samples per
+    step (item events in its workers or itself, per epoch, over its steps in that epoch)."""
+    sized = fetch.filter(pl.col("batch_size") > 0)
+    if sized.height:
+        return _mode(sized["batch_size"]), "most common batch size of fetch events"
+    mine = loop.filter(pl.col("pid") == main_pid)
+    its = items.filter((pl.col("pid") == main_pid) | (pl.col("ppid") == main_pid))
+    if its.is_empty() and loop["pid"].n_unique() == 1:
+        its = items
+    if its.is_empty() or mine.is_empty():
+        return None, "no fetch sizes and no item events"
+    spans = epochs.filter(pl.col("pid") == main_pid).select(pl.col("ts").alias("e_ts"), "epoch").sort("e_ts")
+    its = its.drop("epoch")  # a worker's own epoch numbers are its iterator's (persistent workers: stale)
+    if spans.height:
+        its = its.sort("ts").join_asof(spans, left_on="ts", right_on="e_ts", strategy="backward")
+        its = its.with_columns(pl.col("epoch").fill_null(spans["epoch"][0]))
+    else:
+        its = its.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    per = (its.group_by("epoch").len().join(mine.group_by("epoch").len().rename({"len": "steps"}), on="epoch")
+           .with_columns((pl.col("len") / pl.col("steps")).alias("per")))
+    if per.is_empty():
+        return None, "no item events inside the consumer's epochs"
+    # ceil: a last, partial batch (drop_last=False) leaves the ratio just under the batch size
+    return int(np.ceil(float(_num(per["per"].median())) - 1e-9)), "item events per training step, per epoch"
 
 
 def _compute_time(
@@ -601,10 +724,16 @@ def _checkpoint(
     gaps = at["step_count"].diff().drop_nulls()
     first = int(at["step_count"][0])
     interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
-    facts.put("checkpoint.steps_between_checkpoints", "steps between torch.save events", "measured")
+    facts.put("checkpoint.steps_between_checkpoints", "training steps between checkpoint saves", "measured")
     nbytes = int(_num(saves["size"].drop_nulls().mean()))
-    facts.put("checkpoint.bytes_per_checkpoint", "bytes of torch.save files", "measured")
+    facts.put("checkpoint.bytes_per_checkpoint", "bytes of each checkpoint save", "measured")
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
+    per_save = _written_inside(events, saves)
+    files_per = 1
+    if per_save.height:
+        # saves that name no file (DLIO's, ai.checkpoint.capture): the files written inside them
+        ckpt_files = sorted(set(ckpt_files) | set(per_save["file"].unique().to_list()))
+        files_per = int(_num(per_save.unique(["save", "file"]).group_by("save").len()["len"].median(), 1))
     fsync = (
         events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
     )
@@ -624,12 +753,35 @@ def _checkpoint(
     return Checkpoint(
         enabled=True,
         steps_between_checkpoints=interval,
-        files_per_checkpoint=1,
+        files_per_checkpoint=max(files_per, 1),
         bytes_per_checkpoint=nbytes,
         write_transfer_size=wts,
         fsync=fsync,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
+
+
+def _checkpoint_writes(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """(ts, end) µs of the write bursts to checkpoint files (first write to last, per process
+    and file): time a POSIX-only trace shows the loop was not computing."""
+    from dlreplay.analyze.files import classify_files
+
+    files = classify_files(events, data_dirs=data_dirs).filter(pl.col("role") == "checkpoint")["file"]
+    w = events.filter(pl.col("file").is_in(files.implode()) & pl.col("name").is_in(WRITE_OPS))
+    return w.group_by("pid", "file").agg(pl.col("ts").min(), (pl.col("ts") + pl.col("dur").fill_null(0)).max()
+                                         .alias("end")).select("ts", "end")
+
+
+def _written_inside(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
+    """(save, file): files written by a save's process while the save runs."""
+    w = events.filter(pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_not_null() & (pl.col("size") > 0)
+                      & pl.col("pid").is_in(saves["pid"].unique().implode())).select("pid", "ts", "file").sort("ts")
+    if w.is_empty():
+        return pl.DataFrame(schema={"save": pl.UInt32, "file": pl.String})
+    sv = saves.sort("ts").with_row_index("save").select(
+        "save", "pid", pl.col("ts").alias("s_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"))
+    got = w.join_asof(sv, left_on="ts", right_on="s_ts", by="pid", strategy="backward", check_sortedness=False)
+    return got.filter(pl.col("save").is_not_null() & (pl.col("ts") <= pl.col("s_end"))).select("save", "file")
 
 
 def _workers_per_rank(
@@ -658,25 +810,23 @@ def _workers_per_rank(
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
-    """Most worker processes belonging to one epoch.
+    """Most worker processes loading samples in one epoch.
 
-    A worker belongs to the epoch whose window contains the midpoint of its item
-    span: non-persistent workers live inside one epoch (they may prefetch just
-    before its event starts), persistent ones span all epochs and count once.
-    Without epoch events, fall back to processes alive at the same time.
+    Each item belongs to the epoch whose window it starts in; a worker counts in an epoch
+    where it loaded at least a quarter of the median items per (worker, epoch): persistent
+    workers count in every epoch, non-persistent ones in theirs, and a previous epoch's
+    worker finishing at a window's edge does not count twice. Without epoch events, fall
+    back to processes alive at the same time.
     """
     if epochs.is_empty():
         return _concurrent_processes(worker_items)
-    mids = worker_items.group_by("pid").agg(
-        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
-    )
-    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort(
-        "epoch_ts"
-    )
-    tagged = mids.sort("ts").join_asof(
+    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort("epoch_ts")
+    tagged = worker_items.select("pid", "ts").sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", strategy="backward"
-    )
-    return int(_num(tagged.group_by("win").len()["len"].max()))
+    ).with_columns(pl.col("win").fill_null(starts["win"][0]))
+    n = tagged.group_by("pid", "win").len()
+    fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
+    return int(_num(fair.group_by("win").len()["len"].max()))
 
 
 def _concurrent_processes(frame: pl.DataFrame) -> int:
