@@ -348,7 +348,7 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
     import base64
     import html
 
-    from .report import _CSS, _atomic_write
+    from .report import _CSS, _atomic_write, write_with_figures
 
     p = Path(path)
     figs = overlay_figures(cmp)
@@ -365,13 +365,17 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
         return _atomic_write(p, "\n".join(body))
     if p.suffix.lower() in (".md", ".markdown"):
         fig_dir = p.with_name(p.stem + ".figures")
-        fig_dir.mkdir(parents=True, exist_ok=True)
-        md = [f"# Comparison: similarity {cmp.similarity:.4f}", "",
-              f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->", "", "```", text_table, "```", ""]
-        for key, png in figs.items():
-            (fig_dir / f"{key}.png").write_bytes(png)
-            md += [f"![{key}]({fig_dir.name}/{key}.png)", ""]
-        return _atomic_write(p, "\n".join(md))
+
+        def render(tmp: Path) -> str:  # figures into tmp, moved to fig_dir once the text is written
+            md = [f"# Comparison: similarity {cmp.similarity:.4f}", "",
+                  f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->", "", "```", text_table, "```",
+                  ""]
+            for key, png in figs.items():
+                (tmp / f"{key}.png").write_bytes(png)
+                md += [f"![{key}]({fig_dir.name}/{key}.png)", ""]
+            return "\n".join(md)
+
+        return write_with_figures(p, fig_dir, render)
     from dlreplay.errors import UsageError
 
     raise UsageError(f"{p}: the report must end in .html or .md")

@@ -13,10 +13,13 @@ Figures use matplotlib's object API (``Figure``, no pyplot state), so nothing le
 from __future__ import annotations
 
 import base64
+import errno
 import html
 import io
 import os
 import shlex
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,7 @@ from typing import Any
 
 import polars as pl
 
-from dlreplay.errors import UsageError
+from dlreplay.errors import DlreplayError, UsageError
 from dlreplay.osutil import atomic_write_text
 from dlreplay.units import (
     human_bytes,
@@ -479,21 +482,68 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
 
 
 def write_report(r: Report, path: str | Path) -> Path:
-    """Write ``path`` (.html/.htm or .md) atomically; returns the path."""
+    """Write ``path`` (.html/.htm or .md) atomically; returns the path.
+
+    A Markdown report's figures (``<stem>.figures/``) are drawn into a temporary directory
+    first and moved in place after the text is written, so a failure (a full disk) leaves
+    neither half a report nor stray figures; the error names the path.
+    """
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in (".html", ".htm", ".md", ".markdown"):
         raise UsageError(f"{p}: the report must end in .html or .md")
     if suffix in (".html", ".htm"):
-        text = render_html(r)
-    else:
-        fig_dir = p.with_name(p.stem + ".figures")
-        text = render_markdown(r, fig_dir, fig_dir.name)
-    return _atomic_write(p, text)
+        return _atomic_write(p, render_html(r))
+    fig_dir = p.with_name(p.stem + ".figures")
+    return write_with_figures(p, fig_dir, lambda tmp: render_markdown(r, tmp, fig_dir.name))
+
+
+def write_with_figures(p: Path, fig_dir: Path, render: Callable[[Path], str]) -> Path:
+    """Write the text ``render(tmp)`` to *p*, whose figures ``render`` writes into ``tmp``; the
+    figures become *fig_dir* (replacing an old one) only once the text is written."""
+    _mkdir(p.parent, p)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{fig_dir.name}.", dir=p.parent))
+    except OSError as exc:
+        raise _write_error(p, exc) from None
+    try:
+        try:
+            text = render(tmp)
+        except OSError as exc:
+            raise _write_error(fig_dir, exc) from None
+        _atomic_write(p, text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the figures from other readers
+        if fig_dir.is_dir() and not fig_dir.is_symlink():
+            shutil.rmtree(fig_dir)
+        os.replace(tmp, fig_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return p
+
+
+def _write_error(p: Path, exc: OSError) -> DlreplayError:
+    """A one-line error naming *p*; says so when the disk is full."""
+    if exc.errno == errno.ENOSPC:
+        return DlreplayError(f"{p}: cannot write: no space left on the device; free space or choose another path "
+                             f"(nothing was left half-written)")
+    return DlreplayError(f"{p}: cannot write ({exc.strerror or exc})")
+
+
+def _mkdir(d: Path, p: Path) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
 
 
 def _atomic_write(p: Path, text: str) -> Path:
-    """Write ``text`` to ``p`` (parents created) through :func:`atomic_write_text`."""
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p, text)
+    """Write ``text`` to ``p`` (parents created) through :func:`atomic_write_text`; an OS error
+    (a full disk) names ``p`` and leaves no partial file."""
+    _mkdir(p.parent, p)
+    try:
+        atomic_write_text(p, text)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
     return p

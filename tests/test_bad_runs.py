@@ -583,3 +583,30 @@ def test_ctrl_c_during_the_demo_capture(tmp_path: Path) -> None:
     no_traceback(stdout + stderr)
     assert proc.returncode == 130, stderr
     assert "interrupted (Ctrl-C)" in stderr and "[2/6]" in stdout and "[3/6]" not in stdout
+
+
+# --------------------------------------------------------------------------- full disks during reports and spills
+
+
+def test_full_disk_during_reports_exports_and_spills(tmp_path: Path, small_fs: Path) -> None:
+    """Reports (HTML, Markdown with figures), a comparison report, a timeline export and a spill
+    on a file system with 8 KiB left: exit 1, the message names the path, nothing partial is left
+    (only the user's file and the filler remain)."""
+    trace = str(REPO / "traces" / "npz_fork")
+    (small_fs / "filler").write_bytes(b"\0" * (_free_bytes(small_fs) - 8192))
+    runs = {
+        "report.html": ("analyze", trace, "--report", str(small_fs / "report.html")),
+        "report.md": ("analyze", trace, "--report", str(small_fs / "report.md")),
+        "compare.md": ("compare", trace, trace, "--report", str(small_fs / "compare.md")),
+        "timeline": ("export", trace, "-o", str(small_fs / "t.perfetto-trace")),
+        "spill": ("analyze", trace, "--memory-limit", "1MB", "--spill-dir", str(small_fs)),
+    }
+    named = {"report.html": str(small_fs / "report.html"), "report.md": str(small_fs / "report.figures"),
+             "compare.md": str(small_fs / "compare.figures"), "timeline": str(small_fs / "t.perfetto-trace"),
+             "spill": str(small_fs / "dlreplay-spill-")}
+    for what, args in runs.items():
+        proc = run_cli(*args)
+        no_traceback(proc.stderr)
+        assert proc.returncode == 1, (what, proc.stdout, proc.stderr)
+        assert named[what] in proc.stderr and ("no space left" in proc.stderr.lower()), (what, proc.stderr)
+        assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "user-file.txt"], what
