@@ -24,7 +24,7 @@ import pytest
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME
 from dlreplay.replay.generate import HOLD_ENV
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, check_no_traceback, run_cli
 from .test_replay import digest_dir, make_model, write_model
 
 PY = sys.executable
@@ -32,6 +32,7 @@ PY = sys.executable
 
 def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception ignored" not in text, text
+    check_no_traceback(text)
 
 
 def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

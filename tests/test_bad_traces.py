@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from dlreplay import pfw
 from dlreplay.analyze import load_trace
 
-from .conftest import TRACES, run_cli
+from .conftest import TRACES, check_no_traceback, run_cli
 from .test_load import BAD_LINES, member_offsets, ref_decode, to_v1
 
 SRC = TRACES / "npz_fork"
@@ -37,6 +37,7 @@ META_PH = (4, "4", "M")
 
 def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception ignored" not in text, text
+    check_no_traceback(text)
 
 
 def corpus_lines(name: str | None = None) -> list[bytes]:

@@ -18,11 +18,12 @@ import pytest
 from dlreplay.osutil import CLAIM_NAME
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME
 
-from .conftest import REPO, TRACES, run_cli
+from .conftest import REPO, TRACES, check_no_traceback, run_cli
 
 
 def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception ignored" not in text, text
+    check_no_traceback(text)
 
 
 SOURCE_DIRS = ("dlreplay", "capture", "analyze", "replay", "examples", "benchmarks")
@@ -81,7 +82,8 @@ def test_view_listens_on_loopback_only(tmp_path: Path) -> None:
             socket.create_connection((other, port), timeout=10).close()
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        _, err = proc.communicate(timeout=30)
+        no_traceback(err)
 
 
 def _python_files() -> list[Path]:
@@ -269,6 +271,8 @@ def test_two_replays_into_one_out_at_once(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "dlreplay", "replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(out)]
     procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    for r in results:
+        no_traceback(r[1] + r[2])
     codes = sorted(r[0] for r in results)
     assert codes == [0, 1], results
     loser = next(r for r in results if r[0] == 1)
@@ -295,6 +299,8 @@ def test_two_generates_of_different_models_into_one_dir(tmp_path: Path) -> None:
     procs = [subprocess.Popen([sys.executable, "-m", "dlreplay", "generate", str(m), "--data-dir", str(data)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in models]
     results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    for r in results:
+        no_traceback(r[1] + r[2])
     assert sorted(r[0] for r in results) == [0, 1], results
     winner = models[[r[0] for r in results].index(0)]
     loser = next(r for r in results if r[0] == 1)
@@ -325,3 +331,34 @@ def test_claim_is_reentrant_and_released(tmp_path: Path) -> None:
     assert list((tmp_path / "o").iterdir()) == [tmp_path / "o" / CLAIM_NAME]  # it exited without release
     with claim_directory(tmp_path / "o", "--out"):  # its lock died with it: the leftover file is reclaimed
         assert "InUseError" in other_process_claims().stderr
+
+
+# --------------------------------------------------------------------------- no traceback from any CLI run
+
+
+def test_every_cli_run_in_the_suite_is_checked_for_tracebacks() -> None:
+    """run_cli checks every run's output (conftest.check_no_traceback); a test that starts the
+    CLI itself must check its output too: every function that spawns ``python -m dlreplay``
+    calls the check. The checker itself fails on what Python prints."""
+    unchecked = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            body = ast.unparse(node)
+            if re.search(r"'-m', 'dlreplay'", body) and not re.search(r"\b(no_traceback|check_no_traceback)\(",
+                                                                     body):
+                callers = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                           and re.search(rf"\b{node.name}\(", ast.unparse(n)) and n is not node]
+                checked = [c for c in callers if "no_traceback(" in ast.unparse(
+                    next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == c))]
+                if not callers or len(checked) < len(callers):
+                    unchecked.append(f"{path.name}::{node.name}")
+    assert unchecked == [], f"spawn the CLI without checking for a traceback: {unchecked}"
+    for bad in ('Traceback (most recent call last):\n  File "/x.py", line 1, in <module>\nValueError',
+                "Exception ignored in: <function f>", "Error in sitecustomize; set PYTHONVERBOSE",
+                "Fatal Python error: Segmentation fault"):
+        with pytest.raises(AssertionError, match="a Python traceback"):
+            check_no_traceback("ok\n", bad)
+    check_no_traceback("dlreplay: error: trace processor: Traceback (most recent call last):\n  File \"stdin\"")
