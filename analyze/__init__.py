@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import sys as _sys
 
+from . import trace as _trace
 from .trace import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace, vocabulary
 
-# The event vocabulary lives in the trace layer (dlreplay.analyze.trace.vocabulary); its
-# earlier name keeps working for code written against it.
-_sys.modules.setdefault(f"{__name__}.vocabulary", vocabulary)
+# The trace layer's modules moved into dlreplay.analyze.trace; their earlier module names
+# (dlreplay.analyze.load, .spill, .vocabulary) keep working for code written against them.
+for _name in ("load", "spill", "vocabulary"):
+    _sys.modules.setdefault(f"{__name__}.{_name}", getattr(_trace, _name) if _name == "vocabulary"
+                            else _sys.modules[f"{_trace.__name__}.{_name}"])
 
 from .files import classify_files  # noqa: E402
 from .summary import Summary, render_text, summarize  # noqa: E402

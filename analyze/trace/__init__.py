@@ -32,6 +32,7 @@ from .load import (
     parse_parts,
     resolve_ranges,
     run_tables,
+    trace_warnings,
 )
 from .spill import ORDER_COL, MemoryPlan, SpilledTrace, plan_memory, spilled_trace
 
@@ -39,5 +40,5 @@ __all__ = [
     "CHUNK_SCHEMA", "ORDER_COL", "PART_SCHEMA", "FileDamage", "FileReport", "LoadedTrace", "MemoryPlan", "RangePart",
     "RunTables", "SpilledTrace", "TraceDamageWarning", "TracePart", "available_cores", "combine", "combine_parts",
     "finalize", "load", "load_trace", "member_ranges", "parse_part", "parse_parts", "plan_memory", "resolve_ranges",
-    "run_tables", "spilled_trace", "counts", "vocabulary",
+    "run_tables", "spilled_trace", "trace_warnings", "counts", "vocabulary",
 ]
