@@ -57,7 +57,9 @@ __all__ = [
     "ACCESS_FRACTION_TOLERANCE",
     "CONFIDENCES",
     "DATA_LOADERS",
+    "AU_FIRST_STEPS",
     "DISTRIBUTION_TYPES",
+    "EPOCH_ORDERS",
     "FORMATS",
     "FRAMEWORKS",
     "MODEL_FORMAT_VERSION",
@@ -106,6 +108,10 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 WORKER_KINDS = ("process", "thread")
 #: DLIO's shuffle modes: none, seeded (reproducible), or random every run.
 SHUFFLE_MODES = ("off", "seed", "random")
+#: Sample order across epochs: a new shuffle every epoch, or the first epoch's order repeated.
+EPOCH_ORDERS = ("reshuffle", "repeat")
+#: Which first steps AU leaves out: the run's first (MLPerf Storage) or every epoch's (DLIO).
+AU_FIRST_STEPS = ("run", "epoch")
 #: How far a value can be trusted.
 CONFIDENCES = ("measured", "inferred", "default")
 #: Distribution families.
@@ -554,6 +560,11 @@ class Reader:
     open_per_sample: bool = _f(True, doc="open/close the file for every sample (else keep files open)")
     persistent_workers: bool = _f(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
                                              "false: new workers every epoch, as PyTorch's default")
+    pin_memory: bool = _f(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
+    drop_last: bool = _f(False, doc="drop each epoch's last batch when it is smaller than batch_size")
+    epoch_order: str = _f("reshuffle", choices=EPOCH_ORDERS,
+                          doc="reshuffle: a new sample order every epoch (PyTorch's shuffle=True); repeat: the "
+                              "first epoch's order every epoch (DLIO 2.0's PyTorch reader)")
     transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                      doc="bytes per read call on dataset files")
     preprocess_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
@@ -582,7 +593,22 @@ class Train:
     steps_per_epoch: int | None = _f(None, check="positive", doc="null = as many as the dataset gives")
     total_training_steps: int | None = _f(None, check="positive", doc="stop after this many steps in all")
     computation_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                        doc="seconds of compute per training step")
+                                        doc="seconds of compute per training step (steady state)")
+    warmup_computation_time: list[float] = _f(factory=list, check="nonneg",
+                                              doc="seconds of compute of the run's first steps, one per step "
+                                                  "(framework warm-up: kernel selection, allocator, CUDA "
+                                                  "context); they replace computation_time for those steps")
+    epoch_warmup_computation_time: list[float] = _f(factory=list, check="nonneg",
+                                                    doc="seconds of compute of the first steps of every later "
+                                                        "epoch, one per step, where they differ from "
+                                                        "computation_time")
+    epoch_end_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                      doc="seconds the training process spends after an epoch's last batch "
+                                          "before the next epoch, beyond checkpoints and evaluation (logging, "
+                                          "metrics, learning-rate schedules)")
+    au_first_steps: str = _f("run", choices=AU_FIRST_STEPS,
+                             doc="first steps AU leaves out: run = the run's first step (MLPerf Storage), "
+                                 "epoch = every epoch's first step (DLIO)")
     evaluation: Evaluation | None = _f(None, doc="null = no evaluation")
 
 
@@ -602,6 +628,9 @@ class Checkpoint:
     write_transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                            doc="bytes per write call")
     fsync: bool = _f(False, doc="fsync each checkpoint file")
+    serialization_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                          doc="seconds per checkpoint outside write calls (serialisation, "
+                                              "device-to-host copies), spent before the writes")
     read_at_start: bool = _f(False, doc="read the latest checkpoint before training")
     num_checkpoints_write: int | None = _f(None, check="positive", doc="stop writing after this many")
     num_checkpoints_read: int | None = _f(None, check="nonneg", doc="checkpoints read back (DLIO)")
@@ -757,7 +786,9 @@ def _expected(tp: Any, md: Mapping[str, Any]) -> str:
     elif typing.get_origin(inner) is list:
         (item,) = typing.get_args(inner)
         text = "a list of " + ("positive integers" if check == "positive" and item is int else
-                               "integers" if item is int else "strings")
+                               "integers" if item is int else
+                               "non-negative numbers" if check == "nonneg" and item is float else
+                               "numbers" if item is float else "strings")
     elif typing.get_origin(inner) is dict or is_dataclass(inner):
         text = "a mapping"
     else:  # pragma: no cover - every field type is covered above

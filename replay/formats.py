@@ -3,15 +3,18 @@
 Writers (:func:`write_file`) produce one file of the plan from a seeded generator.
 Readers come in two flavours:
 
-* :class:`LibraryReader` reads a sample the way a training job does: ``numpy.load``
-  (so NPZ's 256 KiB chunked member reads happen), ``h5py``, Pillow decode, polars,
+* :class:`LibraryReader` reads a sample the way a training job does: ``numpy.load`` on
+  the path (so NPZ's chunked member reads happen), ``h5py`` with its default driver,
+  ``PIL.Image.open(path).convert("RGB")`` as torchvision's default loader, polars,
   ``os.pread`` at the record's offset for tfrecord / indexed_binary;
 * :class:`PosixReader` issues ``os.pread`` calls of the model's transfer size over
   the sample's byte range, plus the model's metadata calls.
 
-Both return the number of bytes actually read (sum of read return values; for
-h5py, whose C library reads by itself, the thread's ``rchar`` counter from
-``/proc/thread-self/io``). Units: bytes.
+Both return the number of bytes actually read (for libraries, which read by themselves,
+the calling thread's ``rchar`` counter from ``/proc/thread-self/io``; for ``os.pread``,
+the sum of its return values) and, through ``read_decoded``, the decoded sample (the
+array the library returns: pixels, the record's row), which the PyTorch replay hands
+to ``collate``. Units: bytes.
 """
 
 from __future__ import annotations
@@ -229,39 +232,60 @@ def _fsync_path(path: Path) -> None:
 # --------------------------------------------------------------------------- readers
 
 
-class CountingFileIO(io.FileIO):
-    """An unbuffered file that counts the bytes its reads return (``counted``, bytes)."""
+def _read_counters() -> tuple[int, int, int]:
+    """(rchar, syscr, bytes of this probe) of the calling thread, from ``/proc/thread-self/io``.
 
-    counted: int = 0
+    rchar: bytes returned by read-family syscalls so far; syscr: read-family syscalls so far.
+    The kernel adds a read to them after it returns, so the probe's own read is in the next
+    probe's values: the caller subtracts it (``bytes of this probe`` and one call).
+    """
+    try:
+        fd = os.open("/proc/thread-self/io", os.O_RDONLY)
+    except OSError:
+        return 0, 0, 0
+    try:
+        text = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    rchar = syscr = 0
+    for line in text.splitlines():
+        if line.startswith(b"rchar:"):
+            rchar = int(line.split()[1])
+        elif line.startswith(b"syscr:"):
+            syscr = int(line.split()[1])
+    return rchar, syscr, len(text)
 
-    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
-        data = super().read(size)
-        if data:
-            self.counted += len(data)
-        return data
 
-    def readall(self) -> bytes:
-        data = super().readall()
-        self.counted += len(data)
-        return data
+class ReadMeter:
+    """Bytes and read calls the calling thread makes between :meth:`start` and :meth:`stop`.
 
-    def readinto(self, buffer: Any) -> int:  # type: ignore[override]
-        n = super().readinto(buffer)
-        if n:
-            self.counted += n
-        return n or 0
+    Counted by the kernel, so it sees what a library does on its own (h5py's C library,
+    Pillow's and numpy's buffered reads) exactly as a tracer does. Units: bytes, calls.
+    """
+
+    def __init__(self) -> None:
+        self._r0 = self._c0 = self._probe = 0
+        self.bytes = 0
+        self.calls = 0
+
+    def start(self) -> None:
+        self._r0, self._c0, self._probe = _read_counters()
+
+    def stop(self) -> tuple[int, int]:
+        """(bytes, read calls) since :meth:`start`."""
+        r1, c1, _ = _read_counters()
+        self.bytes = max(0, r1 - self._r0 - self._probe)
+        self.calls = max(0, c1 - self._c0 - 1)
+        return self.bytes, self.calls
 
 
 def thread_rchar() -> int:
     """Bytes returned by read-family syscalls of the calling thread so far (kernel ``rchar``)."""
-    try:
-        with open("/proc/thread-self/io", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"rchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return _read_counters()[0]
+
+
+#: What a sample decodes to: the array its library returns (decoded pixels, the record row).
+Decoded = np.ndarray
 
 
 class _Reader:
@@ -271,94 +295,100 @@ class _Reader:
         self.fmt = fmt
         self.open_per_sample = open_per_sample
         self._open: dict[str, Any] = {}
+        self.meter = ReadMeter()
 
     def close(self) -> None:
         """Close every file kept open."""
         for h in self._open.values():
             try:
-                h.close() if hasattr(h, "close") else os.close(h)
+                os.close(h) if isinstance(h, int) else h.close()
             except (OSError, ValueError):
                 pass
         self._open.clear()
 
 
 class LibraryReader(_Reader):
-    """Reads samples through the format's library (what a training job's Dataset does)."""
+    """Reads samples through the format's library, the way a training job's Dataset does.
+
+    * jpeg / png: ``PIL.Image.open(path).convert("RGB")`` (torchvision's default loader:
+      Pillow opens the path itself, with a buffered file);
+    * npz / npy: ``numpy.load(path)`` (with files kept open: ``numpy.load`` on a kept
+      buffered handle, rewound);
+    * hdf5: ``h5py.File(path)`` with its default driver, kept open unless open_per_sample;
+    * parquet / csv: polars on the path;
+    * tfrecord / indexed_binary / raw: ``os.pread`` of the record's byte range.
+
+    Bytes read are counted by the kernel for the calling thread (:class:`ReadMeter`).
+    """
 
     def read(self, path: str, k: int, rec: Sequence[int] | None) -> int:
         """Read sample *k* of *path* (*rec*: its ``[offset, length]`` for record formats); returns bytes read."""
+        return self.read_decoded(path, k, rec)[0]
+
+    def read_decoded(self, path: str, k: int, rec: Sequence[int] | None) -> tuple[int, Decoded]:
+        """Read sample *k* of *path*; returns (bytes read, the decoded sample as an array)."""
+        self.meter.start()
+        out = self._decode(path, k, rec)
+        nbytes, _ = self.meter.stop()
+        return nbytes, out
+
+    def _decode(self, path: str, k: int, rec: Sequence[int] | None) -> Decoded:
         fmt = self.fmt
         if fmt in ("tfrecord", "indexed_binary", "raw"):
             return self._read_record(path, k, rec)
         if fmt == "hdf5":
             return self._read_hdf5(path, k)
-        fh = self._file(path)
-        before = fh.counted
-        fh.seek(0)
-        if fmt == "npz":
-            with np.load(fh) as z:
-                arr = z["x"]
-            _ = arr[k]
-        elif fmt == "npy":
-            arr = np.load(fh)  # FileIO → numpy reads with fromfile: count the position moved
-            fh.counted = max(fh.counted, before + fh.tell())
-            _ = arr[k]
-        elif fmt in ("jpeg", "png"):
+        if fmt in ("jpeg", "png"):
             from PIL import Image
 
-            with Image.open(fh) as img:
-                img.load()
-        elif fmt == "parquet":
+            with Image.open(path) as img:
+                return np.asarray(img.convert("RGB"))
+        if fmt in ("npz", "npy"):
+            src: Any = path if self.open_per_sample else self._handle(path)
+            if fmt == "npz":
+                with np.load(src) as z:
+                    return np.ascontiguousarray(z["x"][k])
+            return np.ascontiguousarray(np.load(src)[k])
+        if fmt in ("parquet", "csv"):
             import polars as pl
 
-            _ = pl.read_parquet(fh).row(k)
-        elif fmt == "csv":
-            import polars as pl
+            frame = pl.read_parquet(path) if fmt == "parquet" else pl.read_csv(path)
+            value = frame.row(k)[0]
+            data = value if isinstance(value, bytes) else str(value).encode()
+            return np.frombuffer(data, dtype=np.uint8)
+        raise ReplayError(f"unsupported dataset format {fmt!r}")  # pragma: no cover - validated by the model
 
-            _ = pl.read_csv(fh).row(k)
-        n = fh.counted - before
-        if self.open_per_sample:
-            fh.close()
-        return n
-
-    def _file(self, path: str) -> CountingFileIO:
-        if self.open_per_sample:
-            return CountingFileIO(path, "r")
+    def _handle(self, path: str) -> Any:
         fh = self._open.get(path)
         if fh is None:
-            fh = self._open[path] = CountingFileIO(path, "r")
+            fh = self._open[path] = open(path, "rb")  # noqa: SIM115 - kept open across samples
+        fh.seek(0)
         return fh
 
-    def _read_hdf5(self, path: str, k: int) -> int:
+    def _read_hdf5(self, path: str, k: int) -> Decoded:
         import h5py
 
-        before = thread_rchar()
         if self.open_per_sample:
             with h5py.File(path, "r") as h5:
-                _ = h5["records"][k]
-        else:
-            h5 = self._open.get(path)
-            if h5 is None:
-                h5 = self._open[path] = h5py.File(path, "r")
-            _ = h5["records"][k]
-        return thread_rchar() - before
+                return np.asarray(h5["records"][k])
+        h5 = self._open.get(path)
+        if h5 is None:
+            h5 = self._open[path] = h5py.File(path, "r")
+        return np.asarray(h5["records"][k])
 
-    def _read_record(self, path: str, k: int, rec: Sequence[int] | None) -> int:
+    def _read_record(self, path: str, k: int, rec: Sequence[int] | None) -> Decoded:
         fd = self._fd(path)
         try:
-            n = 0
             if self.fmt == "indexed_binary":
                 idx_fd = os.open(path + ".idx", os.O_RDONLY)
                 try:
                     entry = os.pread(idx_fd, 16, 16 * k)
                 finally:
                     os.close(idx_fd)
-                n += len(entry)
                 off, length = struct.unpack("<QQ", entry) if len(entry) == 16 else (0, 0)
             else:
                 off, length = (int(rec[0]), int(rec[1])) if rec else (0, os.fstat(fd).st_size)
-            n += len(os.pread(fd, length, off))
-            return n
+            return np.frombuffer(os.pread(fd, length, off), dtype=np.uint8)
         finally:
             if self.open_per_sample:
                 os.close(fd)
@@ -370,14 +400,6 @@ class LibraryReader(_Reader):
         if fd is None:
             fd = self._open[path] = os.open(path, os.O_RDONLY)
         return fd
-
-    def close(self) -> None:
-        for h in self._open.values():
-            try:
-                os.close(h) if isinstance(h, int) else h.close()
-            except (OSError, ValueError):
-                pass
-        self._open.clear()
 
 
 class PosixReader(_Reader):
@@ -393,6 +415,10 @@ class PosixReader(_Reader):
 
     def read(self, path: str, offset: int, length: int, transfer: int) -> int:
         """Read bytes [offset, offset+length) of *path* in *transfer*-byte preads; returns bytes read."""
+        return self.read_decoded(path, offset, length, transfer)[0]
+
+    def read_decoded(self, path: str, offset: int, length: int, transfer: int) -> tuple[int, Decoded]:
+        """As :meth:`read`; also returns the bytes read (uint8 array, the sample as stored)."""
         self._stat_debt += self.stats_per_sample
         while self._stat_debt >= 1.0:
             os.stat(path)
@@ -409,22 +435,16 @@ class PosixReader(_Reader):
                 os.lseek(fd, offset, os.SEEK_SET)
                 self._lseek_debt -= 1.0
             transfer = max(1, int(transfer))
-            pos, end, total = offset, offset + length, 0
-            while pos < end:
-                got = len(os.pread(fd, min(transfer, end - pos), pos))
+            buf = bytearray(max(0, length))
+            view = memoryview(buf)
+            pos, total = 0, 0
+            while pos < length:
+                got = os.preadv(fd, [view[pos:pos + min(transfer, length - pos)]], offset + pos)
                 if got == 0:
                     break
                 total += got
                 pos += got
-            return total
+            return total, np.frombuffer(buf, dtype=np.uint8)[:total]
         finally:
             if self.open_per_sample:
                 os.close(fd)
-
-    def close(self) -> None:
-        for fd in self._open.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._open.clear()

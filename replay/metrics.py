@@ -118,6 +118,8 @@ def render_table(metrics: dict[str, Any]) -> str:
         au = s["au_percent"]
         lines.append(f"AU across epochs: {au['mean']:.2f} ± {au['stdev']:.2f} %; "
                      f"samples/s {_f(s['samples_per_s']['mean'], '.1f')} ± {_f(s['samples_per_s']['stdev'], '.1f')}")
+    if metrics.get("loader"):
+        lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
     verdict = "PASS" if metrics.get("pass") else "FAIL"
     lines.append(f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
                  + ("" if metrics.get("complete", True) else " (incomplete run)"))
