@@ -13,6 +13,7 @@ e.g. DLIO runs) fall back to POSIX-level inference (``inferred``) or defaults.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
@@ -479,7 +480,13 @@ def distill(
         facts.put(
             "train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured"
         )
-        compute = _compute_time(steps.filter(pl.col("pid") == main_pid), saves, facts)
+        timing = timing_model(
+            epochs_ev.filter(pl.col("pid") == main_pid),
+            fetch.filter(pl.col("pid") == main_pid),
+            steps.filter(pl.col("pid") == main_pid),
+            saves.filter(pl.col("pid") == main_pid),
+        )
+        compute = timing.computation_time if timing else Distribution.unknown()
         facts.put(
             "train.computation_time",
             "consumer step events minus checkpoint time, warm-up steps excluded"
@@ -487,7 +494,20 @@ def distill(
             else "no step events",
             "measured" if compute.is_known else "default",
         )
+        if timing is not None:
+            facts.put("train.warmup_computation_time", "the run's first step and the leading steps longer "
+                      f"than {WARMUP_FACTOR:g}x the steady median", "measured")
+            facts.put("train.epoch_warmup_computation_time", "median per position of later epochs' leading "
+                      f"steps longer than {WARMUP_FACTOR:g}x the steady median", "measured")
+            facts.put("train.epoch_end_time", "consumer time from an epoch's end to the next epoch's start, "
+                      "checkpoint saves excluded", "measured" if timing.epochs >= 2 else "default")
+            if len(timing.warmup_computation_time) > 1:
+                facts.notes.append(
+                    f"{len(timing.warmup_computation_time)} warm-up step(s) "
+                    f"({sum(timing.warmup_computation_time):.3f} s) modelled apart from computation_time")
+            facts.notes.append(timing.describe())
     else:
+        timing = None
         n_epochs = _posix_epochs(io, paths)
         steps_per_epoch = None
         compute = Distribution.fixed(0.0)
@@ -498,10 +518,18 @@ def distill(
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
+    if timing is not None:
+        train = dataclasses.replace(
+            train,
+            warmup_computation_time=timing.warmup_computation_time,
+            epoch_warmup_computation_time=timing.epoch_warmup_computation_time,
+            epoch_end_time=timing.epoch_end_time,
+        )
 
     # ---------------------------------------------------------------- checkpoint
     checkpoint = _checkpoint(
-        events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches, facts
+        events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches, facts,
+        epochs_ev.filter(pl.col("pid") == main_pid) if main_pid else None,
     )
 
     # ---------------------------------------------------------------- processes
@@ -545,17 +573,9 @@ def warmup_steps(step_seconds: np.ndarray | list[float]) -> int:
     return 1 + (int(np.argmin(slow)) if not slow.all() else 0)
 
 
-def _compute_time(
-    steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None
-) -> Distribution:
-    """Step durations (s) minus checkpoint saves inside them, warm-up excluded.
-
-    The first step always counts as warm-up (as DLIO excludes it); so does every
-    following step of the leading run longer than ``WARMUP_FACTOR`` x the median
-    step (first kernels of a framework are 10-30x slower than steady state).
-    """
-    if steps.height < 2:
-        return Distribution.unknown()
+def _step_compute_values(steps: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
+    """Per consumer step in time order: ``epoch``, ``step``, ``ts``, ``end`` (us) and ``s``: the
+    step's seconds minus the checkpoint saves inside it."""
     s = steps.sort("ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
     if saves.height:
         sv = saves.select(
@@ -577,7 +597,23 @@ def _compute_time(
         s = s.join(inside, on="ts", how="left").with_columns(pl.col("ckpt").fill_null(0))
     else:
         s = s.with_columns(pl.lit(0).alias("ckpt"))
-    values = (s["dur"] - s["ckpt"]).clip(lower_bound=0).to_numpy() * _US
+    return s.select(
+        "epoch", "step", "ts", "end", ((pl.col("dur") - pl.col("ckpt")).clip(lower_bound=0) * _US).alias("s")
+    )
+
+
+def _compute_time(
+    steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None
+) -> Distribution:
+    """Step durations (s) minus checkpoint saves inside them, warm-up excluded.
+
+    The first step always counts as warm-up (as DLIO excludes it); so does every
+    following step of the leading run longer than ``WARMUP_FACTOR`` x the median
+    step (first kernels of a framework are 10-30x slower than steady state).
+    """
+    if steps.height < 2:
+        return Distribution.unknown()
+    values = _step_compute_values(steps, saves)["s"].to_numpy()
     warm = warmup_steps(values)
     if facts is not None and warm > 1:
         facts.notes.append(
@@ -586,8 +622,132 @@ def _compute_time(
     return Distribution.from_values(values[warm:])
 
 
+@dataclass
+class TimingModel:
+    """Where a consumer's epochs spent their time (seconds) and the model fields that replay it.
+
+    Components, on the consumer's timeline: ``epoch_start`` (from the epoch's ``iter()`` to its
+    first batch: worker start-up and the first fetch; the replay's loader spends it itself),
+    ``fetch_wait`` (waits for the other batches, and the end-of-epoch ``next()`` that joins
+    non-persistent workers), ``step_compute`` and ``warmup_compute`` (step events minus the
+    checkpoints inside them), ``checkpoint`` (saves inside steps and between epochs),
+    ``epoch_end`` (after the epoch's last batch until the next epoch, besides checkpoints),
+    ``unattributed`` (inside epochs, outside every event above).
+    """
+
+    computation_time: Distribution
+    warmup_computation_time: list[float]
+    epoch_warmup_computation_time: list[float]
+    epoch_end_time: Distribution
+    components: dict[str, float]
+    total_s: float
+    epochs: int
+
+    def describe(self) -> str:
+        c = self.components
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in c.items() if k != "unattributed")
+        un = c.get("unattributed", 0.0)
+        share = 100.0 * un / self.total_s if self.total_s > 0 else 0.0
+        return (f"timing: {self.total_s:.3f} s in {self.epochs} epoch(s) on the training process: {parts}; "
+                f"unattributed {un:.3f} s ({share:.1f} %)")
+
+
+def _leading_warmup(values: np.ndarray, steady: float) -> int:
+    """Leading steps longer than ``WARMUP_FACTOR`` x the steady median step."""
+    if values.size == 0 or steady <= 0:
+        return 0
+    slow = values > WARMUP_FACTOR * steady
+    return int(np.argmin(slow)) if not slow.all() else int(values.size)
+
+
+def timing_model(
+    epochs: pl.DataFrame, fetches: pl.DataFrame, steps: pl.DataFrame, saves: pl.DataFrame
+) -> TimingModel | None:
+    """Attribute every second of the consumer's epochs (see :class:`TimingModel`).
+
+    All frames hold one consumer's events (``pipeline/epoch``, ``dataloader/fetch`` including
+    the end-of-epoch probes, ``compute/step``, ``checkpoint/save``). None without two steps.
+    """
+    if steps.height < 2:
+        return None
+    per_step = _step_compute_values(steps, saves)
+    values = per_step["s"].to_numpy()
+    warm = warmup_steps(values)
+    steady = values[warm:] if values.size > warm else values
+    steady_median = float(np.median(steady))
+    # later epochs' leading steps, position by position (median over those epochs)
+    first_epoch = per_step["epoch"].min()
+    later = per_step.filter(pl.col("epoch") != first_epoch)
+    epoch_warm: list[float] = []
+    if later.height:
+        by_pos = later.group_by("step").agg(pl.col("s").median()).sort("step")
+        pos = by_pos["s"].to_numpy()
+        n = _leading_warmup(pos, steady_median)
+        epoch_warm = [round(float(v), 6) for v in pos[: min(n, max(1, pos.size // 2))]]
+        if epoch_warm:  # those steps are modelled by position: keep them out of the steady state
+            idx = np.arange(values.size)
+            keep = (idx >= warm) & ~((per_step["epoch"] != first_epoch).to_numpy()
+                                      & (per_step["step"].fill_null(0).to_numpy() < len(epoch_warm)))
+            steady = values[keep] if keep.any() else steady
+    ep = epochs.sort("ts").select(pl.col("ts").alias("e_ts"), (pl.col("ts") + pl.col("dur")).alias("e_end"))
+    comps = {"epoch_start": 0.0, "fetch_wait": 0.0, "step_compute": 0.0, "warmup_compute": 0.0,
+             "checkpoint": 0.0, "epoch_end": 0.0, "unattributed": 0.0}
+    comps["warmup_compute"] = float(values[:warm].sum())
+    comps["step_compute"] = float(values[warm:].sum())
+    end_gaps = np.array([])
+    total = 0.0
+    if ep.height:
+        ep = ep.with_columns(pl.col("e_ts").shift(-1).alias("next_ts")).with_row_index("e")
+        stamp = ep.select("e", "e_ts")
+
+        def tag(frame: pl.DataFrame) -> pl.DataFrame:
+            return frame.sort("ts").join_asof(stamp, left_on="ts", right_on="e_ts", strategy="backward",
+                                              check_sortedness=False).filter(pl.col("e").is_not_null())
+
+        f = tag(fetches.select("ts", "dur", "batch_size"))
+        first_batch = (f.filter(pl.col("batch_size") > 0).group_by("e")
+                       .agg((pl.col("ts") + pl.col("dur")).min().alias("first_end"),
+                            pl.col("ts").min().alias("first_ts")))
+        other_fetch = (f.join(first_batch, on="e").filter(pl.col("ts") != pl.col("first_ts"))
+                       .group_by("e").agg(pl.col("dur").sum().alias("fetch_us")))
+        st = tag(steps.select("ts", "dur")).group_by("e").agg(pl.col("dur").sum().alias("step_us"))
+        sv = tag(saves.select("ts", "dur")).join(ep.select("e", "e_end"), on="e")
+        in_ep = sv.filter(pl.col("ts") < pl.col("e_end")).group_by("e").agg(pl.col("dur").sum().alias("sv_in"))
+        after = sv.filter(pl.col("ts") >= pl.col("e_end")).group_by("e").agg(
+            pl.col("dur").sum().alias("sv_after"), (pl.col("ts") + pl.col("dur")).max().alias("sv_last"))
+        t = (ep.join(first_batch, on="e", how="left").join(other_fetch, on="e", how="left")
+             .join(st, on="e", how="left").join(in_ep, on="e", how="left").join(after, on="e", how="left")
+             .with_columns(pl.col("fetch_us", "step_us", "sv_in", "sv_after").fill_null(0)))
+        t = t.with_columns(
+            ((pl.col("first_end") - pl.col("e_ts")).fill_null(0)).alias("start_us"),
+            # the epoch ends when the next one begins; the last one after its trailing saves
+            pl.coalesce("next_ts", pl.max_horizontal("e_end", "sv_last")).alias("stop"),
+        ).with_columns(
+            (pl.col("stop") - pl.col("e_end") - pl.col("sv_after")).clip(lower_bound=0).alias("end_us"),
+            (pl.col("e_end") - pl.col("e_ts") - pl.col("start_us") - pl.col("fetch_us") - pl.col("step_us"))
+            .clip(lower_bound=0).alias("un_us"),
+        )
+        comps["epoch_start"] = _num(t["start_us"].sum()) * _US
+        comps["fetch_wait"] = _num(t["fetch_us"].sum()) * _US
+        comps["checkpoint"] = _num((t["sv_in"] + t["sv_after"]).sum()) * _US
+        comps["epoch_end"] = _num(t["end_us"].sum()) * _US
+        comps["unattributed"] = _num(t["un_us"].sum()) * _US
+        total = _num((t["stop"] - t["e_ts"]).sum()) * _US
+        end_gaps = t.filter(pl.col("next_ts").is_not_null())["end_us"].to_numpy() * _US
+    return TimingModel(
+        computation_time=Distribution.from_values(steady),
+        warmup_computation_time=[round(float(v), 6) for v in values[:warm]],
+        epoch_warmup_computation_time=epoch_warm,
+        epoch_end_time=Distribution.from_values(end_gaps) if end_gaps.size else Distribution.fixed(0.0),
+        components=comps,
+        total_s=total,
+        epochs=ep.height,
+    )
+
+
 def _checkpoint(
-    events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts
+    events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts,
+    epochs: pl.DataFrame | None = None,
 ) -> Checkpoint:
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
@@ -601,7 +761,24 @@ def _checkpoint(
     gaps = at["step_count"].diff().drop_nulls()
     first = int(at["step_count"][0])
     interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
-    facts.put("checkpoint.steps_between_checkpoints", "steps between torch.save events", "measured")
+    every_epochs: int | None = None
+    after_epoch = 1
+    if epochs is not None and epochs.height:
+        # saves outside every epoch (after the loop over the DataLoader): epoch-based checkpoints
+        win = epochs.sort("ts").with_row_index("e").select(
+            "e", pl.col("ts").alias("e_ts"), (pl.col("ts") + pl.col("dur")).alias("e_end"))
+        tagged = at.sort("ts").join_asof(win, left_on="ts", right_on="e_ts", strategy="backward",
+                                         check_sortedness=False)
+        if tagged["e"].null_count() == 0 and (tagged["ts"] >= tagged["e_end"]).all():
+            per_epoch = tagged["e"].cast(pl.Int64)
+            every_epochs = _mode(per_epoch.diff().drop_nulls()) or 1
+            after_epoch = int(per_epoch.min() or 0) + 1
+    if every_epochs is not None:
+        interval = None
+        facts.put("checkpoint.epochs_between_checkpoints", "torch.save events after epochs end", "measured")
+        facts.put("checkpoint.checkpoint_after_epoch", "first epoch followed by a torch.save", "measured")
+    else:
+        facts.put("checkpoint.steps_between_checkpoints", "steps between torch.save events", "measured")
     nbytes = int(_num(saves["size"].drop_nulls().mean()))
     facts.put("checkpoint.bytes_per_checkpoint", "bytes of torch.save files", "measured")
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
@@ -620,14 +797,34 @@ def _checkpoint(
         else "torch.save writes are not visible to DFTracer",
         "measured" if writes.height else "default",
     )
+    serialization = Distribution.fixed(0.0)
+    if writes.height:
+        # a save's time outside the calls on its file (pickling, copies) is not the storage's
+        posix = events.filter(pl.col("file").is_in(ckpt_files) & pl.col("cat").is_in(["POSIX", "STDIO"]))
+        sv = saves.sort("ts").select("pid", pl.col("ts").alias("save_ts"),
+                                     (pl.col("ts") + pl.col("dur")).alias("save_end"), "dur")
+        inside = (posix.sort("ts").join_asof(sv, left_on="ts", right_on="save_ts", by="pid", strategy="backward",
+                                             check_sortedness=False)
+                  .filter(pl.col("ts") < pl.col("save_end")).group_by("save_ts")
+                  .agg(pl.col("dur").sum().alias("io")))
+        per = sv.join(inside, on="save_ts", how="left").select(
+            ((pl.col("dur") - pl.col("io").fill_null(0)).clip(lower_bound=0) * _US).alias("s"))
+        serialization = _observed(per["s"])
+        facts.put("checkpoint.serialization_time", "torch.save duration minus its POSIX calls", "measured")
+    else:
+        facts.put("checkpoint.serialization_time", "torch.save writes are not visible: the replay's writes "
+                  "stand for the whole save", "default")
     folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
     return Checkpoint(
         enabled=True,
         steps_between_checkpoints=interval,
+        epochs_between_checkpoints=every_epochs,
+        checkpoint_after_epoch=after_epoch,
         files_per_checkpoint=1,
         bytes_per_checkpoint=nbytes,
         write_transfer_size=wts,
         fsync=fsync,
+        serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
 
