@@ -842,38 +842,33 @@ def _workers_per_rank(
     mine = worker_items.filter(pl.col("ppid").is_in(consumers))
     if mine.is_empty() or epochs.is_empty():
         return _concurrent_processes(worker_items) // max(len(consumers), 1)
-    mids = mine.group_by("pid", "ppid").agg(
-        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
-    )
+    mids = mine.select("pid", "ppid", "ts")
     starts = epochs.select(
         pl.col("pid").alias("ppid"), pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")
     ).sort("epoch_ts")
     tagged = mids.sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", by="ppid", strategy="backward", check_sortedness=False
     )
-    return int(_num(tagged.group_by("ppid", "win").len()["len"].max()))
+    return int(_num(tagged.group_by("ppid", "win").agg(pl.col("pid").n_unique().alias("n"))["n"].max()))
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
-    """Most worker processes belonging to one epoch.
+    """Most worker processes reading items in one epoch.
 
-    A worker belongs to the epoch whose window contains the midpoint of its item
-    span: non-persistent workers live inside one epoch (they may prefetch just
-    before its event starts), persistent ones span all epochs and count once.
-    Without epoch events, fall back to processes alive at the same time.
+    Each item belongs to the epoch whose window holds its start (a DataLoader starts its
+    workers inside the epoch's ``iter()``); an epoch's workers are the distinct pids of
+    its items. Persistent workers count once per epoch, non-persistent ones once in the
+    epoch they live in. Without epoch events, fall back to processes alive at the same time.
     """
     if epochs.is_empty():
         return _concurrent_processes(worker_items)
-    mids = worker_items.group_by("pid").agg(
-        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
-    )
     starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort(
         "epoch_ts"
     )
-    tagged = mids.sort("ts").join_asof(
+    tagged = worker_items.select("pid", "ts").sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", strategy="backward"
     )
-    return int(_num(tagged.group_by("win").len()["len"].max()))
+    return int(_num(tagged.group_by("win").agg(pl.col("pid").n_unique().alias("n"))["n"].max()))
 
 
 def _concurrent_processes(frame: pl.DataFrame) -> int:

@@ -403,6 +403,8 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     save_model(model, output)
     if not quiet:
         click.echo(summarize_model(model))
+        for note in model.provenance.notes:  # what was left out or set apart, and where the time went
+            click.echo(f"  note: {note}")
         if loaded.damaged:
             click.echo(f"warning: {loaded.describe_damage()}")
     click.echo(f"model: {output}")

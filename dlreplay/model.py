@@ -59,11 +59,11 @@ __all__ = [
     "DATA_LOADERS",
     "AU_FIRST_STEPS",
     "DISTRIBUTION_TYPES",
-    "EPOCH_ORDERS",
     "FORMATS",
     "FRAMEWORKS",
     "MODEL_FORMAT_VERSION",
     "MODEL_SCHEMA_NAME",
+    "SAMPLE_ORDERS",
     "SHUFFLE_MODES",
     "WORKER_KINDS",
     "AccessPattern",
@@ -108,8 +108,8 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 WORKER_KINDS = ("process", "thread")
 #: DLIO's shuffle modes: none, seeded (reproducible), or random every run.
 SHUFFLE_MODES = ("off", "seed", "random")
-#: Sample order across epochs: a new shuffle every epoch, or the first epoch's order repeated.
-EPOCH_ORDERS = ("reshuffle", "repeat")
+#: How samples are sharded over ranks and ordered in each epoch: dlreplay's PyTorch-like plan or DLIO's sampler.
+SAMPLE_ORDERS = ("pytorch", "dlio")
 #: Which first steps AU leaves out: the run's first (MLPerf Storage) or every epoch's (DLIO).
 AU_FIRST_STEPS = ("run", "epoch")
 #: How far a value can be trusted.
@@ -562,9 +562,11 @@ class Reader:
                                              "false: new workers every epoch, as PyTorch's default")
     pin_memory: bool = _f(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
     drop_last: bool = _f(False, doc="drop each epoch's last batch when it is smaller than batch_size")
-    epoch_order: str = _f("reshuffle", choices=EPOCH_ORDERS,
-                          doc="reshuffle: a new sample order every epoch (PyTorch's shuffle=True); repeat: the "
-                              "first epoch's order every epoch (DLIO 2.0's PyTorch reader)")
+    sample_order: str = _f("pytorch", choices=SAMPLE_ORDERS,
+                           doc="pytorch: rank r reads files r::N, shuffled anew every epoch as file_shuffle and "
+                               "sample_shuffle say (PyTorch's RandomSampler); dlio: DLIO 2.0's PyTorch sampler "
+                               "(rank r reads a contiguous block of samples, file_shuffle ignored, the seeded "
+                               "sample shuffle re-applied to the previous epoch's order, whole batches only)")
     transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                      doc="bytes per read call on dataset files")
     preprocess_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",

@@ -135,35 +135,63 @@ def _shuffle(mode: str, seed: int | None, items: list[Any], key: Sequence[int]) 
 
 
 def steps_per_epoch(model: WorkloadModel, size: int) -> int:
-    """Steps per epoch for each of *size* accelerators (all ranks take the same count)."""
+    """Steps per epoch for each of *size* accelerators (all ranks take the same count).
+
+    DLIO's order takes ``floor(samples / batch / ranks)`` steps (its ``max_steps``, whole
+    batches only); otherwise each rank's files give its samples, and ``reader.drop_last``
+    drops a last partial batch.
+    """
     nfiles = model.dataset.num_files
     if nfiles < size:
         raise ReplayError(f"dataset.num_files: {nfiles} file(s) cannot be shared by {size} accelerators "
                           f"(each reads files r::N); use fewer accelerators or more files")
-    samples = (nfiles // size) * model.dataset.num_samples_per_file
     b = model.reader.batch_size
-    steps = samples // b if model.reader.drop_last else math.ceil(samples / b)
+    if model.reader.sample_order == "dlio":
+        steps = nfiles * model.dataset.num_samples_per_file // b // size
+    else:
+        samples = (nfiles // size) * model.dataset.num_samples_per_file
+        steps = samples // b if model.reader.drop_last else math.ceil(samples / b)
     if model.train.steps_per_epoch:
         steps = min(steps, model.train.steps_per_epoch)
     return steps
 
 
-def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
-    """The batches (lists of (file index, sample in file)) of *epoch* (1-based) on this rank.
-
-    With ``reader.epoch_order: repeat`` every epoch reads the first epoch's order (DLIO).
-    """
+def _dlio_order(plan: RankPlan, epoch: int) -> list[tuple[int, int]]:
+    """DLIO 2.0's PyTorch sampler (``dlio_sampler``): rank r takes the contiguous block of global
+    sample indices [r*ceil(N/size), (r+1)*ceil(N/size)); with sample_shuffle ``seed`` the block is
+    shuffled in place after seeding numpy's legacy generator with the seed, once per epoch (so
+    epoch e's order is that permutation applied e times); ``random`` shuffles unseeded;
+    ``file_shuffle`` has no effect on this path."""
     m, rd = plan.model, plan.model.reader
+    spf = m.dataset.num_samples_per_file
+    total = m.dataset.num_files * spf
+    per_rank = math.ceil(total / plan.size)
+    indices = list(range(plan.rank * per_rank, min(total, (plan.rank + 1) * per_rank)))
     seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
-    if rd.epoch_order == "repeat":
-        epoch = 1
-    files = list(range(plan.rank, m.dataset.num_files, plan.size))
-    files = _shuffle(rd.file_shuffle, seed, files, (epoch, plan.rank, 1))
-    samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
-    samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
+    if rd.sample_shuffle != "off":
+        rs = np.random.RandomState(seed) if rd.sample_shuffle == "seed" else np.random.RandomState()
+        for _ in range(epoch):
+            if rd.sample_shuffle == "seed":
+                rs.seed(seed)
+            rs.shuffle(indices)
+    return [divmod(i, spf) for i in indices]
+
+
+def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
+    """The batches (lists of (file index, sample in file)) of *epoch* (1-based) on this rank."""
+    m, rd = plan.model, plan.model.reader
+    if rd.sample_order == "dlio":
+        samples = _dlio_order(plan, epoch)
+    else:
+        seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
+        files = list(range(plan.rank, m.dataset.num_files, plan.size))
+        files = _shuffle(rd.file_shuffle, seed, files, (epoch, plan.rank, 1))
+        samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
+        samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
     steps = steps_per_epoch(m, plan.size)
     b = rd.batch_size
-    return [samples[i * b:(i + 1) * b] for i in range(steps) if samples[i * b:(i + 1) * b]]
+    batches = [samples[i * b:(i + 1) * b] for i in range(steps)]
+    return [x for x in batches if x and (len(x) == b or not (rd.drop_last or rd.sample_order == "dlio"))]
 
 
 def step_compute(model: WorkloadModel, draws: np.ndarray, epoch: int, first_global_step: int) -> np.ndarray:
@@ -580,8 +608,8 @@ def model_warnings(model: WorkloadModel) -> list[str]:
     """Parts of the model this replay does not reproduce yet (said, never silently dropped)."""
     out = []
     if model.train.evaluation is not None:
-        out.append("the model has evaluation phases (train.evaluation); this replay runs training epochs "
-                   "only, so evaluation reads and compute are not included in the timings")
+        out.append("evaluation phases (train.evaluation) are replayed as their compute time per step; the "
+                   "reads of the evaluation files are not (no evaluation files are generated)")
     if model.checkpoint.read_at_start:
         out.append("checkpoint.read_at_start is not replayed (no checkpoint is read before training)")
     return out

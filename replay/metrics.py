@@ -8,7 +8,11 @@ Vocabulary and definitions follow MLPerf Storage / DLIO:
 * **samples/s** = samples consumed / time (same window as AU, summed over ranks,
   divided by the slowest rank's time).
 * **I/O throughput** = bytes *actually read* / time, in MB/s (1 MB = 10^6 bytes) and MiB/s.
-* epoch time (s, wall clock incl. the first step), mean and population stdev across epochs.
+* epoch time (s, wall clock incl. the first step, worker start-up and the epoch's end:
+  epoch checkpoint, evaluation, epoch-end time), mean and population stdev across epochs;
+  per epoch also the seconds of evaluation and epoch-end time, and the pids of the
+  processes that read its batches (``worker_pids``: new ones every epoch unless the
+  workers persist).
 * pass/fail: AU >= the threshold (MLPerf Storage: 90 % for unet3d and resnet50).
 """
 
@@ -73,7 +77,11 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
     epochs = []
     for i in range(n_epochs):
         recs = [r["epochs"][i] for r in ranks if len(r["epochs"]) > i]
-        epochs.append({"epoch": recs[0]["epoch"], **_combine(recs)})
+        pids = sorted({p for r in recs for p in r.get("worker_pids", [])})
+        epochs.append({"epoch": recs[0]["epoch"], **_combine(recs),
+                       "evaluation_s": max((r.get("evaluation_s", 0.0) for r in recs), default=0.0),
+                       "epoch_end_s": max((r.get("epoch_end_s", 0.0) for r in recs), default=0.0),
+                       "worker_pids": pids})
     totals = []
     for r in ranks:
         tot = {k: sum(e[k] for e in r["epochs"]) for k in _SUMMED}

@@ -390,7 +390,7 @@ def test_module_does_not_import_torch(tmp_path):
 
 
 def test_unreplayed_model_parts_are_reported(tmp_path):
-    """Evaluation phases are not replayed yet: the result says so instead of dropping them silently."""
+    """Evaluation reads are not replayed (their compute is): the result says so instead of dropping them silently."""
     import dataclasses
 
     from dlreplay.model import Evaluation
