@@ -772,7 +772,7 @@ def _checkpoint(
         if tagged["e"].null_count() == 0 and (tagged["ts"] >= tagged["e_end"]).all():
             per_epoch = tagged["e"].cast(pl.Int64)
             every_epochs = _mode(per_epoch.diff().drop_nulls()) or 1
-            after_epoch = int(per_epoch.min() or 0) + 1
+            after_epoch = int(_num(per_epoch.min())) + 1
     if every_epochs is not None:
         interval = None
         facts.put("checkpoint.epochs_between_checkpoints", "torch.save events after epochs end", "measured")

@@ -426,9 +426,10 @@ class PosixReader(_Reader):
         if self.open_per_sample:
             fd = os.open(path, os.O_RDONLY)
         else:
-            fd = self._open.get(path)
-            if fd is None:
-                fd = self._open[path] = os.open(path, os.O_RDONLY)
+            kept = self._open.get(path)
+            if kept is None:
+                kept = self._open[path] = os.open(path, os.O_RDONLY)
+            fd = kept
         try:
             self._lseek_debt += self.lseeks_per_sample
             while self._lseek_debt >= 1.0:

@@ -89,7 +89,8 @@ class SampleReader:
         """Read sample *k* of file *f* and spend its preprocess time; (bytes read, decoded sample)."""
         s = self.spec
         path = os.path.join(s.data_dir, s.paths[f])
-        rec = s.records[f][k] if s.records[f] is not None else None
+        recs = s.records[f]
+        rec = recs[k] if recs is not None else None
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
         try:

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-import polars as pl
 import numpy as np
+import polars as pl
 import pytest
 
 from dlreplay.analyze import load_trace
