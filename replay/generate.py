@@ -10,6 +10,12 @@ complete manifest for the same dataset digest is ever taken as ready.
 Generation refuses a non-empty directory that holds no dlreplay manifest or journal,
 and only ever deletes files it created (its temporary files, or with ``force`` the
 files listed in its own manifest/journal).
+
+Test-only hook: with ``DLREPLAY_TEST_GENERATE_HOLD=N`` in the environment, generation
+stops after N finished files, writes the journal, prints ``generate held after N files``
+on stderr and waits there (at most :data:`HOLD_MAX_S`) for Ctrl-C. The Ctrl-C tests use
+it so that the interrupt lands mid-generation on a machine of any speed; nothing else
+sets it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ from .common import (
     write_json_atomic,
 )
 from .formats import write_file
+
+#: Test-only: the environment variable that holds generation after N files (see the module docstring).
+HOLD_ENV = "DLREPLAY_TEST_GENERATE_HOLD"
+#: Seconds a held generation waits for Ctrl-C before it goes on (a test never hangs for good).
+HOLD_MAX_S = 300.0
 
 #: Dataset bytes per byte of host RAM below which reads are served from page cache (MLPerf Storage: 5x).
 CACHE_FACTOR = 5
@@ -173,6 +184,22 @@ def _remove_owned(data_dir: Path, doc: dict[str, Any], plan: list[FileSpec]) -> 
                 pass
 
 
+def _hold_after() -> int | None:
+    """N from ``DLREPLAY_TEST_GENERATE_HOLD`` (test-only), or None when unset or not a positive integer."""
+    value = os.environ.get(HOLD_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _hold(files: int) -> None:
+    """Test-only: wait for Ctrl-C (KeyboardInterrupt) for at most :data:`HOLD_MAX_S` seconds."""
+    sys.stderr.write(f"generate held after {files} files ({HOLD_ENV}); waiting for Ctrl-C\n")
+    sys.stderr.flush()
+    deadline = time.monotonic() + HOLD_MAX_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        INTERRUPT.check()
+
+
 def _clean_tmp(data_dir: Path) -> None:
     for p in data_dir.rglob(f"*{TMP_SUFFIX}"):
         try:
@@ -292,6 +319,7 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
     progress = _Progress(len(plan), show)
     written_bytes = sum(int(e["bytes"]) for e in done.values())
     last_journal = time.monotonic()
+    hold = _hold_after()
 
     def record(entry: dict[str, Any]) -> None:
         nonlocal written_bytes, last_journal
@@ -299,9 +327,11 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
         written_bytes += int(entry["bytes"])
         INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
         progress.update(len(done), written_bytes)
-        if time.monotonic() - last_journal > 0.5:
+        if time.monotonic() - last_journal > 0.5 or len(done) == hold:
             write_json_atomic(journal_path, {**header, "files": done})
             last_journal = time.monotonic()
+        if len(done) == hold:
+            _hold(len(done))
 
     fmt, layout = model.dataset.format, model.dataset.layout
     try:

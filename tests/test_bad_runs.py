@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME
+from dlreplay.replay.generate import HOLD_ENV
 
 from .conftest import REPO, run_cli
 from .test_replay import digest_dir, make_model, write_model
@@ -33,10 +34,10 @@ def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception ignored" not in text, text
 
 
-def start_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``python -m dlreplay ARGS`` in its own process group (so a "terminal" Ctrl-C reaches all of it)."""
     return subprocess.Popen([PY, "-m", "dlreplay", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120.0) -> list[str]:
@@ -159,11 +160,15 @@ def journal_files(data: Path) -> int:
 
 
 def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: Path) -> None:
+    """Ctrl-C mid-generation: exit 130, the journal keeps the files done, no manifest; a rerun resumes.
+
+    The test-only hold (``DLREPLAY_TEST_GENERATE_HOLD``) stops generation after 10 of the 400
+    files until the Ctrl-C arrives, so it lands mid-generation on a machine of any speed.
+    """
     model, data = write_model(tmp_path, *GEN), tmp_path / "d"
-    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2")
-    deadline = time.monotonic() + 120
-    while journal_files(data) == 0 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2",
+                     env={**os.environ, HOLD_ENV: "10"})
+    wait_for_line(proc, "generate held after 10 files")
     ctrl_c(proc, "group")  # the generator processes get it too
     _, stderr = proc.communicate(timeout=120)
     no_traceback(stderr)
@@ -171,7 +176,7 @@ def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: P
     assert "interrupted (Ctrl-C)" in stderr and str(data) in stderr and "rerun" in stderr
     assert not (data / MANIFEST_NAME).exists()
     kept = journal_files(data)
-    assert 0 < kept < 400
+    assert kept == 10  # what was finished before the Ctrl-C is kept for the rerun
     again = run_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2", check=True)
     generated, reused = (int(x) for x in re.search(r"(\d+) generated, (\d+) reused", again.stdout).groups())
     assert reused >= kept and generated + reused == 400
