@@ -62,6 +62,10 @@ EXTENSION_FORMATS = {
 }
 
 _US = 1e-6
+#: Formats a Dataset reads through a Python file object (its buffering shows in the read sizes).
+PYTHON_FILE_FORMATS = ("npz", "npy", "jpeg", "png")
+#: Below this median read size (bytes) the job's file object was unbuffered.
+UNBUFFERED_MEDIAN_READ = 256
 
 
 class DistillError(TraceError):
@@ -438,6 +442,14 @@ def distill(
     )
     transfer = _observed(reads["size"])
     facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
+    buffering = "buffered"
+    if fmt in PYTHON_FILE_FORMATS and reads.height:
+        # Python's buffered files read >= 4-8 KiB at a time; an unbuffered handle passes the library's
+        # own small reads (zip headers, JPEG markers: a few bytes each) straight to read(2)
+        median = _num(reads["size"].median())
+        buffering = "unbuffered" if median < UNBUFFERED_MEDIAN_READ else "buffered"
+        facts.put("reader.file_buffering", f"median dataset read {median:.0f} B "
+                  f"({'<' if buffering == 'unbuffered' else '>='} {UNBUFFERED_MEDIAN_READ} B)", "inferred")
     pattern = access_pattern(reads)
     facts.put(
         "reader.access_pattern",
@@ -453,6 +465,7 @@ def distill(
         sample_shuffle=shuffle_mode,
         shuffle_seed=0 if shuffled else None,
         open_per_sample=open_per_sample,
+        file_buffering=buffering,
         persistent_workers=persistent,
         preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
         transfer_size=transfer,

@@ -182,7 +182,7 @@ _DLIO_DEFAULTS: dict[str, Any] = {
 }
 _IGNORED_SECTIONS = ("output", "profiling", "metric", "storage")
 #: Model fields DLIO has no key for (import leaves them at dlreplay's defaults).
-_NO_DLIO_KEY = ("reader.open_per_sample", "reader.access_pattern", "reader.metadata_per_sample",
+_NO_DLIO_KEY = ("reader.open_per_sample", "reader.file_buffering", "reader.access_pattern", "reader.metadata_per_sample",
                 "train.steps_per_epoch", "checkpoint.write_transfer_size", "checkpoint.read_at_start",
                 "dataset.layout.records_per_file")
 
@@ -906,6 +906,8 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
         lost.append(f"reader.worker_kind={rd.worker_kind}")
     if not rd.open_per_sample:
         lost.append("reader.open_per_sample=false")
+    if rd.file_buffering != "buffered":
+        lost.append(f"reader.file_buffering={rd.file_buffering}")
     if rd.access_pattern != AccessPattern():
         lost.append("reader.access_pattern")
     if rd.metadata_per_sample != MetadataPerSample():

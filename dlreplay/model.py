@@ -59,6 +59,7 @@ __all__ = [
     "DATA_LOADERS",
     "AU_FIRST_STEPS",
     "DISTRIBUTION_TYPES",
+    "FILE_BUFFERINGS",
     "FORMATS",
     "FRAMEWORKS",
     "MODEL_FORMAT_VERSION",
@@ -108,6 +109,8 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 WORKER_KINDS = ("process", "thread")
 #: DLIO's shuffle modes: none, seeded (reproducible), or random every run.
 SHUFFLE_MODES = ("off", "seed", "random")
+#: How a Dataset hands files to the format's library: Python's buffered file (the default) or unbuffered.
+FILE_BUFFERINGS = ("buffered", "unbuffered")
 #: How samples are sharded over ranks and ordered in each epoch: dlreplay's PyTorch-like plan or DLIO's sampler.
 SAMPLE_ORDERS = ("pytorch", "dlio")
 #: Which first steps AU leaves out: the run's first (MLPerf Storage) or every epoch's (DLIO).
@@ -560,6 +563,10 @@ class Reader:
     open_per_sample: bool = _f(True, doc="open/close the file for every sample (else keep files open)")
     persistent_workers: bool = _f(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
                                              "false: new workers every epoch, as PyTorch's default")
+    file_buffering: str = _f("buffered", choices=FILE_BUFFERINGS,
+                             doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
+                                 "png): buffered = by path or a default Python file (a few large reads), "
+                                 "unbuffered = an unbuffered file object (every library read is one read call)")
     pin_memory: bool = _f(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
     drop_last: bool = _f(False, doc="drop each epoch's last batch when it is smaller than batch_size")
     sample_order: str = _f("pytorch", choices=SAMPLE_ORDERS,

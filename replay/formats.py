@@ -307,6 +307,35 @@ class _Reader:
         self._open.clear()
 
 
+def _prime_library(fmt: str) -> None:
+    """Import what the format's library imports on its first use (reads of .py files that are
+    not the dataset's): decode a tiny sample held in memory."""
+    if fmt in ("jpeg", "png"):
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, format="JPEG" if fmt == "jpeg" else "PNG")
+        for _ in range(2):  # a path-less open takes one more plugin path the first time
+            buf.seek(0)
+            with Image.open(buf) as img:
+                img.convert("RGB")
+    elif fmt in ("npz", "npy"):
+        buf = io.BytesIO()
+        if fmt == "npz":
+            np.savez(buf, x=np.zeros((1, 1), dtype=np.uint8))
+            buf.seek(0)
+            with np.load(buf) as z:
+                z["x"]
+        else:
+            np.save(buf, np.zeros((1, 1), dtype=np.uint8))
+            buf.seek(0)
+            np.load(buf)
+    elif fmt == "hdf5":
+        import h5py  # noqa: F401
+    elif fmt in ("parquet", "csv"):
+        import polars  # noqa: F401
+
+
 class LibraryReader(_Reader):
     """Reads samples through the format's library, the way a training job's Dataset does.
 
@@ -314,12 +343,22 @@ class LibraryReader(_Reader):
       Pillow opens the path itself, with a buffered file);
     * npz / npy: ``numpy.load(path)`` (with files kept open: ``numpy.load`` on a kept
       buffered handle, rewound);
+    * with ``buffered`` false (the job handed the library an unbuffered file object,
+      ``reader.file_buffering: unbuffered``), the library gets ``open(path, "rb",
+      buffering=0)`` instead: each of its reads is one ``read(2)``, as in the job;
     * hdf5: ``h5py.File(path)`` with its default driver, kept open unless open_per_sample;
     * parquet / csv: polars on the path;
     * tfrecord / indexed_binary / raw: ``os.pread`` of the record's byte range.
 
-    Bytes read are counted by the kernel for the calling thread (:class:`ReadMeter`).
+    Bytes read are counted by the kernel for the calling thread (:class:`ReadMeter`). The
+    library's lazy imports (numpy's zip reader, Pillow's format plugins) happen when the
+    reader is made, by decoding a tiny in-memory sample, so no sample's count holds them.
     """
+
+    def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True) -> None:
+        super().__init__(fmt, open_per_sample)
+        self.buffered = buffered
+        _prime_library(fmt)
 
     def read(self, path: str, k: int, rec: Sequence[int] | None) -> int:
         """Read sample *k* of *path* (*rec*: its ``[offset, length]`` for record formats); returns bytes read."""
@@ -341,14 +380,16 @@ class LibraryReader(_Reader):
         if fmt in ("jpeg", "png"):
             from PIL import Image
 
+            if not self.buffered:
+                with open(path, "rb", buffering=0) as raw, Image.open(raw) as img:
+                    return np.asarray(img.convert("RGB"))
             with Image.open(path) as img:
                 return np.asarray(img.convert("RGB"))
         if fmt in ("npz", "npy"):
-            src: Any = path if self.open_per_sample else self._handle(path)
-            if fmt == "npz":
-                with np.load(src) as z:
-                    return np.ascontiguousarray(z["x"][k])
-            return np.ascontiguousarray(np.load(src)[k])
+            if self.open_per_sample and not self.buffered:
+                with open(path, "rb", buffering=0) as raw:
+                    return self._numpy_sample(raw, k)
+            return self._numpy_sample(path if self.open_per_sample else self._handle(path), k)
         if fmt in ("parquet", "csv"):
             import polars as pl
 
@@ -358,10 +399,16 @@ class LibraryReader(_Reader):
             return np.frombuffer(data, dtype=np.uint8)
         raise ReplayError(f"unsupported dataset format {fmt!r}")  # pragma: no cover - validated by the model
 
+    def _numpy_sample(self, src: Any, k: int) -> Decoded:
+        if self.fmt == "npz":
+            with np.load(src) as z:
+                return np.ascontiguousarray(z["x"][k])
+        return np.ascontiguousarray(np.load(src)[k])
+
     def _handle(self, path: str) -> Any:
         fh = self._open.get(path)
-        if fh is None:
-            fh = self._open[path] = open(path, "rb")  # noqa: SIM115 - kept open across samples
+        if fh is None:  # kept open across samples
+            fh = self._open[path] = open(path, "rb", buffering=-1 if self.buffered else 0)  # noqa: SIM115
         fh.seek(0)
         return fh
 

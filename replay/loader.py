@@ -54,6 +54,7 @@ class WorkerSpec:
     stats_per_sample: float
     lseeks_per_sample: float
     seed: int
+    file_buffering: str = "buffered"
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class SampleReader:
             self.reader: Any = PosixReader(spec.fmt, spec.open_per_sample, spec.stats_per_sample,
                                            spec.lseeks_per_sample)
         else:
-            self.reader = LibraryReader(spec.fmt, spec.open_per_sample)
+            self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered")
         self.preprocess = spec.preprocess_time if spec.preprocess_time.is_known and (
             spec.preprocess_time.mean or 0) > 0 else None
         self.transfer = spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER)
