@@ -71,7 +71,8 @@ class BatchResult:
 
 class SampleReader:
     """Reads samples in one worker (keeps its files open unless open_per_sample) and spends
-    the model's preprocess time per sample."""
+    the model's preprocess time per sample: what is left of it after the CPU time the
+    library took to read and decode the sample (the job's preprocess time holds its decode)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
         self.item_events = item_events
@@ -94,6 +95,7 @@ class SampleReader:
         rec = recs[k] if recs is not None else None
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
+        cpu0 = time.thread_time()
         try:
             if s.io == "posix":
                 if rec is not None:
@@ -113,10 +115,13 @@ class SampleReader:
         except Exception as exc:  # a library failing on a damaged file
             raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
         if self.preprocess is not None:
-            seconds = max(0.0, float(self.preprocess.sample(self.rng, 1)[0]))
-            pre = REGIONS.begin("preprocess", "data")
-            time.sleep(seconds)
-            REGIONS.end(pre)
+            # the model's per-sample CPU time (the job's item time minus its POSIX time) holds the
+            # job's decode; the library has just decoded here too, so only the rest is slept
+            seconds = float(self.preprocess.sample(self.rng, 1)[0]) - (time.thread_time() - cpu0)
+            if seconds > 0:
+                pre = REGIONS.begin("preprocess", "data")
+                time.sleep(seconds)
+                REGIONS.end(pre)
         REGIONS.end(item)
         return nbytes, decoded
 

@@ -93,7 +93,7 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
 def collate(samples: Sequence[tuple[int, int, torch.Tensor]]) -> tuple[list[int], list[int], Any]:
     """``(bytes per sample, pid per sample, samples)``: samples stacked by ``default_collate``
     (into shared memory in a worker, as for the job's batches) when they have one shape,
-    else a list of tensors (images of varying sizes before a resize the model does not know).
+    else concatenated flat (images of varying sizes before a resize the model does not know).
     The counts stay Python lists: pickled with the batch, they add no shared-memory tensor
     the job's batch does not have."""
     nbytes = [int(s[0]) for s in samples]
@@ -101,7 +101,20 @@ def collate(samples: Sequence[tuple[int, int, torch.Tensor]]) -> tuple[list[int]
     tensors = [s[2] for s in samples]
     if len({t.shape for t in tensors}) == 1:
         return nbytes, pids, default_collate(tensors)
-    return nbytes, pids, tensors
+    return nbytes, pids, _concat_flat(tensors)
+
+
+def _concat_flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Samples of different shapes as one flat tensor, in shared memory inside a worker as
+    ``default_collate`` allocates a stacked batch: one transfer per batch, as the job's
+    (resized) batch is, with the bytes of the decoded samples."""
+    flat = [t.reshape(-1) for t in tensors]
+    numel = sum(t.numel() for t in flat)
+    out = None
+    if get_worker_info() is not None:
+        storage = flat[0]._typed_storage()._new_shared(numel, device=flat[0].device)
+        out = flat[0].new(storage).resize_(numel)
+    return torch.cat(flat, out=out)
 
 
 class PlannedBatches(Sampler):  # type: ignore[type-arg]
