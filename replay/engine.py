@@ -403,6 +403,14 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
     end_time = m.train.epoch_end_time
     per_epoch_au = m.train.au_first_steps == "epoch"
     try:
+        # What a training script imports before its first epoch (torch, the format's library) is
+        # imported here, not inside the first epoch; forked workers inherit it.
+        if plan.loader == "torch":
+            from . import torchloader  # noqa: F401
+        if plan.spec.io == "library":
+            from .formats import prime_library
+
+            prime_library(plan.spec.fmt)
         # The DataLoader's events come from the capture hooks in a traced torch replay; else from here
         # (the same names and args a captured job has, so a replay trace is analysed like the real one).
         own_events = not _loader_events_from_hooks(plan)

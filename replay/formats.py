@@ -307,7 +307,7 @@ class _Reader:
         self._open.clear()
 
 
-def _prime_library(fmt: str) -> None:
+def prime_library(fmt: str) -> None:
     """Import what the format's library imports on its first use (reads of .py files that are
     not the dataset's): decode a tiny sample held in memory."""
     if fmt in ("jpeg", "png"):
@@ -358,7 +358,7 @@ class LibraryReader(_Reader):
     def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True) -> None:
         super().__init__(fmt, open_per_sample)
         self.buffered = buffered
-        _prime_library(fmt)
+        prime_library(fmt)
 
     def read(self, path: str, k: int, rec: Sequence[int] | None) -> int:
         """Read sample *k* of *path* (*rec*: its ``[offset, length]`` for record formats); returns bytes read."""
