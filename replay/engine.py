@@ -581,6 +581,13 @@ def choose_loader(config: ReplayConfig) -> tuple[str, str]:
     return "torch", "the model's loader is PyTorch's DataLoader"
 
 
+def _import_loader(loader: str) -> None:
+    """Import torch before the replay starts (seconds on a loaded machine), as a training script
+    does before its first epoch; accelerator processes forked from here inherit it."""
+    if loader == "torch":
+        from . import torchloader  # noqa: F401
+
+
 def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
     m = config.model
     files = manifest["files"]
@@ -691,6 +698,7 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     steps_per_epoch(config.model, size)  # validate early
     ckdir = str((out / "checkpoints").resolve())
     loader, why = choose_loader(config)
+    _import_loader(loader)
     plans = [RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order, loader)
              for r in range(size)]
     # One accelerator runs here: Ctrl-C raises KeyboardInterrupt. With several, this process
@@ -806,6 +814,7 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
     manifest = comm.bcast(manifest if rank == 0 else None, root=0)
     spec = _worker_spec(config, manifest)
     loader, _ = choose_loader(config)
+    _import_loader(loader)
     plan = RankPlan(config.model, spec, rank, size, config.seed, str((out / "checkpoints").resolve()),
                     config.record_order, loader)
     comm.Barrier()
