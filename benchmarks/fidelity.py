@@ -25,7 +25,10 @@ measure the machine, not the replay. Timings on a shared machine are noisy: the 
 steady-state epoch time is printed next to the errors, as the noise floor.
 
     python benchmarks/fidelity.py [--jobs npz_ckpt,h5_tiles] [--repeats 3] [--dir bench-data/fidelity]
-        [--json results.json]
+        [--json results.json] [--baseline-python OTHER_VENV/bin/python]
+
+With ``--baseline-python``, every capture is also distilled and replayed by another
+installation of dlreplay (a venv of an earlier commit): before/after on the same real runs.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +99,62 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
-def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None) -> dict[str, Any]:
-    """Capture, distill, replay and compare one job once; returns the measurements."""
+def _score(name: str, repeat: int, pipeline: str, real: list[float], replay: list[float], trace: Path,
+           replay_dir: Path, data: Path, loader: str) -> dict[str, Any]:
+    cmp = compare_traces(trace, replay_dir, data_dirs_a=[str(data)])
+    au_a, au_b = cmp.timing_a.get("au"), cmp.timing_b.get("au")
+    bytes_a, bytes_b = cmp.features_a.get("bytes_read"), cmp.features_b.get("bytes_read")
+    return {
+        "job": name, "repeat": repeat, "pipeline": pipeline, "real_epochs_s": real, "replay_epochs_s": replay,
+        "steady_pct": 100.0 * (_mean(replay[1:]) / _mean(real[1:]) - 1.0),
+        "first_pct": 100.0 * (replay[0] / real[0] - 1.0),
+        "au_real": au_a, "au_replay": au_b,
+        "au_points": 100.0 * (au_b - au_a) if au_a is not None and au_b is not None else float("nan"),
+        "similarity": cmp.similarity, "ks_read_sizes": cmp.ks_read_sizes,
+        "bytes_ratio": bytes_b / bytes_a if bytes_a and bytes_b is not None else float("nan"),
+        "loader": loader,
+    }
+
+
+def _this_pipeline(name: str, run_dir: Path, work: Path, repeat: int, real: list[float], data: Path,
+                   loader: str | None) -> dict[str, Any]:
+    loaded = load_trace(run_dir / "trace")
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(run_dir / "trace"))
+    extra = {"loader": loader} if loader else {}
+    cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=run_dir / "replay", trace=True, **extra)
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = run_replay(cfg, echo=lambda s: None)
+    replay = [e["epoch_time_s"] for e in result.metrics["epochs"]]
+    row = _score(name, repeat, "this", real, replay, run_dir / "trace", run_dir / "replay", data,
+                 result.metrics.get("loader", "builtin"))
+    row["model"] = {"workers": model.reader.read_threads, "persistent": model.reader.persistent_workers,
+                    "compute_ms": round(1e3 * (model.train.computation_time.mean or 0.0), 2),
+                    "warmup_steps": len(model.train.warmup_computation_time),
+                    "epoch_end_ms": round(1e3 * (model.train.epoch_end_time.mean or 0.0), 2),
+                    "preprocess_ms": round(1e3 * (model.reader.preprocess_time.mean or 0.0), 2)}
+    return row
+
+
+def _baseline_pipeline(name: str, python: Path, run_dir: Path, work: Path, repeat: int, real: list[float],
+                       data: Path) -> dict[str, Any]:
+    """Distill and replay the same trace with another installation's CLI (e.g. the main branch)."""
+    model = run_dir / "baseline-model.yaml"
+    subprocess.run([str(python), "-m", "dlreplay", "distill", str(run_dir / "trace"), "-o", str(model), "-q"],
+                   check=True, stdout=subprocess.DEVNULL)
+    out = run_dir / "replay-baseline"
+    subprocess.run([str(python), "-m", "dlreplay", "replay", str(model), "--data-dir",
+                    str(work / "replay-data-baseline"), "--out", str(out), "-q"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = json.loads((out / "metrics.json").read_text())
+    replay = [e["epoch_time_s"] for e in metrics["epochs"]]
+    return _score(name, repeat, "baseline", real, replay, run_dir / "trace", out, data,
+                  metrics.get("loader", "builtin"))
+
+
+def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
+             baseline: Path | None = None) -> list[dict[str, Any]]:
+    """Capture one job once, then distill, replay and compare it (also with *baseline*'s
+    installation, the two replays in alternating order); returns one row per pipeline."""
     run_dir = work / f"r{repeat}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -106,41 +162,20 @@ def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None) -
     data = work / "data"
     cmd = [sys.executable, str(REPO / "examples" / f"{job.script}.py"), "--data-dir", str(data), *job.args,
            "--checkpoint-dir", str(run_dir / "ck"), "--report", str(run_dir / "report.json"), "--quiet"]
-    t0 = time.perf_counter()
     captured = run_capture(CaptureConfig(command=tuple(cmd), out=run_dir / "trace", data_dirs=(str(data),),
                                          force=True))
     if captured.exit_code:
         raise SystemExit(f"{name}: job failed (exit {captured.exit_code})")
-    t_cap = time.perf_counter() - t0
     real = json.loads((run_dir / "report.json").read_text())["epoch_times_s"]
-    loaded = load_trace(run_dir / "trace")
-    model = distill(loaded.events, manifest=loaded.manifest, source=str(run_dir / "trace"))
-    extra = {"loader": loader} if loader else {}
-    cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=run_dir / "replay", trace=True, **extra)
-    t1 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-        result = run_replay(cfg, echo=lambda s: None)
-    t_rep = time.perf_counter() - t1
-    replay = [e["epoch_time_s"] for e in result.metrics["epochs"]]
-    cmp = compare_traces(run_dir / "trace", run_dir / "replay", data_dirs_a=[str(data)])
-    au_a, au_b = cmp.timing_a.get("au"), cmp.timing_b.get("au")
-    bytes_a, bytes_b = cmp.features_a.get("bytes_read"), cmp.features_b.get("bytes_read")
-    out = {
-        "job": name, "repeat": repeat, "real_epochs_s": real, "replay_epochs_s": replay,
-        "steady_pct": 100.0 * (_mean(replay[1:]) / _mean(real[1:]) - 1.0),
-        "first_pct": 100.0 * (replay[0] / real[0] - 1.0),
-        "au_real": au_a, "au_replay": au_b,
-        "au_points": 100.0 * (au_b - au_a) if au_a is not None and au_b is not None else float("nan"),
-        "similarity": cmp.similarity, "ks_read_sizes": cmp.ks_read_sizes,
-        "bytes_ratio": bytes_b / bytes_a if bytes_a and bytes_b is not None else float("nan"),
-        "loader": result.metrics.get("loader", "builtin"),
-        "capture_s": t_cap, "replay_s": t_rep,
-        "model": {"workers": model.reader.read_threads, "persistent": model.reader.persistent_workers,
-                  "compute_ms": 1e3 * (model.train.computation_time.mean or 0.0),
-                  "preprocess_ms": 1e3 * (model.reader.preprocess_time.mean or 0.0)},
-    }
-    # the captured and replayed data stay only for the last repeat (disk on small machines)
-    return out
+    rows = []
+    steps = [lambda: _this_pipeline(name, run_dir, work, repeat, real, data, loader)]
+    if baseline is not None:
+        steps.append(lambda: _baseline_pipeline(name, baseline, run_dir, work, repeat, real, data))
+        if repeat % 2:
+            steps.reverse()
+    for step in steps:
+        rows.append(step())
+    return rows
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float:
@@ -149,23 +184,24 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def summarize(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats of one job and pipeline."""
     med = {k: _median(rows, k) for k in ("steady_pct", "first_pct", "au_points", "similarity", "ks_read_sizes",
                                          "bytes_ratio", "au_real", "au_replay")}
     steady_real = [_mean(r["real_epochs_s"][1:]) for r in rows]
     noise = 100.0 * (max(steady_real) - min(steady_real)) / statistics.median(steady_real) if rows else 0.0
     ok = (abs(med["steady_pct"]) <= TARGETS["steady_pct"] and abs(med["first_pct"]) <= TARGETS["first_pct"]
           and abs(med["au_points"]) <= TARGETS["au_points"])
-    return {"job": name, **med, "real_spread_pct": noise, "pass": ok, "loader": rows[-1]["loader"],
-            "real_steady_s": statistics.median(steady_real)}
+    return {"job": name, "pipeline": rows[-1]["pipeline"], **med, "real_spread_pct": noise, "pass": ok,
+            "loader": rows[-1]["loader"], "real_steady_s": statistics.median(steady_real)}
 
 
 def render(summaries: list[dict[str, Any]]) -> str:
-    head = (f"{'job':<12} {'loader':<8} {'steady %':>9} {'first %':>8} {'dAU pt':>7} {'AU real':>8} "
+    head = (f"{'job':<12} {'pipeline':<9} {'loader':<8} {'steady %':>9} {'first %':>8} {'dAU pt':>7} {'AU real':>8} "
             f"{'simil.':>7} {'KS rd':>6} {'bytes':>6} {'noise %':>8}  verdict")
     lines = [head, "-" * len(head)]
     for s in summaries:
         lines.append(
-            f"{s['job']:<12} {s['loader']:<8} {s['steady_pct']:>+9.1f} {s['first_pct']:>+8.1f} "
+            f"{s['job']:<12} {s['pipeline']:<9} {s['loader']:<8} {s['steady_pct']:>+9.1f} {s['first_pct']:>+8.1f} "
             f"{s['au_points']:>+7.1f} {100 * (s['au_real'] or 0):>8.1f} {s['similarity']:>7.3f} "
             f"{s['ks_read_sizes']:>6.3f} {s['bytes_ratio']:>6.2f} {s['real_spread_pct']:>8.1f}  "
             f"{'PASS' if s['pass'] else 'FAIL'}")
@@ -182,6 +218,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "fidelity")
     ap.add_argument("--loader", default=None, help="replay loader (auto, torch, builtin); default: the replay's")
     ap.add_argument("--json", type=Path, default=None, help="write every measurement and the summary here")
+    ap.add_argument("--baseline-python", type=Path, default=None,
+                    help="also distill and replay every capture with this interpreter's dlreplay (e.g. a venv of "
+                         "the main branch): a before/after on the same real runs")
     args = ap.parse_args()
     names = [j.strip() for j in args.jobs.split(",") if j.strip()]
     unknown = [n for n in names if n not in JOBS]
@@ -195,16 +234,20 @@ def main() -> None:
         data = work / "data"
         subprocess.run([sys.executable, str(REPO / "examples" / f"{job.script}.py"), "--data-dir", str(data),
                         *job.args, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for r in range(args.repeats):
-            row = run_once(name, job, work, r, args.loader)
-            rows.append(row)
-            print(f"{name} #{r + 1}: real epochs {' '.join(f'{t:.2f}' for t in row['real_epochs_s'])} s, replay "
-                  f"{' '.join(f'{t:.2f}' for t in row['replay_epochs_s'])} s; steady {row['steady_pct']:+.1f} %, "
-                  f"first {row['first_pct']:+.1f} %, dAU {row['au_points']:+.1f} pt; model {row['model']}",
-                  flush=True)
+            for row in run_once(name, job, work, r, args.loader, args.baseline_python):
+                rows.append(row)
+                print(f"{name} #{r + 1} {row['pipeline']}: real epochs "
+                      f"{' '.join(f'{t:.2f}' for t in row['real_epochs_s'])} s, replay "
+                      f"{' '.join(f'{t:.2f}' for t in row['replay_epochs_s'])} s; steady {row['steady_pct']:+.1f} %, "
+                      f"first {row['first_pct']:+.1f} %, dAU {row['au_points']:+.1f} pt"
+                      + (f"; model {row['model']}" if "model" in row else ""), flush=True)
         all_rows.extend(rows)
-        summaries.append(summarize(name, rows))
+        for pipeline in ("baseline", "this"):
+            mine = [r for r in rows if r["pipeline"] == pipeline]
+            if mine:
+                summaries.append(summarize(name, mine))
     print()
     print(render(summaries))
     if args.json:
