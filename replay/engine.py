@@ -475,6 +475,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                     rec["samples_in_window"] += len(res.samples)
                     rec["bytes_in_window"] += res.nbytes
                 t_prev = t_end
+                rec["epoch_time_s"] = t_end - t_start  # so far (an interrupted epoch keeps it)
             REGIONS.end(ev_epoch, steps=rec["steps"])
             # the epoch's end, after the loop over the loader, as in a training script
             if ckpt.due_epoch(epoch):
