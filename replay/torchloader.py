@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import sys
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -31,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
+
+from dlreplay.interrupt import INTERRUPT
 
 from .common import ReplayError
 from .loader import BatchResult, SampleReader, WorkerSpec, worker_context
@@ -139,6 +144,48 @@ def _quiet_worker_count() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _workers_start_deaf() -> Iterator[None]:
+    """Start workers (``iter()``) with SIGINT blocked: a Ctrl-C meanwhile only sets the flag
+    (checked at the next batch), and a worker cannot be hit before :func:`_worker_init` makes
+    it ignore SIGINT (a KeyboardInterrupt in a worker's start-up kills it with a traceback).
+    The training process stops its workers itself, as the builtin loader's."""
+    with INTERRUPT.deferred():
+        main = threading.current_thread() is threading.main_thread()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main else None
+        try:
+            yield
+        finally:
+            if mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _worker_init(worker_id: int) -> None:
+    """In each worker: ignore SIGINT (then unblock it, see :func:`_workers_start_deaf`), and stay
+    quiet when the training process abandons a batch hand-over (its fd-sharing thread then sees
+    the connection reset: a Ctrl-C, not an error)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _quiet_abandoned_handovers()
+
+
+def _quiet_abandoned_handovers() -> None:
+    """Drop connection errors of multiprocessing's fd-sharing thread (``resource_sharer._serve``,
+    which reports through ``sys.excepthook``): a peer that went away mid hand-over (a Ctrl-C)
+    is not an error of the replay. Everything else still reaches the previous hook."""
+    previous = sys.excepthook
+    if getattr(previous, "_dlreplay_quiet", False):
+        return
+
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        if issubclass(exc_type, (ConnectionError, EOFError)) and "_serve" in threading.current_thread().name:
+            return
+        previous(exc_type, exc, tb)
+
+    hook._dlreplay_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def _worker_message(exc: BaseException) -> str:
     """The one-line cause of an error re-raised from a DataLoader worker (torch wraps it in
     "Caught X in DataLoader worker process N. Original Traceback ..."; keep the cause)."""
@@ -164,11 +211,12 @@ class TorchLoader:
         self.spec = spec
         self.dataset = ReplayDataset(spec)
         self.sampler = PlannedBatches()
+        _quiet_abandoned_handovers()
         self.pin_memory = bool(pin_memory and torch.cuda.is_available())
         kwargs: dict[str, Any] = {}
         if num_workers > 0:
             kwargs = {"prefetch_factor": max(1, prefetch_factor), "persistent_workers": persistent_workers,
-                      "multiprocessing_context": worker_context(spec)}
+                      "multiprocessing_context": worker_context(spec), "worker_init_fn": _worker_init}
         with _quiet_worker_count():
             self.loader = DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=num_workers,
                                      collate_fn=collate, pin_memory=self.pin_memory, **kwargs)
@@ -179,13 +227,15 @@ class TorchLoader:
         spf = self.spec.samples_per_file
         self.sampler.batches = [[f * spf + k for f, k in b] for b in batches]
         try:
-            with _quiet_worker_count():
+            with _quiet_worker_count(), _workers_start_deaf():
                 self._iter = iter(self.loader)
             for i, (nbytes, pids, _data) in enumerate(self._iter):
                 yield BatchResult(i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0])
         except ReplayError as exc:
             raise ReplayError(_worker_message(exc)) from None
         except RuntimeError as exc:  # a worker killed or gone ("DataLoader worker (pid N) exited unexpectedly")
+            if INTERRUPT.requested:  # a terminal's Ctrl-C reached the workers too: they stop quietly, as asked
+                raise KeyboardInterrupt from None
             raise ReplayError(f"data-loader worker failed: {_worker_message(exc)}") from None
 
     def close(self) -> None:
