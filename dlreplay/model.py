@@ -1324,6 +1324,17 @@ def summarize_model(model: WorkloadModel) -> str:
         steps = f", {tr.steps_per_epoch} steps/epoch" if tr.steps_per_epoch else ""
         lines.append(f"  train       {tr.epochs} epoch(s){steps}, compute {_fmt_dist(tr.computation_time, _fmt_seconds)}"
                      "/step")
+        extra = []
+        if tr.warmup_computation_time:
+            extra.append(f"{len(tr.warmup_computation_time)} warm-up step(s) "
+                         f"{_fmt_seconds(sum(tr.warmup_computation_time))}")
+        if tr.epoch_warmup_computation_time:
+            extra.append(f"{len(tr.epoch_warmup_computation_time)} leading step(s) per later epoch "
+                         f"{_fmt_seconds(sum(tr.epoch_warmup_computation_time))}")
+        if tr.epoch_end_time.is_known and (tr.epoch_end_time.mean or 0) > 0:
+            extra.append(f"epoch end {_fmt_dist(tr.epoch_end_time, _fmt_seconds)}")
+        if extra:
+            lines.append(f"  timing      {'; '.join(extra)}")
     else:
         lines.append("  train       off")
     if tr.evaluation is not None:
