@@ -139,12 +139,13 @@ def _baseline_pipeline(name: str, python: Path, run_dir: Path, work: Path, repea
                        data: Path) -> dict[str, Any]:
     """Distill and replay the same trace with another installation's CLI (e.g. the main branch)."""
     model = run_dir / "baseline-model.yaml"
+    # cwd: not this checkout, whose dlreplay `python -m` would import first
     subprocess.run([str(python), "-m", "dlreplay", "distill", str(run_dir / "trace"), "-o", str(model), "-q"],
-                   check=True, stdout=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.DEVNULL, cwd=run_dir)
     out = run_dir / "replay-baseline"
     subprocess.run([str(python), "-m", "dlreplay", "replay", str(model), "--data-dir",
                     str(work / "replay-data-baseline"), "--out", str(out), "-q"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=run_dir)
     metrics = json.loads((out / "metrics.json").read_text())
     replay = [e["epoch_time_s"] for e in metrics["epochs"]]
     return _score(name, repeat, "baseline", real, replay, run_dir / "trace", out, data,
