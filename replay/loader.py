@@ -76,6 +76,7 @@ class SampleReader:
 
     def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
         self.item_events = item_events
+        self.preprocess_debt = 0.0  # seconds of modelled preprocessing not yet spent (negative: overspent)
         self.spec = spec
         self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
         if spec.io == "posix":
@@ -115,12 +116,16 @@ class SampleReader:
         except Exception as exc:  # a library failing on a damaged file
             raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
         if self.preprocess is not None:
-            # the model's per-sample CPU time (the job's item time minus its POSIX time) holds the
-            # job's decode; the library has just decoded here too, so only the rest is slept
-            seconds = float(self.preprocess.sample(self.rng, 1)[0]) - (time.thread_time() - cpu0)
-            if seconds > 0:
+            # The model's per-sample CPU time (the job's item time minus its POSIX time) holds the
+            # job's decode; the library has just decoded here too, so only the rest is slept. Sleeps
+            # of a millisecond overshoot by a good part of it on a busy machine: the overshoot is
+            # carried into the next sample's sleep, so this worker's total tracks the model.
+            self.preprocess_debt += float(self.preprocess.sample(self.rng, 1)[0]) - (time.thread_time() - cpu0)
+            if self.preprocess_debt > 0:
                 pre = REGIONS.begin("preprocess", "data")
-                time.sleep(seconds)
+                t0 = time.perf_counter()
+                time.sleep(self.preprocess_debt)
+                self.preprocess_debt -= time.perf_counter() - t0
                 REGIONS.end(pre)
         REGIONS.end(item)
         return nbytes, decoded

@@ -117,7 +117,8 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
     assert counts["pipeline/epoch_end"] == epochs
     assert counts["pipeline/evaluate"] == epochs
     assert counts["checkpoint/save"] == epochs
-    assert counts["data/item"] == epochs * 8 and counts["data/preprocess"] == epochs * 8
+    # preprocess sleeps inside items (a sample whose decode already spent the modelled time has none)
+    assert counts["data/item"] == epochs * 8 and 0 < counts["data/preprocess"] <= epochs * 8
     # the checkpoints come after each epoch's loop, as a training script saves
     e = ev.filter(pl.col("name") == "epoch").sort("ts")
     s = ev.filter(pl.col("name") == "save").sort("ts")
