@@ -7,7 +7,7 @@ VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.dlreplay-installed
-EXTRAS  ?= torch,mpi,dev
+EXTRAS  ?= torch,mpi,parquet,dev
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo test test-fast lint bench clean

@@ -142,7 +142,12 @@ def render_findings_text(report: Report, *, width: int = 100) -> str:
     st = report.characterization["steps"]
     if st.get("au") is not None:
         lines.append(f"AU {st['au']:.1%} over {st['steps'] - st['warmup_steps']} steps (warm-up excluded); "
-                     f"data wait {st['wait_s']:.3f} s, compute {st['compute_s']:.3f} s")
+                     f"data wait {st['wait_s']:.3f} s, compute {st['compute_s']:.3f} s"
+                     + (f", checkpoints {st['checkpoint_s']:.3f} s" if st.get("checkpoint_s") else "")
+                     + (f", other {st['other_s']:.3f} s" if st.get("other_s") else ""))
+        if st.get("au_dlio") is not None:
+            lines.append(f"AU as DLIO computes it (each block's first step left out, checkpoints outside blocks): "
+                         f"{st['au_dlio']:.1%}; loop read from {st.get('basis')}")
     if not report.findings:
         lines.append("No bottleneck found with the current thresholds.")
     else:

@@ -155,18 +155,39 @@ def _metrics_json(trace: Path) -> dict | None:
         return None
 
 
+def _steady(epochs: list[dict]) -> float | None:
+    """Mean epoch time (s) after each consumer's first epoch (all of them when only one)."""
+    if not epochs:
+        return None
+    by: dict[Any, list[float]] = {}
+    for e in epochs:
+        if e.get("time_s") is not None:
+            by.setdefault(e.get("pid"), []).append(e["time_s"])
+    times = [t for ts in by.values() for t in (ts[1:] if len(ts) > 1 else ts)]
+    return sum(times) / len(times) if times else None
+
+
 def _timing(c: Characterization, trace: Path) -> dict[str, Any]:
-    """Epoch times (s) and AU: from the trace's data-loader events, else a replay's metrics.json."""
-    epochs = [e["time_s"] for e in c["epochs"]["epochs"]]
-    au = c["steps"].get("au")
+    """Epoch times (s), AU and data wait: from the trace's training-loop events (any convention
+    the vocabulary reads: dlreplay's, DLIO's, DFTracer's AI annotations), else a replay's metrics.json."""
+    ep = c["epochs"]["epochs"]
+    st = c["steps"]
+    epochs = [e["time_s"] for e in ep]
+    au = st.get("au")
     source = "trace"
     m = _metrics_json(trace)
+    steady = _steady(ep)
     if (not epochs or au is None) and m:
-        epochs = epochs or [e.get("epoch_time_s") for e in m.get("epochs", [])]
+        if not epochs:
+            epochs = [e.get("epoch_time_s") for e in m.get("epochs", [])]
+            steady = _steady([{"time_s": t} for t in epochs])
         if au is None and m.get("overall", {}).get("au_percent") is not None:
             au = m["overall"]["au_percent"] / 100
         source = "metrics.json"
-    return {"epoch_times_s": epochs, "au": au, "source": source if epochs or au is not None else None}
+    return {"epoch_times_s": epochs, "steady_epoch_s": steady, "au": au, "au_dlio": st.get("au_dlio"),
+            "au_data": st.get("au_data"), "wait_s": st.get("wait_s"), "compute_s": st.get("compute_s"),
+            "epochs_basis": c["epochs"].get("basis"), "loop_basis": st.get("basis"),
+            "source": source if epochs or au is not None else None}
 
 
 @dataclass
@@ -242,6 +263,13 @@ def render_comparison(cmp: Comparison) -> str:
     lines.append("")
     ta, tb = cmp.timing_a, cmp.timing_b
     lines.append(f"  {'AU':<18} {_pct(ta['au']):>14} {_pct(tb['au']):>14}")
+    if ta.get("au_dlio") is not None or tb.get("au_dlio") is not None:
+        lines.append(f"  {'AU (DLIO formula)':<18} {_pct(ta.get('au_dlio')):>14} {_pct(tb.get('au_dlio')):>14}")
+    if ta.get("wait_s") is not None or tb.get("wait_s") is not None:
+        lines.append(f"  {'data wait':<18} {_sec(ta.get('wait_s')):>14} {_sec(tb.get('wait_s')):>14}")
+    sa, sb = ta.get("steady_epoch_s"), tb.get("steady_epoch_s")
+    err = f"  ({(sb - sa) / sa:+.1%})" if sa and sb else ""
+    lines.append(f"  {'steady epoch time':<18} {_sec(sa):>14} {_sec(sb):>14}{err}")
     n = max(len(ta["epoch_times_s"]), len(tb["epoch_times_s"]))
     for i in range(n):
         x = ta["epoch_times_s"][i] if i < len(ta["epoch_times_s"]) else None

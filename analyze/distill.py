@@ -5,18 +5,19 @@ over events) that returns a value and how it was obtained::
 
     (value, method, confidence)   confidence in measured | inferred | default
 
-Traces captured by ``dlreplay capture`` carry data-loader events (epoch, fetch,
-step, item, checkpoint), which give batch size, workers, epochs, samples per file
-and step compute time directly (``measured``). Plain DFTracer traces (POSIX only,
-e.g. DLIO runs) fall back to POSIX-level inference (``inferred``) or defaults.
+Traces captured by ``dlreplay capture``, DLIO's traces and code annotated with
+DFTracer's AI conventions carry data-loader events (epoch, fetch, step, compute, item,
+checkpoint; read by role, see :mod:`.vocabulary`), which give batch size, workers,
+epochs, samples per file and step compute time directly (``measured``). Plain DFTracer
+traces (POSIX only) fall back to POSIX-level inference (``inferred``, see
+:mod:`.infer`) or defaults.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 import polars as pl
 
 import dlreplay
-from dlreplay.errors import TraceError
+from dlreplay.errors import DlreplayError, TraceError
 from dlreplay.model import (
     AccessPattern,
     Checkpoint,
@@ -40,6 +41,9 @@ from dlreplay.model import (
     WorkloadModel,
 )
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS, SYNC_OPS, WRITE_OPS
+
+from . import vocabulary as voc
+from .infer import infer_posix_loop
 
 #: File extension -> dataset format (DLIO names).
 EXTENSION_FORMATS = {
@@ -83,8 +87,9 @@ class _Facts:
         self.fields[path] = FieldProvenance(method=method, confidence=confidence)
 
 
-def _is(ev: pl.DataFrame, cat: str, name: str) -> pl.DataFrame:
-    return ev.filter((pl.col("cat") == cat) & (pl.col("name") == name))
+def _role(ev: pl.DataFrame, *roles: str) -> pl.DataFrame:
+    """Events of these vocabulary roles (whatever their spelling)."""
+    return ev.filter(voc.has_role(roles))
 
 
 def _num(value: Any, default: float = 0.0) -> float:
@@ -120,6 +125,11 @@ def _homogeneous(paths: list[str], facts: _Facts) -> list[str]:
     Datasets are homogeneous; a stray file under the data dir (a generator's marker,
     an index) would otherwise count as a sample file.
     """
+    hidden = [p for p in paths if PurePosixPath(p).name.startswith(".")]
+    if hidden and len(hidden) < len(paths):  # markers and temporary files (.done, .lock), never samples
+        facts.notes.append(f"ignored {len(hidden)} hidden file(s) under the dataset: "
+                           + ", ".join(PurePosixPath(h).name for h in sorted(hidden)[:5]))
+        paths = [p for p in paths if p not in set(hidden)]
     exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
     counts = exts.value_counts(sort=True)
     top, n = counts[0, 0], counts[0, 1]
@@ -256,13 +266,21 @@ def distill(
     manifest: dict[str, Any] | None = None,
     data_dirs: list[str] | None = None,
     source: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    fingerprint_origin: str | None = None,
 ) -> WorkloadModel:
-    """Infer a :class:`WorkloadModel` from an event table (see module doc)."""
+    """Infer a :class:`WorkloadModel` from an event table (see module doc).
+
+    ``dataset.layout`` comes from *fingerprint* (a dataset fingerprint document), else
+    from ``dataset-fingerprint.json`` in the trace directory *source*, else from what
+    the reads show (:mod:`dlreplay.analyze.layout`).
+    """
     if events.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`)."
         )
     facts = _Facts()
+    events = voc.ensure_roles(events)
     data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
     has_files = events["file"].drop_nulls().len() > 0
     if not has_files:
@@ -271,6 +289,13 @@ def distill(
             "DFTRACER_INC_METADATA=1 (dlreplay capture sets it)."
         )
     ds_files = dataset_files(events, data_dirs)
+    if ds_files.is_empty() and data_dirs and fingerprint is not None:
+        # --data-dir names where the dataset is now (a trace captured elsewhere): it served the
+        # fingerprint; the trace's own dataset files are found by how they were read
+        ds_files = dataset_files(events, None)
+        if not ds_files.is_empty():
+            facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
+                               f"its reads; the directory was used for the dataset fingerprint")
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
@@ -280,15 +305,27 @@ def distill(
     io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
     reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
 
-    fetch = _is(events, "dataloader", "fetch")
-    batches = fetch.filter(pl.col("batch_size") > 0)
-    items = _is(events, "data", "item")
-    epochs_ev = _is(events, "pipeline", "epoch")
-    steps = _is(events, "compute", "step")
-    saves = _is(events, "checkpoint", "save")
-    has_loader = batches.height > 0
-    consumers = batches["pid"].unique().sort().to_list() if has_loader else []
-    main_pid = _mode(batches["pid"]) if has_loader else None
+    annotated = events.filter(pl.col("role").is_not_null())
+    fetch = _role(annotated, voc.FETCH)
+    items = _role(annotated, voc.ITEM)
+    epochs_ev = voc.epoch_spans(annotated)
+    saves = _role(annotated, voc.CKPT_SAVE)
+    # one row per training step of each consumer, whichever convention annotated the loop
+    loop = voc.training_steps(annotated)
+    batches = loop
+    has_loader = loop.height > 0
+    consumers = loop["pid"].unique().sort().to_list() if has_loader else []
+    main_pid = _mode(loop["pid"]) if has_loader else None
+    # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
+    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()),
+                                                      pauses=_checkpoint_writes(events, data_dirs))
+    if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):
+        stray = sorted(set(paths) - set(posix.sample_files))
+        facts.notes.append(f"left out {len(stray)} file(s) not visited like the samples: "
+                           + ", ".join(PurePosixPath(d).name for d in stray[:5]))
+        paths = posix.sample_files
+        io = io.filter(pl.col("file").is_in(paths))
+        reads = reads.filter(pl.col("file").is_in(paths))
 
     # ---------------------------------------------------------------- dataset
     fmt, how, conf = infer_format(paths, reads)
@@ -317,6 +354,9 @@ def distill(
             "distinct sample indices read per file (item events)",
             "measured",
         )
+    elif posix is not None and posix.samples_per_file.value:
+        spf = int(posix.samples_per_file.value)
+        facts.put("dataset.num_samples_per_file", posix.samples_per_file.evidence, "inferred")
     else:
         facts.put(
             "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
@@ -345,14 +385,19 @@ def distill(
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
-        layout=Layout(),
+        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts),
     )
-    facts.put("dataset.layout", "not visible in a POSIX trace", "default")
+    per_record = _layout_record_length(dataset.layout, fmt)
+    if per_record is not None:
+        dataset = replace(dataset, record_length=per_record)
+        facts.put("dataset.record_length", "TFRecord payload / CSV line lengths of the sampled files (dataset "
+                                           "fingerprint)", "measured")
 
     # ---------------------------------------------------------------- reader
     if has_loader:
-        batch_size = _mode(batches["batch_size"]) or 1
-        facts.put("reader.batch_size", "most common batch size of fetch events", "measured")
+        batch_size, how = _batch_size(fetch, items, loop, epochs_ev, main_pid)
+        facts.put("reader.batch_size", how, "measured" if batch_size else "default")
+        batch_size = batch_size or 1
         worker_items = items.filter(~pl.col("pid").is_in(consumers))
         if worker_items.height:
             read_threads = _workers_per_rank(worker_items, epochs_ev, consumers)
@@ -361,7 +406,7 @@ def distill(
                 "most worker processes (with item events) in one epoch",
                 "measured",
             )
-            n_epochs_seen = epochs_ev.filter(pl.col("pid") == main_pid).height
+            n_epochs_seen = int(loop.filter(pl.col("pid") == main_pid)["epoch"].n_unique())
             if n_epochs_seen >= 2:
                 per_rank = (
                     worker_items.filter(pl.col("ppid") == main_pid)["pid"].n_unique()
@@ -381,14 +426,13 @@ def distill(
                 "reader.read_threads", "items read in the consumer process (no workers)", "measured"
             )
     else:
-        batch_size = 1
-        facts.put("reader.batch_size", "no fetch events (POSIX-only trace)", "default")
-        read_threads = _concurrent_processes(reads)
-        facts.put(
-            "reader.read_threads",
-            "most processes reading dataset files at the same time",
-            "inferred",
-        )
+        assert posix is not None
+        batch_size = int(posix.batch_size.value or 1)
+        facts.put("reader.batch_size", posix.batch_size.evidence if posix.batch_size.value else
+                  f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
+                  "inferred" if posix.batch_size.value else "default")
+        read_threads = int(posix.read_threads.value or 0)
+        facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
 
     shuffled = _shuffled(items) if items.height else None
     if "reader.persistent_workers" not in facts.fields:
@@ -475,36 +519,36 @@ def distill(
 
     # ---------------------------------------------------------------- train
     if has_loader and main_pid is not None:
-        n_epochs = (
-            max(int(_num(epochs_ev.group_by("pid").len()["len"].max())), 1)
-            if epochs_ev.height
-            else int(batches["epoch"].n_unique())
-        )
+        mine = epochs_ev.filter(pl.col("pid") == main_pid)
+        n_epochs = mine.height if mine.height else int(loop.filter(pl.col("pid") == main_pid)["epoch"].n_unique())
+        n_epochs = max(n_epochs, 1)
         facts.put(
             "train.epochs",
-            "epoch events of the consumer" if epochs_ev.height else "fetch epochs",
+            f"epochs of the consumer ({mine['basis'][0]})" if mine.height else "epoch numbers of its steps",
             "measured",
         )
-        per_epoch_steps = batches.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
+        per_epoch_steps = loop.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
         steps_per_epoch = int(_num(per_epoch_steps.median())) or None
         natural = -(-dataset.num_files * spf // max(batch_size, 1))
         if steps_per_epoch == natural:
             steps_per_epoch = None
         facts.put(
-            "train.steps_per_epoch", "fetch events per epoch (null = full passes)", "measured"
+            "train.steps_per_epoch", "training steps per epoch (null = full passes)", "measured"
         )
+        mine_steps = loop.filter(pl.col("pid") == main_pid).sort("ts")
         timing = timing_model(
+            mine_steps,
             epochs_ev.filter(pl.col("pid") == main_pid),
-            fetch.filter(pl.col("pid") == main_pid),
-            steps.filter(pl.col("pid") == main_pid),
+            fetch.filter((pl.col("pid") == main_pid) & (pl.col("batch_size").fill_null(1) == 0)),
             saves.filter(pl.col("pid") == main_pid),
         )
         compute = timing.computation_time if timing else Distribution.unknown()
         facts.put(
             "train.computation_time",
-            "consumer step events minus checkpoint time, warm-up steps excluded"
+            ("consumer compute events" if mine_steps["basis"][0] == "compute events" else
+             "consumer loop bodies minus checkpoint time") + ", warm-up steps excluded"
             if compute.is_known
-            else "no step events",
+            else "fewer than two training steps",
             "measured" if compute.is_known else "default",
         )
         if timing is not None:
@@ -521,18 +565,22 @@ def distill(
             facts.notes.append(timing.describe())
     else:
         timing = None
-        n_epochs = _posix_epochs(io, paths)
+        assert posix is not None
+        n_epochs = int(posix.epochs.value or _posix_epochs(io, paths))
         steps_per_epoch = None
-        compute = Distribution.fixed(0.0)
-        facts.put("train.epochs", "median full reads per dataset file", "inferred")
-        facts.put(
-            "train.computation_time", "no data-loader events: compute not measurable", "default"
-        )
+        facts.put("train.epochs", posix.epochs.evidence, "inferred")
+        if posix.compute_samples:
+            compute = Distribution.from_values(np.asarray(posix.compute_samples))
+            facts.put("train.computation_time", posix.computation_time.evidence, "inferred")
+        else:
+            compute = Distribution.fixed(0.0)
+            facts.put("train.computation_time",
+                      f"no data-loader events, and {posix.computation_time.evidence}", "default")
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
     if timing is not None:
-        train = dataclasses.replace(
+        train = replace(
             train,
             warmup_computation_time=timing.warmup_computation_time,
             epoch_warmup_computation_time=timing.epoch_warmup_computation_time,
@@ -572,6 +620,39 @@ def distill(
     )
 
 
+def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
+    """Bytes per sample from the fingerprint where a file's records differ (TFRecord payloads,
+    CSV lines): the file size / samples per file would make every record alike."""
+    if fmt == "tfrecord" and layout.record_bytes is not None:
+        return layout.record_bytes
+    if fmt == "csv" and layout.tables and layout.tables[0].line_bytes is not None:
+        return layout.tables[0].line_bytes
+    return None
+
+
+def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
+                    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
+                    facts: _Facts) -> Layout:
+    """``dataset.layout``: the fingerprint's, else inferred from reads (provenance into *facts*)."""
+    from dlreplay.analyze.layout import infer_layout, layout_from_fingerprint, resolve_fingerprint
+
+    where = origin or "given to distill"
+    if fingerprint is None and source and os.path.isdir(source):
+        try:
+            fingerprint, where = resolve_fingerprint(source)
+        except DlreplayError as exc:
+            facts.notes.append(f"dataset fingerprint ignored: {exc}")
+    result = layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+    if fingerprint and result is None:
+        facts.notes.append(f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace")
+    if result is None:
+        result = infer_layout(fmt, reads, record.mean)
+    for path, (how, confidence) in result.fields.items():
+        facts.put(path, how, confidence)
+    facts.notes.extend(result.notes)
+    return result.layout
+
+
 #: A leading step longer than this many times the median step is warm-up (JIT, allocator, caches).
 WARMUP_FACTOR = 3.0
 
@@ -586,9 +667,58 @@ def warmup_steps(step_seconds: np.ndarray | list[float]) -> int:
     return 1 + (int(np.argmin(slow)) if not slow.all() else 0)
 
 
-def _step_compute_values(steps: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
-    """Per consumer step in time order: ``epoch``, ``step``, ``ts``, ``end`` (us) and ``s``: the
-    step's seconds minus the checkpoint saves inside it."""
+def _compute_values(values: np.ndarray, facts: _Facts | None = None) -> Distribution:
+    """Per-step compute times (s) of one consumer in time order, warm-up excluded (see
+    :func:`warmup_steps`)."""
+    if values.size < 2:
+        return Distribution.unknown()
+    warm = warmup_steps(values)
+    if facts is not None and warm > 1:
+        facts.notes.append(
+            f"excluded {warm} warm-up step(s) ({values[:warm].sum():.3f} s) from computation_time"
+        )
+    return Distribution.from_values(values[warm:])
+
+
+def _batch_size(fetch: pl.DataFrame, items: pl.DataFrame, loop: pl.DataFrame, epochs: pl.DataFrame,
+                main_pid: int | None) -> tuple[int | None, str]:
+    """Samples per batch: the fetch events' ``batch_size``; else the consumer's samples per
+    step (item events in its workers or itself, per epoch, over its steps in that epoch)."""
+    sized = fetch.filter(pl.col("batch_size") > 0)
+    if sized.height:
+        return _mode(sized["batch_size"]), "most common batch size of fetch events"
+    mine = loop.filter(pl.col("pid") == main_pid)
+    its = items.filter((pl.col("pid") == main_pid) | (pl.col("ppid") == main_pid))
+    if its.is_empty() and loop["pid"].n_unique() == 1:
+        its = items
+    if its.is_empty() or mine.is_empty():
+        return None, "no fetch sizes and no item events"
+    spans = epochs.filter(pl.col("pid") == main_pid).select(pl.col("ts").alias("e_ts"), "epoch").sort("e_ts")
+    its = its.drop("epoch")  # a worker's own epoch numbers are its iterator's (persistent workers: stale)
+    if spans.height:
+        its = its.sort("ts").join_asof(spans, left_on="ts", right_on="e_ts", strategy="backward")
+        its = its.with_columns(pl.col("epoch").fill_null(spans["epoch"][0]))
+    else:
+        its = its.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    per = (its.group_by("epoch").len().join(mine.group_by("epoch").len().rename({"len": "steps"}), on="epoch")
+           .with_columns((pl.col("len") / pl.col("steps")).alias("per")))
+    if per.is_empty():
+        return None, "no item events inside the consumer's epochs"
+    # ceil: a last, partial batch (drop_last=False) leaves the ratio just under the batch size
+    return int(np.ceil(float(_num(per["per"].median())) - 1e-9)), "item events per training step, per epoch"
+
+
+def _compute_time(
+    steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None
+) -> Distribution:
+    """Step durations (s) minus checkpoint saves inside them, warm-up excluded.
+
+    The first step always counts as warm-up (as DLIO excludes it); so does every
+    following step of the leading run longer than ``WARMUP_FACTOR`` x the median
+    step (first kernels of a framework are 10-30x slower than steady state).
+    """
+    if steps.height < 2:
+        return Distribution.unknown()
     s = steps.sort("ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
     if saves.height:
         sv = saves.select(
@@ -610,23 +740,7 @@ def _step_compute_values(steps: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFra
         s = s.join(inside, on="ts", how="left").with_columns(pl.col("ckpt").fill_null(0))
     else:
         s = s.with_columns(pl.lit(0).alias("ckpt"))
-    return s.select(
-        "epoch", "step", "ts", "end", ((pl.col("dur") - pl.col("ckpt")).clip(lower_bound=0) * _US).alias("s")
-    )
-
-
-def _compute_time(
-    steps: pl.DataFrame, saves: pl.DataFrame, facts: _Facts | None = None
-) -> Distribution:
-    """Step durations (s) minus checkpoint saves inside them, warm-up excluded.
-
-    The first step always counts as warm-up (as DLIO excludes it); so does every
-    following step of the leading run longer than ``WARMUP_FACTOR`` x the median
-    step (first kernels of a framework are 10-30x slower than steady state).
-    """
-    if steps.height < 2:
-        return Distribution.unknown()
-    values = _step_compute_values(steps, saves)["s"].to_numpy()
+    values = (s["dur"] - s["ckpt"]).clip(lower_bound=0).to_numpy() * _US
     warm = warmup_steps(values)
     if facts is not None and warm > 1:
         facts.notes.append(
@@ -639,13 +753,13 @@ def _compute_time(
 class TimingModel:
     """Where a consumer's epochs spent their time (seconds) and the model fields that replay it.
 
-    Components, on the consumer's timeline: ``epoch_start`` (from the epoch's ``iter()`` to its
-    first batch: worker start-up and the first fetch; the replay's loader spends it itself),
-    ``fetch_wait`` (waits for the other batches, and the end-of-epoch ``next()`` that joins
-    non-persistent workers), ``step_compute`` and ``warmup_compute`` (step events minus the
-    checkpoints inside them), ``checkpoint`` (saves inside steps and between epochs),
-    ``epoch_end`` (after the epoch's last batch until the next epoch, besides checkpoints),
-    ``unattributed`` (inside epochs, outside every event above).
+    Components, on the consumer's timeline: ``epoch_start`` (from the epoch's start to its
+    first batch: creating the iterator, starting workers, the first fetch; the replay's loader
+    spends it itself), ``fetch_wait`` (waits for the other batches, and the end-of-epoch
+    ``next()`` that joins non-persistent workers), ``step_compute`` and ``warmup_compute``
+    (the steps' compute, checkpoints left out), ``checkpoint`` (saves inside the loop and
+    between epochs), ``epoch_end`` (after the epoch's last batch until the next epoch, besides
+    checkpoints), ``unattributed`` (inside epochs, outside all of the above: barriers, logging).
     """
 
     computation_time: Distribution
@@ -674,41 +788,39 @@ def _leading_warmup(values: np.ndarray, steady: float) -> int:
 
 
 def timing_model(
-    epochs: pl.DataFrame, fetches: pl.DataFrame, steps: pl.DataFrame, saves: pl.DataFrame
+    loop: pl.DataFrame, epochs: pl.DataFrame, probes: pl.DataFrame, saves: pl.DataFrame
 ) -> TimingModel | None:
-    """Attribute every second of the consumer's epochs (see :class:`TimingModel`).
+    """Attribute every second of one consumer's epochs (see :class:`TimingModel`).
 
-    All frames hold one consumer's events (``pipeline/epoch``, ``dataloader/fetch`` including
-    the end-of-epoch probes, ``compute/step``, ``checkpoint/save``). None without two steps.
+    ``loop``: its training steps (:func:`~dlreplay.analyze.vocabulary.training_steps`, µs);
+    ``epochs``: its epoch spans (``ts``, ``end``); ``probes``: its end-of-epoch fetches (the
+    ``next()`` that finds the loader exhausted); ``saves``: its checkpoint saves. None
+    without two steps.
     """
-    if steps.height < 2:
+    if loop.height < 2:
         return None
-    per_step = _step_compute_values(steps, saves)
-    values = per_step["s"].to_numpy()
+    st = loop.sort("ts").with_columns(pl.int_range(pl.len()).over("epoch").alias("pos"))
+    values = st["compute_us"].fill_null(0).to_numpy() * _US
     warm = warmup_steps(values)
     steady = values[warm:] if values.size > warm else values
     steady_median = float(np.median(steady))
     # later epochs' leading steps, position by position (median over those epochs)
-    first_epoch = per_step["epoch"].min()
-    later = per_step.filter(pl.col("epoch") != first_epoch)
+    first_epoch = st["epoch"].min()
+    later = st.with_columns(pl.Series("s", values)).filter(pl.col("epoch") != first_epoch)
     epoch_warm: list[float] = []
     if later.height:
-        by_pos = later.group_by("step").agg(pl.col("s").median()).sort("step")
-        pos = by_pos["s"].to_numpy()
+        pos = later.group_by("pos").agg(pl.col("s").median()).sort("pos")["s"].to_numpy()
         n = _leading_warmup(pos, steady_median)
         epoch_warm = [round(float(v), 6) for v in pos[: min(n, max(1, pos.size // 2))]]
         if epoch_warm:  # those steps are modelled by position: keep them out of the steady state
             idx = np.arange(values.size)
-            keep = (idx >= warm) & ~((per_step["epoch"] != first_epoch).to_numpy()
-                                      & (per_step["step"].fill_null(0).to_numpy() < len(epoch_warm)))
+            keep = (idx >= warm) & ~((st["epoch"] != first_epoch).to_numpy() & (st["pos"].to_numpy() < len(epoch_warm)))
             steady = values[keep] if keep.any() else steady
-    ep = epochs.sort("ts").select(pl.col("ts").alias("e_ts"), (pl.col("ts") + pl.col("dur")).alias("e_end"))
-    comps = {"epoch_start": 0.0, "fetch_wait": 0.0, "step_compute": 0.0, "warmup_compute": 0.0,
-             "checkpoint": 0.0, "epoch_end": 0.0, "unattributed": 0.0}
-    comps["warmup_compute"] = float(values[:warm].sum())
-    comps["step_compute"] = float(values[warm:].sum())
+    comps = {"epoch_start": 0.0, "fetch_wait": 0.0, "step_compute": float(values[warm:].sum()),
+             "warmup_compute": float(values[:warm].sum()), "checkpoint": 0.0, "epoch_end": 0.0, "unattributed": 0.0}
     end_gaps = np.array([])
     total = 0.0
+    ep = epochs.sort("ts").select(pl.col("ts").alias("e_ts"), pl.col("end").alias("e_end"))
     if ep.height:
         ep = ep.with_columns(pl.col("e_ts").shift(-1).alias("next_ts")).with_row_index("e")
         stamp = ep.select("e", "e_ts")
@@ -717,32 +829,29 @@ def timing_model(
             return frame.sort("ts").join_asof(stamp, left_on="ts", right_on="e_ts", strategy="backward",
                                               check_sortedness=False).filter(pl.col("e").is_not_null())
 
-        f = tag(fetches.select("ts", "dur", "batch_size"))
-        first_batch = (f.filter(pl.col("batch_size") > 0).group_by("e")
-                       .agg((pl.col("ts") + pl.col("dur")).min().alias("first_end"),
-                            pl.col("ts").min().alias("first_ts")))
-        other_fetch = (f.join(first_batch, on="e").filter(pl.col("ts") != pl.col("first_ts"))
-                       .group_by("e").agg(pl.col("dur").sum().alias("fetch_us")))
-        st = tag(steps.select("ts", "dur")).group_by("e").agg(pl.col("dur").sum().alias("step_us"))
-        sv = tag(saves.select("ts", "dur")).join(ep.select("e", "e_end"), on="e")
-        in_ep = sv.filter(pl.col("ts") < pl.col("e_end")).group_by("e").agg(pl.col("dur").sum().alias("sv_in"))
+        first = pl.col("pos") == 0
+        per = tag(st).group_by("e").agg(
+            (pl.col("lead_in_us").fill_null(0) + pl.col("wait_us").fill_null(0)).filter(first).sum().alias("start_us"),
+            pl.col("wait_us").fill_null(0).filter(~first).sum().alias("wait_us"),
+            pl.col("compute_us").fill_null(0).sum().alias("compute_us"),
+            pl.col("ckpt_us").fill_null(0).sum().alias("ckpt_us"))
+        pr = tag(probes.select("ts", pl.col("dur").fill_null(0))).group_by("e").agg(pl.col("dur").sum().alias("probe_us"))
+        sv = tag(saves.select("ts", pl.col("dur").fill_null(0))).join(ep.select("e", "e_end"), on="e")
         after = sv.filter(pl.col("ts") >= pl.col("e_end")).group_by("e").agg(
             pl.col("dur").sum().alias("sv_after"), (pl.col("ts") + pl.col("dur")).max().alias("sv_last"))
-        t = (ep.join(first_batch, on="e", how="left").join(other_fetch, on="e", how="left")
-             .join(st, on="e", how="left").join(in_ep, on="e", how="left").join(after, on="e", how="left")
-             .with_columns(pl.col("fetch_us", "step_us", "sv_in", "sv_after").fill_null(0)))
+        t = (ep.join(per, on="e", how="left").join(pr, on="e", how="left").join(after, on="e", how="left")
+             .with_columns(pl.col("start_us", "wait_us", "compute_us", "ckpt_us", "probe_us", "sv_after").fill_null(0)))
         t = t.with_columns(
-            ((pl.col("first_end") - pl.col("e_ts")).fill_null(0)).alias("start_us"),
             # the epoch ends when the next one begins; the last one after its trailing saves
             pl.coalesce("next_ts", pl.max_horizontal("e_end", "sv_last")).alias("stop"),
         ).with_columns(
             (pl.col("stop") - pl.col("e_end") - pl.col("sv_after")).clip(lower_bound=0).alias("end_us"),
-            (pl.col("e_end") - pl.col("e_ts") - pl.col("start_us") - pl.col("fetch_us") - pl.col("step_us"))
-            .clip(lower_bound=0).alias("un_us"),
+            (pl.col("e_end") - pl.col("e_ts") - pl.col("start_us") - pl.col("wait_us") - pl.col("probe_us")
+             - pl.col("compute_us") - pl.col("ckpt_us")).clip(lower_bound=0).alias("un_us"),
         )
         comps["epoch_start"] = _num(t["start_us"].sum()) * _US
-        comps["fetch_wait"] = _num(t["fetch_us"].sum()) * _US
-        comps["checkpoint"] = _num((t["sv_in"] + t["sv_after"]).sum()) * _US
+        comps["fetch_wait"] = _num((t["wait_us"] + t["probe_us"]).sum()) * _US
+        comps["checkpoint"] = _num((t["ckpt_us"] + t["sv_after"]).sum()) * _US
         comps["epoch_end"] = _num(t["end_us"].sum()) * _US
         comps["unattributed"] = _num(t["un_us"].sum()) * _US
         total = _num((t["stop"] - t["e_ts"]).sum()) * _US
@@ -779,7 +888,7 @@ def _checkpoint(
     if epochs is not None and epochs.height:
         # saves outside every epoch (after the loop over the DataLoader): epoch-based checkpoints
         win = epochs.sort("ts").with_row_index("e").select(
-            "e", pl.col("ts").alias("e_ts"), (pl.col("ts") + pl.col("dur")).alias("e_end"))
+            "e", pl.col("ts").alias("e_ts"), pl.col("end").alias("e_end"))
         tagged = at.sort("ts").join_asof(win, left_on="ts", right_on="e_ts", strategy="backward",
                                          check_sortedness=False)
         if tagged["e"].null_count() == 0 and (tagged["ts"] >= tagged["e_end"]).all():
@@ -791,10 +900,16 @@ def _checkpoint(
         facts.put("checkpoint.epochs_between_checkpoints", "torch.save events after epochs end", "measured")
         facts.put("checkpoint.checkpoint_after_epoch", "first epoch followed by a torch.save", "measured")
     else:
-        facts.put("checkpoint.steps_between_checkpoints", "steps between torch.save events", "measured")
+        facts.put("checkpoint.steps_between_checkpoints", "training steps between checkpoint saves", "measured")
     nbytes = int(_num(saves["size"].drop_nulls().mean()))
-    facts.put("checkpoint.bytes_per_checkpoint", "bytes of torch.save files", "measured")
+    facts.put("checkpoint.bytes_per_checkpoint", "bytes of each checkpoint save", "measured")
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
+    per_save = _written_inside(events, saves)
+    files_per = 1
+    if per_save.height:
+        # saves that name no file (DLIO's, ai.checkpoint.capture): the files written inside them
+        ckpt_files = sorted(set(ckpt_files) | set(per_save["file"].unique().to_list()))
+        files_per = int(_num(per_save.unique(["save", "file"]).group_by("save").len()["len"].median(), 1))
     fsync = (
         events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
     )
@@ -833,13 +948,36 @@ def _checkpoint(
         steps_between_checkpoints=interval,
         epochs_between_checkpoints=every_epochs,
         checkpoint_after_epoch=after_epoch,
-        files_per_checkpoint=1,
+        files_per_checkpoint=max(files_per, 1),
         bytes_per_checkpoint=nbytes,
         write_transfer_size=wts,
         fsync=fsync,
         serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
+
+
+def _checkpoint_writes(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """(ts, end) µs of the write bursts to checkpoint files (first write to last, per process
+    and file): time a POSIX-only trace shows the loop was not computing."""
+    from dlreplay.analyze.files import classify_files
+
+    files = classify_files(events, data_dirs=data_dirs).filter(pl.col("role") == "checkpoint")["file"]
+    w = events.filter(pl.col("file").is_in(files.implode()) & pl.col("name").is_in(WRITE_OPS))
+    return w.group_by("pid", "file").agg(pl.col("ts").min(), (pl.col("ts") + pl.col("dur").fill_null(0)).max()
+                                         .alias("end")).select("ts", "end")
+
+
+def _written_inside(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
+    """(save, file): files written by a save's process while the save runs."""
+    w = events.filter(pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_not_null() & (pl.col("size") > 0)
+                      & pl.col("pid").is_in(saves["pid"].unique().implode())).select("pid", "ts", "file").sort("ts")
+    if w.is_empty():
+        return pl.DataFrame(schema={"save": pl.UInt32, "file": pl.String})
+    sv = saves.sort("ts").with_row_index("save").select(
+        "save", "pid", pl.col("ts").alias("s_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"))
+    got = w.join_asof(sv, left_on="ts", right_on="s_ts", by="pid", strategy="backward", check_sortedness=False)
+    return got.filter(pl.col("save").is_not_null() & (pl.col("ts") <= pl.col("s_end"))).select("save", "file")
 
 
 def _workers_per_rank(
@@ -866,22 +1004,23 @@ def _workers_per_rank(
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
-    """Most worker processes reading items in one epoch.
+    """Most worker processes loading samples in one epoch.
 
-    Each item belongs to the epoch whose window holds its start (a DataLoader starts its
-    workers inside the epoch's ``iter()``); an epoch's workers are the distinct pids of
-    its items. Persistent workers count once per epoch, non-persistent ones once in the
-    epoch they live in. Without epoch events, fall back to processes alive at the same time.
+    Each item belongs to the epoch whose window it starts in; a worker counts in an epoch
+    where it loaded at least a quarter of the median items per (worker, epoch): persistent
+    workers count in every epoch, non-persistent ones in theirs, and a previous epoch's
+    worker finishing at a window's edge does not count twice. Without epoch events, fall
+    back to processes alive at the same time.
     """
     if epochs.is_empty():
         return _concurrent_processes(worker_items)
-    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort(
-        "epoch_ts"
-    )
+    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort("epoch_ts")
     tagged = worker_items.select("pid", "ts").sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", strategy="backward"
-    )
-    return int(_num(tagged.group_by("win").agg(pl.col("pid").n_unique().alias("n"))["n"].max()))
+    ).with_columns(pl.col("win").fill_null(starts["win"][0]))
+    n = tagged.group_by("pid", "win").len()
+    fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
+    return int(_num(fair.group_by("win").len()["len"].max()))
 
 
 def _concurrent_processes(frame: pl.DataFrame) -> int:

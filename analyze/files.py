@@ -31,6 +31,8 @@ import polars as pl
 
 from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA, OPEN_OPS, READ_OPS, WRITE_OPS
 
+from . import vocabulary as voc
+
 __all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_keyed",
            "loader_processes"]
 
@@ -61,19 +63,37 @@ def collect(query: pl.LazyFrame, events: pl.DataFrame | pl.LazyFrame) -> pl.Data
 
 def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """(host, pid) of the processes that emit ``item`` events (data-loader workers)."""
+    events = _with_roles(events)
     return collect(
         events.lazy()
-        .filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item"))
+        .filter(_role_is(events, "item", (pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")))
         .select("host", "pid")
         .unique(),
         events,
     )
 
 
+def _with_roles(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
+    """An in-memory table built without the loader (by hand, by an older dlreplay) gets its roles."""
+    return voc.ensure_roles(events) if isinstance(events, pl.DataFrame) else events
+
+
+def _role_is(events: pl.DataFrame | pl.LazyFrame, role: str | tuple[str, ...], spelled: pl.Expr) -> pl.Expr:
+    """Rows of a vocabulary role (:mod:`.vocabulary`); tables without roles: dlreplay's own spelling."""
+    names = events.collect_schema().names() if isinstance(events, pl.LazyFrame) else events.columns
+    if "role" not in names:
+        return spelled
+    return pl.col("role").is_in([role] if isinstance(role, str) else list(role)).fill_null(False)
+
+
+#: checkpoint names of dlreplay's capture: DFTracer's AI conventions (capture/restart) and format_version 1
+_CKPT_LOADS, _CKPT_SAVES = ("load", "restart"), ("save", "capture")
+
+
 def _process_rows(keys: list[str]) -> list[pl.Expr]:
     """Per-row values of :func:`file_process_table` (after :func:`_with_classes`), with ``keys``."""
     size = pl.col("size").fill_null(0)
-    op, ckpt, name = pl.col("__op"), pl.col("__ckpt"), pl.col("name")
+    op, ckpt = pl.col("__op"), pl.col("__ckpt")
 
     def when(cond: pl.Expr, value: pl.Expr) -> pl.Expr:
         return pl.when(cond).then(value).otherwise(0)
@@ -81,16 +101,25 @@ def _process_rows(keys: list[str]) -> list[pl.Expr]:
     return [
         *(pl.col(k) for k in keys),
         when(op == _READ, size).alias("rb"), when(op == _WRITE, size).alias("wb"),
-        when(ckpt & (name == "load"), size).alias("ck_r"), when(ckpt & (name == "save"), size).alias("ck_w"),
+        when(ckpt & (pl.col("__ck") == 1), size).alias("ck_r"), when(ckpt & (pl.col("__ck") == 2), size).alias("ck_w"),
         (op == _READ).cast(pl.Int64).alias("reads"), (op == _WRITE).cast(pl.Int64).alias("writes"),
         (op == _OPEN).cast(pl.Int64).alias("opens"), ckpt.alias("ckpt_event"),
     ]
 
 
 def _with_classes(rows: pl.LazyFrame) -> pl.LazyFrame:
-    """``rows`` with ``__op`` (operation class of ``name``) and ``__ckpt`` (a checkpoint event)."""
+    """``rows`` with ``__op`` (operation class of ``name``), ``__ckpt`` (a checkpoint event) and
+    ``__ck`` (1: a checkpoint load, 2: a save, by role where the table has roles)."""
+    if "role" in rows.collect_schema().names():
+        role = pl.col("role")
+        ckpt = role.is_in(["checkpoint.save", "checkpoint.load", "checkpoint.io"]).fill_null(False)
+        ck = pl.when(role == "checkpoint.load").then(1).when(role == "checkpoint.save").then(2).otherwise(0)
+    else:
+        ckpt = pl.col("cat") == CAT_CHECKPOINT
+        ck = pl.when(pl.col("name").is_in(_CKPT_LOADS)).then(1).when(pl.col("name").is_in(_CKPT_SAVES)) \
+            .then(2).otherwise(0)
     return rows.with_columns(pl.col("name").replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int8).alias("__op"),
-                             (pl.col("cat") == CAT_CHECKPOINT).alias("__ckpt"))
+                             ckpt.alias("__ckpt"), ck.alias("__ck"))
 
 
 _SUMS = [pl.exclude("ckpt_event").sum(), pl.col("ckpt_event").any()]
@@ -103,6 +132,7 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     and the summary aggregate this much smaller table. ``loader`` marks processes that
     emit ``item`` events. Row order is unspecified.
     """
+    events = _with_roles(events)
     table = collect(
         _with_classes(events.lazy().filter(pl.col("file").is_not_null()))
         .select(_process_rows(["file", "host", "pid"]))
@@ -137,7 +167,8 @@ def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl
     nproc = max(processes.height, 1)
     name = pl.col("name")
     ckpt = (pl.col("cat") == CAT_CHECKPOINT).fill_null(False)
-    ck_class = pl.when(~ckpt).then(0).when(name == "load").then(1).when(name == "save").then(2).otherwise(3)
+    ck_class = pl.when(~ckpt).then(0).when(name.is_in(_CKPT_LOADS)).then(1).when(name.is_in(_CKPT_SAVES)).then(2) \
+        .otherwise(3)
     row_class = name.replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int64) + 4 * ck_class
     key = (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)) * 16 + row_class
     v = rows.lazy().filter(pl.col("__file").is_not_null()).select(
@@ -209,6 +240,7 @@ def classify_files(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str]
     """
     if _empty(events):
         return pl.DataFrame(schema=CLASSIFY_SCHEMA)
+    events = _with_roles(events)
     fp = file_process_table(events) if per_process is None else per_process
     has_loaders = bool(fp["loader"].any()) or loader_processes(events).height > 0
     per_file = fp.lazy().group_by("file").agg(

@@ -180,18 +180,21 @@ def _worker_busy(c: Characterization) -> float | None:
 
 
 def rule_data_wait(c: Characterization, t: Thresholds) -> list[Finding]:
+    """AU counting data waits only (checkpoint stalls have findings of their own)."""
     s = c["steps"]
-    au = s.get("au")
+    au = s.get("au_data", s.get("au"))
     if au is None or au >= t.au_target:
         return []
+    without = " without checkpoint time" if (s.get("checkpoint_s") or 0) > 0 else ""
     return [Finding(
         id="data-wait", severity="high" if au < t.au_high else "medium",
-        title=f"The training loop waits for data: AU {au:.0%} (target {t.au_target:.0%})",
-        evidence={"au": au, "wait_s": s["wait_s"], "compute_s": s["compute_s"], "checkpoint_s": s["checkpoint_s"],
+        title=f"The training loop waits for data: AU {au:.0%}{without} (target {t.au_target:.0%})",
+        evidence={"au_data": au, "au": s.get("au"), "wait_s": s["wait_s"], "compute_s": s["compute_s"],
+                  "checkpoint_s": s["checkpoint_s"],
                   "steps": s["steps"] - s["warmup_steps"], "steps_waiting_longer_than_compute":
                   s["steps_waiting_longer_than_compute"], "median_wait_s": s["median_wait_s"],
                   "median_compute_s": s["median_compute_s"], "worst_waits": s["worst_waits"][:3]},
-        threshold=f"au < {t.au_target} (high below {t.au_high})",
+        threshold=f"compute / (compute + data wait) < {t.au_target} (high below {t.au_high})",
         root_cause=(f"Batches arrive slower than the model consumes them: the consumer spent "
                     f"{human_seconds(s['wait_s'])} waiting and {human_seconds(s['compute_s'])} computing over "
                     f"{s['steps'] - s['warmup_steps']} steady-state steps. See the other findings for why the "
@@ -211,7 +214,7 @@ def rule_workers(c: Characterization, t: Thresholds) -> list[Finding]:
     recommendation adds 25 % headroom.
     """
     s = c["steps"]
-    au, steady = s.get("au"), s.get("au_steady")
+    au, steady = s.get("au"), s.get("au_data_steady", s.get("au_steady"))
     n = _workers(c)
     busy = _worker_busy(c)
     out: list[Finding] = []
@@ -227,7 +230,7 @@ def rule_workers(c: Characterization, t: Thresholds) -> list[Finding]:
             evidence={"workers_per_rank": n, "au_steady": steady, "au": au, "worker_busy": busy,
                       "median_wait_s": s["median_wait_s"], "median_compute_s": s["median_compute_s"],
                       "wait_s": s["wait_s"]},
-            threshold=f"AU without each epoch's first batch < {t.au_target}",
+            threshold=f"compute / (compute + data wait) without each epoch's first batch < {t.au_target}",
             root_cause=f"Loading is the bottleneck in steady state, not only at epoch start: {what}, so the "
                        "consumer waits at almost every step.",
             recommendation=f"Raise DataLoader(num_workers=...) to about {more} per rank (n / AU + 25 %, CPU cores "

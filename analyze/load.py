@@ -83,7 +83,8 @@ from dlreplay.pfw import Slabs, anonymous_map
 from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
-from .files import file_process_table_keyed
+from . import vocabulary
+from .files import file_process_table, file_process_table_keyed
 
 __all__ = [
     "FileReport", "LoadedTrace", "TraceDamageWarning", "TracePart", "combine", "combine_parts", "load",
@@ -1339,6 +1340,10 @@ def combine(parts: Sequence[TracePart], names: Sequence[str]) -> LoadedTrace:
     counts = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
     events, per_process = _build_events(ev, meta, names)
+    # the one event vocabulary (roles, DLIO's rank pids, start/stop markers): analyze/vocabulary.py
+    events, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(meta), list(names))
+    if changed:  # processes or roles other than the raw rows said: count them again, by role
+        per_process = file_process_table(events)
     return LoadedTrace(events=events, files=files, per_process=per_process)
 
 
@@ -1740,7 +1745,7 @@ def _gathered(ev: pl.DataFrame, procs: pl.DataFrame, files: pl.DataFrame, named:
         "size_requested", "size", "ret", "epoch", "step", "batch_size", "sample_index",
         pl.lit(source).gather(pl.col("__p")).alias("source"),
     )
-    return out.cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "offset"}))
+    return out.cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c not in ("offset", "role")}))
 
 
 def _row_index(rows: np.ndarray) -> pl.Series:

@@ -27,11 +27,6 @@ import polars as pl
 
 from dlreplay.osutil import host_memory_bytes
 from dlreplay.schema import (
-    CAT_CHECKPOINT,
-    CAT_COMPUTE,
-    CAT_DATA,
-    CAT_DATALOADER,
-    CAT_PIPELINE,
     CLOSE_OPS,
     EVENT_SCHEMA,
     IO_CATEGORIES,
@@ -43,6 +38,7 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
+from . import vocabulary as voc
 from .distill import WARMUP_FACTOR, _assign_items, _file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
@@ -103,6 +99,8 @@ class TraceView:
     known_per_process: pl.DataFrame | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.events, pl.DataFrame):
+            self.events = voc.ensure_roles(self.events)  # a table built by hand or by an older dlreplay
         if not self.data_dirs:
             self.data_dirs = list((self.manifest or {}).get("data_dirs") or []) or None
 
@@ -150,8 +148,14 @@ class TraceView:
             return self.events.height
         return int(self.collect(self.events.select(pl.len())).item())
 
-    def _is(self, cat: str, name: str) -> pl.DataFrame:
-        return self.rows((pl.col("cat") == cat) & (pl.col("name") == name))
+    def role(self, *roles: str) -> pl.DataFrame:
+        """Annotation events of these roles (see :mod:`.vocabulary`), in table order."""
+        return self.annotations.filter(voc.has_role(roles))
+
+    @cached_property
+    def annotations(self) -> pl.DataFrame:
+        """Every event with a role (few rows: the data-loader and training-loop events)."""
+        return self.rows(pl.col("role").is_not_null())
 
     @cached_property
     def summary(self) -> Summary:
@@ -197,24 +201,31 @@ class TraceView:
 
     @cached_property
     def items(self) -> pl.DataFrame:
-        return self._is(CAT_DATA, "item")
+        """One row per sample loaded (``Dataset.__getitem__``, DLIO's ``__getitem__``)."""
+        return self.role(voc.ITEM)
 
     @cached_property
     def fetches(self) -> pl.DataFrame:
-        """Consumer-side batch waits (the end-of-epoch probe, batch_size 0, included)."""
-        return self._is(CAT_DATALOADER, "fetch")
+        """Consumer-side batch waits (old traces' end-of-epoch probe, batch_size 0, included)."""
+        return self.role(voc.FETCH)
 
     @cached_property
     def steps(self) -> pl.DataFrame:
-        return self._is(CAT_COMPUTE, "step")
+        """The consumers' training steps as intervals (pid, ts, dur, epoch): the compute of
+        each step, or its loop body where compute is not annotated (see :attr:`step_table`)."""
+        st = self.step_table
+        return st.select("pid", "ts", (pl.col("end") - pl.col("ts")).alias("dur"), "epoch")
 
     @cached_property
     def epochs(self) -> pl.DataFrame:
-        return self._is(CAT_PIPELINE, "epoch")
+        """One row per epoch of each consumer: pid, epoch, ts, dur, end (µs), basis (see
+        :func:`~.vocabulary.epoch_spans`: epoch events, DLIO's training phases, or loop events)."""
+        return voc.epoch_spans(self.annotations).with_columns((pl.col("end") - pl.col("ts")).alias("dur"))
 
     @cached_property
     def saves(self) -> pl.DataFrame:
-        return self._is(CAT_CHECKPOINT, "save")
+        """Checkpoint saves (``torch.save`` in a capture, ``ai.checkpoint.capture``, DLIO's checkpoint)."""
+        return self.role(voc.CKPT_SAVE)
 
     @cached_property
     def step_table(self) -> pl.DataFrame:
@@ -228,8 +239,8 @@ class TraceView:
 
     @cached_property
     def consumers(self) -> list[int]:
-        """Pids that consume batches (one per rank)."""
-        return sorted(self.fetches["pid"].unique().to_list())
+        """Pids that consume batches (one per rank): with fetch, step or compute events."""
+        return sorted(self.role(voc.FETCH, voc.STEP, voc.COMPUTE)["pid"].unique().to_list())
 
     @cached_property
     def workers(self) -> list[int]:
@@ -422,7 +433,7 @@ def pass_processes(v: TraceView) -> dict:
     if not v.height:
         return {"processes": []}
     is_io = pl.col("cat").is_in(IO_CATEGORIES)
-    is_item = (pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")
+    is_item = pl.col("role") == voc.ITEM
     aggs = [
         pl.len().alias("events"),
         pl.col("ts").min().alias("t0"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
@@ -452,88 +463,116 @@ def pass_processes(v: TraceView) -> dict:
 
 
 def _step_table(v: TraceView) -> pl.DataFrame:
-    """One row per training step of each consumer: wait (fetch) before it, compute, checkpoint time.
+    """One row per training step of each consumer: data wait, compute, checkpoint, other time.
 
-    Columns: pid, epoch, ts (step start), wait_us, compute_us (step minus checkpoint
-    saves inside it), ckpt_us, warm (bool: warm-up step, see :func:`warmup_steps`).
+    :func:`~.vocabulary.training_steps` (whichever convention annotated the loop) plus
+    ``warm`` (bool: a warm-up step, see :func:`warmup_steps`, per consumer). Columns:
+    pid, epoch, step, ts (anchor start), end, wait_us, compute_us, ckpt_us, other_us,
+    batch_size, epoch_first, block_first, basis, warm.
     """
-    steps = v.steps.select("pid", "ts", "dur", "epoch").sort("ts")
-    if steps.is_empty():
-        return pl.DataFrame(schema={"pid": pl.Int64, "epoch": pl.Int64, "ts": pl.Int64, "wait_us": pl.Int64,
-                                    "compute_us": pl.Int64, "ckpt_us": pl.Int64, "warm": pl.Boolean,
-                                    "epoch_first": pl.Boolean})
-    fetch = (v.fetches.filter(pl.col("batch_size").fill_null(1) > 0)
-             .select("pid", pl.col("ts").alias("f_ts"), pl.col("dur").alias("wait_us")).sort("f_ts"))
-    s = steps.join_asof(fetch, left_on="ts", right_on="f_ts", by="pid", strategy="backward", check_sortedness=False)
-    saves = v.saves.select("pid", pl.col("ts").alias("s_ts"), pl.col("dur").alias("s_dur")).sort("s_ts")
-    if saves.height:
-        inside = (
-            saves.join_asof(s.select("pid", "ts", (pl.col("ts") + pl.col("dur")).alias("end")).sort("ts"),
-                            left_on="s_ts", right_on="ts", by="pid", strategy="backward", check_sortedness=False)
-            .filter(pl.col("s_ts") <= pl.col("end")).group_by("pid", "ts").agg(pl.col("s_dur").sum().alias("ckpt_us"))
-        )
-        s = s.join(inside, on=["pid", "ts"], how="left")
-    else:
-        s = s.with_columns(pl.lit(0, pl.Int64).alias("ckpt_us"))
-    s = s.with_columns(pl.col("ckpt_us").fill_null(0), pl.col("wait_us").fill_null(0))
-    s = s.with_columns((pl.col("dur") - pl.col("ckpt_us")).clip(lower_bound=0).alias("compute_us"))
-    s = s.with_columns(pl.int_range(pl.len()).over("pid").alias("k"))
+    s = voc.training_steps(v.annotations)
+    if s.is_empty():
+        return s.with_columns(pl.lit(None, pl.Boolean).alias("warm"))
     warm = {p: warmup_steps(g["compute_us"].to_numpy() * _US)
             for (p,), g in s.sort("ts").group_by("pid", maintain_order=True)}
-    s = s.with_columns((pl.col("k") < pl.col("pid").replace_strict(warm, default=1)).alias("warm"),
-                       (pl.int_range(pl.len()).over("pid", "epoch") == 0).alias("epoch_first"))
-    return s.select("pid", "epoch", "ts", "wait_us", "compute_us", "ckpt_us", "warm", "epoch_first")
+    k = pl.int_range(pl.len()).over("pid")
+    return s.sort("pid", "ts").with_columns((k < pl.col("pid").replace_strict(warm, default=1)).alias("warm"))
+
+
+def _au(fr: pl.DataFrame, data_only: bool = False) -> float | None:
+    """compute / (compute + data wait + checkpoint + other) over the steps of ``fr``; with
+    ``data_only``, compute / (compute + data wait): what the input pipeline alone costs."""
+    c, w, k, o = (int(fr[x].sum()) for x in ("compute_us", "wait_us", "ckpt_us", "other_us"))
+    if data_only:
+        k = o = 0
+    return _f(c / (c + w + k + o), 4) if c + w + k + o else None
+
+
+def au_dlio(st: pl.DataFrame) -> float | None:
+    """AU as DLIO 2.0's statistics compute it, from the trace (0..1).
+
+    Per block (an epoch's steps up to a checkpoint, and after each): the compute of
+    every step but the block's first, over the block's time less the first step's
+    processing time, where DLIO starts a block after the checkpoint and the first batch
+    of the block, yet its first step's time runs from the end of the checkpoint: the
+    wait after a checkpoint is subtracted twice (a block's AU can pass 100 %). An
+    epoch's AU is the blocks' mean weighted by their steps; the result is the mean over
+    epochs and consumers. ``st`` is a :func:`_step_table`. None without two steps in a block.
+    """
+    if st.height < 2:
+        return None
+    b = st.sort("pid", "ts").with_columns(pl.col("block_first").cast(pl.Int64).cum_sum().over("pid").alias("blk"))
+    # a block after a checkpoint: DLIO's t0 is the checkpoint's end, its block starts after the fetch
+    post = pl.when(pl.col("block_first") & ~pl.col("epoch_first")).then(pl.col("after_ckpt_us"))
+    per = b.group_by("pid", "epoch", "blk").agg(
+        pl.col("compute_us").filter(~pl.col("block_first")).sum().alias("c"),
+        (pl.col("end").max() - pl.col("end").filter(pl.col("block_first")).first()
+         - post.filter(pl.col("block_first")).first().fill_null(0)).alias("t"),
+        pl.len().alias("n")).filter((pl.col("n") > 1) & (pl.col("t") > 0))
+    if per.is_empty():
+        return None
+    ep = per.group_by("pid", "epoch").agg(((pl.col("c") / pl.col("t")) * pl.col("n")).sum() / pl.col("n").sum())
+    return _f(ep.group_by("pid").agg(pl.col("c").mean())["c"].mean(), 4)
 
 
 def pass_steps(v: TraceView) -> dict:
     """Data wait vs compute per training step, AU overall and per epoch (from the trace).
 
-    AU = compute / (compute + data wait + checkpoint time), warm-up steps excluded
-    (the first step, and following steps longer than WARMUP_FACTOR x the median).
+    AU = compute / (compute + data wait + checkpoint time + other time), warm-up steps
+    excluded (the first step, and following steps longer than WARMUP_FACTOR x the
+    median). ``au_steady`` also leaves out each epoch's first step; ``au_data`` and
+    ``au_data_steady`` count data wait only (compute / (compute + wait): checkpoints and
+    other loop time left out), which the data-loader findings read; ``au_dlio`` is
+    :func:`au_dlio` (what DLIO prints for the same run).
     """
     st = v.step_table
     if st.is_empty():
         return {"steps": 0, "au": None, "per_epoch": [],
-                "missing": "no data-loader step events (capture with `dlreplay capture` on a PyTorch job)"}
+                "missing": "no training-loop events (fetch, step or compute; capture with `dlreplay capture`, "
+                           "or annotate with DFTracer's AI conventions)"}
     s = st.filter(~pl.col("warm"))
     if s.is_empty():
         s = st
 
-    def au(fr: pl.DataFrame) -> float | None:
-        c, w, k = (int(fr[x].sum()) for x in ("compute_us", "wait_us", "ckpt_us"))
-        return _f(c / (c + w + k), 4) if c + w + k else None
-
     per_epoch = (
         s.group_by("epoch").agg(pl.len().alias("steps"), pl.col("compute_us").sum(), pl.col("wait_us").sum(),
-                                pl.col("ckpt_us").sum()).sort("epoch")
+                                pl.col("ckpt_us").sum(), pl.col("other_us").sum()).sort("epoch")
     )
     waits = s["wait_us"]
     comp_med = _num(s["compute_us"].median())
     starved = s.filter(pl.col("wait_us") > pl.col("compute_us"))
     worst = s.sort(["wait_us", "ts"], descending=[True, False]).head(5)
+    steady = s.filter(~pl.col("epoch_first"))
     return {
-        "steps": st.height, "warmup_steps": int(st["warm"].sum()), "au": au(s),
+        "steps": st.height, "warmup_steps": int(st["warm"].sum()), "au": _au(s),
         # without the first batch of each epoch (worker start-up, first prefetch)
-        "au_steady": au(s.filter(~pl.col("epoch_first"))) if s.filter(~pl.col("epoch_first")).height else None,
+        "au_steady": _au(steady) if steady.height else None,
+        "au_data": _au(s, data_only=True),
+        "au_data_steady": _au(steady, data_only=True) if steady.height else None,
+        "au_dlio": au_dlio(st),
+        "basis": st["basis"][0],
         "epoch_start_wait_s": _f(_num(s.filter(pl.col("epoch_first"))["wait_us"].sum()) * _US),
+        "epoch_lead_in_s": _f(_num(st["lead_in_us"].sum()) * _US),
         "compute_s": _f(_num(s["compute_us"].sum()) * _US), "wait_s": _f(_num(waits.sum()) * _US),
-        "checkpoint_s": _f(_num(s["ckpt_us"].sum()) * _US),
+        "checkpoint_s": _f(_num(s["ckpt_us"].sum()) * _US), "other_s": _f(_num(s["other_us"].sum()) * _US),
         "median_compute_s": _f(comp_med * _US), "median_wait_s": _f(_num(waits.median()) * _US),
         "steps_waiting_longer_than_compute": starved.height,
         "worst_waits": [{"pid": r["pid"], "epoch": r["epoch"], "wait_s": _f(r["wait_us"] * _US),
                          "compute_s": _f(r["compute_us"] * _US)} for r in worst.iter_rows(named=True)],
         "per_epoch": [{"epoch": r["epoch"], "steps": r["steps"], "compute_s": _f(r["compute_us"] * _US),
                        "wait_s": _f(r["wait_us"] * _US), "checkpoint_s": _f(r["ckpt_us"] * _US),
-                       "au": au(pl.DataFrame([r]))} for r in per_epoch.iter_rows(named=True)],
+                       "other_s": _f(r["other_us"] * _US), "au": _au(pl.DataFrame([r]))}
+                      for r in per_epoch.iter_rows(named=True)],
         "warmup_factor": WARMUP_FACTOR,
     }
 
 
 def pass_epochs(v: TraceView) -> dict:
-    """Epoch wall times (s) per consumer."""
+    """Epoch wall times (s) per consumer, and where they come from (``basis``)."""
     ep = v.epochs.sort("ts")
     return {"epochs": [{"pid": r["pid"], "epoch": r["epoch"], "time_s": _f(r["dur"] * _US)}
-                       for r in ep.iter_rows(named=True)]}
+                       for r in ep.iter_rows(named=True)],
+            "basis": ep["basis"][0] if ep.height else None}
 
 
 def pass_overlap(v: TraceView) -> dict:
@@ -615,7 +654,7 @@ def pass_checkpoints(v: TraceView) -> dict:
     dur = loop_us * _US if loop_us else v.duration_s
     nbytes = int(saves["size"].sum() or 0) if saves.height else int(writes["size"].sum() or 0)
     return {
-        "saves": saves.height, "loads": v._is(CAT_CHECKPOINT, "load").height, "files": len(ck_files),
+        "saves": saves.height, "loads": v.role(voc.CKPT_LOAD).height, "files": len(ck_files),
         "bytes": nbytes, "time_s": _f(save_s), "blocked_s": _f(blocked),
         "share_of_training": _f(blocked / dur, 4) if dur else None,
         "training_s": _f(dur), "training_basis": "steps + data waits" if loop_us else "whole trace",

@@ -45,7 +45,9 @@ from typing import IO, Any
 import polars as pl
 
 from dlreplay.errors import DlreplayError
-from dlreplay.schema import CAT_DATA, CAT_DATALOADER, READ_OPS
+from dlreplay.schema import READ_OPS
+
+from . import vocabulary as voc
 
 __all__ = [
     "CHUNK_ROWS",
@@ -83,6 +85,7 @@ _ARG_COLUMNS = (
     "step",
     "batch_size",
     "sample_index",
+    "role",  # the event's meaning in dlreplay's vocabulary (analyze/vocabulary.py)
 )
 _ARG_NAMES = {"size": "bytes"}
 _COUNTER_PID = 0  # the JSON format needs a process for counters: pid 0, "I/O counters"
@@ -160,11 +163,8 @@ def _layout(events: pl.DataFrame, manifest: dict[str, Any] | None) -> _Layout:
         .agg(
             pl.col("ts").min().alias("start"),
             pl.col("ppid").drop_nulls().first().alias("ppid"),
-            (pl.col("name") == "fetch")
-            .and_(pl.col("cat") == CAT_DATALOADER)
-            .any()
-            .alias("is_consumer"),
-            (pl.col("name") == "item").and_(pl.col("cat") == CAT_DATA).any().alias("is_worker"),
+            pl.col("role").is_in([voc.FETCH, voc.STEP, voc.COMPUTE]).any().alias("is_consumer"),
+            (pl.col("role") == voc.ITEM).any().alias("is_worker"),
             pl.col("host").drop_nulls().first().alias("host"),
         )
         .sort("start", "pid", nulls_last=True)
@@ -377,10 +377,10 @@ def _flows(events: pl.DataFrame, layout: _Layout) -> pl.DataFrame:
             continue
         cons = events.filter(pl.col("pid") == consumer)
         fetch = cons.filter(
-            (pl.col("name") == "fetch") & (pl.col("batch_size") > 0) & pl.col("step").is_not_null()
+            (pl.col("role") == voc.FETCH) & (pl.col("batch_size") > 0) & pl.col("step").is_not_null()
         )
-        epochs = cons.filter(pl.col("name") == "epoch").sort("ts")
-        items = events.filter(pl.col("pid").is_in(workers) & (pl.col("name") == "item")).select(
+        epochs = voc.epoch_spans(cons).with_columns((pl.col("end") - pl.col("ts")).alias("dur"))
+        items = events.filter(pl.col("pid").is_in(workers) & (pl.col("role") == voc.ITEM)).select(
             "pid", "tid", "ts", "dur"
         )
         starts = items.group_by("pid").agg(pl.col("ts").min().alias("start"))
@@ -472,6 +472,7 @@ def export_trace(
     missing = {"pid", "tid", "ts", "dur", "cat", "name"} - set(events.columns)
     if missing:
         raise ExportError(f"the event table lacks column(s) {sorted(missing)}")
+    events = voc.ensure_roles(events)
     for c in _ARG_COLUMNS + ("ppid", "host"):
         if c not in events.columns:
             events = events.with_columns(pl.lit(None).alias(c))

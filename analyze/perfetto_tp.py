@@ -99,7 +99,7 @@ group by t.utid order by read_bytes desc, write_bytes desc""",
 select p.pid, p.name as process, {_arg("epoch")} as epoch, {_arg("step")} as step,
   {_arg("batch_size")} as batch_size, s.ts / 1000 as ts_us, s.dur / 1000 as wait_us
 {_THREAD_JOIN}
-where s.name = 'fetch'
+where {_arg("role")} = 'fetch'
 order by p.pid, s.ts""",
     "largest-reads": f"""
 select {_arg("file")} as file, {_arg("bytes")} as bytes, {_arg("offset")} as offset,

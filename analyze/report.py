@@ -114,17 +114,17 @@ def _timeline(v: TraceView) -> bytes | None:
     if not procs:
         return None
     layers = [
-        ("compute (step)", (pl.col("cat") == "compute") & (pl.col("name") == "step"), "#4caf50"),
-        ("data wait (fetch)", (pl.col("cat") == "dataloader") & (pl.col("name") == "fetch"), "#e53935"),
-        ("sample (item)", (pl.col("cat") == "data") & (pl.col("name") == "item"), "#90caf9"),
-        ("checkpoint", pl.col("cat") == "checkpoint", "#8e24aa"),
+        ("compute (step)", pl.col("role").is_in(["compute", "step"]), "#4caf50"),
+        ("data wait (fetch)", pl.col("role") == "fetch", "#e53935"),
+        ("sample (item)", pl.col("role") == "item", "#90caf9"),
+        ("checkpoint", pl.col("role").is_in(["checkpoint.save", "checkpoint.load"]), "#8e24aa"),
         ("POSIX/STDIO I/O", pl.col("cat").is_in(["POSIX", "STDIO"]), "#263238"),
     ]
     fig = _fig(10, 0.45 * len(procs) + 1.4)
     ax = fig.subplots()
     role = {p: "consumer" for p in v.consumers} | {p: "worker" for p in v.workers}
     for row, pid in enumerate(procs):
-        mine = v.rows(pl.col("pid") == pid, ["cat", "name", "ts", "dur"])
+        mine = v.rows(pl.col("pid") == pid, ["cat", "name", "role", "ts", "dur"])
         for i, (label, cond, color) in enumerate(layers):
             sel = mine.filter(cond).select(((pl.col("ts") - t0) * _US).alias("a"), (pl.col("dur") * _US).alias("d"))
             if sel.is_empty():
@@ -132,7 +132,7 @@ def _timeline(v: TraceView) -> bytes | None:
             h = 0.8 if i < 4 else 0.3
             ax.broken_barh(list(sel.iter_rows()), (row - h / 2, h), facecolors=color,
                            label=label if row == 0 or label not in ax.get_legend_handles_labels()[1] else None)
-    loop = v.collect(v.scan.filter(pl.col("cat").is_in(["pipeline", "dataloader", "data", "compute"]))
+    loop = v.collect(v.scan.filter(pl.col("role").is_in(["epoch", "fetch", "step", "compute", "item"]))
                      .select(pl.len().alias("n"), pl.col("ts").min().alias("a"),
                              (pl.col("ts") + pl.col("dur")).max().alias("b"))).row(0, named=True)
     if loop["n"]:  # zoom on the training loop (start-up, imports and dataset checks are long and empty)
@@ -270,6 +270,8 @@ def _headline(r: Report) -> list[tuple[str, str]]:
     ]
     if st.get("au_steady") is not None:
         rows.append(("AU without epoch starts", f"{st['au_steady']:.1%}"))
+    if st.get("au_dlio") is not None:
+        rows.append(("AU as DLIO computes it", f"{st['au_dlio']:.1%}"))
     acc = c["access"]
     if acc.get("reads"):
         rows.append(("dataset reads", f"{acc['sequential']:.0%} sequential, {acc['consecutive']:.0%} consecutive, "

@@ -227,6 +227,8 @@ def _reduce_meta(meta: pl.DataFrame) -> pl.DataFrame:
         m.filter((name == "HH") & value.is_not_null()).unique(["src", "a_value"], keep="first")["__r"],
         m.filter((name == "CM") & (pl.col("a_name") == "time_metric")).unique("src", keep="first")["__r"],
         m.filter(pl.col("hhash").is_not_null()).unique(["src", "pid"], keep="first")["__r"],
+        # start/stop markers of DFTracer's AI conventions (vocabulary.marker_spans): every one
+        m.filter((name == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$"))["__r"],
     ]).unique()
     return m.filter(pl.col("__r").is_in(keep.implode())).drop("__r")
 

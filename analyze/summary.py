@@ -14,16 +14,10 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
-from dlreplay.schema import (
-    CAT_CHECKPOINT,
-    CAT_DATA,
-    CAT_DATALOADER,
-    CAT_PIPELINE,
-    READ_OPS,
-    WRITE_OPS,
-)
+from dlreplay.schema import READ_OPS, WRITE_OPS
 from dlreplay.units import human_bytes, human_seconds
 
+from . import vocabulary as voc
 from .files import classify_files, file_process_table
 
 __all__ = ["HISTOGRAM_BUCKETS", "Summary", "render_text", "summarize"]
@@ -92,6 +86,8 @@ class Summary:
     checkpoint_save_bytes: int
     checkpoint_loads: int
     data_dirs: list[str] = field(default_factory=list)
+    #: annotation-like events no convention explains: [{cat, name, count}] (see :mod:`.vocabulary`)
+    unknown_annotations: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """A JSON-safe dict (pid keys become strings)."""
@@ -125,13 +121,15 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
     a :func:`~dlreplay.analyze.files.file_process_table` already computed.
     """
     dirs = [str(d) for d in data_dirs] if data_dirs else []
+    if isinstance(events, pl.DataFrame):
+        events = voc.ensure_roles(events)
     if per_process is None:
         per_process = file_process_table(events)
     files = classify_files(events, dirs or None, per_process=per_process)
     name, cat = pl.col("name"), pl.col("cat")
     ev = events.lazy()
     # four independent passes over the table, run together
-    totals_df, threads, ops, hist_df = pl.collect_all([
+    totals_df, threads, ops, hist_df, ann = pl.collect_all([
         ev.select(
             pl.len().alias("events"),
             pl.col("ts").min().alias("t0"),
@@ -149,12 +147,14 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         .select(name.is_in(READ_OPS).alias("r"), name.is_in(WRITE_OPS).alias("w"), "size")
         .filter(pl.col("r") | pl.col("w"))
         .group_by("r", _bucket(pl.col("size")).alias("b")).len(),
+        ev.filter(pl.col("role").is_not_null() & (pl.col("role") != voc.INTERNAL))
+        .select("pid", "ts", "dur", "epoch", "role", "size", "batch_size"),
     ], engine="streaming" if isinstance(events, pl.LazyFrame) else "auto")
     totals = totals_df.row(0, named=True)
 
-    def op_total(c: str, n: str, col: str = "count") -> int:
-        hit = ops.filter((pl.col("cat") == c) & (pl.col("name") == n))[col]
-        return int(hit.sum() or 0)
+    def role_total(role: str, col: str | None = None) -> int:
+        hit = ann.filter(pl.col("role") == role)
+        return hit.height if col is None else int(hit[col].sum() or 0)
 
     dataset = files.filter(pl.col("role") == "dataset")["file"]
     ds = per_process.filter(pl.col("file").is_in(dataset.implode()))
@@ -166,10 +166,16 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
     totals.update(
         processes=threads.select("host", "pid").unique().height, threads=threads.height,
         bytes_read=bytes_read, bytes_written=bytes_written,
-        items=op_total(CAT_DATA, "item"), fetches=op_total(CAT_DATALOADER, "fetch"),
-        epoch_events=op_total(CAT_PIPELINE, "epoch"), saves=op_total(CAT_CHECKPOINT, "save"),
-        save_bytes=op_total(CAT_CHECKPOINT, "save", "bytes"), loads=op_total(CAT_CHECKPOINT, "load"),
+        items=role_total(voc.ITEM),
+        fetches=ann.filter((pl.col("role") == voc.FETCH) & (pl.col("batch_size").fill_null(1) > 0)).height,
+        saves=role_total(voc.CKPT_SAVE), save_bytes=role_total(voc.CKPT_SAVE, "size"),
+        loads=role_total(voc.CKPT_LOAD),
     )
+    # batches consumed: the training steps (DLIO logs no wait for an epoch's last batch)
+    totals["fetches"] = max(totals["fetches"], voc.training_steps(ann).height)
+    spans = voc.epoch_spans(ann)
+    epochs = spans.group_by("pid").len()["len"].max() if spans.height else 0
+    epochs = int(epochs) if isinstance(epochs, int) else 0
     ds_calls = int(ds["reads"].sum() or 0)
 
     epoch_values = totals["epoch_values"] - (1 if totals["epoch_nulls"] else 0)
@@ -192,13 +198,14 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         dataset_files=int(dataset.len()),
         dataset_read_calls=int(ds_calls),
         roles={role: int(n) for role, n in files.group_by("role").len().sort("role").iter_rows()},
-        epochs=int(totals["epoch_events"] or epoch_values),
+        epochs=epochs or epoch_values,
         fetch_events=int(totals["fetches"]),
         item_events=int(totals["items"]),
         checkpoint_saves=int(totals["saves"]),
         checkpoint_save_bytes=int(totals["save_bytes"] or 0),
         checkpoint_loads=int(totals["loads"]),
         data_dirs=dirs,
+        unknown_annotations=voc.unknown_annotations(events),
     )
 
 
@@ -244,13 +251,19 @@ def render_text(summary: Summary, *, max_ops: int = 12) -> str:
     if s.epochs or s.fetch_events or s.item_events:
         loader.append(f"{s.epochs} epoch(s), {s.fetch_events:,} batch fetch(es), {s.item_events:,} sample(s) loaded")
     else:
-        loader.append("no data-loader events found (capture without the dlreplay data-loader hooks?)")
+        loader.append("no data-loader events found (a POSIX-only trace: loop parameters are inferred from "
+                      "the I/O; see `dlreplay distill`)")
     if s.checkpoint_saves or s.checkpoint_loads:
         loader.append(f"{s.checkpoint_saves} checkpoint save(s) of {human_bytes(s.checkpoint_save_bytes)}"
                       + (f", {s.checkpoint_loads} load(s)" if s.checkpoint_loads else ""))
     else:
         loader.append("no checkpoint events found")
     out.append("Data loader: " + "; ".join(loader))
+    if s.unknown_annotations:
+        out.append("Annotations not understood (no DFTracer AI, DLIO or dlreplay meaning; left out of the "
+                   "analysis): " + ", ".join(f"{u['cat']}/{u['name']} x{u['count']:,}"
+                                             for u in s.unknown_annotations[:8])
+                   + (f", … {len(s.unknown_annotations) - 8} more" if len(s.unknown_annotations) > 8 else ""))
     out.append("")
 
     if s.operations:

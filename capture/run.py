@@ -41,7 +41,9 @@ class CaptureConfig:
 
     ``command`` is an argv list (never run through a shell). ``data_dirs`` limits
     tracing to those trees (empty: trace every file). ``out`` defaults to
-    ``traces/<name>-<UTC timestamp>`` under the current directory.
+    ``traces/<name>-<UTC timestamp>`` under the current directory. ``loader_hooks``
+    False records POSIX/STDIO only, as DFTracer's preload alone would (no data-loader or
+    checkpoint events; worker processes are still flushed when they exit).
     """
 
     command: tuple[str, ...]
@@ -51,6 +53,7 @@ class CaptureConfig:
     force: bool = False
     cwd: Path | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
+    loader_hooks: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class CaptureResult:
     wall_time_s: float
     files: list[dict[str, Any]] = field(default_factory=list)
     killed_by_signal: int | None = None
+    #: what the dataset fingerprint (``dataset-fingerprint.json``) could not read, one line each
+    fingerprint_problems: list[str] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -191,6 +196,7 @@ def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> 
     env["DFTRACER_DATA_DIR"] = ":".join(data_dir_spellings(config.data_dirs, cwd)) if config.data_dirs else "all"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(inject_dir), env.get("PYTHONPATH", "")) if p)
     env["DLREPLAY_CAPTURE"] = "1"
+    env["DLREPLAY_LOADER_HOOKS"] = "1" if config.loader_hooks else "0"
     return env
 
 
@@ -235,6 +241,7 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         "versions": _versions(),
         "data_dirs": [str((cwd / d).resolve()) if not os.path.isabs(d) else d for d in config.data_dirs],
         "trace_prefix": TRACE_PREFIX,
+        "loader_hooks": config.loader_hooks,
     }
     manifest_path = out / MANIFEST
     _write_json_atomic(manifest_path, manifest)
@@ -308,8 +315,42 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         }
     )
     _write_json_atomic(manifest_path, manifest)
+    problems = _fingerprint(out, manifest, status)
+    _write_json_atomic(manifest_path, manifest)
     return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
-                         killed_by_signal=killed_by)
+                         killed_by_signal=killed_by, fingerprint_problems=problems)
+
+
+def _fingerprint(out: Path, manifest: dict[str, Any], status: str) -> list[str]:
+    """Fingerprint the dataset (the --data-dir trees, else the dataset files the job opened)
+    into the trace dir; record it in *manifest*. Never fails the capture: returns problems."""
+    from dlreplay.capture.fingerprint import (
+        FINGERPRINT_NAME,
+        fingerprint_dataset,
+        opened_files,
+        write_fingerprint,
+    )
+
+    if status == "interrupted":
+        manifest["dataset_fingerprint"] = {"file": None, "skipped": "capture interrupted"}
+        return []
+    try:
+        roots = manifest.get("data_dirs") or []
+        opened = [] if roots else opened_files(out / f["name"] for f in manifest.get("files", []))
+        doc = fingerprint_dataset(roots, files=opened, skip=[out])
+        if not doc["groups"] and not doc["problems"]:
+            where = "under --data-dir" if roots else "among the files the job opened"
+            doc["problems"].append(f"no dataset files found {where}: dataset layout not recorded")
+        write_fingerprint(doc, out)
+    except Exception as exc:  # the trace is complete without it; say why once
+        problem = f"dataset fingerprint failed ({type(exc).__name__}: {exc})"
+        manifest["dataset_fingerprint"] = {"file": None, "problems": [problem]}
+        return [problem]
+    manifest["dataset_fingerprint"] = {
+        "file": FINGERPRINT_NAME, "groups": len(doc["groups"]), "seconds": doc["seconds"],
+        "problems": doc["problems"],
+    }
+    return list(doc["problems"])
 
 
 def read_manifest(trace_dir: Path) -> dict[str, Any] | None:

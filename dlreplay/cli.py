@@ -71,10 +71,14 @@ def main() -> None:
 @click.option("--data-dir", "data_dirs", multiple=True, help="Trace only files under this path (repeatable). Default: every file.")
 @click.option("--name", help="Name of the capture (default: the command's name).")
 @click.option("--force", is_flag=True, help="Replace a previous capture in a non-empty --out.")
+@click.option("--no-loader-hooks", is_flag=True,
+              help="Record POSIX/STDIO only, as DFTracer's preload alone does (no data-loader or checkpoint events; "
+                   "distill then infers the loop from the I/O).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
-def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, quiet: bool, command: tuple[str, ...]) -> None:
+def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, no_loader_hooks: bool,
+            quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under DFTracer and keep its trace.
 
     \b
@@ -84,12 +88,16 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
     Every process is traced (DataLoader workers started by fork or spawn,
     multiprocessing pools, children of torchrun/mpiexec). PyTorch jobs also get
     data-loader events (epoch, fetch, step, item) and torch.save/torch.load
-    checkpoint bytes, without code changes. Exits with the job's exit code.
+    checkpoint bytes, without code changes. After the job, the --data-dir trees
+    (else the dataset files the job opened) are fingerprinted into
+    dataset-fingerprint.json: the files' layout, not their content, from a
+    bounded sample. Exits with the job's exit code.
     """
     from dlreplay.capture import CaptureConfig, run_capture
 
     result = run_capture(
-        CaptureConfig(command=tuple(command), out=out, data_dirs=tuple(data_dirs), name=name, force=force)
+        CaptureConfig(command=tuple(command), out=out, data_dirs=tuple(data_dirs), name=name, force=force,
+                      loader_hooks=not no_loader_hooks)
     )
     if not quiet:
         _print_capture_summary(result)
@@ -118,6 +126,8 @@ def _print_capture_summary(result: Any) -> None:
             click.echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
     except DlreplayError as exc:
         click.echo(f"  (trace could not be summarised: {exc})", err=True)
+    for problem in getattr(result, "fingerprint_problems", []):
+        click.echo(f"  dataset fingerprint: {problem}", err=True)
     click.echo(f"  trace: {result.trace_dir}", err=True)
     click.echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
 
@@ -386,7 +396,9 @@ class _status:
 def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, quiet: bool) -> None:
     """Infer a workload model from TRACE and write it to --output (YAML).
 
-    Dataset geometry (format, files, samples per file, record length), reader
+    Dataset geometry (format, files, samples per file, record length) and layout
+    (the files' inside: from the dataset fingerprint made at capture, else from a
+    reachable --data-dir fingerprinted now, else what the reads show), reader
     (batch size, workers, shuffle, transfer sizes, access pattern, metadata per
     sample), training (epochs, compute time per step), checkpoints and processes.
     Every field records how it was obtained and a confidence (measured, inferred,
@@ -394,12 +406,16 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     """
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.distill import distill as run_distill
+    from dlreplay.analyze.layout import resolve_fingerprint
     from dlreplay.model import save_model, summarize_model
 
     _refuse_overwrite(output, force)
     with _status(f"loading {trace}"):
         loaded = load_trace(trace)
-    model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace))
+    with _status("reading the dataset fingerprint"):
+        fingerprint, where = resolve_fingerprint(trace, data_dirs)
+    model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace),
+                        fingerprint=fingerprint, fingerprint_origin=where)
     save_model(model, output)
     if not quiet:
         click.echo(summarize_model(model))
@@ -471,7 +487,12 @@ def model_show(model_file: Path) -> None:
 @handle_errors
 def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, force: bool,
              overrides: tuple[str, ...]) -> None:
-    """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible)."""
+    """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible).
+
+    With a dataset.layout from a fingerprint, files get the real files' inside
+    (members, compression, HDF5 chunks and filters, image coding), written by the
+    formats' own libraries; the dataset manifest records the layout written.
+    """
     from dlreplay.model import apply_overrides, load_model
     from dlreplay.replay import GenerateConfig, generate_dataset
 

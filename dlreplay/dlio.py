@@ -483,6 +483,7 @@ def _import_layout(imp: _Importer, fmt: str) -> dict[str, Any]:
     if given:
         layout["hdf5_chunk_shape"] = dims
     if layout:
+        layout["source"] = "dlio"
         imp.mark("dataset.layout", "dataset.compression/chunk_size/hdf5")
     return layout
 
@@ -808,6 +809,56 @@ def _export_layout(model: WorkloadModel, out: dict[str, Any], warnings: list[str
         out["hdf5"] = {"chunk_dims": list(lay.hdf5_chunk_shape)}
     if lay.records_per_file is not None:
         warnings.append("dataset.layout.records_per_file has no DLIO key: left out")
+    _export_structures(model, out, warnings)
+
+
+#: numpy dtype strings -> DLIO record_element_type names.
+_DLIO_ELEMENT_TYPES = {"|u1": "uint8", "|i1": "int8", "<u2": "uint16", "<i2": "int16", "<u4": "uint32",
+                       "<i4": "int32", "<u8": "uint64", "<i8": "int64", "<f2": "float16", "<f4": "float32",
+                       "<f8": "float64"}
+
+
+def _export_structures(model: WorkloadModel, out: dict[str, Any], warnings: list[str]) -> None:
+    """The fingerprinted layout, as far as DLIO's keys reach; the rest listed, once."""
+    fmt, lay = model.dataset.format, model.dataset.layout
+    lost: list[str] = []
+    if lay.arrays:
+        s = lay.arrays[0]
+        main = max(s.members, key=lambda m: math.prod(m.shape or [0]), default=None)
+        if main is not None:
+            dims = list(main.shape[1:]) if s.samples and main.shape and main.shape[0] == s.samples else list(main.shape)
+            if dims:
+                out["record_dims"] = dims
+            if main.dtype in _DLIO_ELEMENT_TYPES:
+                out["record_element_type"] = _DLIO_ELEMENT_TYPES[main.dtype]
+            else:
+                lost.append(f"element type {main.dtype}")
+            others = [m.name for m in s.members if m is not main]
+            if others:
+                lost.append(f"other arrays per file ({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}; "
+                            f"DLIO writes one records array and labels)")
+            if main.chunk_order == "scattered":
+                lost.append("chunks scattered in the file (DLIO writes them in order)")
+            if main.shuffle or main.fletcher32 or main.scaleoffset is not None:
+                lost.append("HDF5 shuffle/fletcher32/scale-offset filters")
+            if fmt == "npz" and {m.storage for m in s.members} == {"stored", "deflated"}:
+                lost.append("mixed stored/deflated NPZ members")
+        if len(lay.arrays) > 1:
+            lost.append(f"{len(lay.arrays)} file structures (DLIO's files are all alike)")
+    if lay.hdf5 is not None and (lay.hdf5.superblock_version or lay.hdf5.alignment_interval
+                                 or lay.hdf5.file_space_strategy not in (None, "fsm_aggr") or lay.hdf5.userblock_size):
+        lost.append("HDF5 file settings (libver, alignment, file-space strategy, user block)")
+    if lay.images:
+        i = lay.images[0]
+        lost.append(f"image {i.width}x{i.height} {i.mode}" + (f" quality {i.quality}" if i.quality else "")
+                    + (f" {i.subsampling}" if i.subsampling else "") + (" progressive" if i.progressive else "")
+                    + " (DLIO sizes images from record_length only)")
+    if lay.tables:
+        lost.append("table columns, codecs and row groups")
+    if lay.record_bytes is not None:
+        lost.append("TFRecord record size distribution (beyond record_length mean/stdev)")
+    if lost:
+        warnings.append(f"dataset.layout ({lay.source or 'given'}): DLIO cannot express: {'; '.join(lost)}")
 
 
 def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:

@@ -68,11 +68,15 @@ __all__ = [
     "SHUFFLE_MODES",
     "WORKER_KINDS",
     "AccessPattern",
+    "ArrayFile",
+    "ArrayMember",
     "Checkpoint",
     "Dataset",
     "Distribution",
     "Evaluation",
     "FieldProvenance",
+    "Hdf5File",
+    "ImageFile",
     "Layout",
     "MetadataPerSample",
     "ModelInfo",
@@ -81,6 +85,8 @@ __all__ = [
     "Processes",
     "Provenance",
     "Reader",
+    "TableColumn",
+    "TableFile",
     "Train",
     "Transformer",
     "WorkloadModel",
@@ -483,9 +489,157 @@ class _Params:
 # --------------------------------------------------------------------------- sections
 
 
+#: Where a dataset layout came from: a fingerprint of the real files, inference from a
+#: trace's reads, a DLIO config, or a user's edit.
+LAYOUT_SOURCES = ("fingerprint", "inferred", "dlio", "user")
+#: How an array is stored: NPZ members (``stored`` | ``deflated``), HDF5 datasets
+#: (``contiguous`` | ``chunked`` | ``compact``).
+ARRAY_STORAGE = ("stored", "deflated", "contiguous", "chunked", "compact")
+#: File order of an HDF5 dataset's chunks relative to their logical (row-major) order.
+CHUNK_ORDERS = ("sequential", "scattered")
+#: JPEG chroma subsampling (Pillow's names).
+SUBSAMPLINGS = ("4:4:4", "4:2:2", "4:2:0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrayMember:
+    """One array inside a dataset file: an NPZ member, an HDF5 dataset, an NPY file's array.
+
+    Sizes are in elements (``shape``, ``chunks``) or bytes; ``compression_ratio`` is
+    stored bytes / logical bytes (how well the content compressed, e.g. 0.12).
+    """
+
+    name: str = _f(doc="NPZ member name (x.npy), HDF5 dataset path (/group/x); NPY: empty")
+    dtype: str = _f(doc="numpy dtype string (<f4, |u1, |S16); HDF5 variable-length strings: vlen-str")
+    shape: list[int] = _f(check="nonneg", doc="shape in elements; the sample axis first when there is one")
+    fortran_order: bool = _f(False, doc="NPY/NPZ: column-major data")
+    storage: str | None = _f(None, choices=ARRAY_STORAGE, doc="stored | deflated (NPZ); contiguous | chunked | "
+                                                              "compact (HDF5)")
+    chunks: list[int] | None = _f(None, check="positive", doc="HDF5 chunk shape in elements")
+    compression: str | None = _f(None, doc="deflate (NPZ); HDF5 filter gzip | lzf | szip | ...; null = none")
+    compression_level: int | None = _f(None, check="nonneg", doc="deflate/gzip level 0..9 (estimated for NPZ)")
+    compression_ratio: float | None = _f(None, check="positive", doc="stored bytes / logical bytes")
+    shuffle: bool = _f(False, doc="HDF5 byte-shuffle filter")
+    fletcher32: bool = _f(False, doc="HDF5 checksum filter")
+    scaleoffset: int | None = _f(None, doc="HDF5 scale-offset filter parameter")
+    fill_value: float | None = _f(None, doc="HDF5 fill value (numbers only)")
+    chunk_order: str | None = _f(None, choices=CHUNK_ORDERS, doc="HDF5: chunks in the file in logical order or "
+                                                                 "scattered (written out of order)")
+    chunks_allocated: float | None = _f(None, check="fraction", doc="HDF5: fraction of chunks written (sparse)")
+    track_times: bool = _f(False, doc="HDF5: object modification times in the header")
+    zip64: bool = _f(False, doc="NPZ: the local header carries a zip64 extra field (numpy always writes one)")
+    attributes: int = _f(0, check="nonneg", doc="HDF5 attributes on the dataset")
+    attribute_bytes: int = _f(0, check="nonneg", doc="bytes of those attributes' values")
+    vlen_attributes: int = _f(0, check="nonneg", doc="of those, variable-length (strings: a global heap)")
+
+    _track_defaults: ClassVar[bool] = False
+    _omit_defaults: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrayFile:
+    """One structure of an array file (NPZ, NPY, HDF5) and the share of files that have it."""
+
+    weight: float = _f(1.0, check="fraction", doc="share of the sampled files with this structure")
+    bytes: int | None = _f(None, check="nonneg", doc="file size (median of those files)")
+    file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files with this structure")
+    samples: int | None = _f(None, check="positive", doc="samples in such a file (the sample axis' length)")
+    members: list[ArrayMember] = _f(factory=list, doc="arrays in file order")
+    groups: list[str] = _f(factory=list, doc="HDF5 groups other than the root")
+
+    _track_defaults: ClassVar[bool] = False
+    _omit_defaults: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hdf5File:
+    """File-level HDF5 settings that move metadata and data in the file."""
+
+    superblock_version: int | None = _f(None, check="nonneg", doc="0/1: libver earliest; 2: v108; 3: v110+")
+    userblock_size: int = _f(0, check="nonneg", doc="bytes before the superblock")
+    alignment_interval: int | None = _f(None, check="positive",
+                                        doc="data addresses are multiples of this (H5Pset_alignment), bytes")
+    alignment_threshold: int | None = _f(None, check="nonneg", doc="objects at least this large are aligned, bytes")
+    file_space_strategy: str | None = _f(None, doc="fsm_aggr | page | aggr | none (H5Pset_file_space_strategy)")
+    file_space_page_size: int | None = _f(None, check="positive", doc="page size of paged aggregation, bytes")
+    root_attributes: int = _f(0, check="nonneg")
+    root_attribute_bytes: int = _f(0, check="nonneg")
+    root_vlen_attributes: int = _f(0, check="nonneg", doc="variable-length (string) root attributes")
+
+    _track_defaults: ClassVar[bool] = False
+    _omit_defaults: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageFile:
+    """One kind of image file (JPEG, PNG) and the share of files that look like it."""
+
+    weight: float = _f(1.0, check="fraction", doc="share of the sampled files")
+    bytes: int | None = _f(None, check="nonneg", doc="file size (median)")
+    file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files of this kind")
+    width: int = _f(check="positive", doc="pixels")
+    height: int = _f(check="positive", doc="pixels")
+    mode: str = _f("RGB", doc="Pillow mode: L, LA, RGB, RGBA, P, CMYK, I;16")
+    bits: int | None = _f(None, check="positive", doc="PNG bit depth per channel (palette images: 1, 2, 4 or 8)")
+    quality: int | None = _f(None, check="positive", doc="JPEG quality 1..100 (estimated from the tables)")
+    qtables: list[list[int]] | None = _f(None, check="positive", doc="JPEG quantization tables (64 each)")
+    subsampling: str | None = _f(None, choices=SUBSAMPLINGS, doc="JPEG chroma subsampling")
+    progressive: bool = _f(False, doc="JPEG progressive scans")
+    optimize: bool = _f(False, doc="JPEG optimized (non-standard) Huffman tables")
+    restart_interval: int = _f(0, check="nonneg", doc="JPEG restart interval (MCUs; 0 = none)")
+    interlaced: bool = _f(False, doc="PNG Adam7 interlacing")
+    chunk_bytes: int | None = _f(None, check="positive", doc="PNG: bytes per IDAT chunk (the largest)")
+    compression_ratio: float | None = _f(None, check="positive", doc="PNG: IDAT bytes / raw pixel bytes")
+    extra_bytes: int = _f(0, check="nonneg", doc="metadata segments/chunks (EXIF, ICC, text), bytes")
+
+    _track_defaults: ClassVar[bool] = False
+    _omit_defaults: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableColumn:
+    """One column of a Parquet/CSV file."""
+
+    name: str = _f()
+    type: str = _f(doc="Parquet physical/logical type (e.g. double, int64, binary); CSV: str")
+    compression: str | None = _f(None, doc="Parquet codec (snappy, zstd, gzip, ...); null = uncompressed")
+    dictionary: bool = _f(False, doc="Parquet dictionary encoding")
+    row_bytes: float | None = _f(None, check="nonneg", doc="Parquet: uncompressed bytes per row of this column")
+
+    _track_defaults: ClassVar[bool] = False
+    _omit_defaults: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableFile:
+    """One structure of a table file (Parquet row groups and columns; CSV lines)."""
+
+    weight: float = _f(1.0, check="fraction")
+    bytes: int | None = _f(None, check="nonneg")
+    file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files with this structure")
+    rows: int | None = _f(None, check="nonneg")
+    row_groups: int | None = _f(None, check="positive", doc="Parquet row groups per file")
+    data_page_size: int | None = _f(None, check="positive", doc="Parquet bytes per data page (largest seen)")
+    compression_ratio: float | None = _f(None, check="positive", doc="Parquet compressed / uncompressed bytes")
+    columns: list[TableColumn] = _f(factory=list)
+    header: bool = _f(False, doc="CSV: the first line names the columns")
+    delimiter: str | None = _f(None, doc="CSV field delimiter")
+    line_bytes: Distribution | None = _f(None, check="nonneg", doc="CSV bytes per line, newline included")
+
+    _track_defaults: ClassVar[bool] = False
+    _omit_defaults: ClassVar[bool] = True
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """Per-format facts about how samples sit in files, that shape the I/O."""
+    """Per-format facts about how samples sit in files, that shape the I/O.
+
+    The first six fields are the summary DLIO can express. The rest describe the
+    files' inside as a dataset fingerprint saw it (``source: fingerprint``), as a trace's
+    reads suggest (``inferred``) or as a config states: the structures observed, each
+    with its share of files (``weight``) when files differ. ``generate`` reproduces them
+    with the formats' own libraries; null = unknown (the generator's defaults).
+    """
 
     compressed: bool = _f(False, doc="npz: members deflate-compressed (np.savez_compressed)")
     compression_level: int | None = _f(None, check="nonneg", doc="compressor level (gzip 0..9)")
@@ -494,6 +648,18 @@ class Layout:
     hdf5_compression: str | None = _f(None, doc="HDF5 filter (gzip, lzf, ...); null = none")
     records_per_file: int | None = _f(None, check="positive",
                                       doc="physical records per file when not num_samples_per_file")
+    source: str | None = _f(None, choices=LAYOUT_SOURCES, doc="where the fields below come from")
+    files_sampled: int | None = _f(None, check="nonneg", doc="dataset files the fingerprint read")
+    arrays: list[ArrayFile] | None = _f(None, doc="npz/npy/hdf5: file structures, most common first")
+    hdf5: Hdf5File | None = _f(None, doc="HDF5 file-level settings")
+    images: list[ImageFile] | None = _f(None, doc="jpeg/png: kinds of images, most common first")
+    tables: list[TableFile] | None = _f(None, doc="parquet/csv: file structures")
+    record_bytes: Distribution | None = _f(None, check="nonneg", doc="tfrecord: payload bytes per record")
+
+    # Unset fields are not written; their provenance is the one distill records for the
+    # layout (``dataset.layout``), not one default per absent field.
+    _omit_none: ClassVar[bool] = True
+    _track_defaults: ClassVar[bool] = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -795,9 +961,11 @@ def _expected(tp: Any, md: Mapping[str, Any]) -> str:
     elif typing.get_origin(inner) is list:
         (item,) = typing.get_args(inner)
         text = "a list of " + ("positive integers" if check == "positive" and item is int else
+                               "non-negative integers" if check == "nonneg" and item is int else
                                "integers" if item is int else
                                "non-negative numbers" if check == "nonneg" and item is float else
-                               "numbers" if item is float else "strings")
+                               "numbers" if item is float else "lists" if typing.get_origin(item) is list else
+                               "mappings" if is_dataclass(item) else "strings")
     elif typing.get_origin(inner) is dict or is_dataclass(inner):
         text = "a mapping"
     else:  # pragma: no cover - every field type is covered above
@@ -942,14 +1110,22 @@ def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
         raise _error(ctx.source, _join(path, exc.subpath), exc.message) from None
 
 
+def _default_of(f: Any) -> Any:
+    """The default value of dataclass field *f* (from its factory when it has one)."""
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
 def _to_plain(obj: Any) -> Any:
     """Dataclasses/containers → plain YAML-safe Python values, in field order."""
     if is_dataclass(obj) and not isinstance(obj, type):
         omit = getattr(obj, "_omit_none", False)
+        omit_defaults = getattr(obj, "_omit_defaults", False)
         out = {}
         for f in fields(obj):
             v = getattr(obj, f.name)
-            if v is None and omit:
+            if v is None and (omit or omit_defaults):
+                continue
+            if omit_defaults and not _is_required(f) and v == _default_of(f):
                 continue
             out[f.name] = _to_plain(v)
         return out
@@ -1105,7 +1281,7 @@ class _Dumper(_SafeDumper):  # type: ignore[misc, valid-type]
 
 
 def _represent_list(dumper: Any, data: list) -> yaml.Node:
-    flow = 0 < len(data) <= 8 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data)
+    flow = 0 < len(data) <= 64 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data)
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
 
 
@@ -1306,6 +1482,40 @@ def _summary_checkpoint(c: Checkpoint) -> str:
             f"writes {_fmt_dist(c.write_transfer_size, _fmt_bytes)}, fsync {'yes' if c.fsync else 'no'}")
 
 
+def _summary_layout(lay: Layout) -> str:
+    """One line: the files' inside (first structure), where it came from."""
+    parts: list[str] = []
+    if lay.arrays:
+        s = lay.arrays[0]
+        for m in s.members[:3]:
+            how = m.storage or ""
+            if m.chunks:
+                how += f" {'x'.join(map(str, m.chunks))}"
+            if m.compression and m.storage != "deflated":
+                how += f" {m.compression}"
+            if m.chunk_order == "scattered":
+                how += " scattered"
+            parts.append(f"{m.name or 'array'} {m.dtype} {list(m.shape)} {how}".rstrip())
+        if len(s.members) > 3:
+            parts.append(f"+{len(s.members) - 3} more")
+    elif lay.images:
+        i = lay.images[0]
+        coding = " ".join(x for x in (f"q{i.quality}" if i.quality else "", i.subsampling or "",
+                                      "progressive" if i.progressive else "") if x)
+        parts.append(f"{i.width}x{i.height} {i.mode} {coding}".rstrip())
+    elif lay.tables:
+        t = lay.tables[0]
+        parts.append(f"{len(t.columns)} column(s)" + (f", {t.row_groups} row group(s)" if t.row_groups else ""))
+    elif lay.hdf5_chunk_bytes or lay.hdf5_chunk_shape or lay.compressed:
+        parts.append("chunks " + (f"{lay.hdf5_chunk_shape}" if lay.hdf5_chunk_shape else _fmt_bytes(lay.hdf5_chunk_bytes))
+                     if lay.hdf5_chunk_bytes or lay.hdf5_chunk_shape else "deflated members")
+    if not parts:
+        return ""
+    kinds = len(lay.arrays or lay.images or lay.tables or [])
+    more = f"; {kinds} kinds of files" if kinds > 1 else ""
+    return f"{', '.join(parts)}{more} ({lay.source or 'given'})"
+
+
 def summarize_model(model: WorkloadModel) -> str:
     """A readable multi-line summary, ending with the fields left at defaults."""
     m, ds, rd, tr, pr = model.model, model.dataset, model.reader, model.train, model.processes
@@ -1316,6 +1526,9 @@ def summarize_model(model: WorkloadModel) -> str:
                  + (f", {ds.num_files_eval} eval files" if ds.num_files_eval else "")
                  + (f", in {ds.data_folder}" if ds.data_folder else ""))
     lines.append(f"  record      {_fmt_dist(ds.record_length, _fmt_bytes)}; file {_fmt_dist(ds.file_size, _fmt_bytes)}")
+    layout = _summary_layout(ds.layout)
+    if layout:
+        lines.append(f"  layout      {layout}")
     lines.append(f"  reader      {rd.data_loader}, {rd.read_threads} {rd.worker_kind} worker(s)/rank, "
                  f"batch {rd.batch_size}, prefetch {rd.prefetch_factor}, shuffle files={rd.file_shuffle} "
                  f"samples={rd.sample_shuffle}, {'open per sample' if rd.open_per_sample else 'files kept open'}")

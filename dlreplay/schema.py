@@ -36,6 +36,10 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "batch_size": pl.Int64(),  # samples in the batch (fetch events)
     "sample_index": pl.Int64(),  # dataset index of the sample (item events)
     "source": pl.Utf8(),  # trace file the event came from (basename)
+    # what an annotation event means, whoever spelled it (DFTracer's AI conventions, DLIO,
+    # dlreplay): epoch, fetch, step, compute, item, checkpoint.save, ... (see
+    # dlreplay.analyze.vocabulary); null for POSIX/STDIO calls and unknown annotations
+    "role": pl.Utf8(),
 }
 
 #: Operation groups used across analyses (names as DFTracer writes them).
@@ -50,7 +54,8 @@ STAT_OPS = ("stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "xstat", "
 SYNC_OPS = ("fsync", "fdatasync", "sync_file_range", "msync")
 IO_CATEGORIES = ("POSIX", "STDIO")
 
-# Data-loader events written by ``dlreplay capture`` (names follow dftracer.python.ai).
+# Data-loader events of ``dlreplay capture`` before it wrote DFTracer's AI conventions
+# (format_version 1 traces, replays); read through dlreplay.analyze.vocabulary's roles.
 CAT_DATALOADER = "dataloader"  # name "fetch": consumer waits for one batch
 CAT_DATA = "data"  # name "item": one Dataset.__getitem__ in a worker
 CAT_PIPELINE = "pipeline"  # name "epoch": one pass over a DataLoader

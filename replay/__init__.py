@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from .common import MANIFEST_NAME, ReplayError, dataset_digest, plan_dataset, read_dataset_manifest
 from .engine import ReplayConfig, ReplayResult, find_max_accelerators, render_result, run_replay
-from .formats import crc32c, masked_crc32c
 from .generate import GenerateConfig, GenerateResult, generate_dataset
 from .metrics import render_table
+from .writers import crc32c, masked_crc32c
 
 __all__ = [
     "MANIFEST_NAME",

@@ -1,6 +1,5 @@
-"""Writing and reading dataset files through the formats' real libraries.
+"""Reading dataset files through the formats' real libraries (writers: :mod:`.writers`).
 
-Writers (:func:`write_file`) produce one file of the plan from a seeded generator.
 Readers come in two flavours:
 
 * :class:`LibraryReader` reads a sample the way a training job does: ``numpy.load`` on
@@ -20,214 +19,17 @@ to ``collate``. Units: bytes.
 from __future__ import annotations
 
 import io
-import math
 import os
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dlreplay.model import Layout
+from .common import ReplayError
 
-from .common import TMP_SUFFIX, ReplayError
-
-# --------------------------------------------------------------------------- CRC32C
-
-_POLY = 0x82F63B78
-
-
-def _make_table() -> np.ndarray:
-    table = np.zeros(256, dtype=np.uint32)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ _POLY if c & 1 else c >> 1
-        table[i] = c
-    return table
-
-
-_TABLE = _make_table()
-_TABLE_LIST = [int(x) for x in _TABLE]
-
-
-def _gf2_times(mat: list[int], vec: int) -> int:
-    out, i = 0, 0
-    while vec:
-        if vec & 1:
-            out ^= mat[i]
-        vec >>= 1
-        i += 1
-    return out
-
-
-def _gf2_square(mat: list[int]) -> list[int]:
-    return [_gf2_times(mat, mat[i]) for i in range(32)]
-
-
-def _zeros_operator(nbytes: int) -> list[int]:
-    """The GF(2) matrix (32 columns) advancing a raw CRC register over *nbytes* zero bytes."""
-    one_bit = [_POLY] + [1 << i for i in range(31)]  # one zero bit
-    op = one_bit
-    for _ in range(3):  # 8 bits
-        op = _gf2_square(op)
-    result = [1 << i for i in range(32)]  # identity
-    n = nbytes
-    while n:
-        if n & 1:
-            result = [_gf2_times(op, c) for c in result]
-        n >>= 1
-        if n:
-            op = _gf2_square(op)
-    return result
-
-
-def crc32c(data: bytes | bytearray | memoryview) -> int:
-    """CRC-32C (Castagnoli) of *data*, as TFRecord uses it (numpy, lane-parallel).
-
-    The data is split into equal lanes whose raw CRCs are computed in parallel with a
-    byte table, then combined with the zero-advance operator over GF(2).
-    """
-    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    n = buf.size
-    if n < 4096:
-        c = 0xFFFFFFFF
-        for b in buf.tobytes():
-            c = _TABLE_LIST[(c ^ b) & 0xFF] ^ (c >> 8)
-        return c ^ 0xFFFFFFFF
-    m = max(256, int(math.sqrt(n)))
-    lanes = -(-n // m)
-    padded = np.zeros(lanes * m, dtype=np.uint8)
-    padded[lanes * m - n:] = buf  # leading zeros do not change a raw CRC that starts at 0
-    cols = padded.reshape(lanes, m).T.copy()
-    reg = np.zeros(lanes, dtype=np.uint32)
-    for j in range(m):
-        reg = _TABLE[(reg ^ cols[j]) & 0xFF] ^ (reg >> np.uint32(8))
-    shift = _zeros_operator(m)
-    raw = 0
-    for g in reg.tolist():
-        raw = _gf2_times(shift, raw) ^ g
-    init = _gf2_times(_zeros_operator(n), 0xFFFFFFFF)
-    return (raw ^ init) ^ 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
-    """TFRecord's masked CRC-32C."""
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord_frame(payload: bytes) -> bytes:
-    """One TFRecord: uint64 length, masked CRC of the length, payload, masked CRC of the payload."""
-    length = struct.pack("<Q", len(payload))
-    return length + struct.pack("<I", masked_crc32c(length)) + payload + struct.pack("<I", masked_crc32c(payload))
-
-
-# --------------------------------------------------------------------------- writers
-
-
-def _image_bytes(rng: np.random.Generator, target: int, fmt: str) -> bytes:
-    """A noise image encoded by Pillow whose size approximates *target* bytes."""
-    from PIL import Image
-
-    pil_fmt = "JPEG" if fmt == "jpeg" else "PNG"
-
-    def encode(side: int) -> bytes:
-        pixels = rng.integers(0, 256, size=(side, side, 3), dtype=np.uint8)
-        bio = io.BytesIO()
-        Image.fromarray(pixels, "RGB").save(bio, format=pil_fmt, **({"quality": 90} if pil_fmt == "JPEG" else {}))
-        return bio.getvalue()
-
-    probe = 64
-    sample = encode(probe)
-    per_pixel = max(len(sample) / (probe * probe), 0.05)
-    side = max(8, int(math.sqrt(max(target, 1) / per_pixel)))
-    out = encode(side)
-    if abs(len(out) - target) > 0.05 * target and side > 8:
-        side = max(8, int(side * math.sqrt(target / len(out))))
-        out = encode(side)
-    return out
-
-
-def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: np.random.Generator
-               ) -> tuple[int, list[list[int]] | None, int]:
-    """Write one dataset file at *path* (via a temporary name, then renamed).
-
-    Returns (file bytes, record byte ranges ``[[offset, length], ...]`` for record
-    formats else None, bytes of side files such as the ``.idx`` of indexed_binary).
-    OSError propagates (the caller names the path).
-    """
-    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
-    offsets: list[list[int]] | None = None
-    aux = 0
-    n = len(sizes)
-    if fmt in ("npz", "npy", "hdf5"):
-        arr = np.frombuffer(rng.bytes(n * sizes[0]), dtype=np.uint8).reshape(n, sizes[0])
-        if fmt == "npz":
-            with open(tmp, "wb") as fh:
-                (np.savez_compressed if layout.compressed else np.savez)(fh, x=arr)
-        elif fmt == "npy":
-            with open(tmp, "wb") as fh:
-                np.save(fh, arr)
-        else:
-            import h5py
-
-            kw: dict[str, Any] = {}
-            if layout.hdf5_chunk_shape:
-                kw["chunks"] = tuple(max(1, min(c, d)) for c, d in zip(layout.hdf5_chunk_shape, arr.shape, strict=False))
-                if len(kw["chunks"]) != arr.ndim:
-                    kw["chunks"] = (kw["chunks"][0], arr.shape[1])
-            elif layout.hdf5_chunk_bytes:
-                kw["chunks"] = (max(1, min(n, layout.hdf5_chunk_bytes // sizes[0])), sizes[0])
-            if layout.hdf5_compression:
-                kw["compression"] = layout.hdf5_compression
-                if layout.hdf5_compression == "gzip" and layout.compression_level is not None:
-                    kw["compression_opts"] = layout.compression_level
-            with h5py.File(tmp, "w") as h5:
-                h5.create_dataset("records", data=arr, **kw)
-    elif fmt in ("jpeg", "png"):
-        tmp.write_bytes(_image_bytes(rng, sizes[0], fmt))
-    elif fmt in ("raw", "tfrecord", "indexed_binary"):
-        offsets = []
-        pos = 0
-        with open(tmp, "wb") as fh:
-            for s in sizes:
-                payload = rng.bytes(s)
-                blob = tfrecord_frame(payload) if fmt == "tfrecord" else payload
-                fh.write(blob)
-                offsets.append([pos, len(blob)])
-                pos += len(blob)
-        if fmt == "indexed_binary":
-            idx = path.with_name(path.name + ".idx")
-            idx_tmp = idx.with_name(f".{idx.name}{TMP_SUFFIX}")
-            idx_tmp.write_bytes(np.asarray(offsets, dtype="<u8").tobytes())
-            _fsync_path(idx_tmp)
-            os.replace(idx_tmp, idx)
-            aux = idx.stat().st_size
-    elif fmt in ("csv", "parquet"):
-        import polars as pl
-
-        if fmt == "csv":
-            rows = [rng.bytes(max(1, s // 2)).hex() + ("0" if s % 2 and s > 1 else "") for s in sizes]
-            pl.DataFrame({"data": rows}).write_csv(tmp)
-        else:
-            pl.DataFrame({"data": [rng.bytes(s) for s in sizes]}, schema={"data": pl.Binary}).write_parquet(
-                tmp, compression="uncompressed")
-    else:  # pragma: no cover - validated by the model
-        raise ReplayError(f"unsupported dataset format {fmt!r}")
-    _fsync_path(tmp)
-    os.replace(tmp, path)
-    return path.stat().st_size, offsets, aux
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
+# Writers live in :mod:`.writers`; these names stay importable from here.
+from .writers import crc32c, masked_crc32c, tfrecord_frame, write_file  # noqa: E402, F401
 
 # --------------------------------------------------------------------------- readers
 
@@ -336,6 +138,17 @@ def prime_library(fmt: str) -> None:
         import polars  # noqa: F401
 
 
+def _joined(arrays: list[np.ndarray], k: int | None) -> Decoded:
+    """One sample from the arrays a Dataset takes: row *k* of arrays with more than one row
+    (None: the arrays are the sample's already), the whole array otherwise; several arrays
+    become one flat byte array of their total size (the sample's decoded size)."""
+    rows = [a[k] if k is not None and a.ndim >= 1 and a.shape[0] > 1 else a for a in arrays]
+    if len(rows) == 1:
+        return np.ascontiguousarray(rows[0])
+    return np.concatenate([np.ascontiguousarray(r).reshape(-1).view(np.uint8) for r in rows]) if rows else \
+        np.empty(0, dtype=np.uint8)
+
+
 class LibraryReader(_Reader):
     """Reads samples through the format's library, the way a training job's Dataset does.
 
@@ -401,9 +214,9 @@ class LibraryReader(_Reader):
 
     def _numpy_sample(self, src: Any, k: int) -> Decoded:
         if self.fmt == "npz":
-            with np.load(src) as z:
-                return np.ascontiguousarray(z["x"][k])
-        return np.ascontiguousarray(np.load(src)[k])
+            with np.load(src) as z:  # every member, as a job's Dataset takes the arrays of a sample
+                return _joined([z[name] for name in z.files], k)
+        return _joined([np.load(src)], k)
 
     def _handle(self, path: str) -> Any:
         fh = self._open.get(path)
@@ -417,11 +230,38 @@ class LibraryReader(_Reader):
 
         if self.open_per_sample:
             with h5py.File(path, "r") as h5:
-                return np.asarray(h5["records"][k])
+                return self._read_hdf5_row(h5, k)
         h5 = self._open.get(path)
         if h5 is None:
             h5 = self._open[path] = h5py.File(path, "r")
-        return np.asarray(h5["records"][k])
+        return self._read_hdf5_row(h5, k)
+
+    def _read_hdf5_row(self, h5: Any, k: int) -> Decoded:
+        """Row *k* of every dataset with a sample axis (the arrays a job's Dataset reads per sample).
+
+        The dataset names are taken from the first file and kept (the files of a dataset
+        share their structure), so later samples look names up as a job's code does.
+        """
+        names = getattr(self, "_h5_names", None)
+        if names is None:
+            import h5py
+
+            # names by walking links, not visititems: H5Ovisit's object info traverses every
+            # chunk index (hundreds of KiB of B-tree reads in a file of small chunks)
+            found: list[tuple[str, int]] = []
+            stack = [h5]
+            while stack:
+                group = stack.pop()
+                for key in group:
+                    obj = group[key]
+                    if isinstance(obj, h5py.Group):
+                        stack.append(obj)
+                    elif isinstance(obj, h5py.Dataset) and obj.ndim >= 1:
+                        found.append((obj.name.lstrip("/"), obj.shape[0]))
+            leading = [n for _, n in found]
+            samples = max(set(leading), key=leading.count) if leading else 0
+            names = self._h5_names = [n for n, rows in found if rows == samples]
+        return _joined([np.asarray(h5[name][k]) for name in names if name in h5], None)
 
     def _read_record(self, path: str, k: int, rec: Sequence[int] | None) -> Decoded:
         fd = self._fd(path)

@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import numpy as np
 
 import dlreplay
 from dlreplay.interrupt import INTERRUPT
-from dlreplay.model import Layout, WorkloadModel
+from dlreplay.model import Layout, WorkloadModel, model_to_dict
 from dlreplay.osutil import host_memory_bytes
 
 from .common import (
@@ -53,7 +54,7 @@ from .common import (
     read_json,
     write_json_atomic,
 )
-from .formats import write_file
+from .writers import write_file
 
 #: Test-only: the environment variable that holds generation after N files (see the module docstring).
 HOLD_ENV = "DLREPLAY_TEST_GENERATE_HOLD"
@@ -101,18 +102,22 @@ def _write_one(fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: in
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng([seed, spec.index, 0xDA7A])
-        size, offsets, aux = write_file(fmt, path, spec.sizes, layout, rng)
+        written = write_file(fmt, path, spec.sizes, layout, rng)
     except ReplayError:
         raise
     except Exception as exc:  # OSError, or a library's own error (polars: ComputeError on a full disk)
         for tmp in (path.with_name(f".{path.name}{TMP_SUFFIX}"), path.with_name(f".{path.name}.idx{TMP_SUFFIX}")):
             tmp.unlink(missing_ok=True)  # our partial temporary file: it may hold the space that is missing
         raise _write_error(exc, path, sum(spec.sizes)) from None
-    entry: dict[str, Any] = {"path": spec.relpath, "bytes": size, "samples": len(spec.sizes)}
-    if offsets is not None:
-        entry["records"] = offsets
-    if aux:
-        entry["aux_bytes"] = aux
+    entry: dict[str, Any] = {"path": spec.relpath, "bytes": written.bytes, "samples": len(spec.sizes)}
+    if written.records is not None:
+        entry["records"] = written.records
+    if written.aux_bytes:
+        entry["aux_bytes"] = written.aux_bytes
+    if written.structure is not None:
+        entry["structure"] = written.structure
+    if written.notes:
+        entry["writer"] = written.notes[0]
     return entry
 
 
@@ -381,7 +386,8 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
         "num_files": len(plan),
         "num_samples_per_file": model.dataset.num_samples_per_file,
         "total_bytes": total,
-        "files": files,
+        "layout": layout_written(model, files),
+        "files": [{k: v for k, v in e.items() if k != "writer"} for e in files],
         "complete": True,
     }
     write_json_atomic(data_dir / MANIFEST_NAME, manifest)
@@ -390,6 +396,21 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
     return GenerateResult(data_dir=data_dir, files=len(plan), total_bytes=total, generated=len(todo),
                           reused=len(plan) - len(todo), seconds=time.perf_counter() - t0,
                           warnings=tuple(warnings), manifest=manifest)
+
+
+def layout_written(model: WorkloadModel, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the dataset's files look like inside: the model's layout, how many files got
+    each of its structures, and the writers (libraries and versions) that wrote them."""
+    layout = model_to_dict(model)["dataset"].get("layout") or {}
+    structures = Counter(e.get("structure") for e in files if e.get("structure") is not None)
+    writers = Counter(e.get("writer") for e in files if e.get("writer"))
+    out: dict[str, Any] = {"source": layout.get("source") or "plan (no layout: random bytes of the plan's sizes)",
+                           "model_layout": layout}
+    if structures:
+        out["files_per_structure"] = {str(k): v for k, v in sorted(structures.items())}
+    if writers:
+        out["writers"] = dict(writers)
+    return out
 
 
 def cache_warnings(total_bytes: int) -> list[str]:

@@ -203,16 +203,22 @@ def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: s
     items = by_name[("data", "item")]
     assert len(items) == 16  # 8 samples x 2 epochs
     assert sorted(e["args"]["image_idx"] for e in items) == sorted(list(range(8)) * 2)
-    main_pid = {e["pid"] for e in by_name[("dataloader", "fetch")]}
+    # DFTracer's AI conventions: fetch.iter (the wait), fetch.block (the step), fetch.stop (the end)
+    main_pid = {e["pid"] for e in by_name[("dataloader", "fetch.iter")]}
     assert len(main_pid) == 1
     worker_pids = {e["pid"] for e in items}
     assert len(worker_pids) == 4 and not (worker_pids & main_pid)  # 2 workers per epoch, not persistent
-    fetches = [e for e in by_name[("dataloader", "fetch")] if e["args"]["batch_size"] > 0]
+    fetches = by_name[("dataloader", "fetch.iter")]
     assert len(fetches) == 6  # ceil(8/3) = 3 batches x 2 epochs
     assert sorted(e["args"]["batch_size"] for e in fetches) == [2, 2, 3, 3, 3, 3]
+    assert sorted((e["args"]["epoch"], e["args"]["step"], e["args"]["count"]) for e in fetches) == [
+        (ep, k, k + 1) for ep in (0, 1) for k in range(3)]
+    assert len(by_name[("dataloader", "fetch.stop")]) == 2
+    assert all(e["args"]["batch_size"] == 0 for e in by_name[("dataloader", "fetch.stop")])
     assert len(by_name[("pipeline", "epoch")]) == 2
-    assert len(by_name[("compute", "step")]) == 6
-    (save,) = by_name[("checkpoint", "save")]
+    assert len(by_name[("dataloader", "fetch.block")]) == 6
+    assert ("compute", "step") not in by_name and ("dataloader", "fetch") not in by_name
+    (save,) = by_name[("checkpoint", "capture")]
     assert save["args"]["bytes"] == (job_dir / "ckpt.pt").stat().st_size
     # Worker reads of the dataset are in the trace (spawned workers included).
     fh = {e["args"]["value"]: e["args"]["name"] for e in _events(out) if e.get("name") == "FH"}

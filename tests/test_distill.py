@@ -18,7 +18,8 @@ from dlreplay.schema import empty_events
 
 from .conftest import EXAMPLES, TRACES
 
-CORPUS = sorted(p.parent for p in TRACES.glob("*/expected.json"))
+# dlreplay captures; DLIO and DFTracer-annotated traces: tests/test_vocabulary.py
+CORPUS = sorted(p.parent for p in TRACES.glob("*/manifest.json"))
 
 
 def _check(model, truth: dict) -> None:
@@ -100,7 +101,9 @@ def test_posix_only_fallback_marks_lower_confidence() -> None:
     assert model.dataset.format == "npz" and model.dataset.num_files == 24
     assert model.train.epochs == 3
     assert model.reader.read_threads >= 2
-    assert model.provenance.fields["reader.batch_size"].confidence == "default"
+    # the batch size is inferred from the workers' gaps (analyze/infer.py), marked as such
+    assert model.reader.batch_size == 2
+    assert model.provenance.fields["reader.batch_size"].confidence == "inferred"
     assert model.provenance.fields["train.epochs"].confidence == "inferred"
 
 

@@ -208,12 +208,12 @@ def test_npz_is_read_as_numpy_load_on_the_path(tmp_path):
         z["x"]
     reader.read_decoded(str(f), 0, None)
     meter.start()
-    with np.load(f) as z:
-        ref = z["x"][0]
+    with np.load(f) as z:  # a one-sample file: its members are the sample
+        ref = [z[name] for name in z.files]
     expected = meter.stop()
     nbytes, decoded = reader.read_decoded(str(f), 0, None)
     assert (nbytes, reader.meter.calls) == expected
-    assert np.array_equal(decoded, ref)
+    assert len(ref) == 1 and np.array_equal(decoded, ref[0])
 
 
 # --------------------------------------------------------------------------- DLIO
@@ -285,29 +285,30 @@ def _events(rows: list[tuple]) -> pl.DataFrame:
 
 
 def test_timing_model_attributes_every_microsecond():
-    """Two epochs by hand (us): worker start and first batch, waits, a slow first step of the run
-    and of the second epoch, the end probe, checkpoints after each epoch, a gap of other work."""
+    """Two epochs by hand (us), in DFTracer's AI conventions as a capture writes them: worker
+    start and first batch, waits, a slow first step of the run and of the second epoch, the
+    end probe, checkpoints after each epoch, a gap of other work between the epochs."""
+    from dlreplay.analyze import vocabulary as voc
     from dlreplay.analyze.distill import timing_model
 
-    F, S = ("dataloader", "fetch"), ("compute", "step")
+    F, B = ("dataloader", "fetch.iter"), ("dataloader", "fetch.block")
     rows = [("pipeline", "epoch", 0, 10_000, 0, None, None),
-            (*F, 1_000, 1_000, 0, 0, 4), (*S, 2_000, 3_000, 0, 0, None),
-            (*F, 5_000, 500, 0, 1, 4), (*S, 5_500, 1_000, 0, 1, None),
-            (*F, 6_500, 500, 0, 2, 4), (*S, 7_000, 1_000, 0, 2, None),
-            (*F, 8_000, 1_500, 0, 3, 0),
-            ("checkpoint", "save", 10_200, 800, None, None, None),
+            (*F, 1_000, 1_000, 0, 0, 4), (*B, 2_000, 3_000, 0, 0, None),
+            (*F, 5_000, 500, 0, 1, 4), (*B, 5_500, 1_000, 0, 1, None),
+            (*F, 6_500, 500, 0, 2, 4), (*B, 7_000, 1_000, 0, 2, None),
+            ("dataloader", "fetch.stop", 8_000, 1_500, 0, 3, 0),
+            ("checkpoint", "capture", 10_200, 800, None, None, None),
             ("pipeline", "epoch", 12_000, 8_000, 1, None, None),
-            (*F, 12_500, 500, 1, 0, 4), (*S, 13_000, 3_500, 1, 0, None),
-            (*F, 16_500, 500, 1, 1, 4), (*S, 17_000, 1_000, 1, 1, None),
-            (*F, 18_000, 500, 1, 2, 4), (*S, 18_500, 1_000, 1, 2, None),
-            (*F, 19_500, 500, 1, 3, 0),
-            ("checkpoint", "save", 20_100, 900, None, None, None)]
-    ev = _events(rows)
-
-    def pick(cat, name):
-        return ev.filter((pl.col("cat") == cat) & (pl.col("name") == name))
-
-    t = timing_model(pick("pipeline", "epoch"), pick(*F), pick(*S), pick("checkpoint", "save"))
+            (*F, 12_500, 500, 1, 0, 4), (*B, 13_000, 3_500, 1, 0, None),
+            (*F, 16_500, 500, 1, 1, 4), (*B, 17_000, 1_000, 1, 1, None),
+            (*F, 18_000, 500, 1, 2, 4), (*B, 18_500, 1_000, 1, 2, None),
+            ("dataloader", "fetch.stop", 19_500, 500, 1, 3, 0),
+            ("checkpoint", "capture", 20_100, 900, None, None, None)]
+    ev = voc.ensure_roles(_events(rows))
+    ann = ev.filter(pl.col("role").is_not_null())
+    fetch = ann.filter(pl.col("role") == voc.FETCH)
+    t = timing_model(voc.training_steps(ann), voc.epoch_spans(ann),
+                     fetch.filter(pl.col("batch_size").fill_null(1) == 0), ann.filter(pl.col("role") == voc.CKPT_SAVE))
     assert t is not None
     ms = {k: round(v * 1e3, 6) for k, v in t.components.items()}
     assert ms == {"epoch_start": 3.0, "fetch_wait": 4.0, "step_compute": 7.5, "warmup_compute": 3.0,

@@ -9,19 +9,30 @@ preloaded library (``initialize_region`` / ``update_metadata_*`` /
 We do not import ``dftracer.dftracer`` (the pybind module): importing it in a
 preloaded process re-initialises the DFTracer core into a new ``-app`` file and
 discards every event the preload had buffered (measured: 1166 -> 150 events for a
-small NumPy job). Event names and categories follow ``dftracer.python.ai``:
+small NumPy job). Event names, categories and argument names follow DFTracer's AI
+logging conventions (``dftracer.python.ai``; DFTracer docs, "AI/DL Logging"), as if the
+job had written ``for epoch ...: with ai.pipeline.epoch`` and ``for batch in
+ai.dataloader.fetch.iter(loader)``, so DFTracer's own tools read dlreplay traces:
 
-=============  ===========  ==================================================
-cat            name         meaning
-=============  ===========  ==================================================
-pipeline       epoch        one pass over a DataLoader (``epoch`` arg)
-dataloader     fetch        consumer blocked in ``next()`` for one batch
-                            (``epoch``, ``step``, ``batch_size``)
-compute        step         consumer time between receiving batch ``step`` and
-                            asking for the next one (the training step)
-data           item         one ``Dataset.__getitem__`` (``image_idx``)
-checkpoint     save / load  ``torch.save`` / ``torch.load`` (``path``, ``bytes``)
-=============  ===========  ==================================================
+=============  ===============  ================================================
+cat            name             meaning (args)
+=============  ===============  ================================================
+pipeline       epoch            one pass over a DataLoader (``epoch``, ``steps``)
+dataloader     fetch.iter       consumer blocked in ``next()`` for one batch
+                                (``epoch``, ``step``, ``count``, ``batch_size``)
+dataloader     fetch.block      consumer time between receiving batch ``step``
+                                and asking for the next (the training step; same
+                                args)
+dataloader     fetch.stop       the last ``next()`` of an epoch, which found its
+                                end (``batch_size`` 0): not a batch
+data           item             one ``Dataset.__getitem__`` (``image_idx``)
+data           items            one ``Dataset.__getitems__`` (``count``)
+checkpoint     capture/restart  ``torch.save`` / ``torch.load`` (``path``, ``bytes``)
+=============  ===============  ================================================
+
+``step`` is 0-based within the epoch and ``count`` 1-based, as DFTracer's ``.iter``
+writes it. Traces of format_version 1 spelled these ``dataloader/fetch``,
+``compute/step`` and ``checkpoint/save``/``load``; dlreplay reads both.
 
 Timestamps are taken by DFTracer itself (microseconds), so they share the clock of
 the POSIX events.
@@ -29,6 +40,7 @@ the POSIX events.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import importlib.abc
@@ -67,6 +79,7 @@ class _Regions:
         self.enabled = False
         self._fini: Any = None
         self._finalized = False
+        self._names: collections.deque[Any] = collections.deque(maxlen=256)
         if os.environ.get("DFTRACER_ENABLE") != "1":
             return
         try:
@@ -96,6 +109,28 @@ class _Regions:
         if handle and args:
             self.update(handle, **args)
         return handle
+
+    def begin_unnamed(self, cat: str, width: int = 16) -> tuple[int | None, Any]:
+        """Open a region whose name is written when it ends (:meth:`end_named`).
+
+        DFTracer keeps the name pointer and reads it when the event is written, so the
+        name lives in a buffer of ours, filled in before the region is finalized. Buffers
+        stay referenced (a ring of the last 256) well past the event's write.
+        """
+        if not self.enabled or self._finalized:
+            return None, None
+        buf = ctypes.create_string_buffer(width + 1)
+        self._names.append(buf)
+        return self._begin(ctypes.cast(buf, ctypes.c_char_p), _cstr(cat), 0), buf
+
+    def end_named(self, region: tuple[int | None, Any], name: str, **args: Any) -> None:
+        """Name a region of :meth:`begin_unnamed` (at most its buffer's width) and close it."""
+        handle, buf = region
+        if not handle:
+            return
+        raw = name.encode()[: len(buf) - 1]
+        ctypes.memmove(buf, raw + b"\0", len(raw) + 1)
+        self.end(handle, **args)
 
     def update(self, handle: int | None, **args: Any) -> None:
         """Attach key/value args. Ints outside C int range are written as decimal strings."""
@@ -242,19 +277,23 @@ def _patch_dataloader(mod: Any) -> None:
             return orig_next(self)
         REGIONS.end(state.step_handle)
         state.step_handle = None
-        handle = REGIONS.begin("fetch", "dataloader", epoch=state.epoch, step=state.step)
+        # named when it ends: a batch (fetch.iter) or the epoch's end (fetch.stop)
+        t_handle = REGIONS.begin_unnamed("dataloader")  # (handle, name buffer)
         try:
             batch = orig_next(self)
         except StopIteration:
-            REGIONS.end(handle, batch_size=0, last=1)
+            REGIONS.end_named(t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, last=1)
             state.close()
             raise
         except BaseException:
-            REGIONS.end(handle, batch_size=0, error=1)
+            REGIONS.end_named(t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, error=1)
             state.close()
             raise
-        REGIONS.end(handle, batch_size=_batch_size(batch))
-        state.step_handle = REGIONS.begin("step", "compute", epoch=state.epoch, step=state.step)
+        size = _batch_size(batch)
+        REGIONS.end_named(t_handle, "fetch.iter", epoch=state.epoch, step=state.step, count=state.step + 1,
+                          batch_size=size)
+        state.step_handle = REGIONS.begin("fetch.block", "dataloader", epoch=state.epoch, step=state.step,
+                                          count=state.step + 1, batch_size=size)
         state.step += 1
         return batch
 
@@ -333,7 +372,7 @@ def _patch_torch(mod: Any) -> None:
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _path_of(f)
         start = f.tell() if path is None and hasattr(f, "tell") else None
-        handle = REGIONS.begin("save", "checkpoint")
+        handle = REGIONS.begin("capture", "checkpoint")
         try:
             return orig_save(obj, f, *args, **kwargs)
         finally:
@@ -342,7 +381,7 @@ def _patch_torch(mod: Any) -> None:
     @functools.wraps(orig_load)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         path = _path_of(f)
-        handle = REGIONS.begin("load", "checkpoint")
+        handle = REGIONS.begin("restart", "checkpoint")
         try:
             return orig_load(f, *args, **kwargs)
         finally:
@@ -442,11 +481,14 @@ def install() -> None:
     if getattr(install, "_done", False) or not REGIONS.enabled:
         return
     install._done = True  # type: ignore[attr-defined]
-    for name, patch in _PATCHES.items():
-        mod = sys.modules.get(name)
-        if mod is not None:
-            patch(mod)
-    sys.meta_path.insert(0, _PostImportFinder())
+    # DLREPLAY_LOADER_HOOKS=0 (capture --no-loader-hooks): POSIX/STDIO only, as DFTracer's preload
+    # alone records; children are still flushed at exit, or their events would be lost
+    if os.environ.get("DLREPLAY_LOADER_HOOKS", "1") != "0":
+        for name, patch in _PATCHES.items():
+            mod = sys.modules.get(name)
+            if mod is not None:
+                patch(mod)
+        sys.meta_path.insert(0, _PostImportFinder())
     _patch_multiprocessing()
     import atexit
 

@@ -1,0 +1,360 @@
+"""POSIX-only inference: the training loop's parameters from the dataset I/O alone.
+
+A plain DFTracer trace (the preload without annotations, ``dlreplay capture
+--no-loader-hooks``) has no epoch, fetch or item events. What a PyTorch-style loader
+leaves in the I/O still tells most of the loop:
+
+* **epochs**: full passes over the dataset. Every file is visited (opened) the same
+  number of times per epoch and epochs follow each other, so the visits sorted by time
+  cut into E equal chunks give each file the same count in every chunk; E is the largest
+  such count (checked on every file); without per-sample opens, bytes read over file size.
+* **read threads**: the most processes reading dataset files at the same time.
+* **samples per file**: opens of a file per epoch (map-style datasets open a file per
+  sample); files held open: runs of consecutive reads per file per epoch.
+* **batch size**: a worker builds whole batches and idles while its next batch is not
+  yet wanted; the samples it reads between idle gaps are a whole number of batches, so
+  the gap before every B-th sample of a worker's epoch is the longer one (collating,
+  handing the batch over, idling): B is the period of the long gaps.
+* **compute time per step**: in steady state a worker's batches start one round of all
+  workers apart, so a step takes the median interval between a worker's batch starts
+  divided by the workers (without workers: the consumer's idle gap between batches).
+
+Each value comes with its evidence (the numbers it rests on) and is ``inferred``. Hard
+cases: a worker that reads continuously with little per-batch work (no period in its
+gaps: batch size unknown), an I/O-bound run (the "compute" time is then the loader's
+period, an upper bound), prefetching at epoch starts (a worker's first three batches
+are left out of the steady state: prefetch_factor 2 and the interval after it), and many workers (4 or more: intervals overlap more, the
+error grows; see the README's table).
+Times are seconds; the frame's ``ts``/``dur`` are µs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import reduce
+
+import numpy as np
+import polars as pl
+
+from dlreplay.schema import OPEN_OPS, READ_OPS
+
+__all__ = ["Inferred", "PosixLoop", "infer_posix_loop"]
+
+_US = 1e-6
+#: A gap between two of a worker's samples is idle time when it exceeds this many times
+#: the worker's median gap (within a batch, samples follow each other closely).
+IDLE_FACTOR = 4.0
+#: Share of files whose visits must split evenly into the candidate epochs.
+EPOCH_AGREEMENT = 0.95
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """One inferred value and the evidence it rests on (plain words with the numbers)."""
+
+    value: float | int | None
+    evidence: str
+
+
+@dataclass
+class PosixLoop:
+    """What :func:`infer_posix_loop` found (each field ``inferred``, or None when not inferable)."""
+
+    epochs: Inferred
+    read_threads: Inferred
+    samples_per_file: Inferred
+    batch_size: Inferred
+    computation_time: Inferred
+    #: computation time per step (s) of each steady-state interval used (for a distribution)
+    compute_samples: list[float] = field(default_factory=list)
+    #: (epoch, start µs, end µs) of each inferred epoch
+    epoch_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    #: the files visited like samples (a marker or a file checked once is not one)
+    sample_files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out: dict[str, object] = {k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
+                                  for k in ("epochs", "read_threads", "samples_per_file", "batch_size",
+                                            "computation_time")}
+        out["epoch_spans_s"] = [(e, (b - a) * _US) for e, a, b in self.epoch_spans]
+        return out
+
+
+def _num(x: object) -> float:
+    """A polars aggregate (median, max; possibly null) as a float, null as 0."""
+    return float(x) if isinstance(x, (int, float)) else 0.0
+
+
+def _visits(io: pl.DataFrame) -> pl.DataFrame:
+    """Sample visits: opens of dataset files (pid, file, ts, end), in time order."""
+    return io.filter(pl.col("name").is_in(OPEN_OPS)).select(
+        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")).sort("ts")
+
+
+def _read_runs(io: pl.DataFrame) -> pl.DataFrame:
+    """Files held open: a visit is a run of consecutive reads of one file by one process
+    (a read that starts where the previous read of that file in that process ended
+    continues the run); (pid, file, ts, end) of each run's first read, in time order."""
+    r = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)).sort("ts")
+    if r.is_empty():
+        return pl.DataFrame(schema={"pid": pl.Int64, "file": pl.String, "ts": pl.Int64, "end": pl.Int64})
+    prev_end = (pl.col("offset") + pl.col("size")).shift(1).over("pid", "file")
+    new = prev_end.is_null() | pl.col("offset").is_null() | (pl.col("offset") != prev_end)
+    # a run also ends when the process touched another file in between
+    other = (pl.col("file") != pl.col("file").shift(1).over("pid")).fill_null(True)
+    r = r.with_columns((new | other).alias("__new"))
+    return r.filter(pl.col("__new")).select("pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0))
+                                            .alias("end"))
+
+
+def _epochs_from_visits(v: pl.DataFrame, reads: pl.DataFrame) -> tuple[int, str, pl.DataFrame] | None:
+    """(E, evidence, visits with ``epoch``) for the most passes E into which the visits split
+    evenly (every file as often in each, in time order) with every file read whole in each
+    pass (its bytes read at least 90 % of its size), else None."""
+    per_file = v.group_by("file").len()
+    counts = per_file["len"].to_list()
+    if not counts:
+        return None
+    n = v.height
+    g = reduce(math.gcd, counts)
+    sizes = reads.group_by("file").agg((pl.col("offset") + pl.col("size")).max().alias("fsize"))
+    ranked = v.with_row_index("__k")
+    for e in sorted((d for d in range(1, g + 1) if g % d == 0), reverse=True):
+        chunk = ranked.with_columns((pl.col("__k") * e // n).alias("epoch"))
+        got = chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
+        even = got.filter(pl.col("len") * e == pl.col("total"))["file"].n_unique()
+        if e > 1 and even < EPOCH_AGREEMENT * per_file.height:
+            continue
+        if e > 1 and reads.height:
+            # every read belongs to the pass of its process's latest visit of that file
+            vis = chunk.select("pid", "file", pl.col("ts").alias("v_ts"), "epoch").sort("v_ts")
+            tagged = reads.sort("ts").join_asof(vis, left_on="ts", right_on="v_ts", by=["pid", "file"],
+                                                strategy="backward", check_sortedness=False)
+            per = tagged.group_by("file", "epoch").agg(pl.col("size").sum().alias("b")).join(sizes, on="file")
+            whole = per.filter(pl.col("b") >= 0.9 * pl.col("fsize"))["file"].n_unique()
+            if whole < EPOCH_AGREEMENT * per_file.height:
+                continue
+        ev = (f"{n} visits of {per_file.height} files ({min(counts)}-{max(counts)} per file) split into "
+              f"{e} passes in time order, each file visited {g // e}x and read whole in every pass")
+        return e, ev, chunk.drop("__k")
+    return None
+
+
+def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
+    """Visits of the files visited like the rest: a file visited less than 3/4 of the median
+    number of times (a marker, a stray check) is not part of the passes."""
+    per_file = v.group_by("file").len()
+    med = _num(per_file["len"].median())
+    keep = per_file.filter(pl.col("len") >= 0.75 * med)["file"]
+    return v.filter(pl.col("file").is_in(keep.implode()))
+
+
+#: as distill's WARMUP_FACTOR: a leading interval longer than this x the median is warm-up
+_WARMUP_FACTOR = 3.0
+
+
+def _warmup(values: np.ndarray) -> int:
+    """Leading values (in time order) longer than _WARMUP_FACTOR x the median: the first
+    steps of a framework are much slower than its steady state (distill leaves them out too)."""
+    if values.size < 3:
+        return 0
+    slow = values > _WARMUP_FACTOR * float(np.median(values))
+    return int(np.argmin(slow)) if not slow.all() else 0
+
+
+def _overlap(a: pl.Series, b: pl.Series, spans: pl.DataFrame) -> pl.Series:
+    """Per interval [a, b): the time (µs) covered by ``spans`` (ts, end; non-overlapping
+    after a merge), from cumulative coverage at the interval's ends."""
+    s = spans.select("ts", "end").sort("ts")
+    # merge overlapping spans, then cumulative covered time at every span edge
+    s = s.with_columns(pl.col("end").cum_max().shift(1).alias("__prev")).with_columns(
+        (pl.col("__prev").is_null() | (pl.col("ts") > pl.col("__prev"))).cum_sum().alias("__g"))
+    m = s.group_by("__g").agg(pl.col("ts").min(), pl.col("end").max()).sort("ts")
+    starts, ends = m["ts"].to_numpy(), m["end"].to_numpy()
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right")  # spans starting at or before t
+        full = before[np.maximum(i - 1, 0)]
+        part = np.where(i > 0, np.clip(t - starts[np.maximum(i - 1, 0)], 0,
+                                       (ends - starts)[np.maximum(i - 1, 0)]), 0)
+        return np.where(i > 0, full + part, 0)
+
+    return pl.Series((covered(b.to_numpy()) - covered(a.to_numpy())).astype(np.int64))
+
+
+def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
+    """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
+    if not spans:
+        return frame.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    starts = pl.DataFrame({"epoch": [e for e, _, _ in spans], "e_ts": [a for _, a, _ in spans]}).sort("e_ts")
+    out = frame.drop("epoch", strict=False).sort("ts").join_asof(starts, left_on="ts", right_on="e_ts",
+                                                                 strategy="backward")
+    return out.with_columns(pl.col("epoch").fill_null(starts["epoch"][0])).drop("e_ts")
+
+
+def _concurrent(frame: pl.DataFrame) -> int:
+    """Most processes whose event spans overlap in time."""
+    spans = frame.group_by("pid").agg(pl.col("ts").min().alias("a"),
+                                      (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"))
+    if spans.height <= 1:
+        return 0
+    points = pl.concat([spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
+                        spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d"))]).sort(
+        ["t", "d"], descending=[False, True])
+    return int(_num(points["d"].cum_sum().max()))
+
+
+def _worker_gaps(v: pl.DataFrame) -> list[np.ndarray]:
+    """Per process and epoch: the gaps (µs) before each of its samples but the first."""
+    s = v.sort("pid", "ts").with_columns((pl.col("ts") - pl.col("end").shift(1).over("pid", "epoch")).alias("gap"))
+    return [g["gap"].drop_nulls().to_numpy().astype(float)
+            for _, g in s.group_by("pid", "epoch", maintain_order=True) if g.height > 2]
+
+
+def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
+    """The batch size: the period of a worker's longer gaps (see the module doc).
+
+    A worker reads a batch's samples back to back; between batches it collates, hands the
+    batch over and, when the loader is ahead, idles: the gap before every B-th sample of a
+    worker's epoch is longer. For each candidate B the score is the median gap at those
+    positions are split from the others at the geometric mean of their median and the
+    others' 75th percentile; the score is the share of boundaries above it less the other
+    gaps above it per boundary (a multiple of B leaves boundaries among the others, a
+    divisor puts inner gaps among the boundaries: both score lower). The best B wins at a
+    score of 0.6 or more.
+    """
+    seqs = _worker_gaps(v)
+    if not seqs:
+        return None, "too few samples per worker and epoch"
+    longest = max(len(x) for x in seqs) + 1
+    best, best_score, best_ratio, n_bound = None, 0.0, 0.0, 0
+    for b in range(2, max(longest // 2, 2) + 1):  # one per candidate batch size, not per event
+        bound = np.concatenate([x[b - 1::b] for x in seqs])  # gap before sample b, 2b, ...
+        other = np.concatenate([np.delete(x, np.arange(b - 1, len(x), b)) for x in seqs])
+        if bound.size < 2 or other.size < b:
+            continue
+        lo = max(float(np.percentile(other, 75)), 50.0)
+        ratio = float(np.median(bound)) / lo
+        if ratio < 2:
+            continue
+        cut = math.sqrt(float(np.median(bound)) * lo)
+        # boundaries above the cut, less the other gaps above it (per boundary): a multiple of
+        # the batch size leaves boundaries among the others, a divisor puts inner gaps in
+        score = float(np.mean(bound > cut)) - float(np.sum(other > cut)) / bound.size
+        if score > best_score + 0.02:
+            best, best_score, best_ratio, n_bound = b, score, ratio, bound.size
+    if best is None or best_score < 0.6:
+        return None, (f"no batch period in the workers' gaps between samples (best {best}: score "
+                      f"{best_score:.2f}); workers read continuously")
+    return best, (f"the gap before every {best}th sample of a worker's epoch is the long one ({best_ratio:.1f}x "
+                  f"the others' 75th percentile; {n_bound} batch boundaries, score {best_score:.2f})")
+
+
+def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
+                     traced_pids: set[int] | None = None, pauses: pl.DataFrame | None = None) -> PosixLoop:
+    """Infer the loop from ``io``: POSIX/STDIO events on the dataset files (pid, ppid, ts,
+    dur, name, file, size, offset). ``read_threads`` overrides the concurrency count;
+    ``traced_pids`` (every process of the trace) tells a lone reading worker from a consumer;
+    ``pauses`` (``ts``, ``end`` µs: checkpoint writes) are time the loop did not compute,
+    taken out of the intervals they fall in."""
+    visits = _visits(io)
+    basis = "opens"
+    if visits.is_empty() or visits.group_by("file").len()["len"].max() is None:
+        visits, basis = _read_runs(io), "read runs"
+    if visits.is_empty():
+        none = Inferred(None, "no dataset I/O")
+        return PosixLoop(none, none, none, none, none)
+
+    # epochs
+    visits = _dataset_visits(visits)
+    reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
+                      & pl.col("file").is_in(visits["file"].unique().implode()))
+    split = _epochs_from_visits(visits, reads.select("pid", "file", "ts", "offset", "size"))
+    if split is not None:
+        n_epochs, ev_epochs, visits = split
+        ev_epochs = f"{ev_epochs} ({basis})"
+    else:
+        n_epochs, ev_epochs = 1, "visits do not split into even passes"
+        visits = visits.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    spans = visits.group_by("epoch").agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b")).sort("epoch")
+    epoch_spans = [(int(e), int(a), int(b)) for e, a, b in spans.iter_rows()]
+
+    # read threads: the worker processes (children of a traced process) reading samples in an
+    # epoch (persistent workers read in every epoch, others only in theirs); none: the
+    # consumer reads itself
+    sample_files = visits["file"].unique().implode()
+    readers = io.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").is_in(sample_files))
+    pids = readers["pid"].n_unique()
+    if read_threads is not None:
+        threads, ev_threads = read_threads, "given"
+    elif traced_pids is not None:
+        # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
+        # reads at an epoch's edge, by the previous epoch's workers, do not count)
+        work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
+        n = work.group_by("pid", "epoch").len()
+        fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
+        per = fair.group_by("epoch").agg(pl.col("pid").n_unique())["pid"]
+        threads = int(_num(per.max())) if per.len() else 0
+        ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
+                      f"({pids} reading process(es) in all)" if threads else
+                      f"the consumer reads the samples itself ({pids} reading process(es), none a worker)")
+    else:
+        threads = _concurrent(readers)
+        ev_threads = f"{threads} of the {pids} processes reading dataset files read at the same time"
+
+    # samples per file
+    per = visits.group_by("file", "epoch").len()["len"]
+    spf = int(_num(per.median()) or 1)
+    ev_spf = (f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
+              f"{int(_num(per.min()))}-{int(_num(per.max()))})")
+
+    # batch size and compute time
+    batch, ev_batch = _batch_size(visits)
+    compute, ev_compute, samples = None, "batch size unknown", []
+    if batch:
+        w = max(threads, 1)
+        b = visits.sort("pid", "ts").with_columns(
+            (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch"))
+        starts = b.group_by("pid", "epoch", "batch").agg(pl.col("ts").min().alias("t0"), pl.col("end").max()
+                                                         .alias("t1"), pl.len().alias("n")).sort("pid", "t0")
+        if threads:
+            iv = starts.with_columns((pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv"))
+            # steady state: from a worker's fourth batch of an epoch on (its first two are the
+            # prefetch burst, the third's interval still runs from the burst)
+            steady = iv.filter((pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
+                               ).sort("t0")
+            if pauses is not None and pauses.height and steady.height:
+                steady = steady.with_columns(
+                    (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv"))
+            vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
+            # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
+            # worker idles most of it (a few %); above a quarter the loader sets the pace and the
+            # interval is the loader's period, an upper bound on the compute
+            busy = _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item()) \
+                if steady.height else 0.0
+            what = (f"median interval between a worker's batch starts / {w} workers"
+                    + (f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)" if busy > 0.25
+                       else ""))
+        else:
+            iv = starts.with_columns((pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv"))
+            steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch)).sort("t0")
+            vals = steady["iv"].to_numpy() * _US if steady.height else np.array([])
+            what = "median idle time of the reading process between its batches"
+        warm = _warmup(vals)
+        if warm:
+            what += f", {warm} warm-up interval(s) left out"
+            vals = vals[warm:]
+        if vals.size:
+            compute = float(np.median(vals))
+            samples = [float(x) for x in vals]
+            ev_compute = f"{what}: {compute:.4f} s over {vals.size} steady-state batches"
+        else:
+            ev_compute = "no steady-state batches (too few per worker and epoch)"
+    return PosixLoop(
+        epochs=Inferred(n_epochs, ev_epochs), read_threads=Inferred(threads, ev_threads),
+        samples_per_file=Inferred(spf, ev_spf), batch_size=Inferred(batch, ev_batch),
+        computation_time=Inferred(compute, ev_compute), compute_samples=samples, epoch_spans=epoch_spans,
+        sample_files=sorted(visits["file"].unique().to_list()),
+    )

@@ -1,0 +1,313 @@
+"""The one event vocabulary: DFTracer's AI conventions, DLIO's events and dlreplay's own names.
+
+Unit tests on hand-built tables, then the foreign corpus (real DLIO 2.0.0 runs traced by
+DLIO, a job annotated by hand with ``dftracer.python.ai``) through the loader, the passes,
+distill and every command, against DLIO's own configuration and printed metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from dlreplay.analyze import vocabulary as voc
+from dlreplay.analyze.distill import distill
+from dlreplay.analyze.load import load_trace
+from dlreplay.analyze.passes import au_dlio, characterize
+from dlreplay.schema import EVENT_SCHEMA
+
+from .conftest import TRACES
+
+DLIO = sorted(p.parent for p in TRACES.glob("dlio_*/dlio_config.yaml"))
+FOREIGN = [*DLIO, TRACES / "ai_annotated"]
+
+
+def table(rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame([{c: r.get(c) for c in EVENT_SCHEMA} for r in rows], schema=EVENT_SCHEMA)
+
+
+def ev(cat: str, name: str, ts: int, dur: int, pid: int = 10, tid: int | None = None, **kw) -> dict:
+    return {"pid": pid, "tid": pid if tid is None else tid, "host": "h", "ts": ts, "dur": dur, "cat": cat,
+            "name": name, **kw}
+
+
+# ---------------------------------------------------------------------------------------
+# Spellings
+
+
+AI_CASES = [
+    # (cat, name, role): DFTracer's AI conventions, every category and form
+    ("compute", "compute", voc.COMPUTE), ("compute", "forward", voc.FORWARD), ("compute", "backward", voc.BACKWARD),
+    ("compute", "step", voc.OPTIMIZER), ("compute", "compute.block", voc.COMPUTE),
+    ("data", "item", voc.ITEM), ("data", "preprocess", voc.PREPROCESS), ("data", "preprocess.collate", voc.PREPROCESS),
+    ("data", "item.init", voc.INIT), ("data", "io.read", voc.DATA_IO), ("data", "data", voc.INTERNAL),
+    ("dataloader", "fetch", voc.FETCH), ("dataloader", "fetch.iter", voc.FETCH), ("dataloader", "fetch.block", voc.STEP),
+    ("dataloader", "fetch.yield", voc.STEP), ("dataloader", "dataloader", voc.FETCH),
+    *[("comm", n, voc.COMM) for n in ("send", "receive", "barrier", "bcast", "reduce", "all_reduce", "gather",
+                                      "all_gather", "scatter", "reduce_scatter", "all_to_all", "comm")],
+    ("comm", "all_reduce.block", voc.COMM),
+    ("device", "transfer", voc.DEVICE), ("device", "device", voc.DEVICE),
+    ("pipeline", "epoch", voc.EPOCH), ("pipeline", "epoch.block", voc.EPOCH), ("pipeline", "epoch.iter", voc.EPOCH_GAP),
+    ("pipeline", "train", voc.TRAIN), ("pipeline", "evaluate", voc.EVALUATE), ("pipeline", "test", voc.TEST),
+    ("checkpoint", "checkpoint", voc.CKPT_SAVE), ("checkpoint", "capture", voc.CKPT_SAVE),
+    ("checkpoint", "restart", voc.CKPT_LOAD), ("checkpoint", "io.write", voc.CKPT_IO),
+    ("other", "log", voc.INTERNAL), ("ai_root", "ai_root", voc.INTERNAL),
+    # DLIO 2.0.0 (pydftracer 1.0.x)
+    ("dlio_benchmark", "DLIOBenchmark._train", voc.TRAIN), ("dlio_benchmark", "DLIOBenchmark._eval", voc.EVALUATE),
+    ("dlio_benchmark", "<module>.iter", voc.FETCH), ("dlio_benchmark", "<module>.yield", voc.STEP),
+    ("dlio_benchmark", "DLIOBenchmark.run", voc.INTERNAL),
+    ("ai_framework", "TorchFramework.compute", voc.COMPUTE), ("ai_framework", "TorchFramework.trace_object",
+                                                              voc.INTERNAL),
+    ("data_loader", "TorchDataset.__getitem__", voc.ITEM), ("data_loader", "TorchDataLoader.next", voc.INTERNAL),
+    ("reader", "NPZReader.read_index", voc.SAMPLE_READ), ("reader", "HDF5Reader.read_index", voc.SAMPLE_READ),
+    ("reader", "FormatReader.preprocess", voc.PREPROCESS), ("reader", "ImageReader.open", voc.INTERNAL),
+    ("checkpoint", "PyTorchCheckpointing.checkpoint", voc.CKPT_SAVE),
+    ("checkpoint", "PyTorchCheckpointing.save_state", voc.CKPT_IO),
+    ("storage", "FileStorage.get_uri", voc.INTERNAL), ("config", "ConfigArguments.validate", voc.INTERNAL),
+    # dlreplay's own capture, before and after DFTracer's conventions
+    ("checkpoint", "save", voc.CKPT_SAVE), ("checkpoint", "load", voc.CKPT_LOAD), ("data", "items", voc.ITEMS),
+    ("dataloader", "fetch.stop", voc.FETCH),
+    # not annotations, or not understood
+    ("POSIX", "read", None), ("STDIO", "fread", None), ("MPI", "MPI_Barrier", None), ("dftracer", "start", None),
+    ("user", "augment", None), ("compute", "mystery", None), ("myapp", "Trainer.fit", None),
+]
+
+
+@pytest.mark.parametrize(("cat", "name", "role"), AI_CASES, ids=lambda x: str(x))
+def test_classify(cat: str, name: str, role: str | None) -> None:
+    assert voc.classify(cat, name) == role
+
+
+def test_legacy_compute_step_is_a_training_step_only_where_dlreplay_wrote_it() -> None:
+    rows = [
+        # pid 1: dlreplay format_version 1 (fetch + compute/step): a training step
+        ev("dataloader", "fetch", 0, 10, pid=1, batch_size=2, epoch=0, step=0),
+        ev("compute", "step", 10, 50, pid=1, epoch=0, step=0),
+        # pid 2: DFTracer's conventions: compute.step is the optimizer step inside compute
+        ev("dataloader", "fetch.iter", 0, 10, pid=2),
+        ev("compute", "compute", 10, 50, pid=2),
+        ev("compute", "step", 50, 5, pid=2),
+    ]
+    out, _ = voc.canonicalize(table(rows))
+    roles = dict(zip(zip(out["pid"], out["name"], strict=True), out["role"], strict=True))
+    assert roles[(1, "step")] == voc.STEP
+    assert roles[(2, "step")] == voc.OPTIMIZER
+
+
+def test_unknown_annotations_are_listed() -> None:
+    rows = [ev("user", "augment", 0, 1), ev("user", "augment", 5, 1), ev("POSIX", "read", 0, 1),
+            ev("compute", "compute", 0, 1), ev("MPI", "MPI_Send", 0, 1)]
+    out, _ = voc.canonicalize(table(rows))
+    assert voc.unknown_annotations(out) == [{"cat": "user", "name": "augment", "count": 2}]
+
+
+# ---------------------------------------------------------------------------------------
+# The loader hook
+
+
+def test_rank_pids_are_split_by_thread() -> None:
+    """DFTracer 1.x Python API with process_id=rank: pid is the rank, workers share its file."""
+    rows = [
+        ev("dlio_benchmark", "DLIOBenchmark._train", 100, 1000, pid=0, tid=500),
+        ev("ai_framework", "TorchFramework.compute", 300, 50, pid=0, tid=500),
+        ev("data_loader", "TorchDataset.__getitem__", 150, 20, pid=0, tid=501),
+        ev("POSIX", "read", 155, 5, pid=0, tid=501, file="/d/a.npz", size=10),
+        ev("data_loader", "TorchDataset.__getitem__", 160, 20, pid=0, tid=502),
+    ]
+    out, changed = voc.canonicalize(table(rows))
+    assert changed
+    assert sorted(out["pid"].unique().to_list()) == [500, 501, 502]
+    ppid = dict(zip(out["pid"], out["ppid"], strict=True))
+    assert ppid[501] == ppid[502] == 500 and ppid[500] is None
+    # a real process (main thread's tid == pid) is left alone
+    same, changed = voc.canonicalize(table([ev("compute", "compute", 0, 1, pid=7), ev("POSIX", "read", 0, 1, pid=0,
+                                                                                         tid=0)]))
+    assert not changed and sorted(same["pid"].to_list()) == [0, 7]
+
+
+def test_loop_numbers_sample_indices_and_checkpoint_bytes_are_filled() -> None:
+    rows = [
+        ev("dlio_benchmark", "DLIOBenchmark._train", 0, 100, pid=5),
+        ev("dlio_benchmark", "DLIOBenchmark._train", 200, 100, pid=5),
+        *[ev("ai_framework", "TorchFramework.compute", t, 5, pid=5) for t in (10, 30, 50, 210, 230)],
+        ev("checkpoint", "PyTorchCheckpointing.checkpoint", 60, 20, pid=5),
+        ev("POSIX", "write", 62, 3, pid=5, file="/ck/a.pt", size=1000),
+        ev("POSIX", "write", 70, 3, pid=5, file="/ck/a.pt", size=24),
+        ev("POSIX", "write", 90, 3, pid=5, file="/log", size=7),  # after the save
+        ev("data_loader", "TorchDataset.__getitem__", 5, 4, pid=6, ppid=5),
+        ev("reader", "NPZReader.read_index", 6, 2, pid=6, ppid=5, sample_index=42),
+    ]
+    out, _ = voc.canonicalize(table(rows))
+    comp = out.filter(pl.col("role") == voc.COMPUTE).sort("ts")
+    assert comp["epoch"].to_list() == [0, 0, 0, 1, 1]
+    assert comp["step"].to_list() == [0, 1, 2, 0, 1]
+    assert out.filter(pl.col("role") == voc.ITEM)["sample_index"].to_list() == [42]
+    assert out.filter(pl.col("role") == voc.CKPT_SAVE)["size"].to_list() == [1024]
+
+
+def test_start_stop_metadata_markers_become_epochs() -> None:
+    """``ai.pipeline.epoch.start(metadata=True)`` writes CM records, not events."""
+    meta = pl.DataFrame({
+        "src": [0, 0, 0, 0], "pid": [3, 3, 3, 3], "tid": [3, 3, 3, 3], "name": ["CM"] * 4,
+        "a_name": ["epoch.start", "epoch.end", "epoch.start", "epoch.end"], "a_value": ["100", "200", "300", "450"],
+    })
+    spans = voc.marker_spans(meta)
+    assert spans.select("ts", "dur").rows() == [(100, 100), (300, 150)]
+    rows = [ev("dataloader", "fetch.iter", t, 5, pid=3, batch_size=4) for t in (110, 140, 310, 350)]
+    rows += [ev("dataloader", "fetch.block", t + 5, 20, pid=3) for t in (110, 140, 310, 350)]
+    out, changed = voc.canonicalize(table(rows), spans, ["t.pfw"])
+    assert changed
+    epochs = out.filter(pl.col("role") == voc.EPOCH)
+    assert epochs.select("cat", "name", "ts", "dur").rows() == [("pipeline", "epoch", 100, 100),
+                                                                ("pipeline", "epoch", 300, 150)]
+    assert out.filter(pl.col("role") == voc.STEP).sort("ts")["epoch"].to_list() == [0, 0, 1, 1]
+    # markers never double events the process already has
+    again, _ = voc.canonicalize(out.drop("role"), spans, ["t.pfw"])
+    assert again.filter(pl.col("role") == voc.EPOCH).height == 2
+
+
+# ---------------------------------------------------------------------------------------
+# Training steps
+
+
+def test_training_steps_wait_compute_checkpoint_and_other() -> None:
+    """DLIO 2.0.0's shape: compute events, fetch waits except the epoch's last batch, a
+    checkpoint after a step, a barrier between compute and the next fetch."""
+    rows = [
+        ev("dlio_benchmark", "DLIOBenchmark._train", 0, 1000, pid=1),
+        ev("dlio_benchmark", "<module>.iter", 10, 90, pid=1),  # first batch: 90 wait
+        ev("ai_framework", "TorchFramework.compute", 100, 100, pid=1),
+        ev("dlio_benchmark", "<module>.iter", 210, 40, pid=1),  # barrier 10, wait 40
+        ev("ai_framework", "TorchFramework.compute", 250, 100, pid=1),
+        ev("checkpoint", "PyTorchCheckpointing.checkpoint", 360, 200, pid=1),
+        ev("dlio_benchmark", "<module>.iter", 570, 30, pid=1),
+        ev("ai_framework", "TorchFramework.compute", 600, 100, pid=1),
+        ev("ai_framework", "TorchFramework.compute", 760, 100, pid=1),  # last batch: no fetch logged
+    ]
+    out, _ = voc.canonicalize(table(rows))
+    st = voc.training_steps(out)
+    assert st.select("wait_us", "compute_us", "ckpt_us", "other_us").rows() == [
+        (90, 100, 0, 0), (40, 100, 0, 10), (30, 100, 200, 20), (60, 100, 0, 0)]
+    assert st["block_first"].to_list() == [True, False, True, False]
+    assert st["lead_in_us"].to_list() == [10, 0, 0, 0]
+    assert st["basis"].unique().to_list() == ["compute events"]
+
+
+def test_training_steps_of_dlreplay_captures_both_spellings() -> None:
+    old = [ev("pipeline", "epoch", 0, 500, epoch=0),
+           ev("dataloader", "fetch", 10, 20, epoch=0, step=0, batch_size=2),
+           ev("compute", "step", 30, 100, epoch=0, step=0),
+           ev("checkpoint", "save", 60, 30, size=99),
+           ev("dataloader", "fetch", 130, 5, epoch=0, step=1, batch_size=2),
+           ev("compute", "step", 135, 100, epoch=0, step=1),
+           ev("dataloader", "fetch", 235, 1, epoch=0, step=2, batch_size=0)]
+    new = [{**r, "name": {"fetch": "fetch.iter", "step": "fetch.block", "save": "capture"}[r["name"]],
+            "cat": "dataloader" if r["name"] in ("fetch", "step") else r["cat"]}
+           if r["name"] in ("fetch", "step", "save") else r for r in old]
+    new[-1]["name"] = "fetch.stop"
+    results = []
+    for rows in (old, new):
+        out, _ = voc.canonicalize(table(rows))
+        st = voc.training_steps(out)
+        results.append(st.select("wait_us", "compute_us", "ckpt_us", "other_us", "batch_size").rows())
+    assert results[0] == results[1] == [(20, 70, 30, 0, 2), (5, 100, 0, 0, 2)]
+
+
+def test_au_dlio_reproduces_dlios_formula() -> None:
+    """Per block: compute of all steps but the first over the block's time after the first step."""
+    rows = [ev("dlio_benchmark", "DLIOBenchmark._train", 0, 10_000, pid=1)]
+    t = 100
+    for _ in range(4):  # wait 25, compute 100, barrier 0
+        rows += [ev("dlio_benchmark", "<module>.iter", t, 25, pid=1),
+                 ev("ai_framework", "TorchFramework.compute", t + 25, 100, pid=1)]
+        t += 125
+    out, _ = voc.canonicalize(table(rows))
+    c = characterize(out, passes=["steps"])
+    assert c["steps"]["au_dlio"] == pytest.approx(300 / 375)
+    assert au_dlio(c.view.step_table) == c["steps"]["au_dlio"]
+
+
+# ---------------------------------------------------------------------------------------
+# The foreign corpus
+
+
+def _expected(trace: Path) -> dict:
+    return json.loads((trace / "expected.json").read_text())
+
+
+def test_foreign_corpus_is_present() -> None:
+    assert {p.name for p in DLIO} == {"dlio_npz_starved", "dlio_h5_multi", "dlio_jpeg_ckpt"}
+    assert (TRACES / "ai_annotated" / "expected.json").is_file()
+
+
+@pytest.mark.parametrize("trace", FOREIGN, ids=lambda p: p.name)
+def test_distill_recovers_the_workload(trace: Path) -> None:
+    truth = _expected(trace)["model"]
+    lt = load_trace(trace)
+    assert not lt.damaged
+    m = distill(lt.events, source=str(trace))
+    d, r, t, c = m.dataset, m.reader, m.train, m.checkpoint
+    assert (d.format, d.num_files, d.num_samples_per_file) == (truth["format"], truth["num_files"],
+                                                               truth["num_samples_per_file"])
+    assert (r.batch_size, r.read_threads, t.epochs) == (truth["batch_size"], truth["read_threads"], truth["epochs"])
+    # DLIO sleeps its computation_time; on a loaded machine the sleeps overshoot and the
+    # trace's compute events (what distill measures) are longer than the configured value
+    lt_compute = voc.training_steps(lt.events)
+    took = float(lt_compute["compute_us"].mean()) * 1e-6
+    assert t.computation_time.mean == pytest.approx(took, rel=0.05)
+    if took < truth["computation_time"] * 1.03:
+        assert t.computation_time.mean == pytest.approx(truth["computation_time"], rel=0.05)
+    assert (c.steps_between_checkpoints or 0) == truth["steps_between_checkpoints"]
+    for field in ("reader.batch_size", "reader.read_threads", "train.epochs", "train.computation_time",
+                  "dataset.num_samples_per_file"):
+        assert m.provenance.fields[field].confidence == "measured", field
+
+
+@pytest.mark.parametrize("trace", DLIO, ids=lambda p: p.name)
+def test_analyze_au_matches_dlio(trace: Path) -> None:
+    """AU by DLIO's formula from the trace: with DLIO's configured compute time per step (DLIO
+    counts that, not the time its sleep took) it is DLIO's printed AU within a point;
+    with the measured compute, within 2 points unless the sleeps overshot (load on the VM)."""
+    exp = _expected(trace)
+    printed = exp["dlio_metrics"]["Training Accelerator Utilization [AU] (%)"] / 100
+    lt = load_trace(trace)
+    c = characterize(lt.events, passes=["steps"])
+    st = c.view.step_table
+    nominal = st.with_columns(pl.lit(int(exp["model"]["computation_time"] * 1e6)).alias("compute_us"))
+    assert au_dlio(nominal) == pytest.approx(printed, abs=0.01)
+    overshoot = float(st["compute_us"].mean()) / (exp["model"]["computation_time"] * 1e6) - 1
+    if overshoot < 0.02:
+        assert c["steps"]["au_dlio"] == pytest.approx(printed, abs=0.02)
+
+
+def test_io_bound_dlio_run_fires_data_wait_and_worker_findings(cli) -> None:
+    out = json.loads(cli("analyze", str(TRACES / "dlio_npz_starved"), "--json", check=True).stdout)
+    ids = {f["id"] for f in out["findings"]}
+    assert {"data-wait", "too-few-workers"} <= ids
+    assert out["characterization"]["steps"]["au"] < 0.5
+
+
+@pytest.mark.parametrize("trace", FOREIGN, ids=lambda p: p.name)
+def test_every_command_reads_foreign_traces(trace: Path, cli, tmp_path: Path) -> None:
+    text = cli("analyze", str(trace), check=True).stdout
+    assert "no data-loader events" not in text and "AU " in text
+    assert "epoch(s)" in text and " 0 batch fetch" not in text
+    model = tmp_path / "model.yaml"
+    cli("distill", str(trace), "-o", str(model), "-q", check=True)
+    cmp = json.loads(cli("compare", str(trace), str(trace), "--json", check=True).stdout)
+    for side in ("a", "b"):
+        timing = cmp["timing"][side]
+        assert timing["au"] is not None and timing["epoch_times_s"] and timing["wait_s"] is not None
+    out = tmp_path / "t.json.gz"
+    cli("export", str(trace), "-o", str(out), check=True)
+    assert out.stat().st_size > 0
+
+
+def test_dlio_lines_are_kept_as_printed() -> None:
+    for trace in DLIO:
+        exp = _expected(trace)
+        assert any(line.startswith("Training Accelerator Utilization [AU] (%)") for line in exp["dlio_lines"])
+        assert exp["model"]["ranks"] == 1
