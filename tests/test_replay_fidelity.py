@@ -103,26 +103,33 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["loader"] == loader
-    ev = load_trace(out).events
-    main = ev.filter(pl.col("name") == "epoch")["pid"].unique().to_list()
+    from dlreplay.analyze import vocabulary as voc
+
+    ev = voc.ensure_roles(load_trace(out).events)
+    ann = ev.filter(pl.col("role").is_not_null())
+    main = ann.filter(pl.col("role") == voc.EPOCH)["pid"].unique().to_list()
     assert len(main) == 1
-    counts = dict(ev.filter(pl.col("cat").is_in(["pipeline", "dataloader", "compute", "checkpoint", "data"]))
-                  .group_by("cat", "name").len().select(pl.concat_str("cat", "name", separator="/"), "len")
-                  .iter_rows())
+
+    def count(role: str) -> int:
+        return ann.filter(pl.col("role") == role).height
+
+    def named(cat: str, name: str) -> int:
+        return ev.filter((pl.col("cat") == cat) & (pl.col("name") == name)).height
+
     epochs, steps = 3, 4  # 8 files, batch 2
-    assert counts["pipeline/epoch"] == epochs
-    assert counts["dataloader/fetch"] == epochs * (steps + 1)  # each epoch's end probe too
-    assert counts["compute/step"] == epochs * steps
-    assert counts["compute/warmup"] == 2 + (epochs - 1) * 1  # the run's 2 warm-up steps, each later epoch's 1
-    assert counts["pipeline/epoch_end"] == epochs
-    assert counts["pipeline/evaluate"] == epochs
-    assert counts["checkpoint/save"] == epochs
+    assert count(voc.EPOCH) == epochs
+    assert count(voc.FETCH) == epochs * (steps + 1)  # each epoch's end probe too
+    assert voc.training_steps(ann).height == epochs * steps
+    assert named("compute", "warmup") == 2 + (epochs - 1) * 1  # the run's 2 warm-up steps, each later epoch's 1
+    assert named("pipeline", "epoch_end") == epochs
+    assert count(voc.EVALUATE) == epochs
+    assert count(voc.CKPT_SAVE) == epochs
     # preprocess sleeps inside items (a sample whose decode already spent the modelled time has none)
-    assert counts["data/item"] == epochs * 8 and 0 < counts["data/preprocess"] <= epochs * 8
+    assert count(voc.ITEM) == epochs * 8 and 0 < count(voc.PREPROCESS) <= epochs * 8
     # the checkpoints come after each epoch's loop, as a training script saves
-    e = ev.filter(pl.col("name") == "epoch").sort("ts")
-    s = ev.filter(pl.col("name") == "save").sort("ts")
-    assert (s["ts"].to_numpy() >= (e["ts"] + e["dur"]).to_numpy()).all()
+    e = voc.epoch_spans(ann).sort("ts")
+    s = ann.filter(pl.col("role") == voc.CKPT_SAVE).sort("ts")
+    assert (s["ts"].to_numpy() >= e["end"].to_numpy()).all()
     # the replay's own distill gives the components back
     from dlreplay.analyze.distill import distill
 
