@@ -69,10 +69,26 @@ class BatchResult:
     worker_pid: int = 0
 
 
+def runnable_seconds() -> float:
+    """Seconds the calling thread has been runnable: on a CPU plus waiting in the run queue for
+    one (``/proc/thread-self/schedstat``), i.e. its wall time not blocked (in I/O or sleeps).
+    Falls back to the thread's CPU time where the kernel does not keep scheduler statistics."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        try:
+            on_cpu, waiting, _ = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
+        return (int(on_cpu) + int(waiting)) * 1e-9
+    except (OSError, ValueError):
+        return time.thread_time()
+
+
 class SampleReader:
     """Reads samples in one worker (keeps its files open unless open_per_sample) and spends
-    the model's preprocess time per sample: what is left of it after the CPU time the
-    library took to read and decode the sample (the job's preprocess time holds its decode)."""
+    the model's preprocess time per sample: what is left of it after the time the library
+    took to read and decode the sample while not blocked in I/O (the job's preprocess time
+    holds its decode, and its waits for a CPU)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
         self.item_events = item_events
@@ -96,7 +112,7 @@ class SampleReader:
         rec = recs[k] if recs is not None else None
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
-        cpu0 = time.thread_time()
+        busy0 = runnable_seconds()
         try:
             if s.io == "posix":
                 if rec is not None:
@@ -116,11 +132,12 @@ class SampleReader:
         except Exception as exc:  # a library failing on a damaged file
             raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
         if self.preprocess is not None:
-            # The model's per-sample CPU time (the job's item time minus its POSIX time) holds the
-            # job's decode; the library has just decoded here too, so only the rest is slept. Sleeps
+            # The model's per-sample time (the job's item time minus its POSIX time: decode, and the
+            # waits for a CPU on a busy host) holds the job's decode; the library has just decoded
+            # here too (on a CPU or waiting for one, not blocked in I/O), so only the rest is slept. Sleeps
             # of a millisecond overshoot by a good part of it on a busy machine: the overshoot is
             # carried into the next sample's sleep, so this worker's total tracks the model.
-            self.preprocess_debt += float(self.preprocess.sample(self.rng, 1)[0]) - (time.thread_time() - cpu0)
+            self.preprocess_debt += float(self.preprocess.sample(self.rng, 1)[0]) - (runnable_seconds() - busy0)
             if self.preprocess_debt > 0:
                 pre = REGIONS.begin("preprocess", "data")
                 t0 = time.perf_counter()
