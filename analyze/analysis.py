@@ -19,7 +19,7 @@ from pathlib import Path
 from dlreplay.errors import UsageError
 
 from .findings import find, load_thresholds
-from .load import load_trace
+from .load import load_trace, trace_warnings
 from .passes import characterize
 from .report import Report, build_report
 
@@ -102,6 +102,7 @@ def analyze_trace(
                           dropped=(loaded.dropped_lines, loaded.dropped_bytes), file_reports=loaded.files)
     if memory_note:
         report.notes.append(memory_note)
+    report.warnings = trace_warnings(trace, report.file_reports)
     return report
 
 
@@ -125,6 +126,7 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
         report = build_report(str(trace), c, findings, manifest=sp.manifest,
                               damage=sp.describe_damage() if sp.damaged else None,
                               dropped=(sp.dropped_lines, sp.dropped_bytes), file_reports=sp.files)
+        report.warnings = trace_warnings(trace, report.file_reports)
         report.notes.append(f"{plan.describe()}: {sp.height:,} events in {sp.groups} group(s), "
                             f"{sp.spill_bytes >> 20} MiB of Parquet (removed)")
         held = c.view.dataset_io.height * DATASET_IO_BYTES

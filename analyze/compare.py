@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from dlreplay.errors import TraceError
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
-from .load import load_trace
+from .load import load_trace, trace_warnings
 from .passes import Characterization, characterize, flag_reads
 
 __all__ = ["COMPARE_FORMAT_VERSION", "COMPARE_SCHEMA", "FEATURES", "Comparison", "compare_traces", "cosine",
@@ -205,6 +206,9 @@ class Comparison:
     timing_a: dict[str, Any]
     timing_b: dict[str, Any]
     chars: tuple[Characterization, Characterization]
+    #: what a reader must know first about each trace (:func:`~dlreplay.analyze.load.trace_warnings`)
+    warnings_a: list[str] = field(default_factory=list)
+    warnings_b: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -215,15 +219,20 @@ class Comparison:
             "not_compared": self.not_compared,
             "ks": {"read_sizes": self.ks_read_sizes, "batch_gaps": self.ks_batch_gaps},
             "timing": {"a": self.timing_a, "b": self.timing_b},
+            "warnings": {"a": self.warnings_a, "b": self.warnings_b},
         }
 
 
 def compare_traces(a: str | Path, b: str | Path, *, data_dirs_a: list[str] | None = None,
                    data_dirs_b: list[str] | None = None) -> Comparison:
     """Load both traces and compare them (see the module doc)."""
-    chars = []
+    chars, warned = [], []
     for path, dirs in ((a, data_dirs_a), (b, data_dirs_b)):
         lt = load_trace(path)
+        warned.append(trace_warnings(path, lt.files))
+        if lt.events.height == 0:  # two empty traces are not "identical" (similarity 1.0): nothing to compare
+            raise TraceError(f"{path}: the trace holds no events, so there is nothing to compare ("
+                             f"{'; '.join(warned[-1]) or 'no event lines'}); capture the job again")
         chars.append(characterize(lt.events, manifest=lt.manifest, data_dirs=dirs,
                                   passes=["overview", "steps", "epochs", "access"], per_process=lt.per_process))
     ca, cb = chars
@@ -233,7 +242,7 @@ def compare_traces(a: str | Path, b: str | Path, *, data_dirs_a: list[str] | Non
         str(a), str(b), sim, fa, fb, skipped,
         ks_distance(_dataset_read_sizes(ca), _dataset_read_sizes(cb)),
         ks_distance(_batch_gaps(ca), _batch_gaps(cb)),
-        _timing(ca, Path(a)), _timing(cb, Path(b)), (ca, cb),
+        _timing(ca, Path(a)), _timing(cb, Path(b)), (ca, cb), warned[0], warned[1],
     )
 
 
@@ -339,7 +348,7 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
     import base64
     import html
 
-    from .report import _CSS, _atomic_write
+    from .report import _CSS, _atomic_write, write_with_figures
 
     p = Path(path)
     figs = overlay_figures(cmp)
@@ -356,13 +365,17 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
         return _atomic_write(p, "\n".join(body))
     if p.suffix.lower() in (".md", ".markdown"):
         fig_dir = p.with_name(p.stem + ".figures")
-        fig_dir.mkdir(parents=True, exist_ok=True)
-        md = [f"# Comparison: similarity {cmp.similarity:.4f}", "",
-              f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->", "", "```", text_table, "```", ""]
-        for key, png in figs.items():
-            (fig_dir / f"{key}.png").write_bytes(png)
-            md += [f"![{key}]({fig_dir.name}/{key}.png)", ""]
-        return _atomic_write(p, "\n".join(md))
+
+        def render(tmp: Path) -> str:  # figures into tmp, moved to fig_dir once the text is written
+            md = [f"# Comparison: similarity {cmp.similarity:.4f}", "",
+                  f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->", "", "```", text_table, "```",
+                  ""]
+            for key, png in figs.items():
+                (tmp / f"{key}.png").write_bytes(png)
+                md += [f"![{key}]({fig_dir.name}/{key}.png)", ""]
+            return "\n".join(md)
+
+        return write_with_figures(p, fig_dir, render)
     from dlreplay.errors import UsageError
 
     raise UsageError(f"{p}: the report must end in .html or .md")

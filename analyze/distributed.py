@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dlreplay.errors import UsageError
+from dlreplay.interrupt import hold_point
 
 from .findings import Finding, Thresholds, find
 from .load import (
@@ -83,18 +84,38 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
         try:
             yield client
+        except KeyboardInterrupt:
+            _quiet_after_interrupt()
+            raise
         finally:
             client.close()
         return
+    # A terminal's Ctrl-C reaches every process of the group: the workers ignore it (a
+    # preload), this process answers it and closes the cluster.
     local = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                          host="127.0.0.1", dashboard_address=None, memory_limit=memory_limit,
-                         silence_logs=40)
-    client = Client(local)
+                         silence_logs=40, preload=["dlreplay.analyze._dask_preload"])
+    attached: Client | None = None
     try:
-        yield client
+        attached = Client(local)
+        yield attached
+    except KeyboardInterrupt:
+        _quiet_after_interrupt()
+        raise
     finally:
-        client.close()
+        if attached is not None:
+            attached.close()
         local.close()
+
+
+def _quiet_after_interrupt() -> None:
+    """After a Ctrl-C, the client's pending gathers end with errors nobody will read, which
+    asyncio and distributed log with tracebacks ("Task exception was never retrieved") while
+    the cluster closes: the interrupt was the message, so those logs are silenced."""
+    import logging
+
+    for name in ("asyncio", "distributed", "tornado"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 #: Files at least this big (stored bytes) are split into ranges of gzip members.
@@ -123,6 +144,7 @@ def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_
     futures = client.map(parse_part, jobs, pure=False)
     if echo:
         echo(f"parsing {len(files)} file(s) in {len(jobs)} task(s) on {nworkers} Dask worker(s)")
+    hold_point("dask-parse")  # test-only: a Ctrl-C with tasks in flight, on any machine
     return futures, files, manifest, nworkers
 
 

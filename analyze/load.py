@@ -79,7 +79,7 @@ import polars as pl
 
 from dlreplay.errors import TraceError
 from dlreplay.pfw import DecodeStats as _Stats
-from dlreplay.pfw import Slabs, anonymous_map
+from dlreplay.pfw import PlainFile, Slabs, anonymous_map
 from dlreplay.pfw import decoded_spans as _decoded_spans
 from dlreplay.schema import CAT_CHECKPOINT, CLOSE_OPS, EVENT_SCHEMA, OPEN_OPS, READ_OPS, WRITE_OPS
 
@@ -96,6 +96,8 @@ MANIFEST_NAME = "manifest.json"
 
 #: Decoded text per parse batch (bytes). Large batches amortise per-layout overhead.
 _CHUNK_BYTES = 32 << 20
+#: Longest line kept (bytes): a longer one is dropped as it streams by (see :func:`_text_chunks`).
+_MAX_LINE_BYTES = 4 << 20
 #: Stored bytes of the files parsed together by one :func:`parse_part` call of
 #: :func:`load_trace` (a larger file is a group of its own).
 _GROUP_BYTES = 4 << 20
@@ -327,8 +329,24 @@ def _stored_size(path: Path) -> int:
 # Inputs
 
 
-def _find_inputs(path) -> tuple[list[Path], dict | None]:
-    """Resolve ``path`` to trace files (sorted) and the manifest of a directory, if any."""
+@dataclass(frozen=True)
+class TraceInputs:
+    """The trace files of a path, its manifest, and the files left out (one sentence each, naming them)."""
+
+    files: list[Path]
+    manifest: dict | None
+    skipped: list[str] = field(default_factory=list)
+
+
+def find_trace_inputs(path) -> TraceInputs:
+    """Resolve ``path`` (a trace directory, a file, or a list of files) to its trace files, sorted.
+
+    A directory's files are those below it, except: files under a subdirectory with its own
+    ``manifest.json`` (another capture, e.g. a replay's trace kept inside) and files whose
+    bytes are identical to an earlier one (the same process's trace twice); both are left
+    out and named in ``skipped``, never summed. A directory whose trace files all belong to
+    two or more such runs is refused: analyse one run at a time.
+    """
     if isinstance(path, (list, tuple)):
         if not path:
             raise TraceError("no trace files given: pass a trace directory or .pfw/.pfw.gz files")
@@ -336,20 +354,113 @@ def _find_inputs(path) -> tuple[list[Path], dict | None]:
         for p in files:
             if not p.is_file():
                 raise TraceError(f"trace file {p} does not exist: check the path")
-        return files, None
+        return TraceInputs(files, None)
     p = Path(path)
     if p.is_file():
-        return [p], None
+        return TraceInputs([p], None)
     if not p.exists():
         raise TraceError(f"trace path {p} does not exist: pass a directory written by "
                          "'dlreplay capture' or a .pfw/.pfw.gz file")
     if not p.is_dir():
         raise TraceError(f"trace path {p} is neither a file nor a directory")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-    if not files:
+    found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    if not found:
         raise TraceError(f"no trace files (*.pfw, *.pfw.gz) under {p}: was the job captured "
                          "with DFTracer, and did it run long enough to write its trace?")
-    return files, _read_manifest(p / MANIFEST_NAME)
+    runs = sorted({d for d in (_run_root(f, p) for f in found) if d is not None}, key=str)
+    mine = [f for f in found if _run_root(f, p) is None]
+    if not mine and len(runs) > 1:
+        names = ", ".join(str(r.relative_to(p)) for r in runs[:5]) + (", ..." if len(runs) > 5 else "")
+        raise TraceError(f"{p} holds {len(runs)} captured runs ({names}), each with its own {MANIFEST_NAME}: "
+                         f"analyse one run at a time (e.g. {runs[0]})")
+    if not mine:  # one run in a subdirectory: that run
+        return find_trace_inputs(runs[0])
+    skipped = [f"{r.relative_to(p)}/: {sum(1 for f in found if _run_root(f, p) == r)} trace file(s) of another "
+               f"run (it has its own {MANIFEST_NAME}), left out; analyse {r} on its own" for r in runs]
+    files, dupes = _without_duplicates(mine)
+    if dupes:
+        pairs = "; ".join(f"{f.relative_to(p)} = {g.relative_to(p)}" for f, g in dupes[:5])
+        skipped.append(f"{len(dupes)} trace file(s) are byte-identical copies of others (the same process's trace "
+                       f"twice), left out: {pairs}{'; ...' if len(dupes) > 5 else ''}")
+    return TraceInputs(files, _read_manifest(p / MANIFEST_NAME), skipped)
+
+
+def _run_root(f: Path, top: Path) -> Path | None:
+    """The subdirectory of *top* above *f* that holds another capture's manifest, or None."""
+    for d in f.parents:
+        if d == top or top not in d.parents:
+            return None
+        if (d / MANIFEST_NAME).is_file():
+            return d
+    return None
+
+
+def _without_duplicates(files: list[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """*files* without byte-identical copies, and the (copy, original) pairs left out.
+
+    Only files of equal size are hashed; of identical files the one nearest the top of the
+    directory (then the first by name) is kept.
+    """
+    import hashlib
+
+    def digest(f: Path) -> bytes | None:
+        h = hashlib.blake2b(digest_size=16)
+        try:
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 20):
+                    h.update(block)
+        except OSError:
+            return None
+        return h.digest()
+
+    by_size: dict[int, list[Path]] = {}
+    for f in sorted(files, key=lambda f: (len(f.parts), f)):
+        by_size.setdefault(_stored_size(f), []).append(f)
+    dupes: list[tuple[Path, Path]] = []
+    for size, same in by_size.items():
+        if len(same) < 2 or size == 0:
+            continue
+        first: dict[bytes, Path] = {}
+        for f in same:
+            key = digest(f)
+            if key is None:
+                continue
+            if key in first:
+                dupes.append((f, first[key]))
+            else:
+                first[key] = f
+    gone = {f for f, _ in dupes}
+    return [f for f in files if f not in gone], sorted(dupes)
+
+
+def _find_inputs(path) -> tuple[list[Path], dict | None]:
+    """Resolve ``path`` to trace files (sorted) and the manifest of a directory, if any (see
+    :func:`find_trace_inputs`)."""
+    found = find_trace_inputs(path)
+    return found.files, found.manifest
+
+
+def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
+    """What a reader must know before any number derived from the trace at *path*: a capture
+    that did not end (manifest ``running``; a process file cut), files left out (another run,
+    duplicates) and files that hold no events. One sentence each, naming the file."""
+    found = find_trace_inputs(path)
+    out = []
+    status = (found.manifest or {}).get("status")
+    if status == "running":
+        out.append(f"the capture did not end: its {MANIFEST_NAME} still says 'running' (its dlreplay process was "
+                   f"killed, or it is still running), so the trace may be incomplete")
+    cut = [f for f in files if f.damaged]
+    if cut:
+        out.append(f"{len(cut)} process file(s) cut or damaged ({', '.join(f.name for f in cut[:5])}"
+                   f"{', ...' if len(cut) > 5 else ''}): those processes' traces are incomplete")
+    out += found.skipped
+    empty = [f for f in files if f.events == 0]
+    if empty:
+        why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
+        out.append(f"{len(empty)} of {len(files)} trace file(s) hold no events: {why}"
+                   f"{'; ...' if len(empty) > 5 else ''}")
+    return out
 
 
 def _read_manifest(path: Path) -> dict | None:
@@ -397,14 +508,15 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart:
         src, p = job[0], job[1]
         path = Path(p)
         stats = _Stats()
+        data: bytes | PlainFile
         try:
             if len(job) == 5:
                 start, end = job[2], job[3]  # type: ignore[misc]
                 with open(path, "rb") as fh:
                     fh.seek(start)
                     data = fh.read(end - start)
-            else:
-                data = path.read_bytes()
+            else:  # plain text is read as it is parsed (garbage costs no memory by its size)
+                data = PlainFile.of(path) or path.read_bytes()
         except OSError as exc:
             raise TraceError(f"cannot read trace file {path}: {exc}") from exc
         if not data:
@@ -513,7 +625,7 @@ def _joined(text: list[_Piece]) -> bytes:
 _PREFETCH_BYTES = 2 << 20
 
 
-def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
+def _prefetched(data: bytes | PlainFile, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
     """:func:`_text_chunks`, decoded one chunk ahead in a helper thread.
 
     The helper counts into its own stats; what it counted up to each chunk is added to
@@ -564,7 +676,7 @@ def _prefetched(data: bytes, stats: _Stats) -> Iterable[tuple[list[_Piece], bool
         helper.join()
 
 
-def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iterable[tuple[list[_Piece], bool, bool]]:
+def _text_chunks(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None) -> Iterable[tuple[list[_Piece], bool, bool]]:
     """Yield (text, damaged_after, cut) chunks of decoded text of about ``_CHUNK_BYTES``,
     each a list of pieces of the decoder's output (in ``slabs`` when given; never copied
     here).
@@ -572,10 +684,22 @@ def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iter
     Chunks end on a newline except the last one before a damage point (then
     ``damaged_after`` is True and its tail is a partial line) or at the end of input.
     ``cut`` is True for a chunk ended because it reached the size (more may follow).
+    A line longer than :data:`_MAX_LINE_BYTES` (no trace event is; a file of NUL bytes or
+    other garbage has one) is dropped and counted as it streams by, never held: memory
+    stays bounded by the chunk size, whatever the file holds.
     """
     pending: list[_Piece] = []
     size = 0
+    skipping = False  # inside an over-long line: drop until its newline
     for buf, lo, hi, damage in _decoded_spans(data, stats, slabs):
+        if skipping and hi > lo:
+            k = buf.find(b"\n", lo, hi)
+            stats.drop(0, (hi if k < 0 else k + 1) - lo)
+            if k < 0:
+                if damage:
+                    skipping = False
+                continue
+            skipping, lo = False, k + 1
         if hi > lo:
             if pending and pending[-1][0] is buf and pending[-1][2] == lo:  # continues in a slab
                 pending[-1] = (buf, pending[-1][1], hi)
@@ -596,6 +720,11 @@ def _text_chunks(data: bytes, stats: _Stats, slabs: Slabs | None = None) -> Iter
                 yield [*pending[:j], (b, lo, k + 1)], False, True
                 pending = [x for x in [(b, k + 1, hi), *pending[j + 1:]] if x[2] > x[1]]
                 size = sum(x[2] - x[1] for x in pending)
+            if size > _MAX_LINE_BYTES:  # what is left is one unfinished line, already too long
+                stats.drop(1, size)
+                stats.problems.append(f"dropped a line longer than {_MAX_LINE_BYTES >> 20} MiB (no trace event is; "
+                                      f"garbage such as NUL bytes)")
+                pending, size, skipping = [], 0, True
     if pending:
         yield pending, False, False
 
@@ -637,6 +766,7 @@ class _Batch:
 
     def add(self, src: int, seq0: int, text: bytes, stats: _Stats) -> int:
         """Add ``text`` (complete lines of file ``src`` from line ``seq0``); returns its lines."""
+        text = _blank_garbage(text, stats)
         idx = len(self.segments)
         self.nbytes += len(text)
         if len(text) < _ALONE_BYTES:
@@ -662,6 +792,45 @@ class _Batch:
         ev, me = _parse_segments(segments, pl.concat(toks) if len(toks) > 1 else toks[0])
         self.events.extend(ev)
         self.meta.extend(me)
+
+
+#: First bytes of a line that may be a trace record: ``{`` (an event or metadata record),
+#: ``[`` / ``]`` (DFTracer 1.x's array brackets), or blanks before one of them.
+_RECORD_FIRST = np.frombuffer(b"{[] \t\r", dtype=np.uint8)
+
+
+def _blank_garbage(text: bytes, stats: _Stats) -> bytes:
+    """``text`` with every line that cannot be a trace record blanked (its newline kept, so
+    line numbers hold), dropped and counted: a line whose first byte is none of
+    :data:`_RECORD_FIRST`, or that holds a NUL byte (JSON text never does).
+
+    Garbage (random bytes, a binary file named ``.pfw``) then costs one vectorised pass
+    instead of the tokenizer and a JSON bisection per line: time and memory stay bounded by
+    the chunk size. Well-formed text is returned as is.
+    """
+    arr = np.frombuffer(text, dtype=np.uint8)
+    if not len(arr):
+        return text
+    nl = np.flatnonzero(arr == 10)
+    starts = np.concatenate(([0], nl + 1))
+    ends = np.concatenate((nl, [len(arr)]))  # exclusive; the newline itself (if any) is at ends
+    if starts[-1] == len(arr):  # no line after a final newline
+        starts, ends = starts[:-1], ends[:-1]
+    filled = ends > starts
+    bad = filled & ~np.isin(arr[np.minimum(starts, len(arr) - 1)], _RECORD_FIRST)
+    nuls = np.flatnonzero(arr == 0)
+    if len(nuls):
+        bad[np.searchsorted(starts, nuls, side="right") - 1] = True
+    bad &= filled
+    if not bad.any():
+        return text
+    lo, hi = starts[bad], ends[bad]
+    stats.lines += int(bad.sum())
+    _drop_malformed(stats, int(bad.sum()), int((hi - lo).sum() + np.count_nonzero(hi < len(arr))))
+    edge = np.zeros(len(arr) + 1, dtype=np.int8)
+    edge[lo] += 1
+    edge[hi] -= 1
+    return arr[np.cumsum(edge[:-1], dtype=np.int8) == 0].tobytes()
 
 
 # ---------------------------------------------------------------------------------------

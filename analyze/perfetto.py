@@ -499,6 +499,7 @@ def export_trace(
                     _write_json(fh, events, layout, stats, flow_table)
         os.replace(tmp, out)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)  # never leave a partial timeline (a full disk)
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
     stats.bytes_written = out.stat().st_size
     stats.seconds = time.perf_counter() - t0

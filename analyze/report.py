@@ -13,10 +13,13 @@ Figures use matplotlib's object API (``Figure``, no pyplot state), so nothing le
 from __future__ import annotations
 
 import base64
+import errno
 import html
 import io
 import os
 import shlex
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +27,16 @@ from typing import Any
 
 import polars as pl
 
-from dlreplay.errors import UsageError
+from dlreplay.errors import DlreplayError, UsageError
 from dlreplay.osutil import atomic_write_text
-from dlreplay.units import human_bytes, human_seconds
+from dlreplay.units import (
+    human_bytes,
+    human_seconds,
+    markdown_cell,
+    markdown_text,
+    printable,
+    terminal_safe,
+)
 
 from .findings import Finding
 from .passes import Characterization, TraceView
@@ -55,6 +65,9 @@ class Report:
     dropped_bytes: int = 0
     #: per trace file: :class:`~dlreplay.analyze.load.FileReport` (events, dropped, problems)
     file_reports: list = field(default_factory=list)
+    #: what a reader must know first (:func:`~dlreplay.analyze.load.trace_warnings`): a capture that
+    #: did not end, files cut, left out or without events
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -66,6 +79,7 @@ class Report:
             "damage": self.damage,
             "verify": self.verify,
             "notes": self.notes,
+            "warnings": self.warnings,
             "dropped_lines": self.dropped_lines,
             "dropped_bytes": self.dropped_bytes,
         }
@@ -310,9 +324,14 @@ pre{padding:.5em;white-space:pre-wrap} img{max-width:100%} .note{color:#555}
 """
 
 
+def _html(text: object) -> str:
+    """Text for HTML: markup escaped, and control characters (from names in traces) shown escaped."""
+    return html.escape(terminal_safe(text))
+
+
 def render_html(r: Report) -> str:
     """A self-contained HTML page (figures embedded as base64 PNG)."""
-    e = html.escape
+    e = _html
     out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
            f"<meta name='dlreplay-schema' content='{REPORT_SCHEMA} {REPORT_FORMAT_VERSION}'>",
            f"<title>dlreplay report: {e(r.trace)}</title><style>{_CSS}</style></head><body>",
@@ -320,6 +339,8 @@ def render_html(r: Report) -> str:
            "<table>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _headline(r)]
     out.append("</table>")
+    for w in r.warnings:
+        out.append(f"<p class='note'><b>Warning:</b> {e(w)}</p>")
     if r.damage:
         out.append(f"<p class='note'><b>Damaged trace:</b> {e(r.damage)}</p>")
     out.append(f"<h2>Findings ({len(r.findings)})</h2>")
@@ -360,7 +381,7 @@ def render_html(r: Report) -> str:
 
 
 def _verify_html(v: dict) -> str:
-    e = html.escape
+    e = _html
     rows = v.get("runs", [])
     head = "<table><tr><th>run</th><th>overrides</th><th>AU</th><th>samples/s</th><th>MB/s</th></tr>"
     body = "".join(
@@ -398,7 +419,7 @@ def _files_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
 
 
 def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
-    e = html.escape
+    e = _html
     if not rows:
         return "<p class='note'>none</p>"
     h = "".join(f"<th>{e(x)}</th>" for x in headers)
@@ -411,7 +432,7 @@ def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) ->
 def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
     if not rows:
         return "_none_\n"
-    esc = [[x.replace("|", "\\|") for x in row] for row in rows]
+    esc = [[markdown_cell(x) for x in row] for row in rows]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if rt else "---" for rt in right) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in esc]
     return "\n".join(lines) + "\n"
@@ -419,22 +440,24 @@ def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
 
 def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     """Markdown text; writes the figures as PNG files into ``figure_dir``."""
-    out = [f"# I/O analysis of {os.path.basename(r.trace.rstrip('/')) or r.trace}", "",
+    t = markdown_text  # every text here may hold names from the trace (files, paths)
+    out = [f"# I/O analysis of {markdown_cell(os.path.basename(r.trace.rstrip('/')) or r.trace)}", "",
            f"<!-- {REPORT_SCHEMA} format_version {REPORT_FORMAT_VERSION} -->", ""]
-    out += [f"- **{k}**: {v}" for k, v in _headline(r)]
+    out += [f"- **{t(k)}**: {t(v)}" for k, v in _headline(r)]
+    out += [f"\n> **Warning:** {t(w)}" for w in r.warnings]
     if r.damage:
-        out += ["", f"> **Damaged trace:** {r.damage}"]
+        out += ["", f"> **Damaged trace:** {t(r.damage)}"]
     out += ["", f"## Findings ({len(r.findings)})", ""]
     if not r.findings:
         out.append("No bottleneck found with the current thresholds.")
     for f in r.findings:
-        out += [f"### [{f.severity.upper()}] {f.title} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})", "",
-                f"**Root cause.** {f.root_cause}", "", f"**Recommendation.** {f.recommendation}", ""]
+        out += [f"### [{f.severity.upper()}] {t(f.title)} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})", "",
+                f"**Root cause.** {t(f.root_cause)}", "", f"**Recommendation.** {t(f.recommendation)}", ""]
         cmd = _replay_cmd(r.trace, f)
         if cmd:
-            out += ["Try it by replay:", "", "```", cmd, "```", ""]
-        out += [f"Evidence (threshold: {f.threshold}):", ""]
-        out += [f"- `{k}`: {_fmt(v)}" for k, v in f.evidence.items()]
+            out += ["Try it by replay:", "", "```", printable(cmd).replace("```", "\\`\\`\\`"), "```", ""]
+        out += [f"Evidence (threshold: {t(f.threshold)}):", ""]
+        out += [f"- `{k}`: {t(_fmt(v))}" for k, v in f.evidence.items()]
         out.append("")
     if r.verify:
         out += ["## Verified what-if (replay)", "",
@@ -443,7 +466,7 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
                             _num(x.get("mb_per_s"))] for x in r.verify.get("runs", [])],
                           [False, False, True, True, True])]
         if r.verify.get("note"):
-            out += [r.verify["note"], ""]
+            out += [markdown_text(r.verify["note"]), ""]
     out += ["## Figures", ""]
     figure_dir.mkdir(parents=True, exist_ok=True)
     for key, (title, png) in figures(r.characterization).items():
@@ -454,26 +477,73 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
         out += [f"### {title}", "", f"![{title}]({figure_prefix}/{key}.png)", ""]
     out += ["## Top operations", "", _table_md(*_ops_table(r)), "## Top files", "", _table_md(*_files_table(r))]
     if r.notes:
-        out += ["## What the trace could not tell", ""] + [f"- {n}" for n in r.notes] + [""]
+        out += ["## What the trace could not tell", ""] + [f"- {markdown_text(n)}" for n in r.notes] + [""]
     return "\n".join(out) + "\n"
 
 
 def write_report(r: Report, path: str | Path) -> Path:
-    """Write ``path`` (.html/.htm or .md) atomically; returns the path."""
+    """Write ``path`` (.html/.htm or .md) atomically; returns the path.
+
+    A Markdown report's figures (``<stem>.figures/``) are drawn into a temporary directory
+    first and moved in place after the text is written, so a failure (a full disk) leaves
+    neither half a report nor stray figures; the error names the path.
+    """
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in (".html", ".htm", ".md", ".markdown"):
         raise UsageError(f"{p}: the report must end in .html or .md")
     if suffix in (".html", ".htm"):
-        text = render_html(r)
-    else:
-        fig_dir = p.with_name(p.stem + ".figures")
-        text = render_markdown(r, fig_dir, fig_dir.name)
-    return _atomic_write(p, text)
+        return _atomic_write(p, render_html(r))
+    fig_dir = p.with_name(p.stem + ".figures")
+    return write_with_figures(p, fig_dir, lambda tmp: render_markdown(r, tmp, fig_dir.name))
+
+
+def write_with_figures(p: Path, fig_dir: Path, render: Callable[[Path], str]) -> Path:
+    """Write the text ``render(tmp)`` to *p*, whose figures ``render`` writes into ``tmp``; the
+    figures become *fig_dir* (replacing an old one) only once the text is written."""
+    _mkdir(p.parent, p)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{fig_dir.name}.", dir=p.parent))
+    except OSError as exc:
+        raise _write_error(p, exc) from None
+    try:
+        try:
+            text = render(tmp)
+        except OSError as exc:
+            raise _write_error(fig_dir, exc) from None
+        _atomic_write(p, text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the figures from other readers
+        if fig_dir.is_dir() and not fig_dir.is_symlink():
+            shutil.rmtree(fig_dir)
+        os.replace(tmp, fig_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return p
+
+
+def _write_error(p: Path, exc: OSError) -> DlreplayError:
+    """A one-line error naming *p*; says so when the disk is full."""
+    if exc.errno == errno.ENOSPC:
+        return DlreplayError(f"{p}: cannot write: no space left on the device; free space or choose another path "
+                             f"(nothing was left half-written)")
+    return DlreplayError(f"{p}: cannot write ({exc.strerror or exc})")
+
+
+def _mkdir(d: Path, p: Path) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
 
 
 def _atomic_write(p: Path, text: str) -> Path:
-    """Write ``text`` to ``p`` (parents created) through :func:`atomic_write_text`."""
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p, text)
+    """Write ``text`` to ``p`` (parents created) through :func:`atomic_write_text`; an OS error
+    (a full disk) names ``p`` and leaves no partial file."""
+    _mkdir(p.parent, p)
+    try:
+        atomic_write_text(p, text)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
     return p

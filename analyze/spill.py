@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -340,6 +341,27 @@ def _remove(tmp: Path) -> None:
         raise pending
 
 
+def _write_spill(frame: pl.DataFrame, path: Path) -> None:
+    """Write one spill file; a full disk (polars reports it as a ComputeError) names the spill
+    directory, which the caller removes."""
+    try:
+        frame.write_parquet(path, compression="lz4")
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        full = "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC or _nearly_full(path)
+        why = "no space left on the device" if full else str(exc).splitlines()[0]
+        raise TraceError(f"{path.parent}: cannot spill the trace ({why}); free space, choose another --spill-dir "
+                         f"or raise --memory-limit (the spill directory was removed)") from None
+
+
+def _nearly_full(path: Path) -> bool:
+    """polars does not always say a write failed for want of space ("Invalid thrift"): ask the file system."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
+
+
 def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None) -> SpilledTrace:
     files, manifest = _find_inputs(trace)
     names = [p.name for p in files]
@@ -351,7 +373,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None) ->
     reports: dict[int, list[tuple[int, FileReport]]] = {}
     for g, group in enumerate(groups):
         part = parse_part(group)
-        part.events.write_parquet(tmp / f"raw-{g:05d}.parquet", compression="lz4")
+        _write_spill(part.events, tmp / f"raw-{g:05d}.parquet")
         metas.append(_reduce_meta(part.meta))
         starts.append(_starts(part.events))
         reports[g] = part.files
@@ -373,7 +395,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None) ->
         table = table.with_columns(
             (pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))
         path = tmp / f"events-{g:05d}.parquet"
-        table.write_parquet(path, compression="lz4")
+        _write_spill(table, path)
         paths.append(path)
         height += table.height
         del table

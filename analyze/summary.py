@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from dlreplay.schema import READ_OPS, WRITE_OPS
-from dlreplay.units import human_bytes, human_seconds
+from dlreplay.units import human_bytes, human_seconds, printable
 
 from . import vocabulary as voc
 from .files import classify_files, file_process_table
@@ -224,6 +224,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
 
 
 def _short(path: str, width: int = 60) -> str:
+    """*path* shown safely (control characters escaped), its last *width* characters when longer."""
+    path = printable(path)
     return path if len(path) <= width else "…" + path[-(width - 1):]
 
 

@@ -76,6 +76,8 @@ def verify(
         out = workdir / f"run-{i}-{_dirname(label)}"
         say(f"replay {i + 1}/{len(plan)}: {label} {' '.join(overrides)}")
         res = run_replay(ReplayConfig(model=m, data_dir=data, out=out, trace=False), echo=None)
+        if res.metrics.get("interrupted"):  # run_replay answers a Ctrl-C with partial metrics: stop here too
+            raise KeyboardInterrupt
         o = res.metrics.get("overall", {})
         au = o.get("au_percent")
         runs.append({

@@ -22,7 +22,13 @@ from typing import Any
 
 import dlreplay
 from dlreplay.errors import CaptureError, UsageError
-from dlreplay.osutil import atomic_write_text, host_memory_bytes
+from dlreplay.osutil import (
+    DirectoryClaim,
+    atomic_write_text,
+    claim_directory,
+    host_memory_bytes,
+    is_empty_dir,
+)
 from dlreplay.pfw import count_events
 from dlreplay.schema import TRACE_FORMAT_VERSION, TRACE_SCHEMA_NAME
 
@@ -53,6 +59,8 @@ class CaptureConfig:
     force: bool = False
     cwd: Path | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
+    #: file that receives the job's stdout and stderr (None: this process's own)
+    job_output: Path | None = None
     loader_hooks: bool = True
 
 
@@ -66,6 +74,7 @@ class CaptureResult:
     wall_time_s: float
     files: list[dict[str, Any]] = field(default_factory=list)
     killed_by_signal: int | None = None
+    warnings: tuple[str, ...] = ()
     #: what the dataset fingerprint (``dataset-fingerprint.json``) could not read, one line each
     fingerprint_problems: list[str] = field(default_factory=list)
 
@@ -130,23 +139,28 @@ def default_out_dir(name: str) -> Path:
     return Path("traces") / f"{name}-{stamp}"
 
 
-def _prepare_out_dir(out: Path, force: bool) -> None:
+def _prepare_out_dir(out: Path, force: bool) -> DirectoryClaim:
+    """Claim *out* for this capture (one writer per directory), then refuse it unless empty or ``force``."""
     if out.exists() and not out.is_dir():
         raise CaptureError(f"{out} exists and is not a directory; choose another --out.")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise CaptureError(
-                f"{out} is not empty; pass --force to replace a previous capture there, or choose another --out."
-            )
-        # --force replaces only what a capture writes; anything else stays.
-        for child in out.iterdir():
-            if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
-                child.unlink()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        claim = claim_directory(out, "--out")
     except OSError as exc:
         raise CaptureError(f"{out}: cannot create the trace directory ({exc.strerror or exc}); "
                            f"choose another --out.") from None
+    try:
+        if not is_empty_dir(out):
+            if not force:
+                raise CaptureError(f"{out} is not empty; pass --force to replace a previous capture there, or "
+                                   f"choose another --out.")
+            # --force replaces only what a capture writes; anything else stays.
+            for child in out.iterdir():
+                if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
+                    child.unlink()
+    except BaseException:
+        claim.release()
+        raise
+    return claim
 
 
 def _versions() -> dict[str, str | None]:
@@ -217,8 +231,15 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     executable = shutil.which(config.command[0], path=os.environ.get("PATH")) if os.sep not in config.command[0] else config.command[0]
     if executable is None or not os.path.exists(executable if os.path.isabs(executable) else cwd / executable):
         raise CaptureError(f"command not found: {config.command[0]}")
-    _prepare_out_dir(out, config.force)
+    claim = _prepare_out_dir(out, config.force)
+    try:
+        return _capture_into(config, out, cwd, name)
+    finally:
+        claim.release()
 
+
+def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> CaptureResult:
+    """The capture itself, into the claimed directory *out*."""
     inject_dir = Path(tempfile.mkdtemp(prefix="dlreplay-inject-"))
     for fname in _INJECT_FILES:
         shutil.copy2(_INJECT_DIR / fname, inject_dir / fname)
@@ -267,7 +288,12 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     try:
         returncode = 128 + signal.SIGINT
         if not interrupted:
-            proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
+            if config.job_output is not None:
+                with open(config.job_output, "wb") as log:
+                    proc = subprocess.Popen(list(config.command), cwd=cwd, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)
+            else:
+                proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
             for signum in pending:  # else the job would run to its end, ignoring that Ctrl-C
                 proc.send_signal(signum)
             while True:
@@ -291,6 +317,9 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     else:
         status = "complete"
 
+    warnings = [f"--data-dir {d} does not exist (in {cwd}): nothing under it was traced; check the path "
+                f"(a relative one is relative to the job's working directory)"
+                for d in config.data_dirs if not (cwd / d).exists()]
     files: list[dict[str, Any]] = []
     for path in sorted(out.glob(f"{TRACE_PREFIX}-*.pfw*")):
         counted = count_events(path)
@@ -312,13 +341,15 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
             "wall_time_s": round(wall, 6),
             "files": files,
             "events": sum(int(f["events"]) for f in files),
+            "warnings": warnings,
         }
     )
     _write_json_atomic(manifest_path, manifest)
     problems = _fingerprint(out, manifest, status)
     _write_json_atomic(manifest_path, manifest)
     return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
-                         killed_by_signal=killed_by, fingerprint_problems=problems)
+                         killed_by_signal=killed_by, fingerprint_problems=problems,
+                         warnings=tuple(warnings))
 
 
 def _fingerprint(out: Path, manifest: dict[str, Any], status: str) -> list[str]:

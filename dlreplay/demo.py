@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlreplay.errors import DlreplayError, UsageError
+from dlreplay.interrupt import INTERRUPT
 
 _MARKER = ".dlreplay-demo"
 
@@ -51,6 +52,10 @@ def _prepare(out: Path, force: bool) -> None:
     (out / _MARKER).write_text("made by dlreplay demo\n")
 
 
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[str, str]:
     """Capture, analyse, distill, replay and export; returns the artifact paths."""
     from dlreplay.analyze import load_trace, render_text, summarize
@@ -80,18 +85,28 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         "--quiet",
     ]
     echo(f"[1/6] dataset: {data}")
-    subprocess.run([*job[:4], "--num-files", str(config.num_files), "--generate-only"], check=True,
-                   stdout=subprocess.DEVNULL)
+    gen = subprocess.run([*job[:4], "--num-files", str(config.num_files), "--generate-only"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    INTERRUPT.check()  # a Ctrl-C reached the generator too: its own output is not the demo's
+    if gen.returncode != 0:
+        raise DlreplayError(f"generating the example dataset in {data} failed (exit code {gen.returncode}):\n"
+                            f"{_tail(gen.stderr)}")
 
     echo("[2/6] capturing the training job under DFTracer …")
     t0 = time.perf_counter()
+    log = out / "job.log"
     result = run_capture(
         CaptureConfig(command=tuple(job), out=out / "trace", data_dirs=(str(data), str(out / "checkpoints")),
-                      name="unet3d_npz", force=True)
+                      name="unet3d_npz", force=True, job_output=log)
     )
+    if result.status == "interrupted":
+        raise KeyboardInterrupt
     if result.exit_code != 0:
-        raise DlreplayError(f"the example job failed with exit code {result.exit_code}; its trace is in {result.trace_dir}")
-    echo(f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s")
+        raise DlreplayError(f"the example job failed with exit code {result.exit_code} (its output: {log}; its trace: "
+                            f"{result.trace_dir}):\n{_tail(log.read_text(errors='replace'))}")
+    echo(f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s "
+         f"(the job's output: {log})")
+    INTERRUPT.check()
 
     echo("[3/6] analysing the trace")
     loaded = load_trace(result.trace_dir)
@@ -105,18 +120,22 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
     echo("")
     echo(render_findings_text(report))
 
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
     echo("\n[4/6] distilling the workload model")
     model = distill(loaded.events, manifest=loaded.manifest, source=str(result.trace_dir))
     model_path = out / "model.yaml"
     save_model(model, model_path)
     echo(summarize_model(model))
 
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
     echo("\n[5/6] replaying the model (compute replaced by sleep) under DFTracer …")
     replay_dir = out / "replay"
     if replay_dir.exists():
         shutil.rmtree(replay_dir)  # made by an earlier demo run (the demo owns --out)
     replayed = run_replay(ReplayConfig(model=model, data_dir=out / "replay-data", out=replay_dir, trace=True),
                           echo=lambda s: None)
+    if not replayed.complete:  # a Ctrl-C stopped it (run_replay answers one with partial metrics)
+        raise KeyboardInterrupt
     echo(render_result(replayed))
     job_report = json.loads((out / "job-report.json").read_text())
     real_epochs = job_report.get("epoch_times_s", [])
@@ -132,6 +151,7 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         export_trace(lt.events, path, manifest=lt.manifest)
         timelines[label] = str(path)
 
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
     echo("\n[6/6] comparing the real job with its replay")
     cmp = compare_traces(result.trace_dir, replay_dir)
     compare_path = write_comparison_report(cmp, out / "compare.html")
@@ -150,6 +170,7 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         "timeline_replay": timelines["replay"],
         "job_report": str(out / "job-report.json"),
     }
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
     echo("\nOutputs:")
     for key, value in paths.items():
         echo(f"  {key:<16} {value}")

@@ -34,3 +34,11 @@ class CaptureError(DlreplayError):
 
 class ModelError(DlreplayError):
     """A workload model is invalid; the message names the file and the field path."""
+
+
+class InUseError(DlreplayError):
+    """An output directory is claimed by another running dlreplay command (one writer per directory)."""
+
+
+class UnsafePathError(DlreplayError):
+    """A file lists a path outside the directory it belongs to (absolute, ``..``, a symlink out)."""

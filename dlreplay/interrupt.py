@@ -19,9 +19,11 @@ processes, to ``flag`` (nothing raised; the flag is polled).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -112,3 +114,22 @@ class _QuietInterrupts:
 
 #: The process's interrupt flag (signal handlers are per process anyway).
 INTERRUPT = Interrupt()
+
+#: Test-only: ``DLREPLAY_TEST_HOLD=POINT`` makes :func:`hold_point` wait at POINT for Ctrl-C.
+HOLD_ENV = "DLREPLAY_TEST_HOLD"
+#: Seconds a held point waits for Ctrl-C before it goes on (a test never hangs for good).
+HOLD_MAX_S = 300.0
+
+
+def hold_point(point: str) -> None:
+    """Test-only blocking point: when ``DLREPLAY_TEST_HOLD`` names *point*, print ``held at
+    POINT`` on stderr and wait there (at most :data:`HOLD_MAX_S`) for Ctrl-C, so that a test's
+    Ctrl-C lands at that point on a machine of any speed. A no-op otherwise."""
+    if os.environ.get(HOLD_ENV) != point:
+        return
+    sys.stderr.write(f"held at {point} ({HOLD_ENV}); waiting for Ctrl-C\n")
+    sys.stderr.flush()
+    deadline = time.monotonic() + HOLD_MAX_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        INTERRUPT.check()

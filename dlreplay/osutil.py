@@ -1,12 +1,26 @@
-"""Small operating-system helpers every stage shares: atomic writes, host memory."""
+"""Small operating-system helpers every stage shares: atomic writes, host memory, paths
+confined to their directory, and the one-writer claim on an output directory."""
 
 from __future__ import annotations
 
+import datetime as _dt
+import errno
+import fcntl
+import json
 import os
+import socket
+import sys
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-__all__ = ["atomic_write_text", "host_memory_bytes"]
+from .errors import InUseError, UnsafePathError
+
+__all__ = ["CLAIM_NAME", "DirectoryClaim", "atomic_write_text", "claim_directory", "confined_path",
+           "host_memory_bytes", "is_empty_dir", "process_limit"]
+
+#: The claim file a dlreplay command holds (``flock``) in a directory it writes; never counts as content.
+CLAIM_NAME = ".dlreplay-claim"
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -34,9 +48,150 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
+#: Most processes one option may ask for, whatever the limits say (a typo such as 100000 never forks).
+MAX_PROCESSES = 1024
+
+
+def process_limit() -> tuple[int, str]:
+    """(most processes one dlreplay command may start for one option, why that number).
+
+    Each child holds a few pipes and files open in the parent (workers' queues, loader
+    pipes), so a quarter of the open-file limit (``RLIMIT_NOFILE``), also below the
+    process limit (``RLIMIT_NPROC``) and :data:`MAX_PROCESSES`.
+    """
+    import resource
+
+    limit, why = MAX_PROCESSES, f"dlreplay's cap of {MAX_PROCESSES}"
+    for res, share, name in ((resource.RLIMIT_NOFILE, 4, "a quarter of the open-file limit"),
+                             (resource.RLIMIT_NPROC, 1, "the process limit")):
+        soft = resource.getrlimit(res)[0]
+        if soft != resource.RLIM_INFINITY and soft // share < limit:
+            limit, why = max(1, soft // share), f"{name} ({soft}, ulimit)"
+    return limit, why
+
+
 def host_memory_bytes() -> int:
     """Physical memory of this host in bytes (``os.sysconf``), 0 if unknown."""
     try:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def confined_path(base: str | os.PathLike[str], rel: object, source: str | os.PathLike[str]) -> Path:
+    """``base / rel`` for a path *rel* read from the file *source*, if it stays inside *base*.
+
+    Refuses (:class:`UnsafePathError`, naming *source* and the entry) anything that is not
+    a non-empty relative path string, is absolute, has a ``..`` part or a NUL byte, or
+    resolves (symbolic links followed) outside *base*: a manifest, journal, trace or model
+    can never make dlreplay read, write or delete a file elsewhere.
+    """
+    base = Path(base)
+    why = None
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        why = "not a relative file path"
+    elif PurePosixPath(rel).is_absolute():
+        why = "an absolute path"
+    elif ".." in PurePosixPath(rel).parts:
+        why = "it climbs out with '..'"
+    elif not (base / rel).resolve().is_relative_to(base.resolve()):
+        why = "a symbolic link leads out"
+    if why is None:
+        return base / str(rel)
+    raise UnsafePathError(f"{source}: lists the path {rel!r}, outside {base} ({why}); dlreplay only uses paths "
+                          f"inside the directory a file belongs to, so it refused this file and changed nothing. "
+                          f"Delete {source} if you did not write it, or choose another directory.")
+
+
+class DirectoryClaim:
+    """This process's claim on a directory it writes: an exclusive ``flock`` on :data:`CLAIM_NAME`.
+
+    The kernel drops the lock when the holder exits, however it exits, so a crashed run
+    never blocks the next one; the file names the holder for the message a loser gets.
+    Claims are re-entrant within one process (a traced replay claims its ``--out``, then
+    captures into it): each :func:`claim_directory` needs one :meth:`release` (or the end
+    of a ``with`` block); the last one deletes the file.
+    """
+
+    _held: dict[str, DirectoryClaim] = {}
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd, self._count = path, fd, 1
+
+    def __enter__(self) -> DirectoryClaim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._count == 0:
+            return
+        self._count -= 1
+        if self._count:
+            return
+        DirectoryClaim._held.pop(str(self.path), None)
+        try:  # unlinked while still locked: a process waiting on the old file re-checks its inode
+            os.unlink(self.path / CLAIM_NAME)
+        except OSError:
+            pass
+        os.close(self._fd)
+
+
+def _holder(path: Path) -> str:
+    try:
+        info: dict[str, Any] = json.loads((path / CLAIM_NAME).read_text(encoding="utf-8"))
+        command = " ".join(str(a) for a in info.get("command", []))
+        return f"pid {info.get('pid')} on {info.get('host')} since {info.get('since')}: {command}"
+    except (OSError, ValueError, TypeError, AttributeError):
+        return "another process"
+
+
+def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim:
+    """Create *path* if needed and claim it for this process: one writer per directory.
+
+    Raises :class:`InUseError` naming the holder and *option* (e.g. ``--out``) while another
+    process holds the claim, and ``OSError`` when the directory or its claim file cannot be
+    created (read-only, permission, disk full), for the caller to name in its own words.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    key = str(path.resolve())
+    mine = DirectoryClaim._held.get(key)
+    if mine is not None:
+        mine._count += 1
+        return mine
+    lock = Path(key) / CLAIM_NAME
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise InUseError(f"{path} is being written by another dlreplay command ({_holder(path)}); one "
+                                 f"writer per directory: wait for it to finish or choose another {option}") from None
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv,
+                    "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+            claim = DirectoryClaim(Path(key), fd)
+            DirectoryClaim._held[key] = claim
+            return claim
+        os.close(fd)  # the holder deleted the file between our open and our lock: open the new one
+    raise InUseError(f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
+                     f"another {option}")
+
+
+def is_empty_dir(path: str | os.PathLike[str]) -> bool:
+    """True when *path* is missing or holds nothing but a dlreplay claim file."""
+    p = Path(path)
+    if not p.exists():
+        return True
+    return p.is_dir() and all(c.name == CLAIM_NAME for c in p.iterdir())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 _FEED_BYTES = 1 << 20  # compressed bytes fed to the decompressor at a time
+_OUT_BYTES = 8 << 20  # most decoded bytes one zlib call returns (memory stays bounded on a "zip bomb")
 #: Decoded bytes of one member kept back on the fast path (the member is yielded only
 #: once it decoded cleanly); a larger member is decoded with zlib, streaming.
 _FAST_MEMBER_LIMIT = 64 << 20
@@ -119,12 +120,47 @@ def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, boo
         yield buf if isinstance(buf, bytes) and lo == 0 and hi == len(buf) else bytes(buf[lo:hi]), damage
 
 
-def decoded_spans(data: bytes, stats: DecodeStats,
+#: Plain (not gzip) trace text is handed on in spans of this many bytes.
+PLAIN_SPAN_BYTES = 4 << 20
+
+
+class PlainFile:
+    """A plain-text (not gzip) trace file that :func:`decoded_spans` reads in spans of
+    :data:`PLAIN_SPAN_BYTES` as they are parsed, instead of all of it first: a file of
+    garbage costs memory by the parse chunk, never by its size. ``len()`` is its size."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.size = self.path.stat().st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def spans(self) -> Iterable[tuple[bytes, int, int, bool]]:
+        with open(self.path, "rb") as fh:
+            while block := fh.read(PLAIN_SPAN_BYTES):
+                yield block, 0, len(block), False
+
+    @staticmethod
+    def of(path: str | Path) -> PlainFile | None:
+        """A :class:`PlainFile` for *path* when it does not start like gzip, else None."""
+        with open(path, "rb") as fh:
+            head = fh.read(1)
+        return PlainFile(path) if head and head != GZIP_MAGIC[:1] else None
+
+
+def decoded_spans(data: bytes | PlainFile, stats: DecodeStats,
                   slabs: Slabs | None = None) -> Iterable[tuple[bytes | mmap.mmap, int, int, bool]]:
     """:func:`decoded_pieces` as (buf, lo, hi, damage_follows): the decoded bytes are
     ``buf[lo:hi]``; with ``slabs``, the fast path's output is copied there."""
+    if isinstance(data, PlainFile):  # read as it is parsed: memory bounded by the parse chunks
+        yield from data.spans()
+        return
     if not data.startswith(GZIP_MAGIC[:1]):  # JSON text never starts with 0x1f
-        yield data, 0, len(data), False
+        # in spans, so a large plain text is parsed in chunks like a gzip one (and a long
+        # line of garbage is dropped as it streams by), not as one text of its whole size
+        for lo in range(0, len(data), PLAIN_SPAN_BYTES):
+            yield data, lo, min(lo + PLAIN_SPAN_BYTES, len(data)), False
         return
     mv = memoryview(data)
     n = len(data)
@@ -161,8 +197,8 @@ def decoded_spans(data: bytes, stats: DecodeStats,
                 yield out, 0, len(out), True
                 return
             before = d.copy()
-            try:
-                out = d.decompress(chunk)
+            try:  # output bounded per call: 1 MiB of deflated NUL bytes inflates to 1 GiB
+                out = d.decompress(chunk, _OUT_BYTES)
             except zlib.error as exc:
                 good, err_at = _salvage_chunk(before, chunk)
                 err_pos = pos + err_at
@@ -182,7 +218,7 @@ def decoded_spans(data: bytes, stats: DecodeStats,
                 yield out, 0, len(out), False
                 break
             yield out, 0, len(out), False
-            pos += len(chunk)
+            pos += len(chunk) - len(d.unconsumed_tail)  # the rest is fed again
 
 
 def _fast_member(mv: memoryview, pos: int, slabs: Slabs | None = None) -> tuple[list[Span], int] | None:

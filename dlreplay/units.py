@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def human_bytes(n: float | int | None, missing: str = "-") -> str:
     """``1536`` -> ``"1.5 KiB"`` (powers of 1024; whole bytes below 1 KiB); None -> ``missing``."""
@@ -53,3 +55,43 @@ def parse_bytes(text: str) -> int:
     if value < 1:
         raise ValueError(f"{text!r} is not a positive size")
     return int(value)
+
+
+#: Characters a name from a trace must not bring to a terminal or a document as they are:
+#: C0/C1 controls and DEL (cursor moves, screen clears, bells, line breaks) and the Unicode
+#: marks that reorder or hide text (bidirectional overrides and isolates, zero-width).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def printable(text: object, keep: str = "") -> str:
+    """*text* with every unsafe character (see ``_UNSAFE``) written as an escape (``\\x1b``,
+    ``\\n``, ``\\u202e``), except those in *keep*: file names from a trace shown as they
+    are named, never interpreted by the terminal."""
+    def esc(m: re.Match[str]) -> str:
+        c = m.group()
+        if c in keep:
+            return c
+        return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+    return _UNSAFE.sub(esc, str(text))
+
+
+def terminal_safe(text: object) -> str:
+    """Output for a terminal: unsafe characters escaped, line breaks and tabs kept."""
+    return printable(text, keep="\n\t")
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def markdown_text(text: object) -> str:
+    """Prose for Markdown: unsafe characters escaped and ``<``, ``>``, ``&`` as entities, so a
+    name in it can neither inject HTML nor break the document."""
+    return terminal_safe(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def markdown_cell(text: object) -> str:
+    """A Markdown table cell: :func:`markdown_text`, every Markdown special character
+    backslash-escaped and line breaks written as ``\\n`` (a name cannot end the row)."""
+    return _MD_SPECIAL.sub(r"\\\1", markdown_text(printable(text)))

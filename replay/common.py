@@ -13,6 +13,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,8 @@ import numpy as np
 
 from dlreplay.errors import DlreplayError
 from dlreplay.model import WorkloadModel, model_to_dict
-from dlreplay.osutil import atomic_write_text
+from dlreplay.osutil import atomic_write_text, confined_path, host_memory_bytes, process_limit
+from dlreplay.units import human_bytes
 
 MANIFEST_NAME = ".dlreplay-dataset.json"
 JOURNAL_NAME = ".dlreplay-dataset.partial.json"
@@ -80,6 +84,114 @@ def check_model_for_replay(model: WorkloadModel) -> None:
         )
 
 
+#: Bytes of memory per sample of the dataset plan and of an epoch's sample order (Python ints and tuples).
+PLAN_BYTES_PER_SAMPLE = 160
+#: Bytes of memory per file of the plan and of the manifest.
+PLAN_BYTES_PER_FILE = 600
+#: Longest sleep a replay step may be asked for, seconds (longer ones overflow or never end).
+MAX_SLEEP_S = 1e6
+#: Seeds are integers in 0 .. SEED_LIMIT - 1 (numpy generators and JSON readers take them).
+SEED_LIMIT = 2**63
+
+
+def _mean(d: Any) -> float:
+    """The mean of a size distribution in bytes (0 when unknown)."""
+    mean = d.mean if d.mean is not None else d.value
+    return float(mean) if mean is not None and math.isfinite(float(mean)) else 0.0
+
+
+def _free(path: Path) -> tuple[float, float]:
+    """(bytes, inodes) available to this user on the file system of *path* (its nearest existing parent)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return float("inf"), float("inf")
+    return float(st.f_bavail * st.f_frsize), float(st.f_favail) if st.f_files else float("inf")
+
+
+def check_plan_size(model: WorkloadModel, seed: int) -> None:
+    """Refuse, in a moment, a dataset whose plan (a size per sample) cannot be held in memory, and a bad seed."""
+    if not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ReplayError(f"seed: expected an integer in 0..2**63-1, got {seed!r}")
+    ds = model.dataset
+    samples = ds.num_files * ds.num_samples_per_file
+    need = samples * PLAN_BYTES_PER_SAMPLE + ds.num_files * PLAN_BYTES_PER_FILE
+    ram = host_memory_bytes()
+    if ram and need > ram // 2:
+        raise ReplayError(
+            f"dataset.num_files x dataset.num_samples_per_file = {ds.num_files:,} x {ds.num_samples_per_file:,} = "
+            f"{samples:,} samples: their sizes and order alone need ~{human_bytes(need)} of memory, more than half "
+            f"of this host's {human_bytes(ram)}; lower dataset.num_files or dataset.num_samples_per_file")
+
+
+def check_generate_resources(model: WorkloadModel, data_dir: Path, jobs: int, reusable_bytes: int = 0,
+                             reusable_files: int = 0) -> None:
+    """Refuse, before any file is written, a dataset that cannot be generated in *data_dir*.
+
+    A file is generated whole in memory (one per generator process: *jobs*), and all files
+    must fit in the free space (bytes and inodes) of *data_dir*'s file system, counting the
+    *reusable_bytes* / *reusable_files* of an earlier run as already there.
+    """
+    ds = model.dataset
+    record = _mean(ds.record_length)
+    file_bytes = record * ds.num_samples_per_file
+    ram = host_memory_bytes()
+    if ram and file_bytes * max(1, jobs) > ram // 2:
+        raise ReplayError(
+            f"dataset.record_length x dataset.num_samples_per_file = {human_bytes(record)} x "
+            f"{ds.num_samples_per_file:,}: one file of {human_bytes(file_bytes)} is generated in memory, "
+            f"{max(1, jobs)} at a time, which needs more than half of this host's {human_bytes(ram)}; lower them "
+            f"(or --jobs)")
+    total = file_bytes * ds.num_files
+    free, inodes = _free(data_dir)
+    if total - reusable_bytes > free:
+        raise ReplayError(
+            f"dataset.num_files x dataset.num_samples_per_file x dataset.record_length = {ds.num_files:,} x "
+            f"{ds.num_samples_per_file:,} x {human_bytes(record)} = {human_bytes(total)}, but the file system "
+            f"of {data_dir} has {human_bytes(free)} free; choose a --data-dir with more space or a smaller dataset")
+    if ds.num_files - reusable_files > inodes:
+        raise ReplayError(f"dataset.num_files: {ds.num_files:,} files, but the file system of {data_dir} can "
+                          f"create only {int(inodes):,} more (free inodes); choose another --data-dir or fewer files")
+
+
+def check_replay_resources(model: WorkloadModel, accelerators: int, out: Path | None) -> None:
+    """Refuse, before a replay starts, what it cannot honour: more loader processes than this
+    system allows one command, a batch larger than memory, checkpoints larger than *out*'s free space."""
+    rd, ck, ds = model.reader, model.checkpoint, model.dataset
+    limit, why = process_limit()
+    procs = max(1, accelerators) * max(1, rd.read_threads)
+    if procs > limit:
+        raise ReplayError(f"reader.read_threads: {rd.read_threads} loader worker(s) x {accelerators} accelerator(s) "
+                          f"= {procs:,} processes, more than one command may start here (at most {limit}: {why}); "
+                          f"lower reader.read_threads")
+    for name, dist in (("train.computation_time", model.train.computation_time),
+                       ("reader.preprocess_time", rd.preprocess_time)):
+        worst = max(_mean(dist), float(dist.max) if dist.max is not None else 0.0)
+        if worst > MAX_SLEEP_S:
+            raise ReplayError(f"{name}: {worst:.3g} s per step cannot be replayed (a sleep of at most "
+                              f"{MAX_SLEEP_S:.0e} s, {MAX_SLEEP_S / 86400:.0f} days); check the unit (seconds)")
+    ram = host_memory_bytes()
+    in_batch = min(rd.batch_size, ds.num_files * ds.num_samples_per_file)
+    batch = _mean(ds.record_length) * in_batch * max(1, accelerators) * (1 + rd.prefetch_factor)
+    if ram and batch > ram // 2:
+        raise ReplayError(f"reader.batch_size x dataset.record_length: {in_batch:,} samples of "
+                          f"{human_bytes(_mean(ds.record_length))} per batch, with prefetching on "
+                          f"{accelerators} accelerator(s), need ~{human_bytes(batch)} of memory, more than half of "
+                          f"this host's {human_bytes(ram)}; lower reader.batch_size")
+    if ck.enabled and ck.bytes_per_checkpoint > 0 and out is not None:
+        free, inodes = _free(out)
+        if ck.bytes_per_checkpoint > free:
+            raise ReplayError(f"checkpoint.bytes_per_checkpoint: {human_bytes(ck.bytes_per_checkpoint)} per "
+                              f"checkpoint, but the file system of {out} has {human_bytes(free)} free; choose "
+                              f"another --out or a smaller checkpoint")
+        if ck.files_per_checkpoint > inodes:
+            raise ReplayError(f"checkpoint.files_per_checkpoint: {ck.files_per_checkpoint:,} files, but the file "
+                              f"system of {out} can create only {int(inodes):,} more; choose another --out")
+
+
 def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     """The files of the dataset and each sample's size in bytes, from *model* and *seed*.
 
@@ -88,6 +200,7 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     Array formats (npz, npy, hdf5) use one record length per file (rectangular arrays).
     """
     check_model_for_replay(model)
+    check_plan_size(model, seed)
     ds = model.dataset
     n = ds.num_files
     width = len(str(max(n - 1, 0)))
@@ -126,12 +239,70 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _byte_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def listed_files(data_dir: Path, doc: dict[str, Any], source: Path) -> dict[str, dict[str, Any]]:
+    """The file entries of a dataset manifest or journal *doc* read from *source*, by relative path.
+
+    Every entry must be an object with a ``path`` inside *data_dir* (see
+    :func:`dlreplay.osutil.confined_path`) and integer byte counts; anything else raises
+    (:class:`~dlreplay.errors.UnsafePathError` or :class:`ReplayError`) naming *source*, so
+    nothing it lists is ever read, overwritten or deleted.
+    """
+    files = doc.get("files", [])
+    entries = list(files.values()) if isinstance(files, dict) else files
+    if not isinstance(entries, list):
+        raise ReplayError(f"{source}: 'files' is not a list of files; delete {source} (it is not a file dlreplay "
+                          f"wrote) or choose another --data-dir")
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        rel = e.get("path") if isinstance(e, dict) else e
+        confined_path(data_dir, rel, source)
+        if not (isinstance(e, dict) and _byte_count(e.get("bytes")) and _byte_count(e.get("aux_bytes", 0))):
+            raise ReplayError(f"{source}: the entry for {rel!r} has no valid byte count; delete {source} (it is not "
+                              f"a file dlreplay wrote) or choose another --data-dir")
+        if isinstance(e.get("aux_bytes"), int) and e["aux_bytes"]:
+            confined_path(data_dir, rel + ".idx", source)
+        out[str(rel)] = e
+    return out
+
+
+def file_problems(data_dir: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Listed files that are missing or whose size differs from the listing (``bytes``, ``aux_bytes``).
+
+    Returns {relative path: what is wrong, e.g. ``train/a.npz: 4096 bytes, listed 8192``}. One
+    ``stat`` per file: a dataset whose files were deleted or truncated after generation is
+    never reused as complete.
+    """
+    out: dict[str, str] = {}
+    for rel, e in files.items():
+        for name, want in ((rel, e["bytes"]), (rel + ".idx", e.get("aux_bytes") or 0)):
+            if name != rel and not want:
+                continue
+            try:
+                st = (Path(data_dir) / name).stat()
+                have = st.st_size if stat.S_ISREG(st.st_mode) else None
+            except OSError:
+                have = None
+            if have != want:
+                out[rel] = f"{name}: {'missing' if have is None else f'{have} bytes'}, listed {want}"
+                break
+    return out
+
+
 def read_dataset_manifest(data_dir: Path) -> dict[str, Any] | None:
-    """The complete dataset manifest of *data_dir*, or None if there is no complete one."""
-    data = read_json(Path(data_dir) / MANIFEST_NAME)
+    """The complete dataset manifest of *data_dir*, or None if there is no complete one.
+
+    Its file paths are checked to stay inside *data_dir* (raises, naming the manifest).
+    """
+    source = Path(data_dir) / MANIFEST_NAME
+    data = read_json(source)
     if not data or data.get("schema") != DATASET_SCHEMA or data.get("complete") is not True:
         return None
-    if int(data.get("format_version", 0)) > DATASET_FORMAT_VERSION:
-        raise ReplayError(f"{Path(data_dir) / MANIFEST_NAME}: format_version {data.get('format_version')} is newer "
-                          f"than this dlreplay reads ({DATASET_FORMAT_VERSION}); upgrade dlreplay.")
+    if not isinstance(data.get("format_version", 0), int) or data.get("format_version", 0) > DATASET_FORMAT_VERSION:
+        raise ReplayError(f"{source}: format_version {data.get('format_version')!r} is not one this dlreplay reads "
+                          f"({DATASET_FORMAT_VERSION}); upgrade dlreplay or regenerate the dataset.")
+    listed_files(Path(data_dir), data, source)
     return data

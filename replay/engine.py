@@ -35,8 +35,9 @@ import dlreplay
 from dlreplay.capture.inject._dlreplay_hooks import REGIONS
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, save_model
+from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir
 
-from .common import ReplayError, dataset_digest, read_dataset_manifest
+from .common import ReplayError, check_replay_resources, dataset_digest, read_dataset_manifest
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
 from .loader import Loader, WorkerSpec
 from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate, render_table
@@ -608,8 +609,10 @@ def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[
     status = dataset_status(config.model, config.data_dir, config.seed)
     if status != "ready":
         if not config.generate:
+            what = ("files were deleted or changed size since it was generated" if status == "damaged" else
+                    f"status: {status}")
             raise ReplayError(f"{config.data_dir}: no complete dlreplay dataset for this model and seed "
-                              f"(status: {status}); run `dlreplay generate MODEL --data-dir {config.data_dir}` "
+                              f"({what}); run `dlreplay generate MODEL --data-dir {config.data_dir}` "
                               f"or drop --no-generate")
         echo(f"generating the dataset in {config.data_dir} …")
         res = generate_dataset(GenerateConfig(model=config.model, data_dir=config.data_dir, seed=config.seed,
@@ -632,15 +635,24 @@ def model_warnings(model: WorkloadModel) -> list[str]:
     return out
 
 
+#: Output claims taken by the run_replay call in progress (released when it returns).
+_CLAIMS: list[DirectoryClaim] = []
+
+
 def _check_out(out: Path, allow_existing: bool) -> None:
+    """Claim *out* (one writer per directory) and refuse it unless empty; ``allow_existing``: the
+    traced child writing into the ``--out`` its parent claimed."""
     if out.exists() and not out.is_dir():
         raise ReplayError(f"{out} exists and is not a directory; choose another --out")
-    if not allow_existing and out.is_dir() and any(out.iterdir()):
-        raise ReplayError(f"{out} is not empty; choose another --out (results are never written over)")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if allow_existing:
+            out.mkdir(parents=True, exist_ok=True)
+            return
+        _CLAIMS.append(claim_directory(out, "--out"))
     except OSError as exc:
         raise ReplayError(f"{out}: cannot create the output directory ({exc.strerror or exc})") from None
+    if not is_empty_dir(out):
+        raise ReplayError(f"{out} is not empty; choose another --out (results are never written over)")
 
 
 def _metrics_doc(config: ReplayConfig, ranks: list[dict[str, Any]], manifest: dict[str, Any], started: str,
@@ -672,10 +684,13 @@ def run_replay(config: ReplayConfig, echo: Callable[[str], None] | None = None) 
     Ctrl-C (also one received before the call whose KeyboardInterrupt was swallowed, see
     :mod:`dlreplay.interrupt`) stops the replay and returns partial metrics, ``complete`` false.
     """
+    held = len(_CLAIMS)
     try:
         return _run_replay(config, echo)
     finally:
         INTERRUPT.reset()  # this run has answered any Ctrl-C; the next starts clean
+        while len(_CLAIMS) > held:
+            _CLAIMS.pop().release()
 
 
 def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> ReplayResult:
@@ -686,6 +701,7 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
         raise ReplayError(f"--loader: expected one of {', '.join(LOADERS)}, got {config.loader!r}")
     if config.accelerators < 1:
         raise ReplayError(f"--accelerators: expected a positive integer, got {config.accelerators}")
+    check_replay_resources(config.model, config.accelerators, config.out)
     comm = _mpi_world()
     if comm is not None:
         return _run_mpi(config, comm, say)

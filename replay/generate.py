@@ -11,11 +11,11 @@ Generation refuses a non-empty directory that holds no dlreplay manifest or jour
 and only ever deletes files it created (its temporary files, or with ``force`` the
 files listed in its own manifest/journal).
 
-Test-only hook: with ``DLREPLAY_TEST_GENERATE_HOLD=N`` in the environment, generation
-stops after N finished files, writes the journal, prints ``generate held after N files``
-on stderr and waits there (at most :data:`HOLD_MAX_S`) for Ctrl-C. The Ctrl-C tests use
-it so that the interrupt lands mid-generation on a machine of any speed; nothing else
-sets it.
+Test-only hook: with ``DLREPLAY_TEST_GENERATE_HOLD=N`` (or ``N:PATH``) in the environment,
+generation stops after N finished files, writes the journal, prints ``generate held after N
+files`` on stderr and waits there for Ctrl-C (or until the file PATH exists, then goes on;
+at most :data:`HOLD_MAX_S`). Tests use it so that a Ctrl-C, or a disk filling up, lands
+mid-generation on a machine of any speed; nothing else sets it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import numpy as np
 import dlreplay
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Layout, WorkloadModel, model_to_dict
-from dlreplay.osutil import host_memory_bytes
+from dlreplay.osutil import DirectoryClaim, claim_directory, host_memory_bytes, is_empty_dir
 
 from .common import (
     DATASET_FORMAT_VERSION,
@@ -49,7 +49,10 @@ from .common import (
     TMP_SUFFIX,
     FileSpec,
     ReplayError,
+    check_generate_resources,
     dataset_digest,
+    file_problems,
+    listed_files,
     plan_dataset,
     read_json,
     write_json_atomic,
@@ -169,38 +172,32 @@ def _submit_blocked(pool: ProcessPoolExecutor, *args: Any) -> Future:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _owned_paths(doc: dict[str, Any]) -> list[str]:
-    out = []
-    for e in doc.get("files", []) if isinstance(doc.get("files"), list) else (doc.get("files") or {}).values():
-        out.append(e["path"])
-        if e.get("aux_bytes"):
-            out.append(e["path"] + ".idx")
-    return out
+def _remove_owned(data_dir: Path, listed: dict[str, dict[str, Any]]) -> None:
+    """Delete the files a previous dlreplay generation listed as its own (paths already confined).
+
+    Only regular files and symbolic links are removed (a link itself, never its target).
+    """
+    for rel, entry in listed.items():
+        for name in (rel, rel + ".idx") if entry.get("aux_bytes") else (rel,):
+            p = data_dir / name
+            if p.is_symlink() or p.is_file():
+                p.unlink(missing_ok=True)
 
 
-def _remove_owned(data_dir: Path, doc: dict[str, Any], plan: list[FileSpec]) -> None:
-    """Delete files a previous dlreplay generation created here (listed in its manifest/journal or planned)."""
-    names = set(_owned_paths(doc))
-    for rel in names:
-        for p in (data_dir / rel,):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
+def _hold_after() -> tuple[int, Path | None] | None:
+    """(N, release file) from ``DLREPLAY_TEST_GENERATE_HOLD`` (test-only), or None when unset or malformed."""
+    count, _, release = os.environ.get(HOLD_ENV, "").partition(":")
+    if not count.isdigit() or int(count) <= 0:
+        return None
+    return int(count), Path(release) if release else None
 
 
-def _hold_after() -> int | None:
-    """N from ``DLREPLAY_TEST_GENERATE_HOLD`` (test-only), or None when unset or not a positive integer."""
-    value = os.environ.get(HOLD_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def _hold(files: int) -> None:
-    """Test-only: wait for Ctrl-C (KeyboardInterrupt) for at most :data:`HOLD_MAX_S` seconds."""
+def _hold(files: int, release: Path | None) -> None:
+    """Test-only: wait for Ctrl-C (KeyboardInterrupt) or *release* to exist, at most :data:`HOLD_MAX_S` seconds."""
     sys.stderr.write(f"generate held after {files} files ({HOLD_ENV}); waiting for Ctrl-C\n")
     sys.stderr.flush()
     deadline = time.monotonic() + HOLD_MAX_S
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (release is not None and release.exists()):
         time.sleep(0.05)
         INTERRUPT.check()
 
@@ -214,8 +211,12 @@ def _clean_tmp(data_dir: Path) -> None:
 
 
 def dataset_status(model: WorkloadModel, data_dir: Path, seed: int) -> str:
-    """``ready`` (complete manifest for this dataset), ``partial``, ``other`` (another dataset),
-    ``foreign`` (non-empty, not dlreplay's), ``empty`` (missing or empty)."""
+    """``ready`` (complete manifest for this dataset, every file at its listed size), ``damaged``
+    (complete manifest, but files missing or of another size since), ``partial``, ``other``
+    (another dataset), ``foreign`` (non-empty, not dlreplay's), ``empty`` (missing or empty).
+
+    Raises (naming the file) when the manifest or journal lists a path outside *data_dir*.
+    """
     data_dir = Path(data_dir)
     manifest = read_json(data_dir / MANIFEST_NAME)
     journal = read_json(data_dir / JOURNAL_NAME)
@@ -223,18 +224,27 @@ def dataset_status(model: WorkloadModel, data_dir: Path, seed: int) -> str:
     if manifest and manifest.get("schema") == DATASET_SCHEMA:
         same = manifest.get("model_digest") == digest and manifest.get("seed") == seed
         if manifest.get("complete") is True and same:
-            return "ready"
+            files = listed_files(data_dir, manifest, data_dir / MANIFEST_NAME)
+            return "damaged" if file_problems(data_dir, files) else "ready"
         if not same:
             return "other"
         return "partial"
     if journal and journal.get("schema") == DATASET_SCHEMA:
         same = journal.get("model_digest") == digest and journal.get("seed") == seed
         return "partial" if same else "other"
-    if data_dir.is_dir() and any(data_dir.iterdir()):
-        return "foreign"
-    if data_dir.exists() and not data_dir.is_dir():
+    if not is_empty_dir(data_dir):
         return "foreign"
     return "empty"
+
+
+def _claim(data_dir: Path) -> DirectoryClaim:
+    """Claim *data_dir* for this generation (one writer per directory), creating it if needed."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ReplayError(f"{data_dir} exists and is not a directory; choose another --data-dir")
+    try:
+        return claim_directory(data_dir, "--data-dir")
+    except OSError as exc:
+        raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
 
 
 class _Progress:
@@ -266,6 +276,24 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
     On KeyboardInterrupt the journal stays and no complete manifest is written.
     """
     t0 = time.perf_counter()
+    plan_dataset(config.model, config.seed)  # a model without a dataset plan fails before anything is created
+    if dataset_status(config.model, Path(config.data_dir), config.seed) == "ready":
+        return _generate(config, t0)  # reuse only reads: no claim, so read-only storage works
+    data_dir = Path(config.data_dir)
+    created = not data_dir.exists()
+    try:
+        with _claim(data_dir):  # status again under the claim: another writer may just have finished
+            return _generate(config, t0)
+    except BaseException:
+        if created:  # refused before writing anything: leave no empty directory behind
+            try:
+                data_dir.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     model, data_dir, seed = config.model, Path(config.data_dir), config.seed
     plan = plan_dataset(model, seed)
     digest = dataset_digest(model)
@@ -280,46 +308,52 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
             raise ReplayError(
                 f"{data_dir} holds a dlreplay dataset generated for another model shape or seed; pass --force to "
                 f"replace it (only files dlreplay created are deleted) or choose another --data-dir.")
-        old = read_json(data_dir / MANIFEST_NAME) or read_json(data_dir / JOURNAL_NAME) or {}
+        listed: dict[str, dict[str, Any]] = {}
+        for name in (MANIFEST_NAME, JOURNAL_NAME):  # every listed path checked before anything is deleted
+            doc = read_json(data_dir / name)
+            if doc and doc.get("schema") == DATASET_SCHEMA:
+                listed.update(listed_files(data_dir, doc, data_dir / name))
         (data_dir / MANIFEST_NAME).unlink(missing_ok=True)
-        _remove_owned(data_dir, old, plan)
+        _remove_owned(data_dir, listed)
         (data_dir / JOURNAL_NAME).unlink(missing_ok=True)
         _clean_tmp(data_dir)
         status = "empty"
-    warnings: list[str] = []
     if status == "ready":
         manifest = read_json(data_dir / MANIFEST_NAME) or {}
         total = int(manifest.get("total_bytes", 0))
-        warnings.extend(cache_warnings(total))
         return GenerateResult(data_dir=data_dir, files=len(plan), total_bytes=total, generated=0,
-                              reused=len(plan), seconds=time.perf_counter() - t0, warnings=tuple(warnings),
-                              manifest=manifest)
+                              reused=len(plan), seconds=time.perf_counter() - t0,
+                              warnings=tuple(cache_warnings(total)), manifest=manifest)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
     if not os.access(data_dir, os.W_OK):
         raise ReplayError(f"{data_dir}: permission denied (not writable); choose a writable --data-dir")
+    # What an earlier run finished: the journal of an interrupted one, or the manifest of a
+    # complete one whose files were deleted or truncated since ("damaged"); each file is
+    # kept only at its listed size, and only when the plan still has it.
+    source = data_dir / (MANIFEST_NAME if status == "damaged" else JOURNAL_NAME)
+    earlier = read_json(source) if status in ("partial", "damaged") else None
+    listed = listed_files(data_dir, earlier, source) if earlier else {}
+    planned = {s.relpath for s in plan}
+    listed = {rel: e for rel, e in listed.items() if rel in planned}
+    broken = file_problems(data_dir, listed)
+    done: dict[str, dict[str, Any]] = {rel: e for rel, e in listed.items() if rel not in broken}
+    warnings: list[str] = []
+    if status == "damaged":
+        warnings.append(f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
+                        f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them")
+    jobs = config.jobs or min(4, os.cpu_count() or 1)
+    check_generate_resources(model, data_dir, jobs, reusable_bytes=sum(int(e["bytes"]) for e in done.values()),
+                             reusable_files=len(done))
     (data_dir / MANIFEST_NAME).unlink(missing_ok=True)  # an incomplete manifest is never trusted
     _clean_tmp(data_dir)
-
-    journal = read_json(data_dir / JOURNAL_NAME) if status == "partial" else None
-    done: dict[str, dict[str, Any]] = {}
-    if journal:
-        for rel, entry in (journal.get("files") or {}).items():
-            p = data_dir / rel
-            ok = p.is_file() and p.stat().st_size == entry.get("bytes")
-            if ok and entry.get("aux_bytes"):
-                idx = data_dir / (rel + ".idx")
-                ok = idx.is_file() and idx.stat().st_size == entry["aux_bytes"]
-            if ok:
-                done[rel] = entry
     header = {"schema": DATASET_SCHEMA, "format_version": DATASET_FORMAT_VERSION, "model_digest": digest,
               "seed": seed, "format": model.dataset.format, "complete": False}
     journal_path = data_dir / JOURNAL_NAME
     write_json_atomic(journal_path, {**header, "files": done})
     todo = [s for s in plan if s.relpath not in done]
-    jobs = config.jobs or min(4, os.cpu_count() or 1)
     show = sys.stderr.isatty() if config.progress is None else config.progress
     progress = _Progress(len(plan), show)
     written_bytes = sum(int(e["bytes"]) for e in done.values())
@@ -332,11 +366,12 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
         written_bytes += int(entry["bytes"])
         INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
         progress.update(len(done), written_bytes)
-        if time.monotonic() - last_journal > 0.5 or len(done) == hold:
+        held = hold is not None and len(done) == hold[0]
+        if time.monotonic() - last_journal > 0.5 or held:
             write_json_atomic(journal_path, {**header, "files": done})
             last_journal = time.monotonic()
-        if len(done) == hold:
-            _hold(len(done))
+        if held and hold is not None:
+            _hold(len(done), hold[1])
 
     fmt, layout = model.dataset.format, model.dataset.layout
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,14 +24,38 @@ def _no_tracer_leak():
     assert after == before, f"test leaked tracer environment: {set(after) ^ set(before)}"
 
 
+#: What Python prints when an exception escapes (a traceback naming a source file), when one is
+#: discarded, when the site hook fails, or when the interpreter dies. No CLI run may print one.
+PYTHON_TRACEBACK = re.compile(r'Traceback \(most recent call last\):\n  File "/|Exception ignored in|'
+                              r"Error in sitecustomize|Fatal Python error")
+#: How many CLI runs of this test session were checked for Python tracebacks.
+CLI_RUNS_CHECKED = [0]
+
+
+def check_no_traceback(*texts: str, what: str = "") -> None:
+    """Fail when the output of a dlreplay command (stdout, stderr) holds a Python traceback."""
+    CLI_RUNS_CHECKED[0] += 1
+    for text in texts:
+        m = PYTHON_TRACEBACK.search(text or "")
+        if m:
+            raise AssertionError(f"a Python traceback in the output of dlreplay {what}:\n{text}")
+
+
 def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (``python -m dlreplay``)."""
+    """Run the real CLI in a subprocess (``python -m dlreplay``); fails on any Python traceback in its output."""
     proc = subprocess.run(
         [sys.executable, "-m", "dlreplay", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
+    check_no_traceback(proc.stdout, proc.stderr, what=" ".join(args))
     if check and proc.returncode != 0:
         raise AssertionError(f"dlreplay {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if CLI_RUNS_CHECKED[0]:
+        terminalreporter.write_line(f"dlreplay CLI runs checked for Python tracebacks: {CLI_RUNS_CHECKED[0]} "
+                                    "(none printed one)")
 
 
 @pytest.fixture

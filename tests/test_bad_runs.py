@@ -24,7 +24,7 @@ import pytest
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME
 from dlreplay.replay.generate import HOLD_ENV
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, check_no_traceback, run_cli
 from .test_replay import digest_dir, make_model, write_model
 
 PY = sys.executable
@@ -32,6 +32,7 @@ PY = sys.executable
 
 def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception ignored" not in text, text
+    check_no_traceback(text)
 
 
 def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -41,22 +42,28 @@ def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = 
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120.0) -> list[str]:
-    """Read the process's stderr until a line contains ``needle``; returns the lines read."""
+    """Read the process's stderr until a line contains ``needle``; returns the lines read (the
+    needle's and whatever arrived with it: nothing read is dropped).
+
+    Reads the pipe's file descriptor directly: ``select`` with a buffered ``readline`` misses a
+    line that arrived in the same read as the previous one (it waits in Python's buffer).
+    """
     assert proc.stderr is not None
-    lines: list[str] = []
+    fd = proc.stderr.fileno()
+    text = ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
-            line = proc.stderr.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            lines.append(line)
-            if needle in line:
-                return lines
+            text += chunk.decode(errors="replace")
+            if any(needle in line for line in text.splitlines()):
+                return text.splitlines(keepends=True)
         elif proc.poll() is not None:
             break
-    raise AssertionError(f"{needle!r} never printed (exit {proc.poll()}):\n{''.join(lines)}")
+    raise AssertionError(f"{needle!r} never printed (exit {proc.poll()}):\n{text}")
 
 
 def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
@@ -222,22 +229,54 @@ def read_only_fs(tmp_path: Path):
 
 @pytest.mark.parametrize("fmt", ["npy", "parquet"])  # np.save and polars report a full disk without errno
 def test_generate_on_a_full_disk_fails_clearly_and_resumes(tmp_path: Path, small_fs: Path, fmt: str) -> None:
-    model = write_model(tmp_path, f"dataset.format={fmt}", "dataset.num_files=30", "dataset.record_length=200000")
-    data = small_fs / "d"
-    proc = run_cli("generate", str(model), "--data-dir", str(data))
-    no_traceback(proc.stderr)
+    """The disk fills up mid-generation (another writer takes the space while generation is held
+    after 3 files): exit 1 naming the path, no manifest, no temporary files; a rerun resumes."""
+    model = write_model(tmp_path, f"dataset.format={fmt}", "dataset.num_files=8", "dataset.num_samples_per_file=1",
+                        "dataset.record_length=200000")  # 1.6 MB: passes the up-front check on the 2 MiB file system
+    data, release = small_fs / "d", tmp_path / "release"
+    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "1",
+                     env={**os.environ, HOLD_ENV: f"3:{release}"})
+    wait_for_line(proc, "generate held after 3 files")
+    (small_fs / "filler").write_bytes(b"\0" * (_free_bytes(small_fs) - 100_000))  # leaves less than a file
+    release.touch()
+    _, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
     assert proc.returncode == 1
-    assert "no space left on the device" in proc.stderr and str(data) in proc.stderr
-    assert "rerun resumes" in proc.stderr
+    assert "no space left on the device" in stderr and str(data) in stderr
+    assert "rerun resumes" in stderr
     assert not (data / MANIFEST_NAME).exists()
     assert not list(data.rglob("*.dlreplay-tmp"))  # its partial temporary files are not left taking space
     assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
     kept = journal_files(data)
-    subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
+    assert kept >= 3
+    (small_fs / "filler").unlink()
     again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
-    assert f"{30 - kept} generated, {kept} reused" in again.stdout
+    assert f"{8 - kept} generated, {kept} reused" in again.stdout
     assert json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
     assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_generate_larger_than_the_free_space_is_refused_up_front(tmp_path: Path, small_fs: Path) -> None:
+    """A dataset that cannot fit is refused before a byte is written, naming the fields and sizes."""
+    model = write_model(tmp_path, "dataset.format=raw", "dataset.num_files=30", "dataset.num_samples_per_file=1",
+                        "dataset.record_length=200000")
+    proc = run_cli("generate", str(model), "--data-dir", str(small_fs / "d"))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1
+    assert ("dataset.num_files x dataset.num_samples_per_file x dataset.record_length = 30 x 1 x 195.3 KiB = "
+            f"5.7 MiB, but the file system of {small_fs / 'd'} has ") in proc.stderr
+    assert not (small_fs / "d").exists()
+    ck = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2",
+                     "checkpoint.bytes_per_checkpoint=3000000")
+    proc = run_cli("replay", str(ck), "--data-dir", str(tmp_path / "d"), "--out", str(small_fs / "o"), "--no-trace")
+    assert proc.returncode == 1 and "checkpoint.bytes_per_checkpoint: 2.9 MiB per checkpoint, but the file " \
+        f"system of {small_fs / 'o'} has " in proc.stderr
+    assert not (small_fs / "o").exists()
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
@@ -245,8 +284,8 @@ def test_replay_checkpoints_on_a_full_disk(tmp_path: Path, small_fs: Path, trace
     """Checkpoint writes hit ENOSPC: exit 1 (not 130: nobody pressed Ctrl-C) naming the file, partial
     metrics with the error, the replay's own checkpoint files removed, the user's file kept."""
     model = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true",
-                        "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=3000000",
-                        "checkpoint.files_per_checkpoint=2")
+                        "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=1500000",
+                        "checkpoint.files_per_checkpoint=2")  # one fits (refused up front otherwise), two do not
     out = small_fs / "o"
     proc = run_cli("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(out),
                    *([] if traced else ["--no-trace"]))
@@ -394,3 +433,181 @@ def test_ctrl_c_during_traced_replay_keeps_metrics_and_trace(tmp_path: Path) -> 
     analyzed = run_cli("analyze", str(out), "--json")
     assert analyzed.returncode == 0, analyzed.stderr
     assert json.loads(analyzed.stdout)["events"] > 0  # the trace of the partial run is kept and loadable
+
+
+# --------------------------------------------------------------------------- a dataset changed after generation
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "grown"])
+def test_dataset_damaged_after_generation_is_not_reused(tmp_path: Path, damage: str) -> None:
+    """Files deleted or resized after generation: sizes are checked against the manifest before
+    reuse; generate regenerates just those files (and says so), replay --no-generate refuses."""
+    model, data = write_model(tmp_path, "dataset.format=npy"), tmp_path / "d"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    before = digest_dir(data)
+    victim = sorted((data / "train").rglob("*.npy"))[2]
+    rel = victim.relative_to(data).as_posix()
+    if damage == "deleted":
+        victim.unlink()
+    elif damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:100])
+    else:
+        victim.write_bytes(victim.read_bytes() + b"more")
+    refused = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o"), "--no-trace",
+                      "--no-generate")
+    no_traceback(refused.stderr)
+    assert refused.returncode == 1 and "files were deleted or changed size since it was generated" in refused.stderr
+    again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    assert "1 generated, 5 reused" in again.stdout
+    assert f"1 file(s) of the dataset in {data} were missing or had changed size" in again.stderr
+    assert rel in again.stderr and ("missing" if damage == "deleted" else "bytes, listed") in again.stderr
+    assert digest_dir(data) == before  # regenerated byte for byte
+    replayed = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o2"), "--no-trace",
+                       "--no-generate", check=True)
+    assert "metrics:" in replayed.stdout
+
+
+# --------------------------------------------------------------------------- the job's own sitecustomize
+
+
+USER_SITECUSTOMIZE = """
+import os, sys
+if __name__ == "sitecustomize":  # as Python imports it
+    with open(os.environ["SC_LOG"], "a") as f:
+        f.write(f"{os.getpid()} {os.path.basename(sys.argv[0]) if sys.argv else '-'}\\n")
+"""
+
+SPAWNING_JOB = """
+import multiprocessing as mp, os, sys
+import sitecustomize  # the job's own, not dlreplay's
+assert sitecustomize.__file__.startswith(os.environ["SC_DIR"]), sitecustomize.__file__
+
+def pid(_):
+    return os.getpid()
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(2) as pool:
+        children = set(pool.map(pid, range(8)))
+    print(os.getpid(), *children)
+"""
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["capture", "capture-in-capture"])
+def test_users_sitecustomize_runs_exactly_once_per_process(tmp_path: Path, nested: bool) -> None:
+    """The job's own sitecustomize.py (on PYTHONPATH) runs once in the job and in each spawned
+    child, under its own name; also when captures nest (an inner capture's copy used to chain
+    to the outer one and back until RecursionError, and the job's own never ran)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    (tmp_path / "job.py").write_text(SPAWNING_JOB)
+    log = tmp_path / "sc.log"
+    env = {**os.environ, "PYTHONPATH": str(site), "SC_LOG": str(log), "SC_DIR": str(site)}
+    job = [PY, "job.py"]
+    if nested:
+        job = [PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "inner"), "--", *job]
+    proc = subprocess.run([PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "t"), "--", *job],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    no_traceback(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    assert "Error in sitecustomize" not in proc.stderr
+    pids = [int(x) for x in proc.stdout.split()]
+    runs = [int(line.split()[0]) for line in log.read_text().splitlines()]
+    assert len(pids) >= 2  # the job and at least one spawned worker
+    for pid in pids:
+        assert runs.count(pid) == 1, (pid, runs)
+    assert len(runs) == len(set(runs))  # no process ran it twice (dlreplay's own processes run it once too)
+
+
+def test_capture_data_dir_that_does_not_exist_is_reported(tmp_path: Path) -> None:
+    """A --data-dir that does not exist (a typo) is named in the summary, also with -q, and kept in
+    the manifest; one the job creates while it runs is not a mistake."""
+    (tmp_path / "job.py").write_text("import os\nos.makedirs('made', exist_ok=True)\n")
+    for quiet in ([], ["-q"]):
+        out = tmp_path / f"t{len(quiet)}"
+        proc = run_cli("capture", *quiet, "--out", str(out), "--data-dir", "dta", "--data-dir", "made", "--",
+                       PY, "job.py", cwd=tmp_path)
+        no_traceback(proc.stderr)
+        assert proc.returncode == 0, proc.stderr
+        assert f"--data-dir dta does not exist (in {tmp_path}): nothing under it was traced" in proc.stderr
+        assert "--data-dir made" not in proc.stderr
+        assert json.loads((out / "manifest.json").read_text())["warnings"] == [
+            line.split("warning: ", 1)[1] for line in proc.stderr.splitlines() if "warning: --data-dir" in line]
+
+
+# --------------------------------------------------------------------------- Ctrl-C: analyze, analyze --verify, demo
+
+
+def test_ctrl_c_during_a_verify_replay_stops_analyze(tmp_path: Path) -> None:
+    """A Ctrl-C during --verify's first replay used to be answered by that replay (partial
+    metrics) and swallowed: the next replay ran and the table was shown as a finished result.
+    The replay lasts at least its compute sleeps (~0.6 s), so the Ctrl-C sent as it starts lands in it."""
+    proc = start_cli("analyze", str(REPO / "traces" / "npz_starved"), "--verify", "--verify-dir", str(tmp_path / "v"))
+    wait_for_line(proc, "replay 1/")
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=300)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    assert "interrupted (Ctrl-C)" in stderr and "replay 2/" not in stderr
+    assert "Verified by replay" not in stdout and "AU" not in stdout  # no result shown at all
+
+
+@pytest.mark.parametrize("target", ["group", "pid"])
+def test_ctrl_c_during_distributed_analyze(tmp_path: Path, target: str) -> None:
+    """--workers 2: Ctrl-C with parse tasks in flight (held there by the test-only hook): exit 130,
+    no traceback from the client, the event loop or a worker process (the whole process group gets it)."""
+    from dlreplay.interrupt import HOLD_ENV
+
+    proc = start_cli("analyze", str(REPO / "traces" / "npz_fork"), "--workers", "2",
+                     env={**os.environ, HOLD_ENV: "dask-parse"})
+    wait_for_line(proc, "held at dask-parse")
+    ctrl_c(proc, target)
+    stdout, stderr = proc.communicate(timeout=300)
+    no_traceback(stderr)
+    assert "Task exception was never retrieved" not in stderr
+    assert proc.returncode == 130, stderr
+    assert stdout == "" and "interrupted (Ctrl-C)" in stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_demo_capture(tmp_path: Path) -> None:
+    """Ctrl-C while the demo's training job runs (it imports torch for over a second): exit 130, no
+    traceback (the job's own output goes to job.log), no later step runs."""
+    log = tmp_path / "demo" / "job.log"
+    proc = start_cli("demo", "--out", str(tmp_path / "demo"))
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and "dataset" not in (
+            log.read_text() if log.is_file() else ""):
+        time.sleep(0.05)  # the job's first line: it goes on to import torch and train
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=300)
+    no_traceback(stdout + stderr)
+    assert proc.returncode == 130, stderr
+    assert "interrupted (Ctrl-C)" in stderr and "[2/6]" in stdout and "[3/6]" not in stdout
+
+
+# --------------------------------------------------------------------------- full disks during reports and spills
+
+
+def test_full_disk_during_reports_exports_and_spills(tmp_path: Path, small_fs: Path) -> None:
+    """Reports (HTML, Markdown with figures), a comparison report, a timeline export and a spill
+    on a file system with 8 KiB left: exit 1, the message names the path, nothing partial is left
+    (only the user's file and the filler remain)."""
+    trace = str(REPO / "traces" / "npz_fork")
+    (small_fs / "filler").write_bytes(b"\0" * (_free_bytes(small_fs) - 8192))
+    runs = {
+        "report.html": ("analyze", trace, "--report", str(small_fs / "report.html")),
+        "report.md": ("analyze", trace, "--report", str(small_fs / "report.md")),
+        "compare.md": ("compare", trace, trace, "--report", str(small_fs / "compare.md")),
+        "timeline": ("export", trace, "-o", str(small_fs / "t.perfetto-trace")),
+        "spill": ("analyze", trace, "--memory-limit", "1MB", "--spill-dir", str(small_fs)),
+    }
+    named = {"report.html": str(small_fs / "report.html"), "report.md": str(small_fs / "report.figures"),
+             "compare.md": str(small_fs / "compare.figures"), "timeline": str(small_fs / "t.perfetto-trace"),
+             "spill": str(small_fs / "dlreplay-spill-")}
+    for what, args in runs.items():
+        proc = run_cli(*args)
+        no_traceback(proc.stderr)
+        assert proc.returncode == 1, (what, proc.stdout, proc.stderr)
+        assert named[what] in proc.stderr and ("no space left" in proc.stderr.lower()), (what, proc.stderr)
+        assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "user-file.txt"], what

@@ -13,10 +13,13 @@ import gzip
 import itertools
 import json
 import shutil
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +28,7 @@ from hypothesis import strategies as st
 from dlreplay import pfw
 from dlreplay.analyze import load_trace
 
-from .conftest import TRACES, run_cli
+from .conftest import TRACES, check_no_traceback, run_cli
 from .test_load import BAD_LINES, member_offsets, ref_decode, to_v1
 
 SRC = TRACES / "npz_fork"
@@ -34,6 +37,7 @@ META_PH = (4, "4", "M")
 
 def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception ignored" not in text, text
+    check_no_traceback(text)
 
 
 def corpus_lines(name: str | None = None) -> list[bytes]:
@@ -414,3 +418,194 @@ def test_dropped_bytes_of_a_malformed_line_ending_in_a_comma(tmp_path: Path) -> 
     rep = load_trace(path).files[0]
     assert rep.dropped_lines == 2
     assert rep.dropped_bytes == sum(len(b) + 1 for b in bad)
+
+
+# --------------------------------------------------------------------------- traces that hold nothing, runs that did not end
+
+
+def _first_lines(text: str) -> list[str]:
+    """The lines before the summary (what a reader sees first)."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("warning: "):
+            break
+        out.append(line)
+    return out
+
+
+def test_empty_header_only_and_cut_files_are_named_first_in_plain_output(tmp_path: Path) -> None:
+    """Not only in --json: the plain text names each file without events and each cut one, before the summary."""
+    lines = corpus_lines()
+    data = gz_members(lines, 2)
+    odd = {"trace-zero.pfw.gz": b"", "trace-header.pfw.gz": gzip.compress(b"[\n"),
+           "trace-cut.pfw.gz": data[: len(data) * 2 // 3]}
+    trace = trace_with(tmp_path, biggest(), data)
+    for n, d in odd.items():
+        (trace / n).write_bytes(d)
+    proc = run_cli("analyze", str(trace))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    first = "\n".join(_first_lines(proc.stdout))
+    assert "1 process file(s) cut or damaged (trace-cut.pfw.gz)" in first
+    assert "trace-zero.pfw.gz (file is empty (0 bytes)" in first and "trace-header.pfw.gz (" in first
+    assert "hold no events" in first
+    payload = json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)
+    assert payload["incomplete"] is True
+    assert [f"warning: {w}" for w in payload["warnings"]] == _first_lines(proc.stdout)
+
+
+def test_comparing_traces_without_events_is_an_error(tmp_path: Path) -> None:
+    """Two empty traces used to be 'identical' (similarity 1.0)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "trace-a.pfw.gz").write_bytes(b"")
+    (empty / "trace-b.pfw.gz").write_bytes(gzip.compress(b"[\n"))
+    for a, b, bad in ((empty, empty, empty), (SRC, empty, empty), (empty, SRC, empty)):
+        proc = run_cli("compare", str(a), str(b), "--json")
+        no_traceback(proc.stderr)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+        assert f"dlreplay: error: {bad}: the trace holds no events, so there is nothing to compare" in proc.stderr
+        assert "trace-a.pfw.gz (file is empty (0 bytes)" in proc.stderr
+
+
+def test_duplicate_files_and_another_run_inside_are_reported_not_summed(tmp_path: Path, clean: dict) -> None:
+    """The same run copied into a subdirectory, and another capture (its own manifest) kept inside:
+    both left out and named; the numbers are those of the run itself."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    shutil.copytree(SRC, trace / "again", ignore=shutil.ignore_patterns("manifest.json"))  # the same run twice
+    shutil.copytree(TRACES / "npz_spawn", trace / "replay")  # another run, with its manifest
+    payload = analyze_json(trace)
+    assert payload["events"] == clean["events"]
+    assert payload["bytes_read"] == clean["bytes_read"]
+    n = len(list(SRC.glob("*.pfw*")))
+    assert any(w.startswith(f"{n} trace file(s) are byte-identical copies of others") for w in payload["warnings"])
+    assert any(w.startswith("replay/: ") and "of another run" in w for w in payload["warnings"])
+    text = run_cli("analyze", str(trace), check=True).stdout
+    assert "byte-identical copies" in text.split("\n\n")[0] and "replay/" in text.split("\n\n")[0]
+    cmp = json.loads(run_cli("compare", str(trace), str(SRC), "--json", check=True).stdout)
+    assert cmp["similarity"] == pytest.approx(1.0, abs=1e-9) and cmp["warnings"]["b"] == []
+    assert len(cmp["warnings"]["a"]) == 2
+
+
+def test_a_directory_of_several_runs_is_refused(tmp_path: Path) -> None:
+    runs = tmp_path / "traces"
+    runs.mkdir()
+    shutil.copytree(SRC, runs / "a")
+    shutil.copytree(TRACES / "npz_spawn", runs / "b")
+    proc = run_cli("analyze", str(runs))
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1
+    assert f"{runs} holds 2 captured runs (a, b), each with its own manifest.json: analyse one run at a time" \
+        in proc.stderr
+    (runs / "b" / "manifest.json").unlink()  # b's files are now loose files of the directory: a is left out
+    assert "a/: " in "\n".join(analyze_json(runs)["warnings"])
+
+
+def test_capture_that_did_not_end_is_said_first_and_marked(tmp_path: Path) -> None:
+    """manifest 'running' (the capture was killed): analyze, distill and compare say so first; the
+    distilled model and the JSON outputs carry it."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    manifest = json.loads((trace / "manifest.json").read_text())
+    manifest["status"] = "running"
+    (trace / "manifest.json").write_text(json.dumps(manifest))
+    said = "the capture did not end: its manifest.json still says 'running'"
+    ana = run_cli("analyze", str(trace), check=True)
+    assert ana.stdout.startswith(f"warning: {said}")
+    assert said in json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)["warnings"][0]
+    dis = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), check=True)
+    assert dis.stdout.startswith(f"warning: {said}")
+    from dlreplay.model import load_model
+
+    assert any(n.startswith(f"distilled from an incomplete trace: {said}")
+               for n in load_model(tmp_path / "m.yaml").provenance.notes)
+    cmp = run_cli("compare", str(SRC), str(trace), check=True)
+    assert cmp.stdout.startswith(f"warning: B ({trace}): {said}")
+
+
+# --------------------------------------------------------------------------- garbage: memory bounded by content
+
+
+PEAK = """
+import resource, subprocess, sys
+proc = subprocess.run([sys.executable, "-m", "dlreplay", *sys.argv[1:]], capture_output=True, text=True)
+sys.stdout.write(proc.stdout)
+sys.stderr.write(proc.stderr)
+print(f"exit {proc.returncode} peak {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}")
+"""
+
+
+@pytest.mark.parametrize("kind", ["nul-plain", "nul-gzip", "random-plain"])
+def test_garbage_files_need_memory_by_content_not_size(tmp_path: Path, kind: str) -> None:
+    """200 MiB of NUL bytes (plain, or gzip: a 1000:1 "zip bomb") and 64 MiB of random bytes named
+    .pfw: no events, every byte counted as dropped, and the peak memory of `dlreplay analyze` far
+    below the file size (it was 3.4 GB for the NUL file, 1 GB and 80 s for 20 MiB of random bytes)."""
+    size = {"nul-plain": 200 << 20, "nul-gzip": 200 << 20, "random-plain": 64 << 20}[kind]
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    if kind == "random-plain":
+        (trace / "trace-x.pfw").write_bytes(np.random.default_rng(7).bytes(size))
+    elif kind == "nul-plain":
+        with open(trace / "trace-x.pfw", "wb") as fh:
+            fh.truncate(size)  # a sparse file of NUL bytes
+    else:
+        comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+        with open(trace / "trace-x.pfw.gz", "wb") as fh:
+            for _ in range(size >> 20):
+                fh.write(comp.compress(bytes(1 << 20)))
+            fh.write(comp.flush())
+    script = tmp_path / "peak.py"
+    script.write_text(PEAK)
+    proc = subprocess.run([sys.executable, str(script), "analyze", str(trace), "--json"], capture_output=True,
+                          text=True, timeout=600)
+    no_traceback(proc.stderr)
+    last = proc.stdout.strip().splitlines()[-1]
+    code, peak = int(last.split()[1]), int(last.split()[3])
+    assert code == 0, proc.stderr
+    payload = json.loads(proc.stdout[: proc.stdout.rindex("\nexit ")])
+    (rep,) = payload["files"]
+    assert payload["events"] == 0 and rep["events"] == 0
+    assert size * 0.98 <= rep["dropped_bytes"] <= size
+    print(f"{kind}: {size >> 20} MiB file, peak RSS {peak >> 20} MiB")
+    assert peak < 1 << 30  # measured 105-560 MiB here (the interpreter, polars and numpy alone: ~110 MiB)
+
+
+# --------------------------------------------------------------------------- names with control characters or markup
+
+
+NASTY = "vol_\x1b[31mRED\x1b[0m<script>alert(1)</script>|*x*_\nnext\r\x07\u202e`y`[l](http://e)"
+
+
+def test_names_with_control_characters_and_markup_are_escaped(tmp_path: Path) -> None:
+    """A dataset file whose name holds a terminal escape, markup, Markdown table syntax, a line
+    break, a bell and a bidi override: shown escaped on the terminal, in Markdown and in HTML."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    renamed = 0
+    for f in trace.glob("*.pfw.gz"):
+        out = []
+        for line in gzip.decompress(f.read_bytes()).splitlines():
+            if b"vol_00001" in line:
+                line = line.replace(b"vol_00001", json.dumps(NASTY).encode()[1:-1])
+                renamed += 1
+            out.append(line)
+        f.write_bytes(gzip.compress(b"\n".join(out) + b"\n"))
+    assert renamed
+    data = json.loads((SRC / "manifest.json").read_text())["data_dirs"][0]
+    text = run_cli("analyze", str(trace), "--data-dir", data, check=True).stdout
+    for raw in ("\x1b", "\r", "\x07", "\u202e"):
+        assert raw not in text
+    assert "\\nnext\\r\\x07\\u202e" in text  # the end of the name (the table shows a long name's end)
+    md = tmp_path / "r.md"
+    run_cli("analyze", str(trace), "--data-dir", data, "--report", str(md), check=True)
+    doc = md.read_text()
+    assert "\x1b" not in doc and "<script>" not in doc and "&lt;script&gt;" in doc
+    (row,) = [ln for ln in doc.splitlines() if "RED" in ln]  # the name did not break its table row
+    assert row.startswith("| ") and row.count(" | ") == 6 and "\\|\\*x\\*" in row
+    page = tmp_path / "r.html"
+    run_cli("analyze", str(trace), "--report", str(page), check=True)
+    html_doc = page.read_text()
+    assert "\x1b" not in html_doc and "<script>alert" not in html_doc and "&lt;script&gt;alert(1)" in html_doc
+    cmp = run_cli("compare", str(trace), str(SRC), "--report", str(tmp_path / "c.md"), check=True)
+    assert "\x1b" not in cmp.stdout

@@ -16,6 +16,8 @@ import pytest
 from dlreplay.capture import CaptureConfig, data_dir_spellings, read_manifest, run_capture
 from dlreplay.errors import ArtifactVersionError, CaptureError, UsageError
 
+from .conftest import check_no_traceback
+
 READER = """
 import os, sys
 paths = sorted(os.listdir("data"))
@@ -148,7 +150,7 @@ def test_sigterm_is_forwarded_trace_marked_interrupted(job_dir: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlreplay", "capture", "-q", "--out", str(out), "--data-dir", "data", "--",
          sys.executable, "slow.py"],
-        cwd=job_dir,
+        cwd=job_dir, stderr=subprocess.PIPE, text=True,
     )
     # Wait until the job runs (the manifest says so), then a little for it to do I/O.
     deadline = time.monotonic() + 60
@@ -159,7 +161,9 @@ def test_sigterm_is_forwarded_trace_marked_interrupted(job_dir: Path) -> None:
         time.sleep(0.1)
     time.sleep(1.5)
     proc.send_signal(signal.SIGTERM)
-    rc = proc.wait(timeout=60)
+    _, err = proc.communicate(timeout=60)
+    rc = proc.returncode
+    check_no_traceback(err)
     manifest = read_manifest(out)
     assert manifest["status"] == "interrupted"
     assert rc == 128 + signal.SIGTERM == manifest["exit_code"]

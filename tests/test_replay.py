@@ -24,7 +24,7 @@ from dlreplay.replay import (
 )
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME, write_json_atomic
 
-from .conftest import run_cli
+from .conftest import check_no_traceback, run_cli
 
 BASE = {
     "schema": "dlreplay.workload",
@@ -376,6 +376,7 @@ def test_mpi_two_ranks_aggregate(tmp_path):
                            "--data-dir", str(data), "--out", str(out), "--no-trace", "--io", "posix"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    check_no_traceback(proc.stdout, proc.stderr)
     m = json.loads((out / "metrics.json").read_text())
     assert m["mpi"] is True and m["accelerators"] == 2 and [r["rank"] for r in m["ranks"]] == [0, 1]
     payload = sum(p.stat().st_size for p in data_files(data))

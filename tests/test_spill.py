@@ -24,7 +24,7 @@ from dlreplay.analyze.passes import TraceView, characterize
 from dlreplay.analyze.spill import plan_memory, spilled_trace
 from dlreplay.units import parse_bytes
 
-from .conftest import REPO, TRACES, run_cli
+from .conftest import REPO, TRACES, check_no_traceback, run_cli
 
 CORPUS = sorted(p for p in TRACES.iterdir() if (p / "manifest.json").is_file())
 
@@ -222,6 +222,7 @@ def _signal_while_spilling(trace: Path, spill_dir: Path, signum: int) -> tuple[i
             time.sleep(0.05)
         os.kill(proc.pid, signum)
         _out, err = proc.communicate(timeout=120)
+        check_no_traceback(_out, err)
     finally:
         if proc.poll() is None:
             proc.kill()
