@@ -66,6 +66,10 @@ EXTENSION_FORMATS = {
 }
 
 _US = 1e-6
+#: Formats a Dataset reads through a Python file object (its buffering shows in the read sizes).
+PYTHON_FILE_FORMATS = ("npz", "npy", "jpeg", "png")
+#: Below this median read size (bytes) the job's file object was unbuffered.
+UNBUFFERED_MEDIAN_READ = 256
 
 
 class DistillError(TraceError):
@@ -482,6 +486,14 @@ def distill(
     )
     transfer = _observed(reads["size"])
     facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
+    buffering = "buffered"
+    if fmt in PYTHON_FILE_FORMATS and reads.height:
+        # Python's buffered files read >= 4-8 KiB at a time; an unbuffered handle passes the library's
+        # own small reads (zip headers, JPEG markers: a few bytes each) straight to read(2)
+        median = _num(reads["size"].median())
+        buffering = "unbuffered" if median < UNBUFFERED_MEDIAN_READ else "buffered"
+        facts.put("reader.file_buffering", f"median dataset read {median:.0f} B "
+                  f"({'<' if buffering == 'unbuffered' else '>='} {UNBUFFERED_MEDIAN_READ} B)", "inferred")
     pattern = access_pattern(reads)
     facts.put(
         "reader.access_pattern",
@@ -497,6 +509,7 @@ def distill(
         sample_shuffle=shuffle_mode,
         shuffle_seed=0 if shuffled else None,
         open_per_sample=open_per_sample,
+        file_buffering=buffering,
         persistent_workers=persistent,
         preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
         transfer_size=transfer,
@@ -523,7 +536,13 @@ def distill(
             "train.steps_per_epoch", "training steps per epoch (null = full passes)", "measured"
         )
         mine_steps = loop.filter(pl.col("pid") == main_pid).sort("ts")
-        compute = _compute_values(mine_steps["compute_us"].to_numpy() * _US, facts)
+        timing = timing_model(
+            mine_steps,
+            epochs_ev.filter(pl.col("pid") == main_pid),
+            fetch.filter((pl.col("pid") == main_pid) & (pl.col("batch_size").fill_null(1) == 0)),
+            saves.filter(pl.col("pid") == main_pid),
+        )
+        compute = timing.computation_time if timing else Distribution.unknown()
         facts.put(
             "train.computation_time",
             ("consumer compute events" if mine_steps["basis"][0] == "compute events" else
@@ -532,7 +551,20 @@ def distill(
             else "fewer than two training steps",
             "measured" if compute.is_known else "default",
         )
+        if timing is not None:
+            facts.put("train.warmup_computation_time", "the run's first step and the leading steps longer "
+                      f"than {WARMUP_FACTOR:g}x the steady median", "measured")
+            facts.put("train.epoch_warmup_computation_time", "median per position of later epochs' leading "
+                      f"steps longer than {WARMUP_FACTOR:g}x the steady median", "measured")
+            facts.put("train.epoch_end_time", "consumer time from an epoch's end to the next epoch's start, "
+                      "checkpoint saves excluded", "measured" if timing.epochs >= 2 else "default")
+            if len(timing.warmup_computation_time) > 1:
+                facts.notes.append(
+                    f"{len(timing.warmup_computation_time)} warm-up step(s) "
+                    f"({sum(timing.warmup_computation_time):.3f} s) modelled apart from computation_time")
+            facts.notes.append(timing.describe())
     else:
+        timing = None
         assert posix is not None
         n_epochs = int(posix.epochs.value or _posix_epochs(io, paths))
         steps_per_epoch = None
@@ -547,10 +579,18 @@ def distill(
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
+    if timing is not None:
+        train = replace(
+            train,
+            warmup_computation_time=timing.warmup_computation_time,
+            epoch_warmup_computation_time=timing.epoch_warmup_computation_time,
+            epoch_end_time=timing.epoch_end_time,
+        )
 
     # ---------------------------------------------------------------- checkpoint
     checkpoint = _checkpoint(
-        events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches, facts
+        events, saves, batches.filter(pl.col("pid") == main_pid) if main_pid else batches, facts,
+        epochs_ev.filter(pl.col("pid") == main_pid) if main_pid else None,
     )
 
     # ---------------------------------------------------------------- processes
@@ -709,8 +749,127 @@ def _compute_time(
     return Distribution.from_values(values[warm:])
 
 
+@dataclass
+class TimingModel:
+    """Where a consumer's epochs spent their time (seconds) and the model fields that replay it.
+
+    Components, on the consumer's timeline: ``epoch_start`` (from the epoch's start to its
+    first batch: creating the iterator, starting workers, the first fetch; the replay's loader
+    spends it itself), ``fetch_wait`` (waits for the other batches, and the end-of-epoch
+    ``next()`` that joins non-persistent workers), ``step_compute`` and ``warmup_compute``
+    (the steps' compute, checkpoints left out), ``checkpoint`` (saves inside the loop and
+    between epochs), ``epoch_end`` (after the epoch's last batch until the next epoch, besides
+    checkpoints), ``unattributed`` (inside epochs, outside all of the above: barriers, logging).
+    """
+
+    computation_time: Distribution
+    warmup_computation_time: list[float]
+    epoch_warmup_computation_time: list[float]
+    epoch_end_time: Distribution
+    components: dict[str, float]
+    total_s: float
+    epochs: int
+
+    def describe(self) -> str:
+        c = self.components
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in c.items() if k != "unattributed")
+        un = c.get("unattributed", 0.0)
+        share = 100.0 * un / self.total_s if self.total_s > 0 else 0.0
+        return (f"timing: {self.total_s:.3f} s in {self.epochs} epoch(s) on the training process: {parts}; "
+                f"unattributed {un:.3f} s ({share:.1f} %)")
+
+
+def _leading_warmup(values: np.ndarray, steady: float) -> int:
+    """Leading steps longer than ``WARMUP_FACTOR`` x the steady median step."""
+    if values.size == 0 or steady <= 0:
+        return 0
+    slow = values > WARMUP_FACTOR * steady
+    return int(np.argmin(slow)) if not slow.all() else int(values.size)
+
+
+def timing_model(
+    loop: pl.DataFrame, epochs: pl.DataFrame, probes: pl.DataFrame, saves: pl.DataFrame
+) -> TimingModel | None:
+    """Attribute every second of one consumer's epochs (see :class:`TimingModel`).
+
+    ``loop``: its training steps (:func:`~dlreplay.analyze.vocabulary.training_steps`, µs);
+    ``epochs``: its epoch spans (``ts``, ``end``); ``probes``: its end-of-epoch fetches (the
+    ``next()`` that finds the loader exhausted); ``saves``: its checkpoint saves. None
+    without two steps.
+    """
+    if loop.height < 2:
+        return None
+    st = loop.sort("ts").with_columns(pl.int_range(pl.len()).over("epoch").alias("pos"))
+    values = st["compute_us"].fill_null(0).to_numpy() * _US
+    warm = warmup_steps(values)
+    steady = values[warm:] if values.size > warm else values
+    steady_median = float(np.median(steady))
+    # later epochs' leading steps, position by position (median over those epochs)
+    first_epoch = st["epoch"].min()
+    later = st.with_columns(pl.Series("s", values)).filter(pl.col("epoch") != first_epoch)
+    epoch_warm: list[float] = []
+    if later.height:
+        pos = later.group_by("pos").agg(pl.col("s").median()).sort("pos")["s"].to_numpy()
+        n = _leading_warmup(pos, steady_median)
+        epoch_warm = [round(float(v), 6) for v in pos[: min(n, max(1, pos.size // 2))]]
+        if epoch_warm:  # those steps are modelled by position: keep them out of the steady state
+            idx = np.arange(values.size)
+            keep = (idx >= warm) & ~((st["epoch"] != first_epoch).to_numpy() & (st["pos"].to_numpy() < len(epoch_warm)))
+            steady = values[keep] if keep.any() else steady
+    comps = {"epoch_start": 0.0, "fetch_wait": 0.0, "step_compute": float(values[warm:].sum()),
+             "warmup_compute": float(values[:warm].sum()), "checkpoint": 0.0, "epoch_end": 0.0, "unattributed": 0.0}
+    end_gaps = np.array([])
+    total = 0.0
+    ep = epochs.sort("ts").select(pl.col("ts").alias("e_ts"), pl.col("end").alias("e_end"))
+    if ep.height:
+        ep = ep.with_columns(pl.col("e_ts").shift(-1).alias("next_ts")).with_row_index("e")
+        stamp = ep.select("e", "e_ts")
+
+        def tag(frame: pl.DataFrame) -> pl.DataFrame:
+            return frame.sort("ts").join_asof(stamp, left_on="ts", right_on="e_ts", strategy="backward",
+                                              check_sortedness=False).filter(pl.col("e").is_not_null())
+
+        first = pl.col("pos") == 0
+        per = tag(st).group_by("e").agg(
+            (pl.col("lead_in_us").fill_null(0) + pl.col("wait_us").fill_null(0)).filter(first).sum().alias("start_us"),
+            pl.col("wait_us").fill_null(0).filter(~first).sum().alias("wait_us"),
+            pl.col("compute_us").fill_null(0).sum().alias("compute_us"),
+            pl.col("ckpt_us").fill_null(0).sum().alias("ckpt_us"))
+        pr = tag(probes.select("ts", pl.col("dur").fill_null(0))).group_by("e").agg(pl.col("dur").sum().alias("probe_us"))
+        sv = tag(saves.select("ts", pl.col("dur").fill_null(0))).join(ep.select("e", "e_end"), on="e")
+        after = sv.filter(pl.col("ts") >= pl.col("e_end")).group_by("e").agg(
+            pl.col("dur").sum().alias("sv_after"), (pl.col("ts") + pl.col("dur")).max().alias("sv_last"))
+        t = (ep.join(per, on="e", how="left").join(pr, on="e", how="left").join(after, on="e", how="left")
+             .with_columns(pl.col("start_us", "wait_us", "compute_us", "ckpt_us", "probe_us", "sv_after").fill_null(0)))
+        t = t.with_columns(
+            # the epoch ends when the next one begins; the last one after its trailing saves
+            pl.coalesce("next_ts", pl.max_horizontal("e_end", "sv_last")).alias("stop"),
+        ).with_columns(
+            (pl.col("stop") - pl.col("e_end") - pl.col("sv_after")).clip(lower_bound=0).alias("end_us"),
+            (pl.col("e_end") - pl.col("e_ts") - pl.col("start_us") - pl.col("wait_us") - pl.col("probe_us")
+             - pl.col("compute_us") - pl.col("ckpt_us")).clip(lower_bound=0).alias("un_us"),
+        )
+        comps["epoch_start"] = _num(t["start_us"].sum()) * _US
+        comps["fetch_wait"] = _num((t["wait_us"] + t["probe_us"]).sum()) * _US
+        comps["checkpoint"] = _num((t["ckpt_us"] + t["sv_after"]).sum()) * _US
+        comps["epoch_end"] = _num(t["end_us"].sum()) * _US
+        comps["unattributed"] = _num(t["un_us"].sum()) * _US
+        total = _num((t["stop"] - t["e_ts"]).sum()) * _US
+        end_gaps = t.filter(pl.col("next_ts").is_not_null())["end_us"].to_numpy() * _US
+    return TimingModel(
+        computation_time=Distribution.from_values(steady),
+        warmup_computation_time=[round(float(v), 6) for v in values[:warm]],
+        epoch_warmup_computation_time=epoch_warm,
+        epoch_end_time=Distribution.from_values(end_gaps) if end_gaps.size else Distribution.fixed(0.0),
+        components=comps,
+        total_s=total,
+        epochs=ep.height,
+    )
+
+
 def _checkpoint(
-    events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts
+    events: pl.DataFrame, saves: pl.DataFrame, batches: pl.DataFrame, facts: _Facts,
+    epochs: pl.DataFrame | None = None,
 ) -> Checkpoint:
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
@@ -724,7 +883,24 @@ def _checkpoint(
     gaps = at["step_count"].diff().drop_nulls()
     first = int(at["step_count"][0])
     interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
-    facts.put("checkpoint.steps_between_checkpoints", "training steps between checkpoint saves", "measured")
+    every_epochs: int | None = None
+    after_epoch = 1
+    if epochs is not None and epochs.height:
+        # saves outside every epoch (after the loop over the DataLoader): epoch-based checkpoints
+        win = epochs.sort("ts").with_row_index("e").select(
+            "e", pl.col("ts").alias("e_ts"), pl.col("end").alias("e_end"))
+        tagged = at.sort("ts").join_asof(win, left_on="ts", right_on="e_ts", strategy="backward",
+                                         check_sortedness=False)
+        if tagged["e"].null_count() == 0 and (tagged["ts"] >= tagged["e_end"]).all():
+            per_epoch = tagged["e"].cast(pl.Int64)
+            every_epochs = _mode(per_epoch.diff().drop_nulls()) or 1
+            after_epoch = int(_num(per_epoch.min())) + 1
+    if every_epochs is not None:
+        interval = None
+        facts.put("checkpoint.epochs_between_checkpoints", "torch.save events after epochs end", "measured")
+        facts.put("checkpoint.checkpoint_after_epoch", "first epoch followed by a torch.save", "measured")
+    else:
+        facts.put("checkpoint.steps_between_checkpoints", "training steps between checkpoint saves", "measured")
     nbytes = int(_num(saves["size"].drop_nulls().mean()))
     facts.put("checkpoint.bytes_per_checkpoint", "bytes of each checkpoint save", "measured")
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
@@ -749,14 +925,34 @@ def _checkpoint(
         else "torch.save writes are not visible to DFTracer",
         "measured" if writes.height else "default",
     )
+    serialization = Distribution.fixed(0.0)
+    if writes.height:
+        # a save's time outside the calls on its file (pickling, copies) is not the storage's
+        posix = events.filter(pl.col("file").is_in(ckpt_files) & pl.col("cat").is_in(["POSIX", "STDIO"]))
+        sv = saves.sort("ts").select("pid", pl.col("ts").alias("save_ts"),
+                                     (pl.col("ts") + pl.col("dur")).alias("save_end"), "dur")
+        inside = (posix.sort("ts").join_asof(sv, left_on="ts", right_on="save_ts", by="pid", strategy="backward",
+                                             check_sortedness=False)
+                  .filter(pl.col("ts") < pl.col("save_end")).group_by("save_ts")
+                  .agg(pl.col("dur").sum().alias("io")))
+        per = sv.join(inside, on="save_ts", how="left").select(
+            ((pl.col("dur") - pl.col("io").fill_null(0)).clip(lower_bound=0) * _US).alias("s"))
+        serialization = _observed(per["s"])
+        facts.put("checkpoint.serialization_time", "torch.save duration minus its POSIX calls", "measured")
+    else:
+        facts.put("checkpoint.serialization_time", "torch.save writes are not visible: the replay's writes "
+                  "stand for the whole save", "default")
     folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
     return Checkpoint(
         enabled=True,
         steps_between_checkpoints=interval,
+        epochs_between_checkpoints=every_epochs,
+        checkpoint_after_epoch=after_epoch,
         files_per_checkpoint=max(files_per, 1),
         bytes_per_checkpoint=nbytes,
         write_transfer_size=wts,
         fsync=fsync,
+        serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
 
@@ -797,16 +993,14 @@ def _workers_per_rank(
     mine = worker_items.filter(pl.col("ppid").is_in(consumers))
     if mine.is_empty() or epochs.is_empty():
         return _concurrent_processes(worker_items) // max(len(consumers), 1)
-    mids = mine.group_by("pid", "ppid").agg(
-        ((pl.col("ts").min() + (pl.col("ts") + pl.col("dur")).max()) // 2).alias("ts")
-    )
+    mids = mine.select("pid", "ppid", "ts")
     starts = epochs.select(
         pl.col("pid").alias("ppid"), pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")
     ).sort("epoch_ts")
     tagged = mids.sort("ts").join_asof(
         starts, left_on="ts", right_on="epoch_ts", by="ppid", strategy="backward", check_sortedness=False
     )
-    return int(_num(tagged.group_by("ppid", "win").len()["len"].max()))
+    return int(_num(tagged.group_by("ppid", "win").agg(pl.col("pid").n_unique().alias("n"))["n"].max()))
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:

@@ -526,6 +526,8 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
     save_model(model, output)
     if not quiet:
         _echo(summarize_model(model))
+        for note in model.provenance.notes:  # what was left out or set apart, and where the time went
+            _echo(f"  note: {note}")
         if loaded.damaged:
             _echo(f"warning: {loaded.describe_damage()}")
     _echo(f"model: {output}")
@@ -627,6 +629,9 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @click.option("--no-generate", is_flag=True, help="Fail instead of generating a missing dataset.")
 @click.option("--io", "io_mode", type=click.Choice(["library", "posix"]), default="library", show_default=True,
               help="Read through the format's library, or os.pread of the model's transfer size.")
+@click.option("--loader", type=click.Choice(["auto", "torch", "builtin"]), default="auto", show_default=True,
+              help="Data loader: PyTorch's own DataLoader (torch), dlreplay's torch-free one (builtin), or auto: "
+                   "torch when the model's loader is PyTorch's and torch is installed.")
 @click.option("--au-threshold", type=_FiniteFloat(0, 100), default=90.0, show_default=True,
               help="Pass/fail accelerator utilization, percent.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
@@ -637,8 +642,8 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @click.option("--_traced", "traced", is_flag=True, hidden=True)
 @handle_errors
 def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | None, overrides: tuple[str, ...],
-           out: Path | None, no_trace: bool, no_generate: bool, io_mode: str, au_threshold: float, seed: int,
-           find_max_accelerators: bool, record_order: bool, keep_checkpoints: bool, quiet: bool,
+           out: Path | None, no_trace: bool, no_generate: bool, io_mode: str, loader: str, au_threshold: float,
+           seed: int, find_max_accelerators: bool, record_order: bool, keep_checkpoints: bool, quiet: bool,
            traced: bool) -> None:
     """Replay MODEL_FILE on --data-dir with compute replaced by sleep; report MLPerf Storage metrics."""
     from dlreplay.model import apply_overrides, load_model
@@ -649,7 +654,8 @@ def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | No
     m = apply_overrides(load_model(model_file), sets)
     config = ReplayConfig(model=m, data_dir=data_dir, accelerators=accelerators, out=out, trace=not no_trace,
                           generate=not no_generate, io=io_mode, au_threshold=au_threshold, seed=seed,
-                          record_order=record_order, keep_checkpoints=keep_checkpoints, traced=traced)
+                          record_order=record_order, keep_checkpoints=keep_checkpoints, traced=traced,
+                          loader=loader)
     echo = (lambda s: None) if quiet else (lambda s: _echo(s, err=True))
     if find_max_accelerators:
         for n, au in find_max(config, echo=echo):

@@ -182,7 +182,7 @@ _DLIO_DEFAULTS: dict[str, Any] = {
 }
 _IGNORED_SECTIONS = ("output", "profiling", "metric", "storage")
 #: Model fields DLIO has no key for (import leaves them at dlreplay's defaults).
-_NO_DLIO_KEY = ("reader.open_per_sample", "reader.access_pattern", "reader.metadata_per_sample",
+_NO_DLIO_KEY = ("reader.open_per_sample", "reader.file_buffering", "reader.access_pattern", "reader.metadata_per_sample",
                 "train.steps_per_epoch", "checkpoint.write_transfer_size", "checkpoint.read_at_start",
                 "dataset.layout.records_per_file")
 
@@ -563,6 +563,18 @@ def _import_reader(imp: _Importer, framework: str) -> dict[str, Any]:
         imp.mark("reader.transfer_size", "reader.transfer_size")
     out["preprocess_time"], given = _dlio_distribution(imp, "reader.preprocess_time", "reader.preprocess_time_stdev", 0.0)
     imp.mark("reader.preprocess_time", "reader.preprocess_time" if given else None)
+    if loader == "pytorch":
+        # DLIO 2.0's TorchDataLoader: DataLoader(persistent_workers=True, pin_memory=True, drop_last=True,
+        # sampler=dlio_sampler); replayed the same way unless overridden (--set)
+        out.update(persistent_workers=out["read_threads"] > 0, pin_memory=True, drop_last=True,
+                   sample_order="dlio")
+        for path in ("persistent_workers", "pin_memory", "drop_last"):
+            imp.mark(f"reader.{path}", None, inferred=f"DLIO's PyTorch loader sets {path}=True")
+        imp.mark("reader.sample_order", None, inferred="DLIO's PyTorch sampler (contiguous samples per rank, "
+                 "seeded shuffle re-applied every epoch, file_shuffle without effect)")
+        if out["file_shuffle"] != "off":
+            imp.notes.append(f"reader.file_shuffle={out['file_shuffle']} has no effect on DLIO's PyTorch loader "
+                             "(its index sampler orders samples); replayed the same way (reader.sample_order=dlio)")
     return out
 
 
@@ -586,6 +598,8 @@ def _import_train(imp: _Importer) -> dict[str, Any]:
         imp.mark("train.total_training_steps", "train.total_training_steps")
     out["computation_time"], given = _dlio_distribution(imp, "train.computation_time", "train.computation_time_stdev", 0.0)
     imp.mark("train.computation_time", "train.computation_time" if given else None)
+    out["au_first_steps"] = "epoch"
+    imp.mark("train.au_first_steps", None, inferred="DLIO leaves every epoch's first step out of AU")
     evaluate, _ = imp.get("workflow.evaluation", "bool", False)
     if evaluate:
         out["evaluation"] = _import_evaluation(imp)
@@ -943,6 +957,8 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
         lost.append(f"reader.worker_kind={rd.worker_kind}")
     if not rd.open_per_sample:
         lost.append("reader.open_per_sample=false")
+    if rd.file_buffering != "buffered":
+        lost.append(f"reader.file_buffering={rd.file_buffering}")
     if rd.access_pattern != AccessPattern():
         lost.append("reader.access_pattern")
     if rd.metadata_per_sample != MetadataPerSample():
@@ -953,6 +969,21 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("checkpoint.read_at_start=true")
     if pr.workers_per_rank != rd.read_threads:
         lost.append(f"processes.workers_per_rank={pr.workers_per_rank}")
+    tr = model.train
+    if tr.warmup_computation_time:
+        lost.append("train.warmup_computation_time")
+    if tr.epoch_warmup_computation_time:
+        lost.append("train.epoch_warmup_computation_time")
+    if tr.epoch_end_time.is_known and (tr.epoch_end_time.mean or 0) > 0:
+        lost.append("train.epoch_end_time")
+    if ck.serialization_time.is_known and (ck.serialization_time.mean or 0) > 0:
+        lost.append("checkpoint.serialization_time")
+    if rd.data_loader == "pytorch":
+        dlio_way = {"reader.persistent_workers": rd.persistent_workers or rd.read_threads == 0,
+                    "reader.pin_memory": rd.pin_memory, "reader.drop_last": rd.drop_last,
+                    "reader.sample_order": rd.sample_order == "dlio"}
+        lost.extend(f"{k}={getattr(rd, k.split('.')[1])} (DLIO's PyTorch loader differs)"
+                    for k, same in dlio_way.items() if not same)
     par = model.model.parallelism
     implied = par.tensor * par.pipeline * (par.data or 1) if par else 1
     if pr.ranks != implied:

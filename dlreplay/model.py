@@ -57,11 +57,14 @@ __all__ = [
     "ACCESS_FRACTION_TOLERANCE",
     "CONFIDENCES",
     "DATA_LOADERS",
+    "AU_FIRST_STEPS",
     "DISTRIBUTION_TYPES",
+    "FILE_BUFFERINGS",
     "FORMATS",
     "FRAMEWORKS",
     "MODEL_FORMAT_VERSION",
     "MODEL_SCHEMA_NAME",
+    "SAMPLE_ORDERS",
     "SHUFFLE_MODES",
     "WORKER_KINDS",
     "AccessPattern",
@@ -112,6 +115,12 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 WORKER_KINDS = ("process", "thread")
 #: DLIO's shuffle modes: none, seeded (reproducible), or random every run.
 SHUFFLE_MODES = ("off", "seed", "random")
+#: How a Dataset hands files to the format's library: Python's buffered file (the default) or unbuffered.
+FILE_BUFFERINGS = ("buffered", "unbuffered")
+#: How samples are sharded over ranks and ordered in each epoch: dlreplay's PyTorch-like plan or DLIO's sampler.
+SAMPLE_ORDERS = ("pytorch", "dlio")
+#: Which first steps AU leaves out: the run's first (MLPerf Storage) or every epoch's (DLIO).
+AU_FIRST_STEPS = ("run", "epoch")
 #: How far a value can be trusted.
 CONFIDENCES = ("measured", "inferred", "default")
 #: Distribution families.
@@ -720,6 +729,17 @@ class Reader:
     open_per_sample: bool = _f(True, doc="open/close the file for every sample (else keep files open)")
     persistent_workers: bool = _f(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
                                              "false: new workers every epoch, as PyTorch's default")
+    file_buffering: str = _f("buffered", choices=FILE_BUFFERINGS,
+                             doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
+                                 "png): buffered = by path or a default Python file (a few large reads), "
+                                 "unbuffered = an unbuffered file object (every library read is one read call)")
+    pin_memory: bool = _f(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
+    drop_last: bool = _f(False, doc="drop each epoch's last batch when it is smaller than batch_size")
+    sample_order: str = _f("pytorch", choices=SAMPLE_ORDERS,
+                           doc="pytorch: rank r reads files r::N, shuffled anew every epoch as file_shuffle and "
+                               "sample_shuffle say (PyTorch's RandomSampler); dlio: DLIO 2.0's PyTorch sampler "
+                               "(rank r reads a contiguous block of samples, file_shuffle ignored, the seeded "
+                               "sample shuffle re-applied to the previous epoch's order, whole batches only)")
     transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                      doc="bytes per read call on dataset files")
     preprocess_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
@@ -748,7 +768,22 @@ class Train:
     steps_per_epoch: int | None = _f(None, check="positive", doc="null = as many as the dataset gives")
     total_training_steps: int | None = _f(None, check="positive", doc="stop after this many steps in all")
     computation_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                        doc="seconds of compute per training step")
+                                        doc="seconds of compute per training step (steady state)")
+    warmup_computation_time: list[float] = _f(factory=list, check="nonneg",
+                                              doc="seconds of compute of the run's first steps, one per step "
+                                                  "(framework warm-up: kernel selection, allocator, CUDA "
+                                                  "context); they replace computation_time for those steps")
+    epoch_warmup_computation_time: list[float] = _f(factory=list, check="nonneg",
+                                                    doc="seconds of compute of the first steps of every later "
+                                                        "epoch, one per step, where they differ from "
+                                                        "computation_time")
+    epoch_end_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                      doc="seconds the training process spends after an epoch's last batch "
+                                          "before the next epoch, beyond checkpoints and evaluation (logging, "
+                                          "metrics, learning-rate schedules)")
+    au_first_steps: str = _f("run", choices=AU_FIRST_STEPS,
+                             doc="first steps AU leaves out: run = the run's first step (MLPerf Storage), "
+                                 "epoch = every epoch's first step (DLIO)")
     evaluation: Evaluation | None = _f(None, doc="null = no evaluation")
 
 
@@ -768,6 +803,9 @@ class Checkpoint:
     write_transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                            doc="bytes per write call")
     fsync: bool = _f(False, doc="fsync each checkpoint file")
+    serialization_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                          doc="seconds per checkpoint outside write calls (serialisation, "
+                                              "device-to-host copies), spent before the writes")
     read_at_start: bool = _f(False, doc="read the latest checkpoint before training")
     num_checkpoints_write: int | None = _f(None, check="positive", doc="stop writing after this many")
     num_checkpoints_read: int | None = _f(None, check="nonneg", doc="checkpoints read back (DLIO)")
@@ -924,7 +962,9 @@ def _expected(tp: Any, md: Mapping[str, Any]) -> str:
         (item,) = typing.get_args(inner)
         text = "a list of " + ("positive integers" if check == "positive" and item is int else
                                "non-negative integers" if check == "nonneg" and item is int else
-                               "integers" if item is int else "lists" if typing.get_origin(item) is list else
+                               "integers" if item is int else
+                               "non-negative numbers" if check == "nonneg" and item is float else
+                               "numbers" if item is float else "lists" if typing.get_origin(item) is list else
                                "mappings" if is_dataclass(item) else "strings")
     elif typing.get_origin(inner) is dict or is_dataclass(inner):
         text = "a mapping"
@@ -1497,6 +1537,17 @@ def summarize_model(model: WorkloadModel) -> str:
         steps = f", {tr.steps_per_epoch} steps/epoch" if tr.steps_per_epoch else ""
         lines.append(f"  train       {tr.epochs} epoch(s){steps}, compute {_fmt_dist(tr.computation_time, _fmt_seconds)}"
                      "/step")
+        extra = []
+        if tr.warmup_computation_time:
+            extra.append(f"{len(tr.warmup_computation_time)} warm-up step(s) "
+                         f"{_fmt_seconds(sum(tr.warmup_computation_time))}")
+        if tr.epoch_warmup_computation_time:
+            extra.append(f"{len(tr.epoch_warmup_computation_time)} leading step(s) per later epoch "
+                         f"{_fmt_seconds(sum(tr.epoch_warmup_computation_time))}")
+        if tr.epoch_end_time.is_known and (tr.epoch_end_time.mean or 0) > 0:
+            extra.append(f"epoch end {_fmt_dist(tr.epoch_end_time, _fmt_seconds)}")
+        if extra:
+            lines.append(f"  timing      {'; '.join(extra)}")
     else:
         lines.append("  train       off")
     if tr.evaluation is not None:

@@ -111,10 +111,11 @@ def generate(args):
 class H5Samples:
     """Map-style dataset: index -> (x, y, bytes read, read calls, pid)."""
 
-    def __init__(self, files, samples_per_file, keep_open=False):
+    def __init__(self, files, samples_per_file, keep_open=False, by_path=False):
         self.files = list(files)
         self.spf = samples_per_file
         self.opener = C.Opener(keep_open)
+        self.by_path = by_path
 
     def __len__(self):
         return len(self.files) * self.spf
@@ -124,10 +125,15 @@ class H5Samples:
         import torch
 
         fi, row = divmod(idx, self.spf)
-        with C.CountedRead() as counted:
-            with self.opener(self.files[fi]) as f, h5py.File(f, "r") as h:
-                x = h["x"][row]
-                y = h["y"][row]
+        with C.CountedRead(self.by_path) as counted:
+            if self.by_path:  # h5py's default (sec2) driver
+                with h5py.File(self.files[fi], "r") as h:
+                    x = h["x"][row]
+                    y = h["y"][row]
+            else:
+                with self.opener(self.files[fi]) as f, h5py.File(f, "r") as h:
+                    x = h["x"][row]
+                    y = h["y"][row]
         return (torch.from_numpy(x), torch.from_numpy(y), *C.io_tensors(counted))
 
 
@@ -170,7 +176,7 @@ def main(argv=None):
 
         mse = nn.MSELoss()
         model = build_model(args.channels, C.scaled(8, args.compute_scale))
-        return H5Samples(files, args.samples_per_file, args.keep_open), model, mse
+        return H5Samples(files, args.samples_per_file, args.keep_open, args.by_path), model, mse
 
     return C.main_wrapper(JOB, args, params, generate(args), build)
 

@@ -2,8 +2,11 @@
 """resnet-like image classification on many small JPEG (or PNG) files.
 
 Images live in class sub-folders (``class_0/img_00000.jpg``, ...).  Every
-sample is opened on an unbuffered, byte-counting ``io.FileIO``, decoded with
-``PIL.Image.open(f).convert("RGB")`` and fed to a tiny residual CNN.
+sample is opened on an unbuffered, byte-counting ``io.FileIO`` (``--by-path``:
+by path, as torchvision's default loader does), decoded with
+``PIL.Image.open(f).convert("RGB")``, resized to ``--image-size`` when the files
+have other sizes (``--source-size MIN MAX``: every file gets its own width and
+height in that range, like a photo collection) and fed to a tiny residual CNN.
 """
 
 from __future__ import annotations
@@ -22,7 +25,19 @@ def parse_args(argv=None):
     )
     g.add_argument("--num-classes", type=C.positive_int, default=4)
     g.add_argument("--quality", type=int, default=90, help="JPEG quality")
-    return p.parse_args(argv)
+    g.add_argument(
+        "--source-size",
+        type=C.positive_int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=None,
+        help="stored images get random widths and heights in [MIN, MAX] (seeded); samples are "
+        "resized to --image-size after decoding (default: stored at --image-size)",
+    )
+    args = p.parse_args(argv)
+    if args.source_size and args.source_size[0] > args.source_size[1]:
+        p.error("--source-size: MIN must be <= MAX")
+    return args
 
 
 def generate(args):
@@ -38,9 +53,14 @@ def generate(args):
         rel = []
         for c in range(k):
             os.makedirs(os.path.join(data_dir, f"class_{c}"), exist_ok=True)
-        yy, xx = np.mgrid[:s, :s].astype(np.float32) / s
         for i in range(args.num_files):
             rng = np.random.default_rng([args.seed, i])
+            if args.source_size:
+                lo, hi = args.source_size
+                h, w = (int(v) for v in rng.integers(lo, hi + 1, size=2))
+            else:
+                h = w = s
+            yy, xx = np.mgrid[:h, :w].astype(np.float32) / np.float32(max(h, w))
             c = i % k
             # Class-dependent stripe orientation/frequency and colour + noise.
             theta = np.pi * c / k + rng.normal(0, 0.1)
@@ -49,7 +69,7 @@ def generate(args):
                 2 * np.pi * freq * (xx * np.cos(theta) + yy * np.sin(theta)) + rng.uniform(0, 6.3)
             )
             color = np.array([np.cos(c), np.sin(c), np.cos(2 * c)], dtype=np.float32) * 0.35
-            img = 0.5 + 0.3 * wave[..., None] + color + rng.normal(0, 0.08, (s, s, 3))
+            img = 0.5 + 0.3 * wave[..., None] + color + rng.normal(0, 0.08, (h, w, 3))
             arr = (np.clip(img, 0, 1) * 255).astype(np.uint8)
             name = os.path.join(f"class_{c}", f"img_{i:05d}.{ext}")
             im = Image.fromarray(arr, "RGB")
@@ -66,12 +86,14 @@ def generate(args):
 class ImageFolderFiles:
     """Map-style dataset: index -> (image CHW float, label, bytes read, read calls, pid)."""
 
-    def __init__(self, files, keep_open=False):
+    def __init__(self, files, keep_open=False, by_path=False, size=None):
         import os
 
         self.files = list(files)
         self.labels = [int(os.path.basename(os.path.dirname(f)).split("_")[1]) for f in self.files]
         self.opener = C.Opener(keep_open)
+        self.by_path = by_path
+        self.size = size  # resize decoded images to size x size (None: as stored)
 
     def __len__(self):
         return len(self.files)
@@ -81,9 +103,16 @@ class ImageFolderFiles:
         import torch
         from PIL import Image
 
-        with C.CountedRead() as counted:
-            with self.opener(self.files[idx]) as f, Image.open(f) as im:
-                arr = np.array(im.convert("RGB"))
+        with C.CountedRead(self.by_path) as counted:
+            if self.by_path:  # torchvision.datasets.folder.pil_loader
+                with open(self.files[idx], "rb") as f:
+                    im = Image.open(f).convert("RGB")
+            else:
+                with self.opener(self.files[idx]) as f, Image.open(f) as raw:
+                    im = raw.convert("RGB")
+        if self.size is not None and im.size != (self.size, self.size):
+            im = im.resize((self.size, self.size), Image.BILINEAR)
+        arr = np.array(im)
         x = torch.from_numpy(arr).permute(2, 0, 1).float().div_(255.0)
         y = torch.tensor(self.labels[idx], dtype=torch.int64)
         return (x, y, *C.io_tensors(counted))
@@ -136,13 +165,16 @@ def main(argv=None):
         "image_size": args.image_size,
         "num_classes": args.num_classes,
         "quality": args.quality if args.format == "jpeg" else None,
+        **({"source_size": list(args.source_size)} if args.source_size else {}),
     }
 
     def build(files):
         from torch import nn
 
         model = build_model(args.num_classes, C.scaled(16, args.compute_scale))
-        return ImageFolderFiles(files, args.keep_open), model, nn.CrossEntropyLoss()
+        return ImageFolderFiles(
+            files, args.keep_open, args.by_path, args.image_size if args.source_size else None
+        ), model, nn.CrossEntropyLoss()
 
     return C.main_wrapper(JOB, args, params, generate(args), build)
 

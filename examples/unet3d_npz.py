@@ -4,8 +4,9 @@
 Each ``vol_XXXXX.npz`` holds ``x`` (float32, 1 x V x V x V) and ``y`` (uint8
 mask, same shape), written with ``np.savez`` (``--compressed``:
 ``np.savez_compressed``).  Samples are read per sample with ``np.load`` on an
-unbuffered, byte-counting ``io.FileIO`` and fed to a tiny Conv3d
-encoder/decoder through a ``torch.utils.data.DataLoader``.
+unbuffered, byte-counting ``io.FileIO`` (``--by-path``: ``np.load(path)``, as
+real training code does) and fed to a tiny Conv3d encoder/decoder through a
+``torch.utils.data.DataLoader``.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def generate(args):
 class NpzVolumes:
     """Map-style dataset: index -> (x, y, bytes read, read calls, pid)."""
 
-    def __init__(self, files, keep_open=False):
+    def __init__(self, files, keep_open=False, by_path=False):
         self.files = list(files)
         self.opener = C.Opener(keep_open)
+        self.by_path = by_path
 
     def __len__(self):
         return len(self.files)
@@ -83,10 +85,15 @@ class NpzVolumes:
         import numpy as np
         import torch
 
-        with C.CountedRead() as counted:
-            with self.opener(self.files[idx]) as f, np.load(f) as z:
-                x = z["x"]
-                y = z["y"]
+        with C.CountedRead(self.by_path) as counted:
+            if self.by_path:
+                with np.load(self.files[idx]) as z:
+                    x = z["x"]
+                    y = z["y"]
+            else:
+                with self.opener(self.files[idx]) as f, np.load(f) as z:
+                    x = z["x"]
+                    y = z["y"]
         return (torch.from_numpy(x), torch.from_numpy(y), *C.io_tensors(counted))
 
 
@@ -132,7 +139,7 @@ def main(argv=None):
 
         bce = nn.BCEWithLogitsLoss()
         model = build_model(C.scaled(8, args.compute_scale), args.arch)
-        return NpzVolumes(files, args.keep_open), model, lambda out, y: bce(out, y.float())
+        return NpzVolumes(files, args.keep_open, args.by_path), model, lambda out, y: bce(out, y.float())
 
     return C.main_wrapper(JOB, args, params, generate(args), build)
 

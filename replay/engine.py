@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import errno
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -44,6 +45,8 @@ from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate, render_t
 METRICS_NAME = "metrics.json"
 ORDER_NAME = "sample-order.json"
 IO_MODES = ("library", "posix")
+#: --loader choices: auto = PyTorch's DataLoader when the model's loader is PyTorch's and torch is installed.
+LOADERS = ("auto", "torch", "builtin")
 #: Bytes per checkpoint write call when the model does not know it.
 DEFAULT_WRITE_TRANSFER = 4 << 20
 BARRIER_TIMEOUT_S = 600.0
@@ -57,7 +60,10 @@ class ReplayConfig:
     one); ``out``: result/trace directory (None = ``replays/<name>-<UTC time>``);
     ``trace``: run under DFTracer; ``generate``: generate the dataset if missing;
     ``io``: ``library`` or ``posix``; ``au_threshold``: pass/fail AU in percent;
-    ``record_order``: write every epoch's sample order to ``sample-order.json``.
+    ``record_order``: write every epoch's sample order to ``sample-order.json``;
+    ``loader``: ``auto`` (PyTorch's own DataLoader when the model's framework and data loader
+    are PyTorch's, its workers processes, and torch is importable; else the builtin one),
+    ``torch`` or ``builtin``.
     """
 
     model: WorkloadModel
@@ -73,6 +79,7 @@ class ReplayConfig:
     keep_checkpoints: bool = False
     traced: bool = False  # internal: this process is the captured child
     jobs: int | None = None
+    loader: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,7 @@ class RankPlan:
     seed: int
     checkpoint_dir: str
     record_order: bool
+    loader: str = "builtin"  # torch | builtin (resolved by choose_loader)
 
 
 def _shuffle(mode: str, seed: int | None, items: list[Any], key: Sequence[int]) -> list[Any]:
@@ -128,29 +136,79 @@ def _shuffle(mode: str, seed: int | None, items: list[Any], key: Sequence[int]) 
 
 
 def steps_per_epoch(model: WorkloadModel, size: int) -> int:
-    """Steps per epoch for each of *size* accelerators (all ranks take the same count)."""
+    """Steps per epoch for each of *size* accelerators (all ranks take the same count).
+
+    DLIO's order takes ``floor(samples / batch / ranks)`` steps (its ``max_steps``, whole
+    batches only); otherwise each rank's files give its samples, and ``reader.drop_last``
+    drops a last partial batch.
+    """
     nfiles = model.dataset.num_files
     if nfiles < size:
         raise ReplayError(f"dataset.num_files: {nfiles} file(s) cannot be shared by {size} accelerators "
                           f"(each reads files r::N); use fewer accelerators or more files")
-    samples = (nfiles // size) * model.dataset.num_samples_per_file
-    steps = math.ceil(samples / model.reader.batch_size)
+    b = model.reader.batch_size
+    if model.reader.sample_order == "dlio":
+        steps = nfiles * model.dataset.num_samples_per_file // b // size
+    else:
+        samples = (nfiles // size) * model.dataset.num_samples_per_file
+        steps = samples // b if model.reader.drop_last else math.ceil(samples / b)
     if model.train.steps_per_epoch:
         steps = min(steps, model.train.steps_per_epoch)
     return steps
 
 
+def _dlio_order(plan: RankPlan, epoch: int) -> list[tuple[int, int]]:
+    """DLIO 2.0's PyTorch sampler (``dlio_sampler``): rank r takes the contiguous block of global
+    sample indices [r*ceil(N/size), (r+1)*ceil(N/size)); with sample_shuffle ``seed`` the block is
+    shuffled in place after seeding numpy's legacy generator with the seed, once per epoch (so
+    epoch e's order is that permutation applied e times); ``random`` shuffles unseeded;
+    ``file_shuffle`` has no effect on this path."""
+    m, rd = plan.model, plan.model.reader
+    spf = m.dataset.num_samples_per_file
+    total = m.dataset.num_files * spf
+    per_rank = math.ceil(total / plan.size)
+    indices = list(range(plan.rank * per_rank, min(total, (plan.rank + 1) * per_rank)))
+    seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
+    if rd.sample_shuffle != "off":
+        rs = np.random.RandomState(seed) if rd.sample_shuffle == "seed" else np.random.RandomState()
+        for _ in range(epoch):
+            if rd.sample_shuffle == "seed":
+                rs.seed(seed)
+            rs.shuffle(indices)
+    return [divmod(i, spf) for i in indices]
+
+
 def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
     """The batches (lists of (file index, sample in file)) of *epoch* (1-based) on this rank."""
     m, rd = plan.model, plan.model.reader
-    seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
-    files = list(range(plan.rank, m.dataset.num_files, plan.size))
-    files = _shuffle(rd.file_shuffle, seed, files, (epoch, plan.rank, 1))
-    samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
-    samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
+    if rd.sample_order == "dlio":
+        samples = _dlio_order(plan, epoch)
+    else:
+        seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
+        files = list(range(plan.rank, m.dataset.num_files, plan.size))
+        files = _shuffle(rd.file_shuffle, seed, files, (epoch, plan.rank, 1))
+        samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
+        samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
     steps = steps_per_epoch(m, plan.size)
     b = rd.batch_size
-    return [samples[i * b:(i + 1) * b] for i in range(steps) if samples[i * b:(i + 1) * b]]
+    batches = [samples[i * b:(i + 1) * b] for i in range(steps)]
+    return [x for x in batches if x and (len(x) == b or not (rd.drop_last or rd.sample_order == "dlio"))]
+
+
+def step_compute(model: WorkloadModel, draws: np.ndarray, epoch: int, first_global_step: int) -> np.ndarray:
+    """Seconds of compute of each step of *epoch* (1-based): the drawn steady-state times, with the
+    run's warm-up steps (``train.warmup_computation_time``) and, in later epochs, each epoch's
+    leading steps (``train.epoch_warmup_computation_time``) in place of the draws."""
+    out = np.maximum(np.asarray(draws, dtype=float), 0.0).copy()
+    tr = model.train
+    if epoch > 1 and tr.epoch_warmup_computation_time:
+        n = min(len(out), len(tr.epoch_warmup_computation_time))
+        out[:n] = tr.epoch_warmup_computation_time[:n]
+    run = tr.warmup_computation_time
+    if first_global_step < len(run):
+        n = min(len(out), len(run) - first_global_step)
+        out[:n] = run[first_global_step:first_global_step + n]
+    return out
 
 
 class _Checkpointer:
@@ -168,18 +226,49 @@ class _Checkpointer:
         self.transfer = wts if wts.is_known else None
         self._buf = b""
 
-    def due(self, global_step: int, epoch: int, last_in_epoch: bool) -> bool:
+    def _enabled(self) -> bool:
         c = self.c
         if not c.enabled or c.bytes_per_checkpoint <= 0:
             return False
-        if c.num_checkpoints_write is not None and self.count >= c.num_checkpoints_write:
+        return c.num_checkpoints_write is None or self.count < c.num_checkpoints_write
+
+    @property
+    def by_epoch(self) -> bool:
+        """Checkpoints at epoch ends (neither steps nor time between them given)."""
+        return not (self.c.steps_between_checkpoints or self.c.time_between_checkpoints)
+
+    def due_step(self, global_step: int) -> bool:
+        """A step- or time-based checkpoint is due after this step."""
+        c = self.c
+        if not self._enabled() or self.by_epoch:
             return False
         if c.steps_between_checkpoints:
             return global_step % c.steps_between_checkpoints == 0
-        if c.time_between_checkpoints:
-            return time.monotonic() - self.last_time >= c.time_between_checkpoints
+        return time.monotonic() - self.last_time >= (c.time_between_checkpoints or 0.0)
+
+    def due_epoch(self, epoch: int) -> bool:
+        """An epoch-based checkpoint is due after *epoch* (1-based): after its last batch, as a
+        training script saves after its loop over the DataLoader."""
+        c = self.c
+        if not self._enabled() or not self.by_epoch:
+            return False
         every = c.epochs_between_checkpoints or 1
-        return last_in_epoch and epoch >= c.checkpoint_after_epoch and (epoch - c.checkpoint_after_epoch) % every == 0
+        return epoch >= c.checkpoint_after_epoch and (epoch - c.checkpoint_after_epoch) % every == 0
+
+    def save(self) -> int:
+        """One checkpoint as a ``checkpoint/save`` event: the model's serialisation time, then the
+        writes; returns bytes written."""
+        ev = REGIONS.begin("save", "checkpoint")
+        nbytes = 0
+        try:
+            st = self.c.serialization_time
+            seconds = float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
+            if seconds > 0:
+                time.sleep(seconds)
+            nbytes = self.write()
+        finally:
+            REGIONS.end(ev, path=self.last_path, bytes=nbytes)
+        return nbytes
 
     def write(self) -> int:
         """Write this rank's files of one checkpoint; returns bytes written."""
@@ -229,7 +318,8 @@ class _Checkpointer:
 
 
 def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = False) -> dict[str, Any]:
-    """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync).
+    """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync), then each
+    epoch's end (epoch checkpoint, evaluation, the model's epoch-end time).
 
     Returns ``{"rank", "epochs": [records], "complete", "error", "order"}``. Times in
     seconds, sizes in bytes. Ctrl-C ends the run early (``complete`` false), at the latest
@@ -239,21 +329,92 @@ def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = 
         return _run_rank(plan, sync, keep_checkpoints)
 
 
+class _Sleeper:
+    """Sleeps modelled seconds; carries each sleep's overshoot into the next, so the total
+    slept tracks the model (a VM's sleeps run long by tens of microseconds to milliseconds)."""
+
+    def __init__(self) -> None:
+        self.debt = 0.0
+
+    def sleep(self, seconds: float) -> float:
+        """Sleep about *seconds*; returns the seconds actually slept."""
+        if seconds <= 0:
+            return 0.0
+        t0 = time.perf_counter()
+        if seconds - self.debt > 0:
+            time.sleep(seconds - self.debt)
+        took = time.perf_counter() - t0
+        self.debt += took - seconds
+        return took
+
+
+def make_loader(plan: RankPlan) -> Any:
+    """The run's data loader: PyTorch's DataLoader (``plan.loader == "torch"``) or the builtin one."""
+    rd = plan.model.reader
+    if plan.loader == "torch":
+        from .torchloader import TorchLoader
+
+        return TorchLoader(plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory)
+    # PyTorch starts new worker processes at every epoch unless persistent_workers (and joins them
+    # in the next() that ends the epoch): one Loader per epoch then.
+    persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
+    return Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor, one_epoch=not persistent)
+
+
+def _loader_events_from_hooks(plan: RankPlan) -> bool:
+    """A traced torch replay: the capture hooks emit epoch/fetch/step for the DataLoader."""
+    if plan.loader != "torch":
+        return False
+    from .torchloader import loader_events_from_hooks
+
+    return loader_events_from_hooks()
+
+
+def _new_record(epoch: int) -> dict[str, Any]:
+    return {"epoch": epoch, "steps": 0, "samples": 0, "bytes_read": 0, "compute_s": 0.0,
+            "modelled_compute_s": 0.0, "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
+            "evaluation_s": 0.0, "epoch_end_s": 0.0, "window_s": 0.0, "samples_in_window": 0,
+            "bytes_in_window": 0, "epoch_time_s": 0.0, "worker_pids": []}
+
+
+def _evaluation_steps(m: WorkloadModel, size: int) -> int:
+    ev = m.train.evaluation
+    if ev is None:
+        return 0
+    if ev.steps:
+        return ev.steps
+    samples = (m.dataset.num_files_eval // max(size, 1)) * m.dataset.num_samples_per_file
+    return math.ceil(samples / max(m.reader.batch_size_eval, 1))
+
+
 def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) -> dict[str, Any]:
     m = plan.model
-    rd = m.reader
     compute_rng = np.random.default_rng([plan.seed, plan.rank, 0xC0])
+    edge_rng = np.random.default_rng([plan.seed, plan.rank, 0xE0])
     epochs: list[dict[str, Any]] = []
     order: dict[str, list[int]] = {}
     result: dict[str, Any] = {"rank": plan.rank, "epochs": epochs, "complete": False, "error": None}
     ckpt = _Checkpointer(plan)
-    loader: Loader | None = None
+    loader: Any = None
     global_step = 0
-    sleep_debt = 0.0  # seconds slept beyond the modelled compute so far
+    sleeper = _Sleeper()
     total_cap = m.train.total_training_steps
+    ev = m.train.evaluation
+    eval_steps = _evaluation_steps(m, plan.size)
+    end_time = m.train.epoch_end_time
+    per_epoch_au = m.train.au_first_steps == "epoch"
     try:
-        # PyTorch starts new worker processes at every epoch unless persistent_workers.
-        persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
+        # What a training script imports before its first epoch (torch, the format's library) is
+        # imported here, not inside the first epoch; forked workers inherit it.
+        if plan.loader == "torch":
+            from . import torchloader  # noqa: F401
+        if plan.spec.io == "library":
+            from .formats import prime_library
+
+            prime_library(plan.spec.fmt)
+        # The DataLoader's events come from the capture hooks in a traced torch replay; else from here
+        # (the same names and args a captured job has, so a replay trace is analysed like the real one).
+        own_events = not _loader_events_from_hooks(plan)
         for epoch in range(1, m.train.epochs + 1):
             INTERRUPT.check()
             batches = epoch_batches(plan, epoch)
@@ -261,48 +422,40 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                 batches = batches[: max(0, total_cap - global_step)]
             if not batches:
                 break
-            rec = {"epoch": epoch, "steps": 0, "samples": 0, "bytes_read": 0, "compute_s": 0.0,
-                   "modelled_compute_s": 0.0, "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
-                   "window_s": 0.0, "samples_in_window": 0, "bytes_in_window": 0, "epoch_time_s": 0.0}
+            rec = _new_record(epoch)
             epochs.append(rec)
             ids: list[int] = []
-            draws = m.train.computation_time.sample(compute_rng, len(batches))
+            pids: set[int] = set()
+            modelled_steps = step_compute(m, m.train.computation_time.sample(compute_rng, len(batches)), epoch,
+                                          global_step)
             t_start = t_prev = time.perf_counter()
-            if loader is None or not persistent:  # worker start-up is part of the epoch, as in PyTorch
-                if loader is not None:
-                    loader.close()
-                loader = Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor)
-            # the data-loader events a captured PyTorch job has (epoch, fetch, step, checkpoint
-            # save), so a replay trace is analysed like the real one; no-ops when not traced
-            ev_epoch = REGIONS.begin("epoch", "pipeline", epoch=epoch - 1)
+            if loader is None or getattr(loader, "closed", False):  # worker start-up is part of the epoch
+                loader = make_loader(plan)
+            ev_epoch = REGIONS.begin("epoch", "pipeline", epoch=epoch - 1) if own_events else None
             batch_iter = iter(loader.epoch(batches))
             step = -1
             while True:
                 step += 1
-                ev_fetch = REGIONS.begin("fetch", "dataloader", epoch=epoch - 1, step=step)
+                ev_fetch = REGIONS.begin("fetch", "dataloader", epoch=epoch - 1, step=step) if own_events else None
                 try:
                     res = next(batch_iter)
                 except StopIteration:
                     REGIONS.end(ev_fetch, batch_size=0, last=1)
                     break
                 REGIONS.end(ev_fetch, batch_size=len(res.samples))
-                ev_step = REGIONS.begin("step", "compute", epoch=epoch - 1, step=step)
+                ev_step = REGIONS.begin("step", "compute", epoch=epoch - 1, step=step) if own_events else None
                 INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
                 t_got = time.perf_counter()
-                modelled = max(0.0, float(draws[step]))
-                c0 = time.perf_counter()
-                if modelled > 0 and modelled - sleep_debt > 0:
-                    time.sleep(modelled - sleep_debt)
-                compute = time.perf_counter() - c0
-                if modelled > 0:  # carry sleep overshoot into the next step: total compute tracks the model
-                    sleep_debt += compute - modelled
+                modelled = float(modelled_steps[step])
+                warm = global_step < len(m.train.warmup_computation_time) or (
+                    epoch > 1 and step < len(m.train.epoch_warmup_computation_time))
+                ev_warm = REGIONS.begin("warmup", "compute", epoch=epoch - 1, step=step) if warm else None
+                compute = sleeper.sleep(modelled)
+                REGIONS.end(ev_warm)
                 global_step += 1
                 ck0 = time.perf_counter()
-                if ckpt.due(global_step, epoch, step == len(batches) - 1):
-                    ev_save = REGIONS.begin("save", "checkpoint")
-                    nbytes = ckpt.write()
-                    REGIONS.end(ev_save, path=ckpt.last_path, bytes=nbytes)
-                    rec["checkpoint_bytes"] += nbytes
+                if ckpt.due_step(global_step):
+                    rec["checkpoint_bytes"] += ckpt.save()
                 ck = time.perf_counter() - ck0
                 sync()
                 REGIONS.end(ev_step)
@@ -311,9 +464,11 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                 rec["samples"] += len(res.samples)
                 rec["bytes_read"] += res.nbytes
                 rec["checkpoint_s"] += ck
+                pids.add(res.worker_pid)
                 if plan.record_order:
                     ids.extend(res.samples)
-                if global_step > 1:  # DLIO leaves the run's first step out of AU and throughput
+                # DLIO leaves the run's first step out of AU and throughput (its own runs: every epoch's)
+                if (step > 0) if per_epoch_au else (global_step > 1):
                     rec["compute_s"] += compute
                     rec["modelled_compute_s"] += modelled
                     rec["io_wait_s"] += t_got - t_prev
@@ -321,8 +476,32 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                     rec["samples_in_window"] += len(res.samples)
                     rec["bytes_in_window"] += res.nbytes
                 t_prev = t_end
-                rec["epoch_time_s"] = t_end - t_start
+                rec["epoch_time_s"] = t_end - t_start  # so far (an interrupted epoch keeps it)
             REGIONS.end(ev_epoch, steps=rec["steps"])
+            # the epoch's end, after the loop over the loader, as in a training script
+            if ckpt.due_epoch(epoch):
+                ck0 = time.perf_counter()
+                rec["checkpoint_bytes"] += ckpt.save()
+                rec["checkpoint_s"] += time.perf_counter() - ck0
+                sync()
+            if ev is not None and eval_steps and epoch >= ev.after_epoch and (
+                    epoch - ev.after_epoch) % ev.every_n_epochs == 0:
+                e0 = time.perf_counter()
+                ev_eval = REGIONS.begin("evaluate", "pipeline", epoch=epoch - 1, steps=eval_steps)
+                for t in ev.computation_time.sample(compute_rng, eval_steps):
+                    INTERRUPT.check()
+                    sleeper.sleep(max(0.0, float(t)))
+                REGIONS.end(ev_eval)
+                sync()
+                rec["evaluation_s"] += time.perf_counter() - e0
+            if end_time.is_known and (end_time.mean or 0) > 0:
+                e0 = time.perf_counter()
+                ev_end = REGIONS.begin("epoch_end", "pipeline", epoch=epoch - 1)
+                sleeper.sleep(max(0.0, float(end_time.sample(edge_rng, 1)[0])))
+                REGIONS.end(ev_end)
+                rec["epoch_end_s"] += time.perf_counter() - e0
+            rec["epoch_time_s"] = time.perf_counter() - t_start
+            rec["worker_pids"] = sorted(pids)
             if plan.record_order:
                 order[str(epoch)] = ids
         INTERRUPT.check()
@@ -381,6 +560,36 @@ def default_out(model: WorkloadModel) -> Path:
     return Path("replays") / f"{name}-{stamp}"
 
 
+def choose_loader(config: ReplayConfig) -> tuple[str, str]:
+    """(``torch`` | ``builtin``, why) for this replay (see :class:`ReplayConfig`)."""
+    m = config.model
+    have_torch = importlib.util.find_spec("torch") is not None
+    if config.loader == "builtin":
+        return "builtin", "--loader builtin"
+    if config.loader == "torch":
+        if not have_torch:
+            raise ReplayError("--loader torch: torch is not importable here; install dlreplay[torch] "
+                              "(torch==2.13.0) or use --loader builtin")
+        if m.reader.worker_kind == "thread":
+            raise ReplayError("--loader torch: reader.worker_kind=thread has no PyTorch DataLoader equivalent "
+                              "(its workers are processes); use --loader builtin")
+        return "torch", "--loader torch"
+    if m.framework != "pytorch" or m.reader.data_loader != "pytorch":
+        return "builtin", f"the model's loader is {m.framework}/{m.reader.data_loader}, not PyTorch's DataLoader"
+    if m.reader.worker_kind == "thread":
+        return "builtin", "reader.worker_kind=thread (PyTorch's workers are processes)"
+    if not have_torch:
+        return "builtin", "torch is not installed (pip install 'dlreplay[torch]' for PyTorch's own DataLoader)"
+    return "torch", "the model's loader is PyTorch's DataLoader"
+
+
+def _import_loader(loader: str) -> None:
+    """Import torch before the replay starts (seconds on a loaded machine), as a training script
+    does before its first epoch; accelerator processes forked from here inherit it."""
+    if loader == "torch":
+        from . import torchloader  # noqa: F401
+
+
 def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
     m = config.model
     files = manifest["files"]
@@ -392,7 +601,8 @@ def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         samples_per_file=m.dataset.num_samples_per_file, open_per_sample=m.reader.open_per_sample,
         transfer_size=m.reader.transfer_size, preprocess_time=m.reader.preprocess_time,
         stats_per_sample=float(md.stats or 0.0) if config.io == "posix" else 0.0,
-        lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed)
+        lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed,
+        file_buffering=m.reader.file_buffering)
 
 
 def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
@@ -418,8 +628,8 @@ def model_warnings(model: WorkloadModel) -> list[str]:
     """Parts of the model this replay does not reproduce yet (said, never silently dropped)."""
     out = []
     if model.train.evaluation is not None:
-        out.append("the model has evaluation phases (train.evaluation); this replay runs training epochs "
-                   "only, so evaluation reads and compute are not included in the timings")
+        out.append("evaluation phases (train.evaluation) are replayed as their compute time per step; the "
+                   "reads of the evaluation files are not (no evaluation files are generated)")
     if model.checkpoint.read_at_start:
         out.append("checkpoint.read_at_start is not replayed (no checkpoint is read before training)")
     return out
@@ -456,7 +666,8 @@ def _metrics_doc(config: ReplayConfig, ranks: list[dict[str, Any]], manifest: di
         "interrupted": interrupted, "errors": errors,
         "model_name": m.model.name, "dataset_format": m.dataset.format, "model_digest": dataset_digest(m),
         "data_dir": str(config.data_dir), "dataset_bytes": int(manifest.get("total_bytes", 0)),
-        "io": config.io, "accelerators": size, "mpi": mpi, "seed": config.seed,
+        "io": config.io, "loader": choose_loader(config)[0], "loader_reason": choose_loader(config)[1],
+        "accelerators": size, "mpi": mpi, "seed": config.seed,
         "batch_size": m.reader.batch_size, "read_threads": m.reader.read_threads,
         "epochs_planned": m.train.epochs, "dlreplay_version": dlreplay.__version__,
         "started": started, "wall_time_s": wall, "warnings": list(warnings), **agg,
@@ -486,6 +697,8 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     say = echo or (lambda s: None)
     if config.io not in IO_MODES:
         raise ReplayError(f"--io: expected one of {', '.join(IO_MODES)}, got {config.io!r}")
+    if config.loader not in LOADERS:
+        raise ReplayError(f"--loader: expected one of {', '.join(LOADERS)}, got {config.loader!r}")
     if config.accelerators < 1:
         raise ReplayError(f"--accelerators: expected a positive integer, got {config.accelerators}")
     check_replay_resources(config.model, config.accelerators, config.out)
@@ -501,13 +714,16 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     size = config.accelerators
     steps_per_epoch(config.model, size)  # validate early
     ckdir = str((out / "checkpoints").resolve())
-    plans = [RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order) for r in range(size)]
+    loader, why = choose_loader(config)
+    _import_loader(loader)
+    plans = [RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order, loader)
+             for r in range(size)]
     # One accelerator runs here: Ctrl-C raises KeyboardInterrupt. With several, this process
     # only waits for results: Ctrl-C sets the flag, polled by _run_local_ranks.
     with INTERRUPT.catching("first" if size == 1 else "flag"):
         say(f"replay started: {size} accelerator(s), {config.model.train.epochs} epoch(s) of "
-            f"{steps_per_epoch(config.model, size)} step(s); results in {out} (Ctrl-C stops it, partial metrics "
-            f"are kept)")
+            f"{steps_per_epoch(config.model, size)} step(s), {loader} loader ({why}); results in {out} "
+            f"(Ctrl-C stops it, partial metrics are kept)")
         started, t0 = _now(), time.perf_counter()
         if size == 1:
             try:
@@ -614,8 +830,10 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
         sys.exit(1)
     manifest = comm.bcast(manifest if rank == 0 else None, root=0)
     spec = _worker_spec(config, manifest)
+    loader, _ = choose_loader(config)
+    _import_loader(loader)
     plan = RankPlan(config.model, spec, rank, size, config.seed, str((out / "checkpoints").resolve()),
-                    config.record_order)
+                    config.record_order, loader)
     comm.Barrier()
     started, t0 = _now(), time.perf_counter()
     res = run_rank(plan, comm.Barrier, config.keep_checkpoints)
@@ -641,7 +859,8 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     cmd = [sys.executable, "-m", "dlreplay", "replay", str(model_path.resolve()),
            "--data-dir", str(config.data_dir.resolve()), "--accelerators", str(config.accelerators),
            "--out", str(out.resolve()), "--no-trace", "--_traced", "--no-generate", "--io", config.io,
-           "--au-threshold", str(config.au_threshold), "--seed", str(config.seed), "--quiet"]
+           "--au-threshold", str(config.au_threshold), "--seed", str(config.seed), "--loader", config.loader,
+           "--quiet"]
     if config.record_order:
         cmd.append("--record-order")
     if config.keep_checkpoints:
@@ -650,8 +869,9 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     started = _now()
     try:
         INTERRUPT.check()  # a Ctrl-C so far whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
-        say(f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s); "
-            f"results and trace in {out} (Ctrl-C stops it, partial metrics are kept)")
+        say(f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s), "
+            f"{choose_loader(config)[0]} loader; results and trace in {out} (Ctrl-C stops it, partial metrics "
+            f"are kept)")
         cap = run_capture(CaptureConfig(command=tuple(cmd), out=out, force=True,
                                         data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
                                         name=config.model.model.name or "replay"))

@@ -2,9 +2,12 @@
 
 ``num_workers`` workers (processes started with fork, or threads); batch *i* goes to
 worker ``i % W``; each worker has ``prefetch_factor`` batches in flight; results are
-returned in batch order. ``num_workers == 0`` reads in the calling process. Workers
-persist across epochs. Each worker reads whole batches through a
-:class:`~dlreplay.replay.formats.LibraryReader` or ``PosixReader``.
+returned in batch order. ``num_workers == 0`` reads in the calling process. A Loader's
+workers live until :meth:`Loader.close`; the engine makes one Loader per epoch when the
+model's workers are not persistent (PyTorch starts and joins them every epoch) and one
+for the run otherwise. Each worker reads whole batches through a
+:class:`~dlreplay.replay.formats.LibraryReader` or ``PosixReader``
+(:class:`SampleReader`, shared with the PyTorch-based loader in :mod:`.torchloader`).
 """
 
 from __future__ import annotations
@@ -51,65 +54,107 @@ class WorkerSpec:
     stats_per_sample: float
     lseeks_per_sample: float
     seed: int
+    file_buffering: str = "buffered"
 
 
 @dataclass(frozen=True)
 class BatchResult:
-    """One batch read: its index, bytes actually read, sample ids (file*spf+k), read seconds."""
+    """One batch read: its index, bytes actually read, sample ids (file*spf+k), read seconds,
+    and the pid of the process that read it."""
 
     index: int
     nbytes: int
     samples: tuple[int, ...]
     seconds: float
+    worker_pid: int = 0
 
 
-class _BatchReader:
-    """Reads batches in one worker (keeps its files open unless open_per_sample)."""
+def runnable_seconds() -> float:
+    """Seconds the calling thread has been runnable: on a CPU plus waiting in the run queue for
+    one (``/proc/thread-self/schedstat``), i.e. its wall time not blocked (in I/O or sleeps).
+    Falls back to the thread's CPU time where the kernel does not keep scheduler statistics."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        try:
+            on_cpu, waiting, _ = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
+        return (int(on_cpu) + int(waiting)) * 1e-9
+    except (OSError, ValueError):
+        return time.thread_time()
 
-    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
+
+class SampleReader:
+    """Reads samples in one worker (keeps its files open unless open_per_sample) and spends
+    the model's preprocess time per sample: what is left of it after the time the library
+    took to read and decode the sample while not blocked in I/O (the job's preprocess time
+    holds its decode, and its waits for a CPU)."""
+
+    def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
+        self.item_events = item_events
+        self.preprocess_debt = 0.0  # seconds of modelled preprocessing not yet spent (negative: overspent)
         self.spec = spec
         self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
         if spec.io == "posix":
             self.reader: Any = PosixReader(spec.fmt, spec.open_per_sample, spec.stats_per_sample,
                                            spec.lseeks_per_sample)
         else:
-            self.reader = LibraryReader(spec.fmt, spec.open_per_sample)
+            self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered")
         self.preprocess = spec.preprocess_time if spec.preprocess_time.is_known and (
             spec.preprocess_time.mean or 0) > 0 else None
         self.transfer = spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER)
+
+    def read_sample(self, f: int, k: int) -> tuple[int, np.ndarray]:
+        """Read sample *k* of file *f* and spend its preprocess time; (bytes read, decoded sample)."""
+        s = self.spec
+        path = os.path.join(s.data_dir, s.paths[f])
+        recs = s.records[f]
+        rec = recs[k] if recs is not None else None
+        # the same data/item event a captured PyTorch worker emits (no-op when not traced)
+        item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
+        busy0 = runnable_seconds()
+        try:
+            if s.io == "posix":
+                if rec is not None:
+                    off, length = rec
+                else:
+                    size, n = s.file_bytes[f], s.samples_per_file
+                    off = size * k // n
+                    length = size * (k + 1) // n - off
+                ts = max(1, int(self.transfer.sample(self.rng, 1)[0]))
+                nbytes, decoded = self.reader.read_decoded(path, off, length, ts)
+            else:
+                nbytes, decoded = self.reader.read_decoded(path, k, rec)
+        except OSError as exc:
+            raise ReplayError(f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})") from None
+        except ReplayError:
+            raise
+        except Exception as exc:  # a library failing on a damaged file
+            raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
+        if self.preprocess is not None:
+            # The model's per-sample time (the job's item time minus its POSIX time: decode, and the
+            # waits for a CPU on a busy host) holds the job's decode; the library has just decoded
+            # here too (on a CPU or waiting for one, not blocked in I/O), so only the rest is slept. Sleeps
+            # of a millisecond overshoot by a good part of it on a busy machine: the overshoot is
+            # carried into the next sample's sleep, so this worker's total tracks the model.
+            self.preprocess_debt += float(self.preprocess.sample(self.rng, 1)[0]) - (runnable_seconds() - busy0)
+            if self.preprocess_debt > 0:
+                pre = REGIONS.begin("preprocess", "data")
+                t0 = time.perf_counter()
+                time.sleep(self.preprocess_debt)
+                self.preprocess_debt -= time.perf_counter() - t0
+                REGIONS.end(pre)
+        REGIONS.end(item)
+        return nbytes, decoded
 
     def read_batch(self, index: int, samples: Sequence[tuple[int, int]]) -> BatchResult:
         s = self.spec
         t0 = time.perf_counter()
         total = 0
         for f, k in samples:
-            path = os.path.join(s.data_dir, s.paths[f])
-            rec = s.records[f][k] if s.records[f] is not None else None
-            # the same data/item event a captured PyTorch worker emits (no-op when not traced)
-            item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k)
-            try:
-                if s.io == "posix":
-                    if rec is not None:
-                        off, length = rec
-                    else:
-                        size, n = s.file_bytes[f], s.samples_per_file
-                        off = size * k // n
-                        length = size * (k + 1) // n - off
-                    ts = max(1, int(self.transfer.sample(self.rng, 1)[0]))
-                    total += self.reader.read(path, off, length, ts)
-                else:
-                    total += self.reader.read(path, k, rec)
-            except OSError as exc:
-                raise ReplayError(f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})") from None
-            except ReplayError:
-                raise
-            except Exception as exc:  # a library failing on a damaged file
-                raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
-            if self.preprocess is not None:
-                time.sleep(max(0.0, float(self.preprocess.sample(self.rng, 1)[0])))
-            REGIONS.end(item)
+            total += self.read_sample(f, k)[0]
         ids = tuple(f * s.samples_per_file + k for f, k in samples)
-        return BatchResult(index, total, ids, time.perf_counter() - t0)
+        return BatchResult(index, total, ids, time.perf_counter() - t0, os.getpid())
 
     def close(self) -> None:
         self.reader.close()
@@ -125,7 +170,7 @@ def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_
     if is_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the accelerator stops workers itself
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by Loader around the fork
-    reader = _BatchReader(spec, worker_id)
+    reader = SampleReader(spec, worker_id)
     try:
         while True:
             try:
@@ -160,19 +205,28 @@ def worker_context(spec: WorkerSpec) -> Any:
 
 
 class Loader:
-    """Batches in order, read by ``num_workers`` workers with ``prefetch_factor`` batches each in flight."""
+    """Batches in order, read by ``num_workers`` workers with ``prefetch_factor`` batches each in flight.
+
+    ``one_epoch``: the workers are joined when the epoch's last batch has been delivered
+    (PyTorch without ``persistent_workers``: inside the ``next()`` that ends the epoch);
+    the Loader is then :attr:`closed` and the next epoch needs a new one.
+    """
+
+    name = "builtin"
 
     def __init__(self, spec: WorkerSpec, num_workers: int, worker_kind: str = "process",
-                 prefetch_factor: int = 2) -> None:
+                 prefetch_factor: int = 2, one_epoch: bool = False) -> None:
         self.spec = spec
+        self.one_epoch = one_epoch
+        self.closed = False
         self.num_workers = num_workers
         self.prefetch = max(1, prefetch_factor)
         self._epoch = 0
-        self._local: _BatchReader | None = None
+        self._local: SampleReader | None = None
         self._workers: list[Any] = []
         self._tasks: list[Any] = []
         if num_workers == 0:
-            self._local = _BatchReader(spec, 0)
+            self._local = SampleReader(spec, 0)
             return
         if worker_kind == "thread":
             self._results: Any = queue.Queue()
@@ -206,6 +260,11 @@ class Loader:
 
     def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
         """Yield the batches' results in order (batch i read by worker i % W)."""
+        yield from self._epoch_batches(batches)
+        if self.one_epoch:
+            self.close()
+
+    def _epoch_batches(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
         self._epoch += 1
         if self._local is not None:
             for i, b in enumerate(batches):
@@ -248,6 +307,7 @@ class Loader:
 
     def close(self) -> None:
         """Stop the workers (they finish their current batch)."""
+        self.closed = True
         if self._local is not None:
             self._local.close()
         for q in self._tasks:

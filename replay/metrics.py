@@ -8,7 +8,11 @@ Vocabulary and definitions follow MLPerf Storage / DLIO:
 * **samples/s** = samples consumed / time (same window as AU, summed over ranks,
   divided by the slowest rank's time).
 * **I/O throughput** = bytes *actually read* / time, in MB/s (1 MB = 10^6 bytes) and MiB/s.
-* epoch time (s, wall clock incl. the first step), mean and population stdev across epochs.
+* epoch time (s, wall clock incl. the first step, worker start-up and the epoch's end:
+  epoch checkpoint, evaluation, epoch-end time), mean and population stdev across epochs;
+  per epoch also the seconds of evaluation and epoch-end time, and the pids of the
+  processes that read its batches (``worker_pids``: new ones every epoch unless the
+  workers persist).
 * pass/fail: AU >= the threshold (MLPerf Storage: 90 % for unet3d and resnet50).
 """
 
@@ -73,7 +77,11 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
     epochs = []
     for i in range(n_epochs):
         recs = [r["epochs"][i] for r in ranks if len(r["epochs"]) > i]
-        epochs.append({"epoch": recs[0]["epoch"], **_combine(recs)})
+        pids = sorted({p for r in recs for p in r.get("worker_pids", [])})
+        epochs.append({"epoch": recs[0]["epoch"], **_combine(recs),
+                       "evaluation_s": max((r.get("evaluation_s", 0.0) for r in recs), default=0.0),
+                       "epoch_end_s": max((r.get("epoch_end_s", 0.0) for r in recs), default=0.0),
+                       "worker_pids": pids})
     totals = []
     for r in ranks:
         tot = {k: sum(e[k] for e in r["epochs"]) for k in _SUMMED}
@@ -118,6 +126,8 @@ def render_table(metrics: dict[str, Any]) -> str:
         au = s["au_percent"]
         lines.append(f"AU across epochs: {au['mean']:.2f} ± {au['stdev']:.2f} %; "
                      f"samples/s {_f(s['samples_per_s']['mean'], '.1f')} ± {_f(s['samples_per_s']['stdev'], '.1f')}")
+    if metrics.get("loader"):
+        lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
     verdict = "PASS" if metrics.get("pass") else "FAIL"
     lines.append(f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
                  + ("" if metrics.get("complete", True) else " (incomplete run)"))

@@ -1,0 +1,247 @@
+"""Replay through PyTorch's own ``torch.utils.data.DataLoader`` (the ``torch`` extra).
+
+A training job's input pipeline costs more than its reads: worker processes start (and,
+unless ``persistent_workers``, are joined) every epoch, each sample is decoded into a
+tensor, ``collate`` stacks the batch into shared memory and the batch crosses from the
+worker to the training process. The builtin loader (:mod:`.loader`) imitates the
+scheduling; this module runs the real thing, so its behaviour on new storage is the
+job's behaviour:
+
+* :class:`ReplayDataset`: ``__getitem__(sample id)`` reads the sample through the
+  format's library (:class:`~.loader.SampleReader`), spends the model's preprocess time
+  and returns the decoded sample as a tensor (the array the library returns);
+* :class:`PlannedBatches`: a batch sampler yielding the epoch's planned batches (the
+  seeded file and sample shuffles of :func:`~.engine.epoch_batches`, sharded by rank),
+  so both loaders read the same samples in the same order;
+* :class:`TorchLoader`: a ``DataLoader`` with the model's workers, prefetch factor,
+  persistent workers and pin memory; :meth:`TorchLoader.epoch` yields
+  :class:`~.loader.BatchResult`, like the builtin loader.
+
+Importing this module imports torch; :mod:`.engine` imports it only when it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
+
+from dlreplay.interrupt import INTERRUPT
+
+from .common import ReplayError
+from .loader import BatchResult, SampleReader, WorkerSpec, worker_context
+
+
+def _hooks_patched(obj: Any) -> bool:
+    """True when dlreplay's capture hooks instrument *obj* (a traced replay): they emit the
+    data-loader events themselves, so the replay must not emit them twice."""
+    return bool(getattr(obj, "_dlreplay_patched", False))
+
+
+def loader_events_from_hooks() -> bool:
+    """Whether the capture hooks emit epoch/fetch/step events for ``DataLoader`` here."""
+    return _hooks_patched(DataLoader)
+
+
+class ReplayDataset(Dataset):  # type: ignore[type-arg]
+    """Map-style dataset over the replay's files: sample id (file * spf + k) -> decoded sample.
+
+    Returns ``(bytes read, reader pid, tensor)``: the counts first, so the capture hooks'
+    batch-size probe (leading dimension of the first tensor) sees the batch size.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._reader: SampleReader | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "_reader": None, "_pid": -1}
+
+    def __len__(self) -> int:
+        return len(self.spec.paths) * self.spec.samples_per_file
+
+    def reader(self) -> SampleReader:
+        pid = os.getpid()
+        if self._pid != pid:  # one reader per worker process (a forked worker's inherited one is not its own)
+            info = get_worker_info()
+            from torch.utils.data import _utils
+
+            items_hooked = _hooks_patched(_utils.fetch._MapDatasetFetcher)
+            self._reader = SampleReader(self.spec, info.id if info is not None else 0, item_events=not items_hooked)
+            self._pid = pid
+        assert self._reader is not None
+        return self._reader
+
+    def __getitem__(self, sample: int) -> tuple[int, int, torch.Tensor]:
+        f, k = divmod(int(sample), self.spec.samples_per_file)
+        nbytes, decoded = self.reader().read_sample(f, k)
+        tensor = torch.from_numpy(np.require(decoded, requirements=["C", "W"]))
+        return nbytes, os.getpid(), tensor
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+            self._pid = -1
+
+
+def collate(samples: Sequence[tuple[int, int, torch.Tensor]]) -> tuple[list[int], list[int], Any]:
+    """``(bytes per sample, pid per sample, samples)``: samples stacked by ``default_collate``
+    (into shared memory in a worker, as for the job's batches) when they have one shape,
+    else concatenated flat (images of varying sizes before a resize the model does not know).
+    The counts stay Python lists: pickled with the batch, they add no shared-memory tensor
+    the job's batch does not have."""
+    nbytes = [int(s[0]) for s in samples]
+    pids = [int(s[1]) for s in samples]
+    tensors = [s[2] for s in samples]
+    if len({t.shape for t in tensors}) == 1:
+        return nbytes, pids, default_collate(tensors)
+    return nbytes, pids, _concat_flat(tensors)
+
+
+def _concat_flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Samples of different shapes as one flat tensor, in shared memory inside a worker as
+    ``default_collate`` allocates a stacked batch: one transfer per batch, as the job's
+    (resized) batch is, with the bytes of the decoded samples."""
+    flat = [t.reshape(-1) for t in tensors]
+    numel = sum(t.numel() for t in flat)
+    out = None
+    if get_worker_info() is not None:
+        storage = flat[0]._typed_storage()._new_shared(numel, device=flat[0].device)
+        out = flat[0].new(storage).resize_(numel)
+    return torch.cat(flat, out=out)
+
+
+class PlannedBatches(Sampler):  # type: ignore[type-arg]
+    """Batch sampler yielding the batches set for the coming epoch (lists of sample ids)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([list(b) for b in self.batches])
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@contextlib.contextmanager
+def _quiet_worker_count() -> Iterator[None]:
+    """Without PyTorch's "suggested max number of worker" warning: the model's worker count is
+    the job's, on whatever machine replays it (the warning comes at construction and every iter)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*suggested max number of worker")
+        yield
+
+
+@contextlib.contextmanager
+def _workers_start_deaf() -> Iterator[None]:
+    """Start workers (``iter()``) with SIGINT blocked: a Ctrl-C meanwhile only sets the flag
+    (checked at the next batch), and a worker cannot be hit before :func:`_worker_init` makes
+    it ignore SIGINT (a KeyboardInterrupt in a worker's start-up kills it with a traceback).
+    The training process stops its workers itself, as the builtin loader's."""
+    with INTERRUPT.deferred():
+        main = threading.current_thread() is threading.main_thread()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main else None
+        try:
+            yield
+        finally:
+            if mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _worker_init(worker_id: int) -> None:
+    """In each worker: ignore SIGINT (then unblock it, see :func:`_workers_start_deaf`), and stay
+    quiet when the training process abandons a batch hand-over (its fd-sharing thread then sees
+    the connection reset: a Ctrl-C, not an error)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _quiet_abandoned_handovers()
+
+
+def _quiet_abandoned_handovers() -> None:
+    """Drop connection errors of multiprocessing's fd-sharing thread (``resource_sharer._serve``,
+    which reports through ``sys.excepthook``): a peer that went away mid hand-over (a Ctrl-C)
+    is not an error of the replay. Everything else still reaches the previous hook."""
+    previous = sys.excepthook
+    if getattr(previous, "_dlreplay_quiet", False):
+        return
+
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        if issubclass(exc_type, (ConnectionError, EOFError)) and "_serve" in threading.current_thread().name:
+            return
+        previous(exc_type, exc, tb)
+
+    hook._dlreplay_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _worker_message(exc: BaseException) -> str:
+    """The one-line cause of an error re-raised from a DataLoader worker (torch wraps it in
+    "Caught X in DataLoader worker process N. Original Traceback ..."; keep the cause)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    for prefix in ("dlreplay.replay.common.ReplayError: ", "ReplayError: "):
+        if last.startswith(prefix):
+            return last[len(prefix):]
+    return last
+
+
+class TorchLoader:
+    """The replay's batches through ``torch.utils.data.DataLoader``.
+
+    One DataLoader for the run: PyTorch itself starts the workers at every epoch's
+    ``iter()`` and joins them at its end unless ``persistent_workers``.
+    """
+
+    name = "torch"
+
+    def __init__(self, spec: WorkerSpec, num_workers: int, prefetch_factor: int = 2,
+                 persistent_workers: bool = False, pin_memory: bool = False) -> None:
+        self.spec = spec
+        self.dataset = ReplayDataset(spec)
+        self.sampler = PlannedBatches()
+        _quiet_abandoned_handovers()
+        self.pin_memory = bool(pin_memory and torch.cuda.is_available())
+        kwargs: dict[str, Any] = {}
+        if num_workers > 0:
+            kwargs = {"prefetch_factor": max(1, prefetch_factor), "persistent_workers": persistent_workers,
+                      "multiprocessing_context": worker_context(spec), "worker_init_fn": _worker_init}
+        with _quiet_worker_count():
+            self.loader = DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=num_workers,
+                                     collate_fn=collate, pin_memory=self.pin_memory, **kwargs)
+        self._iter: Any = None
+
+    def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
+        """Yield the epoch's batches in order (``iter()`` starts workers unless they persist)."""
+        spf = self.spec.samples_per_file
+        self.sampler.batches = [[f * spf + k for f, k in b] for b in batches]
+        try:
+            with _quiet_worker_count(), _workers_start_deaf():
+                self._iter = iter(self.loader)
+            for i, (nbytes, pids, _data) in enumerate(self._iter):
+                yield BatchResult(i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0])
+        except ReplayError as exc:
+            raise ReplayError(_worker_message(exc)) from None
+        except RuntimeError as exc:  # a worker killed or gone ("DataLoader worker (pid N) exited unexpectedly")
+            if INTERRUPT.requested:  # a terminal's Ctrl-C reached the workers too: they stop quietly, as asked
+                raise KeyboardInterrupt from None
+            raise ReplayError(f"data-loader worker failed: {_worker_message(exc)}") from None
+
+    def close(self) -> None:
+        """Stop persistent workers, close the main process's files."""
+        for it in (self._iter, getattr(self.loader, "_iterator", None)):
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()
+        self._iter = None
+        self.dataset.close()
