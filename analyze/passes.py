@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dlreplay.allocator import release_free_memory
 from dlreplay.osutil import host_memory_bytes
 from dlreplay.schema import (
     CLOSE_OPS,
@@ -806,4 +807,8 @@ def characterize(events: pl.DataFrame | pl.LazyFrame | TraceView, *, manifest: d
     unknown = [n for n in names if n not in PASSES]
     if unknown:
         raise KeyError(f"unknown pass(es): {', '.join(unknown)}; known: {', '.join(PASSES)}")
-    return Characterization({n: PASSES[n](view) for n in names}, view)
+    out = {}
+    for n in names:
+        out[n] = PASSES[n](view)
+        release_free_memory()  # what the pass built and dropped, before the next allocates its own
+    return Characterization(out, view)

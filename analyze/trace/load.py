@@ -84,6 +84,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import polars as pl
 
+from dlreplay.allocator import release_free_memory
 from dlreplay.errors import TraceError
 from dlreplay.pfw import GZIP_MAGIC, PlainFile, Slabs, anonymous_map
 from dlreplay.pfw import DecodeStats as _Stats
@@ -324,7 +325,10 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     """
     files, manifest = _find_inputs(path)
     parts: list[TracePart | RangePart] = list(parse_parts(files, jobs=jobs))
-    return dataclasses.replace(_combine_owned(parts, [p.name for p in files]), manifest=manifest)
+    release_free_memory()  # the parse's buffers, before the merge builds the table
+    loaded = _combine_owned(parts, [p.name for p in files])
+    release_free_memory()  # the merge's, before the passes
+    return dataclasses.replace(loaded, manifest=manifest)
 
 
 #: Stored bytes below which a file is never split into byte ranges.
@@ -372,6 +376,7 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
             while todo and len(flight) < (2 * workers if group_bytes is None else workers):
                 fn, arg = todo.pop()
                 flight.add(pool.submit(fn, arg))
+                del fn, arg  # (a list of ranges is emptied by the job as it takes their rows)
             done, flight = wait(flight, return_when=FIRST_COMPLETED)
             for fut in done:
                 res = fut.result()
@@ -1759,6 +1764,9 @@ _NUL = -(1 << 63)
 #: parallel); each group's source columns are dropped before the next, so that the rows
 #: are never held twice.
 _GATHER_GROUP = 2
+#: Bytes freed by a step of the merge above which the allocators' free pages are returned
+#: (:func:`~dlreplay.allocator.release_free_memory`, a few ms) before the next step.
+_RELEASE_BYTES = 32 << 20
 
 
 def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
@@ -2000,7 +2008,10 @@ def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None
         sub = frame.select(group).rechunk()
         frame = frame.drop(group)
         out.extend((sub if idx is None else sub[idx]).get_columns())
+        freed = sub.estimated_size()
         del sub
+        if freed >= _RELEASE_BYTES:
+            release_free_memory()  # the source columns, before the next group is built in another arena
     return pl.DataFrame(out)
 
 
@@ -2015,8 +2026,13 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
     by_src: dict[int, list[RangePart]] = {}
     for r in ranges:
         by_src.setdefault(r.src, []).append(r)
+    del r
+    if isinstance(ranges, list):  # taken over: the ranges' rows are freed as they are gathered
+        ranges.clear()
+    del ranges
     out = []
-    for src, rs in sorted(by_src.items()):
+    for src in sorted(by_src):
+        rs = by_src.pop(src)
         rs.sort(key=lambda r: r.k)
         if any(r.report.problems for r in rs) or not all(r.clean_end for r in rs[:-1]):
             path = rs[0].report.path
@@ -2236,6 +2252,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
     per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
+    release_free_memory()
     events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
     # processes or roles other than the raw rows said: the per-process table is counted
     # again, by role, where it is used (TraceView.per_process, summarize)
