@@ -213,10 +213,11 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     sequential: starts at or past it (includes consecutive); random = 1 - sequential.
     The first read of each (pid, file) has no predecessor and is not counted.
     """
-    # Integer keys sort fast; a stable sort keeps each file's reads in time order.
+    # Integer keys sort fast; a stable sort keeps each file's reads in time order. The key is
+    # the file's path (DFTracer 1.x traces, DLIO's, name files by path and have no hash).
     r = (
         reads.filter(pl.col("offset").is_not_null())
-        .select("pid", pl.col("fhash").hash().alias("fkey"), "ts", "offset", "size")
+        .select("pid", pl.col("file").cast(pl.String).hash().alias("fkey"), "ts", "offset", "size")
         .sort("ts")
         .sort("pid", "fkey", maintain_order=True)
     )
