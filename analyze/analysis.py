@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
+
 from dlreplay.errors import UsageError
 
 from .findings import find, load_thresholds
@@ -142,12 +144,12 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
         report.warnings = trace_warnings(trace, report.file_reports)
         report.notes.append(f"{plan.describe()}: {sp.height:,} events in {sp.groups} group(s), "
                             f"{sp.spill_bytes >> 20} MiB of Parquet (removed)")
-        held = c.view.dataset_io.height * DATASET_IO_BYTES
+        n_io = int(c.view.collect(c.view.dataset_query().select(pl.len())).item())
+        held = n_io * DATASET_IO_BYTES
         if BASE_BYTES + held > plan.limit:
             report.notes.append(
-                f"memory limit exceeded: the access, transfer and overlap passes hold the trace's "
-                f"{c.view.dataset_io.height:,} dataset I/O events in memory (~{held >> 20} MiB, narrow columns), "
-                f"more than the limit allows")
+                f"memory limit exceeded: the access, overlap and preprocess passes each hold a few columns of "
+                f"the trace's {n_io:,} dataset I/O events in memory (~{held >> 20} MiB), more than the limit allows")
     return report
 
 
