@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
+
 from dlreplay.errors import UsageError
 
 from .findings import find, load_thresholds
@@ -76,12 +78,20 @@ def analyze_trace(
         if plan.spill:
             return _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
                                     figures, jobs)
+    distill_kw: dict = {}
+    if verify:  # the model the replays run is the one `dlreplay distill TRACE` writes: same layout
+        from .layout import resolve_fingerprint
+
+        fingerprint, origin = resolve_fingerprint(trace if isinstance(trace, (str, Path)) else None,
+                                                  list(data_dirs or []))
+        distill_kw = {"source": str(trace), "fingerprint": fingerprint, "fingerprint_origin": origin}
     if scheduler is not None or workers is not None:
         from .distributed import analyze_distributed, cluster
 
         with cluster(scheduler, workers) as client:
             remote = analyze_distributed(trace, client, data_dirs=data_dirs, thresholds=thresholds,
-                                         disabled=disabled, figures=figures, distill_model=verify, echo=echo)
+                                         disabled=disabled, figures=figures, distill_model=verify,
+                                         distill_kw=distill_kw, echo=echo)
         loaded, c, findings, model = remote.loaded, remote.characterization, remote.findings, remote.model
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     else:
@@ -95,11 +105,11 @@ def analyze_trace(
 
         if verify_dir is not None:
             verified = run_verify(loaded.events, findings, verify_dir, manifest=loaded.manifest, data_dirs=dirs,
-                                  epochs=verify_epochs, model=model, echo=echo)
+                                  epochs=verify_epochs, model=model, echo=echo, **distill_kw)
         else:
             with tempfile.TemporaryDirectory(prefix="dlreplay-verify-") as tmp:
                 verified = run_verify(loaded.events, findings, Path(tmp), manifest=loaded.manifest,
-                                      data_dirs=dirs, epochs=verify_epochs, model=model, echo=echo)
+                                      data_dirs=dirs, epochs=verify_epochs, model=model, echo=echo, **distill_kw)
                 verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
     report = build_report(str(trace), c, findings, manifest=loaded.manifest,
                           damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
@@ -134,12 +144,12 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
         report.warnings = trace_warnings(trace, report.file_reports)
         report.notes.append(f"{plan.describe()}: {sp.height:,} events in {sp.groups} group(s), "
                             f"{sp.spill_bytes >> 20} MiB of Parquet (removed)")
-        held = c.view.dataset_io.height * DATASET_IO_BYTES
+        n_io = int(c.view.collect(c.view.dataset_query().select(pl.len())).item())
+        held = n_io * DATASET_IO_BYTES
         if BASE_BYTES + held > plan.limit:
             report.notes.append(
-                f"memory limit exceeded: the access, transfer and overlap passes hold the trace's "
-                f"{c.view.dataset_io.height:,} dataset I/O events in memory (~{held >> 20} MiB, narrow columns), "
-                f"more than the limit allows")
+                f"memory limit exceeded: the access, overlap and preprocess passes each hold a few columns of "
+                f"the trace's {n_io:,} dataset I/O events in memory (~{held >> 20} MiB), more than the limit allows")
     return report
 
 

@@ -19,7 +19,7 @@ import datetime as _dt
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import polars as pl
@@ -163,6 +163,9 @@ def infer_format(paths: list[str], reads: pl.DataFrame) -> tuple[str, str, str]:
     return "raw", "no known extension or read pattern", "default"
 
 
+_Frame = TypeVar("_Frame", pl.DataFrame, pl.LazyFrame)
+
+
 def _assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
     """Attach to each read the item (sample) event enclosing it in the same process."""
     if items.is_empty() or reads.is_empty():
@@ -210,10 +213,11 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     sequential: starts at or past it (includes consecutive); random = 1 - sequential.
     The first read of each (pid, file) has no predecessor and is not counted.
     """
-    # Integer keys sort fast; a stable sort keeps each file's reads in time order.
+    # Integer keys sort fast; a stable sort keeps each file's reads in time order. The key is
+    # the file's path (DFTracer 1.x traces, DLIO's, name files by path and have no hash).
     r = (
         reads.filter(pl.col("offset").is_not_null())
-        .select("pid", pl.col("fhash").hash().alias("fkey"), "ts", "offset", "size")
+        .select("pid", pl.col("file").cast(pl.String).hash().alias("fkey"), "ts", "offset", "size")
         .sort("ts")
         .sort("pid", "fkey", maintain_order=True)
     )
@@ -232,7 +236,7 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     )
 
 
-def _file_sizes(io: pl.DataFrame) -> pl.DataFrame:
+def _file_sizes(io: _Frame) -> _Frame:
     """Per file: the largest byte position seen (end of a read, or an lseek result)."""
     ends = io.select(
         "file",

@@ -227,8 +227,9 @@ def _reports_of(combined: tuple[Any, list[FileReport]]) -> list[FileReport]:
 
 def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] | None,
                        thresholds: Thresholds, disabled: set[str], figures: bool,
-                       distill_model: bool) -> dict[str, Any]:
-    """Passes, rules, figures and (optionally) the distilled model, on the worker holding the table."""
+                       distill_model: bool, distill_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Passes, rules, figures and (optionally) the distilled model, on the worker holding the
+    table (``distill_kw``: :func:`~.distill.distill`'s source and dataset fingerprint)."""
     from .report import figures as render_figures
 
     c = characterize(events, manifest=manifest, data_dirs=data_dirs)
@@ -237,7 +238,7 @@ def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] 
     if distill_model and events.height:
         from .distill import distill
 
-        model = distill(events, manifest=manifest, data_dirs=data_dirs, source="the trace")
+        model = distill(events, manifest=manifest, data_dirs=data_dirs, **{"source": "the trace", **(distill_kw or {})})
     v = c.view
     view = RemoteView(summary=v.summary, duration_s=v.duration_s, workers=list(v.workers),
                       consumers=list(v.consumers), rendered=render_figures(c) if figures else None)
@@ -247,13 +248,15 @@ def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] 
 def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list[str] | None = None,
                         thresholds: Thresholds | None = None, disabled: set[str] | None = None,
                         figures: bool = True, distill_model: bool = False,
+                        distill_kw: dict[str, Any] | None = None,
                         split_bytes: int = SPLIT_BYTES, range_bytes: int = RANGE_BYTES,
                         echo: Callable[[str], None] | None = None) -> RemoteAnalysis:
     """Parse, combine, characterise and diagnose a trace on ``client``'s cluster (module doc).
 
     ``data_dirs`` defaults to the manifest's. ``figures`` renders the report's figures on
     the worker (PNG bytes come back); ``distill_model`` also distills the workload model
-    there (for ``--verify``, whose replays then run on the client).
+    there (for ``--verify``, whose replays then run on the client), with ``distill_kw``
+    (:func:`~.distill.distill`'s ``source``, ``fingerprint`` and ``fingerprint_origin``).
     """
     t0 = time.perf_counter()
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
@@ -264,7 +267,7 @@ def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list
     if echo:
         echo("combining and characterising on a Dask worker (the event table stays on the cluster)")
     out = client.submit(_analyse_on_worker, events, manifest, dirs, thresholds or Thresholds(),
-                        set(disabled or ()), figures, distill_model, pure=False)
+                        set(disabled or ()), figures, distill_model, distill_kw, pure=False)
     res, file_reports = client.gather([out, reports])
     view: RemoteView = res["view"]
     info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures) + 3, time.perf_counter() - t0)

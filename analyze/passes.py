@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dlreplay.allocator import release_free_memory
 from dlreplay.osutil import host_memory_bytes
 from dlreplay.schema import (
     CLOSE_OPS,
@@ -38,13 +39,14 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from .distill import WARMUP_FACTOR, _assign_items, _file_sizes, warmup_steps
+from .distill import WARMUP_FACTOR, _file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
 from .trace import vocabulary as voc
 from .trace.spill import ORDER_COL
 
-__all__ = ["PASSES", "Characterization", "TraceView", "characterize", "darshan_pattern"]
+__all__ = ["PASSES", "Characterization", "TraceView", "characterize", "darshan_pattern", "flag_reads",
+           "flag_reads_lazy"]
 
 _US = 1e-6
 META_OPS = OPEN_OPS + CLOSE_OPS + STAT_OPS + SEEK_OPS
@@ -72,6 +74,7 @@ def _num(x: Any) -> float:
 #: Columns of :attr:`TraceView.dataset_io` collected from a lazy (spilled) table.
 DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offset", "ret")
 _IO = pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null()
+_DATA_READ = pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
 
 
 @dataclass
@@ -187,18 +190,70 @@ class TraceView:
         return self.events.lazy().filter(_IO)
 
     @cached_property
-    def dataset_io(self) -> pl.DataFrame:
-        """I/O events on dataset files, in table order, with :data:`DATASET_IO_COLUMNS` only
-        (in memory as over a spilled table: most events of a training job are dataset I/O,
-        and all columns would copy most of the table)."""
-        dataset = _IO & pl.col("file").is_in(self.role_files("dataset"))
+    def dataset_files(self) -> list[str]:
+        """The dataset's files (role ``dataset`` in :attr:`files`)."""
+        return self.role_files("dataset")
+
+    def _dataset(self, cond: pl.Expr | None) -> pl.Expr:
+        pred = _IO & pl.col("file").is_in(self.dataset_files)
+        return pred if cond is None else pred & cond
+
+    def dataset_query(self, cond: pl.Expr | None = None) -> pl.LazyFrame:
+        """I/O events on dataset files (that match ``cond``) as a query over the table, for
+        aggregations (collect it with :meth:`collect`): in table order in memory, in no
+        particular order over a spilled table."""
+        return self.scan.filter(self._dataset(cond))
+
+    def dataset_rows(self, columns: Iterable[str], cond: pl.Expr | None = None) -> pl.DataFrame:
+        """I/O events on dataset files (that match ``cond``), in table order, with ``columns``.
+
+        Built on each call and not kept: most events of a training job are dataset I/O,
+        so each pass takes the few columns it reads for as long as it needs them (a
+        shared frame of every column a pass reads held ~60 bytes per event through the
+        whole analysis). Over a spilled table, a streaming query of those columns."""
+        cols = list(columns)
         if isinstance(self.events, pl.DataFrame):
-            return self.events.lazy().filter(dataset).select(DATASET_IO_COLUMNS).collect()
-        return self._ordered(self.events.filter(dataset), [pl.col(c) for c in DATASET_IO_COLUMNS])
+            return self.events.lazy().filter(self._dataset(cond)).select(cols).collect()
+        return self._ordered(self.events.filter(self._dataset(cond)), [pl.col(c) for c in cols])
+
+    def ordered_dataset(self, columns: Iterable[str], cond: pl.Expr | None = None) -> pl.LazyFrame:
+        """:meth:`dataset_rows` as a query in table order: over the in-memory table nothing is
+        built until a pass collects its result (polars frees each step's columns as it goes);
+        over a spilled table, the rows collected in table order."""
+        if isinstance(self.events, pl.DataFrame):
+            return self.events.lazy().filter(self._dataset(cond)).select(list(columns))
+        return self.dataset_rows(columns, cond).lazy()
 
     @cached_property
+    def ts_sorted(self) -> bool:
+        """True when the in-memory table is sorted by ``ts`` without nulls (as loaded): its
+        rows, or any subset of them in table order, need no sort by time."""
+        if not isinstance(self.events, pl.DataFrame):
+            return False
+        ts = self.events["ts"]
+        return ts.null_count() == 0 and ts.is_sorted()
+
+    def by_ts(self, query: pl.LazyFrame) -> pl.LazyFrame:
+        """``query`` (rows of the table, in table order in memory) sorted by ``ts``; no sort
+        where the table already is (:attr:`ts_sorted`)."""
+        return query if self.ts_sorted else query.sort("ts")
+
+    @cached_property
+    def pids_packable(self) -> bool:
+        """Every process id fits :func:`flag_reads_lazy`'s packed sort key."""
+        lo, hi = self.collect(self.scan.select(pl.col("pid").min().alias("lo"), pl.col("pid").max().alias("hi"))).row(0)
+        return lo is None or (_PACKED_PIDS[0] <= int(lo) and int(hi) <= _PACKED_PIDS[1])
+
+    @property
+    def dataset_io(self) -> pl.DataFrame:
+        """I/O events on dataset files with :data:`DATASET_IO_COLUMNS` (built on each use:
+        the passes read :meth:`dataset_rows` with their own columns)."""
+        return self.dataset_rows(DATASET_IO_COLUMNS)
+
+    @property
     def dataset_reads(self) -> pl.DataFrame:
-        return self.dataset_io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+        """Reads of dataset files that moved bytes, with :data:`DATASET_IO_COLUMNS` (built on each use)."""
+        return self.dataset_rows(DATASET_IO_COLUMNS, _DATA_READ)
 
     @cached_property
     def items(self) -> pl.DataFrame:
@@ -236,7 +291,7 @@ class TraceView:
     @cached_property
     def dataset_file_sizes(self) -> pl.DataFrame:
         """(file, size): the largest byte position read or seeked per dataset file."""
-        return _file_sizes(self.dataset_io)
+        return self.collect(_file_sizes(self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS))))
 
     @cached_property
     def consumers(self) -> list[int]:
@@ -296,31 +351,51 @@ def _sessions(io: pl.DataFrame) -> pl.DataFrame:
 
 
 def flag_reads(io: pl.DataFrame) -> pl.DataFrame:
-    """The reads (bytes > 0, offset known) of ``io`` (in time order) with Darshan's
-    ``seq``/``consec`` flags, compared within each open of a (process, file): what
-    :func:`darshan_pattern` of :func:`_sessions` gives, row order aside.
+    """The reads (bytes > 0, offset known) of ``io`` (pid, file, name, size, offset; in
+    time order) with Darshan's ``seq``/``consec`` flags, compared within each open of a
+    (process, file): what :func:`darshan_pattern` of :func:`_sessions` gives, row order
+    and the session numbers aside (see :func:`flag_reads_lazy`)."""
+    return flag_reads_lazy(io.lazy(), packed=_packable(io["pid"])).collect()
 
-    One stable sort by (pid, file code) keeps each (process, file)'s events in time
-    order; sessions and the previous read's end are then running sums and shifts over
-    the sorted rows, restarted where the (pid, file[, session]) key changes: no window
-    function over millions of small groups.
+
+#: Process ids that :func:`flag_reads_lazy` can pack with a file code into one Int64 sort key.
+_PACKED_PIDS = (0, (1 << 31) - 1)
+
+
+def _packable(pid: pl.Series) -> bool:
+    """True when every process id in ``pid`` lies in :data:`_PACKED_PIDS` (nulls allowed)."""
+    lo, hi = pid.min(), pid.max()
+    return lo is None or (_PACKED_PIDS[0] <= int(lo) and int(hi) <= _PACKED_PIDS[1])  # type: ignore[arg-type]
+
+
+def flag_reads_lazy(io: pl.LazyFrame, *, packed: bool = True) -> pl.LazyFrame:
+    """:func:`flag_reads` as a query over ``io`` (in time order): the reads with pid, file,
+    name, size, offset, seq, consec.
+
+    Only the opens and the reads that count are kept; one stable sort by (pid, file)
+    then keeps each (process, file)'s events in time order, and a read's predecessor is
+    the row before it when that row is a read of the same (process, file): an open in
+    between starts a new session, whose first read is compared with offset 0. With
+    ``packed`` (every pid in :data:`_PACKED_PIDS`), the sort is on one Int64 key, pid
+    and file code packed (a two-key sort row-encodes its keys: ~25 bytes a row more);
+    a null pid sorts first, as in the two-key sort.
     """
-    pid, file = pl.col("pid"), pl.col("__f")
-    rows = io.select("pid", "file", "name", "size", "offset").with_columns(
-        pl.col("file").to_physical().alias("__f")).sort("pid", "__f", maintain_order=True)
-    first = (pid != pid.shift(1)).fill_null(True) | (file != file.shift(1)).fill_null(True)
-    opens = pl.col("name").is_in(OPEN_OPS).cast(pl.Int64)
-    rows = rows.with_columns(opens.cum_sum().alias("__c"), first.alias("__first"))
-    # opens up to each event within its (pid, file): the running count minus the count before the group
-    before = pl.when(pl.col("__first")).then(pl.col("__c") - opens).forward_fill()
-    reads = rows.with_columns((pl.col("__c") - before).alias("session")).filter(
-        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null())
-    same = ((pid == pid.shift(1)) & (file == file.shift(1)) & (pl.col("session") == pl.col("session").shift(1))) \
-        .fill_null(False)
-    prev_end = pl.when(same).then((pl.col("offset") + pl.col("size")).shift(1)).otherwise(0)
-    return reads.with_columns(
+    read = pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
+    rows = io.select("pid", "file", "name", "size", "offset", read.fill_null(False).alias("__r")).filter(
+        pl.col("__r") | pl.col("name").is_in(OPEN_OPS))
+    code = pl.col("file").to_physical().cast(pl.Int64)
+    if packed:
+        key = pl.col("pid").cast(pl.Int64).fill_null(-1) * (1 << 32) + code
+        rows = rows.with_columns(key.alias("__k")).sort("__k", maintain_order=True)
+        same = pl.col("__k") == pl.col("__k").shift(1)
+    else:
+        rows = rows.with_columns(code.alias("__k")).sort("pid", "__k", maintain_order=True)
+        same = (pl.col("pid").eq_missing(pl.col("pid").shift(1)) & (pl.col("__k") == pl.col("__k").shift(1)))
+    prev = (same & pl.col("__r").shift(1)).fill_null(False)
+    prev_end = pl.when(prev).then((pl.col("offset") + pl.col("size")).shift(1)).otherwise(0)
+    return rows.with_columns(
         (pl.col("offset") >= prev_end).alias("seq"), (pl.col("offset") == prev_end).alias("consec"),
-    ).drop("__f", "__c", "__first")
+    ).filter(pl.col("__r")).drop("__k", "__r")
 
 
 def _stats(values: pl.Series) -> dict[str, float | int | None]:
@@ -352,23 +427,26 @@ def pass_overview(v: TraceView) -> dict:
 
 def pass_access(v: TraceView) -> dict:
     """Darshan's sequential / consecutive / random read fractions, overall and per file (dataset)."""
-    io = v.dataset_io
-    if io.is_empty():
+    io = v.ordered_dataset(("pid", "file", "name", "size", "offset"),
+                           pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS))
+    # per file at once (the totals are their sums): the flagged reads are never held whole
+    per_file = flag_reads_lazy(io, packed=v.pids_packable).group_by("file").agg(
+        pl.len().alias("reads"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con"),
+        pl.col("size").median().alias("median_read")).collect()
+    del io
+    if per_file.is_empty() and not v.collect(v.dataset_query().select(pl.len())).item():
         return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
                 "missing": "no dataset reads"}
-    flagged = flag_reads(io)
-    if flagged.is_empty():
+    if per_file.is_empty():
         return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
                 "missing": "read offsets unknown"}
-    n = flagged.height
-    seq = int(flagged["seq"].sum())
-    con = int(flagged["consec"].sum())
-    per_file = (
-        flagged.group_by("file")
-        .agg(pl.len().alias("reads"), pl.col("seq").mean().alias("sequential"),
-             pl.col("consec").mean().alias("consecutive"), pl.col("size").median().alias("median_read"))
-        .sort(["reads", "file"], descending=[True, False])
-    )
+    n = int(per_file["reads"].sum())
+    seq = int(per_file["__seq"].sum())
+    con = int(per_file["__con"].sum())
+    per_file = per_file.select(
+        "file", "reads", (pl.col("__seq") / pl.col("reads")).alias("sequential"),
+        (pl.col("__con") / pl.col("reads")).alias("consecutive"), "median_read",
+    ).sort(["reads", "file"], descending=[True, False])
     return {
         "reads": n, "sequential": _f(seq / n, 4), "consecutive": _f(con / n, 4), "random": _f((n - seq) / n, 4),
         "per_file": [{k: (_f(x, 4) if isinstance(x, float) else x) for k, x in r.items()}
@@ -376,26 +454,44 @@ def pass_access(v: TraceView) -> dict:
     }
 
 
+def _in_items(v: TraceView, rows: pl.LazyFrame, items: pl.DataFrame) -> pl.LazyFrame:
+    """``rows`` (pid, ts, ...: rows of the table in table order) with ``item_ts``: the start
+    of the item (sample) event of the same process that encloses each row, null outside
+    items (what :func:`~.distill._assign_items` gives, as a query, without the sample index)."""
+    it = items.lazy().select("pid", pl.col("ts").alias("item_ts"), (pl.col("ts") + pl.col("dur")).alias("__end")) \
+        .sort("item_ts")
+    joined = v.by_ts(rows).join_asof(it, left_on="ts", right_on="item_ts", by="pid", strategy="backward",
+                                     check_sortedness=False)
+    return joined.with_columns(pl.when(pl.col("ts") <= pl.col("__end")).then(pl.col("item_ts")).alias("item_ts")) \
+        .drop("__end")
+
+
 def pass_transfer(v: TraceView) -> dict:
     """Dataset read sizes (bytes), reads and bytes per sample, which calls and which format."""
-    r = v.dataset_reads
-    out: dict[str, Any] = {"read_size": _stats(r["size"]), "calls": {}}
-    out["read_size"]["bytes_weighted_median"] = _weighted_median(r["size"])
-    out["calls"] = {n: c for n, c in r.group_by("name").len().sort(["len", "name"], descending=[True, False]).iter_rows()}
-    exts = [os.path.splitext(f)[1].lower() for f in v.role_files("dataset")]
+    sizes = v.dataset_rows(("size",), _DATA_READ)["size"]
+    out: dict[str, Any] = {"read_size": _stats(sizes), "calls": {}}
+    out["read_size"]["bytes_weighted_median"] = _weighted_median(sizes)
+    n_reads = sizes.len()
+    del sizes
+    calls = v.collect(v.dataset_query(_DATA_READ).group_by("name").len())
+    out["calls"] = {n: c for n, c in calls.sort(["len", "name"], descending=[True, False]).iter_rows()}
+    exts = [os.path.splitext(f)[1].lower() for f in v.dataset_files]
     out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
     items = v.items
-    if items.height and r.height:
-        tagged = _assign_items(r, items).filter(pl.col("item_ts").is_not_null())
-        per = tagged.group_by("pid", "item_ts").agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))
-        out["samples_with_reads"] = per.height
-        out["reads_per_sample"] = _f(per["reads"].median(), 2)
-        out["bytes_per_sample"] = _f(per["bytes"].median(), 1)
+    if items.height and n_reads:
+        reads = v.dataset_query(_DATA_READ).select("pid", "ts", "size")
+        per = v.collect(_in_items(v, reads, items).filter(pl.col("item_ts").is_not_null())
+                        .group_by("pid", "item_ts").agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))
+                        .select(pl.len().alias("n"), pl.col("reads").median(), pl.col("bytes").median()))
+        n, reads_med, bytes_med = per.row(0)
+        out["samples_with_reads"] = int(n)
+        out["reads_per_sample"] = _f(reads_med, 2)
+        out["bytes_per_sample"] = _f(bytes_med, 1)
     else:
         out["samples_with_reads"] = 0
         out["reads_per_sample"] = None
         out["bytes_per_sample"] = None
-        out["missing"] = "no item events: sample size unknown" if r.height else "no dataset reads"
+        out["missing"] = "no item events: sample size unknown" if n_reads else "no dataset reads"
     return out
 
 
@@ -463,8 +559,9 @@ def pass_processes(v: TraceView) -> dict:
         is_item.sum().alias("items"),
         pl.col("size").filter(pl.col("name").is_in(READ_OPS)).sum().alias("bytes_read"),
     ]
-    if isinstance(v.events, pl.DataFrame):
-        per = v.events.group_by("host", "pid").agg(pl.col("ppid").drop_nulls().first().alias("ppid"), *aggs)
+    if isinstance(v.events, pl.DataFrame):  # a query: polars' eager group_by held ~55 bytes per event more
+        per = v.events.lazy().group_by("host", "pid").agg(pl.col("ppid").drop_nulls().first().alias("ppid"),
+                                                          *aggs).collect()
     else:
         per = v.collect(v.events.group_by("host", "pid").agg(*aggs)).join(
             _first_ppid(v), on=["host", "pid"], how="left", nulls_equal=True)
@@ -603,41 +700,42 @@ def pass_overlap(v: TraceView) -> dict:
     worker); the part of the call inside one of that consumer's step intervals
     counts as overlapped. Loader workers overlap; a loader without workers cannot.
     """
-    io = v.dataset_io
     st = v.steps
-    if io.is_empty() or st.is_empty():
-        return {"overlap": None, "io_time_s": _f(_num(io["dur"].sum()) * _US) if io.height else 0.0,
-                "missing": "no dataset I/O" if io.is_empty() else "no step events"}
+    n_io, io_us = v.collect(v.dataset_query().select(pl.len(), pl.col("dur").sum())).row(0)
+    if not n_io or st.is_empty():
+        return {"overlap": None, "io_time_s": _f(_num(io_us) * _US) if n_io else 0.0,
+                "missing": "no dataset I/O" if not n_io else "no step events"}
     cons = v.consumers or st["pid"].unique().to_list()
-    calls = io.select(
+    calls = v.by_ts(v.dataset_query().select(
         pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
         "ts", pl.col("dur").fill_null(0),
-    ).sort("ts")
-    steps = st.select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
-                      (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
+    ))
+    steps = st.lazy().select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
+                             (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
     j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward", check_sortedness=False)
     # (min_horizontal skips nulls: a call before any step must count 0, not its whole duration)
     inside = pl.when(pl.col("s_end").is_not_null()).then(
         (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0))
-    ov = j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all")).row(0, named=True)
+    ov = v.collect(j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all"))).row(0, named=True)
     total = int(ov["all"] or 0)
+    in_consumer = _num(v.collect(v.dataset_query(pl.col("pid").is_in(cons)).select(pl.col("dur").sum())).item())
     return {"overlap": _f(ov["ov"] / total, 4) if total else None, "io_time_s": _f(total * _US),
             "overlapped_s": _f(int(ov["ov"] or 0) * _US),
-            "io_in_consumer_s": _f(_num(io.filter(pl.col("pid").is_in(cons))["dur"].sum()) * _US)}
+            "io_in_consumer_s": _f(in_consumer * _US)}
 
 
 def pass_metadata(v: TraceView) -> dict:
     """Metadata (open/close/stat/seek) vs data calls on the dataset files: counts, time, per sample."""
-    io = v.dataset_io
-    if io.is_empty():
+    per_name = v.collect(v.dataset_query().group_by("name").agg(pl.len().alias("n"), pl.col("dur").sum().alias("us")))
+    if per_name.is_empty():
         return {"meta_calls": 0, "data_calls": 0, "meta_share": None, "missing": "no dataset I/O"}
     name = pl.col("name")
-    kinds = io.select(
+    kinds = per_name.select(
         pl.when(name.is_in(OPEN_OPS)).then(pl.lit("open")).when(name.is_in(CLOSE_OPS)).then(pl.lit("close"))
         .when(name.is_in(STAT_OPS)).then(pl.lit("stat")).when(name.is_in(SEEK_OPS)).then(pl.lit("seek"))
         .when(name.is_in(READ_OPS + WRITE_OPS)).then(pl.lit("data")).otherwise(pl.lit("other")).alias("k"),
-        "dur",
-    ).group_by("k").agg(pl.len().alias("n"), pl.col("dur").sum().alias("us"))
+        "n", "us",
+    ).group_by("k").agg(pl.col("n").sum(), pl.col("us").sum())
     d = {k: (n, us) for k, n, us in kinds.iter_rows()}
     meta_n = sum(d.get(k, (0, 0))[0] for k in ("open", "close", "stat", "seek"))
     meta_us = sum(d.get(k, (0, 0))[1] for k in ("open", "close", "stat", "seek"))
@@ -718,10 +816,10 @@ def pass_preprocess(v: TraceView) -> dict:
     items = v.items
     if items.is_empty():
         return {"item_time_s": None, "io_in_items_s": None, "ratio": None, "missing": "no item events"}
-    io = v.collect(v.io_lazy.filter(pl.col("pid").is_in(items["pid"].unique().implode())).select("pid", "ts", "dur"))
-    tagged = _assign_items(io, items).filter(pl.col("item_ts").is_not_null())
+    io = v.io_lazy.filter(pl.col("pid").is_in(items["pid"].unique().implode())).select("pid", "ts", "dur")
     item_us = int(items["dur"].sum() or 0)
-    io_us = int(tagged["dur"].sum() or 0)
+    io_us = int(v.collect(_in_items(v, io, items).filter(pl.col("item_ts").is_not_null()).select(pl.col("dur").sum()))
+                .item() or 0)
     return {"items": items.height, "item_time_s": _f(item_us * _US), "io_in_items_s": _f(io_us * _US),
             "non_io_s": _f(max(item_us - io_us, 0) * _US),
             "ratio": _f(item_us / io_us, 3) if io_us else None,
@@ -741,18 +839,19 @@ def _host_memory(manifest: dict | None) -> tuple[int | None, str]:
 
 def pass_page_cache(v: TraceView) -> dict:
     """Signs that reads came from the page cache: in-call bandwidth, dataset size vs RAM, re-reads."""
-    r = v.dataset_reads
-    if r.is_empty():
+    big = pl.col("size") >= (64 << 10)
+    n, us, nbytes, n_big, big_us, big_bytes = v.collect(v.dataset_query(_DATA_READ).select(
+        pl.len().alias("n"), pl.col("dur").sum().alias("us"), pl.col("size").sum().alias("b"),
+        big.sum().alias("nbig"), pl.col("dur").filter(big).sum().alias("bus"),
+        pl.col("size").filter(big).sum().alias("bb"))).row(0)
+    if not n:
         return {"in_call_bps": None, "missing": "no dataset reads"}
-    us = int(r["dur"].sum() or 0)
-    nbytes = int(r["size"].sum())
+    us, nbytes, big_us = int(us or 0), int(nbytes), int(big_us or 0)
     ds_size = int(v.dataset_file_sizes["size"].sum() or 0)
     mem, mem_src = _host_memory(v.manifest)
-    big = r.filter(pl.col("size") >= (64 << 10))
-    big_us = int(big["dur"].sum() or 0)
     return {"in_call_bps": _f(nbytes / (us * _US), 1) if us else None,
-            "large_read_bps": _f(int(big["size"].sum() or 0) / (big_us * _US), 1) if big_us else None,
-            "large_reads": big.height,
+            "large_read_bps": _f(int(big_bytes or 0) / (big_us * _US), 1) if big_us else None,
+            "large_reads": int(n_big),
             "dataset_bytes": ds_size, "bytes_read": nbytes,
             "reread_factor": _f(nbytes / ds_size, 3) if ds_size else None,
             "host_memory_bytes": mem, "host_memory_source": mem_src}
@@ -806,4 +905,8 @@ def characterize(events: pl.DataFrame | pl.LazyFrame | TraceView, *, manifest: d
     unknown = [n for n in names if n not in PASSES]
     if unknown:
         raise KeyError(f"unknown pass(es): {', '.join(unknown)}; known: {', '.join(PASSES)}")
-    return Characterization({n: PASSES[n](view) for n in names}, view)
+    out = {}
+    for n in names:
+        out[n] = PASSES[n](view)
+        release_free_memory()  # what the pass built and dropped, before the next allocates its own
+    return Characterization(out, view)

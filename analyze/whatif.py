@@ -46,19 +46,26 @@ def verify(
     epochs: int | None = 2,
     model: WorkloadModel | None = None,
     echo: Callable[[str], None] | None = None,
+    source: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    fingerprint_origin: str | None = None,
 ) -> dict[str, Any]:
     """Run the baseline and up to :data:`MAX_CHANGES` changed replays; returns the comparison.
 
     ``epochs``: epochs per replay (None: as traced; more than traced gives a steadier prediction). Returns ``{"runs": [{label,
     overrides, finding, au, samples_per_s, mb_per_s, epoch_time_s, out}], "workdir", "note"}``
-    with AU as a fraction.
+    with AU as a fraction. Without ``model``, the trace's ``events`` are distilled as
+    ``dlreplay distill`` does (:func:`~.distill.distill` with the trace's ``source`` and the
+    dataset ``fingerprint`` it resolved, :func:`~.layout.resolve_fingerprint`), so the
+    replays generate the dataset with the same layout.
     """
     from dlreplay.replay import ReplayConfig, dataset_digest, run_replay
 
     from .distill import distill
 
     say = echo or (lambda s: None)
-    base = model or distill(events, manifest=manifest, data_dirs=data_dirs, source="the trace")
+    base = model or distill(events, manifest=manifest, data_dirs=data_dirs, source=source or "the trace",
+                            fingerprint=fingerprint, fingerprint_origin=fingerprint_origin)
     if epochs:  # steady state needs steps: may replay more epochs than were traced
         base = replace(base, train=replace(base.train, epochs=epochs))
     changes: list[tuple[str, list[str]]] = []
@@ -88,6 +95,9 @@ def verify(
         })
     note = (f"Replays of the distilled model ({base.train.epochs} epoch(s) each, compute as sleep) in {workdir}. "
             "AU excludes each epoch's first step, as MLPerf Storage does.")
+    layout = base.provenance.fields.get("dataset.layout")
+    if layout is not None:
+        note += f" Dataset layout: {layout.method}."
     if not changes:
         note += " No finding maps to a model change, so only the baseline ran."
     return {"runs": runs, "workdir": str(workdir), "note": note}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,31 @@ def test_verify_predicts_more_workers_help(cli, tmp_path: Path) -> None:
     assert all(Path(r["out"]).is_relative_to(work) and r["complete"] for r in runs.values())
     assert base["au"] < 0.5  # the loader is the bottleneck in the replay too
     assert more["au"] > 1.5 * base["au"] and more["samples_per_s"] > 1.5 * base["samples_per_s"]
+
+
+def test_verify_replays_the_layout_distill_writes(cli, tmp_path: Path) -> None:
+    """--verify distills as `dlreplay distill TRACE` does, with the trace's dataset fingerprint:
+    its replays generate the dataset of the model distill writes (same dataset digest), here
+    with the fingerprint's deflated NPZ members rather than what the reads suggest."""
+    import numpy as np
+
+    from dlreplay.capture.fingerprint import fingerprint_dataset, write_fingerprint
+    from dlreplay.model import load_model
+    from dlreplay.replay import dataset_digest
+
+    trace = tmp_path / "trace"
+    shutil.copytree(TRACES / "npz_spawn", trace)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        np.savez_compressed(data / f"vol_{i:03d}.npz", x=np.zeros((16, 16, 16), np.float32),
+                            y=np.ones((16, 16, 16), np.uint8))
+    write_fingerprint(fingerprint_dataset([str(data)]), trace)
+    cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), "-q", check=True)
+    model = load_model(tmp_path / "m.yaml")
+    assert model.dataset.layout is not None and model.dataset.layout.compressed
+    work = tmp_path / "verify"
+    out = json.loads(cli("analyze", str(trace), "--verify", "--verify-epochs", "1", "--verify-dir", str(work),
+                         "--json", check=True).stdout)["verify"]
+    assert sorted(p.name for p in work.glob("data-*")) == [f"data-{dataset_digest(model)[:12]}"]
+    assert "dataset fingerprint" in out["note"] and out["runs"][0]["complete"]

@@ -181,22 +181,26 @@ def test_darshan_pattern_on_known_offsets() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from(["a", "b", "c"]), st.integers(0, 6),
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(1, 3)), st.sampled_from(["a", "b", "c"]), st.integers(0, 6),
                           st.sampled_from(["open64", "read", "pread64", "lseek64", "close"]),
                           st.one_of(st.none(), st.integers(0, 400)), st.integers(0, 150)), max_size=60))
 def test_flag_reads_equals_the_window_reference(rows) -> None:
-    """flag_reads (one stable sort, running sums) against _sessions + darshan_pattern (window
-    functions): the same flagged reads, ties in time included."""
-    from dlreplay.analyze.passes import _sessions, flag_reads
+    """flag_reads (one stable sort; the row before a read is its predecessor) against
+    _sessions + darshan_pattern (window functions): the same flagged reads, ties in time
+    included, with the packed sort key and with two keys."""
+    from dlreplay.analyze.passes import _sessions, flag_reads, flag_reads_lazy
 
     io = pl.DataFrame(sorted(rows, key=lambda r: r[2]), schema={"pid": pl.Int32, "file": pl.Categorical, "ts": pl.Int64,
                                                                 "name": pl.Categorical, "offset": pl.Int64,
                                                                 "size": pl.Int64}, orient="row")
     ref = darshan_pattern(_sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
                                                & pl.col("offset").is_not_null()))
-    cols = ["pid", "file", "offset", "size", "session", "seq", "consec"]
+    cols = ["pid", "file", "offset", "size", "seq", "consec"]
+    want = ref.select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all())
     got = flag_reads(io).select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all())
-    assert got.equals(ref.select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all()))
+    assert got.equals(want)
+    two_keys = flag_reads_lazy(io.lazy(), packed=False).collect()
+    assert two_keys.select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all()).equals(want)
 
 
 def test_ks_and_cosine() -> None:

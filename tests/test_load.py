@@ -884,3 +884,57 @@ def test_member_headers_are_found_where_they_are(tmp_path: Path) -> None:
     assert all(a in starts for a, _ in ranges) and all(b == c for (_, b), (c, _) in zip(ranges[:-1], ranges[1:], strict=True))
     (tmp_path / "plain.pfw").write_bytes(b"\n".join(corpus_lines()))
     assert LOAD._split_file(tmp_path / "plain.pfw", 1000, 4) is None
+
+
+def _v1_event(i: int, name: str, pid: int, tid: int, ts: int, args: dict) -> bytes:
+    """One event as pydftracer 1.x writes it (DLIO's traces): numbers as strings, files by ``fname``."""
+    return _line({"id": str(i), "name": name, "cat": "POSIX", "pid": str(pid), "tid": str(tid), "ts": str(ts),
+                  "dur": "1", "ph": "X", "args": {"hostname": HOST, **args}})
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["C pass", "numpy"])
+def test_v1_fname_traces_get_offsets_per_rank_thread(tmp_path: Path, monkeypatch, native: bool) -> None:
+    """DFTracer 1.x names files by ``fname`` (no FH hashes): positions are still reconstructed
+    per (process, file). In DLIO's traces the pid is the MPI rank and the forked reader
+    workers write into the rank's file under their own thread ids: each worker keeps its own
+    positions even on the same file. A real process (pid >= 1024, events on its own main
+    thread) keeps one position per file across its threads."""
+    if not native:
+        monkeypatch.setattr(importlib.import_module("dlreplay.analyze.trace.load"), "_NATIVE", None)
+    rnd = random.Random(11)
+    lines = [b"["]
+    truth: dict[int, int | None] = {}
+    pos: dict[tuple[int, int, str], int | None] = {}
+    ts = T0
+    procs = [(0, 1539), (0, 1540), (4242, 4242), (4242, 4243)]  # (pid, tid): two DLIO workers, one real process
+    for i in range(600):
+        pid, tid = rnd.choice(procs)
+        f = rnd.choice(["/d/img_0.npz", "/d/img_1.npz"])
+        key = (pid, pid if pid >= 1024 else tid, f)  # a real process shares its position between threads
+        op = rnd.choice(["open64", "read", "read", "read", "lseek64", "close"])
+        args: dict = {"fname": f, "fd": 3}
+        if op == "open64":
+            args |= {"ret": 3, "flags": 0}
+            pos[key] = 0
+        elif op == "lseek64":
+            p = rnd.randrange(0, 5000)
+            args |= {"ret": str(p), "whence": 0, "offset": str(p)}
+            pos[key] = p
+        elif op == "close":
+            args |= {"ret": 0}
+            pos[key] = None
+        else:
+            n = rnd.choice([0, 22, 4096])
+            args |= {"ret": str(n), "count": str(max(n, 1))}
+            truth[ts] = pos.get(key)
+            if pos.get(key) is not None:
+                pos[key] = pos[key] + n  # type: ignore[operator]
+        lines.append(_v1_event(i, op, pid, tid, ts, args) + b",")
+        ts += 5
+    write_gz(tmp_path / "trace-0-of-1.pfw.gz", lines)
+    ev = load(tmp_path)
+    reads = ev.filter(pl.col("name") == "read").sort("ts")
+    assert reads.height == len(truth)
+    assert reads["offset"].to_list() == [truth[t] for t in reads["ts"].to_list()]
+    assert reads["offset"].drop_nulls().len() > len(truth) // 2
+    assert set(reads["file"].unique().to_list()) == {"/d/img_0.npz", "/d/img_1.npz"}

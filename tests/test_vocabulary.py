@@ -283,6 +283,35 @@ def test_analyze_au_matches_dlio(trace: Path) -> None:
         assert c["steps"]["au_dlio"] == pytest.approx(printed, abs=0.02)
 
 
+#: Darshan's fractions per open (analyze) of DLIO's readers on the corpus: PIL reads each JPEG
+#: from its start in two reads; numpy's zip reader reads the NPZ header, seeks to the end of
+#: the file for its directory, then back to the member; DLIO's HDF5 reader preads samples.
+DLIO_ACCESS = {"dlio_jpeg_ckpt": (1.0, 1.0), "dlio_npz_starved": (0.9211, 0.8947),
+               "dlio_h5_multi": (0.6667, 0.3333)}
+
+
+@pytest.mark.parametrize("trace", DLIO, ids=lambda p: p.name)
+def test_dlio_reads_have_offsets_and_an_access_pattern(trace: Path) -> None:
+    """DLIO 2.0.0's traces (pydftracer 1.x: files by ``fname``, the rank as pid, reader workers as
+    threads) get every dataset read's offset: read ends stay within the file size that the
+    worker's own lseek(SEEK_END) reported, and analyze and distill give the access pattern."""
+    lt = load_trace(trace)
+    c = characterize(lt.events, passes=["access"])
+    dataset = c.view.dataset_files
+    io = lt.events.filter(pl.col("file").is_in(dataset) & (pl.col("cat") == "POSIX"))
+    reads = io.filter(pl.col("name").is_in(["read", "pread", "pread64"]) & (pl.col("size") > 0))
+    assert reads.height and reads["offset"].null_count() == 0
+    ends = io.filter((pl.col("name") == "lseek64") & (pl.col("ret") > 0)).group_by("file").agg(
+        pl.col("ret").max().alias("size"))
+    if ends.height:  # every read lies inside its file
+        within = reads.join(ends, on="file").select((pl.col("offset") + pl.col("size")) <= pl.col("size_right"))
+        assert within.to_series().all()
+    a = c["access"]
+    assert (a["sequential"], a["consecutive"]) == DLIO_ACCESS[trace.name]
+    pattern = distill(lt.events, source=str(trace)).reader.access_pattern
+    assert pattern.sequential is not None and 0 < pattern.sequential <= 1
+
+
 def test_io_bound_dlio_run_fires_data_wait_and_worker_findings(cli) -> None:
     out = json.loads(cli("analyze", str(TRACES / "dlio_npz_starved"), "--json", check=True).stdout)
     ids = {f["id"] for f in out["findings"]}

@@ -84,6 +84,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import polars as pl
 
+from dlreplay.allocator import release_free_memory
 from dlreplay.errors import TraceError
 from dlreplay.pfw import GZIP_MAGIC, PlainFile, Slabs, anonymous_map
 from dlreplay.pfw import DecodeStats as _Stats
@@ -324,7 +325,10 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     """
     files, manifest = _find_inputs(path)
     parts: list[TracePart | RangePart] = list(parse_parts(files, jobs=jobs))
-    return dataclasses.replace(_combine_owned(parts, [p.name for p in files]), manifest=manifest)
+    release_free_memory()  # the parse's buffers, before the merge builds the table
+    loaded = _combine_owned(parts, [p.name for p in files])
+    release_free_memory()  # the merge's, before the passes
+    return dataclasses.replace(loaded, manifest=manifest)
 
 
 #: Stored bytes below which a file is never split into byte ranges.
@@ -372,6 +376,7 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
             while todo and len(flight) < (2 * workers if group_bytes is None else workers):
                 fn, arg = todo.pop()
                 flight.add(pool.submit(fn, arg))
+                del fn, arg  # (a list of ranges is emptied by the job as it takes their rows)
             done, flight = wait(flight, return_when=FIRST_COMPLETED)
             for fut in done:
                 res = fut.result()
@@ -1759,6 +1764,9 @@ _NUL = -(1 << 63)
 #: parallel); each group's source columns are dropped before the next, so that the rows
 #: are never held twice.
 _GATHER_GROUP = 2
+#: Bytes freed by a step of the merge above which the allocators' free pages are returned
+#: (:func:`~dlreplay.allocator.release_free_memory`, a few ms) before the next step.
+_RELEASE_BYTES = 32 << 20
 
 
 def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
@@ -1783,7 +1791,8 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
 
     pos = (flag(ret.is_null() | (ret >= 0), _POS_OK) | flag(whence == _SEEK_CUR, _POS_CUR)
            | flag(whence == _SEEK_SET, _POS_SET) | flag(append, _POS_APPEND)
-           | flag(col("fhash").is_not_null() & col("cat").is_in(("POSIX", "STDIO")), _POS_IO)
+           | flag(pl.any_horizontal(col("fhash").is_not_null(), col("path").is_not_null(), col("fname").is_not_null())
+                  & col("cat").is_in(("POSIX", "STDIO")), _POS_IO)
            | flag(col("cat") == "STDIO", _POS_STDIO))
     parg = (
         pl.when(op.is_in((_LSEEK, _FTELL))).then(ret)
@@ -2000,7 +2009,10 @@ def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None
         sub = frame.select(group).rechunk()
         frame = frame.drop(group)
         out.extend((sub if idx is None else sub[idx]).get_columns())
+        freed = sub.estimated_size()
         del sub
+        if freed >= _RELEASE_BYTES:
+            release_free_memory()  # the source columns, before the next group is built in another arena
     return pl.DataFrame(out)
 
 
@@ -2015,8 +2027,13 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
     by_src: dict[int, list[RangePart]] = {}
     for r in ranges:
         by_src.setdefault(r.src, []).append(r)
+    del r
+    if isinstance(ranges, list):  # taken over: the ranges' rows are freed as they are gathered
+        ranges.clear()
+    del ranges
     out = []
-    for src, rs in sorted(by_src.items()):
+    for src in sorted(by_src):
+        rs = by_src.pop(src)
         rs.sort(key=lambda r: r.k)
         if any(r.report.problems for r in rs) or not all(r.clean_end for r in rs[:-1]):
             path = rs[0].report.path
@@ -2236,6 +2253,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
     per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
+    release_free_memory()
     events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
     # processes or roles other than the raw rows said: the per-process table is counted
     # again, by role, where it is used (TraceView.per_process, summarize)
@@ -2442,8 +2460,8 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
     if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
         values = np.empty(n, dtype=np.int64)
         valid = np.empty(n, dtype=np.bool_)
-        proc = ev["__p"].rechunk().to_numpy()
-        fcode = ev["fhash"].to_physical().fill_null(0).to_numpy()
+        proc = _stream_processes(ev).to_numpy()
+        fcode = ev.select(_file_key()).to_series().to_numpy()
         _NATIVE.file_offsets(np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(proc, dtype=np.uint32),
                              np.ascontiguousarray(fcode, dtype=np.uint32),
                              *(np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt) for c, dt in (
@@ -2452,8 +2470,8 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
         del proc, fcode
         return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
     io = (pl.col("pos") & _POS_IO) != 0
-    stream = (pl.col("__p").cast(pl.Int64) * 2 + ((pl.col("pos") & _POS_STDIO) != 0).cast(pl.Int64)) * (1 << 32) \
-        + pl.col("fhash").to_physical().cast(pl.Int64)
+    stream = (pl.lit(_stream_processes(ev)).cast(pl.Int64) * 2
+              + ((pl.col("pos") & _POS_STDIO) != 0).cast(pl.Int64)) * (1 << 32) + _file_key().cast(pl.Int64)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     reset, base, advance = _position_rules()
@@ -2475,6 +2493,42 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
     if narrow.height:
         _stream_offsets(narrow, rank, values, valid)
     return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+
+
+def _file_key() -> pl.Expr:
+    """The file of a row's position stream (UInt32, 0 for none): its file hash's category code
+    (DFTracer 2.x), else the code of its ``path``/``fname`` argument (DFTracer 1.x names
+    files by ``fname``; hashes and paths are different strings, so their codes never meet)."""
+    return pl.coalesce(pl.col("fhash").to_physical(), pl.col("__path").to_physical()).fill_null(0).alias("__fk")
+
+
+#: Process ids below which a process without events of its own main thread is taken for
+#: an MPI rank number (see :func:`_stream_processes`).
+_RANK_PIDS = 1024
+
+
+def _stream_processes(ev: pl.DataFrame) -> pl.Series:
+    """The process of each row's position stream (UInt32): ``__p``, except in rank-numbered
+    processes, whose threads are processes of their own.
+
+    pydftracer 1.x writes the MPI rank as ``pid`` (as DLIO's traces have it) and DLIO's
+    forked reader workers keep writing into the rank's file, so only the thread id tells
+    their file positions apart (the vocabulary later gives them their own pids:
+    :func:`~.vocabulary.canonicalize`). A process numbered below :data:`_RANK_PIDS` with no
+    event of its own main thread (``tid == pid``) is such a rank: its (process, thread)
+    pairs get indices after the processes'."""
+    p = ev["__p"]
+    if ev.height == 0 or not bool((ev["pid"] < _RANK_PIDS).any()):
+        return p
+    per = ev.lazy().group_by("__p").agg(pl.col("pid").first(), (pl.col("tid") == pl.col("pid")).any().alias("own"))
+    ranks = per.filter((pl.col("pid") < _RANK_PIDS) & ~pl.col("own").fill_null(False)).collect()["__p"]
+    if ranks.is_empty():
+        return p
+    threads = pl.col("__p").is_in(ranks.implode()) & pl.col("tid").is_not_null()
+    key = pl.struct("__p", "tid")
+    base = int(p.max() or 0) + 1  # type: ignore[arg-type]
+    return ev.select(pl.when(threads).then(key.rank("dense").cast(pl.UInt32) - 1 + base)  # ranks of all rows
+                     .otherwise(pl.col("__p")).cast(pl.UInt32).alias("__sp")).to_series()
 
 
 def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:

@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from dlreplay.allocator import release_free_memory
 from dlreplay.errors import TraceError
 from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
@@ -76,17 +77,21 @@ __all__ = [
 #: ``estimated_size`` of the benchmark traces, 97-109, and of the corpus traces).
 ROW_BYTES = 110
 #: Peak RSS of the in-memory path (load + all passes) over the table's size, measured
-#: on the 2.1 M-event ingest benchmark traces (``benchmarks/ingest.py``: 426-433 bytes
-#: per event for the whole analysis).
+#: on the 2.1 M-event ingest benchmark traces (``benchmarks/ingest.py``: 240-268 bytes
+#: per event for the whole analysis, the table 117-133) and the 5.1 M-event scale trace
+#: (1.7x), kept at 4.0 for headroom until measured on more traces: freed pages are returned
+#: at each stage's end and every pass reads only its columns.
 EAGER_FACTOR = 4.0
 #: Peak memory of parsing and resolving one group over its event table's size.
 GROUP_FACTOR = 3.0
 #: Memory taken whatever the trace: the interpreter with polars, numpy and matplotlib
 #: (~120 MB) and the parser's buffers and polars' pools for even one small group (bytes).
 BASE_BYTES = 250 << 20
-#: Bytes per dataset I/O event the passes hold over a spilled table: the narrow
-#: dataset-I/O frame, the sorts of the access pass and the streaming engine's buffers (peak
-#: RSS growth over the passes of the 5.1 M-event benchmark trace: ~180 per dataset I/O event).
+#: Bytes per dataset I/O event the largest pass holds over a spilled table: the few columns
+#: of the dataset I/O it collects in table order (the access pass: pid, file, op, size,
+#: offset of the opens and reads, and its sort; the overlap and preprocess passes' joins)
+#: and the streaming engine's buffers (peak RSS growth over the passes of the 5.1 M-event
+#: benchmark trace: ~85 per dataset I/O event; 180 kept as the margin measured before).
 DATASET_IO_BYTES = 180
 _ROW_BITS = 40
 #: Order column of a spilled table: sorting by (ts, it) gives the order of the in-memory
@@ -310,6 +315,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
             _write_spill(part.events, path)
         kept.append((first, part.processes, part.fh, part.files, path, part.markers))
         del part
+        release_free_memory()  # the part's rows, before the next group's are built in another arena
     kept.sort(key=lambda k: k[0])
     t1 = time.perf_counter()
     say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
@@ -336,6 +342,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
         paths.append(path)
         height += table.height
         del table, pidx
+        release_free_memory()
     reports = sorted((rep for k in kept for rep in k[3]), key=lambda r: r[0])
     out_files = [_with_events(rep, int(counts[src])) for src, rep in reports]
     t2 = time.perf_counter()
