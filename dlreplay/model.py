@@ -769,6 +769,16 @@ class Train:
     total_training_steps: int | None = _f(None, check="positive", doc="stop after this many steps in all")
     computation_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
                                         doc="seconds of compute per training step (steady state)")
+    computation_host_cpu: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                            doc="CPU seconds the training process spends on the host per "
+                                                "training step, all its threads (steady state; warm-up steps "
+                                                "spend the same share of their compute time): spent inside the "
+                                                "step's computation_time, which is slept for the rest. 0 = the "
+                                                "compute runs on an accelerator and the step is a pure sleep "
+                                                "(DLIO)")
+    computation_host_threads: int = _f(1, check="positive",
+                                       doc="threads that share computation_host_cpu (torch's intra-op "
+                                           "threads of a CPU-trained model)")
     warmup_computation_time: list[float] = _f(factory=list, check="nonneg",
                                               doc="seconds of compute of the run's first steps, one per step "
                                                   "(framework warm-up: kernel selection, allocator, CUDA "
@@ -1537,6 +1547,12 @@ def summarize_model(model: WorkloadModel) -> str:
         steps = f", {tr.steps_per_epoch} steps/epoch" if tr.steps_per_epoch else ""
         lines.append(f"  train       {tr.epochs} epoch(s){steps}, compute {_fmt_dist(tr.computation_time, _fmt_seconds)}"
                      "/step")
+        cpu = tr.computation_host_cpu
+        if cpu.is_known and (cpu.mean or 0) > 0:
+            lines.append(f"  host CPU    {_fmt_dist(cpu, _fmt_seconds)}/step in {tr.computation_host_threads} "
+                         f"thread(s), spent inside the compute time")
+        else:
+            lines.append("  host CPU    none: the compute is a pure sleep (an accelerator's)")
         extra = []
         if tr.warmup_computation_time:
             extra.append(f"{len(tr.warmup_computation_time)} warm-up step(s) "
