@@ -203,15 +203,23 @@ def spends_host_cpu(model: WorkloadModel) -> bool:
     return d.is_known and max(d.mean or 0.0, d.max or 0.0, d.value or 0.0) > 0
 
 
-def step_host_cpu(model: WorkloadModel, cpu_draws: np.ndarray, draws: np.ndarray, modelled: np.ndarray) -> np.ndarray:
-    """CPU seconds each step spends on the host: the drawn ``train.computation_host_cpu`` (drawn
-    with the same random numbers as the steps' compute *draws*, so a long step is a busy one),
-    scaled for warm-up steps by their compute time over the draw they replace (*modelled*
-    from :func:`step_compute`): a warm-up step spends the share of its time the steady ones do."""
-    cpu = np.maximum(np.asarray(cpu_draws, dtype=float), 0.0)
-    d = np.asarray(draws, dtype=float)
-    scale = np.divide(modelled, d, out=np.ones_like(cpu), where=d > 0)
-    return cpu * scale
+def epoch_compute(model: WorkloadModel, rng: np.random.Generator, steps: int, epoch: int,
+                  first_global_step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(compute seconds, host CPU seconds) of each of an epoch's *steps*: the compute time of
+    :func:`step_compute` from draws of ``train.computation_time``, and draws of
+    ``train.computation_host_cpu`` made with the same random numbers (a copy of *rng*: of two
+    empirical distributions a long step is a busy one, as in the job), scaled for warm-up steps
+    by their compute time over the draw they replace (a warm-up step spends the share of its
+    time a steady one does)."""
+    tr = model.train
+    cpu_rng = copy.deepcopy(rng)
+    draws = tr.computation_time.sample(rng, steps)
+    modelled = step_compute(model, draws, epoch, first_global_step)
+    if not spends_host_cpu(model):
+        return modelled, np.zeros(steps)
+    cpu = np.maximum(tr.computation_host_cpu.sample(cpu_rng, steps), 0.0)
+    d = np.maximum(np.asarray(draws, dtype=float), 0.0)
+    return modelled, cpu * np.divide(modelled, d, out=np.ones_like(cpu), where=d > 0)
 
 
 def step_compute(model: WorkloadModel, draws: np.ndarray, epoch: int, first_global_step: int) -> np.ndarray:
@@ -449,11 +457,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
             epochs.append(rec)
             ids: list[int] = []
             pids: set[int] = set()
-            cpu_rng = copy.deepcopy(compute_rng)  # the same random numbers: a step's CPU goes with its time
-            draws = m.train.computation_time.sample(compute_rng, len(batches))
-            modelled_steps = step_compute(m, draws, epoch, global_step)
-            cpu_steps = step_host_cpu(m, m.train.computation_host_cpu.sample(cpu_rng, len(batches)), draws,
-                                      modelled_steps) if host is not None else None
+            modelled_steps, cpu_steps = epoch_compute(m, compute_rng, len(batches), epoch, global_step)
             t_start = t_prev = time.perf_counter()
             if loader is None or getattr(loader, "closed", False):  # worker start-up is part of the epoch
                 loader = make_loader(plan)
@@ -477,7 +481,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                 warm = global_step < len(m.train.warmup_computation_time) or (
                     epoch > 1 and step < len(m.train.epoch_warmup_computation_time))
                 ev_warm = REGIONS.begin("warmup", "compute", epoch=epoch - 1, step=step) if warm else None
-                if host is not None and cpu_steps is not None:
+                if host is not None:
                     # the step's host CPU first (it competes with the loader's workers as the job's did),
                     # then a sleep for the rest of its compute time
                     b0 = time.perf_counter()
