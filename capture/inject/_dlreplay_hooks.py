@@ -27,8 +27,9 @@ dataloader     fetch.block      consumer time between receiving batch ``step``
                                 ``cpu_threads``: how many threads shared it)
 dataloader     fetch.stop       the last ``next()`` of an epoch, which found its
                                 end (``batch_size`` 0): not a batch
-data           item             one ``Dataset.__getitem__`` (``image_idx``)
-data           items            one ``Dataset.__getitems__`` (``count``)
+data           item             one ``Dataset.__getitem__`` (``image_idx``;
+                                ``cpu_time``: CPU microseconds the worker spent)
+data           items            one ``Dataset.__getitems__`` (``count``, ``cpu_time``)
 checkpoint     capture/restart  ``torch.save`` / ``torch.load`` (``path``, ``bytes``)
 =============  ===============  ================================================
 
@@ -341,26 +342,29 @@ def _patch_fetch(mod: Any) -> None:
     if getattr(map_cls, "_dlreplay_patched", False):
         return
 
+    def item(dataset: Any, idx: Any) -> Any:
+        handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
+        cpu0 = time.process_time_ns() if handle else 0
+        try:
+            return dataset[idx]
+        finally:
+            if handle:
+                REGIONS.end(handle, cpu_time=(time.process_time_ns() - cpu0) // 1000)
+
     def map_fetch(self: Any, possibly_batched_index: Any) -> Any:
         if self.auto_collation:
             if hasattr(self.dataset, "__getitems__") and self.dataset.__getitems__:
-                with region("items", "data", count=len(possibly_batched_index)):
+                handle = REGIONS.begin("items", "data", count=len(possibly_batched_index))
+                cpu0 = time.process_time_ns() if handle else 0
+                try:
                     data = self.dataset.__getitems__(possibly_batched_index)
+                finally:
+                    if handle:
+                        REGIONS.end(handle, cpu_time=(time.process_time_ns() - cpu0) // 1000)
             else:
-                data = []
-                for idx in possibly_batched_index:
-                    handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
-                    try:
-                        data.append(self.dataset[idx])
-                    finally:
-                        REGIONS.end(handle)
+                data = [item(self.dataset, idx) for idx in possibly_batched_index]
         else:
-            idx = possibly_batched_index
-            handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
-            try:
-                data = self.dataset[idx]
-            finally:
-                REGIONS.end(handle)
+            data = item(self.dataset, possibly_batched_index)
         return self.collate_fn(data)
 
     orig_iter_fetch = iter_cls.fetch
