@@ -567,6 +567,14 @@ def distill(
                     f"{len(timing.warmup_computation_time)} warm-up step(s) "
                     f"({sum(timing.warmup_computation_time):.3f} s) modelled apart from computation_time")
             facts.notes.append(timing.describe())
+        if timing is not None and timing.computation_host_cpu is not None:
+            facts.put("train.computation_host_cpu", "CPU time of the training process (all its threads) in its "
+                      "steady steps' compute, measured by the capture", "measured")
+            facts.put("train.computation_host_threads", "median over those steps of the process's CPU time over "
+                      "its training thread's", "measured")
+        else:
+            facts.put("train.computation_host_cpu", "not measured by this trace: 0, the compute is a pure sleep "
+                      "(DLIO's model of an accelerator)", "default")
     else:
         timing = None
         assert posix is not None
@@ -580,6 +588,8 @@ def distill(
             compute = Distribution.fixed(0.0)
             facts.put("train.computation_time",
                       f"no data-loader events, and {posix.computation_time.evidence}", "default")
+        facts.put("train.computation_host_cpu", "not measured by a POSIX-only trace: 0, the compute is a pure "
+                  "sleep (DLIO's model of an accelerator)", "default")
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
@@ -590,6 +600,9 @@ def distill(
             epoch_warmup_computation_time=timing.epoch_warmup_computation_time,
             epoch_end_time=timing.epoch_end_time,
         )
+        if timing.computation_host_cpu is not None:
+            train = replace(train, computation_host_cpu=timing.computation_host_cpu,
+                            computation_host_threads=timing.computation_host_threads or 1)
 
     # ---------------------------------------------------------------- checkpoint
     checkpoint = _checkpoint(
@@ -767,6 +780,8 @@ class TimingModel:
     """
 
     computation_time: Distribution
+    computation_host_cpu: Distribution | None  # None: the trace did not measure it
+    computation_host_threads: int | None
     warmup_computation_time: list[float]
     epoch_warmup_computation_time: list[float]
     epoch_end_time: Distribution
@@ -781,6 +796,21 @@ class TimingModel:
         share = 100.0 * un / self.total_s if self.total_s > 0 else 0.0
         return (f"timing: {self.total_s:.3f} s in {self.epochs} epoch(s) on the training process: {parts}; "
                 f"unattributed {un:.3f} s ({share:.1f} %)")
+
+
+def _host_cpu(steps: pl.DataFrame, steady: np.ndarray) -> tuple[Distribution | None, int | None]:
+    """(CPU seconds per steady step, threads that shared it) of a consumer's *steps* (rows of
+    :func:`~dlreplay.analyze.trace.vocabulary.training_steps` in time order) where *steady*
+    is true and the trace measured them; (None, None) when it did not (DLIO's traces,
+    POSIX-only ones, captures older than the measurement)."""
+    cpu = steps["cpu_us"].to_numpy()
+    measured = steady & ~np.isnan(cpu.astype(float))
+    if not measured.any():
+        return None, None
+    threads = steps["cpu_threads"].to_numpy().astype(float)[measured]
+    threads = threads[~np.isnan(threads)]
+    return (Distribution.from_values(cpu[measured].astype(float) * _US),
+            max(1, int(round(float(np.median(threads))))) if threads.size else 1)
 
 
 def _leading_warmup(values: np.ndarray, steady: float) -> int:
@@ -806,7 +836,9 @@ def timing_model(
     st = loop.sort("ts").with_columns(pl.int_range(pl.len()).over("epoch").alias("pos"))
     values = st["compute_us"].fill_null(0).to_numpy() * _US
     warm = warmup_steps(values)
-    steady = values[warm:] if values.size > warm else values
+    idx = np.arange(values.size)
+    steady_mask = idx >= warm if values.size > warm else np.ones(values.size, dtype=bool)
+    steady = values[steady_mask]
     steady_median = float(np.median(steady))
     # later epochs' leading steps, position by position (median over those epochs)
     first_epoch = st["epoch"].min()
@@ -817,9 +849,10 @@ def timing_model(
         n = _leading_warmup(pos, steady_median)
         epoch_warm = [round(float(v), 6) for v in pos[: min(n, max(1, pos.size // 2))]]
         if epoch_warm:  # those steps are modelled by position: keep them out of the steady state
-            idx = np.arange(values.size)
             keep = (idx >= warm) & ~((st["epoch"] != first_epoch).to_numpy() & (st["pos"].to_numpy() < len(epoch_warm)))
-            steady = values[keep] if keep.any() else steady
+            if keep.any():
+                steady_mask = keep
+                steady = values[keep]
     comps = {"epoch_start": 0.0, "fetch_wait": 0.0, "step_compute": float(values[warm:].sum()),
              "warmup_compute": float(values[:warm].sum()), "checkpoint": 0.0, "epoch_end": 0.0, "unattributed": 0.0}
     end_gaps = np.array([])
@@ -860,8 +893,11 @@ def timing_model(
         comps["unattributed"] = _num(t["un_us"].sum()) * _US
         total = _num((t["stop"] - t["e_ts"]).sum()) * _US
         end_gaps = t.filter(pl.col("next_ts").is_not_null())["end_us"].to_numpy() * _US
+    host_cpu, host_threads = _host_cpu(st, steady_mask)
     return TimingModel(
         computation_time=Distribution.from_values(steady),
+        computation_host_cpu=host_cpu,
+        computation_host_threads=host_threads,
         warmup_computation_time=[round(float(v), 6) for v in values[:warm]],
         epoch_warmup_computation_time=epoch_warm,
         epoch_end_time=Distribution.from_values(end_gaps) if end_gaps.size else Distribution.fixed(0.0),

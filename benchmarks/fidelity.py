@@ -25,10 +25,14 @@ measure the machine, not the replay. Timings on a shared machine are noisy: the 
 steady-state epoch time is printed next to the errors, as the noise floor.
 
     python benchmarks/fidelity.py [--jobs npz_ckpt,h5_tiles] [--repeats 3] [--dir bench-data/fidelity]
-        [--json results.json] [--baseline-python OTHER_VENV/bin/python]
+        [--json results.json] [--baseline-python OTHER_VENV/bin/python] [--sleep]
 
 With ``--baseline-python``, every capture is also distilled and replayed by another
 installation of dlreplay (a venv of an earlier commit): before/after on the same real runs.
+With ``--sleep``, every model is also replayed with ``train.computation_host_cpu=0`` (the step a
+pure sleep): what the host CPU model itself changes on the same runs. Each repeat's line also
+shows the host CPU the capture measured in the job and in the replay (the training process's
+CPU per step, the workers' per sample, ms) and the load average.
 """
 
 from __future__ import annotations
@@ -38,12 +42,15 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import polars as pl
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -52,6 +59,7 @@ from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+from dlreplay.model import apply_overrides  # noqa: E402
 from dlreplay.replay import ReplayConfig, run_replay  # noqa: E402
 
 
@@ -116,22 +124,40 @@ def _score(name: str, repeat: int, pipeline: str, real: list[float], replay: lis
     }
 
 
+def _host_cpu(trace: Path) -> dict[str, float | None]:
+    """Host CPU of a trace, as the capture measures it: the training process's CPU per step and
+    the workers' CPU per sample (ms; None where the trace has no measurement)."""
+    from dlreplay.analyze.trace import vocabulary as voc
+
+    ev = voc.ensure_roles(load_trace(trace).events)
+    steps = voc.training_steps(ev)
+    items = ev.filter(pl.col("role") == voc.ITEM)
+    step_cpu, item_cpu = steps["cpu_us"].mean(), items["cpu_time"].mean() if items.height else None
+    return {"step_cpu_ms": step_cpu / 1e3 if step_cpu is not None else None,  # type: ignore[operator]
+            "item_cpu_ms": item_cpu / 1e3 if item_cpu is not None else None}  # type: ignore[operator]
+
+
 def _this_pipeline(name: str, run_dir: Path, work: Path, repeat: int, real: list[float], data: Path,
-                   loader: str | None) -> dict[str, Any]:
+                   loader: str | None, sets: tuple[str, ...] = (), pipeline: str = "this") -> dict[str, Any]:
     loaded = load_trace(run_dir / "trace")
-    model = distill(loaded.events, manifest=loaded.manifest, source=str(run_dir / "trace"))
+    model = apply_overrides(distill(loaded.events, manifest=loaded.manifest, source=str(run_dir / "trace")), sets)
     extra = {"loader": loader} if loader else {}
-    cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=run_dir / "replay", trace=True, **extra)
+    out = run_dir / ("replay" if pipeline == "this" else f"replay-{pipeline}")
+    cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=out, trace=True, **extra)
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_replay(cfg, echo=lambda s: None)
     replay = [e["epoch_time_s"] for e in result.metrics["epochs"]]
-    row = _score(name, repeat, "this", real, replay, run_dir / "trace", run_dir / "replay", data,
+    row = _score(name, repeat, pipeline, real, replay, run_dir / "trace", out, data,
                  result.metrics.get("loader", "builtin"))
+    job_cpu, replay_cpu = _host_cpu(run_dir / "trace"), _host_cpu(out)
+    row["host_cpu"] = {"job": job_cpu, "replay": replay_cpu}
     row["model"] = {"workers": model.reader.read_threads, "persistent": model.reader.persistent_workers,
                     "compute_ms": round(1e3 * (model.train.computation_time.mean or 0.0), 2),
                     "warmup_steps": len(model.train.warmup_computation_time),
                     "epoch_end_ms": round(1e3 * (model.train.epoch_end_time.mean or 0.0), 2),
-                    "preprocess_ms": round(1e3 * (model.reader.preprocess_time.mean or 0.0), 2)}
+                    "preprocess_ms": round(1e3 * (model.reader.preprocess_time.mean or 0.0), 2),
+                    "host_cpu_ms": round(1e3 * (model.train.computation_host_cpu.mean or 0.0), 2),
+                    "host_threads": model.train.computation_host_threads}
     return row
 
 
@@ -153,9 +179,10 @@ def _baseline_pipeline(name: str, python: Path, run_dir: Path, work: Path, repea
 
 
 def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
-             baseline: Path | None = None) -> list[dict[str, Any]]:
+             baseline: Path | None = None, sleep: bool = False) -> list[dict[str, Any]]:
     """Capture one job once, then distill, replay and compare it (also with *baseline*'s
-    installation, the two replays in alternating order); returns one row per pipeline."""
+    installation, and with the step's host CPU set to 0 when *sleep*: the replays in an order
+    rotated by repeat); returns one row per pipeline."""
     run_dir = work / f"r{repeat}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -172,8 +199,11 @@ def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
     steps = [lambda: _this_pipeline(name, run_dir, work, repeat, real, data, loader)]
     if baseline is not None:
         steps.append(lambda: _baseline_pipeline(name, baseline, run_dir, work, repeat, real, data))
-        if repeat % 2:
-            steps.reverse()
+    if sleep:
+        steps.append(lambda: _this_pipeline(name, run_dir, work, repeat, real, data, loader,
+                                            ("train.computation_host_cpu=0",), "sleep"))
+    k = repeat % len(steps)
+    steps = steps[k:] + steps[:k]
     for step in steps:
         rows.append(step())
     return rows
@@ -219,6 +249,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "fidelity")
     ap.add_argument("--loader", default=None, help="replay loader (auto, torch, builtin); default: the replay's")
     ap.add_argument("--json", type=Path, default=None, help="write every measurement and the summary here")
+    ap.add_argument("--sleep", action="store_true",
+                    help="also replay every capture's model with train.computation_host_cpu=0 (the step a pure "
+                         "sleep, as DLIO): the host CPU model's own effect on the same runs")
     ap.add_argument("--baseline-python", type=Path, default=None,
                     help="also distill and replay every capture with this interpreter's dlreplay (e.g. a venv of "
                          "the main branch): a before/after on the same real runs")
@@ -237,15 +270,17 @@ def main() -> None:
                         *job.args, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
         rows: list[dict[str, Any]] = []
         for r in range(args.repeats):
-            for row in run_once(name, job, work, r, args.loader, args.baseline_python):
+            for row in run_once(name, job, work, r, args.loader, args.baseline_python, args.sleep):
                 rows.append(row)
                 print(f"{name} #{r + 1} {row['pipeline']}: real epochs "
                       f"{' '.join(f'{t:.2f}' for t in row['real_epochs_s'])} s, replay "
                       f"{' '.join(f'{t:.2f}' for t in row['replay_epochs_s'])} s; steady {row['steady_pct']:+.1f} %, "
                       f"first {row['first_pct']:+.1f} %, dAU {row['au_points']:+.1f} pt"
-                      + (f"; model {row['model']}" if "model" in row else ""), flush=True)
+                      + (f"; model {row['model']}" if "model" in row else "")
+                      + (f"; host CPU {row['host_cpu']}" if "host_cpu" in row else "")
+                      + f"; load {os.getloadavg()[0]:.2f}", flush=True)
         all_rows.extend(rows)
-        for pipeline in ("baseline", "this"):
+        for pipeline in ("baseline", "sleep", "this"):
             mine = [r for r in rows if r["pipeline"] == pipeline]
             if mine:
                 summaries.append(summarize(name, mine))

@@ -976,6 +976,8 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("train.epoch_warmup_computation_time")
     if tr.epoch_end_time.is_known and (tr.epoch_end_time.mean or 0) > 0:
         lost.append("train.epoch_end_time")
+    if tr.computation_host_cpu.is_known and (tr.computation_host_cpu.mean or 0) > 0:
+        lost.append("train.computation_host_cpu (DLIO's compute is a sleep)")
     if ck.serialization_time.is_known and (ck.serialization_time.mean or 0) > 0:
         lost.append("checkpoint.serialization_time")
     if rd.data_loader == "pytorch":

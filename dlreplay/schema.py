@@ -37,6 +37,11 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64(),  # batch index within the epoch (fetch/step events)
     "batch_size": pl.Int64(),  # samples in the batch (fetch events)
     "sample_index": pl.Int64(),  # dataset index of the sample (item events)
+    # CPU time of the process, all its threads, during the event (microseconds) and the threads
+    # that shared it (process CPU over the recording thread's): where the tracer measured them
+    # (the training steps of dlreplay captures, ``cpu_time``/``cpu_threads`` args); else null
+    "cpu_time": pl.Int32(),
+    "cpu_threads": pl.Int32(),
     "source": pl.Categorical(),  # trace file the event came from (basename)
     # what an annotation event means, whoever spelled it (DFTracer's AI conventions, DLIO,
     # dlreplay): epoch, fetch, step, compute, item, checkpoint.save, ... (see

@@ -11,6 +11,7 @@ step (a barrier, like data-parallel training). Metrics (:mod:`.metrics`) go to
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as _dt
 import errno
@@ -39,6 +40,7 @@ from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir
 
 from .common import ReplayError, check_replay_resources, dataset_digest, read_dataset_manifest
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
+from .hostcpu import HostCpu
 from .loader import Loader, WorkerSpec
 from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate, render_table
 
@@ -195,6 +197,31 @@ def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
     return [x for x in batches if x and (len(x) == b or not (rd.drop_last or rd.sample_order == "dlio"))]
 
 
+def spends_host_cpu(model: WorkloadModel) -> bool:
+    """Whether the model's steps spend host CPU (``train.computation_host_cpu`` not 0)."""
+    d = model.train.computation_host_cpu
+    return d.is_known and max(d.mean or 0.0, d.max or 0.0, d.value or 0.0) > 0
+
+
+def epoch_compute(model: WorkloadModel, rng: np.random.Generator, steps: int, epoch: int,
+                  first_global_step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(compute seconds, host CPU seconds) of each of an epoch's *steps*: the compute time of
+    :func:`step_compute` from draws of ``train.computation_time``, and draws of
+    ``train.computation_host_cpu`` made with the same random numbers (a copy of *rng*: of two
+    empirical distributions a long step is a busy one, as in the job), scaled for warm-up steps
+    by their compute time over the draw they replace (a warm-up step spends the share of its
+    time a steady one does)."""
+    tr = model.train
+    cpu_rng = copy.deepcopy(rng)
+    draws = tr.computation_time.sample(rng, steps)
+    modelled = step_compute(model, draws, epoch, first_global_step)
+    if not spends_host_cpu(model):
+        return modelled, np.zeros(steps)
+    cpu = np.maximum(tr.computation_host_cpu.sample(cpu_rng, steps), 0.0)
+    d = np.maximum(np.asarray(draws, dtype=float), 0.0)
+    return modelled, cpu * np.divide(modelled, d, out=np.ones_like(cpu), where=d > 0)
+
+
 def step_compute(model: WorkloadModel, draws: np.ndarray, epoch: int, first_global_step: int) -> np.ndarray:
     """Seconds of compute of each step of *epoch* (1-based): the drawn steady-state times, with the
     run's warm-up steps (``train.warmup_computation_time``) and, in later epochs, each epoch's
@@ -336,14 +363,17 @@ class _Sleeper:
     def __init__(self) -> None:
         self.debt = 0.0
 
-    def sleep(self, seconds: float) -> float:
-        """Sleep about *seconds*; returns the seconds actually slept."""
-        if seconds <= 0:
+    def sleep(self, seconds: float, spent: float = 0.0) -> float:
+        """Make up *seconds* of which *spent* have passed already (the step's host CPU work):
+        sleep about the rest; returns the seconds taken in all (*spent* included). Time taken
+        beyond the model, by a late wake-up or by CPU work that took longer, is carried into
+        the next sleeps."""
+        if seconds <= 0 and spent <= 0:
             return 0.0
         t0 = time.perf_counter()
-        if seconds - self.debt > 0:
-            time.sleep(seconds - self.debt)
-        took = time.perf_counter() - t0
+        if seconds - spent - self.debt > 0:
+            time.sleep(seconds - spent - self.debt)
+        took = spent + time.perf_counter() - t0
         self.debt += took - seconds
         return took
 
@@ -372,7 +402,7 @@ def _loader_events_from_hooks(plan: RankPlan) -> bool:
 
 def _new_record(epoch: int) -> dict[str, Any]:
     return {"epoch": epoch, "steps": 0, "samples": 0, "bytes_read": 0, "compute_s": 0.0,
-            "modelled_compute_s": 0.0, "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
+            "modelled_compute_s": 0.0, "host_cpu_s": 0.0, "modelled_host_cpu_s": 0.0, "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
             "evaluation_s": 0.0, "epoch_end_s": 0.0, "window_s": 0.0, "samples_in_window": 0,
             "bytes_in_window": 0, "epoch_time_s": 0.0, "worker_pids": []}
 
@@ -403,6 +433,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
     eval_steps = _evaluation_steps(m, plan.size)
     end_time = m.train.epoch_end_time
     per_epoch_au = m.train.au_first_steps == "epoch"
+    host = HostCpu(m.train.computation_host_threads) if spends_host_cpu(m) else None
     try:
         # What a training script imports before its first epoch (torch, the format's library) is
         # imported here, not inside the first epoch; forked workers inherit it.
@@ -426,8 +457,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
             epochs.append(rec)
             ids: list[int] = []
             pids: set[int] = set()
-            modelled_steps = step_compute(m, m.train.computation_time.sample(compute_rng, len(batches)), epoch,
-                                          global_step)
+            modelled_steps, cpu_steps = epoch_compute(m, compute_rng, len(batches), epoch, global_step)
             t_start = t_prev = time.perf_counter()
             if loader is None or getattr(loader, "closed", False):  # worker start-up is part of the epoch
                 loader = make_loader(plan)
@@ -444,13 +474,22 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                     break
                 REGIONS.end(ev_fetch, batch_size=len(res.samples))
                 ev_step = REGIONS.begin("step", "compute", epoch=epoch - 1, step=step) if own_events else None
+                clocks = (time.process_time_ns(), time.thread_time_ns()) if ev_step else (0, 0)
                 INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
                 t_got = time.perf_counter()
                 modelled = float(modelled_steps[step])
                 warm = global_step < len(m.train.warmup_computation_time) or (
                     epoch > 1 and step < len(m.train.epoch_warmup_computation_time))
                 ev_warm = REGIONS.begin("warmup", "compute", epoch=epoch - 1, step=step) if warm else None
-                compute = sleeper.sleep(modelled)
+                if host is not None:
+                    # the step's host CPU first (it competes with the loader's workers as the job's did),
+                    # then a sleep for the rest of its compute time
+                    b0 = time.perf_counter()
+                    rec["host_cpu_s"] += host.spend(float(cpu_steps[step]))
+                    rec["modelled_host_cpu_s"] += float(cpu_steps[step])
+                    compute = sleeper.sleep(modelled, spent=time.perf_counter() - b0)
+                else:
+                    compute = sleeper.sleep(modelled)
                 REGIONS.end(ev_warm)
                 global_step += 1
                 ck0 = time.perf_counter()
@@ -458,7 +497,10 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                     rec["checkpoint_bytes"] += ckpt.save()
                 ck = time.perf_counter() - ck0
                 sync()
-                REGIONS.end(ev_step)
+                if ev_step:  # the training process's CPU in the step, as the capture hooks measure it
+                    cpu_ns, own_ns = time.process_time_ns() - clocks[0], time.thread_time_ns() - clocks[1]
+                    REGIONS.end(ev_step, cpu_time=cpu_ns // 1000,
+                                cpu_threads=max(1, round(cpu_ns / own_ns)) if own_ns > 0 else 1)
                 t_end = time.perf_counter()
                 rec["steps"] += 1
                 rec["samples"] += len(res.samples)
@@ -515,6 +557,8 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
     finally:
         if loader is not None:
             loader.close()
+        if host is not None:
+            host.close()
         if not keep_checkpoints:
             ckpt.cleanup()
     result["order"] = order if plan.record_order else None
@@ -669,6 +713,9 @@ def _metrics_doc(config: ReplayConfig, ranks: list[dict[str, Any]], manifest: di
         "io": config.io, "loader": choose_loader(config)[0], "loader_reason": choose_loader(config)[1],
         "accelerators": size, "mpi": mpi, "seed": config.seed,
         "batch_size": m.reader.batch_size, "read_threads": m.reader.read_threads,
+        # the step's host CPU model (train.computation_host_cpu): mean CPU seconds per step, threads
+        "host_cpu_per_step_s": m.train.computation_host_cpu.mean if spends_host_cpu(m) else 0.0,
+        "host_cpu_threads": m.train.computation_host_threads if spends_host_cpu(m) else 0,
         "epochs_planned": m.train.epochs, "dlreplay_version": dlreplay.__version__,
         "started": started, "wall_time_s": wall, "warnings": list(warnings), **agg,
     }

@@ -13,6 +13,9 @@ Vocabulary and definitions follow MLPerf Storage / DLIO:
   per epoch also the seconds of evaluation and epoch-end time, and the pids of the
   processes that read its batches (``worker_pids``: new ones every epoch unless the
   workers persist).
+* host CPU (``host_cpu_s``, per rank): CPU seconds the steps' compute spent on the host
+  (``train.computation_host_cpu``), by the spending threads' CPU clocks, beside the
+  model's (``modelled_host_cpu_s``); 0 when the compute is a pure sleep.
 * pass/fail: AU >= the threshold (MLPerf Storage: 90 % for unet3d and resnet50).
 """
 
@@ -59,6 +62,8 @@ def _combine(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "bytes_read": sum(r["bytes_read"] for r in per_rank),
         "compute_s": sum(r["compute_s"] for r in per_rank) / max(len(per_rank), 1),
         "modelled_compute_s": sum(r["modelled_compute_s"] for r in per_rank) / max(len(per_rank), 1),
+        "host_cpu_s": sum(r.get("host_cpu_s", 0.0) for r in per_rank) / max(len(per_rank), 1),
+        "modelled_host_cpu_s": sum(r.get("modelled_host_cpu_s", 0.0) for r in per_rank) / max(len(per_rank), 1),
         "io_wait_s": sum(r["io_wait_s"] for r in per_rank) / max(len(per_rank), 1),
         "checkpoint_s": sum(r["checkpoint_s"] for r in per_rank) / max(len(per_rank), 1),
         "checkpoint_bytes": sum(r["checkpoint_bytes"] for r in per_rank),
@@ -67,7 +72,8 @@ def _combine(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-_SUMMED = ("steps", "samples", "bytes_read", "compute_s", "modelled_compute_s", "io_wait_s", "checkpoint_s",
+_SUMMED = ("steps", "samples", "bytes_read", "compute_s", "modelled_compute_s", "host_cpu_s", "modelled_host_cpu_s",
+           "io_wait_s", "checkpoint_s",
            "checkpoint_bytes", "window_s", "epoch_time_s", "samples_in_window", "bytes_in_window")
 
 
@@ -84,7 +90,7 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
                        "worker_pids": pids})
     totals = []
     for r in ranks:
-        tot = {k: sum(e[k] for e in r["epochs"]) for k in _SUMMED}
+        tot = {k: sum(e.get(k, 0.0) for e in r["epochs"]) for k in _SUMMED}
         tot["steps"] = sum(e["steps"] for e in r["epochs"])
         totals.append(tot)
     overall = _combine(totals) if totals else {}
@@ -126,6 +132,11 @@ def render_table(metrics: dict[str, Any]) -> str:
         au = s["au_percent"]
         lines.append(f"AU across epochs: {au['mean']:.2f} ± {au['stdev']:.2f} %; "
                      f"samples/s {_f(s['samples_per_s']['mean'], '.1f')} ± {_f(s['samples_per_s']['stdev'], '.1f')}")
+    if o.get("modelled_host_cpu_s"):
+        lines.append(f"host CPU: {o['host_cpu_s']:.2f} s spent in the steps' compute ({o['modelled_host_cpu_s']:.2f} s "
+                     f"modelled, {metrics.get('host_cpu_threads', 1)} thread(s)); the rest of it slept")
+    elif metrics.get("host_cpu_per_step_s") == 0.0:
+        lines.append("host CPU: none, the steps' compute slept (an accelerator's)")
     if metrics.get("loader"):
         lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
     verdict = "PASS" if metrics.get("pass") else "FAIL"

@@ -280,7 +280,7 @@ def test_random_lines_load_identically(tmp_path: Path, monkeypatch: pytest.Monke
 
 def _scan(text: bytes) -> tuple[int, int, np.ndarray]:
     n = text.count(b"\n") + 1
-    out = LOAD._NATIVE.scan(text, np.empty((16, n), np.int64), np.empty(n, np.uint32), np.empty((11, n), np.int32),
+    out = LOAD._NATIVE.scan(text, np.empty((LOAD._NATIVE.NI, n), np.int64), np.empty(n, np.uint32), np.empty((11, n), np.int32),
                             np.empty(n, np.int64))
     return out[0], out[1], np.frombuffer(out[2], dtype=np.int64).reshape(-1, 3)
 
@@ -298,7 +298,7 @@ def test_scanner_accepts_dftracer_lines_and_hands_back_the_rest() -> None:
     assert [lines[i] for i in rej[:, 0]] == odd
     assert [text[a:b] for _, a, b in rej] == odd
     # not UTF-8: None, the caller hands the whole text to the Python path
-    assert LOAD._NATIVE.scan(b'{"name":"\xff"}', np.empty((16, 1), np.int64), np.empty(1, np.uint32),
+    assert LOAD._NATIVE.scan(b'{"name":"\xff"}', np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
                              np.empty((11, 1), np.int32), np.empty(1, np.int64)) is None
 
 
@@ -307,7 +307,7 @@ def _scan_rows(texts: bytes | list[bytes]) -> tuple | None:
     per row its line, int fields present and string values; rejected lines as their bytes."""
     parts = texts if isinstance(texts, list) else [texts]
     n = max(1, sum(t.count(b"\n") + (1 if t and not t.endswith(b"\n") else 0) for t in parts))
-    ints, imask, strs, rows = (np.zeros((16, n), np.int64), np.zeros(n, np.uint32), np.zeros((11, n), np.int32),
+    ints, imask, strs, rows = (np.zeros((LOAD._NATIVE.NI, n), np.int64), np.zeros(n, np.uint32), np.zeros((11, n), np.int32),
                                np.zeros(n, np.int64))
     out = LOAD._NATIVE.scan(texts, ints, imask, strs, rows)
     if out is None:
@@ -340,10 +340,10 @@ def test_scanner_scans_a_list_of_texts_as_their_concatenation(lines: list[bytes]
 
 def test_scanner_refuses_too_small_buffers() -> None:
     with pytest.raises(ValueError):
-        LOAD._NATIVE.scan(b"{}\n{}\n", np.empty((16, 1), np.int64), np.empty(1, np.uint32),
+        LOAD._NATIVE.scan(b"{}\n{}\n", np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
                           np.empty((11, 1), np.int32), np.empty(1, np.int64))
     with pytest.raises(ValueError):
-        LOAD._NATIVE.scan(b"{}", np.empty((16, 1), np.int64), np.empty(1, np.uint32),
+        LOAD._NATIVE.scan(b"{}", np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
                           np.empty((10, 1), np.int32), np.empty(1, np.int64))
 
 

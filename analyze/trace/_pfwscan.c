@@ -50,7 +50,7 @@
 
 enum {
     I_PID, I_TID, I_TS, I_DUR, I_RET, I_COUNT, I_ISIZE, I_AOFFSET, I_WHENCE, I_FLAGS, I_PPID,
-    I_EPOCH, I_STEP, I_BATCH, I_IMAGE, I_ABYTES, NI
+    I_EPOCH, I_STEP, I_BATCH, I_IMAGE, I_ABYTES, I_CPUTIME, I_CPUTHREADS, NI
 };
 enum {
     S_NAME, S_CAT, S_PH, S_HHASH, S_FHASH, S_MODE, S_CWD, S_ANAME, S_AVALUE, S_PATH, S_FNAME, NS
@@ -121,11 +121,17 @@ static int arg_field(const char *k, Py_ssize_t n)
         if (!memcmp(k, "offset", 6)) return I_AOFFSET;
         if (!memcmp(k, "whence", 6)) return I_WHENCE;
         break;
+    case 8:
+        if (!memcmp(k, "cpu_time", 8)) return I_CPUTIME;
+        break;
     case 9:
         if (!memcmp(k, "image_idx", 9)) return I_IMAGE;
         break;
     case 10:
         if (!memcmp(k, "batch_size", 10)) return I_BATCH;
+        break;
+    case 11:
+        if (!memcmp(k, "cpu_threads", 11)) return I_CPUTHREADS;
         break;
     }
     return -1;

@@ -148,9 +148,10 @@ _ARG_FIELDS: dict[str, tuple[str, pl.DataType]] = {
     "epoch": ("epoch", _INT), "step": ("step", _INT), "batch_size": ("batch_size", _INT),
     "image_idx": ("image_idx", _INT), "bytes": ("abytes", _INT),
     "path": ("path", _STR), "fname": ("fname", _STR),
+    "cpu_time": ("cpu_time", _INT), "cpu_threads": ("cpu_threads", _INT),
 }
 #: Arg keys whose values may be written as JSON strings even in DFTracer 2.x.
-_LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid"}
+_LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid", "cpu_time", "cpu_threads"}
 #: String args that may hold arbitrary text (checked for JSON escapes).
 _TEXT_ARGS = {"a_name", "path", "fname", "mode"}
 
@@ -1061,7 +1062,7 @@ if _NATIVE is not None:
 PARSER_ENV = "DLREPLAY_PARSER"
 #: Raw columns of the scanner's int and string fields, in the order of its C enums.
 _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "whence", "flags", "ppid",
-                "epoch", "step", "batch_size", "image_idx", "abytes")
+                "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
 #: Raw int columns that :func:`_compact_exprs` passes through unchanged.
 _PASSED_THROUGH = ("tid", "ts", "dur", "ret", "image_idx", "epoch", "step", "batch_size")
@@ -1724,13 +1725,15 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "src": _SRC, "seq": _INT, "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT,
     "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
     "op": pl.Int8(), "pos": pl.UInt8(), "parg": _INT,
-    "epoch": _INT, "step": _INT, "batch_size": _INT, "sample_index": _INT, "__path": _CAT,
+    "epoch": _INT, "step": _INT, "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32,
+    "__path": _CAT,
 }
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
 PART_SCHEMA: dict[str, pl.DataType] = {
     "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
     "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _INT, "step": _INT,
-    "batch_size": _INT, "sample_index": _INT, "__p": pl.UInt32(), "__path": _CAT,
+    "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32, "__p": pl.UInt32(),
+    "__path": _CAT,
 }
 #: A part's processes: one row per (``src``, ``pid``), indexed by the events' ``__p``.
 PROCESS_SCHEMA: dict[str, pl.DataType] = {
@@ -1806,7 +1809,11 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
         pl.when(is_xfer).then(col("count") * item).alias("size_requested"), size.alias("size"), op.alias("op"),
         pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
         *(col(c).alias(c) for c in ("epoch", "step", "batch_size")),
-        col("image_idx").alias("sample_index"), pl.coalesce(col("path"), col("fname")).cast(_CAT).alias("__path"),
+        col("image_idx").alias("sample_index"),
+        # measured quantities, 32-bit: a value that is negative or beyond is no measurement (null)
+        *(pl.when(col(c).is_between(lo, _I32_MAX)).then(col(c)).cast(_I32).alias(c)
+          for c, lo in (("cpu_time", 0), ("cpu_threads", 1))),
+        pl.coalesce(col("path"), col("fname")).cast(_CAT).alias("__path"),
     ]
 
 
@@ -2156,7 +2163,7 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
         "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
         "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
-        pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
+        "cpu_time", "cpu_threads", pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
     ).cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "role"}))  # type: ignore[arg-type]
     return table, out["__p"]
 

@@ -502,7 +502,7 @@ def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) ->
 
 STEP_SCHEMA = {"pid": pl.Int64, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
                "wait_us": pl.Int64, "compute_us": pl.Int64, "ckpt_us": pl.Int64, "other_us": pl.Int64,
-               "after_ckpt_us": pl.Int64, "lead_in_us": pl.Int64,
+               "after_ckpt_us": pl.Int64, "lead_in_us": pl.Int64, "cpu_us": pl.Int64, "cpu_threads": pl.Int64,
                "batch_size": pl.Int64, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
 
 
@@ -522,7 +522,12 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     a checkpoint), which DLIO leaves out of its AU; ``after_ckpt_us``: from the end of
     the checkpoints before a step to its batch's arrival; ``lead_in_us``: for an epoch's
     first step, from the epoch's start to its first fetch (creating the iterator,
-    starting workers), part of no step (the ``worker-startup`` finding reads it).
+    starting workers), part of no step (the ``worker-startup`` finding reads it);
+    ``cpu_us``/``cpu_threads``: the host CPU the training process (all its threads) spent in
+    the step's compute and the threads that shared it, where the trace measured them (the
+    ``cpu_time``/``cpu_threads`` args of dlreplay's ``fetch.block``; null otherwise): the
+    measured loop body's CPU times the compute's share of that body's wall time (the whole
+    of it for a body without checkpoint saves).
 
     Columns: :data:`STEP_SCHEMA` (µs), ordered by pid and time. ``basis`` names the anchor.
     """
@@ -606,4 +611,28 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
         pl.col("role").replace_strict({COMPUTE: "compute events", STEP: "loop bodies", FETCH: "fetch waits"},
                                       return_dtype=pl.String).alias("basis"),
     )
+    a = _step_cpu(a, ann)
     return a.select(list(STEP_SCHEMA)).cast(STEP_SCHEMA)  # type: ignore[arg-type]
+
+
+def _step_cpu(steps: pl.DataFrame, ann: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (with ``compute_us``) with ``cpu_us``/``cpu_threads``: the CPU of the measured
+    loop body (``step`` role) each one starts in, times the step's compute share of that
+    body's wall time (a body holding a save, or several compute events, shares it out)."""
+    none = steps.with_columns(pl.lit(None, pl.Int64).alias("cpu_us"), pl.lit(None, pl.Int64).alias("cpu_threads"))
+    if "cpu_time" not in ann.columns:
+        return none
+    bodies = ann.filter((pl.col("role") == STEP) & pl.col("cpu_time").is_not_null())
+    if bodies.is_empty():
+        return none
+    bodies = bodies.select("pid", pl.col("ts").alias("b_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("b_end"),
+                           pl.col("cpu_time").cast(pl.Int64).alias("b_cpu"),
+                           pl.col("cpu_threads").cast(pl.Int64).alias("b_threads")).sort("b_ts")
+    out = steps.sort("ts").join_asof(bodies, left_on="ts", right_on="b_ts", by="pid", strategy="backward",
+                                     check_sortedness=False)
+    inside = pl.col("b_ts").is_not_null() & ((pl.col("ts") < pl.col("b_end")) | (pl.col("ts") == pl.col("b_ts")))
+    wall = pl.col("b_end") - pl.col("b_ts")
+    share = pl.when(wall > 0).then((pl.col("compute_us") / wall).clip(0.0, 1.0)).otherwise(1.0)
+    return out.with_columns(pl.when(inside).then((pl.col("b_cpu") * share).round(0).cast(pl.Int64)).alias("cpu_us"),
+                            pl.when(inside).then(pl.col("b_threads")).alias("cpu_threads")
+                            ).drop("b_ts", "b_end", "b_cpu", "b_threads").sort("pid", "ts")

@@ -22,11 +22,14 @@ dataloader     fetch.iter       consumer blocked in ``next()`` for one batch
                                 (``epoch``, ``step``, ``count``, ``batch_size``)
 dataloader     fetch.block      consumer time between receiving batch ``step``
                                 and asking for the next (the training step; same
-                                args)
+                                args, and ``cpu_time``: CPU microseconds the
+                                training process spent in it, all its threads;
+                                ``cpu_threads``: how many threads shared it)
 dataloader     fetch.stop       the last ``next()`` of an epoch, which found its
                                 end (``batch_size`` 0): not a batch
-data           item             one ``Dataset.__getitem__`` (``image_idx``)
-data           items            one ``Dataset.__getitems__`` (``count``)
+data           item             one ``Dataset.__getitem__`` (``image_idx``;
+                                ``cpu_time``: CPU microseconds the worker spent)
+data           items            one ``Dataset.__getitems__`` (``count``, ``cpu_time``)
 checkpoint     capture/restart  ``torch.save`` / ``torch.load`` (``path``, ``bytes``)
 =============  ===============  ================================================
 
@@ -36,6 +39,14 @@ writes it. Traces of format_version 1 spelled these ``dataloader/fetch``,
 
 Timestamps are taken by DFTracer itself (microseconds), so they share the clock of
 the POSIX events.
+
+``cpu_time`` is the process's CPU clock (``CLOCK_PROCESS_CPUTIME_ID``: the training loop,
+torch's intra-op threads, any other thread of the training process; not its DataLoader
+workers, which are other processes) over the loop body; ``cpu_threads`` is that over the
+calling thread's own CPU clock, rounded (1: the loop ran on one thread; n: torch's pool of n
+threads shared the work). A step on a GPU host uses little of it; a CPU-trained model
+most of its wall time, taken from the DataLoader workers on a small host. Not part of
+DFTracer's conventions (which have no host-CPU field): extra args its tools ignore.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -221,19 +233,43 @@ def _batch_size(batch: Any) -> int:
         return 1
 
 
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _cpu_clocks() -> tuple[int, int]:
+    """(CPU ns of this process, all its threads; CPU ns of the calling thread)."""
+    return time.process_time_ns(), time.thread_time_ns()
+
+
 class _IterState:
-    __slots__ = ("epoch", "step", "epoch_handle", "step_handle", "done")
+    __slots__ = ("epoch", "step", "epoch_handle", "step_handle", "step_cpu", "done")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
         self.step = 0
         self.epoch_handle: int | None = None
         self.step_handle: int | None = None
+        self.step_cpu = (0, 0)
         self.done = False
 
-    def close(self) -> None:
-        REGIONS.end(self.step_handle)
+    def begin_step(self, size: int) -> None:
+        """Open the loop body of the batch just received (``fetch.block``)."""
+        self.step_handle = REGIONS.begin("fetch.block", "dataloader", epoch=self.epoch, step=self.step,
+                                         count=self.step + 1, batch_size=size)
+        if self.step_handle:
+            self.step_cpu = _cpu_clocks()
+
+    def end_step(self) -> None:
+        """Close the loop body with the CPU the training process spent in it."""
+        if self.step_handle:
+            proc, own = _cpu_clocks()
+            cpu, mine = proc - self.step_cpu[0], own - self.step_cpu[1]
+            threads = min(_CPUS, max(1, round(cpu / mine))) if mine > 0 else 1  # at most what can run at once
+            REGIONS.end(self.step_handle, cpu_time=cpu // 1000, cpu_threads=threads)
         self.step_handle = None
+
+    def close(self) -> None:
+        self.end_step()
         REGIONS.end(self.epoch_handle, steps=self.step)
         self.epoch_handle = None
         self.done = True
@@ -275,8 +311,7 @@ def _patch_dataloader(mod: Any) -> None:
         state = self.__dict__.get("_dlreplay_state")
         if state is None or state.done:
             return orig_next(self)
-        REGIONS.end(state.step_handle)
-        state.step_handle = None
+        state.end_step()
         # named when it ends: a batch (fetch.iter) or the epoch's end (fetch.stop)
         t_handle = REGIONS.begin_unnamed("dataloader")  # (handle, name buffer)
         try:
@@ -292,8 +327,7 @@ def _patch_dataloader(mod: Any) -> None:
         size = _batch_size(batch)
         REGIONS.end_named(t_handle, "fetch.iter", epoch=state.epoch, step=state.step, count=state.step + 1,
                           batch_size=size)
-        state.step_handle = REGIONS.begin("fetch.block", "dataloader", epoch=state.epoch, step=state.step,
-                                          count=state.step + 1, batch_size=size)
+        state.begin_step(size)
         state.step += 1
         return batch
 
@@ -308,26 +342,29 @@ def _patch_fetch(mod: Any) -> None:
     if getattr(map_cls, "_dlreplay_patched", False):
         return
 
+    def item(dataset: Any, idx: Any) -> Any:
+        handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
+        cpu0 = time.process_time_ns() if handle else 0
+        try:
+            return dataset[idx]
+        finally:
+            if handle:
+                REGIONS.end(handle, cpu_time=(time.process_time_ns() - cpu0) // 1000)
+
     def map_fetch(self: Any, possibly_batched_index: Any) -> Any:
         if self.auto_collation:
             if hasattr(self.dataset, "__getitems__") and self.dataset.__getitems__:
-                with region("items", "data", count=len(possibly_batched_index)):
+                handle = REGIONS.begin("items", "data", count=len(possibly_batched_index))
+                cpu0 = time.process_time_ns() if handle else 0
+                try:
                     data = self.dataset.__getitems__(possibly_batched_index)
+                finally:
+                    if handle:
+                        REGIONS.end(handle, cpu_time=(time.process_time_ns() - cpu0) // 1000)
             else:
-                data = []
-                for idx in possibly_batched_index:
-                    handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
-                    try:
-                        data.append(self.dataset[idx])
-                    finally:
-                        REGIONS.end(handle)
+                data = [item(self.dataset, idx) for idx in possibly_batched_index]
         else:
-            idx = possibly_batched_index
-            handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
-            try:
-                data = self.dataset[idx]
-            finally:
-                REGIONS.end(handle)
+            data = item(self.dataset, possibly_batched_index)
         return self.collate_fn(data)
 
     orig_iter_fetch = iter_cls.fetch

@@ -1,0 +1,154 @@
+"""Host CPU of the training step (``train.computation_host_cpu``): measured by capture, modelled by
+distill, spent by the replay. Mechanisms only, by CPU clocks and counts, never timings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.distill import distill
+from dlreplay.capture import CaptureConfig, run_capture
+from dlreplay.model import Distribution, apply_overrides, model_from_dict
+from dlreplay.replay import ReplayConfig, run_replay
+from dlreplay.replay.engine import epoch_compute, spends_host_cpu
+from dlreplay.replay.hostcpu import HostCpu, burn
+
+from .test_replay_fidelity import LOADERS
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT / "traces"
+EXAMPLES = ROOT / "examples"
+
+BASE = {
+    "schema": "dlreplay.workload",
+    "format_version": 1,
+    "model": {"name": "hostcpu"},
+    "dataset": {"format": "raw", "num_files": 6, "num_samples_per_file": 1, "record_length": 1024},
+    "reader": {"batch_size": 2, "read_threads": 1},
+    "train": {"epochs": 2, "computation_time": 0.002},
+}
+
+
+def _model(*sets: str):
+    return apply_overrides(model_from_dict(BASE), sets)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_spend_takes_at_least_the_cpu_seconds_by_cpu_clock(threads: int) -> None:
+    host = HostCpu(threads)
+    try:
+        p0 = time.process_time()
+        spent = host.spend(0.06)
+        used = time.process_time() - p0
+    finally:
+        host.close()
+    assert spent >= 0.06 and used >= 0.06  # by the threads' clocks, and by the process's
+    assert not [t for t in threading.enumerate() if t.name.startswith("dlreplay-host-cpu")]  # closed
+
+
+def test_burn_counts_only_this_threads_cpu() -> None:
+    t0 = time.thread_time()
+    assert burn(0.02) >= 0.02
+    assert time.thread_time() - t0 >= 0.02
+    assert burn(0.0) == 0.0 and burn(-1.0) == 0.0
+
+
+def test_epoch_compute_pairs_cpu_with_time_and_scales_warmup() -> None:
+    steady = np.linspace(0.01, 0.05, 50)
+    m = _model("train.warmup_computation_time=[0.5]")
+    m = replace(m, train=replace(m.train, computation_time=Distribution.from_values(steady),
+                                 computation_host_cpu=Distribution.from_values(steady / 2)))
+    rng = np.random.default_rng(7)
+    modelled, cpu = epoch_compute(m, rng, 40, epoch=1, first_global_step=0)
+    again = np.random.default_rng(7)
+    draws = m.train.computation_time.sample(again, 40)  # the engine's compute draws are unchanged
+    assert modelled[0] == 0.5 and np.array_equal(modelled[1:], draws[1:])
+    # the same random numbers: a longer step spends more CPU (here exactly half its time)
+    assert np.allclose(cpu[1:], modelled[1:] / 2)
+    # the warm-up step spends the share of its time the draw it replaced had
+    assert cpu[0] == pytest.approx(0.5 / 2)
+    # 0 is a pure sleep
+    zero = apply_overrides(m, ["train.computation_host_cpu=0"])
+    assert zero.train.computation_host_cpu == Distribution.fixed(0.0) and not spends_host_cpu(zero)
+    assert not epoch_compute(zero, np.random.default_rng(7), 40, 1, 0)[1].any()
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_replay_spends_the_modelled_host_cpu(tmp_path: Path, loader: str) -> None:
+    model = _model("train.computation_host_cpu=0.004", "train.computation_host_threads=2")
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader=loader))
+    steps = sum(e["steps"] for e in res.metrics["epochs"])
+    assert steps == 6
+    for e in res.metrics["epochs"]:
+        assert e["modelled_host_cpu_s"] == pytest.approx(0.004 * e["steps"])
+        assert e["host_cpu_s"] >= e["modelled_host_cpu_s"]  # by the spending threads' CPU clocks
+    assert res.metrics["host_cpu_per_step_s"] == pytest.approx(0.004) and res.metrics["host_cpu_threads"] == 2
+
+
+def test_zero_host_cpu_is_a_pure_sleep(tmp_path: Path) -> None:
+    res = run_replay(ReplayConfig(model=_model(), data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
+                                  loader="builtin"))
+    assert res.metrics["host_cpu_per_step_s"] == 0.0 and res.metrics["host_cpu_threads"] == 0
+    assert all(e["host_cpu_s"] == 0.0 and e["modelled_host_cpu_s"] == 0.0 for e in res.metrics["epochs"])
+    assert not [t for t in threading.enumerate() if t.name.startswith("dlreplay-host-cpu")]
+
+
+@pytest.mark.parametrize("trace", ["npz_fork", "dlio_npz_starved"])
+def test_traces_without_measurements_model_a_pure_sleep(trace: str) -> None:
+    path = TRACES / trace
+    loaded = load_trace(path)
+    model = distill(loaded.events, manifest=loaded.manifest)
+    assert model.train.computation_host_cpu == Distribution.fixed(0.0)
+    assert model.provenance.fields["train.computation_host_cpu"].confidence == "default"
+
+
+def _raw_events(trace: Path) -> list[dict]:
+    out = []
+    for f in sorted(trace.glob("*.pfw.gz")):
+        for line in gzip.decompress(f.read_bytes()).decode().splitlines():
+            line = line.strip().rstrip(",")
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.slow
+def test_host_cpu_round_trips_capture_distill_replay(tmp_path: Path) -> None:
+    """A real job: each training step's CPU time is in the trace, distill models the steady
+    steps' values exactly, and the replay spends at least the modelled CPU."""
+    data = tmp_path / "data"
+    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "8",
+           "--volume", "16", "--batch-size", "1", "--workers", "1", "--epochs", "1", "--threads", "1",
+           "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
+    trace = tmp_path / "t"
+    assert run_capture(CaptureConfig(command=tuple(job), out=trace, data_dirs=(str(data),))).exit_code == 0
+    blocks = sorted((e for e in _raw_events(trace) if e.get("name") == "fetch.block"), key=lambda e: e["ts"])
+    assert len(blocks) == 8
+    cpu = [int(e["args"]["cpu_time"]) for e in blocks]
+    threads = [int(e["args"]["cpu_threads"]) for e in blocks]
+    assert all(c > 0 for c in cpu) and all(t >= 1 for t in threads)  # a forward/backward takes CPU
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest)
+    hc = model.train.computation_host_cpu
+    warm = len(model.train.warmup_computation_time)
+    steady = np.array(cpu[warm:]) * 1e-6
+    assert hc.type == "empirical" and hc.min == pytest.approx(steady.min()) and hc.max == pytest.approx(steady.max())
+    assert hc.mean == pytest.approx(steady.mean())
+    assert model.train.computation_host_threads == max(1, round(float(np.median(threads[warm:]))))
+    assert model.provenance.fields["train.computation_host_cpu"].confidence == "measured"
+    # replayed (traced, through the capture hooks): the modelled CPU is spent, and measured again
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "rd", out=tmp_path / "r"))
+    o = res.metrics["overall"]
+    assert o["modelled_host_cpu_s"] > 0 and o["host_cpu_s"] >= o["modelled_host_cpu_s"]
+    again = distill(load_trace(tmp_path / "r").events)
+    assert again.train.computation_host_cpu.type == "empirical"
+    assert again.provenance.fields["train.computation_host_cpu"].confidence == "measured"
