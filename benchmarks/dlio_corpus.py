@@ -37,11 +37,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "dlio")
     ap.add_argument("--no-replay", action="store_true")
+    ap.add_argument("--only", action="append", help="trace name (repeatable)")
     args = ap.parse_args()
     print("| trace | format | files | samples/file | batch | read threads | epochs | compute s (true) | "
-          "AU / AU DLIO formula (DLIO printed) | replay similarity | steady epoch s DLIO / replay |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for trace in TRACES:
+          "AU / AU DLIO formula (DLIO printed) | replay similarity | read-size KS | bytes read replay/DLIO | "
+          "steady epoch s DLIO / replay | AU DLIO formula: trace / replay |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for trace in [t for t in TRACES if not args.only or t.name in args.only]:
         exp = json.loads((trace / "expected.json").read_text())
         t = exp["model"]
         lt = load_trace(trace)
@@ -58,7 +60,7 @@ def main() -> None:
             f"{st['au']:.1%} / {st['au_dlio']:.1%} (-)",
         ]
         if args.no_replay:
-            cells += ["-", "-"]
+            cells += ["-"] * 5
         else:
             work = args.dir / trace.name
             if work.exists():
@@ -68,7 +70,11 @@ def main() -> None:
             run_replay(ReplayConfig(model=m, data_dir=work / "data", out=work / "replay"))
             cmp = compare_traces(trace, work / "replay")
             a, b = cmp.timing_a["steady_epoch_s"], cmp.timing_b["steady_epoch_s"]
-            cells += [f"{cmp.similarity:.3f}", f"{a:.3f} / {b:.3f} ({(b - a) / a:+.1%})"]
+            real, got = cmp.features_a.get("bytes_read") or 0, cmp.features_b.get("bytes_read") or 0
+            au_a, au_b = cmp.timing_a.get("au_dlio"), cmp.timing_b.get("au_dlio")
+            cells += [f"{cmp.similarity:.3f}", f"{cmp.ks_read_sizes:.3f}" if cmp.ks_read_sizes is not None else "-",
+                      f"{got / real:.3f}" if real else "-", f"{a:.3f} / {b:.3f} ({(b - a) / a:+.1%})",
+                      f"{au_a:.1%} / {au_b:.1%}" if au_a is not None and au_b is not None else "-"]
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
