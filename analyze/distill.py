@@ -397,6 +397,7 @@ def distill(
         per_read = reads["size"].to_numpy()
         record = _observed(per_read)
         facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
+    dlio_reader = _dlio_reader(annotated)
     parents = {str(PurePosixPath(p).parent) for p in paths}
     folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
     if len(paths) > 1 and folder in paths:
@@ -411,8 +412,18 @@ def distill(
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
         layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts,
-                               _dlio_reader(annotated), sizes["size"].to_list()),
+                               dlio_reader, sizes["size"].to_list()),
     )
+    if dlio_reader is not None and (dataset.layout.source == "inferred" or fingerprint is not None):
+        from dlreplay.dliogen import resized_sample_bytes
+
+        resized = resized_sample_bytes(fmt, dataset.layout)
+        if resized:
+            dataset = replace(dataset, record_length_resize=resized)
+            facts.put("dataset.record_length_resize",
+                      f"DLIO's {dlio_reader} hands over its resized_image for every sample: max_dimension^2 = "
+                      f"{resized:,} B, the sample's side as DLIO sizes it (a record_length_resize in its config is "
+                      f"not visible in a trace)", "inferred")
     per_record = _layout_record_length(dataset.layout, fmt)
     if per_record is not None:
         dataset = replace(dataset, record_length=per_record)

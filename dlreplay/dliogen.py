@@ -37,7 +37,7 @@ import numpy as np
 from dlreplay.model import ArrayFile, ArrayMember, ImageFile, Layout
 
 __all__ = ["DLIO_READER_FORMATS", "array_file_bytes", "dims_from_file_bytes", "dims_from_image_bytes", "dlio_dimension",
-           "generated_layout", "image_file_bytes"]
+           "generated_layout", "image_file_bytes", "resized_sample_bytes"]
 
 #: DLIO 2.0.0's reader classes (as its trace names them: ``reader/<Class>.read_index``) ->
 #: the formats they read.
@@ -217,3 +217,21 @@ def dims_from_image_bytes(fmt: str, file_bytes: float, tolerance: float = 0.02) 
     if abs(seen[best] - file_bytes) > tolerance * file_bytes:
         return None
     return best, best
+
+
+def resized_sample_bytes(fmt: str, layout: Layout) -> int | None:
+    """Bytes of the sample DLIO's reader hands over for a dataset of :func:`generated_layout`:
+    its ``resized_image``, ``max_dimension**2`` uint8 with ``max_dimension`` the sample's side
+    (``int(sqrt(record_length))``; ``record_length_resize`` when the config sets one, which a
+    trace does not show)."""
+    if fmt in ("jpeg", "png") and layout.images:
+        side = int(math.sqrt(layout.images[0].width * layout.images[0].height))
+        return side * side
+    if fmt in ("npz", "npy", "hdf5") and layout.arrays and layout.arrays[0].members:
+        member = next((m for m in layout.arrays[0].members if m.name in ("x.npy", "", "/records")), None)
+        if member is None or len(member.shape) != 3:
+            return None
+        d1, d2 = (member.shape[0], member.shape[1]) if fmt != "hdf5" else (member.shape[1], member.shape[2])
+        side = int(math.sqrt(d1 * d2))
+        return side * side
+    return None

@@ -225,7 +225,13 @@ class _Checkpointer:
         wts = self.c.write_transfer_size
         self.transfer = wts if wts.is_known else None
         self.file_plan = self.c.file_write_plan()  # each file's write calls as the job made them
+        # the bytes to write are made now, not inside the first save (24 MiB of random bytes take
+        # tens of milliseconds: time the job's saves did not spend)
         self._buf = b""
+        if self._enabled():
+            largest = max((max(calls, default=0) for calls in self.file_plan), default=0) if self.file_plan else \
+                int(min(self.c.bytes_per_checkpoint, (self.transfer.max or 0) if self.transfer else DEFAULT_WRITE_TRANSFER))
+            self._buf = self.rng.bytes(max(largest, 0))
 
     def _enabled(self) -> bool:
         c = self.c
@@ -613,7 +619,7 @@ def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         transfer_size=m.reader.transfer_size, preprocess_time=m.reader.preprocess_time,
         stats_per_sample=float(md.stats or 0.0) if config.io == "posix" else 0.0,
         lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed,
-        file_buffering=m.reader.file_buffering)
+        file_buffering=m.reader.file_buffering, resize_bytes=m.dataset.record_length_resize)
 
 
 def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
