@@ -35,6 +35,7 @@ from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402
 from dlreplay.analyze.passes import characterize  # noqa: E402
+from dlreplay.dlio import dlio_to_model  # noqa: E402
 from dlreplay.model import save_model  # noqa: E402
 from dlreplay.replay import ReplayConfig, run_replay  # noqa: E402
 
@@ -109,8 +110,9 @@ def paired(args: argparse.Namespace) -> None:
         sys.exit(f"{args.dlio_venv}/bin/dlio_benchmark not found: install DLIO 2.0.0 there (traces/make_dlio_corpus.py)")
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
     print("| workload | rounds | replay similarity | read-size KS | bytes read replay/DLIO | steady epoch s DLIO "
-          "(min..max) / replay | epoch error | AU DLIO formula: DLIO / replay | DLIO printed AU |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "(min..max) / replay | epoch error | AU DLIO formula: DLIO / replay | DLIO printed AU | "
+          "import-dlio replay: similarity, steady epoch s (error), AU DLIO formula |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in [n for n in sorted(mk.WORKLOADS) if not args.only or n in args.only]:
         job = args.dir / "paired" / name
         data = job / "data"
@@ -133,10 +135,19 @@ def paired(args: argparse.Namespace) -> None:
             shutil.rmtree(replay, ignore_errors=True)
             run_replay(ReplayConfig(model=m, data_dir=job / "replay-data", out=replay), echo=lambda s: None)
             cmp = compare_traces(out, replay)
+            # the workload file DLIO ran, imported (no trace): DLIO's configured times and generator
+            imported = dlio_to_model(mk.workload_yaml(name, data, out, job / "ckpt", generate=False),
+                                     source=f"{name} workload")
+            imp_out = job / f"import-{r}"
+            shutil.rmtree(imp_out, ignore_errors=True)
+            run_replay(ReplayConfig(model=imported, data_dir=job / "import-data", out=imp_out), echo=lambda s: None)
+            cmp_imp = compare_traces(out, imp_out)
             real, got = cmp.features_a.get("bytes_read") or 0, cmp.features_b.get("bytes_read") or 0
             rows.append({"sim": cmp.similarity, "ks": cmp.ks_read_sizes, "bytes": got / real if real else None,
                          "a": cmp.timing_a["steady_epoch_s"], "b": cmp.timing_b["steady_epoch_s"],
-                         "au_a": cmp.timing_a.get("au_dlio"), "au_b": cmp.timing_b.get("au_dlio"), "printed": printed})
+                         "au_a": cmp.timing_a.get("au_dlio"), "au_b": cmp.timing_b.get("au_dlio"), "printed": printed,
+                         "imp_sim": cmp_imp.similarity, "imp_b": cmp_imp.timing_b["steady_epoch_s"],
+                         "imp_au": cmp_imp.timing_b.get("au_dlio")})
             print(f"  {name} round {r}: similarity {cmp.similarity:.3f}, steady epoch {rows[-1]['a']:.3f} / "
                   f"{rows[-1]['b']:.3f} s, load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
         a, b = [x["a"] for x in rows], [x["b"] for x in rows]
@@ -147,7 +158,10 @@ def paired(args: argparse.Namespace) -> None:
               f"{_median(a):.3f} ({min(a):.3f}..{max(a):.3f}) / {_median(b):.3f} | {_median(err):+.1%} | "
               f"{_median([x['au_a'] for x in rows if x['au_a'] is not None]):.1%} / "
               f"{_median([x['au_b'] for x in rows if x['au_b'] is not None]):.1%} | "
-              f"{_median([x['printed'] for x in rows if x['printed'] is not None]):.1f} % |", flush=True)
+              f"{_median([x['printed'] for x in rows if x['printed'] is not None]):.1f} % | "
+              f"{_median([x['imp_sim'] for x in rows]):.3f}, {_median([x['imp_b'] for x in rows]):.3f} "
+              f"({_median([(x['imp_b'] - x['a']) / x['a'] for x in rows]):+.1%}), "
+              f"{_median([x['imp_au'] for x in rows if x['imp_au'] is not None]):.1%} |", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from dlreplay.model import ArrayFile, ArrayMember, ImageFile, Layout
 
 __all__ = ["DLIO_READER_FORMATS", "array_file_bytes", "dims_from_file_bytes", "dims_from_image_bytes", "dlio_dimension",
-           "generated_layout", "image_file_bytes", "resized_sample_bytes"]
+           "generated_dims", "generated_layout", "image_file_bytes", "resized_sample_bytes"]
 
 #: DLIO 2.0.0's reader classes (as its trace names them: ``reader/<Class>.read_index``) ->
 #: the formats they read.
@@ -235,3 +235,40 @@ def resized_sample_bytes(fmt: str, layout: Layout) -> int | None:
         side = int(math.sqrt(d1 * d2))
         return side * side
     return None
+
+
+def generated_dims(fmt: str, samples_per_file: int, layout: Layout) -> tuple[int, int] | None:
+    """The sample ``(d1, d2)`` for which *layout* is what DLIO 2.0.0's generator writes (its
+    structure: member names, dtypes, shapes and storage; images' size, mode and quality);
+    None when it is not (a layout DLIO cannot write from its record length alone)."""
+    if fmt in ("jpeg", "png"):
+        if not layout.images or len(layout.images) != 1:
+            return None
+        im = layout.images[0]
+        dims = (im.height, im.width)
+    elif fmt in ("npz", "npy", "hdf5"):
+        if not layout.arrays or len(layout.arrays) != 1 or not layout.arrays[0].members:
+            return None
+        s = layout.arrays[0]
+        main = next((m for m in s.members if m.name in ("x.npy", "", "/records")), None)
+        if main is None or len(main.shape) != 3:
+            return None
+        dims = (main.shape[1], main.shape[2]) if fmt == "hdf5" else (main.shape[0], main.shape[1])
+    else:
+        return None
+    want = generated_layout(fmt, samples_per_file, dims, compression="zip" if layout.compressed else
+                            (layout.hdf5_compression or "none"), compression_level=layout.compression_level,
+                            chunk_size=layout.hdf5_chunk_bytes)
+    if want is None:
+        return None
+    if fmt in ("jpeg", "png"):
+        a, b = layout.images[0], want.images[0]  # type: ignore[index]
+        same = (a.width, a.height, a.mode, a.quality or None, a.progressive, a.subsampling in (None, "4:2:0")) == \
+            (b.width, b.height, b.mode, b.quality, False, True)
+        return dims if same else None
+
+    def key(m: ArrayMember) -> tuple[Any, ...]:
+        return m.name, m.dtype, list(m.shape), m.storage or None, m.compression, m.chunks
+
+    got = sorted(key(m) for m in layout.arrays[0].members)  # type: ignore[index]
+    return dims if got == sorted(key(m) for m in want.arrays[0].members) else None  # type: ignore[index]
