@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from dlreplay import JEMALLOC_ENV
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.analysis import analyze_trace
 from dlreplay.analyze.passes import TraceView, characterize
@@ -185,8 +186,12 @@ def _measured(*args: str) -> tuple[dict, int, float]:
         from memory import CHILD
     finally:
         sys.path.pop(0)
-    proc = subprocess.run([sys.executable, "-c", CHILD, "analyze", *args, "--json"], capture_output=True,
-                          text=True, timeout=600)
+    # Peak RSS of live memory: jemalloc returns freed pages at once (dlreplay's own 10 s decay
+    # keeps them for a time that depends on the machine's speed and load), and two jobs
+    # whatever the cores, so the bound holds on any machine.
+    env = {**os.environ, JEMALLOC_ENV: "dirty_decay_ms:0,muzzy_decay_ms:0"}
+    proc = subprocess.run([sys.executable, "-c", CHILD, "analyze", *args, "--jobs", "2", "--json"],
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"RSS_KB=(\d+) WALL=([\d.]+)", proc.stderr)
     assert m, proc.stderr[-2000:]
