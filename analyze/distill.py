@@ -237,7 +237,11 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
 
 
 def _file_sizes(io: _Frame) -> _Frame:
-    """Per file: the largest byte position seen (end of a read, or an lseek result)."""
+    """Per file: the largest byte position seen (end of a read, or an lseek result); for a file
+    with neither (a trace without offsets and no seek to its end), the most bytes one process
+    read between an open of it and the next (a file read whole, as Pillow reads an image).
+
+    ``io`` needs the opens as well as the reads and seeks for the second case; eager or lazy."""
     ends = io.select(
         "file",
         pl.when(pl.col("name").is_in(READ_OPS))
@@ -247,7 +251,28 @@ def _file_sizes(io: _Frame) -> _Frame:
         .otherwise(None)
         .alias("end"),
     )
-    return ends.group_by("file").agg(pl.col("end").max().alias("size")).filter(pl.col("size") > 0)
+    sized = ends.group_by("file").agg(pl.col("end").max().alias("size")).filter(pl.col("size") > 0)
+    rest = io.join(sized.select("file"), on="file", how="anti")
+    per_open = (
+        rest.filter(pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS))
+        .sort("ts")
+        .with_columns(pl.col("name").is_in(OPEN_OPS).cum_sum().over("pid", "file").alias("__open"))
+        .filter(pl.col("name").is_in(READ_OPS) & (pl.col("__open") > 0))
+        .group_by("pid", "file", "__open").agg(pl.col("size").sum().alias("size"))
+        .group_by("file").agg(pl.col("size").max())
+        .filter(pl.col("size") > 0)
+    )
+    return pl.concat([sized, per_open.select("file", "size")], how="vertical_relaxed")
+
+
+def _dlio_reader(annotated: pl.DataFrame) -> str | None:
+    """DLIO's reader class when the trace's sample reads are DLIO's (``reader/NPZReader.read_index``)."""
+    from dlreplay.dliogen import DLIO_READER_FORMATS
+
+    reads = annotated.filter((pl.col("role") == voc.SAMPLE_READ) & (pl.col("cat") == "reader"))
+    classes = {str(n).split(".")[0] for n in reads["name"].unique().to_list()}
+    known = sorted(classes & set(DLIO_READER_FORMATS))
+    return known[0] if len(known) == 1 else None
 
 
 def _shuffled(items: pl.DataFrame) -> bool | None:
@@ -376,6 +401,7 @@ def distill(
         per_read = reads["size"].to_numpy()
         record = _observed(per_read)
         facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
+    dlio_reader = _dlio_reader(annotated)
     parents = {str(PurePosixPath(p).parent) for p in paths}
     folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
     if len(paths) > 1 and folder in paths:
@@ -389,8 +415,19 @@ def distill(
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
-        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts),
+        layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts,
+                               dlio_reader, sizes["size"].to_list()),
     )
+    if dlio_reader is not None and (dataset.layout.source == "inferred" or fingerprint is not None):
+        from dlreplay.dliogen import resized_sample_bytes
+
+        resized = resized_sample_bytes(fmt, dataset.layout)
+        if resized:
+            dataset = replace(dataset, record_length_resize=resized)
+            facts.put("dataset.record_length_resize",
+                      f"DLIO's {dlio_reader} hands over its resized_image for every sample: max_dimension^2 = "
+                      f"{resized:,} B, the sample's side as DLIO sizes it (a record_length_resize in its config is "
+                      f"not visible in a trace)", "inferred")
     per_record = _layout_record_length(dataset.layout, fmt)
     if per_record is not None:
         dataset = replace(dataset, record_length=per_record)
@@ -649,9 +686,11 @@ def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
 
 def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
                     fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
-                    facts: _Facts) -> Layout:
-    """``dataset.layout``: the fingerprint's, else inferred from reads (provenance into *facts*)."""
-    from dlreplay.analyze.layout import infer_layout, layout_from_fingerprint, resolve_fingerprint
+                    facts: _Facts, dlio_reader: str | None = None, file_sizes: list[float] | None = None) -> Layout:
+    """``dataset.layout``: the fingerprint's, else (a DLIO trace, *dlio_reader* naming its reader
+    class) what DLIO's generator writes for the files' sizes, else inferred from reads
+    (provenance into *facts*)."""
+    from dlreplay.analyze.layout import infer_dlio_layout, infer_layout, layout_from_fingerprint, resolve_fingerprint
 
     where = origin or "given to distill"
     if fingerprint is None and source and os.path.isdir(source):
@@ -662,6 +701,8 @@ def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, r
     result = layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
     if fingerprint and result is None:
         facts.notes.append(f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace")
+    if result is None and dlio_reader is not None:
+        result = infer_dlio_layout(fmt, dlio_reader, spf, file_sizes)
     if result is None:
         result = infer_layout(fmt, reads, record.mean)
     for path, (how, confidence) in result.fields.items():
@@ -983,6 +1024,12 @@ def _checkpoint(
         facts.put("checkpoint.serialization_time", "torch.save writes are not visible: the replay's writes "
                   "stand for the whole save", "default")
     folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
+    file_writes = _file_writes(events, saves, max(files_per, 1))
+    if file_writes is not None:
+        nbytes = sum(size * calls for runs in file_writes for size, calls in runs)
+        facts.put("checkpoint.file_writes", "write calls per file of the first save of the most common size "
+                  "(files in order of their first write)", "measured")
+        facts.put("checkpoint.bytes_per_checkpoint", "bytes written by the most common save", "measured")
     return Checkpoint(
         enabled=True,
         steps_between_checkpoints=interval,
@@ -991,6 +1038,7 @@ def _checkpoint(
         files_per_checkpoint=max(files_per, 1),
         bytes_per_checkpoint=nbytes,
         write_transfer_size=wts,
+        file_writes=file_writes,
         fsync=fsync,
         serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
@@ -1006,6 +1054,45 @@ def _checkpoint_writes(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.
     w = events.filter(pl.col("file").is_in(files.implode()) & pl.col("name").is_in(WRITE_OPS))
     return w.group_by("pid", "file").agg(pl.col("ts").min(), (pl.col("ts") + pl.col("dur").fill_null(0)).max()
                                          .alias("end")).select("ts", "end")
+
+
+#: Most runs of equal write calls kept for one checkpoint (all files); more: the write-size distribution.
+MAX_CHECKPOINT_WRITE_RUNS = 1024
+
+
+def _file_writes(events: pl.DataFrame, saves: pl.DataFrame, files_per: int) -> list[list[list[int]]] | None:
+    """The write calls of each file of one checkpoint, as runs of ``[bytes, calls]``: those of the
+    first save that wrote the most common total in *files_per* files (files in the order of their
+    first write). None when no save's writes are visible or they take too many runs."""
+    w = events.filter(pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_not_null() & (pl.col("size") > 0)
+                      & pl.col("pid").is_in(saves["pid"].unique().implode())).select("pid", "ts", "file", "size")
+    if w.is_empty():
+        return None
+    sv = saves.sort("ts").with_row_index("save").select(
+        "save", "pid", pl.col("ts").alias("s_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"))
+    got = (w.sort("ts").join_asof(sv, left_on="ts", right_on="s_ts", by="pid", strategy="backward",
+                                  check_sortedness=False)
+           .filter(pl.col("save").is_not_null() & (pl.col("ts") <= pl.col("s_end"))))
+    totals = got.group_by("save").agg(pl.col("size").sum().alias("total"), pl.col("file").n_unique().alias("files"))
+    totals = totals.filter(pl.col("files") == files_per)
+    if totals.is_empty():
+        return None
+    common = totals["total"].mode().sort()[0]
+    first = totals.filter(pl.col("total") == common)["save"].min()
+    mine = got.filter(pl.col("save") == first).sort("ts").with_columns(
+        pl.col("ts").min().over("file").alias("f_ts"))
+    # runs of equal sizes per file, files in order of their first write
+    runs = (mine.with_columns((pl.col("size") != pl.col("size").shift(1).over("file")).fill_null(True)
+                              .cum_sum().over("file").alias("run"))
+            .group_by("f_ts", "file", "run", maintain_order=True)
+            .agg(pl.col("size").first(), pl.len().alias("calls"))
+            .sort("f_ts", "run"))
+    if runs.height > MAX_CHECKPOINT_WRITE_RUNS:
+        return None
+    out: list[list[list[int]]] = []
+    for part in runs.partition_by("f_ts", maintain_order=True):
+        out.append([[int(a), int(b)] for a, b in zip(part["size"], part["calls"], strict=True)])
+    return out
 
 
 def _written_inside(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:

@@ -18,7 +18,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -37,7 +37,7 @@ from dlreplay.model import (
     TableFile,
 )
 
-__all__ = ["LayoutResult", "find_group", "infer_layout", "layout_from_fingerprint", "resolve_fingerprint"]
+__all__ = ["LayoutResult", "find_group", "infer_dlio_layout", "infer_layout", "layout_from_fingerprint", "resolve_fingerprint"]
 
 #: Formats a fingerprint group may have for each model format.
 _COMPATIBLE = {"npz": ("npz", "zip"), "indexed_binary": ("raw", None), "raw": (None,)}
@@ -359,6 +359,40 @@ def _itemsize(dtype: str) -> int:
 
 
 # --------------------------------------------------------------------------- trace-only inference
+
+
+def infer_dlio_layout(fmt: str, reader_class: str, spf: int, file_sizes: Sequence[float]) -> LayoutResult | None:
+    """The layout DLIO 2.0.0's generator wrote (:mod:`dlreplay.dliogen`), for a DLIO trace
+    (its reader events name *reader_class*) whose dataset cannot be fingerprinted: the
+    sample's sides are those whose generated file has the trace's file sizes (bytes: the
+    largest position read or seeked, or the bytes read between an open and its close).
+    None when the sizes match no file DLIO generates (compressed, chunked, other sides)."""
+    from dlreplay.dliogen import DLIO_READER_FORMATS, dims_from_file_bytes, dims_from_image_bytes, generated_layout
+
+    if fmt not in DLIO_READER_FORMATS.get(reader_class, ()) or not len(file_sizes):
+        return None
+    sizes = np.asarray(file_sizes, dtype=float)
+    median = float(np.median(sizes))
+    if fmt in ("jpeg", "png"):
+        dims = dims_from_image_bytes(fmt, median)
+        how = (f"the square grayscale {fmt.upper()} of noise DLIO's generator saves with Pillow's defaults that is "
+               f"nearest the files' median size ({median:,.0f} B)" + (" (sides to 8 pixels)" if fmt == "jpeg" else ""))
+    else:
+        if float(sizes.max() - sizes.min()) > 0:
+            return None  # DLIO's files of one run differ only when their sides are drawn at random
+        # HDF5: the labels after the records are never read by DLIO's reader, so not seen
+        dims = dims_from_file_bytes(fmt, spf, int(median), unseen=8 * spf + 64 if fmt == "hdf5" else 0)
+        how = f"the sample whose DLIO {fmt} file has the files' size ({int(median):,} B, {spf} sample(s) per file)"
+    if dims is None:
+        return None
+    layout = generated_layout(fmt, spf, dims)
+    if layout is None:
+        return None
+    res = LayoutResult(layout=replace(layout, source="inferred"))
+    res.fields["dataset.layout"] = (
+        f"DLIO 2.0.0's {fmt} generator (the trace's reader is DLIO's {reader_class}): {dims[0]}x{dims[1]} uint8 "
+        f"samples, {how}", "inferred")
+    return res
 
 
 #: Size of a zip local file header: zipfile reads one per member it opens.

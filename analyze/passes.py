@@ -290,8 +290,9 @@ class TraceView:
 
     @cached_property
     def dataset_file_sizes(self) -> pl.DataFrame:
-        """(file, size): the largest byte position read or seeked per dataset file."""
-        return self.collect(_file_sizes(self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS))))
+        """(file, size): the largest byte position read or seeked per dataset file, else the most
+        bytes read between two opens of it (see :func:`~.distill._file_sizes`)."""
+        return self.collect(_file_sizes(self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS + OPEN_OPS))))
 
     @cached_property
     def consumers(self) -> list[int]:
@@ -622,9 +623,12 @@ def au_dlio(st: pl.DataFrame) -> float | None:
     b = st.sort("pid", "ts").with_columns(pl.col("block_first").cast(pl.Int64).cum_sum().over("pid").alias("blk"))
     # a block after a checkpoint: DLIO's t0 is the checkpoint's end, its block starts after the fetch
     post = pl.when(pl.col("block_first") & ~pl.col("epoch_first")).then(pl.col("after_ckpt_us"))
+    # a save inside a step's loop body (not DLIO's: its saves come after the step) ends the block before it
+    end = pl.col("end") - pl.when(~pl.col("block_first") & (pl.col("basis") != "compute events")) \
+        .then(pl.col("ckpt_us")).otherwise(0)
     per = b.group_by("pid", "epoch", "blk").agg(
         pl.col("compute_us").filter(~pl.col("block_first")).sum().alias("c"),
-        (pl.col("end").max() - pl.col("end").filter(pl.col("block_first")).first()
+        (end.max() - pl.col("end").filter(pl.col("block_first")).first()
          - post.filter(pl.col("block_first")).first().fill_null(0)).alias("t"),
         pl.len().alias("n")).filter((pl.col("n") > 1) & (pl.col("t") > 0))
     if per.is_empty():

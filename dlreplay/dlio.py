@@ -513,9 +513,53 @@ def _import_dataset(imp: _Importer) -> dict[str, Any]:
         out["file_size"] = size
         imp.mark("dataset.file_size", None, inferred="num_samples_per_file x record_length (format overhead ignored)")
     layout = _import_layout(imp, fmt)
+    if stdev == 0:
+        _import_generated(imp, fmt, out, layout, length, resize if resize_key and resize > 0 else None)
     if layout:
         out["layout"] = layout
     return out
+
+
+def _import_generated(imp: _Importer, fmt: str, out: dict[str, Any], layout: dict[str, Any], length: float,
+                      resize: int | None) -> None:
+    """The files DLIO 2.0.0's generator writes (:mod:`dlreplay.dliogen`) into *layout* and the
+    sizes in *out*: square uint8 samples of side ``int(sqrt(record_length))``; images are
+    their encoded size on disk (``record_length`` is DLIO's decoded bytes); the sample a reader
+    hands over is DLIO's ``resized_image`` unless the config resizes it."""
+    from dlreplay.dliogen import array_file_bytes, dlio_dimension, generated_layout, image_file_bytes
+    from dlreplay.model import _to_plain
+
+    side = dlio_dimension(length)
+    chunking, _ = imp.get("dataset.enable_chunking", "bool", False)
+    gen = generated_layout(fmt, out["num_samples_per_file"], (side, side),
+                           compression=str(imp.raw("dataset.compression")[0] or "none"),
+                           compression_level=layout.get("compression_level"),
+                           chunk_size=layout.get("hdf5_chunk_bytes") if chunking else None)
+    if gen is None:
+        return
+    how = f"DLIO 2.0.0's {fmt} generator: {side}x{side} uint8 samples (int(sqrt(record_length)))"
+    plain = _to_plain(gen)
+    for key in ("arrays", "images"):
+        if plain.get(key):
+            layout[key] = plain[key]
+    layout["source"] = "dlio"
+    imp.mark("dataset.layout", None, inferred=how)
+    if fmt in ("jpeg", "png"):
+        encoded = image_file_bytes(fmt, (side, side))
+        out["record_length"] = Distribution.fixed(encoded)
+        out["file_size"] = Distribution.fixed(encoded)
+        imp.mark("dataset.record_length", None, inferred=f"{how}, saved by Pillow: {encoded:,} B on disk "
+                                                          f"(DLIO's record_length {int(length):,} B is the decoded image)")
+        imp.mark("dataset.file_size", None, inferred="the encoded image")
+    else:
+        nbytes = array_file_bytes(fmt, out["num_samples_per_file"], (side, side))
+        if nbytes is not None and not layout.get("compressed") and not layout.get("hdf5_compression"):
+            out["file_size"] = Distribution.fixed(nbytes)
+            imp.mark("dataset.file_size", None, inferred=f"{how}: the file DLIO writes")
+    if resize is None:
+        out["record_length_resize"] = side * side
+        imp.mark("dataset.record_length_resize", None,
+                 inferred="DLIO's readers hand over resized_image, max_dimension^2 bytes (no record_length_resize)")
 
 
 def _import_shuffle(imp: _Importer, key: str) -> str:
@@ -809,6 +853,15 @@ def _export_layout(model: WorkloadModel, out: dict[str, Any], warnings: list[str
         out["hdf5"] = {"chunk_dims": list(lay.hdf5_chunk_shape)}
     if lay.records_per_file is not None:
         warnings.append("dataset.layout.records_per_file has no DLIO key: left out")
+    from dlreplay.dliogen import generated_dims
+
+    dims = generated_dims(fmt, model.dataset.num_samples_per_file, lay)
+    if dims is not None:
+        # the files DLIO's own generator writes: DLIO makes them from the record length (the
+        # decoded sample's bytes; for images not their size on disk)
+        out["record_length_bytes"] = dims[0] * dims[1]
+        out.pop("record_length_bytes_stdev", None)
+        return
     _export_structures(model, out, warnings)
 
 

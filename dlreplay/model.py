@@ -41,7 +41,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Union
@@ -341,6 +341,14 @@ class Distribution:
         if self.min is not None or self.max is not None:
             out = np.clip(out, self.min, self.max)
         return out
+
+    def quantile(self, probs: np.ndarray | Sequence[float]) -> np.ndarray:
+        """The values at probabilities *probs* (0..1) of an ``empirical`` distribution (its
+        piecewise-linear quantile function, as :meth:`sample` draws from it)."""
+        if self.type != "empirical":
+            raise ModelError(f"Distribution.quantile: defined for empirical distributions, not {self.type}")
+        knots, vals = self._quantile_function()
+        return np.interp(np.asarray(probs, dtype=float), knots, vals)
 
     def _sample_empirical(self, rng: np.random.Generator, n: int) -> np.ndarray:
         probs, vals = self._quantile_function()
@@ -840,6 +848,11 @@ class Checkpoint:
     bytes_per_checkpoint: int = _f(0, check="nonneg", doc="bytes written per checkpoint, all files")
     write_transfer_size: Distribution = _f(factory=Distribution.unknown, check="nonneg",
                                            doc="bytes per write call")
+    file_writes: list[list[list[int]]] | None = _f(
+        None, check="nonneg",
+        doc="the write calls of each file of one checkpoint, in file order: runs of [bytes per call, calls] "
+            "(torch.save: header, each tensor's storage, trailer); used when they add up to "
+            "files_per_checkpoint and bytes_per_checkpoint, else write_transfer_size")
     fsync: bool = _f(False, doc="fsync each checkpoint file")
     serialization_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
                                           doc="seconds per checkpoint outside write calls (serialisation, "
@@ -854,6 +867,20 @@ class Checkpoint:
         if len(given) > 1:
             raise _Invalid(given[1], f"expected at most one of steps/epochs/time_between_checkpoints, "
                                      f"but {given[0]} is also set")
+        for i, runs in enumerate(self.file_writes or []):
+            for j, run in enumerate(runs):
+                if len(run) != 2 or run[1] < 1:
+                    raise _Invalid(f"file_writes.{i}.{j}", f"expected [bytes per call, calls >= 1], got {run!r}")
+
+    def file_write_plan(self) -> list[list[int]] | None:
+        """Each checkpoint file's write calls (bytes), expanded from :attr:`file_writes`, when
+        they agree with ``files_per_checkpoint`` and ``bytes_per_checkpoint``; else None."""
+        fw = self.file_writes
+        if not fw or len(fw) != self.files_per_checkpoint:
+            return None
+        if sum(size * calls for runs in fw for size, calls in runs) != self.bytes_per_checkpoint:
+            return None
+        return [[size for size, calls in runs for _ in range(calls)] for runs in fw]
 
 
 @dataclass(frozen=True, kw_only=True)

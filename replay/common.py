@@ -195,8 +195,9 @@ def check_replay_resources(model: WorkloadModel, accelerators: int, out: Path | 
 def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     """The files of the dataset and each sample's size in bytes, from *model* and *seed*.
 
-    File ``i`` draws its sizes from ``numpy.random.default_rng([seed, i])``, so the plan
-    (and the bytes written) do not depend on how generation is split over processes.
+    File ``i`` draws its sizes from ``numpy.random.default_rng([seed, i])`` (an empirical
+    distribution stratified over the files by one seeded permutation), so the plan (and the
+    bytes written) do not depend on how generation is split over processes.
     Array formats (npz, npy, hdf5) use one record length per file (rectangular arrays).
     """
     check_model_for_replay(model)
@@ -206,10 +207,20 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     width = len(str(max(n - 1, 0)))
     ext = EXTENSIONS[ds.format]
     out = []
+    k = ds.num_samples_per_file
+    per_file = 1 if ds.format in ARRAY_FORMATS else k
+    # an empirical distribution (the real files' sizes) is drawn stratified: each draw from its own
+    # 1/N of the probabilities (in a seeded order over the files), so N files have the real
+    # distribution's quantiles, not N random draws' noise
+    strata = (np.random.default_rng([seed, 0x57A7]).permutation(n * per_file)
+              if ds.record_length.type == "empirical" else None)
     for i in range(n):
         rng = np.random.default_rng([seed, i, 0x5EED])
-        k = ds.num_samples_per_file
-        draws = ds.record_length.sample(rng, 1 if ds.format in ARRAY_FORMATS else k)
+        if strata is not None:
+            probs = (strata[i * per_file:(i + 1) * per_file] + rng.uniform(0.0, 1.0, per_file)) / (n * per_file)
+            draws = ds.record_length.quantile(probs)
+        else:
+            draws = ds.record_length.sample(rng, per_file)
         sizes = np.maximum(1, np.rint(draws)).astype(np.int64)
         if ds.format in ARRAY_FORMATS:
             sizes = np.repeat(sizes, k)

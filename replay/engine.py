@@ -245,13 +245,20 @@ class _Checkpointer:
         self.plan = plan
         self.c = plan.model.checkpoint
         self.count = 0
-        self.last_path: str | None = None  # first file of the latest checkpoint (for its trace event)
+        self.last_path: str | None = None  # the latest checkpoint's file when it has one (for its trace event)
         self.last_time = time.monotonic()
         self.created: list[Path] = []
         self.rng = np.random.default_rng([plan.seed, plan.rank, 0xC4])
         wts = self.c.write_transfer_size
         self.transfer = wts if wts.is_known else None
+        self.file_plan = self.c.file_write_plan()  # each file's write calls as the job made them
+        # the bytes to write are made now, not inside the first save (24 MiB of random bytes take
+        # tens of milliseconds: time the job's saves did not spend)
         self._buf = b""
+        if self._enabled():
+            largest = max((max(calls, default=0) for calls in self.file_plan), default=0) if self.file_plan else \
+                int(min(self.c.bytes_per_checkpoint, (self.transfer.max or 0) if self.transfer else DEFAULT_WRITE_TRANSFER))
+            self._buf = self.rng.bytes(max(largest, 0))
 
     def _enabled(self) -> bool:
         c = self.c
@@ -304,20 +311,30 @@ class _Checkpointer:
         self.last_time = time.monotonic()
         folder = Path(p.checkpoint_dir) / f"checkpoint-{self.count:04d}"
         nfiles = c.files_per_checkpoint
+        mine = range(p.rank, nfiles, p.size)
+        # the save event names its file only when there is one: with several, each file's bytes
+        # are its writes (a path would credit the save's bytes to one of them)
+        self.last_path = None
         total = 0
-        for j in range(p.rank, nfiles, p.size):
-            nbytes = c.bytes_per_checkpoint // nfiles + (c.bytes_per_checkpoint % nfiles if j == nfiles - 1 else 0)
+        for j in mine:
+            calls = self.file_plan[j] if self.file_plan is not None else None
+            nbytes = sum(calls) if calls is not None else \
+                c.bytes_per_checkpoint // nfiles + (c.bytes_per_checkpoint % nfiles if j == nfiles - 1 else 0)
             path = folder / f"part-{j:04d}-of-{nfiles}.bin"
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 self.created.append(path)
-                if j == p.rank:
+                if len(mine) == 1:
                     self.last_path = str(path.resolve())
                 try:
                     left = nbytes
+                    planned = iter(calls or ())
                     while left > 0:
-                        ts = int(self.transfer.sample(self.rng, 1)[0]) if self.transfer else DEFAULT_WRITE_TRANSFER
+                        if calls is not None:
+                            ts = next(planned, left)
+                        else:
+                            ts = int(self.transfer.sample(self.rng, 1)[0]) if self.transfer else DEFAULT_WRITE_TRANSFER
                         ts = max(1, min(ts, left))
                         if len(self._buf) < ts:
                             self._buf = self.rng.bytes(ts)
@@ -646,7 +663,7 @@ def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         transfer_size=m.reader.transfer_size, preprocess_time=m.reader.preprocess_time,
         stats_per_sample=float(md.stats or 0.0) if config.io == "posix" else 0.0,
         lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed,
-        file_buffering=m.reader.file_buffering)
+        file_buffering=m.reader.file_buffering, resize_bytes=m.dataset.record_length_resize)
 
 
 def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:

@@ -55,6 +55,9 @@ class WorkerSpec:
     lseeks_per_sample: float
     seed: int
     file_buffering: str = "buffered"
+    #: bytes of the sample a worker hands over after its reader's resize (DLIO's ``resized_image``:
+    #: one array of this size whatever was read); None = the decoded sample
+    resize_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ job's behaviour:
 
 * :class:`ReplayDataset`: ``__getitem__(sample id)`` reads the sample through the
   format's library (:class:`~.loader.SampleReader`), spends the model's preprocess time
-  and returns the decoded sample as a tensor (the array the library returns);
+  and returns the decoded sample as a tensor (the array the library returns), or, when
+  the model gives ``dataset.record_length_resize``, one tensor of that many bytes (the
+  reader's resize: DLIO hands over its ``resized_image`` whatever it read);
 * :class:`PlannedBatches`: a batch sampler yielding the epoch's planned batches (the
   seeded file and sample shuffles of :func:`~.engine.epoch_batches`, sharded by rank),
   so both loaders read the same samples in the same order;
@@ -63,9 +65,10 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         self.spec = spec
         self._reader: SampleReader | None = None
         self._pid = -1
+        self._resized: torch.Tensor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "_reader": None, "_pid": -1}
+        return {"spec": self.spec, "_reader": None, "_pid": -1, "_resized": None}
 
     def __len__(self) -> int:
         return len(self.spec.paths) * self.spec.samples_per_file
@@ -85,6 +88,11 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
     def __getitem__(self, sample: int) -> tuple[int, int, torch.Tensor]:
         f, k = divmod(int(sample), self.spec.samples_per_file)
         nbytes, decoded = self.reader().read_sample(f, k)
+        if self.spec.resize_bytes:
+            # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
+            if self._resized is None or self._resized.numel() != self.spec.resize_bytes:
+                self._resized = torch.zeros(self.spec.resize_bytes, dtype=torch.uint8)
+            return nbytes, os.getpid(), self._resized
         tensor = torch.from_numpy(np.require(decoded, requirements=["C", "W"]))
         return nbytes, os.getpid(), tensor
 

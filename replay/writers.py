@@ -672,39 +672,54 @@ def _size_curve(t: ImageFile, fmt: str) -> tuple[tuple[float, int], ...]:
     return _SIZE_CURVES[key]
 
 
+#: Relative distance from its planned size at which an image is kept (the planned sizes come from
+#: the real files: a trace's read sizes are these sizes to the byte).
+IMAGE_SIZE_TOLERANCE = 0.0002
+
+
 def _image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> bytes:
     """An image of kind *t* whose encoded size is as close to *target* bytes as content allows.
 
-    The amplitude comes from the kind's size curve, then up to 5 secant steps on this
-    file's own encodes (within 1 %): the result depends only on the file's seed.
+    The amplitude comes from the kind's size curve, then secant steps on this file's own
+    encodes; where the size no longer follows the amplitude closely enough (near full-range
+    noise, sizes vary with the content by tens of bytes), other content at the best amplitude
+    so far. Up to 8 encodes, kept within IMAGE_SIZE_TOLERANCE; the result depends only on
+    the file's seed.
     """
     seed = rng.integers(0, 2**63)
     base = list(_size_curve(t, fmt))
     own: list[tuple[float, int]] = []
+    content = [0]
 
     def encode(share: float) -> bytes:
-        out = _encode_image(_image_pixels(t.width, t.height, t.mode, share, np.random.default_rng(seed), t.bits),
-                            fmt, t)
+        pixels = _image_pixels(t.width, t.height, t.mode, share, np.random.default_rng([seed, content[0]]), t.bits)
+        out = _encode_image(pixels, fmt, t)
         own.append((share, len(out)))
         return out
 
-    best: bytes | None = None
-    for _ in range(6):
+    best: tuple[float, bytes] | None = None
+    for attempt in range(8):
         below = [p for p in own if p[1] <= target]
         above = [p for p in own if p[1] >= target]
-        # this file's own points once they bracket the target; the kind's curve until then
-        pts = sorted(set(own)) if below and above else sorted(set(base + own), key=lambda p: p[0])
-        shares = np.array([p[0] for p in pts])
-        sizes = np.array([p[1] for p in pts], dtype=float)
-        order = np.argsort(sizes, kind="stable")
-        share = float(np.clip(np.interp(target, sizes[order], shares[order]), 0.0, 1.0))
+        if attempt >= 4 and best is not None:
+            content[0] += 1  # the amplitude has done what it can: other noise at the best one
+            share = best[0]
+        else:
+            # this file's own points once they bracket the target; the kind's curve until then
+            pts = sorted(set(own)) if below and above else sorted(set(base + own), key=lambda p: p[0])
+            shares = np.array([p[0] for p in pts])
+            sizes = np.array([p[1] for p in pts], dtype=float)
+            order = np.argsort(sizes, kind="stable")
+            share = float(np.clip(np.interp(target, sizes[order], shares[order]), 0.0, 1.0))
         out = encode(share)
-        if best is None or abs(len(out) - target) < abs(len(best) - target):
-            best = out
-        if abs(len(out) - target) <= 0.01 * target or share in (0.0, 1.0):
+        if best is None or abs(len(out) - target) < abs(len(best[1]) - target):
+            best = (share, out)
+        if abs(len(out) - target) <= IMAGE_SIZE_TOLERANCE * target:
             break
+        if attempt < 4 and ((share == 1.0 and len(out) < 0.99 * target) or (share == 0.0 and len(out) > 1.01 * target)):
+            break  # the target is out of this kind's reach
     assert best is not None
-    return best
+    return best[1]
 
 
 def _image_legacy(rng: np.random.Generator, target: int, fmt: str) -> bytes:

@@ -230,6 +230,31 @@ def test_au_dlio_reproduces_dlios_formula() -> None:
     assert au_dlio(c.view.step_table) == c["steps"]["au_dlio"]
 
 
+def test_au_dlio_with_saves_inside_loop_bodies() -> None:
+    """A save at the end of a loop body (a replay's, a script's) ends DLIO's block as a save after
+    the step does: the next step starts a block, and the save's time is in neither block."""
+
+    def steps(save_inside: bool) -> pl.DataFrame:
+        rows = [ev("pipeline", "epoch", 0, 10_000, epoch=0)]
+        t = 100
+        for k in range(6):  # wait 25, compute 100; a 50 us save after the third step
+            rows.append(ev("dataloader", "fetch.iter", t, 25, epoch=0, step=k, batch_size=2))
+            t += 25
+            save = 50 if k == 2 else 0
+            rows.append(ev("dataloader", "fetch.block", t, 100 + (save if save_inside else 0), epoch=0, step=k))
+            if save:
+                rows.append(ev("checkpoint", "capture", t + 100, save))
+            t += 100 + save
+        out, _ = voc.canonicalize(table(rows))
+        return voc.training_steps(out)
+
+    inside, after = steps(True), steps(False)
+    assert inside["block_first"].to_list() == after["block_first"].to_list() == [True, False, False, True, False, False]
+    assert inside["compute_us"].to_list() == after["compute_us"].to_list() == [100] * 6
+    # DLIO's formula: the wait after the save (25 us) comes off the second block twice
+    assert au_dlio(inside) == pytest.approx(au_dlio(after)) == pytest.approx((200 / 250 + 200 / 225) / 2, abs=1e-4)
+
+
 # ---------------------------------------------------------------------------------------
 # The foreign corpus
 

@@ -589,11 +589,16 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
                .filter(pl.col("__k").is_not_null() & (pl.col("c_ts") < pl.col("end")))
                .group_by("__k").agg(pl.col("c_dur").filter(pl.col("c_ts") < pl.col("ts")).sum().alias("ck_gap"),
                                     pl.col("c_dur").filter(pl.col("c_ts") >= pl.col("ts")).sum().alias("ck_in"),
-                                    pl.col("c_end").filter(pl.col("c_ts") < pl.col("ts")).max().alias("ck_end")))
+                                    pl.col("c_end").filter(pl.col("c_ts") < pl.col("ts")).max().alias("ck_end"),
+                                    pl.col("c_end").filter(pl.col("c_ts") >= pl.col("ts")).max().alias("ck_in_end")))
         a = a.join(hit, on="__k", how="left", maintain_order="left")
     else:
         a = a.with_columns(pl.lit(0, pl.Int64).alias("ck_gap"), pl.lit(0, pl.Int64).alias("ck_in"),
-                           pl.lit(None, pl.Int64).alias("ck_end"))
+                           pl.lit(None, pl.Int64).alias("ck_end"), pl.lit(None, pl.Int64).alias("ck_in_end"))
+    # a save at the end of a loop body (a replay's, a script's) is followed by a block like one in the gap
+    a = a.sort("pid", "ts").with_columns(
+        pl.coalesce("ck_end", pl.col("ck_in_end").shift(1).over("pid", "epoch")).alias("ck_end"),
+        (pl.col("ck_in").shift(1).over("pid", "epoch").fill_null(0) > 0).alias("__after_in"))
     gap = (pl.col("ts") - pl.col("gap_start")).clip(lower_bound=0)
     ck_gap, ck_in = pl.col("ck_gap").fill_null(0), pl.col("ck_in").fill_null(0)
     wait = pl.coalesce(pl.min_horizontal("fetch_us", gap), (gap - ck_gap).clip(lower_bound=0))
@@ -607,7 +612,7 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     ).with_columns((gap - pl.col("wait_us") - ck_gap).clip(lower_bound=0).alias("other_us"))
     a = a.with_columns(
         pl.int_range(pl.len()).over("pid", "epoch").alias("step"),
-        (pl.col("epoch_first") | (ck_gap > 0)).alias("block_first"),
+        (pl.col("epoch_first") | (ck_gap > 0) | pl.col("__after_in")).alias("block_first"),
         pl.col("role").replace_strict({COMPUTE: "compute events", STEP: "loop bodies", FETCH: "fetch waits"},
                                       return_dtype=pl.String).alias("basis"),
     )

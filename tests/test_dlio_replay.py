@@ -1,0 +1,232 @@
+"""DLIO traces replay as DLIO ran: its generator's layout, its readers' samples, its checkpoint files.
+
+What DLIO 2.0.0 writes is reproduced here with DLIO's own calls (``dlio_benchmark/data_generator``,
+quoted in :mod:`dlreplay.dliogen`), so the tests hold without DLIO installed. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import h5py
+import numpy as np
+import polars as pl
+import pytest
+from PIL import Image
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.compare import compare_traces
+from dlreplay.analyze.distill import distill
+from dlreplay.analyze.layout import layout_from_fingerprint
+from dlreplay.capture.fingerprint import fingerprint_dataset
+from dlreplay.dlio import dlio_to_model, model_to_dlio
+from dlreplay.dliogen import (
+    array_file_bytes,
+    dims_from_file_bytes,
+    dims_from_image_bytes,
+    generated_dims,
+    generated_layout,
+    image_file_bytes,
+)
+from dlreplay.errors import ModelError
+from dlreplay.model import Checkpoint, Distribution, apply_overrides, load_yaml_file
+from dlreplay.replay import ReplayConfig, run_replay
+from dlreplay.replay.common import plan_dataset
+
+from .conftest import TRACES
+
+DLIO_TRACES = {"dlio_npz_starved": "npz", "dlio_h5_multi": "hdf5", "dlio_jpeg_ckpt": "jpeg"}
+
+
+def _dlio_generate(fmt: str, folder: Path, files: int, spf: int, side: int) -> list[Path]:
+    """A dataset written with the calls DLIO 2.0.0's generators make (record_length_stdev 0)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.random.seed(10)
+    paths = []
+    for i in range(files):
+        path = folder / f"img_{i}_of_{files}.{fmt}"
+        if fmt == "npz":  # npz_generator.py
+            records = np.random.randint(255, size=(side, side, spf), dtype=np.uint8)
+            np.savez(path, x=records, y=[0] * spf)
+        elif fmt == "npy":  # npy_generator.py
+            np.save(path, np.random.randint(255, size=(side, side, spf), dtype=np.uint8))
+        elif fmt == "hdf5":  # hdf5_generator.py (no chunking, no compression)
+            records = np.random.randint(255, size=(spf, side, side), dtype=np.uint8)
+            hf = h5py.File(path, "w")
+            dset = hf.create_dataset("records", (spf, side, side), chunks=None, compression=None,
+                                     compression_opts=None, dtype=np.uint8)
+            dset[0:spf] = records
+            hf.create_dataset("labels", data=[0] * spf)
+            hf.close()
+        else:  # jpeg_generator.py / png_generator.py
+            records = np.random.randint(255, size=(side, side), dtype=np.uint8)
+            Image.fromarray(records).save(path, format="JPEG" if fmt == "jpeg" else "PNG", bits=8)
+        paths.append(path)
+    np.random.seed()
+    return paths
+
+
+@pytest.mark.parametrize(("fmt", "spf", "side"), [("npz", 1, 64), ("npz", 3, 40), ("npy", 2, 32), ("hdf5", 4, 48),
+                                                   ("jpeg", 1, 64), ("png", 1, 40)])
+def test_generated_layout_is_what_dlio_writes(tmp_path, fmt, spf, side):
+    paths = _dlio_generate(fmt, tmp_path / "train", 3, spf, side)
+    doc = fingerprint_dataset([str(tmp_path / "train")])
+    seen = layout_from_fingerprint(doc, fmt, [str(p) for p in paths], spf, "test")
+    assert seen is not None
+    # the fingerprint of DLIO's files is a layout DLIO's generator makes, for these sides
+    assert generated_dims(fmt, spf, seen.layout) == (side, side)
+    ours = generated_layout(fmt, spf, (side, side))
+    assert ours is not None and ours.source == "dlio"
+    if fmt in ("npz", "npy", "hdf5"):
+        key = [(m.name, m.dtype, list(m.shape), m.storage or "stored" if fmt == "npz" else m.storage)
+               for m in ours.arrays[0].members]
+        got = [(m.name, m.dtype, list(m.shape), m.storage or "stored" if fmt == "npz" else m.storage)
+               for m in seen.layout.arrays[0].members]
+        assert sorted(got, key=str) == sorted(key, key=str)
+        # the exact size DLIO's file has, and the sides found back from it
+        sizes = {p.stat().st_size for p in paths}
+        assert sizes == {array_file_bytes(fmt, spf, (side, side))}
+        assert dims_from_file_bytes(fmt, spf, sizes.pop()) == (side, side)
+    else:
+        a, b = seen.layout.images[0], ours.images[0]
+        assert (a.width, a.height, a.mode) == (b.width, b.height, b.mode) == (side, side, "L")
+        if fmt == "jpeg":
+            assert a.quality == b.quality == 75
+        median = float(np.median([p.stat().st_size for p in paths]))
+        assert abs(image_file_bytes(fmt, (side, side)) - median) <= 0.02 * median
+        found = dims_from_image_bytes(fmt, median)
+        assert found is not None and abs(found[0] - side) < (8 if fmt == "jpeg" else 1)
+
+
+def test_hdf5_sides_found_when_the_trace_never_read_the_labels():
+    size = array_file_bytes("hdf5", 4, (512, 512))
+    assert dims_from_file_bytes("hdf5", 4, size - 32) is None  # exact sizes only, unless told
+    assert dims_from_file_bytes("hdf5", 4, size - 32, unseen=32 + 64) == (512, 512)
+    assert dims_from_file_bytes("npz", 1, 12345) is None  # not a file DLIO writes
+
+
+@pytest.mark.parametrize("name", sorted(DLIO_TRACES))
+def test_distill_infers_dlio_layout_from_its_trace(name):
+    """The layout distilled from a DLIO trace (no fingerprint) is the one DLIO's generator wrote
+    for the workload's record length, and the sample its reader hands over is DLIO's resized one."""
+    trace = TRACES / name
+    exp = json.loads((trace / "expected.json").read_text())["model"]
+    loaded = load_trace(trace)
+    m = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    side = int(math.sqrt(exp["record_length"]))
+    lay = m.dataset.layout
+    assert lay.source == "inferred"
+    assert generated_dims(exp["format"], exp["num_samples_per_file"], lay) == (side, side)
+    assert m.dataset.record_length_resize == side * side
+    prov = m.provenance.fields
+    assert prov["dataset.layout"].confidence == "inferred" and "DLIO 2.0.0" in prov["dataset.layout"].method
+    assert prov["dataset.record_length_resize"].confidence == "inferred"
+    # exported, it is DLIO's own workload again
+    cfg, _ = model_to_dlio(m)
+    assert cfg["dataset"]["record_length_bytes"] == exp["record_length"]
+
+
+def test_jpeg_file_sizes_from_whole_file_reads():
+    """A DLIO 2.0.0 trace (DFTracer 1.x) has no offsets and Pillow never seeks to an image's end:
+    each file's size is the bytes read between an open and the next."""
+    loaded = load_trace(TRACES / "dlio_jpeg_ckpt")
+    m = distill(loaded.events, manifest=loaded.manifest, source=str(TRACES / "dlio_jpeg_ckpt"))
+    ev = loaded.events
+    reads = ev.filter(pl.col("name").cast(pl.String).is_in(["read"]) & pl.col("file").cast(pl.String)
+                      .str.ends_with(".jpeg"))
+    per_file = reads.group_by("file").agg(pl.col("size").sum() / pl.len() * 3)  # 3 reads per open
+    assert m.dataset.file_size.is_known
+    assert m.dataset.file_size.max == pytest.approx(per_file["size"].max())
+    assert m.dataset.record_length.mean == pytest.approx(m.dataset.file_size.mean)
+
+
+def test_checkpoint_file_writes_are_dlios_calls():
+    loaded = load_trace(TRACES / "dlio_jpeg_ckpt")
+    m = distill(loaded.events, manifest=loaded.manifest, source=str(TRACES / "dlio_jpeg_ckpt"))
+    c = m.checkpoint
+    # DLIO 2.0.0: torch.save of the model state (10240 B) and of layer 0 (DLIO's default layer parameters)
+    assert c.file_writes == [[[704, 1], [10240, 1], [873, 1]], [[768, 1], [17371, 1], [101, 1], [24740228, 1],
+                                                                [929, 1]]]
+    assert c.files_per_checkpoint == 2 and c.bytes_per_checkpoint == 24771214
+    assert c.file_write_plan() == [[704, 10240, 873], [768, 17371, 101, 24740228, 929]]
+
+
+def test_file_writes_checked_and_used_only_when_they_add_up():
+    with pytest.raises(ModelError, match=r"file_writes\.0\.1"):
+        Checkpoint(enabled=True, bytes_per_checkpoint=10, file_writes=[[[5, 1], [5]]])
+    c = Checkpoint(enabled=True, files_per_checkpoint=1, bytes_per_checkpoint=10, file_writes=[[[4, 2], [2, 1]]])
+    assert c.file_write_plan() == [[4, 4, 2]]
+    # an override of the size (or the file count) leaves the recorded calls out
+    assert Checkpoint(enabled=True, files_per_checkpoint=1, bytes_per_checkpoint=11,
+                      file_writes=[[[4, 2], [2, 1]]]).file_write_plan() is None
+    assert Checkpoint(enabled=True, files_per_checkpoint=2, bytes_per_checkpoint=10,
+                      file_writes=[[[4, 2], [2, 1]]]).file_write_plan() is None
+
+
+def test_import_dlio_writes_dlios_generator_layout():
+    cfg = load_yaml_file(TRACES / "dlio_jpeg_ckpt" / "dlio_config.yaml")
+    m = dlio_to_model(cfg, source="dlio_config.yaml")
+    assert generated_dims("jpeg", 1, m.dataset.layout) == (256, 256)
+    assert m.dataset.layout.source == "dlio"
+    # DLIO's record length is the decoded image; on disk it is the encoded one
+    assert m.dataset.record_length.value == image_file_bytes("jpeg", (256, 256))
+    assert m.dataset.record_length_resize == 65536
+    out, warnings = model_to_dlio(m)
+    assert out["dataset"]["record_length_bytes"] == 65536
+    assert not [w for w in warnings if "layout" in w]
+    npz = dlio_to_model(load_yaml_file(TRACES / "dlio_npz_starved" / "dlio_config.yaml"), source="npz")
+    assert npz.dataset.file_size.value == array_file_bytes("npz", 1, (2048, 2048))
+
+
+def test_empirical_sizes_are_drawn_stratified():
+    """N files drawn from the real files' sizes have their quantiles, not N random draws' noise."""
+    real = np.random.default_rng(1).normal(36700, 40, 400).round()
+    model = apply_overrides(_small_model(), [])
+    from dataclasses import replace
+
+    ds = replace(model.dataset, num_files=64, record_length=Distribution.from_values(real))
+    plan = plan_dataset(replace(model, dataset=ds), seed=7)
+    sizes = np.sort([f.sizes[0] for f in plan])
+    want = ds.record_length.quantile((np.arange(64) + 0.5) / 64)
+    # each drawn size lies in its own 1/64 of the probabilities: the ECDFs differ by at most 1/64
+    grid = np.concatenate([sizes, want])
+    gap = np.abs(np.searchsorted(sizes, grid, side="right") - np.searchsorted(want, grid, side="right")).max()
+    assert gap <= 1
+
+
+def _small_model():
+    from dlreplay.model import model_from_dict
+
+    return model_from_dict({
+        "schema": "dlreplay.workload", "format_version": 1, "framework": "pytorch",
+        "dataset": {"format": "jpeg", "num_files": 8, "num_samples_per_file": 1,
+                    "record_length": {"type": "fixed", "value": 4096}},
+        "reader": {"batch_size": 2, "read_threads": 0},
+        "train": {"epochs": 1, "computation_time": {"type": "fixed", "value": 0.0}},
+    })
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dlio_jpeg_ckpt", "dlio_h5_multi"])
+def test_replay_of_a_distilled_dlio_trace_reads_and_writes_as_dlio(tmp_path, name):
+    """The traced replay of a DLIO trace's model makes DLIO's reads (read-size KS, bytes) and its
+    checkpoint write calls, file by file."""
+    trace = TRACES / name
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
+    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"), echo=lambda s: None)
+    cmp = compare_traces(trace, tmp_path / "replay")
+    assert cmp.ks_read_sizes is not None and cmp.ks_read_sizes <= 0.10
+    assert cmp.features_b["bytes_read"] == pytest.approx(cmp.features_a["bytes_read"], rel=0.02)
+    assert cmp.features_b["bytes_written"] == cmp.features_a["bytes_written"]
+    if model.checkpoint.file_writes:
+        ev = load_trace(tmp_path / "replay").events
+        writes = ev.filter((pl.col("name").cast(pl.String) == "write")
+                           & pl.col("file").cast(pl.String).str.contains("/checkpoints/"))
+        per_file = writes.sort("ts").group_by("file", maintain_order=True).agg(pl.col("size"))
+        plan = model.checkpoint.file_write_plan()
+        assert per_file.height == 2 * 6  # 2 files x 6 checkpoints
+        assert sorted(per_file["size"].to_list()) == sorted(plan * 6)
