@@ -690,7 +690,12 @@ def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, r
     """``dataset.layout``: the fingerprint's, else (a DLIO trace, *dlio_reader* naming its reader
     class) what DLIO's generator writes for the files' sizes, else inferred from reads
     (provenance into *facts*)."""
-    from dlreplay.analyze.layout import infer_dlio_layout, infer_layout, layout_from_fingerprint, resolve_fingerprint
+    from dlreplay.analyze.layout import (
+        infer_dlio_layout,
+        infer_layout,
+        layout_from_fingerprint,
+        resolve_fingerprint,
+    )
 
     where = origin or "given to distill"
     if fingerprint is None and source and os.path.isdir(source):

@@ -367,7 +367,12 @@ def infer_dlio_layout(fmt: str, reader_class: str, spf: int, file_sizes: Sequenc
     sample's sides are those whose generated file has the trace's file sizes (bytes: the
     largest position read or seeked, or the bytes read between an open and its close).
     None when the sizes match no file DLIO generates (compressed, chunked, other sides)."""
-    from dlreplay.dliogen import DLIO_READER_FORMATS, dims_from_file_bytes, dims_from_image_bytes, generated_layout
+    from dlreplay.dliogen import (
+        DLIO_READER_FORMATS,
+        dims_from_file_bytes,
+        dims_from_image_bytes,
+        generated_layout,
+    )
 
     if fmt not in DLIO_READER_FORMATS.get(reader_class, ()) or not len(file_sizes):
         return None

@@ -526,7 +526,12 @@ def _import_generated(imp: _Importer, fmt: str, out: dict[str, Any], layout: dic
     sizes in *out*: square uint8 samples of side ``int(sqrt(record_length))``; images are
     their encoded size on disk (``record_length`` is DLIO's decoded bytes); the sample a reader
     hands over is DLIO's ``resized_image`` unless the config resizes it."""
-    from dlreplay.dliogen import array_file_bytes, dlio_dimension, generated_layout, image_file_bytes
+    from dlreplay.dliogen import (
+        array_file_bytes,
+        dlio_dimension,
+        generated_layout,
+        image_file_bytes,
+    )
     from dlreplay.model import _to_plain
 
     side = dlio_dimension(length)
