@@ -2477,12 +2477,12 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
         del proc, fcode
         return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
     io = (pl.col("pos") & _POS_IO) != 0
-    stream = (pl.lit(_stream_processes(ev)).cast(pl.Int64) * 2
+    stream = (pl.col("__sp").cast(pl.Int64) * 2
               + ((pl.col("pos") & _POS_STDIO) != 0).cast(pl.Int64)) * (1 << 32) + _file_key().cast(pl.Int64)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     reset, base, advance = _position_rules()
-    narrow = ev.lazy().with_row_index("__row").filter(io).select(
+    narrow = ev.lazy().with_row_index("__row").with_columns(_stream_processes(ev).alias("__sp")).filter(io).select(
         "__row", stream.alias("g"), reset.alias("reset"),
         # a negative base (or none) is an unknown position
         base.fill_null(-1).alias("base"), advance.alias("adv"),
