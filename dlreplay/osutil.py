@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import InUseError, UnsafePathError
 
-__all__ = ["CLAIM_NAME", "DirectoryClaim", "atomic_write_text", "claim_directory", "confined_path",
+__all__ = ["CLAIM_NAME", "DirectoryClaim", "atomic_write_text", "claim_directory", "confined_path", "share_directory",
            "host_memory_bytes", "is_empty_dir", "process_limit"]
 
 #: The claim file a dlreplay command holds (``flock``) in a directory it writes; never counts as content.
@@ -115,8 +115,8 @@ class DirectoryClaim:
 
     _held: dict[str, DirectoryClaim] = {}
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self._fd, self._count = path, fd, 1
+    def __init__(self, path: Path, fd: int, shared: bool = False) -> None:
+        self.path, self._fd, self._count, self.shared = path, fd, 1, shared
 
     def __enter__(self) -> DirectoryClaim:
         return self
@@ -131,6 +131,12 @@ class DirectoryClaim:
         if self._count:
             return
         DirectoryClaim._held.pop(str(self.path), None)
+        if self.shared:  # the last reader removes the file: the lock is then exclusive (nobody else holds it)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(self._fd)  # other readers still hold it: theirs to remove
+                return
         try:  # unlinked while still locked: a process waiting on the old file re-checks its inode
             os.unlink(self.path / CLAIM_NAME)
         except OSError:
@@ -138,9 +144,14 @@ class DirectoryClaim:
         os.close(self._fd)
 
 
-def _holder(path: Path) -> str:
+def _holder(path: Path) -> str | None:
+    """Who holds the claim on *path*, from its claim file; None when the file is empty (readers'
+    holds write nothing)."""
     try:
-        info: dict[str, Any] = json.loads((path / CLAIM_NAME).read_text(encoding="utf-8"))
+        text = (path / CLAIM_NAME).read_text(encoding="utf-8")
+        if not text.strip():
+            return None
+        info: dict[str, Any] = json.loads(text)
         command = " ".join(str(a) for a in info.get("command", []))
         return f"pid {info.get('pid')} on {info.get('host')} since {info.get('since')}: {command}"
     except (OSError, ValueError, TypeError, AttributeError):
@@ -159,6 +170,9 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
     key = str(path.resolve())
     mine = DirectoryClaim._held.get(key)
     if mine is not None:
+        if mine.shared:
+            raise InUseError(f"{path} is being read by this dlreplay command; it cannot also write there "
+                             f"(choose another {option})")
         mine._count += 1
         return mine
     lock = Path(key) / CLAIM_NAME
@@ -169,7 +183,11 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise InUseError(f"{path} is being written by another dlreplay command ({_holder(path)}); one "
+                holder = _holder(path)
+                if holder is None:
+                    raise InUseError(f"{path} is being read by a running dlreplay replay (its dataset); wait for "
+                                     f"it to finish or choose another {option}") from None
+                raise InUseError(f"{path} is being written by another dlreplay command ({holder}); one "
                                  f"writer per directory: wait for it to finish or choose another {option}") from None
             raise
         try:
@@ -185,6 +203,54 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
             DirectoryClaim._held[key] = claim
             return claim
         os.close(fd)  # the holder deleted the file between our open and our lock: open the new one
+    raise InUseError(f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
+                     f"another {option}")
+
+
+def share_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim | None:
+    """Hold *path* for reading while this process uses its files: a shared ``flock`` on
+    :data:`CLAIM_NAME`, so that no dlreplay command writes there meanwhile (a ``generate --force``
+    of another model into the dataset a replay reads), while any number of readers share it.
+
+    Returns None when the directory is read-only and has no claim file (no dlreplay command
+    can write there either). Raises :class:`InUseError` naming the writer and *option* while one
+    holds the directory. Re-entrant like :func:`claim_directory` (a claim this process holds
+    already, exclusive or shared, is counted once more); release it the same way.
+    """
+    key = str(Path(path).resolve())
+    mine = DirectoryClaim._held.get(key)
+    if mine is not None:
+        mine._count += 1
+        return mine
+    lock = Path(key) / CLAIM_NAME
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            try:
+                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise InUseError(f"{path} is being written by another dlreplay command "
+                                 f"({_holder(Path(key)) or 'another process'}); wait for it to finish or choose "
+                                 f"another {option}") from None
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            claim = DirectoryClaim(Path(key), fd, shared=True)
+            DirectoryClaim._held[key] = claim
+            return claim
+        os.close(fd)  # a writer or the last reader removed the file meanwhile: open the new one
     raise InUseError(f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
                      f"another {option}")
 

@@ -34,9 +34,10 @@ import numpy as np
 
 import dlreplay
 from dlreplay.capture.inject._dlreplay_hooks import REGIONS
+from dlreplay.errors import InUseError
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, save_model
-from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir
+from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir, share_directory
 
 from .common import ReplayError, check_replay_resources, dataset_digest, read_dataset_manifest
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
@@ -679,6 +680,19 @@ def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[
         res = generate_dataset(GenerateConfig(model=config.model, data_dir=config.data_dir, seed=config.seed,
                                               jobs=config.jobs))
         echo(f"generated {res.generated} file(s), {res.total_bytes / 1e6:,.1f} MB in {res.seconds:.1f} s")
+    # Held (shared) until the replay ends: no dlreplay command rewrites the dataset meanwhile.
+    try:
+        hold = share_directory(config.data_dir, "--data-dir")
+    except InUseError as exc:
+        raise ReplayError(str(exc)) from None
+    except OSError as exc:
+        raise ReplayError(f"{config.data_dir}: cannot hold the dataset for reading "
+                          f"({exc.strerror or exc})") from None
+    if hold is not None:
+        _CLAIMS.append(hold)
+    if status != "ready" and dataset_status(config.model, config.data_dir, config.seed) != "ready":
+        raise ReplayError(f"{config.data_dir}: the dataset changed after it was generated (another command "
+                          f"wrote there); run the replay again")
     manifest = read_dataset_manifest(config.data_dir)
     if manifest is None or manifest.get("model_digest") != dataset_digest(config.model):
         raise ReplayError(f"{config.data_dir}: dataset manifest missing or for another model; regenerate it")

@@ -362,3 +362,59 @@ def test_every_cli_run_in_the_suite_is_checked_for_tracebacks() -> None:
         with pytest.raises(AssertionError, match="a Python traceback"):
             check_no_traceback("ok\n", bad)
     check_no_traceback("dlreplay: error: trace processor: Traceback (most recent call last):\n  File \"stdin\"")
+
+
+SHARE = """
+import sys, time
+from dlreplay.osutil import share_directory
+share_directory(sys.argv[1], "--data-dir")
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_dataset_read_by_a_replay_is_not_rewritten(tmp_path: Path, held) -> None:
+    """A replay holds its dataset (shared) while it reads: `generate --force` of another model into
+    that directory is refused naming the reader and deletes nothing; a replay of a dataset being
+    written is refused naming the writer; readers share; the last reader removes the claim file."""
+    from .test_replay import write_model
+
+    model = write_model(tmp_path, "dataset.format=raw")
+    (tmp_path / "o").mkdir()
+    other = write_model(tmp_path / "o", "dataset.format=raw", "dataset.num_files=5")
+    data = tmp_path / "d"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    def files() -> list[tuple[str, int, int]]:
+        return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data.rglob("*")
+                      if p.is_file() and p.name != CLAIM_NAME)
+
+    before = files()
+
+    reader = subprocess.Popen([sys.executable, "-c", SHARE, str(data)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == "claimed\n"
+        proc = run_cli("generate", str(other), "--data-dir", str(data), "--force")
+        no_traceback(proc.stderr)
+        assert proc.returncode == 1, proc.stderr
+        assert f"{data} is being read by a running dlreplay replay" in proc.stderr
+        assert files() == before  # nothing deleted or rewritten
+        # a second reader shares the dataset with the first: the replay runs, and leaves the
+        # claim file to the reader still holding it
+        run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r1"), "--no-trace",
+                check=True)
+        assert (data / CLAIM_NAME).exists()
+    finally:
+        reader.kill()
+        reader.wait()
+
+    run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r2"), "--no-trace", check=True)
+    assert not (data / CLAIM_NAME).exists()  # the last (only) reader removed it
+
+    writer = held(data)
+    proc = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r3"), "--no-trace")
+    no_traceback(proc.stderr)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{data} is being written by another dlreplay command (pid {writer.pid}" in proc.stderr
+    writer.kill()
+    writer.wait()
+    run_cli("generate", str(other), "--data-dir", str(data), "--force", check=True)
