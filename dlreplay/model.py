@@ -1466,6 +1466,10 @@ def _set_override(d: dict[str, Any], keys: list[str], value: Any, item: str) -> 
     return unit
 
 
+#: A number in exponent notation without a dot (``1e9``, ``4E-3``), which YAML 1.1 leaves a string.
+_EXP_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
 def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadModel:
     """A copy of *model* with ``KEY=VALUE`` overrides applied and validated.
 
@@ -1489,6 +1493,9 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw.strip()
+        if isinstance(value, str) and _EXP_NUMBER.match(value):  # YAML 1.1 reads 1e9 as a string
+            number = float(value)
+            value = int(number) if number.is_integer() and abs(number) < 2**63 else number
         keys = key.split(".")
         if keys[0] in ("schema", "format_version"):
             raise _override_error(item, key, "cannot be overridden")

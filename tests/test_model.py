@@ -328,6 +328,17 @@ def test_overrides_apply_and_validate() -> None:
     assert model.reader.read_threads == 3  # the input is untouched
 
 
+def test_overrides_take_exponent_notation() -> None:
+    """``1e9`` (YAML 1.1 leaves it a string) is a number: an integer where it is whole."""
+    out = apply_overrides(full_model(), ["dataset.num_files=1e3", "train.computation_time=2.5E-3",
+                                         "reader.batch_size=+4e0"])
+    assert out.dataset.num_files == 1000 and isinstance(out.dataset.num_files, int)
+    assert out.train.computation_time == Distribution.fixed(0.0025)
+    assert out.reader.batch_size == 4
+    with pytest.raises(ModelError, match="dataset.num_files"):
+        apply_overrides(full_model(), ["dataset.num_files=1e-3"])
+
+
 @pytest.mark.parametrize(("dist", "check"), [
     (Distribution.fixed(0.5), lambda d: d == Distribution.fixed(0.2)),
     (Distribution(type="normal", mean=0.5, stdev=0.1), lambda d: (d.mean, d.stdev) == (0.2, 0.1)),
