@@ -75,13 +75,14 @@ print(json.dumps({"available": A.releaser_available(), "held": held, "freed": fr
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux")
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_release_free_memory_returns_polars_pages(setting: str) -> None:
-    """With dlreplay's 10 s decay, columns polars freed stay resident until purged: the
-    release hands them back (found through the runtime library's symbol table), unless
+    """Columns polars freed stay resident until purged (as with dlreplay's 10 s decay, here
+    with decay off so that no purge depends on how long the probe takes on a loaded machine):
+    the release hands them back (found through the runtime library's symbol table), unless
     turned off."""
     from dlreplay.allocator import RELEASE_ENV
 
-    clean = {k: v for k, v in os.environ.items() if k != dlreplay.JEMALLOC_ENV}
-    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env={**clean, RELEASE_ENV: setting},
+    env = {**os.environ, dlreplay.JEMALLOC_ENV: "dirty_decay_ms:-1,muzzy_decay_ms:-1", RELEASE_ENV: setting}
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env,
                          capture_output=True, text=True, check=True, timeout=120)
     got = json.loads(out.stdout)
     assert got["available"] == [True, True]
