@@ -72,19 +72,52 @@ class BatchResult:
     worker_pid: int = 0
 
 
+#: Open ``/proc/thread-self/schedstat`` per thread (by native thread id; a forked child's
+#: threads have other ids): one ``pread`` per call instead of open, read and close.
+_SCHEDSTAT: dict[int, int] = {}
+
+
 def runnable_seconds() -> float:
     """Seconds the calling thread has been runnable: on a CPU plus waiting in the run queue for
     one (``/proc/thread-self/schedstat``), i.e. its wall time not blocked (in I/O or sleeps).
     Falls back to the thread's CPU time where the kernel does not keep scheduler statistics."""
-    try:
-        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    tid = threading.get_native_id()
+    for _ in range(2):
+        fd = _SCHEDSTAT.get(tid)
         try:
-            on_cpu, waiting, _ = os.read(fd, 128).split()
-        finally:
-            os.close(fd)
-        return (int(on_cpu) + int(waiting)) * 1e-9
-    except (OSError, ValueError):
-        return time.thread_time()
+            if fd is None:
+                fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                _SCHEDSTAT[tid] = fd
+            on_cpu, waiting, _ = os.pread(fd, 128, 0).split()
+            return (int(on_cpu) + int(waiting)) * 1e-9
+        except (OSError, ValueError):
+            if fd is None or _SCHEDSTAT.pop(tid, None) is None:
+                break
+            try:  # a thread id reused after its first thread ended: open this thread's file once
+                os.close(fd)
+            except OSError:
+                pass
+    return time.thread_time()
+
+
+class _Draws:
+    """Values of a distribution drawn in blocks (one numpy call per :data:`BLOCK` values,
+    not one per sample: a single draw of an empirical distribution costs ~20-35 µs of the
+    worker's CPU, a good part of a small sample's own cost)."""
+
+    BLOCK = 256
+
+    def __init__(self, dist: Distribution, rng: np.random.Generator) -> None:
+        self.dist, self.rng = dist, rng
+        self.values: list[float] = []
+        self.i = 0
+
+    def next(self) -> float:
+        if self.i >= len(self.values):
+            self.values = [float(v) for v in self.dist.sample(self.rng, self.BLOCK)]
+            self.i = 0
+        self.i += 1
+        return self.values[self.i - 1]
 
 
 class SampleReader:
@@ -103,9 +136,10 @@ class SampleReader:
                                            spec.lseeks_per_sample)
         else:
             self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered")
-        self.preprocess = spec.preprocess_time if spec.preprocess_time.is_known and (
+        self.preprocess = _Draws(spec.preprocess_time, self.rng) if spec.preprocess_time.is_known and (
             spec.preprocess_time.mean or 0) > 0 else None
-        self.transfer = spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER)
+        self.transfer = _Draws(spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER),
+                               np.random.default_rng([spec.seed, worker_id, 0x11]))
 
     def read_sample(self, f: int, k: int) -> tuple[int, np.ndarray]:
         """Read sample *k* of file *f* and spend its preprocess time; (bytes read, decoded sample)."""
@@ -124,7 +158,7 @@ class SampleReader:
                     size, n = s.file_bytes[f], s.samples_per_file
                     off = size * k // n
                     length = size * (k + 1) // n - off
-                ts = max(1, int(self.transfer.sample(self.rng, 1)[0]))
+                ts = max(1, int(self.transfer.next()))
                 nbytes, decoded = self.reader.read_decoded(path, off, length, ts)
             else:
                 nbytes, decoded = self.reader.read_decoded(path, k, rec)
@@ -140,7 +174,7 @@ class SampleReader:
             # here too (on a CPU or waiting for one, not blocked in I/O), so only the rest is slept. Sleeps
             # of a millisecond overshoot by a good part of it on a busy machine: the overshoot is
             # carried into the next sample's sleep, so this worker's total tracks the model.
-            self.preprocess_debt += float(self.preprocess.sample(self.rng, 1)[0]) - (runnable_seconds() - busy0)
+            self.preprocess_debt += self.preprocess.next() - (runnable_seconds() - busy0)
             if self.preprocess_debt > 0:
                 pre = REGIONS.begin("preprocess", "data")
                 t0 = time.perf_counter()
