@@ -326,3 +326,23 @@ def test_timing_model_attributes_every_microsecond():
     assert t.computation_time.mean == pytest.approx(0.001)
     assert t.epoch_end_time.mean == pytest.approx(0.0012)
     assert "unattributed 0.001 s" in t.describe()
+
+
+def test_runnable_seconds_counts_a_decode_right_after_a_sleep() -> None:
+    """The worker's measure of the library's decode (subtracted from the modelled preprocess
+    time) holds all of the CPU the decode took, also right after a sleep. schedstat's CPU
+    field, read by the running thread, lags by up to a scheduler tick: around a short burst
+    after a sleep it came out short (often 0), and the replay slept the decode twice."""
+    import time
+    import zlib
+
+    from dlreplay.replay.loader import runnable_seconds
+
+    packed = zlib.compress(np.random.default_rng(0).integers(0, 4, 4 << 20, dtype=np.uint8).tobytes())
+    for _ in range(20):
+        time.sleep(0.002)
+        r0, c0 = runnable_seconds(), time.thread_time()
+        zlib.decompress(packed)  # one call into C, as a library's decode: no clock read meanwhile
+        r1 = runnable_seconds()
+        cpu = time.thread_time() - c0
+        assert r1 - r0 >= cpu - 100e-6  # (the clock read after r1: microseconds)
