@@ -206,6 +206,18 @@ def _preprocess_time(tagged_io: pl.DataFrame, items: pl.DataFrame) -> Distributi
     return _observed(per_item["s"])
 
 
+def _preprocess_cpu(items: pl.DataFrame) -> Distribution | None:
+    """Per-sample CPU time of the loader worker (s), the library's read and decode included:
+    ``data/item`` events' ``cpu_time`` (µs, written by dlreplay capture); None when the
+    trace did not measure it."""
+    if items.is_empty() or "cpu_time" not in items.columns:
+        return None
+    cpu = items["cpu_time"].drop_nulls()
+    if cpu.len() < max(1, items.height // 2):
+        return None
+    return _observed(cpu.cast(pl.Float64) * _US)
+
+
 def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     """Darshan's fractions over reads ordered per (pid, file).
 
@@ -525,6 +537,13 @@ def distill(
         "item duration minus its POSIX time, per sample" if preprocess.is_known else "no item events",
         "measured" if preprocess.is_known else "default",
     )
+    preprocess_cpu = _preprocess_cpu(items)
+    if preprocess_cpu is not None:
+        facts.put("reader.preprocess_host_cpu", "CPU time of the loader worker's thread in each item "
+                  "(data/item cpu_time), per sample", "measured")
+    else:
+        facts.put("reader.preprocess_host_cpu", "not measured by this trace: 0, the preprocessing is a "
+                  "sleep (as DLIO's)", "default")
     transfer = _observed(reads["size"])
     facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
     buffering = "buffered"
@@ -553,6 +572,7 @@ def distill(
         file_buffering=buffering,
         persistent_workers=persistent,
         preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
+        preprocess_host_cpu=preprocess_cpu if preprocess_cpu is not None else Distribution.fixed(0.0),
         transfer_size=transfer,
         access_pattern=pattern,
         metadata_per_sample=meta,

@@ -1034,6 +1034,9 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("train.epoch_warmup_computation_time")
     if tr.epoch_end_time.is_known and (tr.epoch_end_time.mean or 0) > 0:
         lost.append("train.epoch_end_time")
+    pc = model.reader.preprocess_host_cpu
+    if pc.is_known and (pc.mean or 0) > 0:
+        lost.append("reader.preprocess_host_cpu (DLIO's preprocessing is a sleep)")
     if tr.computation_host_cpu.is_known and (tr.computation_host_cpu.mean or 0) > 0:
         lost.append("train.computation_host_cpu (DLIO's compute is a sleep)")
     if ck.serialization_time.is_known and (ck.serialization_time.mean or 0) > 0:

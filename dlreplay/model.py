@@ -780,6 +780,12 @@ class Reader:
                                      doc="bytes per read call on dataset files")
     preprocess_time: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
                                        doc="seconds of preprocessing per sample")
+    preprocess_host_cpu: Distribution = _f(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                           doc="CPU seconds a loader worker spends per sample, the library's "
+                                               "read and decode included (measured by dlreplay capture): the "
+                                               "replay's worker spends what its own read and decode did not, "
+                                               "inside preprocess_time, which is slept for the rest. 0 = the "
+                                               "preprocessing is a sleep (DLIO)")
     access_pattern: AccessPattern = _f(factory=AccessPattern)
     metadata_per_sample: MetadataPerSample = _f(factory=MetadataPerSample)
 

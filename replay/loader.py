@@ -30,6 +30,7 @@ from dlreplay.model import Distribution
 
 from .common import ReplayError
 from .formats import LibraryReader, PosixReader
+from .hostcpu import burn
 
 #: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
 DEFAULT_TRANSFER = 262144
@@ -58,6 +59,9 @@ class WorkerSpec:
     #: bytes of the sample a worker hands over after its reader's resize (DLIO's ``resized_image``:
     #: one array of this size whatever was read); None = the decoded sample
     resize_bytes: int | None = None
+    #: CPU seconds per sample the job's worker spent, read and decode included (the model's
+    #: ``reader.preprocess_host_cpu``; fixed 0 = the preprocessing is a sleep)
+    preprocess_cpu: Distribution = Distribution.fixed(0.0)
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,12 @@ class SampleReader:
             self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered")
         self.preprocess = _Draws(spec.preprocess_time, self.rng) if spec.preprocess_time.is_known and (
             spec.preprocess_time.mean or 0) > 0 else None
+        # CPU per sample drawn with the same random numbers as the preprocess time (a copy of the
+        # generator): a long item is one that took much CPU, as in the job
+        self.cpu = _Draws(spec.preprocess_cpu, np.random.default_rng([spec.seed, worker_id, 0x10])) \
+            if self.preprocess is not None and spec.preprocess_cpu.is_known and (spec.preprocess_cpu.mean or 0) > 0 \
+            else None
+        self.cpu_debt = 0.0  # CPU seconds of the model not yet spent (negative: the library spent more)
         self.transfer = _Draws(spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER),
                                np.random.default_rng([spec.seed, worker_id, 0x11]))
 
@@ -162,6 +172,7 @@ class SampleReader:
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
         busy0 = runnable_seconds()
+        cpu0 = time.thread_time()
         try:
             if s.io == "posix":
                 if rec is not None:
@@ -180,6 +191,14 @@ class SampleReader:
             raise
         except Exception as exc:  # a library failing on a damaged file
             raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
+        pre = None
+        if self.cpu is not None:
+            # the job's worker CPU per sample, less what the library's read and decode took here: spent
+            # busy (it competes for the cores with the training process as the job's decode did)
+            self.cpu_debt += self.cpu.next() - (time.thread_time() - cpu0)
+            if self.cpu_debt > 0:
+                pre = REGIONS.begin("preprocess", "data")
+                self.cpu_debt -= burn(self.cpu_debt)
         if self.preprocess is not None:
             # The model's per-sample time (the job's item time minus its POSIX time: decode, and the
             # waits for a CPU on a busy host) holds the job's decode; the library has just decoded
@@ -188,11 +207,11 @@ class SampleReader:
             # carried into the next sample's sleep, so this worker's total tracks the model.
             self.preprocess_debt += self.preprocess.next() - (runnable_seconds() - busy0)
             if self.preprocess_debt > 0:
-                pre = REGIONS.begin("preprocess", "data")
+                pre = pre or REGIONS.begin("preprocess", "data")
                 t0 = time.perf_counter()
                 time.sleep(self.preprocess_debt)
                 self.preprocess_debt -= time.perf_counter() - t0
-                REGIONS.end(pre)
+        REGIONS.end(pre)
         REGIONS.end(item)
         return nbytes, decoded
 

@@ -102,6 +102,48 @@ def test_zero_host_cpu_is_a_pure_sleep(tmp_path: Path) -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("dlreplay-host-cpu")]
 
 
+def _worker_reader(tmp_path: Path, *sets: str):
+    from dlreplay.replay import GenerateConfig, generate_dataset
+    from dlreplay.replay.common import read_dataset_manifest
+    from dlreplay.replay.engine import _worker_spec
+    from dlreplay.replay.loader import SampleReader
+
+    model = _model(*sets)
+    generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
+    spec = _worker_spec(ReplayConfig(model=model, data_dir=tmp_path / "d"), read_dataset_manifest(tmp_path / "d"))
+    return SampleReader(spec, 0, item_events=False)
+
+
+@pytest.mark.parametrize("cpu", [0.0, 0.003])
+def test_worker_spends_the_modelled_cpu_per_sample(tmp_path: Path, cpu: float) -> None:
+    """reader.preprocess_host_cpu: the worker's thread spends the job's CPU per sample (less what
+    its own read took) by its CPU clock, inside the preprocess time; 0 keeps the pure sleep."""
+    reader = _worker_reader(tmp_path, "reader.preprocess_time=0.004", f"reader.preprocess_host_cpu={cpu}")
+    c0 = time.thread_time()
+    for f in range(6):
+        reader.read_sample(f, 0)
+    spent = time.thread_time() - c0
+    if cpu:
+        assert spent >= 6 * cpu - 1e-6  # every sample's share, by the CPU clock
+        assert reader.cpu_debt <= 0
+    else:
+        assert reader.cpu is None and spent < 6 * 0.003  # reading six 1 KiB files, and sleeps
+
+
+def test_worker_cpu_is_distilled_from_item_cpu_times() -> None:
+    """data/item events' cpu_time (µs) become reader.preprocess_host_cpu (s per sample); a trace
+    without them models 0 (a sleep, as DLIO)."""
+    import polars as pl
+
+    from dlreplay.analyze.distill import _preprocess_cpu
+
+    items = pl.DataFrame({"ts": [0, 10, 20, 30], "cpu_time": [1000, 3000, 2000, 2000]})
+    d = _preprocess_cpu(items)
+    assert d is not None and d.mean == pytest.approx(0.002) and d.min == pytest.approx(0.001)
+    assert _preprocess_cpu(items.with_columns(pl.lit(None, dtype=pl.Int64).alias("cpu_time"))) is None
+    assert _preprocess_cpu(items.drop("cpu_time")) is None
+
+
 @pytest.mark.parametrize("trace", ["npz_fork", "dlio_npz_starved"])
 def test_traces_without_measurements_model_a_pure_sleep(trace: str) -> None:
     path = TRACES / trace
@@ -109,6 +151,8 @@ def test_traces_without_measurements_model_a_pure_sleep(trace: str) -> None:
     model = distill(loaded.events, manifest=loaded.manifest)
     assert model.train.computation_host_cpu == Distribution.fixed(0.0)
     assert model.provenance.fields["train.computation_host_cpu"].confidence == "default"
+    assert model.reader.preprocess_host_cpu == Distribution.fixed(0.0)
+    assert model.provenance.fields["reader.preprocess_host_cpu"].confidence == "default"
 
 
 def _raw_events(trace: Path) -> list[dict]:
@@ -145,6 +189,8 @@ def test_host_cpu_round_trips_capture_distill_replay(tmp_path: Path) -> None:
     assert hc.mean == pytest.approx(steady.mean())
     assert model.train.computation_host_threads == max(1, round(float(np.median(threads[warm:]))))
     assert model.provenance.fields["train.computation_host_cpu"].confidence == "measured"
+    item_cpu = [int(e["args"]["cpu_time"]) for e in _raw_events(trace) if e.get("name") == "item"]
+    assert len(item_cpu) == 8 and model.reader.preprocess_host_cpu.mean == pytest.approx(np.mean(item_cpu) * 1e-6)
     # replayed (traced, through the capture hooks): the modelled CPU is spent, and measured again
     res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "rd", out=tmp_path / "r"))
     o = res.metrics["overall"]
