@@ -503,7 +503,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
                     # the step's host CPU first (it competes with the loader's workers as the job's did),
                     # then a sleep for the rest of its compute time
                     b0 = time.perf_counter()
-                    rec["host_cpu_s"] += host.spend(float(cpu_steps[step]))
+                    rec["host_cpu_s"] += host.spend(float(cpu_steps[step]), deadline=b0 + modelled)
                     rec["modelled_host_cpu_s"] += float(cpu_steps[step])
                     compute = sleeper.sleep(modelled, spent=time.perf_counter() - b0)
                 else:

@@ -62,6 +62,20 @@ def test_burn_counts_only_this_threads_cpu() -> None:
     assert burn(0.0) == 0.0 and burn(-1.0) == 0.0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_spend_stops_at_the_deadline(threads: int) -> None:
+    """The step's wall time is the model's: CPU work not done by the end of the step's compute
+    time is left (5 CPU-seconds cannot be spent in 50 ms of wall time on any machine)."""
+    host = HostCpu(threads)
+    try:
+        t0 = time.perf_counter()
+        spent = host.spend(5.0, deadline=t0 + 0.05)
+        took = time.perf_counter() - t0
+    finally:
+        host.close()
+    assert spent < 5.0 and took < 2.0
+
+
 def test_epoch_compute_pairs_cpu_with_time_and_scales_warmup() -> None:
     steady = np.linspace(0.01, 0.05, 50)
     m = _model("train.warmup_computation_time=[0.5]")
@@ -84,13 +98,15 @@ def test_epoch_compute_pairs_cpu_with_time_and_scales_warmup() -> None:
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_replay_spends_the_modelled_host_cpu(tmp_path: Path, loader: str) -> None:
-    model = _model("train.computation_host_cpu=0.004", "train.computation_host_threads=2")
+    model = _model("train.computation_time=0.15", "train.computation_host_cpu=0.004",
+                   "train.computation_host_threads=2")
     res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader=loader))
     steps = sum(e["steps"] for e in res.metrics["epochs"])
     assert steps == 6
     for e in res.metrics["epochs"]:
         assert e["modelled_host_cpu_s"] == pytest.approx(0.004 * e["steps"])
-        assert e["host_cpu_s"] >= e["modelled_host_cpu_s"]  # by the spending threads' CPU clocks
+        # by the spending threads' CPU clocks; the work stops short only when the steps' wall time ran out
+        assert e["host_cpu_s"] >= e["modelled_host_cpu_s"] or e["compute_s"] >= e["modelled_compute_s"]
     assert res.metrics["host_cpu_per_step_s"] == pytest.approx(0.004) and res.metrics["host_cpu_threads"] == 2
 
 
@@ -194,7 +210,9 @@ def test_host_cpu_round_trips_capture_distill_replay(tmp_path: Path) -> None:
     # replayed (traced, through the capture hooks): the modelled CPU is spent, and measured again
     res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "rd", out=tmp_path / "r"))
     o = res.metrics["overall"]
-    assert o["modelled_host_cpu_s"] > 0 and o["host_cpu_s"] >= o["modelled_host_cpu_s"]
+    assert o["modelled_host_cpu_s"] > 0 and o["host_cpu_s"] > 0
+    # all of it, unless the steps' modelled wall time ran out first (the job's step was CPU-bound)
+    assert o["host_cpu_s"] >= o["modelled_host_cpu_s"] or o["compute_s"] >= 0.99 * o["modelled_compute_s"]
     again = distill(load_trace(tmp_path / "r").events)
     assert again.train.computation_host_cpu.type == "empirical"
     assert again.provenance.fields["train.computation_host_cpu"].confidence == "measured"
