@@ -158,6 +158,15 @@ def _holder(path: Path) -> str | None:
         return "another process"
 
 
+def _still_linked(fd: int, lock: Path) -> bool:
+    """Whether the claim file *fd* was opened from is still the one at *lock* (its holder
+    removes it when it lets go: a lock taken on the old file would guard nothing)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(lock).st_ino
+    except FileNotFoundError:
+        return False
+
+
 def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim:
     """Create *path* if needed and claim it for this process: one writer per directory.
 
@@ -190,11 +199,7 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
                 raise InUseError(f"{path} is being written by another dlreplay command ({holder}); one "
                                  f"writer per directory: wait for it to finish or choose another {option}") from None
             raise
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _still_linked(fd, lock):
             info = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv,
                     "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
             os.ftruncate(fd, 0)
@@ -242,11 +247,7 @@ def share_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
                                  f"({_holder(Path(key)) or 'another process'}); wait for it to finish or choose "
                                  f"another {option}") from None
             raise
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _still_linked(fd, lock):
             claim = DirectoryClaim(Path(key), fd, shared=True)
             DirectoryClaim._held[key] = claim
             return claim
