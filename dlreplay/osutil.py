@@ -190,15 +190,21 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            try:  # a shared lock is granted only when the holders are readers (replays of a dataset)
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                readers = True
+            except OSError:
+                readers = False
             os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = _holder(path)
-                if holder is None:
-                    raise InUseError(f"{path} is being read by a running dlreplay replay (its dataset); wait for "
-                                     f"it to finish or choose another {option}") from None
-                raise InUseError(f"{path} is being written by another dlreplay command ({holder}); one "
-                                 f"writer per directory: wait for it to finish or choose another {option}") from None
-            raise
+            if readers:
+                raise InUseError(f"{path} is being read by a running dlreplay replay (its dataset); wait for "
+                                 f"it to finish or choose another {option}") from None
+            raise InUseError(f"{path} is being written by another dlreplay command "
+                             f"({_holder(path) or 'another process'}); one writer per directory: wait for it "
+                             f"to finish or choose another {option}") from None
         if _still_linked(fd, lock):
             info = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv,
                     "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -418,3 +418,33 @@ def test_dataset_read_by_a_replay_is_not_rewritten(tmp_path: Path, held) -> None
     writer.kill()
     writer.wait()
     run_cli("generate", str(other), "--data-dir", str(data), "--force", check=True)
+
+
+EMPTY_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(os.path.join(sys.argv[1], ".dlreplay-claim"), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_writer_that_has_not_named_itself_yet_is_a_writer(tmp_path: Path) -> None:
+    """A writer between taking its lock and writing its name in the claim file (two generates
+    started together) is told apart from readers by the lock itself, not by the file's text:
+    the loser hears "being written", never "being read by a replay"."""
+    from .test_replay import write_model
+
+    model = write_model(tmp_path, "dataset.format=raw")
+    data = tmp_path / "d"
+    data.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", EMPTY_HOLD, str(data)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "claimed\n"
+        proc = run_cli("generate", str(model), "--data-dir", str(data))
+        no_traceback(proc.stderr)
+        assert proc.returncode == 1, proc.stderr
+        assert f"{data} is being written by another dlreplay command (another process)" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
