@@ -539,7 +539,7 @@ def distill(
     )
     preprocess_cpu = _preprocess_cpu(items)
     if preprocess_cpu is not None:
-        facts.put("reader.preprocess_host_cpu", "CPU time of the loader worker's thread in each item "
+        facts.put("reader.preprocess_host_cpu", "CPU time of the loader worker process in each item "
                   "(data/item cpu_time), per sample", "measured")
     else:
         facts.put("reader.preprocess_host_cpu", "not measured by this trace: 0, the preprocessing is a "
