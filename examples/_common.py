@@ -522,6 +522,7 @@ def train(
             break
 
     total_s = time.perf_counter() - t_start
+    _let_queue_feeders_finish(loader)
     total_bytes = sum(bytes_per_pid.values())
     report = {
         "job": job,
@@ -560,6 +561,31 @@ def train(
         flush=True,
     )
     return exit_code
+
+
+def _let_queue_feeders_finish(loader: Any, timeout: float = 10.0) -> None:
+    """Stop the loader's workers; wait (up to ``timeout`` seconds) for its queue feeders.
+
+    With the ``spawn``/``forkserver`` start methods each multiprocessing queue
+    holds named semaphores; the last reference to them is often dropped by the
+    queue's daemon feeder thread as it ends, which unlinks the semaphore and
+    then tells the resource tracker.  If the interpreter exits in between, the
+    daemon thread is frozen, and the tracker prints "leaked semaphore objects"
+    at shutdown.  Joining the feeders, then collecting, makes the exit clean.
+    """
+    import gc
+    import threading
+
+    # Persistent workers live until the loader's iterator is shut down.
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+        loader._iterator = None
+    deadline = time.monotonic() + timeout
+    for t in threading.enumerate():
+        if t.name == "QueueFeederThread" and t is not threading.current_thread():
+            t.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()
 
 
 def _checkpoint(args: argparse.Namespace, model: Any, opt: Any, step: int, epoch: int) -> dict:
