@@ -301,6 +301,14 @@ def _shuffled(items: pl.DataFrame) -> bool | None:
     return bool(inc is not None and inc < 0.75)
 
 
+def _batch_tensors(fetch: pl.DataFrame) -> int | None:
+    """Tensors per batch (the median over batch fetches that recorded it), or None."""
+    if "tensors" not in fetch.columns:
+        return None
+    got = fetch.filter((pl.col("batch_size").fill_null(1) > 0) & (pl.col("tensors") > 0))["tensors"]
+    return int(round(float(got.median()))) if got.len() else None  # type: ignore[arg-type]
+
+
 def distill(
     events: pl.DataFrame,
     *,
@@ -561,6 +569,9 @@ def distill(
         "measured",
     )
     facts.put("reader.prefetch_factor", "not visible in a trace (PyTorch default)", "default")
+    batch_tensors = _batch_tensors(fetch)
+    facts.put("reader.batch_tensors", "tensors per batch of the consumer's fetches (median)" if batch_tensors
+              else "not in this trace: 1", "measured" if batch_tensors else "default")
     reader = Reader(
         data_loader="pytorch" if has_loader else "native",
         batch_size=batch_size,
@@ -571,6 +582,7 @@ def distill(
         open_per_sample=open_per_sample,
         file_buffering=buffering,
         persistent_workers=persistent,
+        batch_tensors=batch_tensors or 1,
         preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
         preprocess_host_cpu=preprocess_cpu if preprocess_cpu is not None else Distribution.fixed(0.0),
         transfer_size=transfer,

@@ -307,6 +307,10 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
             signal.signal(s, h)
         shutil.rmtree(inject_dir, ignore_errors=True)
     wall = time.perf_counter() - t0
+    # The job's own helpers can outlive it by a moment (multiprocessing's resource tracker,
+    # started by spawn-context queues, exits once the job's end closes its pipe): their
+    # trace files are written, or removed when empty, only as they end.
+    lingering = wait_for_trace_writers(out, LINGER_S)
 
     exit_code = returncode if returncode >= 0 else 128 - returncode
     killed_by = -returncode if returncode < 0 else None
@@ -320,6 +324,8 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     warnings = [f"--data-dir {d} does not exist (in {cwd}): nothing under it was traced; check the path "
                 f"(a relative one is relative to the job's working directory)"
                 for d in config.data_dirs if not (cwd / d).exists()]
+    warnings += [f"process {pid} of the job still had a trace file open {LINGER_S:g} s after the job ended: its "
+                 f"events may be incomplete" for pid in sorted(lingering)]
     files: list[dict[str, Any]] = []
     for path in sorted(out.glob(f"{TRACE_PREFIX}-*.pfw*")):
         counted = count_events(path)
@@ -350,6 +356,54 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
                          killed_by_signal=killed_by, fingerprint_problems=problems,
                          warnings=tuple(warnings))
+
+
+#: Seconds to wait after the job's end for its processes that still write trace files.
+LINGER_S = 10.0
+
+
+def trace_writers(out: Path) -> set[int]:
+    """Processes of this session (the job's, left running after it) with a file under *out*
+    open, by ``/proc/<pid>/fd``; empty where ``/proc`` is not there to read."""
+    root = str(out.resolve()) + os.sep
+    me, sid = os.getpid(), os.getsid(0)
+    found: set[int] = set()
+    try:
+        procs = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return found
+    for pid in procs:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) != sid:  # after "comm)": state ppid pgrp session
+                continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except (OSError, IndexError, ValueError):
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(root):
+                    found.add(pid)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def wait_for_trace_writers(out: Path, timeout: float) -> set[int]:
+    """Wait up to *timeout* seconds until no process of this session has a trace file under
+    *out* open; returns those still writing then (empty: all done)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        left = trace_writers(out)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
 
 
 def _fingerprint(out: Path, manifest: dict[str, Any], status: str) -> list[str]:

@@ -1039,6 +1039,8 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("reader.preprocess_host_cpu (DLIO's preprocessing is a sleep)")
     if tr.computation_host_cpu.is_known and (tr.computation_host_cpu.mean or 0) > 0:
         lost.append("train.computation_host_cpu (DLIO's compute is a sleep)")
+    if model.reader.batch_tensors != 1:
+        lost.append(f"reader.batch_tensors={model.reader.batch_tensors} (DLIO's batch is one tensor)")
     if ck.serialization_time.is_known and (ck.serialization_time.mean or 0) > 0:
         lost.append("checkpoint.serialization_time")
     if rd.data_loader == "pytorch":

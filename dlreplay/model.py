@@ -769,6 +769,10 @@ class Reader:
                              doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
                                  "png): buffered = by path or a default Python file (a few large reads), "
                                  "unbuffered = an unbuffered file object (every library read is one read call)")
+    batch_tensors: int = _f(1, check="positive",
+                            doc="tensors in each batch the loader hands over (image, label, mask, ...: PyTorch "
+                                "moves each one from a worker to the training process through shared memory, "
+                                "one file-descriptor handover per tensor); measured by dlreplay capture")
     pin_memory: bool = _f(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
     drop_last: bool = _f(False, doc="drop each epoch's last batch when it is smaller than batch_size")
     sample_order: str = _f("pytorch", choices=SAMPLE_ORDERS,

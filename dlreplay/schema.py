@@ -42,6 +42,9 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     # (the training steps of dlreplay captures, ``cpu_time``/``cpu_threads`` args); else null
     "cpu_time": pl.Int32(),
     "cpu_threads": pl.Int32(),
+    # tensors in the batch a fetch returned (dlreplay captures' ``tensors`` arg: each is one
+    # worker -> main transfer); else null
+    "tensors": pl.Int16(),
     "source": pl.Categorical(),  # trace file the event came from (basename)
     # what an annotation event means, whoever spelled it (DFTracer's AI conventions, DLIO,
     # dlreplay): epoch, fetch, step, compute, item, checkpoint.save, ... (see

@@ -402,7 +402,8 @@ def make_loader(plan: RankPlan) -> Any:
     if plan.loader == "torch":
         from .torchloader import TorchLoader
 
-        return TorchLoader(plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory)
+        return TorchLoader(plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory,
+                           rd.batch_tensors)
     # PyTorch starts new worker processes at every epoch unless persistent_workers (and joins them
     # in the next() that ends the epoch): one Loader per epoch then.
     persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"

@@ -57,18 +57,23 @@ def loader_events_from_hooks() -> bool:
 class ReplayDataset(Dataset):  # type: ignore[type-arg]
     """Map-style dataset over the replay's files: sample id (file * spf + k) -> decoded sample.
 
-    Returns ``(bytes read, reader pid, tensor)``: the counts first, so the capture hooks'
-    batch-size probe (leading dimension of the first tensor) sees the batch size.
+    Returns ``(bytes read, reader pid, tensor, *others)``: the counts first, so the capture
+    hooks' batch-size probe (leading dimension of the first tensor) sees the batch size;
+    ``others``: ``batch_tensors - 1`` scalars (the job's labels, masks' handover), each
+    collated into one more tensor of the batch.
     """
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, batch_tensors: int = 1) -> None:
         self.spec = spec
+        self.batch_tensors = max(1, int(batch_tensors))
         self._reader: SampleReader | None = None
         self._pid = -1
         self._resized: torch.Tensor | None = None
+        self._others = tuple(torch.zeros((), dtype=torch.int64) for _ in range(self.batch_tensors - 1))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "_reader": None, "_pid": -1, "_resized": None}
+        return {"spec": self.spec, "batch_tensors": self.batch_tensors, "_reader": None, "_pid": -1,
+                "_resized": None, "_others": self._others}
 
     def __len__(self) -> int:
         return len(self.spec.paths) * self.spec.samples_per_file
@@ -85,16 +90,16 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         assert self._reader is not None
         return self._reader
 
-    def __getitem__(self, sample: int) -> tuple[int, int, torch.Tensor]:
+    def __getitem__(self, sample: int) -> tuple[Any, ...]:
         f, k = divmod(int(sample), self.spec.samples_per_file)
         nbytes, decoded = self.reader().read_sample(f, k)
         if self.spec.resize_bytes:
             # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
             if self._resized is None or self._resized.numel() != self.spec.resize_bytes:
                 self._resized = torch.zeros(self.spec.resize_bytes, dtype=torch.uint8)
-            return nbytes, os.getpid(), self._resized
+            return (nbytes, os.getpid(), self._resized, *self._others)
         tensor = torch.from_numpy(np.require(decoded, requirements=["C", "W"]))
-        return nbytes, os.getpid(), tensor
+        return (nbytes, os.getpid(), tensor, *self._others)
 
     def close(self) -> None:
         if self._reader is not None:
@@ -103,18 +108,20 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
             self._pid = -1
 
 
-def collate(samples: Sequence[tuple[int, int, torch.Tensor]]) -> tuple[list[int], list[int], Any]:
-    """``(bytes per sample, pid per sample, samples)``: samples stacked by ``default_collate``
-    (into shared memory in a worker, as for the job's batches) when they have one shape,
-    else concatenated flat (images of varying sizes before a resize the model does not know).
-    The counts stay Python lists: pickled with the batch, they add no shared-memory tensor
-    the job's batch does not have."""
+def collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``(bytes per sample, pid per sample, samples, *others)``: samples stacked by
+    ``default_collate`` (into shared memory in a worker, as for the job's batches) when they
+    have one shape, else concatenated flat (images of varying sizes before a resize the model
+    does not know); each of the samples' other fields stacked into one tensor (the job's
+    labels, masks: every tensor of a batch is one more worker -> main handover). The counts
+    stay Python lists: pickled with the batch, they add no shared-memory tensor the job's
+    batch does not have."""
     nbytes = [int(s[0]) for s in samples]
     pids = [int(s[1]) for s in samples]
     tensors = [s[2] for s in samples]
-    if len({t.shape for t in tensors}) == 1:
-        return nbytes, pids, default_collate(tensors)
-    return nbytes, pids, _concat_flat(tensors)
+    data = default_collate(tensors) if len({t.shape for t in tensors}) == 1 else _concat_flat(tensors)
+    others = [default_collate([s[j] for s in samples]) for j in range(3, len(samples[0]))] if samples else []
+    return (nbytes, pids, data, *others)
 
 
 def _concat_flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -215,9 +222,9 @@ class TorchLoader:
     name = "torch"
 
     def __init__(self, spec: WorkerSpec, num_workers: int, prefetch_factor: int = 2,
-                 persistent_workers: bool = False, pin_memory: bool = False) -> None:
+                 persistent_workers: bool = False, pin_memory: bool = False, batch_tensors: int = 1) -> None:
         self.spec = spec
-        self.dataset = ReplayDataset(spec)
+        self.dataset = ReplayDataset(spec, batch_tensors)
         self.sampler = PlannedBatches()
         _quiet_abandoned_handovers()
         self.pin_memory = bool(pin_memory and torch.cuda.is_available())
@@ -237,7 +244,7 @@ class TorchLoader:
         try:
             with _quiet_worker_count(), _workers_start_deaf():
                 self._iter = iter(self.loader)
-            for i, (nbytes, pids, _data) in enumerate(self._iter):
+            for i, (nbytes, pids, *_tensors) in enumerate(self._iter):
                 yield BatchResult(i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0])
         except ReplayError as exc:
             raise ReplayError(_worker_message(exc)) from None

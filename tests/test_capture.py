@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from dlreplay.capture import CaptureConfig, data_dir_spellings, read_manifest, run_capture
@@ -180,7 +181,8 @@ class DS(Dataset):
         return 8
     def __getitem__(self, i):
         with open(f"data/s{i % 3}.bin", "rb", buffering=0) as f:
-            return torch.tensor(len(f.read()))
+            # a sample of three tensors once collated: the size, the index, a mask
+            return torch.tensor(len(f.read())), {"index": i, "mask": torch.zeros(2)}
 
 if __name__ == "__main__":
     dl = DataLoader(DS(), batch_size=3, num_workers=2, multiprocessing_context=sys.argv[1])
@@ -215,6 +217,7 @@ def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: s
     fetches = by_name[("dataloader", "fetch.iter")]
     assert len(fetches) == 6  # ceil(8/3) = 3 batches x 2 epochs
     assert sorted(e["args"]["batch_size"] for e in fetches) == [2, 2, 3, 3, 3, 3]
+    assert all(e["args"]["tensors"] == 3 for e in fetches)  # each a worker -> main handover
     assert sorted((e["args"]["epoch"], e["args"]["step"], e["args"]["count"]) for e in fetches) == [
         (ep, k, k + 1) for ep in (0, 1) for k in range(3)]
     assert len(by_name[("dataloader", "fetch.stop")]) == 2
@@ -232,3 +235,34 @@ def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: s
     )
     sizes = [(job_dir / "data" / f"s{i % 3}.bin").stat().st_size for i in range(8)]
     assert worker_read == 2 * sum(sizes)
+    # the loader keeps the batch's tensor count, and distill makes it the model's
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill
+
+    lt = load_trace(out)
+    assert lt.events.filter(pl.col("name") == "fetch.iter")["tensors"].to_list() == [3] * 6
+    assert distill(lt.events, manifest=lt.manifest).reader.batch_tensors == 3
+
+
+LEAVER = """
+import subprocess, sys
+# a helper that outlives the job (as multiprocessing's resource tracker does), reading late
+subprocess.Popen([sys.executable, "-c",
+                  "import time; time.sleep(1.0); open('data/s2.bin', 'rb').read()"])
+"""
+
+
+def test_capture_waits_for_processes_that_outlive_the_job(job_dir: Path) -> None:
+    (job_dir / "leaver.py").write_text(LEAVER)
+    out = job_dir / "t-leaver"
+    result = run_capture(CaptureConfig(command=(sys.executable, "leaver.py"), out=out, data_dirs=("data",),
+                                       cwd=job_dir))
+    assert result.exit_code == 0 and not result.warnings, result
+    # the helper's read, done a second after the job ended, is in the trace, and every file
+    # the manifest lists is there
+    fh = {e["args"]["value"]: e["args"]["name"] for e in _events(out) if e.get("name") == "FH"}
+    late = [e for e in _events(out) if e.get("name") == "read" and fh.get(e["args"].get("fhash"), "")
+            .endswith("s2.bin")]
+    assert sum(e["args"]["ret"] for e in late) == (job_dir / "data" / "s2.bin").stat().st_size
+    listed = [f["name"] for f in read_manifest(out)["files"]]
+    assert listed and all((out / name).exists() for name in listed)

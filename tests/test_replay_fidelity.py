@@ -346,3 +346,22 @@ def test_runnable_seconds_counts_a_decode_right_after_a_sleep() -> None:
         r1 = runnable_seconds()
         cpu = time.thread_time() - c0
         assert r1 - r0 >= cpu - 100e-6  # (the clock read after r1: microseconds)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+def test_batches_hold_the_jobs_tensor_count(tmp_path):
+    """Every tensor of a job's batch is one more worker -> main handover (its shared-memory
+    file descriptor); the torch replay hands over as many, and its own trace says so."""
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill
+    from dlreplay.model import save_model
+
+    path = tmp_path / "model.yaml"
+    save_model(make_model("reader.batch_tensors=4"), path)
+    out = tmp_path / "trace"
+    proc = run_cli("replay", str(path), "--data-dir", str(tmp_path / "d"), "--out", str(out), "--loader", "torch")
+    assert proc.returncode == 0, proc.stderr
+    lt = load_trace(out)
+    fetched = lt.events.filter((pl.col("name") == "fetch.iter") & (pl.col("batch_size") > 0))
+    assert fetched.height == 3 * 4 and fetched["tensors"].to_list() == [4] * 12
+    assert distill(lt.events, manifest=lt.manifest).reader.batch_tensors == 4

@@ -50,7 +50,7 @@
 
 enum {
     I_PID, I_TID, I_TS, I_DUR, I_RET, I_COUNT, I_ISIZE, I_AOFFSET, I_WHENCE, I_FLAGS, I_PPID,
-    I_EPOCH, I_STEP, I_BATCH, I_IMAGE, I_ABYTES, I_CPUTIME, I_CPUTHREADS, NI
+    I_EPOCH, I_STEP, I_BATCH, I_IMAGE, I_ABYTES, I_CPUTIME, I_CPUTHREADS, I_TENSORS, NI
 };
 enum {
     S_NAME, S_CAT, S_PH, S_HHASH, S_FHASH, S_MODE, S_CWD, S_ANAME, S_AVALUE, S_PATH, S_FNAME, NS
@@ -120,6 +120,9 @@ static int arg_field(const char *k, Py_ssize_t n)
     case 6:
         if (!memcmp(k, "offset", 6)) return I_AOFFSET;
         if (!memcmp(k, "whence", 6)) return I_WHENCE;
+        break;
+    case 7:
+        if (!memcmp(k, "tensors", 7)) return I_TENSORS;
         break;
     case 8:
         if (!memcmp(k, "cpu_time", 8)) return I_CPUTIME;

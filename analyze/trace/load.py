@@ -148,10 +148,11 @@ _ARG_FIELDS: dict[str, tuple[str, pl.DataType]] = {
     "epoch": ("epoch", _INT), "step": ("step", _INT), "batch_size": ("batch_size", _INT),
     "image_idx": ("image_idx", _INT), "bytes": ("abytes", _INT),
     "path": ("path", _STR), "fname": ("fname", _STR),
-    "cpu_time": ("cpu_time", _INT), "cpu_threads": ("cpu_threads", _INT),
+    "cpu_time": ("cpu_time", _INT), "cpu_threads": ("cpu_threads", _INT), "tensors": ("tensors", _INT),
 }
 #: Arg keys whose values may be written as JSON strings even in DFTracer 2.x.
-_LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid", "cpu_time", "cpu_threads"}
+_LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid", "cpu_time", "cpu_threads",
+                   "tensors"}
 #: String args that may hold arbitrary text (checked for JSON escapes).
 _TEXT_ARGS = {"a_name", "path", "fname", "mode"}
 
@@ -1062,7 +1063,7 @@ if _NATIVE is not None:
 PARSER_ENV = "DLREPLAY_PARSER"
 #: Raw columns of the scanner's int and string fields, in the order of its C enums.
 _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "whence", "flags", "ppid",
-                "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads")
+                "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads", "tensors")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
 #: Raw int columns that :func:`_compact_exprs` passes through unchanged.
 _PASSED_THROUGH = ("tid", "ts", "dur", "ret", "image_idx", "epoch", "step", "batch_size")
@@ -1713,6 +1714,7 @@ def _cast_loose(e: pl.Expr, dt: pl.DataType) -> pl.Expr:
 
 _CAT = pl.Categorical()
 _I32 = pl.Int32()
+_I16 = pl.Int16()
 
 #: Columns of a parsed batch's event rows as a part keeps them until its files are
 #: resolved (:func:`_compact`): ``src``/``seq`` (file, line), the values of the event
@@ -1726,13 +1728,14 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
     "op": pl.Int8(), "pos": pl.UInt8(), "parg": _INT,
     "epoch": _INT, "step": _INT, "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32,
-    "__path": _CAT,
+    "tensors": _I16, "__path": _CAT,
 }
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
 PART_SCHEMA: dict[str, pl.DataType] = {
     "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
     "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _INT, "step": _INT,
-    "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32, "__p": pl.UInt32(),
+    "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32, "tensors": _I16,
+    "__p": pl.UInt32(),
     "__path": _CAT,
 }
 #: A part's processes: one row per (``src``, ``pid``), indexed by the events' ``__p``.
@@ -1755,6 +1758,7 @@ _HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, 
 #: 32 bits reads as null, and the file's report says so.
 _NARROW = ("pid", "ppid")
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_I16_MAX = (1 << 15) - 1
 _O_APPEND = 0o2000
 _SEEK_SET, _SEEK_CUR = 0, 1
 #: Flags of ``pos`` (as ``POS_*`` in ``_pfwscan.c``): the call succeeded (``ret`` null or
@@ -1813,6 +1817,7 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
         # measured quantities, 32-bit: a value that is negative or beyond is no measurement (null)
         *(pl.when(col(c).is_between(lo, _I32_MAX)).then(col(c)).cast(_I32).alias(c)
           for c, lo in (("cpu_time", 0), ("cpu_threads", 1))),
+        pl.when(col("tensors").is_between(0, _I16_MAX)).then(col("tensors")).cast(_I16).alias("tensors"),
         pl.coalesce(col("path"), col("fname")).cast(_CAT).alias("__path"),
     ]
 
@@ -2163,7 +2168,7 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
         "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
         "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
-        "cpu_time", "cpu_threads", pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
+        "cpu_time", "cpu_threads", "tensors", pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
     ).cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "role"}))  # type: ignore[arg-type]
     return table, out["__p"]
 

@@ -19,7 +19,8 @@ cat            name             meaning (args)
 =============  ===============  ================================================
 pipeline       epoch            one pass over a DataLoader (``epoch``, ``steps``)
 dataloader     fetch.iter       consumer blocked in ``next()`` for one batch
-                                (``epoch``, ``step``, ``count``, ``batch_size``)
+                                (``epoch``, ``step``, ``count``, ``batch_size``;
+                                ``tensors``: tensors in the batch)
 dataloader     fetch.block      consumer time between receiving batch ``step``
                                 and asking for the next (the training step; same
                                 args, and ``cpu_time``: CPU microseconds the
@@ -233,6 +234,25 @@ def _batch_size(batch: Any) -> int:
         return 1
 
 
+def _batch_tensors(batch: Any, limit: int = 4096) -> int | None:
+    """Tensors in a collated batch (a worker hands each to the main process through shared
+    memory, one file-descriptor transfer each); the walk stops after ``limit`` objects."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    n, seen, stack = 0, 0, [batch]
+    while stack and seen < limit:
+        obj = stack.pop()
+        seen += 1
+        if isinstance(obj, torch.Tensor):
+            n += 1
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return n
+
+
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -326,7 +346,7 @@ def _patch_dataloader(mod: Any) -> None:
             raise
         size = _batch_size(batch)
         REGIONS.end_named(t_handle, "fetch.iter", epoch=state.epoch, step=state.step, count=state.step + 1,
-                          batch_size=size)
+                          batch_size=size, tensors=_batch_tensors(batch))
         state.begin_step(size)
         state.step += 1
         return batch
