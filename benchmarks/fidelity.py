@@ -144,6 +144,7 @@ def _this_pipeline(name: str, run_dir: Path, work: Path, repeat: int, real: list
     extra = {"loader": loader} if loader else {}
     out = run_dir / ("replay" if pipeline == "this" else f"replay-{pipeline}")
     cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=out, trace=True, **extra)
+    os.sync()  # the job's checkpoints written back first: their writeback would throttle the replay's writes
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_replay(cfg, echo=lambda s: None)
     replay = [e["epoch_time_s"] for e in result.metrics["epochs"]]

@@ -640,22 +640,24 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @click.option("--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result line.")
 @click.option("--_traced", "traced", is_flag=True, hidden=True)
+@click.option("--_checkpoints-after-trace", "ckpt_after_trace", is_flag=True, hidden=True)
 @handle_errors
 def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | None, overrides: tuple[str, ...],
            out: Path | None, no_trace: bool, no_generate: bool, io_mode: str, loader: str, au_threshold: float,
            seed: int, find_max_accelerators: bool, record_order: bool, keep_checkpoints: bool, quiet: bool,
-           traced: bool) -> None:
+           traced: bool, ckpt_after_trace: bool) -> None:
     """Replay MODEL_FILE on --data-dir with compute replaced by sleep; report MLPerf Storage metrics."""
     from dlreplay.model import apply_overrides, load_model
     from dlreplay.replay import ReplayConfig, render_result, run_replay
     from dlreplay.replay import find_max_accelerators as find_max
+    from dlreplay.replay.engine import KEEP_ON_SUCCESS
 
     sets = list(overrides) + ([f"train.epochs={epochs}"] if epochs else [])
     m = apply_overrides(load_model(model_file), sets)
     config = ReplayConfig(model=m, data_dir=data_dir, accelerators=accelerators, out=out, trace=not no_trace,
                           generate=not no_generate, io=io_mode, au_threshold=au_threshold, seed=seed,
-                          record_order=record_order, keep_checkpoints=keep_checkpoints, traced=traced,
-                          loader=loader)
+                          record_order=record_order, traced=traced, loader=loader,
+                          keep_checkpoints=keep_checkpoints or (KEEP_ON_SUCCESS if ckpt_after_trace else False))
     echo = (lambda s: None) if quiet else (lambda s: _echo(s, err=True))
     if find_max_accelerators:
         for n, au in find_max(config, echo=echo):

@@ -21,6 +21,7 @@ import math
 import multiprocessing
 import os
 import queue
+import shutil
 import signal
 import sys
 import threading
@@ -52,6 +53,8 @@ IO_MODES = ("library", "posix")
 LOADERS = ("auto", "torch", "builtin")
 #: Bytes per checkpoint write call when the model does not know it.
 DEFAULT_WRITE_TRANSFER = 4 << 20
+#: ``keep_checkpoints`` value: keep the files only when the rank succeeded (see ReplayConfig)
+KEEP_ON_SUCCESS = "on-success"
 BARRIER_TIMEOUT_S = 600.0
 
 
@@ -79,7 +82,10 @@ class ReplayConfig:
     au_threshold: float = 90.0
     seed: int = 0
     record_order: bool = False
-    keep_checkpoints: bool = False
+    #: keep the checkpoint files written (else each rank deletes its own at its end);
+    #: :data:`KEEP_ON_SUCCESS`: only when the rank succeeded (a traced replay's files are deleted
+    #: after the trace, outside it; a failed rank frees its space at once: the trace is still written)
+    keep_checkpoints: bool | str = False
     traced: bool = False  # internal: this process is the captured child
     jobs: int | None = None
     loader: str = "auto"
@@ -362,7 +368,7 @@ class _Checkpointer:
                 pass
 
 
-def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool = False) -> dict[str, Any]:
+def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str = False) -> dict[str, Any]:
     """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync), then each
     epoch's end (epoch checkpoint, evaluation, the model's epoch-end time).
 
@@ -436,7 +442,7 @@ def _evaluation_steps(m: WorkloadModel, size: int) -> int:
     return math.ceil(samples / max(m.reader.batch_size_eval, 1))
 
 
-def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) -> dict[str, Any]:
+def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str) -> dict[str, Any]:
     m = plan.model
     compute_rng = np.random.default_rng([plan.seed, plan.rank, 0xC0])
     edge_rng = np.random.default_rng([plan.seed, plan.rank, 0xE0])
@@ -578,13 +584,13 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool) 
             loader.close()
         if host is not None:
             host.close()
-        if not keep_checkpoints:
+        if not (keep_checkpoints is True or (keep_checkpoints == KEEP_ON_SUCCESS and result.get("error") is None)):
             ckpt.cleanup()
     result["order"] = order if plan.record_order else None
     return result
 
 
-def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool) -> None:
+def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool | str) -> None:
     def sync() -> None:
         # A KeyboardInterrupt raised inside the barrier's own locks leaves them half released
         # ("lock is not owned" tracebacks from the rank): while waiting, Ctrl-C only sets the
@@ -836,7 +842,7 @@ def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manife
     return ReplayResult(out=out, metrics=doc, complete=doc["complete"], traced=False, warnings=tuple(warnings))
 
 
-def _run_local_ranks(plans: list[RankPlan], keep: bool) -> tuple[list[dict[str, Any]], bool]:
+def _run_local_ranks(plans: list[RankPlan], keep: bool | str) -> tuple[list[dict[str, Any]], bool]:
     # fork, like PyTorch's default. The replay path never runs polars in this parent before
     # forking (fork after polars' thread pool has run can deadlock csv/parquet readers).
     ctx = multiprocessing.get_context("fork")
@@ -943,8 +949,8 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
            "--quiet"]
     if config.record_order:
         cmd.append("--record-order")
-    if config.keep_checkpoints:
-        cmd.append("--keep-checkpoints")
+    # the replay's checkpoint files are deleted here, after the trace: not the workload's I/O
+    cmd.append("--keep-checkpoints" if config.keep_checkpoints else "--_checkpoints-after-trace")
     ckdir = out.resolve() / "checkpoints"
     started = _now()
     try:
@@ -957,6 +963,9 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
                                         name=config.model.model.name or "replay"))
     except KeyboardInterrupt:
         return _not_started(config, out, manifest, started, warnings)
+    finally:
+        if not config.keep_checkpoints:
+            shutil.rmtree(ckdir, ignore_errors=True)
     path = out / METRICS_NAME
     try:
         metrics = json.loads(path.read_text())

@@ -130,6 +130,11 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
     e = voc.epoch_spans(ann).sort("ts")
     s = ann.filter(pl.col("role") == voc.CKPT_SAVE).sort("ts")
     assert (s["ts"].to_numpy() >= e["end"].to_numpy()).all()
+    # the checkpoint files are deleted after the trace ends: their deletion is not the workload's I/O
+    assert not (out / "checkpoints").exists()
+    gone = ev.filter(pl.col("name").cast(pl.String).is_in(["unlink", "unlinkat", "rmdir"])
+                     & pl.col("file").cast(pl.String).str.contains("/checkpoints/"))
+    assert gone.height == 0, gone
     # the replay's own distill gives the components back
     from dlreplay.analyze.distill import distill
 
