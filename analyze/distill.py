@@ -301,6 +301,28 @@ def _shuffled(items: pl.DataFrame) -> bool | None:
     return bool(inc is not None and inc < 0.75)
 
 
+def _start_method(workers: pl.DataFrame, consumers: list[int]) -> tuple[str | None, str]:
+    """How the loader workers started, from DFTracer's trace file names (``-fork`` for a process
+    forked by a traced one, ``-preload`` for a new program: a spawned interpreter) and their
+    parents: forked by the consumer (fork), forked by another process (forkserver), or new
+    interpreters (spawn). (None, why) when the file names do not tell."""
+    if "source" not in workers.columns or workers.is_empty():
+        return None, ""
+    procs = workers.group_by("pid").agg(pl.col("source").first().cast(pl.String), pl.col("ppid").first())
+    kind = procs["source"].str.extract(r"-(fork|preload)\.pfw", 1)
+    if kind.null_count() == kind.len():
+        return None, ""
+    forked = int((kind == "fork").sum())
+    spawned = int((kind == "preload").sum())
+    n = procs.height
+    if spawned > forked:
+        return "spawn", f"{spawned} of {n} worker processes are new programs (DFTracer '-preload' files)"
+    by_consumer = int(procs.filter(kind == "fork")["ppid"].is_in(consumers).sum())
+    if by_consumer * 2 >= forked:
+        return "fork", f"{by_consumer} of {n} worker processes forked by the training process ('-fork' files)"
+    return "forkserver", f"{forked - by_consumer} of {n} worker processes forked by another process ('-fork' files)"
+
+
 def _batch_tensors(fetch: pl.DataFrame) -> int | None:
     """Tensors per batch (the median over batch fetches that recorded it), or None."""
     if "tensors" not in fetch.columns:
@@ -481,6 +503,9 @@ def distill(
                     else "new worker pids every epoch",
                     "measured",
                 )
+            start_method, how = _start_method(worker_items, consumers)
+            if start_method is not None:
+                facts.put("reader.multiprocessing_context", how, "inferred")
         else:
             read_threads = 0
             facts.put(
@@ -495,6 +520,10 @@ def distill(
         read_threads = int(posix.read_threads.value or 0)
         facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
 
+    if "reader.multiprocessing_context" not in facts.fields:
+        start_method = None
+        facts.put("reader.multiprocessing_context", "no worker process files to tell: fork (PyTorch's default "
+                  "on Linux)", "default")
     shuffled = _shuffled(items) if items.height else None
     if "reader.persistent_workers" not in facts.fields:
         persistent = False
@@ -582,6 +611,7 @@ def distill(
         open_per_sample=open_per_sample,
         file_buffering=buffering,
         persistent_workers=persistent,
+        multiprocessing_context=start_method or "fork",
         batch_tensors=batch_tensors or 1,
         preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
         preprocess_host_cpu=preprocess_cpu if preprocess_cpu is not None else Distribution.fixed(0.0),

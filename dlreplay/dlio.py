@@ -60,6 +60,7 @@ import yaml
 from dlreplay import __version__
 from dlreplay.errors import ModelError
 from dlreplay.model import (
+    MP_CONTEXTS,
     AccessPattern,
     Distribution,
     MetadataPerSample,
@@ -612,6 +613,11 @@ def _import_reader(imp: _Importer, framework: str) -> dict[str, Any]:
         imp.mark("reader.transfer_size", "reader.transfer_size")
     out["preprocess_time"], given = _dlio_distribution(imp, "reader.preprocess_time", "reader.preprocess_time_stdev", 0.0)
     imp.mark("reader.preprocess_time", "reader.preprocess_time" if given else None)
+    ctx, given = imp.get("reader.multiprocessing_context", "str", "fork")
+    if ctx not in MP_CONTEXTS:
+        raise imp.fail("reader.multiprocessing_context", f"expected one of {', '.join(MP_CONTEXTS)}, got {ctx!r}")
+    out["multiprocessing_context"] = ctx
+    imp.mark("reader.multiprocessing_context", "reader.multiprocessing_context" if given else None)
     if loader == "pytorch":
         # DLIO 2.0's TorchDataLoader: DataLoader(persistent_workers=True, pin_memory=True, drop_last=True,
         # sampler=dlio_sampler); replayed the same way unless overridden (--set)
@@ -935,6 +941,8 @@ def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
     }
     if rd.shuffle_size is not None:
         out["shuffle_size"] = rd.shuffle_size
+    if rd.multiprocessing_context != "fork":
+        out["multiprocessing_context"] = rd.multiprocessing_context
     ts = rd.transfer_size
     if ts.is_known:
         size = ts.value if ts.type == "fixed" else ts.mean

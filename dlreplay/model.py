@@ -113,6 +113,8 @@ DATA_LOADERS = ("pytorch", "tensorflow", "dali", "native")
 FRAMEWORKS = ("pytorch", "tensorflow")
 #: What a data-loader worker is: a process (PyTorch) or a thread (tf.data, DALI).
 WORKER_KINDS = ("process", "thread")
+#: How loader worker processes start (Python multiprocessing start methods).
+MP_CONTEXTS = ("fork", "spawn", "forkserver")
 #: DLIO's shuffle modes: none, seeded (reproducible), or random every run.
 SHUFFLE_MODES = ("off", "seed", "random")
 #: How a Dataset hands files to the format's library: Python's buffered file (the default) or unbuffered.
@@ -763,6 +765,11 @@ class Reader:
     shuffle_seed: int | None = _f(None, doc="seed of seeded shuffling")
     shuffle_size: int | None = _f(None, check="positive", doc="shuffle buffer in samples (tf.data)")
     open_per_sample: bool = _f(True, doc="open/close the file for every sample (else keep files open)")
+    multiprocessing_context: str = _f("fork", choices=MP_CONTEXTS,
+                                      doc="how loader worker processes start (PyTorch multiprocessing_context, "
+                                          "DLIO reader.multiprocessing_context): fork, spawn (a new interpreter "
+                                          "per worker, importing the job's modules again at every start) or "
+                                          "forkserver")
     persistent_workers: bool = _f(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
                                              "false: new workers every epoch, as PyTorch's default")
     file_buffering: str = _f("buffered", choices=FILE_BUFFERINGS,

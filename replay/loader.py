@@ -62,6 +62,8 @@ class WorkerSpec:
     #: CPU seconds per sample the job's worker spent, read and decode included (the model's
     #: ``reader.preprocess_host_cpu``; fixed 0 = the preprocessing is a sleep)
     preprocess_cpu: Distribution = Distribution.fixed(0.0)
+    #: how worker processes start (the model's ``reader.multiprocessing_context``)
+    start_method: str = "fork"
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,10 @@ POLARS_FORMATS = ("csv", "parquet")
 
 
 def worker_context(spec: WorkerSpec) -> Any:
-    """fork (PyTorch's default on Linux), or a forkserver with the readers preloaded for polars formats."""
+    """The job's start method; for fork (PyTorch's default on Linux) with a polars format, a
+    forkserver with the readers preloaded (polars' thread pool does not survive a fork)."""
+    if spec.start_method != "fork":
+        return multiprocessing.get_context(spec.start_method)
     if spec.io == "library" and spec.fmt in POLARS_FORMATS:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["dlreplay.replay.loader", "polars", "numpy"])

@@ -64,6 +64,13 @@ def test_corpus_models(trace: Path) -> None:
     assert model.provenance.source_trace == str(trace)
     assert model.reader.transfer_size.is_known
     assert model.reader.access_pattern.sequential is not None
+    # the workers' start method, as the corpus job was told (examples' --mp-context; fork by default)
+    sys.path.insert(0, str(TRACES))
+    from make_corpus import CORPUS as JOBS  # type: ignore[import-not-found]
+
+    args = JOBS[trace.name][1]
+    ctx = args[args.index("--mp-context") + 1] if "--mp-context" in args else "fork"
+    assert model.reader.multiprocessing_context == ctx
 
 
 @pytest.mark.slow

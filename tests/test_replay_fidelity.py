@@ -370,3 +370,23 @@ def test_batches_hold_the_jobs_tensor_count(tmp_path):
     fetched = lt.events.filter((pl.col("name") == "fetch.iter") & (pl.col("batch_size") > 0))
     assert fetched.height == 3 * 4 and fetched["tensors"].to_list() == [4] * 12
     assert distill(lt.events, manifest=lt.manifest).reader.batch_tensors == 4
+
+
+@pytest.mark.parametrize("loader", ["builtin", pytest.param("torch", marks=[pytest.mark.slow, *LOADERS[1].marks])])
+def test_workers_start_as_the_jobs_did(tmp_path, loader):
+    """A job whose workers were spawned (a new interpreter each, importing its modules again at
+    every epoch's start) is replayed with spawned workers; distill tells it from the trace."""
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill
+
+    model = make_model("reader.multiprocessing_context=spawn", "train.epochs=2")
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=True,
+                                  loader=loader))
+    assert res.complete and res.metrics["loader"] == loader
+    lt = load_trace(tmp_path / "o")
+    assert distill(lt.events, manifest=lt.manifest).reader.multiprocessing_context == "spawn"
+    # and the default, forked workers, is told as well
+    res = run_replay(ReplayConfig(model=make_model("train.epochs=2"), data_dir=tmp_path / "d", out=tmp_path / "f",
+                                  trace=True, loader=loader))
+    lt = load_trace(tmp_path / "f")
+    assert distill(lt.events, manifest=lt.manifest).reader.multiprocessing_context == "fork"
