@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import datetime as _dt
 import errno
+import gc
 import importlib.util
 import json
 import math
@@ -213,18 +214,19 @@ def spends_host_cpu(model: WorkloadModel) -> bool:
 def epoch_compute(model: WorkloadModel, rng: np.random.Generator, steps: int, epoch: int,
                   first_global_step: int) -> tuple[np.ndarray, np.ndarray]:
     """(compute seconds, host CPU seconds) of each of an epoch's *steps*: the compute time of
-    :func:`step_compute` from draws of ``train.computation_time``, and draws of
+    :func:`step_compute` from stratified draws of ``train.computation_time`` (an epoch spends
+    close to its steps' mean, see :meth:`Distribution.sample`), and draws of
     ``train.computation_host_cpu`` made with the same random numbers (a copy of *rng*: of two
     empirical distributions a long step is a busy one, as in the job), scaled for warm-up steps
     by their compute time over the draw they replace (a warm-up step spends the share of its
     time a steady one does)."""
     tr = model.train
     cpu_rng = copy.deepcopy(rng)
-    draws = tr.computation_time.sample(rng, steps)
+    draws = tr.computation_time.sample(rng, steps, stratified=True)
     modelled = step_compute(model, draws, epoch, first_global_step)
     if not spends_host_cpu(model):
         return modelled, np.zeros(steps)
-    cpu = np.maximum(tr.computation_host_cpu.sample(cpu_rng, steps), 0.0)
+    cpu = np.maximum(tr.computation_host_cpu.sample(cpu_rng, steps, stratified=True), 0.0)
     d = np.maximum(np.asarray(draws, dtype=float), 0.0)
     return modelled, cpu * np.divide(modelled, d, out=np.ones_like(cpu), where=d > 0)
 
@@ -453,6 +455,10 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
     loader: Any = None
     global_step = 0
     sleeper = _Sleeper()
+    # host CPU a step could not spend inside its modelled wall time (the cores were busy), spent
+    # by later steps that have time left; at most one mean step's CPU is carried, so a host
+    # that is slower than the job's does not pile it up
+    cpu_debt, cpu_debt_max = 0.0, float(m.train.computation_host_cpu.mean or 0.0)
     total_cap = m.train.total_training_steps
     ev = m.train.evaluation
     eval_steps = _evaluation_steps(m, plan.size)
@@ -471,6 +477,10 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
         # The DataLoader's events come from the capture hooks in a traced torch replay; else from here
         # (the same names and args a captured job has, so a replay trace is analysed like the real one).
         own_events = not _loader_events_from_hooks(plan)
+        # the interpreter's objects so far (torch, numpy, the formats' libraries: ~10^5) are left
+        # out of the garbage collector's scans: a full scan of them takes ~70 ms, a young one ~1 ms,
+        # loop overhead a training step of the job did not have in its measured time
+        gc.freeze()
         for epoch in range(1, m.train.epochs + 1):
             INTERRUPT.check()
             batches = epoch_batches(plan, epoch)
@@ -502,6 +512,10 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
                 clocks = (time.process_time_ns(), time.thread_time_ns()) if ev_step else (0, 0)
                 INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
                 t_got = time.perf_counter()
+                # the step starts when the loader had the batch (what the loader does after that,
+                # and the interpreter's garbage collections, are the replay's loop overhead)
+                t_recv = min(res.received, t_got) if res.received is not None else t_got
+                sleeper.debt += t_got - t_recv  # taken out of this step's sleep
                 modelled = float(modelled_steps[step])
                 warm = global_step < len(m.train.warmup_computation_time) or (
                     epoch > 1 and step < len(m.train.epoch_warmup_computation_time))
@@ -510,7 +524,10 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
                     # the step's host CPU first (it competes with the loader's workers as the job's did),
                     # then a sleep for the rest of its compute time
                     b0 = time.perf_counter()
-                    rec["host_cpu_s"] += host.spend(float(cpu_steps[step]), deadline=b0 + modelled)
+                    want = float(cpu_steps[step]) + cpu_debt
+                    spent_cpu = host.spend(want, deadline=b0 + modelled)
+                    cpu_debt = min(max(want - spent_cpu, 0.0), cpu_debt_max)
+                    rec["host_cpu_s"] += spent_cpu
                     rec["modelled_host_cpu_s"] += float(cpu_steps[step])
                     compute = sleeper.sleep(modelled, spent=time.perf_counter() - b0)
                 else:
@@ -526,7 +543,6 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
                     cpu_ns, own_ns = time.process_time_ns() - clocks[0], time.thread_time_ns() - clocks[1]
                     REGIONS.end(ev_step, cpu_time=cpu_ns // 1000,
                                 cpu_threads=max(1, round(cpu_ns / own_ns)) if own_ns > 0 else 1)
-                t_end = time.perf_counter()
                 rec["steps"] += 1
                 rec["samples"] += len(res.samples)
                 rec["bytes_read"] += res.nbytes
@@ -534,14 +550,22 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
                 pids.add(res.worker_pid)
                 if plan.record_order:
                     ids.extend(res.samples)
+                n_samples, n_bytes = len(res.samples), res.nbytes
+                del res  # the batch is let go here, inside the step, as a training loop's is
+                t_end = time.perf_counter()
+                # The model's compute time is the job's whole loop body, its own overhead included;
+                # the replay's (letting go of the batch, bookkeeping) is taken out of the next sleeps
+                over = max((t_end - t_got) - compute - ck, 0.0)
+                sleeper.debt += over
+                compute += over + (t_got - t_recv)
                 # DLIO leaves the run's first step out of AU and throughput (its own runs: every epoch's)
                 if (step > 0) if per_epoch_au else (global_step > 1):
                     rec["compute_s"] += compute
                     rec["modelled_compute_s"] += modelled
-                    rec["io_wait_s"] += t_got - t_prev
+                    rec["io_wait_s"] += t_recv - t_prev
                     rec["window_s"] += t_end - t_prev
-                    rec["samples_in_window"] += len(res.samples)
-                    rec["bytes_in_window"] += res.nbytes
+                    rec["samples_in_window"] += n_samples
+                    rec["bytes_in_window"] += n_bytes
                 t_prev = t_end
                 rec["epoch_time_s"] = t_end - t_start  # so far (an interrupted epoch keeps it)
             REGIONS.end(ev_epoch, steps=rec["steps"])

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,12 @@ class BatchResult:
     samples: tuple[int, ...]
     seconds: float
     worker_pid: int = 0
+    #: the batch's tensors (torch loader), held until the training process lets go of them at
+    #: the end of its step, as a training loop drops its batch
+    payload: Any = field(default=None, compare=False, repr=False)
+    #: ``time.perf_counter()`` when the loader had the batch in hand (the end of the job's wait for
+    #: it); None: when it was handed to the training loop
+    received: float | None = field(default=None, compare=False, repr=False)
 
 
 #: Open ``/proc/thread-self/schedstat`` per thread (by native thread id; a forked child's

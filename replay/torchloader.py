@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -244,8 +245,13 @@ class TorchLoader:
         try:
             with _quiet_worker_count(), _workers_start_deaf():
                 self._iter = iter(self.loader)
-            for i, (nbytes, pids, *_tensors) in enumerate(self._iter):
-                yield BatchResult(i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0])
+            for i, (nbytes, pids, *tensors) in enumerate(self._iter):
+                got = time.perf_counter()
+                # the tensors go to the training step, which drops them at its end (a generator
+                # suspended at yield would otherwise hold them into the next fetch)
+                box = [tensors]
+                del tensors
+                yield BatchResult(i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0], box.pop(), got)
         except ReplayError as exc:
             raise ReplayError(_worker_message(exc)) from None
         except RuntimeError as exc:  # a worker killed or gone ("DataLoader worker (pid N) exited unexpectedly")

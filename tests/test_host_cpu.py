@@ -84,7 +84,7 @@ def test_epoch_compute_pairs_cpu_with_time_and_scales_warmup() -> None:
     rng = np.random.default_rng(7)
     modelled, cpu = epoch_compute(m, rng, 40, epoch=1, first_global_step=0)
     again = np.random.default_rng(7)
-    draws = m.train.computation_time.sample(again, 40)  # the engine's compute draws are unchanged
+    draws = m.train.computation_time.sample(again, 40, stratified=True)  # the engine draws stratified
     assert modelled[0] == 0.5 and np.array_equal(modelled[1:], draws[1:])
     # the same random numbers: a longer step spends more CPU (here exactly half its time)
     assert np.allclose(cpu[1:], modelled[1:] / 2)

@@ -586,3 +586,23 @@ def test_notes_and_strings_are_written_readably(tmp_path: Path) -> None:
     text = (tmp_path / "model.yaml").read_text()
     assert "file_shuffle: 'off'" in text  # quoted, so YAML 1.1 readers do not see false
     assert "notes:\n  - a note" in text
+
+
+def test_stratified_draws_keep_the_distribution_and_the_epoch_sum() -> None:
+    """Stratified draws (one per equal-probability stratum) follow the same distribution, and n of
+    them sum to about n times the mean: an epoch of the replay spends what the job's steps did."""
+    import numpy as np
+
+    from dlreplay.model import Distribution
+
+    d = Distribution.from_values(np.random.default_rng(1).gamma(2.0, 0.006, 1000))
+    rng = np.random.default_rng(5)
+    plain = np.array([d.sample(rng, 32).sum() for _ in range(500)])
+    strat = np.array([d.sample(rng, 32, stratified=True).sum() for _ in range(500)])
+    assert strat.mean() == pytest.approx(32 * d.mean, rel=0.01)
+    assert strat.std() < plain.std() / 4  # cv: 13 % for independent draws, 2 % stratified
+    many, independent = d.sample(rng, 20_000, stratified=True), d.sample(rng, 200_000)
+    assert np.percentile(many, [5, 50, 95]) == pytest.approx(np.percentile(independent, [5, 50, 95]), rel=0.03)
+    # one stratum per draw, in random order: not sorted
+    few = d.sample(rng, 8, stratified=True)
+    assert not np.all(np.diff(few) >= 0)
