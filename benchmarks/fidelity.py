@@ -55,6 +55,8 @@ import polars as pl
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from layout_fidelity import warm_page_cache  # noqa: E402  (benchmarks/, this script's directory)
+
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402
@@ -191,6 +193,8 @@ def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
     data = work / "data"
     cmd = [sys.executable, str(REPO / "examples" / f"{job.script}.py"), "--data-dir", str(data), *job.args,
            "--checkpoint-dir", str(run_dir / "ck"), "--report", str(run_dir / "report.json"), "--quiet"]
+    if data.exists():
+        warm_page_cache(data)  # as the replay's freshly generated dataset is
     captured = run_capture(CaptureConfig(command=tuple(cmd), out=run_dir / "trace", data_dirs=(str(data),),
                                          force=True))
     if captured.exit_code:
