@@ -479,7 +479,9 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
         own_events = not _loader_events_from_hooks(plan)
         # the interpreter's objects so far (torch, numpy, the formats' libraries: ~10^5) are left
         # out of the garbage collector's scans: a full scan of them takes ~70 ms, a young one ~1 ms,
-        # loop overhead a training step of the job did not have in its measured time
+        # loop overhead a training step of the job did not have in its measured time (collected
+        # first, so no garbage is frozen; unfrozen at the rank's end)
+        gc.collect()
         gc.freeze()
         for epoch in range(1, m.train.epochs + 1):
             INTERRUPT.check()
@@ -604,6 +606,7 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
     except ReplayError as exc:
         result["error"] = str(exc)
     finally:
+        gc.unfreeze()
         if loader is not None:
             loader.close()
         if host is not None:
