@@ -410,8 +410,7 @@ def make_loader(plan: RankPlan) -> Any:
     if plan.loader == "torch":
         from .torchloader import TorchLoader
 
-        return TorchLoader(plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory,
-                           rd.batch_tensors)
+        return TorchLoader(plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory)
     # PyTorch starts new worker processes at every epoch unless persistent_workers (and joins them
     # in the next() that ends the epoch): one Loader per epoch then.
     persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
@@ -699,7 +698,8 @@ def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         stats_per_sample=float(md.stats or 0.0) if config.io == "posix" else 0.0,
         lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed,
         file_buffering=m.reader.file_buffering, resize_bytes=m.dataset.record_length_resize,
-        preprocess_cpu=m.reader.preprocess_host_cpu, start_method=m.reader.multiprocessing_context)
+        preprocess_cpu=m.reader.preprocess_host_cpu, start_method=m.reader.multiprocessing_context,
+        batch_tensors=m.reader.batch_tensors)
 
 
 def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:

@@ -64,6 +64,8 @@ class WorkerSpec:
     preprocess_cpu: Distribution = Distribution.fixed(0.0)
     #: how worker processes start (the model's ``reader.multiprocessing_context``)
     start_method: str = "fork"
+    #: tensors in each batch the torch loader hands over (the model's ``reader.batch_tensors``)
+    batch_tensors: int = 1
 
 
 @dataclass(frozen=True)

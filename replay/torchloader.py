@@ -64,17 +64,15 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
     collated into one more tensor of the batch.
     """
 
-    def __init__(self, spec: WorkerSpec, batch_tensors: int = 1) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.batch_tensors = max(1, int(batch_tensors))
         self._reader: SampleReader | None = None
         self._pid = -1
         self._resized: torch.Tensor | None = None
-        self._others = tuple(torch.zeros((), dtype=torch.int64) for _ in range(self.batch_tensors - 1))
+        self._others = tuple(torch.zeros((), dtype=torch.int64) for _ in range(spec.batch_tensors - 1))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "batch_tensors": self.batch_tensors, "_reader": None, "_pid": -1,
-                "_resized": None, "_others": self._others}
+        return {"spec": self.spec, "_reader": None, "_pid": -1, "_resized": None, "_others": self._others}
 
     def __len__(self) -> int:
         return len(self.spec.paths) * self.spec.samples_per_file
@@ -223,9 +221,9 @@ class TorchLoader:
     name = "torch"
 
     def __init__(self, spec: WorkerSpec, num_workers: int, prefetch_factor: int = 2,
-                 persistent_workers: bool = False, pin_memory: bool = False, batch_tensors: int = 1) -> None:
+                 persistent_workers: bool = False, pin_memory: bool = False) -> None:
         self.spec = spec
-        self.dataset = ReplayDataset(spec, batch_tensors)
+        self.dataset = ReplayDataset(spec)
         self.sampler = PlannedBatches()
         _quiet_abandoned_handovers()
         self.pin_memory = bool(pin_memory and torch.cuda.is_available())
