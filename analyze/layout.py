@@ -263,8 +263,13 @@ def _column(f: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
     out = []
-    key = ("columns", "row_groups") if fmt == "parquet" else ("columns", "header", "delimiter")
-    for same in _structures(files, lambda f: [f.get(k) for k in key]):
+    def key(f: dict[str, Any]) -> list[Any]:
+        if fmt == "parquet":  # the columns' identity: their sizes and pages differ from file to file
+            return [[[c.get(k) for k in ("name", "type", "physical_type", "compression", "dictionary")]
+                     for c in f.get("columns", [])], f.get("row_groups")]
+        return [f.get(k) for k in ("columns", "header", "delimiter")]
+
+    for same in _structures(files, key):
         f0 = same[0]
         cols = [TableColumn(name=str(c["name"]), type=str(c.get("physical_type") or c.get("type") or "str"),
                             compression=c.get("compression"), dictionary=bool(c.get("dictionary", False)),
@@ -280,6 +285,10 @@ def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
             weight=round(len(same) / len(files), 6), bytes=_median_int([f["bytes"] for f in same]),
                              file_bytes=_file_bytes(same),
             rows=_median_int([f.get("rows") for f in same]), row_groups=f0.get("row_groups"),
+            data_page_size=_median_int([f.get("data_page_size") for f in same]),
+            data_page_values=_median_int([f.get("data_page_values") for f in same]),
+            data_page_batch=_median_int([f.get("data_page_batch") for f in same]),
+            data_page_version=max((f["data_page_version"] for f in same if f.get("data_page_version")), default=None),
             compression_ratio=round(float(np.mean(ratios)), 6) if ratios else None, columns=cols,
             header=bool(f0.get("header", False)), delimiter=f0.get("delimiter"), line_bytes=line,
         ))

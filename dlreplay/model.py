@@ -662,7 +662,16 @@ class TableFile:
     file_bytes: list[int] | None = _f(None, check="nonneg", doc="sizes of the sampled files with this structure")
     rows: int | None = _f(None, check="nonneg")
     row_groups: int | None = _f(None, check="positive", doc="Parquet row groups per file")
-    data_page_size: int | None = _f(None, check="positive", doc="Parquet bytes per data page (largest seen)")
+    data_page_size: int | None = _f(None, check="positive",
+                                    doc="Parquet data page size, uncompressed bytes: where the writer cut pages (the "
+                                        "smallest pages of a column with several per chunk)")
+    data_page_values: int | None = _f(None, check="positive",
+                                      doc="Parquet values per data page of that column (a wide column's page holds at "
+                                          "least the writer's batch of values)")
+    data_page_batch: int | None = _f(None, check="positive",
+                                     doc="Parquet values the writer added at a time (it checks the page size "
+                                         "after each batch)")
+    data_page_version: int | None = _f(None, check="positive", doc="Parquet data page format, 1 or 2")
     compression_ratio: float | None = _f(None, check="positive", doc="Parquet compressed / uncompressed bytes")
     columns: list[TableColumn] = _f(factory=list)
     header: bool = _f(False, doc="CSV: the first line names the columns")

@@ -15,8 +15,9 @@
   superblock version (libver), user block, alignment and file-space strategy;
 * JPEG/PNG (Pillow): the dimensions, mode, quantization tables, subsampling,
   progressive/optimized coding, restart interval, PNG interlacing and IDAT chunk size;
-* Parquet: columns, types, codecs, dictionary encoding and row groups (pyarrow when
-  installed, else polars); CSV: delimiter, header and columns; TFRecord: framed records.
+* Parquet: columns, types, codecs, dictionary encoding, row groups, and data pages
+  (page size, values per write batch, page format version) (pyarrow when installed,
+  else polars); CSV: delimiter, header and columns; TFRecord: framed records.
 
 Content is seeded noise shaped to compress like the real content: a share of
 incompressible blocks among constant ones, calibrated with the same codec (zlib for
@@ -785,13 +786,27 @@ def _write_parquet(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np
     except ImportError:
         codecs = {c.compression for c in cols if c.compression}
         codec: Any = next(iter(codecs)) if len(codecs) == 1 else "uncompressed"
-        pl.DataFrame(data).write_parquet(tmp, compression=codec, row_group_size=row_group)
-        return "polars (pyarrow not installed: one codec for all columns)"
+        pl.DataFrame(data).write_parquet(tmp, compression=codec, row_group_size=row_group,
+                                         data_page_size=t.data_page_size if t else None)
+        return "polars (pyarrow not installed: one codec for all columns, its own page cuts)"
     table = pa.table({c.name: pa.array(data[c.name], type=pa.binary()) if c in var else pa.array(data[c.name])
                       for c in cols})
+    pages: dict[str, Any] = {}
+    if t and t.data_page_size:
+        # pyarrow adds values in batches and cuts a page once a batch brings it to the page
+        # size: with the real writer's batch, a size half a batch below the real column's
+        # pages cuts them after the same number of batches (and a wide column's after each)
+        size, batch = t.data_page_size, t.data_page_batch
+        if batch:
+            pages["write_batch_size"] = batch
+            if t.data_page_values:
+                size = max(1, size - size * batch // t.data_page_values // 2)
+        pages["data_page_size"] = size
+    if t and t.data_page_version in (1, 2):
+        pages["data_page_version"] = f"{t.data_page_version}.0"
     pq.write_table(table, tmp, row_group_size=row_group,
                    compression={c.name: (c.compression or "none") for c in cols},
-                   use_dictionary=[c.name for c in cols if c.dictionary] or False)
+                   use_dictionary=[c.name for c in cols if c.dictionary] or False, **pages)
     return f"pyarrow {pa.__version__}"
 
 

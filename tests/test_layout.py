@@ -394,6 +394,59 @@ def test_parquet_columns_codecs_row_groups(tmp_path: Path) -> None:
         ("id", "int64", "zstd"), ("v", "double", "zstd"), ("blob", "byte_array", "zstd")]
 
 
+@pytest.mark.parametrize("writer", [
+    {"data_page_size": 8192},  # narrow columns cut by size, the wide one after every batch
+    {"data_page_size": 64 << 10, "data_page_version": "2.0", "write_batch_size": 500},
+    {},  # pyarrow's default 1 MiB pages: only the wide column has several per chunk
+], ids=["8KiB-v1", "64KiB-v2-batch500", "default"])
+def test_parquet_data_pages_round_trip(tmp_path: Path, writer: dict[str, Any]) -> None:
+    """The page headers give the writer's page size, batch and page version; the generated
+    files have the same pages per column chunk, of the same size and value count."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    src = tmp_path / "pq"
+    src.mkdir()
+    rng = np.random.default_rng(12)
+    n = 20000
+    table = pa.table({"id": np.arange(n), "v": rng.random(n).astype(np.float32),
+                      "blob": pa.array([rng.bytes(200) for _ in range(n)], type=pa.binary())})
+    for i in range(2):
+        pq.write_table(table, src / f"a{i}.parquet", row_group_size=10000, use_dictionary=False, **writer)
+    real, again = roundtrip(src, "parquet", tmp_path, spf=n, bytes_tol=0.05)
+    (t,), (g,) = real.tables, again.tables
+    assert t.data_page_size and t.data_page_batch and t.data_page_version == (2 if writer.get("data_page_version") else 1)
+    if "write_batch_size" in writer:
+        assert t.data_page_batch == writer["write_batch_size"]
+    assert (g.data_page_values, g.data_page_batch, g.data_page_version) == \
+        (t.data_page_values, t.data_page_batch, t.data_page_version)
+    assert g.data_page_size == pytest.approx(t.data_page_size, rel=0.02)
+
+    def pages(root: Path) -> list[tuple[str, float, int]]:
+        f = fingerprint_dataset([root])["groups"][0]["files_sampled"][0]
+        return [(c["name"], c["data_pages"], c["page_values"]) for c in f["columns"]]
+
+    assert pages(tmp_path / "pq-generated" / "train") == pages(src)
+
+
+def test_parquet_damaged_page_header_keeps_the_columns(tmp_path: Path) -> None:
+    """A page header that does not parse leaves the page fields out; the rest of the file's
+    fingerprint stands and nothing is reported as a problem."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    src = tmp_path / "pq"
+    src.mkdir()
+    path = src / "a.parquet"
+    pq.write_table(pa.table({"id": np.arange(5000)}), path, data_page_size=4096, use_dictionary=False)
+    start = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[start] = 0x0F  # a field header of an unknown wire type
+    path.write_bytes(bytes(raw))
+    doc = fingerprint_dataset([src])
+    f = doc["groups"][0]["files_sampled"][0]
+    assert doc["problems"] == [] and [c["name"] for c in f["columns"]] == ["id"]
+    assert "data_page_size" not in f and "data_pages" not in f["columns"][0]
+
+
 def test_csv_delimiter_header_columns(tmp_path: Path) -> None:
     src = tmp_path / "csv"
     src.mkdir()
