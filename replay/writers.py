@@ -586,7 +586,7 @@ def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.rand
     if mode in ("I;16", "I"):
         noise = rng.integers(0, 65536, size=(height, width)).astype(np.float64) - 32768
         arr16 = np.clip(np.rint(32768 + share * noise), 0, 65535).astype(np.uint16)
-        return Image.fromarray(arr16, "I;16")
+        return Image.fromarray(arr16)  # I;16 (Pillow 13 refuses the mode argument for it)
     noise = rng.integers(0, 256, size=(height, width, channels)).astype(np.float64) - 128
     arr = np.clip(np.rint(128 + share * noise), 0, 255).astype(np.uint8)
     if mode in ("RGBA", "LA"):
@@ -632,6 +632,88 @@ def _png_rechunk(data: bytes, chunk_bytes: int | None, extra_bytes: int) -> byte
     return data[:8] + b"".join(head) + b"".join(extras) + b"".join(pieces) + b"".join(tail)
 
 
+#: Adam7's seven passes: (first column, first row, column step, row step).
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _filter_rows(raw: np.ndarray, bpp: int, adaptive: bool) -> np.ndarray:
+    """PNG scanlines (filter byte + filtered bytes) of the byte rows *raw* (rows x bytes) whose
+    pixels are *bpp* bytes: per row the filter of least absolute sum (libpng's and Pillow's
+    heuristic) when *adaptive*, else none (as Pillow writes palette and sub-byte images)."""
+    h, n = raw.shape
+    out = np.empty((h, n + 1), dtype=np.uint8)
+    if not adaptive:
+        out[:, 0] = 0
+        out[:, 1:] = raw
+        return out
+    r = raw.astype(np.int16)
+    left = np.zeros_like(r)
+    left[:, bpp:] = r[:, :-bpp]
+    up = np.zeros_like(r)
+    up[1:] = r[:-1]
+    corner = np.zeros_like(r)
+    corner[1:, bpp:] = r[:-1, :-bpp]
+    p = left + up - corner
+    pa, pb, pc = np.abs(p - left), np.abs(p - up), np.abs(p - corner)
+    paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, corner))
+    cands = (np.stack([r, r - left, r - up, r - (left + up) // 2, r - paeth]) & 0xFF).astype(np.uint8)
+    best = np.abs(cands.view(np.int8).astype(np.int16)).sum(axis=2).argmin(axis=0)
+    out[:, 0] = best
+    out[:, 1:] = cands[best, np.arange(h)]
+    return out
+
+
+def _png_interlaced(data: bytes, img: Any) -> bytes | None:
+    """Pillow's PNG *data* of *img* again with Adam7 interlacing (Pillow cannot write it):
+    the same chunks, IHDR's interlace method 1, and IDAT the seven passes' scanlines
+    deflated at Pillow's default level. None for a pixel layout this does not handle."""
+    if data[12:16] != b"IHDR":
+        return None
+    width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+    px = np.asarray(img)
+    if px.dtype == bool:
+        px = px.astype(np.uint8)
+    if px.ndim == 2:
+        px = px[..., None]
+    if px.shape[:2] != (height, width) or depth not in (1, 2, 4, 8, 16):
+        return None
+    if depth == 16:
+        px = px.astype(">u2").view(np.uint8).reshape(height, width, -1)
+    elif px.dtype != np.uint8:
+        return None
+    bpp = px.shape[2] if depth >= 8 else 1  # bytes per pixel (16-bit samples are two bytes each by now)
+    stream = []
+    for x0, y0, dx, dy in _ADAM7:
+        sub = px[y0::dy, x0::dx]
+        if sub.size == 0:
+            continue
+        if depth < 8:  # pack the samples of a row into bytes, first pixel in the high bits
+            k = 8 // depth
+            cols = sub.shape[1]
+            padded = np.zeros((sub.shape[0], -(-cols // k) * k), dtype=np.uint16)
+            padded[:, :cols] = sub[..., 0]
+            shifts = (8 - depth - depth * np.arange(k)).astype(np.uint16)
+            rows = (padded.reshape(sub.shape[0], -1, k) << shifts).sum(axis=2).astype(np.uint8)
+        else:
+            rows = np.ascontiguousarray(sub).reshape(sub.shape[0], -1)
+        stream.append(_filter_rows(rows, bpp, adaptive=color != 3 and depth >= 8).tobytes())
+    ihdr = data[16:29]
+    ihdr = ihdr[:12] + b"\x01"
+    chunks, pos = [], 8
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IHDR":
+            chunks.append(struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)))
+        elif kind == b"IDAT":
+            if not any(c[4:8] == b"IDAT" for c in chunks):
+                idat = zlib.compress(b"".join(stream), 6)
+                chunks.append(struct.pack(">I", len(idat)) + b"IDAT" + idat + struct.pack(">I", zlib.crc32(b"IDAT" + idat)))
+        else:
+            chunks.append(data[pos:pos + 12 + length])
+        pos += 12 + length
+    return data[:8] + b"".join(chunks)
+
+
 def _encode_image(img: Any, fmt: str, t: ImageFile) -> bytes:
     bio = io.BytesIO()
     if fmt == "jpeg":
@@ -651,7 +733,10 @@ def _encode_image(img: Any, fmt: str, t: ImageFile) -> bytes:
         img.save(bio, format="JPEG", **kw)
         return bio.getvalue()
     img.save(bio, format="PNG")
-    return _png_rechunk(bio.getvalue(), t.chunk_bytes, t.extra_bytes)
+    data = bio.getvalue()
+    if t.interlaced:
+        data = _png_interlaced(data, img) or data
+    return _png_rechunk(data, t.chunk_bytes, t.extra_bytes)
 
 
 #: Noise amplitudes at which each kind of image is encoded once to map amplitude -> bytes.
@@ -870,8 +955,7 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
             i = choose_structure(layout.images, target, rng)
             out.structure = i
             tmp.write_bytes(_image_for(layout.images[i], fmt, target, rng))
-            if layout.images[i].interlaced:
-                out.notes.append("Pillow (Adam7 interlacing not written: Pillow cannot write it)")
+
         else:
             tmp.write_bytes(_image_legacy(rng, sizes[0], fmt))
     elif fmt in ("raw", "tfrecord", "indexed_binary"):
