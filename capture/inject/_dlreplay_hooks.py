@@ -212,45 +212,38 @@ def traced(name: str | None = None, cat: str = "user") -> Callable[[Callable[...
 # --------------------------------------------------------------------------- torch
 
 
-def _batch_size(batch: Any) -> int:
-    """Samples in a collated batch: leading dim of the first tensor/array found."""
-    seen = 0
-    stack = [batch]
-    while stack and seen < 64:
-        seen += 1
-        obj = stack.pop(0)
-        shape = getattr(obj, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple)):
-            if obj and not hasattr(obj[0], "shape") and not isinstance(obj[0], (list, tuple, dict)):
-                return len(obj)
-            stack.extend(obj)
-    try:
-        return len(batch)
-    except TypeError:
-        return 1
-
-
-def _batch_tensors(batch: Any, limit: int = 4096) -> int | None:
-    """Tensors in a collated batch (a worker hands each to the main process through shared
-    memory, one file-descriptor transfer each); the walk stops after ``limit`` objects."""
+def _batch_shape(batch: Any, limit: int = 4096) -> tuple[int, int | None]:
+    """(samples, tensors) of a collated batch, in one breadth-first walk of at most ``limit``
+    objects. Samples: the leading dimension of the first tensor/array found, else the
+    length of the first list of scalars, else ``len(batch)``, else 1. Tensors: how many
+    the batch holds (a worker hands each to the main process through shared memory, one
+    file-descriptor transfer each); None when torch is not imported."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    n, seen, stack = 0, 0, [batch]
-    while stack and seen < limit:
-        obj = stack.pop()
+    tensor = torch.Tensor if torch is not None else ()
+    size: int | None = None
+    n = seen = 0
+    queue = collections.deque([batch])
+    while queue and seen < limit:
+        obj = queue.popleft()
         seen += 1
-        if isinstance(obj, torch.Tensor):
+        if isinstance(obj, tensor):
             n += 1
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
+        if size is None:
+            shape = getattr(obj, "shape", None)
+            if shape is not None and len(shape) > 0:
+                size = int(shape[0])
+        if isinstance(obj, dict):
+            queue.extend(obj.values())
         elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-    return n
+            if size is None and obj and not hasattr(obj[0], "shape") and not isinstance(obj[0], (list, tuple, dict)):
+                size = len(obj)
+            queue.extend(obj)
+    if size is None:
+        try:
+            size = len(batch)
+        except TypeError:
+            size = 1
+    return size, (n if torch is not None else None)
 
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -344,9 +337,9 @@ def _patch_dataloader(mod: Any) -> None:
             REGIONS.end_named(t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, error=1)
             state.close()
             raise
-        size = _batch_size(batch)
+        size, tensors = _batch_shape(batch)
         REGIONS.end_named(t_handle, "fetch.iter", epoch=state.epoch, step=state.step, count=state.step + 1,
-                          batch_size=size, tensors=_batch_tensors(batch))
+                          batch_size=size, tensors=tensors)
         state.begin_step(size)
         state.step += 1
         return batch
