@@ -184,35 +184,57 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
                              f"(choose another {option})")
         mine._count += 1
         return mine
+    fd = _locked_claim_file(path, key, option, shared=False)
+    assert fd is not None  # (only a reader's open can find a read-only directory)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv,
+            "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    claim = DirectoryClaim(Path(key), fd)
+    DirectoryClaim._held[key] = claim
+    return claim
+
+
+def _locked_claim_file(path: Path, key: str, option: str, *, shared: bool) -> int | None:
+    """A descriptor of the claim file of the directory *key* (*path* as the user named it),
+    locked shared (a reader) or exclusive (the writer), and still the file at its place:
+    its holder removes it when it lets go, and a lock taken on the old file would guard
+    nothing, so the open is retried on the new one. None when a reader finds a read-only
+    directory without a claim file. Raises :class:`InUseError` naming who holds it."""
     lock = Path(key) / CLAIM_NAME
     for _ in range(100):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if not shared or exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            try:  # a read-only dataset: no dlreplay command can write there either
+                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 os.close(fd)
                 raise
-            try:  # a shared lock is granted only when the holders are readers (replays of a dataset)
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                readers = True
-            except OSError:
-                readers = False
+            readers = False
+            if not shared:
+                try:  # a shared lock is granted only when the holders are readers (replays of a dataset)
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    readers = True
+                except OSError:
+                    pass
             os.close(fd)
             if readers:
                 raise InUseError(f"{path} is being read by a running dlreplay replay (its dataset); wait for "
                                  f"it to finish or choose another {option}") from None
+            rule = ";" if shared else "; one writer per directory:"
             raise InUseError(f"{path} is being written by another dlreplay command "
-                             f"({_holder(path) or 'another process'}); one writer per directory: wait for it "
-                             f"to finish or choose another {option}") from None
+                             f"({_holder(Path(key)) or 'another process'}){rule} wait for it to finish or "
+                             f"choose another {option}") from None
         if _still_linked(fd, lock):
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv,
-                    "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-            claim = DirectoryClaim(Path(key), fd)
-            DirectoryClaim._held[key] = claim
-            return claim
+            return fd
         os.close(fd)  # the holder deleted the file between our open and our lock: open the new one
     raise InUseError(f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
                      f"another {option}")
@@ -233,33 +255,12 @@ def share_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
     if mine is not None:
         mine._count += 1
         return mine
-    lock = Path(key) / CLAIM_NAME
-    for _ in range(100):
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise
-            try:
-                fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise InUseError(f"{path} is being written by another dlreplay command "
-                                 f"({_holder(Path(key)) or 'another process'}); wait for it to finish or choose "
-                                 f"another {option}") from None
-            raise
-        if _still_linked(fd, lock):
-            claim = DirectoryClaim(Path(key), fd, shared=True)
-            DirectoryClaim._held[key] = claim
-            return claim
-        os.close(fd)  # a writer or the last reader removed the file meanwhile: open the new one
-    raise InUseError(f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
-                     f"another {option}")
+    fd = _locked_claim_file(Path(path), key, option, shared=True)
+    if fd is None:
+        return None
+    claim = DirectoryClaim(Path(key), fd, shared=True)
+    DirectoryClaim._held[key] = claim
+    return claim
 
 
 def is_empty_dir(path: str | os.PathLike[str]) -> bool:
