@@ -111,8 +111,10 @@ __all__ = [
 TRACE_SUFFIXES = (".pfw", ".pfw.gz")
 MANIFEST_NAME = "manifest.json"
 
-#: Decoded text per parse batch (bytes). Large batches amortise per-layout overhead.
-_CHUNK_BYTES = 32 << 20
+#: Decoded text per parse batch (bytes). Large batches amortise per-layout overhead; each
+#: thread holds one batch's text and scan at a time (32 MiB: a load's peak 244-257 B/event
+#: on 2 threads, 16 MiB: 222-235, at the same speed).
+_CHUNK_BYTES = 16 << 20
 #: Longest line kept (bytes): a longer one is dropped as it streams by (see :func:`_text_chunks`).
 _MAX_LINE_BYTES = 4 << 20
 #: Stored bytes of the files parsed together by one :func:`parse_part` call of
@@ -1966,13 +1968,19 @@ def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
 
 
-def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _resolve(compacted: _Compacted, *, alone: bool = False
+             ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(events, processes, fh, counts, markers) of a :class:`TracePart` from the compact rows of whole files.
 
     Everything that one file decides is resolved here: the time unit (``CM``), each
     process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
     and the offsets, reconstructed per (trace file, pid, POSIX or STDIO, file hash) in
     (``ts``, line) order; the rows are then gathered into (``ts``, file, line) order.
+    ``alone``: the byte ranges of one file, resolved after all of them were parsed (for a
+    trace of one large file, the only work left): what the sort keys, the offsets' inputs
+    and the dropped columns held is returned to the system between the steps, lowering the
+    load's peak (one file on 2 threads: 255-262 -> 212 B/event). A part resolved while
+    other threads parse does not: they would fault their pages in again (10 % slower).
     """
     rows, meta, starts, hosts = compacted.pop()
     meta = meta.sort("src", "seq")
@@ -1992,10 +2000,16 @@ def _resolve(compacted: _Compacted) -> tuple[pl.DataFrame, pl.DataFrame, pl.Data
     processes = _process_table(every, meta, starts, hosts)
     rows = rows.with_columns(pidx.alias("__p"))
     order = _output_order(rows)
-    offset = _offsets(rows, order)
-    held: list[pl.DataFrame] = [rows]
+    if alone:
+        release_free_memory()  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
+    offset = _offsets(rows, order, release=alone)
+    # the columns only the order and the offsets needed go before the gather (22 B/event
+    # that the gather's peak held)
+    held: list[pl.DataFrame] = [rows.select(c for c in PART_SCHEMA if c != "offset")]
     kept: list[np.ndarray | None] = [order]
     del rows, order
+    if alone:
+        release_free_memory()
     out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
     return out, processes, fh, _part_counts(out), markers
@@ -2065,7 +2079,7 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, processes, fh, counts, markers = _resolve(held)
+        events, processes, fh, counts, markers = _resolve(held, alone=True)
         out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts,
                              markers=markers))
     return out
@@ -2165,6 +2179,7 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     out = _gather(held, order, list(PART_SCHEMA))
     procs = tables.processes
     file = _file_column(out, tables)
+    release_free_memory()  # the gather's last group and the file lookup's, before the new columns
     table = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
@@ -2264,7 +2279,11 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     held, kept = [ev], [order]
     del ev, order
     events, pidx = finalize(held, kept, tables)
-    per_src = np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
+    # rows per process (a small table: not a source index per row), then per file
+    per_p = pidx.value_counts()
+    per_src = np.bincount(proc_src[per_p[pidx.name].to_numpy()], weights=per_p["count"].to_numpy(),
+                          minlength=len(names)).astype(np.int64)
+    del pidx, per_p
     per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
     release_free_memory()
@@ -2445,9 +2464,17 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     if span.bit_length() + b_src + b_seq > _PACK_BITS or (_int_stat(ev["seq"].min()) or 0) < 0:
         order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
         return order.to_series().to_numpy().astype(np.int64)
-    ts = ev["ts"].fill_null((tmax + 1) if tmax is not None else 0).to_numpy()
-    key = ((ts - (tmin or 0)) << (b_src + b_seq)) | (ev["src"].to_numpy().astype(np.int64) << b_seq) \
-        | ev["seq"].to_numpy()
+    # built in place: one array of 8 B/event besides the argsort's (numpy's temporaries
+    # for the whole expression held four at the load's peak)
+    ts = ev["ts"]
+    key = (ts.fill_null((tmax + 1) if tmax is not None else 0) if ts.null_count() else ts).to_numpy()
+    if not key.flags.writeable:  # (a one-chunk column without nulls is numpy's view of polars' buffer)
+        key = key.copy()
+    key -= tmin or 0
+    key <<= b_src + b_seq
+    if _int_stat(ev["src"].max()):  # (a part of one file, src 0, adds nothing)
+        key |= ev["src"].to_numpy().astype(np.int64) << b_seq
+    key |= ev["seq"].to_numpy()
     return np.argsort(key, kind="stable")
 
 
@@ -2456,7 +2483,7 @@ def _int_stat(value: object) -> int | None:
     return None if value is None else int(cast(int, value))
 
 
-def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
+def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.Series:
     """Offsets in output order (``order`` lists ``ev``'s rows in output order): given for
     pread/pwrite, reconstructed for stream reads and writes.
 
@@ -2468,7 +2495,8 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
     the rules and the scan are one pass over the rows in output order (``file_offsets`` in
     ``_pfwscan.c``, reading polars' buffers where they are); without it, polars rule
     columns (:func:`_position_rules`) and a few vectorised numpy passes over the I/O rows
-    sorted by (stream, output position).
+    sorted by (stream, output position). ``release``: return what the inputs' copies held
+    to the system before the column is built (see :func:`_resolve`'s ``alone``).
     """
     n = ev.height
     if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
@@ -2482,6 +2510,8 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray) -> pl.Series:
                                  ("op", np.int8), ("pos", np.uint8), ("parg", np.int64))),
                              values, valid)
         del proc, fcode
+        if release:  # the inputs' copies, before the column is built beside the values
+            release_free_memory()
         return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
     io = (pl.col("pos") & _POS_IO) != 0
     stream = (pl.col("__sp").cast(pl.Int64) * 2
