@@ -526,7 +526,9 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
                     # then a sleep for the rest of its compute time
                     b0 = time.perf_counter()
                     want = float(cpu_steps[step]) + cpu_debt
-                    spent_cpu = host.spend(want, deadline=b0 + modelled)
+                    # the CPU work ends where the step's time ends, less what earlier steps overran
+                    # (sleeper.debt): a step whose CPU fills its time has no sleep to repay that from
+                    spent_cpu = host.spend(want, deadline=b0 + max(0.0, modelled - sleeper.debt))
                     cpu_debt = min(max(want - spent_cpu, 0.0), cpu_debt_max)
                     rec["host_cpu_s"] += spent_cpu
                     rec["modelled_host_cpu_s"] += float(cpu_steps[step])

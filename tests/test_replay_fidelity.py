@@ -390,3 +390,60 @@ def test_workers_start_as_the_jobs_did(tmp_path, loader):
                                   trace=True, loader=loader))
     lt = load_trace(tmp_path / "f")
     assert distill(lt.events, manifest=lt.manifest).reader.multiprocessing_context == "fork"
+
+
+# --------------------------------------------------------------------------- the step's own overhead
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_arrival_stamp_is_when_torch_had_the_batch(persistent: bool) -> None:
+    """The torch loader counts a step from when torch had its batch (the iterator's
+    ``_next_data`` returned), not from when ``__next__`` came back: that return can wait for
+    the GIL, and the job's step as its hooks measure it holds that wait already. Every batch
+    gets its own stamp, at or before its receipt; a persistent iterator is wrapped once; an
+    iterator without ``_next_data`` gets no stamp and still works."""
+    import time
+
+    import torch
+
+    from dlreplay.replay.torchloader import _arrival_stamps
+
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=1,
+                                         persistent_workers=persistent)
+    seen_lists = []
+    for _epoch in range(2):
+        it = iter(loader)
+        stamp = _arrival_stamps(it)
+        seen_lists.append(stamp)
+        got = []
+        for batch in it:
+            received = time.perf_counter()
+            assert 0.0 < stamp[0] <= received
+            got.append(batch.tolist())
+            stamp[0] = 0.0
+        assert got == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    if persistent:  # one iterator for both epochs: its _next_data wrapped once, one stamp list
+        assert seen_lists[0] is seen_lists[1]
+    plain = iter([1, 2])
+    assert _arrival_stamps(plain) == [0.0] and list(plain) == [1, 2]
+
+
+def test_host_cpu_work_leaves_time_to_repay_earlier_overruns(tmp_path, monkeypatch) -> None:
+    """A step whose host CPU fills its compute time has no sleep to take earlier steps'
+    overrun (loop overhead, late wake-ups) out of: its CPU work ends that much earlier.
+    With an overrun larger than every step (a debt of 10 s), no step spends any CPU."""
+    from dlreplay.replay import engine
+
+    real_init = engine._Sleeper.__init__
+
+    def indebted(self) -> None:
+        real_init(self)
+        self.debt = 10.0
+
+    monkeypatch.setattr(engine._Sleeper, "__init__", indebted)
+    model = make_model("train.computation_time=0.02", "train.computation_host_cpu=0.01", "train.epochs=1")
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
+                                  loader="builtin"))
+    (ep,) = res.metrics["epochs"]
+    assert ep["modelled_host_cpu_s"] > 0 and ep["host_cpu_s"] == 0.0
