@@ -725,8 +725,10 @@ class _Compact:
         n = self.varint()
         return (n >> 1) ^ -(n & 1)
 
-    def struct(self) -> dict[int, Any]:
+    def struct(self, depth: int = 0) -> dict[int, Any]:
         """A struct's integer fields (and nested structs, as dicts) by field id."""
+        if depth > _THRIFT_DEPTH:
+            raise _ThriftError("structs nested too deep")
         out: dict[int, Any] = {}
         last = 0
         while True:
@@ -739,46 +741,51 @@ class _Compact:
             if kind in (3, 4, 5, 6):  # byte, i16, i32, i64
                 out[fid] = self.zigzag() if kind != 3 else self._byte()
             elif kind == 12:
-                out[fid] = self.struct()
+                out[fid] = self.struct(depth + 1)
             else:
-                self._skip(kind)
+                self._skip(kind, depth)
 
-    def _skip(self, kind: int) -> None:
+    def _skip(self, kind: int, depth: int) -> None:
+        if depth > _THRIFT_DEPTH:
+            raise _ThriftError("containers nested too deep")
         if kind in (1, 2):  # booleans live in the field header
             return
         if kind in (3, 4, 5, 6):
             self.varint() if kind != 3 else self._byte()
-        elif kind == 7:
-            self.pos += 8
-        elif kind == 8:
-            n = self.varint()  # (read before pos: ``pos += varint()`` would lose the length's bytes)
+        elif kind in (7, 8):
+            n = 8 if kind == 7 else self.varint()  # (read before pos: ``pos += varint()`` would lose its bytes)
             self.pos += n
+            if self.pos > len(self.buf):
+                raise _ThriftError("header runs past the bytes read")
         elif kind in (9, 10):  # list, set
             head = self._byte()
             n, elem = head >> 4, head & 0x0F
             if n == 15:
                 n = self.varint()
             for _ in range(n):
-                self._skip_elem(elem)
+                self._skip_elem(elem, depth)
         elif kind == 11:  # map
             n = self.varint()
             if n:
                 kv = self._byte()
                 for _ in range(n):
-                    self._skip_elem(kv >> 4)
-                    self._skip_elem(kv & 0x0F)
+                    self._skip_elem(kv >> 4, depth)
+                    self._skip_elem(kv & 0x0F, depth)
         elif kind == 12:
-            self.struct()
+            self.struct(depth + 1)
         else:
             raise _ThriftError(f"unknown wire type {kind}")
 
-    def _skip_elem(self, kind: int) -> None:
+    def _skip_elem(self, kind: int, depth: int) -> None:
         if kind in (1, 2):  # a boolean element is one byte
             self._byte()
         else:
-            self._skip(kind)
+            self._skip(kind, depth + (kind in (9, 10, 11)))
 
 
+#: Deepest nesting of structs and containers a page header may have (parquet.thrift's is 3):
+#: a damaged or crafted header stops there instead of exhausting Python's stack.
+_THRIFT_DEPTH = 16
 #: Parquet page types (parquet.thrift PageType).
 _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 2, 3
 #: Bytes read at a page's start to parse its header (statistics of long values can make

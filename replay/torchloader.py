@@ -224,7 +224,11 @@ def _arrival_stamps(it: Any) -> list[float]:
     the replay counts the step from the batch's arrival and takes the delay out of its
     sleep instead of spending it twice (npz_starved: loop bodies 0.8 ms a step longer than
     the model, ΔAU +3.5 to +5.2 points over 8 replays; with this and the engine repaying
-    such overruns from its CPU work too, -0.8 to +0.4)."""
+    such overruns from its CPU work too, -0.8 to +0.4). Traced by dlreplay's capture hooks,
+    the step begins later, where the hooks begin the loop body (``epoch`` reads it): their
+    own fetch bookkeeping, and a trace buffer's flush, belong to the fetch, as in the job
+    (h5_tiles: ΔAU -2.3 / -2.4 / -2.4 counted from the arrival, -1.9 / -1.0 / -2.0 from the
+    hooks' step)."""
     stamp = [0.0]
     inner = getattr(it, "_next_data", None)
     if inner is None or getattr(inner, "_dlreplay_stamped", False):  # (a persistent iterator: wrapped once)
@@ -275,7 +279,10 @@ class TorchLoader:
                 self._iter = iter(self.loader)
             arrived = _arrival_stamps(self._iter)
             for i, (nbytes, pids, *tensors) in enumerate(self._iter):
-                got = arrived[0] or time.perf_counter()
+                # traced by dlreplay's capture hooks, the step begins where they begin the job's
+                # loop body: after their own fetch bookkeeping (and a trace buffer's flush)
+                hooked = getattr(self._iter.__dict__.get("_dlreplay_state"), "step_t0", 0.0)
+                got = max(arrived[0], hooked) or time.perf_counter()
                 arrived[0] = 0.0
                 # the tensors go to the training step, which drops them at its end (a generator
                 # suspended at yield would otherwise hold them into the next fetch)

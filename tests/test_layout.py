@@ -498,6 +498,21 @@ def test_parquet_damaged_page_header_keeps_the_columns(tmp_path: Path) -> None:
     assert "data_page_size" not in f and "data_pages" not in f["columns"][0]
 
 
+@pytest.mark.parametrize("header", [
+    b"\x1c" * 5000,  # structs nested 5,000 deep
+    b"\x19" * 5000,  # lists of lists
+    b"\x19\xf7" + b"\xff" * 9 + b"\x01",  # a list of 2**63 doubles in 12 bytes
+    b"\x18\x7f",  # a binary field longer than the header
+])
+def test_thrift_reader_refuses_crafted_headers(header: bytes) -> None:
+    """A damaged or crafted page header ends in the reader's own error, never in a
+    RecursionError or an endless loop (the fingerprint then leaves the page fields out)."""
+    from dlreplay.capture.fingerprint import _Compact, _ThriftError
+
+    with pytest.raises(_ThriftError):
+        _Compact(header).struct()
+
+
 def test_csv_delimiter_header_columns(tmp_path: Path) -> None:
     src = tmp_path / "csv"
     src.mkdir()

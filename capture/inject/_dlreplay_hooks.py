@@ -255,7 +255,7 @@ def _cpu_clocks() -> tuple[int, int]:
 
 
 class _IterState:
-    __slots__ = ("epoch", "step", "epoch_handle", "step_handle", "step_cpu", "done")
+    __slots__ = ("epoch", "step", "epoch_handle", "step_handle", "step_cpu", "step_t0", "done")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -263,12 +263,15 @@ class _IterState:
         self.epoch_handle: int | None = None
         self.step_handle: int | None = None
         self.step_cpu = (0, 0)
+        self.step_t0 = 0.0
         self.done = False
 
     def begin_step(self, size: int) -> None:
         """Open the loop body of the batch just received (``fetch.block``)."""
         self.step_handle = REGIONS.begin("fetch.block", "dataloader", epoch=self.epoch, step=self.step,
                                          count=self.step + 1, batch_size=size)
+        # when the loop body began (time.perf_counter): a traced replay counts its step from here
+        self.step_t0 = time.perf_counter()
         if self.step_handle:
             self.step_cpu = _cpu_clocks()
 
