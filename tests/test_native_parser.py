@@ -55,6 +55,21 @@ def test_the_extension_is_built() -> None:
     assert LOAD._NATIVE is not None, "dlreplay.analyze.trace._pfwscan is not built: is a C compiler installed?"
 
 
+def test_sorting_leaves_the_timestamps_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output order's sort key is built in place in a copy: numpy's view of a polars
+    column can be writable, and the key once overwrote the table's ``ts`` (the Python path
+    loaded these lines with ts 0 and 1; found by the random-lines test below)."""
+    good = (b'{"id":0,"name":"read","cat":"POSIX","pid":101,"tid":101,"ts":1795315916000000,"dur":0,"ph":1,'
+            b'"args":{"hhash":"6882804a826580cd","fhash":"00000000000000aa","ret":0}}')
+    nopid = (b'{"id":0,"name":"read","cat":"POSIX","pid":null,"tid":101,"ts":1795315916000000,"dur":0,"ph":1,'
+             b'"args":{"hhash":"6882804a826580cd","fhash":"00000000000000aa"}}')
+    path = tmp_path / "t.pfw"
+    path.write_bytes(b"\n".join([good, good] + [nopid] * 40) + b"\n")
+    native, python = load_both(path, monkeypatch)
+    assert python.events["ts"].to_list() == [1795315916000000] * 2
+    assert_same(native, python)
+
+
 @pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
 def test_corpus_traces_load_identically(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native, python = load_both(trace, monkeypatch)

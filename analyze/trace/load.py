@@ -2468,8 +2468,9 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     # for the whole expression held four at the load's peak)
     ts = ev["ts"]
     key = (ts.fill_null((tmax + 1) if tmax is not None else 0) if ts.null_count() else ts).to_numpy()
-    if not key.flags.writeable:  # (a one-chunk column without nulls is numpy's view of polars' buffer)
-        key = key.copy()
+    if not (key.flags.owndata and key.flags.writeable):
+        # a view of polars' buffer (possibly writable): the table's own ts must not change
+        key = key.astype(np.int64, copy=True)
     key -= tmin or 0
     key <<= b_src + b_seq
     if _int_stat(ev["src"].max()):  # (a part of one file, src 0, adds nothing)
