@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -234,12 +233,9 @@ def _arrival_stamps(it: Any) -> list[float]:
     inner = getattr(it, "_next_data", None)
     if inner is None or getattr(inner, "_dlreplay_stamped", False):  # (a persistent iterator: wrapped once)
         return getattr(inner, "_dlreplay_stamp", stamp)
-    # the class's function and a weak reference: the iterator holding a closure that held it
-    # would be a cycle, and its __del__ (which stops its workers) would wait for the collector
-    method, ref = type(it)._next_data, weakref.ref(it)
 
     def _next_data() -> Any:
-        data = method(ref())
+        data = inner()
         stamp[0] = time.perf_counter()
         return data
 
