@@ -605,31 +605,35 @@ def _image_pixels(width: int, height: int, mode: str, share: float, rng: np.rand
     return Image.fromarray(arr, {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}[channels])
 
 
-def _png_rechunk(data: bytes, chunk_bytes: int | None, extra_bytes: int) -> bytes:
-    """The PNG with its IDAT data re-split into *chunk_bytes* chunks and *extra_bytes* of text chunk."""
-    pos, head, idat, tail = 8, [], bytearray(), []
-    seen_idat = False
+def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The (type, payload) of each chunk of the PNG *data*, in order (the signature skipped)."""
+    out, pos = [], 8
     while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        chunk = data[pos:pos + 12 + length]
-        if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-            seen_idat = True
-        elif seen_idat:
-            tail.append(chunk)
-        else:
-            head.append(chunk)
+        out.append((kind, data[pos + 8:pos + 8 + length]))
         pos += 12 + length
+    return out
 
-    def frame(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
+def _png_frame(kind: bytes, payload: bytes) -> bytes:
+    """One PNG chunk: length, type, payload, CRC."""
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def _png_rechunk(data: bytes, chunk_bytes: int | None, extra_bytes: int) -> bytes:
+    """The PNG with its IDAT data re-split into *chunk_bytes* chunks and *extra_bytes* of text chunk."""
+    chunks = _png_chunks(data)
+    kinds = [k for k, _ in chunks]
+    first = kinds.index(b"IDAT") if b"IDAT" in kinds else len(chunks)
+    idat = b"".join(p for k, p in chunks if k == b"IDAT")
+    head = chunks[:first]
+    tail = [c for c in chunks[first:] if c[0] != b"IDAT"]
     extras = []
     if extra_bytes >= 12 + len(b"Comment\0") + 1:
-        extras.append(frame(b"tEXt", b"Comment\0" + b"x" * (extra_bytes - 12 - len(b"Comment\0"))))
+        extras.append((b"tEXt", b"Comment\0" + b"x" * (extra_bytes - 12 - len(b"Comment\0"))))
     size = chunk_bytes or max(len(idat), 1)
-    pieces = [frame(b"IDAT", bytes(idat[i:i + size])) for i in range(0, max(len(idat), 1), size)]
-    return data[:8] + b"".join(head) + b"".join(extras) + b"".join(pieces) + b"".join(tail)
+    pieces = [(b"IDAT", idat[i:i + size]) for i in range(0, max(len(idat), 1), size)]
+    return data[:8] + b"".join(_png_frame(k, p) for k, p in [*head, *extras, *pieces, *tail])
 
 
 #: Adam7's seven passes: (first column, first row, column step, row step).
@@ -697,21 +701,15 @@ def _png_interlaced(data: bytes, img: Any) -> bytes | None:
         else:
             rows = np.ascontiguousarray(sub).reshape(sub.shape[0], -1)
         stream.append(_filter_rows(rows, bpp, adaptive=color != 3 and depth >= 8).tobytes())
-    ihdr = data[16:29]
-    ihdr = ihdr[:12] + b"\x01"
-    chunks, pos = [], 8
-    while pos + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+    out: list[tuple[bytes, bytes]] = []
+    for kind, payload in _png_chunks(data):
         if kind == b"IHDR":
-            chunks.append(struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)))
-        elif kind == b"IDAT":
-            if not any(c[4:8] == b"IDAT" for c in chunks):
-                idat = zlib.compress(b"".join(stream), 6)
-                chunks.append(struct.pack(">I", len(idat)) + b"IDAT" + idat + struct.pack(">I", zlib.crc32(b"IDAT" + idat)))
-        else:
-            chunks.append(data[pos:pos + 12 + length])
-        pos += 12 + length
-    return data[:8] + b"".join(chunks)
+            out.append((kind, payload[:12] + b"\x01"))  # interlace method 1: Adam7
+        elif kind != b"IDAT":
+            out.append((kind, payload))
+        elif not any(k == b"IDAT" for k, _ in out):  # the passes, where the first IDAT was
+            out.append((kind, zlib.compress(b"".join(stream), 6)))
+    return data[:8] + b"".join(_png_frame(k, p) for k, p in out)
 
 
 def _encode_image(img: Any, fmt: str, t: ImageFile) -> bytes:
