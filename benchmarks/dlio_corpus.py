@@ -31,14 +31,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from layout_fidelity import warm_page_cache  # noqa: E402  (benchmarks/, this script's directory)
+from layout_fidelity import settled_dataset, warm_page_cache  # noqa: E402  (benchmarks/, this script's directory)
+
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402
 from dlreplay.analyze.passes import characterize  # noqa: E402
 from dlreplay.dlio import dlio_to_model  # noqa: E402
 from dlreplay.model import save_model  # noqa: E402
-from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay  # noqa: E402
+from dlreplay.replay import ReplayConfig, run_replay  # noqa: E402
 
 TRACES = [*sorted((REPO / "traces").glob("dlio_*")), REPO / "traces" / "ai_annotated"]
 
@@ -52,12 +53,6 @@ def _settle(data: Path) -> None:
     and AU 70.8 % by DLIO's formula against 83.4 %)."""
     os.sync()
     warm_page_cache(data)
-
-
-def _generated(model, data: Path) -> None:
-    """The replay's dataset generated (when it is not there yet) and settled (:func:`_settle`)."""
-    generate_dataset(GenerateConfig(model=model, data_dir=data))
-    _settle(data)
 
 
 def _pair(got: object, want: object) -> str:
@@ -152,7 +147,7 @@ def paired(args: argparse.Namespace) -> None:
             save_model(m, job / f"model-{r}.yaml")
             replay = job / f"replay-{r}"
             shutil.rmtree(replay, ignore_errors=True)
-            _generated(m, job / "replay-data")
+            settled_dataset(m, job / "replay-data")
             run_replay(ReplayConfig(model=m, data_dir=job / "replay-data", out=replay), echo=lambda s: None)
             cmp = compare_traces(out, replay)
             # the workload file DLIO ran, imported (no trace): DLIO's configured times and generator
@@ -160,7 +155,7 @@ def paired(args: argparse.Namespace) -> None:
                                      source=f"{name} workload")
             imp_out = job / f"import-{r}"
             shutil.rmtree(imp_out, ignore_errors=True)
-            _generated(imported, job / "import-data")
+            settled_dataset(imported, job / "import-data")
             run_replay(ReplayConfig(model=imported, data_dir=job / "import-data", out=imp_out), echo=lambda s: None)
             cmp_imp = compare_traces(out, imp_out)
             real, got = cmp.features_a.get("bytes_read") or 0, cmp.features_b.get("bytes_read") or 0

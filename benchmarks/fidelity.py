@@ -55,14 +55,14 @@ import polars as pl
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from layout_fidelity import warm_page_cache  # noqa: E402  (benchmarks/, this script's directory)
+from layout_fidelity import settled_dataset, warm_page_cache  # noqa: E402  (benchmarks/, this script's directory)
 
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 from dlreplay.model import apply_overrides  # noqa: E402
-from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay  # noqa: E402
+from dlreplay.replay import ReplayConfig, run_replay  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +148,9 @@ def _this_pipeline(name: str, run_dir: Path, work: Path, repeat: int, real: list
     cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=out, trace=True, **extra)
     # the replay's dataset, kept from an earlier repeat or run, read from the page cache as the
     # job's was (warm_page_cache before the capture): a dataset the VM had reclaimed made the
-    # replay read from disk (io time 0.53 s against the job's 0.10 s, similarity 0.92)
-    generate_dataset(GenerateConfig(model=model, data_dir=work / "replay-data"))
-    warm_page_cache(work / "replay-data")
-    os.sync()  # the job's checkpoints written back first: their writeback would throttle the replay's writes
+    # replay read from disk (io time 0.53 s against the job's 0.10 s, similarity 0.92); and the
+    # job's checkpoints written back first: their writeback would throttle the replay's writes
+    settled_dataset(model, work / "replay-data")
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_replay(cfg, echo=lambda s: None)
     replay = [e["epoch_time_s"] for e in result.metrics["epochs"]]

@@ -38,7 +38,7 @@ from dlreplay.analyze.distill import distill  # noqa: E402
 from dlreplay.analyze.layout import resolve_fingerprint  # noqa: E402
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 from dlreplay.model import Layout, WorkloadModel  # noqa: E402
-from dlreplay.replay import ReplayConfig, run_replay  # noqa: E402
+from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay  # noqa: E402
 
 #: name -> (example script, job arguments): the cases of the dataset-layout issue.
 JOBS: dict[str, tuple[str, list[str]]] = {
@@ -68,6 +68,16 @@ def warm_page_cache(root: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+def settled_dataset(model: WorkloadModel, data: Path) -> None:
+    """The replay's dataset in *data* generated (when it is not there yet) and settled: every
+    dirty page written back (a previous run's dataset or checkpoints would throttle the
+    replay's writes) and the dataset read once, so that the replay reads it from the page
+    cache as the job (or DLIO) read its own (:func:`warm_page_cache`)."""
+    generate_dataset(GenerateConfig(model=model, data_dir=data))
+    os.sync()
+    warm_page_cache(data)
 
 
 def _replay(model: WorkloadModel, work: Path, tag: str) -> Path:
