@@ -98,7 +98,7 @@ def _read_runs(io: pl.DataFrame) -> pl.DataFrame:
     continues the run); (pid, file, ts, end) of each run's first read, in time order."""
     r = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)).sort("ts")
     if r.is_empty():
-        return pl.DataFrame(schema={"pid": pl.Int64, "file": pl.String, "ts": pl.Int64, "end": pl.Int64})
+        return pl.DataFrame(schema={"pid": pl.Int32, "file": pl.String, "ts": pl.Int64, "end": pl.Int64})
     prev_end = (pl.col("offset") + pl.col("size")).shift(1).over("pid", "file")
     new = prev_end.is_null() | pl.col("offset").is_null() | (pl.col("offset") != prev_end)
     # a run also ends when the process touched another file in between

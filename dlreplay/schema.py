@@ -19,9 +19,9 @@ TRACE_FORMAT_VERSION = 1
 #: string per event (names, categories, files, hosts, sources and roles are Categorical,
 #: 4 bytes a row): about 130 bytes per event with the null masks.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
-    "pid": pl.Int64(),  # process id
+    "pid": pl.Int32(),  # process id (C pid_t)
     "tid": pl.Int64(),  # thread id
-    "ppid": pl.Int64(),  # parent process id (from DFTracer's per-process start record), null if unknown
+    "ppid": pl.Int32(),  # parent process id (from DFTracer's per-process start record), null if unknown
     "host": pl.Categorical(),  # host name (resolved from HH records), else the host hash
     "ts": pl.Int64(),  # start, microseconds since the Unix epoch
     "dur": pl.Int64(),  # duration, microseconds
@@ -33,9 +33,10 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "size": pl.Int64(),  # bytes transferred (``ret`` of read/write >= 0; checkpoint bytes)
     "offset": pl.Int64(),  # file offset where the transfer starts (given or reconstructed)
     "ret": pl.Int64(),  # raw return value where recorded (lseek: the new offset)
-    "epoch": pl.Int64(),  # data-loader epoch (0-based), null when not a data-loader event
-    "step": pl.Int64(),  # batch index within the epoch (fetch/step events)
-    "batch_size": pl.Int64(),  # samples in the batch (fetch events)
+    # loop counters, 32-bit (a value beyond reads as null)
+    "epoch": pl.Int32(),  # data-loader epoch (0-based), null when not a data-loader event
+    "step": pl.Int32(),  # batch index within the epoch (fetch/step events)
+    "batch_size": pl.Int32(),  # samples in the batch (fetch events)
     "sample_index": pl.Int64(),  # dataset index of the sample (item events)
     # CPU time of the process, all its threads, during the event (microseconds) and the threads
     # that shared it (process CPU over the recording thread's): where the tracer measured them

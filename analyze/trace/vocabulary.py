@@ -227,8 +227,9 @@ def _rank_pids(ev: pl.DataFrame) -> tuple[pl.DataFrame, bool]:
     ev = ev.join(main, on=["host", "pid"], how="left", nulls_equal=True, maintain_order="left")
     ev = ev.with_columns(
         pl.when(is_rank & pl.col("tid").is_not_null() & (pl.col("tid") != pl.col("__main")))
-        .then(pl.col("__main")).otherwise(pl.col("ppid")).alias("ppid"),
-        pl.when(is_rank & pl.col("tid").is_not_null()).then(pl.col("tid")).otherwise(pl.col("pid")).alias("pid"),
+        .then(pl.col("__main")).otherwise(pl.col("ppid")).cast(pl.Int32, strict=False).alias("ppid"),
+        pl.when(is_rank & pl.col("tid").is_not_null()).then(pl.col("tid")).otherwise(pl.col("pid"))
+        .cast(pl.Int32, strict=False).alias("pid"),  # thread ids are pid_t too
     ).drop("__main")
     return ev, True
 
@@ -258,12 +259,12 @@ def marker_spans(meta: pl.DataFrame) -> pl.DataFrame:
     and the time in ``a_value``, and ``pid``, ``tid``, ``src``. The k-th start of a name in
     a process pairs with its k-th end. Returns (src, pid, tid, name, ts, dur).
     """
-    schema = pl.Schema({"src": pl.UInt32(), "pid": pl.Int64(), "tid": pl.Int64(), "name": pl.String(),
+    schema = pl.Schema({"src": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int64(), "name": pl.String(),
                         "ts": pl.Int64(), "dur": pl.Int64()})
     if meta.height == 0 or "a_name" not in meta.columns:
         return pl.DataFrame(schema=schema)
     m = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
-        pl.col("src").cast(pl.UInt32), pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64),
+        pl.col("src").cast(pl.UInt32), pl.col("pid").cast(pl.Int32, strict=False), pl.col("tid").cast(pl.Int64),
         pl.col("a_name").str.replace(r"\.(start|end)$", "").alias("name"),
         pl.col("a_name").str.ends_with(".start").alias("start"),
         pl.col("a_value").cast(pl.Int64, strict=False).alias("t"),
@@ -329,6 +330,11 @@ def canonicalize(ev: pl.DataFrame, markers: pl.DataFrame | None = None,
     events added, or items or checkpoints spelled otherwise than by dlreplay's capture, so
     per-process tables computed from the spellings before the hook are stale.
     """
+    # ids and loop counters in the event table's 32-bit types (a table built by hand or by an
+    # older dlreplay has 64-bit ones): the joins below match them by type
+    narrow = {c: dt for c, dt in _NEEDED.items() if dt == pl.Int32() and c in ev.columns and ev.schema[c] != dt}
+    if narrow:
+        ev = ev.with_columns(pl.col(c).cast(dt, strict=False) for c, dt in narrow.items())
     ev, changed = _rank_pids(ev)
     role = role_expr(ev)
     role = _legacy_steps(ev, role)
@@ -363,7 +369,7 @@ def epoch_spans(events: pl.DataFrame) -> pl.DataFrame:
     else from the loop events' epoch numbers (first event to last end). ``events`` need
     only the annotation rows (with ``role``).
     """
-    schema = {"pid": pl.Int64, "epoch": pl.Int64, "ts": pl.Int64, "end": pl.Int64, "basis": pl.String}
+    schema = {"pid": pl.Int32, "epoch": pl.Int32, "ts": pl.Int64, "end": pl.Int64, "basis": pl.String}
     ann = events.filter(pl.col("role").is_not_null())
     if ann.is_empty():
         return pl.DataFrame(schema=schema)
@@ -399,7 +405,7 @@ def _numbered(spans: pl.DataFrame) -> pl.DataFrame:
     ok = own.filter((pl.col("nulls") == 0) & (pl.col("distinct") == pl.col("n")))["pid"]
     epoch = pl.when(pl.col("pid").is_in(ok.implode())).then(
         pl.col("s_epoch") - pl.col("s_epoch").min().over("pid")).otherwise(pl.col("__k"))
-    return s.select("pid", epoch.cast(pl.Int64).alias("epoch"), "s_ts", "s_end")
+    return s.select("pid", epoch.cast(pl.Int32).alias("epoch"), "s_ts", "s_end")
 
 
 def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
@@ -471,9 +477,9 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
 
 #: Columns :func:`canonicalize` reads, with their types (see dlreplay.schema.EVENT_SCHEMA).
 _NEEDED: dict[str, pl.DataType] = {
-    "pid": pl.Int64(), "tid": pl.Int64(), "ppid": pl.Int64(), "host": pl.String(), "ts": pl.Int64(),
+    "pid": pl.Int32(), "tid": pl.Int64(), "ppid": pl.Int32(), "host": pl.String(), "ts": pl.Int64(),
     "dur": pl.Int64(), "cat": pl.String(), "name": pl.String(), "file": pl.String(), "size": pl.Int64(),
-    "epoch": pl.Int64(), "step": pl.Int64(), "batch_size": pl.Int64(), "sample_index": pl.Int64(),
+    "epoch": pl.Int32(), "step": pl.Int32(), "batch_size": pl.Int32(), "sample_index": pl.Int64(),
 }
 
 
@@ -503,10 +509,10 @@ def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) ->
     return [{"cat": c, "name": n, "count": int(k)} for c, n, k in df.head(limit).iter_rows()]
 
 
-STEP_SCHEMA = {"pid": pl.Int64, "epoch": pl.Int64, "step": pl.Int64, "ts": pl.Int64, "end": pl.Int64,
+STEP_SCHEMA = {"pid": pl.Int32, "epoch": pl.Int32, "step": pl.Int32, "ts": pl.Int64, "end": pl.Int64,
                "wait_us": pl.Int64, "compute_us": pl.Int64, "ckpt_us": pl.Int64, "other_us": pl.Int64,
                "after_ckpt_us": pl.Int64, "lead_in_us": pl.Int64, "cpu_us": pl.Int64, "cpu_threads": pl.Int64,
-               "batch_size": pl.Int64, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
+               "batch_size": pl.Int32, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
 
 
 def training_steps(events: pl.DataFrame) -> pl.DataFrame:
