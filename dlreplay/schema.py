@@ -20,7 +20,7 @@ TRACE_FORMAT_VERSION = 1
 #: 4 bytes a row): about 130 bytes per event with the null masks.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
     "pid": pl.Int32(),  # process id (C pid_t)
-    "tid": pl.Int64(),  # thread id
+    "tid": pl.Int32(),  # thread id (C pid_t)
     "ppid": pl.Int32(),  # parent process id (from DFTracer's per-process start record), null if unknown
     "host": pl.Categorical(),  # host name (resolved from HH records), else the host hash
     "ts": pl.Int64(),  # start, microseconds since the Unix epoch

@@ -72,21 +72,25 @@ def test_sorting_leaves_the_timestamps_alone(tmp_path: Path, monkeypatch: pytest
 
 
 def test_ids_and_loop_counters_are_32_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """pid/ppid and epoch/step/batch_size are Int32 in the event table (4 B a row each, not 8):
+    """pid/ppid/tid and epoch/step/batch_size are Int32 in the event table (4 B a row each, not 8):
     a counter beyond 32 bits is no counter and reads as null, the rest of the event stays."""
     def item(epoch: int, step: int) -> bytes:  # a worker's item: not numbered by the loop's fill
         return (b'{"id":0,"name":"item","cat":"data","pid":101,"tid":101,"ts":1795315916000000,"dur":5,'
                 b'"ph":"X","args":{"epoch":%d,"step":%d,"batch_size":4}}' % (epoch, step))
     path = tmp_path / "t.pfw"
-    path.write_bytes(b"\n".join([item(0, 2_147_483_647), item(2**31, 1), item(3, 2**40)]) + b"\n")
+    far = item(4, 4).replace(b'"tid":101', b'"tid":%d' % 2**33)
+    path.write_bytes(b"\n".join([item(0, 2_147_483_647), item(2**31, 1), item(3, 2**40), far]) + b"\n")
     native, python = load_both(path, monkeypatch)
     assert_same(native, python)
     ev = native.events
-    assert {c: ev.schema[c] for c in ("pid", "ppid", "epoch", "step", "batch_size")} == dict.fromkeys(
-        ("pid", "ppid", "epoch", "step", "batch_size"), pl.Int32())
-    assert ev["epoch"].to_list() == [0, None, 3]
-    assert ev["step"].to_list() == [2_147_483_647, 1, None]
-    assert ev["batch_size"].to_list() == [4, 4, 4] and ev["dur"].to_list() == [5, 5, 5]
+    narrow = ("pid", "ppid", "tid", "epoch", "step", "batch_size")
+    assert {c: ev.schema[c] for c in narrow} == dict.fromkeys(narrow, pl.Int32())
+    assert ev["epoch"].to_list() == [0, None, 3, 4]
+    assert ev["step"].to_list() == [2_147_483_647, 1, None, 4]
+    assert ev["batch_size"].to_list() == [4, 4, 4, 4] and ev["dur"].to_list() == [5, 5, 5, 5]
+    # a thread id beyond 32 bits is no pid_t: null, and the file's report counts it
+    assert ev["tid"].to_list() == [101, 101, 101, None]
+    assert any("1 event(s) with a pid, ppid or tid beyond 32 bits" in p for p in native.files[0].problems)
 
 
 @pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)

@@ -706,6 +706,48 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
     ranged = any(len(job) == 5 for job in jobs)
     if ranged and len(jobs) != 1:
         raise ValueError("parse_part: a byte range of a file is parsed alone")
+    _PARSING.enter()
+    try:
+        got = _parse_rows(jobs, ranged)
+    finally:
+        alone = _PARSING.leave()
+    if isinstance(got, RangePart):
+        return got
+    rows, files = got
+    events, processes, records, counts, markers = _resolve(rows, alone=alone)
+    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers)
+
+
+class _Parsing:
+    """How many :func:`parse_part` calls of this process are decoding and parsing (not
+    resolving): a part resolved while none is returns memory between its steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def leave(self) -> bool:
+        """Done parsing; True when no other call still is."""
+        with self._lock:
+            if self._n:
+                self._n -= 1
+            return self._n == 0
+
+    def idle(self) -> bool:
+        with self._lock:
+            return self._n == 0
+
+
+_PARSING = _Parsing()
+
+
+def _parse_rows(jobs: Sequence[PartJob], ranged: bool
+                ) -> RangePart | tuple[_Compacted, list[tuple[int, FileReport]]]:
+    """:func:`parse_part` up to the resolve: a range's part, else the compacted rows and the files' reports."""
     batch = _new_batch()
     rows = _Compacted()
     done: list[tuple[int, Path, int, _Stats]] = []
@@ -763,8 +805,7 @@ def parse_part(jobs: Sequence[PartJob]) -> TracePart | RangePart:
         kept, meta, starts, hosts = rows.pop()
         return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
                          hosts=hosts, report=files[0][1], clean_end=clean_end)
-    events, processes, records, counts, markers = _resolve(rows)
-    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers)
+    return rows, files
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -1070,7 +1111,7 @@ _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "
                 "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads", "tensors")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
 #: Raw int columns that :func:`_compact_exprs` passes through unchanged.
-_PASSED_THROUGH = ("tid", "ts", "dur", "ret", "image_idx")
+_PASSED_THROUGH = ("ts", "dur", "ret", "image_idx")
 
 
 def native_parser_available() -> bool:
@@ -1728,7 +1769,7 @@ _I16 = pl.Int16()
 #: (:data:`_POS_OK` ... flags) and ``parg`` (the one argument the class needs, or
 #: :data:`_NUL`). ``__path`` is the ``path`` (else ``fname``) argument.
 CHUNK_SCHEMA: dict[str, pl.DataType] = {
-    "src": _SRC, "seq": _INT, "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT,
+    "src": _SRC, "seq": _INT, "pid": _I32, "tid": _I32, "ts": _INT, "dur": _INT,
     "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
     "op": pl.Int8(), "pos": pl.UInt8(), "parg": _INT,
     "epoch": _I32, "step": _I32, "batch_size": _I32, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32,
@@ -1736,7 +1777,7 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
 }
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
 PART_SCHEMA: dict[str, pl.DataType] = {
-    "pid": _I32, "tid": _INT, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
+    "pid": _I32, "tid": _I32, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
     "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _I32, "step": _I32,
     "batch_size": _I32, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32, "tensors": _I16,
     "__p": pl.UInt32(),
@@ -1758,9 +1799,9 @@ FH_SCHEMA: dict[str, pl.DataType] = {"hash": _STR, "name": _STR, "src": _SRC, "s
 _STARTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "seq": _INT, "pid": _I32, "ppid": _INT, "cwd": _STR,
                                           "hhash": _STR}
 _HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, "hhash": _STR}
-#: Integer fields kept as Int32 while loading (process ids are C ``pid_t``): a value beyond
+#: Integer fields kept as Int32 while loading (process and thread ids are C ``pid_t``): a value beyond
 #: 32 bits reads as null, and the file's report says so.
-_NARROW = ("pid", "ppid")
+_NARROW = ("pid", "ppid", "tid")
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I16_MAX = (1 << 15) - 1
 _O_APPEND = 0o2000
@@ -1812,7 +1853,7 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
     )
     return [
         col("src").alias("src"), col("seq").alias("seq"), col("pid").cast(_I32, strict=False).alias("pid"),
-        *(col(c).alias(c) for c in ("tid", "ts", "dur")),
+        col("tid").cast(_I32, strict=False).alias("tid"), *(col(c).alias(c) for c in ("ts", "dur")),
         *(col(c).cast(_CAT).alias(c) for c in ("cat", "name", "fhash")), ret.alias("ret"),
         pl.when(is_xfer).then(col("count") * item).alias("size_requested"), size.alias("size"), op.alias("op"),
         pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
@@ -1952,7 +1993,7 @@ class _Compacted:
             if hosts.height:
                 self.hosts.append(hosts)
             for src, n in beyond.items():
-                self.stats[src].problems.append(f"{n} event(s) with a pid or ppid beyond 32 bits (read as null)")
+                self.stats[src].problems.append(f"{n} event(s) with a pid, ppid or tid beyond 32 bits (read as null)")
 
     def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
@@ -1978,11 +2019,12 @@ def _resolve(compacted: _Compacted, *, alone: bool = False
     process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
     and the offsets, reconstructed per (trace file, pid, POSIX or STDIO, file hash) in
     (``ts``, line) order; the rows are then gathered into (``ts``, file, line) order.
-    ``alone``: the byte ranges of one file, resolved after all of them were parsed (for a
-    trace of one large file, the only work left): what the sort keys, the offsets' inputs
-    and the dropped columns held is returned to the system between the steps, lowering the
-    load's peak (one file on 2 threads: 255-262 -> 212 B/event). A part resolved while
-    other threads parse does not: they would fault their pages in again (10 % slower).
+    ``alone``: no other thread of the process is parsing (:class:`_Parsing`; a load on one
+    thread, the byte ranges of one large file resolved after all of them were parsed, the
+    last group): what the sort keys, the offsets' inputs and the dropped columns held is
+    returned to the system between the steps, lowering the load's peak (one file on 2
+    threads: 255-262 -> 212 B/event). A part resolved while other threads parse does not:
+    they would fault their pages in again (10 % slower).
     """
     rows, meta, starts, hosts = compacted.pop()
     meta = meta.sort("src", "seq")
@@ -2081,7 +2123,7 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, processes, fh, counts, markers = _resolve(held, alone=True)
+        events, processes, fh, counts, markers = _resolve(held, alone=_PARSING.idle())
         out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts,
                              markers=markers))
     return out

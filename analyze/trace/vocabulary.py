@@ -259,12 +259,12 @@ def marker_spans(meta: pl.DataFrame) -> pl.DataFrame:
     and the time in ``a_value``, and ``pid``, ``tid``, ``src``. The k-th start of a name in
     a process pairs with its k-th end. Returns (src, pid, tid, name, ts, dur).
     """
-    schema = pl.Schema({"src": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int64(), "name": pl.String(),
+    schema = pl.Schema({"src": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int32(), "name": pl.String(),
                         "ts": pl.Int64(), "dur": pl.Int64()})
     if meta.height == 0 or "a_name" not in meta.columns:
         return pl.DataFrame(schema=schema)
     m = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
-        pl.col("src").cast(pl.UInt32), pl.col("pid").cast(pl.Int32, strict=False), pl.col("tid").cast(pl.Int64),
+        pl.col("src").cast(pl.UInt32), pl.col("pid").cast(pl.Int32, strict=False), pl.col("tid").cast(pl.Int32, strict=False),
         pl.col("a_name").str.replace(r"\.(start|end)$", "").alias("name"),
         pl.col("a_name").str.ends_with(".start").alias("start"),
         pl.col("a_value").cast(pl.Int64, strict=False).alias("t"),
@@ -477,7 +477,7 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
 
 #: Columns :func:`canonicalize` reads, with their types (see dlreplay.schema.EVENT_SCHEMA).
 _NEEDED: dict[str, pl.DataType] = {
-    "pid": pl.Int32(), "tid": pl.Int64(), "ppid": pl.Int32(), "host": pl.String(), "ts": pl.Int64(),
+    "pid": pl.Int32(), "tid": pl.Int32(), "ppid": pl.Int32(), "host": pl.String(), "ts": pl.Int64(),
     "dur": pl.Int64(), "cat": pl.String(), "name": pl.String(), "file": pl.String(), "size": pl.Int64(),
     "epoch": pl.Int32(), "step": pl.Int32(), "batch_size": pl.Int32(), "sample_index": pl.Int64(),
 }
