@@ -151,8 +151,9 @@ def paired(args: argparse.Namespace) -> None:
             run_replay(ReplayConfig(model=m, data_dir=job / "replay-data", out=replay), echo=lambda s: None)
             cmp = compare_traces(out, replay)
             # the workload file DLIO ran, imported (no trace): DLIO's configured times and generator
+            # (with DLIO 2.0.0's checkpoint sizing: the release that ran it)
             imported = dlio_to_model(mk.workload_yaml(name, data, out, job / "ckpt", generate=False),
-                                     source=f"{name} workload")
+                                     source=f"{name} workload", dlio_version="2.0.0")
             imp_out = job / f"import-{r}"
             shutil.rmtree(imp_out, ignore_errors=True)
             settled_dataset(imported, job / "import-data")

@@ -543,14 +543,19 @@ def model() -> None:
 @click.argument("workload", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model file to write.")
 @click.option("--force", is_flag=True, help="Overwrite an existing model file.")
+@click.option("--dlio-version", type=click.Choice(["auto", "2.0.0", "later"]), default="auto", show_default=True,
+              help="Whose checkpoint sizing to follow: DLIO 2.0.0 (the PyPI release: checkpoint.model_size, "
+                   "num_layers, layer_parameters, whose defaults add a 24.8 MB layer file) or later releases "
+                   "(model.model_size_bytes, num_layers, parallelism, transformer); auto: later when the model "
+                   "section sizes the model.")
 @handle_errors
-def model_import_dlio(workload: Path, output: Path, force: bool) -> None:
+def model_import_dlio(workload: Path, output: Path, force: bool, dlio_version: str) -> None:
     """Convert a DLIO workload YAML (WORKLOAD) into a dlreplay workload model."""
     from dlreplay.dlio import import_dlio
     from dlreplay.model import save_model
 
     _refuse_overwrite(output, force)
-    m = import_dlio(workload)
+    m = import_dlio(workload, dlio_version=dlio_version)
     save_model(m, output)
     _echo(f"model: {output} ({m.dataset.format}, {m.dataset.num_files} files, batch {m.reader.batch_size})")
     for note in m.provenance.notes:

@@ -37,7 +37,11 @@ Mappings between the two vocabularies:
   read_threads)``, as DLIO computes it (``prefetch_size`` 0 means 2); the
   TensorFlow/DALI loaders use ``prefetch_size`` as is;
 * ``train.seed`` is the model's ``reader.shuffle_seed``;
-* checkpoint bytes and files per checkpoint follow DLIO's checkpoint sizing:
+* checkpoint bytes and files per checkpoint follow DLIO's checkpoint sizing, of the
+  release the config is for (:data:`DLIO_VERSIONS`; ``import-dlio --dlio-version``):
+  DLIO 2.0.0 sizes it in ``checkpoint`` (``model_size``, ``optimization_groups``,
+  ``num_layers`` x ``layer_parameters``, whose defaults add a 24.8 MB layer file to
+  every checkpoint: :func:`dlio_2_0_checkpoint`); later releases in ``model``:
   ``model_size_bytes`` (one file from rank 0), or for transformer models
   (``model.num_layers`` set) DLIO's parameter count with fp16 layer states and
   three fp32 optimizer tensors per parameter (:func:`dlio_checkpoint_estimate`);
@@ -200,6 +204,8 @@ class _Importer:
     used: set[str] = field(default_factory=set)
     prov: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: whose checkpoint sizing to follow (:data:`DLIO_VERSIONS`)
+    dlio_version: str = "auto"
 
     def fail(self, key: str, message: str) -> ModelError:
         err = ModelError(f"{self.source}: {key}: {message}")
@@ -216,6 +222,15 @@ class _Importer:
             node = node[part]
         self.used.add(dotted)
         return node, True
+
+    def has(self, dotted: str) -> bool:
+        """Whether the config holds the dotted key (not counted as used)."""
+        node: Any = self.sections
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return False
+            node = node[part]
+        return True
 
     def get(self, dotted: str, kind: str, default: Any = None) -> tuple[Any, bool]:
         """(value, given) of a DLIO key checked against *kind*; *default* when absent or null."""
@@ -246,6 +261,7 @@ _KIND_TEXT = {
     "int>0": "a positive integer", "int>=0": "a non-negative integer", "int": "an integer",
     "num>0": "a positive number", "num>=0": "a non-negative number", "num": "a number",
     "bool": "true or false", "str": "a string", "ints": "a list of positive integers",
+    "ints>=0": "a list of non-negative integers",
 }
 
 
@@ -262,9 +278,10 @@ def _check_kind(value: Any, kind: str, fail: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise bad
         return str(value)
-    if kind == "ints":
+    if kind in ("ints", "ints>=0"):
+        least = 1 if kind == "ints" else 0
         if not isinstance(value, (list, tuple)) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+                isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value):
             raise bad
         return [int(v) for v in value]
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -424,8 +441,73 @@ def dlio_checkpoint_estimate(info: ModelInfo) -> tuple[int, int] | None:
     return total, files
 
 
+#: DLIO 2.0.0's ``checkpoint.layer_parameters`` default: with ``num_layers`` 1 (its default)
+#: every checkpoint writes one layer file of these int8 tensors (24.8 MB) beside the model's.
+DLIO_2_0_LAYER_PARAMETERS = (17371, 24740228)
+#: DLIO releases whose checkpoint sizing :func:`import_dlio` follows: ``2.0.0`` (the PyPI
+#: release: ``checkpoint.model_size``, ``optimization_groups``, ``num_layers``,
+#: ``layer_parameters``, ``tensor_parallelism``), ``later`` (the ``model`` section:
+#: ``model_size_bytes``, ``num_layers``, ``parallelism``, ``transformer``), or ``auto``:
+#: ``later`` when the ``model`` section sizes the model, else ``2.0.0``.
+DLIO_VERSIONS = ("auto", "2.0.0", "later")
+_LATER_SIZING = ("model.model_size_bytes", "model.model_size", "model.num_layers", "model.layer_parameters",
+                 "model.optimization_groups", "model.parallelism", "model.transformer")
+
+
+def dlio_2_0_checkpoint(model_size: int = 10240, optimization_groups: tuple[int, ...] | list[int] = (),
+                        num_layers: int = 1, layer_parameters: tuple[int, ...] | list[int] = DLIO_2_0_LAYER_PARAMETERS,
+                        tensor_parallelism: int = 1) -> tuple[int, int]:
+    """(bytes, files) DLIO 2.0.0 writes per checkpoint and writing rank (its
+    ``base_checkpointing.py``; tensors of int8, so bytes = elements, ``torch.save``'s few
+    hundred bytes of framing aside): a model file of ``model_size``; with optimization
+    groups, one optimizer file of two tensors per group and one of their sum (3 x the
+    sum); with layer parameters, ``num_layers`` (plus ``tensor_parallelism`` when above
+    1) layer files of their sum each."""
+    nbytes = files = 0
+    if model_size > 0:
+        nbytes, files = model_size, 1
+    if optimization_groups:
+        nbytes += 3 * sum(g for g in optimization_groups if g > 0)
+        files += 1
+    layer = sum(p for p in layer_parameters if p > 0)
+    if layer and num_layers > 0:
+        layers = num_layers + (tensor_parallelism if tensor_parallelism > 1 else 0)
+        nbytes += layers * layer
+        files += layers
+    return nbytes, files
+
+
+def _dlio_2_0_size(imp: _Importer, info: dict[str, Any]) -> tuple[int, int]:
+    """:func:`dlio_2_0_checkpoint` of the config's ``checkpoint`` keys (DLIO 2.0.0's defaults
+    for the rest); ``info``'s ``model_size`` becomes DLIO 2.0.0's."""
+    size, size_given = imp.get("checkpoint.model_size", "int>=0", _DLIO_DEFAULTS["model_size"])
+    groups, _ = imp.get("checkpoint.optimization_groups", "ints>=0", [])
+    layers, _ = imp.get("checkpoint.num_layers", "int>=0", 1)
+    params, params_given = imp.get("checkpoint.layer_parameters", "ints>=0", list(DLIO_2_0_LAYER_PARAMETERS))
+    tensor, _ = imp.get("checkpoint.tensor_parallelism", "int>0", 1)
+    imp.get("checkpoint.pipeline_parallelism", "int>0")  # (which ranks write layers: rank 0 does)
+    for later in _LATER_SIZING:
+        if imp.has(later):
+            imp.notes.append(f"{later} is not read by DLIO 2.0.0 (its checkpoint sizing keys are in `checkpoint`)")
+    if info.get("model_size") != size:
+        info["model_size"] = size
+        imp.mark("model.model_size", "checkpoint.model_size" if size_given else None)
+    nbytes, files = dlio_2_0_checkpoint(size, groups, layers, params, tensor)
+    how = ("DLIO 2.0.0 checkpoint sizing: model_size, optimization_groups, num_layers x layer_parameters"
+           + ("" if params_given else f" (default {list(DLIO_2_0_LAYER_PARAMETERS)})"))
+    imp.mark("checkpoint.bytes_per_checkpoint", None, inferred=how)
+    imp.mark("checkpoint.files_per_checkpoint", None, inferred=how)
+    kind, _ = imp.get("checkpoint.type", "str", "rank_zero")
+    if kind == "all_ranks":
+        imp.notes.append("checkpoint.type all_ranks: the checkpoint sizes are per rank (DLIO takes the ranks from mpirun)")
+    return nbytes, files
+
+
 def _checkpoint_size(info: dict[str, Any], imp: _Importer) -> tuple[int, int]:
     """Bytes and files per checkpoint, recorded in provenance."""
+    if imp.dlio_version == "2.0.0" or (
+            imp.dlio_version == "auto" and not any(imp.has(k) for k in _LATER_SIZING)):
+        return _dlio_2_0_size(imp, info)
     model_info = ModelInfo(
         num_layers=info.get("num_layers"), model_size=info.get("model_size"),
         parallelism=Parallelism(**info["parallelism"]) if "parallelism" in info else None,
@@ -736,9 +818,12 @@ def _note_unused(imp: _Importer) -> None:
         imp.notes.append("DLIO keys without effect on the model: " + ", ".join(sorted(unused)))
 
 
-def dlio_to_model(config: Any, source: str = "<dict>") -> WorkloadModel:
-    """Build a workload model from a parsed DLIO workload config (see the module docs)."""
-    imp = _Importer(source, _parse_sections(config, source))
+def dlio_to_model(config: Any, source: str = "<dict>", dlio_version: str = "auto") -> WorkloadModel:
+    """Build a workload model from a parsed DLIO workload config (see the module docs);
+    ``dlio_version`` (:data:`DLIO_VERSIONS`): whose checkpoint sizing to follow."""
+    if dlio_version not in DLIO_VERSIONS:
+        raise ModelError(f"unknown DLIO version {dlio_version!r}: expected one of {', '.join(DLIO_VERSIONS)}")
+    imp = _Importer(source, _parse_sections(config, source), dlio_version=dlio_version)
     framework, given = imp.get("framework", "str", _DLIO_DEFAULTS["framework"])
     if framework not in DLIO_FRAMEWORKS:
         raise imp.fail("framework", f"expected one of {', '.join(DLIO_FRAMEWORKS)}, got {framework!r}")
@@ -771,9 +856,10 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def import_dlio(path: str | os.PathLike[str]) -> WorkloadModel:
-    """Read a DLIO workload YAML file into a workload model. Errors name the file and key."""
-    return dlio_to_model(load_yaml_file(path), source=str(path))
+def import_dlio(path: str | os.PathLike[str], dlio_version: str = "auto") -> WorkloadModel:
+    """Read a DLIO workload YAML file into a workload model (``dlio_version``: see
+    :data:`DLIO_VERSIONS`). Errors name the file and key."""
+    return dlio_to_model(load_yaml_file(path), source=str(path), dlio_version=dlio_version)
 
 
 # --------------------------------------------------------------------------- export

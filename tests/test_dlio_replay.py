@@ -153,6 +153,34 @@ def test_checkpoint_file_writes_are_dlios_calls():
     assert c.file_write_plan() == [[704, 10240, 873], [768, 17371, 101, 24740228, 929]]
 
 
+def test_import_with_dlio_2_0_checkpoint_sizing_writes_what_dlio_wrote(tmp_path: Path):
+    """The corpus config sets ``model.model_size``, which DLIO 2.0.0 does not read: it wrote its
+    default model state (10240 B) and a layer file of its default layer parameters. Imported
+    with DLIO 2.0.0's sizing, the checkpoint is what its trace shows, torch.save's framing
+    (3,375 B of 24.8 MB) aside; later releases' reading gives the 4 MiB the key says."""
+    from dlreplay.dlio import DLIO_2_0_LAYER_PARAMETERS, dlio_2_0_checkpoint, import_dlio
+
+    config = TRACES / "dlio_jpeg_ckpt" / "dlio_config.yaml"
+    old = import_dlio(config, dlio_version="2.0.0").checkpoint
+    loaded = load_trace(TRACES / "dlio_jpeg_ckpt")
+    wrote = distill(loaded.events, manifest=loaded.manifest, source=str(config.parent)).checkpoint
+    assert old.files_per_checkpoint == wrote.files_per_checkpoint == 2
+    assert old.bytes_per_checkpoint == 10240 + sum(DLIO_2_0_LAYER_PARAMETERS)
+    assert 0 < wrote.bytes_per_checkpoint - old.bytes_per_checkpoint < 4096
+    later = import_dlio(config, dlio_version="later")
+    assert (later.checkpoint.bytes_per_checkpoint, later.checkpoint.files_per_checkpoint) == (4 << 20, 1)
+    assert import_dlio(config).checkpoint.bytes_per_checkpoint == 4 << 20  # auto: the model section sizes it
+    assert any("model.model_size is not read by DLIO 2.0.0" in n for n in import_dlio(
+        config, dlio_version="2.0.0").provenance.notes)
+    # optimizer groups (two tensors each and their sum), layers + tensor parallelism, no layers
+    assert dlio_2_0_checkpoint(model_size=0, optimization_groups=[5, 0, 7], num_layers=2,
+                               layer_parameters=[3, 4], tensor_parallelism=2) == (3 * 12 + 4 * 7, 1 + 4)
+    assert dlio_2_0_checkpoint(layer_parameters=[]) == (10240, 1)
+    assert dlio_2_0_checkpoint(num_layers=0, optimization_groups=[1]) == (10240 + 3, 2)
+    with pytest.raises(ModelError, match="unknown DLIO version"):
+        import_dlio(config, dlio_version="1.0")
+
+
 def test_file_writes_checked_and_used_only_when_they_add_up():
     with pytest.raises(ModelError, match=r"file_writes\.0\.1"):
         Checkpoint(enabled=True, bytes_per_checkpoint=10, file_writes=[[[5, 1], [5]]])
