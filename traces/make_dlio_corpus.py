@@ -43,15 +43,17 @@ HERE = Path(__file__).resolve().parent
 
 #: name -> DLIO workload (the sections DLIO reads; data and output folders are filled in).
 WORKLOADS: dict[str, dict[str, Any]] = {
-    # unet3d-like NPZ, one worker and large samples: the loader cannot keep up (I/O-bound).
+    # unet3d-like NPZ, one worker, large samples and 10 ms steps: the loader cannot keep up
+    # (I/O-bound on any machine: DLIO printed AU 18.8 % on a quiet 2-core VM; the 50 ms steps
+    # of the first version were I/O-bound only on a loaded one).
     "dlio_npz_starved": {
         "model": {"name": "unet3d_small"},
         "framework": "pytorch",
-        "dataset": {"format": "npz", "num_files_train": 32, "num_samples_per_file": 1,
+        "dataset": {"format": "npz", "num_files_train": 64, "num_samples_per_file": 1,
                     "record_length": 4 << 20, "record_length_stdev": 0, "record_length_resize": 0},
         "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 1, "file_shuffle": "seed",
                    "sample_shuffle": "seed"},
-        "train": {"epochs": 3, "computation_time": 0.05},
+        "train": {"epochs": 3, "computation_time": 0.01},
     },
     # cosmoflow-like HDF5, 4 samples per file, two worker processes.
     "dlio_h5_multi": {
