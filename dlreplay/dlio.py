@@ -1085,6 +1085,12 @@ def _export_checkpoint(model: WorkloadModel, warnings: list[str]) -> dict[str, A
     out["fsync"] = ck.fsync
     if ck.enabled:
         _warn_checkpoint_size(model, warnings)
+        if not model.model.num_layers:
+            size = model.model.model_size if model.model.model_size is not None else ck.bytes_per_checkpoint
+            warnings.append(
+                f"checkpoint: written for DLIO releases after 2.0.0 (model.model_size_bytes); DLIO 2.0.0 "
+                f"reads checkpoint.model_size and adds its default {sum(DLIO_2_0_LAYER_PARAMETERS)}-byte layer "
+                f"file: for it, set checkpoint.model_size: {size} and checkpoint.num_layers: 0")
     return out
 
 

@@ -512,9 +512,15 @@ def test_export_native_loader_and_checkpoint_size(tmp_path: Path) -> None:
     assert "reader.data_loader native exported as pytorch" in text
     assert "records_per_file has no DLIO key" in text
     assert "DLIO will write about 5000 bytes in 1 file(s) per checkpoint; the model says 5000 bytes in 3" in text
+    assert "for it, set checkpoint.model_size: 5000 and checkpoint.num_layers: 0" in text
     allowed_only(cfg)
     again = dlio_to_model(cfg)
     assert again.dataset.layout.compressed and again.checkpoint.bytes_per_checkpoint == 5000
+    # the warning's advice, read as DLIO 2.0.0 reads it: the same bytes, no layer file
+    old = {k: v for k, v in cfg.items() if k != "model"}
+    old["checkpoint"] = {**cfg["checkpoint"], "model_size": 5000, "num_layers": 0}
+    ck = dlio_to_model(old, dlio_version="2.0.0").checkpoint
+    assert (ck.bytes_per_checkpoint, ck.files_per_checkpoint) == (5000, 1)
 
 
 def test_exported_model_file_round_trip_with_save(tmp_path: Path) -> None:
