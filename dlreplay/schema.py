@@ -36,7 +36,9 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     # loop counters, 32-bit (a value beyond reads as null)
     "epoch": pl.Int32(),  # data-loader epoch (0-based), null when not a data-loader event
     "step": pl.Int32(),  # batch index within the epoch (fetch/step events)
-    "batch_size": pl.Int32(),  # samples in the batch (fetch events)
+    # samples in the batch (fetch events); 64-bit, as sums of it count a run's samples (polars
+    # sums an Int32 column in 32 bits)
+    "batch_size": pl.Int64(),
     "sample_index": pl.Int64(),  # dataset index of the sample (item events)
     # CPU time of the process, all its threads, during the event (microseconds) and the threads
     # that shared it (process CPU over the recording thread's): where the tracer measured them

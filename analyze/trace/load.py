@@ -1111,7 +1111,7 @@ _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "
                 "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads", "tensors")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
 #: Raw int columns that :func:`_compact_exprs` passes through unchanged.
-_PASSED_THROUGH = ("ts", "dur", "ret", "image_idx")
+_PASSED_THROUGH = ("ts", "dur", "ret", "image_idx", "batch_size")
 
 
 def native_parser_available() -> bool:
@@ -1772,14 +1772,14 @@ CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "src": _SRC, "seq": _INT, "pid": _I32, "tid": _I32, "ts": _INT, "dur": _INT,
     "cat": _CAT, "name": _CAT, "fhash": _CAT, "ret": _INT, "size_requested": _INT, "size": _INT,
     "op": pl.Int8(), "pos": pl.UInt8(), "parg": _INT,
-    "epoch": _I32, "step": _I32, "batch_size": _I32, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32,
+    "epoch": _I32, "step": _I32, "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32,
     "tensors": _I16, "__path": _CAT,
 }
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
 PART_SCHEMA: dict[str, pl.DataType] = {
     "pid": _I32, "tid": _I32, "ts": _INT, "dur": _INT, "cat": _CAT, "name": _CAT, "fhash": _CAT,
     "size_requested": _INT, "size": _INT, "offset": _INT, "ret": _INT, "epoch": _I32, "step": _I32,
-    "batch_size": _I32, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32, "tensors": _I16,
+    "batch_size": _INT, "sample_index": _INT, "cpu_time": _I32, "cpu_threads": _I32, "tensors": _I16,
     "__p": pl.UInt32(),
     "__path": _CAT,
 }
@@ -1859,7 +1859,8 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
         pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
         # loop counters, 32-bit: a value beyond is no counter (null)
         *(pl.when(col(c).is_between(_I32_MIN, _I32_MAX)).then(col(c)).cast(_I32).alias(c)
-          for c in ("epoch", "step", "batch_size")),
+          for c in ("epoch", "step")),
+        col("batch_size").alias("batch_size"),  # 64-bit: summed to samples, which may pass 2^31
         col("image_idx").alias("sample_index"),
         # measured quantities, 32-bit: a value that is negative or beyond is no measurement (null)
         *(pl.when(col(c).is_between(lo, _I32_MAX)).then(col(c)).cast(_I32).alias(c)

@@ -479,7 +479,7 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
 _NEEDED: dict[str, pl.DataType] = {
     "pid": pl.Int32(), "tid": pl.Int32(), "ppid": pl.Int32(), "host": pl.String(), "ts": pl.Int64(),
     "dur": pl.Int64(), "cat": pl.String(), "name": pl.String(), "file": pl.String(), "size": pl.Int64(),
-    "epoch": pl.Int32(), "step": pl.Int32(), "batch_size": pl.Int32(), "sample_index": pl.Int64(),
+    "epoch": pl.Int32(), "step": pl.Int32(), "batch_size": pl.Int64(), "sample_index": pl.Int64(),
 }
 
 
@@ -512,7 +512,7 @@ def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) ->
 STEP_SCHEMA = {"pid": pl.Int32, "epoch": pl.Int32, "step": pl.Int32, "ts": pl.Int64, "end": pl.Int64,
                "wait_us": pl.Int64, "compute_us": pl.Int64, "ckpt_us": pl.Int64, "other_us": pl.Int64,
                "after_ckpt_us": pl.Int64, "lead_in_us": pl.Int64, "cpu_us": pl.Int64, "cpu_threads": pl.Int64,
-               "batch_size": pl.Int32, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
+               "batch_size": pl.Int64, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
 
 
 def training_steps(events: pl.DataFrame) -> pl.DataFrame:
