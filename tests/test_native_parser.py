@@ -92,6 +92,7 @@ def test_ids_and_loop_counters_are_32_bit(tmp_path: Path, monkeypatch: pytest.Mo
     # a thread id beyond 32 bits is no pid_t: null, and the file's report counts it
     assert ev["tid"].to_list() == [101, 101, 101, None]
     assert any("1 event(s) with a pid, ppid or tid beyond 32 bits" in p for p in native.files[0].problems)
+    assert native.damaged and "kept 4 event(s) (1 event(s) with a pid, ppid or tid" in native.describe_damage()
 
 
 @pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)

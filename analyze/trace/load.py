@@ -211,7 +211,8 @@ class FileReport:
 
     @property
     def damaged(self) -> bool:
-        return self.dropped_lines > 0 or self.dropped_bytes > 0
+        """Something was lost: lines, bytes, or values read as null (:data:`BEYOND_32_BITS`)."""
+        return self.dropped_lines > 0 or self.dropped_bytes > 0 or any(BEYOND_32_BITS in p for p in self.problems)
 
     @property
     def name(self) -> str:
@@ -1802,6 +1803,8 @@ _HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, 
 #: Integer fields kept as Int32 while loading (process and thread ids are C ``pid_t``): a value beyond
 #: 32 bits reads as null, and the file's report says so.
 _NARROW = ("pid", "ppid", "tid")
+#: How a file's report names events kept with an id read as null (a loss the plain output names).
+BEYOND_32_BITS = "beyond 32 bits (read as null)"
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I16_MAX = (1 << 15) - 1
 _O_APPEND = 0o2000
@@ -1994,7 +1997,7 @@ class _Compacted:
             if hosts.height:
                 self.hosts.append(hosts)
             for src, n in beyond.items():
-                self.stats[src].problems.append(f"{n} event(s) with a pid, ppid or tid beyond 32 bits (read as null)")
+                self.stats[src].problems.append(f"{n} event(s) with a pid, ppid or tid {BEYOND_32_BITS}")
 
     def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
