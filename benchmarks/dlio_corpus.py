@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from layout_fidelity import settled_dataset, warm_page_cache  # noqa: E402  (benchmarks/, this script's directory)
+from layout_fidelity import settled_dataset  # noqa: E402  (benchmarks/, this script's directory)
 
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
@@ -42,17 +42,6 @@ from dlreplay.model import save_model  # noqa: E402
 from dlreplay.replay import ReplayConfig, run_replay  # noqa: E402
 
 TRACES = [*sorted((REPO / "traces").glob("dlio_*")), REPO / "traces" / "ai_annotated"]
-
-
-def _settle(data: Path) -> None:
-    """Before a run that reads ``data``: every dirty page written back (the previous run's
-    dataset or checkpoints would throttle this run's writes) and ``data`` read once, so
-    that DLIO and the replays all read their datasets from the page cache. This VM
-    reclaims page cache left untouched for a while: DLIO read its dataset, generated
-    minutes before, from disk in its first epoch (0.84 s against the replay's 0.54 s,
-    and AU 70.8 % by DLIO's formula against 83.4 %)."""
-    os.sync()
-    warm_page_cache(data)
 
 
 def _pair(got: object, want: object) -> str:
@@ -137,7 +126,10 @@ def paired(args: argparse.Namespace) -> None:
         for r in range(args.paired):
             out = job / f"dlio-{r}"
             shutil.rmtree(out, ignore_errors=True)
-            _settle(data)  # DLIO reads its dataset from the page cache, as the replays read theirs
+            # DLIO reads its dataset from the page cache, as the replays read theirs: this VM reclaims
+            # page cache left untouched for a while, and DLIO read its dataset, generated minutes
+            # before, from disk in its first epoch (0.84 s against the replay's 0.54 s)
+            mk.settle(data)
             text = mk.run_dlio(args.dlio_venv, mk.workload_yaml(name, data, out, job / "ckpt", generate=False),
                                job / "conf", job, trace=True)
             printed = mk.metrics(text).get("Training Accelerator Utilization [AU] (%)")

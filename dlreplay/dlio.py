@@ -212,25 +212,26 @@ class _Importer:
         err.field_path = key  # type: ignore[attr-defined]
         return err
 
-    def raw(self, dotted: str) -> tuple[Any, bool]:
-        """(value, present) of a dotted DLIO key such as ``model.parallelism.tensor``."""
-        parts = dotted.split(".")
-        node: Any = self.sections.get(parts[0], {})
-        for part in parts[1:]:
-            if not isinstance(node, Mapping) or part not in node:
-                return None, False
-            node = node[part]
-        self.used.add(dotted)
-        return node, True
-
-    def has(self, dotted: str) -> bool:
-        """Whether the config holds the dotted key (not counted as used)."""
+    def _lookup(self, dotted: str) -> tuple[Any, bool]:
+        """(value, present) of a dotted DLIO key such as ``model.parallelism.tensor``; a
+        top-level key (``framework``) the config leaves out is absent too."""
         node: Any = self.sections
         for part in dotted.split("."):
             if not isinstance(node, Mapping) or part not in node:
-                return False
+                return None, False
             node = node[part]
-        return True
+        return node, True
+
+    def raw(self, dotted: str) -> tuple[Any, bool]:
+        """:meth:`_lookup`, the key counted as used when present."""
+        value, present = self._lookup(dotted)
+        if present:
+            self.used.add(dotted)
+        return value, present
+
+    def has(self, dotted: str) -> bool:
+        """Whether the config holds the dotted key (not counted as used)."""
+        return self._lookup(dotted)[1]
 
     def get(self, dotted: str, kind: str, default: Any = None) -> tuple[Any, bool]:
         """(value, given) of a DLIO key checked against *kind*; *default* when absent or null."""

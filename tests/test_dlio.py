@@ -314,6 +314,15 @@ def test_import_legacy_spellings_and_forms(tmp_path: Path) -> None:
     assert "DLIO keys without effect on the model: output" in notes
 
 
+def test_import_without_a_framework_takes_dlios_default(tmp_path: Path) -> None:
+    """A config may leave ``framework`` out (DLIO's default is tensorflow); the importer's key
+    lookup once read a missing top-level key as an empty mapping ("framework: expected a
+    string, got {}")."""
+    model = import_dlio(write(tmp_path, "dataset: {format: npz, num_files_train: 2}\n"))
+    assert model.framework == "tensorflow"
+    assert model.provenance.fields["framework"].confidence == "default"
+
+
 def test_import_notes_ignored_and_mapped_keys(tmp_path: Path) -> None:
     config = textwrap.dedent("""\
         framework: pytorch

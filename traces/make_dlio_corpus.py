@@ -127,10 +127,11 @@ def metrics(text: str) -> dict[str, Any]:
 
 
 def settle(data: Path) -> None:
-    """Between generating ``data`` and the traced run: the generator's dirty pages written
-    back (their writeback ran during the first epochs: a steady epoch of 0.457 s against
-    0.384 s of runs started settled) and every file read once, so that the run reads its
-    dataset from the page cache, as the benchmarks' replays of it do."""
+    """Before a DLIO run that reads ``data`` (here, and before every DLIO run of
+    ``benchmarks/dlio_corpus.py --paired``): every dirty page written back (the generator's
+    writeback ran during the first epochs: a steady epoch of 0.457 s against 0.384 s of runs
+    started settled) and every file read once, so that DLIO reads its dataset from the page
+    cache, as the benchmarks' replays of it do."""
     os.sync()
     for path in sorted(data.rglob("*")):
         if path.is_file():
