@@ -224,7 +224,7 @@ def _hdf5_file(files: list[dict[str, Any]]) -> Hdf5File:
 
     return Hdf5File(superblock_version=common("superblock_version"), userblock_size=common("userblock_size") or 0,
                     alignment_interval=common("alignment_interval"), alignment_threshold=common("alignment_threshold"),
-                    file_space_strategy=common("file_space_strategy"),
+                    meta_block_size=common("meta_block_size"), file_space_strategy=common("file_space_strategy"),
                     file_space_page_size=common("file_space_page_size"),
                     root_attributes=common("root_attributes") or 0,
                     root_attribute_bytes=common("root_attribute_bytes") or 0,

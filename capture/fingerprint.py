@@ -479,15 +479,42 @@ def _hdf5_dataset(name: str, dset: Any, limits: FingerprintLimits, addresses: li
 
 
 def _alignment(addresses: list[tuple[int, int]]) -> tuple[int, int] | None:
-    """(threshold, interval) when every raw-data address is a multiple of a power of two >= 4 KiB."""
+    """(threshold, interval) of the writer's ``H5Pset_alignment``, where the file shows it.
+
+    Every raw-data address must be a multiple of a power of two >= 4 KiB, and at least one
+    object must have been padded to it: it starts at a multiple past the end of the object
+    before it, which did not end on one. Objects packed end to end whose sizes happen to be
+    multiples (16 KiB chunks after a 64 KiB metadata block) are not evidence of alignment."""
     if len(addresses) < 3:
         return None
+    ordered = sorted(addresses)
     interval = 1 << 24
     while interval >= 4096:
-        if all(a % interval == 0 for a, _ in addresses):
-            return min(s for _, s in addresses), interval
+        if all(a % interval == 0 for a, _ in ordered):
+            padded = any((a + n) % interval and b > a + n for (a, n), (b, _) in zip(ordered, ordered[1:], strict=False))
+            return (min(n for _, n in ordered), interval) if padded else None
         interval >>= 1
     return None
+
+
+#: HDF5's default metadata block size (H5Pset_meta_block_size), bytes
+_DEFAULT_META_BLOCK = 2048
+
+
+def _meta_block_size(addresses: list[tuple[int, int]], userblock: int, alignment: int | None) -> int | None:
+    """The writer's metadata block size (``H5Pset_meta_block_size``; h5py's
+    ``File(meta_block_size=)``), where the file shows it: HDF5 allocates metadata (superblock,
+    object headers, chunk indexes) from a block of that size and raw data after it, so the
+    first raw data sits at the block's end when the first objects' metadata fits in it. The
+    setting itself is not stored in the file. Recorded only when that first address (after
+    the user block) is a power of two above HDF5's default 2 KiB that alignment does not
+    explain; ``None`` otherwise (the default, or a file that does not tell)."""
+    if not addresses:
+        return None
+    rel = min(a for a, _ in addresses) - userblock
+    if rel <= _DEFAULT_META_BLOCK or rel & (rel - 1) or (alignment and rel <= alignment):
+        return None
+    return rel
 
 
 def _inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
@@ -535,6 +562,9 @@ def _inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
     aligned = _alignment(addresses)
     if aligned:
         out["alignment_threshold"], out["alignment_interval"] = aligned
+    meta_block = _meta_block_size(addresses, out["userblock_size"], aligned[1] if aligned else None)
+    if meta_block:
+        out["meta_block_size"] = meta_block
     out.update(groups=groups, datasets=datasets)
     return out
 

@@ -997,8 +997,9 @@ def _export_structures(model: WorkloadModel, out: dict[str, Any], warnings: list
         if len(lay.arrays) > 1:
             lost.append(f"{len(lay.arrays)} file structures (DLIO's files are all alike)")
     if lay.hdf5 is not None and (lay.hdf5.superblock_version or lay.hdf5.alignment_interval
-                                 or lay.hdf5.file_space_strategy not in (None, "fsm_aggr") or lay.hdf5.userblock_size):
-        lost.append("HDF5 file settings (libver, alignment, file-space strategy, user block)")
+                                 or lay.hdf5.file_space_strategy not in (None, "fsm_aggr") or lay.hdf5.userblock_size
+                                 or lay.hdf5.meta_block_size):
+        lost.append("HDF5 file settings (libver, alignment, metadata block size, file-space strategy, user block)")
     if lay.images:
         i = lay.images[0]
         lost.append(f"image {i.width}x{i.height} {i.mode}" + (f" quality {i.quality}" if i.quality else "")

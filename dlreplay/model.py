@@ -603,6 +603,8 @@ class Hdf5File:
     alignment_interval: int | None = _f(None, check="positive",
                                         doc="data addresses are multiples of this (H5Pset_alignment), bytes")
     alignment_threshold: int | None = _f(None, check="nonneg", doc="objects at least this large are aligned, bytes")
+    meta_block_size: int | None = _f(None, check="positive",
+                                     doc="metadata block size (H5Pset_meta_block_size), bytes; None: HDF5's 2048")
     file_space_strategy: str | None = _f(None, doc="fsm_aggr | page | aggr | none (H5Pset_file_space_strategy)")
     file_space_page_size: int | None = _f(None, check="positive", doc="page size of paged aggregation, bytes")
     root_attributes: int = _f(0, check="nonneg")

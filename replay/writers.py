@@ -12,7 +12,7 @@
 * HDF5 (h5py): the same groups and datasets, storage (contiguous, chunked, compact),
   chunk shapes, filters (gzip/lzf/szip, shuffle, fletcher32, scale-offset), fill value,
   attributes, chunks written in the real file's order (sequential or scattered),
-  superblock version (libver), user block, alignment and file-space strategy;
+  superblock version (libver), user block, alignment, metadata block size and file-space strategy;
 * JPEG/PNG (Pillow): the dimensions, mode, quantization tables, subsampling,
   progressive/optimized coding, restart interval, PNG interlacing and IDAT chunk size;
 * Parquet: columns, types, codecs, dictionary encoding, row groups, and data pages
@@ -448,6 +448,8 @@ def _write_hdf5(tmp: Path, s: ArrayFile, layout: Layout, spf: int, rng: np.rando
             kw["userblock_size"] = h.userblock_size
         if h.alignment_interval:
             kw.update(alignment_threshold=max(h.alignment_threshold or 1, 1), alignment_interval=h.alignment_interval)
+        if h.meta_block_size:
+            kw["meta_block_size"] = h.meta_block_size
         if h.file_space_strategy in ("page", "aggr", "none"):  # fsm_aggr is HDF5's default
             kw["fs_strategy"] = {"page": "page", "aggr": "aggregate", "none": "none"}[h.file_space_strategy]
             if h.file_space_strategy == "page" and h.file_space_page_size:

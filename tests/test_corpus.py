@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze import TraceDamageWarning, load, load_trace, summarize
+from dlreplay.analyze.trace.vocabulary import CKPT_SAVE, EPOCH, FETCH, ITEM, has_role
 from dlreplay.schema import EVENT_SCHEMA, READ_OPS
 
 from .conftest import TRACES
@@ -26,6 +27,16 @@ def _expected(trace: Path) -> dict:
 
 def test_corpus_is_present() -> None:
     assert {p.name for p in CORPUS} >= {"npz_fork", "npz_spawn", "h5_shuffle", "jpeg_small"}
+
+
+def test_corpus_keeps_both_namings() -> None:
+    """Traces of the first naming (dataloader/fetch, compute/step, checkpoint/save) must keep
+    loading: some corpus traces stay in it, and the others are in DFTracer's conventions."""
+    first, conventions = set(), set()
+    for trace in CORPUS:
+        names = set(load(trace).filter(pl.col("cat") == "dataloader")["name"].unique().to_list())
+        (first if "fetch" in names else conventions if "fetch.iter" in names else set()).add(trace.name)
+    assert first and conventions, (first, conventions)
 
 
 @pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
@@ -49,18 +60,21 @@ def test_loader_matches_job_accounting(trace: Path) -> None:
         worker_calls = reads.filter(pl.col("pid").cast(pl.Utf8).is_in(list(exp["bytes_read_per_pid"]))).height
         assert worker_calls == exp["dataset_read_calls"]
 
-    # Data-loader events: one fetch per batch, one item per sample, one epoch event per epoch.
-    fetch = ev.filter((pl.col("cat") == "dataloader") & (pl.col("name") == "fetch") & (pl.col("batch_size") > 0))
+    # Data-loader events, read through the vocabulary's roles (the corpus holds both namings:
+    # format 1's dataloader/fetch, compute/step, checkpoint/save and DFTracer's conventions'
+    # fetch.iter/fetch.block, checkpoint/capture): one fetch per batch, one item per sample,
+    # one epoch event per epoch.
+    fetch = ev.filter(has_role(FETCH) & (pl.col("batch_size") > 0))
     assert fetch.height == exp["batches"]
     assert fetch["batch_size"].sum() == exp["samples"]
-    items = ev.filter((pl.col("cat") == "data") & (pl.col("name") == "item"))
+    items = ev.filter(has_role(ITEM))
     assert items.height == exp["samples"]
     assert set(items["pid"].unique().to_list()) == {int(p) for p in exp["bytes_read_per_pid"]}
-    epochs = ev.filter((pl.col("cat") == "pipeline") & (pl.col("name") == "epoch"))
+    epochs = ev.filter(has_role(EPOCH))
     assert epochs.height == exp["epochs"]
 
     # Checkpoints written by torch.save are accounted with their bytes.
-    saves = ev.filter((pl.col("cat") == "checkpoint") & (pl.col("name") == "save"))
+    saves = ev.filter(has_role(CKPT_SAVE))
     assert saves.height == exp["checkpoints"]
     assert (saves["size"].sum() or 0) == exp["checkpoint_bytes"]
 

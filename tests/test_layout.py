@@ -202,6 +202,42 @@ def test_hdf5_odd_chunks_filters_groups_attributes(tmp_path: Path) -> None:
     assert (real.hdf5_chunk_shape, real.hdf5_compression) == ([3, 5, 7], "gzip")
 
 
+@pytest.mark.parametrize(("kw", "want"), [
+    ({}, None),  # HDF5's default 2 KiB: nothing recorded
+    ({"meta_block_size": 65536}, 65536),
+    ({"meta_block_size": 8192, "userblock_size": 512}, 8192),
+    ({"meta_block_size": 65536, "alignment_threshold": 1, "alignment_interval": 4096}, 65536),
+    ({"alignment_threshold": 1, "alignment_interval": 4096}, None),
+], ids=["default", "64k", "8k-userblock", "64k-aligned", "aligned"])
+def test_hdf5_metadata_block_size_round_trip(tmp_path: Path, kw: dict, want: int | None) -> None:
+    """The writer's metadata block size is not stored in the file; the first raw data's address
+    shows it (data is allocated after the first metadata block). Alignment is told from
+    padding, not from addresses that happen to be multiples. The generated files put every
+    dataset's data where the real ones do."""
+    import h5py
+
+    src = tmp_path / "h5m"
+    src.mkdir()
+    for i in range(3):
+        with h5py.File(src / f"f{i}.h5", "w", **kw) as f:
+            f.create_dataset("x", data=np.full((4, 64, 64), i, "<f4"), chunks=(1, 64, 64))
+            f.create_dataset("y", data=np.arange(4, dtype="<i8"))
+            f.create_dataset("z", data=np.arange(1000, dtype="<i2"))  # 2000 B: aligned only if the file is
+    real, again = roundtrip(src, "hdf5", tmp_path, spf=4)
+    assert real.hdf5 is not None and real.hdf5.meta_block_size == want
+    assert again.hdf5 is not None and again.hdf5.meta_block_size == want
+    aligned = kw.get("alignment_interval")
+    assert real.hdf5.alignment_interval == again.hdf5.alignment_interval == aligned
+
+    def first_data(path: Path) -> int:
+        with h5py.File(path) as f:
+            return [f["x"].id.get_chunk_info(i).byte_offset for i in range(4)] + [f["y"].id.get_offset(),
+                                                                                     f["z"].id.get_offset()]
+
+    generated = sorted((tmp_path / "h5m-generated" / "train").iterdir())
+    assert [first_data(p) for p in generated] == [first_data(src / "f0.h5")] * 3
+
+
 def test_hdf5_scattered_tiny_chunks(tmp_path: Path) -> None:
     """Chunks written out of order (as many writers finishing blocks) stay scattered."""
     import h5py
@@ -703,8 +739,10 @@ def test_capture_fingerprints_the_dataset_and_distill_uses_it(tmp_path: Path) ->
 
 
 def test_distill_data_dir_fingerprints_a_foreign_traces_dataset(tmp_path: Path) -> None:
-    """A trace captured elsewhere (paths that do not exist here) and its dataset copied to a
-    new place: distill --data-dir fingerprints the copy and still finds the trace's dataset."""
+    """A trace captured elsewhere (paths that do not exist here, no fingerprint: DFTracer's
+    preload alone) and its dataset copied to a new place: distill --data-dir fingerprints the
+    copy and still finds the trace's dataset."""
+    import shutil
     import subprocess
     import sys
 
@@ -712,16 +750,18 @@ def test_distill_data_dir_fingerprints_a_foreign_traces_dataset(tmp_path: Path) 
 
     from .conftest import TRACES
 
+    trace = tmp_path / "npz_spawn"
+    shutil.copytree(TRACES / "npz_spawn", trace, ignore=shutil.ignore_patterns("dataset-fingerprint.json"))
     data = tmp_path / "copy-of-the-data"
     subprocess.run([sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "8",
                     "--generate-only", "--quiet"], check=True, capture_output=True)
     out = tmp_path / "m.yaml"
-    proc = run_cli("distill", str(TRACES / "npz_spawn"), "--data-dir", str(data), "-o", str(out), check=True)
+    proc = run_cli("distill", str(trace), "--data-dir", str(data), "-o", str(out), check=True)
     assert "layout      x.npy <f4 [1, 32, 32, 32] stored, y.npy |u1 [1, 32, 32, 32] stored (fingerprint)" in proc.stdout
     model = load_model(out)
     assert model.dataset.num_files == 8 and model.dataset.layout.source == "fingerprint"
     assert "made by distill" in model.provenance.fields["dataset.layout"].method
-    bare = run_cli("distill", str(TRACES / "npz_spawn"), "-o", str(tmp_path / "bare.yaml"), check=True)
+    bare = run_cli("distill", str(trace), "-o", str(tmp_path / "bare.yaml"), check=True)
     assert "layout " not in bare.stdout
     assert load_model(tmp_path / "bare.yaml").provenance.fields["dataset.layout"].confidence == "default"
 

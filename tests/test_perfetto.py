@@ -27,6 +27,7 @@ from dlreplay.analyze.perfetto import (
     open_timeline,
 )
 from dlreplay.analyze.perfetto.processor import describe_routes, find_engine_bundle, find_ui_dist
+from dlreplay.analyze.trace.vocabulary import FETCH, ensure_roles, has_role
 from dlreplay.schema import READ_OPS
 
 from .conftest import TRACES, run_cli
@@ -96,7 +97,7 @@ def test_corpus_exports_and_loads(loaded: dict, tmp_path: Path, name: str, suffi
         assert nested["n"][0] > 0
         fetch_parents = tl.query(
             "select p.name as parent, count(*) as n from slice c left join slice p "
-            "on c.parent_id = p.id where c.name = 'fetch' group by p.name"
+            "on c.parent_id = p.id where c.name in ('fetch', 'fetch.iter') group by p.name"
         )
         assert "epoch" in set(fetch_parents["parent"].to_list())
         # Counter tracks.
@@ -106,7 +107,7 @@ def test_corpus_exports_and_loads(loaded: dict, tmp_path: Path, name: str, suffi
         )
         assert {"read bandwidth (MB/s)", "reads in flight"} <= set(counters["name"].to_list())
         wait = tl.query(NAMED_QUERIES["data-wait-per-step"])
-        assert wait.height == events.filter(pl.col("name") == "fetch").height
+        assert wait.height == ensure_roles(events).filter(has_role(FETCH)).height
         assert tl.query(NAMED_QUERIES["largest-reads"]).height > 0
 
 
