@@ -73,6 +73,12 @@ def _num(x: Any) -> float:
 
 #: Columns of :attr:`TraceView.dataset_io` collected from a lazy (spilled) table.
 DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offset", "ret")
+#: I/O events (reads, writes, opens) above which the passes that sort or join every dataset
+#: read (access, transfer, overlap, preprocess) take the processes in :data:`PID_BATCHES`
+#: batches (:meth:`TraceView.pid_batches`): their transient columns (about 45 bytes an
+#: event, on top of the table) are then held for one batch at a time. Results are the same.
+PID_BATCH_MIN_ROWS = 1 << 20
+PID_BATCHES = 4
 _IO = pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null()
 _DATA_READ = pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
 
@@ -237,6 +243,36 @@ class TraceView:
         """``query`` (rows of the table, in table order in memory) sorted by ``ts``; no sort
         where the table already is (:attr:`ts_sorted`)."""
         return query if self.ts_sorted else query.sort("ts")
+
+    @cached_property
+    def pid_batches(self) -> list[pl.Expr | None]:
+        """Conditions that split the table's rows by process into batches of about equal I/O
+        (:data:`PID_BATCHES`, heaviest process first to the lightest batch), together every
+        row exactly once: the last batch is every process not in the others, null pid
+        included. ``[None]`` (one batch, no condition) for a trace with one process or fewer
+        than :data:`PID_BATCH_MIN_ROWS` I/O events. A pass whose result per process is
+        additive (sums, counts, per-sample rows) runs once per batch and adds up."""
+        pp = self.per_process
+        if pp.is_empty():
+            return [None]
+        weights = pp.group_by("pid").agg((pl.col("reads") + pl.col("writes") + pl.col("opens")).sum().alias("w"))
+        total = int(weights["w"].sum() or 0)
+        n = min(PID_BATCHES, weights.height)
+        if n < 2 or total < PID_BATCH_MIN_ROWS:
+            return [None]
+        loads = [0] * n
+        members: list[list[int]] = [[] for _ in range(n)]
+        for pid, w in weights.sort(["w", "pid"], descending=[True, False], nulls_last=True).iter_rows():
+            if pid is None:
+                continue  # the last batch takes it
+            k = loads.index(min(loads))
+            loads[k] += int(w or 0)
+            members[k].append(int(pid))
+        named = [m for m in members[:-1] if m]
+        taken = [pid for m in named for pid in m]
+        conds: list[pl.Expr | None] = [pl.col("pid").is_in(m) for m in named]
+        conds.append((~pl.col("pid").is_in(taken)).fill_null(True))
+        return conds
 
     @cached_property
     def pids_packable(self) -> bool:
@@ -408,13 +444,23 @@ def _stats(values: pl.Series) -> dict[str, float | int | None]:
             "median": _f(v.median())}
 
 
-def _weighted_median(sizes: pl.Series) -> float | None:
-    """The transfer size that moves the median byte: half the bytes go in reads at most this big."""
-    v = sizes.drop_nulls().sort()
-    if v.is_empty() or not v.sum():
-        return None
-    cum = v.cum_sum()
-    return _f(v[int((cum < cum[-1] / 2).sum())])
+def _hist_stats(hist: pl.DataFrame) -> dict[str, float | int | None]:
+    """:func:`_stats` of the read sizes counted in ``hist`` (``size``, ``n``: how many reads of
+    that size), with ``bytes_weighted_median``: the transfer size that moves the median byte
+    (half the bytes go in reads at most this big). The same figures as from one row per
+    read, from a table of distinct sizes."""
+    h = hist.filter(pl.col("size").is_not_null()).sort("size")
+    count = int(h["n"].sum() or 0)
+    if not count:
+        return {"count": 0, "min": None, "max": None, "mean": None, "median": None, "bytes_weighted_median": None}
+    sizes, n = h["size"].to_numpy(), h["n"].to_numpy()
+    cum = np.cumsum(n)
+    lower, upper = sizes[np.searchsorted(cum, (count - 1) // 2, "right")], sizes[np.searchsorted(cum, count // 2, "right")]
+    moved = np.cumsum(sizes.astype(np.float64) * n)
+    total = int((h["size"].cast(pl.Int64) * h["n"]).sum())
+    return {"count": count, "min": _f(sizes[0]), "max": _f(sizes[-1]), "mean": _f(total / count),
+            "median": _f((float(lower) + float(upper)) / 2),
+            "bytes_weighted_median": _f(sizes[int(np.searchsorted(moved, total / 2, "left"))]) if total else None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -428,13 +474,26 @@ def pass_overview(v: TraceView) -> dict:
 
 def pass_access(v: TraceView) -> dict:
     """Darshan's sequential / consecutive / random read fractions, overall and per file (dataset)."""
-    io = v.ordered_dataset(("pid", "file", "name", "size", "offset"),
-                           pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS))
-    # per file at once (the totals are their sums): the flagged reads are never held whole
-    per_file = flag_reads_lazy(io, packed=v.pids_packable).group_by("file").agg(
-        pl.len().alias("reads"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con"),
-        pl.col("size").median().alias("median_read")).collect()
-    del io
+    # Per (file, read size) at once, one batch of processes at a time (a read's predecessor
+    # is of its own process): the flagged reads are never held whole. The totals and each
+    # file's median read are taken from the merged counts.
+    ops = pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS)
+    counts = []
+    for batch in v.pid_batches:
+        io = v.ordered_dataset(("pid", "file", "name", "size", "offset"), ops if batch is None else ops & batch)
+        counts.append(flag_reads_lazy(io, packed=v.pids_packable).group_by("file", "size").agg(
+            pl.len().alias("n"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con")).collect())
+        del io
+    hist = pl.concat(counts).group_by("file", "size").agg(pl.col("n", "__seq", "__con").sum()).sort("file", "size")
+    del counts
+    n_all = pl.col("n").sum()
+    cum = pl.col("n").cum_sum()
+    # the median as polars takes it: the middle value, or the mean of the two middle values
+    lower = pl.col("size").filter(cum > (n_all - 1) // 2).first()
+    upper = pl.col("size").filter(cum > n_all // 2).first()
+    per_file = hist.group_by("file", maintain_order=True).agg(
+        n_all.alias("reads"), pl.col("__seq").sum(), pl.col("__con").sum(),
+        ((lower + upper) / 2).alias("median_read"))
     if per_file.is_empty() and not v.collect(v.dataset_query().select(pl.len())).item():
         return {"reads": 0, "sequential": None, "consecutive": None, "random": None, "per_file": [],
                 "missing": "no dataset reads"}
@@ -469,22 +528,25 @@ def _in_items(v: TraceView, rows: pl.LazyFrame, items: pl.DataFrame) -> pl.LazyF
 
 def pass_transfer(v: TraceView) -> dict:
     """Dataset read sizes (bytes), reads and bytes per sample, which calls and which format."""
-    sizes = v.dataset_rows(("size",), _DATA_READ)["size"]
-    out: dict[str, Any] = {"read_size": _stats(sizes), "calls": {}}
-    out["read_size"]["bytes_weighted_median"] = _weighted_median(sizes)
-    n_reads = sizes.len()
-    del sizes
+    # counted per distinct size: one row per read is never held
+    hist = v.collect(v.dataset_query(_DATA_READ).group_by("size").agg(pl.len().cast(pl.Int64).alias("n")))
+    out: dict[str, Any] = {"read_size": _hist_stats(hist), "calls": {}}
+    n_reads = int(hist["n"].sum() or 0)
     calls = v.collect(v.dataset_query(_DATA_READ).group_by("name").len())
     out["calls"] = {n: c for n, c in calls.sort(["len", "name"], descending=[True, False]).iter_rows()}
     exts = [os.path.splitext(f)[1].lower() for f in v.dataset_files]
     out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
     items = v.items
     if items.height and n_reads:
-        reads = v.dataset_query(_DATA_READ).select("pid", "ts", "size")
-        per = v.collect(_in_items(v, reads, items).filter(pl.col("item_ts").is_not_null())
-                        .group_by("pid", "item_ts").agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))
-                        .select(pl.len().alias("n"), pl.col("reads").median(), pl.col("bytes").median()))
-        n, reads_med, bytes_med = per.row(0)
+        samples = []  # per sample (pid, item): reads and bytes, one batch of processes at a time
+        for batch in v.pid_batches:
+            reads = v.dataset_query(_DATA_READ if batch is None else _DATA_READ & batch).select("pid", "ts", "size")
+            samples.append(v.collect(_in_items(v, reads, items).filter(pl.col("item_ts").is_not_null())
+                                     .group_by("pid", "item_ts")
+                                     .agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))))
+            del reads
+        n, reads_med, bytes_med = pl.concat(samples).select(
+            pl.len().alias("n"), pl.col("reads").median(), pl.col("bytes").median()).row(0)
         out["samples_with_reads"] = int(n)
         out["reads_per_sample"] = _f(reads_med, 2)
         out["bytes_per_sample"] = _f(bytes_med, 1)
@@ -710,21 +772,26 @@ def pass_overlap(v: TraceView) -> dict:
         return {"overlap": None, "io_time_s": _f(_num(io_us) * _US) if n_io else 0.0,
                 "missing": "no dataset I/O" if not n_io else "no step events"}
     cons = v.consumers or st["pid"].unique().to_list()
-    calls = v.by_ts(v.dataset_query().select(
-        pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
-        "ts", pl.col("dur").fill_null(0),
-    ))
     steps = st.lazy().select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
                              (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
-    j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward", check_sortedness=False)
     # (min_horizontal skips nulls: a call before any step must count 0, not its whole duration)
     inside = pl.when(pl.col("s_end").is_not_null()).then(
         (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0))
-    ov = v.collect(j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all"))).row(0, named=True)
-    total = int(ov["all"] or 0)
+    overlapped = total = 0
+    for batch in v.pid_batches:  # one batch of processes at a time: the sums add up
+        calls = v.by_ts(v.dataset_query(batch).select(
+            pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
+            "ts", pl.col("dur").fill_null(0),
+        ))
+        j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward",
+                            check_sortedness=False)
+        ov, every = v.collect(j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all"))).row(0)
+        overlapped += int(ov or 0)
+        total += int(every or 0)
+        del calls, j
     in_consumer = _num(v.collect(v.dataset_query(pl.col("pid").is_in(cons)).select(pl.col("dur").sum())).item())
-    return {"overlap": _f(ov["ov"] / total, 4) if total else None, "io_time_s": _f(total * _US),
-            "overlapped_s": _f(int(ov["ov"] or 0) * _US),
+    return {"overlap": _f(overlapped / total, 4) if total else None, "io_time_s": _f(total * _US),
+            "overlapped_s": _f(overlapped * _US),
             "io_in_consumer_s": _f(in_consumer * _US)}
 
 
@@ -820,10 +887,14 @@ def pass_preprocess(v: TraceView) -> dict:
     items = v.items
     if items.is_empty():
         return {"item_time_s": None, "io_in_items_s": None, "ratio": None, "missing": "no item events"}
-    io = v.io_lazy.filter(pl.col("pid").is_in(items["pid"].unique().implode())).select("pid", "ts", "dur")
     item_us = int(items["dur"].sum() or 0)
-    io_us = int(v.collect(_in_items(v, io, items).filter(pl.col("item_ts").is_not_null()).select(pl.col("dur").sum()))
-                .item() or 0)
+    io_us = 0
+    loaders = pl.col("pid").is_in(items["pid"].unique().implode())
+    for batch in v.pid_batches:  # one batch of processes at a time: the sums add up
+        io = v.io_lazy.filter(loaders if batch is None else loaders & batch).select("pid", "ts", "dur")
+        io_us += int(v.collect(_in_items(v, io, items).filter(pl.col("item_ts").is_not_null())
+                               .select(pl.col("dur").sum())).item() or 0)
+        del io
     return {"items": items.height, "item_time_s": _f(item_us * _US), "io_in_items_s": _f(io_us * _US),
             "non_io_s": _f(max(item_us - io_us, 0) * _US),
             "ratio": _f(item_us / io_us, 3) if io_us else None,

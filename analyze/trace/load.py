@@ -84,7 +84,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import polars as pl
 
-from dlreplay.allocator import release_free_memory
+from dlreplay.allocator import prepare_release, release_free_memory
 from dlreplay.errors import TraceError
 from dlreplay.pfw import GZIP_MAGIC, PlainFile, Slabs, anonymous_map
 from dlreplay.pfw import DecodeStats as _Stats
@@ -354,6 +354,7 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
     thread is in flight then).
     """
     workers = max(1, jobs or available_cores())
+    prepare_release()  # before the parse holds memory (see its doc)
     indexed = list(enumerate(files))
     if workers == 1 and group_bytes is None:  # one thread: no pool, no ranges
         for group in _groups(indexed, 1):
