@@ -7,7 +7,8 @@ own buffered figure) and ``dd iflag=direct bs=TRANSFER`` over the files (the sto
 the page cache). Measured:
 
 - ``replay --io posix`` and ``replay --io library`` (the whole replay: workers, batches,
-  metrics) against ``cat``;
+  metrics), each with dlreplay's loader and with PyTorch's DataLoader (``--loader``), against
+  ``cat``;
 - the read primitive alone, one thread, the files one after the other
   (:class:`~dlreplay.replay.formats.PosixReader`): a plain ``os.pread`` loop (a new
   ``bytes`` per call, what the reader did before), reads into one reused buffer, and
@@ -15,12 +16,13 @@ the page cache). Measured:
 
 Prints MB/s (10^6 bytes/s), best and median of ``--repeat`` runs, and the ratios (target >= 90 % of cat).
 
-    python benchmarks/replay_bandwidth.py --data-dir bench-data/replay-bw --size-mb 1024
+    python benchmarks/replay_bandwidth.py --size-mb 2048 --repeat 3 [--data-dir bench-data/replay-bw]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -95,7 +97,9 @@ def main() -> int:
         "train": {"epochs": 1, "computation_time": 0},
     })
     model = apply_overrides(model, [f"reader.transfer_size={args.transfer}"])
-    generate_dataset(GenerateConfig(model=model, data_dir=args.data_dir, progress=False))
+    # the benchmark's own directory: a dataset of another --size-mb/--files there is replaced
+    # (force deletes only files dlreplay generated)
+    generate_dataset(GenerateConfig(model=model, data_dir=args.data_dir, progress=False, force=True))
     files = sorted(p for p in (args.data_dir / "train").rglob("*") if p.is_file() and not p.name.startswith("."))
     total = sum(p.stat().st_size for p in files)
     try:
@@ -110,20 +114,25 @@ def main() -> int:
     def add(key: str, value: float) -> None:
         rates.setdefault(key, []).append(value)
 
+    # dlreplay's own loader, and PyTorch's DataLoader where torch is installed (``--loader auto``
+    # picks it for this model): with --io library it hands each decoded sample to the training
+    # process (collated into shared memory) as the job's DataLoader does; with --io posix nothing
+    loaders = ["builtin"] + (["torch"] if importlib.util.find_spec("torch") is not None else [])
     with tempfile.TemporaryDirectory(prefix="dlreplay-bw-") as tmp:
         for i in range(args.repeat):
             add("cat", _timed(files, lambda: subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL,
                                                             check=True) and total))
-            for io in ("posix", "library"):
+            for io, loader in [(io, loader) for io in ("posix", "library") for loader in loaders]:
                 drop_cache(files)
                 t0 = time.perf_counter()
-                res = run_replay(ReplayConfig(model=model, data_dir=args.data_dir, out=Path(tmp) / f"r{i}-{io}",
-                                              trace=False, io=io))
+                res = run_replay(ReplayConfig(model=model, data_dir=args.data_dir,
+                                              out=Path(tmp) / f"r{i}-{io}-{loader}", trace=False, io=io,
+                                              loader=loader))
                 wall = time.perf_counter() - t0
                 nbytes = res.metrics["overall"]["bytes_read"]
                 assert nbytes == total, (io, nbytes, total)
                 # whole-run rate (incl. the first step and worker start-up), comparable to cat's wall time
-                add(f"replay --io {io}", nbytes / wall / 1e6)
+                add(f"replay --io {io} --loader {loader}", nbytes / wall / 1e6)
             add("pread loop (new bytes per call)", _timed(files, lambda: _pread_loop(files, args.transfer)))
             add("PosixReader (reused buffer)", _timed(files, lambda: _reader(files, args.transfer, False)))
             add("dd iflag=direct", _timed(files, lambda: sum(

@@ -93,3 +93,31 @@ def test_library_record_reads(data: Path) -> None:
         assert r.read(str(data), 1, [SIZE - 10, 50]) == 10
     finally:
         r.close()
+
+
+def test_posix_samples_are_read_into_the_reused_buffer_and_not_handed_over(tmp_path: Path) -> None:
+    """``--io posix`` in a replay worker: every sample is read into the reader's one buffer and
+    the sample handed to the consumer is empty (no new array per sample, no bytes for PyTorch's
+    collate to copy), whatever the sample size; the bytes counted are the file's."""
+    from dlreplay.model import apply_overrides, model_from_dict
+    from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset
+    from dlreplay.replay.common import read_dataset_manifest
+    from dlreplay.replay.engine import _worker_spec
+    from dlreplay.replay.loader import SampleReader
+
+    model = model_from_dict({
+        "schema": "dlreplay.workload", "format_version": 1, "model": {"name": "posix"},
+        "dataset": {"format": "raw", "num_files": 3, "num_samples_per_file": 2, "record_length": 300_000},
+        "reader": {"batch_size": 1, "read_threads": 1}, "train": {"epochs": 1, "computation_time": 0}})
+    model = apply_overrides(model, ["reader.transfer_size=65536"])
+    generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
+    spec = _worker_spec(ReplayConfig(model=model, data_dir=tmp_path / "d", io="posix"),
+                        read_dataset_manifest(tmp_path / "d"))
+    reader = SampleReader(spec, 0, item_events=False)
+    buffers = set()
+    for f in range(3):
+        for k in range(2):
+            nbytes, handed = reader.read_sample(f, k)
+            assert nbytes == 300_000 and handed.size == 0
+            buffers.add(id(reader.reader.buffer()))
+    assert len(buffers) == 1
