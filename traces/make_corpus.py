@@ -24,6 +24,13 @@ sys.path.insert(0, str(REPO))
 
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+# Before the captured run: the generator's dirty pages written back and every dataset file
+# read once, as before DLIO's traced runs. Unsettled, this VM's writeback and its reclaim of
+# page cache left untouched timed the first corpus's reads (jpeg_small's second epoch took
+# 6.4 s, its first 3.1 s).
+from make_dlio_corpus import settle  # noqa: E402
+
 #: name -> (example script, job arguments). Sizes keep each trace well under 1 MB.
 CORPUS: dict[str, tuple[str, list[str]]] = {
     "npz_fork": ("unet3d_npz.py", ["--num-files", "24", "--batch-size", "2", "--workers", "2", "--epochs", "3",
@@ -98,20 +105,6 @@ def rewrite_expected(name: str, work: Path) -> None:
     report = json.loads((work / name / "report.json").read_text())
     (HERE / name / "expected.json").write_text(json.dumps(expected_from_report(report), indent=2) + "\n")
     print(f"{name}: expected.json rewritten")
-
-
-def settle(data: Path) -> None:
-    """Before the captured run: the generator's dirty pages written back and every dataset
-    file read once, so that the job reads its dataset from the page cache as the benchmarks'
-    replays of it do. Unsettled, this VM's writeback and its reclaim of untouched page
-    cache timed the first corpus's reads (jpeg_small's second epoch took 6.4 s, its first
-    3.1 s)."""
-    os.sync()
-    for path in sorted(data.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                while fh.read(1 << 20):
-                    pass
 
 
 def make(name: str, work: Path) -> None:
