@@ -28,6 +28,7 @@ under the same name (a shared file system, or a LocalCluster on this machine).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -93,37 +94,68 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
         return
     # A terminal's Ctrl-C reaches every process of the group: the workers ignore it (a
     # preload), this process answers it and closes the cluster.
+    # No dashboard; the scheduler's HTTP routes (health, metrics), which it serves even so,
+    # on a free port of 127.0.0.1: by default they take 8787, and a second analysis on the
+    # machine warned "Port 8787 is already in use".
+    levels = _levels()  # LocalCluster's silence_logs sets them for good: put back after the close
     local = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                          host="127.0.0.1", dashboard_address=None, memory_limit=memory_limit,
-                         silence_logs=40, preload=["dlreplay.analyze._dask_preload"])
+                         scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
+                         silence_logs=logging.CRITICAL, preload=["dlreplay.analyze._dask_preload"])
     attached: Client | None = None
     try:
         attached = Client(local)
         yield attached
     except KeyboardInterrupt:
         _quiet_after_interrupt()
+        levels = None  # the process is ending: its pending tasks' errors stay unlogged
         raise
     finally:
+        # The results are in (or the error is on its way up): what the workers, nanny and
+        # scheduler log while the cluster shuts down (a heartbeat that finds the scheduler
+        # gone, a stream closed under a worker) is shutdown noise, logged with tracebacks,
+        # that would end a clean run's output. Then this process's logging is as it was (a
+        # notebook that analysed on a local cluster keeps its log levels).
+        _silence()
         if attached is not None:
             attached.close()
         local.close()
+        if levels is not None:
+            _restore(levels)
+
+
+#: The loggers a closing cluster fills with tracebacks.
+_NOISY_LOGGERS = ("asyncio", "distributed", "tornado")
+
+
+def _levels() -> dict[str, int]:
+    """The levels of :data:`_NOISY_LOGGERS` in this process."""
+    return {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
+
+
+def _restore(levels: dict[str, int]) -> None:
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def _silence() -> None:
+    """Silence :data:`_NOISY_LOGGERS` in this process."""
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def _quiet_after_interrupt() -> None:
     """After a Ctrl-C, the client's pending gathers end with errors nobody will read, which
     asyncio and distributed log with tracebacks ("Task exception was never retrieved") while
-    the cluster closes: the interrupt was the message, so those logs are silenced."""
-    import logging
-
-    for name in ("asyncio", "distributed", "tornado"):
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    the cluster closes: the interrupt was the message, so those logs are silenced (the
+    process is ending: the levels stay)."""
+    _silence()
 
 
 #: Files at least this big (stored bytes) are split into ranges of gzip members.
 SPLIT_BYTES = 64 << 20
 #: Compressed bytes per range of a split file.
 RANGE_BYTES = 16 << 20
-
 
 def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_bytes: int,
                   echo: Callable[[str], None] | None) -> tuple[list[Any], list[Path], dict | None, int]:
@@ -154,7 +186,6 @@ def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_
     hold_point("dask-parse")  # test-only: a Ctrl-C with tasks in flight, on any machine
     return futures, files, manifest, nworkers
 
-
 def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes: int = SPLIT_BYTES,
                            range_bytes: int = RANGE_BYTES,
                            echo: Callable[[str], None] | None = None) -> tuple[LoadedTrace, ClusterInfo]:
@@ -171,7 +202,6 @@ def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes:
     info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0)
     return loaded, info
 
-
 @dataclass(frozen=True)
 class RemoteView:
     """What the client keeps of a :class:`~.passes.TraceView` whose table stayed on a worker.
@@ -186,7 +216,6 @@ class RemoteView:
     workers: list[int]
     consumers: list[int]
     rendered: dict[str, tuple[str, bytes | None]] | None
-
 
 @dataclass(frozen=True)
 class RemoteAnalysis:
@@ -204,7 +233,6 @@ class RemoteAnalysis:
         """The per-file reports as a :class:`LoadedTrace` without rows (damage, dropped counts)."""
         return LoadedTrace(events=_empty_events(), files=self.files, manifest=self.manifest)
 
-
 def _empty_events() -> Any:
     import polars as pl
 
@@ -212,18 +240,14 @@ def _empty_events() -> Any:
 
     return pl.DataFrame(schema=EVENT_SCHEMA)
 
-
 def _combine_on_worker(parts: list[Any], names: list[str]) -> tuple[Any, list[FileReport]]:
     return combine_parts(parts, names)
-
 
 def _events_of(combined: tuple[Any, list[FileReport]]) -> Any:
     return combined[0]
 
-
 def _reports_of(combined: tuple[Any, list[FileReport]]) -> list[FileReport]:
     return combined[1]
-
 
 def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] | None,
                        thresholds: Thresholds, disabled: set[str], figures: bool,
@@ -243,7 +267,6 @@ def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] 
     view = RemoteView(summary=v.summary, duration_s=v.duration_s, workers=list(v.workers),
                       consumers=list(v.consumers), rendered=render_figures(c) if figures else None)
     return {"results": c.to_dict(), "view": view, "findings": found, "model": model}
-
 
 def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list[str] | None = None,
                         thresholds: Thresholds | None = None, disabled: set[str] | None = None,

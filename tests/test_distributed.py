@@ -160,3 +160,21 @@ def test_cli_workers_report_has_the_figures(cli, tmp_path: Path) -> None:
     assert "stays on the cluster" in proc.stderr
     ha, hb = a.read_text(), b.read_text()
     assert hb.count("data:image/png;base64,") == ha.count("data:image/png;base64,") >= 4
+
+
+def test_a_closed_local_cluster_leaves_this_process_logging_as_it_was() -> None:
+    """The cluster's shutdown is logged quietly (its races log tracebacks that would end a
+    clean run's output) and the levels of the loggers silenced for it come back after; a
+    second cluster at the same time does not clash with the first."""
+    import logging
+
+    import warnings
+
+    for name in ("asyncio", "tornado"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    # two analyses at once on one machine: no port clash ("Port 8787 is already in use")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cluster(workers=1) as a, cluster(workers=1) as b:
+            assert a.submit(sum, [1, 2]).result() == b.submit(sum, [3]).result() == 3
+    assert [logging.getLogger(n).level for n in ("asyncio", "tornado")] == [logging.INFO] * 2
