@@ -1087,6 +1087,13 @@ def _checkpoint(
             ((pl.col("dur") - pl.col("io").fill_null(0)).clip(lower_bound=0) * _US).alias("s"))
         serialization = _observed(per["s"])
         facts.put("checkpoint.serialization_time", "torch.save duration minus its POSIX calls", "measured")
+    elif nbytes <= 0 and saves["dur"].drop_nulls().len():
+        # neither the writes nor the size is in the trace (an ai.checkpoint.capture region around
+        # a save to a directory the tracer did not watch): the saves' whole time is what the
+        # replay can spend, as serialisation, with nothing to write
+        serialization = _observed(saves["dur"].drop_nulls() * _US)
+        facts.put("checkpoint.serialization_time", "the checkpoint saves' whole duration: their writes are not "
+                  "visible and their size is unknown", "measured")
     else:
         facts.put("checkpoint.serialization_time", "torch.save writes are not visible: the replay's writes "
                   "stand for the whole save", "default")

@@ -97,7 +97,7 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
     # No dashboard; the scheduler's HTTP routes (health, metrics), which it serves even so,
     # on a free port of 127.0.0.1: by default they take 8787, and a second analysis on the
     # machine warned "Port 8787 is already in use".
-    levels = _levels()  # LocalCluster's silence_logs sets them for good: put back after the close
+    levels: dict[str, int] | None = _levels()  # LocalCluster's silence_logs sets them for good: put back after the close
     local = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                          host="127.0.0.1", dashboard_address=None, memory_limit=memory_limit,
                          scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},

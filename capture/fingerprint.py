@@ -896,12 +896,12 @@ def _parquet_pages(path: str, meta: Any) -> dict[str, Any]:
         return {}
     # the writer's page size: the pages of a column cut by size (several per chunk); a
     # wide column's pages overshoot it by a whole batch of values, so the smallest
-    cut = [c for c in per if c["page_bytes"] and (c["data_pages"] or 0) > 1]
-    first = min(cut, key=lambda c: c["page_bytes"]) if cut else None
+    paged = [c for c in per if c["page_bytes"] and (c["data_pages"] or 0) > 1]
+    first = min(paged, key=lambda c: c["page_bytes"]) if paged else None
     # the writer adds values in batches and checks the page size after each: every page
     # that is not a chunk's last holds a whole number of batches
-    counts = [v for c in cut for v in c["_values"] if v > 0]
-    batch = int(np.gcd.reduce(np.asarray(counts, dtype=np.int64))) if counts else None
+    batches = [v for c in paged for v in c["_values"] if v > 0]
+    batch = int(np.gcd.reduce(np.asarray(batches, dtype=np.int64))) if batches else None
     versions = {c["page_version"] for c in per if c["page_version"]}
     for c in per:
         del c["_values"]

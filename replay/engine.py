@@ -271,7 +271,8 @@ class _Checkpointer:
 
     def _enabled(self) -> bool:
         c = self.c
-        if not c.enabled or c.bytes_per_checkpoint <= 0:
+        st = c.serialization_time
+        if not c.enabled or (c.bytes_per_checkpoint <= 0 and not (st.is_known and (st.mean or 0) > 0)):
             return False
         return c.num_checkpoints_write is None or self.count < c.num_checkpoints_write
 
@@ -308,7 +309,8 @@ class _Checkpointer:
             seconds = float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
             if seconds > 0:
                 time.sleep(seconds)
-            nbytes = self.write()
+            # no bytes: a save whose size the trace does not know (its time is the serialisation)
+            nbytes = self.write() if self.c.bytes_per_checkpoint > 0 else 0
         finally:
             REGIONS.end(ev, path=self.last_path, bytes=nbytes)
         return nbytes

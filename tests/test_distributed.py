@@ -167,7 +167,6 @@ def test_a_closed_local_cluster_leaves_this_process_logging_as_it_was() -> None:
     clean run's output) and the levels of the loggers silenced for it come back after; a
     second cluster at the same time does not clash with the first."""
     import logging
-
     import warnings
 
     for name in ("asyncio", "tornado"):

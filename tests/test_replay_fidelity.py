@@ -450,3 +450,30 @@ def test_host_cpu_work_leaves_time_to_repay_earlier_overruns(tmp_path, monkeypat
                                   loader="builtin"))
     (ep,) = res.metrics["epochs"]
     assert ep["modelled_host_cpu_s"] > 0 and ep["host_cpu_s"] == 0.0
+
+
+def test_a_checkpoint_of_unknown_size_is_its_time_alone(tmp_path):
+    """A save whose writes and size the trace does not show (an annotated ``checkpoint.capture``
+    around a save to an untraced directory): distill makes its duration the serialisation
+    time, and the replay spends it at each due step and writes nothing."""
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill
+
+    from .conftest import TRACES
+
+    lt = load_trace(TRACES / "ai_annotated")
+    m = distill(lt.events, manifest=lt.manifest, source="ai_annotated")
+    saves = lt.events.filter((pl.col("cat") == "checkpoint") & (pl.col("name") == "capture"))
+    assert m.checkpoint.bytes_per_checkpoint == 0 and saves.height == 4
+    assert m.checkpoint.serialization_time.mean == pytest.approx(saves["dur"].mean() * 1e-6)
+    assert m.provenance.fields["checkpoint.serialization_time"].confidence == "measured"
+
+    model = make_model("checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2",
+                       "checkpoint.bytes_per_checkpoint=0", "checkpoint.serialization_time=0.02")
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
+                                  loader="builtin", keep_checkpoints=True))
+    saves_per_epoch = steps_per_epoch(model, 1) // 2
+    for e in res.metrics["epochs"]:
+        assert e["checkpoint_bytes"] == 0
+        assert e["checkpoint_s"] >= saves_per_epoch * 0.02 * 0.95
+    assert not [p for p in (tmp_path / "o").rglob("part-*")]
