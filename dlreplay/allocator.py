@@ -74,7 +74,10 @@ def _symbols(path: str, wanted: tuple[bytes, ...]) -> dict[bytes, tuple[int, int
                     names[at + 1 - s0] = name
             if not names:
                 continue
-            table = np.frombuffer(mm, dtype=_SYM_DTYPE, count=sec[5] // _SYM.size, offset=sec[4])
+            # a copy of the symbol table (4.7 MB for polars 1.x), not a view of the mapping: a
+            # view held past this loop (a sampling profiler's frame of np.isin, as Dask's
+            # workers run one) made the mapping's close raise BufferError
+            table = np.frombuffer(mm[sec[4]:sec[4] + (sec[5] // _SYM.size) * _SYM.size], dtype=_SYM_DTYPE)
             for k in np.flatnonzero(np.isin(table["name"], list(names))):
                 st_name, info, _other, shndx, value, size = (int(x) for x in table[k].tolist())
                 if info & 0xF == _STT_FUNC and 0 < shndx < shnum and size:
@@ -132,7 +135,7 @@ def _resolve() -> None:
             return
         try:
             _mallctl = _find_mallctl()
-        except (OSError, ValueError, struct.error):
+        except (OSError, ValueError, BufferError, struct.error):
             _mallctl = None
         _trim = _find_trim()
         _resolved = True

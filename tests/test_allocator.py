@@ -101,3 +101,31 @@ def test_symbol_lookup_refuses_what_is_not_elf(tmp_path) -> None:
     assert _symbols(str(junk), (b"_rjem_mallctl",)) == {}
     junk.write_bytes(b"\x7fELF\x02\x01" + b"\0" * 200)  # a header whose section table is out of the file
     assert _symbols(str(junk), (b"_rjem_mallctl",)) == {}
+
+
+def test_finding_mallctl_survives_a_held_view_of_the_symbol_table(monkeypatch) -> None:
+    """Dask's workers sample their threads' stacks: a frame of ``np.isin`` held by the
+    profiler keeps its arguments alive after the call. The symbol lookup must not hand it a
+    view of the library's mapping, whose close then raised BufferError ("cannot close
+    exported pointers exist") inside a worker's first release of memory (seen as an
+    intermittent failure of ``analyze --workers 2``)."""
+    import sys
+
+    import numpy as np
+    import polars  # noqa: F401
+
+    from dlreplay import allocator
+
+    path = getattr(sys.modules.get("polars._plr"), "__file__", None)
+    if not path or not path.endswith(".so") or not sys.platform.startswith("linux"):
+        pytest.skip("polars' runtime is not an ELF shared library here")
+    held = []
+    real_isin = np.isin
+
+    def isin(a, *args, **kwargs):
+        held.append(a)  # what a profiler's frame reference does
+        return real_isin(a, *args, **kwargs)
+
+    monkeypatch.setattr(allocator.np, "isin", isin)
+    found = allocator._symbols(path, (b"_rjem_mallctl",))
+    assert held and b"_rjem_mallctl" in found
