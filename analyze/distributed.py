@@ -157,6 +157,7 @@ SPLIT_BYTES = 64 << 20
 #: Compressed bytes per range of a split file.
 RANGE_BYTES = 16 << 20
 
+
 def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_bytes: int,
                   echo: Callable[[str], None] | None) -> tuple[list[Any], list[Path], dict | None, int]:
     """Submit the parse stage: (futures of parts, trace files, manifest, workers).
@@ -186,6 +187,7 @@ def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_
     hold_point("dask-parse")  # test-only: a Ctrl-C with tasks in flight, on any machine
     return futures, files, manifest, nworkers
 
+
 def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes: int = SPLIT_BYTES,
                            range_bytes: int = RANGE_BYTES,
                            echo: Callable[[str], None] | None = None) -> tuple[LoadedTrace, ClusterInfo]:
@@ -202,6 +204,7 @@ def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes:
     info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0)
     return loaded, info
 
+
 @dataclass(frozen=True)
 class RemoteView:
     """What the client keeps of a :class:`~.passes.TraceView` whose table stayed on a worker.
@@ -216,6 +219,7 @@ class RemoteView:
     workers: list[int]
     consumers: list[int]
     rendered: dict[str, tuple[str, bytes | None]] | None
+
 
 @dataclass(frozen=True)
 class RemoteAnalysis:
@@ -233,6 +237,7 @@ class RemoteAnalysis:
         """The per-file reports as a :class:`LoadedTrace` without rows (damage, dropped counts)."""
         return LoadedTrace(events=_empty_events(), files=self.files, manifest=self.manifest)
 
+
 def _empty_events() -> Any:
     import polars as pl
 
@@ -240,14 +245,18 @@ def _empty_events() -> Any:
 
     return pl.DataFrame(schema=EVENT_SCHEMA)
 
+
 def _combine_on_worker(parts: list[Any], names: list[str]) -> tuple[Any, list[FileReport]]:
     return combine_parts(parts, names)
+
 
 def _events_of(combined: tuple[Any, list[FileReport]]) -> Any:
     return combined[0]
 
+
 def _reports_of(combined: tuple[Any, list[FileReport]]) -> list[FileReport]:
     return combined[1]
+
 
 def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] | None,
                        thresholds: Thresholds, disabled: set[str], figures: bool,
@@ -267,6 +276,7 @@ def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] 
     view = RemoteView(summary=v.summary, duration_s=v.duration_s, workers=list(v.workers),
                       consumers=list(v.consumers), rendered=render_figures(c) if figures else None)
     return {"results": c.to_dict(), "view": view, "findings": found, "model": model}
+
 
 def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list[str] | None = None,
                         thresholds: Thresholds | None = None, disabled: set[str] | None = None,
