@@ -287,6 +287,13 @@ def _dlio_reader(annotated: pl.DataFrame) -> str | None:
     return known[0] if len(known) == 1 else None
 
 
+def _dlio_torch(annotated: pl.DataFrame) -> bool:
+    """True when the trace's loader is DLIO's PyTorch one (events of its ``TorchDataset`` or
+    ``TorchDataLoader`` classes)."""
+    names = annotated["name"].cast(pl.String).unique()
+    return bool(names.str.starts_with("TorchDataset.").any() or names.str.starts_with("TorchDataLoader.").any())
+
+
 def _shuffled(items: pl.DataFrame) -> bool | None:
     """True when samples are visited out of index order within epochs.
 
@@ -619,6 +626,13 @@ def distill(
         access_pattern=pattern,
         metadata_per_sample=meta,
     )
+    if dlio_reader is not None and has_loader and _dlio_torch(annotated):
+        # DLIO 2.0's TorchDataLoader: DataLoader(sampler=dlio_sampler, drop_last=True); a trace holds
+        # no config, but its events name DLIO's classes
+        reader = replace(reader, sample_order="dlio", drop_last=True)
+        facts.put("reader.sample_order", f"DLIO's PyTorch sampler: the trace's events are DLIO's "
+                  f"(TorchDataset, {dlio_reader})", "inferred")
+        facts.put("reader.drop_last", "DLIO's PyTorch loader sets drop_last=True", "inferred")
 
     # ---------------------------------------------------------------- train
     if has_loader and main_pid is not None:
@@ -632,7 +646,13 @@ def distill(
         )
         per_epoch_steps = loop.filter(pl.col("pid") == main_pid).group_by("epoch").len()["len"]
         steps_per_epoch = int(_num(per_epoch_steps.median())) or None
-        natural = -(-dataset.num_files * spf // max(batch_size, 1))
+        # per rank, as the replay shares the samples out (replay.engine.steps_per_epoch)
+        size, b = max(len(consumers), 1), max(batch_size, 1)
+        if reader.sample_order == "dlio":  # whole batches only, floor(samples / batch / ranks)
+            natural = dataset.num_files * spf // b // size
+        else:
+            share = (dataset.num_files // size) * spf
+            natural = share // b if reader.drop_last else -(-share // b)
         if steps_per_epoch == natural:
             steps_per_epoch = None
         facts.put(

@@ -121,7 +121,7 @@ def paired(args: argparse.Namespace) -> None:
         if not (data / "train").is_dir():
             data.mkdir(parents=True, exist_ok=True)
             mk.run_dlio(args.dlio_venv, mk.workload_yaml(name, data, job / "gen-out", job / "ckpt", generate=True),
-                        job / "conf-gen", job, trace=False)
+                        job / "conf-gen", job, trace=False, ranks=mk.RANKS.get(name, 1))
         rows = []
         for r in range(args.paired):
             out = job / f"dlio-{r}"
@@ -131,7 +131,7 @@ def paired(args: argparse.Namespace) -> None:
             # before, from disk in its first epoch (0.84 s against the replay's 0.54 s)
             mk.settle(data)
             text = mk.run_dlio(args.dlio_venv, mk.workload_yaml(name, data, out, job / "ckpt", generate=False),
-                               job / "conf", job, trace=True)
+                               job / "conf", job, trace=True, ranks=mk.RANKS.get(name, 1))
             printed = mk.metrics(text).get("Training Accelerator Utilization [AU] (%)")
             shutil.rmtree(job / "ckpt", ignore_errors=True)
             lt = load_trace(out)

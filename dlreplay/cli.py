@@ -624,8 +624,9 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @main.command()
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Dataset directory.")
-@click.option("--accelerators", type=_Processes(), default=1, show_default=True,
-              help="Simulated accelerators (local processes; under mpiexec each rank is one).")
+@click.option("--accelerators", type=_Processes(), default=None,
+              help="Simulated accelerators (local processes; under mpiexec each rank is one). Default: the "
+                   "model's processes.ranks, as many as the traced job ran.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs (default: the model's).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
@@ -647,7 +648,7 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 @click.option("--_traced", "traced", is_flag=True, hidden=True)
 @click.option("--_checkpoints-after-trace", "ckpt_after_trace", is_flag=True, hidden=True)
 @handle_errors
-def replay(model_file: Path, data_dir: Path, accelerators: int, epochs: int | None, overrides: tuple[str, ...],
+def replay(model_file: Path, data_dir: Path, accelerators: int | None, epochs: int | None, overrides: tuple[str, ...],
            out: Path | None, no_trace: bool, no_generate: bool, io_mode: str, loader: str, au_threshold: float,
            seed: int, find_max_accelerators: bool, record_order: bool, keep_checkpoints: bool, quiet: bool,
            traced: bool, ckpt_after_trace: bool) -> None:

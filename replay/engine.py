@@ -64,7 +64,7 @@ class ReplayConfig:
     """One replay. ``model`` already has overrides applied.
 
     ``accelerators``: local accelerator processes (ignored under MPI, where each rank is
-    one); ``out``: result/trace directory (None = ``replays/<name>-<UTC time>``);
+    one; None: the model's ``processes.ranks``, as many as the traced job had); ``out``: result/trace directory (None = ``replays/<name>-<UTC time>``);
     ``trace``: run under DFTracer; ``generate``: generate the dataset if missing;
     ``io``: ``library`` or ``posix``; ``au_threshold``: pass/fail AU in percent;
     ``record_order``: write every epoch's sample order to ``sample-order.json``;
@@ -75,7 +75,7 @@ class ReplayConfig:
 
     model: WorkloadModel
     data_dir: Path
-    accelerators: int = 1
+    accelerators: int | None = None
     out: Path | None = None
     trace: bool = True
     generate: bool = True
@@ -143,6 +143,13 @@ def _shuffle(mode: str, seed: int | None, items: list[Any], key: Sequence[int]) 
     rng = np.random.default_rng([seed or 0, *key]) if mode == "seed" else np.random.default_rng()
     order = rng.permutation(len(items))
     return [items[i] for i in order]
+
+
+def model_accelerators(model: WorkloadModel) -> int:
+    """The accelerators a replay of ``model`` simulates unless told: the traced job's ranks
+    (``processes.ranks``; a 2-rank DLIO run replayed on one accelerator read half its data),
+    at most one per dataset file."""
+    return max(1, min(model.processes.ranks, model.dataset.num_files))
 
 
 def steps_per_epoch(model: WorkloadModel, size: int) -> int:
@@ -816,6 +823,12 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
         raise ReplayError(f"--io: expected one of {', '.join(IO_MODES)}, got {config.io!r}")
     if config.loader not in LOADERS:
         raise ReplayError(f"--loader: expected one of {', '.join(LOADERS)}, got {config.loader!r}")
+    if config.accelerators is None:
+        config = dataclasses.replace(config, accelerators=model_accelerators(config.model))
+        if config.accelerators > 1 and not config.traced:
+            say(f"{config.accelerators} accelerators, as many as the traced job's ranks (processes.ranks; "
+                "--accelerators N to change)")
+    assert config.accelerators is not None
     if config.accelerators < 1:
         raise ReplayError(f"--accelerators: expected a positive integer, got {config.accelerators}")
     check_replay_resources(config.model, config.accelerators, config.out)

@@ -323,6 +323,26 @@ def test_local_accelerators_shard_and_aggregate(tmp_path):
     assert m["overall"]["bytes_read"] == 2 * payload == sum(r["bytes_read"] for r in m["ranks"])
 
 
+def test_accelerators_default_to_the_traced_ranks(tmp_path):
+    """A model distilled from a 2-rank job replays on 2 accelerators unless told otherwise:
+    on one, a DLIO-ordered replay read half the job's data (its steps are per rank)."""
+    model = make_model("dataset.format=raw", "processes.ranks=2", "reader.sample_order=dlio",
+                       "reader.drop_last=true")
+    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, io="posix"))
+    m = res.metrics
+    assert m["accelerators"] == 2 and len(m["ranks"]) == 2 and m["complete"]
+    payload = sum(p.stat().st_size for p in data_files(tmp_path / "d"))
+    assert m["overall"]["bytes_read"] == 2 * payload  # every sample once per epoch, 2 epochs
+    one = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o1", trace=False,
+                                  io="posix", accelerators=1)).metrics
+    assert one["accelerators"] == 1 and one["overall"]["bytes_read"] == 2 * payload
+    proc = run_cli("replay", str(write_model(tmp_path, "processes.ranks=2")), "--data-dir", str(tmp_path / "d2"),
+                   "--no-trace", "--out", str(tmp_path / "o2"), "--epochs", "1", "--au-threshold", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 accelerators, as many as the traced job's ranks" in proc.stderr
+    assert json.loads((tmp_path / "o2" / "metrics.json").read_text())["accelerators"] == 2
+
+
 def test_replay_cli_no_trace(tmp_path):
     proc = run_cli("replay", str(write_model(tmp_path)), "--data-dir", str(tmp_path / "d"), "--no-trace",
                    "--out", str(tmp_path / "o"), "--epochs", "1", "--au-threshold", "1")

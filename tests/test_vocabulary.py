@@ -128,6 +128,31 @@ def test_rank_pids_are_split_by_thread() -> None:
     assert not changed and sorted(same["pid"].to_list()) == [0, 7]
 
 
+def test_rank_pids_stay_apart_when_two_ranks_share_a_thread_id() -> None:
+    """Two DLIO ranks on one node whose forked reader workers both wrote tid 22386 (pydftracer
+    1.0.2, seen in a real 2-rank run): four processes, each worker under its own rank."""
+    rows = [
+        ev("dlio_benchmark", "DLIOBenchmark._train", 100, 1000, pid=0, tid=22359),
+        ev("dlio_benchmark", "DLIOBenchmark._train", 100, 1000, pid=1, tid=22361),
+        *[ev("data_loader", "TorchDataset.__getitem__", 150 + i, 20, pid=r, tid=22386) for r in (0, 1)
+          for i in range(3)],
+        ev("POSIX", "read", 155, 5, pid=0, tid=22386, file="/d/a.npz", size=10),
+        ev("POSIX", "read", 156, 5, pid=1, tid=22386, file="/d/b.npz", size=10),
+    ]
+    out, changed = voc.canonicalize(table(rows))
+    assert changed
+    procs = out.select("pid", "ppid").unique()
+    assert procs.height == 4 and out["pid"].n_unique() == 4
+    workers = out.filter(pl.col("name") == "TorchDataset.__getitem__").group_by("pid").agg(
+        pl.col("ppid").unique().alias("ppid"), pl.len())
+    assert sorted(p for ps in workers["ppid"].to_list() for p in ps) == [22359, 22361]
+    assert workers["len"].to_list() == [3, 3]
+    # each rank's read stays with that rank's worker
+    reads = out.filter(pl.col("name") == "read").select("file", "ppid").sort("file")
+    assert reads.rows() == [("/d/a.npz", 22359), ("/d/b.npz", 22361)]
+    assert not set(workers["pid"].to_list()) & {22359, 22361}
+
+
 def test_loop_numbers_sample_indices_and_checkpoint_bytes_are_filled() -> None:
     rows = [
         ev("dlio_benchmark", "DLIOBenchmark._train", 0, 100, pid=5),
@@ -264,7 +289,7 @@ def _expected(trace: Path) -> dict:
 
 
 def test_foreign_corpus_is_present() -> None:
-    assert {p.name for p in DLIO} == {"dlio_npz_starved", "dlio_h5_multi", "dlio_jpeg_ckpt"}
+    assert {p.name for p in DLIO} == {"dlio_npz_starved", "dlio_h5_multi", "dlio_jpeg_ckpt", "dlio_npz_2ranks"}
     assert (TRACES / "ai_annotated" / "expected.json").is_file()
 
 
@@ -286,6 +311,10 @@ def test_distill_recovers_the_workload(trace: Path) -> None:
     if took < truth["computation_time"] * 1.03:
         assert t.computation_time.mean == pytest.approx(truth["computation_time"], rel=0.05)
     assert (c.steps_between_checkpoints or 0) == truth["steps_between_checkpoints"]
+    assert m.processes.ranks == truth.get("ranks", 1)
+    # DLIO's PyTorch loader (its events name it; no config in the trace): its sampler, whole batches
+    dlio = trace.name.startswith("dlio_")
+    assert (r.sample_order, r.drop_last) == (("dlio", True) if dlio else ("pytorch", False))
     for field in ("reader.batch_size", "reader.read_threads", "train.epochs", "train.computation_time",
                   "dataset.num_samples_per_file"):
         assert m.provenance.fields[field].confidence == "measured", field
@@ -311,7 +340,7 @@ def test_analyze_au_matches_dlio(trace: Path) -> None:
 #: Darshan's fractions per open (analyze) of DLIO's readers on the corpus: PIL reads each JPEG
 #: from its start in two reads; numpy's zip reader reads the NPZ header, seeks to the end of
 #: the file for its directory, then back to the member; DLIO's HDF5 reader preads samples.
-DLIO_ACCESS = {"dlio_jpeg_ckpt": (1.0, 1.0), "dlio_npz_starved": (0.9211, 0.8947),
+DLIO_ACCESS = {"dlio_jpeg_ckpt": (1.0, 1.0), "dlio_npz_starved": (0.9211, 0.8947), "dlio_npz_2ranks": (0.625, 0.5),
                "dlio_h5_multi": (0.6667, 0.3333)}
 
 
@@ -364,4 +393,4 @@ def test_dlio_lines_are_kept_as_printed() -> None:
     for trace in DLIO:
         exp = _expected(trace)
         assert any(line.startswith("Training Accelerator Utilization [AU] (%)") for line in exp["dlio_lines"])
-        assert exp["model"]["ranks"] == 1
+        assert exp["model"]["ranks"] == (2 if trace.name == "dlio_npz_2ranks" else 1)

@@ -77,7 +77,20 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "train": {"epochs": 3, "computation_time": 0.04},
         "checkpoint": {"steps_between_checkpoints": 4},
     },
+    # two ranks (mpiexec -n 2) on one node, one reader worker each: DLIO's sampler gives each
+    # rank a contiguous half of the samples; the trace has one file per rank
+    "dlio_npz_2ranks": {
+        "model": {"name": "unet3d_2ranks"},
+        "framework": "pytorch",
+        "dataset": {"format": "npz", "num_files_train": 64, "num_samples_per_file": 1,
+                    "record_length": 256 << 10, "record_length_stdev": 0, "record_length_resize": 0},
+        "reader": {"data_loader": "pytorch", "batch_size": 4, "read_threads": 1, "file_shuffle": "seed",
+                   "sample_shuffle": "seed"},
+        "train": {"epochs": 2, "computation_time": 0.02},
+    },
 }
+#: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
+RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
 
 _METRIC = re.compile(r"\[METRIC\] (.+?): ([-\d.]+)(?: \(([-\d.]+)\))?\s*$")
 
@@ -96,15 +109,18 @@ def workload_yaml(name: str, data: Path, out: Path, ckpt: Path, *, generate: boo
     return w
 
 
-def run_dlio(venv: Path, config: dict[str, Any], conf_dir: Path, cwd: Path, *, trace: bool) -> str:
-    """Run ``dlio_benchmark`` on ``config``; returns its combined output."""
+def run_dlio(venv: Path, config: dict[str, Any], conf_dir: Path, cwd: Path, *, trace: bool, ranks: int = 1) -> str:
+    """Run ``dlio_benchmark`` on ``config`` (as ``ranks`` MPI ranks); returns its combined output."""
     (conf_dir / "workload").mkdir(parents=True, exist_ok=True)
     (conf_dir / "workload" / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACER_", "LD_PRELOAD"))}
     env.update({"DFTRACER_ENABLE": "1" if trace else "0", "DFTRACER_INC_METADATA": "1",
                 "DFTRACER_INIT": "FUNCTION", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONHASHSEED": "0"})
-    proc = subprocess.run([str(venv / "bin" / "dlio_benchmark"), f"--config-dir={conf_dir}", "workload=run",
-                           f"hydra.run.dir={cwd / 'hydra'}"], cwd=cwd, env=env, capture_output=True, text=True)
+    cmd = [str(venv / "bin" / "dlio_benchmark"), f"--config-dir={conf_dir}", "workload=run", f"hydra.run.dir={cwd / 'hydra'}"]
+    if ranks > 1:
+        cmd = [str(venv / "bin" / "mpiexec"), "-n", str(ranks), *cmd]
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     text = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise SystemExit(f"dlio_benchmark failed ({proc.returncode}):\n{text[-4000:]}")
@@ -146,10 +162,12 @@ def make(name: str, venv: Path, work: Path) -> None:
         shutil.rmtree(job)
     data, gen_out, out, ckpt = job / "data", job / "gen-out", job / "out", job / "checkpoints"
     job.mkdir(parents=True)
-    run_dlio(venv, workload_yaml(name, data, gen_out, ckpt, generate=True), job / "conf-gen", job, trace=False)
+    ranks = RANKS.get(name, 1)
+    run_dlio(venv, workload_yaml(name, data, gen_out, ckpt, generate=True), job / "conf-gen", job, trace=False,
+             ranks=ranks)
     settle(data)
     config = workload_yaml(name, data, out, ckpt, generate=False)
-    text = run_dlio(venv, config, job / "conf", job, trace=True)
+    text = run_dlio(venv, config, job / "conf", job, trace=True, ranks=ranks)
     (job / "dlio-output.txt").write_text(text)
     dest = HERE / name
     if dest.exists():
@@ -162,7 +180,8 @@ def make(name: str, venv: Path, work: Path) -> None:
         with open(t, "rb") as src, gzip.open(dest / (t.name + ".gz"), "wb", compresslevel=9) as dst:
             shutil.copyfileobj(src, dst)
     (dest / "dlio_config.yaml").write_text(
-        "# The DLIO 2.0.0 workload this trace was made with (traces/make_dlio_corpus.py)\n"
+        "# The DLIO 2.0.0 workload this trace was made with (traces/make_dlio_corpus.py)"
+        + (f", run as mpiexec -n {ranks} dlio_benchmark" if ranks > 1 else "") + "\n"
         + yaml.safe_dump(config, sort_keys=False))
     per_epoch = json.loads((out / "per_epoch_stats.json").read_text())
     summary = json.loads((out / "summary.json").read_text())

@@ -222,16 +222,33 @@ def _rank_pids(ev: pl.DataFrame) -> tuple[pl.DataFrame, bool]:
     if ranks.is_empty():
         return ev, False
     is_rank = pl.col("pid").is_in(ranks.implode())
-    main = (ev.filter(is_rank & pl.col("tid").is_not_null()).sort("ts")
-            .group_by("host", "pid").agg(pl.col("tid").first().alias("__main")))
-    ev = ev.join(main, on=["host", "pid"], how="left", nulls_equal=True, maintain_order="left")
+    threads = ev.filter(is_rank & pl.col("tid").is_not_null())
+    # each (host, rank, thread) its own process id: the thread id, unless another rank of the
+    # host has a thread of that id too (the forked reader workers of two DLIO ranks on one
+    # node, traced by pydftracer 1.0.2, both wrote tid 22386 at the same time): then new ids
+    # above every id in the trace
+    keys = threads.select("host", "pid", "tid").unique().with_columns(
+        (pl.len().over("host", "tid") > 1).alias("__dup")).sort("host", "pid", "tid", nulls_last=True)
+    top = max(_int(ev["pid"].max()), _int(ev["tid"].max()), _int(ev["ppid"].max()) if "ppid" in ev.columns else 0)
+    keys = keys.with_columns(
+        pl.when(pl.col("__dup")).then(top + pl.col("__dup").cast(pl.Int64).cum_sum()).otherwise(pl.col("tid"))
+        .cast(pl.Int32, strict=False).alias("__new")).drop("__dup")
+    main = (threads.sort("ts").group_by("host", "pid").agg(pl.col("tid").first().alias("tid"))
+            .join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True)
+            .select("host", "pid", pl.col("__new").alias("__main")))
+    ev = (ev.join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True, maintain_order="left")
+          .join(main, on=["host", "pid"], how="left", nulls_equal=True, maintain_order="left"))
     ev = ev.with_columns(
-        pl.when(is_rank & pl.col("tid").is_not_null() & (pl.col("tid") != pl.col("__main")))
+        pl.when(is_rank & pl.col("tid").is_not_null() & (pl.col("__new") != pl.col("__main")))
         .then(pl.col("__main")).otherwise(pl.col("ppid")).cast(pl.Int32, strict=False).alias("ppid"),
-        pl.when(is_rank & pl.col("tid").is_not_null()).then(pl.col("tid")).otherwise(pl.col("pid"))
+        pl.when(is_rank & pl.col("tid").is_not_null()).then(pl.col("__new")).otherwise(pl.col("pid"))
         .cast(pl.Int32, strict=False).alias("pid"),  # thread ids are pid_t too
-    ).drop("__main")
+    ).drop("__main", "__new")
     return ev, True
+
+
+def _int(x: object) -> int:
+    return int(x) if isinstance(x, (int, float)) else 0
 
 
 def _legacy_steps(ev: pl.DataFrame, role: pl.Series) -> pl.Series:
