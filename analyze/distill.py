@@ -63,6 +63,7 @@ EXTENSION_FORMATS = {
     ".pq": "parquet",
     ".idx": "indexed_binary",
     ".bin": "indexed_binary",
+    ".indexed_binary": "indexed_binary",
 }
 
 _US = 1e-6
@@ -117,6 +118,33 @@ def dataset_files(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataF
 
     files = classify_files(events, data_dirs=data_dirs)
     return files.filter(pl.col("role") == "dataset")
+
+
+#: Side files holding an indexed-binary file's record index, by suffix: DLIO 2.0's generator
+#: writes ``<file>.off.idx`` and ``<file>.sz.idx``, dlreplay's ``<file>.idx``.
+INDEX_SUFFIXES = {".off.idx": "dlio", ".sz.idx": "dlio", ".idx": "dlreplay"}
+
+
+def _record_indexes(paths: list[str], facts: _Facts) -> tuple[list[str], str | None]:
+    """``paths`` without the record-index side files of other paths among them, and the index
+    style they show (None: none). An index is read when a reader starts, not per sample: as
+    dataset files it made a DLIO indexed-binary dataset of 8 files into 24, and its 64-byte
+    reads a third of the read sizes."""
+    have = set(paths)
+    found: dict[str, str] = {}
+    for p in paths:
+        for suffix, style in INDEX_SUFFIXES.items():
+            if p.endswith(suffix) and p[:-len(suffix)] in have:
+                found[p] = style
+                break
+    if not found:
+        return paths, None
+    styles = sorted(set(found.values()))
+    style = "dlio" if "dlio" in styles else styles[0]
+    suffixes = sorted({next(x for x in INDEX_SUFFIXES if p.endswith(x)) for p in found})
+    facts.notes.append(f"{len(found)} record-index file(s) ({', '.join(suffixes)}) beside the data files: each "
+                       f"one's index ({'DLIO' if style == 'dlio' else 'dlreplay'}'s), not samples")
+    return [p for p in paths if p not in found], style
 
 
 def _homogeneous(paths: list[str], facts: _Facts) -> list[str]:
@@ -379,7 +407,8 @@ def distill(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
             "repeatedly. Pass --data-dir with the dataset's path, or check the capture's --data-dir."
         )
-    paths = _homogeneous(ds_files["file"].to_list(), facts)
+    paths, index_style = _record_indexes(ds_files["file"].to_list(), facts)
+    paths = _homogeneous(paths, facts)
     io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
     reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
 
@@ -467,6 +496,10 @@ def distill(
         layout=_dataset_layout(fmt, paths, spf, reads, record, fingerprint, fingerprint_origin, source, facts,
                                dlio_reader, sizes["size"].to_list()),
     )
+    if fmt == "indexed_binary" and index_style is not None:
+        dataset = replace(dataset, layout=replace(dataset.layout, index=index_style))
+        facts.put("dataset.layout.index", f"the data files' record-index side files ({index_style}'s naming)",
+                  "measured")
     if dlio_reader is not None and (dataset.layout.source == "inferred" or fingerprint is not None):
         from dlreplay.dliogen import resized_sample_bytes
 
@@ -731,12 +764,14 @@ def distill(
 
     # ---------------------------------------------------------------- processes
     ranks = max(len(consumers), 1)
+    if consumers:
+        facts.put("processes.ranks", "processes with fetch events", "measured")
+    elif posix is not None and posix.consumers > 1:
+        ranks = posix.consumers
+        facts.put("processes.ranks", f"{ranks} processes whose worker processes read the samples", "inferred")
+    else:
+        facts.put("processes.ranks", "single process assumed", "default")
     processes = Processes(ranks=ranks, workers_per_rank=read_threads)
-    facts.put(
-        "processes.ranks",
-        "processes with fetch events" if consumers else "single process assumed",
-        "measured" if consumers else "default",
-    )
 
     provenance = Provenance(
         source_trace=source,

@@ -72,6 +72,8 @@ class PosixLoop:
     epoch_spans: list[tuple[int, int, int]] = field(default_factory=list)
     #: the files visited like samples (a marker or a file checked once is not one)
     sample_files: list[str] = field(default_factory=list)
+    #: processes whose workers read the samples (a multi-rank job's ranks); 1 when no worker reads
+    consumers: int = 1
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
@@ -287,18 +289,24 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
     sample_files = visits["file"].unique().implode()
     readers = io.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").is_in(sample_files))
     pids = readers["pid"].n_unique()
+    consumers = 1  # the processes the samples are read for (the workers' parents, when workers read)
     if read_threads is not None:
         threads, ev_threads = read_threads, "given"
     elif traced_pids is not None:
         # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
         # reads at an epoch's edge, by the previous epoch's workers, do not count)
         work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
-        n = work.group_by("pid", "epoch").len()
+        n = work.group_by("pid", "ppid", "epoch").len()
         fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
-        per = fair.group_by("epoch").agg(pl.col("pid").n_unique())["pid"]
+        # per consumer (the workers' parent: each rank of a multi-rank job has its own workers)
+        per = fair.group_by("epoch", "ppid").agg(pl.col("pid").n_unique())["pid"]
         threads = int(_num(per.max())) if per.len() else 0
+        parents = fair["ppid"].n_unique()
+        if threads:
+            consumers = parents
         ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
-                      f"({pids} reading process(es) in all)" if threads else
+                      + (f"for each of {parents} consumers " if parents > 1 else "")
+                      + f"({pids} reading process(es) in all)" if threads else
                       f"the consumer reads the samples itself ({pids} reading process(es), none a worker)")
     else:
         threads = _concurrent(readers)
@@ -356,5 +364,5 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
         epochs=Inferred(n_epochs, ev_epochs), read_threads=Inferred(threads, ev_threads),
         samples_per_file=Inferred(spf, ev_spf), batch_size=Inferred(batch, ev_batch),
         computation_time=Inferred(compute, ev_compute), compute_samples=samples, epoch_spans=epoch_spans,
-        sample_files=sorted(visits["file"].unique().to_list()),
+        sample_files=sorted(visits["file"].unique().to_list()), consumers=consumers,
     )

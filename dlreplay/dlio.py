@@ -599,6 +599,8 @@ def _import_dataset(imp: _Importer) -> dict[str, Any]:
     layout = _import_layout(imp, fmt)
     if stdev == 0:
         _import_generated(imp, fmt, out, layout, length, resize if resize_key and resize > 0 else None)
+    if fmt == "indexed_binary":  # DLIO's generator writes each file's record index beside it
+        layout["index"] = "dlio"
     if layout:
         out["layout"] = layout
     return out

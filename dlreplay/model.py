@@ -535,6 +535,8 @@ class _Params:
 #: Where a dataset layout came from: a fingerprint of the real files, inference from a
 #: trace's reads, a DLIO config, or a user's edit.
 LAYOUT_SOURCES = ("fingerprint", "inferred", "dlio", "user")
+#: Where an indexed_binary file's record offsets and sizes are (:attr:`Layout.index`).
+INDEX_STYLES = ("dlreplay", "dlio")
 #: How an array is stored: NPZ members (``stored`` | ``deflated``), HDF5 datasets
 #: (``contiguous`` | ``chunked`` | ``compact``).
 ARRAY_STORAGE = ("stored", "deflated", "contiguous", "chunked", "compact")
@@ -709,6 +711,11 @@ class Layout:
     images: list[ImageFile] | None = _f(None, doc="jpeg/png: kinds of images, most common first")
     tables: list[TableFile] | None = _f(None, doc="parquet/csv: file structures")
     record_bytes: Distribution | None = _f(None, check="nonneg", doc="tfrecord: payload bytes per record")
+    index: str | None = _f(None, choices=INDEX_STYLES,
+                           doc="indexed_binary: the record index; dlreplay: <file>.idx of (offset, length) "
+                               "pairs, read per sample; dlio: DLIO 2.0's <file>.off.idx and <file>.sz.idx "
+                               "(8-byte offsets and sizes), each read whole by every reader when it starts; "
+                               "null = dlreplay")
 
     # Unset fields are not written; their provenance is the one distill records for the
     # layout (``dataset.layout``), not one default per absent field.

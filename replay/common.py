@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,10 +275,29 @@ def listed_files(data_dir: Path, doc: dict[str, Any], source: Path) -> dict[str,
         if not (isinstance(e, dict) and _byte_count(e.get("bytes")) and _byte_count(e.get("aux_bytes", 0))):
             raise ReplayError(f"{source}: the entry for {rel!r} has no valid byte count; delete {source} (it is not "
                               f"a file dlreplay wrote) or choose another --data-dir")
-        if isinstance(e.get("aux_bytes"), int) and e["aux_bytes"]:
-            confined_path(data_dir, rel + ".idx", source)
+        aux = e.get("aux", {})
+        if not isinstance(aux, dict) or not all(
+                isinstance(k, str) and AUX_SUFFIX.fullmatch(k) and _byte_count(v) for k, v in aux.items()):
+            raise ReplayError(f"{source}: the entry for {rel!r} lists side files that are not a dataset's; delete "
+                              f"{source} (it is not a file dlreplay wrote) or choose another --data-dir")
+        for suffix in aux_files(e):
+            confined_path(data_dir, rel + suffix, source)
         out[str(rel)] = e
     return out
+
+
+#: A side file's suffix (``.idx``, ``.off.idx``): dots and letters, never a path.
+AUX_SUFFIX = re.compile(r"(\.[A-Za-z0-9_]{1,16}){1,3}")
+
+
+def aux_files(entry: dict[str, Any]) -> dict[str, int]:
+    """The side files of a listed data file (an indexed_binary file's record index): {suffix:
+    bytes}; ``aux`` where the entry lists them, else one ``.idx`` of ``aux_bytes``."""
+    aux = entry.get("aux")
+    if isinstance(aux, dict) and aux:
+        return {str(k): int(v) for k, v in aux.items()}
+    n = entry.get("aux_bytes") or 0
+    return {".idx": int(n)} if n else {}
 
 
 def file_problems(data_dir: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -289,9 +309,7 @@ def file_problems(data_dir: Path, files: dict[str, dict[str, Any]]) -> dict[str,
     """
     out: dict[str, str] = {}
     for rel, e in files.items():
-        for name, want in ((rel, e["bytes"]), (rel + ".idx", e.get("aux_bytes") or 0)):
-            if name != rel and not want:
-                continue
+        for name, want in ((rel, e["bytes"]), *((rel + suffix, n) for suffix, n in aux_files(e).items())):
             try:
                 st = (Path(data_dir) / name).stat()
                 have = st.st_size if stat.S_ISREG(st.st_mode) else None

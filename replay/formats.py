@@ -258,9 +258,10 @@ class LibraryReader(_Reader):
     reader is made, by decoding a tiny in-memory sample, so no sample's count holds them.
     """
 
-    def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True) -> None:
+    def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True, index_style: str | None = None) -> None:
         super().__init__(fmt, open_per_sample)
         self.buffered = buffered
+        self.index_style = index_style
         prime_library(fmt)
 
     def read(self, path: str, k: int, rec: Sequence[int] | None) -> int:
@@ -354,6 +355,8 @@ class LibraryReader(_Reader):
         return _joined([np.asarray(h5[name][k]) for name in names if name in h5], None)
 
     def _read_record(self, path: str, k: int, rec: Sequence[int] | None) -> Decoded:
+        if self.index_style == "dlio" and rec is not None:
+            return self._read_dlio_record(path, int(rec[0]), int(rec[1]))
         fd = self._fd(path)
         try:
             if self.fmt == "indexed_binary":
@@ -369,6 +372,19 @@ class LibraryReader(_Reader):
         finally:
             if self.open_per_sample:
                 os.close(fd)
+
+    def _read_dlio_record(self, path: str, offset: int, length: int) -> Decoded:
+        """DLIO 2.0's ``IndexedBinaryReader.get_sample``: a Python file object, ``seek`` to the
+        record and ``readinto`` an array of its size."""
+        fh = open(path, "rb") if self.open_per_sample else self._handle(path)  # noqa: SIM115
+        try:
+            fh.seek(offset)
+            out = np.empty(length, dtype=np.uint8)
+            fh.readinto(out)
+            return out
+        finally:
+            if self.open_per_sample:
+                fh.close()
 
     def _fd(self, path: str) -> int:
         if self.open_per_sample:

@@ -49,6 +49,7 @@ from .common import (
     TMP_SUFFIX,
     FileSpec,
     ReplayError,
+    aux_files,
     check_generate_resources,
     dataset_digest,
     file_problems,
@@ -57,7 +58,7 @@ from .common import (
     read_json,
     write_json_atomic,
 )
-from .writers import write_file
+from .writers import AUX_SUFFIXES, write_file
 
 #: Test-only: the environment variable that holds generation after N files (see the module docstring).
 HOLD_ENV = "DLREPLAY_TEST_GENERATE_HOLD"
@@ -109,7 +110,7 @@ def _write_one(fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: in
     except ReplayError:
         raise
     except Exception as exc:  # OSError, or a library's own error (polars: ComputeError on a full disk)
-        for tmp in (path.with_name(f".{path.name}{TMP_SUFFIX}"), path.with_name(f".{path.name}.idx{TMP_SUFFIX}")):
+        for tmp in (path.with_name(f".{path.name}{suffix}{TMP_SUFFIX}") for suffix in ("", *AUX_SUFFIXES)):
             tmp.unlink(missing_ok=True)  # our partial temporary file: it may hold the space that is missing
         raise _write_error(exc, path, sum(spec.sizes)) from None
     entry: dict[str, Any] = {"path": spec.relpath, "bytes": written.bytes, "samples": len(spec.sizes)}
@@ -117,6 +118,8 @@ def _write_one(fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: in
         entry["records"] = written.records
     if written.aux_bytes:
         entry["aux_bytes"] = written.aux_bytes
+    if written.aux:
+        entry["aux"] = written.aux
     if written.structure is not None:
         entry["structure"] = written.structure
     if written.notes:
@@ -178,7 +181,7 @@ def _remove_owned(data_dir: Path, listed: dict[str, dict[str, Any]]) -> None:
     Only regular files and symbolic links are removed (a link itself, never its target).
     """
     for rel, entry in listed.items():
-        for name in (rel, rel + ".idx") if entry.get("aux_bytes") else (rel,):
+        for name in (rel, *(rel + suffix for suffix in aux_files(entry))):
             p = data_dir / name
             if p.is_symlink() or p.is_file():
                 p.unlink(missing_ok=True)

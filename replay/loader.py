@@ -66,6 +66,8 @@ class WorkerSpec:
     start_method: str = "fork"
     #: tensors in each batch the torch loader hands over (the model's ``reader.batch_tensors``)
     batch_tensors: int = 1
+    #: indexed_binary: where the record index is (the model's ``dataset.layout.index``; None: dlreplay's)
+    index_style: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,26 @@ _NO_BYTES = np.empty(0, dtype=np.uint8)
 _NO_BYTES.flags.writeable = False
 
 
+def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray]]:
+    """DLIO 2.0's ``IndexedBinaryReader.load_index``: for every file of the dataset, its
+    ``.off.idx`` and ``.sz.idx`` read whole (``samples_per_file`` 8-byte values each: open,
+    one read, close), when a reader starts."""
+    out = []
+    for rel in spec.paths:
+        path = os.path.join(spec.data_dir, rel)
+        pair = []
+        for suffix in (".off.idx", ".sz.idx"):
+            values = np.zeros(spec.samples_per_file, dtype=np.int64)
+            try:
+                with open(path + suffix, "rb") as fh:
+                    fh.readinto(values)
+            except OSError as exc:
+                raise ReplayError(f"{path + suffix}: cannot read the record index ({exc.strerror or exc})") from None
+            pair.append(values)
+        out.append((pair[0], pair[1]))
+    return out
+
+
 class SampleReader:
     """Reads samples in one worker (keeps its files open unless open_per_sample) and spends
     the model's preprocess time per sample: what is left of it after the time the library
@@ -166,7 +188,11 @@ class SampleReader:
             self.reader: Any = PosixReader(spec.fmt, spec.open_per_sample, spec.stats_per_sample,
                                            spec.lseeks_per_sample)
         else:
-            self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered")
+            self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered",
+                                        index_style=spec.index_style)
+        #: DLIO 2.0's record index of every file (offsets, sizes), loaded as its reader does when it starts
+        self.index = _dlio_index(spec) if spec.io != "posix" and spec.fmt == "indexed_binary" \
+            and spec.index_style == "dlio" else None
         self.preprocess = _Draws(spec.preprocess_time, self.rng) if spec.preprocess_time.is_known and (
             spec.preprocess_time.mean or 0) > 0 else None
         # CPU per sample drawn with the same random numbers as the preprocess time (a copy of the
@@ -188,6 +214,8 @@ class SampleReader:
         path = os.path.join(s.data_dir, s.paths[f])
         recs = s.records[f]
         rec = recs[k] if recs is not None else None
+        if self.index is not None:
+            rec = (int(self.index[f][0][k]), int(self.index[f][1][k]))
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
         busy0 = runnable_seconds()

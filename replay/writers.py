@@ -153,6 +153,10 @@ def tfrecord_frame(payload: bytes) -> bytes:
 # --------------------------------------------------------------------------- results
 
 
+#: Suffixes of the side files an indexed_binary file may have (its record index).
+AUX_SUFFIXES = (".idx", ".off.idx", ".sz.idx")
+
+
 @dataclass
 class Written:
     """One file written: its bytes, record byte ranges (record formats), side-file bytes,
@@ -161,6 +165,8 @@ class Written:
     bytes: int
     records: list[list[int]] | None = None
     aux_bytes: int = 0
+    #: side files by suffix (bytes each) when not one ``.idx`` of ``aux_bytes``
+    aux: dict[str, int] | None = None
     structure: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -970,12 +976,20 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
                 pos += len(blob)
         out.records = records
         if fmt == "indexed_binary":
-            idx = path.with_name(path.name + ".idx")
-            idx_tmp = idx.with_name(f".{idx.name}{TMP_SUFFIX}")
-            idx_tmp.write_bytes(np.asarray(records, dtype="<u8").tobytes())
-            _fsync_path(idx_tmp)
-            os.replace(idx_tmp, idx)
-            out.aux_bytes = idx.stat().st_size
+            rec = np.asarray(records, dtype="<u8").reshape(-1, 2)
+            # dlreplay's index: (offset, length) pairs in one file; DLIO 2.0's: offsets and
+            # sizes in two (its generator's struct 'Q', little-endian here)
+            sides = {".off.idx": rec[:, 0], ".sz.idx": rec[:, 1]} if layout.index == "dlio" else {".idx": rec}
+            for suffix, values in sides.items():
+                side = path.with_name(path.name + suffix)
+                side_tmp = side.with_name(f".{side.name}{TMP_SUFFIX}")
+                side_tmp.write_bytes(np.ascontiguousarray(values).tobytes())
+                _fsync_path(side_tmp)
+                os.replace(side_tmp, side)
+            sizes_of = {suffix: path.with_name(path.name + suffix).stat().st_size for suffix in sides}
+            out.aux_bytes = sum(sizes_of.values())
+            if layout.index == "dlio":
+                out.aux = sizes_of
     elif fmt in ("csv", "parquet"):
         t = None
         if layout.tables:

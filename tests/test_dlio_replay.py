@@ -37,7 +37,7 @@ from dlreplay.replay.common import plan_dataset
 
 from .conftest import TRACES
 
-DLIO_TRACES = {"dlio_npz_starved": "npz", "dlio_h5_multi": "hdf5", "dlio_jpeg_ckpt": "jpeg"}
+DLIO_TRACES = {"dlio_npz_starved": "npz", "dlio_h5_multi": "hdf5", "dlio_jpeg_ckpt": "jpeg", "dlio_npz_2ranks": "npz"}
 
 
 def _dlio_generate(fmt: str, folder: Path, files: int, spf: int, side: int) -> list[Path]:
@@ -258,3 +258,36 @@ def test_replay_of_a_distilled_dlio_trace_reads_and_writes_as_dlio(tmp_path, nam
         plan = model.checkpoint.file_write_plan()
         assert per_file.height == 2 * 6  # 2 files x 6 checkpoints
         assert sorted(per_file["size"].to_list()) == sorted(plan * 6)
+
+
+@pytest.mark.slow
+def test_dlio_indexed_binary_replays_its_record_index(tmp_path):
+    """DLIO 2.0.0 writes an indexed-binary file's record index beside it (``<file>.off.idx``,
+    ``<file>.sz.idx``) and every reader reads all of them when it starts. Distill keeps them out
+    of the dataset (8 files, not 24) and records the index; generate writes it; the replay's
+    workers read every index whole, then each record with a seek and one read, as DLIO's do."""
+    trace = TRACES / "dlio_ib_multi"
+    exp = json.loads((trace / "expected.json").read_text())["model"]
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    d = model.dataset
+    assert (d.format, d.num_files, d.num_samples_per_file) == ("indexed_binary", exp["num_files"],
+                                                               exp["num_samples_per_file"])
+    assert d.record_length.mean == exp["record_length"] and d.layout.index == "dlio"
+    assert model.provenance.fields["dataset.layout.index"].confidence == "measured"
+    model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
+    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"), echo=lambda s: None)
+    sides = sorted(p.name for p in (tmp_path / "data").rglob("*.idx"))
+    assert len(sides) == 2 * exp["num_files"] and {s.rsplit(".", 2)[-2] for s in sides} == {"off", "sz"}
+    cmp = compare_traces(trace, tmp_path / "replay")
+    assert cmp.ks_read_sizes is not None and cmp.ks_read_sizes <= 0.10
+    assert cmp.features_b["bytes_read"] == pytest.approx(cmp.features_a["bytes_read"], rel=0.02)
+    ev = load_trace(tmp_path / "replay").events
+    reads = ev.filter(pl.col("name").cast(pl.String).is_in(["read", "pread64"]) & (pl.col("size") > 0))
+    index = reads.filter(pl.col("file").cast(pl.String).str.ends_with(".idx"))
+    # each of the 2 workers read both index files of all 8 data files once, 8 values each
+    assert index.group_by("pid").len()["len"].to_list() == [2 * exp["num_files"]] * exp["read_threads"]
+    assert set(index["size"].to_list()) == {8 * exp["num_samples_per_file"]}
+    data = reads.filter(pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train"))
+                        & ~pl.col("file").cast(pl.String).str.ends_with(".idx"))
+    assert set(data["size"].to_list()) == {exp["record_length"]}

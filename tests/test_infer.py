@@ -42,6 +42,7 @@ def test_posix_inference_matches_the_hooks(trace: Path) -> None:
     assert posix.reader.read_threads == hooks.reader.read_threads
     assert posix.dataset.num_samples_per_file == hooks.dataset.num_samples_per_file
     assert posix.dataset.num_files == hooks.dataset.num_files
+    assert posix.processes.ranks == hooks.processes.ranks  # a 2-rank DLIO run: 2 consumers with 1 worker each
     for field in ("train.epochs", "reader.read_threads", "dataset.num_samples_per_file"):
         assert f[field].confidence == "inferred", field
         assert f[field].method  # the evidence, in words and numbers

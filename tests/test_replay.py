@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dlreplay.model import FORMATS, apply_overrides, model_from_dict
@@ -23,6 +24,7 @@ from dlreplay.replay import (
     run_replay,
 )
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME, write_json_atomic
+from dlreplay.replay.generate import dataset_status
 
 from .conftest import check_no_traceback, run_cli
 
@@ -93,6 +95,33 @@ def test_generate_and_replay_every_format(tmp_path, fmt, io):
         assert m["overall"]["bytes_read"] == 2 * (payload + 16 * 12)
     else:  # libraries read at least the sample (npz/npy/csv/parquet: the whole file per sample)
         assert m["overall"]["bytes_read"] >= 2 * payload * (0.9 if fmt in ("hdf5", "jpeg", "png") else 1)
+
+
+@pytest.mark.parametrize("loader", ["builtin", "torch"])
+def test_dlio_record_index_is_written_and_listed(tmp_path, loader):
+    """``dataset.layout.index: dlio``: each indexed_binary file gets DLIO 2.0's ``.off.idx`` and
+    ``.sz.idx`` (8-byte offsets and sizes), the manifest lists them (a missing one makes the
+    dataset damaged), and the replay reads exactly the records (the index reads, once per
+    worker when it starts, are not sample bytes; the traced test in test_dlio_replay counts them)."""
+    model = make_model("dataset.format=indexed_binary", "dataset.num_samples_per_file=2", "dataset.record_length=16384",
+                       "dataset.layout.index=dlio", "reader.file_shuffle=off", "reader.sample_shuffle=off",
+                       "reader.persistent_workers=true")
+    data = tmp_path / "data"
+    generate_dataset(GenerateConfig(model=model, data_dir=data, seed=3))
+    files = [p for p in data_files(data) if not p.name.endswith(".idx")]
+    assert len(files) == 6
+    for f in files:
+        off = np.frombuffer(Path(f"{f}.off.idx").read_bytes(), dtype="<u8")
+        sz = np.frombuffer(Path(f"{f}.sz.idx").read_bytes(), dtype="<u8")
+        assert off.tolist() == [0, 16384] and sz.tolist() == [16384, 16384] == [f.stat().st_size // 2] * 2
+        assert not Path(f"{f}.idx").exists()
+    manifest = json.loads((data / MANIFEST_NAME).read_text())
+    assert all(e["aux"] == {".off.idx": 16, ".sz.idx": 16} for e in manifest["files"])
+    res = run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / "o", trace=False, loader=loader, seed=3))
+    payload = sum(f.stat().st_size for f in files)
+    assert res.metrics["overall"]["bytes_read"] == 2 * payload  # 2 epochs
+    Path(f"{files[0]}.sz.idx").unlink()
+    assert dataset_status(model, data, 3) == "damaged"
 
 
 @pytest.mark.parametrize("loader", ["builtin", "torch"])

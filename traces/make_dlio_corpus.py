@@ -88,6 +88,17 @@ WORKLOADS: dict[str, dict[str, Any]] = {
                    "sample_shuffle": "seed"},
         "train": {"epochs": 2, "computation_time": 0.02},
     },
+    # indexed binary, 8 samples per file: DLIO's generator writes each file's record index as
+    # <file>.off.idx and <file>.sz.idx, which every reader reads whole when it starts
+    "dlio_ib_multi": {
+        "model": {"name": "indexed_binary_small"},
+        "framework": "pytorch",
+        "dataset": {"format": "indexed_binary", "num_files_train": 8, "num_samples_per_file": 8,
+                    "record_length": 64 << 10, "record_length_stdev": 0, "record_length_resize": 0},
+        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 2, "file_shuffle": "seed",
+                   "sample_shuffle": "seed"},
+        "train": {"epochs": 3, "computation_time": 0.02},
+    },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
 RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
