@@ -239,6 +239,11 @@ def _joined(arrays: list[np.ndarray], k: int | None) -> Decoded:
         np.empty(0, dtype=np.uint8)
 
 
+#: Bytes per read of a text dataset file (CSV) unless the model's transfer sizes say
+#: otherwise: pandas' C parser reads 256 KiB at a time.
+TEXT_CHUNK_BYTES = 256 << 10
+
+
 class LibraryReader(_Reader):
     """Reads samples through the format's library, the way a training job's Dataset does.
 
@@ -250,7 +255,8 @@ class LibraryReader(_Reader):
       ``reader.file_buffering: unbuffered``), the library gets ``open(path, "rb",
       buffering=0)`` instead: each of its reads is one ``read(2)``, as in the job;
     * hdf5: ``h5py.File(path)`` with its default driver, kept open unless open_per_sample;
-    * parquet / csv: polars on the path;
+    * parquet: polars on the path; csv: the file read in chunks of the model's largest
+      transfer (256 KiB, pandas' reads, when unknown), then parsed by polars;
     * tfrecord / indexed_binary / raw: ``os.pread`` of the record's byte range.
 
     Bytes read are counted by the kernel for the calling thread (:class:`ReadMeter`). The
@@ -258,10 +264,12 @@ class LibraryReader(_Reader):
     reader is made, by decoding a tiny in-memory sample, so no sample's count holds them.
     """
 
-    def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True, index_style: str | None = None) -> None:
+    def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True, index_style: str | None = None,
+                 text_chunk: int = TEXT_CHUNK_BYTES) -> None:
         super().__init__(fmt, open_per_sample)
         self.buffered = buffered
         self.index_style = index_style
+        self.text_chunk = max(4096, int(text_chunk))
         prime_library(fmt)
 
     def read(self, path: str, k: int, rec: Sequence[int] | None) -> int:
@@ -297,11 +305,21 @@ class LibraryReader(_Reader):
         if fmt in ("parquet", "csv"):
             import polars as pl
 
-            frame = pl.read_parquet(path) if fmt == "parquet" else pl.read_csv(path)
+            frame = pl.read_parquet(path) if fmt == "parquet" else pl.read_csv(self._read_text(path))
             value = frame.row(k)[0]
             data = value if isinstance(value, bytes) else str(value).encode()
             return np.frombuffer(data, dtype=np.uint8)
         raise ReplayError(f"unsupported dataset format {fmt!r}")  # pragma: no cover - validated by the model
+
+    def _read_text(self, path: str) -> bytes:
+        """A text file read start to end in reads of ``text_chunk`` bytes, and the read at its
+        end that returns nothing, as pandas' ``read_csv`` reads (256 KiB at a time: DLIO's
+        CSV reader, and most jobs' CSV datasets) before parsing."""
+        parts = []
+        with open(path, "rb", buffering=0) as fh:
+            while block := fh.read(self.text_chunk):
+                parts.append(block)
+        return b"".join(parts)
 
     def _numpy_sample(self, src: Any, k: int) -> Decoded:
         if self.fmt == "npz":

@@ -29,7 +29,7 @@ from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Distribution
 
 from .common import ReplayError
-from .formats import LibraryReader, PosixReader
+from .formats import TEXT_CHUNK_BYTES, LibraryReader, PosixReader
 from .hostcpu import burn
 
 #: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
@@ -153,6 +153,15 @@ _NO_BYTES = np.empty(0, dtype=np.uint8)
 _NO_BYTES.flags.writeable = False
 
 
+def _text_chunk(transfer: Distribution) -> int:
+    """Bytes per read of a whole text file: the model's largest transfer (a sequential reader's
+    chunk; its last read of a file is shorter), else :data:`TEXT_CHUNK_BYTES`."""
+    if not transfer.is_known:
+        return TEXT_CHUNK_BYTES
+    top = transfer.max if transfer.max is not None else transfer.mean
+    return int(top) if top and top > 0 else TEXT_CHUNK_BYTES
+
+
 def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray]]:
     """DLIO 2.0's ``IndexedBinaryReader.load_index``: for every file of the dataset, its
     ``.off.idx`` and ``.sz.idx`` read whole (``samples_per_file`` 8-byte values each: open,
@@ -189,7 +198,7 @@ class SampleReader:
                                            spec.lseeks_per_sample)
         else:
             self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered",
-                                        index_style=spec.index_style)
+                                        index_style=spec.index_style, text_chunk=_text_chunk(spec.transfer_size))
         #: DLIO 2.0's record index of every file (offsets, sizes), loaded as its reader does when it starts
         self.index = _dlio_index(spec) if spec.io != "posix" and spec.fmt == "indexed_binary" \
             and spec.index_style == "dlio" else None
