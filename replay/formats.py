@@ -225,7 +225,12 @@ def prime_library(fmt: str) -> None:
     elif fmt == "hdf5":
         import h5py  # noqa: F401
     elif fmt in ("parquet", "csv"):
-        import polars  # noqa: F401
+        import polars as pl
+
+        buf = io.BytesIO()
+        pl.DataFrame({"a": [1]}).write_parquet(buf)
+        buf.seek(0)
+        pl.read_parquet(buf) if fmt == "parquet" else pl.read_csv(b"a\n1\n")
 
 
 def _joined(arrays: list[np.ndarray], k: int | None) -> Decoded:

@@ -121,3 +121,17 @@ def test_posix_samples_are_read_into_the_reused_buffer_and_not_handed_over(tmp_p
             assert nbytes == 300_000 and handed.size == 0
             buffers.add(id(reader.reader.buffer()))
     assert len(buffers) == 1
+
+
+def test_csv_is_read_in_chunks_like_pandas(tmp_path: Path) -> None:
+    """A CSV sample: the whole file in reads of ``text_chunk`` bytes and a last read that returns
+    nothing (pandas' ``read_csv`` reads 256 KiB at a time), then the row parsed."""
+    path = tmp_path / "a.csv"
+    rows = ["data"] + [f"{i:0>900}" for i in range(40)]
+    path.write_text("\n".join(rows) + "\n")
+    size = path.stat().st_size
+    r = LibraryReader("csv", open_per_sample=True, text_chunk=8192)
+    nbytes, row = r.read_decoded(str(path), 3, None)
+    assert nbytes == size and r.meter.calls == -(-size // 8192) + 1
+    assert row.tobytes().decode().lstrip("0") == "3"
+    r.close()
