@@ -260,8 +260,8 @@ class LibraryReader(_Reader):
       ``reader.file_buffering: unbuffered``), the library gets ``open(path, "rb",
       buffering=0)`` instead: each of its reads is one ``read(2)``, as in the job;
     * hdf5: ``h5py.File(path)`` with its default driver, kept open unless open_per_sample;
-    * parquet: polars on the path; csv: the file read in chunks of the model's largest
-      transfer (256 KiB, pandas' reads, when unknown), then parsed by polars;
+    * parquet / csv: the file read in chunks of the model's largest transfer (256 KiB,
+      pandas' reads, when unknown), then parsed by polars from memory;
     * tfrecord / indexed_binary / raw: ``os.pread`` of the record's byte range.
 
     Bytes read are counted by the kernel for the calling thread (:class:`ReadMeter`). The
@@ -310,16 +310,19 @@ class LibraryReader(_Reader):
         if fmt in ("parquet", "csv"):
             import polars as pl
 
-            frame = pl.read_parquet(path) if fmt == "parquet" else pl.read_csv(self._read_text(path))
+            data = self._read_whole(path)
+            frame = pl.read_parquet(io.BytesIO(data)) if fmt == "parquet" else pl.read_csv(data)
             value = frame.row(k)[0]
             data = value if isinstance(value, bytes) else str(value).encode()
             return np.frombuffer(data, dtype=np.uint8)
         raise ReplayError(f"unsupported dataset format {fmt!r}")  # pragma: no cover - validated by the model
 
-    def _read_text(self, path: str) -> bytes:
-        """A text file read start to end in reads of ``text_chunk`` bytes, and the read at its
-        end that returns nothing, as pandas' ``read_csv`` reads (256 KiB at a time: DLIO's
-        CSV reader, and most jobs' CSV datasets) before parsing."""
+    def _read_whole(self, path: str) -> bytes:
+        """A file read start to end in reads of ``text_chunk`` bytes, and the read at its end
+        that returns nothing, as pandas' ``read_csv`` reads (256 KiB at a time: DLIO's CSV
+        reader, and most jobs' CSV datasets) before parsing. Parquet too: polars given a path
+        (or a file) maps it, and a mapping's reads are page faults that neither the meter nor
+        a tracer sees (a Parquet replay counted 0 bytes)."""
         parts = []
         with open(path, "rb", buffering=0) as fh:
             while block := fh.read(self.text_chunk):
