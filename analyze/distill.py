@@ -31,6 +31,7 @@ from dlreplay.model import (
     Checkpoint,
     Dataset,
     Distribution,
+    Evaluation,
     FieldProvenance,
     Layout,
     MetadataPerSample,
@@ -315,6 +316,49 @@ def _dlio_reader(annotated: pl.DataFrame) -> str | None:
     return known[0] if len(known) == 1 else None
 
 
+def _evaluation(ev: pl.DataFrame, train_events: pl.DataFrame, epochs: pl.DataFrame, main_pid: int | None,
+                train_files: set[str], facts: _Facts) -> tuple[Evaluation | None, int, int]:
+    """(train.evaluation, dataset.num_files_eval, reader.batch_size_eval) from the events of the
+    evaluation passes (:func:`~.trace.vocabulary.evaluation_phase`): when they run (the
+    training epochs that end before each), their steps (the consumer's ``compute`` events in
+    them) and step time, the samples per step (item events), and the files they read."""
+    spans = train_events.filter(pl.col("role") == voc.EVALUATE)
+    if main_pid is not None:
+        spans = spans.filter(pl.col("pid") == main_pid)
+        ev = ev.filter((pl.col("pid") == main_pid) | (pl.col("ppid") == main_pid))
+    if spans.is_empty():
+        return None, 0, 1
+    spans = spans.sort("ts").select(pl.col("ts").alias("v0"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("v1"))
+    ends = sorted((epochs.filter(pl.col("pid") == main_pid) if main_pid is not None else epochs)["end"].to_list())
+    after = [sum(1 for e in ends if e <= v0) for v0 in spans["v0"].to_list()]  # epochs done before each pass
+    every = int(np.median(np.diff(after))) if len(after) > 1 and min(np.diff(after)) > 0 else 1
+    first = max(after[0], 1) if after else 1
+    compute = ev.filter(pl.col("role") == voc.COMPUTE)
+    per_pass = compute.sort("ts").join_asof(spans, left_on="ts", right_on="v0", strategy="backward") \
+        .group_by("v0").len()["len"]
+    steps = int(_num(per_pass.median())) if per_pass.len() else 0
+    items = ev.filter(pl.col("role") == voc.ITEM)
+    samples = items.height / max(len(after), 1)
+    batch = max(1, round(samples / steps)) if steps and items.height else 1
+    reads = ev.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("file").is_not_null())
+    files = set(reads["file"].cast(pl.String).unique().to_list()) - train_files
+    # the evaluation set sits beside the training set (DLIO: <data>/valid beside <data>/train)
+    root = str(PurePosixPath(os.path.commonpath(sorted(train_files))).parent) if train_files else "/"
+    nfiles = len({f for f in files if f.startswith(root.rstrip("/") + "/")})
+    times = compute["dur"].drop_nulls().to_numpy() * _US
+    comp = Distribution.from_values(times) if times.size else Distribution.fixed(0.0)
+    what = f"{len(after)} evaluation pass(es) (evaluate spans)"
+    facts.put("train.evaluation", f"{what}: after training epochs {after}; {steps} step(s) each (compute events)",
+              "measured")
+    facts.put("dataset.num_files_eval", f"files read in the evaluation passes only: {nfiles}", "measured")
+    facts.put("reader.batch_size_eval", f"{items.height} samples (item events) over {len(after)} x {steps} steps"
+              if steps and items.height else "no item or compute events in the evaluation passes: 1",
+              "measured" if steps and items.height else "default")
+    facts.notes.append(f"{what} modelled apart: their loop, workers and files are not training's")
+    return (Evaluation(every_n_epochs=max(every, 1), after_epoch=first, steps=steps or None, computation_time=comp),
+            nfiles, batch)
+
+
 def _dlio_torch(annotated: pl.DataFrame) -> bool:
     """True when the trace's loader is DLIO's PyTorch one (events of its ``TorchDataset`` or
     ``TorchDataLoader`` classes)."""
@@ -387,6 +431,12 @@ def distill(
         )
     facts = _Facts()
     events = voc.ensure_roles(events)
+    # evaluation passes (their own loader, files and steps) are modelled apart; the rest of
+    # distill sees the training phase only
+    in_eval = voc.evaluation_phase(events)
+    eval_events = events.filter(in_eval) if in_eval.any() else None
+    if eval_events is not None:
+        events = events.filter(~in_eval)
     data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
     has_files = events["file"].drop_nulls().len() > 0
     if not has_files:
@@ -745,6 +795,12 @@ def distill(
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
+    if eval_events is not None:
+        evaluation, eval_files, eval_batch = _evaluation(eval_events, events, epochs_ev, main_pid, set(paths), facts)
+        if evaluation is not None:
+            train = replace(train, evaluation=evaluation)
+            dataset = replace(dataset, num_files_eval=eval_files)
+            reader = replace(reader, batch_size_eval=eval_batch)
     if timing is not None:
         train = replace(
             train,

@@ -37,7 +37,8 @@ from dlreplay.replay.common import plan_dataset
 
 from .conftest import TRACES
 
-DLIO_TRACES = {"dlio_npz_starved": "npz", "dlio_h5_multi": "hdf5", "dlio_jpeg_ckpt": "jpeg", "dlio_npz_2ranks": "npz"}
+DLIO_TRACES = {"dlio_npz_starved": "npz", "dlio_h5_multi": "hdf5", "dlio_jpeg_ckpt": "jpeg", "dlio_npz_2ranks": "npz",
+               "dlio_npz_eval": "npz"}
 
 
 def _dlio_generate(fmt: str, folder: Path, files: int, spf: int, side: int) -> list[Path]:

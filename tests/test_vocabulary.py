@@ -290,7 +290,7 @@ def _expected(trace: Path) -> dict:
 
 def test_foreign_corpus_is_present() -> None:
     assert {p.name for p in DLIO} == {"dlio_npz_starved", "dlio_h5_multi", "dlio_jpeg_ckpt", "dlio_npz_2ranks",
-                                     "dlio_ib_multi"}
+                                     "dlio_ib_multi", "dlio_npz_eval"}
     assert (TRACES / "ai_annotated" / "expected.json").is_file()
 
 
@@ -313,6 +313,17 @@ def test_distill_recovers_the_workload(trace: Path) -> None:
         assert t.computation_time.mean == pytest.approx(truth["computation_time"], rel=0.05)
     assert (c.steps_between_checkpoints or 0) == truth["steps_between_checkpoints"]
     assert m.processes.ranks == truth.get("ranks", 1)
+    # evaluation passes (their own loader over valid/, their own step time) are modelled apart:
+    # the training fields above hold without them
+    if "num_files_eval" in truth:
+        ev = t.evaluation
+        assert ev is not None and (d.num_files_eval, r.batch_size_eval) == (truth["num_files_eval"],
+                                                                             truth["batch_size_eval"])
+        assert (ev.every_n_epochs, ev.after_epoch) == (truth["epochs_between_evals"], 1)
+        assert ev.steps == truth["num_files_eval"] * truth["num_samples_per_file"] // truth["batch_size_eval"]
+        assert ev.computation_time.mean == pytest.approx(truth["eval_time"], rel=0.05)
+    else:
+        assert t.evaluation is None and d.num_files_eval == 0
     # DLIO's PyTorch loader (its events name it; no config in the trace): its sampler, whole batches
     dlio = trace.name.startswith("dlio_")
     assert (r.sample_order, r.drop_last) == (("dlio", True) if dlio else ("pytorch", False))
@@ -342,7 +353,7 @@ def test_analyze_au_matches_dlio(trace: Path) -> None:
 #: from its start in two reads; numpy's zip reader reads the NPZ header, seeks to the end of
 #: the file for its directory, then back to the member; DLIO's HDF5 reader preads samples.
 DLIO_ACCESS = {"dlio_jpeg_ckpt": (1.0, 1.0), "dlio_npz_starved": (0.9211, 0.8947), "dlio_npz_2ranks": (0.625, 0.5),
-               "dlio_ib_multi": (1.0, 0.25),
+               "dlio_ib_multi": (1.0, 0.25), "dlio_npz_eval": (0.625, 0.5),
                "dlio_h5_multi": (0.6667, 0.3333)}
 
 

@@ -99,6 +99,19 @@ WORKLOADS: dict[str, dict[str, Any]] = {
                    "sample_shuffle": "seed"},
         "train": {"epochs": 3, "computation_time": 0.02},
     },
+    # evaluation after every epoch: a second loader (its own workers) over 8 files in valid/,
+    # batches of 2, 10 ms steps
+    "dlio_npz_eval": {
+        "model": {"name": "unet3d_eval"},
+        "framework": "pytorch",
+        "workflow": {"evaluation": True},
+        "dataset": {"format": "npz", "num_files_train": 32, "num_files_eval": 8, "num_samples_per_file": 1,
+                    "record_length": 256 << 10, "record_length_stdev": 0, "record_length_resize": 0},
+        "reader": {"data_loader": "pytorch", "batch_size": 4, "batch_size_eval": 2, "read_threads": 2,
+                   "file_shuffle": "seed", "sample_shuffle": "seed"},
+        "train": {"epochs": 3, "computation_time": 0.02},
+        "evaluation": {"eval_time": 0.01, "epochs_between_evals": 1},
+    },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
 RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
@@ -209,6 +222,10 @@ def make(name: str, venv: Path, work: Path) -> None:
             "steps_between_checkpoints": ck.get("steps_between_checkpoints", 0)
             if w.get("workflow", {}).get("checkpoint") else 0,
             "ranks": summary.get("num_accelerators", 1),
+            **({"num_files_eval": ds["num_files_eval"], "batch_size_eval": rd["batch_size_eval"],
+                "eval_time": w["evaluation"]["eval_time"],
+                "epochs_between_evals": w["evaluation"].get("epochs_between_evals", 1)}
+               if w.get("workflow", {}).get("evaluation") else {}),
         },
         "dlio_metrics": metrics(text),
         "dlio_train_au_percentage": summary.get("metric", {}).get("train_au_percentage"),

@@ -48,6 +48,7 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
+import numpy as np
 import polars as pl
 
 from dlreplay.schema import READ_OPS, WRITE_OPS
@@ -532,6 +533,31 @@ STEP_SCHEMA = {"pid": pl.Int32, "epoch": pl.Int32, "step": pl.Int32, "ts": pl.In
                "batch_size": pl.Int64, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
 
 
+def evaluation_phase(events: pl.DataFrame) -> pl.Series:
+    """True for the events of evaluation passes: those of a process inside one of its own
+    ``evaluate`` spans (DLIO's ``DLIOBenchmark._eval``, ``pipeline/evaluate``; the span
+    itself excluded), and those of its children (the evaluation loader's workers) inside
+    their parent's. All False when the trace has no evaluation spans."""
+    if "role" not in events.columns or not (events["role"] == EVALUATE).any():
+        return pl.Series("evaluation", [False] * events.height, dtype=pl.Boolean)
+    spans = (events.filter(pl.col("role") == EVALUATE)
+             .select(pl.col("pid").alias("__owner"), pl.col("ts").alias("__v0"),
+                     (pl.col("ts") + pl.col("dur").fill_null(0)).alias("__v1"))
+             .drop_nulls().sort("__v0"))
+    owners = spans["__owner"].unique().implode()
+    parent = pl.col("ppid") if "ppid" in events.columns else pl.lit(None, dtype=events.schema["pid"])
+    ev = events.select("pid", parent.alias("ppid"), "ts", "role").with_row_index("__row").with_columns(
+        pl.when(pl.col("pid").is_in(owners)).then(pl.col("pid"))
+        .when(pl.col("ppid").is_in(owners)).then(pl.col("ppid")).alias("__owner"))
+    hit = (ev.filter(pl.col("__owner").is_not_null() & pl.col("ts").is_not_null()).sort("ts")
+           .join_asof(spans, left_on="ts", right_on="__v0", by="__owner", strategy="backward",
+                      check_sortedness=False)
+           .filter((pl.col("ts") < pl.col("__v1")) & (pl.col("role").is_null() | (pl.col("role") != EVALUATE))))
+    mask = np.zeros(events.height, dtype=bool)
+    mask[hit["__row"].to_numpy()] = True
+    return pl.Series("evaluation", mask)
+
+
 def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     """One row per training step of each consumer (a process with fetch, step or compute events).
 
@@ -558,6 +584,8 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     Columns: :data:`STEP_SCHEMA` (µs), ordered by pid and time. ``basis`` names the anchor.
     """
     ann = events.filter(pl.col("role").is_not_null()) if "role" in events.columns else events.clear()
+    if (ann["role"] == EVALUATE).any():  # evaluation passes' loops are not training steps
+        ann = ann.filter(~evaluation_phase(ann))
     loop = ann.filter(pl.col("role").is_in([FETCH, STEP, COMPUTE]))
     if loop.is_empty():
         return pl.DataFrame(schema=STEP_SCHEMA)
