@@ -1134,14 +1134,19 @@ def _checkpoint(
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
         return Checkpoint(enabled=False)
     bt = batches.sort("ts").with_row_index("global_step").select("ts", "global_step")
+    # the saves of the process whose steps count them (each rank of a multi-rank job saves at the
+    # same steps: interleaved, two ranks' saves were 0 steps apart)
+    mine = saves.filter(pl.col("pid").is_in(batches["pid"].unique().implode())) if "pid" in batches.columns else saves
     at = (
-        saves.sort("ts")
+        (mine if mine.height else saves).sort("ts")
         .join_asof(bt, on="ts", strategy="backward")
         .with_columns((pl.col("global_step") + 1).fill_null(0).alias("step_count"))
     )
     gaps = at["step_count"].diff().drop_nulls()
     first = int(at["step_count"][0])
     interval = _mode(gaps) if gaps.len() else (first if first > 0 else None)
+    if interval is not None and interval <= 0:  # saves at the same step: no step interval to replay
+        interval = None
     every_epochs: int | None = None
     after_epoch = 1
     if epochs is not None and epochs.height:

@@ -152,3 +152,19 @@ def test_four_workers_with_shuffle(tmp_path: Path) -> None:
     assert model.dataset.num_files == 16 and model.train.epochs == 2
     assert model.reader.sample_shuffle != "off"
     _check_compute(model, report["step_compute_s"], 2)
+
+
+def test_checkpoint_interval_counts_one_ranks_saves() -> None:
+    """Two ranks save at the same steps (DLIO: every 4 steps; rank 1's saves write nothing):
+    the interval is 4, not the 0 steps between one rank's save and the other's (a model with
+    steps_between_checkpoints 0 could not be replayed)."""
+    from dlreplay.analyze.distill import _checkpoint, _Facts
+
+    steps = pl.DataFrame({"pid": [1] * 12, "ts": [100 * i for i in range(12)]},
+                         schema={"pid": pl.Int32, "ts": pl.Int64})
+    saves = pl.DataFrame({"pid": [1, 2] * 3, "ts": [350, 352, 750, 752, 1150, 1152], "size": [None] * 6,
+                          "file": [None] * 6, "dur": [10] * 6},
+                         schema={"pid": pl.Int32, "ts": pl.Int64, "size": pl.Int64, "file": pl.String,
+                                 "dur": pl.Int64})
+    ck = _checkpoint(empty_events(), saves, steps, _Facts())
+    assert ck.enabled and ck.steps_between_checkpoints == 4
