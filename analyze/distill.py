@@ -65,6 +65,7 @@ EXTENSION_FORMATS = {
     ".idx": "indexed_binary",
     ".bin": "indexed_binary",
     ".indexed_binary": "indexed_binary",
+    ".mmap_indexed_binary": "indexed_binary",
 }
 
 _US = 1e-6
@@ -124,6 +125,24 @@ def dataset_files(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataF
 #: Side files holding an indexed-binary file's record index, by suffix: DLIO 2.0's generator
 #: writes ``<file>.off.idx`` and ``<file>.sz.idx``, dlreplay's ``<file>.idx``.
 INDEX_SUFFIXES = {".off.idx": "dlio", ".sz.idx": "dlio", ".idx": "dlreplay"}
+
+
+#: Calls that map a file into memory (its reads are then page faults, which a tracer does not see).
+MMAP_OPS = ("mmap", "mmap64")
+
+
+def _mapped_dataset(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """Dataset files of a job whose loader maps them (``mmap``) instead of reading: files
+    mapped inside sample (item) events, or by more than one process, or more than once, under
+    ``data_dirs`` when given. One column, ``file``; empty when there are none."""
+    maps = events.filter(pl.col("name").is_in(MMAP_OPS) & pl.col("file").is_not_null())
+    if data_dirs:
+        maps = maps.filter(pl.any_horizontal(pl.col("file").cast(pl.String).str.starts_with(d.rstrip("/") + "/")
+                                             for d in data_dirs))
+    if maps.is_empty():
+        return pl.DataFrame(schema={"file": pl.String})
+    per = maps.group_by("file").agg(pl.len().alias("n"), pl.col("pid").n_unique().alias("procs"))
+    return per.filter((pl.col("n") > 1) | (pl.col("procs") > 1)).select(pl.col("file").cast(pl.String)).sort("file")
 
 
 def _record_indexes(paths: list[str], facts: _Facts) -> tuple[list[str], str | None]:
@@ -452,6 +471,16 @@ def distill(
         if not ds_files.is_empty():
             facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
                                f"its reads; the directory was used for the dataset fingerprint")
+    mapped = False
+    if ds_files.is_empty():
+        ds_files = _mapped_dataset(events, data_dirs)
+        mapped = not ds_files.is_empty()
+        if mapped:
+            facts.notes.append(
+                f"no dataset file was read: the samples' {ds_files.height} files were memory-mapped (mmap) by the "
+                "loader's workers, whose page faults a tracer does not see (DLIO 2.0's mmap_indexed_binary reader "
+                "maps each file and takes a view of the record, never touched); the replay maps them as well "
+                "(reader.memory_map)")
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
@@ -497,7 +526,9 @@ def distill(
     )
 
     tagged_io = _assign_items(io, items)  # every dataset I/O call with its enclosing sample, once
-    tagged = tagged_io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+    # the calls that touch a sample: its reads, or (a mapped dataset) the maps of its file
+    tagged = tagged_io.filter(pl.col("name").is_in(MMAP_OPS) if mapped else
+                              pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
     spf: int = 1
     if items.height and tagged["item_index"].drop_nulls().len():
         per_file = (
@@ -709,6 +740,9 @@ def distill(
         access_pattern=pattern,
         metadata_per_sample=meta,
     )
+    if mapped and fmt == "indexed_binary":
+        reader = replace(reader, memory_map=True)
+        facts.put("reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured")
     if dlio_reader is not None and has_loader and _dlio_torch(annotated):
         # DLIO 2.0's TorchDataLoader: DataLoader(sampler=dlio_sampler, drop_last=True); a trace holds
         # no config, but its events name DLIO's classes

@@ -666,6 +666,9 @@ def _import_shuffle(imp: _Importer, key: str) -> str:
 
 def _import_reader(imp: _Importer, framework: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if imp.raw("dataset.format")[0] == "mmap_indexed_binary":  # its reader maps the files
+        out["memory_map"] = True
+        imp.mark("reader.memory_map", "dataset.format")
     loader, given = imp.get("reader.data_loader", "str", framework)
     if loader not in DLIO_DATA_LOADERS:
         raise imp.fail("reader.data_loader", f"expected one of {', '.join(DLIO_DATA_LOADERS)}, got {loader!r}")
@@ -906,6 +909,8 @@ def _export_model_info(model: WorkloadModel) -> dict[str, Any]:
 
 def _export_format(model: WorkloadModel, warnings: list[str]) -> str:
     ds = model.dataset
+    if ds.format == "indexed_binary" and model.reader.memory_map:
+        return "mmap_indexed_binary"
     if ds.format != "raw":
         return ds.format
     fmt = "npy" if ds.num_samples_per_file == 1 else "indexed_binary"

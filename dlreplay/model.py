@@ -795,6 +795,9 @@ class Reader:
                                           "forkserver")
     persistent_workers: bool = _f(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
                                              "false: new workers every epoch, as PyTorch's default")
+    memory_map: bool = _f(False, doc="indexed_binary: the job's reader maps each file (mmap) and takes its "
+                                      "records from the mapping, without read calls (DLIO's "
+                                      "mmap_indexed_binary reader, whose samples are views it never touches)")
     file_buffering: str = _f("buffered", choices=FILE_BUFFERINGS,
                              doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
                                  "png): buffered = by path or a default Python file (a few large reads), "

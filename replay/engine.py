@@ -710,7 +710,8 @@ def _worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed,
         file_buffering=m.reader.file_buffering, resize_bytes=m.dataset.record_length_resize,
         preprocess_cpu=m.reader.preprocess_host_cpu, start_method=m.reader.multiprocessing_context,
-        batch_tensors=m.reader.batch_tensors, index_style=m.dataset.layout.index)
+        batch_tensors=m.reader.batch_tensors, index_style=m.dataset.layout.index,
+        memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary")
 
 
 def _ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:

@@ -68,6 +68,8 @@ class WorkerSpec:
     batch_tensors: int = 1
     #: indexed_binary: where the record index is (the model's ``dataset.layout.index``; None: dlreplay's)
     index_style: str | None = None
+    #: indexed_binary: the files are mapped, not read (the model's ``reader.memory_map``)
+    memory_map: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,13 @@ def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray]]:
         for suffix in (".off.idx", ".sz.idx"):
             values = np.zeros(spec.samples_per_file, dtype=np.int64)
             try:
-                with open(path + suffix, "rb") as fh:
-                    fh.readinto(values)
+                if spec.memory_map:  # DLIO's mmap reader maps its index files too (np.memmap)
+                    mapped = np.memmap(path + suffix, mode="r", dtype=np.int64)
+                    values[:min(len(mapped), len(values))] = mapped[:len(values)]
+                    del mapped
+                else:
+                    with open(path + suffix, "rb") as fh:
+                        fh.readinto(values)
             except OSError as exc:
                 raise ReplayError(f"{path + suffix}: cannot read the record index ({exc.strerror or exc})") from None
             pair.append(values)
@@ -198,7 +205,8 @@ class SampleReader:
                                            spec.lseeks_per_sample)
         else:
             self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered",
-                                        index_style=spec.index_style, text_chunk=_text_chunk(spec.transfer_size))
+                                        index_style=spec.index_style, text_chunk=_text_chunk(spec.transfer_size),
+                                        memory_map=spec.memory_map)
         #: DLIO 2.0's record index of every file (offsets, sizes), loaded as its reader does when it starts
         self.index = _dlio_index(spec) if spec.io != "posix" and spec.fmt == "indexed_binary" \
             and spec.index_style == "dlio" else None

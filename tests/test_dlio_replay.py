@@ -292,3 +292,29 @@ def test_dlio_indexed_binary_replays_its_record_index(tmp_path):
     data = reads.filter(pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train"))
                         & ~pl.col("file").cast(pl.String).str.ends_with(".idx"))
     assert set(data["size"].to_list()) == {exp["record_length"]}
+
+
+@pytest.mark.slow
+def test_dlio_mmap_indexed_binary_is_mapped_not_read(tmp_path):
+    """DLIO 2.0.0's mmap_indexed_binary reader maps each file and its index (np.memmap) and
+    takes views of the records that nothing touches: its trace has opens and mmaps, no reads.
+    Distill finds the dataset by those maps (it used to stop: "no dataset reads") and marks
+    ``reader.memory_map``; the replay maps the files as well and reads nothing either."""
+    trace = TRACES / "dlio_ib_mmap"
+    exp = json.loads((trace / "expected.json").read_text())["model"]
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    d = model.dataset
+    assert (d.format, d.num_files, d.num_samples_per_file, d.layout.index) == (
+        "indexed_binary", exp["num_files"], exp["num_samples_per_file"], "dlio")
+    assert model.reader.memory_map and d.record_length.mean == exp["record_length"]
+    assert model_to_dlio(model)[0]["dataset"]["format"] == "mmap_indexed_binary"
+    model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
+    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"), echo=lambda s: None)
+    ev = load_trace(tmp_path / "replay").events
+    data = ev.filter(pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train")))
+    names = data.group_by(pl.col("name").cast(pl.String)).len()
+    assert "mmap64" in names["name"].to_list() or "mmap" in names["name"].to_list()
+    assert data.filter(pl.col("name").cast(pl.String).is_in(["read", "pread64"]) & (pl.col("size") > 0)).is_empty()
+    cmp = compare_traces(trace, tmp_path / "replay")
+    assert cmp.similarity >= 0.97

@@ -34,7 +34,9 @@ def posix_only(events: pl.DataFrame) -> pl.DataFrame:
 
 #: Runs POSIX-only inference cannot match: an evaluation loader's workers and files (its passes
 #: are annotated spans; the reads alone look like training's: 40 files and 4 workers for 32 and 2).
-NOT_POSIX_INFERABLE = {"dlio_npz_eval"}
+NOT_POSIX_INFERABLE = {"dlio_npz_eval",
+                       # a reader that maps its files: no reads, nothing for the inference to count
+                       "dlio_ib_mmap"}
 
 
 @pytest.mark.parametrize("trace", CAPTURES + [d for d in DLIO if d.name not in NOT_POSIX_INFERABLE]

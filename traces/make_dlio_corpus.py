@@ -112,6 +112,17 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "train": {"epochs": 3, "computation_time": 0.02},
         "evaluation": {"eval_time": 0.01, "epochs_between_evals": 1},
     },
+    # memory-mapped indexed binary (DLIO's Megatron-style format): its reader maps each file
+    # and its index and takes views of the records, so the trace has opens and mmaps, no reads
+    "dlio_ib_mmap": {
+        "model": {"name": "mmap_indexed_binary_small"},
+        "framework": "pytorch",
+        "dataset": {"format": "mmap_indexed_binary", "num_files_train": 8, "num_samples_per_file": 8,
+                    "record_length": 64 << 10, "record_length_stdev": 0, "record_length_resize": 0},
+        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 2, "file_shuffle": "seed",
+                   "sample_shuffle": "seed"},
+        "train": {"epochs": 2, "computation_time": 0.02},
+    },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
 RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
