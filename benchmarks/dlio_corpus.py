@@ -73,7 +73,7 @@ def main() -> None:
         printed = exp.get("dlio_metrics", {}).get("Training Accelerator Utilization [AU] (%)")
         comp = m.train.computation_time.mean or 0.0
         cells = [
-            f"`{trace.name}`", _pair(m.dataset.format, t["format"]), _pair(m.dataset.num_files, t["num_files"]),
+            f"`{trace.name}`", _pair("mmap_indexed_binary" if m.reader.memory_map else m.dataset.format, t["format"]), _pair(m.dataset.num_files, t["num_files"]),
             _pair(m.dataset.num_samples_per_file, t["num_samples_per_file"]), _pair(m.reader.batch_size, t["batch_size"]),
             _pair(m.reader.read_threads, t["read_threads"]), _pair(m.train.epochs, t["epochs"]),
             f"{comp:.4f} ({t['computation_time']:.4f}, {(comp - t['computation_time']) / t['computation_time']:+.1%})",
