@@ -133,8 +133,8 @@ MMAP_OPS = ("mmap", "mmap64")
 
 def _mapped_dataset(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
     """Dataset files of a job whose loader maps them (``mmap``) instead of reading: files
-    mapped inside sample (item) events, or by more than one process, or more than once, under
-    ``data_dirs`` when given. One column, ``file``; empty when there are none."""
+    mapped more than once or by more than one process, under ``data_dirs`` when given. One
+    column, ``file``; empty when there are none."""
     maps = events.filter(pl.col("name").is_in(MMAP_OPS) & pl.col("file").is_not_null())
     if data_dirs:
         maps = maps.filter(pl.any_horizontal(pl.col("file").cast(pl.String).str.starts_with(d.rstrip("/") + "/")
@@ -151,17 +151,15 @@ def _record_indexes(paths: list[str], facts: _Facts) -> tuple[list[str], str | N
     dataset files it made a DLIO indexed-binary dataset of 8 files into 24, and its 64-byte
     reads a third of the read sizes."""
     have = set(paths)
-    found: dict[str, str] = {}
+    found: dict[str, str] = {}  # side file -> its suffix
     for p in paths:
-        for suffix, style in INDEX_SUFFIXES.items():
-            if p.endswith(suffix) and p[:-len(suffix)] in have:
-                found[p] = style
-                break
+        suffix = next((x for x in INDEX_SUFFIXES if p.endswith(x) and p[:-len(x)] in have), None)
+        if suffix is not None:
+            found[p] = suffix
     if not found:
         return paths, None
-    styles = sorted(set(found.values()))
-    style = "dlio" if "dlio" in styles else styles[0]
-    suffixes = sorted({next(x for x in INDEX_SUFFIXES if p.endswith(x)) for p in found})
+    suffixes = sorted(set(found.values()))
+    style = "dlio" if any(INDEX_SUFFIXES[x] == "dlio" for x in suffixes) else "dlreplay"
     facts.notes.append(f"{len(found)} record-index file(s) ({', '.join(suffixes)}) beside the data files: each "
                        f"one's index ({'DLIO' if style == 'dlio' else 'dlreplay'}'s), not samples")
     return [p for p in paths if p not in found], style
@@ -1170,7 +1168,7 @@ def _checkpoint(
     bt = batches.sort("ts").with_row_index("global_step").select("ts", "global_step")
     # the saves of the process whose steps count them (each rank of a multi-rank job saves at the
     # same steps: interleaved, two ranks' saves were 0 steps apart)
-    mine = saves.filter(pl.col("pid").is_in(batches["pid"].unique().implode())) if "pid" in batches.columns else saves
+    mine = saves.filter(pl.col("pid").is_in(batches["pid"].unique().implode()))
     at = (
         (mine if mine.height else saves).sort("ts")
         .join_asof(bt, on="ts", strategy="backward")

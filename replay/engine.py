@@ -64,7 +64,8 @@ class ReplayConfig:
     """One replay. ``model`` already has overrides applied.
 
     ``accelerators``: local accelerator processes (ignored under MPI, where each rank is
-    one; None: the model's ``processes.ranks``, as many as the traced job had); ``out``: result/trace directory (None = ``replays/<name>-<UTC time>``);
+    one; None: the model's ``processes.ranks``, as many as the traced job had); ``out``:
+    result/trace directory (None = ``replays/<name>-<UTC time>``);
     ``trace``: run under DFTracer; ``generate``: generate the dataset if missing;
     ``io``: ``library`` or ``posix``; ``au_threshold``: pass/fail AU in percent;
     ``record_order``: write every epoch's sample order to ``sample-order.json``;

@@ -227,10 +227,12 @@ def prime_library(fmt: str) -> None:
     elif fmt in ("parquet", "csv"):
         import polars as pl
 
-        buf = io.BytesIO()
-        pl.DataFrame({"a": [1]}).write_parquet(buf)
-        buf.seek(0)
-        pl.read_parquet(buf) if fmt == "parquet" else pl.read_csv(b"a\n1\n")
+        if fmt == "csv":
+            pl.read_csv(b"a\n1\n")
+        else:
+            buf = io.BytesIO()
+            pl.DataFrame({"a": [1]}).write_parquet(buf)
+            pl.read_parquet(io.BytesIO(buf.getvalue()))
 
 
 def _joined(arrays: list[np.ndarray], k: int | None) -> Decoded:
