@@ -265,14 +265,15 @@ def _record(draw: st.DrawFn) -> bytes:
     else:
         args["fhash"] = draw(st.sampled_from(_HASHES))
         for k in draw(st.lists(st.sampled_from(["ret", "count", "offset", "whence", "flags", "size", "epoch",
-                                                "step", "batch_size", "image_idx", "bytes", "ppid"]),
+                                                "step", "batch_size", "image_idx", "bytes", "ppid", "cpu_time",
+                                                "cpu_threads", "tensors"]),
                                max_size=4, unique=True)):
             args[k] = _value(draw, draw(_ints))
         for k in draw(st.lists(st.sampled_from(["mode", "cwd", "path", "fname", "note"]), max_size=2, unique=True)):
             args[k] = draw(st.one_of(_text, st.sampled_from(["rb", "a+", "/ckpt/x.pt", "rel/x"])))
     rec: dict[str, Any] = {"id": draw(st.integers(0, 9)), "name": name,
                            "cat": "dftracer" if meta or name == "start" else draw(st.sampled_from(["POSIX", "STDIO",
-                                                                                                     "data"])),
+                                                                                                     "data", "checkpoint"])),
                            "pid": _value(draw, draw(st.sampled_from([101, 102]))), "tid": 101,
                            "ts": _value(draw, T0 + draw(st.integers(0, 10**6))), "dur": draw(st.integers(-3, 10**5)),
                            "ph": 4 if meta else draw(st.sampled_from([1, 1, "X", "M", "4"])), "args": args}
@@ -352,7 +353,7 @@ def _scan_rows(texts: bytes | list[bytes]) -> tuple | None:
     out = LOAD._NATIVE.scan(texts, ints, imask, strs, rows)
     if out is None:
         return None
-    nev, nmeta, rejected, uniques, any_mask = out
+    nev, nmeta, rejected, uniques, any_mask, _fields = out
     firsts = np.cumsum([0] + [t.count(b"\n") + (1 if t and not t.endswith(b"\n") else 0) for t in parts])
 
     def row(r: int) -> tuple:

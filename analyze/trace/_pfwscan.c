@@ -1,7 +1,7 @@
 /*
  * dlreplay.analyze._pfwscan: a strict scanner of DFTracer JSON lines into column arrays.
  *
- * scan(texts, ints, imask, strs, rows[, checked]) -> (nevents, nmeta, rejected, uniques, any_mask) | None
+ * scan(texts, ints, imask, strs, rows[, checked]) -> (nevents, nmeta, rejected, uniques, any_mask, fields) | None
  *
  *   texts  decoded trace text: one bytes-like object, or a list of them scanned as one text
  *          whose lines are numbered on across them (each holds complete "\n"-separated lines;
@@ -21,7 +21,8 @@
  * [0, nevents) in line order, accepted metadata records rows [cap - nmeta, cap) in reverse
  * line order; ``rejected`` is bytes of int64 triples (line number, start, end byte offset in
  * the line's own text, without the newline) of non-blank lines this scanner does not fully understand, for the
- * Python path; ``uniques`` the decoded strings of the codes; ``any_mask`` the OR of imask.
+ * Python path; ``uniques`` the decoded strings of the codes; ``any_mask`` the OR of imask;
+ * ``fields`` bytes of a uint16 per code: bit f set when the string was a value of field f.
  *
  * Accepted lines (anything else is rejected, never guessed): one JSON object starting at the
  * first byte, optionally followed by one "," (DFTracer 1.x array elements) and nothing else;
@@ -623,6 +624,7 @@ typedef struct {
     int32_t n;
     const char **ptrs; /* per code: the string and its length */
     Py_ssize_t *lens;
+    uint16_t *fields; /* per code: the string fields (bit S_*) it was a value of */
     size_t ncap;
 } Dict;
 
@@ -648,8 +650,9 @@ static int dict_init(Dict *d)
     d->ncap = 256;
     d->ptrs = malloc(d->ncap * sizeof(const char *));
     d->lens = malloc(d->ncap * sizeof(Py_ssize_t));
+    d->fields = malloc(d->ncap * sizeof(uint16_t));
     d->n = 0;
-    if (!d->slots || !d->ptrs || !d->lens) return -1;
+    if (!d->slots || !d->ptrs || !d->lens || !d->fields) return -1;
     for (size_t i = 0; i < d->cap; i++) d->slots[i].code = -1;
     return 0;
 }
@@ -659,6 +662,7 @@ static void dict_free(Dict *d)
     free(d->slots);
     free(d->ptrs);
     free(d->lens);
+    free(d->fields);
 }
 
 static int dict_grow(Dict *d)
@@ -698,10 +702,14 @@ static int32_t dict_code(Dict *d, const char *s, Py_ssize_t n)
         Py_ssize_t *l = realloc(d->lens, ncap * sizeof(Py_ssize_t));
         if (!l) return -2;
         d->lens = l;
+        uint16_t *fl = realloc(d->fields, ncap * sizeof(uint16_t));
+        if (!fl) return -2;
+        d->fields = fl;
         d->ncap = ncap;
     }
     int32_t code = d->n++;
     d->ptrs[code] = s;
+    d->fields[code] = 0;
     d->lens[code] = n;
     Slot *sl = &d->slots[j];
     sl->ptr = s;
@@ -906,6 +914,7 @@ static void run_scan(Scan *sc)
                                 sc->oom = 1, sc->error = "out of memory while scanning a trace";
                                 return;
                             }
+                            sc->dict.fields[code] |= (uint16_t)(1u << f);
                             last_s[f] = s;
                             last_n[f] = sn;
                             last_c[f] = code;
@@ -1008,7 +1017,13 @@ static PyObject *scan(PyObject *self, PyObject *args)
         Py_DECREF(uniques);
         goto done;
     }
-    result = Py_BuildValue("(nnNNk)", sc.nev, sc.nmeta, rej, uniques, (unsigned long)sc.any_mask);
+    PyObject *fields = PyBytes_FromStringAndSize((const char *)sc.dict.fields, sc.dict.n * (Py_ssize_t)sizeof(uint16_t));
+    if (!fields) {
+        Py_DECREF(uniques);
+        Py_DECREF(rej);
+        goto done;
+    }
+    result = Py_BuildValue("(nnNNkN)", sc.nev, sc.nmeta, rej, uniques, (unsigned long)sc.any_mask, fields);
 done:
     if (sc.dict.slots) dict_free(&sc.dict);
     free(sc.layouts);
@@ -1211,11 +1226,263 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------- compact */
+
+/*
+ * compact(ints, imask, strs, lo, hi, op_of, sflag, srcs, outs) -> (valid_and, valid_or, beyond, nstarts, nhosts)
+ *
+ * The event rows [lo, hi) of scan's buffers (ints, imask, strs) as the columns of a parsed
+ * batch (dlreplay.analyze.trace.load.CHUNK_SCHEMA), computed as _compact_exprs defines them
+ * (the same nulls, the same flags). op_of (int8) and sflag (uint8, SF_* bits) are per string
+ * code of the scan; srcs (uint32) the trace file of each of the n = hi - lo rows, or empty
+ * for one file. outs is a tuple of writable arrays of n values each, in the order of the
+ * OUT_* enum below (its item sizes in out_size); the validity of the nullable outputs is the
+ * bits V_* of outs[OUT_VALID]; outs[OUT_SPECIAL] (int64, 2n) gets the rows (0-based in the
+ * range) of the processes' start records at [0, nstarts) and, at [n, n + nhosts), the first
+ * row with a host hash of each (src, pid). beyond counts rows with a pid, ppid or tid that
+ * does not fit 32 bits (read as null). Runs without the GIL.
+ */
+enum {
+    OUT_TS, OUT_DUR, OUT_RET, OUT_SIZEREQ, OUT_SIZE, OUT_PARG, OUT_BATCH, OUT_SAMPLE, OUT_PPID, /* int64 */
+    OUT_PID, OUT_TID, OUT_EPOCH, OUT_STEP, OUT_CPUTIME, OUT_CPUTHREADS,                       /* int32 */
+    OUT_TENSORS,                                                                               /* int16 */
+    OUT_OP, OUT_POS,                                                                           /* int8, uint8 */
+    OUT_CAT, OUT_NAME, OUT_FHASH, OUT_PATH,                                                    /* int32 codes */
+    OUT_VALID,                                                                                 /* uint32 */
+    OUT_SPECIAL,                                                                               /* int64, 2n */
+    NOUT
+};
+static const Py_ssize_t out_size[NOUT] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 2, 1, 1, 4, 4, 4, 4, 4, 8};
+enum {
+    V_TS = 1 << 0, V_DUR = 1 << 1, V_RET = 1 << 2, V_SIZEREQ = 1 << 3, V_SIZE = 1 << 4, V_BATCH = 1 << 5,
+    V_SAMPLE = 1 << 6, V_PPID = 1 << 7, V_PID = 1 << 8, V_TID = 1 << 9, V_EPOCH = 1 << 10, V_STEP = 1 << 11,
+    V_CPUTIME = 1 << 12, V_CPUTHREADS = 1 << 13, V_TENSORS = 1 << 14
+};
+/* flags of a string code: the category "checkpoint", POSIX or STDIO, STDIO; a mode starting with "a";
+ * the name "start"; the category "dftracer" */
+enum { SF_CKPT = 1, SF_IOCAT = 2, SF_STDIO = 4, SF_MODE_A = 8, SF_START = 16, SF_DFT = 32 };
+
+static inline int fits32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
+
+typedef struct {
+    const int64_t *ints;
+    const uint32_t *imask;
+    const int32_t *strs;
+    Py_ssize_t cap, lo, n, nuniq;
+    const int8_t *op_of;
+    const uint8_t *sflag;
+    const uint32_t *srcs; /* NULL: one file */
+    void *out[NOUT];
+    uint32_t vand, vor;
+    Py_ssize_t beyond, nstarts, nhosts;
+    int oom;
+} Compact;
+
+static void run_compact(Compact *c)
+{
+    const Py_ssize_t cap = c->cap, n = c->n;
+    int64_t *o64[9];
+    for (int k = 0; k < 9; k++) o64[k] = c->out[OUT_TS + k];
+    int32_t *o32[6];
+    for (int k = 0; k < 6; k++) o32[k] = c->out[OUT_PID + k];
+    int16_t *tensors = c->out[OUT_TENSORS];
+    int8_t *oop = c->out[OUT_OP];
+    uint8_t *opos = c->out[OUT_POS];
+    int32_t *ocode[4];
+    for (int k = 0; k < 4; k++) ocode[k] = c->out[OUT_CAT + k];
+    uint32_t *ovalid = c->out[OUT_VALID];
+    int64_t *special = c->out[OUT_SPECIAL];
+    /* (src, pid) keys seen with a host hash: open addressing, grown as needed */
+    size_t hcap = 64, hused = 0;
+    uint64_t *seen = calloc(hcap, sizeof(uint64_t)); /* key + 1; 0 empty */
+    if (!seen) {
+        c->oom = 1;
+        return;
+    }
+    uint32_t vand = ~0u, vor = 0;
+    Py_ssize_t beyond = 0, nst = 0, nh = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Py_ssize_t r = c->lo + i;
+        const uint32_t m = c->imask[r];
+#define HAS(f) ((m >> (f)) & 1u)
+#define IV(f) (c->ints[(Py_ssize_t)(f) * cap + r])
+#define SC(f) (c->strs[(Py_ssize_t)(f) * cap + r])
+        const int32_t name = SC(S_NAME), cat = SC(S_CAT), mode = SC(S_MODE);
+        const int op = name >= 0 && name < c->nuniq ? c->op_of[name] : 0;
+        const unsigned cf = cat >= 0 && cat < c->nuniq ? c->sflag[cat] : 0;
+        uint32_t v = 0;
+        int64_t ret = HAS(I_RET) ? IV(I_RET) : 0;
+        o64[OUT_TS][i] = HAS(I_TS) ? (v |= V_TS, IV(I_TS)) : 0;
+        o64[OUT_DUR][i] = HAS(I_DUR) ? (v |= V_DUR, IV(I_DUR)) : 0;
+        o64[OUT_RET][i] = HAS(I_RET) ? (v |= V_RET, ret) : 0;
+        const int xfer = op >= OP_XFER;
+        const uint64_t item = op == OP_SXFER && HAS(I_ISIZE) ? (uint64_t)IV(I_ISIZE) : 1u;
+        int64_t size = 0, sizereq = 0;
+        int has_size = 0;
+        if (xfer) {
+            if (HAS(I_RET) && ret >= 0) size = (int64_t)((uint64_t)ret * item), has_size = 1;
+            if (HAS(I_COUNT)) sizereq = (int64_t)((uint64_t)IV(I_COUNT) * item), v |= V_SIZEREQ;
+        } else if ((cf & SF_CKPT) && HAS(I_ABYTES)) {
+            size = IV(I_ABYTES), has_size = 1;
+        }
+        if (has_size) v |= V_SIZE;
+        o64[OUT_SIZE][i] = size;
+        o64[OUT_SIZEREQ][i] = sizereq;
+        int64_t parg = NUL;
+        if (op == OP_LSEEK || op == OP_FTELL) parg = HAS(I_RET) ? ret : NUL;
+        else if (op == OP_FSEEK || op == OP_PXFER) parg = HAS(I_AOFFSET) ? IV(I_AOFFSET) : NUL;
+        else if (xfer) parg = has_size ? size : NUL;
+        o64[OUT_PARG][i] = parg;
+        o64[OUT_BATCH][i] = HAS(I_BATCH) ? (v |= V_BATCH, IV(I_BATCH)) : 0;
+        o64[OUT_SAMPLE][i] = HAS(I_IMAGE) ? (v |= V_SAMPLE, IV(I_IMAGE)) : 0;
+        o64[OUT_PPID][i] = HAS(I_PPID) ? (v |= V_PPID, IV(I_PPID)) : 0;
+        int out = 0;
+        int32_t pid = 0;
+        if (HAS(I_PID)) {
+            if (fits32(IV(I_PID))) pid = (int32_t)IV(I_PID), v |= V_PID;
+            else out = 1;
+        }
+        o32[0][i] = pid;
+        o32[1][i] = 0;
+        if (HAS(I_TID)) {
+            if (fits32(IV(I_TID))) o32[1][i] = (int32_t)IV(I_TID), v |= V_TID;
+            else out = 1;
+        }
+        if (HAS(I_PPID) && !fits32(IV(I_PPID))) out = 1;
+        beyond += out;
+        o32[2][i] = HAS(I_EPOCH) && fits32(IV(I_EPOCH)) ? (v |= V_EPOCH, (int32_t)IV(I_EPOCH)) : 0;
+        o32[3][i] = HAS(I_STEP) && fits32(IV(I_STEP)) ? (v |= V_STEP, (int32_t)IV(I_STEP)) : 0;
+        o32[4][i] = HAS(I_CPUTIME) && IV(I_CPUTIME) >= 0 && IV(I_CPUTIME) <= INT32_MAX
+                        ? (v |= V_CPUTIME, (int32_t)IV(I_CPUTIME)) : 0;
+        o32[5][i] = HAS(I_CPUTHREADS) && IV(I_CPUTHREADS) >= 1 && IV(I_CPUTHREADS) <= INT32_MAX
+                        ? (v |= V_CPUTHREADS, (int32_t)IV(I_CPUTHREADS)) : 0;
+        tensors[i] = HAS(I_TENSORS) && IV(I_TENSORS) >= 0 && IV(I_TENSORS) <= INT16_MAX
+                         ? (v |= V_TENSORS, (int16_t)IV(I_TENSORS)) : 0;
+        unsigned pos = 0;
+        if (!HAS(I_RET) || ret >= 0) pos |= POS_OK;
+        if (HAS(I_WHENCE) && IV(I_WHENCE) == 1) pos |= POS_CUR;
+        if (HAS(I_WHENCE) && IV(I_WHENCE) == 0) pos |= POS_SET;
+        if ((HAS(I_FLAGS) && (IV(I_FLAGS) & 02000)) ||
+            (mode >= 0 && mode < c->nuniq && (c->sflag[mode] & SF_MODE_A)))
+            pos |= POS_APPEND;
+        const int32_t fhash = SC(S_FHASH), path = SC(S_PATH) >= 0 ? SC(S_PATH) : SC(S_FNAME);
+        if ((cf & SF_IOCAT) && (fhash >= 0 || path >= 0)) pos |= POS_IO;
+        if (cf & SF_STDIO) pos |= POS_STDIO;
+        oop[i] = (int8_t)op;
+        opos[i] = (uint8_t)pos;
+        ocode[0][i] = cat;
+        ocode[1][i] = name;
+        ocode[2][i] = fhash;
+        ocode[3][i] = path;
+        ovalid[i] = v;
+        vand &= v;
+        vor |= v;
+        if (name >= 0 && name < c->nuniq && (c->sflag[name] & SF_START) && (cf & SF_DFT)) special[nst++] = i;
+        if (SC(S_HHASH) >= 0) {
+            uint64_t key = ((uint64_t)(c->srcs ? c->srcs[i] : 0) << 33) |
+                           ((v & V_PID) ? (uint64_t)(uint32_t)pid : ((uint64_t)1 << 32));
+            size_t j = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 24) & (hcap - 1);
+            while (seen[j] && seen[j] != key + 1) j = (j + 1) & (hcap - 1);
+            if (!seen[j]) {
+                seen[j] = key + 1;
+                special[n + nh++] = i;
+                if (2 * ++hused > hcap) {
+                    uint64_t *g = calloc(hcap * 2, sizeof(uint64_t));
+                    if (!g) {
+                        free(seen);
+                        c->oom = 1;
+                        return;
+                    }
+                    for (size_t a = 0; a < hcap; a++) {
+                        if (!seen[a]) continue;
+                        size_t b = (size_t)(((seen[a] - 1) * 0x9E3779B97F4A7C15ULL) >> 24) & (hcap * 2 - 1);
+                        while (g[b]) b = (b + 1) & (hcap * 2 - 1);
+                        g[b] = seen[a];
+                    }
+                    free(seen);
+                    seen = g;
+                    hcap *= 2;
+                }
+            }
+        }
+#undef HAS
+#undef IV
+#undef SC
+    }
+    free(seen);
+    c->vand = n ? vand : 0;
+    c->vor = vor;
+    c->beyond = beyond;
+    c->nstarts = nst;
+    c->nhosts = nh;
+}
+
+static PyObject *compact(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_ints, *o_imask, *o_strs, *o_op, *o_sflag, *o_srcs, *o_outs, *result = NULL;
+    Py_ssize_t lo, hi;
+    if (!PyArg_ParseTuple(args, "OOOnnOOOO!", &o_ints, &o_imask, &o_strs, &lo, &hi, &o_op, &o_sflag, &o_srcs,
+                          &PyTuple_Type, &o_outs))
+        return NULL;
+    if (PyTuple_GET_SIZE(o_outs) != NOUT) {
+        PyErr_Format(PyExc_ValueError, "compact: %d output arrays expected", (int)NOUT);
+        return NULL;
+    }
+    enum { NIN = 6 };
+    PyObject *ins[NIN] = {o_ints, o_imask, o_strs, o_op, o_sflag, o_srcs};
+    static const Py_ssize_t in_size[NIN] = {8, 4, 4, 1, 1, 4};
+    Py_buffer bin[NIN], bout[NOUT];
+    int gin = 0, gout = 0;
+    for (; gin < NIN; gin++)
+        if (get_buf(ins[gin], &bin[gin], in_size[gin], 0, "compact") < 0) goto done;
+    for (; gout < NOUT; gout++)
+        if (get_buf(PyTuple_GET_ITEM(o_outs, gout), &bout[gout], out_size[gout], 1, "compact") < 0) goto done;
+    Compact c;
+    memset(&c, 0, sizeof c);
+    c.cap = bin[1].len / 4;
+    c.lo = lo;
+    c.n = hi - lo;
+    c.nuniq = bin[3].len;
+    if (lo < 0 || hi < lo || hi > c.cap || bin[0].len / 8 < (Py_ssize_t)NI * c.cap ||
+        bin[2].len / 4 < (Py_ssize_t)NS * c.cap || bin[4].len != c.nuniq ||
+        (bin[5].len && bin[5].len / 4 != c.n)) {
+        PyErr_SetString(PyExc_ValueError, "compact: input buffers do not match the row range");
+        goto done;
+    }
+    for (int k = 0; k < NOUT; k++) {
+        if (bout[k].len / out_size[k] != (k == OUT_SPECIAL ? 2 * c.n : c.n)) {
+            PyErr_SetString(PyExc_ValueError, "compact: an output array has the wrong length");
+            goto done;
+        }
+        c.out[k] = bout[k].buf;
+    }
+    c.ints = bin[0].buf;
+    c.imask = bin[1].buf;
+    c.strs = bin[2].buf;
+    c.op_of = bin[3].buf;
+    c.sflag = bin[4].buf;
+    c.srcs = bin[5].len ? bin[5].buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    run_compact(&c);
+    Py_END_ALLOW_THREADS
+    if (c.oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_BuildValue("(kknnn)", (unsigned long)c.vand, (unsigned long)c.vor, c.beyond, c.nstarts, c.nhosts);
+done:
+    for (int k = 0; k < gout; k++) PyBuffer_Release(&bout[k]);
+    for (int k = 0; k < gin; k++) PyBuffer_Release(&bin[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
     {"text_info", py_text_info, METH_O, "(newline count, is valid UTF-8) of a bytes-like object, in one pass."},
     {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows in output order (see the module source)."},
+    {"compact", compact, METH_VARARGS, "Scanned event rows as a parsed batch's columns (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

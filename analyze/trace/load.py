@@ -1247,10 +1247,17 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     out = _NATIVE.scan(text, ints, imask, strs, rows, checked)
     if out is None:
         return None
-    nev, nmeta, rejected, uniques, any_mask = out
+    nev, nmeta, rejected, uniques, any_mask, fields = out
     rej = np.frombuffer(rejected, dtype=np.int64).reshape(-1, 3)
     values = pl.Series(uniques, dtype=_STR)
-    op_of = np.fromiter((_OP_CODE.get(u, 0) for u in uniques), dtype=np.int8, count=len(uniques))
+    # what the compaction needs of a string, for the strings that were a name, category or
+    # mode (most strings are file hashes and paths)
+    op_of = np.zeros(len(uniques), dtype=np.int8)
+    sflag = np.zeros(len(uniques), dtype=np.uint8)
+    for k in np.flatnonzero(np.frombuffer(fields, dtype=np.uint16) & _FLAGGED_FIELDS).tolist():
+        u = uniques[k]
+        op_of[k] = _OP_CODE.get(u, 0)
+        sflag[k] = _SFLAG.get(u, 0) | (_SF_MODE_A if u[:1] == "a" else 0)
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
     frames: list[Any] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
@@ -1265,7 +1272,7 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
             src, seq = srcs[seg], seq0s[seg] + (lines - first[seg])
             per_seg += np.bincount(seg, minlength=len(first))
         if not frames and compact:  # events
-            frames.append(_native_compact(sl, ints, imask, strs, values, op_of, any_mask, src, seq)
+            frames.append(_native_compact(sl, ints, imask, strs, values, uniques, op_of, sflag, src, seq)
                           if sl.stop > sl.start else None)
         else:
             frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq,
@@ -1904,45 +1911,67 @@ def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFram
     return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, beyond
 
 
+#: :func:`_native_compact`'s outputs, in the order of the C ``OUT_*`` enum: (column, dtype,
+#: validity bit of ``OUT_VALID``; 0 for a column without nulls).
+_COMPACT_OUT: tuple[tuple[str, Any, int], ...] = (
+    ("ts", np.int64, 1 << 0), ("dur", np.int64, 1 << 1), ("ret", np.int64, 1 << 2),
+    ("size_requested", np.int64, 1 << 3), ("size", np.int64, 1 << 4), ("parg", np.int64, 0),
+    ("batch_size", np.int64, 1 << 5), ("sample_index", np.int64, 1 << 6), ("__ppid", np.int64, 1 << 7),
+    ("pid", np.int32, 1 << 8), ("tid", np.int32, 1 << 9), ("epoch", np.int32, 1 << 10), ("step", np.int32, 1 << 11),
+    ("cpu_time", np.int32, 1 << 12), ("cpu_threads", np.int32, 1 << 13), ("tensors", np.int16, 1 << 14),
+    ("op", np.int8, 0), ("pos", np.uint8, 0),
+    ("cat", np.int32, 0), ("name", np.int32, 0), ("fhash", np.int32, 0), ("__path", np.int32, 0),
+)
+#: Flags of a scanned string for :func:`_native_compact` (``SF_*`` in ``_pfwscan.c``).
+_SFLAG: dict[str, int] = {CAT_CHECKPOINT: 1, "POSIX": 2, "STDIO": 2 | 4, "start": 16, "dftracer": 32}
+_SF_MODE_A = 8
+_CODE_COLUMNS = ("cat", "name", "fhash", "__path")
+#: The scanner's string fields (bits of its ``fields``) whose values get ``op_of`` and ``_SFLAG``.
+_FLAGGED_FIELDS = sum(1 << _NATIVE_STRS.index(c) for c in ("name", "cat", "mode"))
+_EMPTY_U32 = np.zeros(0, dtype=np.uint32)
+
+
 def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
-                    op_of: np.ndarray, any_mask: int, src: int | np.ndarray,
+                    uniques: list[str], op_of: np.ndarray, sflag: np.ndarray, src: int | np.ndarray,
                     seq: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
     """:func:`_compact` of the scanner's event rows ``sl`` straight from its buffers (of
-    file ``src``, a constant or one per row, lines ``seq``): the same expressions
-    (:func:`_compact_exprs`) over the buffers, without a raw frame in between. Columns
-    that reach the result unchanged are copied first (polars would view the buffers,
-    and keep them all alive); the others are only read."""
-    mask = imask[sl]
-    all_mask = int(np.bitwise_and.reduce(mask))
-    data: dict[str, np.ndarray] = {"__m": mask}
+    file ``src``, a constant or one per row, lines ``seq``): the C pass ``compact`` computes
+    the :data:`CHUNK_SCHEMA` columns as :func:`_compact_exprs` defines them, into arrays of
+    their own (so that a column dropped later frees its memory), and finds the ``start``
+    records and each process's first host hash; polars only adds the validity masks and
+    maps the string codes to categories."""
+    assert _NATIVE is not None
+    n = sl.stop - sl.start
+    outs = tuple(np.empty(2 * n if c == "__special" else n, dtype=dt)
+                 for c, dt in (*((c, dt) for c, dt, _ in _COMPACT_OUT), ("__valid", np.uint32), ("__special", np.int64)))
+    srcs = src.astype(np.uint32, copy=False) if isinstance(src, np.ndarray) else _EMPTY_U32
+    vand, vor, beyond_rows, nstarts, nhosts = _NATIVE.compact(ints, imask, strs, sl.start, sl.stop, op_of, sflag,
+                                                               srcs, outs)
+    valid, special = outs[-2], outs[-1]
+    data: dict[str, np.ndarray] = {"__v": valid}
     exprs: dict[str, pl.Expr] = {}
-    for k, c in enumerate(_NATIVE_INTS):
-        bit = 1 << k
-        if not any_mask & bit:
-            exprs[c] = pl.lit(None, dtype=_INT)
+    cats = None
+    for (c, _, bit), arr in zip(_COMPACT_OUT, outs, strict=False):
+        if c == "__ppid":
             continue
-        data[c] = ints[k, sl].copy() if c in _PASSED_THROUGH else ints[k, sl]
-        exprs[c] = pl.col(c) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(c))
-    cats = values.cast(_CAT)
-    for k, c in enumerate(_NATIVE_STRS):
-        if c in ("ph", "a_name", "a_value", "fname"):  # metadata only; fname folded into path
+        if c in _CODE_COLUMNS:
+            lo, hi = (int(arr.min()), int(arr.max())) if n else (-1, -1)
+            if hi < 0:
+                exprs[c] = pl.lit(None, dtype=_CAT)
+            elif lo == hi:
+                exprs[c] = pl.lit(values[lo], dtype=_CAT)
+            else:
+                if cats is None:
+                    cats = values.cast(_CAT)
+                data[c] = arr
+                exprs[c] = pl.lit(cats).gather(pl.when(pl.col(c) >= 0).then(pl.col(c)) if lo < 0 else pl.col(c))
             continue
-        codes = strs[k, sl]
-        if c == "path":  # the path argument, else fname: one gather
-            codes = np.where(codes >= 0, codes, strs[_NATIVE_STRS.index("fname"), sl])
-        lo, hi = int(codes.min()), int(codes.max())
-        if hi < 0:
-            exprs[c] = pl.lit(None, dtype=_CAT)
-        elif lo == hi:
-            exprs[c] = pl.lit(values[lo], dtype=_CAT)
-        else:
-            data[c] = codes
-            exprs[c] = pl.lit(cats).gather(pl.when(pl.col(c) >= 0).then(pl.col(c)) if lo < 0 else pl.col(c))
-    exprs["fname"] = pl.lit(None, dtype=_CAT)
-    name = strs[_NATIVE_STRS.index("name"), sl]
-    data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
-        else np.zeros(len(name), dtype=np.int8)
-    exprs["op"] = pl.col("op")
+        dtype = CHUNK_SCHEMA[c]
+        if bit and not vor & bit:
+            exprs[c] = pl.lit(None, dtype=dtype)
+            continue
+        data[c] = arr
+        exprs[c] = pl.col(c) if not bit or vand & bit else pl.when((pl.col("__v") & bit) != 0).then(pl.col(c))
     data["seq"] = seq
     exprs["seq"] = pl.col("seq")
     if isinstance(src, np.ndarray):
@@ -1950,20 +1979,36 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
         exprs["src"] = pl.col("src")
     else:
         exprs["src"] = pl.lit(src, dtype=_SRC)
-    wide = pl.DataFrame(data).select(*_compact_exprs(exprs.__getitem__), exprs["ppid"].alias("__ppid"),
-                                     exprs["cwd"].alias("__cwd"), exprs["hhash"].alias("__hhash"))
-    starts, hosts = _starts_and_hosts(wide)
+    rows = pl.DataFrame(data).select(*(exprs[c].alias(c) for c in CHUNK_SCHEMA))
+    del data, exprs
+    # the processes' start records and first host hashes: a few rows each
+    col = {c: arr for (c, _, _), arr in zip(_COMPACT_OUT, outs, strict=False)}
+    cwd, hhash = strs[_NATIVE_STRS.index("cwd"), sl], strs[_NATIVE_STRS.index("hhash"), sl]
+
+    def few(at: np.ndarray, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        return pl.DataFrame({
+            "src": src[at] if isinstance(src, np.ndarray) else np.full(len(at), src, dtype=np.uint32),
+            "seq": seq[at], "pid": col["pid"][at], "__pv": (valid[at] & (1 << 8)) != 0,
+            "ppid": col["__ppid"][at], "__ppv": (valid[at] & (1 << 7)) != 0,
+            "cwd": [uniques[k] if k >= 0 else None for k in cwd[at].tolist()],
+            "hhash": [uniques[k] if k >= 0 else None for k in hhash[at].tolist()],
+        }, schema_overrides={"cwd": _STR, "hhash": _STR}).select(
+            pl.col(c).cast(dt) if c not in ("pid", "ppid")
+            else pl.when(pl.col("__pv" if c == "pid" else "__ppv")).then(pl.col(c)).cast(dt).alias(c)
+            for c, dt in schema.items())
+
+    starts, hosts = few(special[:nstarts], _STARTS_SCHEMA), few(special[n:n + nhosts], _HOSTS_SCHEMA)
     beyond: dict[int, int] = {}
-    out_of_range = np.zeros(sl.stop - sl.start, dtype=bool)
-    for c in _NARROW:
-        k = _NATIVE_INTS.index(c)
-        if any_mask & (1 << k):
+    if beyond_rows:
+        mask = imask[sl]
+        out_of_range = np.zeros(n, dtype=bool)
+        for c in _NARROW:
+            k = _NATIVE_INTS.index(c)
             v = ints[k, sl]
             out_of_range |= ((mask >> k) & 1).astype(bool) & ((v < _I32_MIN) | (v > _I32_MAX))
-    if out_of_range.any():
-        srcs = src[out_of_range] if isinstance(src, np.ndarray) else np.full(int(out_of_range.sum()), src)
-        beyond = {int(s_): int(n) for s_, n in zip(*np.unique(srcs, return_counts=True), strict=True)}
-    return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, beyond
+        srcs_out = src[out_of_range] if isinstance(src, np.ndarray) else np.full(int(out_of_range.sum()), src)
+        beyond = {int(s_): int(k) for s_, k in zip(*np.unique(srcs_out, return_counts=True), strict=True)}
+    return rows, starts, hosts, beyond
 
 
 class _Compacted:
@@ -2504,11 +2549,19 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
 
     (src, seq) is unique per row. When (ts, src, seq) packs into one non-negative Int64,
     numpy argsorts the packed keys (its stable sort merges the runs the rows already
-    come in: each layout group is in line order); otherwise a three-key argsort.
+    come in: each layout group is in line order); otherwise a three-key argsort. The
+    ``seq`` of a byte range's rows (range ``k << 32`` plus the line in the range) packs as
+    ``k`` above as many bits as the longest range's lines need.
     """
     tmin, tmax = _int_stat(ev["ts"].min()), _int_stat(ev["ts"].max())
     b_src = max(_int_stat(ev["src"].max()) or 0, 1).bit_length()
-    b_seq = max(_int_stat(ev["seq"].max()) or 0, 1).bit_length()
+    seq_max = _int_stat(ev["seq"].max()) or 0
+    b_line = 0  # ranges: bits of the line within a range (0: seq packs as it is)
+    if seq_max >> 32 and (_int_stat(ev["seq"].min()) or 0) >= 0:
+        b_line = max(_int_stat(ev.select((pl.col("seq") & 0xFFFFFFFF).max()).item()) or 0, 1).bit_length()
+        b_seq = (seq_max >> 32).bit_length() + b_line
+    else:
+        b_seq = max(seq_max, 1).bit_length()
     span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
     if span.bit_length() + b_src + b_seq > _PACK_BITS or (_int_stat(ev["seq"].min()) or 0) < 0:
         order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
@@ -2524,7 +2577,16 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     key <<= b_src + b_seq
     if _int_stat(ev["src"].max()):  # (a part of one file, src 0, adds nothing)
         key |= ev["src"].to_numpy().astype(np.int64) << b_seq
-    key |= ev["seq"].to_numpy()
+    seq = ev["seq"].to_numpy()
+    if b_line:  # one temporary at a time
+        part = seq >> 32
+        part <<= b_line
+        key |= part
+        np.bitwise_and(seq, 0xFFFFFFFF, out=part)
+        key |= part
+        del part
+    else:
+        key |= seq
     return np.argsort(key, kind="stable")
 
 
