@@ -38,8 +38,7 @@ offsets, :func:`_split_file`):
    :func:`_native_compact`, the Python path's by :func:`_compact`, both as
    :func:`_compact_exprs` defines them): the rows kept are :data:`CHUNK_SCHEMA` (strings
    Categorical, sizes computed, the file-position inputs narrowed); ``start`` records and
-   first host hashes are set aside per process, and the rows and bytes per (file, pid, file
-   hash, path, name, category) counted for the summary (:func:`_batch_counts`).
+   first host hashes are set aside per process.
 
 **Resolve per file** (:func:`_resolve`, in the same job for whole files; for the ranges of
 a split file once they are all parsed, :func:`resolve_ranges`, which first checks the
@@ -59,8 +58,8 @@ file) (each is in order already), and the :data:`~dlreplay.schema.EVENT_SCHEMA` 
 code). Columns are gathered a few at a time, their sources dropped before the next, so
 the rows are never held twice; the event table is compact (no string per event:
 Categorical names, categories, files, hosts and sources; Int32 where values fit). The
-summary's per-(file, host, pid) table (:attr:`LoadedTrace.per_process`) is built from the
-batches' counts, over integer file and process keys.
+summary's per-(file, host, pid) table (:attr:`LoadedTrace.per_process`) is counted over
+integer file and process keys.
 
 Units: ``ts``/``dur`` microseconds (a ``CM`` time metric of ``NS``/``MS``/``S`` is
 converted), sizes and offsets bytes.
