@@ -38,6 +38,9 @@
  * text_info(text) -> (newlines, valid): the number of "\n" bytes of text and whether it is
  * valid UTF-8 (the check scan makes), in one pass.
  *
+ * compact(...) turns scan's event rows into a parsed batch's columns, and file_offsets(...)
+ * reconstructs file positions (both documented where they are defined).
+ *
  * The scan runs without the GIL: several texts can be scanned in parallel threads.
  */
 #define PY_SSIZE_T_CLEAN

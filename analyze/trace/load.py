@@ -1114,8 +1114,6 @@ PARSER_ENV = "DLREPLAY_PARSER"
 _NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "whence", "flags", "ppid",
                 "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads", "tensors")
 _NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
-#: Raw int columns that :func:`_compact_exprs` passes through unchanged.
-_PASSED_THROUGH = ("ts", "dur", "ret", "image_idx", "batch_size")
 
 
 def native_parser_available() -> bool:
