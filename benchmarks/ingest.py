@@ -22,10 +22,11 @@ machine load:
   each phase (after its imports) and its peak RSS (``VmHWM``) minus its RSS after the
   imports, per event.
 
-Printed per (trace, N): both rates (events/s; best and median run), their ratio, and the
+Printed per (trace, N): both rates (events/s; best and median run), their ratio, the
 peak bytes per event of the load + summarize and of the whole analysis: over the RSS after
 the imports, and over that plus the fixed cost of a process that has analysed any trace
-(the peak of a few-thousand-event trace's analysis, printed in MiB).
+(the peak of a few-thousand-event trace's analysis, printed in MiB), and the CPU time (user
+and system) and minor page faults of the load + summarize (medians).
 Targets (issue #19): >= 0.5x N parallel ``gzip -dc`` on N cores, >= 1.0x one ``gzip -dc``
 on 2 cores, <= 200 bytes per event at peak.
 
@@ -187,7 +188,7 @@ def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> lis
 
 
 CHILD = r"""
-import json, os, sys, time
+import json, os, resource, sys, time
 cores = int(sys.argv[2])
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
 def rss(key):
@@ -199,15 +200,19 @@ from dlreplay.analyze import load_trace, summarize
 from dlreplay.analyze.findings import find
 from dlreplay.analyze.passes import characterize
 base = rss("VmRSS")
+u0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 loaded = load_trace(sys.argv[1], jobs=cores)
 t1 = time.perf_counter()
 summarize(loaded.events, per_process=loaded.per_process)
 t2 = time.perf_counter()
+u1 = resource.getrusage(resource.RUSAGE_SELF)
 peak_load = rss("VmHWM")
 find(characterize(loaded.events, manifest=loaded.manifest, per_process=loaded.per_process))
 t3 = time.perf_counter()
 print(json.dumps({"events": loaded.events.height, "load": t1 - t0, "summarize": t2 - t1, "passes": t3 - t2,
+                  "user": u1.ru_utime - u0.ru_utime, "sys": u1.ru_stime - u0.ru_stime,
+                  "faults": u1.ru_minflt - u0.ru_minflt,
                   "base": base, "peak_load": peak_load, "peak": rss("VmHWM"),
                   "table": loaded.events.estimated_size()}))
 """
@@ -320,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  above the fixed cost : {per_load - fixed / ev:6.0f} load + summarize, {per_all - fixed / ev:6.0f} "
                   f"whole analysis (fixed: {fixed / 2**20:.0f} MiB, the whole analysis of a "
                   f"{_SMALL.name} trace; the same in a process of any trace size)")
+            print(f"  CPU of load + summ.  : {statistics.median(r['user'] for r in an):.2f} s user, "
+                  f"{statistics.median(r['sys'] for r in an):.2f} s system, "
+                  f"{statistics.median(r['faults'] for r in an):,.0f} page faults (median; system time is mostly "
+                  f"the faults of memory returned between stages and used again)")
             sys.stdout.flush()
     return 0
 
