@@ -1942,16 +1942,16 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
     maps the string codes to categories."""
     assert _NATIVE is not None
     n = sl.stop - sl.start
-    outs = tuple(np.empty(2 * n if c == "__special" else n, dtype=dt)
-                 for c, dt in (*((c, dt) for c, dt, _ in _COMPACT_OUT), ("__valid", np.uint32), ("__special", np.int64)))
+    col = {c: np.empty(n, dtype=dt) for c, dt, _ in _COMPACT_OUT}
+    valid, special = np.empty(n, dtype=np.uint32), np.empty(2 * n, dtype=np.int64)
     srcs = src.astype(np.uint32, copy=False) if isinstance(src, np.ndarray) else _EMPTY_U32
     vand, vor, beyond_rows, nstarts, nhosts = _NATIVE.compact(ints, imask, strs, sl.start, sl.stop, op_of, sflag,
-                                                               srcs, outs)
-    valid, special = outs[-2], outs[-1]
+                                                               srcs, (*col.values(), valid, special))
     data: dict[str, np.ndarray] = {"__v": valid}
     exprs: dict[str, pl.Expr] = {}
     cats = None
-    for (c, _, bit), arr in zip(_COMPACT_OUT, outs, strict=False):
+    for c, _, bit in _COMPACT_OUT:
+        arr = col[c]
         if c == "__ppid":
             continue
         if c in _CODE_COLUMNS:
@@ -1982,7 +1982,6 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
     rows = pl.DataFrame(data).select(*(exprs[c].alias(c) for c in CHUNK_SCHEMA))
     del data, exprs
     # the processes' start records and first host hashes: a few rows each
-    col = {c: arr for (c, _, _), arr in zip(_COMPACT_OUT, outs, strict=False)}
     cwd, hhash = strs[_NATIVE_STRS.index("cwd"), sl], strs[_NATIVE_STRS.index("hhash"), sl]
 
     def few(at: np.ndarray, schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -2555,15 +2554,15 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     """
     tmin, tmax = _int_stat(ev["ts"].min()), _int_stat(ev["ts"].max())
     b_src = max(_int_stat(ev["src"].max()) or 0, 1).bit_length()
-    seq_max = _int_stat(ev["seq"].max()) or 0
+    seq_max, seq_min = _int_stat(ev["seq"].max()) or 0, _int_stat(ev["seq"].min()) or 0
     b_line = 0  # ranges: bits of the line within a range (0: seq packs as it is)
-    if seq_max >> 32 and (_int_stat(ev["seq"].min()) or 0) >= 0:
+    if seq_max >> 32 and seq_min >= 0:
         b_line = max(_int_stat(ev.select((pl.col("seq") & 0xFFFFFFFF).max()).item()) or 0, 1).bit_length()
         b_seq = (seq_max >> 32).bit_length() + b_line
     else:
         b_seq = max(seq_max, 1).bit_length()
     span = 1 if tmin is None or tmax is None else tmax - tmin + 2  # +1 for null ts
-    if span.bit_length() + b_src + b_seq > _PACK_BITS or (_int_stat(ev["seq"].min()) or 0) < 0:
+    if span.bit_length() + b_src + b_seq > _PACK_BITS or seq_min < 0:
         order = ev.select(pl.arg_sort_by(pl.col("ts").fill_null((tmax or 0) + 1), "src", "seq"))
         return order.to_series().to_numpy().astype(np.int64)
     # built in place: one array of 8 B/event besides the argsort's (numpy's temporaries
