@@ -310,8 +310,11 @@ def test_sleep_accuracy_au(tmp_path):
     data = tmp_path / "d"
     # Up to 3 runs: on a VM, hypervisor CPU steal can stretch single sleeps by tens of ms
     # (measured here: up to 68 ms on a 50 ms sleep); a systematic error fails every run.
-    # Steal lowers the AU itself too (the window stretches, the AU still matches the
-    # modelled share: a CI run saw 95.9 %), so a run must pass both to end the retries.
+    # Steal lowers the AU itself too: the window stretches while the AU still matches the
+    # modelled share (CI runs saw 95.9 % and, three runs in a row, 97.5 %; a quiet machine
+    # gives 99.0-99.4 %). So the AU's own bound only catches time lost per step (a step
+    # losing 5 ms outside its sleep and its measured wait gives 90 %), and a run must pass
+    # both to end the retries.
     errors = []
     for attempt in range(3):
         res = run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / f"o{attempt}", trace=False,
@@ -319,10 +322,10 @@ def test_sleep_accuracy_au(tmp_path):
         o = res.metrics["overall"]
         modelled_share = 100.0 * o["modelled_compute_s"] / o["window_s"]
         errors.append(abs(o["au_percent"] - modelled_share))
-        if errors[-1] < 1.0 and o["au_percent"] > 98.0:
+        if errors[-1] < 1.0 and o["au_percent"] > 90.0:
             break
     assert min(errors) < 1.0, errors
-    assert o["au_percent"] > 98.0
+    assert o["au_percent"] > 90.0
     assert abs(o["compute_s"] - 11 * 0.05) < 0.011 * 11 * 0.05 + 0.002  # 11 steps in the AU window
     assert res.metrics["pass"] is True
 
