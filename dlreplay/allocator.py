@@ -19,12 +19,16 @@ simply keeps more memory; ``DLREPLAY_RELEASE_MEMORY=0`` turns it off.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import mmap
 import os
 import struct
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,10 +54,15 @@ _mallctl: Any = None
 _trim: Any = None
 
 
-def _symbols(path: str, wanted: tuple[bytes, ...]) -> dict[bytes, tuple[int, int, int]]:
-    """(value, size, file offset) of the function symbols ``wanted`` in the ``.symtab`` of the
-    64-bit little-endian ELF file ``path`` (empty where it has none)."""
-    found: dict[bytes, tuple[int, int, int]] = {}
+def _symbols(path: str, wanted: tuple[bytes, ...], at: dict[bytes, int] | None = None
+             ) -> dict[bytes, tuple[int, int, int, int]]:
+    """(value, size, file offset, index in the table) of the function symbols ``wanted`` in
+    the ``.symtab`` of the 64-bit little-endian ELF file ``path`` (empty where it has none).
+
+    ``at``: where each symbol was found before (its index): only those entries are read
+    and checked (their names, read from the file's string table, must be the wanted
+    ones), instead of searching the whole table."""
+    found: dict[bytes, tuple[int, int, int, int]] = {}
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         if mm[:6] != b"\x7fELF\x02\x01":
             return found
@@ -67,42 +76,126 @@ def _symbols(path: str, wanted: tuple[bytes, ...]) -> dict[bytes, tuple[int, int
                 continue
             strtab = secs[sec[6]]
             s0, s1 = strtab[4], strtab[4] + strtab[5]
-            names: dict[int, bytes] = {}
-            for name in wanted:
-                at = mm.find(b"\0" + name + b"\0", s0, s1)
-                if at >= 0:
-                    names[at + 1 - s0] = name
-            if not names:
-                continue
-            # a copy of the symbol table (4.7 MB for polars 1.x), not a view of the mapping: a
-            # view held past this loop (a sampling profiler's frame of np.isin, as Dask's
-            # workers run one) made the mapping's close raise BufferError
-            table = np.frombuffer(mm[sec[4]:sec[4] + (sec[5] // _SYM.size) * _SYM.size], dtype=_SYM_DTYPE)
-            for k in np.flatnonzero(np.isin(table["name"], list(names))):
-                st_name, info, _other, shndx, value, size = (int(x) for x in table[k].tolist())
+            count = min(sec[5], len(mm) - sec[4]) // _SYM.size
+            if at is not None:
+                entries = [(k, name, _SYM.unpack_from(mm, sec[4] + k * _SYM.size))
+                           for name, k in at.items() if name in wanted and 0 <= k < count]
+                # each entry must name its symbol (the name's bytes and its end, in the file)
+                entries = [(k, name, e) for k, name, e in entries
+                           if mm[s0 + e[0]:min(s0 + e[0] + len(name) + 1, s1)] == name + b"\0"]
+            else:
+                names: dict[int, bytes] = {}
+                for name in wanted:
+                    hit = mm.find(b"\0" + name + b"\0", s0, s1)
+                    if hit >= 0:
+                        names[hit + 1 - s0] = name
+                if not names:
+                    continue
+                # a copy of the symbol table (4.7 MB for polars 1.x), not a view of the mapping:
+                # a view held past this loop (a sampling profiler's frame of np.isin, as Dask's
+                # workers run one) made the mapping's close raise BufferError
+                table = np.frombuffer(mm[sec[4]:sec[4] + count * _SYM.size], dtype=_SYM_DTYPE)
+                entries = [(int(k), names[int(table["name"][k])], tuple(int(x) for x in table[k].tolist()))
+                           for k in np.flatnonzero(np.isin(table["name"], list(names)))]
+                del table
+            for k, name, (_st_name, info, _other, shndx, value, size) in entries:
                 if info & 0xF == _STT_FUNC and 0 < shndx < shnum and size:
                     code = secs[shndx]
-                    found[names[st_name]] = (value, size, value - code[3] + code[4])
-            del table
+                    found[name] = (value, size, value - code[3] + code[4], k)
         return found
 
 
+_ANCHOR = b"PyInit__polars_runtime"
+_WANTED = (b"_rjem_mallctl", _ANCHOR)
+
+
+def _cache_file() -> Path:
+    """Where :func:`_find_mallctl` keeps where it found its symbols in each runtime library."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dlreplay" / "jemalloc-symbols.json"
+
+
+def _file_key(path: str) -> str:
+    """The identity of the library file ``path``: any rebuild or reinstall changes it."""
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def _kept_indices(key: str) -> dict[bytes, int] | None:
+    """The symbol table indices of :data:`_WANTED` found before in the file of ``key``, or
+    None (none kept, or unreadable). Only a hint: :func:`_symbols` checks them in the file."""
+    try:
+        kept = json.loads(_cache_file().read_text()).get(key)
+        return {name: int(kept[name.decode()]) for name in _WANTED}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _keep_symbols(key: str, syms: dict[bytes, tuple[int, int, int, int]]) -> None:
+    """Keep the table indices of ``syms`` for the file of ``key`` (written whole or not at all; errors ignored:
+    the next process searches the symbol table again)."""
+    target = _cache_file()
+    tmp: str | None = None
+    try:
+        try:
+            kept = json.loads(target.read_text())
+            kept = kept if isinstance(kept, dict) else {}
+        except (OSError, ValueError):
+            kept = {}
+        # one entry per library path: a reinstalled polars replaces its own
+        path = key.rsplit(":", 3)[0]
+        kept = {k: v for k, v in kept.items() if k.rsplit(":", 3)[0] != path}
+        kept[key] = {name.decode(): v[3] for name, v in syms.items()}
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".jemalloc-symbols.")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(kept, fh)
+        os.replace(tmp, target)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def _find_mallctl() -> Any:
-    """polars' jemalloc ``mallctl`` as a ctypes function, or None."""
+    """polars' jemalloc ``mallctl`` as a ctypes function, or None.
+
+    The symbol table of polars' runtime library is 40 MB: searching it took 50-110 ms of
+    every process's first load (7 % of loading a 2 M-event trace on 2 cores). What it
+    finds is kept per library file (path, size, mtime, inode) in the user's cache
+    directory as the symbols' indices in the table: the next process reads those two
+    entries and checks their names in the file (and, as always, that the code at the
+    address is the bytes the file holds there); if any check fails it searches again.
+    """
     runtime = sys.modules.get("polars._plr")
     path = getattr(runtime, "__file__", None)
     if not path or not path.endswith(".so") or not sys.platform.startswith("linux"):
         return None
-    anchor = b"PyInit__polars_runtime"
-    syms = _symbols(path, (b"_rjem_mallctl", anchor))
+    key = _file_key(path)
+    hint = _kept_indices(key)
+    fn = _checked_mallctl(path, _symbols(path, _WANTED, hint)) if hint is not None else None
+    if fn is None:
+        syms = _symbols(path, _WANTED)
+        fn = _checked_mallctl(path, syms)
+        if fn is not None:
+            _keep_symbols(key, syms)
+    return fn
+
+
+def _checked_mallctl(path: str, syms: dict[bytes, tuple[int, int, int, int]]) -> Any:
+    """``mallctl`` at the place ``syms`` give in the loaded library ``path``, or None where
+    that is not the code the file holds for it, or not jemalloc 5."""
     if len(syms) != 2:
         return None
     lib = ctypes.CDLL(path)  # the library already loaded: dlopen returns its handle
-    bias = ctypes.cast(getattr(lib, anchor.decode()), ctypes.c_void_p).value
+    bias = ctypes.cast(getattr(lib, _ANCHOR.decode()), ctypes.c_void_p).value
     if bias is None:
         return None
-    bias -= syms[anchor][0]
-    value, _size, offset = syms[b"_rjem_mallctl"]
+    bias -= syms[_ANCHOR][0]
+    value, _size, offset, _k = syms[b"_rjem_mallctl"]
     with open(path, "rb") as fh:
         fh.seek(offset)
         expected = fh.read(32)

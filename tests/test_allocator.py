@@ -129,3 +129,83 @@ def test_finding_mallctl_survives_a_held_view_of_the_symbol_table(monkeypatch) -
     monkeypatch.setattr(allocator.np, "isin", isin)
     found = allocator._symbols(path, (b"_rjem_mallctl",))
     assert held and b"_rjem_mallctl" in found
+
+
+def _runtime_library() -> str:
+    import polars  # noqa: F401
+
+    path = getattr(sys.modules.get("polars._plr"), "__file__", None)
+    if not path or not path.endswith(".so") or not sys.platform.startswith("linux"):
+        pytest.skip("polars' runtime is not an ELF shared library here")
+    return path
+
+
+def test_found_symbols_are_kept_per_library_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Searching the runtime's 40 MB symbol table cost every process 50-110 ms; what it found is
+    kept in the cache directory by library file and used, without the search, by the next."""
+    from dlreplay import allocator
+
+    path = _runtime_library()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert allocator._find_mallctl() is not None
+    kept = json.loads((tmp_path / "dlreplay" / "jemalloc-symbols.json").read_text())
+    assert list(kept) == [allocator._file_key(path)]
+    assert set(kept[allocator._file_key(path)]) == {"_rjem_mallctl", "PyInit__polars_runtime"}
+    real = allocator._symbols
+
+    def no_search(path, wanted, at=None):
+        assert at is not None, "the symbol table was searched although where to look was kept"
+        return real(path, wanted, at)
+
+    monkeypatch.setattr(allocator, "_symbols", no_search)
+    assert allocator._find_mallctl() is not None
+    assert real(path, allocator._WANTED, {b"_rjem_mallctl": kept[allocator._file_key(path)]["_rjem_mallctl"]}) \
+        == {b"_rjem_mallctl": real(path, allocator._WANTED)[b"_rjem_mallctl"]}
+
+
+@pytest.mark.parametrize("kept", ["garbage", "another symbol", "out of the table", "empty entry"])
+def test_a_bad_kept_entry_is_never_called_and_is_replaced(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                          kept: str) -> None:
+    """A damaged or stale cache is only a hint: the kept indices are used only where the
+    file's own symbol table names the wanted symbols there; otherwise the table is searched
+    again and the entry rewritten."""
+    from dlreplay import allocator
+
+    path = _runtime_library()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "dlreplay" / "jemalloc-symbols.json"
+    cache.parent.mkdir(parents=True)
+    right = allocator._symbols(path, allocator._WANTED)
+    key = allocator._file_key(path)
+    anchor = right[allocator._ANCHOR][3]
+    if kept == "garbage":
+        cache.write_bytes(b"\x00{not json")
+    elif kept == "another symbol":  # the entry next to mallctl's: a function of its own
+        cache.write_text(json.dumps({key: {"_rjem_mallctl": right[b"_rjem_mallctl"][3] + 1,
+                                           "PyInit__polars_runtime": anchor}}))
+    elif kept == "out of the table":
+        cache.write_text(json.dumps({key: {"_rjem_mallctl": 1 << 40, "PyInit__polars_runtime": -1}}))
+    else:
+        cache.write_text(json.dumps({key: {}}))
+    searched = []
+    real = allocator._symbols
+
+    def counting(path, wanted, at=None):
+        searched.append(at is None)
+        return real(path, wanted, at)
+
+    monkeypatch.setattr(allocator, "_symbols", counting)
+    assert allocator._find_mallctl() is not None
+    assert searched[-1] is True and searched.count(True) == 1  # one full search, after the hint failed
+    assert json.loads(cache.read_text())[key] == {k.decode(): v[3] for k, v in right.items()}
+
+
+def test_an_unwritable_cache_directory_only_costs_the_search(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlreplay import allocator
+
+    _runtime_library()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    assert allocator._find_mallctl() is not None
+    assert blocker.read_text() == "not a directory" and list(tmp_path.iterdir()) == [blocker]
