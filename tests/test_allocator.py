@@ -72,6 +72,49 @@ print(json.dumps({"available": A.releaser_available(), "held": held, "freed": fr
 """
 
 
+LARGE_PROBE = """
+import json, sys
+import dlreplay.allocator as A
+import polars as pl
+
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4096
+
+def freed_columns():
+    cols = [pl.int_range(0, 3_000_000 + i, eager=True) * 2 for i in range(12)]  # 24 MB each: ~290 MB
+    held = rss()
+    del cols
+    return held
+
+out = {}
+held = freed_columns()
+A.release_free_memory(keep_large=True)
+out["kept"] = (held, rss())
+held = freed_columns()  # built again in the kept pages
+out["reused"] = (held, rss())
+A.release_free_memory()
+out["released"] = rss()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux")
+def test_between_steps_the_arena_of_large_blocks_is_kept() -> None:
+    """Whole columns (blocks of 8 MiB and more) live in one jemalloc arena that every thread
+    shares: between the steps of a load it is not purged, so the next step builds its
+    columns in those pages instead of faulting new ones; at a stage's end it is."""
+    env = {**os.environ, dlreplay.JEMALLOC_ENV: "dirty_decay_ms:-1,muzzy_decay_ms:-1"}
+    out = subprocess.run([sys.executable, "-c", LARGE_PROBE], env=env,
+                         capture_output=True, text=True, check=True, timeout=120)
+    got = json.loads(out.stdout)
+    held, kept = got["kept"]
+    assert kept > held - (50 << 20)  # the 290 MB stayed
+    held2, after = got["reused"]
+    assert held2 < held + (50 << 20)  # and were used again, not added to
+    assert got["released"] < after - (200 << 20)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux")
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_release_free_memory_returns_polars_pages(setting: str) -> None:

@@ -332,7 +332,7 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     """
     files, manifest = _find_inputs(path)
     parts: list[TracePart | RangePart] = list(parse_parts(files, jobs=jobs))
-    release_free_memory()  # the parse's buffers, before the merge builds the table
+    release_free_memory(keep_large=True)  # the parse's buffers, before the merge builds the table
     loaded = _combine_owned(parts, [p.name for p in files])
     release_free_memory()  # the merge's, before the passes
     return dataclasses.replace(loaded, manifest=manifest)
@@ -2094,7 +2094,7 @@ def _resolve(compacted: _Compacted, *, alone: bool = False
     rows = rows.with_columns(pidx.alias("__p"))
     order = _output_order(rows)
     if alone:
-        release_free_memory()  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
+        release_free_memory(keep_large=True)  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
     offset = _offsets(rows, order, release=alone)
     # the columns only the order and the offsets needed go before the gather (22 B/event
     # that the gather's peak held)
@@ -2102,7 +2102,7 @@ def _resolve(compacted: _Compacted, *, alone: bool = False
     kept: list[np.ndarray | None] = [order]
     del rows, order
     if alone:
-        release_free_memory()
+        release_free_memory(keep_large=True)
     out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
     out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
     return out, processes, fh, _part_counts(out), markers
@@ -2133,7 +2133,7 @@ def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None
         freed = sub.estimated_size()
         del sub
         if freed >= _RELEASE_BYTES:
-            release_free_memory()  # the source columns, before the next group is built in another arena
+            release_free_memory(keep_large=True)  # the source columns, before the next group is built in another arena
     return pl.DataFrame(out)
 
 
@@ -2272,7 +2272,7 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     out = _gather(held, order, list(PART_SCHEMA))
     procs = tables.processes
     file = _file_column(out, tables)
-    release_free_memory()  # the gather's last group and the file lookup's, before the new columns
+    release_free_memory(keep_large=True)  # the gather's last group and the file lookup's, before the new columns
     table = out.select(
         "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
@@ -2379,7 +2379,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     del pidx, per_p
     per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
     per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
-    release_free_memory()
+    release_free_memory(keep_large=True)
     events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
     # processes or roles other than the raw rows said: the per-process table is counted
     # again, by role, where it is used (TraceView.per_process, summarize)
@@ -2622,7 +2622,7 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.S
                              values, valid)
         del proc, fcode
         if release:  # the inputs' copies, before the column is built beside the values
-            release_free_memory()
+            release_free_memory(keep_large=True)
         return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
     io = (pl.col("pos") & _POS_IO) != 0
     stream = (pl.col("__sp").cast(pl.Int64) * 2
