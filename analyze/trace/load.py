@@ -1985,6 +1985,8 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
     cwd, hhash = strs[_NATIVE_STRS.index("cwd"), sl], strs[_NATIVE_STRS.index("hhash"), sl]
 
     def few(at: np.ndarray, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        if not len(at):  # (most batches hold no start record: 1-2 ms a frame otherwise)
+            return pl.DataFrame(schema=schema)
         return pl.DataFrame({
             "src": src[at] if isinstance(src, np.ndarray) else np.full(len(at), src, dtype=np.uint32),
             "seq": seq[at], "pid": col["pid"][at], "__pv": (valid[at] & (1 << 8)) != 0,
