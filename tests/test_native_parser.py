@@ -305,15 +305,37 @@ def _trace(draw: st.DrawFn) -> list[bytes]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
-@given(lines=_trace(), members=st.integers(1, 3), cut=st.one_of(st.none(), st.integers(1, 10**6)))
+@given(lines=_trace(), members=st.integers(1, 3), cut=st.one_of(st.none(), st.integers(1, 10**6)),
+       batch=st.one_of(st.none(), st.integers(200, 4000)))
 def test_random_lines_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[bytes],
-                                       members: int, cut: int | None) -> None:
+                                       members: int, cut: int | None, batch: int | None) -> None:
+    """``batch``: text per parse batch (bytes); small, one file is scanned in many batches
+    into the same reused scanner buffers, which must leave nothing of one batch in the next."""
     data = gz_members(lines, members)
     if cut is not None:
         data = data[:cut]
     path = tmp_path / "r.pfw.gz"
     path.write_bytes(data)
+    if batch is not None:
+        monkeypatch.setattr(LOAD, "_CHUNK_BYTES", batch)
     assert_same(*load_both(path, monkeypatch))
+
+
+def test_scanner_buffers_are_reused_by_a_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One parse job scans its batches into one kept mapping (not a new one per batch), and
+    the table is the one of whole-file batches and of the Python path."""
+    shutil.copytree(SRC, tmp_path / "trace")
+    whole = load_trace(tmp_path / "trace", jobs=1)
+    scans: list[int] = []
+    mapped: list[int] = []
+    real_scan, real_map = LOAD._scan, LOAD.anonymous_map
+    monkeypatch.setattr(LOAD, "_scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    monkeypatch.setattr(LOAD, "anonymous_map", lambda n: mapped.append(n) or real_map(n))
+    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 16 << 10)
+    native, python = load_both(tmp_path / "trace", monkeypatch, jobs=1)
+    assert len(scans) >= 10 and len(mapped) <= len(scans) / 3  # a new mapping only for a larger batch
+    assert_same(native, whole)
+    assert_same(native, python)
 
 
 # --------------------------------------------------------------------------- the scanner itself

@@ -1144,6 +1144,7 @@ class _NativeBatch:
         self.pending: list[list[_Seg]] = []
         #: (src, line number in the inner batch's text, line number in the file) of rejected lines
         self.remap: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.buffers = _ScanBuffers()
 
     def add_pieces(self, src: int, seq0: int, text: list[_Piece], stats: _Stats) -> int:
         """Add the text of pieces ``text`` (complete lines of file ``src`` from line ``seq0``);
@@ -1169,7 +1170,7 @@ class _NativeBatch:
         scanned = _scan([seg[2] for seg in segs], int(counts.sum()), first,
                         np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
                         np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True,
-                        compact=True)
+                        compact=True, buffers=self.buffers)
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
         events, meta, per_seg, rejected = scanned
@@ -1223,22 +1224,45 @@ class _NativeBatch:
         self.rest.events, self.rest.meta, self.remap = [], [], []
 
 
+class _ScanBuffers:
+    """The C scanner's output buffers, kept by one :class:`_NativeBatch` for all its scans.
+
+    Nothing built from a scan views them (:func:`_native_frame` and
+    :func:`_native_compact` copy what they keep; the scanner writes each row's masks and
+    string codes, and the integers its mask marks, which are the only ones read), so the
+    next scan can overwrite them. A fresh mapping per scan had the kernel zero ~13 MB of
+    huge pages for every 16 MiB batch (4-10 % of the parse's CPU time on a VM); the batch,
+    and so the buffers, go with the parse job, before the rows are resolved.
+    """
+
+    def __init__(self) -> None:
+        self._buf: mmap.mmap | None = None
+
+    def get(self, nbytes: int) -> mmap.mmap:
+        """A mapping of at least ``nbytes`` bytes (the kept one when it is large enough)."""
+        if self._buf is None or len(self._buf) < nbytes:
+            self._buf = None  # (the old one goes first)
+            self._buf = anonymous_map(nbytes)
+        return self._buf
+
+
 def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, srcs: np.ndarray,
-          seq0s: np.ndarray, checked: bool = False,
-          compact: bool = False) -> tuple[Any, pl.DataFrame, np.ndarray, np.ndarray] | None:
+          seq0s: np.ndarray, checked: bool = False, compact: bool = False,
+          buffers: _ScanBuffers | None = None) -> tuple[Any, pl.DataFrame, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (one buffer, or a list of buffers of complete lines scanned as one text;
     segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line ``seq0s[k]``) with
     the C scanner: (event rows, metadata rows, accepted lines per segment, rejected lines as
     rows of (line in the whole text, start, end in the line's own buffer)); None when
     ``text`` is not valid UTF-8 (not checked again when ``checked``: the caller found it valid).
-    With ``compact``, the event rows come compacted (:func:`_native_compact`; None when none)."""
+    With ``compact``, the event rows come compacted (:func:`_native_compact`; None when none).
+    ``buffers``: where the scanner writes (reused from scan to scan; else a new mapping)."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
-    # The output buffers are one anonymous mapping, unmapped when the last array viewing
-    # it goes (the frames built from them view them, zero-copy). Large short-lived
-    # malloc'd buffers would raise glibc's mmap threshold and fragment the heap across
-    # loads (peak RSS grew ~15% per repeated load).
-    scratch = anonymous_map(cap * (ni * 8 + 4 + ns * 4 + 8))
+    # The output buffers are one anonymous mapping (large short-lived malloc'd buffers
+    # would raise glibc's mmap threshold and fragment the heap across loads: peak RSS grew
+    # ~15% per repeated load), unmapped when the last array viewing it goes.
+    need = cap * (ni * 8 + 4 + ns * 4 + 8)
+    scratch = buffers.get(need) if buffers is not None else anonymous_map(need)
     ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
     imask = np.frombuffer(scratch, dtype=np.uint32, count=cap, offset=ni * cap * 8)
     strs = np.frombuffer(scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4).reshape(ns, cap)
