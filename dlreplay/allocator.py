@@ -14,8 +14,8 @@ One jemalloc arena is left alone: the one that serves every thread's blocks of 8
 more (``opt.oversize_threshold``: whole columns of a few million rows). Being shared, what
 one stage frees there the next reuses from any thread, so purging it bought no lower peak,
 only page faults: loading the ingest benchmark's 2 M-event traces faulted 15-47 k pages
-fewer (of 220-260 k) and took 2-4 % less time with it kept, at the same peak (within
-2 bytes an event; medians of 4-8 runs). The per-thread arenas of smaller blocks (the parse
+fewer (of 220-260 k) and took 2-6 % less time with it kept, at the same peaks (within
+6 bytes an event; medians of 4-8 runs). The per-thread arenas of smaller blocks (the parse
 batches' columns, which one thread frees and another never reuses) are the ones emptied.
 
 polars does not export its jemalloc's ``mallctl``; the function is found in its runtime
@@ -143,8 +143,8 @@ def _kept_indices(key: str) -> dict[bytes, int] | None:
 
 
 def _keep_symbols(key: str, syms: dict[bytes, tuple[int, int, int, int]]) -> None:
-    """Keep the table indices of ``syms`` for the file of ``key`` (written whole or not at all; errors ignored:
-    the next process searches the symbol table again)."""
+    """Keep the table indices of ``syms`` for the file of ``key`` (the cache file is written
+    whole or not at all; errors are ignored: the next process searches the table again)."""
     target = _cache_file()
     tmp: str | None = None
     try:
@@ -275,7 +275,8 @@ def releaser_available() -> tuple[bool, bool]:
 
 
 def prepare_release() -> None:
-    """Find the allocators' functions now (once per process, ~50 ms). Finding ``mallctl``
+    """Find the allocators' functions now (once per process: ~1 ms, or ~50 ms where the
+    search's result is not kept yet, see :func:`_find_mallctl`). Searching for ``mallctl``
     maps polars' runtime library and reads its symbol table: about 40 MB of file pages
     count in the RSS for those milliseconds. A load calls this before it parses, while
     little memory is in use; found at the first release instead, inside a single-file
