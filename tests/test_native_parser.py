@@ -463,3 +463,28 @@ def test_file_offsets_in_c_match_the_polars_model(tmp_path_factory, events: list
         mp.setattr(LOAD, "_NATIVE", None)
         python = load_trace(d)
     assert_frame_equal(native.events, python.events)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.one_of(st.none(), st.integers(-5, 40)), st.integers(0, 3), st.integers(0, 60)),
+                     min_size=1, max_size=120, unique_by=lambda r: (r[1], r[2])),
+       ranged=st.booleans(), chunks=st.integers(1, 5), step=st.integers(1, 50))
+@example(rows=[(1, 2, 0), (2, 0, 0), (None, 1, 5), (1, 0, 7)], ranged=False, chunks=2, step=1)
+@example(rows=[(3, 1, 9), (3, 1, 4), (0, 3, 1), (None, 0, 2)], ranged=True, chunks=3, step=2)
+def test_output_order_is_the_three_key_sort(monkeypatch: pytest.MonkeyPatch, rows: list, ranged: bool,
+                                            chunks: int, step: int) -> None:
+    """The packed sort key, built a few rows at a time from slices of chunked columns (as the
+    parse batches leave them), orders rows as polars' sort by (ts with nulls last, src, seq)."""
+    monkeypatch.setattr(LOAD, "_KEY_STEP", step)
+    ts = [r[0] for r in rows]
+    src = [r[1] for r in rows]
+    seq = [((r[2] % 4) << 32) + r[2] // 4 if ranged else r[2] for r in rows]  # a range's lines: k << 32 | line
+    frame = pl.DataFrame({"ts": ts, "src": src, "seq": seq},
+                         schema={"ts": pl.Int64, "src": pl.UInt32, "seq": pl.Int64})
+    cuts = sorted({len(rows) * k // chunks for k in range(1, chunks)} - {0, len(rows)})
+    parts = [frame.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True)]
+    chunked = pl.concat(parts, rechunk=False) if len(parts) > 1 else frame
+    top = max((t for t in ts if t is not None), default=0)
+    want = frame.select(pl.arg_sort_by(pl.col("ts").fill_null(top + 1), "src", "seq")).to_series().to_numpy()
+    got = LOAD._output_order(chunked)
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
