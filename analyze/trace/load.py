@@ -2337,16 +2337,23 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
     # grouped by name and category codes first (the classes are computed on the groups),
     # on one packed integer key when the codes fit in 64 bits (twice as fast as five keys)
     keys = ("fhash", "__path", "__p", "name", "cat")
-    code = {c: pl.col(c).to_physical().cast(pl.UInt64) for c in keys}
-    tops = events.select(*(v.max().alias(c) for c, v in code.items())).row(0)
+    tops = events.select(*(pl.col(c).to_physical().max().alias(c) for c in keys)).row(0)
     bits = [(int(m) + 2).bit_length() if m is not None else 1 for m in tops]  # + a value for null
     if events.height and sum(bits) <= 64:
-        packed = pl.lit(0, dtype=pl.UInt64)
-        for v, nbits, top in zip(code.values(), bits, tops, strict=True):
-            packed = (packed * (1 << nbits)) + v.fill_null((int(top) + 1) if top is not None else 0)
-        first = events.group_by(packed.alias("__k")).agg(
+        # packed in place in one numpy array, a key's 32-bit codes at a time (as polars
+        # expressions, each step was a new 64-bit column: 31-44 ms against 21-24)
+        packed = np.zeros(events.height, dtype=np.uint64)
+        for c, nbits, top in zip(keys, bits, tops, strict=True):
+            codes = events[c].to_physical()
+            if codes.null_count():
+                codes = codes.fill_null((int(top) + 1) if top is not None else 0)
+            packed <<= np.uint64(nbits)
+            packed |= codes.to_numpy()
+            del codes
+        first = events.with_columns(pl.Series("__k", packed)).group_by("__k").agg(
             *(pl.col(c).first() for c in keys), pl.len().cast(pl.Int64).alias("n"),
             pl.col("size").fill_null(0).sum().alias("b")).drop("__k")
+        del packed
     else:
         first = events.group_by(*keys).agg(pl.len().cast(pl.Int64).alias("n"), pl.col("size").fill_null(0).sum().alias("b"))
     return first.group_by("fhash", "__path", "__p", row_class().alias("cls"), item.alias("item")).agg(
