@@ -192,6 +192,32 @@ def test_large_file_path_loads_identically(case: str, tmp_path: Path, monkeypatc
         assert not slow, "intact members fell back to zlib"
 
 
+def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a chunk of a large file's text is parsed, its mappings take the text decoded
+    next (here less than half as many mappings), and the table is still the one of the
+    ordinary path. (A gzip member is decoded whole into mappings: the file has 60.)"""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    for extra in trace.glob("*.pfw.gz"):
+        if extra.name != biggest():
+            extra.unlink()
+    (trace / biggest()).write_bytes(BAD_CASES["members-60"]())
+    ordinary = load_trace(trace)
+    monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
+    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 12 << 10)  # ~9 chunks a file (a slab is free 3 chunks on)
+    monkeypatch.setattr(pfw, "SLAB_BYTES", 4 << 10)
+    monkeypatch.setattr(pfw, "_PIECE_BYTES", 2 << 10)
+    made: list[int] = []
+    real_map = pfw.anonymous_map
+    monkeypatch.setattr(pfw, "anonymous_map", lambda n: made.append(n) or real_map(n))
+    assert_same(load_trace(trace), ordinary)
+    recycled = len(made)
+    made.clear()
+    monkeypatch.setattr(pfw.Slabs, "release", lambda self, through: None)
+    assert_same(load_trace(trace), ordinary)
+    assert recycled < len(made) / 2
+
+
 def test_empty_metadata_only_and_1x_files_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = tmp_path / "trace"
     shutil.copytree(SRC, trace)

@@ -775,8 +775,13 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool
         if not data:
             stats.problems.append("file is empty (0 bytes): the process wrote no trace")
         seq0 = job[4] << 32 if len(job) == 5 else 0  # type: ignore[misc]
-        chunks = _prefetched(data, stats) if len(data) >= _PREFETCH_BYTES else _text_chunks(data, stats)
+        # a large file's text is decoded ahead into slabs, written again once its chunks are
+        # flushed (nothing reads a chunk's text after its batch's flush)
+        slabs = Slabs(recycle=True) if len(data) >= _PREFETCH_BYTES else None
+        chunks = _prefetched(data, stats, slabs) if slabs is not None else _text_chunks(data, stats)
+        received = 0
         for text, damaged_after, cut in chunks:
+            received += 1
             body, tail = _split_tail(text)
             clean_end = not tail
             if tail:
@@ -791,8 +796,10 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool
             if damaged_after or cut or batch.nbytes >= _CHUNK_BYTES:
                 batch.flush()
                 rows.take(batch)
+                if slabs is not None:
+                    slabs.release(received - 1)
         done.append((src, path, len(data), stats))
-        del data, chunks  # the stored bytes are not needed any more (the resolve below is)
+        del data, chunks, slabs  # the stored bytes are not needed any more (the resolve below is)
     batch.flush()
     rows.take(batch)
     files = []
@@ -884,8 +891,11 @@ def _joined(text: list[_Piece]) -> bytes:
 _PREFETCH_BYTES = 2 << 20
 
 
-def _prefetched(data: bytes | PlainFile, stats: _Stats) -> Iterable[tuple[list[_Piece], bool, bool]]:
-    """:func:`_text_chunks`, decoded one chunk ahead in a helper thread.
+def _prefetched(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None
+                ) -> Iterable[tuple[list[_Piece], bool, bool]]:
+    """:func:`_text_chunks`, decoded one chunk ahead in a helper thread, into ``slabs``
+    (a new :class:`~dlreplay.pfw.Slabs` when None; the caller's when it releases the
+    chunks it has parsed).
 
     The helper counts into its own stats; what it counted up to each chunk is added to
     ``stats`` when that chunk is handed over, so problems keep the order of a
@@ -904,7 +914,7 @@ def _prefetched(data: bytes | PlainFile, stats: _Stats) -> Iterable[tuple[list[_
     def produce() -> None:
         seen = [0, 0, 0, 0]
         try:
-            for chunk in _text_chunks(data, mine, Slabs()):
+            for chunk in _text_chunks(data, mine, slabs if slabs is not None else Slabs()):
                 if stop.is_set():
                     return
                 q.put((chunk, delta(seen), None))
@@ -967,6 +977,8 @@ def _text_chunks(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = N
             size += hi - lo
         if damage:
             if pending:
+                if slabs is not None:
+                    slabs.seal([])
                 yield pending, True, False
             pending, size = [], 0
         elif size >= _CHUNK_BYTES:
@@ -976,15 +988,21 @@ def _text_chunks(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = N
                 j -= 1
             if j >= 0:
                 b, lo, hi = pending[j]
-                yield [*pending[:j], (b, lo, k + 1)], False, True
+                chunk = [*pending[:j], (b, lo, k + 1)]
                 pending = [x for x in [(b, k + 1, hi), *pending[j + 1:]] if x[2] > x[1]]
                 size = sum(x[2] - x[1] for x in pending)
+                if slabs is not None:
+                    slabs.seal(pending)  # (before the chunk goes: its parser may release it at once)
+                yield chunk, False, True
+                del chunk
             if size > _MAX_LINE_BYTES:  # what is left is one unfinished line, already too long
                 stats.drop(1, size)
                 stats.problems.append(f"dropped a line longer than {_MAX_LINE_BYTES >> 20} MiB (no trace event is; "
                                       f"garbage such as NUL bytes)")
                 pending, size, skipping = [], 0, True
     if pending:
+        if slabs is not None:
+            slabs.seal([])
         yield pending, False, False
 
 
