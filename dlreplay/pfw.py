@@ -108,9 +108,14 @@ class Slabs:
     every mapping until the :class:`Slabs` goes) nothing is reused.
     """
 
-    def __init__(self, size: int | None = None, *, recycle: bool = False) -> None:
+    def __init__(self, size: int | None = None, *, recycle: bool = False, keep_bytes: int = 0) -> None:
         self.size = size or SLAB_BYTES
         self.recycle = recycle
+        #: the most released mappings kept for reuse (``keep_bytes`` of them, at least one:
+        #: more, and those released after :meth:`finish`, are unmapped; they would only add
+        #: to the peak)
+        self.keep = max(1, keep_bytes // self.size)
+        self._finished = False
         self._cur: mmap.mmap | None = None
         self._pos = 0
         self._lock = threading.Lock()
@@ -159,8 +164,17 @@ class Slabs:
         with self._lock:
             for key in [k for k, last in self._last.items() if last <= through]:
                 if self._used[key] is not self._cur:  # (sealed past ``through``: never the case)
-                    self._free.append(self._used.pop(key))
+                    slab = self._used.pop(key)
                     del self._last[key]
+                    if not self._finished and len(self._free) < self.keep:
+                        self._free.append(slab)
+
+    def finish(self) -> None:
+        """Nothing more will be put (the producer's end): the kept mappings go."""
+        with self._lock:
+            self._finished = True
+            self._free.clear()
+            self._cur = None
 
 
 def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, bool]]:

