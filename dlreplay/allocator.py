@@ -132,6 +132,14 @@ def _file_key(path: str) -> str:
     return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
+def _still_there(key: str) -> bool:
+    """Whether the library file a cache ``key`` names is still the file it was."""
+    try:
+        return _file_key(key.rsplit(":", 3)[0]) == key
+    except (OSError, ValueError):
+        return False
+
+
 def _kept_indices(key: str) -> dict[bytes, int] | None:
     """The symbol table indices of :data:`_WANTED` found before in the file of ``key``, or
     None (none kept, or unreadable). Only a hint: :func:`_symbols` checks them in the file."""
@@ -153,9 +161,9 @@ def _keep_symbols(key: str, syms: dict[bytes, tuple[int, int, int, int]]) -> Non
             kept = kept if isinstance(kept, dict) else {}
         except (OSError, ValueError):
             kept = {}
-        # one entry per library path: a reinstalled polars replaces its own
-        path = key.rsplit(":", 3)[0]
-        kept = {k: v for k, v in kept.items() if k.rsplit(":", 3)[0] != path}
+        # only entries of library files still there as they were (a reinstalled polars, a
+        # deleted virtual environment: their entries would only pile up)
+        kept = {k: v for k, v in kept.items() if k != key and _still_there(k)}
         kept[key] = {name.decode(): v[3] for name, v in syms.items()}
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".jemalloc-symbols.")

@@ -243,6 +243,27 @@ def test_a_bad_kept_entry_is_never_called_and_is_replaced(tmp_path, monkeypatch:
     assert json.loads(cache.read_text())[key] == {k.decode(): v[3] for k, v in right.items()}
 
 
+def test_the_cache_keeps_no_entry_of_a_library_gone_or_changed(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each virtual environment adds its polars' entry; entries of files deleted or rebuilt
+    since are dropped when the cache is written, so it does not grow without bound."""
+    from dlreplay import allocator
+
+    path = _runtime_library()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    other, gone, changed = tmp_path / "other.so", tmp_path / "gone.so", tmp_path / "changed.so"
+    for f in (other, gone, changed):
+        f.write_bytes(b"lib")
+    entry = {"_rjem_mallctl": 1, "PyInit__polars_runtime": 2}
+    kept = {allocator._file_key(str(f)): entry for f in (other, gone, changed)}
+    gone.unlink()
+    changed.write_bytes(b"rebuilt library")
+    cache = tmp_path / "cache" / "dlreplay" / "jemalloc-symbols.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps(kept))
+    assert allocator._find_mallctl() is not None
+    assert set(json.loads(cache.read_text())) == {allocator._file_key(str(other)), allocator._file_key(path)}
+
+
 def test_an_unwritable_cache_directory_only_costs_the_search(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dlreplay import allocator
 

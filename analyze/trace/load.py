@@ -779,9 +779,7 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool
         # flushed (nothing reads a chunk's text after its batch's flush)
         slabs = Slabs(recycle=True, keep_bytes=_CHUNK_BYTES) if len(data) >= _PREFETCH_BYTES else None
         chunks = _prefetched(data, stats, slabs) if slabs is not None else _text_chunks(data, stats)
-        received = 0
-        for text, damaged_after, cut in chunks:
-            received += 1
+        for received, (text, damaged_after, cut) in enumerate(chunks, 1):
             body, tail = _split_tail(text)
             clean_end = not tail
             if tail:
@@ -919,12 +917,12 @@ def _prefetched(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = No
                 if stop.is_set():
                     return
                 q.put((chunk, delta(seen), None))
-            mine_slabs.finish()
+            mine_slabs.finish()  # (before the end is handed over: the kept slabs go now)
             q.put((None, delta(seen), None))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             q.put((None, delta(seen), exc))
         finally:
-            mine_slabs.finish()
+            mine_slabs.finish()  # (stopped, or failed)
 
     helper = threading.Thread(target=produce, name="dlreplay-decode", daemon=True)
     helper.start()
