@@ -850,6 +850,24 @@ def test_jobs_give_the_table_of_one(tmp_path: Path, monkeypatch, jobs: int) -> N
     assert again == {"big-truncated.pfw.gz", "big-corrupt.pfw.gz"}
 
 
+def test_a_large_part_alone_returns_memory_between_its_steps(tmp_path: Path, monkeypatch) -> None:
+    """A part resolved alone returns what its steps freed only when it is large
+    (``_RELEASE_ROWS``); the table is the same either way."""
+    d = _parallel_trace(tmp_path)
+    released: list[bool] = []
+    real = LOAD.release_free_memory
+    monkeypatch.setattr(LOAD, "release_free_memory",
+                        lambda keep_large=False: released.append(keep_large) or real(keep_large=keep_large))
+    small = load_trace(d, jobs=1)
+    between = released.count(True)
+    released.clear()
+    monkeypatch.setattr(LOAD, "_RELEASE_ROWS", 1)  # every part counts as large
+    large = load_trace(d, jobs=1)
+    # the sort keys and the offsets' inputs, then the dropped columns: two more per part at least
+    assert released.count(True) >= between + 2
+    _assert_same_load(small, large)
+
+
 def test_a_wrong_cut_falls_back_to_the_whole_file(tmp_path: Path, monkeypatch) -> None:
     """Cuts inside a member, or after a member that ends inside a line, are detected after
     the ranges are parsed; the file is then parsed whole, with the same result."""
