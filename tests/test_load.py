@@ -863,7 +863,7 @@ def test_a_large_part_alone_returns_memory_between_its_steps(tmp_path: Path, mon
     released.clear()
     monkeypatch.setattr(LOAD, "_RELEASE_ROWS", 1)  # every part counts as large
     large = load_trace(d, jobs=1)
-    # the sort keys and the offsets' inputs, then the dropped columns: two more per part at least
+    # a large part also returns the sort keys, the offsets' inputs and the dropped columns
     assert released.count(True) >= between + 2
     _assert_same_load(small, large)
 
