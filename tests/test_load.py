@@ -868,6 +868,28 @@ def test_a_large_part_alone_returns_memory_between_its_steps(tmp_path: Path, mon
     _assert_same_load(small, large)
 
 
+def test_the_merge_holds_no_part_once_it_has_taken_their_rows(tmp_path: Path, monkeypatch) -> None:
+    """Nothing outside the merge keeps a resolved part (and so its rows) alive while the
+    run's table is built: a loop variable had kept the last one through the merge."""
+    import gc
+    import weakref
+
+    d = _parallel_trace(tmp_path)
+    alive: list[int] = []
+    real = LOAD._merge
+
+    def merge(parts, names):
+        refs = [weakref.ref(p) for p in parts]
+        out = real(parts, names)
+        gc.collect()
+        alive.append(sum(r() is not None for r in refs))
+        return out
+
+    monkeypatch.setattr(LOAD, "_merge", merge)
+    loaded = load_trace(d, jobs=2)
+    assert loaded.events.height and alive == [0]
+
+
 def test_a_wrong_cut_falls_back_to_the_whole_file(tmp_path: Path, monkeypatch) -> None:
     """Cuts inside a member, or after a member that ends inside a line, are detected after
     the ranges are parsed; the file is then parsed whole, with the same result."""
