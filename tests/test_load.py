@@ -730,6 +730,7 @@ def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_f
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1 << 40)
     inline = load_trace(d)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 0)
+    monkeypatch.setattr(LOAD, "_PREFETCH_SPARE_ONLY", False)  # whatever the cores
     ahead = load_trace(d)
     assert ahead.events.equals(inline.events)
     assert ahead.files == inline.files
@@ -839,7 +840,7 @@ def test_jobs_give_the_table_of_one(tmp_path: Path, monkeypatch, jobs: int) -> N
     monkeypatch.setattr(LOAD, "_range_bytes", lambda sizes, workers: 4 << 10)  # the large files are cut
     calls: list[tuple] = []
     real = LOAD.parse_part
-    monkeypatch.setattr(LOAD, "parse_part", lambda job: calls.append(tuple(job)) or real(job))
+    monkeypatch.setattr(LOAD, "parse_part", lambda job, **kw: calls.append(tuple(job)) or real(job, **kw))
     many = load_trace(d, jobs=jobs)
     _assert_same_load(one, many)
     ranges = {Path(job[0][1]).name for job in calls if len(job[0]) == 5}

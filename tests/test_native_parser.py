@@ -177,6 +177,7 @@ def test_large_file_path_loads_identically(case: str, tmp_path: Path, monkeypatc
         (trace / biggest()).write_bytes(BAD_CASES[case]())
     ordinary = load_trace(trace)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
+    monkeypatch.setattr(LOAD, "_PREFETCH_SPARE_ONLY", False)  # whatever the cores
     monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 48 << 10)
     monkeypatch.setattr(pfw, "SLAB_BYTES", 40 << 10)
     monkeypatch.setattr(pfw, "_PIECE_BYTES", 16 << 10)
@@ -192,6 +193,39 @@ def test_large_file_path_loads_identically(case: str, tmp_path: Path, monkeypatc
         assert not slow, "intact members fell back to zlib"
 
 
+def test_files_decode_ahead_only_where_a_core_would_be_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper thread decodes a file ahead only where the load has fewer jobs than
+    threads (a core would be idle): with every thread parsing, helpers only compete for
+    the GIL. The jobs parse_parts starts first, while at least as many wait, never
+    decode ahead; a load of one file on 2 threads does; the table is the same."""
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    files = sorted(trace.glob("*.pfw.gz"))
+    assert len(files) >= 3
+    monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
+    asked: list[bool | None] = []
+    ahead: list[int] = []
+    real_part, real_ahead = LOAD.parse_part, LOAD._prefetched
+
+    def part(jobs, *, prefetch=None):
+        asked.append(prefetch)
+        return real_part(jobs, prefetch=prefetch)
+
+    monkeypatch.setattr(LOAD, "parse_part", part)
+    monkeypatch.setattr(LOAD, "_prefetched", lambda *a, **k: ahead.append(1) or real_ahead(*a, **k))
+    names = [f.name for f in files]
+    many = LOAD.combine(list(LOAD.parse_parts(files, jobs=2, group_bytes=1)), names)  # a group per file
+    assert len(asked) == len(files) and asked[:2] == [False, False]
+    assert len(ahead) == sum(asked)  # (a later job may find the other thread done)
+    asked.clear()
+    ahead.clear()
+    one = LOAD.combine(list(LOAD.parse_parts(files[:1], jobs=2)), names[:1])
+    assert asked == [True] and ahead == [1]
+    assert_frame_equal(many.events.filter(pl.col("source") == names[0]), one.events)
+    monkeypatch.setattr(LOAD, "parse_part", real_part)
+    assert_same(LOAD.combine(list(LOAD.parse_parts(files, jobs=2, group_bytes=1)), names), many)
+
+
 def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a chunk of a large file's text is parsed, its mappings take the text decoded
     next (here half as many mappings), and the table is still the one of the
@@ -204,6 +238,7 @@ def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pyt
     (trace / biggest()).write_bytes(BAD_CASES["members-60"]())
     ordinary = load_trace(trace)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
+    monkeypatch.setattr(LOAD, "_PREFETCH_SPARE_ONLY", False)  # whatever the cores
     monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 12 << 10)  # ~9 chunks a file (a slab is free 3 chunks on)
     monkeypatch.setattr(pfw, "SLAB_BYTES", 4 << 10)
     monkeypatch.setattr(pfw, "_PIECE_BYTES", 2 << 10)
