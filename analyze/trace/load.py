@@ -68,6 +68,7 @@ converted), sizes and offsets bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import mmap
@@ -1998,6 +1999,18 @@ _FLAGGED_FIELDS = sum(1 << _NATIVE_STRS.index(c) for c in ("name", "cat", "mode"
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 
 
+@functools.cache
+def _column_expr(c: str, bit: int, kind: Literal["null", "all", "masked"]) -> pl.Expr:
+    """:func:`_native_compact`'s expression of column ``c`` (validity ``bit`` of ``__v``):
+    all null, all valid, or valid where its bit is set. Built once: the Python side of
+    building them for every batch held the GIL the other parse threads wait for."""
+    if kind == "null":
+        return pl.lit(None, dtype=CHUNK_SCHEMA[c]).alias(c)
+    if kind == "all":
+        return pl.col(c)
+    return pl.when((pl.col("__v") & bit) != 0).then(pl.col(c)).alias(c)
+
+
 def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
                     uniques: list[str], op_of: np.ndarray, sflag: np.ndarray, src: int | np.ndarray,
                     seq: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
@@ -2033,12 +2046,11 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
                 data[c] = arr
                 exprs[c] = pl.lit(cats).gather(pl.when(pl.col(c) >= 0).then(pl.col(c)) if lo < 0 else pl.col(c))
             continue
-        dtype = CHUNK_SCHEMA[c]
         if bit and not vor & bit:
-            exprs[c] = pl.lit(None, dtype=dtype)
+            exprs[c] = _column_expr(c, bit, "null")
             continue
         data[c] = arr
-        exprs[c] = pl.col(c) if not bit or vand & bit else pl.when((pl.col("__v") & bit) != 0).then(pl.col(c))
+        exprs[c] = _column_expr(c, bit, "all" if not bit or vand & bit else "masked")
     data["seq"] = seq
     exprs["seq"] = pl.col("seq")
     if isinstance(src, np.ndarray):
