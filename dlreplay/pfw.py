@@ -32,8 +32,12 @@ _FAST_MEMBER_LIMIT = 64 << 20
 #: Decoded bytes per output of the fast path. A new multi-MB buffer per member had its
 #: pages faulted in afresh each time (decoding the ingest benchmark took 0.73 s of CPU
 #: that way, 0.45 s of it page faults); small outputs come from malloc's free lists, and
-#: copied into :class:`Slabs` at once, the same buffer serves every output.
-_PIECE_BYTES = 64 << 10
+#: copied into :class:`Slabs` at once, the same buffer serves every output. Not smaller:
+#: every piece costs Python steps under the GIL (decode, line split, the scanner's line
+#: count, which keeps the GIL below 64 KiB), and parse threads wait for each other's
+#: (9 files on 2 cores: 1.53 -> 1.44 s with 256 KiB pieces instead of 64 KiB, the same
+#: page faults and peak; one file, or 1 core: the same time).
+_PIECE_BYTES = 256 << 10
 
 
 def _fast_inflate():

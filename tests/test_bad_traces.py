@@ -160,6 +160,7 @@ def test_corrupt_member_in_the_middle_later_members_still_read(tmp_path: Path, c
 def test_fast_decoder_pieces_join_to_what_zlib_decodes(monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
     """ISA-L decodes members in small pieces (``_PIECE_BYTES``); joined, they are what the
     zlib path yields, with the same members, drops and problems (clean and damaged input)."""
+    monkeypatch.setattr(pfw, "_PIECE_BYTES", 64 << 10)  # (the premise: members of several pieces)
     lines = corpus_lines()
     data = gz_members(lines * 12, 5)  # members of several pieces each
     starts = member_offsets(data)

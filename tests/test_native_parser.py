@@ -393,6 +393,7 @@ def test_scanner_buffers_are_reused_by_a_batch(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(LOAD, "_scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
     monkeypatch.setattr(LOAD, "anonymous_map", lambda n: mapped.append(n) or real_map(n))
     monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 16 << 10)
+    monkeypatch.setattr(pfw, "_PIECE_BYTES", 4 << 10)  # (a chunk is whole decoder pieces)
     native, python = load_both(tmp_path / "trace", monkeypatch, jobs=1)
     assert len(scans) >= 10 and len(mapped) <= len(scans) / 3  # a new mapping only for a larger batch
     assert_same(native, whole)
