@@ -550,3 +550,83 @@ def test_output_order_is_the_three_key_sort(monkeypatch: pytest.MonkeyPatch, row
     want = frame.select(pl.arg_sort_by(pl.col("ts").fill_null(top + 1), "src", "seq")).to_series().to_numpy()
     got = LOAD._output_order(chunked)
     assert got.dtype == np.int64 and got.tolist() == want.tolist()
+
+
+@st.composite
+def _runs(draw: st.DrawFn) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """Parts as the merge receives them: each holds whole files (its own processes), its
+    rows in (ts, file) order; timestamps collide within and across parts."""
+    k = draw(st.integers(1, 6))
+    ts_runs, p_runs, proc_src, nproc = [], [], [], 0
+    files = draw(st.permutations(range(2 * k)))
+    for r in range(k):
+        mine = files[2 * r:2 * r + draw(st.integers(1, 2))]  # the part's files
+        procs = []
+        for f in mine:
+            for _ in range(draw(st.integers(1, 3))):  # processes of the file
+                procs.append(nproc)
+                proc_src.append(f)
+                nproc += 1
+        m = draw(st.integers(0, 40))
+        ts = np.array(draw(st.lists(st.integers(-3, 12), min_size=m, max_size=m)), dtype=np.int64)
+        p = np.array(draw(st.lists(st.sampled_from(procs), min_size=m, max_size=m)), dtype=np.uint32)
+        o = np.lexsort((np.array(proc_src, dtype=np.uint32)[p] if m else p, ts))
+        ts_runs.append(ts[o])
+        p_runs.append(p[o])
+    return ts_runs, p_runs, np.array(proc_src, dtype=np.uint32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_runs())
+def test_k_way_merge_is_the_stable_sort(runs: tuple[list[np.ndarray], list[np.ndarray], np.ndarray]) -> None:
+    """merge_runs orders the runs' rows as the stable sort by (ts, file) of their
+    concatenation (what :func:`_merge_order` computes), in 4- and 8-byte indices."""
+    ts_runs, p_runs, proc_src = runs
+    ts = np.concatenate(ts_runs)
+    src = proc_src[np.concatenate(p_runs)].astype(np.int64)
+    want = LOAD._merge_order(pl.Series(ts, dtype=pl.Int64), src)
+    assert want.tolist() == np.lexsort((src, ts)).tolist()
+    for dtype in (np.uint32, np.int64):
+        out = np.empty(len(ts), dtype=dtype)
+        assert LOAD._NATIVE.merge_runs(ts_runs, p_runs, proc_src, out) is True
+        assert out.tolist() == want.tolist()
+
+
+def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
+    """A run out of (ts, file) order makes merge_runs answer False (the caller sorts); a
+    process index beyond the file table or a wrong output size is an error, not a read
+    out of bounds."""
+    src = np.array([0, 1], dtype=np.uint32)
+    ts = [np.array([1, 5], dtype=np.int64), np.array([3, 2], dtype=np.int64)]
+    p = [np.array([0, 0], dtype=np.uint32), np.array([1, 1], dtype=np.uint32)]
+    assert LOAD._NATIVE.merge_runs(ts, p, src, np.empty(4, dtype=np.uint32)) is False
+    same_ts = [np.array([4, 4], dtype=np.int64)]
+    assert LOAD._NATIVE.merge_runs(same_ts, [np.array([1, 0], dtype=np.uint32)], src,
+                                   np.empty(2, dtype=np.uint32)) is False  # file 1 before file 0 at one ts
+    with pytest.raises(ValueError, match="beyond"):
+        LOAD._NATIVE.merge_runs(ts, [p[0], np.array([1, 2], dtype=np.uint32)], src, np.empty(4, dtype=np.uint32))
+    with pytest.raises(ValueError, match="out must"):
+        LOAD._NATIVE.merge_runs(ts, p, src, np.empty(3, dtype=np.uint32))
+
+
+def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of many files loaded on 2 threads is merged by merge_runs; the table is the
+    one of the stable sort (merge_runs switched off) and of one thread."""
+    d = tmp_path / "t"
+    _many_small_files(d)
+    used: list[bool] = []
+    real = LOAD._merged_runs
+
+    def spy(*a: Any) -> np.ndarray | None:
+        out = real(*a)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(LOAD, "_merged_runs", spy)
+    merged = load_trace(d, jobs=2)
+    assert used == [True]
+    monkeypatch.setattr(LOAD, "_merged_runs", lambda *a: None)
+    sorted_ = load_trace(d, jobs=2)
+    assert_frame_equal(merged.events, sorted_.events)
+    assert_frame_equal(merged.events, load_trace(d, jobs=1).events)

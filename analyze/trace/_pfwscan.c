@@ -1480,12 +1480,161 @@ done:
     return result;
 }
 
+/*
+ * merge_runs(ts_list, p_list, proc_src, out) -> bool
+ *
+ * The run's row order by (ts, src) of k runs (the parts of dlreplay.analyze.trace.load's
+ * merge), each already in (ts, src, line) order: a k-way merge instead of a stable sort
+ * of the concatenation (no packed key, no temporaries). ts_list: k int64 buffers (no
+ * nulls), p_list: k uint32 buffers (each row's process index), proc_src: uint32 (the
+ * trace file of each process), out: writable, n = the runs' total rows, items of 4 or 8
+ * bytes: the row indices into the runs' concatenation, in order. Rows of equal (ts, src)
+ * lie in one run (a file is in one part), so the result is the stable sort's. Returns
+ * False, out undefined, when a run is not in (ts, src) order (the caller sorts instead).
+ */
+typedef struct {
+    int64_t ts;
+    uint32_t src;
+    Py_ssize_t run;
+} Head;
+
+static inline int head_lt(const Head *a, const Head *b)
+{
+    if (a->ts != b->ts) return a->ts < b->ts;
+    if (a->src != b->src) return a->src < b->src;
+    return a->run < b->run;
+}
+
+static void heap_down(Head *h, Py_ssize_t n, Py_ssize_t i)
+{
+    Head x = h[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && head_lt(&h[c + 1], &h[c])) c++;
+        if (!head_lt(&h[c], &x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = x;
+}
+
+static PyObject *merge_runs(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_ts, *o_p, *o_src, *o_out, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_ts, &o_p, &o_src, &o_out)) return NULL;
+    PyObject *tseq = PySequence_Fast(o_ts, "ts_list");
+    if (!tseq) return NULL;
+    PyObject *pseq = PySequence_Fast(o_p, "p_list");
+    if (!pseq) {
+        Py_DECREF(tseq);
+        return NULL;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(tseq), got_t = 0, got_p = 0;
+    Py_buffer bsrc, bout;
+    int have_src = 0, have_out = 0;
+    Py_buffer *bt = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
+    Py_buffer *bp = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
+    Py_ssize_t *pos = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
+    Py_ssize_t *start = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
+    Head *heap = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Head));
+    if (!bt || !bp || !pos || !start || !heap) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(pseq) != k) {
+        PyErr_SetString(PyExc_ValueError, "merge_runs: ts_list and p_list differ in length");
+        goto done;
+    }
+    for (; got_t < k; got_t++)
+        if (get_buf(PySequence_Fast_GET_ITEM(tseq, got_t), &bt[got_t], 8, 0, "ts") < 0) goto done;
+    for (; got_p < k; got_p++)
+        if (get_buf(PySequence_Fast_GET_ITEM(pseq, got_p), &bp[got_p], 4, 0, "p") < 0) goto done;
+    if (get_buf(o_src, &bsrc, 4, 0, "proc_src") < 0) goto done;
+    have_src = 1;
+    if (PyObject_GetBuffer(o_out, &bout, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    have_out = 1;
+    Py_ssize_t n = 0, nsrc = bsrc.len / 4;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        if (bt[r].len / 8 != bp[r].len / 4) {
+            PyErr_SetString(PyExc_ValueError, "merge_runs: a run's ts and p differ in length");
+            goto done;
+        }
+        start[r] = n;
+        n += bt[r].len / 8;
+    }
+    Py_ssize_t isz = bout.itemsize;
+    if ((isz != 4 && isz != 8) || bout.len != n * isz || (isz == 4 && n > (Py_ssize_t)UINT32_MAX)) {
+        PyErr_SetString(PyExc_ValueError, "merge_runs: out must hold the runs' rows as 4- or 8-byte items");
+        goto done;
+    }
+    const uint32_t *srcs = bsrc.buf;
+    /* every process index in range, before the merge reads them */
+    for (Py_ssize_t r = 0; r < k; r++) {
+        const uint32_t *p = bp[r].buf;
+        for (Py_ssize_t i = 0, m = bp[r].len / 4; i < m; i++)
+            if ((Py_ssize_t)p[i] >= nsrc) {
+                PyErr_SetString(PyExc_ValueError, "merge_runs: a process index beyond proc_src");
+                goto done;
+            }
+    }
+    int sorted = 1;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t h = 0;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        if (bt[r].len == 0) continue;
+        heap[h].ts = ((const int64_t *)bt[r].buf)[0];
+        heap[h].src = srcs[((const uint32_t *)bp[r].buf)[0]];
+        heap[h].run = r;
+        pos[r] = 0;
+        h++;
+    }
+    for (Py_ssize_t i = h / 2; i-- > 0;) heap_down(heap, h, i);
+    uint32_t *o4 = bout.buf;
+    int64_t *o8 = bout.buf;
+    for (Py_ssize_t w = 0; h > 0; w++) {
+        Py_ssize_t r = heap[0].run, i = pos[r];
+        if (isz == 4) o4[w] = (uint32_t)(start[r] + i);
+        else o8[w] = (int64_t)(start[r] + i);
+        Py_ssize_t m = bt[r].len / 8;
+        if (i + 1 < m) {
+            Head next = {((const int64_t *)bt[r].buf)[i + 1], srcs[((const uint32_t *)bp[r].buf)[i + 1]], r};
+            if (head_lt(&next, &heap[0])) { /* (same run: compares (ts, src) only) */
+                sorted = 0; /* the run goes back in (ts, src) */
+                break;
+            }
+            pos[r] = i + 1;
+            heap[0] = next;
+        } else {
+            heap[0] = heap[--h];
+        }
+        if (h > 1) heap_down(heap, h, 0);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(sorted);
+done:
+    if (have_out) PyBuffer_Release(&bout);
+    if (have_src) PyBuffer_Release(&bsrc);
+    for (Py_ssize_t r = 0; r < got_t; r++) PyBuffer_Release(&bt[r]);
+    for (Py_ssize_t r = 0; r < got_p; r++) PyBuffer_Release(&bp[r]);
+    PyMem_Free(bt);
+    PyMem_Free(bp);
+    PyMem_Free(pos);
+    PyMem_Free(start);
+    PyMem_Free(heap);
+    Py_DECREF(tseq);
+    Py_DECREF(pseq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
     {"text_info", py_text_info, METH_O, "(newline count, is valid UTF-8) of a bytes-like object, in one pass."},
     {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows in output order (see the module source)."},
     {"compact", compact, METH_VARARGS, "Scanned event rows as a parsed batch's columns (see the module source)."},
+    {"merge_runs", merge_runs, METH_VARARGS, "Row order by (ts, src) of runs each in that order (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2453,11 +2453,13 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     if not frames:
         return pl.DataFrame(schema=EVENT_SCHEMA), None, {}  # (a trace of markers only has no processes)
     tables = run_tables(processes, fh, names)
-    ev = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
-    del frames
     proc_src = tables.processes["src"].to_numpy()
-    order = None
-    if len(processes) > 1:  # each part is in order already: merge them by (ts, file)
+    runs = len(frames)
+    # each part is in order already: merge them by (ts, file)
+    order = _merged_runs(frames, proc_src) if runs > 1 else None
+    ev = frames[0] if runs == 1 else pl.concat(frames, how="vertical", rechunk=False)
+    del frames
+    if runs > 1 and order is None:
         order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
     held, kept = [ev], [order]
     del ev, order
@@ -2483,6 +2485,29 @@ def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str])
     per-process counts relied on."""
     table, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(markers), list(names))
     return table.cast(pl.Schema(EVENT_SCHEMA), strict=False), changed  # type: ignore[arg-type]
+
+
+def _merged_runs(frames: list[pl.DataFrame], proc_src: np.ndarray) -> np.ndarray | None:
+    """The row order by (``ts``, file) of the concatenation of ``frames`` (resolved parts,
+    each in that order; ``__p`` indexing ``proc_src``, the file of each process) as a k-way
+    merge in C (``merge_runs``): 12-15 ms for the 9 files' 2.1 M rows where the stable sort
+    of packed keys took 50-130 ms, most of it faulting in its 17 MB temporaries. None where
+    it does not apply (no C extension, a null ``ts``, a part out of order): then
+    :func:`_merge_order`, whose order it is."""
+    if _NATIVE is None:
+        return None
+    ts, procs = [], []
+    for f in frames:
+        t, p = f["ts"], f["__p"]
+        if t.null_count() or t.dtype != pl.Int64 or p.dtype != pl.UInt32:
+            return None
+        ts.append(t.rechunk().to_numpy())
+        procs.append(p.rechunk().to_numpy())
+    n = sum(len(t) for t in ts)
+    out = np.empty(n, dtype=np.uint32 if n < (1 << 32) else np.int64)
+    if not _NATIVE.merge_runs(ts, procs, np.ascontiguousarray(proc_src, dtype=np.uint32), out):
+        return None
+    return out
 
 
 def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
@@ -2815,7 +2840,7 @@ def _row_index(rows: np.ndarray) -> pl.Series:
     """``rows`` as a polars gather index: UInt32 (polars' own index type) when it fits; an
     Int64 index is converted and bounds-checked again for every column (13 columns of
     2.1 M rows: 73 vs 52 ms)."""
-    return pl.Series(rows.astype(np.uint32) if len(rows) < (1 << 32) else rows)
+    return pl.Series(rows.astype(np.uint32, copy=False) if len(rows) < (1 << 32) else rows)
 
 
 
