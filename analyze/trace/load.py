@@ -2453,24 +2453,29 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     if not frames:
         return pl.DataFrame(schema=EVENT_SCHEMA), None, {}  # (a trace of markers only has no processes)
     tables = run_tables(processes, fh, names)
-    proc_src = tables.processes["src"].to_numpy()
-    runs = len(frames)
-    # each part is in order already: merge them by (ts, file)
-    order = _merged_runs(frames, proc_src) if runs > 1 else None
-    ev = frames[0] if runs == 1 else pl.concat(frames, how="vertical", rechunk=False)
-    del frames
-    if runs > 1 and order is None:
-        order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
-    held, kept = [ev], [order]
-    del ev, order
-    events, pidx = finalize(held, kept, tables)
-    # rows per process (a small table: not a source index per row), then per file
-    per_p = pidx.value_counts()
-    per_src = np.bincount(proc_src[per_p[pidx.name].to_numpy()], weights=per_p["count"].to_numpy(),
-                          minlength=len(names)).astype(np.int64)
-    del pidx, per_p
-    per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
-    per_process = _per_process_from_counts(_frames(counts, COUNTS_SCHEMA), tables)
+    # the per-process table needs only the parts' counts: built in a thread beside the order
+    # and the gather, which leave a core idle at times (9 files on 2 cores: 1.28 -> 1.23 s)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-merge") as side:
+        per_process_job = side.submit(_per_process_from_counts, _frames(counts, COUNTS_SCHEMA), tables)
+        del counts
+        proc_src = tables.processes["src"].to_numpy()
+        runs = len(frames)
+        # each part is in order already: merge them by (ts, file)
+        order = _merged_runs(frames, proc_src) if runs > 1 else None
+        ev = frames[0] if runs == 1 else pl.concat(frames, how="vertical", rechunk=False)
+        del frames
+        if runs > 1 and order is None:
+            order = _merge_order(ev["ts"], proc_src[ev["__p"].to_numpy()])
+        held, kept = [ev], [order]
+        del ev, order
+        events, pidx = finalize(held, kept, tables)
+        # rows per process (a small table: not a source index per row), then per file
+        per_p = pidx.value_counts()
+        per_src = np.bincount(proc_src[per_p[pidx.name].to_numpy()], weights=per_p["count"].to_numpy(),
+                              minlength=len(names)).astype(np.int64)
+        del pidx, per_p
+        per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
+        per_process = per_process_job.result()
     release_free_memory(keep_large=True)
     events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
     # processes or roles other than the raw rows said: the per-process table is counted
