@@ -2504,7 +2504,7 @@ def _merged_runs(frames: list[pl.DataFrame], proc_src: np.ndarray) -> np.ndarray
     ts, procs = [], []
     for f in frames:
         t, p = f["ts"], f["__p"]
-        if t.null_count() or t.dtype != pl.Int64 or p.dtype != pl.UInt32:
+        if t.null_count() or p.null_count() or t.dtype != pl.Int64 or p.dtype != pl.UInt32:
             return None
         ts.append(t.rechunk().to_numpy())
         procs.append(p.rechunk().to_numpy())
