@@ -2495,8 +2495,8 @@ def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str])
 def _merged_runs(frames: list[pl.DataFrame], proc_src: np.ndarray) -> np.ndarray | None:
     """The row order by (``ts``, file) of the concatenation of ``frames`` (resolved parts,
     each in that order; ``__p`` indexing ``proc_src``, the file of each process) as a k-way
-    merge in C (``merge_runs``): 12-15 ms for the 9 files' 2.1 M rows where the stable sort
-    of packed keys took 50-130 ms, most of it faulting in its 17 MB temporaries. None where
+    merge in C (``merge_runs``): 27-32 ms for the 9 files' 2.1 M rows where the stable sort
+    of packed keys took 48-130 ms, much of it faulting in its 17 MB temporaries. None where
     it does not apply (no C extension, a null ``ts``, a part out of order): then
     :func:`_merge_order`, whose order it is."""
     if _NATIVE is None:
