@@ -104,6 +104,8 @@ class TraceView:
     #: :func:`file_process_table` of ``events`` when already known (the loader's
     #: :attr:`~.load.LoadedTrace.per_process`); computed on first use otherwise
     known_per_process: pl.DataFrame | None = None
+    #: :func:`summarize` of ``events`` (with these ``data_dirs``) when already computed
+    known_summary: Summary | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.events, pl.DataFrame):
@@ -167,6 +169,8 @@ class TraceView:
     @cached_property
     def summary(self) -> Summary:
         """The one-screen summary (see :func:`~dlreplay.analyze.summary.summarize`)."""
+        if self.known_summary is not None:
+            return self.known_summary
         return summarize(self.events, data_dirs=self.data_dirs, per_process=self.per_process)
 
     @cached_property

@@ -18,7 +18,8 @@ machine load:
   time;
 - a child process pinned to N cores (``sched_setaffinity``, ``POLARS_MAX_THREADS=N``)
   that runs ``load_trace(jobs=N)`` + ``summarize()`` (as ``dlreplay analyze`` does) and
-  then the passes and rules (``characterize`` + ``find``); it reports the wall time of
+  then the passes and rules (``characterize`` + ``find``, given that summary: ``dlreplay
+  analyze`` computes it once); it reports the wall time of
   each phase (after its imports) and its peak RSS (``VmHWM``) minus its RSS after the
   imports, per event.
 
@@ -198,17 +199,18 @@ def rss(key):
                 return int(line.split()[1]) * 1024
 from dlreplay.analyze import load_trace, summarize
 from dlreplay.analyze.findings import find
-from dlreplay.analyze.passes import characterize
+from dlreplay.analyze.passes import TraceView, characterize
 base = rss("VmRSS")
 u0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 loaded = load_trace(sys.argv[1], jobs=cores)
 t1 = time.perf_counter()
-summarize(loaded.events, per_process=loaded.per_process)
+summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"), per_process=loaded.per_process)
 t2 = time.perf_counter()
 u1 = resource.getrusage(resource.RUSAGE_SELF)
 peak_load = rss("VmHWM")
-find(characterize(loaded.events, manifest=loaded.manifest, per_process=loaded.per_process))
+# the passes take the summary already made (dlreplay analyze computes it once, in them)
+find(characterize(TraceView(loaded.events, loaded.manifest, None, loaded.per_process, known_summary=summary)))
 t3 = time.perf_counter()
 print(json.dumps({"events": loaded.events.height, "load": t1 - t0, "summarize": t2 - t1, "passes": t3 - t2,
                   "user": u1.ru_utime - u0.ru_utime, "sys": u1.ru_stime - u0.ru_stime,

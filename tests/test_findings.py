@@ -383,6 +383,23 @@ def test_page_cache_uses_the_captured_hosts_memory(tmp_path: Path) -> None:
     assert pc["host_memory_bytes"] is None and pc["host_memory_source"] == "unknown"  # never guessed
 
 
+def test_passes_take_a_summary_already_made(monkeypatch) -> None:
+    """A view given the trace's summary (as the ingest benchmark has it after its own
+    summarize) does not compute it again, and the passes' results are those of a view
+    that computes it."""
+    import dlreplay.analyze.passes as passes
+    from dlreplay.analyze import summarize
+
+    lt = load_trace(TRACES / "npz_fork")
+    whole = characterize(lt.events, manifest=lt.manifest, per_process=lt.per_process).to_dict()
+    made = summarize(lt.events, data_dirs=lt.manifest["data_dirs"], per_process=lt.per_process)
+    monkeypatch.setattr(passes, "summarize", lambda *a, **k: pytest.fail("the summary was computed again"))
+    view = passes.TraceView(lt.events, lt.manifest, None, lt.per_process, known_summary=made)
+    assert view.data_dirs == lt.manifest["data_dirs"]  # (the summary's: the manifest's data directories)
+    assert json.dumps(characterize(view).to_dict(), sort_keys=True, default=str) == \
+        json.dumps(whole, sort_keys=True, default=str)
+
+
 @pytest.mark.parametrize("name", ["npz_fork", "h5_shuffle", "jpeg_small", "npz_checkpoint", "dlio_h5_multi",
                                   "ai_annotated"])
 def test_passes_by_process_batches_give_the_same_results(name: str, monkeypatch, tmp_path: Path) -> None:
