@@ -752,8 +752,7 @@ class _Parsing:
             return self._n == 0
 
     def idle(self) -> bool:
-        with self._lock:
-            return self._n == 0
+        return self.busy() == 0
 
     def busy(self) -> int:
         """How many calls are decoding and parsing now (this one included)."""
@@ -771,6 +770,9 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = N
     rows = _Compacted()
     done: list[tuple[int, Path, int, _Stats]] = []
     clean_end = True
+    if prefetch is None:  # decided once, as the call starts
+        prefetch = _PARSING.busy() < available_cores()
+    ahead_ok = prefetch or not _PREFETCH_SPARE_ONLY
     for job in jobs:
         src, p = job[0], job[1]
         path = Path(p)
@@ -792,10 +794,7 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = N
         seq0 = job[4] << 32 if len(job) == 5 else 0  # type: ignore[misc]
         # a large file's text is decoded ahead into slabs, written again once its chunks are
         # flushed (nothing reads a chunk's text after its batch's flush)
-        if prefetch is None:
-            prefetch = _PARSING.busy() < available_cores()
-        ahead = (prefetch or not _PREFETCH_SPARE_ONLY) and len(data) >= _PREFETCH_BYTES
-        slabs = Slabs(recycle=True, keep_bytes=_CHUNK_BYTES) if ahead else None
+        slabs = Slabs(recycle=True, keep_bytes=_CHUNK_BYTES) if ahead_ok and len(data) >= _PREFETCH_BYTES else None
         chunks = _prefetched(data, stats, slabs) if slabs is not None else _text_chunks(data, stats)
         for received, (text, damaged_after, cut) in enumerate(chunks, 1):
             body, tail = _split_tail(text)
