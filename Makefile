@@ -1,7 +1,8 @@
 # dlreplay: two commands on a fresh machine, `make demo` and `make test`.
 # Both create .venv if missing and install the package (editable) with the extras they need;
 # the install is skipped while pyproject.toml, setup.py and the C scanner are unchanged, so second
-# runs are fast (a changed analyze/trace/_pfwscan.c re-runs the editable install, which rebuilds it).
+# runs are fast (a changed C extension, analyze/trace/_pfwscan.c or analyze/_kernels.c, re-runs the
+# editable install, which rebuilds it).
 
 VENV    ?= .venv
 PYTHON  ?= python3
@@ -18,7 +19,7 @@ help:  ## list targets
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml setup.py analyze/trace/_pfwscan.c | $(PY)
+$(STAMP): pyproject.toml setup.py analyze/trace/_pfwscan.c analyze/_kernels.c | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned to 2.13.0 (the local CPU build) in the `torch` extra; pip never resolves a newer one.
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"

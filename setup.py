@@ -1,7 +1,8 @@
-"""Build of the optional C scanner (``dlreplay.analyze.trace._pfwscan``); metadata is in pyproject.toml.
+"""Build of the optional C extensions; metadata is in pyproject.toml.
 
-The extension is optional: when it does not compile, the install still succeeds and the
-trace loader uses its Python/polars parser (same results, slower).
+``dlreplay.analyze.trace._pfwscan`` (the trace scanner) and ``dlreplay.analyze._kernels`` (the
+analysis passes' per-event loops) are optional: when they do not compile, the install still
+succeeds and the loader and passes use their Python/polars code (same results, slower).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,12 @@ setup(
             sources=["analyze/trace/_pfwscan.c"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
             optional=True,
-        )
+        ),
+        Extension(
+            "dlreplay.analyze._kernels",
+            sources=["analyze/_kernels.c"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
+            optional=True,
+        ),
     ],
 )

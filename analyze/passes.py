@@ -14,6 +14,7 @@ AU without data-loader events) is ``None``, and the pass says why under ``missin
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import socket
@@ -81,6 +82,13 @@ PID_BATCH_MIN_ROWS = 1 << 20
 PID_BATCHES = 4
 _IO = pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null()
 _DATA_READ = pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
+
+try:  # the passes' per-event loops in C (``_kernels.c``); without it, the polars queries below
+    _KERNELS: Any = importlib.import_module("._kernels", __package__)
+except ImportError:  # pragma: no cover - the extension is optional
+    _KERNELS = None
+#: A null in the int64 columns handed to :mod:`._kernels` (no trace's pid or µs timestamp).
+_NULL_I64 = int(np.iinfo(np.int64).min)
 
 
 @dataclass
@@ -221,10 +229,13 @@ class TraceView:
         so each pass takes the few columns it reads for as long as it needs them (a
         shared frame of every column a pass reads held ~60 bytes per event through the
         whole analysis). Over a spilled table, a streaming query of those columns."""
-        cols = list(columns)
+        return self.dataset_select([pl.col(c) for c in columns], cond)
+
+    def dataset_select(self, exprs: list[pl.Expr], cond: pl.Expr | None = None) -> pl.DataFrame:
+        """:meth:`dataset_rows` with expressions of the table's columns instead of columns."""
         if isinstance(self.events, pl.DataFrame):
-            return self.events.lazy().filter(self._dataset(cond)).select(cols).collect()
-        return self._ordered(self.events.filter(self._dataset(cond)), [pl.col(c) for c in cols])
+            return self.events.lazy().filter(self._dataset(cond)).select(exprs).collect()
+        return self._ordered(self.events.filter(self._dataset(cond)), exprs)
 
     def ordered_dataset(self, columns: Iterable[str], cond: pl.Expr | None = None) -> pl.LazyFrame:
         """:meth:`dataset_rows` as a query in table order: over the in-memory table nothing is
@@ -277,6 +288,14 @@ class TraceView:
         conds: list[pl.Expr | None] = [pl.col("pid").is_in(m) for m in named]
         conds.append((~pl.col("pid").is_in(taken)).fill_null(True))
         return conds
+
+    @property
+    def kernel_batches(self) -> list[pl.Expr | None]:
+        """:attr:`pid_batches` for a pass that runs a kernel of :mod:`._kernels`: one batch over
+        the in-memory table (a kernel keeps a few bytes per row, without the sort's or the
+        join's temporaries that the batches bound), the batches over a spilled one (where the
+        rows a pass collects are what it holds in memory)."""
+        return [None] if _KERNELS is not None and not self.lazy else self.pid_batches
 
     @cached_property
     def pids_packable(self) -> bool:
@@ -439,6 +458,63 @@ def flag_reads_lazy(io: pl.LazyFrame, *, packed: bool = True) -> pl.LazyFrame:
     ).filter(pl.col("__r")).drop("__k", "__r")
 
 
+def _i64(expr: pl.Expr, name: str) -> pl.Expr:
+    """``expr`` as int64 for :mod:`._kernels`, null as :data:`_NULL_I64`."""
+    return expr.cast(pl.Int64).fill_null(_NULL_I64).alias(name)
+
+
+def _read_flag_counts(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (file, size) of the reads among ``rows``: n, ``__seq`` and ``__con`` (how many are
+    Darshan-sequential and consecutive): :func:`flag_reads_lazy`'s flags counted, from one
+    pass of ``read_flags`` in C over ``rows`` in time order, without its sort.
+
+    ``rows``: the opens and reads of :func:`_read_flag_columns`, in table order.
+    """
+    n = rows.height
+    seq, con = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+    _KERNELS.read_flags(*(rows[c].to_numpy() for c in ("__pid", "__code", "__kind", "__off", "__size")), seq, con)
+    return rows.select("file", pl.col("__size").alias("size"), pl.Series("__seq", seq, pl.UInt32),
+                       pl.Series("__con", con, pl.UInt32), "__kind").filter(pl.col("__kind") == 2) \
+        .group_by("file", "size").agg(pl.len().alias("n"), pl.col("__seq").sum(), pl.col("__con").sum())
+
+
+def _read_flag_columns() -> list[pl.Expr]:
+    """The columns ``read_flags`` takes (see :func:`_read_flag_counts`): pid, the file's code,
+    the kind (2: a read that counts, as in :func:`flag_reads_lazy`; 1: an open; 0: neither),
+    offset and size (nulls as 0 where they do not count), and the file."""
+    name = pl.col("name")
+    read = name.is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
+    kind = pl.when(read.fill_null(False)).then(2).when(name.is_in(OPEN_OPS)).then(1).otherwise(0)
+    return [_i64(pl.col("pid"), "__pid"), pl.col("file").to_physical().cast(pl.UInt32).alias("__code"),
+            kind.cast(pl.UInt8).alias("__kind"), _i64(pl.col("offset").fill_null(0), "__off"),
+            _i64(pl.col("size").fill_null(0), "__size"), pl.col("file")]
+
+
+def _intervals(frame: pl.DataFrame, key: pl.Expr, end: pl.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(key, start, end) of the intervals ``frame`` holds (start: ``ts``) as int64 arrays,
+    sorted by (key, start) and stably (of equal starts the last in ``frame`` is the one an
+    as-of join takes); rows with a null key or start left out, a null end as
+    :data:`_NULL_I64` (encloses nothing)."""
+    iv = frame.lazy().select(key.cast(pl.Int64).alias("k"), pl.col("ts").cast(pl.Int64).alias("s"),
+                             _i64(end, "e")).drop_nulls(["k", "s"]).collect()
+    k, s, e = (iv[c].to_numpy() for c in ("k", "s", "e"))
+    # (numpy's stable sorts: one key where the starts are in order already, as a table's are)
+    order = np.argsort(k, kind="stable") if bool(np.all(s[1:] >= s[:-1])) else np.lexsort((s, k))
+    return k[order], s[order], e[order]
+
+
+def _interval_sums(rows: pl.DataFrame, iv: tuple[np.ndarray, np.ndarray, np.ndarray], counts: np.ndarray,
+                   sums: np.ndarray, *, overlap: bool = False) -> None:
+    """Add ``rows`` (``k``, ``t``, ``v``: int64, no nulls; nulls of ``k`` and ``t`` as
+    :data:`_NULL_I64`) into ``counts`` and ``sums`` (int64, one per interval of ``iv``, see
+    :func:`_intervals`), each row into the last interval of its key started at or before
+    its ``t`` (polars' backward ``join_asof`` by key), in one pass in C (``interval_sums``):
+    the rows inside it (``t`` <= its end) and their ``v``; with ``overlap``, every row
+    matched and the µs of [t, t + v) inside the interval."""
+    _KERNELS.interval_sums(*(np.ascontiguousarray(rows[c].to_numpy(), dtype=np.int64) for c in ("k", "t", "v")),
+                           *iv, overlap, counts, sums)
+
+
 def _stats(values: pl.Series) -> dict[str, float | int | None]:
     """count/min/max/mean/median of a numeric series (JSON-safe)."""
     v = values.drop_nulls()
@@ -483,8 +559,12 @@ def pass_access(v: TraceView) -> dict:
     # file's median read are taken from the merged counts.
     ops = pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS)
     counts = []
-    for batch in v.pid_batches:
-        io = v.ordered_dataset(("pid", "file", "name", "size", "offset"), ops if batch is None else ops & batch)
+    for batch in v.kernel_batches:
+        cond = ops if batch is None else ops & batch
+        if _KERNELS is not None:  # one pass in C over the rows in time order
+            counts.append(_read_flag_counts(v.dataset_select(_read_flag_columns(), cond)))
+            continue
+        io = v.ordered_dataset(("pid", "file", "name", "size", "offset"), cond)
         counts.append(flag_reads_lazy(io, packed=v.pids_packable).group_by("file", "size").agg(
             pl.len().alias("n"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con")).collect())
         del io
@@ -541,7 +621,9 @@ def pass_transfer(v: TraceView) -> dict:
     exts = [os.path.splitext(f)[1].lower() for f in v.dataset_files]
     out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
     items = v.items
-    if items.height and n_reads:
+    if items.height and n_reads and _KERNELS is not None:
+        out.update(_sample_reads(v, items))
+    elif items.height and n_reads:
         samples = []  # per sample (pid, item): reads and bytes, one batch of processes at a time
         for batch in v.pid_batches:
             reads = v.dataset_query(_DATA_READ if batch is None else _DATA_READ & batch).select("pid", "ts", "size")
@@ -560,6 +642,20 @@ def pass_transfer(v: TraceView) -> dict:
         out["bytes_per_sample"] = None
         out["missing"] = "no item events: sample size unknown" if n_reads else "no dataset reads"
     return out
+
+
+def _sample_reads(v: TraceView, items: pl.DataFrame) -> dict[str, Any]:
+    """:func:`pass_transfer`'s samples (with reads), reads and bytes per sample (medians):
+    each dataset read counted into the item (sample) event that encloses it, in C."""
+    iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur"))
+    reads, nbytes = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
+    for batch in v.kernel_batches:
+        _interval_sums(v.dataset_select([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("size").alias("v")],
+                                        _DATA_READ if batch is None else _DATA_READ & batch), iv, reads, nbytes)
+    got = reads > 0
+    n = int(got.sum())
+    return {"samples_with_reads": n, "reads_per_sample": _f(np.median(reads[got]), 2) if n else None,
+            "bytes_per_sample": _f(np.median(nbytes[got]), 1) if n else None}
 
 
 def pass_bandwidth(v: TraceView) -> dict:
@@ -782,7 +878,9 @@ def pass_overlap(v: TraceView) -> dict:
     inside = pl.when(pl.col("s_end").is_not_null()).then(
         (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0))
     overlapped = total = 0
-    for batch in v.pid_batches:  # one batch of processes at a time: the sums add up
+    if _KERNELS is not None:
+        overlapped, total = _overlapped(v, st, cons)
+    for batch in [] if _KERNELS is not None else v.pid_batches:  # one batch of processes at a time: the sums add up
         calls = v.by_ts(v.dataset_query(batch).select(
             pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
             "ts", pl.col("dur").fill_null(0),
@@ -797,6 +895,22 @@ def pass_overlap(v: TraceView) -> dict:
     return {"overlap": _f(overlapped / total, 4) if total else None, "io_time_s": _f(total * _US),
             "overlapped_s": _f(overlapped * _US),
             "io_in_consumer_s": _f(in_consumer * _US)}
+
+
+def _overlapped(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[int, int]:
+    """:func:`pass_overlap`'s sums (µs): dataset I/O time inside its owner's steps, and all of
+    it; each call matched to its step in C."""
+    iv = _intervals(st, pl.col("pid"), pl.col("ts") + pl.col("dur"))
+    owner = pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid"))
+    counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
+    total = 0
+    for batch in v.kernel_batches:
+        calls = v.dataset_select([_i64(owner, "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
+                                 batch)
+        _interval_sums(calls, iv, counts, inside, overlap=True)
+        total += int(calls["v"].sum() or 0)
+        del calls
+    return int(inside.sum()), total
 
 
 def pass_metadata(v: TraceView) -> dict:
@@ -894,7 +1008,15 @@ def pass_preprocess(v: TraceView) -> dict:
     item_us = int(items["dur"].sum() or 0)
     io_us = 0
     loaders = pl.col("pid").is_in(items["pid"].unique().implode())
-    for batch in v.pid_batches:  # one batch of processes at a time: the sums add up
+    iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur")) if _KERNELS is not None else None
+    if iv is not None:  # each call counted into the item that encloses it, in C
+        counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
+        for batch in v.kernel_batches:
+            _interval_sums(v.collect(v.io_lazy.filter(loaders if batch is None else loaders & batch).select(
+                _i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v"))),
+                iv, counts, inside)
+        io_us = int(inside.sum())
+    for batch in v.pid_batches if iv is None else []:  # one batch of processes at a time: the sums add up
         io = v.io_lazy.filter(loaders if batch is None else loaders & batch).select("pid", "ts", "dur")
         io_us += int(v.collect(_in_items(v, io, items).filter(pl.col("item_ts").is_not_null())
                                .select(pl.col("dur").sum())).item() or 0)

@@ -402,12 +402,17 @@ def test_passes_take_a_summary_already_made(monkeypatch) -> None:
 
 @pytest.mark.parametrize("name", ["npz_fork", "h5_shuffle", "jpeg_small", "npz_checkpoint", "dlio_h5_multi",
                                   "ai_annotated"])
-def test_passes_by_process_batches_give_the_same_results(name: str, monkeypatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "polars"])
+def test_passes_by_process_batches_give_the_same_results(name: str, kernels: bool, monkeypatch,
+                                                          tmp_path: Path) -> None:
     """The passes that sort or join every dataset read take big traces' processes in batches
     (a lower peak); forced on these small traces, the batches split the rows exactly and
-    every pass gives what it gives in one go, in memory and over a spilled table."""
+    every pass gives what it gives in one go, in memory and over a spilled table: with the
+    C kernels (batches over a spilled table) and with the polars queries (batches in both)."""
     import dlreplay.analyze.passes as passes
 
+    if not kernels:
+        monkeypatch.setattr(passes, "_KERNELS", None)
     lt = load_trace(TRACES / name)
     whole = characterize(lt.events, manifest=lt.manifest, per_process=lt.per_process).to_dict()
     monkeypatch.setattr(passes, "PID_BATCH_MIN_ROWS", 0)
