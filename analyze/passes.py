@@ -212,8 +212,19 @@ class TraceView:
         """The dataset's files (role ``dataset`` in :attr:`files`)."""
         return self.role_files("dataset")
 
+    @cached_property
+    def dataset_mask(self) -> pl.Series | None:
+        """Over the in-memory table: which rows are I/O on dataset files (a boolean Series, 1
+        bit a row), found once; the passes filter by it instead of matching every row's
+        file against the dataset's names again (~4 ms a filter for 2 M events and 4,096
+        files). None over a spilled table."""
+        if not isinstance(self.events, pl.DataFrame):
+            return None
+        return self.events.select((_IO & pl.col("file").is_in(self.dataset_files)).fill_null(False)).to_series()
+
     def _dataset(self, cond: pl.Expr | None) -> pl.Expr:
-        pred = _IO & pl.col("file").is_in(self.dataset_files)
+        mask = self.dataset_mask
+        pred = pl.lit(mask) if mask is not None else _IO & pl.col("file").is_in(self.dataset_files)
         return pred if cond is None else pred & cond
 
     def dataset_query(self, cond: pl.Expr | None = None) -> pl.LazyFrame:
@@ -288,14 +299,6 @@ class TraceView:
         conds: list[pl.Expr | None] = [pl.col("pid").is_in(m) for m in named]
         conds.append((~pl.col("pid").is_in(taken)).fill_null(True))
         return conds
-
-    @property
-    def kernel_batches(self) -> list[pl.Expr | None]:
-        """:attr:`pid_batches` for a pass that runs a kernel of :mod:`._kernels`: one batch over
-        the in-memory table (a kernel keeps a few bytes per row, without the sort's or the
-        join's temporaries that the batches bound), the batches over a spilled one (where the
-        rows a pass collects are what it holds in memory)."""
-        return [None] if _KERNELS is not None and not self.lazy else self.pid_batches
 
     @cached_property
     def pids_packable(self) -> bool:
@@ -559,7 +562,7 @@ def pass_access(v: TraceView) -> dict:
     # file's median read are taken from the merged counts.
     ops = pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS)
     counts = []
-    for batch in v.kernel_batches:
+    for batch in v.pid_batches:
         cond = ops if batch is None else ops & batch
         if _KERNELS is not None:  # one pass in C over the rows in time order
             counts.append(_read_flag_counts(v.dataset_select(_read_flag_columns(), cond)))
@@ -649,7 +652,7 @@ def _sample_reads(v: TraceView, items: pl.DataFrame) -> dict[str, Any]:
     each dataset read counted into the item (sample) event that encloses it, in C."""
     iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur"))
     reads, nbytes = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-    for batch in v.kernel_batches:
+    for batch in v.pid_batches:
         _interval_sums(v.dataset_select([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("size").alias("v")],
                                         _DATA_READ if batch is None else _DATA_READ & batch), iv, reads, nbytes)
     got = reads > 0
@@ -904,7 +907,7 @@ def _overlapped(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[int, i
     owner = pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid"))
     counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
     total = 0
-    for batch in v.kernel_batches:
+    for batch in v.pid_batches:
         calls = v.dataset_select([_i64(owner, "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
                                  batch)
         _interval_sums(calls, iv, counts, inside, overlap=True)
@@ -1011,7 +1014,7 @@ def pass_preprocess(v: TraceView) -> dict:
     iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur")) if _KERNELS is not None else None
     if iv is not None:  # each call counted into the item that encloses it, in C
         counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-        for batch in v.kernel_batches:
+        for batch in v.pid_batches:
             _interval_sums(v.collect(v.io_lazy.filter(loaders if batch is None else loaders & batch).select(
                 _i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v"))),
                 iv, counts, inside)

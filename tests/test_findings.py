@@ -407,8 +407,8 @@ def test_passes_by_process_batches_give_the_same_results(name: str, kernels: boo
                                                           tmp_path: Path) -> None:
     """The passes that sort or join every dataset read take big traces' processes in batches
     (a lower peak); forced on these small traces, the batches split the rows exactly and
-    every pass gives what it gives in one go, in memory and over a spilled table: with the
-    C kernels (batches over a spilled table) and with the polars queries (batches in both)."""
+    every pass gives what it gives in one go, in memory and over a spilled table, with the
+    C kernels and with the polars queries."""
     import dlreplay.analyze.passes as passes
 
     if not kernels:
