@@ -27,7 +27,9 @@ from dlreplay.units import parse_bytes
 
 from .conftest import REPO, TRACES, check_no_traceback, run_cli
 
-CORPUS = sorted(p for p in TRACES.iterdir() if (p / "manifest.json").is_file())
+#: every trace of the corpus: our captures (with a manifest) and the foreign ones (DLIO's, an
+#: annotated job's), whose rank-numbered pids the spill must split as the whole run does
+CORPUS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.pfw*")))
 
 def _json(x):
     """A JSON round trip (tuples become lists, keys strings): how --json output compares."""
@@ -276,3 +278,30 @@ def test_damaged_and_empty_files_through_the_spill(tmp_path):
     assert (spilled.dropped_lines, spilled.dropped_bytes) == (eager.dropped_lines, eager.dropped_bytes)
     assert _json(spilled.characterization.to_dict()) == _json(eager.characterization.to_dict())
     assert _spills(tmp_path / "sp") == []
+
+
+def test_rank_numbered_files_split_as_the_whole_run(tmp_path):
+    """DLIO's rank-numbered pids (pydftracer 1.x writes the rank as pid; its forked readers
+    write into the rank's file): each rank's file in its own spill group gives the table of
+    the whole run. Only rank 0's file has pid 0, which marks the run as rank-numbered; the
+    two ranks' readers share a thread id, so they get new ids above every id of the run
+    (one of them in the other file)."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+
+    def ev(rank: int, tid: int, i: int, ts: int, name: str = "read") -> dict:
+        return {"id": i, "name": name, "cat": "POSIX", "pid": rank, "tid": tid, "ts": ts, "dur": 5,
+                "args": {"hhash": "aa", "fhash": "f1", "ret": 10, "count": 10}}
+
+    for rank, main in ((0, 4100), (1, 9100)):
+        _write(trace / f"trace-{rank}-of-2.pfw.gz", [
+            {**_meta(rank, "HH", "nodeA", "aa"), "tid": main}, {**_meta(rank, "FH", "/data/x.bin", "f1"), "tid": main},
+            ev(rank, main, 1, 1000 + rank, "open64"), ev(rank, main, 2, 1010 + rank),
+            ev(rank, 7777, 3, 1020 + rank), ev(rank, 7777, 4, 1030 + rank),
+        ])
+    loaded = load_trace(trace)
+    pids = loaded.events.group_by("pid").agg(pl.col("ppid").first()).sort("pid").rows()
+    assert pids == [(4100, None), (9100, None), (9101, 4100), (9102, 9100)]  # the readers: above tid 9100
+    with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
+        assert sp.groups == 2
+        assert_frame_equal(sp.collect(), loaded.events)

@@ -2482,12 +2482,14 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     return events, (None if changed else per_process), per_file
 
 
-def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str]) -> tuple[pl.DataFrame, bool]:
+def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str],
+              run: vocabulary.RunThreads | None = None) -> tuple[pl.DataFrame, bool]:
     """The one event vocabulary (:func:`~..vocabulary.canonicalize`: roles, DLIO's rank pids,
     start/stop markers) over :func:`finalize`'s table, in :data:`~dlreplay.schema.EVENT_SCHEMA`
     (``role`` Categorical); True when it changed processes or roles the loader's own
-    per-process counts relied on."""
-    table, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(markers), list(names))
+    per-process counts relied on. ``run``: what the whole run holds, where ``events`` is
+    one part of it (the spilled loader)."""
+    table, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(markers), list(names), run)
     return table.cast(pl.Schema(EVENT_SCHEMA), strict=False), changed  # type: ignore[arg-type]
 
 

@@ -55,11 +55,13 @@ from dlreplay.errors import TraceError
 from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
 
+from . import vocabulary
 from .load import (
     PART_SCHEMA,
     FileDamage,
     FileReport,
     _find_inputs,
+    _int_stat,
     _with_events,
     available_cores,
     canonical,
@@ -300,20 +302,41 @@ def _nearly_full(path: Path) -> bool:
     return st.f_bavail * st.f_frsize < 1 << 20
 
 
+def _run_threads(with_rows: list, processes: pl.DataFrame, pid0: bool, top: int) -> vocabulary.RunThreads:
+    """The run's :class:`~.vocabulary.RunThreads` from its parts' :func:`~.vocabulary.thread_firsts`
+    (by process index, ``with_rows``' 7th item, in part order: each part's indices follow the
+    processes of the parts before it), ``processes`` the run's process table."""
+    firsts, base = [], 0
+    for k in with_rows:
+        if k[6] is not None and k[6].height:
+            firsts.append(k[6].with_columns(pl.col("__p") + base))
+        base += k[1].height
+    schema = {"__p": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int32(), "ts": pl.Int64()}
+    f = pl.concat(firsts, how="vertical_relaxed") if firsts else pl.DataFrame(schema=schema)
+    threads = f.select(pl.lit(processes["host"]).gather(pl.col("__p")).alias("host"), "pid", "tid", "ts") \
+        .group_by("host", "pid", "tid").agg(pl.col("ts").min())
+    return vocabulary.RunThreads(threads, pid0, max(top, _int_stat(processes["ppid"].max()) or 0))
+
+
 def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None) -> SpilledTrace:
     files, manifest = _find_inputs(trace)
     names = [p.name for p in files]
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
     # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
-    kept: list[tuple[int, pl.DataFrame, pl.DataFrame, list[tuple[int, FileReport]], Path | None, pl.DataFrame]] = []
+    kept: list[tuple[int, pl.DataFrame, pl.DataFrame, list[tuple[int, FileReport]], Path | None, pl.DataFrame,
+                     pl.DataFrame | None]] = []
+    pid0, top = False, 0  # what the rank-numbering of DLIO's pids reads of the whole run
     for part in parse_parts(files, jobs=jobs, group_bytes=target):
         first = min(src for src, _ in part.files)
-        path = None
+        path = firsts = None
         if part.events.height:
             path = tmp / f"part-{first:09d}.parquet"
             _write_spill(part.events, path)
-        kept.append((first, part.processes, part.fh, part.files, path, part.markers))
+            firsts = vocabulary.thread_firsts(part.events, host="__p")
+            pid0 = pid0 or bool((part.events["pid"] == 0).any())
+            top = max(top, *(_int_stat(part.events[c].max()) or 0 for c in ("pid", "tid")))
+        kept.append((first, part.processes, part.fh, part.files, path, part.markers, firsts))
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
     kept.sort(key=lambda k: k[0])
@@ -323,10 +346,11 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     with_rows = [k for k in kept if k[4] is not None]
     tables = run_tables([k[1] for k in with_rows], [k[2] for k in kept], names)
     proc_src = tables.processes["src"].to_numpy()
+    run = _run_threads(with_rows, tables.processes, pid0, top)
     counts = np.zeros(len(names), dtype=np.int64)
     paths: list[Path] = []
     height = base = 0
-    for g, (_, processes, _, _, raw_path, markers) in enumerate(with_rows):
+    for g, (_, processes, _, _, raw_path, markers, _) in enumerate(with_rows):
         assert raw_path is not None
         raw = [pl.read_parquet(raw_path, schema=PART_SCHEMA).with_columns(pl.col("__p") + base)]
         base += processes.height
@@ -334,8 +358,9 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
         raw_path.unlink()
         counts += np.bincount(proc_src[pidx.to_numpy()], minlength=len(names))
         # the event vocabulary per part, as in memory over the whole table: what it reads
-        # (a rank's pids, its markers, a consumer's loop) lies in the process's own file
-        table, _ = canonical(table, markers, names)
+        # lies in the process's own file (its markers, a consumer's loop), or is the run's
+        # (which pids are DLIO's ranks: rank 0's pid 0 is in rank 0's file)
+        table, _ = canonical(table, markers, names, run)
         table = table.with_columns((pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))
         path = tmp / f"events-{g:05d}.parquet"
         _write_spill(table, path)
@@ -344,6 +369,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
         del table, pidx
         release_free_memory()
     reports = sorted((rep for k in kept for rep in k[3]), key=lambda r: r[0])
+    del run
     out_files = [_with_events(rep, int(counts[src])) for src, rep in reports]
     t2 = time.perf_counter()
     nbytes = sum(p.stat().st_size for p in paths)

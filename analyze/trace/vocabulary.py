@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -205,7 +206,36 @@ def has_role(role: str | Iterable[str]) -> pl.Expr:
 # ------------------------------------------------------------------- the loader hook
 
 
-def _rank_pids(ev: pl.DataFrame) -> tuple[pl.DataFrame, bool]:
+#: Process ids a rank-numbered trace gives its MPI ranks (see :func:`_rank_pids`).
+RANK_PIDS_BELOW = 1024
+
+
+@dataclass(frozen=True)
+class RunThreads:
+    """What :func:`_rank_pids` reads of a whole run, to split one part of it as the whole:
+    ``threads`` (host, pid, tid, ts): each thread of a process id below
+    :data:`RANK_PIDS_BELOW` with its first timestamp; ``pid0``: some event has pid 0;
+    ``top``: the largest pid, tid or ppid (new ids go above it)."""
+
+    threads: pl.DataFrame
+    pid0: bool
+    top: int
+
+
+def thread_firsts(ev: pl.DataFrame, host: str = "host") -> pl.DataFrame:
+    """(``host``, pid, tid, ts) of :class:`RunThreads` for the rows of ``ev``: per thread of a
+    process id below :data:`RANK_PIDS_BELOW`, its first timestamp (a few rows a process)."""
+    return ev.lazy().filter((pl.col("pid") < RANK_PIDS_BELOW) & pl.col("tid").is_not_null()) \
+        .group_by(host, "pid", "tid").agg(pl.col("ts").min()).collect()
+
+
+def run_threads(ev: pl.DataFrame) -> RunThreads:
+    """:class:`RunThreads` of a whole table."""
+    top = max(_int(ev["pid"].max()), _int(ev["tid"].max()), _int(ev["ppid"].max()) if "ppid" in ev.columns else 0)
+    return RunThreads(thread_firsts(ev), bool((ev["pid"] == 0).any()), top)
+
+
+def _rank_pids(ev: pl.DataFrame, run: RunThreads | None = None) -> tuple[pl.DataFrame, bool]:
     """Give each thread of a rank-numbered process its own pid (DFTracer 1.x Python API).
 
     pydftracer 1.x initialised with ``process_id=rank`` (as DLIO does) writes the MPI rank
@@ -215,26 +245,38 @@ def _rank_pids(ev: pl.DataFrame) -> tuple[pl.DataFrame, bool]:
     process has; then every pid below 1024 with no event of its own main thread
     (``tid == pid``) is a rank. Its events get ``pid = tid``, and the threads other than
     the rank's first (the reader workers) get the first thread's id as ``ppid``.
+
+    ``run``: what the whole run holds (:class:`RunThreads`), where ``ev`` is one part of it
+    (the spilled loader canonicalises part by part: rank 0's pid 0 lies in its own file);
+    default: ``ev``'s own.
     """
-    if ev.height == 0 or "tid" not in ev.columns or not (ev["pid"] == 0).any():
+    if ev.height == 0 or "tid" not in ev.columns:
         return ev, False
-    g = ev.group_by("pid").agg((pl.col("tid") == pl.col("pid")).any().alias("own"))
-    ranks = g.filter(~pl.col("own") & (pl.col("pid") < 1024))["pid"]
+    if run is None:
+        if not (ev["pid"] == 0).any():
+            return ev, False
+        run = run_threads(ev)
+    if not run.pid0:
+        return ev, False
+    th = run.threads
+    g = th.group_by("pid").agg((pl.col("tid") == pl.col("pid")).any().alias("own"))
+    ranks = g.filter(~pl.col("own"))["pid"]
     if ranks.is_empty():
         return ev, False
     is_rank = pl.col("pid").is_in(ranks.implode())
-    threads = ev.filter(is_rank & pl.col("tid").is_not_null())
+    threads = th.filter(is_rank)
     # each (host, rank, thread) its own process id: the thread id, unless another rank of the
     # host has a thread of that id too (the forked reader workers of two DLIO ranks on one
     # node, traced by pydftracer 1.0.2, both wrote tid 22386 at the same time): then new ids
     # above every id in the trace
     keys = threads.select("host", "pid", "tid").unique().with_columns(
         (pl.len().over("host", "tid") > 1).alias("__dup")).sort("host", "pid", "tid", nulls_last=True)
-    top = max(_int(ev["pid"].max()), _int(ev["tid"].max()), _int(ev["ppid"].max()) if "ppid" in ev.columns else 0)
     keys = keys.with_columns(
-        pl.when(pl.col("__dup")).then(top + pl.col("__dup").cast(pl.Int64).cum_sum()).otherwise(pl.col("tid"))
+        pl.when(pl.col("__dup")).then(run.top + pl.col("__dup").cast(pl.Int64).cum_sum()).otherwise(pl.col("tid"))
         .cast(pl.Int32, strict=False).alias("__new")).drop("__dup")
-    main = (threads.sort("ts").group_by("host", "pid").agg(pl.col("tid").first().alias("tid"))
+    # the rank's first thread (of equal first timestamps, the lowest id)
+    main = (threads.sort("ts", "tid", nulls_last=True).group_by("host", "pid", maintain_order=True)
+            .agg(pl.col("tid").first().alias("tid"))
             .join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True)
             .select("host", "pid", pl.col("__new").alias("__main")))
     ev = (ev.join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True, maintain_order="left")
@@ -335,12 +377,13 @@ def _marker_rows(ev: pl.DataFrame, markers: pl.DataFrame, sources: list[str] | N
 
 
 def canonicalize(ev: pl.DataFrame, markers: pl.DataFrame | None = None,
-                 sources: list[str] | None = None) -> tuple[pl.DataFrame, bool]:
+                 sources: list[str] | None = None, run: RunThreads | None = None) -> tuple[pl.DataFrame, bool]:
     """The loader's hook: the event table with ``role`` and the loop's numbers filled in.
 
     * ``role`` for every row (:func:`classify`; compute/step of old dlreplay traces per
       :func:`_legacy_steps`);
-    * rank-numbered processes split by thread (:func:`_rank_pids`);
+    * rank-numbered processes split by thread (:func:`_rank_pids`; ``run``: what the whole
+      run holds, where ``ev`` is one part of it);
     * spans of start/stop metadata markers (``markers``, from :func:`marker_spans`) added
       as events, for roles the process has no events of (``sources[src]`` names their file);
     * ``epoch`` and ``step`` where a consumer's loop event has none (:func:`_fill_loop`),
@@ -355,7 +398,7 @@ def canonicalize(ev: pl.DataFrame, markers: pl.DataFrame | None = None,
     narrow = {c: dt for c, dt in _NEEDED.items() if dt == pl.Int32() and c in ev.columns and ev.schema[c] != dt}
     if narrow:
         ev = ev.with_columns(pl.col(c).cast(dt, strict=False) for c, dt in narrow.items())
-    ev, changed = _rank_pids(ev)
+    ev, changed = _rank_pids(ev, run)
     role = role_expr(ev)
     role = _legacy_steps(ev, role)
     ev = ev.with_columns(role.alias("role"))
