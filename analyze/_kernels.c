@@ -6,19 +6,25 @@
  * while it runs. dlreplay.analyze.passes holds the polars queries they replace: those are the
  * definition (tests compare the two) and the path taken where this module is not built.
  *
- * read_flags(pid, file, kind, offset, size, seq, consec)
+ * read_flags_new() -> state;  read_flags(state, pid, file, kind, offset, size);
+ * read_flag_groups(state) -> (file, size, n, seq, consec)
  *
- *   Darshan's sequential / consecutive flags of reads, per (process, file) and per open of
- *   it, for rows in time order (the order of the event table). Inputs, n rows each:
+ *   Darshan's sequential / consecutive reads, per (process, file) and per open of it,
+ *   counted per (file, size) of the reads, over rows in time order (the order of the event
+ *   table) given in one or more read_flags calls (batches of rows in that order, or of
+ *   whole processes): the state carries each (process, file)'s last read across calls.
+ *   Inputs, n rows each:
  *     pid     int64: the process id, INT64_MIN for a null pid (its own process, as in the
  *             polars query, where a null pid sorts as one group)
  *     file    uint32: the file's code (any integer naming the file)
  *     kind    uint8: 0 a row to skip, 1 an open (the next read of that process and file
  *             has no predecessor), 2 a read that counts (bytes moved, offset known)
  *     offset, size  int64: of the reads (other rows: any value)
- *   Outputs (writable uint8, n each), set for the reads (kind 2) only: seq = offset >= the
- *   end of the previous read of that (process, file) since its last open (0 when there is
- *   none), consec = offset == that end.
+ *   A read is sequential when its offset is at or past the end of the previous read of
+ *   that (process, file) since its last open (0 when there is none), consecutive when it
+ *   is that end. read_flag_groups gives, per (file, size) of the reads counted so far, in
+ *   no particular order: file codes (bytes of uint32), sizes, reads, sequential and
+ *   consecutive ones (bytes of int64).
  *
  * interval_sums(row_key, row_ts, row_val, iv_key, iv_ts, iv_end, overlap, counts, sums)
  *
@@ -127,19 +133,56 @@ static Slot *table_find(const Table *t, int64_t a, uint32_t b)
     return NULL;
 }
 
+/* read_flags' state: each (process, file)'s last read (files) and each (file, size)'s counts (groups) */
+typedef struct {
+    Table files, groups;
+} FlagState;
+
+static void flag_state_free(PyObject *capsule)
+{
+    FlagState *st = PyCapsule_GetPointer(capsule, "dlreplay.read_flags");
+    if (!st) return;
+    free(st->files.s);
+    free(st->groups.s);
+    free(st);
+}
+
+static PyObject *read_flags_new(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    FlagState *st = calloc(1, sizeof(FlagState));
+    if (!st || table_init(&st->files, 1024) < 0 || table_init(&st->groups, 1024) < 0) {
+        if (st) {
+            free(st->files.s);
+            free(st);
+        }
+        return PyErr_NoMemory();
+    }
+    PyObject *cap = PyCapsule_New(st, "dlreplay.read_flags", flag_state_free);
+    if (!cap) {
+        free(st->files.s);
+        free(st->groups.s);
+        free(st);
+    }
+    return cap;
+}
+
 static PyObject *read_flags(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o[7];
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6])) return NULL;
-    static const Py_ssize_t isz[7] = {8, 4, 1, 8, 8, 1, 1};
-    Py_buffer b[7];
+    PyObject *cap, *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &cap, &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
+    FlagState *st = PyCapsule_GetPointer(cap, "dlreplay.read_flags");
+    if (!st) return NULL;
+    static const Py_ssize_t isz[5] = {8, 4, 1, 8, 8};
+    Py_buffer b[5];
     int got = 0, oom = 0;
     PyObject *result = NULL;
-    for (; got < 7; got++)
-        if (get_buf(o[got], &b[got], isz[got], got >= 5, "read_flags") < 0) goto done;
+    for (; got < 5; got++)
+        if (get_buf(o[got], &b[got], isz[got], 0, "read_flags") < 0) goto done;
     Py_ssize_t n = b[0].len / 8;
-    for (int i = 1; i < 7; i++)
+    for (int i = 1; i < 5; i++)
         if (b[i].len / isz[i] != n) {
             PyErr_SetString(PyExc_ValueError, "read_flags: the columns differ in length");
             goto done;
@@ -147,31 +190,30 @@ static PyObject *read_flags(PyObject *self, PyObject *args)
     const int64_t *pid = b[0].buf, *off = b[3].buf, *size = b[4].buf;
     const uint32_t *file = b[1].buf;
     const uint8_t *kind = b[2].buf;
-    uint8_t *seq = b[5].buf, *con = b[6].buf;
     Py_BEGIN_ALLOW_THREADS
-    Table t;
-    if (table_init(&t, 1024) < 0) {
-        oom = 1;
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!kind[i]) continue;
-            int fresh;
-            Slot *s = table_get(&t, pid[i], file[i], &fresh);
-            if (!s) {
-                oom = 1;
-                break;
-            }
-            if (kind[i] == 1) {
-                s->v1 = 0;
-                continue;
-            }
-            int64_t prev_end = s->v1 ? s->v0 : 0;
-            seq[i] = off[i] >= prev_end;
-            con[i] = off[i] == prev_end;
-            s->v0 = off[i] + size[i];
-            s->v1 = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!kind[i]) continue;
+        int fresh;
+        Slot *s = table_get(&st->files, pid[i], file[i], &fresh);
+        if (!s) {
+            oom = 1;
+            break;
         }
-        free(t.s);
+        if (kind[i] == 1) {
+            s->v1 = 0;
+            continue;
+        }
+        int64_t prev_end = s->v1 ? s->v0 : 0;
+        s->v0 = (int64_t)((uint64_t)off[i] + (uint64_t)size[i]);
+        s->v1 = 1;
+        Slot *g = table_get(&st->groups, size[i], file[i], &fresh);
+        if (!g) {
+            oom = 1;
+            break;
+        }
+        g->v0++;
+        g->v1 += off[i] >= prev_end;
+        g->v2 += off[i] == prev_end;
     }
     Py_END_ALLOW_THREADS
     if (oom) {
@@ -183,6 +225,37 @@ static PyObject *read_flags(PyObject *self, PyObject *args)
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     return result;
+}
+
+static PyObject *read_flag_groups(PyObject *self, PyObject *cap)
+{
+    (void)self;
+    FlagState *st = PyCapsule_GetPointer(cap, "dlreplay.read_flags");
+    if (!st) return NULL;
+    Py_ssize_t m = (Py_ssize_t)st->groups.n;
+    PyObject *out[5] = {PyBytes_FromStringAndSize(NULL, m * 4), PyBytes_FromStringAndSize(NULL, m * 8),
+                        PyBytes_FromStringAndSize(NULL, m * 8), PyBytes_FromStringAndSize(NULL, m * 8),
+                        PyBytes_FromStringAndSize(NULL, m * 8)};
+    for (int i = 0; i < 5; i++)
+        if (!out[i]) {
+            for (int j = 0; j < 5; j++) Py_XDECREF(out[j]);
+            return NULL;
+        }
+    uint32_t *code = (uint32_t *)PyBytes_AS_STRING(out[0]);
+    int64_t *size = (int64_t *)PyBytes_AS_STRING(out[1]), *cnt = (int64_t *)PyBytes_AS_STRING(out[2]),
+            *seq = (int64_t *)PyBytes_AS_STRING(out[3]), *con = (int64_t *)PyBytes_AS_STRING(out[4]);
+    Py_ssize_t k = 0;
+    for (size_t j = 0; j < st->groups.cap; j++) {
+        const Slot *g = &st->groups.s[j];
+        if (!g->used) continue;
+        code[k] = g->b;
+        size[k] = g->a;
+        cnt[k] = g->v0;
+        seq[k] = g->v1;
+        con[k] = g->v2;
+        k++;
+    }
+    return Py_BuildValue("(NNNNN)", out[0], out[1], out[2], out[3], out[4]);
 }
 
 /* The intervals' keys: each key's run [v0, v1) of intervals sorted by (key, ts); v2 a cursor. */
@@ -287,7 +360,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"read_flags", read_flags, METH_VARARGS, "Darshan's seq / consec flags of reads in time order (see the module source)."},
+    {"read_flags_new", read_flags_new, METH_NOARGS, "A fresh state for read_flags (see the module source)."},
+    {"read_flags", read_flags, METH_VARARGS, "Darshan's seq / consec reads counted per (file, size), rows in time order."},
+    {"read_flag_groups", read_flag_groups, METH_O, "The (file, size) groups read_flags counted, as bytes of arrays."},
     {"interval_sums", interval_sums, METH_VARARGS, "Rows counted and summed into their as-of intervals (see the module source)."},
     {NULL, NULL, 0, NULL},
 };

@@ -294,12 +294,9 @@ def access_pattern(reads: pl.DataFrame) -> AccessPattern:
     )
 
 
-def _file_sizes(io: _Frame) -> _Frame:
-    """Per file: the largest byte position seen (end of a read, or an lseek result); for a file
-    with neither (a trace without offsets and no seek to its end), the most bytes one process
-    read between an open of it and the next (a file read whole, as Pillow reads an image).
-
-    ``io`` needs the opens as well as the reads and seeks for the second case; eager or lazy."""
+def _file_ends(io: _Frame) -> _Frame:
+    """Per file of ``io``: the largest byte position seen (the end of a read, or an lseek
+    result), where one is (the first case of :func:`_file_sizes`)."""
     ends = io.select(
         "file",
         pl.when(pl.col("name").is_in(READ_OPS))
@@ -309,7 +306,18 @@ def _file_sizes(io: _Frame) -> _Frame:
         .otherwise(None)
         .alias("end"),
     )
-    sized = ends.group_by("file").agg(pl.col("end").max().alias("size")).filter(pl.col("size") > 0)
+    return ends.group_by("file").agg(pl.col("end").max().alias("size")).filter(pl.col("size") > 0)
+
+
+def _file_sizes(io: _Frame, sized: _Frame | None = None) -> _Frame:
+    """Per file: the largest byte position seen (end of a read, or an lseek result); for a file
+    with neither (a trace without offsets and no seek to its end), the most bytes one process
+    read between an open of it and the next (a file read whole, as Pillow reads an image).
+
+    ``io`` needs the opens as well as the reads and seeks for the second case; eager or lazy.
+    ``sized``: :func:`_file_ends` of ``io``, when already computed."""
+    if sized is None:
+        sized = _file_ends(io)
     rest = io.join(sized.select("file"), on="file", how="anti")
     per_open = (
         rest.filter(pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS))

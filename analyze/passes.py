@@ -18,7 +18,7 @@ import importlib
 import math
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -40,7 +40,7 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from .distill import WARMUP_FACTOR, _file_sizes, warmup_steps
+from .distill import WARMUP_FACTOR, _file_ends, _file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
 from .trace import vocabulary as voc
@@ -80,6 +80,8 @@ DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offse
 #: event, on top of the table) are then held for one batch at a time. Results are the same.
 PID_BATCH_MIN_ROWS = 1 << 20
 PID_BATCHES = 4
+#: Rows of the in-memory table a pass's C kernel takes at a time (see :meth:`TraceView.row_batches`).
+ROW_BATCH = 1 << 19
 _IO = pl.col("cat").is_in(IO_CATEGORIES) & pl.col("file").is_not_null()
 _DATA_READ = pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
 
@@ -240,13 +242,10 @@ class TraceView:
         so each pass takes the few columns it reads for as long as it needs them (a
         shared frame of every column a pass reads held ~60 bytes per event through the
         whole analysis). Over a spilled table, a streaming query of those columns."""
-        return self.dataset_select([pl.col(c) for c in columns], cond)
-
-    def dataset_select(self, exprs: list[pl.Expr], cond: pl.Expr | None = None) -> pl.DataFrame:
-        """:meth:`dataset_rows` with expressions of the table's columns instead of columns."""
+        cols = list(columns)
         if isinstance(self.events, pl.DataFrame):
-            return self.events.lazy().filter(self._dataset(cond)).select(exprs).collect()
-        return self._ordered(self.events.filter(self._dataset(cond)), exprs)
+            return self.events.lazy().filter(self._dataset(cond)).select(cols).collect()
+        return self._ordered(self.events.filter(self._dataset(cond)), [pl.col(c) for c in cols])
 
     def ordered_dataset(self, columns: Iterable[str], cond: pl.Expr | None = None) -> pl.LazyFrame:
         """:meth:`dataset_rows` as a query in table order: over the in-memory table nothing is
@@ -299,6 +298,24 @@ class TraceView:
         conds: list[pl.Expr | None] = [pl.col("pid").is_in(m) for m in named]
         conds.append((~pl.col("pid").is_in(taken)).fill_null(True))
         return conds
+
+    def row_batches(self, exprs: list[pl.Expr], cond: pl.Expr, *, dataset: bool = True) -> Iterator[pl.DataFrame]:
+        """The rows that match ``cond`` (and are dataset I/O, with ``dataset``) with ``exprs``,
+        in batches for a pass's C kernel: over the in-memory table, slices of
+        :data:`ROW_BATCH` rows in table order (a slice costs no copy, and its filter reads
+        only its rows: a pass holds one slice's rows at a time whatever the processes);
+        over a spilled table, :attr:`pid_batches` (whole processes, each in table order)."""
+        if isinstance(self.events, pl.DataFrame):
+            mask = self.dataset_mask if dataset else None
+            for a in range(0, self.events.height, ROW_BATCH):
+                pred = cond if mask is None else pl.lit(mask.slice(a, ROW_BATCH)) & cond
+                yield self.events.slice(a, ROW_BATCH).lazy().filter(pred).select(exprs).collect()
+            return
+        for batch in self.pid_batches:
+            query = self.events.filter(self._dataset(cond) if dataset else cond)
+            if batch is not None:
+                query = query.filter(batch)
+            yield self._ordered(query, exprs)
 
     @cached_property
     def pids_packable(self) -> bool:
@@ -354,7 +371,11 @@ class TraceView:
     def dataset_file_sizes(self) -> pl.DataFrame:
         """(file, size): the largest byte position read or seeked per dataset file, else the most
         bytes read between two opens of it (see :func:`~.distill._file_sizes`)."""
-        return self.collect(_file_sizes(self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS + OPEN_OPS))))
+        io = self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS + OPEN_OPS))
+        sized = self.collect(_file_ends(io))
+        if sized.height == len(self.dataset_files):  # every file has an end: no per-open sums to add
+            return sized
+        return self.collect(_file_sizes(io, sized.lazy()))
 
     @cached_property
     def consumers(self) -> list[int]:
@@ -466,31 +487,40 @@ def _i64(expr: pl.Expr, name: str) -> pl.Expr:
     return expr.cast(pl.Int64).fill_null(_NULL_I64).alias(name)
 
 
-def _read_flag_counts(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per (file, size) of the reads among ``rows``: n, ``__seq`` and ``__con`` (how many are
-    Darshan-sequential and consecutive): :func:`flag_reads_lazy`'s flags counted, from one
-    pass of ``read_flags`` in C over ``rows`` in time order, without its sort.
+def _read_flag_counts(batches: Iterable[pl.DataFrame], files: pl.Series) -> pl.DataFrame:
+    """Per (file, size) of the reads: n, ``__seq`` and ``__con`` (how many are Darshan-sequential
+    and consecutive): :func:`flag_reads_lazy`'s flags counted, in one pass in C
+    (``read_flags``) over the rows in time order, without its sort or a row per read.
 
-    ``rows``: the opens and reads of :func:`_read_flag_columns`, in table order.
+    ``batches``: the opens and reads of :func:`_read_flag_columns` in table order (a batch
+    of rows after another, or of whole processes); ``files``: the names their file codes
+    name, in their Categorical type (the result's ``file``).
     """
-    n = rows.height
-    seq, con = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
-    _KERNELS.read_flags(*(rows[c].to_numpy() for c in ("__pid", "__code", "__kind", "__off", "__size")), seq, con)
-    return rows.select("file", pl.col("__size").alias("size"), pl.Series("__seq", seq, pl.UInt32),
-                       pl.Series("__con", con, pl.UInt32), "__kind").filter(pl.col("__kind") == 2) \
-        .group_by("file", "size").agg(pl.len().alias("n"), pl.col("__seq").sum(), pl.col("__con").sum())
+    state = _KERNELS.read_flags_new()
+    for rows in batches:
+        _KERNELS.read_flags(state, *(np.ascontiguousarray(rows[c].to_numpy()) for c in _READ_FLAG_COLUMNS))
+        del rows
+    kinds = {"__code": np.uint32, "size": np.int64, "n": np.int64, "__seq": np.int64, "__con": np.int64}
+    groups = pl.DataFrame({c: np.frombuffer(b, t) for (c, t), b in
+                           zip(kinds.items(), _KERNELS.read_flag_groups(state), strict=True)})
+    names = files.to_frame().with_columns(pl.col("file").to_physical().alias("__code"))
+    return groups.join(names, on="__code", how="left").select("file", "size", "n", "__seq", "__con")
+
+
+#: What ``read_flags`` takes, as :func:`_read_flag_columns` names it.
+_READ_FLAG_COLUMNS = ("__pid", "__code", "__kind", "__off", "__size")
 
 
 def _read_flag_columns() -> list[pl.Expr]:
     """The columns ``read_flags`` takes (see :func:`_read_flag_counts`): pid, the file's code,
     the kind (2: a read that counts, as in :func:`flag_reads_lazy`; 1: an open; 0: neither),
-    offset and size (nulls as 0 where they do not count), and the file."""
+    offset and size (nulls as 0 where they do not count)."""
     name = pl.col("name")
     read = name.is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
     kind = pl.when(read.fill_null(False)).then(2).when(name.is_in(OPEN_OPS)).then(1).otherwise(0)
     return [_i64(pl.col("pid"), "__pid"), pl.col("file").to_physical().cast(pl.UInt32).alias("__code"),
             kind.cast(pl.UInt8).alias("__kind"), _i64(pl.col("offset").fill_null(0), "__off"),
-            _i64(pl.col("size").fill_null(0), "__size"), pl.col("file")]
+            _i64(pl.col("size").fill_null(0), "__size")]
 
 
 def _intervals(frame: pl.DataFrame, key: pl.Expr, end: pl.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -562,11 +592,11 @@ def pass_access(v: TraceView) -> dict:
     # file's median read are taken from the merged counts.
     ops = pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS)
     counts = []
-    for batch in v.pid_batches:
+    if _KERNELS is not None:  # one pass in C over the rows in time order
+        files = pl.Series("file", v.dataset_files, pl.String).cast(v.scan.collect_schema()["file"])
+        counts.append(_read_flag_counts(v.row_batches(_read_flag_columns(), ops), files))
+    for batch in v.pid_batches if _KERNELS is None else []:
         cond = ops if batch is None else ops & batch
-        if _KERNELS is not None:  # one pass in C over the rows in time order
-            counts.append(_read_flag_counts(v.dataset_select(_read_flag_columns(), cond)))
-            continue
         io = v.ordered_dataset(("pid", "file", "name", "size", "offset"), cond)
         counts.append(flag_reads_lazy(io, packed=v.pids_packable).group_by("file", "size").agg(
             pl.len().alias("n"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con")).collect())
@@ -652,9 +682,10 @@ def _sample_reads(v: TraceView, items: pl.DataFrame) -> dict[str, Any]:
     each dataset read counted into the item (sample) event that encloses it, in C."""
     iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur"))
     reads, nbytes = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-    for batch in v.pid_batches:
-        _interval_sums(v.dataset_select([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("size").alias("v")],
-                                        _DATA_READ if batch is None else _DATA_READ & batch), iv, reads, nbytes)
+    for rows in v.row_batches([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("size").alias("v")],
+                              _DATA_READ):
+        _interval_sums(rows, iv, reads, nbytes)
+        del rows
     got = reads > 0
     n = int(got.sum())
     return {"samples_with_reads": n, "reads_per_sample": _f(np.median(reads[got]), 2) if n else None,
@@ -907,9 +938,8 @@ def _overlapped(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[int, i
     owner = pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid"))
     counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
     total = 0
-    for batch in v.pid_batches:
-        calls = v.dataset_select([_i64(owner, "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
-                                 batch)
+    for calls in v.row_batches([_i64(owner, "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
+                               pl.lit(True)):
         _interval_sums(calls, iv, counts, inside, overlap=True)
         total += int(calls["v"].sum() or 0)
         del calls
@@ -1014,10 +1044,10 @@ def pass_preprocess(v: TraceView) -> dict:
     iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur")) if _KERNELS is not None else None
     if iv is not None:  # each call counted into the item that encloses it, in C
         counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-        for batch in v.pid_batches:
-            _interval_sums(v.collect(v.io_lazy.filter(loaders if batch is None else loaders & batch).select(
-                _i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v"))),
-                iv, counts, inside)
+        for rows in v.row_batches([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"),
+                                   pl.col("dur").fill_null(0).alias("v")], _IO & loaders, dataset=False):
+            _interval_sums(rows, iv, counts, inside)
+            del rows
         io_us = int(inside.sum())
     for batch in v.pid_batches if iv is None else []:  # one batch of processes at a time: the sums add up
         io = v.io_lazy.filter(loaders if batch is None else loaders & batch).select("pid", "ts", "dur")

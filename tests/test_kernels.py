@@ -49,7 +49,11 @@ def test_read_flags_count_what_flag_reads_flags(rows) -> None:
                                                                 "offset": pl.Int64, "size": pl.Int64}, orient="row")
     want = P.flag_reads(io).group_by("file", "size").agg(
         pl.len().alias("n"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con"))
-    got = P._read_flag_counts(io.select(P._read_flag_columns()))
+    rows = io.select(P._read_flag_columns())
+    files = io["file"].unique()
+    got = P._read_flag_counts([rows], files)
+    # rows in batches give the same counts: the state carries each (process, file)'s last read
+    assert P._read_flag_counts([rows[:7], rows[7:20], rows[20:]], files).sort(pl.all()).equals(got.sort(pl.all()))
 
     def norm(f: pl.DataFrame) -> list:
         return sorted(f.select(pl.col("file").cast(pl.String), "size", *(pl.col(c).cast(pl.Int64) for c in
@@ -98,9 +102,9 @@ def test_interval_sums_match_polars_join_asof(items, rows, rows_in_time_order) -
     assert int(ov_counts.sum()) == j.filter(pl.col("e").is_not_null()).height
 
 
-def test_interval_sums_refuse_unsorted_intervals_and_unlike_lengths() -> None:
-    """Intervals out of (key, start) order or buffers of unlike lengths are refused (ValueError),
-    never read past."""
+def test_kernels_refuse_unsorted_intervals_and_unlike_lengths() -> None:
+    """Intervals out of (key, start) order, buffers of unlike lengths or a state of another
+    kind are refused (ValueError), never read past."""
     k = np.array([1, 1], np.int64)
     z = np.zeros(2, np.int64)
     with pytest.raises(ValueError, match="not sorted"):
@@ -109,8 +113,9 @@ def test_interval_sums_refuse_unsorted_intervals_and_unlike_lengths() -> None:
     with pytest.raises(ValueError, match="unlike lengths"):
         P._KERNELS.interval_sums(k, z, z, k, z, z, False, np.zeros(1, np.int64), np.zeros(2, np.int64))
     with pytest.raises(ValueError, match="differ in length"):
-        P._KERNELS.read_flags(k, np.zeros(2, np.uint32), np.zeros(1, np.uint8), z, z, np.zeros(2, np.uint8),
-                              np.zeros(2, np.uint8))
+        P._KERNELS.read_flags(P._KERNELS.read_flags_new(), k, np.zeros(2, np.uint32), np.zeros(1, np.uint8), z, z)
+    with pytest.raises(ValueError):  # not a read_flags state
+        P._KERNELS.read_flags(object(), k, np.zeros(2, np.uint32), np.zeros(2, np.uint8), z, z)
 
 
 def _corpus() -> list[str]:
