@@ -125,14 +125,18 @@ def _corpus() -> list[str]:
 @pytest.mark.parametrize("name", _corpus())
 def test_passes_with_kernels_give_the_polars_results(name: str, monkeypatch, tmp_path: Path) -> None:
     """Every pass gives the same results with the kernels as with the polars queries, on every
-    trace of the corpus (ours and DLIO's), in memory and over a spilled table (where the
-    kernels take the processes in batches)."""
+    trace of the corpus (ours and DLIO's): in memory, in one slice of the table and in
+    many, and over a spilled table (where the kernels take the processes in batches)."""
     def spilled(sub: str) -> str:
         a = analyze_trace(TRACES / name, memory_limit=1, spill_dir=tmp_path / sub, figures=False)
         return json.dumps(a.characterization.to_dict(), sort_keys=True, default=str)
 
     lt = load_trace(TRACES / name)
     with_kernels = json.dumps(characterize(lt.events, manifest=lt.manifest).to_dict(), sort_keys=True, default=str)
+    monkeypatch.setattr(P, "ROW_BATCH", 97)  # many slices of the in-memory table, cut anywhere
+    assert json.dumps(characterize(lt.events, manifest=lt.manifest).to_dict(), sort_keys=True,
+                      default=str) == with_kernels
+    assert lt.events.height > 3 * 97
     monkeypatch.setattr(P, "PID_BATCH_MIN_ROWS", 0)
     spilled_kernels = spilled("k")
     monkeypatch.setattr(P, "_KERNELS", None)
