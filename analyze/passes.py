@@ -646,10 +646,12 @@ def _in_items(v: TraceView, rows: pl.LazyFrame, items: pl.DataFrame) -> pl.LazyF
 def pass_transfer(v: TraceView) -> dict:
     """Dataset read sizes (bytes), reads and bytes per sample, which calls and which format."""
     # counted per distinct size: one row per read is never held
-    hist = v.collect(v.dataset_query(_DATA_READ).group_by("size").agg(pl.len().cast(pl.Int64).alias("n")))
+    # (one query: reads per (call, size), then per size and per call)
+    per = v.collect(v.dataset_query(_DATA_READ).group_by("name", "size").agg(pl.len().cast(pl.Int64).alias("n")))
+    hist = per.group_by("size").agg(pl.col("n").sum())
     out: dict[str, Any] = {"read_size": _hist_stats(hist), "calls": {}}
     n_reads = int(hist["n"].sum() or 0)
-    calls = v.collect(v.dataset_query(_DATA_READ).group_by("name").len())
+    calls = per.group_by("name").agg(pl.col("n").sum().alias("len"))
     out["calls"] = {n: c for n, c in calls.sort(["len", "name"], descending=[True, False]).iter_rows()}
     exts = [os.path.splitext(f)[1].lower() for f in v.dataset_files]
     out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
