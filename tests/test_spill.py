@@ -280,22 +280,26 @@ def test_damaged_and_empty_files_through_the_spill(tmp_path):
     assert _spills(tmp_path / "sp") == []
 
 
-def test_rank_numbered_files_split_as_the_whole_run(tmp_path):
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_rank_numbered_files_split_as_the_whole_run(tmp_path, nodes):
     """DLIO's rank-numbered pids (pydftracer 1.x writes the rank as pid; its forked readers
     write into the rank's file): each rank's file in its own spill group gives the table of
     the whole run. Only rank 0's file has pid 0, which marks the run as rank-numbered; the
-    two ranks' readers share a thread id, so they get new ids above every id of the run
-    (one of them in the other file)."""
+    two ranks' readers share a thread id, on one node or on two (thread ids are per node),
+    so they get new ids above every id of the run (one of them in the other file)."""
     trace = tmp_path / "trace"
     trace.mkdir()
 
     def ev(rank: int, tid: int, i: int, ts: int, name: str = "read") -> dict:
         return {"id": i, "name": name, "cat": "POSIX", "pid": rank, "tid": tid, "ts": ts, "dur": 5,
-                "args": {"hhash": "aa", "fhash": "f1", "ret": 10, "count": 10}}
+                "args": {"hhash": hh, "fhash": "f1", "ret": 10, "count": 10}}
 
     for rank, main in ((0, 4100), (1, 9100)):
+        hh, node = ("bb", "nodeB") if nodes == 2 and rank else ("aa", "nodeA")
         _write(trace / f"trace-{rank}-of-2.pfw.gz", [
-            {**_meta(rank, "HH", "nodeA", "aa"), "tid": main}, {**_meta(rank, "FH", "/data/x.bin", "f1"), "tid": main},
+            {**_meta(rank, "HH", node, hh), "tid": main, "args": {"hhash": hh, "name": node, "value": hh}},
+            {**_meta(rank, "FH", "/data/x.bin", "f1"), "tid": main, "args": {"hhash": hh, "name": "/data/x.bin",
+                                                                             "value": "f1"}},
             ev(rank, main, 1, 1000 + rank, "open64"), ev(rank, main, 2, 1010 + rank),
             ev(rank, 7777, 3, 1020 + rank), ev(rank, 7777, 4, 1030 + rank),
         ])
@@ -305,3 +309,47 @@ def test_rank_numbered_files_split_as_the_whole_run(tmp_path):
     with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
         assert sp.groups == 2
         assert_frame_equal(sp.collect(), loaded.events)
+
+
+def test_one_pid_on_two_hosts_is_two_processes(tmp_path):
+    """Two nodes' processes with one pid (pid_max is often 32768: likely across many nodes)
+    stay two processes: the host whose file comes first keeps the pid, the other's gets a
+    new id above every id of the run, and its children's ppid follows; in memory and
+    spilled file by file alike. Each keeps its own epochs and reads."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+
+    def ev(pid: int, hh: str, i: int, name: str, cat: str, ts: int, dur: int = 5, **args) -> dict:
+        return {"id": i, "name": name, "cat": cat, "pid": pid, "tid": pid, "ts": ts, "dur": dur, "ph": 1,
+                "args": {"hhash": hh, **args}}
+
+    for node, hh, t0, nbytes in (("nodeA", "aa", 1000, 100), ("nodeB", "bb", 5000, 300)):
+        main, worker = 4242, 4343
+        _write(trace / f"{node}-main.pfw.gz", [
+            _meta(main, "HH", node, hh) | {"args": {"hhash": hh, "name": node, "value": hh}},
+            _meta(main, "FH", f"/data/{node}.bin", "f1") | {"args": {"hhash": hh, "name": f"/data/{node}.bin",
+                                                                        "value": "f1"}},
+            ev(main, hh, 1, "start", "dftracer", t0, ppid=1),
+            ev(main, hh, 2, "epoch.block", "pipeline", t0 + 10, 500, epoch=1),
+            ev(main, hh, 3, "fetch.block", "dataloader", t0 + 20, 50, epoch=1, step=1),
+            ev(main, hh, 4, "forward", "compute", t0 + 80, 100, epoch=1, step=1),
+        ])
+        _write(trace / f"{node}-worker.pfw.gz", [
+            _meta(worker, "HH", node, hh) | {"args": {"hhash": hh, "name": node, "value": hh}},
+            ev(worker, hh, 1, "start", "dftracer", t0 + 1, ppid=main),
+            ev(worker, hh, 2, "open64", "POSIX", t0 + 30, fhash="f1", ret=3, flags=0),
+            ev(worker, hh, 3, "read", "POSIX", t0 + 40, fhash="f1", ret=nbytes, count=nbytes),
+        ])
+    loaded = load_trace(trace)
+    procs = loaded.events.group_by("host", "pid").agg(pl.col("ppid").drop_nulls().first()).sort("host", "pid")
+    assert procs.select(pl.col("host").cast(pl.String), "pid", "ppid").rows() == [
+        ("nodeA", 4242, 1), ("nodeA", 4343, 4242), ("nodeB", 4344, 1), ("nodeB", 4345, 4344)]
+    reads = loaded.events.filter(pl.col("name") == "read").group_by("pid").agg(pl.col("size").sum()).sort("pid")
+    assert reads.rows() == [(4343, 100), (4345, 300)]
+    per = loaded.per_process
+    assert per is None or sorted(per.filter(pl.col("rb") > 0).select("pid", "rb").rows()) == [(4343, 100), (4345, 300)]
+    with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
+        assert sp.groups == 4
+        assert_frame_equal(sp.collect(), loaded.events)
+    epochs = characterize(loaded.events, passes=["epochs"])["epochs"]["epochs"]
+    assert sorted(e["pid"] for e in epochs) == [4242, 4344]

@@ -2319,10 +2319,12 @@ class RunTables:
     path_by_code: pl.Series
 
 
-def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], names: Sequence[str]) -> RunTables:
+def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], names: Sequence[str],
+               top_id: int = 0) -> RunTables:
     """The :class:`RunTables` of parts whose processes and ``FH`` records are ``processes``
     and ``fh`` (in part order: a part's ``__p`` plus the processes of the parts before it
-    index the result); ``names[src]`` is the source name of file ``src``."""
+    index the result); ``names[src]`` is the source name of file ``src``; ``top_id`` the
+    largest pid or tid of the parts' rows (see :func:`_host_pids`)."""
     records = _frames(list(fh), FH_SCHEMA).sort("src", "seq").unique(subset="hash", keep="first",
                                                                      maintain_order=True)
     procs = _frames(list(processes), PROCESS_SCHEMA).rechunk()
@@ -2338,7 +2340,34 @@ def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], na
     size = (_int_stat(paths["code"].max()) or -1) + 1
     by_code = pl.DataFrame({"code": np.arange(size, dtype=np.uint32)}).join(
         paths, on="code", how="left", maintain_order="left")["path"]
-    return RunTables(processes=procs, path_by_code=by_code.rechunk())
+    return RunTables(processes=_host_pids(procs, top_id), path_by_code=by_code.rechunk())
+
+
+def _host_pids(procs: pl.DataFrame, top_id: int) -> pl.DataFrame:
+    """``procs`` with ``__pid`` and ``ppid`` renumbered where one pid runs on several hosts.
+
+    A process is (host, pid), but the event table and its passes key processes by pid: two
+    nodes' processes of one pid (likely across many nodes: pid_max is often 32768) would be
+    one process there, their epochs and steps mixed. The host whose trace file comes first
+    keeps the pid; each other host's processes of it get a new id above every pid, ppid
+    and tid of the run (``top_id``: the rows' largest pid or tid), in (pid, file) order,
+    and the ppid of that host's processes follows. Pids below :data:`_RANK_PIDS` (DLIO's
+    rank numbers, split by thread later) and processes without a host keep theirs. No
+    ``__pid`` column where no pid is shared (the rows keep their pid)."""
+    hosts = procs.filter(pl.col("host").is_not_null() & (pl.col("pid") >= _RANK_PIDS)).group_by("pid", "host").agg(
+        pl.col("src").min().alias("__s"))
+    shared = hosts.filter(pl.len().over("pid") > 1)
+    if shared.is_empty():
+        return procs
+    top = max(top_id, _int_stat(procs["pid"].max()) or 0, _int_stat(procs["ppid"].max()) or 0)
+    moved = (shared.sort("pid", "__s", "host").filter(pl.int_range(pl.len()).over("pid") > 0)
+             .with_columns((top + 1 + pl.int_range(pl.len(), dtype=pl.Int64)).cast(pl.Int32).alias("__new"))
+             .select("host", "pid", "__new"))
+    return (procs.join(moved, on=["host", "pid"], how="left", maintain_order="left")
+            .join(moved.rename({"pid": "ppid", "__new": "__newp"}), on=["host", "ppid"], how="left",
+                  maintain_order="left")
+            .with_columns(pl.coalesce("__new", "pid").alias("__pid"), pl.coalesce("__newp", "ppid").alias("ppid"))
+            .drop("__new", "__newp"))
 
 
 def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
@@ -2355,8 +2384,9 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     procs = tables.processes
     file = _file_column(out, tables)
     release_free_memory(keep_large=True)  # the gather's last group and the file lookup's, before the new columns
+    pid = pl.lit(procs["__pid"]).gather(pl.col("__p")).alias("pid") if "__pid" in procs.columns else pl.col("pid")
     table = out.select(
-        "pid", "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
+        pid, "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
         pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
         "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
         "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
@@ -2424,6 +2454,8 @@ def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.Data
     paths = _distinct_categorical(file)
     none = paths.len()
     procs = tables.processes
+    if "__pid" in procs.columns:  # (pids shared by hosts, renumbered: see _host_pids)
+        procs = procs.with_columns(pl.col("__pid").alias("pid"))
     hosts = procs.select("host", "pid").unique(maintain_order=True)
     pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
                       maintain_order="left")["__h"]
@@ -2451,7 +2483,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     parts.clear()
     if not frames:
         return pl.DataFrame(schema=EVENT_SCHEMA), None, {}  # (a trace of markers only has no processes)
-    tables = run_tables(processes, fh, names)
+    tables = run_tables(processes, fh, names, max((_int_stat(f[c].max()) or 0) for f in frames for c in ("pid", "tid")))
     # the per-process table needs only the parts' counts: built in a thread beside the order
     # and the gather, which leave a core idle at times (9 files on 2 cores: 1.28 -> 1.23 s)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-merge") as side:

@@ -344,7 +344,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
     # stage 2: the run's tables, then each part's EVENT_SCHEMA columns, one part at a time
     with_rows = [k for k in kept if k[4] is not None]
-    tables = run_tables([k[1] for k in with_rows], [k[2] for k in kept], names)
+    tables = run_tables([k[1] for k in with_rows], [k[2] for k in kept], names, top)
     proc_src = tables.processes["src"].to_numpy()
     run = _run_threads(with_rows, tables.processes, pid0, top)
     counts = np.zeros(len(names), dtype=np.int64)

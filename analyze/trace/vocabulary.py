@@ -265,12 +265,12 @@ def _rank_pids(ev: pl.DataFrame, run: RunThreads | None = None) -> tuple[pl.Data
         return ev, False
     is_rank = pl.col("pid").is_in(ranks.implode())
     threads = th.filter(is_rank)
-    # each (host, rank, thread) its own process id: the thread id, unless another rank of the
-    # host has a thread of that id too (the forked reader workers of two DLIO ranks on one
-    # node, traced by pydftracer 1.0.2, both wrote tid 22386 at the same time): then new ids
-    # above every id in the trace
+    # each (host, rank, thread) its own process id: the thread id, unless another rank has a
+    # thread of that id too, on this host (the forked reader workers of two DLIO ranks on one
+    # node, traced by pydftracer 1.0.2, both wrote tid 22386 at the same time) or another
+    # (thread ids are per node): then new ids above every id in the trace
     keys = threads.select("host", "pid", "tid").unique().with_columns(
-        (pl.len().over("host", "tid") > 1).alias("__dup")).sort("host", "pid", "tid", nulls_last=True)
+        (pl.len().over("tid") > 1).alias("__dup")).sort("host", "pid", "tid", nulls_last=True)
     keys = keys.with_columns(
         pl.when(pl.col("__dup")).then(run.top + pl.col("__dup").cast(pl.Int64).cum_sum()).otherwise(pl.col("tid"))
         .cast(pl.Int32, strict=False).alias("__new")).drop("__dup")
