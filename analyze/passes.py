@@ -593,14 +593,16 @@ def pass_access(v: TraceView) -> dict:
     ops = pl.col("name").is_in(OPEN_OPS) | pl.col("name").is_in(READ_OPS)
     counts = []
     if _KERNELS is not None:  # one pass in C over the rows in time order
+        # (the dataset's names in the table's Categorical type: the codes its rows carry)
         files = pl.Series("file", v.dataset_files, pl.String).cast(v.scan.collect_schema()["file"])
         counts.append(_read_flag_counts(v.row_batches(_read_flag_columns(), ops), files))
-    for batch in v.pid_batches if _KERNELS is None else []:
-        cond = ops if batch is None else ops & batch
-        io = v.ordered_dataset(("pid", "file", "name", "size", "offset"), cond)
-        counts.append(flag_reads_lazy(io, packed=v.pids_packable).group_by("file", "size").agg(
-            pl.len().alias("n"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con")).collect())
-        del io
+    else:
+        for batch in v.pid_batches:
+            io = v.ordered_dataset(("pid", "file", "name", "size", "offset"), ops if batch is None else ops & batch)
+            counts.append(flag_reads_lazy(io, packed=v.pids_packable).group_by("file", "size").agg(
+                pl.len().alias("n"), pl.col("seq").sum().alias("__seq"), pl.col("consec").sum().alias("__con"))
+                .collect())
+            del io
     hist = pl.concat(counts).group_by("file", "size").agg(pl.col("n", "__seq", "__con").sum()).sort("file", "size")
     del counts
     n_all = pl.col("n").sum()
@@ -656,21 +658,8 @@ def pass_transfer(v: TraceView) -> dict:
     exts = [os.path.splitext(f)[1].lower() for f in v.dataset_files]
     out["extensions"] = dict(pl.Series(exts, dtype=pl.Utf8).value_counts(sort=True).iter_rows()) if exts else {}
     items = v.items
-    if items.height and n_reads and _KERNELS is not None:
-        out.update(_sample_reads(v, items))
-    elif items.height and n_reads:
-        samples = []  # per sample (pid, item): reads and bytes, one batch of processes at a time
-        for batch in v.pid_batches:
-            reads = v.dataset_query(_DATA_READ if batch is None else _DATA_READ & batch).select("pid", "ts", "size")
-            samples.append(v.collect(_in_items(v, reads, items).filter(pl.col("item_ts").is_not_null())
-                                     .group_by("pid", "item_ts")
-                                     .agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))))
-            del reads
-        n, reads_med, bytes_med = pl.concat(samples).select(
-            pl.len().alias("n"), pl.col("reads").median(), pl.col("bytes").median()).row(0)
-        out["samples_with_reads"] = int(n)
-        out["reads_per_sample"] = _f(reads_med, 2)
-        out["bytes_per_sample"] = _f(bytes_med, 1)
+    if items.height and n_reads:
+        out.update((_sample_reads if _KERNELS is not None else _sample_reads_polars)(v, items))
     else:
         out["samples_with_reads"] = 0
         out["reads_per_sample"] = None
@@ -692,6 +681,20 @@ def _sample_reads(v: TraceView, items: pl.DataFrame) -> dict[str, Any]:
     n = int(got.sum())
     return {"samples_with_reads": n, "reads_per_sample": _f(np.median(reads[got]), 2) if n else None,
             "bytes_per_sample": _f(np.median(nbytes[got]), 1) if n else None}
+
+
+def _sample_reads_polars(v: TraceView, items: pl.DataFrame) -> dict[str, Any]:
+    """:func:`_sample_reads` as polars queries (the definition; without the C kernels)."""
+    samples = []  # per sample (pid, item): reads and bytes, one batch of processes at a time
+    for batch in v.pid_batches:
+        reads = v.dataset_query(_DATA_READ if batch is None else _DATA_READ & batch).select("pid", "ts", "size")
+        samples.append(v.collect(_in_items(v, reads, items).filter(pl.col("item_ts").is_not_null())
+                                 .group_by("pid", "item_ts")
+                                 .agg(pl.len().alias("reads"), pl.col("size").sum().alias("bytes"))))
+        del reads
+    n, reads_med, bytes_med = pl.concat(samples).select(
+        pl.len().alias("n"), pl.col("reads").median(), pl.col("bytes").median()).row(0)
+    return {"samples_with_reads": int(n), "reads_per_sample": _f(reads_med, 2), "bytes_per_sample": _f(bytes_med, 1)}
 
 
 def pass_bandwidth(v: TraceView) -> dict:
@@ -908,25 +911,7 @@ def pass_overlap(v: TraceView) -> dict:
         return {"overlap": None, "io_time_s": _f(_num(io_us) * _US) if n_io else 0.0,
                 "missing": "no dataset I/O" if not n_io else "no step events"}
     cons = v.consumers or st["pid"].unique().to_list()
-    steps = st.lazy().select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
-                             (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
-    # (min_horizontal skips nulls: a call before any step must count 0, not its whole duration)
-    inside = pl.when(pl.col("s_end").is_not_null()).then(
-        (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0))
-    overlapped = total = 0
-    if _KERNELS is not None:
-        overlapped, total = _overlapped(v, st, cons)
-    for batch in [] if _KERNELS is not None else v.pid_batches:  # one batch of processes at a time: the sums add up
-        calls = v.by_ts(v.dataset_query(batch).select(
-            pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
-            "ts", pl.col("dur").fill_null(0),
-        ))
-        j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward",
-                            check_sortedness=False)
-        ov, every = v.collect(j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all"))).row(0)
-        overlapped += int(ov or 0)
-        total += int(every or 0)
-        del calls, j
+    overlapped, total = (_overlapped if _KERNELS is not None else _overlapped_polars)(v, st, cons)
     in_consumer = _num(v.collect(v.dataset_query(pl.col("pid").is_in(cons)).select(pl.col("dur").sum())).item())
     return {"overlap": _f(overlapped / total, 4) if total else None, "io_time_s": _f(total * _US),
             "overlapped_s": _f(overlapped * _US),
@@ -946,6 +931,29 @@ def _overlapped(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[int, i
         total += int(calls["v"].sum() or 0)
         del calls
     return int(inside.sum()), total
+
+
+def _overlapped_polars(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[int, int]:
+    """:func:`_overlapped` as polars queries (the definition; without the C kernels): each
+    call's step by a backward ``join_asof``, one batch of processes at a time."""
+    steps = st.lazy().select(pl.col("pid").alias("owner"), pl.col("ts").alias("s_ts"),
+                             (pl.col("ts") + pl.col("dur")).alias("s_end")).sort("s_ts")
+    # (min_horizontal skips nulls: a call before any step must count 0, not its whole duration)
+    inside = pl.when(pl.col("s_end").is_not_null()).then(
+        (pl.min_horizontal(pl.col("ts") + pl.col("dur"), pl.col("s_end")) - pl.col("ts")).clip(lower_bound=0))
+    overlapped = total = 0
+    for batch in v.pid_batches:  # the sums add up
+        calls = v.by_ts(v.dataset_query(batch).select(
+            pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid")).alias("owner"),
+            "ts", pl.col("dur").fill_null(0),
+        ))
+        j = calls.join_asof(steps, left_on="ts", right_on="s_ts", by="owner", strategy="backward",
+                            check_sortedness=False)
+        ov, every = v.collect(j.select(inside.fill_null(0).sum().alias("ov"), pl.col("dur").sum().alias("all"))).row(0)
+        overlapped += int(ov or 0)
+        total += int(every or 0)
+        del calls, j
+    return overlapped, total
 
 
 def pass_metadata(v: TraceView) -> dict:
@@ -1035,27 +1043,37 @@ def pass_balance(v: TraceView) -> dict:
     return out
 
 
+def _io_in_items(v: TraceView, items: pl.DataFrame, loaders: pl.Expr) -> int:
+    """:func:`pass_preprocess`'s I/O time (µs) of the ``loaders``' calls inside their item
+    events: each call counted into the item that encloses it, in C."""
+    iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur"))
+    counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
+    for rows in v.row_batches([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
+                              _IO & loaders, dataset=False):
+        _interval_sums(rows, iv, counts, inside)
+        del rows
+    return int(inside.sum())
+
+
+def _io_in_items_polars(v: TraceView, items: pl.DataFrame, loaders: pl.Expr) -> int:
+    """:func:`_io_in_items` as polars queries (the definition; without the C kernels)."""
+    io_us = 0
+    for batch in v.pid_batches:  # one batch of processes at a time: the sums add up
+        io = v.io_lazy.filter(loaders if batch is None else loaders & batch).select("pid", "ts", "dur")
+        io_us += int(v.collect(_in_items(v, io, items).filter(pl.col("item_ts").is_not_null())
+                               .select(pl.col("dur").sum())).item() or 0)
+        del io
+    return io_us
+
+
 def pass_preprocess(v: TraceView) -> dict:
     """Time inside ``Dataset.__getitem__`` vs the POSIX time inside it (deserialisation, decode)."""
     items = v.items
     if items.is_empty():
         return {"item_time_s": None, "io_in_items_s": None, "ratio": None, "missing": "no item events"}
     item_us = int(items["dur"].sum() or 0)
-    io_us = 0
     loaders = pl.col("pid").is_in(items["pid"].unique().implode())
-    iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur")) if _KERNELS is not None else None
-    if iv is not None:  # each call counted into the item that encloses it, in C
-        counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-        for rows in v.row_batches([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"),
-                                   pl.col("dur").fill_null(0).alias("v")], _IO & loaders, dataset=False):
-            _interval_sums(rows, iv, counts, inside)
-            del rows
-        io_us = int(inside.sum())
-    for batch in v.pid_batches if iv is None else []:  # one batch of processes at a time: the sums add up
-        io = v.io_lazy.filter(loaders if batch is None else loaders & batch).select("pid", "ts", "dur")
-        io_us += int(v.collect(_in_items(v, io, items).filter(pl.col("item_ts").is_not_null())
-                               .select(pl.col("dur").sum())).item() or 0)
-        del io
+    io_us = (_io_in_items if _KERNELS is not None else _io_in_items_polars)(v, items, loaders)
     return {"items": items.height, "item_time_s": _f(item_us * _US), "io_in_items_s": _f(io_us * _US),
             "non_io_s": _f(max(item_us - io_us, 0) * _US),
             "ratio": _f(item_us / io_us, 3) if io_us else None,
