@@ -19,7 +19,7 @@ help:  ## list targets
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml setup.py analyze/trace/_pfwscan.c analyze/_kernels.c | $(PY)
+$(STAMP): pyproject.toml setup.py analyze/trace/_pfwscan.c analyze/_kernels.c analyze/_pybuf.h | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned to 2.13.0 (the local CPU build) in the `torch` extra; pip never resolves a newer one.
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"

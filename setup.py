@@ -12,12 +12,14 @@ setup(
         Extension(
             "dlreplay.analyze.trace._pfwscan",
             sources=["analyze/trace/_pfwscan.c"],
+            depends=["analyze/_pybuf.h"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
             optional=True,
         ),
         Extension(
             "dlreplay.analyze._kernels",
             sources=["analyze/_kernels.c"],
+            depends=["analyze/_pybuf.h"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
             optional=True,
         ),

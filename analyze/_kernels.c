@@ -47,18 +47,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-
-static int get_buf(PyObject *obj, Py_buffer *b, Py_ssize_t itemsize, int writable, const char *what)
-{
-    if (PyObject_GetBuffer(obj, b, writable ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    if (b->len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: buffer length is not a multiple of %zd", what, itemsize);
-        PyBuffer_Release(b);
-        return -1;
-    }
-    return 0;
-}
+#include "_pybuf.h"
 
 /* Open addressing over (int64, uint32) keys; grows at half load. */
 typedef struct {

@@ -48,6 +48,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../_pybuf.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -937,18 +938,6 @@ static void run_scan(Scan *sc)
     }
     sc->nev = nev;
     sc->nmeta = nmeta;
-}
-
-static int get_buf(PyObject *obj, Py_buffer *b, Py_ssize_t itemsize, int writable, const char *what)
-{
-    if (PyObject_GetBuffer(obj, b, writable ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    if (b->len % itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: buffer length is not a multiple of %zd", what, itemsize);
-        PyBuffer_Release(b);
-        return -1;
-    }
-    return 0;
 }
 
 static PyObject *scan(PyObject *self, PyObject *args)
