@@ -7,21 +7,16 @@ succeeds and the loader and passes use their Python/polars code (same results, s
 
 from setuptools import Extension, setup
 
+
+def _extension(name: str, source: str) -> Extension:
+    """An optional C extension of dlreplay (with the shared buffer helper)."""
+    return Extension(name, sources=[source], depends=["analyze/_pybuf.h"], optional=True,
+                     extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"])
+
+
 setup(
     ext_modules=[
-        Extension(
-            "dlreplay.analyze.trace._pfwscan",
-            sources=["analyze/trace/_pfwscan.c"],
-            depends=["analyze/_pybuf.h"],
-            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
-            optional=True,
-        ),
-        Extension(
-            "dlreplay.analyze._kernels",
-            sources=["analyze/_kernels.c"],
-            depends=["analyze/_pybuf.h"],
-            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
-            optional=True,
-        ),
+        _extension("dlreplay.analyze.trace._pfwscan", "analyze/trace/_pfwscan.c"),
+        _extension("dlreplay.analyze._kernels", "analyze/_kernels.c"),
     ],
 )
