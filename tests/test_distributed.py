@@ -22,8 +22,10 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize("name", ["npz_fork", "jpeg_small", "h5_tiny_chunks"])
+@pytest.mark.parametrize("name", ["npz_fork", "jpeg_small", "h5_tiny_chunks", "dlio_npz_2ranks", "ai_annotated"])
 def test_same_table_as_single_process(client, name: str) -> None:
+    """Our captures, DLIO's 2-rank trace (its rank-numbered pids split as the whole run
+    splits them) and a trace annotated in DFTracer's AI conventions."""
     single = load_trace(TRACES / name)
     dist, info = load_trace_distributed(TRACES / name, client)
     assert info.workers == 2 and info.tasks >= 1
