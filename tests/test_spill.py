@@ -22,6 +22,7 @@ from dlreplay import JEMALLOC_ENV
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.analysis import analyze_trace
 from dlreplay.analyze.passes import TraceView, characterize
+from dlreplay.analyze.trace.load import trace_warnings
 from dlreplay.analyze.trace.spill import plan_memory, spilled_trace
 from dlreplay.units import parse_bytes
 
@@ -351,5 +352,14 @@ def test_one_pid_on_two_hosts_is_two_processes(tmp_path):
     with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
         assert sp.groups == 4
         assert_frame_equal(sp.collect(), loaded.events)
+        assert sp.files == loaded.files
     epochs = characterize(loaded.events, passes=["epochs"])["epochs"]["epochs"]
     assert sorted(e["pid"] for e in epochs) == [4242, 4344]
+    # said, not silent: in the files' reports and the run's warnings, naming pid, host and new id
+    notes = {f.name: f.problems for f in loaded.files}
+    assert notes["nodeB-main.pfw.gz"] == ["pid 4242 on nodeB is 4344 here: it also ran on another host"]
+    assert notes["nodeB-worker.pfw.gz"] == ["pid 4343 on nodeB is 4345 here: it also ran on another host"]
+    assert notes["nodeA-main.pfw.gz"] == [] and not any(f.damaged for f in loaded.files)
+    warned = [w for w in trace_warnings(trace, loaded.files) if "another host" in w]
+    assert warned == ["2 process(es) numbered anew where a pid also ran on another host, so that no two hosts' "
+                      "processes mix: pid 4242 on nodeB is 4344 here; pid 4343 on nodeB is 4345 here"]

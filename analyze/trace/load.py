@@ -663,6 +663,11 @@ def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
         out.append(f"{len(cut)} process file(s) cut or damaged ({', '.join(f.name for f in cut[:5])}"
                    f"{', ...' if len(cut) > 5 else ''}): those processes' traces are incomplete")
     out += found.skipped
+    moved = [p for f in files for p in f.problems if RENUMBERED in p]
+    if moved:
+        said = "; ".join(m.split(": it ")[0] for m in moved[:3])
+        out.append(f"{len(moved)} process(es) numbered anew where a pid also ran on another host, so that no two "
+                   f"hosts' processes mix: {said}{'; ...' if len(moved) > 3 else ''}")
     empty = [f for f in files if f.events == 0]
     if empty:
         why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
@@ -842,9 +847,9 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
 
 
-def _with_events(rep: FileReport, n: int) -> FileReport:
+def _with_events(rep: FileReport, n: int, notes: Sequence[str] = ()) -> FileReport:
     return FileReport(rep.path, rep.bytes, rep.members, rep.lines, n, rep.dropped_lines,
-                      rep.dropped_bytes, list(rep.problems))
+                      rep.dropped_bytes, [*rep.problems, *notes])
 
 
 #: A piece of decoded text: the bytes [lo, hi) of a bytes object or of a mapping of
@@ -1877,6 +1882,9 @@ _HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, 
 _NARROW = ("pid", "ppid", "tid")
 #: How a file's report names events kept with an id read as null (a loss the plain output names).
 BEYOND_32_BITS = "beyond 32 bits (read as null)"
+#: A file's problem (not damage) when a pid of its processes also ran on another host and was
+#: numbered anew (see :func:`_host_pids`).
+RENUMBERED = "also ran on another host"
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _I16_MAX = (1 << 15) - 1
 _O_APPEND = 0o2000
@@ -2289,8 +2297,8 @@ def _combine_owned(parts: list[TracePart | RangePart], names: Sequence[str]) -> 
     # (a comprehension: a loop's variable kept the last part, its rows, alive through the merge)
     reports = {src: rep for p in whole for src, rep in p.files}
     whole.sort(key=lambda p: min((src for src, _ in p.files), default=0))
-    events, per_process, counts = _merge(whole, names)
-    files = [_with_events(reports[i], counts.get(i, 0)) for i in sorted(reports)]
+    events, per_process, counts, notes = _merge(whole, names)
+    files = [_with_events(reports[i], counts.get(i, 0), notes.get(i, [])) for i in sorted(reports)]
     return LoadedTrace(events=events, files=files, per_process=per_process)
 
 
@@ -2368,6 +2376,18 @@ def _host_pids(procs: pl.DataFrame, top_id: int) -> pl.DataFrame:
                   maintain_order="left")
             .with_columns(pl.coalesce("__new", "pid").alias("__pid"), pl.coalesce("__newp", "ppid").alias("ppid"))
             .drop("__new", "__newp"))
+
+
+def renumbered(procs: pl.DataFrame) -> dict[int, list[str]]:
+    """Per trace file (``src``): a sentence per process of it that :func:`_host_pids` numbered
+    anew (for the file's report, and so the run's warnings)."""
+    if "__pid" not in procs.columns:
+        return {}
+    out: dict[int, list[str]] = {}
+    moved = procs.filter(pl.col("__pid") != pl.col("pid")).select("src", "host", "pid", "__pid").unique()
+    for src, host, pid, new in moved.sort("src", "pid").iter_rows():
+        out.setdefault(int(src), []).append(f"pid {pid} on {host} is {new} here: it {RENUMBERED}")
+    return out
 
 
 def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
@@ -2467,7 +2487,8 @@ def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.Data
     return file_process_table_counted(counted.filter(pl.col("__file") != none), paths, hosts, loaders)
 
 
-def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int]]:
+def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int],
+                                                                   dict[int, list[str]]]:
     """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
     frames, processes, fh, counts, markers, base = [], [], [], [], [], 0
     for p in parts:
@@ -2482,7 +2503,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     del p
     parts.clear()
     if not frames:
-        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}  # (a trace of markers only has no processes)
+        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}, {}  # (a trace of markers only has no processes)
     tables = run_tables(processes, fh, names, max((_int_stat(f[c].max()) or 0) for f in frames for c in ("pid", "tid")))
     # the per-process table needs only the parts' counts: built in a thread beside the order
     # and the gather, which leave a core idle at times (9 files on 2 cores: 1.28 -> 1.23 s)
@@ -2511,7 +2532,7 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
     events, changed = canonical(events, _frames(markers, MARKER_SCHEMA), names)
     # processes or roles other than the raw rows said: the per-process table is counted
     # again, by role, where it is used (TraceView.per_process, summarize)
-    return events, (None if changed else per_process), per_file
+    return events, (None if changed else per_process), per_file, renumbered(tables.processes)
 
 
 def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str],

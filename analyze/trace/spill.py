@@ -67,6 +67,7 @@ from .load import (
     canonical,
     finalize,
     parse_parts,
+    renumbered,
     run_tables,
 )
 
@@ -370,7 +371,8 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
         release_free_memory()
     reports = sorted((rep for k in kept for rep in k[3]), key=lambda r: r[0])
     del run
-    out_files = [_with_events(rep, int(counts[src])) for src, rep in reports]
+    notes = renumbered(tables.processes)
+    out_files = [_with_events(rep, int(counts[src]), notes.get(src, [])) for src, rep in reports]
     t2 = time.perf_counter()
     nbytes = sum(p.stat().st_size for p in paths)
     say(f"spill: {height:,} events, {human_bytes(nbytes)} of Parquet in {tmp}, combined in {t2 - t1:.1f} s")
