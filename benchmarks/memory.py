@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="bench-data/scale", help="cache directory of the scale benchmark's trace")
     ap.add_argument("--files", type=int, default=64, help="loader processes (trace files besides the consumer's)")
-    ap.add_argument("--events", type=int, default=5_300_000, help="events to generate (the builder lands a few % under)")
+    ap.add_argument("--events", type=int, default=5_300_000, help="events to generate (the builder lands a few %% under)")
     ap.add_argument("--limit", default="1GiB", help="--memory-limit of the bounded run")
     ap.add_argument("--rebuild", action="store_true", help="regenerate even if cached")
     args = ap.parse_args(argv)
