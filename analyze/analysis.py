@@ -148,8 +148,9 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
         held = n_io * DATASET_IO_BYTES
         if BASE_BYTES + held > plan.limit:
             report.notes.append(
-                f"memory limit exceeded: the access, overlap and preprocess passes each hold a few columns of "
-                f"the trace's {n_io:,} dataset I/O events in memory (~{held >> 20} MiB), more than the limit allows")
+                f"memory limit may have been exceeded: the passes hold a few columns of the trace's {n_io:,} "
+                f"dataset I/O events at a time, up to ~{held >> 20} MiB by a cautious estimate "
+                f"({DATASET_IO_BYTES} B each), more than the limit leaves them")
     return report
 
 
