@@ -2489,7 +2489,8 @@ def _per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.Data
 
 def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int],
                                                                    dict[int, list[str]]]:
-    """(event table, per-process table, events per src) of resolved parts (``parts`` is emptied)."""
+    """(event table, per-process table, events per src, notes per src: :func:`renumbered`) of
+    resolved parts (``parts`` is emptied)."""
     frames, processes, fh, counts, markers, base = [], [], [], [], [], 0
     for p in parts:
         fh.append(p.fh)
