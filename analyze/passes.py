@@ -74,10 +74,11 @@ def _num(x: Any) -> float:
 
 #: Columns of :attr:`TraceView.dataset_io` collected from a lazy (spilled) table.
 DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offset", "ret")
-#: I/O events (reads, writes, opens) above which the passes that sort or join every dataset
-#: read (access, transfer, overlap, preprocess) take the processes in :data:`PID_BATCHES`
-#: batches (:meth:`TraceView.pid_batches`): their transient columns (about 45 bytes an
-#: event, on top of the table) are then held for one batch at a time. Results are the same.
+#: I/O events (reads, writes, opens) above which the passes that follow every dataset read
+#: (access, transfer, overlap, preprocess) take the processes in :data:`PID_BATCHES`
+#: batches (:meth:`TraceView.pid_batches`): their transient columns are then held for one
+#: batch at a time. Results are the same. With the C kernels (:mod:`._kernels`), only over a
+#: spilled table: in memory they take row slices (:meth:`TraceView.row_batches`).
 PID_BATCH_MIN_ROWS = 1 << 20
 PID_BATCHES = 4
 #: Rows of the in-memory table a pass's C kernel takes at a time (see :meth:`TraceView.row_batches`).

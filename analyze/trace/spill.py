@@ -25,9 +25,9 @@ spill: aggregations are lazy queries collected with polars' streaming engine; on
 subsets a pass needs row by row (data-loader events, dataset I/O with the columns the
 passes use) are collected. What bounds memory then: the parts being parsed (sized from
 the limit), and the narrow dataset-I/O table (9 columns, file and op names
-categorical; with the access pass's sorts and polars' buffers the passes grow the peak
-by :data:`DATASET_IO_BYTES` per dataset I/O event; a note says when that alone exceeds
-the limit). The spill directory is removed afterwards, also on errors, Ctrl-C and
+categorical; with polars' buffers the passes grow the peak by at most
+:data:`DATASET_IO_BYTES` per dataset I/O event, a cautious figure; a note says when that
+alone may exceed the limit). The spill directory is removed afterwards, also on errors, Ctrl-C and
 SIGTERM.
 """
 
@@ -91,10 +91,10 @@ GROUP_FACTOR = 3.0
 #: (~120 MB) and the parser's buffers and polars' pools for even one small group (bytes).
 BASE_BYTES = 250 << 20
 #: Bytes per dataset I/O event the largest pass holds over a spilled table: the few columns
-#: of the dataset I/O it collects in table order (the access pass: pid, file, op, size,
-#: offset of the opens and reads, and its sort; the overlap and preprocess passes' joins)
-#: and the streaming engine's buffers (peak RSS growth over the passes of the 5.1 M-event
-#: benchmark trace: ~85 per dataset I/O event; 180 kept as the margin measured before).
+#: of the dataset I/O it collects in table order, a batch of processes at a time, and the
+#: streaming engine's buffers (peak RSS growth over the passes of the 5.1 M-event benchmark
+#: trace: ~85 per dataset I/O event before the passes' C kernels, ~76 with them, the
+#: summary's streaming queries the largest; 180 kept as the margin measured before).
 DATASET_IO_BYTES = 180
 _ROW_BITS = 40
 #: Order column of a spilled table: sorting by (ts, it) gives the order of the in-memory
