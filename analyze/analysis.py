@@ -133,7 +133,7 @@ def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, ve
     with spilled_trace(trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo,
                        jobs=jobs) as sp:
         dirs = list(data_dirs or []) or (sp.manifest or {}).get("data_dirs") or None
-        c = characterize(TraceView(sp.events, sp.manifest, dirs))
+        c = characterize(TraceView(sp.events, sp.manifest, dirs, sp.per_process))
         findings = find(c, thresholds, disabled)
         _ = c.view.summary  # printed by the CLI after the spill is gone
         if figures_wanted:

@@ -64,6 +64,11 @@ def test_spilled_table_equals_loaded_table(trace, tmp_path):
             assert_frame_equal(TraceView(sp.events).rows(pl.lit(True)), loaded.events)
             assert sp.files == loaded.files
             assert sp.height == loaded.events.height
+            # the per-process table made from the parts' counts, as in memory (None alike where
+            # the vocabulary changed processes or roles)
+            assert (sp.per_process is None) == (loaded.per_process is None)
+            if sp.per_process is not None:
+                assert_frame_equal(sp.per_process, loaded.per_process, check_row_order=False)
     assert _spills(tmp_path) == []
 
 
