@@ -520,8 +520,8 @@ def _read_flag_columns() -> list[pl.Expr]:
     read = name.is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
     kind = pl.when(read.fill_null(False)).then(2).when(name.is_in(OPEN_OPS)).then(1).otherwise(0)
     return [_i64(pl.col("pid"), "__pid"), pl.col("file").to_physical().cast(pl.UInt32).alias("__code"),
-            kind.cast(pl.UInt8).alias("__kind"), _i64(pl.col("offset").fill_null(0), "__off"),
-            _i64(pl.col("size").fill_null(0), "__size")]
+            kind.cast(pl.UInt8).alias("__kind"), pl.col("offset").cast(pl.Int64).fill_null(0).alias("__off"),
+            pl.col("size").cast(pl.Int64).fill_null(0).alias("__size")]
 
 
 def _intervals(frame: pl.DataFrame, key: pl.Expr, end: pl.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2841,7 +2841,7 @@ def _file_key() -> pl.Expr:
 
 #: Process ids below which a process without events of its own main thread is taken for
 #: an MPI rank number (see :func:`_stream_processes`).
-_RANK_PIDS = 1024
+_RANK_PIDS = vocabulary.RANK_PIDS_BELOW
 
 
 def _stream_processes(ev: pl.DataFrame) -> pl.Series:

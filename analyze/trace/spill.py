@@ -46,6 +46,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -310,20 +311,35 @@ def _nearly_full(path: Path) -> bool:
     return st.f_bavail * st.f_frsize < 1 << 20
 
 
-def _run_threads(with_rows: list, processes: pl.DataFrame, pid0: bool, top: int) -> vocabulary.RunThreads:
-    """The run's :class:`~.vocabulary.RunThreads` from its parts' :func:`~.vocabulary.thread_firsts`
-    (by process index, ``with_rows``' 7th item, in part order: each part's indices follow the
-    processes of the parts before it), ``processes`` the run's process table."""
+class _Kept(NamedTuple):
+    """What the spill keeps in memory of a part between its two stages (its rows are on disk)."""
+
+    first: int  #: its first trace file (parts are combined in file order)
+    processes: pl.DataFrame
+    fh: pl.DataFrame
+    files: list[tuple[int, FileReport]]
+    path: Path | None  #: its rows in Parquet; None without rows
+    markers: pl.DataFrame
+    firsts: pl.DataFrame | None  #: :func:`~.vocabulary.thread_firsts` by process index
+    counts: pl.DataFrame  #: the summary's per-process counts (:data:`~.load.COUNTS_SCHEMA`)
+
+
+def _run_threads(with_rows: list[_Kept], processes: pl.DataFrame, pid0: bool, top: int) -> vocabulary.RunThreads:
+    """The run's :class:`~.vocabulary.RunThreads` from its parts' thread firsts (by process
+    index, in part order: each part's indices follow the processes of the parts before it),
+    ``processes`` the run's process table (new ids go above its pids, renumbered ones
+    included, and ppids too)."""
     firsts, base = [], 0
     for k in with_rows:
-        if k[6] is not None and k[6].height:
-            firsts.append(k[6].with_columns(pl.col("__p") + base))
-        base += k[1].height
+        if k.firsts is not None and k.firsts.height:
+            firsts.append(k.firsts.with_columns(pl.col("__p") + base))
+        base += k.processes.height
     schema = {"__p": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int32(), "ts": pl.Int64()}
     f = pl.concat(firsts, how="vertical_relaxed") if firsts else pl.DataFrame(schema=schema)
     threads = f.select(pl.lit(processes["host"]).gather(pl.col("__p")).alias("host"), "pid", "tid", "ts") \
         .group_by("host", "pid", "tid").agg(pl.col("ts").min())
-    return vocabulary.RunThreads(threads, pid0, max(top, _int_stat(processes["ppid"].max()) or 0))
+    ids = [c for c in ("ppid", "__pid") if c in processes.columns]
+    return vocabulary.RunThreads(threads, pid0, max([top, *(_int_stat(processes[c].max()) or 0 for c in ids)]))
 
 
 def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None) -> SpilledTrace:
@@ -332,8 +348,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
     # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
-    kept: list[tuple[int, pl.DataFrame, pl.DataFrame, list[tuple[int, FileReport]], Path | None, pl.DataFrame,
-                     pl.DataFrame | None, pl.DataFrame]] = []
+    kept: list[_Kept] = []
     pid0, top = False, 0  # what the rank-numbering of DLIO's pids reads of the whole run
     for part in parse_parts(files, jobs=jobs, group_bytes=target):
         first = min(src for src, _ in part.files)
@@ -344,15 +359,15 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
             firsts = vocabulary.thread_firsts(part.events, host="__p")
             pid0 = pid0 or bool((part.events["pid"] == 0).any())
             top = max(top, *(_int_stat(part.events[c].max()) or 0 for c in ("pid", "tid")))
-        kept.append((first, part.processes, part.fh, part.files, path, part.markers, firsts, part.counts))
+        kept.append(_Kept(first, part.processes, part.fh, part.files, path, part.markers, firsts, part.counts))
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
-    kept.sort(key=lambda k: k[0])
+    kept.sort(key=lambda k: k.first)
     t1 = time.perf_counter()
     say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
     # stage 2: the run's tables, then each part's EVENT_SCHEMA columns, one part at a time
-    with_rows = [k for k in kept if k[4] is not None]
-    tables = run_tables([k[1] for k in with_rows], [k[2] for k in kept], names, top)
+    with_rows = [k for k in kept if k.path is not None]
+    tables = run_tables([k.processes for k in with_rows], [k.fh for k in kept], names, top)
     proc_src = tables.processes["src"].to_numpy()
     run = _run_threads(with_rows, tables.processes, pid0, top)
     counts = np.zeros(len(names), dtype=np.int64)
@@ -360,8 +375,9 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     height = base = 0
     changed = False
     part_counts = []
-    for g, (_, processes, _, _, raw_path, markers, _, c) in enumerate(with_rows):
-        part_counts.append(c.with_columns(pl.col("__p") + base) if base else c)
+    for g, k in enumerate(with_rows):
+        processes, raw_path, markers = k.processes, k.path, k.markers
+        part_counts.append(k.counts.with_columns(pl.col("__p") + base) if base else k.counts)
         assert raw_path is not None
         raw = [pl.read_parquet(raw_path, schema=PART_SCHEMA).with_columns(pl.col("__p") + base)]
         base += processes.height
@@ -380,7 +396,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
         height += table.height
         del table, pidx
         release_free_memory()
-    reports = sorted((rep for k in kept for rep in k[3]), key=lambda r: r[0])
+    reports = sorted((rep for k in kept for rep in k.files), key=lambda r: r[0])
     del run
     # the per-process table as the in-memory loader makes it: from the parts' counts (a
     # query over the spilled table held ~65 B per event and took 0.4 s on 5 M events)
