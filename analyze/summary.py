@@ -172,7 +172,7 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         loads=role_total(voc.CKPT_LOAD),
     )
     # batches consumed: the training steps (DLIO logs no wait for an epoch's last batch)
-    totals["fetches"] = max(totals["fetches"], voc.training_steps(ann).height)
+    totals["fetches"] = max(totals["fetches"], voc.training_step_count(ann))
     spans = voc.epoch_spans(ann)
     epochs = spans.group_by("pid").len()["len"].max() if spans.height else 0
     epochs = int(epochs) if isinstance(epochs, int) else 0

@@ -241,6 +241,20 @@ def test_training_steps_of_dlreplay_captures_both_spellings() -> None:
     assert results[0] == results[1] == [(20, 70, 30, 0, 2), (5, 100, 0, 0, 2)]
 
 
+def test_training_step_count_is_the_rows_of_training_steps() -> None:
+    """The summary counts steps without building the table: the same count on every corpus
+    trace and on the hand-built shapes above (an empty table, fetch waits only, nested computes)."""
+    nested = [ev("ai_framework", "TorchFramework.compute", 0, 100, pid=1),
+              ev("ai_framework", "TorchFramework.compute", 10, 20, pid=1),  # inside the first: one step
+              ev("ai_framework", "TorchFramework.compute", 150, 10, pid=1)]
+    fetch_only = [ev("dataloader", "fetch", t, 5, epoch=0, batch_size=2) for t in (0, 10, 20)]
+    tables = [voc.canonicalize(table(rows))[0] for rows in ([], nested, fetch_only)]
+    tables += [load_trace(p).events for p in sorted(TRACES.glob("*/")) if any(p.rglob("*.pfw*"))]
+    counts = [(voc.training_step_count(t), voc.training_steps(t).height) for t in tables]
+    assert all(a == b for a, b in counts), counts
+    assert counts[1][0] == 2 and counts[2][0] == 2 and sum(a for a, _ in counts) > 100
+
+
 def test_au_dlio_reproduces_dlios_formula() -> None:
     """Per block: compute of all steps but the first over the block's time after the first step."""
     rows = [ev("dlio_benchmark", "DLIOBenchmark._train", 0, 10_000, pid=1)]

@@ -56,8 +56,8 @@ from dlreplay.schema import READ_OPS, WRITE_OPS
 
 __all__ = [
     "CKPT_LOAD", "CKPT_SAVE", "COMPUTE", "EPOCH", "FETCH", "ITEM", "LOOP_ROLES", "ROLES", "STEP",
-    "canonicalize", "classify", "ensure_roles", "epoch_spans", "has_role", "marker_spans", "role_expr", "training_steps",
-    "unknown_annotations",
+    "canonicalize", "classify", "ensure_roles", "epoch_spans", "has_role", "marker_spans", "role_expr",
+    "training_step_count", "training_steps", "unknown_annotations",
 ]
 
 # --------------------------------------------------------------------------- roles
@@ -628,35 +628,9 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
 
     Columns: :data:`STEP_SCHEMA` (µs), ordered by pid and time. ``basis`` names the anchor.
     """
-    ann = events.filter(pl.col("role").is_not_null()) if "role" in events.columns else events.clear()
-    if (ann["role"] == EVALUATE).any():  # evaluation passes' loops are not training steps
-        ann = ann.filter(~evaluation_phase(ann))
-    loop = ann.filter(pl.col("role").is_in([FETCH, STEP, COMPUTE]))
-    if loop.is_empty():
+    ann, a, fetch = _step_anchors(events)
+    if a is None:
         return pl.DataFrame(schema=STEP_SCHEMA)
-    kinds = loop.group_by("pid").agg(
-        pl.when((pl.col("role") == COMPUTE).any()).then(pl.lit(COMPUTE))
-        .when((pl.col("role") == STEP).any()).then(pl.lit(STEP)).otherwise(pl.lit(FETCH)).alias("kind"))
-    fetch = loop.filter((pl.col("role") == FETCH) & (pl.col("batch_size").fill_null(1) > 0)).select(
-        "pid", pl.col("ts").alias("f_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("f_end"),
-        pl.col("dur").fill_null(0).alias("f_dur"), pl.col("batch_size").alias("f_bs"), pl.col("epoch").alias("f_ep"))
-    body = loop.join(kinds, on="pid").filter(pl.col("role") == pl.col("kind")).filter(pl.col("role") != FETCH)
-    anchors = body.select("pid", "epoch", "ts", pl.col("dur").fill_null(0).alias("dur"), "role")
-    # consumers with fetch waits only: a step is the time between a batch's arrival and the next wait
-    only_fetch = kinds.filter(pl.col("kind") == FETCH)["pid"]
-    if only_fetch.len():
-        f = fetch.filter(pl.col("pid").is_in(only_fetch.implode())).sort("pid", "f_ts").with_columns(
-            pl.col("f_ts").shift(-1).over("pid", "f_ep").alias("next"))
-        anchors = pl.concat([anchors, f.filter(pl.col("next").is_not_null()).select(
-            "pid", pl.col("f_ep").alias("epoch"), pl.col("f_end").alias("ts"),
-            (pl.col("next") - pl.col("f_end")).clip(lower_bound=0).alias("dur"),
-            pl.lit(FETCH, dtype=anchors.schema["role"]).alias("role"))])
-    if anchors.is_empty():
-        return pl.DataFrame(schema=STEP_SCHEMA)
-    # nested anchors (a compute inside a compute) count once: keep those starting after the previous end
-    a = anchors.sort("pid", "ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
-    a = a.with_columns(pl.col("end").cum_max().shift(1).over("pid").alias("__prev_max")).filter(
-        pl.col("__prev_max").is_null() | (pl.col("ts") >= pl.col("__prev_max"))).drop("__prev_max")
     a = a.with_columns(pl.col("epoch").fill_null(0))
     spans = epoch_spans(ann).select("pid", pl.col("epoch"), pl.col("ts").alias("e_ts"))
     a = a.join(spans, on=["pid", "epoch"], how="left", maintain_order="left").with_columns(
@@ -717,6 +691,48 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     )
     a = _step_cpu(a, ann)
     return a.select(list(STEP_SCHEMA)).cast(STEP_SCHEMA)  # type: ignore[arg-type]
+
+
+def _step_anchors(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None, pl.DataFrame | None]:
+    """(annotation rows, anchors, fetch waits) of :func:`training_steps`: one anchor row per
+    training step (pid, epoch, ts, dur, role, end), sorted by pid and time; None when there
+    are no steps."""
+    ann = events.filter(pl.col("role").is_not_null()) if "role" in events.columns else events.clear()
+    if (ann["role"] == EVALUATE).any():  # evaluation passes' loops are not training steps
+        ann = ann.filter(~evaluation_phase(ann))
+    loop = ann.filter(pl.col("role").is_in([FETCH, STEP, COMPUTE]))
+    if loop.is_empty():
+        return ann, None, None
+    kinds = loop.group_by("pid").agg(
+        pl.when((pl.col("role") == COMPUTE).any()).then(pl.lit(COMPUTE))
+        .when((pl.col("role") == STEP).any()).then(pl.lit(STEP)).otherwise(pl.lit(FETCH)).alias("kind"))
+    fetch = loop.filter((pl.col("role") == FETCH) & (pl.col("batch_size").fill_null(1) > 0)).select(
+        "pid", pl.col("ts").alias("f_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("f_end"),
+        pl.col("dur").fill_null(0).alias("f_dur"), pl.col("batch_size").alias("f_bs"), pl.col("epoch").alias("f_ep"))
+    body = loop.join(kinds, on="pid").filter(pl.col("role") == pl.col("kind")).filter(pl.col("role") != FETCH)
+    anchors = body.select("pid", "epoch", "ts", pl.col("dur").fill_null(0).alias("dur"), "role")
+    # consumers with fetch waits only: a step is the time between a batch's arrival and the next wait
+    only_fetch = kinds.filter(pl.col("kind") == FETCH)["pid"]
+    if only_fetch.len():
+        f = fetch.filter(pl.col("pid").is_in(only_fetch.implode())).sort("pid", "f_ts").with_columns(
+            pl.col("f_ts").shift(-1).over("pid", "f_ep").alias("next"))
+        anchors = pl.concat([anchors, f.filter(pl.col("next").is_not_null()).select(
+            "pid", pl.col("f_ep").alias("epoch"), pl.col("f_end").alias("ts"),
+            (pl.col("next") - pl.col("f_end")).clip(lower_bound=0).alias("dur"),
+            pl.lit(FETCH, dtype=anchors.schema["role"]).alias("role"))])
+    if anchors.is_empty():
+        return ann, None, fetch
+    # nested anchors (a compute inside a compute) count once: keep those starting after the previous end
+    a = anchors.sort("pid", "ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
+    a = a.with_columns(pl.col("end").cum_max().shift(1).over("pid").alias("__prev_max")).filter(
+        pl.col("__prev_max").is_null() | (pl.col("ts") >= pl.col("__prev_max"))).drop("__prev_max")
+    return ann, a, fetch
+
+
+def training_step_count(events: pl.DataFrame) -> int:
+    """The number of rows :func:`training_steps` gives (its anchors, without the rest)."""
+    a = _step_anchors(events)[1]
+    return 0 if a is None else a.height
 
 
 def _step_cpu(steps: pl.DataFrame, ann: pl.DataFrame) -> pl.DataFrame:
