@@ -629,7 +629,7 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     Columns: :data:`STEP_SCHEMA` (µs), ordered by pid and time. ``basis`` names the anchor.
     """
     ann, a, fetch = _step_anchors(events)
-    if a is None:
+    if a is None or fetch is None:
         return pl.DataFrame(schema=STEP_SCHEMA)
     a = a.with_columns(pl.col("epoch").fill_null(0))
     spans = epoch_spans(ann).select("pid", pl.col("epoch"), pl.col("ts").alias("e_ts"))
