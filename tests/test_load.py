@@ -224,6 +224,30 @@ def test_schema_order_and_resolution(tmp_path: Path) -> None:
     assert save["size"] == 3 * 2**30 and save["file"] == "/ckpt/model.pt"
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_fields_of_one_value_are_constant_columns(tmp_path: Path, jobs: int) -> None:
+    """A POSIX trace without annotations, on one host: its annotation fields (all null)
+    and its host are constant columns of the table, of no size (polars keeps a column of
+    one value as a constant through the loader's selects, gathers and concatenations),
+    with the values a column of a value per row would hold."""
+    for k in range(3):
+        p = Proc(pid=70 + k)
+        for i in range(50):
+            path = f"/data/f{k}_{i}.bin"
+            p.open(path)
+            p.read(path, 4096)
+            p.close(path)
+        p.finish()
+        write_gz(tmp_path / f"trace-{70 + k}.pfw.gz", p.lines(), members=2)
+    ev = load_trace(tmp_path, jobs=jobs).events
+    assert ev.filter(pl.col("name") == "read").height == 150
+    constant = ("epoch", "step", "batch_size", "sample_index", "cpu_time", "cpu_threads", "tensors", "host")
+    assert all(ev.select(c).estimated_size() < 64 for c in constant), {c: ev.select(c).estimated_size() for c in constant}
+    assert ev.select(pl.col(c).null_count() for c in constant[:-1]).row(0) == (ev.height,) * 7
+    assert ev["host"].unique().to_list() == [HOST] and ev["pid"].n_unique() == 3
+    assert ev.select(pl.col("ts").is_sorted()).item() and ev["size"].sum() == 3 * 50 * 4096
+
+
 def test_single_file_list_and_plain_pfw(tmp_path: Path) -> None:
     p = Proc(pid=7)
     p.open("/x/a.bin")

@@ -2213,7 +2213,10 @@ def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None
     del order
     idx = None if rows is None else _row_index(rows)
     del rows
-    out: list[pl.Series] = []
+    # frames, not series: a column of one value (all null: the annotation fields of a
+    # trace without annotations) stays a constant, of no size, and its gather costs nothing
+    # (its Series would be materialised, a value per row)
+    out: list[pl.DataFrame] = []
     todo = list(columns)
     while todo:
         group, todo = todo[:_GATHER_GROUP], todo[_GATHER_GROUP:]
@@ -2221,12 +2224,12 @@ def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None
         # a copy and a gather from one
         sub = frame.select(group).rechunk()
         frame = frame.drop(group)
-        out.extend((sub if idx is None else sub[idx]).get_columns())
+        out.append(sub if idx is None else sub[idx])
         freed = sub.estimated_size()
         del sub
         if freed >= _RELEASE_BYTES:
             release_free_memory(keep_large=True)  # the source columns, before the next group is built in another arena
-    return pl.DataFrame(out)
+    return pl.concat(out, how="horizontal") if out else pl.DataFrame()
 
 
 def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
@@ -2404,15 +2407,22 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     procs = tables.processes
     file = _file_column(out, tables)
     release_free_memory(keep_large=True)  # the gather's last group and the file lookup's, before the new columns
-    pid = pl.lit(procs["__pid"]).gather(pl.col("__p")).alias("pid") if "__pid" in procs.columns else pl.col("pid")
+    pid = _per_process(procs["__pid"], "pid") if "__pid" in procs.columns else pl.col("pid")
     table = out.select(
-        pid, "tid", pl.lit(procs["ppid"]).gather(pl.col("__p")).alias("ppid"),
-        pl.lit(procs["host"]).gather(pl.col("__p")).alias("host"),
+        pid, "tid", _per_process(procs["ppid"], "ppid"), _per_process(procs["host"], "host"),
         "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
         "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
-        "cpu_time", "cpu_threads", "tensors", pl.lit(procs["source"]).gather(pl.col("__p")).alias("source"),
+        "cpu_time", "cpu_threads", "tensors", _per_process(procs["source"], "source"),
     ).cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "role"}))  # type: ignore[arg-type]
     return table, out["__p"]
+
+
+def _per_process(values: pl.Series, name: str) -> pl.Expr:
+    """The column ``name`` of the rows (with ``__p``) from their process's ``values``: one
+    value (one host, one trace file, no ppid) is a constant column, of no size."""
+    if values.len() and values.n_unique() == 1:
+        return pl.lit(values[0], dtype=values.dtype).alias(name)
+    return pl.lit(values).gather(pl.col("__p")).alias(name)
 
 
 def _file_column(rows: pl.DataFrame, tables: RunTables) -> pl.Series:
@@ -2450,7 +2460,8 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
         # expressions, each step was a new 64-bit column: 31-44 ms against 21-24)
         packed = np.zeros(events.height, dtype=np.uint64)
         for c, nbits, top in zip(keys, bits, tops, strict=True):
-            codes = events[c].to_physical()
+            # (through a select: events[c] would materialise a column of one value, and keep it)
+            codes = events.select(pl.col(c).to_physical()).to_series()
             if codes.null_count():
                 codes = codes.fill_null((int(top) + 1) if top is not None else 0)
             packed <<= np.uint64(nbits)

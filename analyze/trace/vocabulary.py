@@ -487,7 +487,9 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
     ann = ev.select("pid", "ts", "dur", "role", "epoch", "sample_index", "size")[rows].insert_column(0, rows)
     spans = epoch_spans(ann)
     todo = ann.filter(pl.col("role").is_in(LOOP_ROLES) & pl.col("epoch").is_null())
-    epoch_col, step_col = ev["epoch"], ev["step"]
+    # only the columns that change are replaced (taking one out of the table would turn a
+    # column of one value, all null, into a value per row)
+    filled: dict[str, pl.Series] = {}
     if todo.height and spans.height:
         sp = spans.select("pid", pl.col("ts").alias("e_ts"), pl.col("epoch").alias("e"))
         first = sp.group_by("pid").agg(pl.col("e").sort_by("e_ts").first().alias("e0"))
@@ -500,10 +502,9 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
                .with_columns(pl.int_range(pl.len()).over("pid", "e", "role").alias("k")))
         if got.height:
             idx = got["__r"]
-            epoch_col = epoch_col.scatter(idx, got["e"])
-            step_col = step_col.scatter(idx, got["k"])
+            filled["epoch"] = ev["epoch"].scatter(idx, got["e"])
+            filled["step"] = ev["step"].scatter(idx, got["k"])
     items = ann.filter((pl.col("role") == ITEM) & pl.col("sample_index").is_null())
-    sample_col = ev["sample_index"]
     if items.height:
         reads = ann.filter((pl.col("role") == SAMPLE_READ) & pl.col("sample_index").is_not_null()).select(
             "pid", pl.col("ts").alias("r_ts"), pl.col("sample_index").alias("r_idx")).sort("r_ts")
@@ -513,8 +514,7 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
                                          check_sortedness=False)
                    .filter(pl.col("r_ts").is_not_null() & (pl.col("r_ts") <= pl.col("end"))))
             if got.height:
-                sample_col = sample_col.scatter(got["__r"], got["r_idx"])
-    size_col = ev["size"]
+                filled["sample_index"] = ev["sample_index"].scatter(got["__r"], got["r_idx"])
     ckpts = ann.filter(pl.col("role").is_in([CKPT_SAVE, CKPT_LOAD]) & pl.col("size").is_null())
     if ckpts.height:
         # bytes of a checkpoint that names none: the POSIX transfers inside it, in its process
@@ -530,9 +530,8 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
                    .filter(pl.col("__r").is_not_null() & (pl.col("x_ts") <= pl.col("c_end")))
                    .group_by("__r").agg(pl.col("size").sum()))
             if got.height:
-                size_col = size_col.scatter(got["__r"], got["size"])
-    return ev.with_columns(epoch_col.alias("epoch"), step_col.alias("step"), sample_col.alias("sample_index"),
-                           size_col.alias("size"))
+                filled["size"] = ev["size"].scatter(got["__r"], got["size"])
+    return ev.with_columns(s.alias(c) for c, s in filled.items()) if filled else ev
 
 
 # ------------------------------------------------------------------- reading roles
