@@ -134,8 +134,6 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
             pl.len().alias("events"),
             pl.col("ts").min().alias("t0"),
             (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
-            pl.col("epoch").n_unique().alias("epoch_values"),
-            pl.col("epoch").null_count().alias("epoch_nulls"),
         ),
         ev.select("pid", "tid", "host").unique(),  # the threads (a plain unique: 15 vs 20 ms on 2.1 M rows)
         ev.filter(cat != "dftracer")
@@ -178,7 +176,10 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
     epochs = int(epochs) if isinstance(epochs, int) else 0
     ds_calls = int(ds["reads"].sum() or 0)
 
-    epoch_values = totals["epoch_values"] - (1 if totals["epoch_nulls"] else 0)
+    if not epochs:  # no epoch spans: the distinct epoch numbers (a pass only then: 8-10 ms on 2 M events)
+        values, nulls = ev.select(pl.col("epoch").n_unique().alias("n"), pl.col("epoch").null_count()).collect(
+            engine="streaming" if isinstance(events, pl.LazyFrame) else "auto").row(0)
+        epochs = int(values) - (1 if nulls else 0)
     t0, t1 = totals["t0"], totals["t1"]
     return Summary(
         events=int(totals["events"]),
@@ -198,7 +199,7 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         dataset_files=int(dataset.len()),
         dataset_read_calls=int(ds_calls),
         roles={role: int(n) for role, n in files.group_by("role").len().sort("role").iter_rows()},
-        epochs=epochs or epoch_values,
+        epochs=epochs,
         fetch_events=int(totals["fetches"]),
         item_events=int(totals["items"]),
         checkpoint_saves=int(totals["saves"]),
