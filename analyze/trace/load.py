@@ -1330,11 +1330,16 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
     frames: list[Any] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
+    # segments that continue each other (one file's decoder outputs, in order: the usual
+    # batch) number their lines as one text does: no per-row segment lookup (a binary
+    # search and two gathers per row, under the GIL); their accepted lines are counted on
+    # the first one (the file's count is the same)
+    along = len(first) == 1 or (bool((srcs == srcs[0]).all()) and bool((seq0s - first == seq0s[0] - first[0]).all()))
     for sl in (slice(0, nev), slice(cap - nmeta, cap)):
         lines = rows[sl]
-        if len(first) == 1:
+        if along:
             src: int | np.ndarray = int(srcs[0])
-            seq = lines + seq0s[0]
+            seq = lines + (seq0s[0] - first[0])
             per_seg[0] += len(lines)
         else:
             seg = np.searchsorted(first, lines, side="right") - 1
