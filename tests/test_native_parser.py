@@ -630,3 +630,40 @@ def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Pa
     sorted_ = load_trace(d, jobs=2)
     assert_frame_equal(merged.events, sorted_.events)
     assert_frame_equal(merged.events, load_trace(d, jobs=1).events)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_segments_of_one_file_are_numbered_as_one_text(contiguous: bool) -> None:
+    """A batch's texts that continue each other (one file's decoder outputs, in order) are
+    scanned without a per-row segment lookup: rows, line numbers and the accepted lines
+    are those of the joined text. Texts of one file that do not continue each other (a gap
+    between their line numbers) keep each text's own numbering."""
+    lines = corpus_lines()[:400]
+    bounds = [0, 90, 91, 250, 400]
+    texts = [b"".join(ln + b"\n" for ln in lines[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    counts = np.diff(bounds).astype(np.int64)
+    first = np.cumsum(counts) - counts
+    seq0s = (first + 7) if contiguous else (first + 7 + np.arange(len(counts), dtype=np.int64) * 1000)
+    srcs = np.full(len(counts), 3, dtype=np.uint32)
+
+    def frames(text, firsts, seqs, src):
+        events, meta, per_seg, rejected = LOAD._scan(text, int(sum(t.count(b"\n") for t in texts)), firsts, src, seqs,
+                                                     compact=True)
+        return events[0], meta, per_seg, rejected
+
+    ev, meta, per_seg, rej = frames(texts, first, seq0s, srcs)
+    one_ev, one_meta, one_per, one_rej = frames(b"".join(texts), np.zeros(1, dtype=np.int64), seq0s[:1], srcs[:1])
+    assert per_seg.sum() == one_per.sum() == ev.height + meta.height > 300
+    if contiguous:
+        assert_frame_equal(ev, one_ev, check_exact=True)
+        assert_frame_equal(meta, one_meta, check_exact=True)
+        assert per_seg[1:].sum() == 0  # counted on the first text: the same file's count
+    else:
+        shift = np.repeat(seq0s - first - seq0s[0], counts)  # each text's own numbering
+        line = one_ev["seq"].to_numpy() - seq0s[0]
+        assert_frame_equal(ev.drop("seq"), one_ev.drop("seq"), check_exact=True)
+        assert (ev["seq"].to_numpy() == one_ev["seq"].to_numpy() + shift[line]).all()
+        assert per_seg.tolist() == [int(np.sum((line >= a) & (line < b))) + int(np.sum(
+            (meta_line >= a) & (meta_line < b))) for a, b, meta_line in
+            ((a, b, one_meta["seq"].to_numpy() - seq0s[0]) for a, b in zip(bounds, bounds[1:], strict=False))]
+    assert (rej == one_rej).all()
