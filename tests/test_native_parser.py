@@ -667,3 +667,21 @@ def test_segments_of_one_file_are_numbered_as_one_text(contiguous: bool) -> None
             (meta_line >= a) & (meta_line < b))) for a, b, meta_line in
             ((a, b, one_meta["seq"].to_numpy() - seq0s[0]) for a, b in zip(bounds, bounds[1:], strict=False))]
     assert (rej == one_rej).all()
+
+
+def test_metadata_rows_of_a_part_become_one_frame() -> None:
+    """A batch's metadata rows are kept as the scanner wrote them and made one frame per
+    part: the frame is the concatenation of the frames each batch made, in order (string
+    codes of each batch moved past the strings of the batches before it)."""
+    lines = [ln for ln in corpus_lines() if b'"ph":4' in ln or b'"ph":"M"' in ln or b'"ts"' in ln][:600]
+    texts = [b"".join(ln + b"\n" for ln in lines[a:b]) for a, b in ((0, 200), (200, 420), (420, 600))]
+    deferred, frames = [], []
+    for k, text in enumerate(texts):
+        n = text.count(b"\n")
+        args = (text, n, np.zeros(1, dtype=np.int64), np.array([k % 2], dtype=np.uint32),
+                np.array([1000 * k], dtype=np.int64))
+        deferred.append(LOAD._scan(*args, compact=True, defer_meta=True)[1])
+        frames.append(LOAD._scan(*args, compact=True)[1])
+    assert sum(m.height for m in deferred) == sum(f.height for f in frames) > 3
+    assert all(isinstance(m, LOAD._MetaRows) for m in deferred)
+    assert_frame_equal(LOAD._meta_frame(deferred), pl.concat(frames), check_exact=True)

@@ -1182,7 +1182,7 @@ class _NativeBatch:
     def __init__(self) -> None:
         self.nbytes = 0
         self.events: list[pl.DataFrame] = []
-        self.meta: list[pl.DataFrame] = []
+        self.meta: list[pl.DataFrame | _MetaRows] = []
         self.rest = _Batch()
         #: texts waiting for the flush, one list per added text, of its line segments:
         #: (src, seq0, text, stats, lines, valid UTF-8)
@@ -1215,7 +1215,7 @@ class _NativeBatch:
         scanned = _scan([seg[2] for seg in segs], int(counts.sum()), first,
                         np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
                         np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True,
-                        compact=True, buffers=self.buffers)
+                        compact=True, buffers=self.buffers, defer_meta=True)
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
         events, meta, per_seg, rejected = scanned
@@ -1293,14 +1293,16 @@ class _ScanBuffers:
 
 def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, srcs: np.ndarray,
           seq0s: np.ndarray, checked: bool = False, compact: bool = False,
-          buffers: _ScanBuffers | None = None) -> tuple[Any, pl.DataFrame, np.ndarray, np.ndarray] | None:
+          buffers: _ScanBuffers | None = None, defer_meta: bool = False
+          ) -> tuple[Any, pl.DataFrame | _MetaRows, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (one buffer, or a list of buffers of complete lines scanned as one text;
     segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line ``seq0s[k]``) with
     the C scanner: (event rows, metadata rows, accepted lines per segment, rejected lines as
     rows of (line in the whole text, start, end in the line's own buffer)); None when
     ``text`` is not valid UTF-8 (not checked again when ``checked``: the caller found it valid).
     With ``compact``, the event rows come compacted (:func:`_native_compact`; None when none).
-    ``buffers``: where the scanner writes (reused from scan to scan; else a new mapping)."""
+    ``buffers``: where the scanner writes (reused from scan to scan; else a new mapping).
+    ``defer_meta``: the metadata rows come as :class:`_MetaRows` (made a frame per part)."""
     cap = max(nlines, 1)
     ni, ns = len(_NATIVE_INTS), len(_NATIVE_STRS)
     # The output buffers are one anonymous mapping (large short-lived malloc'd buffers
@@ -1348,10 +1350,57 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
         if not frames and compact:  # events
             frames.append(_native_compact(sl, ints, imask, strs, values, uniques, op_of, sflag, src, seq)
                           if sl.stop > sl.start else None)
+        elif defer_meta:
+            frames.append(_MetaRows(sl, ints, imask, strs, values, op_of, any_mask, src, seq))
         else:
             frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq,
                                         categorical=not frames))
     return frames[0], frames[1], per_seg, rej
+
+
+class _MetaRows:
+    """A batch's metadata rows as the scanner wrote them (copied out of its buffers, which
+    the next scan overwrites), made into frames together (:func:`_meta_frame`): a part's
+    batches hold a few thousand metadata rows, and a frame per batch cost ~2 ms of polars
+    expressions built in Python, under the GIL, each (9 files on 2 cores: 22 ms a load of
+    the parse threads' GIL time)."""
+
+    __slots__ = ("ints", "imask", "strs", "values", "op_of", "any_mask", "src", "seq")
+
+    def __init__(self, sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
+                 op_of: np.ndarray, any_mask: int, src: int | np.ndarray, seq: np.ndarray) -> None:
+        n = sl.stop - sl.start
+        self.ints, self.imask, self.strs = ints[:, sl].copy(), imask[sl].copy(), strs[:, sl].copy()
+        self.values, self.op_of, self.any_mask = values, op_of, any_mask
+        self.src = src.astype(np.uint32) if isinstance(src, np.ndarray) else np.full(n, src, dtype=np.uint32)
+        self.seq = seq
+
+    @property
+    def height(self) -> int:
+        return len(self.imask)
+
+
+def _meta_frame(rows: Sequence[_MetaRows]) -> pl.DataFrame:
+    """The RAW_SCHEMA frame of the metadata rows ``rows``, in their order (each batch's
+    string codes moved past the strings of the batches before it)."""
+    offsets = np.cumsum([0] + [r.values.len() for r in rows[:-1]])
+    strs = np.concatenate([np.where(r.strs >= 0, r.strs + off, -1) for r, off in zip(rows, offsets, strict=True)],
+                          axis=1).astype(np.int32)
+    src = np.concatenate([r.src for r in rows])
+    any_mask = 0
+    for r in rows:
+        any_mask |= r.any_mask
+    return _native_frame(slice(0, len(src)), np.concatenate([r.ints for r in rows], axis=1),
+                         np.concatenate([r.imask for r in rows]), strs,
+                         pl.concat([r.values for r in rows]).rechunk(), np.concatenate([r.op_of for r in rows]),
+                         any_mask, int(src[0]) if len(src) and (src == src[0]).all() else src,
+                         np.concatenate([r.seq for r in rows]))
+
+
+def _meta_frames(meta: list[pl.DataFrame | _MetaRows]) -> list[pl.DataFrame]:
+    """``meta`` as frames: the :class:`_MetaRows` among them as one."""
+    rows = [m for m in meta if isinstance(m, _MetaRows)]
+    return [m for m in meta if isinstance(m, pl.DataFrame)] + ([_meta_frame(rows)] if rows else [])
 
 
 def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
@@ -2112,7 +2161,7 @@ class _Compacted:
     def __init__(self) -> None:
         self.stats: dict[int, _Stats] = {}
         self.rows: list[pl.DataFrame] = []
-        self.meta: list[pl.DataFrame] = []
+        self.meta: list[pl.DataFrame | _MetaRows] = []
         self.starts: list[pl.DataFrame] = []
         self.hosts: list[pl.DataFrame] = []
 
@@ -2140,7 +2189,7 @@ class _Compacted:
 
     def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
-        out = (_frames(self.rows, CHUNK_SCHEMA), _concat(self.meta), _frames(self.starts, _STARTS_SCHEMA),
+        out = (_frames(self.rows, CHUNK_SCHEMA), _concat(_meta_frames(self.meta)), _frames(self.starts, _STARTS_SCHEMA),
                _frames(self.hosts, _HOSTS_SCHEMA))
         self.rows, self.meta, self.starts, self.hosts = [], [], [], []
         return out
