@@ -438,7 +438,8 @@ def _loader_events_from_hooks(plan: RankPlan) -> bool:
 
 def _new_record(epoch: int) -> dict[str, Any]:
     return {"epoch": epoch, "steps": 0, "samples": 0, "bytes_read": 0, "compute_s": 0.0,
-            "modelled_compute_s": 0.0, "host_cpu_s": 0.0, "modelled_host_cpu_s": 0.0, "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
+            "modelled_compute_s": 0.0, "host_cpu_s": 0.0, "modelled_host_cpu_s": 0.0, "host_cpu_dropped_s": 0.0,
+            "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
             "evaluation_s": 0.0, "epoch_end_s": 0.0, "window_s": 0.0, "samples_in_window": 0,
             "bytes_in_window": 0, "epoch_time_s": 0.0, "worker_pids": []}
 
@@ -539,8 +540,10 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
                     # the CPU work ends where the step's time ends, less what earlier steps overran
                     # (sleeper.debt): a step whose CPU fills its time has no sleep to repay that from
                     spent_cpu = host.spend(want, deadline=b0 + max(0.0, modelled - sleeper.debt))
-                    cpu_debt = min(max(want - spent_cpu, 0.0), cpu_debt_max)
+                    unspent = max(want - spent_cpu, 0.0)
+                    cpu_debt = min(unspent, cpu_debt_max)
                     rec["host_cpu_s"] += spent_cpu
+                    rec["host_cpu_dropped_s"] += unspent - cpu_debt  # beyond the one step's carried on
                     rec["modelled_host_cpu_s"] += float(cpu_steps[step])
                     compute = sleeper.sleep(modelled, spent=time.perf_counter() - b0)
                 else:
@@ -608,6 +611,8 @@ def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool |
             rec["worker_pids"] = sorted(pids)
             if plan.record_order:
                 order[str(epoch)] = ids
+        if epochs and cpu_debt:  # carried past the last step: never spent
+            epochs[-1]["host_cpu_dropped_s"] += cpu_debt
         INTERRUPT.check()
         result["complete"] = True
     except KeyboardInterrupt:
