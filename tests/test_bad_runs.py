@@ -66,6 +66,17 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120
     raise AssertionError(f"{needle!r} never printed (exit {proc.poll()}):\n{text}")
 
 
+def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[str, str]:
+    """(stdout, stderr) of ``proc`` once it exits; past ``timeout`` its process group is
+    killed and the test fails with what it had printed (where a stopped run hung)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"still running {timeout:.0f} s after Ctrl-C; stdout: {out[-2000:]!r}; stderr: {err[-4000:]!r}")
+
+
 def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
     if target == "group":  # what a terminal's Ctrl-C does
         os.killpg(proc.pid, signal.SIGINT)
@@ -93,7 +104,7 @@ def test_ctrl_c_during_replay_keeps_partial_metrics(tmp_path: Path, accelerators
     wait_for_line(proc, "replay started")
     time.sleep(1.0)
     ctrl_c(proc, target)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = finish(proc)
     no_traceback(stderr)
     assert proc.returncode == 130, stderr
     assert "(incomplete)" in stdout and "incomplete run" in stdout
@@ -177,7 +188,7 @@ def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: P
                      env={**os.environ, HOLD_ENV: "10"})
     wait_for_line(proc, "generate held after 10 files")
     ctrl_c(proc, "group")  # the generator processes get it too
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = finish(proc)
     no_traceback(stderr)
     assert proc.returncode == 130, stderr
     assert "interrupted (Ctrl-C)" in stderr and str(data) in stderr and "rerun" in stderr
@@ -239,7 +250,7 @@ def test_generate_on_a_full_disk_fails_clearly_and_resumes(tmp_path: Path, small
     wait_for_line(proc, "generate held after 3 files")
     (small_fs / "filler").write_bytes(b"\0" * (_free_bytes(small_fs) - 100_000))  # leaves less than a file
     release.touch()
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = finish(proc)
     no_traceback(stderr)
     assert proc.returncode == 1
     assert "no space left on the device" in stderr and str(data) in stderr
@@ -424,7 +435,7 @@ def test_ctrl_c_during_traced_replay_keeps_metrics_and_trace(tmp_path: Path) -> 
     wait_for_line(proc, "replay started (traced)")
     time.sleep(4.0)  # the traced child imports and starts its accelerator meanwhile
     ctrl_c(proc, "group")
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = finish(proc)
     no_traceback(stderr)
     assert proc.returncode == 130, stderr
     m = json.loads((out / "metrics.json").read_text())
