@@ -18,8 +18,8 @@ Vocabulary and definitions follow MLPerf Storage / DLIO:
   model's (``modelled_host_cpu_s``); 0 when the compute is a pure sleep. A step's CPU work
   stops where its compute time ends; what it could not spend is carried to the next step
   (at most one step's) and the rest is ``host_cpu_dropped_s`` (with what was still carried
-  at the run's end): spent + dropped is at least the modelled CPU, and dropped is 0 on a
-  host with cores to spare.
+  at the run's end): spent + dropped is at least the modelled CPU, and dropped is 0 where
+  the steps' time sufficed for their CPU.
 * pass/fail: AU >= the threshold (MLPerf Storage: 90 % for unet3d and resnet50).
 """
 

@@ -2131,7 +2131,7 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
         # built from Python lists of the few rows (a frame and a select of polars
         # expressions cost ~0.5 ms, a pass through polars' pool, for a row or two)
         ok = valid[at].tolist()
-        values = {
+        got = {
             "src": src[at].tolist() if isinstance(src, np.ndarray) else [int(src)] * len(at),
             "seq": seq[at].tolist(),
             "pid": [v if m & (1 << 8) else None for v, m in zip(col["pid"][at].tolist(), ok, strict=True)],
@@ -2139,7 +2139,7 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
             "cwd": [uniques[k] if k >= 0 else None for k in cwd[at].tolist()],
             "hhash": [uniques[k] if k >= 0 else None for k in hhash[at].tolist()],
         }
-        return pl.DataFrame({c: values[c] for c in schema}, schema=schema)
+        return pl.DataFrame({c: got[c] for c in schema}, schema=schema)
 
     starts, hosts = few(special[:nstarts], _STARTS_SCHEMA), few(special[n:n + nhosts], _HOSTS_SCHEMA)
     beyond: dict[int, int] = {}
