@@ -141,7 +141,8 @@ def render_table(metrics: dict[str, Any]) -> str:
         dropped = o.get("host_cpu_dropped_s") or 0.0
         lines.append(f"host CPU: {o['host_cpu_s']:.2f} s spent in the steps' compute ({o['modelled_host_cpu_s']:.2f} s "
                      f"modelled, {metrics.get('host_cpu_threads', 1)} thread(s)); the rest of it slept"
-                     + (f"; {dropped:.2f} s not spent: the steps' time ran out first (a busy host)" if dropped >= 0.005
+                     + (f"; {dropped:.2f} s not spent: the steps' time ran out first (a busy host, or more CPU than "
+                          f"compute time per step)" if dropped >= 0.005
                         else ""))
     elif metrics.get("host_cpu_per_step_s") == 0.0:
         lines.append("host CPU: none, the steps' compute slept (an accelerator's)")
