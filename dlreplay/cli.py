@@ -20,7 +20,7 @@ import click
 
 from dlreplay import __version__
 from dlreplay.errors import DlreplayError
-from dlreplay.interrupt import INTERRUPT
+from dlreplay.interrupt import INTERRUPT, stacks_on_signal
 from dlreplay.units import human_bytes, terminal_safe
 
 
@@ -147,6 +147,7 @@ def main() -> None:
     # Ctrl-C raises KeyboardInterrupt as usual, and is also remembered: Python discards one
     # raised inside a finalizer or at-fork callback, and replay/generate check the flag.
     INTERRUPT.install("always")
+    stacks_on_signal()  # DLREPLAY_STACKS_ON=USR1: kill -USR1 PID prints where it waits
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

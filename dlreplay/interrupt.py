@@ -115,6 +115,27 @@ class _QuietInterrupts:
 #: The process's interrupt flag (signal handlers are per process anyway).
 INTERRUPT = Interrupt()
 
+#: ``DLREPLAY_STACKS_ON=USR1`` (or ``USR2``): that signal prints every thread's Python stack
+#: on stderr instead of ending the process (:func:`stacks_on_signal`).
+STACKS_ENV = "DLREPLAY_STACKS_ON"
+
+
+def stacks_on_signal() -> bool:
+    """Where :data:`STACKS_ENV` names ``USR1`` or ``USR2``, make that signal print every
+    thread's Python stack on stderr (:mod:`faulthandler`) and go on: ``kill -USR1 PID`` shows
+    where a run that does not stop is waiting. The processes dlreplay starts inherit the
+    variable (a traced replay's child) or the handler (loader workers forked from it).
+    Off by default: some MPI process managers signal their ranks with SIGUSR1, whose
+    default action ends them. True when installed."""
+    name = os.environ.get(STACKS_ENV, "").strip().upper().removeprefix("SIG")
+    if name not in ("USR1", "USR2"):
+        return False
+    import faulthandler
+
+    faulthandler.register(getattr(signal, f"SIG{name}"), all_threads=True)
+    return True
+
+
 #: Test-only: ``DLREPLAY_TEST_HOLD=POINT`` makes :func:`hold_point` wait at POINT for Ctrl-C.
 HOLD_ENV = "DLREPLAY_TEST_HOLD"
 #: Seconds a held point waits for Ctrl-C before it goes on (a test never hangs for good).

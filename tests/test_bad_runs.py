@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from dlreplay.interrupt import STACKS_ENV
 from dlreplay.replay.common import JOURNAL_NAME, MANIFEST_NAME
 from dlreplay.replay.generate import HOLD_ENV
 
@@ -36,9 +37,11 @@ def no_traceback(text: str) -> None:
 
 
 def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """``python -m dlreplay ARGS`` in its own process group (so a "terminal" Ctrl-C reaches all of it)."""
+    """``python -m dlreplay ARGS`` in its own process group (so a "terminal" Ctrl-C reaches all
+    of it), with SIGUSR1 printing its processes' Python stacks (see :func:`finish`)."""
     return subprocess.Popen([PY, "-m", "dlreplay", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**(os.environ if env is None else env), STACKS_ENV: "USR1"})
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120.0) -> list[str]:
@@ -67,14 +70,26 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[str, str]:
-    """(stdout, stderr) of ``proc`` once it exits; past ``timeout`` its process group is
-    killed and the test fails with what it had printed (where a stopped run hung)."""
+    """(stdout, stderr) of ``proc`` once it exits and its pipes close; past ``timeout`` the
+    test fails with where the stopped run hung: whether the command itself had exited (else
+    a process it left holds the pipes), the processes of its session, and their Python
+    stacks (SIGUSR1, :func:`start_cli`), before its process group is killed."""
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.poll()
+        ps = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "--sid", str(proc.pid)],
+                            capture_output=True, text=True).stdout
+        try:
+            os.killpg(proc.pid, signal.SIGUSR1)
+            time.sleep(2.0)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         out, err = proc.communicate()
-        pytest.fail(f"still running {timeout:.0f} s after Ctrl-C; stdout: {out[-2000:]!r}; stderr: {err[-4000:]!r}")
+        state = "still running" if code is None else f"exited {code}, its pipes still open"
+        pytest.fail(f"{state} {timeout:.0f} s after Ctrl-C; processes:\n{ps}\nstdout: {out[-2000:]!r}\n"
+                    f"stderr (with their stacks): {err[-12000:]!r}")
 
 
 def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
@@ -202,6 +217,24 @@ def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: P
     assert not list(data.rglob("*.dlreplay-tmp"))
     run_cli("generate", str(model), "--data-dir", str(tmp_path / "ref"), "--jobs", "2", check=True)
     assert digest_dir(data) == digest_dir(tmp_path / "ref")  # resumed = generated in one go
+
+
+def test_usr1_prints_where_a_run_waits_and_it_goes_on(tmp_path: Path) -> None:
+    """``DLREPLAY_STACKS_ON=USR1`` (set by :func:`start_cli`): ``kill -USR1`` prints the
+    command's Python stacks on stderr and the run goes on; Ctrl-C still stops it cleanly."""
+    model, data = write_model(tmp_path, *GEN), tmp_path / "d"
+    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2",
+                     env={**os.environ, HOLD_ENV: "10"})
+    seen = "".join(wait_for_line(proc, "generate held after 10 files"))
+    proc.send_signal(signal.SIGUSR1)
+    seen += "".join(wait_for_line(proc, "in _hold"))
+    assert "most recent call first" in seen and "generate.py" in seen, seen
+    assert proc.poll() is None  # it goes on, held
+    ctrl_c(proc, "group")
+    _, stderr = finish(proc)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    assert not (data / MANIFEST_NAME).exists()
 
 
 # --------------------------------------------------------------------------- full / read-only file systems
