@@ -16,6 +16,8 @@ machine load:
 - ``gzip -dc`` as N parallel processes: the files dealt out by size (a single file is
   decompressed by each of the N); its rate is the events decoded by all N over the wall
   time;
+- on N > 1 cores, also one ``gzip -dc`` of the whole trace (the issue's second baseline:
+  the load on 2 cores against a single decompressor, measured in the same run);
 - a child process pinned to N cores (``sched_setaffinity``, ``POLARS_MAX_THREADS=N``)
   that runs ``load_trace(jobs=N)`` + ``summarize()`` (as ``dlreplay analyze`` does) and
   then the passes and rules (``characterize`` + ``find``, given that summary: ``dlreplay
@@ -23,7 +25,8 @@ machine load:
   each phase (after its imports) and its peak RSS (``VmHWM``) minus its RSS after the
   imports, per event.
 
-Printed per (trace, N): both rates (events/s; best and median run), their ratio, the
+Printed per (trace, N): both rates (events/s; best and median run), their ratio (and on
+N > 1 cores the single ``gzip -dc``'s rate and the load's ratio to it), the
 peak bytes per event of the load + summarize and of the whole analysis: over the RSS after
 the imports, and over that plus the fixed cost of a process that has analysed any trace
 (the peak of a few-thousand-event trace's analysis, printed in MiB), and the CPU time (user
@@ -302,10 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         stored = sum(f.stat().st_size for f in files)
         for n in cores:
             gz: list[float] = []
+            one: list[float] = []  # a single gzip -dc, the issue's second baseline on N > 1 cores
             an: list[dict] = []
             for _ in range(args.repeat):
                 wall, copies = _gzip(files, n)
                 gz.append(wall / copies)
+                if n > 1:
+                    one.append(_gzip(files, 1)[0])
                 an.append(_analyze(root / kind, n))
             ev = an[0]["events"]
             ld = [r["load"] + r["summarize"] for r in an]
@@ -320,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {n} x gzip -dc        : {ev / gz_b / 1e6:6.2f} / {ev / gz_m / 1e6:6.2f} M events/s")
             print(f"  load + summarize     : {ev / ld_b / 1e6:6.2f} / {ev / ld_m / 1e6:6.2f} M events/s   "
                   f"ratio {gz_b / ld_b:.2f} / {gz_m / ld_m:.2f}")
+            if one:
+                one_b, one_m = min(one), statistics.median(one)
+                print(f"  1 x gzip -dc         : {ev / one_b / 1e6:6.2f} / {ev / one_m / 1e6:6.2f} M events/s   "
+                      f"load + summarize vs it {one_b / ld_b:.2f} / {one_m / ld_m:.2f}")
             print(f"  + passes and rules   : {ev / min(full) / 1e6:6.2f} / {ev / statistics.median(full) / 1e6:6.2f} "
                   f"M events/s   ratio {gz_b / min(full):.2f} / {gz_m / statistics.median(full):.2f}")
             print(f"  peak bytes/event     : {per_load:6.0f} load + summarize, {per_all:6.0f} whole analysis "
