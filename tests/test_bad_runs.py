@@ -78,8 +78,11 @@ def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[str, st
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         code = proc.poll()
-        ps = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "--sid", str(proc.pid)],
-                            capture_output=True, text=True).stdout
+        try:
+            ps = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "--sid", str(proc.pid)],
+                                capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ps = f"(ps: {exc})"
         try:
             os.killpg(proc.pid, signal.SIGUSR1)
             time.sleep(2.0)
