@@ -23,9 +23,11 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -160,9 +162,22 @@ def _free_bytes(path: Path) -> float:
 
 
 def _pool_worker_init() -> None:
-    """Generator processes ignore Ctrl-C: the parent stops the pool (they finish their file)."""
+    """Generator processes ignore Ctrl-C: the parent stops the pool (they finish their file).
+    They end with the parent when it is killed instead (``kill -9``, or a signal that ends
+    it without its handlers): an idle pool process waits on its task queue, which it holds
+    open itself, so it would otherwise stay behind for good."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="dlreplay-parent-watch",
+                         daemon=True).start()
+
+
+def _exit_with(sentinel: int) -> None:
+    """Wait until the parent's ``sentinel`` says it ended, then end this process (exit 1)."""
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
 
 
 def _submit_blocked(pool: ProcessPoolExecutor, *args: Any) -> Future:

@@ -91,7 +91,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[str, st
             pass
         out, err = proc.communicate()
         state = "still running" if code is None else f"exited {code}, its pipes still open"
-        pytest.fail(f"{state} {timeout:.0f} s after Ctrl-C; processes:\n{ps}\nstdout: {out[-2000:]!r}\n"
+        pytest.fail(f"{state} {timeout:.0f} s after it was stopped; processes:\n{ps}\nstdout: {out[-2000:]!r}\n"
                     f"stderr (with their stacks): {err[-12000:]!r}")
 
 
@@ -220,6 +220,34 @@ def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: P
     assert not list(data.rglob("*.dlreplay-tmp"))
     run_cli("generate", str(model), "--data-dir", str(tmp_path / "ref"), "--jobs", "2", check=True)
     assert digest_dir(data) == digest_dir(tmp_path / "ref")  # resumed = generated in one go
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_generator_processes_end_with_a_killed_generate(tmp_path: Path) -> None:
+    """``kill -9`` of a ``generate --jobs 2`` (no handler runs): its generator processes end
+    too, instead of waiting on their task queue for good and holding its pipes; a rerun
+    resumes. Held after 10 files so that the pool is running on a machine of any speed."""
+    model, data = write_model(tmp_path, *GEN), tmp_path / "d"
+    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2",
+                     env={**os.environ, HOLD_ENV: "10"})
+    wait_for_line(proc, "generate held after 10 files")
+    children = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    assert len(children) >= 2  # the pool's processes (and the resource tracker)
+    proc.kill()
+    finish(proc, timeout=60)  # the pipes close: nothing the command started holds them
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(pid)]
+    again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    assert "reused" in again.stdout and json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
 
 
 def test_usr1_prints_where_a_run_waits_and_it_goes_on(tmp_path: Path) -> None:
