@@ -8,16 +8,19 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import InUseError, UnsafePathError
 
 __all__ = ["CLAIM_NAME", "DirectoryClaim", "atomic_write_text", "claim_directory", "confined_path", "share_directory",
-           "host_memory_bytes", "is_empty_dir", "process_limit"]
+           "end_with_parent", "host_memory_bytes", "is_empty_dir", "process_limit"]
 
 #: The claim file a dlreplay command holds (``flock``) in a directory it writes; never counts as content.
 CLAIM_NAME = ".dlreplay-claim"
@@ -68,6 +71,53 @@ def process_limit() -> tuple[int, str]:
         if soft != resource.RLIM_INFINITY and soft // share < limit:
             limit, why = max(1, soft // share), f"{name} ({soft}, ulimit)"
     return limit, why
+
+
+def end_with_parent() -> bool:
+    """In a process started by :mod:`multiprocessing` (fork or spawn): end it (exit 1) as soon
+    as its parent ends, from a daemon thread that waits on the parent's sentinel, and its
+    own child processes first (SIGKILL). A parent killed without running its handlers
+    (``kill -9``, a signal it does not handle) cannot stop its children, and a child waiting
+    on a queue or barrier it holds open itself would otherwise stay for good, holding the
+    caller's pipes. Its children go too: a PyTorch DataLoader worker forked just before
+    takes the pid it was reparented to for its parent's and waits for good. False where
+    there is no such parent (the main process, an MPI rank)."""
+    import multiprocessing
+    import multiprocessing.connection
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return False
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        for _ in range(2):  # again: one being forked meanwhile
+            _kill_children()
+            time.sleep(0.05)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dlreplay-parent-watch", daemon=True).start()
+    return True
+
+
+def _kill_children() -> None:
+    """SIGKILL this process's child processes (Linux ``/proc/self/task/*/children``; nothing
+    where that is not there)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for tid in tasks:
+        try:
+            pids = Path(f"/proc/self/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
 
 
 def host_memory_bytes() -> int:

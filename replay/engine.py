@@ -39,7 +39,13 @@ from dlreplay.capture.inject._dlreplay_hooks import REGIONS
 from dlreplay.errors import InUseError
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, save_model
-from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir, share_directory
+from dlreplay.osutil import (
+    DirectoryClaim,
+    claim_directory,
+    end_with_parent,
+    is_empty_dir,
+    share_directory,
+)
 
 from .common import ReplayError, check_replay_resources, dataset_digest, read_dataset_manifest
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
@@ -650,6 +656,7 @@ def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: 
     # Forked from the parent: its flag (set if a Ctrl-C came before the fork) carries over.
     # The handler stays until the process ends: a second SIGINT must not cut the partial result.
     INTERRUPT.install("first")
+    end_with_parent()  # a killed parent cannot stop the ranks: they would wait at its barrier for good
     try:
         res = run_rank(plan, sync, keep_checkpoints)
     except KeyboardInterrupt:

@@ -23,11 +23,9 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import multiprocessing
-import multiprocessing.connection
 import os
 import signal
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -41,7 +39,13 @@ import numpy as np
 import dlreplay
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Layout, WorkloadModel, model_to_dict
-from dlreplay.osutil import DirectoryClaim, claim_directory, host_memory_bytes, is_empty_dir
+from dlreplay.osutil import (
+    DirectoryClaim,
+    claim_directory,
+    end_with_parent,
+    host_memory_bytes,
+    is_empty_dir,
+)
 
 from .common import (
     DATASET_FORMAT_VERSION,
@@ -168,16 +172,7 @@ def _pool_worker_init() -> None:
     open itself, so it would otherwise stay behind for good."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="dlreplay-parent-watch",
-                         daemon=True).start()
-
-
-def _exit_with(sentinel: int) -> None:
-    """Wait until the parent's ``sentinel`` says it ended, then end this process (exit 1)."""
-    multiprocessing.connection.wait([sentinel])
-    os._exit(1)
+    end_with_parent()
 
 
 def _submit_blocked(pool: ProcessPoolExecutor, *args: Any) -> Future:

@@ -230,6 +230,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _still_alive(pids: list[int], timeout: float = 60.0) -> list[int]:
+    """``pids`` still running after up to ``timeout`` s (a process that closed its files is
+    still exiting for a moment)."""
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
 def test_generator_processes_end_with_a_killed_generate(tmp_path: Path) -> None:
     """``kill -9`` of a ``generate --jobs 2`` (no handler runs): its generator processes end
     too, instead of waiting on their task queue for good and holding its pipes; a rerun
@@ -242,12 +251,30 @@ def test_generator_processes_end_with_a_killed_generate(tmp_path: Path) -> None:
     assert len(children) >= 2  # the pool's processes (and the resource tracker)
     proc.kill()
     finish(proc, timeout=60)  # the pipes close: nothing the command started holds them
-    deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)]
+    assert not _still_alive(children)
     again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
     assert "reused" in again.stdout and json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
+
+
+def test_replay_processes_end_with_a_killed_replay(tmp_path: Path) -> None:
+    """``kill -9`` of a 2-accelerator replay: its accelerator processes end too (they waited
+    at its barrier for good, holding its pipes), and take their loader workers with them (a
+    PyTorch worker forked just before its accelerator ended took the pid it was reparented
+    to for its parent's and waited for good: 2 of 6 runs under ``taskset -c 0``)."""
+    model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
+    run_cli("generate", str(model), "--data-dir", str(data), check=True)
+    proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out), "--no-trace",
+                     "--accelerators", "2")
+    wait_for_line(proc, "replay started")
+    ranks: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(ranks) < 2 and time.monotonic() < deadline:  # forked after the line
+        ranks = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        time.sleep(0.05)
+    assert len(ranks) == 2
+    proc.kill()
+    finish(proc, timeout=90)  # the pipes close: nothing the replay started holds them
+    assert not _still_alive(ranks)
 
 
 def test_usr1_prints_where_a_run_waits_and_it_goes_on(tmp_path: Path) -> None:
