@@ -12,8 +12,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -73,51 +71,40 @@ def process_limit() -> tuple[int, str]:
     return limit, why
 
 
+#: ``prctl`` option: the signal a process gets when the thread that started it ends (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
 def end_with_parent() -> bool:
-    """In a process started by :mod:`multiprocessing` (fork or spawn): end it (exit 1) as soon
-    as its parent ends, from a daemon thread that waits on the parent's sentinel, and its
-    own child processes first (SIGKILL). A parent killed without running its handlers
-    (``kill -9``, a signal it does not handle) cannot stop its children, and a child waiting
-    on a queue or barrier it holds open itself would otherwise stay for good, holding the
-    caller's pipes. Its children go too: a PyTorch DataLoader worker forked just before
-    takes the pid it was reparented to for its parent's and waits for good. False where
-    there is no such parent (the main process, an MPI rank)."""
+    """In a process started by :mod:`multiprocessing` (fork or spawn): have it killed
+    (SIGKILL) when its parent ends, and end it now if the parent already has. A parent
+    killed without running its handlers (``kill -9``, a signal it does not handle) cannot
+    stop its children, and a child waiting on a queue or a barrier it holds open itself
+    stays for good, holding the caller's pipes. Linux's ``PR_SET_PDEATHSIG``: no thread of
+    its own in the process (a process that forks or spawns workers, under DFTracer too,
+    stays single-threaded). False where there is no such parent (the main process, an MPI
+    rank), no ``prctl`` (not Linux), or the parent is a forkserver."""
     import multiprocessing
-    import multiprocessing.connection
 
     parent = multiprocessing.parent_process()
-    if parent is None:
+    if parent is None or not sys.platform.startswith("linux"):
         return False
-    sentinel = parent.sentinel
-
-    def watch() -> None:
-        multiprocessing.connection.wait([sentinel])
-        for _ in range(2):  # again: one being forked meanwhile
-            _kill_children()
-            time.sleep(0.05)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="dlreplay-parent-watch", daemon=True).start()
-    return True
-
-
-def _kill_children() -> None:
-    """SIGKILL this process's child processes (Linux ``/proc/self/task/*/children``; nothing
-    where that is not there)."""
     try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return
-    for tid in tasks:
-        try:
-            pids = Path(f"/proc/self/task/{tid}/children").read_text().split()
-        except OSError:
-            continue
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == parent.pid:
+        return True
+    if not parent.is_alive():  # it ended before the request: nothing will signal this process
+        os._exit(1)
+    # started through a forkserver: its parent is the server, which outlives the process
+    # that asked for it (that one's end is the workers' own affair)
+    libc.prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    return False
 
 
 def host_memory_bytes() -> int:

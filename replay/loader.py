@@ -27,6 +27,7 @@ import numpy as np
 from dlreplay.capture.inject._dlreplay_hooks import REGIONS
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Distribution
+from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
 from .formats import TEXT_CHUNK_BYTES, LibraryReader, PosixReader
@@ -306,6 +307,7 @@ def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_
     if is_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the accelerator stops workers itself
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by Loader around the fork
+        end_with_parent()  # at once when the accelerator is killed (else at the next parent check)
     reader = SampleReader(spec, worker_id)
     try:
         while True:

@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from dlreplay.interrupt import INTERRUPT
+from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
 from .loader import BatchResult, SampleReader, WorkerSpec, worker_context
@@ -180,6 +181,9 @@ def _worker_init(worker_id: int) -> None:
     the connection reset: a Ctrl-C, not an error)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # ended with its accelerator process when that is killed: PyTorch's own watch takes
+    # the parent pid at the worker's start, a reparented one if the accelerator ended first
+    end_with_parent()
     _quiet_abandoned_handovers()
 
 

@@ -259,9 +259,9 @@ def test_generator_processes_end_with_a_killed_generate(tmp_path: Path) -> None:
 
 def test_replay_processes_end_with_a_killed_replay(tmp_path: Path) -> None:
     """``kill -9`` of a 2-accelerator replay: its accelerator processes end too (they waited
-    at its barrier for good, holding its pipes), and take their loader workers with them (a
-    PyTorch worker forked just before its accelerator ended took the pid it was reparented
-    to for its parent's and waited for good: 2 of 6 runs under ``taskset -c 0``)."""
+    at its barrier for good, holding its pipes), and so do their loader workers (a PyTorch
+    worker forked just before its accelerator ended took the pid it was reparented to for
+    its parent's and waited for good: 2 of 6 runs under ``taskset -c 0``)."""
     model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
     run_cli("generate", str(model), "--data-dir", str(data), check=True)
     proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out), "--no-trace",
