@@ -4,7 +4,8 @@ dlreplay keeps polars' jemalloc on jemalloc's standard 10 s decay (see
 :data:`dlreplay.JEMALLOC_CONF`): a load builds, frees and rebuilds column buffers within
 a second, and returning freed pages at once made every reuse fault them in again (a fifth
 of the CPU time). The price is that pages freed by one stage stay mapped while the next
-allocates its own, often in another thread's arena, so the peak RSS of a whole analysis
+allocates its own, often in another thread's arena (on up to 4 cores every thread shares
+one: :data:`dlreplay.ONE_ARENA`), so the peak RSS of a whole analysis
 was the live data plus everything freed in the seconds before. :func:`release_free_memory`
 empties those caches where a stage ends (the parse before the merge, the load before the
 passes, each pass): ``arena.<i>.purge`` of polars' jemalloc, and ``malloc_trim`` of the C

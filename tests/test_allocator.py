@@ -34,7 +34,31 @@ def test_set_before_polars_loads() -> None:
     got = _probe("dlreplay")
     assert got["set"] is True
     # polars puts its defaults first and appends ours, so ours win
-    assert got["env"].endswith(dlreplay.JEMALLOC_CONF) and got["env"] != dlreplay.JEMALLOC_CONF
+    assert got["env"].endswith(dlreplay._polars_allocator_conf()) and dlreplay.JEMALLOC_CONF in got["env"]
+    assert got["env"] != dlreplay._polars_allocator_conf()
+
+
+def test_one_arena_only_on_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    for cores, one in ((1, True), (2, True), (dlreplay.ONE_ARENA_CORES, True), (dlreplay.ONE_ARENA_CORES + 1, False),
+                       (64, False)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)), raising=False)
+        conf = dlreplay._polars_allocator_conf()
+        assert conf.startswith(dlreplay.JEMALLOC_CONF)
+        assert (dlreplay.ONE_ARENA in conf.split(",")) is one, (cores, conf)
+
+
+def test_one_arena_leaves_the_large_blocks_arena_alone() -> None:
+    """With one arena, a release between a load's steps purges it and keeps jemalloc's
+    arena of large blocks (the one after the automatic arenas)."""
+    probe = ("import json, dlreplay.allocator as A, polars as pl; A._resolve(); "
+             "print(json.dumps([A._mallctl is not None, [n.decode() for n in A._purges]]))")
+    clean = {k: v for k, v in os.environ.items() if k != dlreplay.JEMALLOC_ENV}
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], env=clean, capture_output=True, text=True,
+                         check=True, timeout=120)
+    found, purges = json.loads(out.stdout)
+    if not found:
+        pytest.skip("polars' jemalloc cannot be reached here")
+    assert purges == ["arena.0.purge"]
 
 
 def test_users_setting_and_an_earlier_polars_are_left_alone() -> None:
