@@ -25,15 +25,16 @@ def _polars_allocator_conf() -> str:
     """:data:`JEMALLOC_CONF`, plus :data:`ONE_ARENA` where this process may use at most
     :data:`ONE_ARENA_CORES` cores.
 
-    jemalloc gives a process 4 arenas a core, and each thread allocates from its own: memory
-    that one thread frees (a parse thread's batches, the main thread's parts) is not
-    reused by another (polars' pool, which builds the next columns), which faults in new
-    pages instead. On a few cores the threads outnumber the cores anyway and one arena
-    serves them all: loading the 9-file ingest benchmark trace on 2 cores peaked at 165
-    bytes an event instead of 176, with 9-12 k fewer page faults, and took 0-2.7 % less
-    time (seven interleaved sittings of 6-12 runs; within this VM's noise); on 1 core, and
-    the single-file trace, the same time and peak. Not set on more cores, where threads
-    that allocate at once would wait for the one arena's locks (not measured).
+    jemalloc gives a process 4 arenas a core (one on a single core), and each thread
+    allocates from its own: memory that one thread frees (a parse thread's batches, the
+    main thread's parts) is not reused by another (polars' pool, which builds the next
+    columns), which faults in new pages instead. On a few cores the threads outnumber the
+    cores anyway and one arena serves them all: loading the 9-file ingest benchmark trace
+    on 2 cores peaked at 165 bytes an event instead of 176, with 9-12 k fewer page faults,
+    and took 0-2.7 % less time (seven interleaved sittings of 6-12 runs; within this VM's
+    noise); the single-file trace, the same time and peak (on 1 core nothing changes: one
+    arena is the default). Not set on more cores, where threads that allocate at once
+    would wait for the one arena's locks (not measured).
     """
     try:
         cores = len(_os.sched_getaffinity(0))
