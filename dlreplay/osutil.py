@@ -99,12 +99,36 @@ def end_with_parent() -> bool:
         return False
     if os.getppid() == parent.pid:
         return True
-    if not parent.is_alive():  # it ended before the request: nothing will signal this process
-        os._exit(1)
+    # Not its parent's child any more, or never (a forkserver's). Whether the process that
+    # started it still runs is read from /proc: ``parent.is_alive()`` watches a pipe whose
+    # other end every sibling forked after this process holds too, so a forked worker
+    # whose parent had died took it for alive while a sibling ran, and waited for good.
+    if parent.pid is not None and _pid_gone(parent.pid):
+        os._exit(1)  # it ended before the request: nothing will signal this process
     # started through a forkserver: its parent is the server, which outlives the process
     # that asked for it (that one's end is the workers' own affair)
     libc.prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
     return False
+
+
+def _pid_gone(pid: int) -> bool:
+    """The process ``pid`` has ended: it is gone, or a zombie not yet reaped (Linux's
+    ``/proc/PID/stat``; elsewhere, whether a signal could reach it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    # pid (comm) state ...: the command name may hold spaces and parentheses
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
 def host_memory_bytes() -> int:

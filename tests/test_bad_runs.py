@@ -279,6 +279,70 @@ def test_replay_processes_end_with_a_killed_replay(tmp_path: Path) -> None:
     assert not _still_alive(ranks)
 
 
+ORPHANS = r"""
+import multiprocessing as mp, os, sys, time
+from dlreplay.osutil import end_with_parent
+out = sys.argv[1]
+
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+def worker(k, creator):
+    with open(f"{out}/pid-{k}.tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.rename(f"{out}/pid-{k}.tmp", f"{out}/pid-{k}")
+    while os.getppid() == creator:  # its parent ends first (killed: it cannot stop its workers)
+        time.sleep(0.01)
+    if k == 1:  # forked after worker 0, it runs until worker 0 has asked (and ended, or not)
+        first = int(open(f"{out}/pid-0").read())
+        while running(first) and not os.path.exists(f"{out}/survived-0"):
+            time.sleep(0.01)
+    end_with_parent()
+    open(f"{out}/survived-{k}", "w").close()
+    time.sleep(60)  # a loader worker waiting on its queue for good
+
+def parent():
+    ctx = mp.get_context("fork")
+    for k in range(2):
+        ctx.Process(target=worker, args=(k, os.getpid())).start()
+    while not all(os.path.exists(f"{out}/pid-{k}") for k in range(2)):
+        time.sleep(0.01)
+    os._exit(0)
+
+if __name__ == "__main__":
+    p = mp.get_context("fork").Process(target=parent)
+    p.start()
+    p.join()
+"""
+
+
+def test_a_worker_whose_parent_ended_before_it_asked_ends(tmp_path: Path) -> None:
+    """:func:`~dlreplay.osutil.end_with_parent` in a forked worker whose parent had already
+    ended (a PyTorch worker of an accelerator killed while it started its loader): the
+    worker ends, even while a sibling forked after it still runs (the sibling holds the
+    pipe ``multiprocessing.parent_process().is_alive()`` watches, so that said "alive" and
+    the worker waited for good: clean-clone CI, once, in the killed-replay test)."""
+    err = tmp_path / "stderr"
+    with err.open("w") as fh:  # (a file: a worker left running would hold a pipe open)
+        proc = subprocess.run([sys.executable, "-c", ORPHANS, str(tmp_path)], stdout=subprocess.DEVNULL, stderr=fh,
+                              timeout=60)
+    assert proc.returncode == 0, err.read_text()
+    pids = [int((tmp_path / f"pid-{k}").read_text()) for k in range(2)]
+    try:
+        assert not _still_alive(pids, timeout=20)
+        assert not list(tmp_path.glob("survived-*"))
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_usr1_prints_where_a_run_waits_and_it_goes_on(tmp_path: Path) -> None:
     """``DLREPLAY_STACKS_ON=USR1`` (set by :func:`start_cli`): ``kill -USR1`` prints the
     command's Python stacks on stderr and the run goes on; Ctrl-C still stops it cleanly."""
