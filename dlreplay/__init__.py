@@ -44,8 +44,8 @@ def _polars_allocator_conf() -> str:
 
 
 def _tune_polars_allocator() -> bool:
-    """Set :data:`JEMALLOC_CONF` (:func:`_polars_allocator_conf`) for polars, unless polars is already imported or the user
-    set :data:`JEMALLOC_ENV`; True when set.
+    """Set :data:`JEMALLOC_CONF` (:func:`_polars_allocator_conf`) for polars, unless polars
+    is already imported or the user set :data:`JEMALLOC_ENV`; True when set.
 
     Loading a trace builds, frees and rebuilds column buffers of hundreds of MB within a
     second or two. With polars' short decay the freed pages went back to the OS at once
