@@ -112,23 +112,20 @@ def end_with_parent() -> bool:
 
 
 def _pid_gone(pid: int) -> bool:
-    """The process ``pid`` has ended: it is gone, or a zombie not yet reaped (Linux's
-    ``/proc/PID/stat``; elsewhere, whether a signal could reach it)."""
+    """The process ``pid`` has ended: it is gone, or a zombie not yet reaped (its state in
+    ``/proc/PID/stat``; where that cannot be read, whether a signal could reach it)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
+        with open(f"/proc/{pid}/stat", "rb") as fh:  # pid (comm) state ...: comm may hold ")"
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return True
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
-    # pid (comm) state ...: the command name may hold spaces and parentheses
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X")
+    except OSError:  # (it exists, owned by another user)
+        pass
+    return False
 
 
 def host_memory_bytes() -> int:
