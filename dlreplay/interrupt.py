@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,18 +123,55 @@ STACKS_ENV = "DLREPLAY_STACKS_ON"
 
 def stacks_on_signal() -> bool:
     """Where :data:`STACKS_ENV` names ``USR1`` or ``USR2``, make that signal print every
-    thread's Python stack on stderr (:mod:`faulthandler`) and go on: ``kill -USR1 PID`` shows
-    where a run that does not stop is waiting. The processes dlreplay starts inherit the
-    variable (a traced replay's child) or the handler (loader workers forked from it).
-    Off by default: some MPI process managers signal their ranks with SIGUSR1, whose
-    default action ends them. True when installed."""
+    thread's Python stack on stderr and go on: ``kill -USR1 PID`` shows where a run that does
+    not stop is waiting. The processes dlreplay starts inherit the variable (a traced replay's
+    child) or the handler (loader workers forked from it). Off by default: some MPI process
+    managers signal their ranks with SIGUSR1, whose default action ends them. True when
+    installed.
+
+    The stacks are read by a Python handler, in the main thread and under the GIL, not by
+    ``faulthandler.register(all_threads=True)``: that one reads the other threads' frames
+    from inside the C signal handler while those threads run, and it crashed a held
+    ``generate`` with SIGSEGV once in clean-clone CI (a thread was entering ``select``). The
+    price: a main thread inside one long C call that does not return prints when it returns
+    (waits on locks, queues, ``select`` and sleeps are interrupted and print at once; for a
+    process stuck in C, ``py-spy dump --pid PID`` reads it from outside)."""
     name = os.environ.get(STACKS_ENV, "").strip().upper().removeprefix("SIG")
     if name not in ("USR1", "USR2"):
         return False
-    import faulthandler
-
-    faulthandler.register(getattr(signal, f"SIG{name}"), all_threads=True)
+    signal.signal(getattr(signal, f"SIG{name}"), _print_stacks)
     return True
+
+
+def _print_stacks(signum: int, frame: Any) -> None:
+    """Signal handler of :func:`stacks_on_signal`: every thread's Python stack, most recent
+    call first (as ``faulthandler`` prints them), in one write to stderr. Never raises, so the
+    run it interrupts goes on whatever stderr is; a signal that comes while it prints is
+    dropped (a nested handler would print the same stacks again)."""
+    if not _printing_stacks.acquire(blocking=False):
+        return
+    try:
+        own = threading.get_ident()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        text = [f"Python stacks of pid {os.getpid()} ({signal.Signals(signum).name}, {STACKS_ENV}):\n"]
+        for ident, top in sys._current_frames().items():
+            where = "Current thread" if ident == own else "Thread"
+            text.append(f"{where} 0x{ident:016x} \"{names.get(ident, '?')}\" (most recent call first):\n")
+            start = (frame or top) if ident == own else top
+            for entry in traceback.StackSummary.extract(traceback.walk_stack(start), lookup_lines=False):
+                text.append(f'  File "{entry.filename}", line {entry.lineno} in {entry.name}\n')
+            text.append("\n")
+        sys.stderr.write("".join(text))
+        sys.stderr.flush()
+    except Exception:  # stderr closed, gone or a broken pipe: the run goes on regardless
+        pass
+    finally:
+        _printing_stacks.release()
+
+
+#: Held while :func:`_print_stacks` prints (signal handlers run in the main thread only, so
+#: this guards against a nested signal, not against other threads).
+_printing_stacks = threading.Lock()
 
 
 #: Test-only: ``DLREPLAY_TEST_HOLD=POINT`` makes :func:`hold_point` wait at POINT for Ctrl-C.
