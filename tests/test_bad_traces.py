@@ -305,13 +305,18 @@ def _odd_trace(tmp_path: Path) -> tuple[Path, int]:
 
 
 def test_odd_values_are_kept_and_every_command_copes(tmp_path: Path, clean: dict) -> None:
-    """Not one of these events is dropped; analyze, distill and export (both formats) finish
-    without a traceback; export says what it could not draw (a timestamp beyond year 2262)
-    and repairs (negative and overlong durations)."""
+    """Not one of these events is dropped (the duration of 2^62 µs reads as null and is
+    counted); analyze, distill and export (both formats) finish without a traceback; export
+    says what it could not draw (a timestamp beyond year 2262) and repairs (a negative
+    duration)."""
     trace, _ = _odd_trace(tmp_path)
+    name = biggest()
     payload = analyze_json(trace)
     assert payload["events"] == clean["events"] and payload["dropped_lines"] == 0
+    assert file_report(payload, name)["problems"] == ["1 event(s) with a duration beyond \u00b1407 days (read as null)"]
     events = load_trace(trace).events
+    assert events["dur"].null_count() == 1 and events["dur"].max() < 2**45  # the 2^62 µs one
+    assert events["dur"].min() == -5  # a small negative duration is kept (export repairs it)
     assert events["ts"].is_sorted(nulls_last=True)  # out-of-order input comes out in time order
     missing_fh = events.filter(pl.col("fhash") == "deadbeefdeadbeef")
     assert missing_fh.height == 1 and missing_fh["file"][0] is None
@@ -322,7 +327,53 @@ def test_odd_values_are_kept_and_every_command_copes(tmp_path: Path, clean: dict
         exp = run_cli("export", str(trace), "-o", str(tmp_path / out))
         no_traceback(exp.stderr)
         assert exp.returncode == 0, exp.stderr
-        assert "1 event(s) not written" in exp.stdout and "2 negative or overlong duration(s) repaired" in exp.stdout
+        # the duration of 2^62 µs reads as null at load (beyond ±407 days); export repairs the -5
+        assert "1 event(s) not written" in exp.stdout and "1 negative or overlong duration(s) repaired" in exp.stdout
+
+
+def test_byte_counts_no_call_moves_are_read_as_null_and_named(tmp_path: Path, clean: dict) -> None:
+    """Two reads claiming 2^63 - 1 bytes each: their sizes read as null and are counted, so
+    the totals are the clean trace's less those two reads (not wrapped: one such read made a
+    total read -8192 PiB), and the plain output names the file and why."""
+    name, lines = biggest(), corpus_lines()
+    recs = [json.loads(ln) for ln in lines]
+    reads = [i for i, r in enumerate(recs) if r.get("name") == "read" and r.get("args", {}).get("ret", 0) > 0]
+    lost = sum(recs[i]["args"]["ret"] for i in reads[:2])
+    for i in reads[:2]:
+        recs[i]["args"]["ret"] = 2**63 - 1
+    trace = trace_with(tmp_path, name, gz_members([json.dumps(r, separators=(",", ":")).encode() for r in recs], 2))
+    payload = analyze_json(trace)
+    assert payload["events"] == clean["events"]
+    assert payload["bytes_read"] == clean["bytes_read"] - lost > 0
+    assert file_report(payload, name)["problems"] == [
+        "2 event(s) with a byte count negative or beyond 1 TiB in one call (read as null)"]
+    out = run_cli("analyze", str(trace))
+    assert f"{name}: dropped 0 line(s)" in out.stdout and "beyond 1 TiB in one call (read as null)" in out.stdout
+    assert "PiB" not in out.stdout and "EiB" not in out.stdout
+
+
+def test_times_in_milliseconds_beyond_int64_in_microseconds(tmp_path: Path) -> None:
+    """A trace in ms (``CM`` time_metric ``MS``) with a timestamp and a duration of 2^62 ms:
+    in µs they pass Int64. The timestamp is clipped to Int64 (kept, as one of 2^63 - 1 µs
+    is), the duration reads as null and is counted; the rest is converted as before.
+    **Was**: a polars cast error and a traceback from ``analyze``."""
+    t0 = 1_795_315_916_000  # ms
+    recs = [{"name": "CM", "cat": "dftracer", "pid": 1, "tid": 1, "ph": 4,
+             "args": {"hhash": "aa", "name": "time_metric", "value": "MS"}}]
+    for i in range(10):
+        recs.append({"id": i, "name": "read", "cat": "POSIX", "pid": 1, "tid": 1, "ts": 2**62 if i == 9 else t0 + i,
+                     "dur": 2**62 if i == 3 else 2, "ph": 1,
+                     "args": {"hhash": "aa", "fhash": "f1", "ret": 10, "count": 10}})
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "ms.pfw").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    payload = analyze_json(tmp_path / "t")
+    assert payload["events"] == 10 and payload["bytes_read"] == 100
+    assert file_report(payload, "ms.pfw")["problems"] == [
+        "1 event(s) with a duration beyond \u00b1407 days (read as null)"]
+    events = load_trace(tmp_path / "t").events
+    assert events["ts"].to_list()[:9] == [(t0 + i) * 1000 for i in range(9)]
+    assert events["ts"].to_list()[9] > 2**63 - 2**11  # clipped
+    assert events["dur"].to_list() == [2000] * 3 + [None] + [2000] * 6
 
 
 def test_lines_that_are_not_events_are_dropped_and_counted(tmp_path: Path, clean: dict) -> None:

@@ -95,6 +95,38 @@ def test_ids_and_loop_counters_are_32_bit(tmp_path: Path, monkeypatch: pytest.Mo
     assert native.damaged and "kept 4 event(s) (1 event(s) with a pid, ppid or tid" in native.describe_damage()
 
 
+def test_byte_counts_beyond_one_call_read_as_null(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A byte count no call can move (negative, or beyond 1 TiB: Linux moves at most 2 GiB in
+    one read) is damage: read as null and counted in the file's report, the event kept. One
+    read of 2^63 - 1 bytes made the trace's total read -8192 PiB (polars' Int64 sum wraps)."""
+    at = iter(range(T0, T0 + 10**6, 100))  # apart: a checkpoint's size is not filled from others' writes
+
+    def ev(name: str, cat: str, **args: int) -> bytes:
+        return json.dumps({"id": 0, "name": name, "cat": cat, "pid": 101, "tid": 101, "ts": next(at), "dur": 5,
+                           "ph": 1, "args": {"hhash": "6882804a826580cd", "fhash": "00000000000000aa", **args}}).encode()
+    tib = 1 << 40
+    lines = [ev("read", "POSIX", ret=2**63 - 1, count=4096),      # ret: beyond
+             ev("fread", "STDIO", ret=1 << 30, size=1 << 11),     # items x item size: 2 TiB
+             ev("fread", "STDIO", ret=1 << 20, size=1 << 20),     # exactly 1 TiB: a size
+             ev("fread", "STDIO", ret=3, size=-2, count=3),       # a negative item size
+             ev("save", "checkpoint", bytes=-5),                  # a negative checkpoint size
+             ev("save", "checkpoint", bytes=tib),                 # 1 TiB: a size
+             ev("read", "POSIX", ret=-1, count=tib + 1),          # a failed call (no size), count beyond
+             ev("read", "POSIX", ret=-1, count=4096),             # a failed call: no damage
+             ev("write", "POSIX", ret=100, count=4096)]
+    path = tmp_path / "t.pfw"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    native, python = load_both(path, monkeypatch)
+    assert_same(native, python)
+    ev_ = native.events
+    assert ev_["size"].to_list() == [None, None, tib, None, None, tib, None, None, 100]
+    assert ev_["size_requested"].to_list() == [4096, None, None, None, None, None, None, 4096, 4096]
+    assert native.files[0].problems == ["5 event(s) with a byte count negative or beyond 1 TiB in one call "
+                                        "(read as null)"]
+    assert native.damaged and "kept 9 event(s) (5 event(s) with a byte count" in native.describe_damage()
+    assert native.events.height == len(lines)
+
+
 @pytest.mark.parametrize("trace", CORPUS, ids=lambda p: p.name)
 def test_corpus_traces_load_identically(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native, python = load_both(trace, monkeypatch)
@@ -286,6 +318,30 @@ def test_byte_ranges_and_groupings_load_identically(tmp_path: Path, monkeypatch:
         tables.append(LOAD.combine_parts(parts, [path.name]))
     assert_frame_equal(tables[0][0], tables[1][0], check_exact=True)
     assert tables[0][1] == tables[1][1]
+
+
+def test_values_read_as_null_are_counted_once_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file cut into ranges (the Dask path) or parsed in many batches reports one line per
+    kind of value read as null, with the count summed, as one parse of the whole file does."""
+    lines = corpus_lines()
+    reads = [i for i, ln in enumerate(lines) if b'"name":"read"' in ln and b'"ret":' in ln]
+    odd = [reads[0], reads[-1]]
+    for i in odd:
+        rec = json.loads(lines[i])
+        rec["args"]["ret"] = 2**63 - 1
+        lines[i] = json.dumps(rec, separators=(",", ":")).encode()
+    path = tmp_path / "big.pfw.gz"
+    path.write_bytes(gz_members(lines, 7))
+    want = ["2 event(s) with a byte count negative or beyond 1 TiB in one call (read as null)"]
+    ranges = LOAD.member_ranges(path, 1)
+    assert ranges is not None and len(ranges) == 7
+    for parser in ("native", "python"):
+        monkeypatch.setenv(LOAD.PARSER_ENV, parser)
+        parts = [LOAD.parse_part([(0, path, a, b, k)]) for k, (a, b) in enumerate(ranges)]
+        assert LOAD.combine_parts(parts, [path.name])[1][0].problems == want, parser
+        monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 4000)  # many batches
+        assert load_trace(path).files[0].problems == want, parser
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("threads", [1, 3])

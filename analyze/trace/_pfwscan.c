@@ -1221,7 +1221,8 @@ done:
 /* ---------------------------------------------------------------------------- compact */
 
 /*
- * compact(ints, imask, strs, lo, hi, op_of, sflag, srcs, outs) -> (valid_and, valid_or, beyond, nstarts, nhosts)
+ * compact(ints, imask, strs, lo, hi, op_of, sflag, srcs, outs)
+ *     -> (valid_and, valid_or, beyond, odd, nstarts, nhosts)
  *
  * The event rows [lo, hi) of scan's buffers (ints, imask, strs) as the columns of a parsed
  * batch (dlreplay.analyze.trace.load.CHUNK_SCHEMA), computed as _compact_exprs defines them
@@ -1232,7 +1233,9 @@ done:
  * bits V_* of outs[OUT_VALID]; outs[OUT_SPECIAL] (int64, 2n) gets the rows (0-based in the
  * range) of the processes' start records at [0, nstarts) and, at [n, n + nhosts), the first
  * row with a host hash of each (src, pid). beyond counts rows with a pid, ppid or tid that
- * does not fit 32 bits (read as null). Runs without the GIL.
+ * does not fit 32 bits (read as null); odd counts rows with a byte count (size, size_requested,
+ * a checkpoint's bytes) that is negative or beyond MAX_CALL_BYTES (read as null), and sets
+ * V_ODDBYTES in their validity word. Runs without the GIL.
  */
 enum {
     OUT_TS, OUT_DUR, OUT_RET, OUT_SIZEREQ, OUT_SIZE, OUT_PARG, OUT_BATCH, OUT_SAMPLE, OUT_PPID, /* int64 */
@@ -1248,8 +1251,24 @@ static const Py_ssize_t out_size[NOUT] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4,
 enum {
     V_TS = 1 << 0, V_DUR = 1 << 1, V_RET = 1 << 2, V_SIZEREQ = 1 << 3, V_SIZE = 1 << 4, V_BATCH = 1 << 5,
     V_SAMPLE = 1 << 6, V_PPID = 1 << 7, V_PID = 1 << 8, V_TID = 1 << 9, V_EPOCH = 1 << 10, V_STEP = 1 << 11,
-    V_CPUTIME = 1 << 12, V_CPUTHREADS = 1 << 13, V_TENSORS = 1 << 14
+    V_CPUTIME = 1 << 12, V_CPUTHREADS = 1 << 13, V_TENSORS = 1 << 14,
+    V_ODDBYTES = 1 << 15 /* not a validity: the row had a byte count read as null */
 };
+/* The most bytes one call can move (load.py's _MAX_CALL_BYTES, 1 TiB): Linux moves at most
+ * 2 GiB - 4 KiB in one read or write, and an fread/fwrite or a checkpoint's bytes beyond it
+ * would need a buffer larger than a node's memory. A larger count is damage: its sums would
+ * pass int64 after 8 M such events (one 2^63 - 1 already wraps a total). */
+#define MAX_CALL_BYTES ((int64_t)1 << 40)
+
+/* n items of item bytes each, when both are non-negative and the product is at most
+ * MAX_CALL_BYTES (*out set, 1); else 0. */
+static inline int call_bytes(int64_t n, int64_t item, int64_t *out)
+{
+    if (n < 0 || item < 0) return 0;
+    if (item == 1 ? n > MAX_CALL_BYTES : item > 0 && n > MAX_CALL_BYTES / item) return 0; /* 1: no division */
+    *out = n * item;
+    return 1;
+}
 /* flags of a string code: the category "checkpoint", POSIX or STDIO, STDIO; a mode starting with "a";
  * the name "start"; the category "dftracer" */
 enum { SF_CKPT = 1, SF_IOCAT = 2, SF_STDIO = 4, SF_MODE_A = 8, SF_START = 16, SF_DFT = 32 };
@@ -1266,7 +1285,7 @@ typedef struct {
     const uint32_t *srcs; /* NULL: one file */
     void *out[NOUT];
     uint32_t vand, vor;
-    Py_ssize_t beyond, nstarts, nhosts;
+    Py_ssize_t beyond, odd, nstarts, nhosts;
     int oom;
 } Compact;
 
@@ -1292,7 +1311,7 @@ static void run_compact(Compact *c)
         return;
     }
     uint32_t vand = ~0u, vor = 0;
-    Py_ssize_t beyond = 0, nst = 0, nh = 0;
+    Py_ssize_t beyond = 0, odd = 0, nst = 0, nh = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const Py_ssize_t r = c->lo + i;
         const uint32_t m = c->imask[r];
@@ -1308,16 +1327,24 @@ static void run_compact(Compact *c)
         o64[OUT_DUR][i] = HAS(I_DUR) ? (v |= V_DUR, IV(I_DUR)) : 0;
         o64[OUT_RET][i] = HAS(I_RET) ? (v |= V_RET, ret) : 0;
         const int xfer = op >= OP_XFER;
-        const uint64_t item = op == OP_SXFER && HAS(I_ISIZE) ? (uint64_t)IV(I_ISIZE) : 1u;
+        const int64_t item = op == OP_SXFER && HAS(I_ISIZE) ? IV(I_ISIZE) : 1;
         int64_t size = 0, sizereq = 0;
-        int has_size = 0;
+        int has_size = 0, odd_bytes = 0;
         if (xfer) {
-            if (HAS(I_RET) && ret >= 0) size = (int64_t)((uint64_t)ret * item), has_size = 1;
-            if (HAS(I_COUNT)) sizereq = (int64_t)((uint64_t)IV(I_COUNT) * item), v |= V_SIZEREQ;
+            if (HAS(I_RET) && ret >= 0) { /* a negative ret is a failed call: no size, not damage */
+                if (call_bytes(ret, item, &size)) has_size = 1;
+                else odd_bytes = 1;
+            }
+            if (HAS(I_COUNT)) {
+                if (call_bytes(IV(I_COUNT), item, &sizereq)) v |= V_SIZEREQ;
+                else odd_bytes = 1;
+            }
         } else if ((cf & SF_CKPT) && HAS(I_ABYTES)) {
-            size = IV(I_ABYTES), has_size = 1;
+            if (call_bytes(IV(I_ABYTES), 1, &size)) has_size = 1;
+            else odd_bytes = 1;
         }
         if (has_size) v |= V_SIZE;
+        if (odd_bytes) v |= V_ODDBYTES, odd++;
         o64[OUT_SIZE][i] = size;
         o64[OUT_SIZEREQ][i] = sizereq;
         int64_t parg = NUL;
@@ -1405,6 +1432,7 @@ static void run_compact(Compact *c)
     c->vand = n ? vand : 0;
     c->vor = vor;
     c->beyond = beyond;
+    c->odd = odd;
     c->nstarts = nst;
     c->nhosts = nh;
 }
@@ -1462,7 +1490,8 @@ static PyObject *compact(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(kknnn)", (unsigned long)c.vand, (unsigned long)c.vor, c.beyond, c.nstarts, c.nhosts);
+    result = Py_BuildValue("(kknnnn)", (unsigned long)c.vand, (unsigned long)c.vor, c.beyond, c.odd, c.nstarts,
+                           c.nhosts);
 done:
     for (int k = 0; k < gout; k++) PyBuffer_Release(&bout[k]);
     for (int k = 0; k < gin; k++) PyBuffer_Release(&bin[k]);

@@ -214,8 +214,9 @@ class FileReport:
 
     @property
     def damaged(self) -> bool:
-        """Something was lost: lines, bytes, or values read as null (:data:`BEYOND_32_BITS`)."""
-        return self.dropped_lines > 0 or self.dropped_bytes > 0 or any(BEYOND_32_BITS in p for p in self.problems)
+        """Something was lost: lines, bytes, or values read as null (:data:`BEYOND_32_BITS`,
+        :data:`ODD_BYTES`)."""
+        return self.dropped_lines > 0 or self.dropped_bytes > 0 or any(READ_AS_NULL in p for p in self.problems)
 
     @property
     def name(self) -> str:
@@ -733,7 +734,8 @@ def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None) -> Trac
     if isinstance(got, RangePart):
         return got
     rows, files = got
-    events, processes, records, counts, markers = _resolve(rows, alone=alone)
+    events, processes, records, counts, markers = _resolve(rows, {src: rep.problems for src, rep in files},
+                                                           alone=alone)
     return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers)
 
 
@@ -1221,7 +1223,7 @@ class _NativeBatch:
         events, meta, per_seg, rejected = scanned
         for seg, k in zip(segs, per_seg.tolist(), strict=True):
             seg[3].lines += k
-        if events is not None:  # compacted already (rows, starts, hosts, beyond)
+        if events is not None:  # compacted already (rows, starts, hosts, problems)
             self.events.append(events)
         if meta.height:
             self.meta.append(meta)
@@ -1934,8 +1936,25 @@ _HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": _SRC, "pid": _I32, "seq": _INT, 
 #: Integer fields kept as Int32 while loading (process and thread ids are C ``pid_t``): a value beyond
 #: 32 bits reads as null, and the file's report says so.
 _NARROW = ("pid", "ppid", "tid")
-#: How a file's report names events kept with an id read as null (a loss the plain output names).
-BEYOND_32_BITS = "beyond 32 bits (read as null)"
+#: How a file's report names events kept with a value read as null (a loss the plain output names).
+READ_AS_NULL = "(read as null)"
+BEYOND_32_BITS = f"beyond 32 bits {READ_AS_NULL}"
+#: The most bytes one call moves (``MAX_CALL_BYTES`` in ``_pfwscan.c``), 1 TiB: Linux moves
+#: at most 2 GiB - 4 KiB in one read or write, and an fread/fwrite or one checkpoint save of
+#: more would need a buffer beyond a node's memory. A byte count that is negative or larger
+#: is damage, read as null and counted (:data:`ODD_BYTES`): summed, 8 M of them would pass
+#: int64, and one of 2^63 - 1 made a trace's total read -8192 PiB.
+_MAX_CALL_BYTES = 1 << 40
+ODD_BYTES = f"negative or beyond 1 TiB in one call {READ_AS_NULL}"
+#: Bit of the scanner's validity word set on a row with a byte count read as null.
+_V_ODDBYTES = 1 << 15
+#: The longest duration an event may have, either way, in µs: 2^45 µs, 407 days (no event
+#: of a training job lasts a year). Beyond, ``dur`` reads as null and is counted
+#: (:data:`ODD_DUR`): summed, such durations wrapped (two of 2^62 µs already).
+_MAX_DUR_US = 1 << 45
+ODD_DUR = f"beyond \u00b1407 days {READ_AS_NULL}"
+#: The float nearest 2^63 below it: a time scaled to µs is clipped to it (then cast to Int64).
+_F63 = float(2**63 - 1024)
 #: A file's problem (not damage) when a pid of its processes also ran on another host and was
 #: numbered anew (see :func:`_host_pids`).
 RENUMBERED = "also ran on another host"
@@ -1962,6 +1981,28 @@ _RELEASE_BYTES = 32 << 20
 _RELEASE_ROWS = _RELEASE_BYTES // 32
 
 
+def _item(col: Callable[[str], pl.Expr]) -> pl.Expr:
+    """Bytes per item of a transfer: fread/fwrite's item size (else 1)."""
+    return pl.when(col("op") == _SXFER).then(col("isize").fill_null(1)).otherwise(1)
+
+
+def _call_bytes_ok(n: pl.Expr, item: pl.Expr | int) -> pl.Expr:
+    """``n`` items of ``item`` bytes are a byte count one call can move: both non-negative,
+    the product at most :data:`_MAX_CALL_BYTES` (``call_bytes`` in ``_pfwscan.c``)."""
+    item = pl.lit(item, dtype=_INT) if isinstance(item, int) else item.cast(_INT)
+    most = pl.lit(_MAX_CALL_BYTES, dtype=_INT) // item.clip(lower_bound=1)
+    return (n >= 0) & (item >= 0) & ((item == 0) | (n <= most))
+
+
+def _odd_bytes(col: Callable[[str], pl.Expr]) -> pl.Expr:
+    """Rows whose byte count :func:`_compact_exprs` reads as null as damage (a count
+    negative or beyond :data:`_MAX_CALL_BYTES`; a failed call's negative ``ret`` is none)."""
+    ret, item, count = col("ret"), _item(col), col("count")
+    xfer = ((ret >= 0) & ~_call_bytes_ok(ret, item)) | ~_call_bytes_ok(count, item)
+    return (pl.when(col("op") >= _XFER).then(xfer)
+            .when(col("cat") == CAT_CHECKPOINT).then(~_call_bytes_ok(col("abytes"), 1))).fill_null(False)
+
+
 def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
     """The :data:`CHUNK_SCHEMA` columns of raw event rows whose :data:`RAW_SCHEMA` column
     ``c`` is ``col(c)`` (strings as String or Categorical): the values one row gives,
@@ -1970,10 +2011,10 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
     argument. One definition for the Python path (a frame) and the scanner's (its buffers)."""
     op, ret = col("op"), col("ret")
     is_xfer = op >= _XFER
-    item = pl.when(op == _SXFER).then(col("isize").fill_null(1)).otherwise(1)
+    item = _item(col)
     size = (
-        pl.when(is_xfer).then(pl.when(ret >= 0).then(ret * item))
-        .when(col("cat") == CAT_CHECKPOINT).then(col("abytes"))
+        pl.when(is_xfer).then(pl.when((ret >= 0) & _call_bytes_ok(ret, item)).then(ret * item))
+        .when(col("cat") == CAT_CHECKPOINT).then(pl.when(_call_bytes_ok(col("abytes"), 1)).then(col("abytes")))
     )
     whence = col("whence")
     append = ((col("flags").fill_null(0) & _O_APPEND) != 0) \
@@ -1996,7 +2037,8 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
         col("src").alias("src"), col("seq").alias("seq"), col("pid").cast(_I32, strict=False).alias("pid"),
         col("tid").cast(_I32, strict=False).alias("tid"), *(col(c).alias(c) for c in ("ts", "dur")),
         *(col(c).cast(_CAT).alias(c) for c in ("cat", "name", "fhash")), ret.alias("ret"),
-        pl.when(is_xfer).then(col("count") * item).alias("size_requested"), size.alias("size"), op.alias("op"),
+        pl.when(is_xfer & _call_bytes_ok(col("count"), item)).then(col("count") * item).alias("size_requested"),
+        size.alias("size"), op.alias("op"),
         pos.alias("pos"), parg.fill_null(_NUL).alias("parg"),
         # loop counters, 32-bit: a value beyond is no counter (null)
         *(pl.when(col(c).is_between(_I32_MIN, _I32_MAX)).then(col(c)).cast(_I32).alias(c)
@@ -2024,11 +2066,41 @@ def _starts_and_hosts(wide: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return starts, hosts
 
 
-def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
-    """(rows, starts, hosts, beyond) of raw event rows (:data:`RAW_SCHEMA`, strings as
+#: Per trace file (``src``), the counts of a batch's rows with values read as null, by what
+#: was read as null (:func:`_compact`).
+_NullProblems = dict[int, dict[str, int]]
+_NULL_IDS = f"a pid, ppid or tid {BEYOND_32_BITS}"
+_NULL_BYTES = f"a byte count {ODD_BYTES}"
+_NULL_DUR = f"a duration {ODD_DUR}"
+
+
+def _null_problems(beyond: dict[int, int], odd: dict[int, int]) -> _NullProblems:
+    """The rows with a pid, ppid or tid beyond 32 bits (``beyond``) and those with a byte
+    count read as null (``odd``), each counted per ``src``."""
+    out: _NullProblems = {}
+    for what, counts in ((_NULL_IDS, beyond), (_NULL_BYTES, odd)):
+        for src, n in counts.items():
+            out.setdefault(src, {})[what] = n
+    return out
+
+
+def _count_problem(problems: list[str], n: int, what: str) -> None:
+    """Add ``n`` events "with ``what``" to the file's problems: one line per kind, its count
+    summed over the batches the file was parsed in."""
+    tail = f" event(s) with {what}"
+    for k, p in enumerate(problems):
+        if p.endswith(tail) and p[:-len(tail)].isdigit():
+            problems[k] = f"{int(p[:-len(tail)]) + n}{tail}"
+            return
+    problems.append(f"{n}{tail}")
+
+
+def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, _NullProblems]:
+    """(rows, starts, hosts, problems) of raw event rows (:data:`RAW_SCHEMA`, strings as
     String or Categorical): the :data:`CHUNK_SCHEMA` rows (:func:`_compact_exprs`), the
     processes' ``start`` records and first host hashes (:func:`_starts_and_hosts`), and per
-    ``src`` the rows with a :data:`_NARROW` value beyond 32 bits (read as null)."""
+    ``src`` the counts of rows with a :data:`_NARROW` value beyond 32 bits or a byte count
+    read as null (:func:`_null_problems`)."""
     wide = raw.select(*_compact_exprs(pl.col), pl.col("ppid").alias("__ppid"), pl.col("cwd").cast(_CAT).alias("__cwd"),
                       pl.col("hhash").cast(_CAT).alias("__hhash"))
     starts, hosts = _starts_and_hosts(wide)
@@ -2038,7 +2110,8 @@ def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFram
            for lo, hi in zip(lims.row(0)[::2], lims.row(0)[1::2], strict=True)):
         out_of_range = pl.any_horizontal(*((pl.col(c) < _I32_MIN) | (pl.col(c) > _I32_MAX) for c in _NARROW))
         beyond = dict(raw.filter(out_of_range.fill_null(False)).group_by("src").len().iter_rows())
-    return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, beyond
+    odd = dict(raw.filter(_odd_bytes(pl.col)).group_by("src").len().iter_rows())
+    return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, _null_problems(beyond, odd)
 
 
 #: :func:`_native_compact`'s outputs, in the order of the C ``OUT_*`` enum: (column, dtype,
@@ -2075,7 +2148,7 @@ def _column_expr(c: str, bit: int, kind: Literal["null", "all", "masked"]) -> pl
 
 def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
                     uniques: list[str], op_of: np.ndarray, sflag: np.ndarray, src: int | np.ndarray,
-                    seq: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, dict[int, int]]:
+                    seq: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, _NullProblems]:
     """:func:`_compact` of the scanner's event rows ``sl`` straight from its buffers (of
     file ``src``, a constant or one per row, lines ``seq``): the C pass ``compact`` computes
     the :data:`CHUNK_SCHEMA` columns as :func:`_compact_exprs` defines them, into arrays of
@@ -2087,7 +2160,7 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
     col = {c: np.empty(n, dtype=dt) for c, dt, _ in _COMPACT_OUT}
     valid, special = np.empty(n, dtype=np.uint32), np.empty(2 * n, dtype=np.int64)
     srcs = src.astype(np.uint32, copy=False) if isinstance(src, np.ndarray) else _EMPTY_U32
-    vand, vor, beyond_rows, nstarts, nhosts = _NATIVE.compact(ints, imask, strs, sl.start, sl.stop, op_of, sflag,
+    vand, vor, beyond_rows, odd_rows, nstarts, nhosts = _NATIVE.compact(ints, imask, strs, sl.start, sl.stop, op_of, sflag,
                                                                srcs, (*col.values(), valid, special))
     data: dict[str, np.ndarray] = {"__v": valid}
     exprs: dict[str, pl.Expr] = {}
@@ -2152,7 +2225,14 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
             out_of_range |= ((mask >> k) & 1).astype(bool) & ((v < _I32_MIN) | (v > _I32_MAX))
         srcs_out = src[out_of_range] if isinstance(src, np.ndarray) else np.full(int(out_of_range.sum()), src)
         beyond = {int(s_): int(k) for s_, k in zip(*np.unique(srcs_out, return_counts=True), strict=True)}
-    return rows, starts, hosts, beyond
+    odd: dict[int, int] = {}
+    if odd_rows:
+        if isinstance(src, np.ndarray):
+            srcs_odd = src[(valid & _V_ODDBYTES) != 0]
+            odd = {int(s_): int(k) for s_, k in zip(*np.unique(srcs_odd, return_counts=True), strict=True)}
+        else:
+            odd = {int(src): odd_rows}
+    return rows, starts, hosts, _null_problems(beyond, odd)
 
 
 class _Compacted:
@@ -2175,19 +2255,20 @@ class _Compacted:
         while events:
             raw = events.pop(0)
             if isinstance(raw, tuple):  # compacted by the scanner's path
-                rows, starts, hosts, beyond = raw
+                rows, starts, hosts, nulled = raw
             elif not raw.height:
                 continue
             else:
-                rows, starts, hosts, beyond = _compact(raw)
+                rows, starts, hosts, nulled = _compact(raw)
             del raw
             self.rows.append(rows)
             if starts.height:
                 self.starts.append(starts)
             if hosts.height:
                 self.hosts.append(hosts)
-            for src, n in beyond.items():
-                self.stats[src].problems.append(f"{n} event(s) with a pid, ppid or tid {BEYOND_32_BITS}")
+            for src, counts in nulled.items():
+                for what, n in counts.items():
+                    _count_problem(self.stats[src].problems, n, what)
 
     def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
@@ -2205,9 +2286,11 @@ def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
 
 
-def _resolve(compacted: _Compacted, *, alone: bool = False
+def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bool = False
              ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(events, processes, fh, counts, markers) of a :class:`TracePart` from the compact rows of whole files.
+    ``problems``: each file's (``src``) problems, to which the values read as null here are
+    added (durations, :func:`_apply_time_metric`).
 
     Everything that one file decides is resolved here: the time unit (``CM``), each
     process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
@@ -2237,7 +2320,7 @@ def _resolve(compacted: _Compacted, *, alone: bool = False
         return (pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh,
                 pl.DataFrame(schema=COUNTS_SCHEMA), markers)
     release = alone and rows.height >= _RELEASE_ROWS
-    rows = _apply_time_metric(rows, meta)
+    rows = _apply_time_metric(rows, meta, problems)
     every, pidx = _process_keys(rows)
     processes = _process_table(every, meta, starts, hosts)
     rows = rows.with_columns(pidx.alias("__p"))
@@ -2324,7 +2407,7 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, processes, fh, counts, markers = _resolve(held, alone=_PARSING.idle())
+        events, processes, fh, counts, markers = _resolve(held, {src: rep.problems}, alone=_PARSING.idle())
         out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts,
                              markers=markers))
     return out
@@ -2370,9 +2453,17 @@ def combine_parts(parts: Sequence[TracePart | RangePart], names: Sequence[str]) 
 
 def _add_reports(a: FileReport, b: FileReport) -> FileReport:
     """The report of a file from the reports of two of its byte ranges (in file order)."""
+    problems = list(a.problems)
+    for p in b.problems:  # the counts of values read as null: one line per kind
+        what = next((w for w in (_NULL_IDS, _NULL_BYTES, _NULL_DUR) if p.endswith(f" event(s) with {w}")), None)
+        n = p[:-len(f" event(s) with {what}")] if what else ""
+        if what and n.isdigit():
+            _count_problem(problems, int(n), what)
+        else:
+            problems.append(p)
     return FileReport(path=a.path, bytes=a.bytes + b.bytes, members=a.members + b.members,
                       lines=a.lines + b.lines, events=0, dropped_lines=a.dropped_lines + b.dropped_lines,
-                      dropped_bytes=a.dropped_bytes + b.dropped_bytes, problems=[*a.problems, *b.problems])
+                      dropped_bytes=a.dropped_bytes + b.dropped_bytes, problems=problems)
 
 
 @dataclass(frozen=True)
@@ -2732,22 +2823,32 @@ def _process_table(every: pl.DataFrame, meta: pl.DataFrame, starts: pl.DataFrame
                         pl.coalesce("__hname", "__hhash").alias("host")).cast(pl.Schema(PROCESS_SCHEMA))  # type: ignore[arg-type]
 
 
-def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame) -> pl.DataFrame:
-    """Convert ts/dur to µs in files whose (first) ``CM`` time_metric is not ``US``."""
+def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame, problems: dict[int, list[str]]) -> pl.DataFrame:
+    """Convert ts/dur to µs in files whose (first) ``CM`` time_metric is not ``US`` (a
+    time beyond Int64 in µs is clipped to it); then a duration beyond
+    ±:data:`_MAX_DUR_US` reads as null, counted in ``problems[src]``."""
     cm = (
         meta.filter((pl.col("name") == "CM") & (pl.col("a_name") == "time_metric"))
         .group_by("src", maintain_order=True).agg(pl.col("a_value").first())
     )
     factors = {src: _TIME_SCALE.get((unit or "US").upper(), 1.0) for src, unit in cm.iter_rows()}
     scaled = {src: f for src, f in factors.items() if f != 1.0}
-    if not scaled:
+    if scaled:
+        factor = pl.col("src").replace_strict(list(scaled), list(scaled.values()), default=None,
+                                              return_dtype=pl.Float64)
+        ev = ev.with_columns(
+            pl.when(factor.is_not_null())
+            .then((pl.col(c) * factor).round().clip(-_F63, _F63).cast(pl.Int64)).otherwise(pl.col(c)).alias(c)
+            for c in ("ts", "dur")
+        )
+    lo, hi = ev.select(pl.col("dur").min().alias("lo"), pl.col("dur").max().alias("hi")).row(0)
+    if (lo is None or lo >= -_MAX_DUR_US) and (hi is None or hi <= _MAX_DUR_US):
         return ev
-    factor = pl.col("src").replace_strict(list(scaled), list(scaled.values()), default=None,
-                                          return_dtype=pl.Float64)
-    return ev.with_columns(
-        pl.when(factor.is_not_null()).then((pl.col(c) * factor).round().cast(pl.Int64)).otherwise(pl.col(c)).alias(c)
-        for c in ("ts", "dur")
-    )
+    odd = ~pl.col("dur").is_between(-_MAX_DUR_US, _MAX_DUR_US)
+    for src, n in ev.filter(odd).group_by("src").len().sort("src").iter_rows():
+        if src in problems:
+            _count_problem(problems[src], n, _NULL_DUR)
+    return ev.with_columns(pl.when(odd).then(None).otherwise(pl.col("dur")).alias("dur"))
 
 
 def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
