@@ -215,7 +215,7 @@ class FileReport:
     @property
     def damaged(self) -> bool:
         """Something was lost: lines, bytes, or values read as null (:data:`BEYOND_32_BITS`,
-        :data:`ODD_BYTES`)."""
+        :data:`ODD_BYTES`, :data:`ODD_DUR`)."""
         return self.dropped_lines > 0 or self.dropped_bytes > 0 or any(READ_AS_NULL in p for p in self.problems)
 
     @property
@@ -2084,15 +2084,25 @@ def _null_problems(beyond: dict[int, int], odd: dict[int, int]) -> _NullProblems
     return out
 
 
+def _counted(problem: str) -> tuple[int, str] | None:
+    """(events, what) of a problem "N event(s) with WHAT" of values read as null, else None."""
+    for what in (_NULL_IDS, _NULL_BYTES, _NULL_DUR):
+        n = problem.removesuffix(f" event(s) with {what}")
+        if n != problem and n.isdigit():
+            return int(n), what
+    return None
+
+
 def _count_problem(problems: list[str], n: int, what: str) -> None:
     """Add ``n`` events "with ``what``" to the file's problems: one line per kind, its count
-    summed over the batches the file was parsed in."""
-    tail = f" event(s) with {what}"
+    summed over the batches and byte ranges the file was parsed in."""
     for k, p in enumerate(problems):
-        if p.endswith(tail) and p[:-len(tail)].isdigit():
-            problems[k] = f"{int(p[:-len(tail)]) + n}{tail}"
+        got = _counted(p)
+        if got is not None and got[1] == what:
+            n += got[0]
+            problems[k] = f"{n} event(s) with {what}"
             return
-    problems.append(f"{n}{tail}")
+    problems.append(f"{n} event(s) with {what}")
 
 
 def _compact(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, _NullProblems]:
@@ -2160,8 +2170,8 @@ def _native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.nda
     col = {c: np.empty(n, dtype=dt) for c, dt, _ in _COMPACT_OUT}
     valid, special = np.empty(n, dtype=np.uint32), np.empty(2 * n, dtype=np.int64)
     srcs = src.astype(np.uint32, copy=False) if isinstance(src, np.ndarray) else _EMPTY_U32
-    vand, vor, beyond_rows, odd_rows, nstarts, nhosts = _NATIVE.compact(ints, imask, strs, sl.start, sl.stop, op_of, sflag,
-                                                               srcs, (*col.values(), valid, special))
+    vand, vor, beyond_rows, odd_rows, nstarts, nhosts = _NATIVE.compact(
+        ints, imask, strs, sl.start, sl.stop, op_of, sflag, srcs, (*col.values(), valid, special))
     data: dict[str, np.ndarray] = {"__v": valid}
     exprs: dict[str, pl.Expr] = {}
     cats = None
@@ -2455,10 +2465,9 @@ def _add_reports(a: FileReport, b: FileReport) -> FileReport:
     """The report of a file from the reports of two of its byte ranges (in file order)."""
     problems = list(a.problems)
     for p in b.problems:  # the counts of values read as null: one line per kind
-        what = next((w for w in (_NULL_IDS, _NULL_BYTES, _NULL_DUR) if p.endswith(f" event(s) with {w}")), None)
-        n = p[:-len(f" event(s) with {what}")] if what else ""
-        if what and n.isdigit():
-            _count_problem(problems, int(n), what)
+        got = _counted(p)
+        if got is not None:
+            _count_problem(problems, *got)
         else:
             problems.append(p)
     return FileReport(path=a.path, bytes=a.bytes + b.bytes, members=a.members + b.members,
