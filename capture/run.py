@@ -200,6 +200,8 @@ def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> 
     env = dict(os.environ)
     if dlreplay.JEMALLOC_SET_BY_DLREPLAY:  # dlreplay's own allocator setting, not the job's
         env.pop(dlreplay.JEMALLOC_ENV, None)
+    if dlreplay.BLAS_SET_BY_DLREPLAY:  # nor its one BLAS thread
+        env.pop(dlreplay.BLAS_ENV, None)
     env.update(dict(config.extra_env))
     preload = str(preload_library())
     env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)

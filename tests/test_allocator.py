@@ -80,6 +80,49 @@ def test_captured_job_does_not_inherit_it(tmp_path, monkeypatch: pytest.MonkeyPa
     assert (dlreplay.JEMALLOC_ENV in env) is not ours  # a user's own value is passed on
 
 
+BLAS_PROBE = """
+import json, os, sys
+if sys.argv[1] == "numpy":
+    import numpy  # noqa: F401
+import dlreplay
+import numpy  # noqa: F401
+print(json.dumps({"set": dlreplay.BLAS_SET_BY_DLREPLAY, "env": os.environ.get(dlreplay.BLAS_ENV),
+                  "threads": len(os.listdir("/proc/self/task"))}))
+"""
+
+
+def _blas_probe(first: str, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k != dlreplay.BLAS_ENV}
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
+    out = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", BLAS_PROBE, first], env={**clean, **env},
+                         capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_numpy_gets_one_blas_thread() -> None:
+    """numpy imported after dlreplay starts no OpenBLAS threads (each spun ~70 ms of CPU at
+    import); imported first, or with the user's own setting, it keeps its own (on 2 cores
+    where the machine has them: one more thread)."""
+    ours = _blas_probe("dlreplay")
+    assert ours["set"] is True and ours["env"] == "1"
+    users = _blas_probe("dlreplay", **{dlreplay.BLAS_ENV: "3"})
+    assert users["set"] is False and users["env"] == "3"
+    first = _blas_probe("numpy")
+    assert first["set"] is False and first["env"] is None
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert first["threads"] == 2 and ours["threads"] == 1, (first, ours)
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_captured_job_keeps_its_blas_threads(tmp_path, monkeypatch: pytest.MonkeyPatch, ours: bool) -> None:
+    from dlreplay.capture.run import CaptureConfig, build_env
+
+    monkeypatch.setattr(dlreplay, "BLAS_SET_BY_DLREPLAY", ours)
+    monkeypatch.setenv(dlreplay.BLAS_ENV, "1")
+    env = build_env(CaptureConfig(command=("true",)), tmp_path, tmp_path, tmp_path)
+    assert (dlreplay.BLAS_ENV in env) is not ours  # a user's own value is passed on
+
+
 RELEASE_PROBE = """
 import json, sys
 import dlreplay.allocator as A
