@@ -92,7 +92,10 @@ print(json.dumps({"set": dlreplay.BLAS_SET_BY_DLREPLAY, "env": os.environ.get(dl
 
 
 def _blas_probe(first: str, **env: str) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k != dlreplay.BLAS_ENV}
+    # OpenBLAS also takes its thread count from GOTO_NUM_THREADS and OMP_NUM_THREADS (which a
+    # CI image may set): none of them is passed on, so numpy imported first starts its own
+    clean = {k: v for k, v in os.environ.items()
+             if k not in (dlreplay.BLAS_ENV, "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
     out = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", BLAS_PROBE, first], env={**clean, **env},
                          capture_output=True, text=True, check=True, timeout=120)
