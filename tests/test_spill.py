@@ -144,6 +144,42 @@ def test_fitting_trace_stays_in_memory(tmp_path):
     assert _spills(tmp_path / "sp") == []
 
 
+def test_the_estimate_inflates_a_bounded_sample_of_a_gzip_bomb(tmp_path, monkeypatch):
+    """A megabyte of deflated NUL bytes inflates to a gigabyte: the estimate's sample of a
+    file is inflated a piece at a time, at most _SAMPLE_DECODED in all (built in here
+    small, 4 MiB, with a 48 MiB bomb: the code before held all 48 MiB at once)."""
+    import tracemalloc
+    import zlib
+
+    from dlreplay.analyze.trace import spill
+
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    bomb = b"".join(comp.compress(zeros) for _ in range(48)) + comp.flush()
+    assert len(bomb) < spill._SAMPLE_BYTES  # the whole bomb is in the sample
+    trace = tmp_path / "bomb"
+    trace.mkdir()
+    (trace / "t.pfw.gz").write_bytes(bomb)
+    monkeypatch.setattr(spill, "_SAMPLE_PIECE", 1 << 20)
+    monkeypatch.setattr(spill, "_SAMPLE_DECODED", 4 << 20)
+    tracemalloc.start()
+    try:
+        lines, used = spill._lines_per_byte(trace / "t.pfw.gz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines == 0 and 0 < used < len(bomb)  # stopped inside the member, at the budget
+    assert peak < 12 << 20, peak
+    plan = plan_memory(trace, 1 << 30)
+    assert plan.events == 0 and not plan.spill
+    # a real file's estimate is the same as inflating its whole sample
+    real = next((TRACES / "npz_fork").glob("*.pfw.gz"))
+    monkeypatch.setattr(spill, "_SAMPLE_DECODED", 1 << 40)
+    whole = spill._lines_per_byte(real)
+    monkeypatch.setattr(spill, "_SAMPLE_PIECE", 4096)
+    assert spill._lines_per_byte(real) == whole and whole[0] > 0
+
+
 def test_memory_limit_cli_errors(tmp_path):
     trace = str(TRACES / "npz_fork")
     r = run_cli("analyze", trace, "--memory-limit", "lots")

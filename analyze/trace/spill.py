@@ -46,7 +46,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import polars as pl
@@ -104,9 +104,27 @@ _ROW_BITS = 40
 #: Order column of a spilled table: sorting by (ts, it) gives the order of the in-memory
 #: table (part << 40 | row in the part; parts in trace-file order).
 ORDER_COL = "__o"
+
+
+def _inflate_module() -> tuple[Any, tuple[type[BaseException], ...]]:
+    """ISA-L's zlib-compatible module (it inflates the samples in half the time: 16 files,
+    0.40 -> 0.21 s) and its error, else zlib's."""
+    try:
+        from isal import isal_zlib
+    except ImportError:  # optional speed-up
+        return zlib, (zlib.error,)
+    return isal_zlib, (cast(type[BaseException], isal_zlib.error), zlib.error)  # (its stubs type it an instance)
+
+
+_INFLATE, _INFLATE_ERRORS = _inflate_module()
+
 #: Stored bytes read from each sampled file to estimate lines per stored byte.
 _SAMPLE_BYTES = 1 << 20
 _SAMPLE_FILES = 16
+#: Decoded bytes of a sample inflated at a time, and at most in all (DFTracer's gzip
+#: inflates ~10x: a 1 MiB sample is ~10 MiB of text).
+_SAMPLE_PIECE = 1 << 20
+_SAMPLE_DECODED = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -135,7 +153,11 @@ class MemoryPlan:
 
 def _lines_per_byte(path: Path) -> tuple[int, int] | None:
     """(decoded lines, stored bytes they came from) of the first ~1 MiB of ``path``;
-    None when it cannot be read or decoded (a damaged file: the others estimate it)."""
+    None when it cannot be read or decoded (a damaged file: the others estimate it).
+
+    Inflated :data:`_SAMPLE_PIECE` at a time, at most :data:`_SAMPLE_DECODED` in all: a
+    megabyte of deflated NUL bytes inflates to a gigabyte, which the estimate of a run
+    under ``--memory-limit`` must not hold (it held 540 MB for such a file)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(_SAMPLE_BYTES)
@@ -145,19 +167,25 @@ def _lines_per_byte(path: Path) -> tuple[int, int] | None:
         return None
     if not data.startswith(b"\x1f"):
         return data.count(b"\n") or 1, len(data)
-    lines = used = 0
+    lines = used = decoded = 0
     view = data
     try:
-        while view:
-            d = zlib.decompressobj(wbits=31)
-            out = d.decompress(view)
-            lines += out.count(b"\n")
-            consumed = len(view) - len(d.unused_data)
-            used += consumed
+        while view and decoded < _SAMPLE_DECODED:
+            d = _INFLATE.decompressobj(wbits=31)
+            tail = view
+            while tail and not d.eof and decoded < _SAMPLE_DECODED:
+                out = d.decompress(tail, _SAMPLE_PIECE)
+                tail = d.unconsumed_tail
+                if not out and tail:
+                    break  # (no progress: cannot happen, but never loop)
+                lines += out.count(b"\n")
+                decoded += len(out)
+            rest = len(d.unused_data) if d.eof else len(tail)
+            used += len(view) - rest
             if not d.eof:
-                break  # the sample ends inside a member: its decoded part counts
+                break  # the sample (or the decoded budget) ends inside a member: its decoded part counts
             view = d.unused_data
-    except zlib.error:
+    except _INFLATE_ERRORS:
         return None
     return (lines, used) if used else None
 
