@@ -42,6 +42,7 @@ from dlreplay.interrupt import INTERRUPT
 from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
+from .formats import joined
 from .loader import BatchResult, SampleReader, WorkerSpec, worker_context
 
 
@@ -59,10 +60,13 @@ def loader_events_from_hooks() -> bool:
 class ReplayDataset(Dataset):  # type: ignore[type-arg]
     """Map-style dataset over the replay's files: sample id (file * spf + k) -> decoded sample.
 
-    Returns ``(bytes read, reader pid, tensor, *others)``: the counts first, so the capture
+    Returns ``(bytes read, reader pid, *tensors, *others)``: the counts first, so the capture
     hooks' batch-size probe (leading dimension of the first tensor) sees the batch size;
-    ``others``: ``batch_tensors - 1`` scalars (the job's labels, masks' handover), each
-    collated into one more tensor of the batch.
+    ``tensors``: the sample's arrays as the library returned them (an NPZ file's members,
+    an HDF5 file's rows: the job's Dataset returned them so; one flat array of them all
+    where they are more than the job's batch had tensors); ``others``: scalars up to
+    ``batch_tensors`` tensors in all (the job's labels, masks' handover), each collated into
+    one more tensor of the batch.
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
@@ -98,8 +102,11 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
             if self._resized is None or self._resized.numel() != self.spec.resize_bytes:
                 self._resized = torch.zeros(self.spec.resize_bytes, dtype=torch.uint8)
             return (nbytes, os.getpid(), self._resized, *self._others)
-        tensor = torch.from_numpy(np.require(decoded, requirements=["C", "W"]))
-        return (nbytes, os.getpid(), tensor, *self._others)
+        arrays = decoded if isinstance(decoded, tuple) else (decoded,)
+        if len(arrays) > len(self._others) + 1:  # more than the job's batch had tensors: one flat array
+            arrays = (joined(decoded),)
+        tensors = tuple(torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays)
+        return (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1:])
 
     def close(self) -> None:
         if self._reader is not None:
@@ -109,19 +116,20 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
 
 
 def collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """``(bytes per sample, pid per sample, samples, *others)``: samples stacked by
-    ``default_collate`` (into shared memory in a worker, as for the job's batches) when they
-    have one shape, else concatenated flat (images of varying sizes before a resize the model
-    does not know); each of the samples' other fields stacked into one tensor (the job's
-    labels, masks: every tensor of a batch is one more worker -> main handover). The counts
-    stay Python lists: pickled with the batch, they add no shared-memory tensor the job's
-    batch does not have."""
+    """``(bytes per sample, pid per sample, *tensors)``: each of the samples' tensors (their
+    arrays, then the scalars of the job's other tensors: labels, masks) stacked into one
+    tensor of the batch by ``default_collate`` (into shared memory in a worker, as for the
+    job's batches) where it has one shape in every sample, else concatenated flat (images
+    of varying sizes before a resize the model does not know): every tensor of a batch is
+    one more worker -> main handover. The counts stay Python lists: pickled with the batch,
+    they add no shared-memory tensor the job's batch does not have."""
     nbytes = [int(s[0]) for s in samples]
     pids = [int(s[1]) for s in samples]
-    tensors = [s[2] for s in samples]
-    data = default_collate(tensors) if len({t.shape for t in tensors}) == 1 else _concat_flat(tensors)
-    others = [default_collate([s[j] for s in samples]) for j in range(3, len(samples[0]))] if samples else []
-    return (nbytes, pids, data, *others)
+    stacked = []
+    for j in range(2, len(samples[0]) if samples else 2):
+        column = [s[j] for s in samples]
+        stacked.append(default_collate(column) if len({t.shape for t in column}) == 1 else _concat_flat(column))
+    return (nbytes, pids, *stacked)
 
 
 def _concat_flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

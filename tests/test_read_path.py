@@ -135,3 +135,52 @@ def test_csv_is_read_in_chunks_like_pandas(tmp_path: Path) -> None:
     assert nbytes == size and r.meter.calls == -(-size // 8192) + 1
     assert row.tobytes().decode().lstrip("0") == "3"
     r.close()
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+def test_a_samples_arrays_are_handed_over_as_the_jobs_dataset_returned_them(tmp_path: Path) -> None:
+    """An NPZ file of two members (a volume and its label map, as UNet3D's): the torch replay's
+    Dataset returns them as two tensors, as the job's returned them (joining them was a copy of
+    every sample that the job's workers did not make), then the scalars of the job's other
+    tensors, up to the model's batch_tensors; collated, each is one tensor of the batch. More
+    arrays than the job's batch had tensors are handed over as one flat array, as before."""
+    import numpy as np
+    import torch
+
+    from dlreplay.model import Distribution
+    from dlreplay.replay.formats import joined
+    from dlreplay.replay.loader import WorkerSpec
+    from dlreplay.replay.torchloader import ReplayDataset, collate
+
+    rng = np.random.default_rng(3)
+    names, sizes = [], []
+    for i in range(2):
+        x = rng.random((1, 8, 8, 8), dtype=np.float32)
+        y = rng.integers(0, 4, (1, 8, 8, 8), dtype=np.uint8)
+        np.savez(tmp_path / f"v{i}.npz", x=x, y=y)
+        names.append(f"v{i}.npz")
+        sizes.append((tmp_path / f"v{i}.npz").stat().st_size)
+
+    def spec(tensors: int) -> WorkerSpec:
+        return WorkerSpec(data_dir=str(tmp_path), fmt="npz", io="library", paths=tuple(names),
+                          file_bytes=tuple(sizes), records=(None, None), samples_per_file=1, open_per_sample=True,
+                          transfer_size=Distribution.unknown(), preprocess_time=Distribution.fixed(0.0),
+                          stats_per_sample=0.0, lseeks_per_sample=0.0, seed=0, batch_tensors=tensors)
+
+    ds = ReplayDataset(spec(5))  # the job's (x, y, bytes, calls, pid)
+    samples = [ds[0], ds[1]]
+    for i, s in enumerate(samples):
+        assert len(s) == 2 + 5 and s[0] >= sizes[i]  # (zipfile reads the directory, then each member)
+        with np.load(tmp_path / names[i]) as z:
+            assert np.array_equal(s[2].numpy(), z["x"]) and np.array_equal(s[3].numpy(), z["y"])
+        assert all(t.shape == () for t in s[4:])
+    batch = collate(samples)
+    assert batch[0] == [samples[0][0], samples[1][0]] and len(batch) == 2 + 5
+    assert batch[2].shape == (2, 1, 8, 8, 8) and batch[2].dtype == torch.float32
+    assert batch[3].shape == (2, 1, 8, 8, 8) and batch[3].dtype == torch.uint8
+    assert all(t.shape == (2,) for t in batch[4:])
+    # the job's batch had one tensor: both arrays as one flat array of their bytes
+    one = ReplayDataset(spec(1))[1]
+    assert len(one) == 3 and one[2].dtype == torch.uint8 and one[2].numel() == 8**3 * 5
+    assert np.array_equal(one[2].numpy(), joined((samples[1][2].numpy(), samples[1][3].numpy())))
+    ds.close()
