@@ -128,15 +128,19 @@ def collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     stacked = []
     for j in range(2, len(samples[0]) if samples else 2):
         column = [s[j] for s in samples]
-        stacked.append(default_collate(column) if len({t.shape for t in column}) == 1 else _concat_flat(column))
+        same = len({(t.shape, t.dtype) for t in column}) == 1
+        stacked.append(default_collate(column) if same else _concat_flat(column))
     return (nbytes, pids, *stacked)
 
 
 def _concat_flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Samples of different shapes as one flat tensor, in shared memory inside a worker as
     ``default_collate`` allocates a stacked batch: one transfer per batch, as the job's
-    (resized) batch is, with the bytes of the decoded samples."""
+    (resized) batch is, with the bytes of the decoded samples (as bytes where their types
+    differ: a file without one of the arrays the others have)."""
     flat = [t.reshape(-1) for t in tensors]
+    if len({t.dtype for t in flat}) > 1:
+        flat = [t.contiguous().view(torch.uint8) for t in flat]
     numel = sum(t.numel() for t in flat)
     out = None
     if get_worker_info() is not None:

@@ -183,4 +183,9 @@ def test_a_samples_arrays_are_handed_over_as_the_jobs_dataset_returned_them(tmp_
     one = ReplayDataset(spec(1))[1]
     assert len(one) == 3 and one[2].dtype == torch.uint8 and one[2].numel() == 8**3 * 5
     assert np.array_equal(one[2].numpy(), joined((samples[1][2].numpy(), samples[1][3].numpy())))
+    # a file without one of the arrays the others have: that column is concatenated as bytes
+    short = (samples[1][0], samples[1][1], samples[1][2], *samples[1][4:], torch.zeros((), dtype=torch.int64))
+    mixed = collate([samples[0], short])
+    assert len(mixed) == 2 + 5 and mixed[2].shape == (2, 1, 8, 8, 8)
+    assert mixed[3].dtype == torch.uint8 and mixed[3].numel() == 8**3 + 8  # the label map's bytes + a scalar's
     ds.close()
