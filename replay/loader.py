@@ -30,7 +30,7 @@ from dlreplay.model import Distribution
 from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
-from .formats import TEXT_CHUNK_BYTES, LibraryReader, PosixReader
+from .formats import TEXT_CHUNK_BYTES, Decoded, LibraryReader, PosixReader
 from .hostcpu import burn
 
 #: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
@@ -222,13 +222,18 @@ class SampleReader:
         self.transfer = _Draws(spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER),
                                np.random.default_rng([spec.seed, worker_id, 0x11]))
 
-    def read_sample(self, f: int, k: int) -> tuple[int, np.ndarray]:
+    def read_sample(self, f: int, k: int, cpu0: float | None = None) -> tuple[int, Decoded]:
         """Read sample *k* of file *f* and spend its preprocess time; (bytes read, decoded sample).
 
         With ``--io posix`` nothing is decoded: the bytes go into the reader's reused buffer
         and the sample handed over is an empty array (the model's ``record_length_resize``,
-        where it has one, is handed over by the PyTorch loader whatever was read)."""
-        cpu0 = time.thread_time()
+        where it has one, is handed over by the PyTorch loader whatever was read).
+
+        ``cpu0``: the thread's CPU clock where the sample's item began, if before this call (the
+        PyTorch Dataset's own steps count as the job's did); what the caller spends after the
+        call it reports with :meth:`charge`."""
+        if cpu0 is None:
+            cpu0 = time.thread_time()
         s = self.spec
         path = os.path.join(s.data_dir, s.paths[f])
         recs = s.records[f]
@@ -293,6 +298,13 @@ class SampleReader:
             # none of it, and the replay's workers spent 8-11 % more CPU per sample than the job's.
             self.cpu_debt -= time.thread_time() - settled - burned
         return nbytes, decoded
+
+    def charge(self, seconds: float) -> None:
+        """CPU seconds the caller spent on the last sample after :meth:`read_sample` returned
+        (the PyTorch Dataset's tensors of it): taken from the next sample's share, as the job's
+        item held its own."""
+        if self.cpu is not None:
+            self.cpu_debt -= seconds
 
     def read_batch(self, index: int, samples: Sequence[tuple[int, int]]) -> BatchResult:
         s = self.spec

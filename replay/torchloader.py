@@ -95,18 +95,26 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         return self._reader
 
     def __getitem__(self, sample: int) -> tuple[Any, ...]:
+        reader = self.reader()  # (its start in a new worker, opening files, is not the sample's)
+        # the item's CPU from here (the job's item held its Dataset's own steps too): what this
+        # spends around the reader's read_sample comes out of the sample's modelled CPU
+        cpu0 = time.thread_time()
         f, k = divmod(int(sample), self.spec.samples_per_file)
-        nbytes, decoded = self.reader().read_sample(f, k)
+        nbytes, decoded = reader.read_sample(f, k, cpu0)
+        after = time.thread_time()
         if self.spec.resize_bytes:
             # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
             if self._resized is None or self._resized.numel() != self.spec.resize_bytes:
                 self._resized = torch.zeros(self.spec.resize_bytes, dtype=torch.uint8)
-            return (nbytes, os.getpid(), self._resized, *self._others)
-        arrays = decoded if isinstance(decoded, tuple) else (decoded,)
-        if len(arrays) > len(self._others) + 1:  # more than the job's batch had tensors: one flat array
-            arrays = (joined(decoded),)
-        tensors = tuple(torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays)
-        return (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1:])
+            out = (nbytes, os.getpid(), self._resized, *self._others)
+        else:
+            arrays = decoded if isinstance(decoded, tuple) else (decoded,)
+            if len(arrays) > len(self._others) + 1:  # more than the job's batch had tensors: one flat array
+                arrays = (joined(decoded),)
+            tensors = tuple(torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays)
+            out = (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1:])
+        reader.charge(time.thread_time() - after)
+        return out
 
     def close(self) -> None:
         if self._reader is not None:
