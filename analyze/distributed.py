@@ -68,6 +68,31 @@ class ClusterInfo:
     seconds: float
 
 
+#: Seconds ``--scheduler`` waits for the scheduler to answer (Dask retries a refused
+#: connection until then: a scheduler still starting is waited for), unless Dask's own
+#: ``distributed.comm.timeouts.connect`` is set in the environment.
+CONNECT_TIMEOUT_S = 10.0
+_CONNECT_ENV = "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT"
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a Dask scheduler: Dask's ``distributed.comm.timeouts.connect``
+    where its environment variable sets it (``DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s``),
+    else :data:`CONNECT_TIMEOUT_S` (Dask's default of 30 s is long for a mistyped address)."""
+    if os.environ.get(_CONNECT_ENV, "").strip():
+        import dask
+        from dask.utils import parse_timedelta
+
+        try:
+            seconds = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+        except (TypeError, ValueError, KeyError):
+            seconds = None
+        if seconds is not None and 0 < seconds < 1e6:
+            return float(seconds)
+        raise UsageError(f"{_CONNECT_ENV}={os.environ[_CONNECT_ENV]!r} is not a duration above 0 (e.g. 60s)")
+    return CONNECT_TIMEOUT_S
+
+
 @contextmanager
 def cluster(scheduler: str | None = None, workers: int | None = None, *, threads_per_worker: int = 1,
             memory_limit: str | int = "auto") -> Any:
@@ -81,7 +106,7 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
         raise UsageError("give either --scheduler ADDRESS or --workers N")
     if scheduler is not None:
         try:
-            client = Client(scheduler, timeout=10)
+            client = Client(scheduler, timeout=connect_timeout())
         except (OSError, TimeoutError) as exc:
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
         try:

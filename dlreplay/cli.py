@@ -237,7 +237,8 @@ def _print_capture_summary(result: Any) -> None:
               help="Epochs per --verify replay (may exceed the traced epochs: steadier predictions).")
 @click.option("--scheduler", metavar="ADDRESS", callback=_scheduler_address, help="Analyse on this Dask cluster (tcp://host:port): files are parsed "
               "in parallel tasks and the passes run on a worker, so the event table never comes to this "
-              "machine; the workers must see the trace path.")
+              "machine; the workers must see the trace path. Waits up to 10 s for the scheduler "
+              "(DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT, e.g. 60s, sets that).")
 @click.option("--workers", type=_Processes(), help="Analyse on a local Dask cluster of N processes "
               "(as --scheduler, on this machine).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,

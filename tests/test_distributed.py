@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from polars.testing import assert_frame_equal
 
 from dlreplay.analyze import load_trace
-from dlreplay.analyze.distributed import cluster, load_trace_distributed
+from dlreplay.analyze.distributed import (
+    CONNECT_TIMEOUT_S,
+    cluster,
+    connect_timeout,
+    load_trace_distributed,
+)
 from dlreplay.errors import UsageError
 
 from .conftest import TRACES
@@ -54,10 +60,20 @@ def test_cli_workers_matches_single(cli) -> None:
     assert [f["id"] for f in a["findings"]] == [f["id"] for f in b["findings"]]
 
 
-def test_bad_scheduler_is_a_clear_error(cli) -> None:
+def test_bad_scheduler_is_a_clear_error(cli, monkeypatch) -> None:
+    # Dask's own connect timeout, which --scheduler honours where it is set: 1 s instead of 10
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "1s")
+    t0 = time.monotonic()
     proc = cli("analyze", str(TRACES / "npz_fork"), "--scheduler", "tcp://127.0.0.1:1")
     assert proc.returncode == 2 and "cannot reach the Dask scheduler" in proc.stderr
+    assert "after 1 s" in proc.stderr, proc.stderr  # the setting was used
     assert "Traceback" not in proc.stderr
+    print(f"refused scheduler: exit 2 after {time.monotonic() - t0:.1f} s")
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "soon")
+    proc = cli("analyze", str(TRACES / "npz_fork"), "--scheduler", "tcp://127.0.0.1:1")
+    assert proc.returncode == 2 and "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT='soon' is not a duration" in proc.stderr
+    monkeypatch.delenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT")
+    assert connect_timeout() == CONNECT_TIMEOUT_S
     with pytest.raises(UsageError):
         with cluster("tcp://127.0.0.1:1", 2):
             pass
