@@ -93,6 +93,23 @@ def connect_timeout() -> float:
     return CONNECT_TIMEOUT_S
 
 
+#: What Dask raises on a configuration value it cannot parse (a ``DASK_*`` environment
+#: variable or a config file, e.g. a timeout of ``soon``), from deep inside its start.
+_CONFIG_ERRORS = (KeyError, ValueError, TypeError)
+
+
+def _config_error(exc: BaseException, what: str = "Dask cannot start with its configuration") -> UsageError:
+    """A usage error for a Dask start that failed (on its configuration, most often): the
+    first sentence of Dask's message (its list of valid units is long), and the ``DASK_*``
+    environment variables set, where such values come from."""
+    text = str(exc).strip().strip("'\"") or type(exc).__name__
+    first = text.split(". ")[0][:200]
+    names = sorted(k for k in os.environ if k.startswith("DASK_"))
+    where = (f" (Dask's settings come from DASK_* environment variables, set here: {', '.join(names)}, "
+             "and its config files)") if names else ""
+    return UsageError(f"{what}: {first}{where}")
+
+
 @contextmanager
 def cluster(scheduler: str | None = None, workers: int | None = None, *, threads_per_worker: int = 1,
             memory_limit: str | int = "auto") -> Any:
@@ -104,11 +121,14 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
         raise UsageError(f"distributed analysis needs dask[distributed]: {exc}") from exc
     if (scheduler is None) == (workers is None):
         raise UsageError("give either --scheduler ADDRESS or --workers N")
+    timeout = connect_timeout()  # (a bad setting of it is named before anything starts)
     if scheduler is not None:
         try:
-            client = Client(scheduler, timeout=connect_timeout())
+            client = Client(scheduler, timeout=timeout)
         except (OSError, TimeoutError) as exc:
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+        except _CONFIG_ERRORS as exc:
+            raise _config_error(exc) from None
         try:
             yield client
         except KeyboardInterrupt:
@@ -123,10 +143,15 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
     # on a free port of 127.0.0.1: by default they take 8787, and a second analysis on the
     # machine warned "Port 8787 is already in use".
     levels: dict[str, int] | None = _levels()  # LocalCluster's silence_logs sets them for good: put back after the close
-    local = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                         host="127.0.0.1", dashboard_address=None, memory_limit=memory_limit,
-                         scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
-                         silence_logs=logging.CRITICAL, preload=["dlreplay.analyze._dask_preload"])
+    try:
+        local = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
+                             host="127.0.0.1", dashboard_address=None, memory_limit=memory_limit,
+                             scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
+                             silence_logs=logging.CRITICAL, preload=["dlreplay.analyze._dask_preload"])
+    except (*_CONFIG_ERRORS, RuntimeError) as exc:  # RuntimeError: "Cluster failed to start: <cause>"
+        if levels is not None:
+            _restore(levels)
+        raise _config_error(exc.__cause__ or exc, "cannot start a local Dask cluster") from None
     attached: Client | None = None
     try:
         attached = Client(local)

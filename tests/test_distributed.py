@@ -79,6 +79,18 @@ def test_bad_scheduler_is_a_clear_error(cli, monkeypatch) -> None:
             pass
 
 
+def test_a_dask_setting_it_cannot_parse_is_named(cli, monkeypatch) -> None:
+    """A DASK_* variable Dask cannot parse stopped its local cluster's start with a
+    traceback ("RuntimeError: Cluster failed to start", or a KeyError for a comm timeout,
+    which Dask reports after ~10 s): now exit 2 naming it."""
+    var = "DASK_DISTRIBUTED__SCHEDULER__IDLE_TIMEOUT"
+    monkeypatch.setenv(var, "soon")
+    proc = cli("analyze", str(TRACES / "npz_fork"), "--workers", "2")
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot start a local Dask cluster: Invalid time unit: soon" in proc.stderr and var in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Valid units" not in proc.stderr  # one line, not Dask's list
+
+
 def _multi_member(tmp_path: Path, members: int) -> Path:
     """npz_fork with its biggest file rewritten as ``members`` gzip members (whole lines each)."""
     import gzip
