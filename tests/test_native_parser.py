@@ -260,8 +260,13 @@ def test_files_decode_ahead_only_where_a_core_would_be_idle(tmp_path: Path, monk
 
 def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a chunk of a large file's text is parsed, its mappings take the text decoded
-    next (here half as many mappings), and the table is still the one of the
-    ordinary path. (A gzip member is decoded whole into mappings: the file has 60.)"""
+    next (here about half as many mappings), and the table is still the one of the
+    ordinary path. (A gzip member is decoded whole into mappings: the file has 60.)
+
+    How many mappings are made depends a little on how the decoding thread and the parse
+    interleave: 15 of 30 in 65 runs on the project's VM, with the decoder held back (each
+    release 20 ms late) or not, on one core or two, and 16 in one CI run. The bound
+    leaves room for that, not for text that is never written again (30)."""
     trace = tmp_path / "trace"
     shutil.copytree(SRC, trace)
     for extra in trace.glob("*.pfw.gz"):
@@ -282,7 +287,7 @@ def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pyt
     made.clear()
     monkeypatch.setattr(pfw.Slabs, "release", lambda self, through: None)
     assert_same(load_trace(trace), ordinary)
-    assert recycled <= len(made) / 2
+    assert recycled <= len(made) * 2 // 3, (recycled, len(made))
 
 
 def test_empty_metadata_only_and_1x_files_load_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
