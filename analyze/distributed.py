@@ -79,17 +79,18 @@ def connect_timeout() -> float:
     """Seconds to wait for a Dask scheduler: Dask's ``distributed.comm.timeouts.connect``
     where its environment variable sets it (``DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s``),
     else :data:`CONNECT_TIMEOUT_S` (Dask's default of 30 s is long for a mistyped address)."""
-    if os.environ.get(_CONNECT_ENV, "").strip():
-        import dask
+    value = os.environ.get(_CONNECT_ENV, "").strip()
+    if value:
         from dask.utils import parse_timedelta
 
-        try:
-            seconds = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+        try:  # (the variable itself: Dask's config read it when dask was imported, maybe before it was set)
+            seconds = parse_timedelta(value, "s")
         except (TypeError, ValueError, KeyError):
             seconds = None
         if seconds is not None and 0 < seconds < 1e6:
             return float(seconds)
-        raise UsageError(f"{_CONNECT_ENV}={os.environ[_CONNECT_ENV]!r} is not a duration above 0 (e.g. 60s)")
+        raise UsageError(f"{_CONNECT_ENV}={os.environ[_CONNECT_ENV]!r} is not a duration above 0 and under "
+                         "1,000,000 s (e.g. 60s)")
     return CONNECT_TIMEOUT_S
 
 
