@@ -136,31 +136,33 @@ REPLAY_SWALLOWED = """
 import os, signal, sys, time, weakref
 from pathlib import Path
 from dlreplay.model import load_model
-from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay
+from dlreplay.replay import GenerateConfig, ReplayConfig, engine, generate_dataset, run_replay
 
 where, tmp = sys.argv[1], Path(sys.argv[2])
 model = load_model(tmp / "model.yaml")
 generate_dataset(GenerateConfig(model=model, data_dir=tmp / "d", jobs=1))
 calls = {"sleep": 0, "fork": 0}
-real_sleep = time.sleep
+real_sleep = engine._Sleeper.sleep
 
 class Garbage:
     pass
 
-def sleep(seconds):  # compute step 3: Ctrl-C arrives while a finalizer runs (garbage collection)
+# the step's sleep, called once a step (time.sleep is not: a step whose overruns have used up
+# its 1 ms sleeps none, so "the third time.sleep" came epochs later on a slow machine)
+def sleep(self, seconds, spent=0.0):  # compute step 3: Ctrl-C arrives while a finalizer runs (garbage collection)
     calls["sleep"] += 1
     if where == "finalizer" and calls["sleep"] == 3:
         g = Garbage()
         weakref.finalize(g, signal.raise_signal, signal.SIGINT)
         del g  # KeyboardInterrupt is raised inside the finalizer, and Python discards it there
-    real_sleep(seconds)
+    return real_sleep(self, seconds, spent)
 
 def after_fork():  # epoch 2: Ctrl-C arrives while a loader worker is being forked
     calls["fork"] += 1
     if where == "fork" and calls["fork"] == 3:
         signal.raise_signal(signal.SIGINT)  # raised inside an at-fork callback: discarded too
 
-time.sleep = sleep
+engine._Sleeper.sleep = sleep
 os.register_at_fork(after_in_parent=after_fork)
 res = run_replay(ReplayConfig(model=model, data_dir=tmp / "d", out=tmp / "o", trace=False))
 print(res.complete, len(res.metrics["epochs"]), res.metrics["interrupted"])
