@@ -524,6 +524,33 @@ def test_scanner_scans_a_list_of_texts_as_their_concatenation(lines: list[bytes]
     assert _scan_rows(texts) == _scan_rows(b"".join(texts))
 
 
+@settings(max_examples=80, deadline=None)
+@given(lines=_trace(), last_newline=st.booleans())
+def test_scanner_reads_each_line_as_it_reads_it_alone(lines: list[bytes], last_newline: bool) -> None:
+    """The layouts of earlier lines find where a line ends as they parse it (no search for
+    its newline first): each line's row or rejection is the one it gets scanned alone, by
+    the general parser, whatever the lines before it; lines that a layout fits up to extra
+    bytes, a carriage return or a cut are among them."""
+    lines = list(lines)
+    for ln in lines[:3]:  # a layout's line followed by more, or cut short
+        lines += [ln + b"}", ln + b" x", ln + b"\r", ln[: len(ln) // 2], ln[:-1]]
+    text = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    whole = _scan_rows(text)
+    if whole is None:  # not UTF-8: the Python path reads the text (tested elsewhere)
+        assert any(_scan_rows(ln) is None for ln in lines)
+        return
+    events, metas, rejected, _mask = whole
+    alone: list[tuple] = []
+    for i, ln in enumerate(lines):
+        got = _scan_rows(ln)
+        assert got is not None
+        ev, me, rej, _ = got
+        alone += [("event", i, r[1:]) for r in ev] + [("meta", i, r[1:]) for r in me] + [("rejected", i, b) for _, b in rej]
+    together = ([("event", r[0], r[1:]) for r in events] + [("meta", r[0], r[1:]) for r in metas]
+                + [("rejected", line, b) for line, b in rejected])
+    assert sorted(together, key=repr) == sorted(alone, key=repr)
+
+
 def test_scanner_refuses_too_small_buffers() -> None:
     with pytest.raises(ValueError):
         LOAD._NATIVE.scan(b"{}\n{}\n", np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),

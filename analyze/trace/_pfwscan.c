@@ -545,7 +545,27 @@ static int parse_line(const char *p, const char *e, Row *row, Rec *rec)
 /* Equality of the n (<= LAYOUT_LIT) bytes at p and lit. */
 static inline int lit_eq(const char *p, const char *lit, int n)
 {
-    return same_bytes(p, lit, n);
+    uint64_t x, y, d = 0;
+    if (n >= 8) { /* 8 bytes at a time, the last 8 overlapping the ones before */
+        for (int i = 0; i + 8 < n; i += 8) {
+            memcpy(&x, p + i, 8);
+            memcpy(&y, lit + i, 8);
+            d |= x ^ y;
+        }
+        memcpy(&x, p + n - 8, 8);
+        memcpy(&y, lit + n - 8, 8);
+        return !(d | (x ^ y));
+    }
+    if (n >= 4) {
+        uint32_t a, b, c, f;
+        memcpy(&a, p, 4);
+        memcpy(&b, lit, 4);
+        memcpy(&c, p + n - 4, 4);
+        memcpy(&f, lit + n - 4, 4);
+        return !((a ^ b) | (c ^ f));
+    }
+    if (n > 0) return p[0] == lit[0] && p[n >> 1] == lit[n >> 1] && p[n - 1] == lit[n - 1];
+    return 1;
 }
 
 typedef struct {
@@ -576,8 +596,10 @@ static void layouts_add(Layouts *ls, const Layout *lay)
     ls->last = slot;
 }
 
-/* Parse [p, e) with the layouts: as parse_line, or -1 when no layout fits the line. */
-static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls)
+/* Parse the line at p with the layouts: as parse_line, or -1 when no layout fits the line.
+ * e is the end of the text, not of the line: no token or layout byte is a newline, so the
+ * parse cannot pass one, and the line must end where the layout ends (*le: its end). */
+static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls, const char **le)
 {
     if (!ls->n) return -1;
     int a = ls->last;
@@ -586,15 +608,15 @@ static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls)
     row->seen = 0;
     for (int i = 0;;) {
         const Step *st = &ls->lay[a].steps[i];
-        int fits = st->action == ACT_END ? e - p == st->len && lit_eq(p, st->lit, st->len)
-                                         : e - p >= st->len && lit_eq(p, st->lit, st->len);
+        int fits = e - p >= st->len && lit_eq(p, st->lit, st->len) &&
+                   (st->action != ACT_END || p + st->len == e || p[st->len] == '\n');
         if (!fits) { /* another layout with the same steps so far whose bytes fit here */
             int b;
             for (b = 0; b < ls->n; b++) {
                 if (b == a || ls->common[a][b] < i) continue;
                 const Step *o = &ls->lay[b].steps[i];
-                if (o->action == ACT_END ? e - p == o->len && lit_eq(p, o->lit, o->len)
-                                         : e - p >= o->len && lit_eq(p, o->lit, o->len))
+                if (e - p >= o->len && lit_eq(p, o->lit, o->len) &&
+                    (o->action != ACT_END || p + o->len == e || p[o->len] == '\n'))
                     break;
             }
             if (b == ls->n) return -1;
@@ -603,6 +625,7 @@ static int parse_layout(const char *p, const char *e, Row *row, Layouts *ls)
         }
         if (st->action == ACT_END) {
             ls->last = a;
+            *le = p + st->len;
             return line_kind(row);
         }
         p += st->len;
@@ -844,17 +867,6 @@ static int reject(Scan *sc, Py_ssize_t line, Py_ssize_t start, Py_ssize_t end)
     return 0;
 }
 
-/* parse_line with the layouts of earlier lines (a new layout from each line they miss). */
-static inline int line_layout(Scan *sc, const char *p, const char *e, Row *row)
-{
-    int kind = parse_layout(p, e, row, sc->layouts);
-    if (kind < 0) {
-        kind = parse_line(p, e, row, sc->rec);
-        if (kind && sc->rec->ok) layouts_add(sc->layouts, &sc->rec->lay);
-    }
-    return kind;
-}
-
 static void run_scan(Scan *sc)
 {
     if (!sc->utf8_checked) {
@@ -876,11 +888,13 @@ static void run_scan(Scan *sc)
         sc->oom = 1, sc->error = "out of memory while scanning a trace";
         return;
     }
-    /* last string seen per field: most consecutive values repeat (cat, ph, hashes) */
-    const char *last_s[NS];
-    Py_ssize_t last_n[NS];
-    int32_t last_c[NS];
-    for (int f = 0; f < NS; f++) last_c[f] = -1;
+    /* the last string seen per layout and field: lines of one layout mostly repeat their
+     * name, category and phase, and consecutive ones their hashes */
+    const char *last_s[NLAYOUTS][NS];
+    Py_ssize_t last_n[NLAYOUTS][NS];
+    int32_t last_c[NLAYOUTS][NS];
+    for (int l = 0; l < NLAYOUTS; l++)
+        for (int f = 0; f < NS; f++) last_c[l][f] = -1;
     Row row;
     Py_ssize_t cap = sc->cap, line = 0, nev = 0, nmeta = 0;
     int kind;
@@ -888,16 +902,26 @@ static void run_scan(Scan *sc)
         const char *text = sc->texts[t], *end = text + sc->lens[t];
         const char *p = text;
         while (p < end) {
-            const char *nl = memchr(p, '\n', (size_t)(end - p));
-            const char *le = nl ? nl : end;
+            const char *le;
             if (line >= cap) {
                 sc->error = "text has more lines than the output capacity";
                 return;
             }
-            Py_ssize_t n = le - p;
-            if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
-                /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
-            } else if ((kind = line_layout(sc, p, le, &row)) != 0) {
+            /* a layout of earlier lines finds the line's end as it parses; else the general
+             * parser takes the line up to its newline (and a new layout from it) */
+            kind = *p == '\n' ? -1 : parse_layout(p, end, &row, sc->layouts, &le);
+            if (kind < 0) {
+                const char *nl = memchr(p, '\n', (size_t)(end - p));
+                le = nl ? nl : end;
+                Py_ssize_t n = le - p;
+                if (n == 0 || (n == 1 && (*p == '[' || *p == ']'))) {
+                    kind = -1; /* blank line, or the bare "[" / "]" of the 1.x array form: not a line */
+                } else {
+                    kind = parse_line(p, le, &row, sc->rec);
+                    if (kind && sc->rec->ok) layouts_add(sc->layouts, &sc->rec->lay);
+                }
+            }
+            if (kind > 0) {
                 Py_ssize_t r = kind == 1 ? nev++ : cap - 1 - nmeta++;
                 for (uint32_t m = row.imask; m; m &= m - 1) {
                     int f = __builtin_ctz(m);
@@ -905,13 +929,14 @@ static void run_scan(Scan *sc)
                 }
                 sc->imask[r] = row.imask;
                 sc->any_mask |= row.imask;
+                int lay = sc->layouts->last;
                 for (int f = 0; f < NS; f++) {
                     int32_t code = -1;
                     if (row.smask >> f & 1) {
                         const char *s = row.sp[f];
                         Py_ssize_t sn = row.sl[f];
-                        if (last_c[f] >= 0 && last_n[f] == sn && same_bytes(last_s[f], s, sn)) {
-                            code = last_c[f];
+                        if (last_c[lay][f] >= 0 && last_n[lay][f] == sn && same_bytes(last_s[lay][f], s, sn)) {
+                            code = last_c[lay][f];
                         } else {
                             code = dict_code(&sc->dict, s, sn);
                             if (code == -2) {
@@ -919,21 +944,21 @@ static void run_scan(Scan *sc)
                                 return;
                             }
                             sc->dict.fields[code] |= (uint16_t)(1u << f);
-                            last_s[f] = s;
-                            last_n[f] = sn;
-                            last_c[f] = code;
+                            last_s[lay][f] = s;
+                            last_n[lay][f] = sn;
+                            last_c[lay][f] = code;
                         }
                     }
                     sc->strs[(Py_ssize_t)f * cap + r] = code;
                 }
                 sc->rows[r] = line;
-            } else if (reject(sc, line, p - text, le - text) < 0) {
+            } else if (kind == 0 && reject(sc, line, p - text, le - text) < 0) {
                 sc->oom = 1, sc->error = "out of memory while scanning a trace";
                 return;
             }
             line++;
-            if (!nl) break;
-            p = nl + 1;
+            if (le == end) break;
+            p = le + 1;
         }
     }
     sc->nev = nev;
