@@ -239,9 +239,9 @@ def test_files_decode_ahead_only_where_a_core_would_be_idle(tmp_path: Path, monk
     ahead: list[int] = []
     real_part, real_ahead = LOAD.parse_part, LOAD._prefetched
 
-    def part(jobs, *, prefetch=None):
+    def part(jobs, *, prefetch=None, **kw):
         asked.append(prefetch)
-        return real_part(jobs, prefetch=prefetch)
+        return real_part(jobs, prefetch=prefetch, **kw)
 
     monkeypatch.setattr(LOAD, "parse_part", part)
     monkeypatch.setattr(LOAD, "_prefetched", lambda *a, **k: ahead.append(1) or real_ahead(*a, **k))
@@ -641,11 +641,13 @@ def test_output_order_is_the_three_key_sort(monkeypatch: pytest.MonkeyPatch, row
 
 
 @st.composite
-def _runs(draw: st.DrawFn) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+def _runs(draw: st.DrawFn) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, list[tuple]]:
     """Parts as the merge receives them: each holds whole files (its own processes), its
-    rows in (ts, file) order; timestamps collide within and across parts."""
+    rows in (ts, file) order; timestamps collide within and across parts. Also each part
+    as its rows came (ts, p) with the order that sorts them (a stable sort by (ts, file):
+    lines of one file keep their order)."""
     k = draw(st.integers(1, 6))
-    ts_runs, p_runs, proc_src, nproc = [], [], [], 0
+    ts_runs, p_runs, proc_src, nproc, raw = [], [], [], 0, []
     files = draw(st.permutations(range(2 * k)))
     for r in range(k):
         mine = files[2 * r:2 * r + draw(st.integers(1, 2))]  # the part's files
@@ -661,15 +663,18 @@ def _runs(draw: st.DrawFn) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarr
         o = np.lexsort((np.array(proc_src, dtype=np.uint32)[p] if m else p, ts))
         ts_runs.append(ts[o])
         p_runs.append(p[o])
-    return ts_runs, p_runs, np.array(proc_src, dtype=np.uint32)
+        raw.append((ts, p, o.astype(draw(st.sampled_from([np.uint32, np.uint64])))))
+    return ts_runs, p_runs, np.array(proc_src, dtype=np.uint32), raw
 
 
 @settings(max_examples=150, deadline=None)
-@given(_runs())
-def test_k_way_merge_is_the_stable_sort(runs: tuple[list[np.ndarray], list[np.ndarray], np.ndarray]) -> None:
+@given(_runs(), st.data())
+def test_k_way_merge_is_the_stable_sort(runs: tuple, data: st.DataObject) -> None:
     """merge_runs orders the runs' rows as the stable sort by (ts, file) of their
-    concatenation (what :func:`_merge_order` computes), in 4- and 8-byte indices."""
-    ts_runs, p_runs, proc_src = runs
+    concatenation (what :func:`_merge_order` computes), in 4- and 8-byte indices; and runs
+    given as their rows came, with the orders that sort them (any of them: the others
+    sorted), as the rows' own indices in that order."""
+    ts_runs, p_runs, proc_src, raw = runs
     ts = np.concatenate(ts_runs)
     src = proc_src[np.concatenate(p_runs)].astype(np.int64)
     want = LOAD._merge_order(pl.Series(ts, dtype=pl.Int64), src)
@@ -678,6 +683,21 @@ def test_k_way_merge_is_the_stable_sort(runs: tuple[list[np.ndarray], list[np.nd
         out = np.empty(len(ts), dtype=dtype)
         assert LOAD._NATIVE.merge_runs(ts_runs, p_runs, proc_src, out) is True
         assert out.tolist() == want.tolist()
+        assert LOAD._NATIVE.merge_runs(ts_runs, p_runs, proc_src, out, None) is True
+        assert out.tolist() == want.tolist()
+    # some runs as they came, with their orders: the output indexes their rows
+    unsorted = data.draw(st.lists(st.booleans(), min_size=len(raw), max_size=len(raw)))
+    runs_ts = [r[0] if u else t for r, t, u in zip(raw, ts_runs, unsorted, strict=True)]
+    runs_p = [r[1] if u else p for r, p, u in zip(raw, p_runs, unsorted, strict=True)]
+    orders = [r[2] if u else None for r, u in zip(raw, unsorted, strict=True)]
+    starts = np.cumsum([0, *(len(t) for t in ts_runs)])[:-1]
+    rows = np.concatenate([start + (r[2].astype(np.int64) if u else np.arange(len(r[2])))
+                           for start, r, u in zip(starts, raw, unsorted, strict=True)]) if len(ts) else np.array([])
+    out = np.empty(len(ts), dtype=np.uint32)
+    assert LOAD._NATIVE.merge_runs(runs_ts, runs_p, proc_src, out, orders) is True
+    assert out.tolist() == rows[want].tolist()
+    # the rows in the output's order are those of the stable sort
+    assert np.concatenate(runs_ts)[out].tolist() == ts[want].tolist() if len(ts) else True
 
 
 def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
@@ -695,6 +715,18 @@ def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
         LOAD._NATIVE.merge_runs(ts, [p[0], np.array([1, 2], dtype=np.uint32)], src, np.empty(4, dtype=np.uint32))
     with pytest.raises(ValueError, match="out must"):
         LOAD._NATIVE.merge_runs(ts, p, src, np.empty(3, dtype=np.uint32))
+    # a run's order: an index beyond the run, a length or item size that is not the run's
+    one = [np.array([1, 5], dtype=np.int64)]
+    with pytest.raises(ValueError, match="beyond its run"):
+        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0, 2], dtype=np.uint32)])
+    with pytest.raises(ValueError, match="differ in length"):
+        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0], dtype=np.uint32)])
+    with pytest.raises(ValueError, match="4- or 8-byte"):
+        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0, 1], dtype=np.uint16)])
+    with pytest.raises(ValueError, match="ord_list and ts_list"):
+        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [None, None])
+    assert LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32),
+                                   [np.array([1, 0], dtype=np.uint32)]) is False  # 5 before 1: out of order
 
 
 def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Path,

@@ -1131,8 +1131,9 @@ static Stream *stream_grow(Stream *t, size_t cap)
  * (POS_* below: the call succeeded, whence SEEK_CUR / SEEK_SET, opened for appending, an
  * I/O call with a file hash, STDIO), parg (int64, INT64_MIN standing for null) the one
  * argument the class needs: lseek/ftell their ret, fseek/pread/pwrite their offset,
- * read/write/fread/fwrite their bytes. Output, by output position k: values[k] (int64)
- * and valid[k] (uint8), the offset.
+ * read/write/fread/fwrite their bytes. Output, by row i (the rows' own order, not the
+ * output order): values[i] (int64) and valid[i] (uint8), the offset; a row that order
+ * does not list is not valid.
  *
  * pread/pwrite (op PXFER) take their offset argument. For io rows, in output order per
  * stream (proc, STDIO or not, fcode): open/fopen (when it succeeded) start a segment at 0
@@ -1182,15 +1183,15 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
     Stream *streams = calloc(cap, sizeof(Stream));
     int oom = !streams;
     Py_BEGIN_ALLOW_THREADS
+    if (n > 0) memset(valid, 0, (size_t)n);
     for (Py_ssize_t k = 0; k < n && !oom; k++) {
         int64_t i = order[k];
         int c = op[i], f = pos[i];
         int64_t a = parg[i];
-        values[k] = 0;
-        valid[k] = 0;
+        values[i] = 0;
         if (c == OP_PXFER && a != NUL) {
-            values[k] = a;
-            valid[k] = 1;
+            values[i] = a;
+            valid[i] = 1;
         }
         if (!(f & POS_IO)) continue;
         int ok = (f & POS_OK) != 0, is_cur = (f & POS_CUR) != 0;
@@ -1226,8 +1227,8 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
             st->state = reset ? (uint64_t)base : 0;
         }
         if (xfer && st->known) {
-            values[k] = (int64_t)st->state;
-            valid[k] = 1;
+            values[i] = (int64_t)st->state;
+            valid[i] = 1;
         }
         st->state += (uint64_t)adv;
     }
@@ -1524,16 +1525,21 @@ done:
 }
 
 /*
- * merge_runs(ts_list, p_list, proc_src, out) -> bool
+ * merge_runs(ts_list, p_list, proc_src, out[, ord_list]) -> bool
  *
  * The run's row order by (ts, src) of k runs (the parts of dlreplay.analyze.trace.load's
- * merge), each already in (ts, src, line) order: a k-way merge instead of a stable sort
- * of the concatenation (no packed key, no temporaries). ts_list: k int64 buffers (no
- * nulls), p_list: k uint32 buffers (each row's process index), proc_src: uint32 (the
- * trace file of each process), out: writable, n = the runs' total rows, items of 4 or 8
- * bytes: the row indices into the runs' concatenation, in order. Rows of equal (ts, src)
- * lie in one run (a file is in one part), so the result is the stable sort's. Returns
- * False, out undefined, when a run is not in (ts, src) order (the caller sorts instead).
+ * merge), each in (ts, src, line) order: a k-way merge instead of a stable sort of the
+ * concatenation (no packed key, no temporaries). ts_list: k int64 buffers (no nulls),
+ * p_list: k uint32 buffers (each row's process index), proc_src: uint32 (the trace file
+ * of each process), out: writable, n = the runs' total rows, items of 4 or 8 bytes: the
+ * row indices into the runs' concatenation, in order. ord_list (None, or k items each
+ * None or a buffer of 4- or 8-byte unsigned row indices, a permutation of the run's
+ * rows): where given, the run's rows are in (ts, src, line) order as ord lists them
+ * (ts[ord[0]], ts[ord[1]], ...; a part whose rows were never gathered into that order),
+ * and out holds the rows' own indices (start of the run + ord[i]). Rows of equal
+ * (ts, src) lie in one run (a file is in one part), so the result is the stable sort's.
+ * Returns False, out undefined, when a run is not in (ts, src) order (the caller sorts
+ * instead).
  */
 typedef struct {
     int64_t ts;
@@ -1562,11 +1568,19 @@ static void heap_down(Head *h, Py_ssize_t n, Py_ssize_t i)
     h[i] = x;
 }
 
+/* Row i of run r in (ts, src) order: ord[r][i] where the run has an ord, else i. */
+static inline Py_ssize_t run_row(const Py_buffer *bo, const char *have_o, Py_ssize_t r, Py_ssize_t i)
+{
+    if (!have_o[r]) return i;
+    return bo[r].itemsize == 4 ? (Py_ssize_t)((const uint32_t *)bo[r].buf)[i]
+                               : (Py_ssize_t)((const uint64_t *)bo[r].buf)[i];
+}
+
 static PyObject *merge_runs(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o_ts, *o_p, *o_src, *o_out, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO", &o_ts, &o_p, &o_src, &o_out)) return NULL;
+    PyObject *o_ts, *o_p, *o_src, *o_out, *o_ord = Py_None, *result = NULL, *oseq = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO|O", &o_ts, &o_p, &o_src, &o_out, &o_ord)) return NULL;
     PyObject *tseq = PySequence_Fast(o_ts, "ts_list");
     if (!tseq) return NULL;
     PyObject *pseq = PySequence_Fast(o_p, "p_list");
@@ -1574,7 +1588,7 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
         Py_DECREF(tseq);
         return NULL;
     }
-    Py_ssize_t k = PySequence_Fast_GET_SIZE(tseq), got_t = 0, got_p = 0;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(tseq), got_t = 0, got_p = 0, got_o = 0;
     Py_buffer bsrc, bout;
     int have_src = 0, have_out = 0;
     Py_buffer *bt = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
@@ -1582,13 +1596,33 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
     Py_ssize_t *pos = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
     Py_ssize_t *start = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
     Head *heap = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Head));
-    if (!bt || !bp || !pos || !start || !heap) {
+    Py_buffer *bo = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
+    char *have_o = PyMem_Calloc((size_t)(k ? k : 1), 1);
+    if (!bt || !bp || !pos || !start || !heap || !bo || !have_o) {
         PyErr_NoMemory();
         goto done;
     }
     if (PySequence_Fast_GET_SIZE(pseq) != k) {
         PyErr_SetString(PyExc_ValueError, "merge_runs: ts_list and p_list differ in length");
         goto done;
+    }
+    if (o_ord != Py_None) {
+        oseq = PySequence_Fast(o_ord, "ord_list");
+        if (!oseq) goto done;
+        if (PySequence_Fast_GET_SIZE(oseq) != k) {
+            PyErr_SetString(PyExc_ValueError, "merge_runs: ord_list and ts_list differ in length");
+            goto done;
+        }
+        for (; got_o < k; got_o++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(oseq, got_o);
+            if (item == Py_None) continue;
+            if (PyObject_GetBuffer(item, &bo[got_o], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+            have_o[got_o] = 1;
+            if (bo[got_o].itemsize != 4 && bo[got_o].itemsize != 8) {
+                PyErr_SetString(PyExc_ValueError, "merge_runs: a run's ord must hold 4- or 8-byte items");
+                goto done;
+            }
+        }
     }
     for (; got_t < k; got_t++)
         if (get_buf(PySequence_Fast_GET_ITEM(tseq, got_t), &bt[got_t], 8, 0, "ts") < 0) goto done;
@@ -1612,6 +1646,21 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "merge_runs: out must hold the runs' rows as 4- or 8-byte items");
         goto done;
     }
+    for (Py_ssize_t r = 0; r < k; r++) {
+        if (!have_o[r]) continue;
+        Py_ssize_t m = bt[r].len / 8, isz_o = bo[r].itemsize;
+        if (bo[r].len / isz_o != m) {
+            PyErr_SetString(PyExc_ValueError, "merge_runs: a run's ord and ts differ in length");
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {
+            uint64_t v = isz_o == 4 ? ((const uint32_t *)bo[r].buf)[i] : ((const uint64_t *)bo[r].buf)[i];
+            if (v >= (uint64_t)m) {
+                PyErr_SetString(PyExc_ValueError, "merge_runs: a row index beyond its run");
+                goto done;
+            }
+        }
+    }
     const uint32_t *srcs = bsrc.buf;
     /* every process index in range, before the merge reads them */
     for (Py_ssize_t r = 0; r < k; r++) {
@@ -1627,8 +1676,9 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
     Py_ssize_t h = 0;
     for (Py_ssize_t r = 0; r < k; r++) {
         if (bt[r].len == 0) continue;
-        heap[h].ts = ((const int64_t *)bt[r].buf)[0];
-        heap[h].src = srcs[((const uint32_t *)bp[r].buf)[0]];
+        Py_ssize_t row = run_row(bo, have_o, r, 0);
+        heap[h].ts = ((const int64_t *)bt[r].buf)[row];
+        heap[h].src = srcs[((const uint32_t *)bp[r].buf)[row]];
         heap[h].run = r;
         pos[r] = 0;
         h++;
@@ -1638,11 +1688,13 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
     int64_t *o8 = bout.buf;
     for (Py_ssize_t w = 0; h > 0; w++) {
         Py_ssize_t r = heap[0].run, i = pos[r];
-        if (isz == 4) o4[w] = (uint32_t)(start[r] + i);
-        else o8[w] = (int64_t)(start[r] + i);
+        Py_ssize_t row = run_row(bo, have_o, r, i);
+        if (isz == 4) o4[w] = (uint32_t)(start[r] + row);
+        else o8[w] = (int64_t)(start[r] + row);
         Py_ssize_t m = bt[r].len / 8;
         if (i + 1 < m) {
-            Head next = {((const int64_t *)bt[r].buf)[i + 1], srcs[((const uint32_t *)bp[r].buf)[i + 1]], r};
+            Py_ssize_t nrow = run_row(bo, have_o, r, i + 1);
+            Head next = {((const int64_t *)bt[r].buf)[nrow], srcs[((const uint32_t *)bp[r].buf)[nrow]], r};
             if (head_lt(&next, &heap[0])) { /* (same run: compares (ts, src) only) */
                 sorted = 0; /* the run goes back in (ts, src) */
                 break;
@@ -1661,6 +1713,11 @@ done:
     if (have_src) PyBuffer_Release(&bsrc);
     for (Py_ssize_t r = 0; r < got_t; r++) PyBuffer_Release(&bt[r]);
     for (Py_ssize_t r = 0; r < got_p; r++) PyBuffer_Release(&bp[r]);
+    for (Py_ssize_t r = 0; have_o && r < k; r++)
+        if (have_o[r]) PyBuffer_Release(&bo[r]);
+    Py_XDECREF(oseq);
+    PyMem_Free(bo);
+    PyMem_Free(have_o);
     PyMem_Free(bt);
     PyMem_Free(bp);
     PyMem_Free(pos);
@@ -1675,7 +1732,7 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan DFTracer JSON lines into column buffers (see the module source)."},
     {"is_utf8", is_utf8, METH_O, "True when the bytes are valid UTF-8 (the scanner's check)."},
     {"text_info", py_text_info, METH_O, "(newline count, is valid UTF-8) of a bytes-like object, in one pass."},
-    {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows in output order (see the module source)."},
+    {"file_offsets", file_offsets, METH_VARARGS, "File offsets of all rows, by row, walked in output order (see the module source)."},
     {"compact", compact, METH_VARARGS, "Scanned event rows as a parsed batch's columns (see the module source)."},
     {"merge_runs", merge_runs, METH_VARARGS, "Row order by (ts, src) of runs each in that order (see the module source)."},
     {NULL, NULL, 0, NULL},

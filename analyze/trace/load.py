@@ -272,7 +272,8 @@ class TracePart:
     """Whole trace files parsed and resolved as far as the files themselves allow: the
     output of :func:`parse_part` for whole files, the input of :func:`combine`.
 
-    ``events`` has the columns of :data:`PART_SCHEMA`, in (``ts``, file, line) order:
+    ``events`` has the columns of :data:`PART_SCHEMA`, in the order ``order`` gives (the
+    row indices in (``ts``, file, line) order; None: the rows are in that order):
     ``ts``/``dur`` in microseconds, sizes and offsets reconstructed (every offset stream
     lies in one trace file), strings Categorical. ``__p`` indexes ``processes`` (one row
     per (``src``, ``pid``): ``ppid``, ``cwdhash``, ``host`` from the process's own file),
@@ -293,6 +294,8 @@ class TracePart:
     #: the start/stop markers of DFTracer's AI conventions (``CM`` records ``X.start`` /
     #: ``X.end``; :data:`MARKER_SCHEMA`), for :func:`~..vocabulary.marker_spans`
     markers: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MARKER_SCHEMA))
+    #: ``events``' rows in (``ts``, file, line) order (unsigned indices); None: they are in it
+    order: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -345,7 +348,7 @@ _SPLIT_MIN_BYTES = 2 << 20
 
 
 def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
-                group_bytes: int | None = None) -> Iterator[TracePart]:
+                group_bytes: int | None = None, ordered: bool = False) -> Iterator[TracePart]:
     """The resolved parts of the trace ``files`` (the run's files, ``src`` = position), as
     they are done, parsed by ``jobs`` threads (default: :func:`available_cores`).
 
@@ -355,14 +358,16 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
     ``group_bytes`` stored bytes (default: enough groups to keep the threads busy). At
     most two jobs per thread are in flight, so with ``group_bytes`` the memory held is
     bounded by the groups being parsed plus the parts not yet consumed (one job per
-    thread is in flight then).
+    thread is in flight then). ``ordered``: each part's rows gathered into (``ts``, file,
+    line) order (:attr:`TracePart.order` None), for a caller that keeps parts apart;
+    :func:`combine` gathers unordered parts once, into the run's order.
     """
     workers = max(1, jobs or available_cores())
     prepare_release()  # before the parse holds memory (see its doc)
     indexed = list(enumerate(files))
     if workers == 1 and group_bytes is None:  # one thread: no pool, no ranges
         for group in _groups(indexed, 1):
-            yield cast(TracePart, parse_part(group))
+            yield cast(TracePart, parse_part(group, ordered=ordered))
         return
     sizes = [_stored_size(p) for p in files]
     share = _range_bytes(sizes, workers)
@@ -388,7 +393,9 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
             while todo and len(flight) < (2 * workers if group_bytes is None else workers):
                 fn, arg = todo.pop()
                 # a helper thread decodes ahead only where a core would otherwise be idle
-                kw = {"prefetch": len(todo) + len(flight) + 1 < workers} if fn is parse_part else {}
+                kw: dict[str, bool] = {"ordered": ordered}
+                if fn is parse_part:
+                    kw["prefetch"] = len(todo) + len(flight) + 1 < workers
                 flight.add(pool.submit(fn, arg, **kw))
                 del fn, arg  # (a list of ranges is emptied by the job as it takes their rows)
             done, flight = wait(flight, return_when=FIRST_COMPLETED)
@@ -699,7 +706,8 @@ def _read_manifest(path: Path) -> dict | None:
 PartJob = tuple[int, str | os.PathLike] | tuple[int, str | os.PathLike, int, int, int]
 
 
-def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None) -> TracePart | RangePart:
+def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None, ordered: bool = False
+               ) -> TracePart | RangePart:
     """Decompress, parse and resolve the trace files ``jobs`` = [(src, path), ...] into a :class:`TracePart`.
 
     ``src`` is the file's index in the whole run (the position of its name in the
@@ -722,6 +730,9 @@ def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None) -> Trac
     (9 files on 2 cores: 1.57 -> 1.49 s without them, 5 %, and 8 B/event less peak; one
     file's ranges and 1 core: the same time). None: when fewer :func:`parse_part` calls
     are parsing than this process has cores.
+
+    ``ordered``: the part's rows gathered into (``ts``, file, line) order here (else they
+    stay in their files' order and :attr:`TracePart.order` lists that order).
     """
     ranged = any(len(job) == 5 for job in jobs)
     if ranged and len(jobs) != 1:
@@ -734,9 +745,10 @@ def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None) -> Trac
     if isinstance(got, RangePart):
         return got
     rows, files = got
-    events, processes, records, counts, markers = _resolve(rows, {src: rep.problems for src, rep in files},
-                                                           alone=alone)
-    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers)
+    events, order, processes, records, counts, markers = _resolve(rows, {src: rep.problems for src, rep in files},
+                                                                  alone=alone, ordered=ordered)
+    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers,
+                     order=order)
 
 
 class _Parsing:
@@ -2296,16 +2308,18 @@ def _frames(frames: list[pl.DataFrame], schema: dict[str, pl.DataType]) -> pl.Da
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
 
 
-def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bool = False
-             ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """(events, processes, fh, counts, markers) of a :class:`TracePart` from the compact rows of whole files.
+def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bool = False, ordered: bool = False
+             ) -> tuple[pl.DataFrame, np.ndarray | None, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(events, order, processes, fh, counts, markers) of a :class:`TracePart` from the compact rows of whole files.
     ``problems``: each file's (``src``) problems, to which the values read as null here are
     added (durations, :func:`_apply_time_metric`).
 
     Everything that one file decides is resolved here: the time unit (``CM``), each
     process's ppid, working-directory hash and host (its ``start`` and ``HH`` records),
     and the offsets, reconstructed per (trace file, pid, POSIX or STDIO, file hash) in
-    (``ts``, line) order; the rows are then gathered into (``ts``, file, line) order.
+    (``ts``, line) order; ``order`` lists the rows in (``ts``, file, line) order (they stay
+    in their files' order: the run's merge gathers them once), or with ``ordered`` the rows
+    are gathered into that order here and ``order`` is None.
     ``alone``: no other thread of the process is parsing (:class:`_Parsing`; a load on one
     thread, the byte ranges of one large file resolved after all of them were parsed, the
     last group) and the part has :data:`_RELEASE_ROWS` rows or more: what the sort keys,
@@ -2327,7 +2341,7 @@ def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bo
     markers = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
         list(MARKER_SCHEMA))
     if rows.height == 0:
-        return (pl.DataFrame(schema=PART_SCHEMA), pl.DataFrame(schema=PROCESS_SCHEMA), fh,
+        return (pl.DataFrame(schema=PART_SCHEMA), None, pl.DataFrame(schema=PROCESS_SCHEMA), fh,
                 pl.DataFrame(schema=COUNTS_SCHEMA), markers)
     release = alone and rows.height >= _RELEASE_ROWS
     rows = _apply_time_metric(rows, meta, problems)
@@ -2338,16 +2352,27 @@ def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bo
     if release:
         release_free_memory(keep_large=True)  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
     offset = _offsets(rows, order, release=release)
-    # the columns only the order and the offsets needed go before the gather (22 B/event
-    # that the gather's peak held)
-    held: list[pl.DataFrame] = [rows.select(c for c in PART_SCHEMA if c != "offset")]
-    kept: list[np.ndarray | None] = [order]
-    del rows, order
+    # the rows stay in their files' order, their output order beside them: the merge of the
+    # run gathers every part's columns once, into the run's order (a gather here as well
+    # cost a part's every column a copy: 9 files on 2 cores, 8 % of the load's CPU time)
+    events = rows.select(c for c in PART_SCHEMA if c != "offset").rechunk()
+    del rows
     if release:
-        release_free_memory(keep_large=True)
-    out = _gather(held, kept, [c for c in PART_SCHEMA if c != "offset"])
-    out = out.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
-    return out, processes, fh, _part_counts(out), markers
+        release_free_memory(keep_large=True)  # the columns only the order and the offsets needed
+    events.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
+    if ordered:  # gathered here, the source columns freed as they go
+        held: list[pl.DataFrame] = [events]
+        del events, offset
+        events = _gather(held, [order], list(PART_SCHEMA))
+        return events, None, processes, fh, _part_counts(events), markers
+    return events, _narrow_order(order), processes, fh, _part_counts(events), markers
+
+
+def _narrow_order(order: np.ndarray) -> np.ndarray:
+    """A row order as 32-bit indices where they fit (half the memory of numpy's argsort)."""
+    if len(order) < (1 << 32) and order.dtype != np.uint32:
+        return order.astype(np.uint32)
+    return order
 
 
 def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
@@ -2382,7 +2407,7 @@ def _gather(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None
     return pl.concat(out, how="horizontal") if out else pl.DataFrame()
 
 
-def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
+def resolve_ranges(ranges: Sequence[RangePart], *, ordered: bool = False) -> list[TracePart]:
     """One :class:`TracePart` per file of the byte ranges ``ranges`` (all ranges of each file).
 
     The cuts between ranges are checked first: every range must have decoded without
@@ -2404,7 +2429,7 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         if any(r.report.problems for r in rs) or not all(r.clean_end for r in rs[:-1]):
             path = rs[0].report.path
             del rs
-            out.append(cast(TracePart, parse_part([(src, path)])))
+            out.append(cast(TracePart, parse_part([(src, path)], ordered=ordered)))
             continue
         rep = rs[0].report
         for r in rs[1:]:
@@ -2417,9 +2442,10 @@ def resolve_ranges(ranges: Sequence[RangePart]) -> list[TracePart]:
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, processes, fh, counts, markers = _resolve(held, {src: rep.problems}, alone=_PARSING.idle())
+        events, order, processes, fh, counts, markers = _resolve(held, {src: rep.problems}, alone=_PARSING.idle(),
+                                                                 ordered=ordered)
         out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts,
-                             markers=markers))
+                             markers=markers, order=order))
     return out
 
 
@@ -2659,13 +2685,14 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
                                                                    dict[int, list[str]]]:
     """(event table, per-process table, events per src, notes per src: :func:`renumbered`) of
     resolved parts (``parts`` is emptied)."""
-    frames, processes, fh, counts, markers, base = [], [], [], [], [], 0
+    frames, orders, processes, fh, counts, markers, base = [], [], [], [], [], [], 0
     for p in parts:
         fh.append(p.fh)
         markers.append(p.markers)
         if not p.events.height:
             continue
         frames.append(p.events.with_columns(pl.col("__p") + base) if base else p.events)
+        orders.append(p.order)
         counts.append(p.counts.with_columns(pl.col("__p") + base) if base else p.counts)
         processes.append(p.processes)
         base += p.processes.height
@@ -2681,8 +2708,14 @@ def _merge(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, 
         del counts
         proc_src = tables.processes["src"].to_numpy()
         runs = len(frames)
-        # each part is in order already: merge them by (ts, file)
-        order = _merged_runs(frames, proc_src) if runs > 1 else None
+        # each part's rows are in (ts, file) order as its order lists them: merge the parts
+        # by (ts, file) into row indices of their concatenation, gathered once below
+        order = _merged_runs(frames, orders, proc_src) if runs > 1 else orders[0]
+        if runs > 1 and order is None:  # each part into its order, then a stable sort of them all
+            for i, o in enumerate(orders):
+                if o is not None:
+                    frames[i] = _gather([frames[i]], o, list(frames[i].columns))
+        del orders
         ev = frames[0] if runs == 1 else pl.concat(frames, how="vertical", rechunk=False)
         del frames
         if runs > 1 and order is None:
@@ -2715,13 +2748,15 @@ def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str],
     return table.cast(pl.Schema(EVENT_SCHEMA), strict=False), changed  # type: ignore[arg-type]
 
 
-def _merged_runs(frames: list[pl.DataFrame], proc_src: np.ndarray) -> np.ndarray | None:
+def _merged_runs(frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None],
+                 proc_src: np.ndarray) -> np.ndarray | None:
     """The row order by (``ts``, file) of the concatenation of ``frames`` (resolved parts,
-    each in that order; ``__p`` indexing ``proc_src``, the file of each process) as a k-way
-    merge in C (``merge_runs``): 27-32 ms for the 9 files' 2.1 M rows where the stable sort
-    of packed keys took 48-130 ms, much of it faulting in its 17 MB temporaries. None where
-    it does not apply (no C extension, a null ``ts``, a part out of order): then
-    :func:`_merge_order`, whose order it is."""
+    each in that order as its entry of ``orders`` lists its rows, or as they are where
+    that is None; ``__p`` indexing ``proc_src``, the file of each process) as a k-way merge
+    in C (``merge_runs``): 27-32 ms for the 9 files' 2.1 M rows where the stable sort of
+    packed keys took 48-130 ms, much of it faulting in its 17 MB temporaries. None where it
+    does not apply (no C extension, a null ``ts``, a part out of order): then the parts are
+    gathered into order and :func:`_merge_order` gives the same order."""
     if _NATIVE is None:
         return None
     ts, procs = [], []
@@ -2733,7 +2768,7 @@ def _merged_runs(frames: list[pl.DataFrame], proc_src: np.ndarray) -> np.ndarray
         procs.append(p.rechunk().to_numpy())
     n = sum(len(t) for t in ts)
     out = np.empty(n, dtype=np.uint32 if n < (1 << 32) else np.int64)
-    if not _NATIVE.merge_runs(ts, procs, np.ascontiguousarray(proc_src, dtype=np.uint32), out):
+    if not _NATIVE.merge_runs(ts, procs, np.ascontiguousarray(proc_src, dtype=np.uint32), out, list(orders)):
         return None
     return out
 
@@ -2955,8 +2990,9 @@ def _int_stat(value: object) -> int | None:
 
 
 def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.Series:
-    """Offsets in output order (``order`` lists ``ev``'s rows in output order): given for
-    pread/pwrite, reconstructed for stream reads and writes.
+    """The offset of each row of ``ev``, in ``ev``'s own row order (``order`` lists the rows
+    in output order, in which the streams are followed): given for pread/pwrite,
+    reconstructed for stream reads and writes.
 
     Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
     stream; a reset or the stream start begins a segment; within a segment the offset of
@@ -3007,6 +3043,7 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.S
         valid[at] = True
     if narrow.height:
         _stream_offsets(narrow, rank, values, valid)
+    values, valid = values[rank], valid[rank]  # (by output position: back to the rows' order)
     return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
 
 

@@ -369,15 +369,17 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
     kept: list[_Kept] = []
     pid0, top = False, 0  # what the rank-numbering of DLIO's pids reads of the whole run
-    for part in parse_parts(files, jobs=jobs, group_bytes=target):
+    for part in parse_parts(files, jobs=jobs, group_bytes=target, ordered=True):
         first = min(src for src, _ in part.files)
         path = firsts = None
         if part.events.height:
             path = tmp / f"part-{first:09d}.parquet"
-            _write_spill(part.events, path)
-            firsts = vocabulary.thread_firsts(part.events, host="__p")
-            pid0 = pid0 or bool((part.events["pid"] == 0).any())
-            top = max(top, *(_int_stat(part.events[c].max()) or 0 for c in ("pid", "tid")))
+            events = part.events  # (in (ts, file, line) order: parsed with ordered=True)
+            _write_spill(events, path)
+            firsts = vocabulary.thread_firsts(events, host="__p")
+            pid0 = pid0 or bool((events["pid"] == 0).any())
+            top = max(top, *(_int_stat(events[c].max()) or 0 for c in ("pid", "tid")))
+            del events
         kept.append(_Kept(first, part.processes, part.fh, part.files, path, part.markers, firsts, part.counts))
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
