@@ -2360,9 +2360,9 @@ def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bo
     if release:
         release_free_memory(keep_large=True)  # the columns only the order and the offsets needed
     if ordered:  # gathered here, the source columns freed as they go
-        held[0].insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
-        del offset
-        events = _gather(held, [order], list(PART_SCHEMA))
+        # (the offsets, in the rows' order, gathered on their own)
+        events = _gather(held, [order], [c for c in PART_SCHEMA if c != "offset"])
+        events.insert_column(list(PART_SCHEMA).index("offset"), offset.gather(_row_index(order)).alias("offset"))
         return events, None, processes, fh, _part_counts(events), markers
     # one chunk per column (the merge concatenates the parts' columns, whose chunk lengths
     # differ otherwise, and polars' gather from one chunk is 3-5x as fast), a few columns
