@@ -1100,6 +1100,8 @@ typedef struct {
     uint64_t state;
     int known;
     int used;
+    int64_t open;  /* descriptors of the stream's file open in its process (opens - closes, never below 0) */
+    int opened;    /* the process opened the file before this row */
 } Stream;
 
 /* The slot of stream key in the table (cap a power of two): its own, or the empty one to take. */
@@ -1122,7 +1124,7 @@ static Stream *stream_grow(Stream *t, size_t cap)
 }
 
 /*
- * file_offsets(order, proc, fcode, op, pos, parg, values, valid)
+ * file_offsets(order, proc, fcode, op, pos, parg, values, valid[, stray])
  *
  * The whole file-position model of dlreplay.analyze.load._offsets in one pass over the n
  * resolved rows in output order. order (int64): row indices in output order (a permutation
@@ -1144,6 +1146,16 @@ static Stream *stream_grow(Stream *t, size_t cap)
  * position, then every row advances it: transfers by their bytes, fseek(SEEK_CUR) (ok)
  * by its offset. Every input is a plain array without nulls: the loader passes polars'
  * own buffers, uncopied.
+ *
+ * stray (uint8, optional output, by row): 1 for a transfer (read, write, fread, fwrite,
+ * pread, pwrite) of a stream whose process had opened the file (a successful open/fopen
+ * earlier in the stream) and has no descriptor of it open any more: every open since
+ * closed (each close takes one open away; a close of a descriptor opened elsewhere, such
+ * as one inherited across fork, takes none below 0). DFTracer's close() closes the
+ * descriptor, logs the call, and only then forgets which file it named: a socket or pipe
+ * that another thread opens in between gets the number, and its reads and writes are
+ * logged with the closed file's hash (a DataLoader worker's handshake with the training
+ * process, 48 bytes written to a dataset file). Other rows are 0.
  */
 enum { OP_OPEN = 1, OP_LSEEK, OP_FSEEK, OP_FTELL, OP_REWIND, OP_CLOSE, OP_XFER, OP_SXFER, OP_PXFER };
 enum { POS_OK = 1, POS_CUR = 2, POS_SET = 4, POS_APPEND = 8, POS_IO = 16, POS_STDIO = 32 };
@@ -1152,18 +1164,19 @@ enum { POS_OK = 1, POS_CUR = 2, POS_SET = 4, POS_APPEND = 8, POS_IO = 16, POS_ST
 static PyObject *file_offsets(PyObject *self, PyObject *args)
 {
     (void)self;
-    enum { NB = 8 };
-    PyObject *o[NB];
+    enum { NB = 9 };
+    PyObject *o[NB] = {NULL};
     Py_buffer b[NB];
-    static const Py_ssize_t isz[NB] = {8, 4, 4, 1, 1, 8, 8, 1};
+    static const Py_ssize_t isz[NB] = {8, 4, 4, 1, 1, 8, 8, 1, 1};
     PyObject *result = NULL;
     int got = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOO|O", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
         return NULL;
-    for (; got < NB; got++)
+    int nb = (o[8] == NULL || o[8] == Py_None) ? NB - 1 : NB;
+    for (; got < nb; got++)
         if (get_buf(o[got], &b[got], isz[got], got >= 6, "file_offsets") < 0) goto done;
     Py_ssize_t n = b[0].len / 8;
-    for (int i = 1; i < NB; i++)
+    for (int i = 1; i < nb; i++)
         if (b[i].len / isz[i] != n) {
             PyErr_SetString(PyExc_ValueError, "file_offsets: arrays differ in length");
             goto done;
@@ -1173,7 +1186,7 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
     const int8_t *op = b[3].buf;
     const uint8_t *pos = b[4].buf;
     int64_t *values = b[6].buf;
-    uint8_t *valid = b[7].buf;
+    uint8_t *valid = b[7].buf, *stray = nb == NB ? b[8].buf : NULL;
     for (Py_ssize_t k = 0; k < n; k++)
         if (order[k] < 0 || order[k] >= n) {
             PyErr_SetString(PyExc_ValueError, "file_offsets: row index out of range");
@@ -1184,6 +1197,7 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
     int oom = !streams;
     Py_BEGIN_ALLOW_THREADS
     if (n > 0) memset(valid, 0, (size_t)n);
+    if (n > 0 && stray) memset(stray, 0, (size_t)n);
     for (Py_ssize_t k = 0; k < n && !oom; k++) {
         int64_t i = order[k];
         int c = op[i], f = pos[i];
@@ -1220,9 +1234,14 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
             }
             used++;
         }
-        if (!st->used || reset) {
+        int fresh = !st->used;
+        if (fresh) {
             st->used = 1;
             st->key = key;
+            st->open = 0;
+            st->opened = 0;
+        }
+        if (fresh || reset) {
             st->known = reset && base >= 0;
             st->state = reset ? (uint64_t)base : 0;
         }
@@ -1231,6 +1250,13 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
             valid[i] = 1;
         }
         st->state += (uint64_t)adv;
+        if (stray && (xfer || c == OP_PXFER) && st->opened && st->open == 0) stray[i] = 1;
+        if (c == OP_OPEN && ok) {
+            st->open++;
+            st->opened = 1;
+        } else if (c == OP_CLOSE && st->open > 0) {
+            st->open--;
+        }
     }
     Py_END_ALLOW_THREADS
     free(streams);

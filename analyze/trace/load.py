@@ -659,7 +659,8 @@ def _find_inputs(path) -> tuple[list[Path], dict | None]:
 def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
     """What a reader must know before any number derived from the trace at *path*: a capture
     that did not end (manifest ``running``; a process file cut), files left out (another run,
-    duplicates) and files that hold no events. One sentence each, naming the file."""
+    duplicates), calls the tracer named after a closed file, and files that hold no events.
+    One sentence each, naming the file."""
     found = find_trace_inputs(path)
     out = []
     status = (found.manifest or {}).get("status")
@@ -676,6 +677,13 @@ def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
         said = "; ".join(m.split(": it ")[0] for m in moved[:3])
         out.append(f"{len(moved)} process(es) numbered anew where a pid also ran on another host, so that no two "
                    f"hosts' processes mix: {said}{'; ...' if len(moved) > 3 else ''}")
+    stray = [(f.name, got[0]) for f in files for p in f.problems if (got := _counted(p)) and got[1] == STRAY_IO]
+    if stray:
+        out.append(f"{sum(n for _, n in stray)} read/write call(s) in {len(stray)} process file(s) "
+                   f"({', '.join(name for name, _ in stray[:3])}{', ...' if len(stray) > 3 else ''}) were logged on a "
+                   f"file their process had already closed: DFTracer forgets a descriptor's file only after closing "
+                   f"it, and another thread's socket or pipe got the number in between. They are kept without a "
+                   f"file, outside every file's bytes")
     empty = [f for f in files if f.events == 0]
     if empty:
         why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
@@ -2084,6 +2092,9 @@ _NullProblems = dict[int, dict[str, int]]
 _NULL_IDS = f"a pid, ppid or tid {BEYOND_32_BITS}"
 _NULL_BYTES = f"a byte count {ODD_BYTES}"
 _NULL_DUR = f"a duration {ODD_DUR}"
+#: How a file's report counts the transfers DFTracer named after a file their process had
+#: closed (see :func:`_offsets`): not damage, and not I/O on that file.
+STRAY_IO = "a file their process had closed (DFTracer's close race: another thread reused the descriptor), kept without a file"
 
 
 def _null_problems(beyond: dict[int, int], odd: dict[int, int]) -> _NullProblems:
@@ -2097,8 +2108,9 @@ def _null_problems(beyond: dict[int, int], odd: dict[int, int]) -> _NullProblems
 
 
 def _counted(problem: str) -> tuple[int, str] | None:
-    """(events, what) of a problem "N event(s) with WHAT" of values read as null, else None."""
-    for what in (_NULL_IDS, _NULL_BYTES, _NULL_DUR):
+    """(events, what) of a problem "N event(s) with WHAT" (values read as null, stray
+    transfers), else None."""
+    for what in (_NULL_IDS, _NULL_BYTES, _NULL_DUR, STRAY_IO):
         n = problem.removesuffix(f" event(s) with {what}")
         if n != problem and n.isdigit():
             return int(n), what
@@ -2351,7 +2363,9 @@ def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bo
     order = _output_order(rows)
     if release:
         release_free_memory(keep_large=True)  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
-    offset = _offsets(rows, order, release=release)
+    offset, stray = _offsets(rows, order, release=release)
+    if stray is not None:
+        rows = _unname_stray(rows, stray, problems)
     # the rows stay in their files' order, their output order beside them: the run's merge
     # gathers every part's columns once, into the run's order (a gather here as well cost
     # every column of a part a copy: 9 files on 2 cores, 0.16 s more CPU and 4 % more time)
@@ -3004,10 +3018,29 @@ def _int_stat(value: object) -> int | None:
     return None if value is None else int(cast(int, value))
 
 
-def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.Series:
+def _unname_stray(rows: pl.DataFrame, stray: np.ndarray, problems: dict[int, list[str]]) -> pl.DataFrame:
+    """``rows`` with the file of each stray transfer (``stray``, by row) taken away (file
+    hash and path null: the call stays, on no file), counted in its file's ``problems``."""
+    mask = pl.Series(stray)
+    for src, n in rows.select("src").filter(mask).group_by("src").len().sort("src").iter_rows():
+        if src in problems:
+            _count_problem(problems[src], n, STRAY_IO)
+    return rows.with_columns(pl.when(mask).then(None).otherwise(pl.col(c)).alias(c) for c in ("fhash", "__path"))
+
+
+def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> tuple[pl.Series, np.ndarray | None]:
     """The offset of each row of ``ev``, in ``ev``'s own row order (``order`` lists the rows
     in output order, in which the streams are followed): given for pread/pwrite,
-    reconstructed for stream reads and writes.
+    reconstructed for stream reads and writes; and which rows are stray transfers (a bool
+    array by row, None when none is), which have no offset.
+
+    A stray transfer is a read or write its process logged on a file it had opened and
+    closed again, with no descriptor of it open at the time (the opens and closes of the
+    stream counted in output order; a close never takes the count below zero, so closing
+    an inherited descriptor changes nothing). DFTracer's ``close`` closes the descriptor
+    before it forgets the file it named: a socket or pipe another thread opens in between
+    gets the number, and its calls are logged as the file's (a PyTorch DataLoader worker's
+    handshake with the training process: 35 + 13 bytes written to a dataset file).
 
     Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
     stream; a reset or the stream start begins a segment; within a segment the offset of
@@ -3024,17 +3057,22 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.S
     if _NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
         values = np.empty(n, dtype=np.int64)
         valid = np.empty(n, dtype=np.bool_)
+        stray = np.empty(n, dtype=np.bool_)
         proc = _stream_processes(ev).to_numpy()
         fcode = ev.select(_file_key()).to_series().to_numpy()
         _NATIVE.file_offsets(np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(proc, dtype=np.uint32),
                              np.ascontiguousarray(fcode, dtype=np.uint32),
                              *(np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt) for c, dt in (
                                  ("op", np.int8), ("pos", np.uint8), ("parg", np.int64))),
-                             values, valid)
+                             values, valid, stray)
         del proc, fcode
         if release:  # the inputs' copies, before the column is built beside the values
             release_free_memory(keep_large=True)
-        return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+        found = bool(stray.any())
+        if found:  # on no file: no offset
+            valid &= ~stray
+        offset = pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset"))
+        return offset.to_series(), (stray if found else None)
     io = (pl.col("pos") & _POS_IO) != 0
     stream = (pl.col("__sp").cast(pl.Int64) * 2
               + ((pl.col("pos") & _POS_STDIO) != 0).cast(pl.Int64)) * (1 << 32) + _file_key().cast(pl.Int64)
@@ -3046,6 +3084,10 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.S
         # a negative base (or none) is an unknown position
         base.fill_null(-1).alias("base"), advance.alias("adv"),
         pl.col("op").is_in((_XFER, _SXFER)).alias("xfer"),
+        # the descriptors opened (+1) and closed (-1), and the transfers that need one
+        pl.when((pl.col("op") == _OPEN) & ((pl.col("pos") & _POS_OK) != 0)).then(1)
+        .when(pl.col("op") == _CLOSE).then(-1).otherwise(0).cast(pl.Int8).alias("fd"),
+        pl.col("op").is_in((_XFER, _SXFER, _PXFER)).alias("acc"),
     ).collect()
     values = np.zeros(n, dtype=np.int64)
     valid = np.zeros(n, dtype=bool)
@@ -3056,10 +3098,13 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> pl.S
         at = rank[given["__row"].to_numpy()]
         values[at] = given["parg"].to_numpy()
         valid[at] = True
+    stray = np.zeros(n, dtype=bool)
     if narrow.height:
-        _stream_offsets(narrow, rank, values, valid)
+        _stream_offsets(narrow, rank, values, valid, stray)
     values, valid = values[rank], valid[rank]  # (by output position: back to the rows' order)
-    return pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")).to_series()
+    valid &= ~stray  # a stray transfer is on no file: no offset
+    offset = pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset"))
+    return offset.to_series(), (stray if stray.any() else None)
 
 
 def _file_key() -> pl.Expr:
@@ -3098,10 +3143,12 @@ def _stream_processes(ev: pl.DataFrame) -> pl.Series:
                      .otherwise(pl.col("__p")).cast(pl.UInt32).alias("__sp")).to_series()
 
 
-def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
+def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray,
+                    stray: np.ndarray) -> None:
     """Fill ``values``/``valid`` (output order) with the reconstructed offsets of the
-    stream transfers among the I/O rows ``narrow`` (see :func:`_offsets`): vectorised
-    numpy (builds without the C extension, which does all of :func:`_offsets` in one pass)."""
+    stream transfers among the I/O rows ``narrow``, and mark ``stray`` (by row) the stray
+    transfers (see :func:`_offsets`): vectorised numpy (builds without the C extension,
+    which does all of :func:`_offsets` in one pass)."""
     n, m = len(rank), narrow.height
     pos = rank[narrow["__row"].to_numpy()]
     g = narrow["g"].to_numpy()
@@ -3123,6 +3170,21 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     known = narrow["xfer"].to_numpy()[idx] & (seg_base >= 0)
     values[pos[known]] = (seg_base + cs - cs[last])[known]
     valid[pos[known]] = True
+    # descriptors open per stream: the running sum of opens and closes held at 0 from below
+    # (Lindley: the sum minus its running minimum where that is negative), per stream
+    fd = narrow["fd"].to_numpy()[idx].astype(np.int64)
+    first = g != np.roll(g, 1)
+    first[0] = True
+    gid = np.cumsum(first) - 1
+    total = np.cumsum(fd)
+    run = total - (total - fd)[np.flatnonzero(first)][gid]  # the stream's own running sum
+    span = 2 * m + 2  # more than any running sum's range: streams' minima never meet
+    low = np.minimum.accumulate(run - gid * span) + gid * span
+    held = run - np.minimum(low, 0)
+    opens = np.cumsum(fd > 0)
+    opened = (opens - (opens - (fd > 0))[np.flatnonzero(first)][gid]) > 0
+    hit = narrow["acc"].to_numpy()[idx] & opened & (held == 0)
+    stray[narrow["__row"].to_numpy()[idx][hit]] = True
 
 
 
