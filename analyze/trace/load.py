@@ -46,8 +46,10 @@ cuts and parses the file whole when a range was damaged or cut a line): everythi
 file decides: the time unit (``CM``), each process's ppid, working-directory hash and
 host (``start``/``HH`` records of its own file), offsets reconstructed per (file, pid,
 POSIX or STDIO, file hash) in time order (open/seek reset the position; one C pass when
-the extension is built, else cumulative sums over segments in numpy), and the order
-(``ts``, file, line). The result is a :class:`TracePart`: rows of :data:`PART_SCHEMA`,
+the extension is built, else cumulative sums over segments in numpy), the stray
+transfers of the same streams taken off their file (a read or write logged on a file its
+process had opened and closed again, none of its descriptors open: DFTracer's close race,
+:func:`_offsets`; counted in the file's report), and the order (``ts``, file, line). The result is a :class:`TracePart`: rows of :data:`PART_SCHEMA`,
 the part's processes and its ``FH`` records.
 
 **Combine** (:func:`combine`, once): the run's tables (:func:`run_tables`: ``FH`` paths
