@@ -96,8 +96,8 @@ class Proc:
         return h
 
     # POSIX helpers -----------------------------------------------------------------
-    def open(self, path: str, **kw) -> dict:
-        return self.event("open64", "POSIX", {"flags": 524288, "fhash": self.file(path)}, **kw)
+    def open(self, path: str, flags: int = 524288, **kw) -> dict:  # (O_CLOEXEC, read-only)
+        return self.event("open64", "POSIX", {"flags": flags, "fhash": self.file(path)}, **kw)
 
     def read(self, path: str, n: int, count: int | None = None, **kw) -> dict:
         return self.event("read", "POSIX", {"ret": n, "count": n if count is None else count,
@@ -537,7 +537,7 @@ def test_offsets_match_reference_and_ground_truth(tmp_path: Path) -> None:
                 gap = rnd.choice([0, 0, 1, 5])  # equal timestamps: line order decides
                 stray = opened and nopen == 0
                 if op == "open":
-                    p.open(f, tid=tid, dur=0, gap=gap)
+                    p.open(f, flags=0o2000002, tid=tid, dur=0, gap=gap)  # O_CLOEXEC | O_RDWR: its writes are the file's
                     pos = 0
                     nopen, opened = nopen + 1, True
                 elif op == "lseek":
@@ -581,8 +581,10 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
     the closed file's hash. A DataLoader worker's resource-sharer thread answering the
     training process is such a socket (35 + 13 bytes written, 20 read: the +48 bytes a
     replay of dlio_jpeg_ckpt once wrote to its dataset). The loader keeps those calls on no
-    file and counts them; descriptors another thread still holds, and closes of inherited
-    descriptors, change nothing."""
+    file and counts them, and writes on a file the process only ever opened read-only too
+    (a handshake stamped after the file was opened again); descriptors another thread still
+    holds, closes of inherited descriptors, and opens for writing or of unknown flags
+    change nothing."""
     if not native:
         monkeypatch.setattr(importlib.import_module("dlreplay.analyze.trace.load"), "_NATIVE", None)
     w = Proc(pid=300)
@@ -593,6 +595,14 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
                  w.write("/data/a.jpg", 13, tid=301)]
     w.open("/data/a.jpg")  # open again: its reads are the file's
     w.read("/data/a.jpg", 100)
+    # a handshake stamped after the reopen: its read passes for the file's, its writes
+    # cannot be (every open of the file in this process was read-only)
+    late = [w.write("/data/a.jpg", 35, tid=301), w.write("/data/a.jpg", 13, tid=301)]
+    w.read("/data/a.jpg", 20, tid=301)
+    w.open("/data/log.txt", flags=0o2000101)  # O_CLOEXEC | O_CREAT | O_WRONLY: its writes are the file's
+    w.write("/data/log.txt", 9)
+    w.event("open64", "POSIX", {"fhash": w.file("/data/old.bin")})  # no flags: could have written
+    w.write("/data/old.bin", 5)
     w.open("/data/c.h5", tid=302)  # two threads hold the file: one closes, the other reads on
     w.open("/data/c.h5")
     w.close("/data/c.h5")
@@ -609,20 +619,22 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
     ev = loaded.events.filter(pl.col("name").cast(pl.String).is_in(["read", "write", "pread64"]))
     stray = ev.filter(pl.col("file").is_null())
     assert sorted(stray.select("tid", "ts", "size").rows()) == sorted(
-        [(301, r["ts"], r["args"]["ret"]) for r in handshake] + [(303, stray["ts"].max(), 64)])
+        [(301, r["ts"], r["args"]["ret"]) for r in handshake + late] + [(303, stray["ts"].max(), 64)])
     assert stray["offset"].null_count() == stray.height
-    assert stray["name"].cast(pl.String).to_list().count("write") == 2  # the calls stay, on no file
+    assert stray["name"].cast(pl.String).to_list().count("write") == 4  # the calls stay, on no file
     kept = ev.filter(pl.col("file").is_not_null())
     assert sorted(kept.select(pl.col("file").cast(pl.String), "size").rows()) == [
-        ("/data/a.jpg", 100), ("/data/a.jpg", 4096), ("/data/c.h5", 512), ("/data/d.npz", 7)]
+        ("/data/a.jpg", 20), ("/data/a.jpg", 100), ("/data/a.jpg", 4096), ("/data/c.h5", 512), ("/data/d.npz", 7),
+        ("/data/log.txt", 9), ("/data/old.bin", 5)]
     problems = {f.name: f.problems for f in loaded.files}
-    assert problems["trace-300.pfw.gz"] == ["4 event(s) with a file their process had closed (DFTracer's close "
-                                            "race: another thread reused the descriptor), kept without a file"]
+    assert problems["trace-300.pfw.gz"] == [
+        "6 event(s) with a file their process had closed or never opened for writing (DFTracer's close race: another "
+        "thread reused the descriptor), kept without a file"]
     assert problems["trace-400.pfw.gz"] == [] and not loaded.damaged
     from dlreplay.analyze.files import classify_files
     files = {r["file"]: r for r in classify_files(loaded.events).iter_rows(named=True)}
-    assert files["/data/a.jpg"]["bytes_written"] == 0 and files["/data/a.jpg"]["bytes_read"] == 4196
-    assert any("4 read/write call(s)" in w_ for w_ in trace_warnings(tmp_path, loaded.files))
+    assert files["/data/a.jpg"]["bytes_written"] == 0 and files["/data/a.jpg"]["bytes_read"] == 4216
+    assert any("6 read/write call(s)" in w_ for w_ in trace_warnings(tmp_path, loaded.files))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1102,6 +1102,7 @@ typedef struct {
     int used;
     int64_t open;  /* descriptors of the stream's file open in its process (opens - closes, never below 0) */
     int opened;    /* the process opened the file before this row */
+    int writable;  /* ... and once for writing (or with flags and mode unknown) */
 } Stream;
 
 /* The slot of stream key in the table (cap a power of two): its own, or the empty one to take. */
@@ -1155,10 +1156,14 @@ static Stream *stream_grow(Stream *t, size_t cap)
  * descriptor, logs the call, and only then forgets which file it named: a socket or pipe
  * that another thread opens in between gets the number, and its reads and writes are
  * logged with the closed file's hash (a DataLoader worker's handshake with the training
- * process, 48 bytes written to a dataset file). Other rows are 0.
+ * process, 48 bytes written to a dataset file). A write (pos POS_WRITE: write, pwrite,
+ * fwrite) is also stray when every open of the file by its process was read-only (pos
+ * POS_RDONLY on the open: flags & O_ACCMODE == O_RDONLY, or an fopen mode "r" without
+ * "+"): no descriptor it had could write it, and this catches the handshake even when the
+ * file has been opened again since. Other rows are 0.
  */
 enum { OP_OPEN = 1, OP_LSEEK, OP_FSEEK, OP_FTELL, OP_REWIND, OP_CLOSE, OP_XFER, OP_SXFER, OP_PXFER };
-enum { POS_OK = 1, POS_CUR = 2, POS_SET = 4, POS_APPEND = 8, POS_IO = 16, POS_STDIO = 32 };
+enum { POS_OK = 1, POS_CUR = 2, POS_SET = 4, POS_APPEND = 8, POS_IO = 16, POS_STDIO = 32, POS_RDONLY = 64, POS_WRITE = 128 };
 #define NUL INT64_MIN
 
 static PyObject *file_offsets(PyObject *self, PyObject *args)
@@ -1240,6 +1245,7 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
             st->key = key;
             st->open = 0;
             st->opened = 0;
+            st->writable = 0;
         }
         if (fresh || reset) {
             st->known = reset && base >= 0;
@@ -1250,10 +1256,12 @@ static PyObject *file_offsets(PyObject *self, PyObject *args)
             valid[i] = 1;
         }
         st->state += (uint64_t)adv;
-        if (stray && (xfer || c == OP_PXFER) && st->opened && st->open == 0) stray[i] = 1;
+        if (stray && (xfer || c == OP_PXFER) && st->opened && (st->open == 0 || ((f & POS_WRITE) && !st->writable)))
+            stray[i] = 1;
         if (c == OP_OPEN && ok) {
             st->open++;
             st->opened = 1;
+            if (!(f & POS_RDONLY)) st->writable = 1;
         } else if (c == OP_CLOSE && st->open > 0) {
             st->open--;
         }
@@ -1323,7 +1331,7 @@ static inline int call_bytes(int64_t n, int64_t item, int64_t *out)
 }
 /* flags of a string code: the category "checkpoint", POSIX or STDIO, STDIO; a mode starting with "a";
  * the name "start"; the category "dftracer" */
-enum { SF_CKPT = 1, SF_IOCAT = 2, SF_STDIO = 4, SF_MODE_A = 8, SF_START = 16, SF_DFT = 32 };
+enum { SF_CKPT = 1, SF_IOCAT = 2, SF_STDIO = 4, SF_MODE_A = 8, SF_START = 16, SF_DFT = 32, SF_MODE_R = 64, SF_WRITE = 128 };
 
 static inline int fits32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
 
@@ -1436,6 +1444,10 @@ static void run_compact(Compact *c)
         if ((HAS(I_FLAGS) && (IV(I_FLAGS) & 02000)) ||
             (mode >= 0 && mode < c->nuniq && (c->sflag[mode] & SF_MODE_A)))
             pos |= POS_APPEND;
+        if ((HAS(I_FLAGS) && (IV(I_FLAGS) & 3) == 0) ||
+            (mode >= 0 && mode < c->nuniq && (c->sflag[mode] & SF_MODE_R)))
+            pos |= POS_RDONLY;
+        if (name >= 0 && name < c->nuniq && (c->sflag[name] & SF_WRITE)) pos |= POS_WRITE;
         const int32_t fhash = SC(S_FHASH), path = SC(S_PATH) >= 0 ? SC(S_PATH) : SC(S_FNAME);
         if ((cf & SF_IOCAT) && (fhash >= 0 || path >= 0)) pos |= POS_IO;
         if (cf & SF_STDIO) pos |= POS_STDIO;

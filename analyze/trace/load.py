@@ -48,8 +48,9 @@ host (``start``/``HH`` records of its own file), offsets reconstructed per (file
 POSIX or STDIO, file hash) in time order (open/seek reset the position; one C pass when
 the extension is built, else cumulative sums over segments in numpy), the stray
 transfers of the same streams taken off their file (a read or write logged on a file its
-process had opened and closed again, none of its descriptors open: DFTracer's close race,
-:func:`_offsets`; counted in the file's report), and the order (``ts``, file, line). The result is a :class:`TracePart`: rows of :data:`PART_SCHEMA`,
+process had opened and closed again, none of its descriptors open, or a write on a file it
+only ever opened read-only: DFTracer's close race, :func:`_offsets`; counted in the
+file's report), and the order (``ts``, file, line). The result is a :class:`TracePart`: rows of :data:`PART_SCHEMA`,
 the part's processes and its ``FH`` records.
 
 **Combine** (:func:`combine`, once): the run's tables (:func:`run_tables`: ``FH`` paths
@@ -683,7 +684,8 @@ def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
     if stray:
         out.append(f"{sum(n for _, n in stray)} read/write call(s) in {len(stray)} process file(s) "
                    f"({', '.join(name for name, _ in stray[:3])}{', ...' if len(stray) > 3 else ''}) were logged on a "
-                   f"file their process had already closed: DFTracer forgets a descriptor's file only after closing "
+                   f"file their process had already closed, or (writes) on one it never opened for writing: "
+                   f"DFTracer forgets a descriptor's file only after closing "
                    f"it, and another thread's socket or pipe got the number in between. They are kept without a "
                    f"file, outside every file's bytes")
     empty = [f for f in files if f.events == 0]
@@ -1352,7 +1354,8 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     for k in np.flatnonzero(np.frombuffer(fields, dtype=np.uint16) & _FLAGGED_FIELDS).tolist():
         u = uniques[k]
         op_of[k] = _OP_CODE.get(u, 0)
-        sflag[k] = _SFLAG.get(u, 0) | (_SF_MODE_A if u[:1] == "a" else 0)
+        sflag[k] = (_SFLAG.get(u, 0) | (_SF_MODE_A if u[:1] == "a" else 0)
+                    | (_SF_MODE_R if u[:1] == "r" and "+" not in u else 0) | (_SF_WRITE if u in _WRITE_NAMES else 0))
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
     frames: list[Any] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
@@ -1987,7 +1990,7 @@ _SEEK_SET, _SEEK_CUR = 0, 1
 #: Flags of ``pos`` (as ``POS_*`` in ``_pfwscan.c``): the call succeeded (``ret`` null or
 #: >= 0), whence SEEK_CUR, whence SEEK_SET, opened for appending (``O_APPEND`` or mode
 #: "a"), an I/O call with a file hash (POSIX or STDIO), STDIO.
-_POS_OK, _POS_CUR, _POS_SET, _POS_APPEND, _POS_IO, _POS_STDIO = 1, 2, 4, 8, 16, 32
+_POS_OK, _POS_CUR, _POS_SET, _POS_APPEND, _POS_IO, _POS_STDIO, _POS_RDONLY, _POS_WRITE = 1, 2, 4, 8, 16, 32, 64, 128
 #: ``parg`` of a row without the argument its class needs.
 _NUL = -(1 << 63)
 #: Columns gathered together into output order (polars gathers the columns of one call in
@@ -2041,6 +2044,9 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
     whence = col("whence")
     append = ((col("flags").fill_null(0) & _O_APPEND) != 0) \
         | col("mode").cast(_CAT).cat.starts_with("a").fill_null(False)
+    mode = col("mode").cast(pl.String)
+    rdonly = ((col("flags") & 3) == 0).fill_null(False) \
+        | (mode.str.starts_with("r") & ~mode.str.contains("+", literal=True)).fill_null(False)
 
     def flag(cond: pl.Expr, bit: int) -> pl.Expr:
         return pl.when(cond.fill_null(False)).then(pl.lit(bit, dtype=pl.UInt8)).otherwise(pl.lit(0, dtype=pl.UInt8))
@@ -2049,7 +2055,8 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
            | flag(whence == _SEEK_SET, _POS_SET) | flag(append, _POS_APPEND)
            | flag(pl.any_horizontal(col("fhash").is_not_null(), col("path").is_not_null(), col("fname").is_not_null())
                   & col("cat").is_in(("POSIX", "STDIO")), _POS_IO)
-           | flag(col("cat") == "STDIO", _POS_STDIO))
+           | flag(col("cat") == "STDIO", _POS_STDIO) | flag(rdonly, _POS_RDONLY)
+           | flag(col("name").cast(pl.String).is_in(list(_WRITE_NAMES)), _POS_WRITE))
     parg = (
         pl.when(op.is_in((_LSEEK, _FTELL))).then(ret)
         .when(op.is_in((_FSEEK, _PXFER))).then(col("aoffset"))
@@ -2096,7 +2103,8 @@ _NULL_BYTES = f"a byte count {ODD_BYTES}"
 _NULL_DUR = f"a duration {ODD_DUR}"
 #: How a file's report counts the transfers DFTracer named after a file their process had
 #: closed (see :func:`_offsets`): not damage, and not I/O on that file.
-STRAY_IO = "a file their process had closed (DFTracer's close race: another thread reused the descriptor), kept without a file"
+STRAY_IO = ("a file their process had closed or never opened for writing (DFTracer's close race: another thread "
+            "reused the descriptor), kept without a file")
 
 
 def _null_problems(beyond: dict[int, int], odd: dict[int, int]) -> _NullProblems:
@@ -2164,6 +2172,9 @@ _COMPACT_OUT: tuple[tuple[str, Any, int], ...] = (
 #: Flags of a scanned string for :func:`_native_compact` (``SF_*`` in ``_pfwscan.c``).
 _SFLAG: dict[str, int] = {CAT_CHECKPOINT: 1, "POSIX": 2, "STDIO": 2 | 4, "start": 16, "dftracer": 32}
 _SF_MODE_A = 8
+_SF_MODE_R = 64
+_SF_WRITE = 128
+_WRITE_NAMES = frozenset(WRITE_OPS)
 _CODE_COLUMNS = ("cat", "name", "fhash", "__path")
 #: The scanner's string fields (bits of its ``fields``) whose values get ``op_of`` and ``_SFLAG``.
 _FLAGGED_FIELDS = sum(1 << _NATIVE_STRS.index(c) for c in ("name", "cat", "mode"))
@@ -3039,7 +3050,9 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> tupl
     A stray transfer is a read or write its process logged on a file it had opened and
     closed again, with no descriptor of it open at the time (the opens and closes of the
     stream counted in output order; a close never takes the count below zero, so closing
-    an inherited descriptor changes nothing). DFTracer's ``close`` closes the descriptor
+    an inherited descriptor changes nothing); or a write on a file its process had opened
+    before, read-only every time (``flags`` without write access, or an fopen mode ``r``
+    without ``+``). DFTracer's ``close`` closes the descriptor
     before it forgets the file it named: a socket or pipe another thread opens in between
     gets the number, and its calls are logged as the file's (a PyTorch DataLoader worker's
     handshake with the training process: 35 + 13 bytes written to a dataset file).
@@ -3090,6 +3103,9 @@ def _offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> tupl
         pl.when((pl.col("op") == _OPEN) & ((pl.col("pos") & _POS_OK) != 0)).then(1)
         .when(pl.col("op") == _CLOSE).then(-1).otherwise(0).cast(pl.Int8).alias("fd"),
         pl.col("op").is_in((_XFER, _SXFER, _PXFER)).alias("acc"),
+        # the opens that could write, and the transfers that write
+        ((pl.col("op") == _OPEN) & ((pl.col("pos") & _POS_OK) != 0) & ((pl.col("pos") & _POS_RDONLY) == 0)).alias("wopen"),
+        ((pl.col("pos") & _POS_WRITE) != 0).alias("wr"),
     ).collect()
     values = np.zeros(n, dtype=np.int64)
     valid = np.zeros(n, dtype=bool)
@@ -3183,9 +3199,13 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     span = 2 * m + 2  # more than any running sum's range: streams' minima never meet
     low = np.minimum.accumulate(run - gid * span) + gid * span
     held = run - np.minimum(low, 0)
+    starts = np.flatnonzero(first)
     opens = np.cumsum(fd > 0)
-    opened = (opens - (opens - (fd > 0))[np.flatnonzero(first)][gid]) > 0
-    hit = narrow["acc"].to_numpy()[idx] & opened & (held == 0)
+    opened = (opens - (opens - (fd > 0))[starts][gid]) > 0
+    wopen = narrow["wopen"].to_numpy()[idx]
+    wopens = np.cumsum(wopen)
+    writable = (wopens - (wopens - wopen)[starts][gid]) > 0  # an open for writing before (or at) the row
+    hit = narrow["acc"].to_numpy()[idx] & opened & ((held == 0) | (narrow["wr"].to_numpy()[idx] & ~writable))
     stray[narrow["__row"].to_numpy()[idx][hit]] = True
 
 
