@@ -50,8 +50,8 @@ the extension is built, else cumulative sums over segments in numpy), the stray
 transfers of the same streams taken off their file (a read or write logged on a file its
 process had opened and closed again, none of its descriptors open, or a write on a file it
 only ever opened read-only: DFTracer's close race, :func:`_offsets`; counted in the
-file's report), and the order (``ts``, file, line). The result is a :class:`TracePart`: rows of :data:`PART_SCHEMA`,
-the part's processes and its ``FH`` records.
+file's report), and the order (``ts``, file, line). The result is a :class:`TracePart`:
+rows of :data:`PART_SCHEMA`, the part's processes and its ``FH`` records.
 
 **Combine** (:func:`combine`, once): the run's tables (:func:`run_tables`: ``FH`` paths
 across all files, a record may sit in another process's file, relative names use the
@@ -685,9 +685,8 @@ def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
         out.append(f"{sum(n for _, n in stray)} read/write call(s) in {len(stray)} process file(s) "
                    f"({', '.join(name for name, _ in stray[:3])}{', ...' if len(stray) > 3 else ''}) were logged on a "
                    f"file their process had already closed, or (writes) on one it never opened for writing: "
-                   f"DFTracer forgets a descriptor's file only after closing "
-                   f"it, and another thread's socket or pipe got the number in between. They are kept without a "
-                   f"file, outside every file's bytes")
+                   f"DFTracer forgets a descriptor's file only after closing it, and another thread's socket or "
+                   f"pipe got the number in between. They are kept without a file, outside every file's bytes")
     empty = [f for f in files if f.events == 0]
     if empty:
         why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
@@ -1989,7 +1988,8 @@ _O_APPEND = 0o2000
 _SEEK_SET, _SEEK_CUR = 0, 1
 #: Flags of ``pos`` (as ``POS_*`` in ``_pfwscan.c``): the call succeeded (``ret`` null or
 #: >= 0), whence SEEK_CUR, whence SEEK_SET, opened for appending (``O_APPEND`` or mode
-#: "a"), an I/O call with a file hash (POSIX or STDIO), STDIO.
+#: "a"), an I/O call with a file hash (POSIX or STDIO), STDIO, opened read-only (flags
+#: without write access, or mode "r" without "+"), a write call (write, pwrite, fwrite).
 _POS_OK, _POS_CUR, _POS_SET, _POS_APPEND, _POS_IO, _POS_STDIO, _POS_RDONLY, _POS_WRITE = 1, 2, 4, 8, 16, 32, 64, 128
 #: ``parg`` of a row without the argument its class needs.
 _NUL = -(1 << 63)
