@@ -2373,47 +2373,30 @@ def _resolve(compacted: _Compacted, problems: dict[int, list[str]], *, alone: bo
     every, pidx = _process_keys(rows)
     processes = _process_table(every, meta, starts, hosts)
     rows = rows.with_columns(pidx.alias("__p"))
-    # a part resolved alone (the last one, or one file's byte ranges) counts its rows in a
-    # thread beside the order, offsets and gather, which leave a core idle (one 2 M-event
-    # file on 2 cores: 250-300 ms of the load ran on about one core). The counts need the
-    # rows' files, which a stray transfer loses below: then they are counted again.
-    side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-counts") \
-        if release and available_cores() > 1 else None
-    counts_job = side.submit(lambda f: _part_counts(f.rechunk()), rows.select(_COUNTED)) if side is not None else None
-    try:
-        order = _output_order(rows)
-        if release:
-            release_free_memory(keep_large=True)  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
-        offset, stray = _offsets(rows, order, release=release)
-        if stray is not None:
-            rows = _unname_stray(rows, stray, problems)
-            if counts_job is not None:
-                counts_job.cancel()
-                counts_job = None
-        # the rows stay in their files' order, their output order beside them: the run's merge
-        # gathers every part's columns once, into the run's order (a gather here as well cost
-        # every column of a part a copy: 9 files on 2 cores, 0.16 s more CPU and 4 % more time)
-        held = [rows.select(c for c in PART_SCHEMA if c != "offset")]
-        del rows
-        if release:
-            release_free_memory(keep_large=True)  # the columns only the order and the offsets needed
-        if ordered:  # gathered here, the source columns freed as they go
-            # (the offsets, in the rows' order, gathered on their own)
-            events = _gather(held, [order], [c for c in PART_SCHEMA if c != "offset"])
-            events.insert_column(list(PART_SCHEMA).index("offset"), offset.gather(_row_index(order)).alias("offset"))
-            out_order = None
-        else:
-            # one chunk per column (the merge concatenates the parts' columns, whose chunk
-            # lengths differ otherwise, and polars' gather from one chunk is 3-5x as fast), a
-            # few columns at a time, each group's source chunks freed before the next is copied
-            events = _gather(held, None, [c for c in PART_SCHEMA if c != "offset"])
-            events.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
-            out_order = _narrow_order(order)
-        counts = counts_job.result() if counts_job is not None else _part_counts(events)
-    finally:
-        if side is not None:
-            side.shutdown(wait=True, cancel_futures=True)
-    return events, out_order, processes, fh, counts, markers
+    order = _output_order(rows)
+    if release:
+        release_free_memory(keep_large=True)  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
+    offset, stray = _offsets(rows, order, release=release)
+    if stray is not None:
+        rows = _unname_stray(rows, stray, problems)
+    # the rows stay in their files' order, their output order beside them: the run's merge
+    # gathers every part's columns once, into the run's order (a gather here as well cost
+    # every column of a part a copy: 9 files on 2 cores, 0.16 s more CPU and 4 % more time)
+    held = [rows.select(c for c in PART_SCHEMA if c != "offset")]
+    del rows
+    if release:
+        release_free_memory(keep_large=True)  # the columns only the order and the offsets needed
+    if ordered:  # gathered here, the source columns freed as they go
+        # (the offsets, in the rows' order, gathered on their own)
+        events = _gather(held, [order], [c for c in PART_SCHEMA if c != "offset"])
+        events.insert_column(list(PART_SCHEMA).index("offset"), offset.gather(_row_index(order)).alias("offset"))
+        return events, None, processes, fh, _part_counts(events), markers
+    # one chunk per column (the merge concatenates the parts' columns, whose chunk lengths
+    # differ otherwise, and polars' gather from one chunk is 3-5x as fast), a few columns
+    # at a time, each group's source chunks freed before the next is copied
+    events = _gather(held, None, [c for c in PART_SCHEMA if c != "offset"])
+    events.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
+    return events, _narrow_order(order), processes, fh, _part_counts(events), markers
 
 
 def _narrow_order(order: np.ndarray) -> np.ndarray:
@@ -2674,10 +2657,6 @@ def _file_column(rows: pl.DataFrame, tables: RunTables) -> pl.Series:
         paths = sub.select(_absolute(pl.col("__path").cast(_STR))).to_series().cast(_CAT)
         file = file.scatter(named["__row"], paths)
     return file.alias("file")
-
-
-#: The columns :func:`_part_counts` reads.
-_COUNTED = ("fhash", "__path", "__p", "name", "cat", "size")
 
 
 def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
