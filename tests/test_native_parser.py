@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -549,6 +550,61 @@ def test_scanner_reads_each_line_as_it_reads_it_alone(lines: list[bytes], last_n
     together = ([("event", r[0], r[1:]) for r in events] + [("meta", r[0], r[1:]) for r in metas]
                 + [("rejected", line, b) for line, b in rejected])
     assert sorted(together, key=repr) == sorted(alone, key=repr)
+
+
+#: Integer spellings around the scanner's 8-bytes-at-a-time path (1 to 16 plain digits):
+#: its lengths and their neighbours, signs, leading zeros, fractions and exponents right
+#: after 8 or 16 digits, and the ends of int64.
+_NUMBERS = ["0", "7", "-0", "-7", "00", "01", "007", "0.5", "1.5", "1e3", "1E3", "1234567", "12345678", "99999999",
+            "123456789", "100000000", "1234567890123456", "9999999999999999", "12345678901234567",
+            "0000000000000000", "12345678.5", "12345678e2", "1234567890123456.5", "1234567890123456E2",
+            "9223372036854775807", "9223372036854775808", "-9223372036854775808", "1" * 19, "1" * 20]
+
+
+def test_integers_of_every_length_and_form_read_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integers read 8 bytes at a time (on a layout, by the general parser, in an int field,
+    a skipped one, a timestamp, and within 8 or 16 bytes of the text's end) are read as the
+    Python path reads them, and every line as it is read alone."""
+    line = ('{{"id":{i},"name":"read","cat":"POSIX","pid":1,"tid":1,"ts":{ts},"dur":{v},"ph":1,'
+            '"args":{{"ret":{v},"count":{v},"fhash":"00000000000000aa"}}}}')
+    json_int = re.compile(r"-?(0|[1-9][0-9]*)")
+    for v in _NUMBERS:  # each line alone: a JSON integer in int64 is read as written, else the line is refused
+        as_int = json_int.fullmatch(v) is not None and -(2**63) <= int(v) < 2**63
+        number = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?", v) is not None
+        for text, ok, want in ((line.format(i=1, ts=T0, v=v), as_int, (1, 1, T0, *[int(v) if as_int else 0] * 3)),
+                               (line.format(i=v, ts=T0, v=3), number, (1, 1, T0, 3, 3, 3)),  # a skipped key
+                               (line.format(i=1, ts=v, v=3), as_int, (1, 1, int(v) if as_int else 0, 3, 3, 3))):
+            got = _scan_rows(text.encode())
+            assert got is not None
+            events, _, rejected, _ = got
+            assert (len(events), len(rejected)) == ((1, 0) if ok else (0, 1)), text
+            if ok:
+                assert events[0][2] == want, text
+    lines = []
+    for i, v in enumerate(_NUMBERS):
+        lines += [line.format(i=i, ts=T0 + i, v=3),  # the layout the next lines are read with
+                  line.format(i=i, ts=T0 + i, v=v), line.format(i=v, ts=T0 + i, v=3), line.format(i=i, ts=v, v=3)]
+    for v in _NUMBERS:  # the number near the end of the text (no newline after the last line)
+        text = "\n".join([*lines, f'{{"name":"read","pid":1,"ts":{T0},"args":{{"ret":{v}}}}}']).encode()
+        whole = _scan_rows(text)
+        assert whole is not None
+        events, metas, rejected, _ = whole
+        alone: list[tuple] = []
+        for k, ln in enumerate(text.split(b"\n")):
+            got = _scan_rows(ln)
+            assert got is not None
+            alone += [("event", k, r[1:]) for r in got[0]] + [("rejected", k, b) for _, b in got[2]]
+        together = [("event", r[0], r[1:]) for r in events] + [("rejected", k, b) for k, b in rejected]
+        assert sorted(together, key=repr) == sorted(alone, key=repr)
+        assert not metas
+    path = tmp_path / "n.pfw.gz"
+    path.write_bytes(gzip.compress(text))
+    native, python = load_both(path, monkeypatch)
+    assert_same(native, python)
+    # plain integers, read as written (a read's size is its ret)
+    assert 7 in native.events.filter(pl.col("ts") == T0 + 1)["size"].to_list()
+    assert 9999999999999999 in native.events["ts"].to_list()
+    assert 12345678 in native.events["size"].to_list()
 
 
 def test_scanner_refuses_too_small_buffers() -> None:
