@@ -548,32 +548,38 @@ static const char *args_object(const char *p, const char *e, Row *row, Rec *rec)
     }
 }
 
-/* Equality of two byte strings of length n: 8 bytes at a time with the last 8 overlapping
- * the ones before, or two overlapping 4-byte words, or up to 3 bytes (no byte outside
- * either string is read; a short string, the usual case, takes no loop). */
-static inline int same_bytes(const char *a, const char *b, Py_ssize_t n)
+/* Equality of the n (<= LAYOUT_LIT) bytes at p and lit: 8 bytes at a time, or two overlapping
+ * 4-byte words, or up to 3 bytes (no byte outside either is read; no loop below 17 bytes). */
+static inline int lit_eq(const char *p, const char *lit, int n)
 {
     uint64_t x, y, d = 0;
-    if (n >= 8) {
-        for (Py_ssize_t i = 0; i + 8 < n; i += 8) {
-            memcpy(&x, a + i, 8);
-            memcpy(&y, b + i, 8);
+    if (n >= 8) { /* 8 bytes at a time, the last 8 overlapping the ones before */
+        for (int i = 0; i + 8 < n; i += 8) {
+            memcpy(&x, p + i, 8);
+            memcpy(&y, lit + i, 8);
             d |= x ^ y;
         }
-        memcpy(&x, a + n - 8, 8);
-        memcpy(&y, b + n - 8, 8);
+        memcpy(&x, p + n - 8, 8);
+        memcpy(&y, lit + n - 8, 8);
         return !(d | (x ^ y));
     }
     if (n >= 4) {
-        uint32_t p, q, r, t;
-        memcpy(&p, a, 4);
-        memcpy(&q, b, 4);
-        memcpy(&r, a + n - 4, 4);
-        memcpy(&t, b + n - 4, 4);
-        return !((p ^ q) | (r ^ t));
+        uint32_t a, b, c, f;
+        memcpy(&a, p, 4);
+        memcpy(&b, lit, 4);
+        memcpy(&c, p + n - 4, 4);
+        memcpy(&f, lit + n - 4, 4);
+        return !((a ^ b) | (c ^ f));
     }
-    if (n > 0) return a[0] == b[0] && a[n >> 1] == b[n >> 1] && a[n - 1] == b[n - 1];
+    if (n > 0) return p[0] == lit[0] && p[n >> 1] == lit[n >> 1] && p[n - 1] == lit[n - 1];
     return 1;
+}
+
+/* Equality of two byte strings of length n (a string and the last one of its field, or a
+ * dictionary entry): short ones (file hashes, names) as lit_eq, longer ones (paths) by memcmp. */
+static inline int same_bytes(const char *a, const char *b, Py_ssize_t n)
+{
+    return n <= LAYOUT_LIT ? lit_eq(a, b, (int)n) : !memcmp(a, b, (size_t)n);
 }
 
 static inline int str_is(const Row *row, int f, const char *lit, Py_ssize_t n)
@@ -639,32 +645,6 @@ static int parse_line(const char *p, const char *e, Row *row, Rec *rec)
     if (p != e) return 0;
     rec_step(rec, e, ACT_END);
     return line_kind(row);
-}
-
-/* Equality of the n (<= LAYOUT_LIT) bytes at p and lit. */
-static inline int lit_eq(const char *p, const char *lit, int n)
-{
-    uint64_t x, y, d = 0;
-    if (n >= 8) { /* 8 bytes at a time, the last 8 overlapping the ones before */
-        for (int i = 0; i + 8 < n; i += 8) {
-            memcpy(&x, p + i, 8);
-            memcpy(&y, lit + i, 8);
-            d |= x ^ y;
-        }
-        memcpy(&x, p + n - 8, 8);
-        memcpy(&y, lit + n - 8, 8);
-        return !(d | (x ^ y));
-    }
-    if (n >= 4) {
-        uint32_t a, b, c, f;
-        memcpy(&a, p, 4);
-        memcpy(&b, lit, 4);
-        memcpy(&c, p + n - 4, 4);
-        memcpy(&f, lit + n - 4, 4);
-        return !((a ^ b) | (c ^ f));
-    }
-    if (n > 0) return p[0] == lit[0] && p[n >> 1] == lit[n >> 1] && p[n - 1] == lit[n - 1];
-    return 1;
 }
 
 typedef struct {
