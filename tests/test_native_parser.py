@@ -11,8 +11,12 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -605,6 +609,50 @@ def test_integers_of_every_length_and_form_read_alike(tmp_path: Path, monkeypatc
     assert 7 in native.events.filter(pl.col("ts") == T0 + 1)["size"].to_list()
     assert 9999999999999999 in native.events["ts"].to_list()
     assert 12345678 in native.events["size"].to_list()
+
+
+_ASAN_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import _pfwscan as S
+numbers, t0 = sys.argv[2].split(","), 1795315916000000
+layout = ('{"id":1,"name":"read","cat":"POSIX","pid":1,"tid":1,"ts":%d,"dur":3,"ph":1,'
+          '"args":{"ret":3,"count":3}}' % t0)
+n = 0
+for v in numbers:
+    for tail in ('{"id":1,"name":"read","cat":"POSIX","pid":1,"tid":1,"ts":%d,"dur":3,"ph":1,"args":{"ret":3,"count":%s'
+                 % (t0, v), '{"id":1,"name":"read","pid":1,"ts":' + v, '{"id":' + v, '{"ts":%s}' % v, v):
+        for pre in ("", layout + "\\n"):
+            raw = (pre + tail).encode()
+            text = np.empty(len(raw), dtype=np.uint8)  # its own allocation: nothing readable after it
+            text[:] = np.frombuffer(raw, dtype=np.uint8)
+            k = raw.count(b"\\n") + 1
+            S.scan(text, np.empty((S.NI, k), np.int64), np.empty(k, np.uint32), np.empty((11, k), np.int32),
+                   np.empty(k, np.int64))
+            n += 1
+print("scanned", n)
+"""
+
+
+def test_scanner_reads_nothing_past_a_texts_end(tmp_path: Path) -> None:
+    """Built with AddressSanitizer, the scanner reads no byte after a text that ends in a
+    number (its 8- and 16-byte loads stop where the text does), on the general parser and on
+    a layout. Skipped where gcc or its ASan runtime is missing."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    runtime = subprocess.run([gcc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not Path(runtime).is_absolute() or not Path(runtime).exists():
+        pytest.skip("no AddressSanitizer runtime")
+    src = Path(LOAD.__file__).parent / "_pfwscan.c"
+    built = subprocess.run([gcc, "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-std=c99", "-fPIC",
+                            "-shared", "-I" + sysconfig.get_paths()["include"], "-Wno-declaration-after-statement",
+                            str(src), "-o", str(tmp_path / ("_pfwscan" + sysconfig.get_config_var("EXT_SUFFIX")))],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    run = subprocess.run([sys.executable, "-c", _ASAN_SCRIPT, str(tmp_path), ",".join(_NUMBERS)], capture_output=True,
+                         text=True, env={**os.environ, "LD_PRELOAD": runtime, "ASAN_OPTIONS": "detect_leaks=0"})
+    assert run.returncode == 0 and f"scanned {len(_NUMBERS) * 10}" in run.stdout, run.stderr[-3000:]
 
 
 def test_scanner_refuses_too_small_buffers() -> None:
