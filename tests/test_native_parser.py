@@ -809,6 +809,12 @@ def test_k_way_merge_is_the_stable_sort(runs: tuple, data: st.DataObject) -> Non
     assert out.tolist() == rows[want].tolist()
     # the rows in the output's order are those of the stable sort
     assert np.concatenate(runs_ts)[out].tolist() == ts[want].tolist() if len(ts) else True
+    # cut into slices, one call each (as threads run them), in any order of the calls
+    parts = data.draw(st.integers(2, 6))
+    out = np.full(len(ts), 2**32 - 1, dtype=np.uint32)
+    for q in data.draw(st.permutations(range(parts))):
+        assert LOAD._NATIVE.merge_runs(runs_ts, runs_p, proc_src, out, orders, q, parts) is True
+    assert out.tolist() == rows[want].tolist()
 
 
 def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
@@ -838,6 +844,22 @@ def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
         LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [None, None])
     assert LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32),
                                    [np.array([1, 0], dtype=np.uint32)]) is False  # 5 before 1: out of order
+    # in slices: a run out of order is found by some slice's call (its rows or its cuts)
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        runs = [np.sort(rng.integers(0, 30, rng.integers(1, 40))).astype(np.int64) for _ in range(3)]
+        bad = int(rng.integers(0, 3))
+        if len(runs[bad]) < 2:
+            continue
+        i = int(rng.integers(0, len(runs[bad]) - 1))
+        runs[bad][i], runs[bad][-1] = runs[bad][-1] + 1, runs[bad][i]  # one row out of place
+        procs = [np.full(len(r), k, dtype=np.uint32) for k, r in enumerate(runs)]
+        out = np.empty(sum(len(r) for r in runs), dtype=np.uint32)
+        files = np.array([0, 1, 2], dtype=np.uint32)
+        for parts in (2, 3, 5):
+            assert not all(LOAD._NATIVE.merge_runs(runs, procs, files, out, None, q, parts) for q in range(parts))
+    with pytest.raises(ValueError, match="part must"):
+        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), None, 2, 2)
 
 
 def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Path,

@@ -1657,6 +1657,13 @@ done:
  * (ts, src) lie in one run (a file is in one part), so the result is the stable sort's.
  * Returns False, out undefined, when a run is not in (ts, src) order (the caller sorts
  * instead).
+ *
+ * part, parts (default 0, 1): write only the part-th of parts slices of the output, so that
+ * parts calls (in threads: each runs without the GIL) merge one run set together. The
+ * slices are cut at the (ts, src) keys of the largest run at j / parts of its rows; every
+ * run's rows below a cut are found by binary search, and a slice starts where the rows
+ * below its first cut end. Each call checks the order of its slice's rows (see run_cut for
+ * the rows around a cut): all calls answering True is the whole merge's True.
  */
 typedef struct {
     int64_t ts;
@@ -1693,11 +1700,47 @@ static inline Py_ssize_t run_row(const Py_buffer *bo, const char *have_o, Py_ssi
                                : (Py_ssize_t)((const uint64_t *)bo[r].buf)[i];
 }
 
+/* The (ts, src) key of the row at position i of run r (in its (ts, src) order). */
+static inline Head run_key(const Py_buffer *bt, const Py_buffer *bp, const Py_buffer *bo, const char *have_o,
+                           const uint32_t *srcs, Py_ssize_t r, Py_ssize_t i)
+{
+    Py_ssize_t row = run_row(bo, have_o, r, i);
+    Head h = {((const int64_t *)bt[r].buf)[row], srcs[((const uint32_t *)bp[r].buf)[row]], 0};
+    return h;
+}
+
+static inline int key_lt(const Head *a, const Head *b)
+{
+    return a->ts < b->ts || (a->ts == b->ts && a->src < b->src);
+}
+
+/* The first position of run r (m rows) whose key is not below cut, by binary search. Even
+ * in a run out of order, the row before it is below cut and the row at it is not (the
+ * search looked at both): so the rows on each side of a cut are in order, and each call's
+ * own order checks cover the rest of the run. */
+static Py_ssize_t run_cut(const Py_buffer *bt, const Py_buffer *bp, const Py_buffer *bo, const char *have_o,
+                          const uint32_t *srcs, Py_ssize_t r, Py_ssize_t m, const Head *cut)
+{
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        Head k = run_key(bt, bp, bo, have_o, srcs, r, mid);
+        if (key_lt(&k, cut)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static PyObject *merge_runs(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *o_ts, *o_p, *o_src, *o_out, *o_ord = Py_None, *result = NULL, *oseq = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO|O", &o_ts, &o_p, &o_src, &o_out, &o_ord)) return NULL;
+    Py_ssize_t part = 0, parts = 1;
+    if (!PyArg_ParseTuple(args, "OOOO|Onn", &o_ts, &o_p, &o_src, &o_out, &o_ord, &part, &parts)) return NULL;
+    if (parts < 1 || part < 0 || part >= parts) {
+        PyErr_SetString(PyExc_ValueError, "merge_runs: part must be in [0, parts)");
+        return NULL;
+    }
     PyObject *tseq = PySequence_Fast(o_ts, "ts_list");
     if (!tseq) return NULL;
     PyObject *pseq = PySequence_Fast(o_p, "p_list");
@@ -1712,10 +1755,11 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
     Py_buffer *bp = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
     Py_ssize_t *pos = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
     Py_ssize_t *start = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
+    Py_ssize_t *end = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
     Head *heap = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Head));
     Py_buffer *bo = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
     char *have_o = PyMem_Calloc((size_t)(k ? k : 1), 1);
-    if (!bt || !bp || !pos || !start || !heap || !bo || !have_o) {
+    if (!bt || !bp || !pos || !start || !end || !heap || !bo || !have_o) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1790,25 +1834,43 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
     }
     int sorted = 1;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t h = 0;
+    /* this call's slice: per run, its rows [pos, end) between the cuts, written from w0 */
+    Py_ssize_t big = 0, w0 = 0;
     for (Py_ssize_t r = 0; r < k; r++) {
-        if (bt[r].len == 0) continue;
-        Py_ssize_t row = run_row(bo, have_o, r, 0);
+        pos[r] = 0;
+        end[r] = bt[r].len / 8;
+        if (end[r] > end[big]) big = r;
+    }
+    if (parts > 1 && k > 0 && end[big] > 0) {
+        Py_ssize_t mb = end[big];
+        Head lo_cut = part > 0 ? run_key(bt, bp, bo, have_o, srcs, big, mb * part / parts) : heap[0];
+        Head hi_cut = part < parts - 1 ? run_key(bt, bp, bo, have_o, srcs, big, mb * (part + 1) / parts) : heap[0];
+        for (Py_ssize_t r = 0; r < k && sorted; r++) {
+            Py_ssize_t m = bt[r].len / 8;
+            if (part > 0) pos[r] = run_cut(bt, bp, bo, have_o, srcs, r, m, &lo_cut);
+            if (part < parts - 1) end[r] = run_cut(bt, bp, bo, have_o, srcs, r, m, &hi_cut);
+            if (pos[r] > end[r]) sorted = 0; /* the cuts out of order: the largest run is */
+            w0 += pos[r];
+        }
+    }
+    Py_ssize_t h = 0;
+    for (Py_ssize_t r = 0; r < k && sorted; r++) {
+        if (pos[r] >= end[r]) continue;
+        Py_ssize_t row = run_row(bo, have_o, r, pos[r]);
         heap[h].ts = ((const int64_t *)bt[r].buf)[row];
         heap[h].src = srcs[((const uint32_t *)bp[r].buf)[row]];
         heap[h].run = r;
-        pos[r] = 0;
         h++;
     }
     for (Py_ssize_t i = h / 2; i-- > 0;) heap_down(heap, h, i);
     uint32_t *o4 = bout.buf;
     int64_t *o8 = bout.buf;
-    for (Py_ssize_t w = 0; h > 0; w++) {
+    for (Py_ssize_t w = w0; h > 0; w++) {
         Py_ssize_t r = heap[0].run, i = pos[r];
         Py_ssize_t row = run_row(bo, have_o, r, i);
         if (isz == 4) o4[w] = (uint32_t)(start[r] + row);
         else o8[w] = (int64_t)(start[r] + row);
-        Py_ssize_t m = bt[r].len / 8;
+        Py_ssize_t m = end[r];
         if (i + 1 < m) {
             Py_ssize_t nrow = run_row(bo, have_o, r, i + 1);
             Head next = {((const int64_t *)bt[r].buf)[nrow], srcs[((const uint32_t *)bp[r].buf)[nrow]], r};
@@ -1839,6 +1901,7 @@ done:
     PyMem_Free(bp);
     PyMem_Free(pos);
     PyMem_Free(start);
+    PyMem_Free(end);
     PyMem_Free(heap);
     Py_DECREF(tseq);
     Py_DECREF(pseq);

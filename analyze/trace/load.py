@@ -2790,6 +2790,10 @@ def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str],
     return table.cast(pl.Schema(EVENT_SCHEMA), strict=False), changed  # type: ignore[arg-type]
 
 
+#: Rows of the merge's output below which its slices are not merged in threads of their own.
+_MERGE_SLICE_ROWS = 1 << 19
+
+
 def _merged_runs(frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None],
                  proc_src: np.ndarray) -> np.ndarray | None:
     """The row order by (``ts``, file) of the concatenation of ``frames`` (resolved parts,
@@ -2810,9 +2814,17 @@ def _merged_runs(frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None]
         procs.append(p.rechunk().to_numpy())
     n = sum(len(t) for t in ts)
     out = np.empty(n, dtype=np.uint32 if n < (1 << 32) else np.int64)
-    if not _NATIVE.merge_runs(ts, procs, np.ascontiguousarray(proc_src, dtype=np.uint32), out, list(orders)):
-        return None
-    return out
+    src = np.ascontiguousarray(proc_src, dtype=np.uint32)
+    ords = list(orders)
+    # slices of the output merged in parallel threads (merge_runs cuts them at keys of the
+    # largest run; each slice ~_MERGE_SLICE_ROWS rows or more)
+    parts = max(1, min(available_cores(), n // _MERGE_SLICE_ROWS))
+    if parts == 1:
+        return out if _NATIVE.merge_runs(ts, procs, src, out, ords) else None
+    with ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="dlreplay-merge-runs") as pool:
+        others = [pool.submit(_NATIVE.merge_runs, ts, procs, src, out, ords, q, parts) for q in range(1, parts)]
+        done = [_NATIVE.merge_runs(ts, procs, src, out, ords, 0, parts), *(f.result() for f in others)]
+    return out if all(done) else None
 
 
 def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
