@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -879,6 +880,18 @@ def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Pa
     monkeypatch.setattr(LOAD, "_merged_runs", spy)
     merged = load_trace(d, jobs=2)
     assert used == [True]
+    # merged in slices, one thread each (as on a machine of 4 cores), whatever the cores here
+    calls: list[tuple] = []
+    real_merge = LOAD._NATIVE.merge_runs
+    monkeypatch.setattr(LOAD, "_MERGE_SLICE_ROWS", 16)
+    monkeypatch.setattr(LOAD, "available_cores", lambda: 4)
+    monkeypatch.setattr(LOAD, "_NATIVE", SimpleNamespace(**{
+        k: getattr(real_merge.__self__, k) for k in dir(real_merge.__self__) if not k.startswith("__")}))
+    monkeypatch.setattr(LOAD._NATIVE, "merge_runs", lambda *a: calls.append(a[5:]) or real_merge(*a))
+    sliced = load_trace(d, jobs=2)
+    assert sorted(calls) == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert_frame_equal(merged.events, sliced.events)
+    monkeypatch.undo()
     monkeypatch.setattr(LOAD, "_merged_runs", lambda *a: None)
     sorted_ = load_trace(d, jobs=2)
     assert_frame_equal(merged.events, sorted_.events)
