@@ -859,6 +859,17 @@ def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
         files = np.array([0, 1, 2], dtype=np.uint32)
         for parts in (2, 3, 5):
             assert not all(LOAD._NATIVE.merge_runs(runs, procs, files, out, None, q, parts) for q in range(parts))
+    # a bad index is an error in the call whose slice (or cut) reads it, whichever that is
+    for parts in (2, 3):
+        errors = []
+        for q in range(parts):
+            try:
+                LOAD._NATIVE.merge_runs([np.array([1, 5], dtype=np.int64), np.array([2, 3], dtype=np.int64)],
+                                        [p[0], np.array([1, 2], dtype=np.uint32)], src, np.empty(4, dtype=np.uint32),
+                                        None, q, parts)
+            except ValueError as exc:
+                errors.append(str(exc))
+        assert errors and all("beyond proc_src" in e for e in errors)
     with pytest.raises(ValueError, match="part must"):
         LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), None, 2, 2)
 

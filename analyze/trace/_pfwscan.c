@@ -1700,12 +1700,25 @@ static inline Py_ssize_t run_row(const Py_buffer *bo, const char *have_o, Py_ssi
                                : (Py_ssize_t)((const uint64_t *)bo[r].buf)[i];
 }
 
-/* The (ts, src) key of the row at position i of run r (in its (ts, src) order). */
+/* The (ts, src) key of the row at position i of run r (in its (ts, src) order); a zero key
+ * and *bad set where an index is out of range (1: the row beyond its run, 2: the row's
+ * process beyond proc_src). */
 static inline Head run_key(const Py_buffer *bt, const Py_buffer *bp, const Py_buffer *bo, const char *have_o,
-                           const uint32_t *srcs, Py_ssize_t r, Py_ssize_t i)
+                           const uint32_t *srcs, Py_ssize_t nsrc, Py_ssize_t r, Py_ssize_t i, int *bad)
 {
+    Head h = {0, 0, 0};
     Py_ssize_t row = run_row(bo, have_o, r, i);
-    Head h = {((const int64_t *)bt[r].buf)[row], srcs[((const uint32_t *)bp[r].buf)[row]], 0};
+    if ((size_t)row >= (size_t)(bt[r].len / 8)) {
+        *bad = 1;
+        return h;
+    }
+    uint32_t p = ((const uint32_t *)bp[r].buf)[row];
+    if ((Py_ssize_t)p >= nsrc) {
+        *bad = 2;
+        return h;
+    }
+    h.ts = ((const int64_t *)bt[r].buf)[row];
+    h.src = srcs[p];
     return h;
 }
 
@@ -1719,12 +1732,12 @@ static inline int key_lt(const Head *a, const Head *b)
  * search looked at both): so the rows on each side of a cut are in order, and each call's
  * own order checks cover the rest of the run. */
 static Py_ssize_t run_cut(const Py_buffer *bt, const Py_buffer *bp, const Py_buffer *bo, const char *have_o,
-                          const uint32_t *srcs, Py_ssize_t r, Py_ssize_t m, const Head *cut)
+                          const uint32_t *srcs, Py_ssize_t nsrc, Py_ssize_t r, Py_ssize_t m, const Head *cut, int *bad)
 {
     Py_ssize_t lo = 0, hi = m;
     while (lo < hi) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
-        Head k = run_key(bt, bp, bo, have_o, srcs, r, mid);
+        Head k = run_key(bt, bp, bo, have_o, srcs, nsrc, r, mid, bad);
         if (key_lt(&k, cut)) lo = mid + 1;
         else hi = mid;
     }
@@ -1808,31 +1821,15 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
         goto done;
     }
     for (Py_ssize_t r = 0; r < k; r++) {
-        if (!have_o[r]) continue;
-        Py_ssize_t m = bt[r].len / 8, isz_o = bo[r].itemsize;
-        if (bo[r].len / isz_o != m) {
+        if (have_o[r] && bo[r].len / bo[r].itemsize != bt[r].len / 8) {
             PyErr_SetString(PyExc_ValueError, "merge_runs: a run's ord and ts differ in length");
             goto done;
         }
-        for (Py_ssize_t i = 0; i < m; i++) {
-            uint64_t v = isz_o == 4 ? ((const uint32_t *)bo[r].buf)[i] : ((const uint64_t *)bo[r].buf)[i];
-            if (v >= (uint64_t)m) {
-                PyErr_SetString(PyExc_ValueError, "merge_runs: a row index beyond its run");
-                goto done;
-            }
-        }
     }
     const uint32_t *srcs = bsrc.buf;
-    /* every process index in range, before the merge reads them */
-    for (Py_ssize_t r = 0; r < k; r++) {
-        const uint32_t *p = bp[r].buf;
-        for (Py_ssize_t i = 0, m = bp[r].len / 4; i < m; i++)
-            if ((Py_ssize_t)p[i] >= nsrc) {
-                PyErr_SetString(PyExc_ValueError, "merge_runs: a process index beyond proc_src");
-                goto done;
-            }
-    }
-    int sorted = 1;
+    /* the row and process indices are checked where this call reads them (its cuts' searches,
+     * then every row of its slice before the merge): each of parts calls checks its share */
+    int sorted = 1, bad = 0;
     Py_BEGIN_ALLOW_THREADS
     /* this call's slice: per run, its rows [pos, end) between the cuts, written from w0 */
     Py_ssize_t big = 0, w0 = 0;
@@ -1843,16 +1840,21 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
     }
     if (parts > 1 && k > 0 && end[big] > 0) {
         Py_ssize_t mb = end[big];
-        Head lo_cut = part > 0 ? run_key(bt, bp, bo, have_o, srcs, big, mb * part / parts) : heap[0];
-        Head hi_cut = part < parts - 1 ? run_key(bt, bp, bo, have_o, srcs, big, mb * (part + 1) / parts) : heap[0];
-        for (Py_ssize_t r = 0; r < k && sorted; r++) {
+        Head none = {0, 0, 0};
+        Head lo_cut = part > 0 ? run_key(bt, bp, bo, have_o, srcs, nsrc, big, mb * part / parts, &bad) : none;
+        Head hi_cut = part < parts - 1 ? run_key(bt, bp, bo, have_o, srcs, nsrc, big, mb * (part + 1) / parts, &bad)
+                                       : none;
+        for (Py_ssize_t r = 0; r < k && sorted && !bad; r++) {
             Py_ssize_t m = bt[r].len / 8;
-            if (part > 0) pos[r] = run_cut(bt, bp, bo, have_o, srcs, r, m, &lo_cut);
-            if (part < parts - 1) end[r] = run_cut(bt, bp, bo, have_o, srcs, r, m, &hi_cut);
+            if (part > 0) pos[r] = run_cut(bt, bp, bo, have_o, srcs, nsrc, r, m, &lo_cut, &bad);
+            if (part < parts - 1) end[r] = run_cut(bt, bp, bo, have_o, srcs, nsrc, r, m, &hi_cut, &bad);
             if (pos[r] > end[r]) sorted = 0; /* the cuts out of order: the largest run is */
             w0 += pos[r];
         }
     }
+    for (Py_ssize_t r = 0; r < k && sorted && !bad; r++)
+        for (Py_ssize_t i = pos[r]; i < end[r] && !bad; i++) run_key(bt, bp, bo, have_o, srcs, nsrc, r, i, &bad);
+    if (bad) sorted = 0;
     Py_ssize_t h = 0;
     for (Py_ssize_t r = 0; r < k && sorted; r++) {
         if (pos[r] >= end[r]) continue;
@@ -1886,6 +1888,11 @@ static PyObject *merge_runs(PyObject *self, PyObject *args)
         if (h > 1) heap_down(heap, h, 0);
     }
     Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad == 1 ? "merge_runs: a row index beyond its run"
+                                                   : "merge_runs: a process index beyond proc_src");
+        goto done;
+    }
     result = PyBool_FromLong(sorted);
 done:
     if (have_out) PyBuffer_Release(&bout);
