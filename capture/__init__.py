@@ -12,7 +12,7 @@ Both are no-ops when the process is not running under ``dlreplay capture``.
 
 from typing import TYPE_CHECKING, Any
 
-from dlreplay.capture.inject._dlreplay_hooks import region, traced
+from dlreplay.capture.inject import REGIONS, region, traced
 
 if TYPE_CHECKING:
     from dlreplay.capture.run import (
@@ -40,6 +40,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "MANIFEST",
+    "REGIONS",
     "CaptureConfig",
     "CaptureResult",
     "data_dir_spellings",

@@ -207,7 +207,7 @@ def detect_format(head: bytes, ext: str) -> str | None:
 
 
 def _is_tfrecord_header(head: bytes) -> bool:
-    from dlreplay.replay.writers import masked_crc32c
+    from dlreplay.checksums import masked_crc32c
 
     (length,) = struct.unpack("<Q", head[:8])
     return length > 0 and masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 import dlreplay
-from dlreplay.capture.inject._dlreplay_hooks import REGIONS
+from dlreplay.capture import REGIONS
 from dlreplay.errors import InUseError
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, save_model

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dlreplay.capture.inject._dlreplay_hooks import REGIONS
+from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import Distribution
 from dlreplay.osutil import end_with_parent
