@@ -44,9 +44,12 @@ test-fast: $(STAMP)  ## unit tests only (skips the slow end-to-end captures)
 	@$(PYC)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
-lint: $(STAMP)  ## ruff (lint + format check) and mypy on the package
-	$(VENV)/bin/ruff check dlreplay capture analyze replay tests benchmarks examples traces
-	$(VENV)/bin/mypy dlreplay capture analyze
+LINTED  = dlreplay capture analyze replay tests benchmarks examples traces
+
+lint: $(STAMP)  ## ruff (lint + format check) and mypy over every package
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy dlreplay capture analyze replay
 
 bench: $(STAMP)  ## reproducible measurements (ratios against baselines measured in the same run)
 	$(PY) benchmarks/ingest.py
