@@ -543,7 +543,7 @@ def test_parquet_damaged_page_header_keeps_the_columns(tmp_path: Path) -> None:
 def test_thrift_reader_refuses_crafted_headers(header: bytes) -> None:
     """A damaged or crafted page header ends in the reader's own error, never in a
     RecursionError or an endless loop (the fingerprint then leaves the page fields out)."""
-    from dlreplay.capture.fingerprint import _Compact, _ThriftError
+    from dlreplay.capture.fingerprint.parquet import _Compact, _ThriftError
 
     with pytest.raises(_ThriftError):
         _Compact(header).struct()
