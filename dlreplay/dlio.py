@@ -618,7 +618,7 @@ def _import_generated(imp: _Importer, fmt: str, out: dict[str, Any], layout: dic
         generated_layout,
         image_file_bytes,
     )
-    from dlreplay.model import _to_plain
+    from dlreplay.model import to_plain
 
     side = dlio_dimension(length)
     chunking, _ = imp.get("dataset.enable_chunking", "bool", False)
@@ -629,7 +629,7 @@ def _import_generated(imp: _Importer, fmt: str, out: dict[str, Any], layout: dic
     if gen is None:
         return
     how = f"DLIO 2.0.0's {fmt} generator: {side}x{side} uint8 samples (int(sqrt(record_length)))"
-    plain = _to_plain(gen)
+    plain = to_plain(gen)
     for key in ("arrays", "images"):
         if plain.get(key):
             layout[key] = plain[key]

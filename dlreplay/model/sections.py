@@ -1,0 +1,377 @@
+"""The sections of a workload model (dataset, reader, train, checkpoint, ...) and the model itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from typing import ClassVar
+
+from dlreplay.model.base import (
+    ACCESS_FRACTION_TOLERANCE,
+    AU_FIRST_STEPS,
+    CONFIDENCES,
+    DATA_LOADERS,
+    FILE_BUFFERINGS,
+    FORMATS,
+    FRAMEWORKS,
+    MP_CONTEXTS,
+    SAMPLE_ORDERS,
+    SHUFFLE_MODES,
+    WORKER_KINDS,
+    InvalidField,
+    join_path,
+    model_field,
+    strip_optional,
+    type_hints,
+)
+from dlreplay.model.distribution import Distribution
+from dlreplay.model.layout import Layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """The training dataset's shape (DLIO ``dataset``)."""
+
+    format: str = model_field(choices=FORMATS, doc="file format")
+    num_files: int = model_field(check="positive", doc="training files (DLIO num_files_train)")
+    num_samples_per_file: int = model_field(check="positive", doc="samples per file")
+    record_length: Distribution = model_field(check="nonneg", doc="bytes per sample")
+    file_size: Distribution = model_field(factory=Distribution.unknown, check="nonneg", doc="bytes per file")
+    num_files_eval: int = model_field(0, check="nonneg", doc="evaluation files")
+    num_subfolders: int = model_field(0, check="nonneg", doc="subfolders the training files are spread over")
+    data_folder: str | None = model_field(None, doc="where the dataset lives")
+    record_length_resize: int | None = model_field(None, check="nonneg",
+                                          doc="bytes per sample after the reader's resize (memory, not I/O)")
+    layout: Layout = model_field(factory=Layout, doc="format-specific layout")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccessPattern:
+    """Read access pattern on dataset files, as fractions (0..1) of read calls, as Darshan counts them.
+
+    ``sequential``: offset after the previous read's; ``consecutive`` (a subset of
+    sequential): offset exactly at the previous read's end; ``random``: neither.
+    ``null`` = unknown.
+    """
+
+    sequential: float | None = model_field(None, check="fraction")
+    consecutive: float | None = model_field(None, check="fraction")
+    random: float | None = model_field(None, check="fraction")
+
+    def __post_init__(self) -> None:
+        tol = ACCESS_FRACTION_TOLERANCE
+        if self.sequential is not None and self.consecutive is not None and self.consecutive > self.sequential + tol:
+            raise InvalidField("consecutive", f"expected at most sequential ({self.sequential!r}), "
+                                          f"got {self.consecutive!r} (consecutive reads are sequential)")
+        if self.sequential is not None and self.random is not None and self.sequential + self.random > 1 + tol:
+            raise InvalidField("random", f"expected sequential + random <= 1, got {self.sequential!r} + {self.random!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetadataPerSample:
+    """Metadata calls on dataset files per sample read (averages; ``null`` = unknown)."""
+
+    opens: float | None = model_field(None, check="nonneg")
+    closes: float | None = model_field(None, check="nonneg")
+    stats: float | None = model_field(None, check="nonneg")
+    lseeks: float | None = model_field(None, check="nonneg")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reader:
+    """How the data loader reads the dataset (DLIO ``reader``)."""
+
+    data_loader: str = model_field("pytorch", choices=DATA_LOADERS)
+    worker_kind: str = model_field("process", choices=WORKER_KINDS)
+    batch_size: int = model_field(1, check="positive", doc="samples per training batch")
+    batch_size_eval: int = model_field(1, check="positive", doc="samples per evaluation batch")
+    read_threads: int = model_field(1, check="nonneg", doc="loader workers per rank (0 = the main process reads)")
+    computation_threads: int = model_field(1, check="positive", doc="preprocessing threads per rank")
+    prefetch_factor: int = model_field(2, check="nonneg", doc="batches prefetched per worker (PyTorch); tf.data buffer")
+    file_shuffle: str = model_field("off", choices=SHUFFLE_MODES)
+    sample_shuffle: str = model_field("off", choices=SHUFFLE_MODES)
+    shuffle_seed: int | None = model_field(None, doc="seed of seeded shuffling")
+    shuffle_size: int | None = model_field(None, check="positive", doc="shuffle buffer in samples (tf.data)")
+    open_per_sample: bool = model_field(True, doc="open/close the file for every sample (else keep files open)")
+    multiprocessing_context: str = model_field("fork", choices=MP_CONTEXTS,
+                                      doc="how loader worker processes start (PyTorch multiprocessing_context, "
+                                          "DLIO reader.multiprocessing_context): fork, spawn (a new interpreter "
+                                          "per worker, importing the job's modules again at every start) or "
+                                          "forkserver")
+    persistent_workers: bool = model_field(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
+                                             "false: new workers every epoch, as PyTorch's default")
+    memory_map: bool = model_field(False, doc="indexed_binary: the job's reader maps each file (mmap) and takes its "
+                                      "records from the mapping, without read calls (DLIO's "
+                                      "mmap_indexed_binary reader, whose samples are views it never touches)")
+    file_buffering: str = model_field("buffered", choices=FILE_BUFFERINGS,
+                             doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
+                                 "png): buffered = by path or a default Python file (a few large reads), "
+                                 "unbuffered = an unbuffered file object (every library read is one read call)")
+    batch_tensors: int = model_field(1, check="positive",
+                            doc="tensors in each batch the loader hands over (image, label, mask, ...: PyTorch "
+                                "moves each one from a worker to the training process through shared memory, "
+                                "one file-descriptor handover per tensor); measured by dlreplay capture")
+    pin_memory: bool = model_field(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
+    drop_last: bool = model_field(False, doc="drop each epoch's last batch when it is smaller than batch_size")
+    sample_order: str = model_field("pytorch", choices=SAMPLE_ORDERS,
+                           doc="pytorch: rank r reads files r::N, shuffled anew every epoch as file_shuffle and "
+                               "sample_shuffle say (PyTorch's RandomSampler); dlio: DLIO 2.0's PyTorch sampler "
+                               "(rank r reads a contiguous block of samples, file_shuffle ignored, the seeded "
+                               "sample shuffle re-applied to the previous epoch's order, whole batches only)")
+    transfer_size: Distribution = model_field(factory=Distribution.unknown, check="nonneg",
+                                     doc="bytes per read call on dataset files")
+    preprocess_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                       doc="seconds of preprocessing per sample")
+    preprocess_host_cpu: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                           doc="CPU seconds a loader worker spends per sample, the library's "
+                                               "read and decode included (measured by dlreplay capture): the "
+                                               "replay's worker spends what its own read and decode did not, "
+                                               "inside preprocess_time, which is slept for the rest. 0 = the "
+                                               "preprocessing is a sleep (DLIO)")
+    access_pattern: AccessPattern = model_field(factory=AccessPattern)
+    metadata_per_sample: MetadataPerSample = model_field(factory=MetadataPerSample)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """Periodic evaluation passes (DLIO ``evaluation``)."""
+
+    every_n_epochs: int = model_field(1, check="positive", doc="DLIO epochs_between_evals")
+    after_epoch: int = model_field(1, check="nonneg", doc="first epoch (1-based) after which to evaluate")
+    steps: int | None = model_field(None, check="positive", doc="steps per evaluation; null = the whole eval set")
+    computation_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                        doc="seconds per evaluation step (DLIO eval_time)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Train:
+    """The training loop (DLIO ``train``)."""
+
+    enabled: bool = model_field(True, doc="false = no training loop (e.g. a checkpoint-only workload)")
+    epochs: int = model_field(1, check="positive")
+    steps_per_epoch: int | None = model_field(None, check="positive", doc="null = as many as the dataset gives")
+    total_training_steps: int | None = model_field(None, check="positive", doc="stop after this many steps in all")
+    computation_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                        doc="seconds of compute per training step (steady state)")
+    computation_host_cpu: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                            doc="CPU seconds the training process spends on the host per "
+                                                "training step, all its threads (steady state; warm-up steps "
+                                                "spend the same share of their compute time): spent inside the "
+                                                "step's computation_time, which is slept for the rest. 0 = the "
+                                                "compute runs on an accelerator and the step is a pure sleep "
+                                                "(DLIO)")
+    computation_host_threads: int = model_field(1, check="positive",
+                                       doc="threads that share computation_host_cpu (torch's intra-op "
+                                           "threads of a CPU-trained model)")
+    warmup_computation_time: list[float] = model_field(factory=list, check="nonneg",
+                                              doc="seconds of compute of the run's first steps, one per step "
+                                                  "(framework warm-up: kernel selection, allocator, CUDA "
+                                                  "context); they replace computation_time for those steps")
+    epoch_warmup_computation_time: list[float] = model_field(factory=list, check="nonneg",
+                                                    doc="seconds of compute of the first steps of every later "
+                                                        "epoch, one per step, where they differ from "
+                                                        "computation_time")
+    epoch_end_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                      doc="seconds the training process spends after an epoch's last batch "
+                                          "before the next epoch, beyond checkpoints and evaluation (logging, "
+                                          "metrics, learning-rate schedules)")
+    au_first_steps: str = model_field("run", choices=AU_FIRST_STEPS,
+                             doc="first steps AU leaves out: run = the run's first step (MLPerf Storage), "
+                                 "epoch = every epoch's first step (DLIO)")
+    evaluation: Evaluation | None = model_field(None, doc="null = no evaluation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """Checkpoint writes (DLIO ``checkpoint``). At most one ``*_between_checkpoints`` is set;
+    none means once per epoch."""
+
+    enabled: bool = model_field(False)
+    checkpoint_folder: str | None = model_field(None)
+    checkpoint_after_epoch: int = model_field(1, check="nonneg", doc="first epoch (1-based) of epoch-based checkpoints")
+    steps_between_checkpoints: int | None = model_field(None, check="positive")
+    epochs_between_checkpoints: int | None = model_field(None, check="positive")
+    time_between_checkpoints: float | None = model_field(None, check="positive", doc="seconds")
+    files_per_checkpoint: int = model_field(1, check="positive")
+    bytes_per_checkpoint: int = model_field(0, check="nonneg", doc="bytes written per checkpoint, all files")
+    write_transfer_size: Distribution = model_field(factory=Distribution.unknown, check="nonneg",
+                                           doc="bytes per write call")
+    file_writes: list[list[list[int]]] | None = model_field(
+        None, check="nonneg",
+        doc="the write calls of each file of one checkpoint, in file order: runs of [bytes per call, calls] "
+            "(torch.save: header, each tensor's storage, trailer); used when they add up to "
+            "files_per_checkpoint and bytes_per_checkpoint, else write_transfer_size")
+    fsync: bool = model_field(False, doc="fsync each checkpoint file")
+    serialization_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
+                                          doc="seconds per checkpoint outside write calls (serialisation, "
+                                              "device-to-host copies), spent before the writes")
+    read_at_start: bool = model_field(False, doc="read the latest checkpoint before training")
+    num_checkpoints_write: int | None = model_field(None, check="positive", doc="stop writing after this many")
+    num_checkpoints_read: int | None = model_field(None, check="nonneg", doc="checkpoints read back (DLIO)")
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("steps_between_checkpoints", "epochs_between_checkpoints", "time_between_checkpoints")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise InvalidField(given[1], f"expected at most one of steps/epochs/time_between_checkpoints, "
+                                     f"but {given[0]} is also set")
+        for i, runs in enumerate(self.file_writes or []):
+            for j, run in enumerate(runs):
+                if len(run) != 2 or run[1] < 1:
+                    raise InvalidField(f"file_writes.{i}.{j}", f"expected [bytes per call, calls >= 1], got {run!r}")
+
+    def file_write_plan(self) -> list[list[int]] | None:
+        """Each checkpoint file's write calls (bytes), expanded from :attr:`file_writes`, when
+        they agree with ``files_per_checkpoint`` and ``bytes_per_checkpoint``; else None."""
+        fw = self.file_writes
+        if not fw or len(fw) != self.files_per_checkpoint:
+            return None
+        if sum(size * calls for runs in fw for size, calls in runs) != self.bytes_per_checkpoint:
+            return None
+        return [[size for size, calls in runs for _ in range(calls)] for runs in fw]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Processes:
+    """How many processes read."""
+
+    ranks: int = model_field(1, check="positive", doc="training processes (MPI/torchrun ranks)")
+    workers_per_rank: int = model_field(1, check="nonneg", doc="data-loader workers observed per rank")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallelism:
+    """Model parallelism (DLIO ``model.parallelism``); shapes checkpoint files."""
+
+    tensor: int = model_field(1, check="positive")
+    pipeline: int = model_field(1, check="positive")
+    data: int | None = model_field(None, check="positive")
+    zero_stage: int = model_field(0, doc="DeepSpeed ZeRO stage (-1..3)")
+
+    def __post_init__(self) -> None:
+        if not -1 <= self.zero_stage <= 3:
+            raise InvalidField("zero_stage", f"expected an integer from -1 to 3, got {self.zero_stage!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transformer:
+    """Transformer dimensions (DLIO ``model.transformer``); DLIO sizes checkpoints from them."""
+
+    vocab_size: int | None = model_field(None, check="positive")
+    hidden_size: int | None = model_field(None, check="positive")
+    ffn_hidden_size: int | None = model_field(None, check="positive")
+    num_attention_heads: int | None = model_field(None, check="positive")
+    num_kv_heads: int | None = model_field(None, check="positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    """The trained model, as far as I/O cares (DLIO ``model``)."""
+
+    name: str | None = model_field(None)
+    type: str | None = model_field(None, doc="e.g. cnn, transformer")
+    model_size: int | None = model_field(None, check="nonneg", doc="bytes of model state")
+    num_layers: int | None = model_field(None, check="positive")
+    model_datatype: str | None = model_field(None, doc="e.g. fp16")
+    optimizer_datatype: str | None = model_field(None, doc="e.g. fp32")
+    parallelism: Parallelism | None = model_field(None)
+    transformer: Transformer | None = model_field(None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldProvenance:
+    """How one field's value was obtained."""
+
+    method: str = model_field(doc="how the value was obtained")
+    confidence: str = model_field(choices=CONFIDENCES)
+
+    _track_defaults: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where the model came from. ``fields`` maps dotted field paths (``reader.batch_size``)
+    to how each value was obtained."""
+
+    source_trace: str | None = model_field(None, doc="trace directory the model was distilled from")
+    source_config: str | None = model_field(None, doc="config file the model was imported from")
+    capture_host: str | None = model_field(None)
+    dlreplay_version: str | None = model_field(None)
+    created: str | None = model_field(None, doc="ISO 8601 time")
+    fields: dict[str, FieldProvenance] = model_field(factory=dict)
+    notes: list[str] = model_field(factory=list, doc="lossy steps, ignored inputs")
+
+    _track_defaults: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        valid = _valid_paths()
+        for key in self.fields:
+            if key not in valid:
+                raise InvalidField(f"fields.{key}", "not a field of the workload model")
+        object.__setattr__(self, "fields", dict(sorted(self.fields.items())))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadModel:
+    """A workload: dataset, reader, training loop, checkpoints, processes, provenance."""
+
+    model: ModelInfo = model_field(factory=ModelInfo)
+    framework: str = model_field("pytorch", choices=FRAMEWORKS)
+    dataset: Dataset = model_field()
+    reader: Reader = model_field(factory=Reader)
+    train: Train = model_field(factory=Train)
+    checkpoint: Checkpoint = model_field(factory=Checkpoint)
+    processes: Processes = model_field(factory=Processes)
+    provenance: Provenance = model_field(factory=Provenance)
+
+    def __post_init__(self) -> None:
+        if not self.dataset.record_length.is_known:
+            raise InvalidField("dataset.record_length", "expected a known distribution (bytes per sample)")
+        loader, fw = self.reader.data_loader, self.framework
+        if (loader == "pytorch" and fw != "pytorch") or (loader == "tensorflow" and fw != "tensorflow"):
+            raise InvalidField("reader.data_loader", f"data loader {loader} does not run under framework {fw}; "
+                                                 f"set framework={loader} or another data_loader")
+
+
+
+# --------------------------------------------------------------------------- field paths
+
+
+def field_paths(include_distribution_parts: bool = False) -> list[str]:
+    """Every dotted field path of a workload model (outside ``provenance``).
+
+    Distributions count as one field (``train.computation_time``) unless
+    *include_distribution_parts*.
+    """
+    out: list[str] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in fields(cls):
+            path = join_path(prefix, f.name)
+            inner, _ = strip_optional(type_hints(cls)[f.name])
+            if inner is Provenance:
+                continue
+            out.append(path)
+            if inner is Distribution:
+                if include_distribution_parts:
+                    out.extend(join_path(path, g.name) for g in fields(Distribution))
+            elif isinstance(inner, type) and is_dataclass(inner):
+                walk(inner, path)
+
+    walk(WorkloadModel, "")
+    return out
+
+
+_VALID_PATHS: frozenset[str] | None = None
+
+
+def _valid_paths() -> frozenset[str]:
+    global _VALID_PATHS
+    if _VALID_PATHS is None:
+        _VALID_PATHS = frozenset(field_paths(include_distribution_parts=True))
+    return _VALID_PATHS
+
+
+def default_fields(model: WorkloadModel) -> list[str]:
+    """Field paths whose provenance confidence is ``default`` (could not be inferred)."""
+    return [k for k, v in model.provenance.fields.items() if v.confidence == "default"]
+
