@@ -35,7 +35,9 @@ from dlreplay.schema import TRACE_FORMAT_VERSION, TRACE_SCHEMA_NAME
 MANIFEST = "manifest.json"
 TRACE_PREFIX = "trace"
 _INJECT_DIR = Path(__file__).resolve().parent / "inject"
-_INJECT_FILES = ("sitecustomize.py", "_dlreplay_hooks.py")
+#: The files of ``inject/`` the job's PYTHONPATH gets, and their names there: the hooks are the
+#: top-level module ``_dlreplay_hooks`` in the job (``sitecustomize`` imports it by that name).
+_INJECT_FILES = {"sitecustomize.py": "sitecustomize.py", "hooks.py": "_dlreplay_hooks.py"}
 #: Environment variables recorded in the manifest (values that change I/O behaviour).
 _RECORDED_ENV_PREFIXES = ("DFTRACER_", "OMP_", "MKL_", "SLURM_", "PMI_", "OMPI_", "CUDA_", "TORCH")
 _RECORDED_ENV = ("PYTHONHASHSEED", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")
@@ -243,8 +245,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
 def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> CaptureResult:
     """The capture itself, into the claimed directory *out*."""
     inject_dir = Path(tempfile.mkdtemp(prefix="dlreplay-inject-"))
-    for fname in _INJECT_FILES:
-        shutil.copy2(_INJECT_DIR / fname, inject_dir / fname)
+    for src, dst in _INJECT_FILES.items():
+        shutil.copy2(_INJECT_DIR / src, inject_dir / dst)
     env = build_env(config, out, inject_dir, cwd)
 
     manifest: dict[str, Any] = {

@@ -1,18 +1,19 @@
 """Data-loader instrumentation injected into a captured job (self-contained).
 
 This module runs inside the traced job's interpreter, which may not have dlreplay
-installed, so it imports nothing from dlreplay.
+installed, so it imports nothing from dlreplay. ``dlreplay capture`` copies it onto the
+job's PYTHONPATH as the top-level module ``_dlreplay_hooks``, which ``sitecustomize`` imports.
 
 Events go into DFTracer's own per-process stream through the C region API of the
 preloaded library (``initialize_region`` / ``update_metadata_*`` /
 ``finalize_region``), looked up with ctypes in the process's global symbol table.
 We do not import ``dftracer.dftracer`` (the pybind module): importing it in a
 preloaded process re-initialises the DFTracer core into a new ``-app`` file and
-discards every event the preload had buffered (measured: 1166 -> 150 events for a
-small NumPy job). Event names, categories and argument names follow DFTracer's AI
-logging conventions (``dftracer.python.ai``; DFTracer docs, "AI/DL Logging"), as if the
-job had written ``for epoch ...: with ai.pipeline.epoch`` and ``for batch in
-ai.dataloader.fetch.iter(loader)``, so DFTracer's own tools read dlreplay traces:
+discards every event the preload had buffered. Event names, categories and argument
+names follow DFTracer's AI logging conventions (``dftracer.python.ai``; DFTracer docs,
+"AI/DL Logging"), as if the job had written ``for epoch ...: with ai.pipeline.epoch``
+and ``for batch in ai.dataloader.fetch.iter(loader)``, so DFTracer's own tools read
+dlreplay traces:
 
 =============  ===============  ================================================
 cat            name             meaning (args)
