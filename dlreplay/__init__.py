@@ -2,6 +2,10 @@
 
 Stages live in subpackages: :mod:`dlreplay.capture`, :mod:`dlreplay.analyze`,
 :mod:`dlreplay.replay`. This core package (errors, event schema) imports none of them.
+
+Importing dlreplay changes nothing in the process. The work that loads traces starts with
+:func:`prepare_process` (the command line's ``main()`` calls it first), which sets the two
+environment variables below for the libraries that read them once, when they load.
 """
 
 import os as _os
@@ -20,6 +24,15 @@ JEMALLOC_CONF = "dirty_decay_ms:10000,muzzy_decay_ms:10000"
 ONE_ARENA = "narenas:1"
 ONE_ARENA_CORES = 4
 
+#: Environment variable that sets how many threads numpy's OpenBLAS starts.
+BLAS_ENV = "OPENBLAS_NUM_THREADS"
+
+#: True once :func:`prepare_process` has set :data:`JEMALLOC_ENV` in this process
+#: (``dlreplay capture`` then removes it from the traced job's environment).
+JEMALLOC_SET_BY_DLREPLAY = False
+#: True once :func:`prepare_process` has set :data:`BLAS_ENV` in this process.
+BLAS_SET_BY_DLREPLAY = False
+
 
 def _polars_allocator_conf() -> str:
     """:data:`JEMALLOC_CONF`, plus :data:`ONE_ARENA` where this process may use at most
@@ -29,12 +42,9 @@ def _polars_allocator_conf() -> str:
     allocates from its own: memory that one thread frees (a parse thread's batches, the
     main thread's parts) is not reused by another (polars' pool, which builds the next
     columns), which faults in new pages instead. On a few cores the threads outnumber the
-    cores anyway and one arena serves them all: loading the 9-file ingest benchmark trace
-    on 2 cores peaked at 165 bytes an event instead of 176, with 9-12 k fewer page faults,
-    and took 0-2.7 % less time (seven interleaved sittings of 6-12 runs; within this VM's
-    noise); the single-file trace, the same time and peak (on 1 core nothing changes: one
-    arena is the default). Not set on more cores, where threads that allocate at once
-    would wait for the one arena's locks (not measured).
+    cores anyway and one arena serves them all, with a lower peak and fewer page faults
+    (measured on the ingest benchmark: ``benchmarks/RESULTS.md``). Not set on more cores,
+    where threads that allocate at once would wait for the one arena's locks.
     """
     try:
         cores = len(_os.sched_getaffinity(0))
@@ -49,11 +59,9 @@ def _tune_polars_allocator() -> bool:
 
     Loading a trace builds, frees and rebuilds column buffers of hundreds of MB within a
     second or two. With polars' short decay the freed pages went back to the OS at once
-    and every reuse faulted them in again: 470k minor page faults and about a fifth of
-    the CPU time of loading a 2.1 M-event trace (``benchmarks/ingest.py``; 140-160k with
-    this setting, peak RSS about 7 % higher). Processes that import polars first keep
-    polars' setting (results are the same, only slower). ``dlreplay capture`` removes the
-    variable from the traced job's environment when dlreplay set it.
+    and every reuse faulted them in again, a large share of a load's CPU time
+    (``benchmarks/ingest.py``; the price is a slightly higher peak RSS). Processes that
+    import polars first keep polars' setting (results are the same, only slower).
     """
     if "polars" in _sys.modules or JEMALLOC_ENV in _os.environ:
         return False
@@ -61,26 +69,14 @@ def _tune_polars_allocator() -> bool:
     return True
 
 
-#: True when :func:`_tune_polars_allocator` set the variable in this process.
-JEMALLOC_SET_BY_DLREPLAY = _tune_polars_allocator()
-
-
-#: Environment variable that sets how many threads numpy's OpenBLAS starts.
-BLAS_ENV = "OPENBLAS_NUM_THREADS"
-
-
 def _one_blas_thread() -> bool:
     """Set :data:`BLAS_ENV` to 1 unless numpy is already imported or the user set it; True
     when set.
 
     numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins for
-    work for about 70 ms before it sleeps. dlreplay gives it none (no matrix products:
-    polars, the C passes and SHA-256 for host CPU do the work). On 2 cores the import cost
-    0.13 s of CPU instead of 0.06, and ``dlreplay analyze`` of a small trace 0.58 s instead
-    of 0.55 (0.58 s of user CPU against 0.47). Each spawned replay worker and Dask worker
-    imports numpy again and pays the same, once per spinning thread.
-    ``dlreplay capture`` removes the variable from the traced job's environment when
-    dlreplay set it: the job's numpy keeps its own threads.
+    work for a while before it sleeps. dlreplay gives it none (no matrix products:
+    polars, the C passes and SHA-256 for host CPU do the work), so the spinning only costs
+    CPU, in this process and again in each spawned replay worker and Dask worker.
     """
     if "numpy" in _sys.modules or BLAS_ENV in _os.environ:
         return False
@@ -88,5 +84,17 @@ def _one_blas_thread() -> bool:
     return True
 
 
-#: True when :func:`_one_blas_thread` set the variable in this process.
-BLAS_SET_BY_DLREPLAY = _one_blas_thread()
+def prepare_process() -> None:
+    """Set up this process for dlreplay's work: polars' allocator settings
+    (:data:`JEMALLOC_ENV`) and one OpenBLAS thread (:data:`BLAS_ENV`).
+
+    Both are read once, when polars or numpy is first imported, so call this before either
+    is (the command line's ``main()`` does, first thing; a script that loads traces does
+    before it imports polars, numpy or a stage of dlreplay). A user's own value of either
+    variable is kept, and so is the setting of a library imported already. Processes this
+    one starts inherit the settings, except the job ``dlreplay capture`` traces: it gets
+    the environment as the user set it. Calling it again changes nothing.
+    """
+    global JEMALLOC_SET_BY_DLREPLAY, BLAS_SET_BY_DLREPLAY
+    JEMALLOC_SET_BY_DLREPLAY = _tune_polars_allocator() or JEMALLOC_SET_BY_DLREPLAY
+    BLAS_SET_BY_DLREPLAY = _one_blas_thread() or BLAS_SET_BY_DLREPLAY

@@ -2,8 +2,7 @@
 
 dlreplay keeps polars' jemalloc on jemalloc's standard 10 s decay (see
 :data:`dlreplay.JEMALLOC_CONF`): a load builds, frees and rebuilds column buffers within
-a second, and returning freed pages at once made every reuse fault them in again (a fifth
-of the CPU time). The price is that pages freed by one stage stay mapped while the next
+a second, and returning freed pages at once made every reuse fault them in again. The price is that pages freed by one stage stay mapped while the next
 allocates its own, often in another thread's arena (on up to 4 cores every thread shares
 one: :data:`dlreplay.ONE_ARENA`), so the peak RSS of a whole analysis
 was the live data plus everything freed in the seconds before. :func:`release_free_memory`
@@ -14,10 +13,9 @@ library (numpy's arrays) where it has one. Within a stage nothing changes.
 One jemalloc arena is left alone: the one that serves every thread's blocks of 8 MiB and
 more (``opt.oversize_threshold``: whole columns of a few million rows). Being shared, what
 one stage frees there the next reuses from any thread, so purging it bought no lower peak,
-only page faults: loading the ingest benchmark's 2 M-event traces faulted 15-47 k pages
-fewer (of 220-260 k) and took 2-6 % less time with it kept, at the same peaks (within
-6 bytes an event; medians of 4-8 runs). The per-thread arenas of smaller blocks (the parse
-batches' columns, which one thread frees and another never reuses) are the ones emptied.
+only page faults (measured on the ingest benchmark: ``benchmarks/RESULTS.md``). The
+per-thread arenas of smaller blocks (the parse batches' columns, which one thread frees and
+another never reuses) are the ones emptied.
 
 polars does not export its jemalloc's ``mallctl``; the function is found in its runtime
 library's own symbol table (``.symtab``) and used only after its machine code in memory
@@ -103,7 +101,7 @@ def _symbols(path: str, wanted: tuple[bytes, ...], at: dict[bytes, int] | None =
                         names[hit + 1 - s0] = name
                 if not names:
                     continue
-                # a copy of the symbol table (4.7 MB for polars 1.x), not a view of the mapping:
+                # a copy of the symbol table (a few MB), not a view of the mapping:
                 # a view held past this loop (a sampling profiler's frame of np.isin, as Dask's
                 # workers run one) made the mapping's close raise BufferError
                 table = np.frombuffer(mm[sec[4]:sec[4] + count * _SYM.size], dtype=_SYM_DTYPE)
@@ -183,8 +181,8 @@ def _keep_symbols(key: str, syms: dict[bytes, tuple[int, int, int, int]]) -> Non
 def _find_mallctl() -> Any:
     """polars' jemalloc ``mallctl`` as a ctypes function, or None.
 
-    The symbol table of polars' runtime library is 40 MB: searching it took 50-110 ms of
-    every process's first load (7 % of loading a 2 M-event trace on 2 cores). What it
+    The symbol table of polars' runtime library is tens of MB: searching it was a
+    noticeable part of every process's first load. What it
     finds is kept per library file (path, size, mtime, inode) in the user's cache
     directory as the symbols' indices in the table: the next process reads those two
     entries and checks their names in the file (and, as always, that the code at the
@@ -284,12 +282,12 @@ def releaser_available() -> tuple[bool, bool]:
 
 
 def prepare_release() -> None:
-    """Find the allocators' functions now (once per process: ~1 ms, or ~50 ms where the
-    search's result is not kept yet, see :func:`_find_mallctl`). Searching for ``mallctl``
-    maps polars' runtime library and reads its symbol table: about 40 MB of file pages
-    count in the RSS for those milliseconds. A load calls this before it parses, while
-    little memory is in use; found at the first release instead, inside a single-file
-    load on 2 cores, those pages were the load's peak (+18 bytes an event)."""
+    """Find the allocators' functions now (once per process; slower where the search's
+    result is not kept yet, see :func:`_find_mallctl`). Searching for ``mallctl`` maps
+    polars' runtime library and reads its symbol table: its file pages count in the RSS
+    for a moment. A load calls this before it parses, while little memory is in use;
+    found at the first release instead, inside a load, those pages raised the load's
+    peak."""
     if os.environ.get(RELEASE_ENV, "1") != "0":
         _resolve()
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dlreplay.errors import DlreplayError, UsageError
 from dlreplay.interrupt import INTERRUPT
@@ -58,21 +59,41 @@ def _tail(text: str, lines: int = 15) -> str:
 
 def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[str, str]:
     """Capture, analyse, distill, replay and export; returns the artifact paths."""
-    from dlreplay.analyze import load_trace, render_text, summarize
-    from dlreplay.analyze.analysis import analyze_trace, render_findings_text
-    from dlreplay.analyze.compare import compare_traces, write_comparison_report
-    from dlreplay.analyze.distill import distill
-    from dlreplay.analyze.perfetto import export_trace
-    from dlreplay.analyze.report import write_report
-    from dlreplay.capture import CaptureConfig, run_capture
-    from dlreplay.model import save_model, summarize_model
-    from dlreplay.replay import ReplayConfig, render_result, run_replay
-
     out = config.out.resolve()
     _prepare(out, config.force)
-    script = examples_dir() / "unet3d_npz.py"
     data = out / "data"
-    job = [
+    job = _job_command(config, out, data)
+    _generate_dataset(job, data, config, echo)
+    trace_dir = _capture_job(job, out, data, echo)
+    loaded, summary_path, report_path = _analyse(trace_dir, out, echo)
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+    model, model_path = _distill(loaded, trace_dir, out, echo)
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+    replay_dir = _replay(model, out, echo)
+    timelines = _export_timelines(loaded, trace_dir, replay_dir, out)
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+    compare_path = _compare(trace_dir, replay_dir, out, echo)
+    paths = {
+        "trace": str(trace_dir),
+        "report": str(report_path),
+        "comparison": str(compare_path),
+        "summary": str(summary_path),
+        "model": str(model_path),
+        "replay": str(replay_dir),
+        "metrics": str(replay_dir / "metrics.json"),
+        "timeline_job": timelines["job"],
+        "timeline_replay": timelines["replay"],
+        "job_report": str(out / "job-report.json"),
+    }
+    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+    _print_outputs(paths, echo)
+    return paths
+
+
+def _job_command(config: DemoConfig, out: Path, data: Path) -> list[str]:
+    """The example training job's command line (its dataset in ``data``, its files in ``out``)."""
+    script = examples_dir() / "unet3d_npz.py"
+    return [
         sys.executable, str(script),
         "--data-dir", str(data),
         "--num-files", str(config.num_files),
@@ -84,6 +105,10 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
         "--report", str(out / "job-report.json"),
         "--quiet",
     ]
+
+
+def _generate_dataset(job: list[str], data: Path, config: DemoConfig, echo: Callable[[str], None]) -> None:
+    """Step 1: the example job writes its dataset (not traced)."""
     echo(f"[1/6] dataset: {data}")
     gen = subprocess.run([*job[:4], "--num-files", str(config.num_files), "--generate-only"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -91,6 +116,11 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
     if gen.returncode != 0:
         raise DlreplayError(f"generating the example dataset in {data} failed (exit code {gen.returncode}):\n"
                             f"{_tail(gen.stderr)}")
+
+
+def _capture_job(job: list[str], out: Path, data: Path, echo: Callable[[str], None]) -> Path:
+    """Step 2: the training job under DFTracer; returns its trace directory."""
+    from dlreplay.capture import CaptureConfig, run_capture
 
     echo("[2/6] capturing the training job under DFTracer …")
     t0 = time.perf_counter()
@@ -107,27 +137,48 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
     echo(f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s "
          f"(the job's output: {log})")
     INTERRUPT.check()
+    return result.trace_dir
+
+
+def _analyse(trace_dir: Path, out: Path, echo: Callable[[str], None]) -> tuple[Any, Path, Path]:
+    """Step 3: the trace's summary (``summary.json``) and findings (``report.html``);
+    returns the loaded trace and the two files."""
+    from dlreplay.analyze import load_trace, render_text, summarize
+    from dlreplay.analyze.analysis import analyze_trace, render_findings_text
+    from dlreplay.analyze.report import write_report
 
     echo("[3/6] analysing the trace")
-    loaded = load_trace(result.trace_dir)
+    loaded = load_trace(trace_dir)
     summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"),
                         per_process=loaded.per_process)
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     echo(render_text(summary))
-    report = analyze_trace(result.trace_dir)
+    report = analyze_trace(trace_dir)
     report_path = write_report(report, out / "report.html")
     echo("")
     echo(render_findings_text(report))
+    return loaded, summary_path, report_path
 
-    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+
+def _distill(loaded: Any, trace_dir: Path, out: Path, echo: Callable[[str], None]) -> tuple[Any, Path]:
+    """Step 4: the workload model, written to ``model.yaml``."""
+    from dlreplay.analyze.distill import distill
+    from dlreplay.model import save_model, summarize_model
+
     echo("\n[4/6] distilling the workload model")
-    model = distill(loaded.events, manifest=loaded.manifest, source=str(result.trace_dir))
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace_dir))
     model_path = out / "model.yaml"
     save_model(model, model_path)
     echo(summarize_model(model))
+    return model, model_path
 
-    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+
+def _replay(model: Any, out: Path, echo: Callable[[str], None]) -> Path:
+    """Step 5: the model replayed under DFTracer, its epoch times beside the real job's;
+    returns the replay's directory."""
+    from dlreplay.replay import ReplayConfig, render_result, run_replay
+
     echo("\n[5/6] replaying the model (compute replaced by sleep) under DFTracer …")
     replay_dir = out / "replay"
     if replay_dir.exists():
@@ -137,47 +188,54 @@ def run_demo(config: DemoConfig, echo: Callable[[str], None] = print) -> dict[st
     if not replayed.complete:  # a Ctrl-C stopped it (run_replay answers one with partial metrics)
         raise KeyboardInterrupt
     echo(render_result(replayed))
+    _print_epoch_times(out, replayed.metrics, echo)
+    return replay_dir
+
+
+def _print_epoch_times(out: Path, metrics: dict[str, Any], echo: Callable[[str], None]) -> None:
+    """The real job's epoch times (its ``job-report.json``) beside the replay's."""
     job_report = json.loads((out / "job-report.json").read_text())
     real_epochs = job_report.get("epoch_times_s", [])
-    replay_epochs = [e.get("epoch_time_s") for e in replayed.metrics.get("epochs", [])]
+    replay_epochs = [e.get("epoch_time_s") for e in metrics.get("epochs", [])]
     echo("      epoch time (s)   real job   replay")
     for i, (a, b) in enumerate(zip(real_epochs, replay_epochs, strict=False)):
         echo(f"      epoch {i + 1:<10} {a:8.2f}   {b:6.2f}" if b is not None else f"      epoch {i + 1:<10} {a:8.2f}        -")
 
+
+def _export_timelines(loaded: Any, trace_dir: Path, replay_dir: Path, out: Path) -> dict[str, str]:
+    """Both traces as Perfetto timelines (``job.perfetto-trace``, ``replay.perfetto-trace``)."""
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.perfetto import export_trace
+
     timelines = {}
-    for label, trace_dir in (("job", result.trace_dir), ("replay", replay_dir)):
-        lt = loaded if label == "job" else load_trace(trace_dir)
+    for label, where in (("job", trace_dir), ("replay", replay_dir)):
+        lt = loaded if label == "job" else load_trace(where)
         path = out / f"{label}.perfetto-trace"
         export_trace(lt.events, path, manifest=lt.manifest)
         timelines[label] = str(path)
+    return timelines
 
-    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+
+def _compare(trace_dir: Path, replay_dir: Path, out: Path, echo: Callable[[str], None]) -> Path:
+    """Step 6: the real job against its replay (``compare.html``)."""
+    from dlreplay.analyze.compare import compare_traces, write_comparison_report
+
     echo("\n[6/6] comparing the real job with its replay")
-    cmp = compare_traces(result.trace_dir, replay_dir)
+    cmp = compare_traces(trace_dir, replay_dir)
     compare_path = write_comparison_report(cmp, out / "compare.html")
     echo(f"      similarity (DLIO features, cosine): {cmp.similarity:.4f}; KS read sizes "
          f"{cmp.ks_read_sizes if cmp.ks_read_sizes is None else round(cmp.ks_read_sizes, 3)}")
+    return compare_path
 
-    paths = {
-        "trace": str(result.trace_dir),
-        "report": str(report_path),
-        "comparison": str(compare_path),
-        "summary": str(summary_path),
-        "model": str(model_path),
-        "replay": str(replay_dir),
-        "metrics": str(replay_dir / "metrics.json"),
-        "timeline_job": timelines["job"],
-        "timeline_replay": timelines["replay"],
-        "job_report": str(out / "job-report.json"),
-    }
-    INTERRUPT.check()  # a Ctrl-C that a finalizer swallowed (see dlreplay.interrupt)
+
+def _print_outputs(paths: dict[str, str], echo: Callable[[str], None]) -> None:
+    """Where everything is, and what to run next."""
     echo("\nOutputs:")
     for key, value in paths.items():
         echo(f"  {key:<16} {value}")
     echo("next:")
-    echo(f"  open {report_path}          # findings, figures, tables")
-    echo(f"  dlreplay analyze {result.trace_dir} --verify")
-    echo(f"  dlreplay view {timelines['job']}          # the captured job in Perfetto")
-    echo(f"  dlreplay view {timelines['replay']}       # the replay in Perfetto")
-    echo(f"  dlreplay replay {model_path} --data-dir /your/storage --set reader.read_threads=4")
-    return paths
+    echo(f"  open {paths['report']}          # findings, figures, tables")
+    echo(f"  dlreplay analyze {paths['trace']} --verify")
+    echo(f"  dlreplay view {paths['timeline_job']}          # the captured job in Perfetto")
+    echo(f"  dlreplay view {paths['timeline_replay']}       # the replay in Perfetto")
+    echo(f"  dlreplay replay {paths['model']} --data-dir /your/storage --set reader.read_threads=4")

@@ -5,8 +5,7 @@ be inside code whose exceptions the interpreter discards ("Exception ignored in 
 garbage-collection finalizers (a multiprocessing ``Queue``'s, when the previous epoch's
 loader is collected) and ``os.register_at_fork`` callbacks (``logging``'s, while a loader
 worker is forked). A ``KeyboardInterrupt`` raised there vanishes and the replay used to
-run to completion (measured: 2 of 16 interrupted single-accelerator replays under CPU
-load). :data:`INTERRUPT` records the request in a flag before raising, and the replay
+run to completion (seen under CPU load). :data:`INTERRUPT` records the request in a flag before raising, and the replay
 loop checks the flag at every step, so a swallowed ``KeyboardInterrupt`` still stops the
 run at the next step; while the handler is installed such a swallowed interrupt is not
 printed either (``sys.unraisablehook``).

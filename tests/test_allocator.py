@@ -18,6 +18,7 @@ first = sys.argv[1]
 if first == "polars":
     import polars  # noqa: F401
 import dlreplay
+dlreplay.prepare_process()  # what the command line does first (importing dlreplay sets nothing)
 import polars  # noqa: F401
 print(json.dumps({"set": dlreplay.JEMALLOC_SET_BY_DLREPLAY, "env": os.environ.get(dlreplay.JEMALLOC_ENV)}))
 """
@@ -51,7 +52,8 @@ def test_one_arena_leaves_the_large_blocks_arena_alone() -> None:
     """With one arena, a release between a load's steps purges it and keeps jemalloc's
     arena of large blocks (the one after the automatic arenas). On 2 cores jemalloc's
     default is 8 arenas (on 1 core it has 1 anyway): the probe runs on 2 where it can."""
-    probe = ("import json, dlreplay.allocator as A, polars as pl; A._resolve(); "
+    probe = ("import json, dlreplay; dlreplay.prepare_process(); import dlreplay.allocator as A, polars as pl; "
+             "A._resolve(); "
              "print(json.dumps([A._mallctl is not None, [n.decode() for n in A._purges]]))")
     clean = {k: v for k, v in os.environ.items() if k != dlreplay.JEMALLOC_ENV}
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
@@ -85,6 +87,7 @@ import json, os, sys
 if sys.argv[1] == "numpy":
     import numpy  # noqa: F401
 import dlreplay
+dlreplay.prepare_process()  # what the command line does first (importing dlreplay sets nothing)
 import numpy  # noqa: F401
 print(json.dumps({"set": dlreplay.BLAS_SET_BY_DLREPLAY, "env": os.environ.get(dlreplay.BLAS_ENV),
                   "threads": len(os.listdir("/proc/self/task"))}))

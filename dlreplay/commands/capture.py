@@ -1,0 +1,85 @@
+"""``dlreplay capture``: run a training job under DFTracer and keep its trace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dlreplay.commands.common import echo, signal_name, why_no_events
+
+
+@click.command(short_help="Run a training job under DFTracer and keep its trace.",
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="Trace directory (default traces/<name>-<UTC time>).")
+@click.option("--data-dir", "data_dirs", multiple=True, help="Trace only files under this path (repeatable). Default: every file.")
+@click.option("--name", help="Name of the capture (default: the command's name).")
+@click.option("--force", is_flag=True, help="Replace a previous capture in a non-empty --out.")
+@click.option("--no-loader-hooks", is_flag=True,
+              help="Record POSIX/STDIO only, as DFTracer's preload alone does (no data-loader or checkpoint events; "
+                   "distill then infers the loop from the I/O).")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, no_loader_hooks: bool,
+            quiet: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND under DFTracer and keep its trace.
+
+    \b
+    Example:
+      dlreplay capture --data-dir data -- python train.py --epochs 2
+
+    Every process is traced (DataLoader workers started by fork or spawn,
+    multiprocessing pools, children of torchrun/mpiexec). PyTorch jobs also get
+    data-loader events (epoch, fetch, step, item) and torch.save/torch.load
+    checkpoint bytes, without code changes. After the job, the --data-dir trees
+    (else the dataset files the job opened) are fingerprinted into
+    dataset-fingerprint.json: the files' layout, not their content, from a
+    bounded sample. Exits with the job's exit code.
+    """
+    from dlreplay.capture import CaptureConfig, run_capture
+
+    result = run_capture(
+        CaptureConfig(command=tuple(command), out=out, data_dirs=tuple(data_dirs), name=name, force=force,
+                      loader_hooks=not no_loader_hooks)
+    )
+    if not quiet:
+        print_capture_summary(result)
+    else:  # warnings are not chatter: a wrong --data-dir leaves a trace without the dataset
+        for w in result.warnings:
+            echo(f"dlreplay: warning: {w}", err=True)
+    sys.exit(result.exit_code)
+
+
+def print_capture_summary(result: Any) -> None:
+    """How the capture ended and what the trace holds, on stderr (stdout is the job's)."""
+    from dlreplay.analyze import load_trace, summarize
+    from dlreplay.errors import DlreplayError
+    from dlreplay.units import human_bytes
+
+    echo("", err=True)
+    how = f"exit code {result.exit_code}"
+    if result.killed_by_signal:
+        how += f", killed by {signal_name(result.killed_by_signal)}"
+    echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
+    try:
+        loaded = load_trace(result.trace_dir)
+        s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"), per_process=loaded.per_process)
+        echo(
+            f"  processes traced: {s.processes}   events: {loaded.events.height:,}   "
+            f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",
+            err=True,
+        )
+        if loaded.damaged:
+            echo(f"  warning: {loaded.describe_damage()}", err=True)
+        if loaded.events.height == 0:
+            echo(f"  warning: {why_no_events(loaded.files, loaded.manifest)}", err=True)
+    except DlreplayError as exc:
+        echo(f"  (trace could not be summarised: {exc})", err=True)
+    for problem in getattr(result, "fingerprint_problems", []):
+        echo(f"  dataset fingerprint: {problem}", err=True)
+    for w in result.warnings:
+        echo(f"  warning: {w}", err=True)
+    echo(f"  trace: {result.trace_dir}", err=True)
+    echo(f"next: dlreplay analyze {result.trace_dir}", err=True)
