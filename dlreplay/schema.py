@@ -17,7 +17,7 @@ TRACE_FORMAT_VERSION = 1
 
 #: Columns of the table returned by :func:`dlreplay.analyze.load`, in order. Compact: no
 #: string per event (names, categories, files, hosts, sources and roles are Categorical,
-#: 4 bytes a row; ids and loop counters Int32): about 110-125 bytes per event with the null masks.
+#: 4 bytes a row; ids and loop counters Int32), so that a large trace's table fits in memory.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
     "pid": pl.Int32(),  # process id (C pid_t)
     "tid": pl.Int32(),  # thread id (C pid_t)
