@@ -248,8 +248,43 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     for src, dst in _INJECT_FILES.items():
         shutil.copy2(_INJECT_DIR / src, inject_dir / dst)
     env = build_env(config, out, inject_dir, cwd)
+    manifest = _started_manifest(config, env, cwd, name)
+    manifest_path = out / MANIFEST
+    _write_json_atomic(manifest_path, manifest)
 
-    manifest: dict[str, Any] = {
+    returncode, interrupted, wall = _run_job(config, env, cwd, inject_dir)
+    # The job's own helpers can outlive it by a moment (multiprocessing's resource tracker,
+    # started by spawn-context queues, exits once the job's end closes its pipe): their
+    # trace files are written, or removed when empty, only as they end.
+    lingering = wait_for_trace_writers(out, LINGER_S)
+
+    exit_code, killed_by, status = _job_status(returncode, interrupted)
+    warnings = _capture_warnings(config, cwd, lingering)
+    files = _trace_files(out)
+    manifest.update(
+        {
+            "status": status,
+            "exit_code": exit_code,
+            "killed_by_signal": killed_by,
+            "end_time": _now_iso(),
+            "end_time_us": time.time_ns() // 1000,
+            "wall_time_s": round(wall, 6),
+            "files": files,
+            "events": sum(int(f["events"]) for f in files),
+            "warnings": warnings,
+        }
+    )
+    _write_json_atomic(manifest_path, manifest)
+    problems = _fingerprint(out, manifest, status)
+    _write_json_atomic(manifest_path, manifest)
+    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
+                         killed_by_signal=killed_by, fingerprint_problems=problems,
+                         warnings=tuple(warnings))
+
+
+def _started_manifest(config: CaptureConfig, env: dict[str, str], cwd: Path, name: str) -> dict[str, Any]:
+    """The manifest as the job starts (``status`` running); the job's end completes it."""
+    return {
         "schema": TRACE_SCHEMA_NAME,
         "format_version": TRACE_FORMAT_VERSION,
         "status": "running",
@@ -268,9 +303,11 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
         "trace_prefix": TRACE_PREFIX,
         "loader_hooks": config.loader_hooks,
     }
-    manifest_path = out / MANIFEST
-    _write_json_atomic(manifest_path, manifest)
 
+
+def _run_job(config: CaptureConfig, env: dict[str, str], cwd: Path, inject_dir: Path) -> tuple[int, bool, float]:
+    """Run the job to its end, forwarding SIGINT/SIGTERM to it, then remove *inject_dir*;
+    returns (its return code, whether it was interrupted, wall seconds)."""
     interrupted = False
     proc: subprocess.Popen[bytes] | None = None
     pending: list[int] = []  # signals received while Popen was starting the job
@@ -310,12 +347,11 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
         for s, h in previous.items():
             signal.signal(s, h)
         shutil.rmtree(inject_dir, ignore_errors=True)
-    wall = time.perf_counter() - t0
-    # The job's own helpers can outlive it by a moment (multiprocessing's resource tracker,
-    # started by spawn-context queues, exits once the job's end closes its pipe): their
-    # trace files are written, or removed when empty, only as they end.
-    lingering = wait_for_trace_writers(out, LINGER_S)
+    return returncode, interrupted, time.perf_counter() - t0
 
+
+def _job_status(returncode: int, interrupted: bool) -> tuple[int, int | None, str]:
+    """(exit code, killing signal or None, status) of the job from its return code."""
     exit_code = returncode if returncode >= 0 else 128 - returncode
     killed_by = -returncode if returncode < 0 else None
     if interrupted or killed_by in (signal.SIGINT, signal.SIGTERM):
@@ -324,12 +360,21 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
         status = "failed"
     else:
         status = "complete"
+    return exit_code, killed_by, status
 
+
+def _capture_warnings(config: CaptureConfig, cwd: Path, lingering: set[int]) -> list[str]:
+    """Data dirs that do not exist, and processes still writing their trace after the wait."""
     warnings = [f"--data-dir {d} does not exist (in {cwd}): nothing under it was traced; check the path "
                 f"(a relative one is relative to the job's working directory)"
                 for d in config.data_dirs if not (cwd / d).exists()]
     warnings += [f"process {pid} of the job still had a trace file open {LINGER_S:g} s after the job ended: its "
                  f"events may be incomplete" for pid in sorted(lingering)]
+    return warnings
+
+
+def _trace_files(out: Path) -> list[dict[str, Any]]:
+    """Each trace file of the capture: name, bytes, events and damaged lines."""
     files: list[dict[str, Any]] = []
     for path in sorted(out.glob(f"{TRACE_PREFIX}-*.pfw*")):
         counted = count_events(path)
@@ -341,25 +386,7 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
                 "damaged": counted.damaged,
             }
         )
-    manifest.update(
-        {
-            "status": status,
-            "exit_code": exit_code,
-            "killed_by_signal": killed_by,
-            "end_time": _now_iso(),
-            "end_time_us": time.time_ns() // 1000,
-            "wall_time_s": round(wall, 6),
-            "files": files,
-            "events": sum(int(f["events"]) for f in files),
-            "warnings": warnings,
-        }
-    )
-    _write_json_atomic(manifest_path, manifest)
-    problems = _fingerprint(out, manifest, status)
-    _write_json_atomic(manifest_path, manifest)
-    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
-                         killed_by_signal=killed_by, fingerprint_problems=problems,
-                         warnings=tuple(warnings))
+    return files
 
 
 #: Seconds to wait after the job's end for its processes that still write trace files.
