@@ -33,7 +33,7 @@ import yaml
 from dlreplay.errors import UsageError
 from dlreplay.units import human_bytes, human_seconds
 
-from .distill import _workers_per_rank
+from .distill.measure import workers_per_rank
 from .passes import Characterization
 
 __all__ = ["RULES", "SEVERITIES", "Finding", "Thresholds", "find", "load_thresholds", "top_cause"]
@@ -168,7 +168,7 @@ def _workers(c: Characterization) -> int:
     if not v.workers:
         return 0
     wi = v.items.filter(pl.col("pid").is_in(v.workers))
-    return max(_workers_per_rank(wi, v.epochs, v.consumers or [0]), 1)
+    return max(workers_per_rank(wi, v.epochs, v.consumers or [0]), 1)
 
 
 def _worker_busy(c: Characterization) -> float | None:

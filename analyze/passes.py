@@ -40,7 +40,7 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-from .distill import WARMUP_FACTOR, _file_ends, _file_sizes, warmup_steps
+from .distill.measure import WARMUP_FACTOR, file_ends, file_sizes, warmup_steps
 from .files import classify_files, file_process_table
 from .summary import Summary, summarize
 from .trace import vocabulary as voc
@@ -371,12 +371,12 @@ class TraceView:
     @cached_property
     def dataset_file_sizes(self) -> pl.DataFrame:
         """(file, size): the largest byte position read or seeked per dataset file, else the most
-        bytes read between two opens of it (see :func:`~.distill._file_sizes`)."""
+        bytes read between two opens of it (see :func:`~.distill.measure.file_sizes`)."""
         io = self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS + OPEN_OPS))
-        sized = self.collect(_file_ends(io))
+        sized = self.collect(file_ends(io))
         if sized.height == len(self.dataset_files):  # every file has an end: no per-open sums to add
             return sized
-        return self.collect(_file_sizes(io, sized.lazy()))
+        return self.collect(file_sizes(io, sized.lazy()))
 
     @cached_property
     def consumers(self) -> list[int]:

@@ -158,7 +158,8 @@ def test_checkpoint_interval_counts_one_ranks_saves() -> None:
     """Two ranks save at the same steps (DLIO: every 4 steps; rank 1's saves write nothing):
     the interval is 4, not the 0 steps between one rank's save and the other's (a model with
     steps_between_checkpoints 0 could not be replayed)."""
-    from dlreplay.analyze.distill import _checkpoint, _Facts
+    from dlreplay.analyze.distill.base import Facts as _Facts
+    from dlreplay.analyze.distill.checkpoint import checkpoint_section as _checkpoint
 
     steps = pl.DataFrame({"pid": [1] * 12, "ts": [100 * i for i in range(12)]},
                          schema={"pid": pl.Int32, "ts": pl.Int64})

@@ -1,0 +1,120 @@
+"""Distill: infer a workload model (``dlreplay.workload``) from an event table.
+
+Every inference is a small function over the polars event table (no Python loops
+over events) that returns a value and how it was obtained::
+
+    (value, method, confidence)   confidence in measured | inferred | default
+
+Traces captured by ``dlreplay capture``, DLIO's traces and code annotated with
+DFTracer's AI conventions carry data-loader events (epoch, fetch, step, compute, item,
+checkpoint; read by role, see :mod:`.vocabulary`), which give batch size, workers,
+epochs, samples per file and step compute time directly (``measured``). Plain DFTracer
+traces (POSIX only) fall back to POSIX-level inference (``inferred``, see
+:mod:`.infer`) or defaults.
+
+One module per section of the model: :mod:`.observe` finds the dataset and the training
+loop in the trace, :mod:`.dataset`, :mod:`.reader`, :mod:`.train` (with :mod:`.timing`)
+and :mod:`.checkpoint` build their sections; :mod:`.measure` holds the measurements the
+characterisation passes share.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import replace
+from typing import Any
+
+import polars as pl
+
+import dlreplay
+from dlreplay.model import Processes, Provenance, WorkloadModel
+
+from ..trace import vocabulary as voc
+from .base import DistillError, Facts, Observed
+from .checkpoint import MAX_CHECKPOINT_WRITE_RUNS, checkpoint_section
+from .dataset import (
+    EXTENSION_FORMATS,
+    INDEX_SUFFIXES,
+    MMAP_OPS,
+    dataset_files,
+    dataset_section,
+    infer_format,
+)
+from .measure import WARMUP_FACTOR, warmup_steps
+from .observe import observe, split_evaluation
+from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
+from .timing import TimingModel, timing_model
+from .train import evaluation_section, train_section, with_timing
+
+__all__ = ["EXTENSION_FORMATS", "INDEX_SUFFIXES", "MAX_CHECKPOINT_WRITE_RUNS", "MMAP_OPS", "PYTHON_FILE_FORMATS",
+           "UNBUFFERED_MEDIAN_READ", "WARMUP_FACTOR", "DistillError", "TimingModel", "access_pattern",
+           "dataset_files", "distill", "infer_format", "timing_model", "warmup_steps"]
+
+
+def distill(
+    events: pl.DataFrame,
+    *,
+    manifest: dict[str, Any] | None = None,
+    data_dirs: list[str] | None = None,
+    source: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    fingerprint_origin: str | None = None,
+) -> WorkloadModel:
+    """Infer a :class:`WorkloadModel` from an event table (see module doc).
+
+    ``dataset.layout`` comes from *fingerprint* (a dataset fingerprint document), else
+    from ``dataset-fingerprint.json`` in the trace directory *source*, else from what
+    the reads show (:mod:`dlreplay.analyze.layout`).
+    """
+    if events.is_empty():
+        raise DistillError(
+            f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`)."
+        )
+    facts = Facts()
+    # the rest of distill sees the training phase only
+    events, eval_events = split_evaluation(voc.ensure_roles(events))
+    data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
+    obs = observe(events, data_dirs, fingerprint, source, facts)
+    dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
+    reader = reader_section(obs, dataset, facts)
+    train, timing = train_section(obs, dataset, reader, facts)
+    if eval_events is not None:
+        evaluation, eval_files, eval_batch = evaluation_section(eval_events, obs, facts)
+        if evaluation is not None:
+            train = replace(train, evaluation=evaluation)
+            dataset = replace(dataset, num_files_eval=eval_files)
+            reader = replace(reader, batch_size_eval=eval_batch)
+    train = with_timing(train, timing)
+    main_pid = obs.main_pid
+    checkpoint = checkpoint_section(
+        events, obs.saves, obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps, facts,
+        obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
+    )
+    return WorkloadModel(
+        dataset=dataset,
+        reader=reader,
+        train=train,
+        checkpoint=checkpoint,
+        processes=_processes(obs, reader.read_threads, facts),
+        provenance=Provenance(
+            source_trace=source,
+            capture_host=(manifest or {}).get("host"),
+            dlreplay_version=dlreplay.__version__,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            fields=facts.fields,
+            notes=facts.notes,
+        ),
+    )
+
+
+def _processes(obs: Observed, read_threads: int, facts: Facts) -> Processes:
+    """``processes``: one rank per consumer (or per process whose workers read the samples)."""
+    ranks = max(len(obs.consumers), 1)
+    if obs.consumers:
+        facts.put("processes.ranks", "processes with fetch events", "measured")
+    elif obs.posix is not None and obs.posix.consumers > 1:
+        ranks = obs.posix.consumers
+        facts.put("processes.ranks", f"{ranks} processes whose worker processes read the samples", "inferred")
+    else:
+        facts.put("processes.ranks", "single process assumed", "default")
+    return Processes(ranks=ranks, workers_per_rank=read_threads)

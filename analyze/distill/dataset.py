@@ -1,0 +1,331 @@
+"""The dataset section of the model: which files are the dataset (read, or memory-mapped, by
+the loader), their format, count, sizes, samples per file, folder and layout."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import PurePosixPath
+from typing import Any
+
+import polars as pl
+
+from dlreplay.errors import DlreplayError
+from dlreplay.model import Dataset, Distribution, Layout
+from dlreplay.schema import READ_OPS
+
+from ..trace import vocabulary as voc
+from .base import DistillError, Facts, Observed, num, observed
+from .measure import file_sizes
+
+__all__ = ["EXTENSION_FORMATS", "INDEX_SUFFIXES", "MMAP_OPS", "dataset_files", "dataset_section", "dlio_reader",
+           "find_dataset", "infer_format"]
+
+#: File extension -> dataset format (DLIO names).
+EXTENSION_FORMATS = {
+    ".npz": "npz",
+    ".npy": "npy",
+    ".h5": "hdf5",
+    ".hdf5": "hdf5",
+    ".hdf": "hdf5",
+    ".he5": "hdf5",
+    ".jpg": "jpeg",
+    ".jpeg": "jpeg",
+    ".png": "png",
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".idx": "indexed_binary",
+    ".bin": "indexed_binary",
+    ".indexed_binary": "indexed_binary",
+    ".mmap_indexed_binary": "indexed_binary",
+}
+
+
+def dataset_files(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """Dataset files with their roles, from :func:`classify_files`."""
+    from dlreplay.analyze.files import classify_files
+
+    files = classify_files(events, data_dirs=data_dirs)
+    return files.filter(pl.col("role") == "dataset")
+
+
+#: Side files holding an indexed-binary file's record index, by suffix: DLIO 2.0's generator
+#: writes ``<file>.off.idx`` and ``<file>.sz.idx``, dlreplay's ``<file>.idx``.
+INDEX_SUFFIXES = {".off.idx": "dlio", ".sz.idx": "dlio", ".idx": "dlreplay"}
+
+
+#: Calls that map a file into memory (its reads are then page faults, which a tracer does not see).
+MMAP_OPS = ("mmap", "mmap64")
+
+
+def find_dataset(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint: dict[str, Any] | None,
+                 source: str | None, facts: Facts) -> tuple[list[str], str | None, bool]:
+    """(the dataset's files, their record indexes' style, whether they were memory-mapped):
+    the files read by the loader (under ``data_dirs`` when given), else those it mapped,
+    without the record-index side files and strays of another extension. Raises
+    :class:`DistillError` when the trace names no file or reads no dataset."""
+    if events["file"].drop_nulls().len() == 0:
+        raise DistillError(
+            f"{source or 'the trace'} has no file names (no DFTracer FH records): recapture with "
+            "DFTRACER_INC_METADATA=1 (dlreplay capture sets it)."
+        )
+    ds_files = dataset_files(events, data_dirs)
+    if ds_files.is_empty() and data_dirs and fingerprint is not None:
+        # --data-dir names where the dataset is now (a trace captured elsewhere): it served the
+        # fingerprint; the trace's own dataset files are found by how they were read
+        ds_files = dataset_files(events, None)
+        if not ds_files.is_empty():
+            facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
+                               f"its reads; the directory was used for the dataset fingerprint")
+    mapped = False
+    if ds_files.is_empty():
+        ds_files = _mapped_dataset(events, data_dirs)
+        mapped = not ds_files.is_empty()
+        if mapped:
+            facts.notes.append(
+                f"no dataset file was read: the samples' {ds_files.height} files were memory-mapped (mmap) by the "
+                "loader's workers, whose page faults a tracer does not see (DLIO 2.0's mmap_indexed_binary reader "
+                "maps each file and takes a view of the record, never touched); the replay maps them as well "
+                "(reader.memory_map)")
+    if ds_files.is_empty():
+        raise DistillError(
+            f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
+            "repeatedly. Pass --data-dir with the dataset's path, or check the capture's --data-dir."
+        )
+    paths, index_style = _record_indexes(ds_files["file"].to_list(), facts)
+    return _homogeneous(paths, facts), index_style, mapped
+
+
+def _mapped_dataset(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
+    """Dataset files of a job whose loader maps them (``mmap``) instead of reading: files
+    mapped more than once or by more than one process, under ``data_dirs`` when given. One
+    column, ``file``; empty when there are none."""
+    maps = events.filter(pl.col("name").is_in(MMAP_OPS) & pl.col("file").is_not_null())
+    if data_dirs:
+        maps = maps.filter(pl.any_horizontal(pl.col("file").cast(pl.String).str.starts_with(d.rstrip("/") + "/")
+                                             for d in data_dirs))
+    if maps.is_empty():
+        return pl.DataFrame(schema={"file": pl.String})
+    per = maps.group_by("file").agg(pl.len().alias("n"), pl.col("pid").n_unique().alias("procs"))
+    return per.filter((pl.col("n") > 1) | (pl.col("procs") > 1)).select(pl.col("file").cast(pl.String)).sort("file")
+
+
+def _record_indexes(paths: list[str], facts: Facts) -> tuple[list[str], str | None]:
+    """``paths`` without the record-index side files of other paths among them, and the index
+    style they show (None: none). An index is read when a reader starts, not per sample: as
+    dataset files it made a DLIO indexed-binary dataset of 8 files into 24, and its 64-byte
+    reads a third of the read sizes."""
+    have = set(paths)
+    found: dict[str, str] = {}  # side file -> its suffix
+    for p in paths:
+        suffix = next((x for x in INDEX_SUFFIXES if p.endswith(x) and p[:-len(x)] in have), None)
+        if suffix is not None:
+            found[p] = suffix
+    if not found:
+        return paths, None
+    suffixes = sorted(set(found.values()))
+    style = "dlio" if any(INDEX_SUFFIXES[x] == "dlio" for x in suffixes) else "dlreplay"
+    facts.notes.append(f"{len(found)} record-index file(s) ({', '.join(suffixes)}) beside the data files: each "
+                       f"one's index ({'DLIO' if style == 'dlio' else 'dlreplay'}'s), not samples")
+    return [p for p in paths if p not in found], style
+
+
+def _homogeneous(paths: list[str], facts: Facts) -> list[str]:
+    """Keep the files of the dominant extension when it covers >= 90 % of them.
+
+    Datasets are homogeneous; a stray file under the data dir (a generator's marker,
+    an index) would otherwise count as a sample file.
+    """
+    hidden = [p for p in paths if PurePosixPath(p).name.startswith(".")]
+    if hidden and len(hidden) < len(paths):  # markers and temporary files (.done, .lock), never samples
+        facts.notes.append(f"ignored {len(hidden)} hidden file(s) under the dataset: "
+                           + ", ".join(PurePosixPath(h).name for h in sorted(hidden)[:5]))
+        paths = [p for p in paths if p not in set(hidden)]
+    exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
+    counts = exts.value_counts(sort=True)
+    top, n = counts[0, 0], counts[0, 1]
+    if n == len(paths) or n < 0.9 * len(paths):
+        return paths
+    kept = [p for p, e in zip(paths, exts.to_list(), strict=True) if e == top]
+    dropped = sorted(set(paths) - set(kept))
+    facts.notes.append(
+        f"ignored {len(dropped)} non-{top or 'extensionless'} file(s) under the dataset: "
+        + ", ".join(PurePosixPath(d).name for d in dropped[:5])
+    )
+    return kept
+
+
+def infer_format(paths: list[str], reads: pl.DataFrame) -> tuple[str, str, str]:
+    """Format from the dataset files' extensions; else from the read pattern.
+
+    Pattern fallback: a read of the last 22 bytes (zip end-of-central-directory)
+    means zip (npz); an 8-byte read at offset 0 then reads far into the file means
+    HDF5's superblock probe.
+    """
+    exts = pl.Series([PurePosixPath(p).suffix.lower() for p in paths])
+    fmt = exts.replace_strict(EXTENSION_FORMATS, default=None, return_dtype=pl.Utf8).drop_nulls()
+    if not fmt.is_empty():
+        best = fmt.value_counts(sort=True)[0, 0]
+        return str(best), f"file extension of {fmt.len()} of {len(paths)} dataset files", "measured"
+    if reads.filter(pl.col("size") == 22).height > 0:
+        return "npz", "read pattern: zip end-of-central-directory reads (22 B)", "inferred"
+    if reads.filter((pl.col("offset") == 0) & (pl.col("size") == 8)).height > 0:
+        return "hdf5", "read pattern: 8-byte superblock probe at offset 0", "inferred"
+    return "raw", "no known extension or read pattern", "default"
+
+
+def dlio_reader(annotated: pl.DataFrame) -> str | None:
+    """DLIO's reader class when the trace's sample reads are DLIO's (``reader/NPZReader.read_index``)."""
+    from dlreplay.dliogen import DLIO_READER_FORMATS
+
+    reads = annotated.filter((pl.col("role") == voc.SAMPLE_READ) & (pl.col("cat") == "reader"))
+    classes = {str(n).split(".")[0] for n in reads["name"].unique().to_list()}
+    known = sorted(classes & set(DLIO_READER_FORMATS))
+    return known[0] if len(known) == 1 else None
+
+
+def dataset_section(obs: Observed, facts: Facts, fingerprint: dict[str, Any] | None,
+                    fingerprint_origin: str | None, source: str | None) -> Dataset:
+    """``dataset``: format, files, sizes, samples per file and folder from the trace; the
+    layout from the dataset fingerprint, else DLIO's generator, else the reads."""
+    paths = obs.paths
+    fmt, how, conf = infer_format(paths, obs.reads)
+    facts.put("dataset.format", how, conf)
+    facts.put("dataset.num_files", "distinct dataset files read", "measured")
+    sizes = file_sizes(obs.io)
+    file_size = observed(sizes["size"])
+    facts.put(
+        "dataset.file_size",
+        "largest byte position read or seeked per file",
+        "measured" if sizes.height else "default",
+    )
+    spf = _samples_per_file(obs, facts)
+    record = _record_length(obs, sizes, spf, facts)
+    parents = {str(PurePosixPath(p).parent) for p in paths}
+    folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
+    if len(paths) > 1 and folder in paths:
+        folder = str(PurePosixPath(folder).parent)
+    facts.put("dataset.num_subfolders", "distinct parent directories of dataset files", "measured")
+    dataset = Dataset(
+        format=fmt,
+        num_files=len(paths),
+        num_samples_per_file=spf,
+        record_length=record,
+        file_size=file_size,
+        num_subfolders=len(parents) if len(parents) > 1 else 0,
+        data_folder=folder,
+        layout=_dataset_layout(fmt, paths, spf, obs.reads, record, fingerprint, fingerprint_origin, source, facts,
+                               obs.dlio_reader, sizes["size"].to_list()),
+    )
+    return _with_layout_details(dataset, obs, fingerprint, facts)
+
+
+def _samples_per_file(obs: Observed, facts: Facts) -> int:
+    """Distinct samples read per file (item events), else the POSIX inference's, else 1."""
+    # the calls that touch a sample: its reads, or (a mapped dataset) the maps of its file
+    tagged = obs.tagged_io.filter(pl.col("name").is_in(MMAP_OPS) if obs.mapped else
+                                  pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+    if obs.items.height and tagged["item_index"].drop_nulls().len():
+        per_file = (
+            tagged.filter(pl.col("item_index").is_not_null())
+            .group_by("file")
+            .agg(pl.col("item_index").n_unique().alias("samples"))
+        )
+        facts.put(
+            "dataset.num_samples_per_file",
+            "distinct sample indices read per file (item events)",
+            "measured",
+        )
+        return int(num(per_file["samples"].median(), 1))
+    if obs.posix is not None and obs.posix.samples_per_file.value:
+        facts.put("dataset.num_samples_per_file", obs.posix.samples_per_file.evidence, "inferred")
+        return int(obs.posix.samples_per_file.value)
+    facts.put(
+        "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
+    )
+    return 1
+
+
+def _record_length(obs: Observed, sizes: pl.DataFrame, spf: int, facts: Facts) -> Distribution:
+    """Bytes per sample: the file sizes over the samples per file, else the read sizes."""
+    if sizes.height:
+        facts.put(
+            "dataset.record_length",
+            "file size / samples per file",
+            "measured" if obs.items.height else "inferred",
+        )
+        return Distribution.from_values(sizes["size"].to_numpy() / spf)
+    facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
+    return observed(obs.reads["size"].to_numpy())
+
+
+def _with_layout_details(dataset: Dataset, obs: Observed, fingerprint: dict[str, Any] | None,
+                         facts: Facts) -> Dataset:
+    """``dataset`` with what its layout adds: the record-index style, DLIO's resized sample,
+    and the per-record lengths of TFRecord and CSV files."""
+    fmt = dataset.format
+    if fmt == "indexed_binary" and obs.index_style is not None:
+        dataset = replace(dataset, layout=replace(dataset.layout, index=obs.index_style))
+        facts.put("dataset.layout.index", f"the data files' record-index side files ({obs.index_style}'s naming)",
+                  "measured")
+    if obs.dlio_reader is not None and (dataset.layout.source == "inferred" or fingerprint is not None):
+        from dlreplay.dliogen import resized_sample_bytes
+
+        resized = resized_sample_bytes(fmt, dataset.layout)
+        if resized:
+            dataset = replace(dataset, record_length_resize=resized)
+            facts.put("dataset.record_length_resize",
+                      f"DLIO's {obs.dlio_reader} hands over its resized_image for every sample: max_dimension^2 = "
+                      f"{resized:,} B, the sample's side as DLIO sizes it (a record_length_resize in its config is "
+                      f"not visible in a trace)", "inferred")
+    per_record = _layout_record_length(dataset.layout, fmt)
+    if per_record is not None:
+        dataset = replace(dataset, record_length=per_record)
+        facts.put("dataset.record_length", "TFRecord payload / CSV line lengths of the sampled files (dataset "
+                                           "fingerprint)", "measured")
+    return dataset
+
+
+def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
+    """Bytes per sample from the fingerprint where a file's records differ (TFRecord payloads,
+    CSV lines): the file size / samples per file would make every record alike."""
+    if fmt == "tfrecord" and layout.record_bytes is not None:
+        return layout.record_bytes
+    if fmt == "csv" and layout.tables and layout.tables[0].line_bytes is not None:
+        return layout.tables[0].line_bytes
+    return None
+
+
+def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
+                    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
+                    facts: Facts, dlio_reader: str | None = None, file_bytes: list[float] | None = None) -> Layout:
+    """``dataset.layout``: the fingerprint's, else (a DLIO trace, *dlio_reader* naming its reader
+    class) what DLIO's generator writes for the files' sizes, else inferred from reads
+    (provenance into *facts*)."""
+    from dlreplay.analyze.layout import (
+        infer_dlio_layout,
+        infer_layout,
+        layout_from_fingerprint,
+        resolve_fingerprint,
+    )
+
+    where = origin or "given to distill"
+    if fingerprint is None and source and os.path.isdir(source):
+        try:
+            fingerprint, where = resolve_fingerprint(source)
+        except DlreplayError as exc:
+            facts.notes.append(f"dataset fingerprint ignored: {exc}")
+    result = layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+    if fingerprint and result is None:
+        facts.notes.append(f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace")
+    if result is None and dlio_reader is not None:
+        result = infer_dlio_layout(fmt, dlio_reader, spf, file_bytes)
+    if result is None:
+        result = infer_layout(fmt, reads, record.mean)
+    for path, (how, confidence) in result.fields.items():
+        facts.put(path, how, confidence)
+    facts.notes.extend(result.notes)
+    return result.layout

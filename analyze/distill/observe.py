@@ -1,0 +1,86 @@
+"""What distill reads from a trace before it builds any section: the training phase apart
+from the evaluation passes, the dataset's files and the I/O on them, and the training
+loop's events (or the loop inferred from the I/O when the trace has none)."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+import polars as pl
+
+from dlreplay.schema import READ_OPS
+
+from ..infer import infer_posix_loop
+from ..trace import vocabulary as voc
+from .base import Facts, Observed, mode, role_events
+from .checkpoint import checkpoint_writes
+from .dataset import dlio_reader, find_dataset
+
+__all__ = ["assign_items", "observe", "split_evaluation"]
+
+
+def split_evaluation(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """(the training phase's events, the evaluation passes' or None): the evaluation passes
+    (their own loader, files and steps) are modelled apart."""
+    in_eval = voc.evaluation_phase(events)
+    eval_events = events.filter(in_eval) if in_eval.any() else None
+    if eval_events is not None:
+        events = events.filter(~in_eval)
+    return events, eval_events
+
+
+def observe(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint: dict[str, Any] | None,
+            source: str | None, facts: Facts) -> Observed:
+    """Find the dataset and the training loop in ``events`` (the training phase, with roles)."""
+    paths, index_style, mapped = find_dataset(events, data_dirs, fingerprint, source, facts)
+    io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
+    reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+
+    annotated = events.filter(pl.col("role").is_not_null())
+    items = role_events(annotated, voc.ITEM)
+    # one row per training step of each consumer, whichever convention annotated the loop
+    loop = voc.training_steps(annotated)
+    has_loader = loop.height > 0
+    # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
+    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()),
+                                                      pauses=checkpoint_writes(events, data_dirs))
+    if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):
+        stray = sorted(set(paths) - set(posix.sample_files))
+        facts.notes.append(f"left out {len(stray)} file(s) not visited like the samples: "
+                           + ", ".join(PurePosixPath(d).name for d in stray[:5]))
+        paths = posix.sample_files
+        io = io.filter(pl.col("file").is_in(paths))
+        reads = reads.filter(pl.col("file").is_in(paths))
+    return Observed(
+        events=events, paths=paths, io=io, reads=reads, mapped=mapped, index_style=index_style,
+        annotated=annotated, fetch=role_events(annotated, voc.FETCH), items=items,
+        epochs=voc.epoch_spans(annotated), saves=role_events(annotated, voc.CKPT_SAVE), steps=loop,
+        consumers=loop["pid"].unique().sort().to_list() if has_loader else [],
+        main_pid=mode(loop["pid"]) if has_loader else None,
+        posix=posix,
+        tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
+        dlio_reader=dlio_reader(annotated),
+    )
+
+
+def assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """Attach to each read the item (sample) event enclosing it in the same process."""
+    if items.is_empty() or reads.is_empty():
+        return reads.with_columns(
+            pl.lit(None, pl.Int64).alias("item_index"), pl.lit(None, pl.Int64).alias("item_ts")
+        )
+    it = items.select(
+        "pid",
+        pl.col("ts").alias("item_ts"),
+        (pl.col("ts") + pl.col("dur")).alias("item_end"),
+        pl.col("sample_index").alias("item_index"),
+    ).sort("item_ts")
+    joined = reads.sort("ts").join_asof(
+        it, left_on="ts", right_on="item_ts", by="pid", strategy="backward", check_sortedness=False
+    )
+    inside = pl.col("ts") <= pl.col("item_end")
+    return joined.with_columns(
+        pl.when(inside).then(pl.col("item_index")).otherwise(None).alias("item_index"),
+        pl.when(inside).then(pl.col("item_ts")).otherwise(None).alias("item_ts"),
+    ).drop("item_end")

@@ -1,0 +1,358 @@
+"""The reader section of the model: batch size, loader workers (how many, persistent, how
+started), sample order, metadata calls and transfer sizes per sample, preprocessing time
+and the access pattern."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+
+from dlreplay.model import AccessPattern, Dataset, Distribution, MetadataPerSample, Reader
+from dlreplay.schema import CLOSE_OPS, OPEN_OPS, SEEK_OPS, STAT_OPS
+
+from .base import US, Facts, Observed, mode, num, observed
+from .measure import workers_per_rank
+
+__all__ = ["PYTHON_FILE_FORMATS", "UNBUFFERED_MEDIAN_READ", "access_pattern", "preprocess_cpu", "reader_section"]
+
+#: Formats a Dataset reads through a Python file object (its buffering shows in the read sizes).
+PYTHON_FILE_FORMATS = ("npz", "npy", "jpeg", "png")
+#: Below this median read size (bytes) the job's file object was unbuffered.
+UNBUFFERED_MEDIAN_READ = 256
+
+
+def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
+    """``reader``: the loader's batch size and workers from the training-loop events (else
+    the POSIX inference), what a sample costs from the dataset I/O."""
+    if obs.has_loader:
+        batch_size, read_threads, persistent, start_method = _loader_from_events(obs, facts)
+    else:
+        batch_size, read_threads, persistent, start_method = _loader_from_posix(obs, facts)
+    if start_method is None:
+        facts.put("reader.multiprocessing_context", "no worker process files to tell: fork (PyTorch's default "
+                  "on Linux)", "default")
+    items = obs.items
+    shuffled = _shuffled(items) if items.height else None
+    if persistent is None:
+        persistent = False
+        facts.put(
+            "reader.persistent_workers",
+            "needs >= 2 epochs with worker events (PyTorch default)",
+            "default",
+        )
+    shuffle_mode = "seed" if shuffled else "off"
+    facts.put(
+        "reader.sample_shuffle",
+        "order of sample indices in item events" if shuffled is not None else "no item events",
+        "measured" if shuffled is not None else "default",
+    )
+    facts.put(
+        "reader.file_shuffle",
+        "follows sample order (one decision per job)" if shuffled is not None else "no item events",
+        "inferred" if shuffled is not None else "default",
+    )
+    meta, open_per_sample = _metadata(obs, facts)
+    preprocess, preprocess_cpu = _preprocessing(obs, facts)
+    transfer, buffering, pattern = _transfers(obs, dataset.format, facts)
+    facts.put("reader.prefetch_factor", "not visible in a trace (PyTorch default)", "default")
+    batch_tensors = _batch_tensors(obs.fetch)
+    facts.put("reader.batch_tensors", "tensors per batch of the consumer's fetches (median)" if batch_tensors
+              else "not in this trace: 1", "measured" if batch_tensors else "default")
+    reader = Reader(
+        data_loader="pytorch" if obs.has_loader else "native",
+        batch_size=batch_size,
+        read_threads=read_threads,
+        file_shuffle=shuffle_mode,
+        sample_shuffle=shuffle_mode,
+        shuffle_seed=0 if shuffled else None,
+        open_per_sample=open_per_sample,
+        file_buffering=buffering,
+        persistent_workers=persistent,
+        multiprocessing_context=start_method or "fork",
+        batch_tensors=batch_tensors or 1,
+        preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
+        preprocess_host_cpu=preprocess_cpu if preprocess_cpu is not None else Distribution.fixed(0.0),
+        transfer_size=transfer,
+        access_pattern=pattern,
+        metadata_per_sample=meta,
+    )
+    return _as_dlio_reads(reader, obs, dataset.format, facts)
+
+
+def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:
+    """(batch size, workers per rank, persistent workers, start method) from the loop's and
+    the workers' events; None where the trace does not tell."""
+    batch_size, how = _batch_size(obs.fetch, obs.items, obs.steps, obs.epochs, obs.main_pid)
+    facts.put("reader.batch_size", how, "measured" if batch_size else "default")
+    batch_size = batch_size or 1
+    worker_items = obs.items.filter(~pl.col("pid").is_in(obs.consumers))
+    if not worker_items.height:
+        facts.put(
+            "reader.read_threads", "items read in the consumer process (no workers)", "measured"
+        )
+        return batch_size, 0, None, None
+    read_threads = workers_per_rank(worker_items, obs.epochs, obs.consumers)
+    facts.put(
+        "reader.read_threads",
+        "most worker processes (with item events) in one epoch",
+        "measured",
+    )
+    persistent = None
+    n_epochs_seen = int(obs.steps.filter(pl.col("pid") == obs.main_pid)["epoch"].n_unique())
+    if n_epochs_seen >= 2:
+        per_rank = (
+            worker_items.filter(pl.col("ppid") == obs.main_pid)["pid"].n_unique()
+            or worker_items["pid"].n_unique()
+        )
+        persistent = per_rank <= read_threads
+        facts.put(
+            "reader.persistent_workers",
+            "worker pids reused across epochs"
+            if persistent
+            else "new worker pids every epoch",
+            "measured",
+        )
+    start_method, how = _start_method(worker_items, obs.consumers)
+    if start_method is not None:
+        facts.put("reader.multiprocessing_context", how, "inferred")
+    return batch_size, read_threads, persistent, start_method
+
+
+def _loader_from_posix(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:
+    """(batch size, workers per rank, None, None) as the POSIX inference found them."""
+    posix = obs.posix
+    assert posix is not None
+    batch_size = int(posix.batch_size.value or 1)
+    facts.put("reader.batch_size", posix.batch_size.evidence if posix.batch_size.value else
+              f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
+              "inferred" if posix.batch_size.value else "default")
+    read_threads = int(posix.read_threads.value or 0)
+    facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
+    return batch_size, read_threads, None, None
+
+
+def _metadata(obs: Observed, facts: Facts) -> tuple[MetadataPerSample, bool]:
+    """(metadata calls per sample, whether each sample opens its file) from the calls on the
+    dataset files."""
+    io, items = obs.io, obs.items
+    samples_read = (
+        items.height if items.height else max(io.filter(pl.col("name").is_in(OPEN_OPS)).height, 1)
+    )
+
+    def per_sample(ops: tuple[str, ...]) -> float:
+        return round(io.filter(pl.col("name").is_in(ops)).height / samples_read, 3)
+
+    meta = MetadataPerSample(
+        opens=per_sample(OPEN_OPS),
+        closes=per_sample(CLOSE_OPS),
+        stats=per_sample(STAT_OPS),
+        lseeks=per_sample(SEEK_OPS),
+    )
+    facts.put(
+        "reader.metadata_per_sample",
+        "calls on dataset files / samples read",
+        "measured" if items.height else "inferred",
+    )
+    open_per_sample = meta.opens is not None and meta.opens >= 0.5
+    facts.put(
+        "reader.open_per_sample",
+        "dataset opens per sample >= 0.5",
+        "measured" if items.height else "inferred",
+    )
+    return meta, open_per_sample
+
+
+def _preprocessing(obs: Observed, facts: Facts) -> tuple[Distribution, Distribution | None]:
+    """(preprocess time, its host CPU time or None) per sample, from the item events."""
+    preprocess = _preprocess_time(obs.tagged_io, obs.items)
+    facts.put(
+        "reader.preprocess_time",
+        "item duration minus its POSIX time, per sample" if preprocess.is_known else "no item events",
+        "measured" if preprocess.is_known else "default",
+    )
+    cpu = preprocess_cpu(obs.items)
+    if cpu is not None:
+        facts.put("reader.preprocess_host_cpu", "CPU time of the loader worker process in each item "
+                  "(data/item cpu_time), per sample", "measured")
+    else:
+        facts.put("reader.preprocess_host_cpu", "not measured by this trace: 0, the preprocessing is a "
+                  "sleep (as DLIO's)", "default")
+    return preprocess, cpu
+
+
+def _transfers(obs: Observed, fmt: str, facts: Facts) -> tuple[Distribution, str, AccessPattern]:
+    """(read sizes, the file object's buffering, the access pattern) of the dataset reads."""
+    reads = obs.reads
+    transfer = observed(reads["size"])
+    facts.put("reader.transfer_size", "sizes of read calls on dataset files", "measured")
+    buffering = "buffered"
+    if fmt in PYTHON_FILE_FORMATS and reads.height:
+        # Python's buffered files read >= 4-8 KiB at a time; an unbuffered handle passes the library's
+        # own small reads (zip headers, JPEG markers: a few bytes each) straight to read(2)
+        median = num(reads["size"].median())
+        buffering = "unbuffered" if median < UNBUFFERED_MEDIAN_READ else "buffered"
+        facts.put("reader.file_buffering", f"median dataset read {median:.0f} B "
+                  f"({'<' if buffering == 'unbuffered' else '>='} {UNBUFFERED_MEDIAN_READ} B)", "inferred")
+    pattern = access_pattern(reads)
+    facts.put(
+        "reader.access_pattern",
+        "Darshan sequential/consecutive over reads per process and file",
+        "measured",
+    )
+    return transfer, buffering, pattern
+
+
+def _as_dlio_reads(reader: Reader, obs: Observed, fmt: str, facts: Facts) -> Reader:
+    """``reader`` with what a memory-mapped dataset and DLIO's PyTorch loader change."""
+    if obs.mapped and fmt == "indexed_binary":
+        reader = replace(reader, memory_map=True)
+        facts.put("reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured")
+    if obs.dlio_reader is not None and obs.has_loader and _dlio_torch(obs.annotated):
+        # DLIO 2.0's TorchDataLoader: DataLoader(sampler=dlio_sampler, drop_last=True); a trace holds
+        # no config, but its events name DLIO's classes
+        reader = replace(reader, sample_order="dlio", drop_last=True)
+        facts.put("reader.sample_order", f"DLIO's PyTorch sampler: the trace's events are DLIO's "
+                  f"(TorchDataset, {obs.dlio_reader})", "inferred")
+        facts.put("reader.drop_last", "DLIO's PyTorch loader sets drop_last=True", "inferred")
+    return reader
+
+
+def _preprocess_time(tagged_io: pl.DataFrame, items: pl.DataFrame) -> Distribution:
+    """Per-sample CPU time in the loader worker (s): item duration minus the POSIX time inside it.
+
+    DLIO's ``preprocess_time``: decoding, conversion, augmentation. ``tagged_io`` is the
+    dataset I/O with its enclosing item (:func:`~.observe.assign_items`). Unknown without items.
+    """
+    if items.is_empty():
+        return Distribution.unknown()
+    tagged = tagged_io.filter(pl.col("item_ts").is_not_null())
+    io_time = tagged.group_by("pid", "item_ts").agg(pl.col("dur").sum().alias("io_us"))
+    per_item = (
+        items.select("pid", pl.col("ts").alias("item_ts"), "dur")
+        .join(io_time, on=["pid", "item_ts"], how="left")
+        .select(((pl.col("dur") - pl.col("io_us").fill_null(0)).clip(lower_bound=0) * US).alias("s"))
+    )
+    return observed(per_item["s"])
+
+
+def preprocess_cpu(items: pl.DataFrame) -> Distribution | None:
+    """Per-sample CPU time of the loader worker (s), the library's read and decode included:
+    ``data/item`` events' ``cpu_time`` (µs, written by dlreplay capture); None when the
+    trace did not measure it."""
+    if items.is_empty() or "cpu_time" not in items.columns:
+        return None
+    cpu = items["cpu_time"].drop_nulls()
+    if cpu.len() < max(1, items.height // 2):
+        return None
+    return observed(cpu.cast(pl.Float64) * US)
+
+
+def access_pattern(reads: pl.DataFrame) -> AccessPattern:
+    """Darshan's fractions over reads ordered per (pid, file).
+
+    consecutive: starts exactly where the previous read of that file ended;
+    sequential: starts at or past it (includes consecutive); random = 1 - sequential.
+    The first read of each (pid, file) has no predecessor and is not counted.
+    """
+    # Integer keys sort fast; a stable sort keeps each file's reads in time order. The key is
+    # the file's path (DFTracer 1.x traces, DLIO's, name files by path and have no hash).
+    r = (
+        reads.filter(pl.col("offset").is_not_null())
+        .select("pid", pl.col("file").cast(pl.String).hash().alias("fkey"), "ts", "offset", "size")
+        .sort("ts")
+        .sort("pid", "fkey", maintain_order=True)
+    )
+    same = (pl.col("pid") == pl.col("pid").shift(1)) & (pl.col("fkey") == pl.col("fkey").shift(1))
+    prev_end = pl.when(same).then((pl.col("offset") + pl.col("size")).shift(1))
+    r = r.with_columns(prev_end.alias("prev_end")).filter(pl.col("prev_end").is_not_null())
+    if r.is_empty():
+        return AccessPattern()
+    n = r.height
+    consecutive = r.filter(pl.col("offset") == pl.col("prev_end")).height / n
+    sequential = r.filter(pl.col("offset") >= pl.col("prev_end")).height / n
+    return AccessPattern(
+        sequential=round(sequential, 4),
+        consecutive=round(consecutive, 4),
+        random=round(1 - sequential, 4),
+    )
+
+
+def _dlio_torch(annotated: pl.DataFrame) -> bool:
+    """True when the trace's loader is DLIO's PyTorch one (events of its ``TorchDataset`` or
+    ``TorchDataLoader`` classes)."""
+    names = annotated["name"].cast(pl.String).unique()
+    return bool(names.str.starts_with("TorchDataset.").any() or names.str.starts_with("TorchDataLoader.").any())
+
+
+def _shuffled(items: pl.DataFrame) -> bool | None:
+    """True when samples are visited out of index order within epochs.
+
+    Workers interleave batches, so even an unshuffled loader is not perfectly
+    ordered in time: call it shuffled when under 75 % of successive samples
+    (by start time) increase.
+    """
+    s = items.filter(pl.col("sample_index").is_not_null()).sort("ts")
+    if s.height < 4:
+        return None
+    inc = s.select((pl.col("sample_index").diff() > 0).mean()).item()
+    return bool(inc is not None and inc < 0.75)
+
+
+def _start_method(workers: pl.DataFrame, consumers: list[int]) -> tuple[str | None, str]:
+    """How the loader workers started, from DFTracer's trace file names (``-fork`` for a process
+    forked by a traced one, ``-preload`` for a new program: a spawned interpreter) and their
+    parents: forked by the consumer (fork), forked by another process (forkserver), or new
+    interpreters (spawn). (None, why) when the file names do not tell."""
+    if "source" not in workers.columns or workers.is_empty():
+        return None, ""
+    procs = workers.group_by("pid").agg(pl.col("source").first().cast(pl.String), pl.col("ppid").first())
+    kind = procs["source"].str.extract(r"-(fork|preload)\.pfw", 1)
+    if kind.null_count() == kind.len():
+        return None, ""
+    forked = int((kind == "fork").sum())
+    spawned = int((kind == "preload").sum())
+    n = procs.height
+    if spawned > forked:
+        return "spawn", f"{spawned} of {n} worker processes are new programs (DFTracer '-preload' files)"
+    by_consumer = int(procs.filter(kind == "fork")["ppid"].is_in(consumers).sum())
+    if by_consumer * 2 >= forked:
+        return "fork", f"{by_consumer} of {n} worker processes forked by the training process ('-fork' files)"
+    return "forkserver", f"{forked - by_consumer} of {n} worker processes forked by another process ('-fork' files)"
+
+
+def _batch_tensors(fetch: pl.DataFrame) -> int | None:
+    """Tensors per batch (the median over batch fetches that recorded it), or None."""
+    if "tensors" not in fetch.columns:
+        return None
+    got = fetch.filter((pl.col("batch_size").fill_null(1) > 0) & (pl.col("tensors") > 0))["tensors"]
+    return int(round(float(got.median()))) if got.len() else None  # type: ignore[arg-type]
+
+
+def _batch_size(fetch: pl.DataFrame, items: pl.DataFrame, loop: pl.DataFrame, epochs: pl.DataFrame,
+                main_pid: int | None) -> tuple[int | None, str]:
+    """Samples per batch: the fetch events' ``batch_size``; else the consumer's samples per
+    step (item events in its workers or itself, per epoch, over its steps in that epoch)."""
+    sized = fetch.filter(pl.col("batch_size") > 0)
+    if sized.height:
+        return mode(sized["batch_size"]), "most common batch size of fetch events"
+    mine = loop.filter(pl.col("pid") == main_pid)
+    its = items.filter((pl.col("pid") == main_pid) | (pl.col("ppid") == main_pid))
+    if its.is_empty() and loop["pid"].n_unique() == 1:
+        its = items
+    if its.is_empty() or mine.is_empty():
+        return None, "no fetch sizes and no item events"
+    spans = epochs.filter(pl.col("pid") == main_pid).select(pl.col("ts").alias("e_ts"), "epoch").sort("e_ts")
+    its = its.drop("epoch")  # a worker's own epoch numbers are its iterator's (persistent workers: stale)
+    if spans.height:
+        its = its.sort("ts").join_asof(spans, left_on="ts", right_on="e_ts", strategy="backward")
+        its = its.with_columns(pl.col("epoch").fill_null(spans["epoch"][0]))
+    else:
+        its = its.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    per = (its.group_by("epoch").len().join(mine.group_by("epoch").len().rename({"len": "steps"}), on="epoch")
+           .with_columns((pl.col("len") / pl.col("steps")).alias("per")))
+    if per.is_empty():
+        return None, "no item events inside the consumer's epochs"
+    # ceil: a last, partial batch (drop_last=False) leaves the ratio just under the batch size
+    return int(np.ceil(float(num(per["per"].median())) - 1e-9)), "item events per training step, per epoch"
