@@ -311,26 +311,8 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     plan = plan_dataset(model, seed)
     digest = dataset_digest(model)
     status = dataset_status(model, data_dir, seed)
-    if status == "foreign":
-        raise ReplayError(
-            f"{data_dir} is not empty and holds no dlreplay dataset ({MANIFEST_NAME}); generate refuses to "
-            f"write there so it never mixes with or deletes files it did not create. Choose an empty or new "
-            f"--data-dir.")
-    if status == "other":
-        if not config.force:
-            raise ReplayError(
-                f"{data_dir} holds a dlreplay dataset generated for another model shape or seed; pass --force to "
-                f"replace it (only files dlreplay created are deleted) or choose another --data-dir.")
-        listed: dict[str, dict[str, Any]] = {}
-        for name in (MANIFEST_NAME, JOURNAL_NAME):  # every listed path checked before anything is deleted
-            doc = read_json(data_dir / name)
-            if doc and doc.get("schema") == DATASET_SCHEMA:
-                listed.update(listed_files(data_dir, doc, data_dir / name))
-        (data_dir / MANIFEST_NAME).unlink(missing_ok=True)
-        _remove_owned(data_dir, listed)
-        (data_dir / JOURNAL_NAME).unlink(missing_ok=True)
-        _clean_tmp(data_dir)
-        status = "empty"
+    if status in ("foreign", "other"):
+        status = _replace_other(data_dir, status, config.force)
     if status == "ready":
         manifest = read_json(data_dir / MANIFEST_NAME) or {}
         total = int(manifest.get("total_bytes", 0))
@@ -343,20 +325,7 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
         raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
     if not os.access(data_dir, os.W_OK):
         raise ReplayError(f"{data_dir}: permission denied (not writable); choose a writable --data-dir")
-    # What an earlier run finished: the journal of an interrupted one, or the manifest of a
-    # complete one whose files were deleted or truncated since ("damaged"); each file is
-    # kept only at its listed size, and only when the plan still has it.
-    source = data_dir / (MANIFEST_NAME if status == "damaged" else JOURNAL_NAME)
-    earlier = read_json(source) if status in ("partial", "damaged") else None
-    listed = listed_files(data_dir, earlier, source) if earlier else {}
-    planned = {s.relpath for s in plan}
-    listed = {rel: e for rel, e in listed.items() if rel in planned}
-    broken = file_problems(data_dir, listed)
-    done: dict[str, dict[str, Any]] = {rel: e for rel, e in listed.items() if rel not in broken}
-    warnings: list[str] = []
-    if status == "damaged":
-        warnings.append(f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
-                        f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them")
+    done, warnings = _reusable(data_dir, plan, status)
     jobs = config.jobs or min(4, os.cpu_count() or 1)
     check_generate_resources(model, data_dir, jobs, reusable_bytes=sum(int(e["bytes"]) for e in done.values()),
                              reusable_files=len(done))
@@ -368,61 +337,18 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     write_json_atomic(journal_path, {**header, "files": done})
     todo = [s for s in plan if s.relpath not in done]
     show = sys.stderr.isatty() if config.progress is None else config.progress
-    progress = _Progress(len(plan), show)
-    written_bytes = sum(int(e["bytes"]) for e in done.values())
-    last_journal = time.monotonic()
-    hold = _hold_after()
-
-    def record(entry: dict[str, Any]) -> None:
-        nonlocal written_bytes, last_journal
-        done[entry["path"]] = entry
-        written_bytes += int(entry["bytes"])
-        INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
-        progress.update(len(done), written_bytes)
-        held = hold is not None and len(done) == hold[0]
-        if time.monotonic() - last_journal > 0.5 or held:
-            write_json_atomic(journal_path, {**header, "files": done})
-            last_journal = time.monotonic()
-        if held and hold is not None:
-            _hold(len(done), hold[1])
-
-    fmt, layout = model.dataset.format, model.dataset.layout
+    journal = _Journal(journal_path, header, done, _Progress(len(plan), show))
     try:
-        if jobs <= 1 or len(todo) <= 1:
-            for spec in todo:
-                record(_write_one(fmt, str(data_dir), spec, layout, seed))
-        else:
-            # spawn, not fork: a parent that has used polars (its Rust thread pool) deadlocks
-            # forked children that use polars again (csv/parquet writers).
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_worker_init) as pool:
-                pending: set[Future] = set()
-                it = iter(todo)
-                try:
-                    for spec in it:
-                        pending.add(_submit_blocked(pool, _write_one, fmt, str(data_dir), spec, layout, seed))
-                        if len(pending) >= 2 * jobs:
-                            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                            for f in finished:
-                                record(f.result())
-                    for f in list(pending):
-                        record(f.result())
-                        pending.discard(f)
-                except BaseException:
-                    for f in pending:
-                        f.cancel()
-                    raise
+        _write_files(todo, model.dataset.format, data_dir, model.dataset.layout, seed, jobs, journal.record)
     except BaseException:
-        progress.update(len(done), written_bytes, force=True)
-        progress.close()
+        journal.close()
         try:  # keep what is done for the rerun; never hide the original error (e.g. disk full)
-            write_json_atomic(journal_path, {**header, "files": done})
+            journal.write()
         except ReplayError:
             pass
         raise
-    progress.update(len(done), written_bytes, force=True)
-    progress.close()
-    write_json_atomic(journal_path, {**header, "files": done})
+    journal.close()
+    journal.write()
 
     INTERRUPT.check()  # never mark a dataset complete after a Ctrl-C
     files = [done[s.relpath] for s in plan]
@@ -444,6 +370,111 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     return GenerateResult(data_dir=data_dir, files=len(plan), total_bytes=total, generated=len(todo),
                           reused=len(plan) - len(todo), seconds=time.perf_counter() - t0,
                           warnings=tuple(warnings), manifest=manifest)
+
+
+def _replace_other(data_dir: Path, status: str, force: bool) -> str:
+    """Refuse a foreign directory, and another dlreplay dataset unless *force*; with *force*,
+    delete that dataset's own files (every listed path checked first). Returns the new status."""
+    if status == "foreign":
+        raise ReplayError(
+            f"{data_dir} is not empty and holds no dlreplay dataset ({MANIFEST_NAME}); generate refuses to "
+            f"write there so it never mixes with or deletes files it did not create. Choose an empty or new "
+            f"--data-dir.")
+    if not force:
+        raise ReplayError(
+            f"{data_dir} holds a dlreplay dataset generated for another model shape or seed; pass --force to "
+            f"replace it (only files dlreplay created are deleted) or choose another --data-dir.")
+    listed: dict[str, dict[str, Any]] = {}
+    for name in (MANIFEST_NAME, JOURNAL_NAME):  # every listed path checked before anything is deleted
+        doc = read_json(data_dir / name)
+        if doc and doc.get("schema") == DATASET_SCHEMA:
+            listed.update(listed_files(data_dir, doc, data_dir / name))
+    (data_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    _remove_owned(data_dir, listed)
+    (data_dir / JOURNAL_NAME).unlink(missing_ok=True)
+    _clean_tmp(data_dir)
+    return "empty"
+
+
+def _reusable(data_dir: Path, plan: list[FileSpec], status: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(the files an earlier run finished that are kept, warnings): the journal of an interrupted
+    run, or the manifest of a complete one whose files were deleted or truncated since
+    ("damaged"); each file is kept only at its listed size, and only when the plan still has it."""
+    source = data_dir / (MANIFEST_NAME if status == "damaged" else JOURNAL_NAME)
+    earlier = read_json(source) if status in ("partial", "damaged") else None
+    listed = listed_files(data_dir, earlier, source) if earlier else {}
+    planned = {s.relpath for s in plan}
+    listed = {rel: e for rel, e in listed.items() if rel in planned}
+    broken = file_problems(data_dir, listed)
+    done: dict[str, dict[str, Any]] = {rel: e for rel, e in listed.items() if rel not in broken}
+    warnings: list[str] = []
+    if status == "damaged":
+        warnings.append(f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
+                        f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them")
+    return done, warnings
+
+
+class _Journal:
+    """The files finished so far (*done*, updated in place), written to the journal at most every
+    half second and when a test hold is reached; the progress line follows them."""
+
+    def __init__(self, path: Path, header: dict[str, Any], done: dict[str, dict[str, Any]],
+                 progress: _Progress) -> None:
+        self.path, self.header, self.done, self.progress = path, header, done, progress
+        self.written_bytes = sum(int(e["bytes"]) for e in done.values())
+        self.last_write = time.monotonic()
+        self.hold = _hold_after()
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """One more file finished."""
+        done = self.done
+        done[entry["path"]] = entry
+        self.written_bytes += int(entry["bytes"])
+        INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
+        self.progress.update(len(done), self.written_bytes)
+        held = self.hold is not None and len(done) == self.hold[0]
+        if time.monotonic() - self.last_write > 0.5 or held:
+            self.write()
+            self.last_write = time.monotonic()
+        if held and self.hold is not None:
+            _hold(len(done), self.hold[1])
+
+    def write(self) -> None:
+        write_json_atomic(self.path, {**self.header, "files": self.done})
+
+    def close(self) -> None:
+        """The progress line's last state."""
+        self.progress.update(len(self.done), self.written_bytes, force=True)
+        self.progress.close()
+
+
+def _write_files(todo: list[FileSpec], fmt: str, data_dir: Path, layout: Layout, seed: int, jobs: int,
+                 record: Callable[[dict[str, Any]], None]) -> None:
+    """Write the files of *todo*, in *jobs* processes; *record* is called with each one's entry."""
+    if jobs <= 1 or len(todo) <= 1:
+        for spec in todo:
+            record(_write_one(fmt, str(data_dir), spec, layout, seed))
+        return
+    # spawn, not fork: a parent that has used polars (its Rust thread pool) deadlocks
+    # forked children that use polars again (csv/parquet writers).
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_worker_init) as pool:
+        pending: set[Future] = set()
+        it = iter(todo)
+        try:
+            for spec in it:
+                pending.add(_submit_blocked(pool, _write_one, fmt, str(data_dir), spec, layout, seed))
+                if len(pending) >= 2 * jobs:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        record(f.result())
+            for f in list(pending):
+                record(f.result())
+                pending.discard(f)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
 
 
 def layout_written(model: WorkloadModel, files: list[dict[str, Any]]) -> dict[str, Any]:

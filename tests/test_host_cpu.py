@@ -125,7 +125,7 @@ def test_zero_host_cpu_is_a_pure_sleep(tmp_path: Path) -> None:
 def _worker_reader(tmp_path: Path, *sets: str):
     from dlreplay.replay import GenerateConfig, generate_dataset
     from dlreplay.replay.common import read_dataset_manifest
-    from dlreplay.replay.engine import _worker_spec
+    from dlreplay.replay.prepare import worker_spec as _worker_spec
     from dlreplay.replay.loader import SampleReader
 
     model = _model(*sets)
@@ -190,7 +190,7 @@ def test_the_torch_datasets_own_steps_count_in_the_samples_cpu(tmp_path: Path, m
     import torch
 
     from dlreplay.replay.common import read_dataset_manifest
-    from dlreplay.replay.engine import _worker_spec
+    from dlreplay.replay.prepare import worker_spec as _worker_spec
     from dlreplay.replay.torchloader import ReplayDataset
 
     model = _model("reader.preprocess_time=0.006", "reader.preprocess_host_cpu=0.004")
@@ -219,7 +219,7 @@ def test_worker_cpu_is_distilled_from_item_cpu_times() -> None:
     without them models 0 (a sleep, as DLIO)."""
     import polars as pl
 
-    from dlreplay.analyze.distill import _preprocess_cpu
+    from dlreplay.analyze.distill.reader import preprocess_cpu as _preprocess_cpu
 
     items = pl.DataFrame({"ts": [0, 10, 20, 30], "cpu_time": [1000, 3000, 2000, 2000]})
     d = _preprocess_cpu(items)

@@ -366,7 +366,7 @@ def test_png_idat_chunk_size_is_kept(tmp_path: Path) -> None:
     """A PNG written by another encoder with 8 KiB IDAT chunks (libpng's default) keeps them."""
     from PIL import Image
 
-    from dlreplay.replay.writers import _png_rechunk
+    from dlreplay.replay.writers.images import png_rechunk as _png_rechunk
 
     src = tmp_path / "pngchunks"
     src.mkdir()
@@ -393,7 +393,7 @@ def test_png_adam7_encoding_decodes_to_the_same_pixels(mode: str, bits: int | No
 
     from PIL import Image
 
-    from dlreplay.replay.writers import _image_pixels, _png_interlaced
+    from dlreplay.replay.writers.images import image_pixels as _image_pixels, png_interlaced as _png_interlaced
 
     img = _image_pixels(width, height, mode, 0.7, np.random.default_rng(13), bits)
     buf = io.BytesIO()
@@ -413,7 +413,7 @@ def test_png_interlaced_round_trip(tmp_path: Path) -> None:
 
     from PIL import Image
 
-    from dlreplay.replay.writers import _png_interlaced
+    from dlreplay.replay.writers.images import png_interlaced as _png_interlaced
 
     src = tmp_path / "adam7"
     src.mkdir()

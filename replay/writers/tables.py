@@ -1,0 +1,117 @@
+"""Parquet (pyarrow when installed, else polars) and CSV files with the real files' columns,
+types, codecs, row groups and pages, or delimiter and header."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlreplay.model import TableFile
+
+from .content import block_for, deflate_share, fill_noise
+
+#: Bytes per value of Parquet's fixed-width column types.
+_FIXED_WIDTH = {"int64": 8, "double": 8, "float": 4, "int32": 4, "boolean": 1, "int16": 2, "int8": 1}
+
+
+def write_parquet(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.random.Generator) -> str:
+    import polars as pl
+
+    rows = len(sizes)
+    cols = t.columns if t and t.columns else []
+    if not cols:
+        pl.DataFrame({"data": [rng.bytes(s) for s in sizes]}, schema={"data": pl.Binary}).write_parquet(
+            tmp, compression="uncompressed")
+        return "polars"
+    assert t is not None  # cols come from it
+    data, var = _parquet_columns(t, sizes, rng)
+    row_group = max(1, -(-rows // (t.row_groups or 1)))
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        codecs = {c.compression for c in cols if c.compression}
+        codec: Any = next(iter(codecs)) if len(codecs) == 1 else "uncompressed"
+        pl.DataFrame(data).write_parquet(tmp, compression=codec, row_group_size=row_group,
+                                         data_page_size=t.data_page_size)
+        return "polars (pyarrow not installed: one codec for all columns, its own page cuts)"
+    table = pa.table({c.name: pa.array(data[c.name], type=pa.binary()) if c in var else pa.array(data[c.name])
+                      for c in cols})
+    pq.write_table(table, tmp, row_group_size=row_group,
+                   compression={c.name: (c.compression or "none") for c in cols},
+                   use_dictionary=[c.name for c in cols if c.dictionary] or False, **_pyarrow_pages(t))
+    return f"pyarrow {pa.__version__}"
+
+
+def _parquet_columns(t: TableFile, sizes: Sequence[int], rng: np.random.Generator) -> tuple[dict[str, Any], list[Any]]:
+    """(each column's values, the variable-width columns): binary columns of the real widths (or
+    sharing the plan's bytes per row), compressible like the real file; numbers at random."""
+    rows, cols = len(sizes), t.columns
+    ratio = t.compression_ratio if t.compression_ratio else 1.0
+    var = [c for c in cols if c.type not in _FIXED_WIDTH] or [cols[-1]]
+    if all(c.row_bytes is not None for c in var):
+        # the real columns' widths (a length prefix of 4 bytes per value in Parquet's plain encoding)
+        per_var_col = {c.name: [max(0, int(round((c.row_bytes or 0) - 4)))] * rows for c in var}
+    else:  # the plan's bytes per row, less the fixed-width columns, shared by the variable ones
+        width = sum(_FIXED_WIDTH.get(c.type, 0) for c in cols)
+        share_var = [max(0, (s - width) // len(var)) for s in sizes]
+        per_var_col = {c.name: share_var for c in var}
+    share = 1.0 if ratio >= 0.98 else deflate_share(max(sum(sizes), 1), round(ratio, 4), 6)
+    data: dict[str, Any] = {}
+    for c in cols:
+        if c in var:
+            data[c.name] = [fill_noise(n, share, rng, block_for(max(n, 16))).tobytes() for n in per_var_col[c.name]]
+        elif c.type in ("double", "float"):
+            data[c.name] = rng.standard_normal(rows).astype(np.float64 if c.type == "double" else np.float32)
+        elif c.type == "boolean":
+            data[c.name] = rng.integers(0, 2, rows).astype(bool)
+        else:
+            data[c.name] = rng.integers(0, 1 << 30, rows).astype(np.int64 if c.type == "int64" else np.int32)
+    return data, var
+
+
+def _pyarrow_pages(t: TableFile) -> dict[str, Any]:
+    """``pyarrow.parquet.write_table``'s page options for the real file's data pages."""
+    pages: dict[str, Any] = {}
+    if t.data_page_size:
+        # pyarrow adds values in batches and cuts a page once a batch brings it to the page
+        # size: with the real writer's batch, a size half a batch below the real column's
+        # pages cuts them after the same number of batches (and a wide column's after each)
+        size, batch = t.data_page_size, t.data_page_batch
+        if batch:
+            pages["write_batch_size"] = batch
+            if t.data_page_values:
+                size = max(1, size - size * batch // t.data_page_values // 2)
+        pages["data_page_size"] = size
+    if t.data_page_version in (1, 2):
+        pages["data_page_version"] = f"{t.data_page_version}.0"
+    return pages
+
+
+def write_csv(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.random.Generator) -> str:
+    import polars as pl
+
+    if t is None or not t.columns:
+        rows = [rng.bytes(max(1, s // 2)).hex() + ("0" if s % 2 and s > 1 else "") for s in sizes]
+        pl.DataFrame({"data": rows}).write_csv(tmp)
+        return "polars"
+    delim = t.delimiter or ","
+    ncols = len(t.columns)
+    lines = []
+    if t.header:
+        lines.append(delim.join(c.name for c in t.columns))
+    for s in sizes:
+        body = max(ncols, s - 1 - (ncols - 1))  # newline and delimiters
+        widths = [body // ncols + (1 if i < body % ncols else 0) for i in range(ncols)]
+        digits = rng.integers(0, 10, size=sum(widths)).astype(np.uint8) + ord("0")
+        text = digits.tobytes().decode()
+        parts, pos = [], 0
+        for w in widths:
+            parts.append(text[pos:pos + w])
+            pos += w
+        lines.append(delim.join(parts))
+    tmp.write_text("\n".join(lines) + "\n")
+    return "text"
