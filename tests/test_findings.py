@@ -188,7 +188,8 @@ def test_flag_reads_equals_the_window_reference(rows) -> None:
     """flag_reads (one stable sort; the row before a read is its predecessor) against
     _sessions + darshan_pattern (window functions): the same flagged reads, ties in time
     included, with the packed sort key and with two keys."""
-    from dlreplay.analyze.passes import _sessions, flag_reads, flag_reads_lazy
+    from dlreplay.analyze.passes import flag_reads, flag_reads_lazy
+    from dlreplay.analyze.passes import sessions as _sessions
 
     io = pl.DataFrame(sorted(rows, key=lambda r: r[2]), schema={"pid": pl.Int32, "file": pl.Categorical, "ts": pl.Int64,
                                                                 "name": pl.Categorical, "offset": pl.Int64,
@@ -387,7 +388,7 @@ def test_passes_take_a_summary_already_made(monkeypatch) -> None:
     """A view given the trace's summary (as the ingest benchmark has it after its own
     summarize) does not compute it again, and the passes' results are those of a view
     that computes it."""
-    import dlreplay.analyze.passes as passes
+    import dlreplay.analyze.passes.view as passes
     from dlreplay.analyze import summarize
 
     lt = load_trace(TRACES / "npz_fork")
@@ -409,7 +410,7 @@ def test_passes_by_process_batches_give_the_same_results(name: str, kernels: boo
     (a lower peak); forced on these small traces, the batches split the rows exactly and
     every pass gives what it gives in one go, in memory and over a spilled table, with the
     C kernels and with the polars queries."""
-    import dlreplay.analyze.passes as passes
+    import dlreplay.analyze.passes.view as passes
 
     if not kernels:
         monkeypatch.setattr(passes, "_KERNELS", None)

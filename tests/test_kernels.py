@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dlreplay.analyze.passes as P
+import dlreplay.analyze.passes.view as P
 from dlreplay.analyze import load_trace
 from dlreplay.analyze.analysis import analyze_trace
 from dlreplay.analyze.passes import characterize
