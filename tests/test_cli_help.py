@@ -83,7 +83,7 @@ def test_top_level_help_lists_every_command_in_pipeline_order(runner: CliRunner)
 
 
 def test_each_command_has_a_one_line_summary(runner: CliRunner) -> None:
-    for path, group in _groups():
+    for path, _group in _groups():
         listed = _listed(_help(runner, *path))
         assert all(name for name, _ in listed), (path, listed)  # no summary wrapped onto a second line
         for name, summary in listed:
@@ -132,9 +132,9 @@ def test_every_command_a_help_names_exists(runner: CliRunner) -> None:
             assert _resolves(named), (words, named)
     # the top-level description names the commands in words of their own: each is one
     description = _help(runner).split("Options:", 1)[0]
-    named = [word for word in re.findall(r"\b[a-z]+\b", description) if word in PIPELINE]
-    assert sorted(set(named)) == sorted(PIPELINE)
-    assert all(word in main.commands for word in named)
+    words_named = [word for word in re.findall(r"\b[a-z]+\b", description) if word in PIPELINE]
+    assert sorted(set(words_named)) == sorted(PIPELINE)
+    assert all(word in main.commands for word in words_named)
 
 
 def test_model_help_promises_only_its_own_commands(runner: CliRunner) -> None:
