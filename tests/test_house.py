@@ -160,12 +160,13 @@ def test_no_private_name_crosses_a_module() -> None:
             where = f"{f.relative_to(REPO)}:{line}"
             parts = target.split(".")
             for i, part in enumerate(parts):
-                if _private(part) and not name.startswith(".".join(parts[:i]) + "."):
+                owner = ".".join(parts[:i])
+                if _private(part) and not (name == owner or name.startswith(owner + ".")):
                     bad.append(f"{where} imports the private module {target}")
             if imported and _private(imported) and target != name:
                 full = f"{target}.{imported}"
                 if full in modules or full.rsplit(".", 1)[1] in ("_pfwscan", "_kernels"):
-                    if not name.startswith(target + "."):
+                    if not (name == target or name.startswith(target + ".")):
                         bad.append(f"{where} imports the private module {full}")
                 else:
                     bad.append(f"{where} imports {target}.{imported}, a private name of another module")
