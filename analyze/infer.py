@@ -268,9 +268,22 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
     if visits.is_empty():
         none = Inferred(None, "no dataset I/O")
         return PosixLoop(none, none, none, none, none)
+    epochs, visits, epoch_spans = _epochs(io, _dataset_visits(visits), basis)
+    threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
+    spf = _samples_per_file(visits, basis)
+    batch, ev_batch = _batch_size(visits)
+    computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses)
+    return PosixLoop(
+        epochs=epochs, read_threads=threads, samples_per_file=spf, batch_size=Inferred(batch, ev_batch),
+        computation_time=computation, compute_samples=samples, epoch_spans=epoch_spans,
+        sample_files=sorted(visits["file"].unique().to_list()), consumers=consumers,
+    )
 
-    # epochs
-    visits = _dataset_visits(visits)
+
+def _epochs(io: pl.DataFrame, visits: pl.DataFrame,
+            basis: str) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]]:
+    """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each): the passes the
+    visits split into (see :func:`_epochs_from_visits`), else one."""
     reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
                       & pl.col("file").is_in(visits["file"].unique().implode()))
     split = _epochs_from_visits(visits, reads.select("pid", "file", "ts", "offset", "size"))
@@ -282,87 +295,101 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
         visits = visits.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
     spans = visits.group_by("epoch").agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b")).sort("epoch")
     epoch_spans = [(int(e), int(a), int(b)) for e, a, b in spans.iter_rows()]
+    return Inferred(n_epochs, ev_epochs), visits, epoch_spans
 
-    # read threads: the worker processes (children of a traced process) reading samples in an
-    # epoch (persistent workers read in every epoch, others only in theirs); none: the
-    # consumer reads itself
+
+def _read_threads(io: pl.DataFrame, visits: pl.DataFrame, epoch_spans: list[tuple[int, int, int]],
+                  read_threads: int | None, traced_pids: set[int] | None) -> tuple[Inferred, int]:
+    """(read threads, the processes the samples are read for): the worker processes (children
+    of a traced process) reading samples in an epoch (persistent workers read in every epoch,
+    others only in theirs), per consumer (each rank of a multi-rank job has its own workers);
+    none: the consumer reads itself."""
     sample_files = visits["file"].unique().implode()
     readers = io.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").is_in(sample_files))
     pids = readers["pid"].n_unique()
     consumers = 1  # the processes the samples are read for (the workers' parents, when workers read)
     if read_threads is not None:
-        threads, ev_threads = read_threads, "given"
-    elif traced_pids is not None:
-        # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
-        # reads at an epoch's edge, by the previous epoch's workers, do not count)
-        work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
-        n = work.group_by("pid", "ppid", "epoch").len()
-        fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
-        # per consumer (the workers' parent: each rank of a multi-rank job has its own workers)
-        per = fair.group_by("epoch", "ppid").agg(pl.col("pid").n_unique())["pid"]
-        threads = int(_num(per.max())) if per.len() else 0
-        parents = fair["ppid"].n_unique()
-        if threads:
-            consumers = parents
-        ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
-                      + (f"for each of {parents} consumers " if parents > 1 else "")
-                      + f"({pids} reading process(es) in all)" if threads else
-                      f"the consumer reads the samples itself ({pids} reading process(es), none a worker)")
-    else:
+        return Inferred(read_threads, "given"), consumers
+    if traced_pids is None:
         threads = _concurrent(readers)
-        ev_threads = f"{threads} of the {pids} processes reading dataset files read at the same time"
+        return Inferred(threads, f"{threads} of the {pids} processes reading dataset files read at the same "
+                                 "time"), consumers
+    # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
+    # reads at an epoch's edge, by the previous epoch's workers, do not count)
+    work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
+    n = work.group_by("pid", "ppid", "epoch").len()
+    fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
+    # per consumer (the workers' parent: each rank of a multi-rank job has its own workers)
+    per = fair.group_by("epoch", "ppid").agg(pl.col("pid").n_unique())["pid"]
+    threads = int(_num(per.max())) if per.len() else 0
+    parents = fair["ppid"].n_unique()
+    if threads:
+        consumers = parents
+    ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
+                  + (f"for each of {parents} consumers " if parents > 1 else "")
+                  + f"({pids} reading process(es) in all)" if threads else
+                  f"the consumer reads the samples itself ({pids} reading process(es), none a worker)")
+    return Inferred(threads, ev_threads), consumers
 
-    # samples per file
+
+def _samples_per_file(visits: pl.DataFrame, basis: str) -> Inferred:
+    """Samples per file: the median visits of a file in an epoch."""
     per = visits.group_by("file", "epoch").len()["len"]
     spf = int(_num(per.median()) or 1)
-    ev_spf = (f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
-              f"{int(_num(per.min()))}-{int(_num(per.max()))})")
+    return Inferred(spf, f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
+                         f"{int(_num(per.min()))}-{int(_num(per.max()))})")
 
-    # batch size and compute time
-    batch, ev_batch = _batch_size(visits)
-    compute, ev_compute, samples = None, "batch size unknown", []
-    if batch:
-        w = max(threads, 1)
-        b = visits.sort("pid", "ts").with_columns(
-            (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch"))
-        starts = b.group_by("pid", "epoch", "batch").agg(pl.col("ts").min().alias("t0"), pl.col("end").max()
-                                                         .alias("t1"), pl.len().alias("n")).sort("pid", "t0")
-        if threads:
-            iv = starts.with_columns((pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv"))
-            # steady state: from a worker's fourth batch of an epoch on (its first two are the
-            # prefetch burst, the third's interval still runs from the burst)
-            steady = iv.filter((pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
-                               ).sort("t0")
-            if pauses is not None and pauses.height and steady.height:
-                steady = steady.with_columns(
-                    (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv"))
-            vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
-            # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
-            # worker idles most of it (a few %); above a quarter the loader sets the pace and the
-            # interval is the loader's period, an upper bound on the compute
-            busy = _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item()) \
-                if steady.height else 0.0
-            what = (f"median interval between a worker's batch starts / {w} workers"
-                    + (f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)" if busy > 0.25
-                       else ""))
-        else:
-            iv = starts.with_columns((pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv"))
-            steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch)).sort("t0")
-            vals = steady["iv"].to_numpy() * _US if steady.height else np.array([])
-            what = "median idle time of the reading process between its batches"
-        warm = _warmup(vals)
-        if warm:
-            what += f", {warm} warm-up interval(s) left out"
-            vals = vals[warm:]
-        if vals.size:
-            compute = float(np.median(vals))
-            samples = [float(x) for x in vals]
-            ev_compute = f"{what}: {compute:.4f} s over {vals.size} steady-state batches"
-        else:
-            ev_compute = "no steady-state batches (too few per worker and epoch)"
-    return PosixLoop(
-        epochs=Inferred(n_epochs, ev_epochs), read_threads=Inferred(threads, ev_threads),
-        samples_per_file=Inferred(spf, ev_spf), batch_size=Inferred(batch, ev_batch),
-        computation_time=Inferred(compute, ev_compute), compute_samples=samples, epoch_spans=epoch_spans,
-        sample_files=sorted(visits["file"].unique().to_list()), consumers=consumers,
-    )
+
+def _computation_time(visits: pl.DataFrame, batch: int | None, threads: int,
+                      pauses: pl.DataFrame | None) -> tuple[Inferred, list[float]]:
+    """(compute time per step, the steady-state intervals it is the median of): the interval
+    between a worker's batch starts over the workers, or without workers the reading
+    process's idle time between its batches; warm-up intervals left out."""
+    if not batch:
+        return Inferred(None, "batch size unknown"), []
+    b = visits.sort("pid", "ts").with_columns(
+        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch"))
+    starts = b.group_by("pid", "epoch", "batch").agg(pl.col("ts").min().alias("t0"), pl.col("end").max()
+                                                     .alias("t1"), pl.len().alias("n")).sort("pid", "t0")
+    if threads:
+        vals, what = _worker_intervals(starts, batch, threads, pauses)
+    else:
+        iv = starts.with_columns((pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv"))
+        steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch)).sort("t0")
+        vals = steady["iv"].to_numpy() * _US if steady.height else np.array([])
+        what = "median idle time of the reading process between its batches"
+    warm = _warmup(vals)
+    if warm:
+        what += f", {warm} warm-up interval(s) left out"
+        vals = vals[warm:]
+    if not vals.size:
+        return Inferred(None, "no steady-state batches (too few per worker and epoch)"), []
+    compute = float(np.median(vals))
+    return (Inferred(compute, f"{what}: {compute:.4f} s over {vals.size} steady-state batches"),
+            [float(x) for x in vals])
+
+
+def _worker_intervals(starts: pl.DataFrame, batch: int, threads: int,
+                      pauses: pl.DataFrame | None) -> tuple[np.ndarray, str]:
+    """(compute per step of each steady-state interval, how it was found): the interval
+    between a worker's batch starts (``starts``: pid, epoch, batch, t0, t1, n) over the
+    ``threads`` workers, the ``pauses`` inside it taken out."""
+    w = max(threads, 1)
+    iv = starts.with_columns((pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv"))
+    # steady state: from a worker's fourth batch of an epoch on (its first two are the
+    # prefetch burst, the third's interval still runs from the burst)
+    steady = iv.filter((pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
+                       ).sort("t0")
+    if pauses is not None and pauses.height and steady.height:
+        steady = steady.with_columns(
+            (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv"))
+    vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
+    # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
+    # worker idles most of it (a few %); above a quarter the loader sets the pace and the
+    # interval is the loader's period, an upper bound on the compute
+    busy = _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item()) \
+        if steady.height else 0.0
+    what = (f"median interval between a worker's batch starts / {w} workers"
+            + (f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)" if busy > 0.25
+               else ""))
+    return vals, what
