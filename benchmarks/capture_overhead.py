@@ -20,6 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import dlreplay  # noqa: E402
+
+dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI sets them
+
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
 

@@ -20,6 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import dlreplay  # noqa: E402
+
+dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI sets them
+
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402
 from dlreplay.pfw import decompress  # noqa: E402

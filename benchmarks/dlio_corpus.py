@@ -33,6 +33,10 @@ sys.path.insert(0, str(REPO))
 
 from layout_fidelity import settled_dataset  # noqa: E402  (benchmarks/, this script's directory)
 
+import dlreplay  # noqa: E402
+
+dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI sets them
+
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.compare import compare_traces  # noqa: E402
 from dlreplay.analyze.distill import distill  # noqa: E402

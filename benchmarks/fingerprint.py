@@ -25,6 +25,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import dlreplay  # noqa: E402
+
+dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI sets them
+
 from dlreplay.capture.fingerprint import fingerprint_dataset  # noqa: E402
 
 

@@ -200,6 +200,8 @@ def rss(key):
         for line in fh:
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
+import dlreplay
+dlreplay.prepare_process()  # as the CLI does, before polars is first imported
 from dlreplay.analyze import load_trace, summarize
 from dlreplay.analyze.findings import find
 from dlreplay.analyze.passes import TraceView, characterize

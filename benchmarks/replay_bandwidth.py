@@ -31,9 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlreplay.model import apply_overrides, model_from_dict
-from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay
-from dlreplay.replay.formats import PosixReader
+import dlreplay
+
+dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI sets them
+
+from dlreplay.model import apply_overrides, model_from_dict  # noqa: E402
+from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay  # noqa: E402
+from dlreplay.replay.formats import PosixReader  # noqa: E402
 
 
 def drop_cache(files: list[Path]) -> None:

@@ -25,6 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ingest import build  # noqa: E402
 
+import dlreplay  # noqa: E402
+
+dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI sets them
+
 from dlreplay.analyze import load_trace  # noqa: E402
 from dlreplay.analyze.distributed import analyze_distributed, cluster  # noqa: E402
 from dlreplay.analyze.findings import find  # noqa: E402

@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import dlreplay
+
+# The suite runs with the environment the CLI sets up for itself (polars' allocator, one BLAS
+# thread), as it did when importing dlreplay set it.
+dlreplay.prepare_process()
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 TRACES = REPO / "traces"
