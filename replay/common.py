@@ -281,7 +281,7 @@ def listed_files(data_dir: Path, doc: dict[str, Any], source: Path) -> dict[str,
             raise ReplayError(f"{source}: the entry for {rel!r} lists side files that are not a dataset's; delete "
                               f"{source} (it is not a file dlreplay wrote) or choose another --data-dir")
         for suffix in aux_files(e):
-            confined_path(data_dir, rel + suffix, source)
+            confined_path(data_dir, str(rel) + suffix, source)  # rel: a str (confined_path checked it)
         out[str(rel)] = e
     return out
 

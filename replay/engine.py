@@ -190,8 +190,8 @@ class _RankRun:
         # (the same names and args a captured job has, so a replay trace is analysed like the real one).
         self.own_events = not _loader_events_from_hooks(self.plan)
         # the interpreter's objects so far (torch, numpy, the formats' libraries: ~10^5) are left
-        # out of the garbage collector's scans: a full scan of them takes ~70 ms, a young one ~1 ms,
-        # loop overhead a training step of the job did not have in its measured time (collected
+        # out of the garbage collector's scans: a full scan of them takes far longer than a young
+        # one, loop overhead a training step of the job did not have in its measured time (collected
         # first, so no garbage is frozen; unfrozen at the rank's end)
         gc.collect()
         gc.freeze()
@@ -438,9 +438,10 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     if config.loader not in LOADERS:
         raise ReplayError(f"--loader: expected one of {', '.join(LOADERS)}, got {config.loader!r}")
     if config.accelerators is None:
-        config = dataclasses.replace(config, accelerators=model_accelerators(config.model))
-        if config.accelerators > 1 and not config.traced:
-            say(f"{config.accelerators} accelerators, as many as the traced job's ranks (processes.ranks; "
+        n = model_accelerators(config.model)
+        config = dataclasses.replace(config, accelerators=n)
+        if n > 1 and not config.traced:
+            say(f"{n} accelerators, as many as the traced job's ranks (processes.ranks; "
                 "--accelerators N to change)")
     assert config.accelerators is not None
     if config.accelerators < 1:
@@ -649,6 +650,7 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
 def _not_started(config: ReplayConfig, out: Path, manifest: dict[str, Any], started: str,
                  warnings: Sequence[str]) -> ReplayResult:
     """Metrics of a replay interrupted before its first step: no epochs, ``complete`` false."""
+    assert config.accelerators is not None  # set by run_replay before a traced run starts
     doc = metrics_doc(config, [], manifest, started, 0.0, True, warnings, config.accelerators, False)
     write_json_atomic(out / METRICS_NAME, doc)
     return ReplayResult(out=out, metrics=doc, complete=False, traced=config.trace, warnings=tuple(warnings))

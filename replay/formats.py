@@ -241,7 +241,7 @@ def _sample_of(arrays: list[np.ndarray], k: int | None) -> Decoded:
     """One sample from the arrays a Dataset takes: row *k* of arrays with more than one row
     (None: the arrays are the sample's already), the whole array otherwise; several arrays
     stay several (a job's Dataset returns them as they are: joining them was a copy of every
-    sample that the job's workers did not make, 0.1-0.3 ms of an NPZ volume's)."""
+    sample that the job's workers did not make)."""
     rows = [np.ascontiguousarray(a[k] if k is not None and a.ndim >= 1 and a.shape[0] > 1 else a) for a in arrays]
     if len(rows) == 1:
         return rows[0]
@@ -425,7 +425,7 @@ class LibraryReader(_Reader):
         try:
             fh.seek(offset)
             out = np.empty(length, dtype=np.uint8)
-            fh.readinto(out)
+            fh.readinto(out)  # type: ignore[arg-type]  # an ndarray is a writable buffer; numpy's stubs do not say so
             return out
         finally:
             if self.open_per_sample:
@@ -482,6 +482,7 @@ class PosixReader(_Reader):
         while self._stat_debt >= 1.0:
             os.stat(path)
             self._stat_debt -= 1.0
+        fd: int | None
         if self.open_per_sample:
             fd = self._open_fd(path, direct)
         else:

@@ -15,8 +15,8 @@ of the step's compute time. The step's wall time is the model's: the CPU work st
 the end of the step's compute time even when it has not spent all its seconds (a host
 busier than the job's was gives it less; ``metrics.json`` reports the CPU spent beside
 the modelled). Letting it run on stretched the steps of the jobs whose workers compete
-for the cores by 5-14 % over their measured wall time (the job's step time holds that
-competition already), and raised the replay's AU by 6-11 points.
+for the cores beyond their measured wall time (the job's step time holds that
+competition already), and raised the replay's AU.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def runnable_seconds() -> float:
     not schedstat's first field: the kernel brings that one up to date only at a scheduler
     tick or a context switch, so read by the running thread itself it lags by up to a tick
     (4 ms at 250 Hz). Measured around a sample's decode right after a sleep (fresh at the
-    start, stale at the end), it came out 1.6-2 ms short per 3.8 ms NPZ decode, and the
+    start, stale at the end), it came out short by a good part of the decode, and the
     replay slept that much preprocessing twice. The run-queue wait (second field) is
     brought up to date when the thread gets a CPU, so it is current while the thread runs."""
     return time.thread_time() + _run_delay()
@@ -133,8 +133,8 @@ def runnable_seconds() -> float:
 
 class _Draws:
     """Values of a distribution drawn in blocks (one numpy call per :data:`BLOCK` values,
-    not one per sample: a single draw of an empirical distribution costs ~20-35 µs of the
-    worker's CPU, a good part of a small sample's own cost)."""
+    not one per sample: a single draw of an empirical distribution costs the worker a good
+    part of a small sample's own CPU)."""
 
     BLOCK = 256
 
@@ -182,7 +182,7 @@ def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray]]:
                     del mapped
                 else:
                     with open(path + suffix, "rb") as fh:
-                        fh.readinto(values)
+                        fh.readinto(values)  # type: ignore[arg-type]  # an ndarray is a writable buffer
             except OSError as exc:
                 raise ReplayError(f"{path + suffix}: cannot read the record index ({exc.strerror or exc})") from None
             pair.append(values)
@@ -254,8 +254,7 @@ class SampleReader:
                 ts = max(1, int(self.transfer.next()))
                 # storage-level reads into the reader's reused buffer: nothing decoded, so no bytes
                 # are handed to the consumer (a new array per sample cost a page fault per 4 KiB,
-                # and through PyTorch's DataLoader a copy into shared memory: 2 GB of 128 MB
-                # samples replayed at 0.55-0.79 GB/s against 1.0-1.15 GB/s this way)
+                # and through PyTorch's DataLoader a copy into shared memory)
                 nbytes, decoded = self.reader.read(path, off, length, ts), _NO_BYTES
             else:
                 nbytes, decoded = self.reader.read_decoded(path, k, rec)
@@ -293,9 +292,9 @@ class SampleReader:
         REGIONS.end(item)
         if settled is not None:
             # what the sample took after its CPU was settled, besides the burn, comes out of the next
-            # sample's: the sleep's own system time (30-37 us a sleep on this project's VM: 6-11 % of
-            # the CPU of an HDF5 tile's item) and the trace's region events. The job's items spent
-            # none of it, and the replay's workers spent 8-11 % more CPU per sample than the job's.
+            # sample's: the sleep's own system time and the trace's region events. The job's items
+            # spent none of it, and without this the replay's workers spent more CPU per sample
+            # than the job's.
             self.cpu_debt -= time.thread_time() - settled - burned
         return nbytes, decoded
 

@@ -13,7 +13,7 @@ job's behaviour:
   the model gives ``dataset.record_length_resize``, one tensor of that many bytes (the
   reader's resize: DLIO hands over its ``resized_image`` whatever it read);
 * :class:`PlannedBatches`: a batch sampler yielding the epoch's planned batches (the
-  seeded file and sample shuffles of :func:`~.engine.epoch_batches`, sharded by rank),
+  seeded file and sample shuffles of :func:`~.plan.epoch_batches`, sharded by rank),
   so both loaders read the same samples in the same order;
 * :class:`TorchLoader`: a ``DataLoader`` with the model's workers, prefetch factor,
   persistent workers and pin memory; :meth:`TorchLoader.epoch` yields
@@ -235,24 +235,20 @@ def _worker_message(exc: BaseException) -> str:
     return last
 
 
-def _arrival_stamps(it: Any) -> list[float]:
+def arrival_stamps(it: Any) -> list[float]:
     """A one-item list that holds, after each batch of the DataLoader iterator *it*, the
     ``time.perf_counter()`` at which torch had it (its ``_next_data`` returned; 0.0 where the
     iterator has none).
 
-    The iterator's ``__next__`` reaches its caller later than that: measured from the
-    capture hook's last statement to the caller's next one, 0.7 ms a step (median) beside
-    two busy workers on 2 cores, most likely the training thread waiting for the GIL while
-    the DataLoader's other threads run. A job's step, as the capture hooks measure it,
-    starts before that delay and holds it, and the replay's loop body holds it again; so
-    the replay counts the step from the batch's arrival and takes the delay out of its
-    sleep instead of spending it twice (npz_starved: loop bodies 0.8 ms a step longer than
-    the model, ΔAU +3.5 to +5.2 points over 8 replays; with this and the engine repaying
-    such overruns from its CPU work too, -0.8 to +0.4). Traced by dlreplay's capture hooks,
-    the step begins later, where the hooks begin the loop body (``epoch`` reads it): their
-    own fetch bookkeeping, and a trace buffer's flush, belong to the fetch, as in the job
-    (h5_tiles: ΔAU -2.3 / -2.4 / -2.4 counted from the arrival, -1.9 / -1.0 / -2.0 from the
-    hooks' step)."""
+    The iterator's ``__next__`` reaches its caller later than that (from the capture hook's
+    last statement to the caller's next one), most likely the training thread waiting for the
+    GIL while the DataLoader's other threads run. A job's step, as the capture hooks measure
+    it, starts before that delay and holds it, and the replay's loop body holds it again; so
+    the replay counts the step from the batch's arrival and takes the delay out of its sleep
+    instead of spending it twice (else loop bodies run longer than the model and AU comes out
+    high). Traced by dlreplay's capture hooks, the step begins later, where the hooks begin
+    the loop body (``epoch`` reads it): their own fetch bookkeeping, and a trace buffer's
+    flush, belong to the fetch, as in the job. Figures: benchmarks/RESULTS.md."""
     stamp = [0.0]
     inner = getattr(it, "_next_data", None)
     if inner is None or getattr(inner, "_dlreplay_stamped", False):  # (a persistent iterator: wrapped once)
@@ -301,7 +297,7 @@ class TorchLoader:
         try:
             with _quiet_worker_count(), _workers_start_deaf():
                 self._iter = iter(self.loader)
-            arrived = _arrival_stamps(self._iter)
+            arrived = arrival_stamps(self._iter)
             for i, (nbytes, pids, *tensors) in enumerate(self._iter):
                 # traced by dlreplay's capture hooks, the step begins where they begin the job's
                 # loop body: after their own fetch bookkeeping (and a trace buffer's flush)

@@ -410,7 +410,7 @@ def test_arrival_stamp_is_when_torch_had_the_batch(persistent: bool) -> None:
 
     import torch
 
-    from dlreplay.replay.torchloader import _arrival_stamps
+    from dlreplay.replay.torchloader import arrival_stamps as _arrival_stamps
 
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=1,
                                          persistent_workers=persistent)

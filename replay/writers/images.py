@@ -217,7 +217,7 @@ def image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> 
     so far. Up to 8 encodes, kept within IMAGE_SIZE_TOLERANCE; the result depends only on
     the file's seed.
     """
-    seed = rng.integers(0, 2**63)
+    seed = int(rng.integers(0, 2**63))
     base = list(_size_curve(t, fmt))
     own: list[tuple[float, int]] = []
     content = [0]
