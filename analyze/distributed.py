@@ -43,11 +43,10 @@ from dlreplay.interrupt import hold_point
 from .findings import Finding, Thresholds, find
 from .passes import Characterization, characterize
 from .summary import Summary
+from .trace.inputs import file_groups, find_inputs
 from .trace.load import (
     FileReport,
     LoadedTrace,
-    _find_inputs,
-    _groups,
     combine,
     combine_parts,
     member_ranges,
@@ -218,7 +217,7 @@ def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_
     ``split_bytes``; the ranges of a file are resolved together where the parts are
     combined (:func:`~.load.resolve_ranges`, which parses the file whole when a cut was
     wrong or the file is damaged)."""
-    files, manifest = _find_inputs(path)
+    files, manifest = find_inputs(path)
     nworkers = max(1, len(client.scheduler_info().get("workers", {})))
     indexed = [(src, Path(p).resolve()) for src, p in enumerate(files)]
     jobs: list[list[Any]] = []
@@ -231,7 +230,7 @@ def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_
                 jobs += [[(src, str(p), a, b, k)] for k, (a, b) in enumerate(ranges)]
     rest = [(src, p) for src, p in indexed if src not in split]
     # several groups per worker: the scheduler balances uneven files
-    jobs += [[(src, str(p)) for src, p in g] for g in _groups(rest, nworkers * 4)]
+    jobs += [[(src, str(p)) for src, p in g] for g in file_groups(rest, nworkers * 4)]
     futures = client.map(parse_part, jobs, pure=False)
     if echo:
         echo(f"parsing {len(files)} file(s) in {len(jobs)} task(s) on {nworkers} Dask worker(s)")

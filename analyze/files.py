@@ -32,17 +32,14 @@ import polars as pl
 from dlreplay.schema import CAT_CHECKPOINT, CAT_DATA
 
 from .trace import vocabulary as voc
-from .trace.counts import (
-    _CKPT_LOADS,
-    _CKPT_SAVES,
-    _OP_CLASS,
-    _OPEN,
-    _READ,
-    _SUMS,
-    _WRITE,
-    file_process_table_counted,
-    row_class,
-)
+from .trace.counts import CKPT_LOADS as _CKPT_LOADS
+from .trace.counts import CKPT_SAVES as _CKPT_SAVES
+from .trace.counts import OP_CLASS as _OP_CLASS
+from .trace.counts import OPEN as _OPEN
+from .trace.counts import READ as _READ
+from .trace.counts import SUMS as _SUMS
+from .trace.counts import WRITE as _WRITE
+from .trace.counts import file_process_table_counted, row_class
 
 __all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_counted",
            "file_process_table_keyed", "loader_processes", "row_class"]

@@ -34,6 +34,14 @@ from dlreplay.schema import EVENT_SCHEMA, READ_OPS, WRITE_OPS
 from .conftest import TRACES
 
 LOAD = importlib.import_module("dlreplay.analyze.trace.load")
+NATIVE = importlib.import_module("dlreplay.analyze.trace.native")
+DECOMPRESS = importlib.import_module("dlreplay.analyze.trace.decompress")
+SCAN = importlib.import_module("dlreplay.analyze.trace.scan")
+RESOLVE = importlib.import_module("dlreplay.analyze.trace.resolve")
+MERGE = importlib.import_module("dlreplay.analyze.trace.merge")
+INPUTS = importlib.import_module("dlreplay.analyze.trace.inputs")
+SHAPES = importlib.import_module("dlreplay.analyze.trace.shapes")
+PYPARSE = importlib.import_module("dlreplay.analyze.trace.pyparse")
 HOST = "node-a"
 HHASH = "6882804a826580cd"
 T0 = 1_795_313_692_000_000  # µs
@@ -265,9 +273,9 @@ def test_single_file_list_and_plain_pfw(tmp_path: Path) -> None:
 
 def test_fast_path_and_json_path_agree(tmp_path: Path, monkeypatch) -> None:
     d, _ = dataloader_job(tmp_path)
-    monkeypatch.setattr(LOAD, "_MIN_GROUP", 1)
+    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 1)
     fast = load(d)
-    monkeypatch.setattr(LOAD, "_MIN_GROUP", 10**9)
+    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 10**9)
     slow = load(d)
     assert fast.equals(slow)
 
@@ -443,7 +451,7 @@ BAD_LINES = [
 
 @pytest.mark.parametrize("min_group", [1, 10**9])
 def test_malformed_lines_are_dropped_and_counted(tmp_path: Path, monkeypatch, min_group: int) -> None:
-    monkeypatch.setattr(LOAD, "_MIN_GROUP", min_group)
+    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", min_group)
     p = Proc(pid=11)
     for i in range(200):
         p.read("/d/x", i + 1)
@@ -586,7 +594,7 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
     holds, closes of inherited descriptors, and opens for writing or of unknown flags
     change nothing."""
     if not native:
-        monkeypatch.setattr(importlib.import_module("dlreplay.analyze.trace.load"), "_NATIVE", None)
+        monkeypatch.setattr(NATIVE, "NATIVE", None)
     w = Proc(pid=300)
     w.open("/data/a.jpg")
     w.read("/data/a.jpg", 4096)
@@ -666,7 +674,7 @@ def random_event(draw) -> dict:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(random_event(), min_size=1, max_size=40), st.booleans())
 def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool) -> None:
-    LOAD._MIN_GROUP, saved = (1 if fast else 10**9), LOAD._MIN_GROUP
+    PYPARSE._MIN_GROUP, saved = (1 if fast else 10**9), PYPARSE._MIN_GROUP
     try:
         lines = []
         for i, e in enumerate(events):
@@ -677,7 +685,7 @@ def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool
         write_gz(path, lines)
         loaded = load_trace(path)
     finally:
-        LOAD._MIN_GROUP = saved
+        PYPARSE._MIN_GROUP = saved
     assert not loaded.damaged, loaded.describe_damage()
     got = loaded.events.sort("ts", "pid", "name", "dur", maintain_order=True)
     want = pl.DataFrame(
@@ -728,9 +736,9 @@ def test_batched_small_files_match_one_by_one(tmp_path: Path, monkeypatch) -> No
     _many_small_files(d)
     files = sorted(p for p in d.iterdir())
     batched = load_trace(d, jobs=1)
-    assert len(LOAD._groups(list(enumerate(files)), 1)) == 1  # all small: one part, one parse batch
-    monkeypatch.setattr(LOAD, "_GROUP_BYTES", 1)  # every file its own part
-    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 1)  # and every file its own parse batch
+    assert len(INPUTS.file_groups(list(enumerate(files)), 1)) == 1  # all small: one part, one parse batch
+    monkeypatch.setattr(INPUTS, "_GROUP_BYTES", 1)  # every file its own part
+    monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", 1)  # and every file its own parse batch
     single = load_trace(d, jobs=2)
     assert batched.events.equals(single.events)
     assert batched.files == single.files
@@ -774,9 +782,9 @@ def test_layout_with_varying_names_in_one_group(tmp_path: Path, monkeypatch) -> 
                                "args": args}))
             ts += 2
     write_gz(tmp_path / "t.pfw.gz", recs)
-    monkeypatch.setattr(LOAD, "_MIN_GROUP", 1)
+    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 1)
     fast = load(tmp_path)
-    monkeypatch.setattr(LOAD, "_MIN_GROUP", 10**9)
+    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 10**9)
     slow = load(tmp_path)
     assert fast.equals(slow)
     reads = fast.filter(pl.col("name") == "read")
@@ -787,7 +795,7 @@ def test_unpacked_sort_paths_agree(tmp_path: Path, monkeypatch) -> None:
     """Keys too wide to pack into one Int64 take the multi-key sorts: same table."""
     d, _ = dataloader_job(tmp_path)
     packed = load(d)
-    monkeypatch.setattr(LOAD, "_PACK_BITS", 0)
+    monkeypatch.setattr(SHAPES, "PACK_BITS", 0)
     assert load(d).equals(packed)
     monkeypatch.undo()
     p = Proc(pid=400)
@@ -824,7 +832,7 @@ def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_f
     for k, b in enumerate(BAD_LINES):
         lines.insert(100 + 400 * k, b)
     write_gz(d / "malformed.pfw.gz", lines, members=5)
-    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", chunk)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1 << 40)
     inline = load_trace(d)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 0)
@@ -935,7 +943,7 @@ def test_jobs_give_the_table_of_one(tmp_path: Path, monkeypatch, jobs: int) -> N
     d = _parallel_trace(tmp_path)
     one = load_trace(d, jobs=1)
     assert one.damaged and one.events.height > 0
-    monkeypatch.setattr(LOAD, "_range_bytes", lambda sizes, workers: 4 << 10)  # the large files are cut
+    monkeypatch.setattr(LOAD, "range_share", lambda sizes, workers: 4 << 10)  # the large files are cut
     calls: list[tuple] = []
     real = LOAD.parse_part
     monkeypatch.setattr(LOAD, "parse_part", lambda job, **kw: calls.append(tuple(job)) or real(job, **kw))
@@ -954,13 +962,13 @@ def test_a_large_part_alone_returns_memory_between_its_steps(tmp_path: Path, mon
     (``_RELEASE_ROWS``); the table is the same either way."""
     d = _parallel_trace(tmp_path)
     released: list[bool] = []
-    real = LOAD.release_free_memory
-    monkeypatch.setattr(LOAD, "release_free_memory",
+    real = RESOLVE.release_free_memory
+    monkeypatch.setattr(RESOLVE, "release_free_memory",
                         lambda keep_large=False: released.append(keep_large) or real(keep_large=keep_large))
     small = load_trace(d, jobs=1)
     between = released.count(True)
     released.clear()
-    monkeypatch.setattr(LOAD, "_RELEASE_ROWS", 1)  # every part counts as large
+    monkeypatch.setattr(RESOLVE, "_RELEASE_ROWS", 1)  # every part counts as large
     large = load_trace(d, jobs=1)
     # a large part also returns the sort keys, the offsets' inputs and the dropped columns
     assert released.count(True) >= between + 2
@@ -975,7 +983,7 @@ def test_the_merge_holds_no_part_once_it_has_taken_their_rows(tmp_path: Path, mo
 
     d = _parallel_trace(tmp_path)
     alive: list[int] = []
-    real = LOAD._merge
+    real = LOAD.merge_parts
 
     def merge(parts, names):
         refs = [weakref.ref(p) for p in parts]
@@ -984,7 +992,7 @@ def test_the_merge_holds_no_part_once_it_has_taken_their_rows(tmp_path: Path, mo
         alive.append(sum(r() is not None for r in refs))
         return out
 
-    monkeypatch.setattr(LOAD, "_merge", merge)
+    monkeypatch.setattr(LOAD, "merge_parts", merge)
     loaded = load_trace(d, jobs=2)
     assert loaded.events.height and alive == [0]
 
@@ -1006,8 +1014,8 @@ def test_a_wrong_cut_falls_back_to_the_whole_file(tmp_path: Path, monkeypatch) -
     data = (d / "a.pfw.gz").read_bytes()
     starts = member_offsets(data)
     for cuts in ([0, starts[1] + 100], [0, starts[2]]):  # inside a member; after the odd member
-        monkeypatch.setattr(LOAD, "_range_bytes", lambda sizes, workers: 1)
-        monkeypatch.setattr(LOAD, "_split_file", lambda p, size, n, c=cuts: list(zip(c, [*c[1:], size], strict=True)))
+        monkeypatch.setattr(LOAD, "range_share", lambda sizes, workers: 1)
+        monkeypatch.setattr(LOAD, "split_file", lambda p, size, n, c=cuts: list(zip(c, [*c[1:], size], strict=True)))
         _assert_same_load(one, load_trace(d, jobs=2))
 
 
@@ -1018,11 +1026,11 @@ def test_member_headers_are_found_where_they_are(tmp_path: Path) -> None:
     data = gz_members(corpus_lines() * 4, 16)
     path.write_bytes(data)
     starts = member_offsets(data)
-    ranges = LOAD._split_file(path, len(data), 4)
+    ranges = LOAD.split_file(path, len(data), 4)
     assert ranges and ranges[0][0] == 0 and ranges[-1][1] == len(data) and len(ranges) >= 3
     assert all(a in starts for a, _ in ranges) and all(b == c for (_, b), (c, _) in zip(ranges[:-1], ranges[1:], strict=True))
     (tmp_path / "plain.pfw").write_bytes(b"\n".join(corpus_lines()))
-    assert LOAD._split_file(tmp_path / "plain.pfw", 1000, 4) is None
+    assert LOAD.split_file(tmp_path / "plain.pfw", 1000, 4) is None
 
 
 def _v1_event(i: int, name: str, pid: int, tid: int, ts: int, args: dict) -> bytes:
@@ -1039,7 +1047,7 @@ def test_v1_fname_traces_get_offsets_per_rank_thread(tmp_path: Path, monkeypatch
     positions even on the same file. A real process (pid >= 1024, events on its own main
     thread) keeps one position per file across its threads."""
     if not native:
-        monkeypatch.setattr(importlib.import_module("dlreplay.analyze.trace.load"), "_NATIVE", None)
+        monkeypatch.setattr(NATIVE, "NATIVE", None)
     rnd = random.Random(11)
     lines = [b"["]
     truth: dict[int, int | None] = {}

@@ -37,6 +37,13 @@ from .test_bad_traces import _odd_trace as odd_trace
 from .test_load import BAD_LINES, _many_small_files, member_offsets, to_v1
 
 LOAD = importlib.import_module("dlreplay.analyze.trace.load")
+NATIVE = importlib.import_module("dlreplay.analyze.trace.native")
+DECOMPRESS = importlib.import_module("dlreplay.analyze.trace.decompress")
+SCAN = importlib.import_module("dlreplay.analyze.trace.scan")
+RESOLVE = importlib.import_module("dlreplay.analyze.trace.resolve")
+MERGE = importlib.import_module("dlreplay.analyze.trace.merge")
+INPUTS = importlib.import_module("dlreplay.analyze.trace.inputs")
+SHAPES = importlib.import_module("dlreplay.analyze.trace.shapes")
 CORPUS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.pfw.gz")))
 
 
@@ -59,7 +66,7 @@ def assert_same(native: LoadedTrace, python: LoadedTrace) -> None:
 
 def test_the_extension_is_built() -> None:
     """`make venv` builds it (setup.py); without it every other test here compares nothing."""
-    assert LOAD._NATIVE is not None, "dlreplay.analyze.trace._pfwscan is not built: is a C compiler installed?"
+    assert NATIVE.NATIVE is not None, "dlreplay.analyze.trace._pfwscan is not built: is a C compiler installed?"
 
 
 def test_sorting_leaves_the_timestamps_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,7 +149,7 @@ def test_corpus_traces_load_identically(trace: Path, monkeypatch: pytest.MonkeyP
 
 def test_without_the_extension_loading_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     native = load_trace(SRC)
-    monkeypatch.setattr(LOAD, "_NATIVE", None)
+    monkeypatch.setattr(NATIVE, "NATIVE", None)
     assert not LOAD.native_parser_available()
     assert_same(native, load_trace(SRC))
 
@@ -216,7 +223,7 @@ def test_large_file_path_loads_identically(case: str, tmp_path: Path, monkeypatc
     ordinary = load_trace(trace)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
     monkeypatch.setattr(LOAD, "_PREFETCH_SPARE_ONLY", False)  # whatever the cores
-    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 48 << 10)
+    monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", 48 << 10)
     monkeypatch.setattr(pfw, "SLAB_BYTES", 40 << 10)
     monkeypatch.setattr(pfw, "_PIECE_BYTES", 16 << 10)
     made: list[int] = []
@@ -243,14 +250,14 @@ def test_files_decode_ahead_only_where_a_core_would_be_idle(tmp_path: Path, monk
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
     asked: list[bool | None] = []
     ahead: list[int] = []
-    real_part, real_ahead = LOAD.parse_part, LOAD._prefetched
+    real_part, real_ahead = LOAD.parse_part, LOAD.prefetched
 
     def part(jobs, *, prefetch=None, **kw):
         asked.append(prefetch)
         return real_part(jobs, prefetch=prefetch, **kw)
 
     monkeypatch.setattr(LOAD, "parse_part", part)
-    monkeypatch.setattr(LOAD, "_prefetched", lambda *a, **k: ahead.append(1) or real_ahead(*a, **k))
+    monkeypatch.setattr(LOAD, "prefetched", lambda *a, **k: ahead.append(1) or real_ahead(*a, **k))
     names = [f.name for f in files]
     many = LOAD.combine(list(LOAD.parse_parts(files, jobs=2, group_bytes=1)), names)  # a group per file
     assert len(asked) == len(files) and asked[:2] == [False, False]
@@ -282,7 +289,7 @@ def test_parsed_text_mappings_are_written_again(tmp_path: Path, monkeypatch: pyt
     ordinary = load_trace(trace)
     monkeypatch.setattr(LOAD, "_PREFETCH_BYTES", 1)
     monkeypatch.setattr(LOAD, "_PREFETCH_SPARE_ONLY", False)  # whatever the cores
-    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 12 << 10)  # ~9 chunks a file (a slab is free 3 chunks on)
+    monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", 12 << 10)  # ~9 chunks a file (a slab is free 3 chunks on)
     monkeypatch.setattr(pfw, "SLAB_BYTES", 4 << 10)
     monkeypatch.setattr(pfw, "_PIECE_BYTES", 2 << 10)
     made: list[int] = []
@@ -350,7 +357,7 @@ def test_values_read_as_null_are_counted_once_per_file(tmp_path: Path, monkeypat
         monkeypatch.setenv(LOAD.PARSER_ENV, parser)
         parts = [LOAD.parse_part([(0, path, a, b, k)]) for k, (a, b) in enumerate(ranges)]
         assert LOAD.combine_parts(parts, [path.name])[1][0].problems == want, parser
-        monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 4000)  # many batches
+        monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", 4000)  # many batches
         assert load_trace(path).files[0].problems == want, parser
         monkeypatch.undo()
 
@@ -445,7 +452,7 @@ def test_random_lines_load_identically(tmp_path: Path, monkeypatch: pytest.Monke
     path = tmp_path / "r.pfw.gz"
     path.write_bytes(data)
     if batch is not None:
-        monkeypatch.setattr(LOAD, "_CHUNK_BYTES", batch)
+        monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", batch)
     assert_same(*load_both(path, monkeypatch))
 
 
@@ -456,10 +463,10 @@ def test_scanner_buffers_are_reused_by_a_batch(tmp_path: Path, monkeypatch: pyte
     whole = load_trace(tmp_path / "trace", jobs=1)
     scans: list[int] = []
     mapped: list[int] = []
-    real_scan, real_map = LOAD._scan, LOAD.anonymous_map
-    monkeypatch.setattr(LOAD, "_scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
-    monkeypatch.setattr(LOAD, "anonymous_map", lambda n: mapped.append(n) or real_map(n))
-    monkeypatch.setattr(LOAD, "_CHUNK_BYTES", 16 << 10)
+    real_scan, real_map = SCAN._scan, SCAN.anonymous_map
+    monkeypatch.setattr(SCAN, "_scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    monkeypatch.setattr(SCAN, "anonymous_map", lambda n: mapped.append(n) or real_map(n))
+    monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", 16 << 10)
     monkeypatch.setattr(pfw, "_PIECE_BYTES", 4 << 10)  # (a chunk is whole decoder pieces)
     native, python = load_both(tmp_path / "trace", monkeypatch, jobs=1)
     assert len(scans) >= 10 and len(mapped) <= len(scans) / 3  # a new mapping only for a larger batch
@@ -472,7 +479,7 @@ def test_scanner_buffers_are_reused_by_a_batch(tmp_path: Path, monkeypatch: pyte
 
 def _scan(text: bytes) -> tuple[int, int, np.ndarray]:
     n = text.count(b"\n") + 1
-    out = LOAD._NATIVE.scan(text, np.empty((LOAD._NATIVE.NI, n), np.int64), np.empty(n, np.uint32), np.empty((11, n), np.int32),
+    out = NATIVE.NATIVE.scan(text, np.empty((NATIVE.NATIVE.NI, n), np.int64), np.empty(n, np.uint32), np.empty((11, n), np.int32),
                             np.empty(n, np.int64))
     return out[0], out[1], np.frombuffer(out[2], dtype=np.int64).reshape(-1, 3)
 
@@ -490,7 +497,7 @@ def test_scanner_accepts_dftracer_lines_and_hands_back_the_rest() -> None:
     assert [lines[i] for i in rej[:, 0]] == odd
     assert [text[a:b] for _, a, b in rej] == odd
     # not UTF-8: None, the caller hands the whole text to the Python path
-    assert LOAD._NATIVE.scan(b'{"name":"\xff"}', np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
+    assert NATIVE.NATIVE.scan(b'{"name":"\xff"}', np.empty((NATIVE.NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
                              np.empty((11, 1), np.int32), np.empty(1, np.int64)) is None
 
 
@@ -499,9 +506,9 @@ def _scan_rows(texts: bytes | list[bytes]) -> tuple | None:
     per row its line, int fields present and string values; rejected lines as their bytes."""
     parts = texts if isinstance(texts, list) else [texts]
     n = max(1, sum(t.count(b"\n") + (1 if t and not t.endswith(b"\n") else 0) for t in parts))
-    ints, imask, strs, rows = (np.zeros((LOAD._NATIVE.NI, n), np.int64), np.zeros(n, np.uint32), np.zeros((11, n), np.int32),
+    ints, imask, strs, rows = (np.zeros((NATIVE.NATIVE.NI, n), np.int64), np.zeros(n, np.uint32), np.zeros((11, n), np.int32),
                                np.zeros(n, np.int64))
-    out = LOAD._NATIVE.scan(texts, ints, imask, strs, rows)
+    out = NATIVE.NATIVE.scan(texts, ints, imask, strs, rows)
     if out is None:
         return None
     nev, nmeta, rejected, uniques, any_mask, _fields = out
@@ -665,10 +672,10 @@ def test_scanner_reads_nothing_past_a_texts_end(tmp_path: Path) -> None:
 
 def test_scanner_refuses_too_small_buffers() -> None:
     with pytest.raises(ValueError):
-        LOAD._NATIVE.scan(b"{}\n{}\n", np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
+        NATIVE.NATIVE.scan(b"{}\n{}\n", np.empty((NATIVE.NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
                           np.empty((11, 1), np.int32), np.empty(1, np.int64))
     with pytest.raises(ValueError):
-        LOAD._NATIVE.scan(b"{}", np.empty((LOAD._NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
+        NATIVE.NATIVE.scan(b"{}", np.empty((NATIVE.NATIVE.NI, 1), np.int64), np.empty(1, np.uint32),
                           np.empty((10, 1), np.int32), np.empty(1, np.int64))
 
 
@@ -719,10 +726,10 @@ def test_file_offsets_in_c_match_the_polars_model(tmp_path_factory, events: list
                          "ts": 1_000 + 4 * i + e["ts"], "dur": 1, "ph": 1, "args": e["args"]})
              for i, e in enumerate(events)]
     (d / "t.pfw").write_text("\n".join(lines) + "\n")
-    assert LOAD._NATIVE is not None
+    assert NATIVE.NATIVE is not None
     native = load_trace(d)
     with pytest.MonkeyPatch.context() as mp:  # undone after each example, not only after the test
-        mp.setattr(LOAD, "_NATIVE", None)
+        mp.setattr(NATIVE, "NATIVE", None)
         python = load_trace(d)
     assert_frame_equal(native.events, python.events)
 
@@ -737,7 +744,7 @@ def test_output_order_is_the_three_key_sort(monkeypatch: pytest.MonkeyPatch, row
                                             chunks: int, step: int) -> None:
     """The packed sort key, built a few rows at a time from slices of chunked columns (as the
     parse batches leave them), orders rows as polars' sort by (ts with nulls last, src, seq)."""
-    monkeypatch.setattr(LOAD, "_KEY_STEP", step)
+    monkeypatch.setattr(RESOLVE, "_KEY_STEP", step)
     ts = [r[0] for r in rows]
     src = [r[1] for r in rows]
     seq = [((r[2] % 4) << 32) + r[2] // 4 if ranged else r[2] for r in rows]  # a range's lines: k << 32 | line
@@ -748,7 +755,7 @@ def test_output_order_is_the_three_key_sort(monkeypatch: pytest.MonkeyPatch, row
     chunked = pl.concat(parts, rechunk=False) if len(parts) > 1 else frame
     top = max((t for t in ts if t is not None), default=0)
     want = frame.select(pl.arg_sort_by(pl.col("ts").fill_null(top + 1), "src", "seq")).to_series().to_numpy()
-    got = LOAD._output_order(chunked)
+    got = RESOLVE._output_order(chunked)
     assert got.dtype == np.int64 and got.tolist() == want.tolist()
 
 
@@ -789,13 +796,13 @@ def test_k_way_merge_is_the_stable_sort(runs: tuple, data: st.DataObject) -> Non
     ts_runs, p_runs, proc_src, raw = runs
     ts = np.concatenate(ts_runs)
     src = proc_src[np.concatenate(p_runs)].astype(np.int64)
-    want = LOAD._merge_order(pl.Series(ts, dtype=pl.Int64), src)
+    want = MERGE._merge_order(pl.Series(ts, dtype=pl.Int64), src)
     assert want.tolist() == np.lexsort((src, ts)).tolist()
     for dtype in (np.uint32, np.int64):
         out = np.empty(len(ts), dtype=dtype)
-        assert LOAD._NATIVE.merge_runs(ts_runs, p_runs, proc_src, out) is True
+        assert NATIVE.NATIVE.merge_runs(ts_runs, p_runs, proc_src, out) is True
         assert out.tolist() == want.tolist()
-        assert LOAD._NATIVE.merge_runs(ts_runs, p_runs, proc_src, out, None) is True
+        assert NATIVE.NATIVE.merge_runs(ts_runs, p_runs, proc_src, out, None) is True
         assert out.tolist() == want.tolist()
     # some runs as they came, with their orders: the output indexes their rows
     unsorted = data.draw(st.lists(st.booleans(), min_size=len(raw), max_size=len(raw)))
@@ -806,7 +813,7 @@ def test_k_way_merge_is_the_stable_sort(runs: tuple, data: st.DataObject) -> Non
     rows = np.concatenate([start + (r[2].astype(np.int64) if u else np.arange(len(r[2])))
                            for start, r, u in zip(starts, raw, unsorted, strict=True)]) if len(ts) else np.array([])
     out = np.empty(len(ts), dtype=np.uint32)
-    assert LOAD._NATIVE.merge_runs(runs_ts, runs_p, proc_src, out, orders) is True
+    assert NATIVE.NATIVE.merge_runs(runs_ts, runs_p, proc_src, out, orders) is True
     assert out.tolist() == rows[want].tolist()
     # the rows in the output's order are those of the stable sort
     assert np.concatenate(runs_ts)[out].tolist() == ts[want].tolist() if len(ts) else True
@@ -814,7 +821,7 @@ def test_k_way_merge_is_the_stable_sort(runs: tuple, data: st.DataObject) -> Non
     parts = data.draw(st.integers(2, 6))
     out = np.full(len(ts), 2**32 - 1, dtype=np.uint32)
     for q in data.draw(st.permutations(range(parts))):
-        assert LOAD._NATIVE.merge_runs(runs_ts, runs_p, proc_src, out, orders, q, parts) is True
+        assert NATIVE.NATIVE.merge_runs(runs_ts, runs_p, proc_src, out, orders, q, parts) is True
     assert out.tolist() == rows[want].tolist()
 
 
@@ -825,25 +832,25 @@ def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
     src = np.array([0, 1], dtype=np.uint32)
     ts = [np.array([1, 5], dtype=np.int64), np.array([3, 2], dtype=np.int64)]
     p = [np.array([0, 0], dtype=np.uint32), np.array([1, 1], dtype=np.uint32)]
-    assert LOAD._NATIVE.merge_runs(ts, p, src, np.empty(4, dtype=np.uint32)) is False
+    assert NATIVE.NATIVE.merge_runs(ts, p, src, np.empty(4, dtype=np.uint32)) is False
     same_ts = [np.array([4, 4], dtype=np.int64)]
-    assert LOAD._NATIVE.merge_runs(same_ts, [np.array([1, 0], dtype=np.uint32)], src,
+    assert NATIVE.NATIVE.merge_runs(same_ts, [np.array([1, 0], dtype=np.uint32)], src,
                                    np.empty(2, dtype=np.uint32)) is False  # file 1 before file 0 at one ts
     with pytest.raises(ValueError, match="beyond"):
-        LOAD._NATIVE.merge_runs(ts, [p[0], np.array([1, 2], dtype=np.uint32)], src, np.empty(4, dtype=np.uint32))
+        NATIVE.NATIVE.merge_runs(ts, [p[0], np.array([1, 2], dtype=np.uint32)], src, np.empty(4, dtype=np.uint32))
     with pytest.raises(ValueError, match="out must"):
-        LOAD._NATIVE.merge_runs(ts, p, src, np.empty(3, dtype=np.uint32))
+        NATIVE.NATIVE.merge_runs(ts, p, src, np.empty(3, dtype=np.uint32))
     # a run's order: an index beyond the run, a length or item size that is not the run's
     one = [np.array([1, 5], dtype=np.int64)]
     with pytest.raises(ValueError, match="beyond its run"):
-        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0, 2], dtype=np.uint32)])
+        NATIVE.NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0, 2], dtype=np.uint32)])
     with pytest.raises(ValueError, match="differ in length"):
-        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0], dtype=np.uint32)])
+        NATIVE.NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0], dtype=np.uint32)])
     with pytest.raises(ValueError, match="4- or 8-byte"):
-        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0, 1], dtype=np.uint16)])
+        NATIVE.NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [np.array([0, 1], dtype=np.uint16)])
     with pytest.raises(ValueError, match="ord_list and ts_list"):
-        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [None, None])
-    assert LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32),
+        NATIVE.NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), [None, None])
+    assert NATIVE.NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32),
                                    [np.array([1, 0], dtype=np.uint32)]) is False  # 5 before 1: out of order
     # in slices: a run out of order is found by some slice's call (its rows or its cuts)
     rng = np.random.default_rng(7)
@@ -858,20 +865,20 @@ def test_k_way_merge_refuses_runs_out_of_order_and_bad_indices() -> None:
         out = np.empty(sum(len(r) for r in runs), dtype=np.uint32)
         files = np.array([0, 1, 2], dtype=np.uint32)
         for parts in (2, 3, 5):
-            assert not all(LOAD._NATIVE.merge_runs(runs, procs, files, out, None, q, parts) for q in range(parts))
+            assert not all(NATIVE.NATIVE.merge_runs(runs, procs, files, out, None, q, parts) for q in range(parts))
     # a bad index is an error in the call whose slice (or cut) reads it, whichever that is
     for parts in (2, 3):
         errors = []
         for q in range(parts):
             try:
-                LOAD._NATIVE.merge_runs([np.array([1, 5], dtype=np.int64), np.array([2, 3], dtype=np.int64)],
+                NATIVE.NATIVE.merge_runs([np.array([1, 5], dtype=np.int64), np.array([2, 3], dtype=np.int64)],
                                         [p[0], np.array([1, 2], dtype=np.uint32)], src, np.empty(4, dtype=np.uint32),
                                         None, q, parts)
             except ValueError as exc:
                 errors.append(str(exc))
         assert errors and all("beyond proc_src" in e for e in errors)
     with pytest.raises(ValueError, match="part must"):
-        LOAD._NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), None, 2, 2)
+        NATIVE.NATIVE.merge_runs(one, [p[0]], src, np.empty(2, dtype=np.uint32), None, 2, 2)
 
 
 def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Path,
@@ -881,29 +888,29 @@ def test_the_merge_takes_the_k_way_order_and_falls_back_to_the_sort(tmp_path: Pa
     d = tmp_path / "t"
     _many_small_files(d)
     used: list[bool] = []
-    real = LOAD._merged_runs
+    real = MERGE._merged_runs
 
     def spy(*a: Any) -> np.ndarray | None:
         out = real(*a)
         used.append(out is not None)
         return out
 
-    monkeypatch.setattr(LOAD, "_merged_runs", spy)
+    monkeypatch.setattr(MERGE, "_merged_runs", spy)
     merged = load_trace(d, jobs=2)
     assert used == [True]
     # merged in slices, one thread each (as on a machine of 4 cores), whatever the cores here
     calls: list[tuple] = []
-    real_merge = LOAD._NATIVE.merge_runs
-    monkeypatch.setattr(LOAD, "_MERGE_SLICE_ROWS", 16)
-    monkeypatch.setattr(LOAD, "available_cores", lambda: 4)
-    monkeypatch.setattr(LOAD, "_NATIVE", SimpleNamespace(**{
+    real_merge = NATIVE.NATIVE.merge_runs
+    monkeypatch.setattr(MERGE, "_MERGE_SLICE_ROWS", 16)
+    monkeypatch.setattr(MERGE, "available_cores", lambda: 4)
+    monkeypatch.setattr(NATIVE, "NATIVE", SimpleNamespace(**{
         k: getattr(real_merge.__self__, k) for k in dir(real_merge.__self__) if not k.startswith("__")}))
-    monkeypatch.setattr(LOAD._NATIVE, "merge_runs", lambda *a: calls.append(a[5:]) or real_merge(*a))
+    monkeypatch.setattr(NATIVE.NATIVE, "merge_runs", lambda *a: calls.append(a[5:]) or real_merge(*a))
     sliced = load_trace(d, jobs=2)
     assert sorted(calls) == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert_frame_equal(merged.events, sliced.events)
     monkeypatch.undo()
-    monkeypatch.setattr(LOAD, "_merged_runs", lambda *a: None)
+    monkeypatch.setattr(MERGE, "_merged_runs", lambda *a: None)
     sorted_ = load_trace(d, jobs=2)
     assert_frame_equal(merged.events, sorted_.events)
     assert_frame_equal(merged.events, load_trace(d, jobs=1).events)
@@ -924,7 +931,7 @@ def test_segments_of_one_file_are_numbered_as_one_text(contiguous: bool) -> None
     srcs = np.full(len(counts), 3, dtype=np.uint32)
 
     def frames(text, firsts, seqs, src):
-        events, meta, per_seg, rejected = LOAD._scan(text, int(sum(t.count(b"\n") for t in texts)), firsts, src, seqs,
+        events, meta, per_seg, rejected = SCAN._scan(text, int(sum(t.count(b"\n") for t in texts)), firsts, src, seqs,
                                                      compact=True)
         return events[0], meta, per_seg, rejected
 
@@ -957,8 +964,8 @@ def test_metadata_rows_of_a_part_become_one_frame() -> None:
         n = text.count(b"\n")
         args = (text, n, np.zeros(1, dtype=np.int64), np.array([k % 2], dtype=np.uint32),
                 np.array([1000 * k], dtype=np.int64))
-        deferred.append(LOAD._scan(*args, compact=True, defer_meta=True)[1])
-        frames.append(LOAD._scan(*args, compact=True)[1])
+        deferred.append(SCAN._scan(*args, compact=True, defer_meta=True)[1])
+        frames.append(SCAN._scan(*args, compact=True)[1])
     assert sum(m.height for m in deferred) == sum(f.height for f in frames) > 3
-    assert all(isinstance(m, LOAD._MetaRows) for m in deferred)
-    assert_frame_equal(LOAD._meta_frame(deferred), pl.concat(frames), check_exact=True)
+    assert all(isinstance(m, SCAN.MetaRows) for m in deferred)
+    assert_frame_equal(SCAN._meta_frame(deferred), pl.concat(frames), check_exact=True)

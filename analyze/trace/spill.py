@@ -57,23 +57,11 @@ from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
 
 from . import vocabulary
-from .load import (
-    COUNTS_SCHEMA,
-    PART_SCHEMA,
-    FileDamage,
-    FileReport,
-    _find_inputs,
-    _frames,
-    _int_stat,
-    _per_process_from_counts,
-    _with_events,
-    available_cores,
-    canonical,
-    finalize,
-    parse_parts,
-    renumbered,
-    run_tables,
-)
+from .compact import one_frame
+from .inputs import available_cores, find_inputs
+from .load import parse_parts
+from .merge import canonical, finalize, per_process_from_counts, renumbered, run_tables
+from .shapes import COUNTS_SCHEMA, PART_SCHEMA, FileDamage, FileReport, int_stat, with_events
 
 __all__ = [
     "EAGER_FACTOR", "GROUP_FACTOR", "ORDER_COL", "ROW_BYTES", "MemoryPlan", "SpilledTrace", "plan_memory",
@@ -185,7 +173,7 @@ def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: i
                 jobs: int | None = None) -> MemoryPlan:
     """Estimate the events and memory of ``trace`` and decide whether to spill under ``limit``
     (``jobs`` groups are parsed at once: each gets its share; default the cores available)."""
-    files, _ = _find_inputs(trace)
+    files, _ = find_inputs(trace)
     sizes = [_size(p) for p in files]
     stored = sum(sizes)
     step = max(1, len(files) // _SAMPLE_FILES)
@@ -358,11 +346,11 @@ def _run_threads(with_rows: list[_Kept], processes: pl.DataFrame, pid0: bool, to
     threads = f.select(pl.lit(processes["host"]).gather(pl.col("__p")).alias("host"), "pid", "tid", "ts") \
         .group_by("host", "pid", "tid").agg(pl.col("ts").min())
     ids = [c for c in ("ppid", "__pid") if c in processes.columns]
-    return vocabulary.RunThreads(threads, pid0, max([top, *(_int_stat(processes[c].max()) or 0 for c in ids)]))
+    return vocabulary.RunThreads(threads, pid0, max([top, *(int_stat(processes[c].max()) or 0 for c in ids)]))
 
 
 def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None) -> SpilledTrace:
-    files, manifest = _find_inputs(trace)
+    files, manifest = find_inputs(trace)
     names = [p.name for p in files]
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
@@ -378,7 +366,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
             _write_spill(events, path)
             firsts = vocabulary.thread_firsts(events, host="__p")
             pid0 = pid0 or bool((events["pid"] == 0).any())
-            top = max(top, *(_int_stat(events[c].max()) or 0 for c in ("pid", "tid")))
+            top = max(top, *(int_stat(events[c].max()) or 0 for c in ("pid", "tid")))
             del events
         kept.append(_Kept(first, part.processes, part.fh, part.files, path, part.markers, firsts, part.counts))
         del part
@@ -421,10 +409,10 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     del run
     # the per-process table as the in-memory loader makes it: from the parts' counts (a
     # query over the spilled table held ~65 B per event and took 0.4 s on 5 M events)
-    per_process = None if changed else _per_process_from_counts(_frames(part_counts, COUNTS_SCHEMA), tables)
+    per_process = None if changed else per_process_from_counts(one_frame(part_counts, COUNTS_SCHEMA), tables)
     del part_counts
     notes = renumbered(tables.processes)
-    out_files = [_with_events(rep, int(counts[src]), notes.get(src, [])) for src, rep in reports]
+    out_files = [with_events(rep, int(counts[src]), notes.get(src, [])) for src, rep in reports]
     t2 = time.perf_counter()
     nbytes = sum(p.stat().st_size for p in paths)
     say(f"spill: {height:,} events, {human_bytes(nbytes)} of Parquet in {tmp}, combined in {t2 - t1:.1f} s")
