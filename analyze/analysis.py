@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -64,27 +65,13 @@ def analyze_trace(
     """
     thresholds, disabled = load_thresholds(config)
     memory_note = None
-    model = None
     if memory_limit is not None:
-        if scheduler is not None or workers is not None:
-            raise UsageError("--memory-limit cannot be combined with --workers/--scheduler (yet): "
-                             "choose one")
-        from .trace.spill import plan_memory
-
-        plan = plan_memory(trace, memory_limit, jobs=jobs)
-        memory_note = plan.describe()
-        if echo:
-            echo(memory_note)
+        plan, memory_note = _memory_plan(trace, memory_limit, scheduler is not None or workers is not None, jobs,
+                                         echo)
         if plan.spill:
             return _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
                                     figures, jobs)
-    distill_kw: dict = {}
-    if verify:  # the model the replays run is the one `dlreplay distill TRACE` writes: same layout
-        from .layout import resolve_fingerprint
-
-        fingerprint, origin = resolve_fingerprint(trace if isinstance(trace, (str, Path)) else None,
-                                                  list(data_dirs or []))
-        distill_kw = {"source": str(trace), "fingerprint": fingerprint, "fingerprint_origin": origin}
+    distill_kw = _distill_kw(trace, data_dirs) if verify else {}
     if scheduler is not None or workers is not None:
         from .distributed import analyze_distributed, cluster
 
@@ -99,18 +86,11 @@ def analyze_trace(
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
         c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs, per_process=loaded.per_process)
         findings = find(c, thresholds, disabled)
+        model = None
     verified = None
     if verify:
-        from .whatif import verify as run_verify
-
-        if verify_dir is not None:
-            verified = run_verify(loaded.events, findings, verify_dir, manifest=loaded.manifest, data_dirs=dirs,
-                                  epochs=verify_epochs, model=model, echo=echo, **distill_kw)
-        else:
-            with tempfile.TemporaryDirectory(prefix="dlreplay-verify-") as tmp:
-                verified = run_verify(loaded.events, findings, Path(tmp), manifest=loaded.manifest,
-                                      data_dirs=dirs, epochs=verify_epochs, model=model, echo=echo, **distill_kw)
-                verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
+        verified = _verified(loaded, findings, verify_dir, data_dirs=dirs, epochs=verify_epochs, model=model,
+                             echo=echo, **distill_kw)
     report = build_report(str(trace), c, findings, manifest=loaded.manifest,
                           damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
                           dropped=(loaded.dropped_lines, loaded.dropped_bytes), file_reports=loaded.files)
@@ -118,6 +98,44 @@ def analyze_trace(
         report.notes.append(memory_note)
     report.warnings = trace_warnings(trace, report.file_reports)
     return report
+
+
+def _memory_plan(trace: str | Path, memory_limit: int, on_cluster: bool, jobs: int | None,
+                 echo: Callable[[str], None] | None) -> tuple[Any, str]:
+    """Whether the trace's analysis fits ``memory_limit`` (bytes), and the note that says so."""
+    if on_cluster:
+        raise UsageError("--memory-limit cannot be combined with --workers/--scheduler (yet): "
+                         "choose one")
+    from .trace.spill import plan_memory
+
+    plan = plan_memory(trace, memory_limit, jobs=jobs)
+    memory_note = plan.describe()
+    if echo:
+        echo(memory_note)
+    return plan, memory_note
+
+
+def _distill_kw(trace: str | Path, data_dirs: list[str] | None) -> dict[str, Any]:
+    """The model the replays of ``--verify`` run is the one ``dlreplay distill TRACE`` writes:
+    same source and the same dataset fingerprint (so the same layout)."""
+    from .layout import resolve_fingerprint
+
+    fingerprint, origin = resolve_fingerprint(trace if isinstance(trace, (str, Path)) else None,
+                                              list(data_dirs or []))
+    return {"source": str(trace), "fingerprint": fingerprint, "fingerprint_origin": origin}
+
+
+def _verified(loaded: Any, findings: list, verify_dir: Path | None, **kw: Any) -> dict:
+    """Replay the model as traced and with each finding's change (:func:`.whatif.verify`, with
+    ``kw``) in ``verify_dir`` (default: a temporary directory, removed)."""
+    from .whatif import verify as run_verify
+
+    if verify_dir is not None:
+        return run_verify(loaded.events, findings, verify_dir, manifest=loaded.manifest, **kw)
+    with tempfile.TemporaryDirectory(prefix="dlreplay-verify-") as tmp:
+        verified = run_verify(loaded.events, findings, Path(tmp), manifest=loaded.manifest, **kw)
+        verified["note"] += " (temporary directory, removed; keep it with --verify-dir)"
+    return verified
 
 
 def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,

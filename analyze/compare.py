@@ -318,7 +318,7 @@ def _opt(x: float | None) -> str:
 
 def overlay_figures(cmp: Comparison) -> dict[str, bytes]:
     """PNG overlays: read-size ECDFs, inter-batch-gap ECDFs, epoch times."""
-    from .report import _fig, _png
+    from .report import new_figure, png_bytes
 
     out: dict[str, bytes] = {}
     ca, cb = cmp.chars
@@ -328,7 +328,7 @@ def overlay_figures(cmp: Comparison) -> dict[str, bytes]:
     ):
         if not (len(xa) or len(xb)):
             continue
-        fig = _fig(7, 3)
+        fig = new_figure(7, 3)
         ax = fig.subplots()
         for data, label in ((xa, "A"), (xb, "B")):
             if len(data):
@@ -340,10 +340,10 @@ def overlay_figures(cmp: Comparison) -> dict[str, bytes]:
         ax.set_ylabel("fraction")
         ax.set_title(title)
         ax.legend()
-        out[key] = _png(fig)
+        out[key] = png_bytes(fig)
     ea, eb = cmp.timing_a["epoch_times_s"], cmp.timing_b["epoch_times_s"]
     if ea or eb:
-        fig = _fig(7, 3)
+        fig = new_figure(7, 3)
         ax = fig.subplots()
         n = max(len(ea), len(eb))
         idx = np.arange(n)
@@ -353,7 +353,7 @@ def overlay_figures(cmp: Comparison) -> dict[str, bytes]:
         ax.set_ylabel("seconds")
         ax.set_title("Epoch times")
         ax.legend()
-        out["epochs"] = _png(fig)
+        out["epochs"] = png_bytes(fig)
     return out
 
 
@@ -362,7 +362,7 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
     import base64
     import html
 
-    from .report import _CSS, _atomic_write, write_with_figures
+    from .report import REPORT_CSS, write_report_file, write_with_figures
 
     p = Path(path)
     figs = overlay_figures(cmp)
@@ -370,13 +370,13 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
     if p.suffix.lower() in (".html", ".htm"):
         body = [f"<!doctype html><html><head><meta charset='utf-8'><meta name='dlreplay-schema' "
                 f"content='{COMPARE_SCHEMA} {COMPARE_FORMAT_VERSION}'><title>dlreplay compare</title>"
-                f"<style>{_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}</h1>",
+                f"<style>{REPORT_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}</h1>",
                 f"<pre>{html.escape(text_table)}</pre>"]
         for key, png in figs.items():
             body.append(f"<h2>{html.escape(key)}</h2><img alt='{key}' src='data:image/png;base64,"
                         f"{base64.b64encode(png).decode()}'>")
         body.append("</body></html>")
-        return _atomic_write(p, "\n".join(body))
+        return write_report_file(p, "\n".join(body))
     if p.suffix.lower() in (".md", ".markdown"):
         fig_dir = p.with_name(p.stem + ".figures")
 

@@ -312,30 +312,9 @@ def layout_from_fingerprint(doc: dict[str, Any], fmt: str, paths: Sequence[str],
     summary: dict[str, Any] = {"source": "fingerprint", "files_sampled": len(files)}
     gfmt = group.get("format")
     if gfmt in ("npz", "zip", "npy"):
-        arrays, level = _npz_arrays(files, spf)
-        deflated = [m for a in arrays for m in a.members if m.storage == "deflated"]
-        summary.update(arrays=arrays, compressed=bool(deflated), compression_level=level if deflated else None)
-        res.fields["dataset.layout.arrays"] = (f"members, dtypes, shapes, stored/deflated and compressed sizes; {how}",
-                                               "measured")
-        res.fields["dataset.layout.compressed"] = ("deflated members in the sampled files", "measured")
-        if deflated:
-            res.fields["dataset.layout.compression_level"] = (
-                "deflate level whose output size matches the members' (recompressed sample)", "inferred")
+        _npz_summary(files, spf, how, res, summary)
     elif gfmt == "hdf5":
-        arrays = _hdf5_arrays(files, spf)
-        main = max(arrays[0].members, key=lambda m: int(np.prod(m.shape or [0])) * _itemsize(m.dtype),
-                   default=None)
-        summary.update(arrays=arrays, hdf5=_hdf5_file(files))
-        if main is not None and main.storage == "chunked" and main.chunks:
-            summary.update(hdf5_chunk_shape=list(main.chunks),
-                           hdf5_chunk_bytes=int(np.prod(main.chunks)) * _itemsize(main.dtype))
-        if main is not None and main.compression:
-            summary.update(hdf5_compression=main.compression, compression_level=main.compression_level)
-        res.fields["dataset.layout.arrays"] = (f"datasets, storage, chunks, filters, chunk order; {how}", "measured")
-        res.fields["dataset.layout.hdf5"] = ("superblock, user block, file-space strategy, alignment of data "
-                                             "addresses", "measured")
-        for key in ("hdf5_chunk_shape", "hdf5_chunk_bytes", "hdf5_compression"):
-            res.fields[f"dataset.layout.{key}"] = ("the largest dataset's", "measured")
+        _hdf5_summary(files, spf, how, res, summary)
     elif gfmt in ("jpeg", "png"):
         summary["images"] = _images(files, gfmt)
         res.fields["dataset.layout.images"] = (f"dimensions, mode, coding (quality from the quantization tables); "
@@ -345,19 +324,57 @@ def layout_from_fingerprint(doc: dict[str, Any], fmt: str, paths: Sequence[str],
         res.fields["dataset.layout.tables"] = (f"columns, row groups, codecs; {how}", "measured")
         res.notes.extend(str(f["note"]) for f in files[:1] if f.get("note"))
     elif gfmt == "tfrecord":
-        lengths = [x for f in files for x in f.get("record_bytes_sample", [])]
-        if lengths:
-            summary["record_bytes"] = Distribution.from_values(lengths)
-            res.fields["dataset.layout.record_bytes"] = (f"TFRecord payload lengths; {how}", "measured")
-        per_file = _median_int([f.get("records") for f in files])
-        if per_file:
-            summary["records_per_file"] = per_file
-            res.fields["dataset.layout.records_per_file"] = (f"records per file; {how}", "measured")
+        _tfrecord_summary(files, how, res, summary)
     res.layout = Layout(**summary)
     if len(res.layout.arrays or res.layout.images or res.layout.tables or []) > 1:
         res.notes.append(f"dataset files differ: {len(res.layout.arrays or res.layout.images or res.layout.tables or [])} "
                          f"structures among {len(files)} sampled files (weights in dataset.layout)")
     return res
+
+
+def _npz_summary(files: list[dict[str, Any]], spf: int, how: str, res: LayoutResult,
+                 summary: dict[str, Any]) -> None:
+    """NPZ (zip) members: arrays, whether any is deflated and at what level."""
+    arrays, level = _npz_arrays(files, spf)
+    deflated = [m for a in arrays for m in a.members if m.storage == "deflated"]
+    summary.update(arrays=arrays, compressed=bool(deflated), compression_level=level if deflated else None)
+    res.fields["dataset.layout.arrays"] = (f"members, dtypes, shapes, stored/deflated and compressed sizes; {how}",
+                                           "measured")
+    res.fields["dataset.layout.compressed"] = ("deflated members in the sampled files", "measured")
+    if deflated:
+        res.fields["dataset.layout.compression_level"] = (
+            "deflate level whose output size matches the members' (recompressed sample)", "inferred")
+
+
+def _hdf5_summary(files: list[dict[str, Any]], spf: int, how: str, res: LayoutResult,
+                  summary: dict[str, Any]) -> None:
+    """HDF5 datasets and file properties; the chunking and compression of the largest dataset."""
+    arrays = _hdf5_arrays(files, spf)
+    main = max(arrays[0].members, key=lambda m: int(np.prod(m.shape or [0])) * _itemsize(m.dtype),
+               default=None)
+    summary.update(arrays=arrays, hdf5=_hdf5_file(files))
+    if main is not None and main.storage == "chunked" and main.chunks:
+        summary.update(hdf5_chunk_shape=list(main.chunks),
+                       hdf5_chunk_bytes=int(np.prod(main.chunks)) * _itemsize(main.dtype))
+    if main is not None and main.compression:
+        summary.update(hdf5_compression=main.compression, compression_level=main.compression_level)
+    res.fields["dataset.layout.arrays"] = (f"datasets, storage, chunks, filters, chunk order; {how}", "measured")
+    res.fields["dataset.layout.hdf5"] = ("superblock, user block, file-space strategy, alignment of data "
+                                         "addresses", "measured")
+    for key in ("hdf5_chunk_shape", "hdf5_chunk_bytes", "hdf5_compression"):
+        res.fields[f"dataset.layout.{key}"] = ("the largest dataset's", "measured")
+
+
+def _tfrecord_summary(files: list[dict[str, Any]], how: str, res: LayoutResult, summary: dict[str, Any]) -> None:
+    """TFRecord payload lengths and records per file."""
+    lengths = [x for f in files for x in f.get("record_bytes_sample", [])]
+    if lengths:
+        summary["record_bytes"] = Distribution.from_values(lengths)
+        res.fields["dataset.layout.record_bytes"] = (f"TFRecord payload lengths; {how}", "measured")
+    per_file = _median_int([f.get("records") for f in files])
+    if per_file:
+        summary["records_per_file"] = per_file
+        res.fields["dataset.layout.records_per_file"] = (f"records per file; {how}", "measured")
 
 
 def _itemsize(dtype: str) -> int:

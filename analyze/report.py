@@ -41,7 +41,8 @@ from dlreplay.units import (
 from .findings import Finding
 from .passes import Characterization, TraceView
 
-__all__ = ["REPORT_FORMAT_VERSION", "REPORT_SCHEMA", "Report", "build_report", "figures", "write_report"]
+__all__ = ["REPORT_CSS", "REPORT_FORMAT_VERSION", "REPORT_SCHEMA", "Report", "build_report", "figures", "new_figure",
+           "png_bytes", "write_report", "write_report_file", "write_with_figures"]
 
 REPORT_SCHEMA = "dlreplay.analysis"
 REPORT_FORMAT_VERSION = 1
@@ -105,13 +106,15 @@ def build_report(trace: str, c: Characterization, findings: list[Finding], *, ma
 # Figures
 
 
-def _fig(w: float = 9.0, h: float = 3.2) -> Any:
+def new_figure(w: float = 9.0, h: float = 3.2) -> Any:
+    """A matplotlib figure of ``w`` x ``h`` inches for a report (no pyplot, no display)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=(w, h), dpi=100, layout="constrained")
 
 
-def _png(fig: Any) -> bytes:
+def png_bytes(fig: Any) -> bytes:
+    """``fig`` as PNG bytes."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -134,7 +137,7 @@ def _timeline(v: TraceView) -> bytes | None:
         ("checkpoint", pl.col("role").is_in(["checkpoint.save", "checkpoint.load"]), "#8e24aa"),
         ("POSIX/STDIO I/O", pl.col("cat").is_in(["POSIX", "STDIO"]), "#263238"),
     ]
-    fig = _fig(10, 0.45 * len(procs) + 1.4)
+    fig = new_figure(10, 0.45 * len(procs) + 1.4)
     ax = fig.subplots()
     role = {p: "consumer" for p in v.consumers} | {p: "worker" for p in v.workers}
     for row, pid in enumerate(procs):
@@ -162,14 +165,14 @@ def _timeline(v: TraceView) -> bytes | None:
     uniq = dict(zip(labels, handles, strict=False))
     ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8,
               frameon=False)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _bandwidth(c: Characterization) -> bytes | None:
     b = c["bandwidth"]
     if not b.get("t_s"):
         return None
-    fig = _fig()
+    fig = new_figure()
     ax = fig.subplots()
     ax.plot(b["t_s"], [x / 1e6 for x in b["all_bps"]], label="all reads", color="#90a4ae")
     ax.plot(b["t_s"], [x / 1e6 for x in b["dataset_bps"]], label="dataset reads", color="#1e88e5")
@@ -177,7 +180,7 @@ def _bandwidth(c: Characterization) -> bytes | None:
     ax.set_ylabel("MB/s")
     ax.set_title(f"Read bandwidth over time ({b['bin_s']:.3g} s bins)")
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _histogram(c: Characterization) -> bytes | None:
@@ -187,7 +190,7 @@ def _histogram(c: Characterization) -> bytes | None:
         return None
     labels = list(rh)
     x = range(len(labels))
-    fig = _fig()
+    fig = new_figure()
     ax = fig.subplots()
     ax.bar([i - 0.2 for i in x], [rh[k] for k in labels], width=0.4, label="reads", color="#1e88e5")
     ax.bar([i + 0.2 for i in x], [wh.get(k, 0) for k in labels], width=0.4, label="writes", color="#fb8c00")
@@ -196,14 +199,14 @@ def _histogram(c: Characterization) -> bytes | None:
     ax.set_yscale("symlog")
     ax.set_title("Transfer sizes (Darshan buckets, bytes)")
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _au_per_epoch(c: Characterization) -> bytes | None:
     per = c["steps"].get("per_epoch") or []
     if not per:
         return None
-    fig = _fig()
+    fig = new_figure()
     ax = fig.subplots()
     ep = [str(p["epoch"]) for p in per]
     comp = [p["compute_s"] for p in per]
@@ -219,7 +222,7 @@ def _au_per_epoch(c: Characterization) -> bytes | None:
     ax.set_ylabel("seconds (warm-up steps excluded)")
     ax.set_title("Compute vs data wait per epoch")
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _workers(c: Characterization) -> bytes | None:
@@ -227,7 +230,7 @@ def _workers(c: Characterization) -> bytes | None:
     if not rows:
         return None
     rows = rows[:32]
-    fig = _fig(9, 2.8)
+    fig = new_figure(9, 2.8)
     ax = fig.subplots()
     ax.bar([str(p["pid"]) for p in rows], [100 * (p["busy"] or 0) for p in rows], color="#1e88e5")
     ax.set_ylim(0, 100)
@@ -235,7 +238,7 @@ def _workers(c: Characterization) -> bytes | None:
     ax.set_xlabel("loader worker pid")
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)
     ax.set_title("Loader worker utilisation")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 FIGURES: dict[str, tuple[str, Callable[[Characterization], bytes | None]]] = {
@@ -311,7 +314,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-_CSS = """
+#: The style sheet of the HTML reports (analysis and comparison), inlined in each page.
+REPORT_CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.6em;margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;
@@ -334,7 +338,7 @@ def render_html(r: Report) -> str:
     e = _html
     out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
            f"<meta name='dlreplay-schema' content='{REPORT_SCHEMA} {REPORT_FORMAT_VERSION}'>",
-           f"<title>dlreplay report: {e(r.trace)}</title><style>{_CSS}</style></head><body>",
+           f"<title>dlreplay report: {e(r.trace)}</title><style>{REPORT_CSS}</style></head><body>",
            f"<h1>I/O analysis of {e(os.path.basename(r.trace.rstrip('/')) or r.trace)}</h1>",
            "<table>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _headline(r)]
@@ -493,7 +497,7 @@ def write_report(r: Report, path: str | Path) -> Path:
     if suffix not in (".html", ".htm", ".md", ".markdown"):
         raise UsageError(f"{p}: the report must end in .html or .md")
     if suffix in (".html", ".htm"):
-        return _atomic_write(p, render_html(r))
+        return write_report_file(p, render_html(r))
     fig_dir = p.with_name(p.stem + ".figures")
     return write_with_figures(p, fig_dir, lambda tmp: render_markdown(r, tmp, fig_dir.name))
 
@@ -511,7 +515,7 @@ def write_with_figures(p: Path, fig_dir: Path, render: Callable[[Path], str]) ->
             text = render(tmp)
         except OSError as exc:
             raise _write_error(fig_dir, exc) from None
-        _atomic_write(p, text)
+        write_report_file(p, text)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the figures from other readers
@@ -538,9 +542,10 @@ def _mkdir(d: Path, p: Path) -> None:
         raise _write_error(p, exc) from None
 
 
-def _atomic_write(p: Path, text: str) -> Path:
-    """Write ``text`` to ``p`` (parents created) through :func:`atomic_write_text`; an OS error
-    (a full disk) names ``p`` and leaves no partial file."""
+def write_report_file(p: Path, text: str) -> Path:
+    """Write a report's ``text`` to ``p`` (parents created) through the core's
+    :func:`~dlreplay.osutil.atomic_write_text`; an OS error (a full disk) becomes a one-line
+    error naming ``p`` and leaves no partial file."""
     _mkdir(p.parent, p)
     try:
         atomic_write_text(p, text)

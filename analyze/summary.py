@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Literal, NamedTuple
 
 import polars as pl
 
@@ -20,7 +21,7 @@ from dlreplay.units import human_bytes, human_seconds, printable
 from .files import classify_files, file_process_table
 from .trace import vocabulary as voc
 
-__all__ = ["HISTOGRAM_BUCKETS", "Summary", "render_text", "summarize"]
+__all__ = ["HISTOGRAM_BUCKETS", "Summary", "histogram", "render_text", "summarize"]
 
 #: Darshan's access-size buckets: (label, inclusive upper bound in bytes; None = open).
 HISTOGRAM_BUCKETS: tuple[tuple[str, int | None], ...] = (
@@ -36,6 +37,7 @@ HISTOGRAM_BUCKETS: tuple[tuple[str, int | None], ...] = (
     ("1G+", None),
 )
 TOP_FILES = 10
+_Engine = Literal["streaming", "auto"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def _bucket(size: pl.Expr) -> pl.Expr:
     return idx
 
 
-def _histogram(sizes: pl.Series) -> dict[str, int]:
+def histogram(sizes: pl.Series) -> dict[str, int]:
     """Counts of ``sizes`` (bytes) per Darshan bucket, every bucket present."""
     counts = dict(sizes.to_frame("s").select(_bucket(pl.col("s")).alias("b")).group_by("b").len().iter_rows())
     return {label: int(counts.get(i, 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)}
@@ -126,16 +128,56 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
     if per_process is None:
         per_process = file_process_table(events)
     files = classify_files(events, dirs or None, per_process=per_process)
-    name, cat = pl.col("name"), pl.col("cat")
+    engine: _Engine = "streaming" if isinstance(events, pl.LazyFrame) else "auto"
     ev = events.lazy()
     # four independent passes over the table, run together
-    totals_df, threads, ops, hist_df, ann = pl.collect_all([
+    totals_df, threads, ops, hist_df, ann = pl.collect_all(_queries(ev), engine=engine)
+    totals = totals_df.row(0, named=True)
+    t0, t1 = totals["t0"], totals["t1"]
+    hist = {(r, b): n for r, b, n in hist_df.iter_rows()}
+    bytes_read, bytes_written = _bytes_moved(ops)
+    ds = _dataset(files, per_process)
+    loader = _loader_counts(ann)
+    return Summary(
+        events=int(totals["events"]),
+        duration_s=(t1 - t0) / 1e6 if t0 is not None and t1 is not None else 0.0,
+        processes=int(threads.select("host", "pid").unique().height),
+        threads=int(threads.height),
+        operations=[OpRow(r["cat"] or "", r["name"] or "", int(r["count"]), int(r["bytes"] or 0),
+                          float(r["time_s"] or 0.0)) for r in ops.iter_rows(named=True)],
+        top_files=[FileRow(r["file"], r["role"], int(r["bytes_read"]), int(r["reads"]), int(r["processes"]))
+                   for r in files.filter(pl.col("bytes_read") > 0).head(TOP_FILES).iter_rows(named=True)],
+        read_histogram=_bucket_counts(hist, True),
+        write_histogram=_bucket_counts(hist, False),
+        bytes_read=bytes_read,
+        bytes_written=bytes_written,
+        dataset_bytes_read=ds.bytes_read,
+        dataset_bytes_read_per_pid=ds.bytes_read_per_pid,
+        dataset_files=ds.files,
+        dataset_read_calls=ds.read_calls,
+        roles=ds.roles,
+        epochs=_epochs(ann, ev, engine),
+        fetch_events=loader.fetches,
+        item_events=loader.items,
+        checkpoint_saves=loader.saves,
+        checkpoint_save_bytes=loader.save_bytes,
+        checkpoint_loads=loader.loads,
+        data_dirs=dirs,
+        unknown_annotations=voc.unknown_annotations(events),
+    )
+
+
+def _queries(ev: pl.LazyFrame) -> list[pl.LazyFrame]:
+    """The passes :func:`summarize` runs together: totals, threads, operations, size
+    histogram, and the annotation events (roles) the loader counts come from."""
+    name, cat = pl.col("name"), pl.col("cat")
+    return [
         ev.select(
             pl.len().alias("events"),
             pl.col("ts").min().alias("t0"),
             (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
         ),
-        ev.select("pid", "tid", "host").unique(),  # the threads (a plain unique: 15 vs 20 ms on 2.1 M rows)
+        ev.select("pid", "tid", "host").unique(),  # the threads (a plain unique is the quickest)
         ev.filter(cat != "dftracer")
         .group_by("cat", "name")
         .agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
@@ -147,67 +189,81 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         .group_by("r", _bucket(pl.col("size")).alias("b")).len(),
         ev.filter(pl.col("role").is_not_null() & (pl.col("role") != voc.INTERNAL))
         .select("pid", "ts", "dur", "epoch", "role", "size", "batch_size"),
-    ], engine="streaming" if isinstance(events, pl.LazyFrame) else "auto")
-    totals = totals_df.row(0, named=True)
+    ]
+
+
+def _bucket_counts(hist: dict[tuple[bool, int], int], reads: bool) -> dict[str, int]:
+    """The read (or write) histogram from the (is read, bucket) -> count pass."""
+    return {label: int(hist.get((reads, i), 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)}
+
+
+def _bytes_moved(ops: pl.DataFrame) -> tuple[int, int]:
+    """(bytes read, bytes written) from the per-operation totals."""
+    name = pl.col("name")
+    in_ops = ops.filter(name.is_in(READ_OPS + WRITE_OPS))
+    return (int(in_ops.filter(name.is_in(READ_OPS))["bytes"].sum() or 0),
+            int(in_ops.filter(name.is_in(WRITE_OPS))["bytes"].sum() or 0))
+
+
+class _DatasetReads(NamedTuple):
+    files: int
+    bytes_read: int
+    bytes_read_per_pid: dict[int, int]
+    read_calls: int
+    roles: dict[str, int]  # role -> files
+
+
+def _dataset(files: pl.DataFrame, per_process: pl.DataFrame) -> _DatasetReads:
+    """The dataset's files, the bytes read from them (in all and per process), the read
+    calls, and how many files each role has."""
+    dataset = files.filter(pl.col("role") == "dataset")["file"]
+    ds = per_process.filter(pl.col("file").is_in(dataset.implode()))
+    per_pid = ds.group_by("pid").agg(pl.col("rb").sum()).sort("pid")
+    return _DatasetReads(
+        files=int(dataset.len()),
+        bytes_read=int(per_pid["rb"].sum() or 0),
+        bytes_read_per_pid={int(p): int(b or 0) for p, b in per_pid.iter_rows()},
+        read_calls=int(ds["reads"].sum() or 0),
+        roles={role: int(n) for role, n in files.group_by("role").len().sort("role").iter_rows()},
+    )
+
+
+class _LoaderCounts(NamedTuple):
+    fetches: int
+    items: int
+    saves: int
+    save_bytes: int
+    loads: int
+
+
+def _loader_counts(ann: pl.DataFrame) -> _LoaderCounts:
+    """Batches fetched, samples loaded, checkpoint saves (and their bytes) and loads."""
 
     def role_total(role: str, col: str | None = None) -> int:
         hit = ann.filter(pl.col("role") == role)
         return hit.height if col is None else int(hit[col].sum() or 0)
 
-    dataset = files.filter(pl.col("role") == "dataset")["file"]
-    ds = per_process.filter(pl.col("file").is_in(dataset.implode()))
-    per_pid = ds.group_by("pid").agg(pl.col("rb").sum()).sort("pid")
-    hist = {(r, b): n for r, b, n in hist_df.iter_rows()}
-    in_ops = ops.filter(name.is_in(READ_OPS + WRITE_OPS))
-    bytes_read = int(in_ops.filter(name.is_in(READ_OPS))["bytes"].sum() or 0)
-    bytes_written = int(in_ops.filter(name.is_in(WRITE_OPS))["bytes"].sum() or 0)
-    totals.update(
-        processes=threads.select("host", "pid").unique().height, threads=threads.height,
-        bytes_read=bytes_read, bytes_written=bytes_written,
-        items=role_total(voc.ITEM),
-        fetches=ann.filter((pl.col("role") == voc.FETCH) & (pl.col("batch_size").fill_null(1) > 0)).height,
-        saves=role_total(voc.CKPT_SAVE), save_bytes=role_total(voc.CKPT_SAVE, "size"),
-        loads=role_total(voc.CKPT_LOAD),
+    fetches = ann.filter((pl.col("role") == voc.FETCH) & (pl.col("batch_size").fill_null(1) > 0)).height
+    return _LoaderCounts(
+        # batches consumed: the training steps (DLIO logs no wait for an epoch's last batch)
+        fetches=int(max(fetches, voc.training_step_count(ann))),
+        items=int(role_total(voc.ITEM)),
+        saves=int(role_total(voc.CKPT_SAVE)),
+        save_bytes=int(role_total(voc.CKPT_SAVE, "size") or 0),
+        loads=int(role_total(voc.CKPT_LOAD)),
     )
-    # batches consumed: the training steps (DLIO logs no wait for an epoch's last batch)
-    totals["fetches"] = max(totals["fetches"], voc.training_step_count(ann))
+
+
+def _epochs(ann: pl.DataFrame, ev: pl.LazyFrame, engine: _Engine) -> int:
+    """Epochs: the most epoch spans of one process, else the distinct epoch numbers."""
     spans = voc.epoch_spans(ann)
     epochs = spans.group_by("pid").len()["len"].max() if spans.height else 0
     epochs = int(epochs) if isinstance(epochs, int) else 0
-    ds_calls = int(ds["reads"].sum() or 0)
-
-    if not epochs:  # no epoch spans: the distinct epoch numbers (a pass only then: 8-10 ms on 2 M events)
+    if not epochs:  # no epoch spans: the distinct epoch numbers (a pass over the table only then)
         values, nulls = ev.select(pl.col("epoch").n_unique().alias("n"), pl.col("epoch").null_count()).collect(
-            engine="streaming" if isinstance(events, pl.LazyFrame) else "auto").row(0)
+            engine=engine).row(0)
         epochs = int(values) - (1 if nulls else 0)
-    t0, t1 = totals["t0"], totals["t1"]
-    return Summary(
-        events=int(totals["events"]),
-        duration_s=(t1 - t0) / 1e6 if t0 is not None and t1 is not None else 0.0,
-        processes=int(totals["processes"]),
-        threads=int(totals["threads"]),
-        operations=[OpRow(r["cat"] or "", r["name"] or "", int(r["count"]), int(r["bytes"] or 0),
-                          float(r["time_s"] or 0.0)) for r in ops.iter_rows(named=True)],
-        top_files=[FileRow(r["file"], r["role"], int(r["bytes_read"]), int(r["reads"]), int(r["processes"]))
-                   for r in files.filter(pl.col("bytes_read") > 0).head(TOP_FILES).iter_rows(named=True)],
-        read_histogram={label: int(hist.get((True, i), 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)},
-        write_histogram={label: int(hist.get((False, i), 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)},
-        bytes_read=int(totals["bytes_read"] or 0),
-        bytes_written=int(totals["bytes_written"] or 0),
-        dataset_bytes_read=int(per_pid["rb"].sum() or 0),
-        dataset_bytes_read_per_pid={int(p): int(b or 0) for p, b in per_pid.iter_rows()},
-        dataset_files=int(dataset.len()),
-        dataset_read_calls=int(ds_calls),
-        roles={role: int(n) for role, n in files.group_by("role").len().sort("role").iter_rows()},
-        epochs=epochs,
-        fetch_events=int(totals["fetches"]),
-        item_events=int(totals["items"]),
-        checkpoint_saves=int(totals["saves"]),
-        checkpoint_save_bytes=int(totals["save_bytes"] or 0),
-        checkpoint_loads=int(totals["loads"]),
-        data_dirs=dirs,
-        unknown_annotations=voc.unknown_annotations(events),
-    )
+    return epochs
 
 
 # ---------------------------------------------------------------------------------------
@@ -239,17 +295,30 @@ def render_text(summary: Summary, *, max_ops: int = 12) -> str:
         f"{s.threads} thread(s); read {human_bytes(s.bytes_read)}, wrote {human_bytes(s.bytes_written)}"
     )
     out.append("")
-    if s.dataset_files:
-        out.append(f"Dataset: {s.dataset_files} file(s), {human_bytes(s.dataset_bytes_read)} read "
-                   f"in {s.dataset_read_calls:,} call(s)"
-                   + (f" (data dirs: {', '.join(s.data_dirs)})" if s.data_dirs else ""))
-        rows = [[str(pid), human_bytes(b)] for pid, b in s.dataset_bytes_read_per_pid.items()]
-        out += ["  " + line for line in _table(["pid", "dataset bytes read"], rows, [True, True])]
-    else:
-        out.append("Dataset: no dataset reads found"
-                   + (f" under {', '.join(s.data_dirs)}" if s.data_dirs else
-                      " (no data-loader item events; pass the data directories to classify files)"))
-    out.append("")
+    for section in (_dataset_lines(s), _loader_lines(s), _operation_lines(s, max_ops), _top_file_lines(s),
+                    _histogram_lines(s)):
+        out += section
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _indented(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    return ["  " + line for line in _table(headers, rows, right)]
+
+
+def _dataset_lines(s: Summary) -> list[str]:
+    if not s.dataset_files:
+        return ["Dataset: no dataset reads found"
+                + (f" under {', '.join(s.data_dirs)}" if s.data_dirs else
+                   " (no data-loader item events; pass the data directories to classify files)")]
+    out = [f"Dataset: {s.dataset_files} file(s), {human_bytes(s.dataset_bytes_read)} read "
+           f"in {s.dataset_read_calls:,} call(s)"
+           + (f" (data dirs: {', '.join(s.data_dirs)})" if s.data_dirs else "")]
+    rows = [[str(pid), human_bytes(b)] for pid, b in s.dataset_bytes_read_per_pid.items()]
+    return out + _indented(["pid", "dataset bytes read"], rows, [True, True])
+
+
+def _loader_lines(s: Summary) -> list[str]:
     loader = []
     if s.epochs or s.fetch_events or s.item_events:
         loader.append(f"{s.epochs} epoch(s), {s.fetch_events:,} batch fetch(es), {s.item_events:,} sample(s) loaded")
@@ -261,42 +330,39 @@ def render_text(summary: Summary, *, max_ops: int = 12) -> str:
                       + (f", {s.checkpoint_loads} load(s)" if s.checkpoint_loads else ""))
     else:
         loader.append("no checkpoint events found")
-    out.append("Data loader: " + "; ".join(loader))
-    if s.unknown_annotations:
+    out = ["Data loader: " + "; ".join(loader)]
+    unknown = s.unknown_annotations
+    if unknown:
         out.append("Annotations not understood (no DFTracer AI, DLIO or dlreplay meaning; left out of the "
-                   "analysis): " + ", ".join(f"{u['cat']}/{u['name']} x{u['count']:,}"
-                                             for u in s.unknown_annotations[:8])
-                   + (f", … {len(s.unknown_annotations) - 8} more" if len(s.unknown_annotations) > 8 else ""))
-    out.append("")
+                   "analysis): " + ", ".join(f"{u['cat']}/{u['name']} x{u['count']:,}" for u in unknown[:8])
+                   + (f", … {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+    return out
 
-    if s.operations:
-        out.append("Operations (by time)")
-        rows = [[o.cat, o.name, f"{o.count:,}", human_bytes(o.bytes) if o.bytes else "-", human_seconds(o.time_s)]
-                for o in s.operations[:max_ops]]
-        out += ["  " + line for line in _table(["cat", "op", "count", "bytes", "time"], rows,
-                                                [False, False, True, True, True])]
-        if len(s.operations) > max_ops:
-            out.append(f"  … {len(s.operations) - max_ops} more operation(s)")
-    else:
-        out.append("Operations: no events")
-    out.append("")
 
-    if s.top_files:
-        out.append("Top files by bytes read (roles: "
-                   + ", ".join(f"{n} {r}" for r, n in s.roles.items()) + ")")
-        rows = [[_short(f.file), f.role, human_bytes(f.bytes_read), f"{f.reads:,}", str(f.processes)]
-                for f in s.top_files]
-        out += ["  " + line for line in _table(["file", "role", "read", "reads", "procs"], rows,
-                                                [False, False, True, True, True])]
-    else:
-        out.append("Top files: no file reads found")
-    out.append("")
+def _operation_lines(s: Summary, max_ops: int) -> list[str]:
+    if not s.operations:
+        return ["Operations: no events"]
+    rows = [[o.cat, o.name, f"{o.count:,}", human_bytes(o.bytes) if o.bytes else "-", human_seconds(o.time_s)]
+            for o in s.operations[:max_ops]]
+    out = ["Operations (by time)",
+           *_indented(["cat", "op", "count", "bytes", "time"], rows, [False, False, True, True, True])]
+    if len(s.operations) > max_ops:
+        out.append(f"  … {len(s.operations) - max_ops} more operation(s)")
+    return out
 
-    hist_rows = [[label, f"{s.read_histogram[label]:,}", f"{s.write_histogram[label]:,}"]
-                 for label, _ in HISTOGRAM_BUCKETS]
-    if any(s.read_histogram.values()) or any(s.write_histogram.values()):
-        out.append("Transfer sizes (Darshan buckets)")
-        out += ["  " + line for line in _table(["size", "reads", "writes"], hist_rows, [False, True, True])]
-    else:
-        out.append("Transfer sizes: no reads or writes found")
-    return "\n".join(out).rstrip() + "\n"
+
+def _top_file_lines(s: Summary) -> list[str]:
+    if not s.top_files:
+        return ["Top files: no file reads found"]
+    rows = [[_short(f.file), f.role, human_bytes(f.bytes_read), f"{f.reads:,}", str(f.processes)]
+            for f in s.top_files]
+    return ["Top files by bytes read (roles: " + ", ".join(f"{n} {r}" for r, n in s.roles.items()) + ")",
+            *_indented(["file", "role", "read", "reads", "procs"], rows, [False, False, True, True, True])]
+
+
+def _histogram_lines(s: Summary) -> list[str]:
+    if not (any(s.read_histogram.values()) or any(s.write_histogram.values())):
+        return ["Transfer sizes: no reads or writes found"]
+    rows = [[label, f"{s.read_histogram[label]:,}", f"{s.write_histogram[label]:,}"]
+            for label, _ in HISTOGRAM_BUCKETS]
+    return ["Transfer sizes (Darshan buckets)", *_indented(["size", "reads", "writes"], rows, [False, True, True])]

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze import Summary, classify_files, load, summarize
-from dlreplay.analyze.summary import HISTOGRAM_BUCKETS, _histogram, human_bytes, render_text
+from dlreplay.analyze.summary import HISTOGRAM_BUCKETS, histogram, human_bytes, render_text
 from dlreplay.schema import EVENT_SCHEMA
 
 from .test_load import T0, Proc, dataloader_job, write_gz
@@ -41,7 +41,7 @@ def roles(df: pl.DataFrame) -> dict[str, str]:
      (10 << 20, "4M-10M"), (100 << 20, "10M-100M"), (1 << 30, "100M-1G"), ((1 << 30) + 1, "1G+")],
 )
 def test_darshan_buckets(size: int, bucket: str) -> None:
-    h = _histogram(pl.Series([size], dtype=pl.Int64))
+    h = histogram(pl.Series([size], dtype=pl.Int64))
     assert list(h) == [label for label, _ in HISTOGRAM_BUCKETS]
     assert h[bucket] == 1 and sum(h.values()) == 1
 
