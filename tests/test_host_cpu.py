@@ -125,8 +125,8 @@ def test_zero_host_cpu_is_a_pure_sleep(tmp_path: Path) -> None:
 def _worker_reader(tmp_path: Path, *sets: str):
     from dlreplay.replay import GenerateConfig, generate_dataset
     from dlreplay.replay.common import read_dataset_manifest
-    from dlreplay.replay.prepare import worker_spec as _worker_spec
     from dlreplay.replay.loader import SampleReader
+    from dlreplay.replay.prepare import worker_spec as _worker_spec
 
     model = _model(*sets)
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))

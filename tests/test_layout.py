@@ -393,7 +393,8 @@ def test_png_adam7_encoding_decodes_to_the_same_pixels(mode: str, bits: int | No
 
     from PIL import Image
 
-    from dlreplay.replay.writers.images import image_pixels as _image_pixels, png_interlaced as _png_interlaced
+    from dlreplay.replay.writers.images import image_pixels as _image_pixels
+    from dlreplay.replay.writers.images import png_interlaced as _png_interlaced
 
     img = _image_pixels(width, height, mode, 0.7, np.random.default_rng(13), bits)
     buf = io.BytesIO()

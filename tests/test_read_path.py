@@ -102,8 +102,8 @@ def test_posix_samples_are_read_into_the_reused_buffer_and_not_handed_over(tmp_p
     from dlreplay.model import apply_overrides, model_from_dict
     from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset
     from dlreplay.replay.common import read_dataset_manifest
-    from dlreplay.replay.prepare import worker_spec as _worker_spec
     from dlreplay.replay.loader import SampleReader
+    from dlreplay.replay.prepare import worker_spec as _worker_spec
 
     model = model_from_dict({
         "schema": "dlreplay.workload", "format_version": 1, "model": {"name": "posix"},
