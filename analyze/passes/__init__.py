@@ -10,6 +10,11 @@ alone. :func:`characterize` runs them all (or a chosen few) into a
 Units: times in seconds (``*_s``), sizes in bytes, bandwidths in bytes/s (``*_bps``),
 fractions in 0..1, counts in events. A value that the trace cannot give (for example
 AU without data-loader events) is ``None``, and the pass says why under ``missing``.
+
+The passes by family: :mod:`.reads` (what the job read: overview, access, transfer,
+bandwidth, metadata, page cache), :mod:`.loop` (the training loop: steps, epochs, overlap,
+checkpoints), :mod:`.processes` (processes, balance, preprocess); :mod:`.view` holds the
+view they share and the per-event loops in C, :mod:`.numbers` their JSON-safe numbers.
 """
 
 from __future__ import annotations
