@@ -41,7 +41,6 @@ RESOLVE = importlib.import_module("dlreplay.analyze.trace.resolve")
 MERGE = importlib.import_module("dlreplay.analyze.trace.merge")
 INPUTS = importlib.import_module("dlreplay.analyze.trace.inputs")
 SHAPES = importlib.import_module("dlreplay.analyze.trace.shapes")
-PYPARSE = importlib.import_module("dlreplay.analyze.trace.pyparse")
 HOST = "node-a"
 HHASH = "6882804a826580cd"
 T0 = 1_795_313_692_000_000  # µs
@@ -273,9 +272,9 @@ def test_single_file_list_and_plain_pfw(tmp_path: Path) -> None:
 
 def test_fast_path_and_json_path_agree(tmp_path: Path, monkeypatch) -> None:
     d, _ = dataloader_job(tmp_path)
-    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 1)
+    monkeypatch.setenv(LOAD.PARSER_ENV, "native")
     fast = load(d)
-    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 10**9)
+    monkeypatch.setenv(LOAD.PARSER_ENV, "python")
     slow = load(d)
     assert fast.equals(slow)
 
@@ -449,9 +448,9 @@ BAD_LINES = [
 ]
 
 
-@pytest.mark.parametrize("min_group", [1, 10**9])
-def test_malformed_lines_are_dropped_and_counted(tmp_path: Path, monkeypatch, min_group: int) -> None:
-    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", min_group)
+@pytest.mark.parametrize("parser", ["native", "python"])
+def test_malformed_lines_are_dropped_and_counted(tmp_path: Path, monkeypatch, parser: str) -> None:
+    monkeypatch.setenv(LOAD.PARSER_ENV, parser)
     p = Proc(pid=11)
     for i in range(200):
         p.read("/d/x", i + 1)
@@ -674,7 +673,8 @@ def random_event(draw) -> dict:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(random_event(), min_size=1, max_size=40), st.booleans())
 def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool) -> None:
-    PYPARSE._MIN_GROUP, saved = (1 if fast else 10**9), PYPARSE._MIN_GROUP
+    saved = os.environ.get(LOAD.PARSER_ENV)
+    os.environ[LOAD.PARSER_ENV] = "native" if fast else "python"
     try:
         lines = []
         for i, e in enumerate(events):
@@ -685,7 +685,10 @@ def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool
         write_gz(path, lines)
         loaded = load_trace(path)
     finally:
-        PYPARSE._MIN_GROUP = saved
+        if saved is None:
+            os.environ.pop(LOAD.PARSER_ENV, None)
+        else:
+            os.environ[LOAD.PARSER_ENV] = saved
     assert not loaded.damaged, loaded.describe_damage()
     got = loaded.events.sort("ts", "pid", "name", "dur", maintain_order=True)
     want = pl.DataFrame(
@@ -782,9 +785,9 @@ def test_layout_with_varying_names_in_one_group(tmp_path: Path, monkeypatch) -> 
                                "args": args}))
             ts += 2
     write_gz(tmp_path / "t.pfw.gz", recs)
-    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 1)
+    monkeypatch.setenv(LOAD.PARSER_ENV, "native")
     fast = load(tmp_path)
-    monkeypatch.setattr(PYPARSE, "_MIN_GROUP", 10**9)
+    monkeypatch.setenv(LOAD.PARSER_ENV, "python")
     slow = load(tmp_path)
     assert fast.equals(slow)
     reads = fast.filter(pl.col("name") == "read")

@@ -8,7 +8,7 @@ from dlreplay.pfw import DecodeStats as _Stats
 
 from .compact import compact_rows, one_frame
 from .native import native_parser_available
-from .pyparse import Batch
+from .reference import Batch
 from .scan import MetaRows, NativeBatch, meta_frames
 from .shapes import CHUNK_SCHEMA, HOSTS_SCHEMA, STARTS_SCHEMA, concat_raw, count_problem
 

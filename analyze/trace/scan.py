@@ -23,7 +23,7 @@ from .compact import (
     native_compact,
 )
 from .decompress import Piece, line_segments
-from .pyparse import Batch
+from .reference import Batch
 from .shapes import INT, NATIVE_INTS, NATIVE_STRS, OP_CODE, RAW_SCHEMA, SRC, STR
 
 __all__ = ['MetaRows', 'NativeBatch', 'meta_frames']
