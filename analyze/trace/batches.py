@@ -1,4 +1,8 @@
-"""batches"""
+"""Parse batches and what a part keeps of them: :func:`new_batch` picks the scanner's
+batch (:class:`~.scan.NativeBatch`) or the reference parser's (:class:`~.reference.Batch`);
+:class:`Compacted` takes each flushed batch's rows in compact form (:mod:`.compact`) until
+the part is resolved (:mod:`.resolve`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""compact"""
+"""Parsed rows -> the compact columns a part keeps until it is resolved (:data:`~.shapes.CHUNK_SCHEMA`).
+
+:func:`_compact_exprs` defines the columns (strings Categorical, sizes computed, the
+file-position model's inputs ``op``/``pos``/``parg`` without nulls); the reference
+parser's rows are compacted by polars (:func:`compact_rows`), the scanner's by the C pass
+``compact`` straight from its buffers (:func:`native_compact`). Both set aside the
+``start`` records and each process's first host hash, and count the values read as null
+(ids beyond 32 bits, odd byte counts and durations) per file.
+"""
 
 from __future__ import annotations
 
@@ -261,7 +269,14 @@ def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndar
     the :data:`CHUNK_SCHEMA` columns as :func:`_compact_exprs` defines them, into arrays of
     their own (so that a column dropped later frees its memory), and finds the ``start``
     records and each process's first host hash; polars only adds the validity masks and
-    maps the string codes to categories."""
+    maps the string codes to categories.
+
+    One piece: the scanner path's compaction, run under the GIL once per parse batch and
+    tuned with the C pass it drives: it hands that pass a dozen output arrays and builds
+    one polars select from all of them (every branch picks a column's form: constant,
+    all valid, masked), so a split would pass the same arrays through each piece without
+    making any piece readable alone; the C path's Python is moved here unchanged.
+    """
     assert native.NATIVE is not None
     n = sl.stop - sl.start
     col = {c: np.empty(n, dtype=dt) for c, dt, _ in _COMPACT_OUT}
@@ -309,7 +324,7 @@ def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndar
         if not len(at):  # (most batches hold no start record: 1-2 ms a frame otherwise)
             return pl.DataFrame(schema=schema)
         # built from Python lists of the few rows (a frame and a select of polars
-        # expressions cost ~0.5 ms, a pass through polars' pool, for a row or two)
+        # expressions cost a pass through polars' pool, for a row or two)
         ok = valid[at].tolist()
         got = {
             "src": src[at].tolist() if isinstance(src, np.ndarray) else [int(src)] * len(at),

@@ -1,4 +1,11 @@
-"""decompress"""
+"""Stored trace bytes -> decoded text in chunks of complete lines.
+
+Gzip members are decoded one ``decompressobj`` each (:mod:`dlreplay.pfw`), damage
+salvaged and counted there; :func:`text_chunks` cuts the decoded output into chunks of
+about :data:`CHUNK_BYTES` that end on a newline (or at a damage point), as lists of the
+decoder's pieces (:data:`Piece`, never copied), dropping over-long lines as they stream
+by; :func:`prefetched` decodes one chunk ahead in a helper thread.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +20,9 @@ from dlreplay.pfw import decoded_spans as _decoded_spans
 
 __all__ = ['CHUNK_BYTES', 'Piece', 'joined', 'line_segments', 'prefetched', 'split_tail', 'text_chunks']
 
-#: Decoded text per parse batch (bytes). Large batches amortise per-layout overhead; each
-#: thread holds one batch's text and scan at a time (32 MiB: a load's peak 244-257 B/event
-#: on 2 threads, 16 MiB: 222-235, at the same speed).
+#: Decoded text per parse batch (bytes). Large batches amortise per-batch overhead; each
+#: thread holds one batch's text and scan at a time (twice this raised a load's peak at
+#: the same speed (measured: benchmarks/RESULTS.md)).
 CHUNK_BYTES = 16 << 20
 
 

@@ -1,4 +1,9 @@
-"""inputs"""
+"""A trace's inputs: which files (:func:`find_trace_inputs`: runs in subdirectories and
+byte-identical copies left out, the manifest read), what a reader must know about them
+(:func:`trace_warnings`), and how they are shared out for parsing: groups of whole files
+by stored size (:func:`file_groups`, :func:`groups_of`) and byte ranges of a large gzip
+file cut at member headers (:func:`split_file`, :func:`member_ranges`).
+"""
 
 from __future__ import annotations
 

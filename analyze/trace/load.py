@@ -14,28 +14,19 @@ offsets, :func:`.inputs.split_file`):
    header (``1f 8b 08``). The partial line at each damage point is dropped and counted.
    Decoded text is handed on as lists of the decoder's output pieces, never joined: the
    scanner reads each piece's lines where they lie (only a line spanning two pieces is
-   copied); the Python path joins a chunk's pieces once.
+   copied); the reference parser joins a chunk's pieces once.
 2. **Scan** (when the C extension :mod:`._pfwscan` is built, and ``DLREPLAY_PARSER`` is
    not ``python``): a strict scanner reads each decoded text without the GIL straight
    into raw columns (strings dictionary-encoded, no Python object per line). It accepts
    only lines it fully understands (a JSON object with integer/string values of the kept
    keys, an ``args`` object, DFTracer 1.x quoting and trailing commas); every other
-   non-blank line, and any text that is not UTF-8, goes through steps 3-5 below, the
-   Python path, at the same points, so both paths give identical tables and reports
-   (``tests/test_native_parser.py``). Without the extension, steps 3-5 parse everything.
-3. **Tokenise** decoded text with polars' CSV reader (separator ``,``, no quoting): one
-   row per line, one column per ``"key":value`` token. The text of many small files is
-   tokenised and parsed as one batch (up to about ``CHUNK_BYTES`` of text; rows are
-   attributed to files by their counted lines).
-4. **Layouts**: rows are grouped by (name token, category token, token count); one
-   sample row per group is parsed in Python into a *layout* (key path, prefix, quoting,
-   closing braces of every token); the group's values are extracted with vectorised
-   string expressions and checked (line start and end, argument keys, numbers parse).
-5. **Fallback**: rows without a usable layout are re-read from their line bytes with
-   polars' JSON reader; a failing batch is bisected down to the malformed lines, which
-   are dropped and counted against their own file.
-6. **Compact** (every parsed batch at once; the scanner's rows by the C pass ``compact``,
-   :func:`.compact.native_compact`, the Python path's by :func:`.compact.compact_rows`, both as
+   non-blank line, and any text that is not UTF-8, goes to the reference parser (step 3)
+   at the same points, so both paths give identical tables and reports
+   (``tests/test_native_parser.py``). Without the extension, step 3 parses everything.
+3. **Reference parser** (:mod:`.reference`): each line read with :func:`json.loads`;
+   garbage and malformed lines are dropped and counted against their own file.
+4. **Compact** (every parsed batch at once; the scanner's rows by the C pass ``compact``,
+   :func:`.compact.native_compact`, the reference parser's by :func:`.compact.compact_rows`, both as
    :func:`.compact._compact_exprs` defines them): the rows kept are :data:`~.shapes.CHUNK_SCHEMA` (strings
    Categorical, sizes computed, the file-position inputs narrowed); ``start`` records and
    first host hashes are set aside per process.
@@ -116,7 +107,9 @@ from .inputs import (
 )
 from .merge import RunTables, add_reports, canonical, finalize, merge_parts, renumbered, run_tables
 from .native import PARSER_ENV, native_parser_available
+from .reference import Batch
 from .resolve import resolve_part
+from .scan import NativeBatch
 from .shapes import (
     BEYOND_32_BITS,
     CHUNK_SCHEMA,
@@ -193,16 +186,7 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
             yield cast(TracePart, parse_part(group, ordered=ordered))
         return
     sizes = [stored_size(p) for p in files]
-    share = range_share(sizes, workers)
-    split: dict[int, list[tuple[int, int]]] = {}
-    if workers > 1:
-        for (src, p), size in zip(indexed, sizes, strict=True):
-            if size >= 2 * share:
-                # rounded, not up: a file of the whole trace is 2 ranges per thread (rounding
-                # up made it 2 per thread + 1, which ran alone at the end: 0.17 s of 1.4)
-                ranges = split_file(p, size, max(2, round(size / share)))
-                if ranges:
-                    split[src] = ranges
+    split = _large_files(indexed, sizes, range_share(sizes, workers)) if workers > 1 else {}
     rest = [(src, p) for src, p in indexed if src not in split]
     groups = file_groups(rest, workers) if group_bytes is None else groups_of(rest, group_bytes)
     todo: list[tuple[Any, Any]] = [(parse_part, [(src, files[src], a, b, k)])
@@ -211,9 +195,10 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
     todo.reverse()  # popped from the end: in this order
     waiting: dict[int, list[RangePart]] = {}
     flight: set[Future] = set()
+    limit = 2 * workers if group_bytes is None else workers
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dlreplay-load") as pool:
         while todo or flight:
-            while todo and len(flight) < (2 * workers if group_bytes is None else workers):
+            while todo and len(flight) < limit:
                 fn, arg = todo.pop()
                 # a helper thread decodes ahead only where a core would otherwise be idle
                 kw: dict[str, bool] = {"ordered": ordered}
@@ -223,17 +208,37 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
                 del fn, arg  # (a list of ranges is emptied by the job as it takes their rows)
             done, flight = wait(flight, return_when=FIRST_COMPLETED)
             for fut in done:
-                res = fut.result()
-                for part in res if isinstance(res, list) else [res]:
-                    if isinstance(part, RangePart):
-                        got = waiting.setdefault(part.src, [])
-                        got.append(part)
-                        if len(got) == len(split[part.src]):  # all ranges of the file: resolve it next
-                            todo.append((resolve_ranges, waiting.pop(part.src)))
-                    else:
-                        yield part
-                del res
+                yield from _finished(fut.result(), split, waiting, todo)
 
+
+def _large_files(indexed: list[tuple[int, Path]], sizes: list[int], share: int) -> dict[int, list[tuple[int, int]]]:
+    """The byte ranges of each file of at least twice ``share`` stored bytes whose gzip
+    members could be cut (by ``src``)."""
+    split: dict[int, list[tuple[int, int]]] = {}
+    for (src, p), size in zip(indexed, sizes, strict=True):
+        if size >= 2 * share:
+            # rounded, not up: a file of the whole trace is 2 ranges per thread (rounding
+            # up made it 2 per thread + 1, which ran alone at the end)
+            ranges = split_file(p, size, max(2, round(size / share)))
+            if ranges:
+                split[src] = ranges
+    return split
+
+
+def _finished(res: TracePart | RangePart | list[TracePart], split: dict[int, list[tuple[int, int]]],
+              waiting: dict[int, list[RangePart]], todo: list[tuple[Any, Any]]) -> list[TracePart]:
+    """The resolved parts of a finished job; a byte range waits for the file's others, and
+    once all are parsed their resolve is the next job."""
+    out = []
+    for part in res if isinstance(res, list) else [res]:
+        if isinstance(part, RangePart):
+            got = waiting.setdefault(part.src, [])
+            got.append(part)
+            if len(got) == len(split[part.src]):  # all ranges of the file: resolve it next
+                todo.append((resolve_ranges, waiting.pop(part.src)))
+        else:
+            out.append(part)
+    return out
 
 def load(path: str | os.PathLike | Sequence[str | os.PathLike], **kw) -> pl.DataFrame:
     """The event table of :func:`load_trace`; warns :class:`TraceDamageWarning` on any loss."""
@@ -271,8 +276,7 @@ def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None, ordered
     ``prefetch``: decode a large file's next chunk in a helper thread while this one parses
     the current chunk (:func:`prefetched`). Only worth it where a core would otherwise be
     idle: where every core runs a parse already, the helpers only compete for the GIL
-    (9 files on 2 cores: 1.57 -> 1.49 s without them, 5 %, and 8 B/event less peak; one
-    file's ranges and 1 core: the same time). None: when fewer :func:`parse_part` calls
+    (faster and a lower peak without them (measured: benchmarks/RESULTS.md)). None: when fewer :func:`parse_part` calls
     are parsing than this process has cores.
 
     ``ordered``: the part's rows gathered into (``ts``, file, line) order here (else they
@@ -337,49 +341,73 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = N
         prefetch = _PARSING.busy() < available_cores()
     ahead_ok = prefetch or not _PREFETCH_SPARE_ONLY
     for job in jobs:
-        src, p = job[0], job[1]
-        path = Path(p)
+        src, path = job[0], Path(job[1])
         stats = _Stats()
         rows.stats[src] = stats
-        data: bytes | PlainFile
-        try:
-            if len(job) == 5:
-                start, end = job[2], job[3]  # type: ignore[misc]
-                with open(path, "rb") as fh:
-                    fh.seek(start)
-                    data = fh.read(end - start)
-            else:  # plain text is read as it is parsed (garbage costs no memory by its size)
-                data = PlainFile.of(path) or path.read_bytes()
-        except OSError as exc:
-            raise TraceError(f"cannot read trace file {path}: {exc}") from exc
+        data = _read_job(job, path)
         if not data:
             stats.problems.append("file is empty (0 bytes): the process wrote no trace")
         seq0 = job[4] << 32 if len(job) == 5 else 0  # type: ignore[misc]
-        # a large file's text is decoded ahead into slabs, written again once its chunks are
-        # flushed (nothing reads a chunk's text after its batch's flush)
-        slabs = Slabs(recycle=True, keep_bytes=decompress.CHUNK_BYTES) if ahead_ok and len(data) >= _PREFETCH_BYTES else None
-        chunks = prefetched(data, stats, slabs) if slabs is not None else text_chunks(data, stats)
-        for received, (text, damaged_after, cut) in enumerate(chunks, 1):
-            body, tail = split_tail(text)
-            clean_end = not tail
-            if tail:
-                if damaged_after:
-                    stats.drop(1, tail)
-                    stats.problems.append(f"dropped a partial line of {tail} bytes at a damage point")
-                else:
-                    body = text  # last line without newline at a clean end of file: keep it
-            if body:
-                seq0 += batch.add_pieces(src, seq0, body, stats)
-            # a file's chunks are parsed before it decodes further: its problems stay in order
-            if damaged_after or cut or batch.nbytes >= decompress.CHUNK_BYTES:
-                batch.flush()
-                rows.take(batch)
-                if slabs is not None:
-                    slabs.release(received - 1)
+        clean_end = _parse_text(data, src, seq0, stats, batch, rows, ahead_ok)
         done.append((src, path, len(data), stats))
-        del data, chunks, slabs  # the stored bytes are not needed any more (the resolve below is)
+        del data  # the stored bytes are not needed any more (the resolve below is)
     batch.flush()
     rows.take(batch)
+    files = _file_reports(done, ranged)
+    if ranged:
+        job = jobs[0]
+        kept, meta, starts, hosts = rows.pop()
+        return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
+                         hosts=hosts, report=files[0][1], clean_end=clean_end)
+    return rows, files
+
+
+def _read_job(job: PartJob, path: Path) -> bytes | PlainFile:
+    """The stored bytes of a job: its byte range, or the whole file (plain text is read as
+    it is parsed: garbage costs no memory by its size)."""
+    try:
+        if len(job) == 5:
+            start, end = job[2], job[3]  # type: ignore[misc]
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                return fh.read(end - start)
+        return PlainFile.of(path) or path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc}") from exc
+
+
+def _parse_text(data: bytes | PlainFile, src: int, seq0: int, stats: _Stats, batch: Batch | NativeBatch,
+                rows: Compacted, ahead_ok: bool) -> bool:
+    """Decode one job's ``data`` and add its lines (file ``src`` from line ``seq0``) to
+    ``batch``, flushed into ``rows`` at damage, at each cut chunk and when full; True when
+    its text ended with a whole line."""
+    clean_end = True
+    # a large file's text is decoded ahead into slabs, written again once its chunks are
+    # flushed (nothing reads a chunk's text after its batch's flush)
+    slabs = Slabs(recycle=True, keep_bytes=decompress.CHUNK_BYTES) if ahead_ok and len(data) >= _PREFETCH_BYTES else None
+    chunks = prefetched(data, stats, slabs) if slabs is not None else text_chunks(data, stats)
+    for received, (text, damaged_after, cut) in enumerate(chunks, 1):
+        body, tail = split_tail(text)
+        clean_end = not tail
+        if tail:
+            if damaged_after:
+                stats.drop(1, tail)
+                stats.problems.append(f"dropped a partial line of {tail} bytes at a damage point")
+            else:
+                body = text  # last line without newline at a clean end of file: keep it
+        if body:
+            seq0 += batch.add_pieces(src, seq0, body, stats)
+        # a file's chunks are parsed before it decodes further: its problems stay in order
+        if damaged_after or cut or batch.nbytes >= decompress.CHUNK_BYTES:
+            batch.flush()
+            rows.take(batch)
+            if slabs is not None:
+                slabs.release(received - 1)
+    return clean_end
+
+
+def _file_reports(done: list[tuple[int, Path, int, _Stats]], ranged: bool) -> list[tuple[int, FileReport]]:
+    """(src, report) of each parsed file (its events still 0: counted when the parts combine)."""
     files = []
     for src, path, size, stats in done:
         if size and not stats.lines and not stats.problems and not ranged:
@@ -389,12 +417,7 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = N
             dropped_lines=stats.dropped_lines, dropped_bytes=stats.dropped_bytes,
             problems=stats.problems,
         )))
-    if ranged:
-        job = jobs[0]
-        kept, meta, starts, hosts = rows.pop()
-        return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
-                         hosts=hosts, report=files[0][1], clean_end=clean_end)
-    return rows, files
+    return files
 
 
 #: Files stored with at least this many bytes decode their next chunk in a helper

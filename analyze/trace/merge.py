@@ -1,4 +1,10 @@
-"""merge"""
+"""The run's tables and its event table: ``FH`` paths and processes across all files
+(:func:`run_tables`; a pid seen on two hosts numbered anew, :func:`renumbered`), the parts'
+rows merged into (``ts``, file, line) order (the C k-way merge ``merge_runs`` where it is
+built, else a stable sort) and given the :data:`~dlreplay.schema.EVENT_SCHEMA` columns
+(:func:`finalize`), and the summary's per-(file, host, pid) table from the parts' counts
+(:func:`per_process_from_counts`).
+"""
 
 from __future__ import annotations
 
@@ -221,7 +227,7 @@ def merge_parts(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFr
         return pl.DataFrame(schema=EVENT_SCHEMA), None, {}, {}  # (a trace of markers only has no processes)
     tables = run_tables(processes, fh, names, max((int_stat(f[c].max()) or 0) for f in frames for c in ("pid", "tid")))
     # the per-process table needs only the parts' counts: built in a thread beside the order
-    # and the gather, which leave a core idle at times (9 files on 2 cores: 1.28 -> 1.23 s)
+    # and the gather, which leave a core idle at times
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-merge") as side:
         per_process_job = side.submit(per_process_from_counts, one_frame(counts, COUNTS_SCHEMA), tables)
         del counts
@@ -287,9 +293,8 @@ def _merged_runs(frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None]
     """The row order by (``ts``, file) of the concatenation of ``frames`` (resolved parts,
     each in that order as its entry of ``orders`` lists its rows, or as they are where
     that is None; ``__p`` indexing ``proc_src``, the file of each process) as a k-way merge
-    in C (``merge_runs``): 27-32 ms for the 9 files' 2.1 M rows where the stable sort of
-    packed keys took 48-130 ms, much of it faulting in its 17 MB temporaries; cut into
-    slices merged in threads, one a core (36.5 -> 23.6 ms on 2 cores). None where it
+    in C (``merge_runs``), faster than the stable sort of packed keys, which faults in
+    large temporaries; cut into slices merged in threads, one a core (measured: benchmarks/RESULTS.md). None where it
     does not apply (no C extension, a null ``ts``, a part out of order): then the parts are
     gathered into order and :func:`_merge_order` gives the same order."""
     if native.NATIVE is None:
@@ -332,8 +337,7 @@ def _merge_order(ts: pl.Series, src: np.ndarray) -> np.ndarray:
 
 def _distinct_categorical(values: pl.Series) -> pl.Series:
     """The distinct non-null values of the Categorical ``values`` (in code order): one row
-    of each code, found with numpy over the integer codes (2.1 M rows: 16 ms, against
-    32 ms for ``unique()``)."""
+    of each code, found with numpy over the integer codes (faster than ``unique()``)."""
     present = values.drop_nulls()
     codes = present.to_physical().to_numpy()
     if not len(codes):

@@ -1,4 +1,8 @@
-"""native"""
+"""The C extension ``_pfwscan`` (:data:`NATIVE`, None where it is not built) and the switch
+that turns its scanner off (``DLREPLAY_PARSER=python``, :func:`native_parser_available`).
+Its users read :data:`NATIVE` from this module when they run, so that switching it off
+(tests do) reaches them all.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,16 @@
-"""offsets"""
+"""File positions per stream, and the stray transfers of DFTracer's close race.
+
+A stray transfer is a read or write its process logged on a file it had opened and
+closed again, with no descriptor of it open at the time (the opens and closes of the
+stream counted in output order; a close never takes the count below zero, so closing
+an inherited descriptor changes nothing); or a write on a file its process had opened
+before, read-only every time (``flags`` without write access, or an fopen mode ``r``
+without ``+``). DFTracer's ``close`` closes the descriptor before it forgets the file it
+named: a socket or pipe another thread opens in between gets the number, and its calls
+are logged as the file's (a PyTorch DataLoader worker's handshake with the training
+process, a few bytes written to a dataset file). Stray transfers keep no file
+(:func:`unname_stray`) and are counted in their file's report.
+"""
 
 from __future__ import annotations
 
@@ -85,15 +97,7 @@ def file_offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> 
     reconstructed for stream reads and writes; and which rows are stray transfers (a bool
     array by row, None when none is), which have no offset.
 
-    A stray transfer is a read or write its process logged on a file it had opened and
-    closed again, with no descriptor of it open at the time (the opens and closes of the
-    stream counted in output order; a close never takes the count below zero, so closing
-    an inherited descriptor changes nothing); or a write on a file its process had opened
-    before, read-only every time (``flags`` without write access, or an fopen mode ``r``
-    without ``+``). DFTracer's ``close`` closes the descriptor
-    before it forgets the file it named: a socket or pipe another thread opens in between
-    gets the number, and its calls are logged as the file's (a PyTorch DataLoader worker's
-    handshake with the training process: 35 + 13 bytes written to a dataset file).
+    Stray transfers: see the module's doc.
 
     Rows of one (trace file, pid, POSIX or STDIO, file hash) in (ts, line) order form a
     stream; a reset or the stream start begins a segment; within a segment the offset of

@@ -1,4 +1,8 @@
-"""resolve"""
+"""Resolve one file's compact rows into a :class:`~.shapes.TracePart` (:func:`resolve_part`):
+the time unit (``CM``), each process's ppid, working directory and host (its ``start`` and
+``HH`` records), the offsets (:mod:`.offsets`) and the rows' (``ts``, file, line) order
+(:func:`_output_order`, a packed sort key where it fits).
+"""
 
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ _TIME_SCALE = {"US": 1.0, "NS": 1e-3, "MS": 1e3, "S": 1e6, "SEC": 1e6}
 #: Columns gathered together into output order (polars gathers the columns of one call in
 #: parallel); each group's source columns are dropped before the next, so that the rows
 #: are never held twice. 3: with the columns of one value constants (which a gather skips),
-#: 2.5 % faster than 2 on the 9-file benchmark trace on 1 and 2 cores at the same peaks.
+#: faster than 2 at the same peaks (measured: benchmarks/RESULTS.md).
 _GATHER_GROUP = 3
 
 
@@ -67,11 +71,10 @@ def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone:
     thread, the byte ranges of one large file resolved after all of them were parsed, the
     last group) and the part has :data:`_RELEASE_ROWS` rows or more: what the sort keys,
     the offsets' inputs and the dropped columns held is returned to the system between
-    the steps, lowering the load's peak (one file on 2 threads: 255-262 -> 212 B/event).
-    A part resolved while other threads parse does not: they would fault their pages in
-    again (10 % slower). Nor does a smaller part: it returns little, and the pages other
-    steps had freed are faulted in again (9 files on 2 cores: 44 k of 232 k faults, 4 % of
-    the CPU time, for the same peak).
+    the steps, lowering the load's peak. A part resolved while other threads parse does
+    not: they would fault their pages in again (slower). Nor does a smaller part: it
+    returns little, and the pages other steps had freed are faulted in again, for the
+    same peak (measured: benchmarks/RESULTS.md).
     """
     rows, meta, starts, hosts = compacted.pop()
     meta = meta.sort("src", "seq")
@@ -99,7 +102,7 @@ def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone:
         rows = unname_stray(rows, stray, problems)
     # the rows stay in their files' order, their output order beside them: the run's merge
     # gathers every part's columns once, into the run's order (a gather here as well cost
-    # every column of a part a copy: 9 files on 2 cores, 0.16 s more CPU and 4 % more time)
+    # every column of a part a copy)
     held = [rows.select(c for c in PART_SCHEMA if c != "offset")]
     del rows
     if release:
@@ -110,7 +113,7 @@ def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone:
         events.insert_column(list(PART_SCHEMA).index("offset"), offset.gather(row_index(order)).alias("offset"))
         return events, None, processes, fh, _part_counts(events), markers
     # one chunk per column (the merge concatenates the parts' columns, whose chunk lengths
-    # differ otherwise, and polars' gather from one chunk is 3-5x as fast), a few columns
+    # differ otherwise, and polars' gather from one chunk is several times as fast), a few columns
     # at a time, each group's source chunks freed before the next is copied
     events = gather_columns(held, None, [c for c in PART_SCHEMA if c != "offset"])
     events.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
@@ -144,7 +147,7 @@ def gather_columns(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray
     todo = list(columns)
     while todo:
         group, todo = todo[:_GATHER_GROUP], todo[_GATHER_GROUP:]
-        # one chunk first: a gather from the many chunks of a part's batches costs 3-5x
+        # one chunk first: a gather from the many chunks of a part's batches costs more than
         # a copy and a gather from one
         sub = frame.select(group).rechunk()
         frame = frame.drop(group)
@@ -168,7 +171,7 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
     bits = [(int(m) + 2).bit_length() if m is not None else 1 for m in tops]  # + a value for null
     if events.height and sum(bits) <= 64:
         # packed in place in one numpy array, a key's 32-bit codes at a time (as polars
-        # expressions, each step was a new 64-bit column: 31-44 ms against 21-24)
+        # expressions, each step was a new 64-bit column)
         packed = np.zeros(events.height, dtype=np.uint64)
         for c, nbits, top in zip(keys, bits, tops, strict=True):
             # (through a select: events[c] would materialise a column of one value, and keep it)
@@ -302,8 +305,8 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     packs as ``k`` above as many bits as the longest range's lines need. The key is
     built :data:`_KEY_STEP` rows at a time from slices of the columns (views of polars'
     buffers within a chunk): one array of 8 B/event besides the argsort's. Whole-column
-    copies of ``ts`` and ``seq`` and their temporaries took 40 of the 57 ms this took on a
-    2 M-event file, and 10 k page faults.
+    copies of ``ts`` and ``seq`` and their temporaries took most of its time and page
+    faults (measured: benchmarks/RESULTS.md).
     """
     tmin, tmax = int_stat(ev["ts"].min()), int_stat(ev["ts"].max())
     src_max = int_stat(ev["src"].max()) or 0

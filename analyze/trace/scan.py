@@ -1,4 +1,11 @@
-"""scan"""
+"""The glue around the C scanner (``_pfwscan.scan``): :class:`NativeBatch` collects a batch's
+decoded texts where they lie and scans them in one call without the GIL
+(:func:`_scan`, into buffers kept per batch, :class:`_ScanBuffers`); the rows come back
+compacted (:func:`~.compact.native_compact`), metadata records as :class:`MetaRows` made
+one frame per part (:func:`meta_frames`), and the lines the scanner does not accept (or a
+batch that is not UTF-8) go to the reference parser (:mod:`.reference`), their line
+numbers mapped back.
+"""
 
 from __future__ import annotations
 
@@ -137,8 +144,8 @@ class _ScanBuffers:
     Nothing built from a scan views them (:func:`_native_frame` and
     :func:`native_compact` copy what they keep; the scanner writes each row's masks and
     string codes, and the integers its mask marks, which are the only ones read), so the
-    next scan can overwrite them. A fresh mapping per scan had the kernel zero ~13 MB of
-    huge pages for every 16 MiB batch (4-10 % of the parse's CPU time on a VM); the batch,
+    next scan can overwrite them. A fresh mapping per scan had the kernel zero huge pages
+    for every batch, a share of the parse's CPU time (measured: benchmarks/RESULTS.md); the batch,
     and so the buffers, go with the parse job, before the rows are resolved.
     """
 
@@ -169,7 +176,7 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     ni, ns = len(NATIVE_INTS), len(NATIVE_STRS)
     # The output buffers are one anonymous mapping (large short-lived malloc'd buffers
     # would raise glibc's mmap threshold and fragment the heap across loads: peak RSS grew
-    # ~15% per repeated load), unmapped when the last array viewing it goes.
+    # with each repeated load), unmapped when the last array viewing it goes.
     need = cap * (ni * 8 + 4 + ns * 4 + 8)
     scratch = buffers.get(need) if buffers is not None else anonymous_map(need)
     ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
@@ -224,9 +231,8 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
 class MetaRows:
     """A batch's metadata rows as the scanner wrote them (copied out of its buffers, which
     the next scan overwrites), made into frames together (:func:`_meta_frame`): a part's
-    batches hold a few thousand metadata rows, and a frame per batch cost ~2 ms of polars
-    expressions built in Python, under the GIL, each (9 files on 2 cores: 22 ms a load of
-    the parse threads' GIL time)."""
+    batches hold a few thousand metadata rows, and a frame per batch cost polars
+    expressions built in Python, under the GIL, each."""
 
     __slots__ = ("ints", "imask", "strs", "values", "op_of", "any_mask", "src", "seq")
 

@@ -1,4 +1,9 @@
-"""shapes"""
+"""What the loader's stages hand each other: the raw and compact row schemas
+(:data:`RAW_SCHEMA`, :data:`CHUNK_SCHEMA`, :data:`PART_SCHEMA` ...), the operation and
+position codes the C scanner shares (:data:`OP_CODE`, ``POS_*``), the parts
+(:class:`TracePart`, :class:`RangePart`), the per-file reports (:class:`FileReport`) and
+the wording of their problems (values read as null, stray transfers).
+"""
 
 from __future__ import annotations
 

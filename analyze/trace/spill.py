@@ -69,24 +69,22 @@ __all__ = [
 ]
 
 #: Bytes per event of the in-memory event table (the compact EVENT_SCHEMA: polars
-#: ``estimated_size`` of the benchmark traces, 97-109, and of the corpus traces).
+#: ``estimated_size`` of the benchmark and corpus traces (measured: benchmarks/RESULTS.md)).
 ROW_BYTES = 110
 #: Peak RSS of the in-memory path (load + all passes) over the table's size, measured
-#: on the 2.1 M-event ingest benchmark traces (``benchmarks/ingest.py``: 240-268 bytes
-#: per event for the whole analysis, the table 117-133) and the 5.1 M-event scale trace
-#: (1.7x), kept at 4.0 for headroom until measured on more traces: freed pages are returned
+#: on the ingest benchmark traces (``benchmarks/ingest.py``) and the scale trace (measured: benchmarks/RESULTS.md),
+#: with headroom until measured on more traces: freed pages are returned
 #: at each stage's end and every pass reads only its columns.
 EAGER_FACTOR = 4.0
 #: Peak memory of parsing and resolving one group over its event table's size.
 GROUP_FACTOR = 3.0
 #: Memory taken whatever the trace: the interpreter with polars, numpy and matplotlib
-#: (~120 MB) and the parser's buffers and polars' pools for even one small group (bytes).
+#: and the parser's buffers and polars' pools for even one small group (bytes).
 BASE_BYTES = 250 << 20
 #: Bytes per dataset I/O event the largest pass holds over a spilled table: the few columns
 #: of the dataset I/O it collects in table order, a batch of processes at a time, and the
-#: streaming engine's buffers (peak RSS growth over the passes of the 5.1 M-event benchmark
-#: trace: ~85 per dataset I/O event before the passes' C kernels, ~76 with them, the
-#: summary's streaming queries the largest; 180 kept as the margin measured before).
+#: streaming engine's buffers (peak RSS growth over the passes of the scale benchmark
+#: trace, the summary's streaming queries the largest; a margin kept above it (measured: benchmarks/RESULTS.md)).
 DATASET_IO_BYTES = 180
 _ROW_BITS = 40
 #: Order column of a spilled table: sorting by (ts, it) gives the order of the in-memory
@@ -94,7 +92,7 @@ _ROW_BITS = 40
 ORDER_COL = "__o"
 
 
-#: the samples are inflated with ISA-L where installed (16 files: 0.40 -> 0.21 s)
+#: the samples are inflated with ISA-L where installed (faster than zlib)
 _INFLATE, _INFLATE_ERRORS = zlib_compatible_inflate()
 
 #: Stored bytes read from each sampled file to estimate lines per stored byte.
@@ -136,7 +134,7 @@ def _lines_per_byte(path: Path) -> tuple[int, int] | None:
 
     Inflated :data:`_SAMPLE_PIECE` at a time, at most :data:`_SAMPLE_DECODED` in all: a
     megabyte of deflated NUL bytes inflates to a gigabyte, which the estimate of a run
-    under ``--memory-limit`` must not hold (it held 540 MB for such a file)."""
+    under ``--memory-limit`` must not hold (it held hundreds of MB for such a file)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(_SAMPLE_BYTES)
@@ -408,7 +406,7 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     reports = sorted((rep for k in kept for rep in k.files), key=lambda r: r[0])
     del run
     # the per-process table as the in-memory loader makes it: from the parts' counts (a
-    # query over the spilled table held ~65 B per event and took 0.4 s on 5 M events)
+    # query over the spilled table held more memory per event and took longer)
     per_process = None if changed else per_process_from_counts(one_frame(part_counts, COUNTS_SCHEMA), tables)
     del part_counts
     notes = renumbered(tables.processes)

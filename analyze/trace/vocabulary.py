@@ -482,7 +482,7 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
     (DLIO's) get the bytes of the POSIX writes (saves) or reads (loads) inside them.
     """
     # only the columns read here, of the annotation rows, gathered by their row numbers: a
-    # row index of the whole table and all its columns cost 30 B/event at the load's peak
+    # row index of the whole table and all its columns raised the load's peak
     rows = ev.select(pl.arg_where(pl.col("role").is_not_null()).alias("__r")).to_series()
     ann = ev.select("pid", "ts", "dur", "role", "epoch", "sample_index", "size")[rows].insert_column(0, rows)
     spans = epoch_spans(ann)
@@ -568,7 +568,7 @@ def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) ->
          .group_by("cat", "name").len().sort(["len", "cat", "name"], descending=[True, False, False]))
     df = q.collect(engine="streaming") if isinstance(events, pl.LazyFrame) else q.collect()
     # one row per spelling, a handful: filtered in Python (polars' map_elements imports its
-    # bytecode inspector, 16 ms of every analyze, to say so)
+    # bytecode inspector, a cost to every analyze, to say so)
     rows = [(c, n, k) for c, n, k in df.iter_rows() if _is_annotation_category(c)]
     return [{"cat": c, "name": n, "count": int(k)} for c, n, k in rows[:limit]]
 
@@ -651,6 +651,32 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce("prev_end", pl.when(own).then(pl.col("f_ts")), "e_ts", "ts").alias("gap_start"),
     ).with_columns(pl.when(pl.col("epoch_first")).then((pl.col("gap_start") - pl.col("e_ts")).clip(lower_bound=0))
                    .fill_null(0).alias("lead_in_us"))
+    a = _step_saves(a, ann)
+    gap = (pl.col("ts") - pl.col("gap_start")).clip(lower_bound=0)
+    ck_gap, ck_in = pl.col("ck_gap").fill_null(0), pl.col("ck_in").fill_null(0)
+    wait = pl.coalesce(pl.min_horizontal("fetch_us", gap), (gap - ck_gap).clip(lower_bound=0))
+    a = a.with_columns(
+        wait.alias("wait_us"),
+        pl.when(pl.col("role") == COMPUTE).then(pl.col("dur")).otherwise((pl.col("dur") - ck_in).clip(lower_bound=0))
+        .alias("compute_us"),
+        (ck_gap + pl.when(pl.col("role") == COMPUTE).then(0).otherwise(ck_in)).alias("ckpt_us"),
+        # from the end of the checkpoints before a step to its batch's arrival (DLIO's t0 .. block start)
+        (pl.coalesce("fetch_end", "ts") - pl.col("ck_end")).clip(lower_bound=0).fill_null(0).alias("after_ckpt_us"),
+    ).with_columns((gap - pl.col("wait_us") - ck_gap).clip(lower_bound=0).alias("other_us"))
+    a = a.with_columns(
+        pl.int_range(pl.len()).over("pid", "epoch").alias("step"),
+        (pl.col("epoch_first") | (ck_gap > 0) | pl.col("__after_in")).alias("block_first"),
+        pl.col("role").replace_strict({COMPUTE: "compute events", STEP: "loop bodies", FETCH: "fetch waits"},
+                                      return_dtype=pl.String).alias("basis"),
+    )
+    a = _step_cpu(a, ann)
+    return a.select(list(STEP_SCHEMA)).cast(STEP_SCHEMA)  # type: ignore[arg-type]
+
+
+def _step_saves(a: pl.DataFrame, ann: pl.DataFrame) -> pl.DataFrame:
+    """:func:`training_steps`' anchors ``a`` with the checkpoint saves of each step: in the
+    gap before it (``ck_gap``, ending at ``ck_end``) or inside its body (``ck_in``), and
+    ``__after_in``: the step follows a body that saved (sorted by pid and time)."""
     # checkpoint saves of each step: in the gap before it, or inside its body
     saves = ann.filter(pl.col("role") == CKPT_SAVE).select(
         "pid", pl.col("ts").alias("c_ts"), pl.col("dur").fill_null(0).alias("c_dur")).sort("c_ts")
@@ -673,25 +699,7 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     a = a.sort("pid", "ts").with_columns(
         pl.coalesce("ck_end", pl.col("ck_in_end").shift(1).over("pid", "epoch")).alias("ck_end"),
         (pl.col("ck_in").shift(1).over("pid", "epoch").fill_null(0) > 0).alias("__after_in"))
-    gap = (pl.col("ts") - pl.col("gap_start")).clip(lower_bound=0)
-    ck_gap, ck_in = pl.col("ck_gap").fill_null(0), pl.col("ck_in").fill_null(0)
-    wait = pl.coalesce(pl.min_horizontal("fetch_us", gap), (gap - ck_gap).clip(lower_bound=0))
-    a = a.with_columns(
-        wait.alias("wait_us"),
-        pl.when(pl.col("role") == COMPUTE).then(pl.col("dur")).otherwise((pl.col("dur") - ck_in).clip(lower_bound=0))
-        .alias("compute_us"),
-        (ck_gap + pl.when(pl.col("role") == COMPUTE).then(0).otherwise(ck_in)).alias("ckpt_us"),
-        # from the end of the checkpoints before a step to its batch's arrival (DLIO's t0 .. block start)
-        (pl.coalesce("fetch_end", "ts") - pl.col("ck_end")).clip(lower_bound=0).fill_null(0).alias("after_ckpt_us"),
-    ).with_columns((gap - pl.col("wait_us") - ck_gap).clip(lower_bound=0).alias("other_us"))
-    a = a.with_columns(
-        pl.int_range(pl.len()).over("pid", "epoch").alias("step"),
-        (pl.col("epoch_first") | (ck_gap > 0) | pl.col("__after_in")).alias("block_first"),
-        pl.col("role").replace_strict({COMPUTE: "compute events", STEP: "loop bodies", FETCH: "fetch waits"},
-                                      return_dtype=pl.String).alias("basis"),
-    )
-    a = _step_cpu(a, ann)
-    return a.select(list(STEP_SCHEMA)).cast(STEP_SCHEMA)  # type: ignore[arg-type]
+    return a
 
 
 def _step_anchors(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None, pl.DataFrame | None]:
