@@ -24,7 +24,7 @@ cases: a worker that reads continuously with little per-batch work (no period in
 gaps: batch size unknown), an I/O-bound run (the "compute" time is then the loader's
 period, an upper bound), prefetching at epoch starts (a worker's first three batches
 are left out of the steady state: prefetch_factor 2 and the interval after it), and many workers (4 or more: intervals overlap more, the
-error grows; see the README's table).
+error grows; see docs/fidelity.md, "POSIX-only traces").
 Times are seconds; the frame's ``ts``/``dur`` are µs.
 """
 

@@ -1,4 +1,4 @@
-"""What dlreplay recovers from the DLIO corpus: the README's table.
+"""What dlreplay recovers from the DLIO corpus: the table in docs/dlio.md.
 
 For every DLIO trace in ``traces/`` (and the DFTracer-annotated job): the distilled
 model against the workload DLIO ran (``expected.json``), ``analyze``'s AU and AU by

@@ -1,4 +1,4 @@
-"""POSIX-only inference against the data-loader hooks: the README's table.
+"""POSIX-only inference against the data-loader hooks: the table in docs/fidelity.md.
 
 For every committed trace, ``distill`` runs twice: on the whole trace (the hooks' or
 DLIO's loop events: measured) and on its POSIX/STDIO events alone (what DFTracer's

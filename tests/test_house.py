@@ -1,7 +1,7 @@
 """The package's rooms: the trace layer (``dlreplay.analyze.trace``) and the Perfetto pieces
 (``dlreplay.analyze.perfetto``) are sub-packages, no module of ``dlreplay.analyze`` is in an
 import cycle (lazy imports inside functions included), the trace layer imports nothing
-above it, and the public imports the README uses keep working."""
+above it, and the public imports docs/commands.md shows keep working."""
 
 from __future__ import annotations
 
