@@ -20,8 +20,12 @@ from .trace import FileReport, LoadedTrace, TraceDamageWarning, load, load_trace
 # The trace layer's modules moved into dlreplay.analyze.trace; their earlier module names
 # (dlreplay.analyze.load, .spill, .vocabulary) keep working for code written against them.
 for _name in ("load", "spill", "vocabulary"):
-    _sys.modules.setdefault(f"{__name__}.{_name}", getattr(_trace, _name) if _name == "vocabulary"
-                            else _sys.modules[f"{_trace.__name__}.{_name}"])
+    _sys.modules.setdefault(
+        f"{__name__}.{_name}",
+        getattr(_trace, _name)
+        if _name == "vocabulary"
+        else _sys.modules[f"{_trace.__name__}.{_name}"],
+    )
 
 from .files import classify_files  # noqa: E402
 from .summary import Summary, render_text, summarize  # noqa: E402

@@ -66,46 +66,84 @@ def analyze_trace(
     thresholds, disabled = load_thresholds(config)
     memory_note = None
     if memory_limit is not None:
-        plan, memory_note = _memory_plan(trace, memory_limit, scheduler is not None or workers is not None, jobs,
-                                         echo)
+        plan, memory_note = _memory_plan(
+            trace, memory_limit, scheduler is not None or workers is not None, jobs, echo
+        )
         if plan.spill:
-            return _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
-                                    figures, jobs)
+            return _analyze_spilled(
+                trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo, figures, jobs
+            )
     distill_kw = _distill_kw(trace, data_dirs) if verify else {}
     if scheduler is not None or workers is not None:
         from .distributed import analyze_distributed, cluster
 
         with cluster(scheduler, workers) as client:
-            remote = analyze_distributed(trace, client, data_dirs=data_dirs, thresholds=thresholds,
-                                         disabled=disabled, figures=figures, distill_model=verify,
-                                         distill_kw=distill_kw, echo=echo)
-        loaded, c, findings, model = remote.loaded, remote.characterization, remote.findings, remote.model
+            remote = analyze_distributed(
+                trace,
+                client,
+                data_dirs=data_dirs,
+                thresholds=thresholds,
+                disabled=disabled,
+                figures=figures,
+                distill_model=verify,
+                distill_kw=distill_kw,
+                echo=echo,
+            )
+        loaded, c, findings, model = (
+            remote.loaded,
+            remote.characterization,
+            remote.findings,
+            remote.model,
+        )
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     else:
         loaded = load_trace(trace, jobs=jobs)
         dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
-        c = characterize(loaded.events, manifest=loaded.manifest, data_dirs=dirs, per_process=loaded.per_process)
+        c = characterize(
+            loaded.events, manifest=loaded.manifest, data_dirs=dirs, per_process=loaded.per_process
+        )
         findings = find(c, thresholds, disabled)
         model = None
     verified = None
     if verify:
-        verified = _verified(loaded, findings, verify_dir, data_dirs=dirs, epochs=verify_epochs, model=model,
-                             echo=echo, **distill_kw)
-    report = build_report(str(trace), c, findings, manifest=loaded.manifest,
-                          damage=loaded.describe_damage() if loaded.damaged else None, verify=verified,
-                          dropped=(loaded.dropped_lines, loaded.dropped_bytes), file_reports=loaded.files)
+        verified = _verified(
+            loaded,
+            findings,
+            verify_dir,
+            data_dirs=dirs,
+            epochs=verify_epochs,
+            model=model,
+            echo=echo,
+            **distill_kw,
+        )
+    report = build_report(
+        str(trace),
+        c,
+        findings,
+        manifest=loaded.manifest,
+        damage=loaded.describe_damage() if loaded.damaged else None,
+        verify=verified,
+        dropped=(loaded.dropped_lines, loaded.dropped_bytes),
+        file_reports=loaded.files,
+    )
     if memory_note:
         report.notes.append(memory_note)
     report.warnings = trace_warnings(trace, report.file_reports)
     return report
 
 
-def _memory_plan(trace: str | Path, memory_limit: int, on_cluster: bool, jobs: int | None,
-                 echo: Callable[[str], None] | None) -> tuple[Any, str]:
+def _memory_plan(
+    trace: str | Path,
+    memory_limit: int,
+    on_cluster: bool,
+    jobs: int | None,
+    echo: Callable[[str], None] | None,
+) -> tuple[Any, str]:
     """Whether the trace's analysis fits ``memory_limit`` (bytes), and the note that says so."""
     if on_cluster:
-        raise UsageError("--memory-limit cannot be combined with --workers/--scheduler (yet): "
-                         "choose one")
+        raise UsageError(
+            "--memory-limit cannot be combined with --workers/--scheduler (yet): choose one"
+        )
     from .trace.spill import plan_memory
 
     plan = plan_memory(trace, memory_limit, jobs=jobs)
@@ -120,8 +158,9 @@ def _distill_kw(trace: str | Path, data_dirs: list[str] | None) -> dict[str, Any
     same source and the same dataset fingerprint (so the same layout)."""
     from .layout import resolve_fingerprint
 
-    fingerprint, origin = resolve_fingerprint(trace if isinstance(trace, (str, Path)) else None,
-                                              list(data_dirs or []))
+    fingerprint, origin = resolve_fingerprint(
+        trace if isinstance(trace, (str, Path)) else None, list(data_dirs or [])
+    )
     return {"source": str(trace), "fingerprint": fingerprint, "fingerprint_origin": origin}
 
 
@@ -138,37 +177,50 @@ def _verified(loaded: Any, findings: list, verify_dir: Path | None, **kw: Any) -
     return verified
 
 
-def _analyze_spilled(trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo,
-                     figures_wanted, jobs) -> Report:
+def _analyze_spilled(
+    trace, plan, spill_dir, data_dirs, thresholds, disabled, verify, echo, figures_wanted, jobs
+) -> Report:
     """The ``--memory-limit`` path for a trace that does not fit: spill, stream, report."""
     from .passes import TraceView
     from .report import figures
     from .trace.spill import BASE_BYTES, DATASET_IO_BYTES, spilled_trace
 
     if verify:
-        raise UsageError(f"--verify distills the whole event table in memory, which needs ~{plan.eager_bytes >> 20} "
-                         "MiB here: raise --memory-limit or analyse without --verify")
-    with spilled_trace(trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo,
-                       jobs=jobs) as sp:
+        raise UsageError(
+            f"--verify distills the whole event table in memory, which needs ~{plan.eager_bytes >> 20} "
+            "MiB here: raise --memory-limit or analyse without --verify"
+        )
+    with spilled_trace(
+        trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo, jobs=jobs
+    ) as sp:
         dirs = list(data_dirs or []) or (sp.manifest or {}).get("data_dirs") or None
         c = characterize(TraceView(sp.events, sp.manifest, dirs, sp.per_process))
         findings = find(c, thresholds, disabled)
         _ = c.view.summary  # printed by the CLI after the spill is gone
         if figures_wanted:
             figures(c)
-        report = build_report(str(trace), c, findings, manifest=sp.manifest,
-                              damage=sp.describe_damage() if sp.damaged else None,
-                              dropped=(sp.dropped_lines, sp.dropped_bytes), file_reports=sp.files)
+        report = build_report(
+            str(trace),
+            c,
+            findings,
+            manifest=sp.manifest,
+            damage=sp.describe_damage() if sp.damaged else None,
+            dropped=(sp.dropped_lines, sp.dropped_bytes),
+            file_reports=sp.files,
+        )
         report.warnings = trace_warnings(trace, report.file_reports)
-        report.notes.append(f"{plan.describe()}: {sp.height:,} events in {sp.groups} group(s), "
-                            f"{sp.spill_bytes >> 20} MiB of Parquet (removed)")
+        report.notes.append(
+            f"{plan.describe()}: {sp.height:,} events in {sp.groups} group(s), "
+            f"{sp.spill_bytes >> 20} MiB of Parquet (removed)"
+        )
         n_io = int(c.view.collect(c.view.dataset_query().select(pl.len())).item())
         held = n_io * DATASET_IO_BYTES
         if BASE_BYTES + held > plan.limit:
             report.notes.append(
                 f"memory limit may have been exceeded: the passes hold a few columns of the trace's {n_io:,} "
                 f"dataset I/O events at a time, up to ~{held >> 20} MiB by a cautious estimate "
-                f"({DATASET_IO_BYTES} B each), more than the limit leaves them")
+                f"({DATASET_IO_BYTES} B each), more than the limit leaves them"
+            )
     return report
 
 
@@ -177,13 +229,17 @@ def render_findings_text(report: Report, *, width: int = 100) -> str:
     lines = []
     st = report.characterization["steps"]
     if st.get("au") is not None:
-        lines.append(f"AU {st['au']:.1%} over {st['steps'] - st['warmup_steps']} steps (warm-up excluded); "
-                     f"data wait {st['wait_s']:.3f} s, compute {st['compute_s']:.3f} s"
-                     + (f", checkpoints {st['checkpoint_s']:.3f} s" if st.get("checkpoint_s") else "")
-                     + (f", other {st['other_s']:.3f} s" if st.get("other_s") else ""))
+        lines.append(
+            f"AU {st['au']:.1%} over {st['steps'] - st['warmup_steps']} steps (warm-up excluded); "
+            f"data wait {st['wait_s']:.3f} s, compute {st['compute_s']:.3f} s"
+            + (f", checkpoints {st['checkpoint_s']:.3f} s" if st.get("checkpoint_s") else "")
+            + (f", other {st['other_s']:.3f} s" if st.get("other_s") else "")
+        )
         if st.get("au_dlio") is not None:
-            lines.append(f"AU as DLIO computes it (each block's first step left out, checkpoints outside blocks): "
-                         f"{st['au_dlio']:.1%}; loop read from {st.get('basis')}")
+            lines.append(
+                f"AU as DLIO computes it (each block's first step left out, checkpoints outside blocks): "
+                f"{st['au_dlio']:.1%}; loop read from {st.get('basis')}"
+            )
     if not report.findings:
         lines.append("No bottleneck found with the current thresholds.")
     else:
@@ -199,7 +255,9 @@ def render_findings_text(report: Report, *, width: int = 100) -> str:
     if report.verify:
         lines.append("")
         lines.append("Verified by replay (predicted):")
-        lines.append(f"  {'run':<20} {'change (--set)':<40} {'AU':>7} {'samples/s':>10} {'MB/s':>9}")
+        lines.append(
+            f"  {'run':<20} {'change (--set)':<40} {'AU':>7} {'samples/s':>10} {'MB/s':>9}"
+        )
         for r in report.verify["runs"]:
             au = f"{r['au']:.1%}" if r["au"] is not None else "-"
             sps = f"{r['samples_per_s']:.1f}" if r["samples_per_s"] is not None else "-"

@@ -32,8 +32,16 @@ from dlreplay.schema import READ_OPS, WRITE_OPS
 from .passes import Characterization, characterize, flag_reads
 from .trace import load_trace, trace_warnings
 
-__all__ = ["COMPARE_FORMAT_VERSION", "COMPARE_SCHEMA", "FEATURES", "Comparison", "compare_traces", "cosine",
-           "features", "ks_distance"]
+__all__ = [
+    "COMPARE_FORMAT_VERSION",
+    "COMPARE_SCHEMA",
+    "FEATURES",
+    "Comparison",
+    "compare_traces",
+    "cosine",
+    "features",
+    "ks_distance",
+]
 
 COMPARE_SCHEMA = "dlreplay.comparison"
 COMPARE_FORMAT_VERSION = 1
@@ -66,9 +74,15 @@ def features(c: Characterization) -> dict[str, float | None]:
     saves = v.saves
     # bytes written per file: the write calls, or the checkpoint event where writes are invisible
     per_file = writes.group_by("file").agg(pl.col("size").sum().alias("w"))
-    ck = saves.filter(pl.col("file").is_not_null()).group_by("file").agg(pl.col("size").sum().alias("s"))
+    ck = (
+        saves.filter(pl.col("file").is_not_null())
+        .group_by("file")
+        .agg(pl.col("size").sum().alias("s"))
+    )
     merged = per_file.join(ck, on="file", how="full", coalesce=True).fill_null(0)
-    written = int(merged.select(pl.max_horizontal("w", "s")).sum().item() or 0) if merged.height else 0
+    written = (
+        int(merged.select(pl.max_horizontal("w", "s")).sum().item() or 0) if merged.height else 0
+    )
     if not merged.height and saves.height:
         written = int(saves["size"].sum() or 0)
     rt = float(reads["dur"].sum() or 0) * _US
@@ -187,10 +201,18 @@ def _timing(c: Characterization, trace: Path) -> dict[str, Any]:
         if au is None and m.get("overall", {}).get("au_percent") is not None:
             au = m["overall"]["au_percent"] / 100
         source = "metrics.json"
-    return {"epoch_times_s": epochs, "steady_epoch_s": steady, "au": au, "au_dlio": st.get("au_dlio"),
-            "au_data": st.get("au_data"), "wait_s": st.get("wait_s"), "compute_s": st.get("compute_s"),
-            "epochs_basis": c["epochs"].get("basis"), "loop_basis": st.get("basis"),
-            "source": source if epochs or au is not None else None}
+    return {
+        "epoch_times_s": epochs,
+        "steady_epoch_s": steady,
+        "au": au,
+        "au_dlio": st.get("au_dlio"),
+        "au_data": st.get("au_data"),
+        "wait_s": st.get("wait_s"),
+        "compute_s": st.get("compute_s"),
+        "epochs_basis": c["epochs"].get("basis"),
+        "loop_basis": st.get("basis"),
+        "source": source if epochs or au is not None else None,
+    }
 
 
 @dataclass
@@ -214,10 +236,15 @@ class Comparison:
 
     def to_dict(self) -> dict:
         return {
-            "schema": COMPARE_SCHEMA, "format_version": COMPARE_FORMAT_VERSION, "a": self.a, "b": self.b,
+            "schema": COMPARE_SCHEMA,
+            "format_version": COMPARE_FORMAT_VERSION,
+            "a": self.a,
+            "b": self.b,
             "similarity": round(self.similarity, 6),
-            "features": {k: {"a": self.features_a.get(k), "b": self.features_b.get(k), "unit": u}
-                         for k, u in FEATURES.items()},
+            "features": {
+                k: {"a": self.features_a.get(k), "b": self.features_b.get(k), "unit": u}
+                for k, u in FEATURES.items()
+            },
             "not_compared": self.not_compared,
             "ks": {"read_sizes": self.ks_read_sizes, "batch_gaps": self.ks_batch_gaps},
             "timing": {"a": self.timing_a, "b": self.timing_b},
@@ -230,18 +257,34 @@ def _writes_invisible(f: dict[str, float | None]) -> bool:
     return bool(f.get("bytes_written")) and f.get("write_bandwidth") is None
 
 
-def compare_traces(a: str | Path, b: str | Path, *, data_dirs_a: list[str] | None = None,
-                   data_dirs_b: list[str] | None = None) -> Comparison:
+def compare_traces(
+    a: str | Path,
+    b: str | Path,
+    *,
+    data_dirs_a: list[str] | None = None,
+    data_dirs_b: list[str] | None = None,
+) -> Comparison:
     """Load both traces and compare them (see the module doc)."""
     chars, warned = [], []
     for path, dirs in ((a, data_dirs_a), (b, data_dirs_b)):
         lt = load_trace(path)
         warned.append(trace_warnings(path, lt.files))
-        if lt.events.height == 0:  # two empty traces are not "identical" (similarity 1.0): nothing to compare
-            raise TraceError(f"{path}: the trace holds no events, so there is nothing to compare ("
-                             f"{'; '.join(warned[-1]) or 'no event lines'}); capture the job again")
-        chars.append(characterize(lt.events, manifest=lt.manifest, data_dirs=dirs,
-                                  passes=["overview", "steps", "epochs", "access"], per_process=lt.per_process))
+        if (
+            lt.events.height == 0
+        ):  # two empty traces are not "identical" (similarity 1.0): nothing to compare
+            raise TraceError(
+                f"{path}: the trace holds no events, so there is nothing to compare ("
+                f"{'; '.join(warned[-1]) or 'no event lines'}); capture the job again"
+            )
+        chars.append(
+            characterize(
+                lt.events,
+                manifest=lt.manifest,
+                data_dirs=dirs,
+                passes=["overview", "steps", "epochs", "access"],
+                per_process=lt.per_process,
+            )
+        )
     ca, cb = chars
     fa, fb = features(ca), features(cb)
     if _writes_invisible(fa) or _writes_invisible(fb):
@@ -251,10 +294,19 @@ def compare_traces(a: str | Path, b: str | Path, *, data_dirs_a: list[str] | Non
             f["io_time_s"] = max(0.0, (f["io_time_s"] or 0.0) - (f["_write_time_s"] or 0.0))
     sim, skipped = cosine(fa, fb)
     return Comparison(
-        str(a), str(b), sim, fa, fb, skipped,
+        str(a),
+        str(b),
+        sim,
+        fa,
+        fb,
+        skipped,
         ks_distance(_dataset_read_sizes(ca), _dataset_read_sizes(cb)),
         ks_distance(_batch_gaps(ca), _batch_gaps(cb)),
-        _timing(ca, Path(a)), _timing(cb, Path(b)), (ca, cb), warned[0], warned[1],
+        _timing(ca, Path(a)),
+        _timing(cb, Path(b)),
+        (ca, cb),
+        warned[0],
+        warned[1],
     )
 
 
@@ -280,16 +332,24 @@ def render_comparison(cmp: Comparison) -> str:
     lines.append(f"  {'-' * 18} {'-' * 14} {'-' * 14}")
     for k in FEATURES:
         mark = "  (not compared)" if k in cmp.not_compared else ""
-        if k == "io_time_s" and (_writes_invisible(cmp.features_a) or _writes_invisible(cmp.features_b)):
+        if k == "io_time_s" and (
+            _writes_invisible(cmp.features_a) or _writes_invisible(cmp.features_b)
+        ):
             mark = "  (write time left out: one side's writes are invisible)"
-        lines.append(f"  {k:<18} {fmt(k, cmp.features_a.get(k)):>14} {fmt(k, cmp.features_b.get(k)):>14}{mark}")
+        lines.append(
+            f"  {k:<18} {fmt(k, cmp.features_a.get(k)):>14} {fmt(k, cmp.features_b.get(k)):>14}{mark}"
+        )
     lines.append("")
     ta, tb = cmp.timing_a, cmp.timing_b
     lines.append(f"  {'AU':<18} {_pct(ta['au']):>14} {_pct(tb['au']):>14}")
     if ta.get("au_dlio") is not None or tb.get("au_dlio") is not None:
-        lines.append(f"  {'AU (DLIO formula)':<18} {_pct(ta.get('au_dlio')):>14} {_pct(tb.get('au_dlio')):>14}")
+        lines.append(
+            f"  {'AU (DLIO formula)':<18} {_pct(ta.get('au_dlio')):>14} {_pct(tb.get('au_dlio')):>14}"
+        )
     if ta.get("wait_s") is not None or tb.get("wait_s") is not None:
-        lines.append(f"  {'data wait':<18} {_sec(ta.get('wait_s')):>14} {_sec(tb.get('wait_s')):>14}")
+        lines.append(
+            f"  {'data wait':<18} {_sec(ta.get('wait_s')):>14} {_sec(tb.get('wait_s')):>14}"
+        )
     sa, sb = ta.get("steady_epoch_s"), tb.get("steady_epoch_s")
     err = f"  ({(sb - sa) / sa:+.1%})" if sa and sb else ""
     lines.append(f"  {'steady epoch time':<18} {_sec(sa):>14} {_sec(sb):>14}{err}")
@@ -300,7 +360,9 @@ def render_comparison(cmp: Comparison) -> str:
         lines.append(f"  {'epoch ' + str(i) + ' time':<18} {_sec(x):>14} {_sec(y):>14}")
     lines.append("")
     lines.append(f"similarity (cosine, DLIO features): {cmp.similarity:.4f}")
-    lines.append(f"KS distance, read sizes: {_opt(cmp.ks_read_sizes)}   inter-batch gaps: {_opt(cmp.ks_batch_gaps)}")
+    lines.append(
+        f"KS distance, read sizes: {_opt(cmp.ks_read_sizes)}   inter-batch gaps: {_opt(cmp.ks_batch_gaps)}"
+    )
     return "\n".join(lines)
 
 
@@ -323,8 +385,22 @@ def overlay_figures(cmp: Comparison) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     ca, cb = cmp.chars
     for key, title, xa, xb, xlabel, logx in (
-        ("read_sizes", "Dataset read sizes (ECDF)", _dataset_read_sizes(ca), _dataset_read_sizes(cb), "bytes", True),
-        ("batch_gaps", "Inter-batch gaps (ECDF)", _batch_gaps(ca), _batch_gaps(cb), "seconds", False),
+        (
+            "read_sizes",
+            "Dataset read sizes (ECDF)",
+            _dataset_read_sizes(ca),
+            _dataset_read_sizes(cb),
+            "bytes",
+            True,
+        ),
+        (
+            "batch_gaps",
+            "Inter-batch gaps (ECDF)",
+            _batch_gaps(ca),
+            _batch_gaps(cb),
+            "seconds",
+            False,
+        ),
     ):
         if not (len(xa) or len(xb)):
             continue
@@ -368,22 +444,33 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
     figs = overlay_figures(cmp)
     text_table = render_comparison(cmp)
     if p.suffix.lower() in (".html", ".htm"):
-        body = [f"<!doctype html><html><head><meta charset='utf-8'><meta name='dlreplay-schema' "
-                f"content='{COMPARE_SCHEMA} {COMPARE_FORMAT_VERSION}'><title>dlreplay compare</title>"
-                f"<style>{REPORT_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}</h1>",
-                f"<pre>{html.escape(text_table)}</pre>"]
+        body = [
+            f"<!doctype html><html><head><meta charset='utf-8'><meta name='dlreplay-schema' "
+            f"content='{COMPARE_SCHEMA} {COMPARE_FORMAT_VERSION}'><title>dlreplay compare</title>"
+            f"<style>{REPORT_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}</h1>",
+            f"<pre>{html.escape(text_table)}</pre>",
+        ]
         for key, png in figs.items():
-            body.append(f"<h2>{html.escape(key)}</h2><img alt='{key}' src='data:image/png;base64,"
-                        f"{base64.b64encode(png).decode()}'>")
+            body.append(
+                f"<h2>{html.escape(key)}</h2><img alt='{key}' src='data:image/png;base64,"
+                f"{base64.b64encode(png).decode()}'>"
+            )
         body.append("</body></html>")
         return write_report_file(p, "\n".join(body))
     if p.suffix.lower() in (".md", ".markdown"):
         fig_dir = p.with_name(p.stem + ".figures")
 
         def render(tmp: Path) -> str:  # figures into tmp, moved to fig_dir once the text is written
-            md = [f"# Comparison: similarity {cmp.similarity:.4f}", "",
-                  f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->", "", "```", text_table, "```",
-                  ""]
+            md = [
+                f"# Comparison: similarity {cmp.similarity:.4f}",
+                "",
+                f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->",
+                "",
+                "```",
+                text_table,
+                "```",
+                "",
+            ]
             for key, png in figs.items():
                 (tmp / f"{key}.png").write_bytes(png)
                 md += [f"![{key}]({fig_dir.name}/{key}.png)", ""]

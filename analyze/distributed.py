@@ -53,8 +53,14 @@ from .trace.load import (
     parse_part,
 )
 
-__all__ = ["ClusterInfo", "RemoteAnalysis", "RemoteView", "analyze_distributed", "cluster",
-           "load_trace_distributed"]
+__all__ = [
+    "ClusterInfo",
+    "RemoteAnalysis",
+    "RemoteView",
+    "analyze_distributed",
+    "cluster",
+    "load_trace_distributed",
+]
 
 
 @dataclass(frozen=True)
@@ -88,8 +94,10 @@ def connect_timeout() -> float:
             seconds = None
         if seconds is not None and 0 < seconds < 1e6:
             return float(seconds)
-        raise UsageError(f"{_CONNECT_ENV}={os.environ[_CONNECT_ENV]!r} is not a duration above 0 and under "
-                         "1,000,000 s (e.g. 60s)")
+        raise UsageError(
+            f"{_CONNECT_ENV}={os.environ[_CONNECT_ENV]!r} is not a duration above 0 and under "
+            "1,000,000 s (e.g. 60s)"
+        )
     return CONNECT_TIMEOUT_S
 
 
@@ -98,21 +106,34 @@ def connect_timeout() -> float:
 _CONFIG_ERRORS = (KeyError, ValueError, TypeError)
 
 
-def _config_error(exc: BaseException, what: str = "Dask cannot start with its configuration") -> UsageError:
+def _config_error(
+    exc: BaseException, what: str = "Dask cannot start with its configuration"
+) -> UsageError:
     """A usage error for a Dask start that failed (on its configuration, most often): the
     first sentence of Dask's message (its list of valid units is long), and the ``DASK_*``
     environment variables set, where such values come from."""
     text = str(exc).strip().strip("'\"") or type(exc).__name__
     first = text.split(". ")[0][:200]
     names = sorted(k for k in os.environ if k.startswith("DASK_"))
-    where = (f" (Dask's settings come from DASK_* environment variables, set here: {', '.join(names)}, "
-             "and its config files)") if names else ""
+    where = (
+        (
+            f" (Dask's settings come from DASK_* environment variables, set here: {', '.join(names)}, "
+            "and its config files)"
+        )
+        if names
+        else ""
+    )
     return UsageError(f"{what}: {first}{where}")
 
 
 @contextmanager
-def cluster(scheduler: str | None = None, workers: int | None = None, *, threads_per_worker: int = 1,
-            memory_limit: str | int = "auto") -> Any:
+def cluster(
+    scheduler: str | None = None,
+    workers: int | None = None,
+    *,
+    threads_per_worker: int = 1,
+    memory_limit: str | int = "auto",
+) -> Any:
     """A Dask ``Client``: attached to ``scheduler`` (``tcp://host:port``), or a new
     ``LocalCluster`` of ``workers`` processes bound to 127.0.0.1 (closed afterwards)."""
     try:
@@ -142,13 +163,25 @@ def cluster(scheduler: str | None = None, workers: int | None = None, *, threads
     # No dashboard; the scheduler's HTTP routes (health, metrics), which it serves even so,
     # on a free port of 127.0.0.1: by default they take 8787, and a second analysis on the
     # machine warned "Port 8787 is already in use".
-    levels: dict[str, int] | None = _levels()  # LocalCluster's silence_logs sets them for good: put back after the close
+    levels: dict[str, int] | None = (
+        _levels()
+    )  # LocalCluster's silence_logs sets them for good: put back after the close
     try:
-        local = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                             host="127.0.0.1", dashboard_address=None, memory_limit=memory_limit,
-                             scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
-                             silence_logs=logging.CRITICAL, preload=["dlreplay.analyze._dask_preload"])
-    except (*_CONFIG_ERRORS, RuntimeError) as exc:  # RuntimeError: "Cluster failed to start: <cause>"
+        local = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            memory_limit=memory_limit,
+            scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
+            silence_logs=logging.CRITICAL,
+            preload=["dlreplay.analyze._dask_preload"],
+        )
+    except (
+        *_CONFIG_ERRORS,
+        RuntimeError,
+    ) as exc:  # RuntimeError: "Cluster failed to start: <cause>"
         if levels is not None:
             _restore(levels)
         raise _config_error(exc.__cause__ or exc, "cannot start a local Dask cluster") from None
@@ -208,8 +241,13 @@ SPLIT_BYTES = 64 << 20
 RANGE_BYTES = 16 << 20
 
 
-def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_bytes: int,
-                  echo: Callable[[str], None] | None) -> tuple[list[Any], list[Path], dict | None, int]:
+def _submit_parse(
+    path: str | os.PathLike,
+    client: Any,
+    split_bytes: int,
+    range_bytes: int,
+    echo: Callable[[str], None] | None,
+) -> tuple[list[Any], list[Path], dict | None, int]:
     """Submit the parse stage: (futures of parts, trace files, manifest, workers).
 
     The jobs are those of the single-machine loader (:func:`~.load.parse_part`): groups of
@@ -238,9 +276,14 @@ def _submit_parse(path: str | os.PathLike, client: Any, split_bytes: int, range_
     return futures, files, manifest, nworkers
 
 
-def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes: int = SPLIT_BYTES,
-                           range_bytes: int = RANGE_BYTES,
-                           echo: Callable[[str], None] | None = None) -> tuple[LoadedTrace, ClusterInfo]:
+def load_trace_distributed(
+    path: str | os.PathLike,
+    client: Any,
+    *,
+    split_bytes: int = SPLIT_BYTES,
+    range_bytes: int = RANGE_BYTES,
+    echo: Callable[[str], None] | None = None,
+) -> tuple[LoadedTrace, ClusterInfo]:
     """Load a trace with the parse stage on ``client``'s cluster (see the module doc).
 
     Files of at least ``split_bytes`` are cut into ranges of whole gzip members of about
@@ -251,7 +294,9 @@ def load_trace_distributed(path: str | os.PathLike, client: Any, *, split_bytes:
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     parts = client.gather(futures)
     loaded = dataclasses.replace(combine(parts, [p.name for p in files]), manifest=manifest)
-    info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0)
+    info = ClusterInfo(
+        str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0
+    )
     return loaded, info
 
 
@@ -308,9 +353,16 @@ def _reports_of(combined: tuple[Any, list[FileReport]]) -> list[FileReport]:
     return combined[1]
 
 
-def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] | None,
-                       thresholds: Thresholds, disabled: set[str], figures: bool,
-                       distill_model: bool, distill_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+def _analyse_on_worker(
+    events: Any,
+    manifest: dict | None,
+    data_dirs: list[str] | None,
+    thresholds: Thresholds,
+    disabled: set[str],
+    figures: bool,
+    distill_model: bool,
+    distill_kw: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Passes, rules, figures and (optionally) the distilled model, on the worker holding the
     table (``distill_kw``: :func:`~.distill.distill`'s source and dataset fingerprint)."""
     from .report import figures as render_figures
@@ -321,19 +373,37 @@ def _analyse_on_worker(events: Any, manifest: dict | None, data_dirs: list[str] 
     if distill_model and events.height:
         from .distill import distill
 
-        model = distill(events, manifest=manifest, data_dirs=data_dirs, **{"source": "the trace", **(distill_kw or {})})
+        model = distill(
+            events,
+            manifest=manifest,
+            data_dirs=data_dirs,
+            **{"source": "the trace", **(distill_kw or {})},
+        )
     v = c.view
-    view = RemoteView(summary=v.summary, duration_s=v.duration_s, workers=list(v.workers),
-                      consumers=list(v.consumers), rendered=render_figures(c) if figures else None)
+    view = RemoteView(
+        summary=v.summary,
+        duration_s=v.duration_s,
+        workers=list(v.workers),
+        consumers=list(v.consumers),
+        rendered=render_figures(c) if figures else None,
+    )
     return {"results": c.to_dict(), "view": view, "findings": found, "model": model}
 
 
-def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list[str] | None = None,
-                        thresholds: Thresholds | None = None, disabled: set[str] | None = None,
-                        figures: bool = True, distill_model: bool = False,
-                        distill_kw: dict[str, Any] | None = None,
-                        split_bytes: int = SPLIT_BYTES, range_bytes: int = RANGE_BYTES,
-                        echo: Callable[[str], None] | None = None) -> RemoteAnalysis:
+def analyze_distributed(
+    path: str | os.PathLike,
+    client: Any,
+    *,
+    data_dirs: list[str] | None = None,
+    thresholds: Thresholds | None = None,
+    disabled: set[str] | None = None,
+    figures: bool = True,
+    distill_model: bool = False,
+    distill_kw: dict[str, Any] | None = None,
+    split_bytes: int = SPLIT_BYTES,
+    range_bytes: int = RANGE_BYTES,
+    echo: Callable[[str], None] | None = None,
+) -> RemoteAnalysis:
     """Parse, combine, characterise and diagnose a trace on ``client``'s cluster (module doc).
 
     ``data_dirs`` defaults to the manifest's. ``figures`` renders the report's figures on
@@ -349,10 +419,22 @@ def analyze_distributed(path: str | os.PathLike, client: Any, *, data_dirs: list
     reports = client.submit(_reports_of, combined, pure=False)
     if echo:
         echo("combining and characterising on a Dask worker (the event table stays on the cluster)")
-    out = client.submit(_analyse_on_worker, events, manifest, dirs, thresholds or Thresholds(),
-                        set(disabled or ()), figures, distill_model, distill_kw, pure=False)
+    out = client.submit(
+        _analyse_on_worker,
+        events,
+        manifest,
+        dirs,
+        thresholds or Thresholds(),
+        set(disabled or ()),
+        figures,
+        distill_model,
+        distill_kw,
+        pure=False,
+    )
     res, file_reports = client.gather([out, reports])
     view: RemoteView = res["view"]
-    info = ClusterInfo(str(client.scheduler.address), nworkers, len(futures) + 3, time.perf_counter() - t0)
+    info = ClusterInfo(
+        str(client.scheduler.address), nworkers, len(futures) + 3, time.perf_counter() - t0
+    )
     c = Characterization(res["results"], view)  # type: ignore[arg-type]
     return RemoteAnalysis(c, res["findings"], file_reports, manifest, res["model"], info)

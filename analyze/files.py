@@ -41,8 +41,16 @@ from .trace.counts import SUMS as _SUMS
 from .trace.counts import WRITE as _WRITE
 from .trace.counts import file_process_table_counted, row_class
 
-__all__ = ["CHECKPOINT_WRITE_BYTES", "ROLES", "classify_files", "file_process_table", "file_process_table_counted",
-           "file_process_table_keyed", "loader_processes", "row_class"]
+__all__ = [
+    "CHECKPOINT_WRITE_BYTES",
+    "ROLES",
+    "classify_files",
+    "file_process_table",
+    "file_process_table_counted",
+    "file_process_table_keyed",
+    "loader_processes",
+    "row_class",
+]
 
 ROLES = ("dataset", "checkpoint", "library", "other")
 #: Written bytes above which a file not read by the loader counts as a checkpoint.
@@ -56,15 +64,23 @@ _LIBRARY_RE = (
 
 
 CLASSIFY_SCHEMA = {
-    "file": pl.String(), "role": pl.String(), "bytes_read": pl.Int64(), "bytes_written": pl.Int64(),
-    "reads": pl.Int64(), "writes": pl.Int64(), "opens": pl.Int64(), "processes": pl.Int64(),
+    "file": pl.String(),
+    "role": pl.String(),
+    "bytes_read": pl.Int64(),
+    "bytes_written": pl.Int64(),
+    "reads": pl.Int64(),
+    "writes": pl.Int64(),
+    "opens": pl.Int64(),
+    "processes": pl.Int64(),
 }
 
 
 def collect(query: pl.LazyFrame, events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """Run ``query`` over ``events``: with polars' streaming engine when ``events`` is a
     LazyFrame (a table spilled to disk, see :mod:`.spill`), else in memory."""
-    return query.collect(engine="streaming") if isinstance(events, pl.LazyFrame) else query.collect()
+    return (
+        query.collect(engine="streaming") if isinstance(events, pl.LazyFrame) else query.collect()
+    )
 
 
 def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
@@ -84,14 +100,14 @@ def _with_roles(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFr
     return voc.ensure_roles(events) if isinstance(events, pl.DataFrame) else events
 
 
-def _role_is(events: pl.DataFrame | pl.LazyFrame, role: str | tuple[str, ...], spelled: pl.Expr) -> pl.Expr:
+def _role_is(
+    events: pl.DataFrame | pl.LazyFrame, role: str | tuple[str, ...], spelled: pl.Expr
+) -> pl.Expr:
     """Rows of a vocabulary role (:mod:`.vocabulary`); tables without roles: dlreplay's own spelling."""
     names = events.collect_schema().names() if isinstance(events, pl.LazyFrame) else events.columns
     if "role" not in names:
         return spelled
     return pl.col("role").is_in([role] if isinstance(role, str) else list(role)).fill_null(False)
-
-
 
 
 def _process_rows(keys: list[str]) -> list[pl.Expr]:
@@ -104,10 +120,14 @@ def _process_rows(keys: list[str]) -> list[pl.Expr]:
 
     return [
         *(pl.col(k) for k in keys),
-        when(op == _READ, size).alias("rb"), when(op == _WRITE, size).alias("wb"),
-        when(ckpt & (pl.col("__ck") == 1), size).alias("ck_r"), when(ckpt & (pl.col("__ck") == 2), size).alias("ck_w"),
-        (op == _READ).cast(pl.Int64).alias("reads"), (op == _WRITE).cast(pl.Int64).alias("writes"),
-        (op == _OPEN).cast(pl.Int64).alias("opens"), ckpt.alias("ckpt_event"),
+        when(op == _READ, size).alias("rb"),
+        when(op == _WRITE, size).alias("wb"),
+        when(ckpt & (pl.col("__ck") == 1), size).alias("ck_r"),
+        when(ckpt & (pl.col("__ck") == 2), size).alias("ck_w"),
+        (op == _READ).cast(pl.Int64).alias("reads"),
+        (op == _WRITE).cast(pl.Int64).alias("writes"),
+        (op == _OPEN).cast(pl.Int64).alias("opens"),
+        ckpt.alias("ckpt_event"),
     ]
 
 
@@ -117,15 +137,27 @@ def _with_classes(rows: pl.LazyFrame) -> pl.LazyFrame:
     if "role" in rows.collect_schema().names():
         role = pl.col("role")
         ckpt = role.is_in(["checkpoint.save", "checkpoint.load", "checkpoint.io"]).fill_null(False)
-        ck = pl.when(role == "checkpoint.load").then(1).when(role == "checkpoint.save").then(2).otherwise(0)
+        ck = (
+            pl.when(role == "checkpoint.load")
+            .then(1)
+            .when(role == "checkpoint.save")
+            .then(2)
+            .otherwise(0)
+        )
     else:
         ckpt = pl.col("cat") == CAT_CHECKPOINT
-        ck = pl.when(pl.col("name").is_in(_CKPT_LOADS)).then(1).when(pl.col("name").is_in(_CKPT_SAVES)) \
-            .then(2).otherwise(0)
-    return rows.with_columns(pl.col("name").replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int8).alias("__op"),
-                             ckpt.alias("__ckpt"), ck.alias("__ck"))
-
-
+        ck = (
+            pl.when(pl.col("name").is_in(_CKPT_LOADS))
+            .then(1)
+            .when(pl.col("name").is_in(_CKPT_SAVES))
+            .then(2)
+            .otherwise(0)
+        )
+    return rows.with_columns(
+        pl.col("name").replace_strict(_OP_CLASS, default=0, return_dtype=pl.Int8).alias("__op"),
+        ckpt.alias("__ckpt"),
+        ck.alias("__ck"),
+    )
 
 
 def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
@@ -141,20 +173,27 @@ def file_process_table(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
         .select(_process_rows(["file", "host", "pid"]))
         .group_by("pid", "host", "file")  # the integer key first groups fastest
         .agg(_SUMS)
-        .select(pl.col("file").cast(pl.String), pl.col("host").cast(pl.String), pl.col("pid").cast(pl.Int64),
-                pl.exclude("file", "host", "pid")),
+        .select(
+            pl.col("file").cast(pl.String),
+            pl.col("host").cast(pl.String),
+            pl.col("pid").cast(pl.Int64),
+            pl.exclude("file", "host", "pid"),
+        ),
         events,
     )
     loaders = loader_processes(events).with_columns(pl.lit(True).alias("loader"))
     return table.join(loaders, on=["host", "pid"], how="left", nulls_equal=True).with_columns(
-        pl.col("loader").fill_null(False))
+        pl.col("loader").fill_null(False)
+    )
 
 
 #: Largest packed (file, process, row class) key space counted with dense arrays.
 _DENSE_KEYS = 1 << 24
 
 
-def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl.DataFrame) -> pl.DataFrame:
+def file_process_table_keyed(
+    rows: pl.DataFrame, files: pl.Series, processes: pl.DataFrame
+) -> pl.DataFrame:
     """:func:`file_process_table` from events whose file and process are integer keys.
 
     ``rows`` has ``name``, ``cat``, ``size`` and ``__file`` (UInt32 index into ``files``,
@@ -168,22 +207,45 @@ def file_process_table_keyed(rows: pl.DataFrame, files: pl.Series, processes: pl
     sums are exact), else one polars group-by; then :func:`file_process_table_counted`.
     """
     nproc = max(processes.height, 1)
-    key = (pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)) * 16 + row_class()
-    v = rows.lazy().filter(pl.col("__file").is_not_null()).select(
-        key.alias("__k"), pl.col("size").fill_null(0).alias("b")).collect()
+    key = (
+        pl.col("__file").cast(pl.Int64) * nproc + pl.col("__proc").cast(pl.Int64)
+    ) * 16 + row_class()
+    v = (
+        rows.lazy()
+        .filter(pl.col("__file").is_not_null())
+        .select(key.alias("__k"), pl.col("size").fill_null(0).alias("b"))
+        .collect()
+    )
     k, size = v["__k"].to_numpy(), v["b"].to_numpy()
     nkeys = files.len() * nproc * 16
     if nkeys <= _DENSE_KEYS and float(np.abs(size).sum(dtype=np.float64)) < 2.0**53:
         count = np.bincount(k, minlength=nkeys)
         at = np.flatnonzero(count)
-        parts = pl.DataFrame({"__k": at, "b": np.bincount(k, weights=size, minlength=nkeys)[at].astype(np.int64),
-                              "n": count[at].astype(np.int64)})
+        parts = pl.DataFrame(
+            {
+                "__k": at,
+                "b": np.bincount(k, weights=size, minlength=nkeys)[at].astype(np.int64),
+                "n": count[at].astype(np.int64),
+            }
+        )
     else:
         parts = v.group_by("__k").agg(pl.col("b").sum(), pl.len().cast(pl.Int64).alias("n"))
-    loaders = rows.lazy().filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).select("__proc").unique() \
-        .collect()["__proc"].drop_nulls().to_numpy()
-    counts = parts.select((pl.col("__k") // 16 // nproc).alias("__file"), (pl.col("__k") // 16 % nproc).alias("__proc"),
-                          (pl.col("__k") % 16).alias("cls"), "n", "b")
+    loaders = (
+        rows.lazy()
+        .filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item"))
+        .select("__proc")
+        .unique()
+        .collect()["__proc"]
+        .drop_nulls()
+        .to_numpy()
+    )
+    counts = parts.select(
+        (pl.col("__k") // 16 // nproc).alias("__file"),
+        (pl.col("__k") // 16 % nproc).alias("__proc"),
+        (pl.col("__k") % 16).alias("cls"),
+        "n",
+        "b",
+    )
     return file_process_table_counted(counts, files, processes, loaders)
 
 
@@ -203,13 +265,20 @@ def _under(dirs: Iterable[str]) -> pl.Expr:
         if d.startswith("/"):
             expr = expr | pl.col("file").str.starts_with(d + "/")
         else:
-            expr = expr | pl.col("file").str.contains("/" + re.escape(d) + "/") \
+            expr = (
+                expr
+                | pl.col("file").str.contains("/" + re.escape(d) + "/")
                 | pl.col("file").str.starts_with(d + "/")
+            )
     return expr
 
 
-def classify_files(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | None = None, *,
-                   per_process: pl.DataFrame | None = None) -> pl.DataFrame:
+def classify_files(
+    events: pl.DataFrame | pl.LazyFrame,
+    data_dirs: Iterable[str] | None = None,
+    *,
+    per_process: pl.DataFrame | None = None,
+) -> pl.DataFrame:
     """One row per file: file, role, bytes_read, bytes_written, reads, writes, opens, processes.
 
     ``bytes_read``/``bytes_written`` are bytes transferred by read/write calls (a
@@ -222,14 +291,20 @@ def classify_files(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str]
     events = _with_roles(events)
     fp = file_process_table(events) if per_process is None else per_process
     has_loaders = bool(fp["loader"].any()) or loader_processes(events).height > 0
-    per_file = fp.lazy().group_by("file").agg(
-        pl.max_horizontal(pl.col("rb").sum(), pl.col("ck_r").sum()).alias("bytes_read"),
-        pl.max_horizontal(pl.col("wb").sum(), pl.col("ck_w").sum()).alias("bytes_written"),
-        pl.col("reads").sum(), pl.col("writes").sum(), pl.col("opens").sum(),
-        pl.len().cast(pl.Int64).alias("processes"),
-        pl.col("ckpt_event").any().alias("__ckpt_event"),
-        (pl.col("loader") & (pl.col("reads") > 0)).any().alias("__loader_read"),
-        (pl.col("reads") > 0).sum().alias("__readers"),
+    per_file = (
+        fp.lazy()
+        .group_by("file")
+        .agg(
+            pl.max_horizontal(pl.col("rb").sum(), pl.col("ck_r").sum()).alias("bytes_read"),
+            pl.max_horizontal(pl.col("wb").sum(), pl.col("ck_w").sum()).alias("bytes_written"),
+            pl.col("reads").sum(),
+            pl.col("writes").sum(),
+            pl.col("opens").sum(),
+            pl.len().cast(pl.Int64).alias("processes"),
+            pl.col("ckpt_event").any().alias("__ckpt_event"),
+            (pl.col("loader") & (pl.col("reads") > 0)).any().alias("__loader_read"),
+            (pl.col("reads") > 0).sum().alias("__readers"),
+        )
     )
     read = (pl.col("reads") > 0) | (pl.col("bytes_read") > 0)
     checkpoint = pl.col("__ckpt_event") | (
@@ -245,9 +320,12 @@ def classify_files(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str]
     else:
         dataset = read & ((pl.col("opens") > 1) | (pl.col("__readers") > 1))
     role = (
-        pl.when(checkpoint).then(pl.lit("checkpoint"))
-        .when(library).then(pl.lit("library"))
-        .when(dataset).then(pl.lit("dataset"))
+        pl.when(checkpoint)
+        .then(pl.lit("checkpoint"))
+        .when(library)
+        .then(pl.lit("library"))
+        .when(dataset)
+        .then(pl.lit("dataset"))
         .otherwise(pl.lit("other"))
     )
     return (

@@ -76,9 +76,16 @@ class PosixLoop:
     consumers: int = 1
 
     def to_dict(self) -> dict:
-        out: dict[str, object] = {k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
-                                  for k in ("epochs", "read_threads", "samples_per_file", "batch_size",
-                                            "computation_time")}
+        out: dict[str, object] = {
+            k: {"value": getattr(self, k).value, "evidence": getattr(self, k).evidence}
+            for k in (
+                "epochs",
+                "read_threads",
+                "samples_per_file",
+                "batch_size",
+                "computation_time",
+            )
+        }
         out["epoch_spans_s"] = [(e, (b - a) * _US) for e, a, b in self.epoch_spans]
         return out
 
@@ -90,8 +97,11 @@ def _num(x: object) -> float:
 
 def _visits(io: pl.DataFrame) -> pl.DataFrame:
     """Sample visits: opens of dataset files (pid, file, ts, end), in time order."""
-    return io.filter(pl.col("name").is_in(OPEN_OPS)).select(
-        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")).sort("ts")
+    return (
+        io.filter(pl.col("name").is_in(OPEN_OPS))
+        .select("pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"))
+        .sort("ts")
+    )
 
 
 def _read_runs(io: pl.DataFrame) -> pl.DataFrame:
@@ -100,17 +110,22 @@ def _read_runs(io: pl.DataFrame) -> pl.DataFrame:
     continues the run); (pid, file, ts, end) of each run's first read, in time order."""
     r = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)).sort("ts")
     if r.is_empty():
-        return pl.DataFrame(schema={"pid": pl.Int32, "file": pl.String, "ts": pl.Int64, "end": pl.Int64})
+        return pl.DataFrame(
+            schema={"pid": pl.Int32, "file": pl.String, "ts": pl.Int64, "end": pl.Int64}
+        )
     prev_end = (pl.col("offset") + pl.col("size")).shift(1).over("pid", "file")
     new = prev_end.is_null() | pl.col("offset").is_null() | (pl.col("offset") != prev_end)
     # a run also ends when the process touched another file in between
     other = (pl.col("file") != pl.col("file").shift(1).over("pid")).fill_null(True)
     r = r.with_columns((new | other).alias("__new"))
-    return r.filter(pl.col("__new")).select("pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0))
-                                            .alias("end"))
+    return r.filter(pl.col("__new")).select(
+        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")
+    )
 
 
-def _epochs_from_visits(v: pl.DataFrame, reads: pl.DataFrame) -> tuple[int, str, pl.DataFrame] | None:
+def _epochs_from_visits(
+    v: pl.DataFrame, reads: pl.DataFrame
+) -> tuple[int, str, pl.DataFrame] | None:
     """(E, evidence, visits with ``epoch``) for the most passes E into which the visits split
     evenly (every file as often in each, in time order) with every file read whole in each
     pass (its bytes read at least 90 % of its size), else None."""
@@ -124,21 +139,35 @@ def _epochs_from_visits(v: pl.DataFrame, reads: pl.DataFrame) -> tuple[int, str,
     ranked = v.with_row_index("__k")
     for e in sorted((d for d in range(1, g + 1) if g % d == 0), reverse=True):
         chunk = ranked.with_columns((pl.col("__k") * e // n).alias("epoch"))
-        got = chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
+        got = (
+            chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
+        )
         even = got.filter(pl.col("len") * e == pl.col("total"))["file"].n_unique()
         if e > 1 and even < EPOCH_AGREEMENT * per_file.height:
             continue
         if e > 1 and reads.height:
             # every read belongs to the pass of its process's latest visit of that file
             vis = chunk.select("pid", "file", pl.col("ts").alias("v_ts"), "epoch").sort("v_ts")
-            tagged = reads.sort("ts").join_asof(vis, left_on="ts", right_on="v_ts", by=["pid", "file"],
-                                                strategy="backward", check_sortedness=False)
-            per = tagged.group_by("file", "epoch").agg(pl.col("size").sum().alias("b")).join(sizes, on="file")
+            tagged = reads.sort("ts").join_asof(
+                vis,
+                left_on="ts",
+                right_on="v_ts",
+                by=["pid", "file"],
+                strategy="backward",
+                check_sortedness=False,
+            )
+            per = (
+                tagged.group_by("file", "epoch")
+                .agg(pl.col("size").sum().alias("b"))
+                .join(sizes, on="file")
+            )
             whole = per.filter(pl.col("b") >= 0.9 * pl.col("fsize"))["file"].n_unique()
             if whole < EPOCH_AGREEMENT * per_file.height:
                 continue
-        ev = (f"{n} visits of {per_file.height} files ({min(counts)}-{max(counts)} per file) split into "
-              f"{e} passes in time order, each file visited {g // e}x and read whole in every pass")
+        ev = (
+            f"{n} visits of {per_file.height} files ({min(counts)}-{max(counts)} per file) split into "
+            f"{e} passes in time order, each file visited {g // e}x and read whole in every pass"
+        )
         return e, ev, chunk.drop("__k")
     return None
 
@@ -171,7 +200,8 @@ def _overlap(a: pl.Series, b: pl.Series, spans: pl.DataFrame) -> pl.Series:
     s = spans.select("ts", "end").sort("ts")
     # merge overlapping spans, then cumulative covered time at every span edge
     s = s.with_columns(pl.col("end").cum_max().shift(1).alias("__prev")).with_columns(
-        (pl.col("__prev").is_null() | (pl.col("ts") > pl.col("__prev"))).cum_sum().alias("__g"))
+        (pl.col("__prev").is_null() | (pl.col("ts") > pl.col("__prev"))).cum_sum().alias("__g")
+    )
     m = s.group_by("__g").agg(pl.col("ts").min(), pl.col("end").max()).sort("ts")
     starts, ends = m["ts"].to_numpy(), m["end"].to_numpy()
     before = np.concatenate([[0], np.cumsum(ends - starts)])
@@ -179,8 +209,11 @@ def _overlap(a: pl.Series, b: pl.Series, spans: pl.DataFrame) -> pl.Series:
     def covered(t: np.ndarray) -> np.ndarray:
         i = np.searchsorted(starts, t, side="right")  # spans starting at or before t
         full = before[np.maximum(i - 1, 0)]
-        part = np.where(i > 0, np.clip(t - starts[np.maximum(i - 1, 0)], 0,
-                                       (ends - starts)[np.maximum(i - 1, 0)]), 0)
+        part = np.where(
+            i > 0,
+            np.clip(t - starts[np.maximum(i - 1, 0)], 0, (ends - starts)[np.maximum(i - 1, 0)]),
+            0,
+        )
         return np.where(i > 0, full + part, 0)
 
     return pl.Series((covered(b.to_numpy()) - covered(a.to_numpy())).astype(np.int64))
@@ -190,29 +223,43 @@ def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.Dat
     """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
     if not spans:
         return frame.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
-    starts = pl.DataFrame({"epoch": [e for e, _, _ in spans], "e_ts": [a for _, a, _ in spans]}).sort("e_ts")
-    out = frame.drop("epoch", strict=False).sort("ts").join_asof(starts, left_on="ts", right_on="e_ts",
-                                                                 strategy="backward")
+    starts = pl.DataFrame(
+        {"epoch": [e for e, _, _ in spans], "e_ts": [a for _, a, _ in spans]}
+    ).sort("e_ts")
+    out = (
+        frame.drop("epoch", strict=False)
+        .sort("ts")
+        .join_asof(starts, left_on="ts", right_on="e_ts", strategy="backward")
+    )
     return out.with_columns(pl.col("epoch").fill_null(starts["epoch"][0])).drop("e_ts")
 
 
 def _concurrent(frame: pl.DataFrame) -> int:
     """Most processes whose event spans overlap in time."""
-    spans = frame.group_by("pid").agg(pl.col("ts").min().alias("a"),
-                                      (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"))
+    spans = frame.group_by("pid").agg(
+        pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b")
+    )
     if spans.height <= 1:
         return 0
-    points = pl.concat([spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
-                        spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d"))]).sort(
-        ["t", "d"], descending=[False, True])
+    points = pl.concat(
+        [
+            spans.select(pl.col("a").alias("t"), pl.lit(1).alias("d")),
+            spans.select(pl.col("b").alias("t"), pl.lit(-1).alias("d")),
+        ]
+    ).sort(["t", "d"], descending=[False, True])
     return int(_num(points["d"].cum_sum().max()))
 
 
 def _worker_gaps(v: pl.DataFrame) -> list[np.ndarray]:
     """Per process and epoch: the gaps (µs) before each of its samples but the first."""
-    s = v.sort("pid", "ts").with_columns((pl.col("ts") - pl.col("end").shift(1).over("pid", "epoch")).alias("gap"))
-    return [g["gap"].drop_nulls().to_numpy().astype(float)
-            for _, g in s.group_by("pid", "epoch", maintain_order=True) if g.height > 2]
+    s = v.sort("pid", "ts").with_columns(
+        (pl.col("ts") - pl.col("end").shift(1).over("pid", "epoch")).alias("gap")
+    )
+    return [
+        g["gap"].drop_nulls().to_numpy().astype(float)
+        for _, g in s.group_by("pid", "epoch", maintain_order=True)
+        if g.height > 2
+    ]
 
 
 def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
@@ -233,7 +280,7 @@ def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
     longest = max(len(x) for x in seqs) + 1
     best, best_score, best_ratio, n_bound = None, 0.0, 0.0, 0
     for b in range(2, max(longest // 2, 2) + 1):  # one per candidate batch size, not per event
-        bound = np.concatenate([x[b - 1::b] for x in seqs])  # gap before sample b, 2b, ...
+        bound = np.concatenate([x[b - 1 :: b] for x in seqs])  # gap before sample b, 2b, ...
         other = np.concatenate([np.delete(x, np.arange(b - 1, len(x), b)) for x in seqs])
         if bound.size < 2 or other.size < b:
             continue
@@ -248,14 +295,22 @@ def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
         if score > best_score + 0.02:
             best, best_score, best_ratio, n_bound = b, score, ratio, bound.size
     if best is None or best_score < 0.6:
-        return None, (f"no batch period in the workers' gaps between samples (best {best}: score "
-                      f"{best_score:.2f}); workers read continuously")
-    return best, (f"the gap before every {best}th sample of a worker's epoch is the long one ({best_ratio:.1f}x "
-                  f"the others' 75th percentile; {n_bound} batch boundaries, score {best_score:.2f})")
+        return None, (
+            f"no batch period in the workers' gaps between samples (best {best}: score "
+            f"{best_score:.2f}); workers read continuously"
+        )
+    return best, (
+        f"the gap before every {best}th sample of a worker's epoch is the long one ({best_ratio:.1f}x "
+        f"the others' 75th percentile; {n_bound} batch boundaries, score {best_score:.2f})"
+    )
 
 
-def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
-                     traced_pids: set[int] | None = None, pauses: pl.DataFrame | None = None) -> PosixLoop:
+def infer_posix_loop(
+    io: pl.DataFrame,
+    read_threads: int | None = None,
+    traced_pids: set[int] | None = None,
+    pauses: pl.DataFrame | None = None,
+) -> PosixLoop:
     """Infer the loop from ``io``: POSIX/STDIO events on the dataset files (pid, ppid, ts,
     dur, name, file, size, offset). ``read_threads`` overrides the concurrency count;
     ``traced_pids`` (every process of the trace) tells a lone reading worker from a consumer;
@@ -274,18 +329,29 @@ def infer_posix_loop(io: pl.DataFrame, read_threads: int | None = None,
     batch, ev_batch = _batch_size(visits)
     computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses)
     return PosixLoop(
-        epochs=epochs, read_threads=threads, samples_per_file=spf, batch_size=Inferred(batch, ev_batch),
-        computation_time=computation, compute_samples=samples, epoch_spans=epoch_spans,
-        sample_files=sorted(visits["file"].unique().to_list()), consumers=consumers,
+        epochs=epochs,
+        read_threads=threads,
+        samples_per_file=spf,
+        batch_size=Inferred(batch, ev_batch),
+        computation_time=computation,
+        compute_samples=samples,
+        epoch_spans=epoch_spans,
+        sample_files=sorted(visits["file"].unique().to_list()),
+        consumers=consumers,
     )
 
 
-def _epochs(io: pl.DataFrame, visits: pl.DataFrame,
-            basis: str) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]]:
+def _epochs(
+    io: pl.DataFrame, visits: pl.DataFrame, basis: str
+) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]]:
     """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each): the passes the
     visits split into (see :func:`_epochs_from_visits`), else one."""
-    reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
-                      & pl.col("file").is_in(visits["file"].unique().implode()))
+    reads = io.filter(
+        pl.col("name").is_in(READ_OPS)
+        & (pl.col("size") > 0)
+        & pl.col("offset").is_not_null()
+        & pl.col("file").is_in(visits["file"].unique().implode())
+    )
     split = _epochs_from_visits(visits, reads.select("pid", "file", "ts", "offset", "size"))
     if split is not None:
         n_epochs, ev_epochs, visits = split
@@ -293,13 +359,22 @@ def _epochs(io: pl.DataFrame, visits: pl.DataFrame,
     else:
         n_epochs, ev_epochs = 1, "visits do not split into even passes"
         visits = visits.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
-    spans = visits.group_by("epoch").agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b")).sort("epoch")
+    spans = (
+        visits.group_by("epoch")
+        .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
+        .sort("epoch")
+    )
     epoch_spans = [(int(e), int(a), int(b)) for e, a, b in spans.iter_rows()]
     return Inferred(n_epochs, ev_epochs), visits, epoch_spans
 
 
-def _read_threads(io: pl.DataFrame, visits: pl.DataFrame, epoch_spans: list[tuple[int, int, int]],
-                  read_threads: int | None, traced_pids: set[int] | None) -> tuple[Inferred, int]:
+def _read_threads(
+    io: pl.DataFrame,
+    visits: pl.DataFrame,
+    epoch_spans: list[tuple[int, int, int]],
+    read_threads: int | None,
+    traced_pids: set[int] | None,
+) -> tuple[Inferred, int]:
     """(read threads, the processes the samples are read for): the worker processes (children
     of a traced process) reading samples in an epoch (persistent workers read in every epoch,
     others only in theirs), per consumer (each rank of a multi-rank job has its own workers);
@@ -307,13 +382,17 @@ def _read_threads(io: pl.DataFrame, visits: pl.DataFrame, epoch_spans: list[tupl
     sample_files = visits["file"].unique().implode()
     readers = io.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").is_in(sample_files))
     pids = readers["pid"].n_unique()
-    consumers = 1  # the processes the samples are read for (the workers' parents, when workers read)
+    consumers = (
+        1  # the processes the samples are read for (the workers' parents, when workers read)
+    )
     if read_threads is not None:
         return Inferred(read_threads, "given"), consumers
     if traced_pids is None:
         threads = _concurrent(readers)
-        return Inferred(threads, f"{threads} of the {pids} processes reading dataset files read at the same "
-                                 "time"), consumers
+        return Inferred(
+            threads,
+            f"{threads} of the {pids} processes reading dataset files read at the same time",
+        ), consumers
     # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
     # reads at an epoch's edge, by the previous epoch's workers, do not count)
     work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
@@ -325,10 +404,13 @@ def _read_threads(io: pl.DataFrame, visits: pl.DataFrame, epoch_spans: list[tupl
     parents = fair["ppid"].n_unique()
     if threads:
         consumers = parents
-    ev_threads = (f"{threads} worker processes (children of a traced process) read samples in an epoch "
-                  + (f"for each of {parents} consumers " if parents > 1 else "")
-                  + f"({pids} reading process(es) in all)" if threads else
-                  f"the consumer reads the samples itself ({pids} reading process(es), none a worker)")
+    ev_threads = (
+        f"{threads} worker processes (children of a traced process) read samples in an epoch "
+        + (f"for each of {parents} consumers " if parents > 1 else "")
+        + f"({pids} reading process(es) in all)"
+        if threads
+        else f"the consumer reads the samples itself ({pids} reading process(es), none a worker)"
+    )
     return Inferred(threads, ev_threads), consumers
 
 
@@ -336,25 +418,35 @@ def _samples_per_file(visits: pl.DataFrame, basis: str) -> Inferred:
     """Samples per file: the median visits of a file in an epoch."""
     per = visits.group_by("file", "epoch").len()["len"]
     spf = int(_num(per.median()) or 1)
-    return Inferred(spf, f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
-                         f"{int(_num(per.min()))}-{int(_num(per.max()))})")
+    return Inferred(
+        spf,
+        f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
+        f"{int(_num(per.min()))}-{int(_num(per.max()))})",
+    )
 
 
-def _computation_time(visits: pl.DataFrame, batch: int | None, threads: int,
-                      pauses: pl.DataFrame | None) -> tuple[Inferred, list[float]]:
+def _computation_time(
+    visits: pl.DataFrame, batch: int | None, threads: int, pauses: pl.DataFrame | None
+) -> tuple[Inferred, list[float]]:
     """(compute time per step, the steady-state intervals it is the median of): the interval
     between a worker's batch starts over the workers, or without workers the reading
     process's idle time between its batches; warm-up intervals left out."""
     if not batch:
         return Inferred(None, "batch size unknown"), []
     b = visits.sort("pid", "ts").with_columns(
-        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch"))
-    starts = b.group_by("pid", "epoch", "batch").agg(pl.col("ts").min().alias("t0"), pl.col("end").max()
-                                                     .alias("t1"), pl.len().alias("n")).sort("pid", "t0")
+        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
+    )
+    starts = (
+        b.group_by("pid", "epoch", "batch")
+        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
+        .sort("pid", "t0")
+    )
     if threads:
         vals, what = _worker_intervals(starts, batch, threads, pauses)
     else:
-        iv = starts.with_columns((pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv"))
+        iv = starts.with_columns(
+            (pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv")
+        )
         steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch)).sort("t0")
         vals = steady["iv"].to_numpy() * _US if steady.height else np.array([])
         what = "median idle time of the reading process between its batches"
@@ -365,31 +457,43 @@ def _computation_time(visits: pl.DataFrame, batch: int | None, threads: int,
     if not vals.size:
         return Inferred(None, "no steady-state batches (too few per worker and epoch)"), []
     compute = float(np.median(vals))
-    return (Inferred(compute, f"{what}: {compute:.4f} s over {vals.size} steady-state batches"),
-            [float(x) for x in vals])
+    return (
+        Inferred(compute, f"{what}: {compute:.4f} s over {vals.size} steady-state batches"),
+        [float(x) for x in vals],
+    )
 
 
-def _worker_intervals(starts: pl.DataFrame, batch: int, threads: int,
-                      pauses: pl.DataFrame | None) -> tuple[np.ndarray, str]:
+def _worker_intervals(
+    starts: pl.DataFrame, batch: int, threads: int, pauses: pl.DataFrame | None
+) -> tuple[np.ndarray, str]:
     """(compute per step of each steady-state interval, how it was found): the interval
     between a worker's batch starts (``starts``: pid, epoch, batch, t0, t1, n) over the
     ``threads`` workers, the ``pauses`` inside it taken out."""
     w = max(threads, 1)
-    iv = starts.with_columns((pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv"))
+    iv = starts.with_columns(
+        (pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv")
+    )
     # steady state: from a worker's fourth batch of an epoch on (its first two are the
     # prefetch burst, the third's interval still runs from the burst)
-    steady = iv.filter((pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
-                       ).sort("t0")
+    steady = iv.filter(
+        (pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
+    ).sort("t0")
     if pauses is not None and pauses.height and steady.height:
         steady = steady.with_columns(
-            (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv"))
+            (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv")
+        )
     vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
     # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
     # worker idles most of it (a few %); above a quarter the loader sets the pace and the
     # interval is the loader's period, an upper bound on the compute
-    busy = _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item()) \
-        if steady.height else 0.0
-    what = (f"median interval between a worker's batch starts / {w} workers"
-            + (f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)" if busy > 0.25
-               else ""))
+    busy = (
+        _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item())
+        if steady.height
+        else 0.0
+    )
+    what = f"median interval between a worker's batch starts / {w} workers" + (
+        f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)"
+        if busy > 0.25
+        else ""
+    )
     return vals, what

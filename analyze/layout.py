@@ -37,7 +37,14 @@ from dlreplay.model import (
     TableFile,
 )
 
-__all__ = ["LayoutResult", "find_group", "infer_dlio_layout", "infer_layout", "layout_from_fingerprint", "resolve_fingerprint"]
+__all__ = [
+    "LayoutResult",
+    "find_group",
+    "infer_dlio_layout",
+    "infer_layout",
+    "layout_from_fingerprint",
+    "resolve_fingerprint",
+]
 
 #: Formats a fingerprint group may have for each model format.
 _COMPATIBLE = {"npz": ("npz", "zip"), "indexed_binary": ("raw", None), "raw": (None,)}
@@ -55,8 +62,9 @@ class LayoutResult:
 # --------------------------------------------------------------------------- finding the fingerprint
 
 
-def resolve_fingerprint(trace_dir: str | os.PathLike[str] | None, data_dirs: Sequence[str] = ()
-                        ) -> tuple[dict[str, Any] | None, str | None]:
+def resolve_fingerprint(
+    trace_dir: str | os.PathLike[str] | None, data_dirs: Sequence[str] = ()
+) -> tuple[dict[str, Any] | None, str | None]:
     """The fingerprint to distill with, and where it came from.
 
     The trace directory's own ``dataset-fingerprint.json`` (made at capture) comes first;
@@ -91,7 +99,11 @@ def find_group(doc: dict[str, Any], fmt: str, paths: Sequence[str]) -> dict[str,
     chosen = None
     for i, g in enumerate(same):
         root = str(g.get("root", ""))
-        inside = sum(1 for p in paths if p == root or p.startswith(root.rstrip("/") + "/")) if paths else 0
+        inside = (
+            sum(1 for p in paths if p == root or p.startswith(root.rstrip("/") + "/"))
+            if paths
+            else 0
+        )
         score = (inside, exts.get(str(g.get("extension", "")), 0), int(g.get("files", 0)))
         if best is None or score > best:
             best, chosen = score, same[i]
@@ -122,8 +134,14 @@ def _structures(files: list[dict[str, Any]], key: Any) -> list[list[dict[str, An
 
 
 def _member_key(m: dict[str, Any]) -> tuple[Any, ...]:
-    return (m.get("name"), m.get("dtype"), tuple(m.get("shape") or ()), m.get("fortran_order", False),
-            m.get("storage"), m.get("zip64", False))
+    return (
+        m.get("name"),
+        m.get("dtype"),
+        tuple(m.get("shape") or ()),
+        m.get("fortran_order", False),
+        m.get("storage"),
+        m.get("zip64", False),
+    )
 
 
 def _npz_arrays(files: list[dict[str, Any]], spf: int) -> tuple[list[ArrayFile], int | None]:
@@ -140,20 +158,34 @@ def _npz_arrays(files: list[dict[str, Any]], spf: int) -> tuple[list[ArrayFile],
             deflated = m.get("storage") == "deflated"
             per = [f["members"][j] for f in same]
             level = levels.get(m["name"], Counter()).most_common(1)
-            members.append(ArrayMember(
-                name=m["name"], dtype=m.get("dtype") or "|u1",
-                shape=list(m.get("shape") or [m.get("logical_bytes", 0)]),
-                fortran_order=bool(m.get("fortran_order", False)),
-                storage=m.get("storage") if m.get("storage") in ("stored", "deflated") else None,
-                compression="deflate" if deflated else None,
-                compression_level=(level[0][0] if level else None) if deflated else None,
-                compression_ratio=_ratio([p["stored_bytes"] for p in per], [p["logical_bytes"] for p in per])
-                if deflated else None,
-                zip64=bool(m.get("zip64", False)),
-            ))
-        out.append(ArrayFile(weight=round(len(same) / len(files), 6), bytes=_median_int([f["bytes"] for f in same]),
-                             file_bytes=_file_bytes(same),
-                             samples=_samples(members, spf), members=members))
+            members.append(
+                ArrayMember(
+                    name=m["name"],
+                    dtype=m.get("dtype") or "|u1",
+                    shape=list(m.get("shape") or [m.get("logical_bytes", 0)]),
+                    fortran_order=bool(m.get("fortran_order", False)),
+                    storage=m.get("storage")
+                    if m.get("storage") in ("stored", "deflated")
+                    else None,
+                    compression="deflate" if deflated else None,
+                    compression_level=(level[0][0] if level else None) if deflated else None,
+                    compression_ratio=_ratio(
+                        [p["stored_bytes"] for p in per], [p["logical_bytes"] for p in per]
+                    )
+                    if deflated
+                    else None,
+                    zip64=bool(m.get("zip64", False)),
+                )
+            )
+        out.append(
+            ArrayFile(
+                weight=round(len(same) / len(files), 6),
+                bytes=_median_int([f["bytes"] for f in same]),
+                file_bytes=_file_bytes(same),
+                samples=_samples(members, spf),
+                members=members,
+            )
+        )
     all_levels = Counter(lv for c in levels.values() for lv in c.elements())
     return out, (all_levels.most_common(1)[0][0] if all_levels else None)
 
@@ -168,44 +200,77 @@ def _samples(members: Sequence[ArrayMember], spf: int) -> int | None:
 
 
 def _h5_key(d: dict[str, Any]) -> tuple[Any, ...]:
-    return (d.get("name"), d.get("dtype"), tuple(d.get("shape") or ()), d.get("storage"),
-            tuple(d.get("chunks") or ()), json.dumps(d.get("filters") or {}, sort_keys=True), d.get("fill_value"),
-            d.get("chunk_order"), d.get("track_times"), d.get("attributes", 0), d.get("vlen_attributes", 0))
+    return (
+        d.get("name"),
+        d.get("dtype"),
+        tuple(d.get("shape") or ()),
+        d.get("storage"),
+        tuple(d.get("chunks") or ()),
+        json.dumps(d.get("filters") or {}, sort_keys=True),
+        d.get("fill_value"),
+        d.get("chunk_order"),
+        d.get("track_times"),
+        d.get("attributes", 0),
+        d.get("vlen_attributes", 0),
+    )
 
 
 def _hdf5_arrays(files: list[dict[str, Any]], spf: int) -> list[ArrayFile]:
     out = []
-    for same in _structures(files, lambda f: [tuple(f.get("groups", [])), [_h5_key(d) for d in f["datasets"]]]):
+    for same in _structures(
+        files, lambda f: [tuple(f.get("groups", [])), [_h5_key(d) for d in f["datasets"]]]
+    ):
         first = same[0]
         members = []
         for j, d in enumerate(first["datasets"]):
             per = [f["datasets"][j] for f in same]
             flt = d.get("filters") or {}
             filtered = bool(flt.get("compression") or flt.get("scaleoffset") is not None)
-            allocated = [p.get("chunks_allocated", 0) / p["chunks_total"] for p in per if p.get("chunks_total")]
+            allocated = [
+                p.get("chunks_allocated", 0) / p["chunks_total"]
+                for p in per
+                if p.get("chunks_total")
+            ]
             frac = round(float(np.mean(allocated)), 6) if allocated else None
             opts = flt.get("compression_opts")
-            members.append(ArrayMember(
-                name=d["name"], dtype=d.get("dtype") or "|u1", shape=list(d.get("shape") or []),
-                storage=d.get("storage") if d.get("storage") in ("contiguous", "chunked", "compact") else None,
-                chunks=list(d["chunks"]) if d.get("chunks") else None,
-                compression=flt.get("compression"),
-                compression_level=int(opts) if isinstance(opts, int) else None,
-                compression_ratio=_ratio([p.get("stored_bytes", 0) for p in per],
-                                         [_written_bytes(p) for p in per]) if filtered else None,
-                shuffle=bool(flt.get("shuffle", False)), fletcher32=bool(flt.get("fletcher32", False)),
-                scaleoffset=flt.get("scaleoffset"), fill_value=d.get("fill_value"),
-                chunk_order=d.get("chunk_order"),
-                chunks_allocated=frac if frac is not None and frac < 0.999 else None,
-                track_times=bool(d.get("track_times", False)),
-                attributes=int(d.get("attributes", 0)), attribute_bytes=_median_int(
-                    [p.get("attribute_bytes", 0) for p in per]) or 0,
-                vlen_attributes=int(d.get("vlen_attributes", 0)),
-            ))
-        out.append(ArrayFile(weight=round(len(same) / len(files), 6), bytes=_median_int([f["bytes"] for f in same]),
-                             file_bytes=_file_bytes(same),
-                             samples=_samples(members, spf), members=members,
-                             groups=[g for g in first.get("groups", []) if g != "/"]))
+            members.append(
+                ArrayMember(
+                    name=d["name"],
+                    dtype=d.get("dtype") or "|u1",
+                    shape=list(d.get("shape") or []),
+                    storage=d.get("storage")
+                    if d.get("storage") in ("contiguous", "chunked", "compact")
+                    else None,
+                    chunks=list(d["chunks"]) if d.get("chunks") else None,
+                    compression=flt.get("compression"),
+                    compression_level=int(opts) if isinstance(opts, int) else None,
+                    compression_ratio=_ratio(
+                        [p.get("stored_bytes", 0) for p in per], [_written_bytes(p) for p in per]
+                    )
+                    if filtered
+                    else None,
+                    shuffle=bool(flt.get("shuffle", False)),
+                    fletcher32=bool(flt.get("fletcher32", False)),
+                    scaleoffset=flt.get("scaleoffset"),
+                    fill_value=d.get("fill_value"),
+                    chunk_order=d.get("chunk_order"),
+                    chunks_allocated=frac if frac is not None and frac < 0.999 else None,
+                    track_times=bool(d.get("track_times", False)),
+                    attributes=int(d.get("attributes", 0)),
+                    attribute_bytes=_median_int([p.get("attribute_bytes", 0) for p in per]) or 0,
+                    vlen_attributes=int(d.get("vlen_attributes", 0)),
+                )
+            )
+        out.append(
+            ArrayFile(
+                weight=round(len(same) / len(files), 6),
+                bytes=_median_int([f["bytes"] for f in same]),
+                file_bytes=_file_bytes(same),
+                samples=_samples(members, spf),
+                members=members,
+                groups=[g for g in first.get("groups", []) if g != "/"],
+            )
+        )
     return out
 
 
@@ -222,38 +287,73 @@ def _hdf5_file(files: list[dict[str, Any]]) -> Hdf5File:
         c = Counter(json.dumps(f.get(key)) for f in files)
         return json.loads(c.most_common(1)[0][0])
 
-    return Hdf5File(superblock_version=common("superblock_version"), userblock_size=common("userblock_size") or 0,
-                    alignment_interval=common("alignment_interval"), alignment_threshold=common("alignment_threshold"),
-                    meta_block_size=common("meta_block_size"), file_space_strategy=common("file_space_strategy"),
-                    file_space_page_size=common("file_space_page_size"),
-                    root_attributes=common("root_attributes") or 0,
-                    root_attribute_bytes=common("root_attribute_bytes") or 0,
-                    root_vlen_attributes=common("root_vlen_attributes") or 0)
+    return Hdf5File(
+        superblock_version=common("superblock_version"),
+        userblock_size=common("userblock_size") or 0,
+        alignment_interval=common("alignment_interval"),
+        alignment_threshold=common("alignment_threshold"),
+        meta_block_size=common("meta_block_size"),
+        file_space_strategy=common("file_space_strategy"),
+        file_space_page_size=common("file_space_page_size"),
+        root_attributes=common("root_attributes") or 0,
+        root_attribute_bytes=common("root_attribute_bytes") or 0,
+        root_vlen_attributes=common("root_vlen_attributes") or 0,
+    )
 
 
 def _images(files: list[dict[str, Any]], fmt: str) -> list[ImageFile]:
-    multi = [int(f["chunk_bytes"]) for f in files if f.get("idat_chunks", 0) > 1 and f.get("chunk_bytes")]
+    multi = [
+        int(f["chunk_bytes"]) for f in files if f.get("idat_chunks", 0) > 1 and f.get("chunk_bytes")
+    ]
     chunk = max(multi) if multi else None
     out = []
-    for same in _structures(files, lambda f: [f.get(k) for k in (
-            "width", "height", "mode", "bits", "quality", "subsampling", "progressive", "optimize",
-            "restart_interval", "interlaced")]):
+    for same in _structures(
+        files,
+        lambda f: [
+            f.get(k)
+            for k in (
+                "width",
+                "height",
+                "mode",
+                "bits",
+                "quality",
+                "subsampling",
+                "progressive",
+                "optimize",
+                "restart_interval",
+                "interlaced",
+            )
+        ],
+    ):
         f0 = same[0]
         ratios = [f["compression_ratio"] for f in same if f.get("compression_ratio")]
-        out.append(ImageFile(
-            weight=round(len(same) / len(files), 6), bytes=_median_int([f["bytes"] for f in same]),
-                             file_bytes=_file_bytes(same),
-            width=int(f0["width"]), height=int(f0["height"]), mode=str(f0.get("mode") or "RGB"),
-            bits=int(f0["bits"]) if fmt == "png" and f0.get("bits") and f0.get("bits") != 8 else None,
-            quality=f0.get("quality") if fmt == "jpeg" else None,
-            qtables=[list(q) for q in f0["qtables"]] if fmt == "jpeg" and f0.get("qtables") else None,
-            subsampling=f0.get("subsampling") if fmt == "jpeg" else None,
-            progressive=bool(f0.get("progressive", False)), optimize=bool(f0.get("optimize", False)),
-            restart_interval=int(f0.get("restart_interval") or 0), interlaced=bool(f0.get("interlaced", False)),
-            chunk_bytes=chunk if fmt == "png" else None,
-            compression_ratio=round(float(np.mean(ratios)), 6) if ratios and fmt == "png" else None,
-            extra_bytes=_median_int([f.get("extra_bytes", 0) for f in same]) or 0,
-        ))
+        out.append(
+            ImageFile(
+                weight=round(len(same) / len(files), 6),
+                bytes=_median_int([f["bytes"] for f in same]),
+                file_bytes=_file_bytes(same),
+                width=int(f0["width"]),
+                height=int(f0["height"]),
+                mode=str(f0.get("mode") or "RGB"),
+                bits=int(f0["bits"])
+                if fmt == "png" and f0.get("bits") and f0.get("bits") != 8
+                else None,
+                quality=f0.get("quality") if fmt == "jpeg" else None,
+                qtables=[list(q) for q in f0["qtables"]]
+                if fmt == "jpeg" and f0.get("qtables")
+                else None,
+                subsampling=f0.get("subsampling") if fmt == "jpeg" else None,
+                progressive=bool(f0.get("progressive", False)),
+                optimize=bool(f0.get("optimize", False)),
+                restart_interval=int(f0.get("restart_interval") or 0),
+                interlaced=bool(f0.get("interlaced", False)),
+                chunk_bytes=chunk if fmt == "png" else None,
+                compression_ratio=round(float(np.mean(ratios)), 6)
+                if ratios and fmt == "png"
+                else None,
+                extra_bytes=_median_int([f.get("extra_bytes", 0) for f in same]) or 0,
+            )
+        )
     return out
 
 
@@ -263,40 +363,71 @@ def _column(f: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
     out = []
+
     def key(f: dict[str, Any]) -> list[Any]:
-        if fmt == "parquet":  # the columns' identity: their sizes and pages differ from file to file
-            return [[[c.get(k) for k in ("name", "type", "physical_type", "compression", "dictionary")]
-                     for c in f.get("columns", [])], f.get("row_groups")]
+        if (
+            fmt == "parquet"
+        ):  # the columns' identity: their sizes and pages differ from file to file
+            return [
+                [
+                    [
+                        c.get(k)
+                        for k in ("name", "type", "physical_type", "compression", "dictionary")
+                    ]
+                    for c in f.get("columns", [])
+                ],
+                f.get("row_groups"),
+            ]
         return [f.get(k) for k in ("columns", "header", "delimiter")]
 
     for same in _structures(files, key):
         f0 = same[0]
-        cols = [TableColumn(name=str(c["name"]), type=str(c.get("physical_type") or c.get("type") or "str"),
-                            compression=c.get("compression"), dictionary=bool(c.get("dictionary", False)),
-                            row_bytes=float(np.median([_column(f, c["name"]).get("row_bytes") or 0 for f in same]))
-                            if c.get("row_bytes") is not None else None)
-                for c in f0.get("columns", [])]
+        cols = [
+            TableColumn(
+                name=str(c["name"]),
+                type=str(c.get("physical_type") or c.get("type") or "str"),
+                compression=c.get("compression"),
+                dictionary=bool(c.get("dictionary", False)),
+                row_bytes=float(
+                    np.median([_column(f, c["name"]).get("row_bytes") or 0 for f in same])
+                )
+                if c.get("row_bytes") is not None
+                else None,
+            )
+            for c in f0.get("columns", [])
+        ]
         line = None
         if fmt == "csv":
             sample = [x for f in same for x in f.get("line_bytes_sample", [])]
             line = Distribution.from_values(sample) if sample else None
         ratios = [f["compression_ratio"] for f in same if f.get("compression_ratio")]
-        out.append(TableFile(
-            weight=round(len(same) / len(files), 6), bytes=_median_int([f["bytes"] for f in same]),
-                             file_bytes=_file_bytes(same),
-            rows=_median_int([f.get("rows") for f in same]), row_groups=f0.get("row_groups"),
-            data_page_size=_median_int([f.get("data_page_size") for f in same]),
-            data_page_values=_median_int([f.get("data_page_values") for f in same]),
-            data_page_batch=_median_int([f.get("data_page_batch") for f in same]),
-            data_page_version=max((f["data_page_version"] for f in same if f.get("data_page_version")), default=None),
-            compression_ratio=round(float(np.mean(ratios)), 6) if ratios else None, columns=cols,
-            header=bool(f0.get("header", False)), delimiter=f0.get("delimiter"), line_bytes=line,
-        ))
+        out.append(
+            TableFile(
+                weight=round(len(same) / len(files), 6),
+                bytes=_median_int([f["bytes"] for f in same]),
+                file_bytes=_file_bytes(same),
+                rows=_median_int([f.get("rows") for f in same]),
+                row_groups=f0.get("row_groups"),
+                data_page_size=_median_int([f.get("data_page_size") for f in same]),
+                data_page_values=_median_int([f.get("data_page_values") for f in same]),
+                data_page_batch=_median_int([f.get("data_page_batch") for f in same]),
+                data_page_version=max(
+                    (f["data_page_version"] for f in same if f.get("data_page_version")),
+                    default=None,
+                ),
+                compression_ratio=round(float(np.mean(ratios)), 6) if ratios else None,
+                columns=cols,
+                header=bool(f0.get("header", False)),
+                delimiter=f0.get("delimiter"),
+                line_bytes=line,
+            )
+        )
     return out
 
 
-def layout_from_fingerprint(doc: dict[str, Any], fmt: str, paths: Sequence[str], spf: int,
-                            where: str = FINGERPRINT_NAME) -> LayoutResult | None:
+def layout_from_fingerprint(
+    doc: dict[str, Any], fmt: str, paths: Sequence[str], spf: int, where: str = FINGERPRINT_NAME
+) -> LayoutResult | None:
     """The layout of the trace's dataset (*paths*, format *fmt*, *spf* samples per file) from
     fingerprint *doc*; None when the fingerprint has no group of that format."""
     group = find_group(doc, fmt, paths)
@@ -317,8 +448,10 @@ def layout_from_fingerprint(doc: dict[str, Any], fmt: str, paths: Sequence[str],
         _hdf5_summary(files, spf, how, res, summary)
     elif gfmt in ("jpeg", "png"):
         summary["images"] = _images(files, gfmt)
-        res.fields["dataset.layout.images"] = (f"dimensions, mode, coding (quality from the quantization tables); "
-                                               f"{how}", "measured")
+        res.fields["dataset.layout.images"] = (
+            f"dimensions, mode, coding (quality from the quantization tables); {how}",
+            "measured",
+        )
     elif gfmt in ("parquet", "csv"):
         summary["tables"] = _tables(files, gfmt)
         res.fields["dataset.layout.tables"] = (f"columns, row groups, codecs; {how}", "measured")
@@ -327,45 +460,67 @@ def layout_from_fingerprint(doc: dict[str, Any], fmt: str, paths: Sequence[str],
         _tfrecord_summary(files, how, res, summary)
     res.layout = Layout(**summary)
     if len(res.layout.arrays or res.layout.images or res.layout.tables or []) > 1:
-        res.notes.append(f"dataset files differ: {len(res.layout.arrays or res.layout.images or res.layout.tables or [])} "
-                         f"structures among {len(files)} sampled files (weights in dataset.layout)")
+        res.notes.append(
+            f"dataset files differ: {len(res.layout.arrays or res.layout.images or res.layout.tables or [])} "
+            f"structures among {len(files)} sampled files (weights in dataset.layout)"
+        )
     return res
 
 
-def _npz_summary(files: list[dict[str, Any]], spf: int, how: str, res: LayoutResult,
-                 summary: dict[str, Any]) -> None:
+def _npz_summary(
+    files: list[dict[str, Any]], spf: int, how: str, res: LayoutResult, summary: dict[str, Any]
+) -> None:
     """NPZ (zip) members: arrays, whether any is deflated and at what level."""
     arrays, level = _npz_arrays(files, spf)
     deflated = [m for a in arrays for m in a.members if m.storage == "deflated"]
-    summary.update(arrays=arrays, compressed=bool(deflated), compression_level=level if deflated else None)
-    res.fields["dataset.layout.arrays"] = (f"members, dtypes, shapes, stored/deflated and compressed sizes; {how}",
-                                           "measured")
+    summary.update(
+        arrays=arrays, compressed=bool(deflated), compression_level=level if deflated else None
+    )
+    res.fields["dataset.layout.arrays"] = (
+        f"members, dtypes, shapes, stored/deflated and compressed sizes; {how}",
+        "measured",
+    )
     res.fields["dataset.layout.compressed"] = ("deflated members in the sampled files", "measured")
     if deflated:
         res.fields["dataset.layout.compression_level"] = (
-            "deflate level whose output size matches the members' (recompressed sample)", "inferred")
+            "deflate level whose output size matches the members' (recompressed sample)",
+            "inferred",
+        )
 
 
-def _hdf5_summary(files: list[dict[str, Any]], spf: int, how: str, res: LayoutResult,
-                  summary: dict[str, Any]) -> None:
+def _hdf5_summary(
+    files: list[dict[str, Any]], spf: int, how: str, res: LayoutResult, summary: dict[str, Any]
+) -> None:
     """HDF5 datasets and file properties; the chunking and compression of the largest dataset."""
     arrays = _hdf5_arrays(files, spf)
-    main = max(arrays[0].members, key=lambda m: int(np.prod(m.shape or [0])) * _itemsize(m.dtype),
-               default=None)
+    main = max(
+        arrays[0].members,
+        key=lambda m: int(np.prod(m.shape or [0])) * _itemsize(m.dtype),
+        default=None,
+    )
     summary.update(arrays=arrays, hdf5=_hdf5_file(files))
     if main is not None and main.storage == "chunked" and main.chunks:
-        summary.update(hdf5_chunk_shape=list(main.chunks),
-                       hdf5_chunk_bytes=int(np.prod(main.chunks)) * _itemsize(main.dtype))
+        summary.update(
+            hdf5_chunk_shape=list(main.chunks),
+            hdf5_chunk_bytes=int(np.prod(main.chunks)) * _itemsize(main.dtype),
+        )
     if main is not None and main.compression:
         summary.update(hdf5_compression=main.compression, compression_level=main.compression_level)
-    res.fields["dataset.layout.arrays"] = (f"datasets, storage, chunks, filters, chunk order; {how}", "measured")
-    res.fields["dataset.layout.hdf5"] = ("superblock, user block, file-space strategy, alignment of data "
-                                         "addresses", "measured")
+    res.fields["dataset.layout.arrays"] = (
+        f"datasets, storage, chunks, filters, chunk order; {how}",
+        "measured",
+    )
+    res.fields["dataset.layout.hdf5"] = (
+        "superblock, user block, file-space strategy, alignment of data addresses",
+        "measured",
+    )
     for key in ("hdf5_chunk_shape", "hdf5_chunk_bytes", "hdf5_compression"):
         res.fields[f"dataset.layout.{key}"] = ("the largest dataset's", "measured")
 
 
-def _tfrecord_summary(files: list[dict[str, Any]], how: str, res: LayoutResult, summary: dict[str, Any]) -> None:
+def _tfrecord_summary(
+    files: list[dict[str, Any]], how: str, res: LayoutResult, summary: dict[str, Any]
+) -> None:
     """TFRecord payload lengths and records per file."""
     lengths = [x for f in files for x in f.get("record_bytes_sample", [])]
     if lengths:
@@ -387,7 +542,9 @@ def _itemsize(dtype: str) -> int:
 # --------------------------------------------------------------------------- trace-only inference
 
 
-def infer_dlio_layout(fmt: str, reader_class: str, spf: int, file_sizes: Sequence[float]) -> LayoutResult | None:
+def infer_dlio_layout(
+    fmt: str, reader_class: str, spf: int, file_sizes: Sequence[float]
+) -> LayoutResult | None:
     """The layout DLIO 2.0.0's generator wrote (:mod:`dlreplay.dliogen`), for a DLIO trace
     (its reader events name *reader_class*) whose dataset cannot be fingerprinted: the
     sample's sides are those whose generated file has the trace's file sizes (bytes: the
@@ -406,13 +563,18 @@ def infer_dlio_layout(fmt: str, reader_class: str, spf: int, file_sizes: Sequenc
     median = float(np.median(sizes))
     if fmt in ("jpeg", "png"):
         dims = dims_from_image_bytes(fmt, median)
-        how = (f"the square grayscale {fmt.upper()} of noise DLIO's generator saves with Pillow's defaults that is "
-               f"nearest the files' median size ({median:,.0f} B)" + (" (sides to 8 pixels)" if fmt == "jpeg" else ""))
+        how = (
+            f"the square grayscale {fmt.upper()} of noise DLIO's generator saves with Pillow's defaults that is "
+            f"nearest the files' median size ({median:,.0f} B)"
+            + (" (sides to 8 pixels)" if fmt == "jpeg" else "")
+        )
     else:
         if float(sizes.max() - sizes.min()) > 0:
             return None  # DLIO's files of one run differ only when their sides are drawn at random
         # HDF5: the labels after the records are never read by DLIO's reader, so not seen
-        dims = dims_from_file_bytes(fmt, spf, int(median), unseen=8 * spf + 64 if fmt == "hdf5" else 0)
+        dims = dims_from_file_bytes(
+            fmt, spf, int(median), unseen=8 * spf + 64 if fmt == "hdf5" else 0
+        )
         how = f"the sample whose DLIO {fmt} file has the files' size ({int(median):,} B, {spf} sample(s) per file)"
     if dims is None:
         return None
@@ -422,7 +584,9 @@ def infer_dlio_layout(fmt: str, reader_class: str, spf: int, file_sizes: Sequenc
     res = LayoutResult(layout=replace(layout, source="inferred"))
     res.fields["dataset.layout"] = (
         f"DLIO 2.0.0's {fmt} generator (the trace's reader is DLIO's {reader_class}): {dims[0]}x{dims[1]} uint8 "
-        f"samples, {how}", "inferred")
+        f"samples, {how}",
+        "inferred",
+    )
     return res
 
 
@@ -449,19 +613,26 @@ def infer_layout(fmt: str, reads: pl.DataFrame, record_length: float | None) -> 
             share = float((big == mode).sum()) / big.len()
             if mode < 0.5 * record_length and share >= 0.3:
                 res.layout = Layout(source="inferred", hdf5_chunk_bytes=mode)
-                res.fields["dataset.layout"] = ("read sizes (no fingerprint: the dataset was not reachable)",
-                                                "inferred")
+                res.fields["dataset.layout"] = (
+                    "read sizes (no fingerprint: the dataset was not reachable)",
+                    "inferred",
+                )
                 res.fields["dataset.layout.hdf5_chunk_bytes"] = (
                     f"most common dataset read ({mode} B, {100 * share:.0f} % of reads >= 1 KiB)",
-                    "inferred")
+                    "inferred",
+                )
                 return res
     if fmt == "npz":
         headers = reads.filter(pl.col("size") == _ZIP_LOCAL_HEADER)
         files = reads["file"].n_unique() if "file" in reads.columns else 0
         if headers.height and files:
             per_file = headers.height / max(reads.filter(pl.col("size") > 0)["file"].n_unique(), 1)
-            res.notes.append(f"~{per_file:.1f} zip local-header reads per dataset file (members x reads): "
-                             f"member names, dtypes and compression need a fingerprint (distill --data-dir)")
-    res.fields["dataset.layout"] = ("not visible in the trace; pass --data-dir to fingerprint the dataset",
-                                    "default")
+            res.notes.append(
+                f"~{per_file:.1f} zip local-header reads per dataset file (members x reads): "
+                f"member names, dtypes and compression need a fingerprint (distill --data-dir)"
+            )
+    res.fields["dataset.layout"] = (
+        "not visible in the trace; pass --data-dir to fingerprint the dataset",
+        "default",
+    )
     return res

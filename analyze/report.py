@@ -41,8 +41,19 @@ from dlreplay.units import (
 from .findings import Finding
 from .passes import Characterization, TraceView
 
-__all__ = ["REPORT_CSS", "REPORT_FORMAT_VERSION", "REPORT_SCHEMA", "Report", "build_report", "figures", "new_figure",
-           "png_bytes", "write_report", "write_report_file", "write_with_figures"]
+__all__ = [
+    "REPORT_CSS",
+    "REPORT_FORMAT_VERSION",
+    "REPORT_SCHEMA",
+    "Report",
+    "build_report",
+    "figures",
+    "new_figure",
+    "png_bytes",
+    "write_report",
+    "write_report_file",
+    "write_with_figures",
+]
 
 REPORT_SCHEMA = "dlreplay.analysis"
 REPORT_FORMAT_VERSION = 1
@@ -86,20 +97,44 @@ class Report:
         }
 
 
-def build_report(trace: str, c: Characterization, findings: list[Finding], *, manifest: dict | None = None,
-                 damage: str | None = None, verify: dict | None = None, dropped: tuple[int, int] = (0, 0),
-                 file_reports: list | None = None) -> Report:
+def build_report(
+    trace: str,
+    c: Characterization,
+    findings: list[Finding],
+    *,
+    manifest: dict | None = None,
+    damage: str | None = None,
+    verify: dict | None = None,
+    dropped: tuple[int, int] = (0, 0),
+    file_reports: list | None = None,
+) -> Report:
     """Collect the report and the explanations of whatever the trace could not give."""
-    notes = [f"{name}: {res['missing']}" for name, res in c.results.items() if isinstance(res, dict)
-             and res.get("missing")]
+    notes = [
+        f"{name}: {res['missing']}"
+        for name, res in c.results.items()
+        if isinstance(res, dict) and res.get("missing")
+    ]
     ov = c["overview"]
     if not ov.get("dataset_read_calls"):
-        notes.insert(0, "The trace has no reads of dataset files: nothing to say about the input pipeline. "
-                        "Was the job's data directory traced (`dlreplay capture --data-dir`)?")
+        notes.insert(
+            0,
+            "The trace has no reads of dataset files: nothing to say about the input pipeline. "
+            "Was the job's data directory traced (`dlreplay capture --data-dir`)?",
+        )
     if ov.get("events") and not (ov.get("bytes_read") or ov.get("bytes_written")):
         notes.insert(0, "The trace holds only metadata calls (open/stat/close), no data transfers.")
-    return Report(trace, c, findings, manifest, damage, verify, notes, dropped[0], dropped[1],
-                  list(file_reports or []))
+    return Report(
+        trace,
+        c,
+        findings,
+        manifest,
+        damage,
+        verify,
+        notes,
+        dropped[0],
+        dropped[1],
+        list(file_reports or []),
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,8 +160,13 @@ def _timeline(v: TraceView) -> bytes | None:
         return None
     t0 = v.span[0]
     procs = [*v.consumers]
-    busiest = (v.collect(v.scan.filter(~pl.col("pid").is_in(procs)).group_by("pid").agg(pl.col("dur").sum()))
-               .sort("dur", descending=True)["pid"].to_list())
+    busiest = (
+        v.collect(
+            v.scan.filter(~pl.col("pid").is_in(procs)).group_by("pid").agg(pl.col("dur").sum())
+        )
+        .sort("dur", descending=True)["pid"]
+        .to_list()
+    )
     procs = (procs + busiest)[:TIMELINE_PROCESSES]
     if not procs:
         return None
@@ -143,16 +183,28 @@ def _timeline(v: TraceView) -> bytes | None:
     for row, pid in enumerate(procs):
         mine = v.rows(pl.col("pid") == pid, ["cat", "name", "role", "ts", "dur"])
         for i, (label, cond, color) in enumerate(layers):
-            sel = mine.filter(cond).select(((pl.col("ts") - t0) * _US).alias("a"), (pl.col("dur") * _US).alias("d"))
+            sel = mine.filter(cond).select(
+                ((pl.col("ts") - t0) * _US).alias("a"), (pl.col("dur") * _US).alias("d")
+            )
             if sel.is_empty():
                 continue
             h = 0.8 if i < 4 else 0.3
-            ax.broken_barh(list(sel.iter_rows()), (row - h / 2, h), facecolors=color,
-                           label=label if row == 0 or label not in ax.get_legend_handles_labels()[1] else None)
-    loop = v.collect(v.scan.filter(pl.col("role").is_in(["epoch", "fetch", "step", "compute", "item"]))
-                     .select(pl.len().alias("n"), pl.col("ts").min().alias("a"),
-                             (pl.col("ts") + pl.col("dur")).max().alias("b"))).row(0, named=True)
-    if loop["n"]:  # zoom on the training loop (start-up, imports and dataset checks are long and empty)
+            ax.broken_barh(
+                list(sel.iter_rows()),
+                (row - h / 2, h),
+                facecolors=color,
+                label=label if row == 0 or label not in ax.get_legend_handles_labels()[1] else None,
+            )
+    loop = v.collect(
+        v.scan.filter(pl.col("role").is_in(["epoch", "fetch", "step", "compute", "item"])).select(
+            pl.len().alias("n"),
+            pl.col("ts").min().alias("a"),
+            (pl.col("ts") + pl.col("dur")).max().alias("b"),
+        )
+    ).row(0, named=True)
+    if loop[
+        "n"
+    ]:  # zoom on the training loop (start-up, imports and dataset checks are long and empty)
         a = (int(loop["a"]) - t0) * _US
         b = (int(loop["b"]) - t0) * _US
         pad = 0.02 * max(b - a, 1e-3)
@@ -163,8 +215,15 @@ def _timeline(v: TraceView) -> bytes | None:
     ax.set_title("I/O vs compute per process")
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=False))
-    ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8,
-              frameon=False)
+    ax.legend(
+        uniq.values(),
+        uniq.keys(),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25),
+        ncol=5,
+        fontsize=8,
+        frameon=False,
+    )
     return png_bytes(fig)
 
 
@@ -193,7 +252,13 @@ def _histogram(c: Characterization) -> bytes | None:
     fig = new_figure()
     ax = fig.subplots()
     ax.bar([i - 0.2 for i in x], [rh[k] for k in labels], width=0.4, label="reads", color="#1e88e5")
-    ax.bar([i + 0.2 for i in x], [wh.get(k, 0) for k in labels], width=0.4, label="writes", color="#fb8c00")
+    ax.bar(
+        [i + 0.2 for i in x],
+        [wh.get(k, 0) for k in labels],
+        width=0.4,
+        label="writes",
+        color="#fb8c00",
+    )
     ax.set_xticks(list(x), labels, rotation=30, fontsize=8)
     ax.set_ylabel("calls")
     ax.set_yscale("symlog")
@@ -214,10 +279,22 @@ def _au_per_epoch(c: Characterization) -> bytes | None:
     ck = [p["checkpoint_s"] for p in per]
     ax.bar(ep, comp, label="compute", color="#4caf50")
     ax.bar(ep, wait, bottom=comp, label="data wait", color="#e53935")
-    ax.bar(ep, ck, bottom=[a + b for a, b in zip(comp, wait, strict=True)], label="checkpoint", color="#8e24aa")
+    ax.bar(
+        ep,
+        ck,
+        bottom=[a + b for a, b in zip(comp, wait, strict=True)],
+        label="checkpoint",
+        color="#8e24aa",
+    )
     for i, p in enumerate(per):
         if p["au"] is not None:
-            ax.annotate(f"AU {p['au']:.0%}", (i, comp[i] + wait[i] + ck[i]), ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"AU {p['au']:.0%}",
+                (i, comp[i] + wait[i] + ck[i]),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds (warm-up steps excluded)")
     ax.set_title("Compute vs data wait per epoch")
@@ -263,8 +340,10 @@ def figures(c: Characterization) -> dict[str, tuple[str, bytes | None]]:
         return dict(rendered)
     if c.figures is None:
         if not isinstance(c.view, TraceView):
-            raise UsageError("this analysis ran on a Dask cluster without figures; "
-                             "run analyze_trace(..., figures=True) to write a report")
+            raise UsageError(
+                "this analysis ran on a Dask cluster without figures; "
+                "run analyze_trace(..., figures=True) to write a report"
+            )
         c.figures = {key: (title, fn(c)) for key, (title, fn) in FIGURES.items()}
     return c.figures
 
@@ -281,9 +360,15 @@ def _headline(r: Report) -> list[tuple[str, str]]:
         ("command", shlex.join((r.manifest or {}).get("command") or []) or "-"),
         ("duration", human_seconds(ov["duration_s"])),
         ("processes / events", f"{ov['processes']} / {ov['events']:,}"),
-        ("dataset", f"{ov['dataset_files']} files, {human_bytes(ov['dataset_bytes_read'])} read in "
-                    f"{ov['dataset_read_calls']:,} calls"),
-        ("AU (warm-up excluded)", f"{st['au']:.1%}" if st.get("au") is not None else "unknown (no step events)"),
+        (
+            "dataset",
+            f"{ov['dataset_files']} files, {human_bytes(ov['dataset_bytes_read'])} read in "
+            f"{ov['dataset_read_calls']:,} calls",
+        ),
+        (
+            "AU (warm-up excluded)",
+            f"{st['au']:.1%}" if st.get("au") is not None else "unknown (no step events)",
+        ),
     ]
     if st.get("au_steady") is not None:
         rows.append(("AU without epoch starts", f"{st['au_steady']:.1%}"))
@@ -291,8 +376,13 @@ def _headline(r: Report) -> list[tuple[str, str]]:
         rows.append(("AU as DLIO computes it", f"{st['au_dlio']:.1%}"))
     acc = c["access"]
     if acc.get("reads"):
-        rows.append(("dataset reads", f"{acc['sequential']:.0%} sequential, {acc['consecutive']:.0%} consecutive, "
-                                      f"{acc['random']:.0%} random"))
+        rows.append(
+            (
+                "dataset reads",
+                f"{acc['sequential']:.0%} sequential, {acc['consecutive']:.0%} consecutive, "
+                f"{acc['random']:.0%} random",
+            )
+        )
     return rows
 
 
@@ -300,8 +390,10 @@ def _replay_cmd(trace: str, f: Finding) -> str | None:
     if not f.whatif:
         return None
     sets = " ".join(f"--set {shlex.quote(s)}" for s in f.whatif)
-    return (f"dlreplay distill {shlex.quote(trace)} -o model.yaml && "
-            f"dlreplay replay model.yaml --data-dir /path/to/storage {sets}")
+    return (
+        f"dlreplay distill {shlex.quote(trace)} -o model.yaml && "
+        f"dlreplay replay model.yaml --data-dir /path/to/storage {sets}"
+    )
 
 
 def _fmt(v: Any) -> str:
@@ -336,11 +428,13 @@ def _html(text: object) -> str:
 def render_html(r: Report) -> str:
     """A self-contained HTML page (figures embedded as base64 PNG)."""
     e = _html
-    out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-           f"<meta name='dlreplay-schema' content='{REPORT_SCHEMA} {REPORT_FORMAT_VERSION}'>",
-           f"<title>dlreplay report: {e(r.trace)}</title><style>{REPORT_CSS}</style></head><body>",
-           f"<h1>I/O analysis of {e(os.path.basename(r.trace.rstrip('/')) or r.trace)}</h1>",
-           "<table>"]
+    out = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<meta name='dlreplay-schema' content='{REPORT_SCHEMA} {REPORT_FORMAT_VERSION}'>",
+        f"<title>dlreplay report: {e(r.trace)}</title><style>{REPORT_CSS}</style></head><body>",
+        f"<h1>I/O analysis of {e(os.path.basename(r.trace.rstrip('/')) or r.trace)}</h1>",
+        "<table>",
+    ]
     out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _headline(r)]
     out.append("</table>")
     for w in r.warnings:
@@ -351,14 +445,21 @@ def render_html(r: Report) -> str:
     if not r.findings:
         out.append("<p>No bottleneck found with the current thresholds.</p>")
     for f in r.findings:
-        out.append(f"<div class='f {e(f.severity)}' id='{e(f.id)}'><p><span class='sev'>{e(f.severity)}</span>"
-                   f"<b>{e(f.title)}</b> <code>{e(f.id)}</code>"
-                   + (" <i>(symptom)</i>" if f.kind == "symptom" else "") + "</p>")
-        out.append(f"<p><b>Root cause.</b> {e(f.root_cause)}</p><p><b>Recommendation.</b> {e(f.recommendation)}</p>")
+        out.append(
+            f"<div class='f {e(f.severity)}' id='{e(f.id)}'><p><span class='sev'>{e(f.severity)}</span>"
+            f"<b>{e(f.title)}</b> <code>{e(f.id)}</code>"
+            + (" <i>(symptom)</i>" if f.kind == "symptom" else "")
+            + "</p>"
+        )
+        out.append(
+            f"<p><b>Root cause.</b> {e(f.root_cause)}</p><p><b>Recommendation.</b> {e(f.recommendation)}</p>"
+        )
         cmd = _replay_cmd(r.trace, f)
         if cmd:
             out.append(f"<p><b>Try it by replay:</b></p><pre>{e(cmd)}</pre>")
-        out.append("<details><summary>evidence (threshold: " + e(f.threshold) + ")</summary><table>")
+        out.append(
+            "<details><summary>evidence (threshold: " + e(f.threshold) + ")</summary><table>"
+        )
         out += [f"<tr><th>{e(k)}</th><td>{e(_fmt(v))}</td></tr>" for k, v in f.evidence.items()]
         if f.files:
             out.append(f"<tr><th>files</th><td>{e(', '.join(f.files))}</td></tr>")
@@ -372,27 +473,40 @@ def render_html(r: Report) -> str:
         if png is None:
             out.append(f"<p class='note'>{e(title)}: not available for this trace.</p>")
             continue
-        out.append(f"<h3>{e(title)}</h3><img alt='{e(title)}' src='data:image/png;base64,"
-                   f"{base64.b64encode(png).decode()}'>")
+        out.append(
+            f"<h3>{e(title)}</h3><img alt='{e(title)}' src='data:image/png;base64,"
+            f"{base64.b64encode(png).decode()}'>"
+        )
     out.append("<h2>Top operations</h2>" + _table_html(*_ops_table(r)))
     out.append("<h2>Top files</h2>" + _table_html(*_files_table(r)))
     if r.notes:
-        out.append("<h2>What the trace could not tell</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in r.notes)
-                   + "</ul>")
-    out.append("<p class='note'>Made by dlreplay. Thresholds: <code>dlreplay analyze --config rules.yaml</code>."
-               "</p></body></html>")
+        out.append(
+            "<h2>What the trace could not tell</h2><ul>"
+            + "".join(f"<li>{e(n)}</li>" for n in r.notes)
+            + "</ul>"
+        )
+    out.append(
+        "<p class='note'>Made by dlreplay. Thresholds: <code>dlreplay analyze --config rules.yaml</code>."
+        "</p></body></html>"
+    )
     return "\n".join(out)
 
 
 def _verify_html(v: dict) -> str:
     e = _html
     rows = v.get("runs", [])
-    head = "<table><tr><th>run</th><th>overrides</th><th>AU</th><th>samples/s</th><th>MB/s</th></tr>"
+    head = (
+        "<table><tr><th>run</th><th>overrides</th><th>AU</th><th>samples/s</th><th>MB/s</th></tr>"
+    )
     body = "".join(
         f"<tr><td>{e(x['label'])}</td><td><code>{e(' '.join(x['overrides']) or '-')}</code></td>"
         f"<td class='n'>{_pct(x.get('au'))}</td><td class='n'>{_num(x.get('samples_per_s'))}</td>"
-        f"<td class='n'>{_num(x.get('mb_per_s'))}</td></tr>" for x in rows)
-    return head + body + "</table>" + (f"<p class='note'>{e(v['note'])}</p>" if v.get("note") else "")
+        f"<td class='n'>{_num(x.get('mb_per_s'))}</td></tr>"
+        for x in rows
+    )
+    return (
+        head + body + "</table>" + (f"<p class='note'>{e(v['note'])}</p>" if v.get("note") else "")
+    )
 
 
 def _pct(x: Any) -> str:
@@ -405,9 +519,21 @@ def _num(x: Any) -> str:
 
 def _ops_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
     ops = r.characterization["overview"]["operations"][:15]
-    rows = [[o["cat"], o["name"], f"{o['count']:,}", human_bytes(o["bytes"]), human_seconds(o["time_s"])]
-            for o in ops]
-    return ["category", "operation", "count", "bytes", "time"], rows, [False, False, True, True, True]
+    rows = [
+        [
+            o["cat"],
+            o["name"],
+            f"{o['count']:,}",
+            human_bytes(o["bytes"]),
+            human_seconds(o["time_s"]),
+        ]
+        for o in ops
+    ]
+    return (
+        ["category", "operation", "count", "bytes", "time"],
+        rows,
+        [False, False, True, True, True],
+    )
 
 
 def _files_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
@@ -416,10 +542,22 @@ def _files_table(r: Report) -> tuple[list[str], list[list[str]], list[bool]]:
     rows = []
     for f in c["overview"]["top_files"]:
         p = pat.get(f["file"], {})
-        rows.append([f["file"], f["role"], human_bytes(f["bytes_read"]), f"{f['reads']:,}", str(f["processes"]),
-                     _pct(p.get("sequential")), _pct(p.get("consecutive"))])
-    return (["file", "role", "bytes read", "reads", "processes", "sequential", "consecutive"], rows,
-            [False, False, True, True, True, True, True])
+        rows.append(
+            [
+                f["file"],
+                f["role"],
+                human_bytes(f["bytes_read"]),
+                f"{f['reads']:,}",
+                str(f["processes"]),
+                _pct(p.get("sequential")),
+                _pct(p.get("consecutive")),
+            ]
+        )
+    return (
+        ["file", "role", "bytes read", "reads", "processes", "sequential", "consecutive"],
+        rows,
+        [False, False, True, True, True, True, True],
+    )
 
 
 def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) -> str:
@@ -427,9 +565,14 @@ def _table_html(headers: list[str], rows: list[list[str]], right: list[bool]) ->
     if not rows:
         return "<p class='note'>none</p>"
     h = "".join(f"<th>{e(x)}</th>" for x in headers)
-    b = "".join("<tr>" + "".join(f"<td class='{'n' if rt else ''}'>{e(x)}</td>" for x, rt in zip(row, right,
-                                                                                                strict=True))
-                + "</tr>" for row in rows)
+    b = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='{'n' if rt else ''}'>{e(x)}</td>" for x, rt in zip(row, right, strict=True)
+        )
+        + "</tr>"
+        for row in rows
+    )
     return f"<table><tr>{h}</tr>{b}</table>"
 
 
@@ -437,7 +580,10 @@ def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
     if not rows:
         return "_none_\n"
     esc = [[markdown_cell(x) for x in row] for row in rows]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if rt else "---" for rt in right) + "|"]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---:" if rt else "---" for rt in right) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in esc]
     return "\n".join(lines) + "\n"
 
@@ -445,8 +591,12 @@ def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
 def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     """Markdown text; writes the figures as PNG files into ``figure_dir``."""
     t = markdown_text  # every text here may hold names from the trace (files, paths)
-    out = [f"# I/O analysis of {markdown_cell(os.path.basename(r.trace.rstrip('/')) or r.trace)}", "",
-           f"<!-- {REPORT_SCHEMA} format_version {REPORT_FORMAT_VERSION} -->", ""]
+    out = [
+        f"# I/O analysis of {markdown_cell(os.path.basename(r.trace.rstrip('/')) or r.trace)}",
+        "",
+        f"<!-- {REPORT_SCHEMA} format_version {REPORT_FORMAT_VERSION} -->",
+        "",
+    ]
     out += [f"- **{t(k)}**: {t(v)}" for k, v in _headline(r)]
     out += [f"\n> **Warning:** {t(w)}" for w in r.warnings]
     if r.damage:
@@ -455,20 +605,46 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     if not r.findings:
         out.append("No bottleneck found with the current thresholds.")
     for f in r.findings:
-        out += [f"### [{f.severity.upper()}] {t(f.title)} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})", "",
-                f"**Root cause.** {t(f.root_cause)}", "", f"**Recommendation.** {t(f.recommendation)}", ""]
+        out += [
+            f"### [{f.severity.upper()}] {t(f.title)} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})",
+            "",
+            f"**Root cause.** {t(f.root_cause)}",
+            "",
+            f"**Recommendation.** {t(f.recommendation)}",
+            "",
+        ]
         cmd = _replay_cmd(r.trace, f)
         if cmd:
-            out += ["Try it by replay:", "", "```", printable(cmd).replace("```", "\\`\\`\\`"), "```", ""]
+            out += [
+                "Try it by replay:",
+                "",
+                "```",
+                printable(cmd).replace("```", "\\`\\`\\`"),
+                "```",
+                "",
+            ]
         out += [f"Evidence (threshold: {t(f.threshold)}):", ""]
         out += [f"- `{k}`: {t(_fmt(v))}" for k, v in f.evidence.items()]
         out.append("")
     if r.verify:
-        out += ["## Verified what-if (replay)", "",
-                _table_md(["run", "overrides", "AU", "samples/s", "MB/s"],
-                          [[x["label"], " ".join(x["overrides"]) or "-", _pct(x.get("au")), _num(x.get("samples_per_s")),
-                            _num(x.get("mb_per_s"))] for x in r.verify.get("runs", [])],
-                          [False, False, True, True, True])]
+        out += [
+            "## Verified what-if (replay)",
+            "",
+            _table_md(
+                ["run", "overrides", "AU", "samples/s", "MB/s"],
+                [
+                    [
+                        x["label"],
+                        " ".join(x["overrides"]) or "-",
+                        _pct(x.get("au")),
+                        _num(x.get("samples_per_s")),
+                        _num(x.get("mb_per_s")),
+                    ]
+                    for x in r.verify.get("runs", [])
+                ],
+                [False, False, True, True, True],
+            ),
+        ]
         if r.verify.get("note"):
             out += [markdown_text(r.verify["note"]), ""]
     out += ["## Figures", ""]
@@ -479,9 +655,20 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
             continue
         (figure_dir / f"{key}.png").write_bytes(png)
         out += [f"### {title}", "", f"![{title}]({figure_prefix}/{key}.png)", ""]
-    out += ["## Top operations", "", _table_md(*_ops_table(r)), "## Top files", "", _table_md(*_files_table(r))]
+    out += [
+        "## Top operations",
+        "",
+        _table_md(*_ops_table(r)),
+        "## Top files",
+        "",
+        _table_md(*_files_table(r)),
+    ]
     if r.notes:
-        out += ["## What the trace could not tell", ""] + [f"- {markdown_text(n)}" for n in r.notes] + [""]
+        out += (
+            ["## What the trace could not tell", ""]
+            + [f"- {markdown_text(n)}" for n in r.notes]
+            + [""]
+        )
     return "\n".join(out) + "\n"
 
 
@@ -530,8 +717,10 @@ def write_with_figures(p: Path, fig_dir: Path, render: Callable[[Path], str]) ->
 def _write_error(p: Path, exc: OSError) -> DlreplayError:
     """A one-line error naming *p*; says so when the disk is full."""
     if exc.errno == errno.ENOSPC:
-        return DlreplayError(f"{p}: cannot write: no space left on the device; free space or choose another path "
-                             f"(nothing was left half-written)")
+        return DlreplayError(
+            f"{p}: cannot write: no space left on the device; free space or choose another path "
+            f"(nothing was left half-written)"
+        )
     return DlreplayError(f"{p}: cannot write ({exc.strerror or exc})")
 
 

@@ -94,7 +94,9 @@ class Summary:
     def to_dict(self) -> dict:
         """A JSON-safe dict (pid keys become strings)."""
         d = asdict(self)
-        d["dataset_bytes_read_per_pid"] = {str(k): v for k, v in self.dataset_bytes_read_per_pid.items()}
+        d["dataset_bytes_read_per_pid"] = {
+            str(k): v for k, v in self.dataset_bytes_read_per_pid.items()
+        }
         return d
 
 
@@ -108,12 +110,18 @@ def _bucket(size: pl.Expr) -> pl.Expr:
 
 def histogram(sizes: pl.Series) -> dict[str, int]:
     """Counts of ``sizes`` (bytes) per Darshan bucket, every bucket present."""
-    counts = dict(sizes.to_frame("s").select(_bucket(pl.col("s")).alias("b")).group_by("b").len().iter_rows())
+    counts = dict(
+        sizes.to_frame("s").select(_bucket(pl.col("s")).alias("b")).group_by("b").len().iter_rows()
+    )
     return {label: int(counts.get(i, 0)) for i, (label, _) in enumerate(HISTOGRAM_BUCKETS)}
 
 
-def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | None = None, *,
-              per_process: pl.DataFrame | None = None) -> Summary:
+def summarize(
+    events: pl.DataFrame | pl.LazyFrame,
+    data_dirs: Iterable[str] | None = None,
+    *,
+    per_process: pl.DataFrame | None = None,
+) -> Summary:
     """Summarise an event table (see :data:`dlreplay.schema.EVENT_SCHEMA`).
 
     ``data_dirs`` (e.g. a capture manifest's ``data_dirs``) decides which files are the
@@ -143,10 +151,22 @@ def summarize(events: pl.DataFrame | pl.LazyFrame, data_dirs: Iterable[str] | No
         duration_s=(t1 - t0) / 1e6 if t0 is not None and t1 is not None else 0.0,
         processes=int(threads.select("host", "pid").unique().height),
         threads=int(threads.height),
-        operations=[OpRow(r["cat"] or "", r["name"] or "", int(r["count"]), int(r["bytes"] or 0),
-                          float(r["time_s"] or 0.0)) for r in ops.iter_rows(named=True)],
-        top_files=[FileRow(r["file"], r["role"], int(r["bytes_read"]), int(r["reads"]), int(r["processes"]))
-                   for r in files.filter(pl.col("bytes_read") > 0).head(TOP_FILES).iter_rows(named=True)],
+        operations=[
+            OpRow(
+                r["cat"] or "",
+                r["name"] or "",
+                int(r["count"]),
+                int(r["bytes"] or 0),
+                float(r["time_s"] or 0.0),
+            )
+            for r in ops.iter_rows(named=True)
+        ],
+        top_files=[
+            FileRow(
+                r["file"], r["role"], int(r["bytes_read"]), int(r["reads"]), int(r["processes"])
+            )
+            for r in files.filter(pl.col("bytes_read") > 0).head(TOP_FILES).iter_rows(named=True)
+        ],
         read_histogram=_bucket_counts(hist, True),
         write_histogram=_bucket_counts(hist, False),
         bytes_read=bytes_read,
@@ -180,15 +200,20 @@ def _queries(ev: pl.LazyFrame) -> list[pl.LazyFrame]:
         ev.select("pid", "tid", "host").unique(),  # the threads (a plain unique is the quickest)
         ev.filter(cat != "dftracer")
         .group_by("cat", "name")
-        .agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
-             (pl.col("dur").sum() / 1e6).alias("time_s"))
+        .agg(
+            pl.len().alias("count"),
+            pl.col("size").sum().alias("bytes"),
+            (pl.col("dur").sum() / 1e6).alias("time_s"),
+        )
         .sort(["time_s", "count", "cat", "name"], descending=[True, True, False, False]),
         ev.filter(pl.col("size") >= 0)
         .select(name.is_in(READ_OPS).alias("r"), name.is_in(WRITE_OPS).alias("w"), "size")
         .filter(pl.col("r") | pl.col("w"))
-        .group_by("r", _bucket(pl.col("size")).alias("b")).len(),
-        ev.filter(pl.col("role").is_not_null() & (pl.col("role") != voc.INTERNAL))
-        .select("pid", "ts", "dur", "epoch", "role", "size", "batch_size"),
+        .group_by("r", _bucket(pl.col("size")).alias("b"))
+        .len(),
+        ev.filter(pl.col("role").is_not_null() & (pl.col("role") != voc.INTERNAL)).select(
+            "pid", "ts", "dur", "epoch", "role", "size", "batch_size"
+        ),
     ]
 
 
@@ -201,8 +226,10 @@ def _bytes_moved(ops: pl.DataFrame) -> tuple[int, int]:
     """(bytes read, bytes written) from the per-operation totals."""
     name = pl.col("name")
     in_ops = ops.filter(name.is_in(READ_OPS + WRITE_OPS))
-    return (int(in_ops.filter(name.is_in(READ_OPS))["bytes"].sum() or 0),
-            int(in_ops.filter(name.is_in(WRITE_OPS))["bytes"].sum() or 0))
+    return (
+        int(in_ops.filter(name.is_in(READ_OPS))["bytes"].sum() or 0),
+        int(in_ops.filter(name.is_in(WRITE_OPS))["bytes"].sum() or 0),
+    )
 
 
 class _DatasetReads(NamedTuple):
@@ -243,7 +270,9 @@ def _loader_counts(ann: pl.DataFrame) -> _LoaderCounts:
         hit = ann.filter(pl.col("role") == role)
         return hit.height if col is None else int(hit[col].sum() or 0)
 
-    fetches = ann.filter((pl.col("role") == voc.FETCH) & (pl.col("batch_size").fill_null(1) > 0)).height
+    fetches = ann.filter(
+        (pl.col("role") == voc.FETCH) & (pl.col("batch_size").fill_null(1) > 0)
+    ).height
     return _LoaderCounts(
         # batches consumed: the training steps (DLIO logs no wait for an epoch's last batch)
         fetches=int(max(fetches, voc.training_step_count(ann))),
@@ -260,8 +289,11 @@ def _epochs(ann: pl.DataFrame, ev: pl.LazyFrame, engine: _Engine) -> int:
     epochs = spans.group_by("pid").len()["len"].max() if spans.height else 0
     epochs = int(epochs) if isinstance(epochs, int) else 0
     if not epochs:  # no epoch spans: the distinct epoch numbers (a pass over the table only then)
-        values, nulls = ev.select(pl.col("epoch").n_unique().alias("n"), pl.col("epoch").null_count()).collect(
-            engine=engine).row(0)
+        values, nulls = (
+            ev.select(pl.col("epoch").n_unique().alias("n"), pl.col("epoch").null_count())
+            .collect(engine=engine)
+            .row(0)
+        )
         epochs = int(values) - (1 if nulls else 0)
     return epochs
 
@@ -270,12 +302,18 @@ def _epochs(ann: pl.DataFrame, ev: pl.LazyFrame, engine: _Engine) -> int:
 # Text rendering
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]
+) -> list[str]:
     """Aligned plain-text table (``right[i]`` right-aligns column i)."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
 
     def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+        return "  ".join(
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
+        ).rstrip()
 
     return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
 
@@ -283,7 +321,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
 def _short(path: str, width: int = 60) -> str:
     """*path* shown safely (control characters escaped), its last *width* characters when longer."""
     path = printable(path)
-    return path if len(path) <= width else "…" + path[-(width - 1):]
+    return path if len(path) <= width else "…" + path[-(width - 1) :]
 
 
 def render_text(summary: Summary, *, max_ops: int = 12) -> str:
@@ -295,25 +333,39 @@ def render_text(summary: Summary, *, max_ops: int = 12) -> str:
         f"{s.threads} thread(s); read {human_bytes(s.bytes_read)}, wrote {human_bytes(s.bytes_written)}"
     )
     out.append("")
-    for section in (_dataset_lines(s), _loader_lines(s), _operation_lines(s, max_ops), _top_file_lines(s),
-                    _histogram_lines(s)):
+    for section in (
+        _dataset_lines(s),
+        _loader_lines(s),
+        _operation_lines(s, max_ops),
+        _top_file_lines(s),
+        _histogram_lines(s),
+    ):
         out += section
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 
-def _indented(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+def _indented(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]
+) -> list[str]:
     return ["  " + line for line in _table(headers, rows, right)]
 
 
 def _dataset_lines(s: Summary) -> list[str]:
     if not s.dataset_files:
-        return ["Dataset: no dataset reads found"
-                + (f" under {', '.join(s.data_dirs)}" if s.data_dirs else
-                   " (no data-loader item events; pass the data directories to classify files)")]
-    out = [f"Dataset: {s.dataset_files} file(s), {human_bytes(s.dataset_bytes_read)} read "
-           f"in {s.dataset_read_calls:,} call(s)"
-           + (f" (data dirs: {', '.join(s.data_dirs)})" if s.data_dirs else "")]
+        return [
+            "Dataset: no dataset reads found"
+            + (
+                f" under {', '.join(s.data_dirs)}"
+                if s.data_dirs
+                else " (no data-loader item events; pass the data directories to classify files)"
+            )
+        ]
+    out = [
+        f"Dataset: {s.dataset_files} file(s), {human_bytes(s.dataset_bytes_read)} read "
+        f"in {s.dataset_read_calls:,} call(s)"
+        + (f" (data dirs: {', '.join(s.data_dirs)})" if s.data_dirs else "")
+    ]
     rows = [[str(pid), human_bytes(b)] for pid, b in s.dataset_bytes_read_per_pid.items()]
     return out + _indented(["pid", "dataset bytes read"], rows, [True, True])
 
@@ -321,31 +373,50 @@ def _dataset_lines(s: Summary) -> list[str]:
 def _loader_lines(s: Summary) -> list[str]:
     loader = []
     if s.epochs or s.fetch_events or s.item_events:
-        loader.append(f"{s.epochs} epoch(s), {s.fetch_events:,} batch fetch(es), {s.item_events:,} sample(s) loaded")
+        loader.append(
+            f"{s.epochs} epoch(s), {s.fetch_events:,} batch fetch(es), {s.item_events:,} sample(s) loaded"
+        )
     else:
-        loader.append("no data-loader events found (a POSIX-only trace: loop parameters are inferred from "
-                      "the I/O; see `dlreplay distill`)")
+        loader.append(
+            "no data-loader events found (a POSIX-only trace: loop parameters are inferred from "
+            "the I/O; see `dlreplay distill`)"
+        )
     if s.checkpoint_saves or s.checkpoint_loads:
-        loader.append(f"{s.checkpoint_saves} checkpoint save(s) of {human_bytes(s.checkpoint_save_bytes)}"
-                      + (f", {s.checkpoint_loads} load(s)" if s.checkpoint_loads else ""))
+        loader.append(
+            f"{s.checkpoint_saves} checkpoint save(s) of {human_bytes(s.checkpoint_save_bytes)}"
+            + (f", {s.checkpoint_loads} load(s)" if s.checkpoint_loads else "")
+        )
     else:
         loader.append("no checkpoint events found")
     out = ["Data loader: " + "; ".join(loader)]
     unknown = s.unknown_annotations
     if unknown:
-        out.append("Annotations not understood (no DFTracer AI, DLIO or dlreplay meaning; left out of the "
-                   "analysis): " + ", ".join(f"{u['cat']}/{u['name']} x{u['count']:,}" for u in unknown[:8])
-                   + (f", … {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+        out.append(
+            "Annotations not understood (no DFTracer AI, DLIO or dlreplay meaning; left out of the "
+            "analysis): "
+            + ", ".join(f"{u['cat']}/{u['name']} x{u['count']:,}" for u in unknown[:8])
+            + (f", … {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        )
     return out
 
 
 def _operation_lines(s: Summary, max_ops: int) -> list[str]:
     if not s.operations:
         return ["Operations: no events"]
-    rows = [[o.cat, o.name, f"{o.count:,}", human_bytes(o.bytes) if o.bytes else "-", human_seconds(o.time_s)]
-            for o in s.operations[:max_ops]]
-    out = ["Operations (by time)",
-           *_indented(["cat", "op", "count", "bytes", "time"], rows, [False, False, True, True, True])]
+    rows = [
+        [
+            o.cat,
+            o.name,
+            f"{o.count:,}",
+            human_bytes(o.bytes) if o.bytes else "-",
+            human_seconds(o.time_s),
+        ]
+        for o in s.operations[:max_ops]
+    ]
+    out = [
+        "Operations (by time)",
+        *_indented(["cat", "op", "count", "bytes", "time"], rows, [False, False, True, True, True]),
+    ]
     if len(s.operations) > max_ops:
         out.append(f"  … {len(s.operations) - max_ops} more operation(s)")
     return out
@@ -354,15 +425,28 @@ def _operation_lines(s: Summary, max_ops: int) -> list[str]:
 def _top_file_lines(s: Summary) -> list[str]:
     if not s.top_files:
         return ["Top files: no file reads found"]
-    rows = [[_short(f.file), f.role, human_bytes(f.bytes_read), f"{f.reads:,}", str(f.processes)]
-            for f in s.top_files]
-    return ["Top files by bytes read (roles: " + ", ".join(f"{n} {r}" for r, n in s.roles.items()) + ")",
-            *_indented(["file", "role", "read", "reads", "procs"], rows, [False, False, True, True, True])]
+    rows = [
+        [_short(f.file), f.role, human_bytes(f.bytes_read), f"{f.reads:,}", str(f.processes)]
+        for f in s.top_files
+    ]
+    return [
+        "Top files by bytes read (roles: "
+        + ", ".join(f"{n} {r}" for r, n in s.roles.items())
+        + ")",
+        *_indented(
+            ["file", "role", "read", "reads", "procs"], rows, [False, False, True, True, True]
+        ),
+    ]
 
 
 def _histogram_lines(s: Summary) -> list[str]:
     if not (any(s.read_histogram.values()) or any(s.write_histogram.values())):
         return ["Transfer sizes: no reads or writes found"]
-    rows = [[label, f"{s.read_histogram[label]:,}", f"{s.write_histogram[label]:,}"]
-            for label, _ in HISTOGRAM_BUCKETS]
-    return ["Transfer sizes (Darshan buckets)", *_indented(["size", "reads", "writes"], rows, [False, True, True])]
+    rows = [
+        [label, f"{s.read_histogram[label]:,}", f"{s.write_histogram[label]:,}"]
+        for label, _ in HISTOGRAM_BUCKETS
+    ]
+    return [
+        "Transfer sizes (Darshan buckets)",
+        *_indented(["size", "reads", "writes"], rows, [False, True, True]),
+    ]

@@ -64,8 +64,14 @@ def verify(
     from .distill import distill
 
     say = echo or (lambda s: None)
-    base = model or distill(events, manifest=manifest, data_dirs=data_dirs, source=source or "the trace",
-                            fingerprint=fingerprint, fingerprint_origin=fingerprint_origin)
+    base = model or distill(
+        events,
+        manifest=manifest,
+        data_dirs=data_dirs,
+        source=source or "the trace",
+        fingerprint=fingerprint,
+        fingerprint_origin=fingerprint_origin,
+    )
     if epochs:  # steady state needs steps: may replay more epochs than were traced
         base = replace(base, train=replace(base.train, epochs=epochs))
     changes: list[tuple[str, list[str]]] = []
@@ -83,18 +89,29 @@ def verify(
         out = workdir / f"run-{i}-{_dirname(label)}"
         say(f"replay {i + 1}/{len(plan)}: {label} {' '.join(overrides)}")
         res = run_replay(ReplayConfig(model=m, data_dir=data, out=out, trace=False), echo=None)
-        if res.metrics.get("interrupted"):  # run_replay answers a Ctrl-C with partial metrics: stop here too
+        if res.metrics.get(
+            "interrupted"
+        ):  # run_replay answers a Ctrl-C with partial metrics: stop here too
             raise KeyboardInterrupt
         o = res.metrics.get("overall", {})
         au = o.get("au_percent")
-        runs.append({
-            "label": label, "overrides": overrides, "finding": fid,
-            "au": round(au / 100, 4) if au is not None else None,
-            "samples_per_s": o.get("samples_per_s"), "mb_per_s": o.get("io_mb_per_s"),
-            "epoch_time_s": o.get("epoch_time_s"), "complete": res.complete, "out": str(out),
-        })
-    note = (f"Replays of the distilled model ({base.train.epochs} epoch(s) each, compute as sleep) in {workdir}. "
-            "AU excludes each epoch's first step, as MLPerf Storage does.")
+        runs.append(
+            {
+                "label": label,
+                "overrides": overrides,
+                "finding": fid,
+                "au": round(au / 100, 4) if au is not None else None,
+                "samples_per_s": o.get("samples_per_s"),
+                "mb_per_s": o.get("io_mb_per_s"),
+                "epoch_time_s": o.get("epoch_time_s"),
+                "complete": res.complete,
+                "out": str(out),
+            }
+        )
+    note = (
+        f"Replays of the distilled model ({base.train.epochs} epoch(s) each, compute as sleep) in {workdir}. "
+        "AU excludes each epoch's first step, as MLPerf Storage does."
+    )
     layout = base.provenance.fields.get("dataset.layout")
     if layout is not None:
         note += f" Dataset layout: {layout.method}."

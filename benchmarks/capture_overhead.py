@@ -28,7 +28,9 @@ from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "overhead")
     ap.add_argument("--epochs", type=int, default=3)
@@ -36,8 +38,18 @@ def main() -> None:
     args = ap.parse_args()
 
     data = args.dir / "data"
-    job = [sys.executable, str(REPO / "examples" / "unet3d_npz.py"), "--data-dir", str(data),
-           "--num-files", str(args.num_files), "--epochs", str(args.epochs), "--workers", "2"]
+    job = [
+        sys.executable,
+        str(REPO / "examples" / "unet3d_npz.py"),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        str(args.num_files),
+        "--epochs",
+        str(args.epochs),
+        "--workers",
+        "2",
+    ]
     subprocess.run([*job, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
 
     untraced, traced = [], []
@@ -49,11 +61,15 @@ def main() -> None:
         if out.exists():
             shutil.rmtree(out)
         t0 = time.perf_counter()
-        result = run_capture(CaptureConfig(command=tuple(job), out=out, data_dirs=(str(data),), force=True))
+        result = run_capture(
+            CaptureConfig(command=tuple(job), out=out, data_dirs=(str(data),), force=True)
+        )
         traced.append(time.perf_counter() - t0)
         if result.exit_code != 0:
             sys.exit(f"traced run failed with exit code {result.exit_code}")
-        print(f"run {i + 1}: untraced {untraced[-1]:.2f} s   traced {traced[-1]:.2f} s   events {result.events:,}")
+        print(
+            f"run {i + 1}: untraced {untraced[-1]:.2f} s   traced {traced[-1]:.2f} s   events {result.events:,}"
+        )
 
     u, t = statistics.median(untraced), statistics.median(traced)
     print(f"median untraced: {u:.3f} s")

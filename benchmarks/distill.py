@@ -50,7 +50,9 @@ def build(src: Path, dest: Path, target_events: int) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "distill")
     ap.add_argument("--source", type=Path, default=REPO / "traces" / "jpeg_small")
@@ -68,9 +70,13 @@ def main() -> None:
     n = loaded.events.height
     print(f"events: {n:,} in {len(list(trace.glob('*.pfw.gz')))} files")
     print(f"load:    {t_load:6.2f} s  ({n / t_load / 1e6:.2f} M events/s)")
-    print(f"distill: {t_distill:6.2f} s  (target <= 2 s)  ratio distill/load = {t_distill / t_load:.2f}")
-    print(f"model: {model.dataset.format}, {model.dataset.num_files} files, batch {model.reader.batch_size}, "
-          f"{model.processes.ranks} ranks x {model.reader.read_threads} workers")
+    print(
+        f"distill: {t_distill:6.2f} s  (target <= 2 s)  ratio distill/load = {t_distill / t_load:.2f}"
+    )
+    print(
+        f"model: {model.dataset.format}, {model.dataset.num_files} files, batch {model.reader.batch_size}, "
+        f"{model.processes.ranks} ranks x {model.reader.read_threads} workers"
+    )
 
 
 if __name__ == "__main__":

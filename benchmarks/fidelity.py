@@ -78,26 +78,86 @@ class Job:
 JOBS: dict[str, Job] = {
     "npz_ckpt": Job(
         "unet3d_npz",
-        ("--num-files", "64", "--volume", "48", "--batch-size", "4", "--workers", "2", "--epochs", "4",
-         "--by-path", "--checkpoint-every-epoch", "--threads", "1"),
+        (
+            "--num-files",
+            "64",
+            "--volume",
+            "48",
+            "--batch-size",
+            "4",
+            "--workers",
+            "2",
+            "--epochs",
+            "4",
+            "--by-path",
+            "--checkpoint-every-epoch",
+            "--threads",
+            "1",
+        ),
         "NPZ volumes, 2 non-persistent workers, torch.save every epoch",
     ),
     "h5_tiles": Job(
         "tiles_h5",
-        ("--num-files", "6144", "--tile", "32", "--batch-size", "64", "--workers", "3", "--epochs", "4",
-         "--by-path", "--threads", "1"),
+        (
+            "--num-files",
+            "6144",
+            "--tile",
+            "32",
+            "--batch-size",
+            "64",
+            "--workers",
+            "3",
+            "--epochs",
+            "4",
+            "--by-path",
+            "--threads",
+            "1",
+        ),
         "one HDF5 file of 32x32 tiles, one tile per chunk, shuffled, 3 workers (h5py)",
     ),
     "jpeg_varied": Job(
         "resnet_jpeg",
-        ("--num-files", "2048", "--image-size", "48", "--source-size", "32", "160", "--batch-size", "32",
-         "--workers", "2", "--persistent-workers", "--epochs", "4", "--by-path", "--threads", "1"),
+        (
+            "--num-files",
+            "2048",
+            "--image-size",
+            "48",
+            "--source-size",
+            "32",
+            "160",
+            "--batch-size",
+            "32",
+            "--workers",
+            "2",
+            "--persistent-workers",
+            "--epochs",
+            "4",
+            "--by-path",
+            "--threads",
+            "1",
+        ),
         "JPEG folder, varying sizes, PIL decode + resize, 2 persistent workers",
     ),
     "npz_starved": Job(
         "unet3d_npz",
-        ("--num-files", "128", "--volume", "64", "--batch-size", "4", "--workers", "2", "--epochs", "4",
-         "--compressed", "--arch", "pointwise", "--by-path", "--threads", "1"),
+        (
+            "--num-files",
+            "128",
+            "--volume",
+            "64",
+            "--batch-size",
+            "4",
+            "--workers",
+            "2",
+            "--epochs",
+            "4",
+            "--compressed",
+            "--arch",
+            "pointwise",
+            "--by-path",
+            "--threads",
+            "1",
+        ),
         "compressed NPZ, decode-bound: 2 workers starve a tiny model",
     ),
 }
@@ -109,18 +169,35 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
-def _score(name: str, repeat: int, pipeline: str, real: list[float], replay: list[float], trace: Path,
-           replay_dir: Path, data: Path, loader: str) -> dict[str, Any]:
+def _score(
+    name: str,
+    repeat: int,
+    pipeline: str,
+    real: list[float],
+    replay: list[float],
+    trace: Path,
+    replay_dir: Path,
+    data: Path,
+    loader: str,
+) -> dict[str, Any]:
     cmp = compare_traces(trace, replay_dir, data_dirs_a=[str(data)])
     au_a, au_b = cmp.timing_a.get("au"), cmp.timing_b.get("au")
     bytes_a, bytes_b = cmp.features_a.get("bytes_read"), cmp.features_b.get("bytes_read")
     return {
-        "job": name, "repeat": repeat, "pipeline": pipeline, "real_epochs_s": real, "replay_epochs_s": replay,
+        "job": name,
+        "repeat": repeat,
+        "pipeline": pipeline,
+        "real_epochs_s": real,
+        "replay_epochs_s": replay,
         "steady_pct": 100.0 * (_mean(replay[1:]) / _mean(real[1:]) - 1.0),
         "first_pct": 100.0 * (replay[0] / real[0] - 1.0),
-        "au_real": au_a, "au_replay": au_b,
-        "au_points": 100.0 * (au_b - au_a) if au_a is not None and au_b is not None else float("nan"),
-        "similarity": cmp.similarity, "ks_read_sizes": cmp.ks_read_sizes,
+        "au_real": au_a,
+        "au_replay": au_b,
+        "au_points": 100.0 * (au_b - au_a)
+        if au_a is not None and au_b is not None
+        else float("nan"),
+        "similarity": cmp.similarity,
+        "ks_read_sizes": cmp.ks_read_sizes,
         "bytes_ratio": bytes_b / bytes_a if bytes_a and bytes_b is not None else float("nan"),
         "loader": loader,
     }
@@ -135,14 +212,27 @@ def _host_cpu(trace: Path) -> dict[str, float | None]:
     steps = voc.training_steps(ev)
     items = ev.filter(pl.col("role") == voc.ITEM)
     step_cpu, item_cpu = steps["cpu_us"].mean(), items["cpu_time"].mean() if items.height else None
-    return {"step_cpu_ms": step_cpu / 1e3 if step_cpu is not None else None,  # type: ignore[operator]
-            "item_cpu_ms": item_cpu / 1e3 if item_cpu is not None else None}  # type: ignore[operator]
+    return {
+        "step_cpu_ms": step_cpu / 1e3 if step_cpu is not None else None,  # type: ignore[operator]
+        "item_cpu_ms": item_cpu / 1e3 if item_cpu is not None else None,
+    }  # type: ignore[operator]
 
 
-def _this_pipeline(name: str, run_dir: Path, work: Path, repeat: int, real: list[float], data: Path,
-                   loader: str | None, sets: tuple[str, ...] = (), pipeline: str = "this") -> dict[str, Any]:
+def _this_pipeline(
+    name: str,
+    run_dir: Path,
+    work: Path,
+    repeat: int,
+    real: list[float],
+    data: Path,
+    loader: str | None,
+    sets: tuple[str, ...] = (),
+    pipeline: str = "this",
+) -> dict[str, Any]:
     loaded = load_trace(run_dir / "trace")
-    model = apply_overrides(distill(loaded.events, manifest=loaded.manifest, source=str(run_dir / "trace")), sets)
+    model = apply_overrides(
+        distill(loaded.events, manifest=loaded.manifest, source=str(run_dir / "trace")), sets
+    )
     extra = {"loader": loader} if loader else {}
     out = run_dir / ("replay" if pipeline == "this" else f"replay-{pipeline}")
     cfg = ReplayConfig(model=model, data_dir=work / "replay-data", out=out, trace=True, **extra)
@@ -154,39 +244,87 @@ def _this_pipeline(name: str, run_dir: Path, work: Path, repeat: int, real: list
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_replay(cfg, echo=lambda s: None)
     replay = [e["epoch_time_s"] for e in result.metrics["epochs"]]
-    row = _score(name, repeat, pipeline, real, replay, run_dir / "trace", out, data,
-                 result.metrics.get("loader", "builtin"))
+    row = _score(
+        name,
+        repeat,
+        pipeline,
+        real,
+        replay,
+        run_dir / "trace",
+        out,
+        data,
+        result.metrics.get("loader", "builtin"),
+    )
     job_cpu, replay_cpu = _host_cpu(run_dir / "trace"), _host_cpu(out)
     row["host_cpu"] = {"job": job_cpu, "replay": replay_cpu}
-    row["model"] = {"workers": model.reader.read_threads, "persistent": model.reader.persistent_workers,
-                    "compute_ms": round(1e3 * (model.train.computation_time.mean or 0.0), 2),
-                    "warmup_steps": len(model.train.warmup_computation_time),
-                    "epoch_end_ms": round(1e3 * (model.train.epoch_end_time.mean or 0.0), 2),
-                    "preprocess_ms": round(1e3 * (model.reader.preprocess_time.mean or 0.0), 2),
-                    "host_cpu_ms": round(1e3 * (model.train.computation_host_cpu.mean or 0.0), 2),
-                    "host_threads": model.train.computation_host_threads}
+    row["model"] = {
+        "workers": model.reader.read_threads,
+        "persistent": model.reader.persistent_workers,
+        "compute_ms": round(1e3 * (model.train.computation_time.mean or 0.0), 2),
+        "warmup_steps": len(model.train.warmup_computation_time),
+        "epoch_end_ms": round(1e3 * (model.train.epoch_end_time.mean or 0.0), 2),
+        "preprocess_ms": round(1e3 * (model.reader.preprocess_time.mean or 0.0), 2),
+        "host_cpu_ms": round(1e3 * (model.train.computation_host_cpu.mean or 0.0), 2),
+        "host_threads": model.train.computation_host_threads,
+    }
     return row
 
 
-def _baseline_pipeline(name: str, python: Path, run_dir: Path, work: Path, repeat: int, real: list[float],
-                       data: Path) -> dict[str, Any]:
+def _baseline_pipeline(
+    name: str, python: Path, run_dir: Path, work: Path, repeat: int, real: list[float], data: Path
+) -> dict[str, Any]:
     """Distill and replay the same trace with another installation's CLI (e.g. the main branch)."""
     model = run_dir / "baseline-model.yaml"
     # cwd: not this checkout, whose dlreplay `python -m` would import first
-    subprocess.run([str(python), "-m", "dlreplay", "distill", str(run_dir / "trace"), "-o", str(model), "-q"],
-                   check=True, stdout=subprocess.DEVNULL, cwd=run_dir)
+    subprocess.run(
+        [str(python), "-m", "dlreplay", "distill", str(run_dir / "trace"), "-o", str(model), "-q"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=run_dir,
+    )
     out = run_dir / "replay-baseline"
-    subprocess.run([str(python), "-m", "dlreplay", "replay", str(model), "--data-dir",
-                    str(work / "replay-data-baseline"), "--out", str(out), "-q"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=run_dir)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "dlreplay",
+            "replay",
+            str(model),
+            "--data-dir",
+            str(work / "replay-data-baseline"),
+            "--out",
+            str(out),
+            "-q",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=run_dir,
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     replay = [e["epoch_time_s"] for e in metrics["epochs"]]
-    return _score(name, repeat, "baseline", real, replay, run_dir / "trace", out, data,
-                  metrics.get("loader", "builtin"))
+    return _score(
+        name,
+        repeat,
+        "baseline",
+        real,
+        replay,
+        run_dir / "trace",
+        out,
+        data,
+        metrics.get("loader", "builtin"),
+    )
 
 
-def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
-             baseline: Path | None = None, sleep: bool = False) -> list[dict[str, Any]]:
+def run_once(
+    name: str,
+    job: Job,
+    work: Path,
+    repeat: int,
+    loader: str | None,
+    baseline: Path | None = None,
+    sleep: bool = False,
+) -> list[dict[str, Any]]:
     """Capture one job once, then distill, replay and compare it (also with *baseline*'s
     installation, and with the step's host CPU set to 0 when *sleep*: the replays in an order
     rotated by repeat); returns one row per pipeline."""
@@ -195,12 +333,23 @@ def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     data = work / "data"
-    cmd = [sys.executable, str(REPO / "examples" / f"{job.script}.py"), "--data-dir", str(data), *job.args,
-           "--checkpoint-dir", str(run_dir / "ck"), "--report", str(run_dir / "report.json"), "--quiet"]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / f"{job.script}.py"),
+        "--data-dir",
+        str(data),
+        *job.args,
+        "--checkpoint-dir",
+        str(run_dir / "ck"),
+        "--report",
+        str(run_dir / "report.json"),
+        "--quiet",
+    ]
     if data.exists():
         warm_page_cache(data)  # as the replay's freshly generated dataset is
-    captured = run_capture(CaptureConfig(command=tuple(cmd), out=run_dir / "trace", data_dirs=(str(data),),
-                                         force=True))
+    captured = run_capture(
+        CaptureConfig(command=tuple(cmd), out=run_dir / "trace", data_dirs=(str(data),), force=True)
+    )
     if captured.exit_code:
         raise SystemExit(f"{name}: job failed (exit {captured.exit_code})")
     real = json.loads((run_dir / "report.json").read_text())["epoch_times_s"]
@@ -209,8 +358,19 @@ def run_once(name: str, job: Job, work: Path, repeat: int, loader: str | None,
     if baseline is not None:
         steps.append(lambda: _baseline_pipeline(name, baseline, run_dir, work, repeat, real, data))
     if sleep:
-        steps.append(lambda: _this_pipeline(name, run_dir, work, repeat, real, data, loader,
-                                            ("train.computation_host_cpu=0",), "sleep"))
+        steps.append(
+            lambda: _this_pipeline(
+                name,
+                run_dir,
+                work,
+                repeat,
+                real,
+                data,
+                loader,
+                ("train.computation_host_cpu=0",),
+                "sleep",
+            )
+        )
     k = repeat % len(steps)
     steps = steps[k:] + steps[:k]
     for step in steps:
@@ -225,45 +385,90 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
 
 def summarize(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over the repeats of one job and pipeline."""
-    med = {k: _median(rows, k) for k in ("steady_pct", "first_pct", "au_points", "similarity", "ks_read_sizes",
-                                         "bytes_ratio", "au_real", "au_replay")}
+    med = {
+        k: _median(rows, k)
+        for k in (
+            "steady_pct",
+            "first_pct",
+            "au_points",
+            "similarity",
+            "ks_read_sizes",
+            "bytes_ratio",
+            "au_real",
+            "au_replay",
+        )
+    }
     steady_real = [_mean(r["real_epochs_s"][1:]) for r in rows]
-    noise = 100.0 * (max(steady_real) - min(steady_real)) / statistics.median(steady_real) if rows else 0.0
-    ok = (abs(med["steady_pct"]) <= TARGETS["steady_pct"] and abs(med["first_pct"]) <= TARGETS["first_pct"]
-          and abs(med["au_points"]) <= TARGETS["au_points"])
-    return {"job": name, "pipeline": rows[-1]["pipeline"], **med, "real_spread_pct": noise, "pass": ok,
-            "loader": rows[-1]["loader"], "real_steady_s": statistics.median(steady_real)}
+    noise = (
+        100.0 * (max(steady_real) - min(steady_real)) / statistics.median(steady_real)
+        if rows
+        else 0.0
+    )
+    ok = (
+        abs(med["steady_pct"]) <= TARGETS["steady_pct"]
+        and abs(med["first_pct"]) <= TARGETS["first_pct"]
+        and abs(med["au_points"]) <= TARGETS["au_points"]
+    )
+    return {
+        "job": name,
+        "pipeline": rows[-1]["pipeline"],
+        **med,
+        "real_spread_pct": noise,
+        "pass": ok,
+        "loader": rows[-1]["loader"],
+        "real_steady_s": statistics.median(steady_real),
+    }
 
 
 def render(summaries: list[dict[str, Any]]) -> str:
-    head = (f"{'job':<12} {'pipeline':<9} {'loader':<8} {'steady %':>9} {'first %':>8} {'dAU pt':>7} {'AU real':>8} "
-            f"{'simil.':>7} {'KS rd':>6} {'bytes':>6} {'noise %':>8}  verdict")
+    head = (
+        f"{'job':<12} {'pipeline':<9} {'loader':<8} {'steady %':>9} {'first %':>8} {'dAU pt':>7} {'AU real':>8} "
+        f"{'simil.':>7} {'KS rd':>6} {'bytes':>6} {'noise %':>8}  verdict"
+    )
     lines = [head, "-" * len(head)]
     for s in summaries:
         lines.append(
             f"{s['job']:<12} {s['pipeline']:<9} {s['loader']:<8} {s['steady_pct']:>+9.1f} {s['first_pct']:>+8.1f} "
             f"{s['au_points']:>+7.1f} {100 * (s['au_real'] or 0):>8.1f} {s['similarity']:>7.3f} "
             f"{s['ks_read_sizes']:>6.3f} {s['bytes_ratio']:>6.2f} {s['real_spread_pct']:>8.1f}  "
-            f"{'PASS' if s['pass'] else 'FAIL'}")
-    lines.append(f"targets: steady epoch within {TARGETS['steady_pct']:.0f} %, first epoch within "
-                 f"{TARGETS['first_pct']:.0f} %, |dAU| <= {TARGETS['au_points']:.0f} points (median of repeats); "
-                 "noise % = the real job's own steady-epoch spread (max-min)/median over repeats")
+            f"{'PASS' if s['pass'] else 'FAIL'}"
+        )
+    lines.append(
+        f"targets: steady epoch within {TARGETS['steady_pct']:.0f} %, first epoch within "
+        f"{TARGETS['first_pct']:.0f} %, |dAU| <= {TARGETS['au_points']:.0f} points (median of repeats); "
+        "noise % = the real job's own steady-epoch spread (max-min)/median over repeats"
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated subset of {', '.join(JOBS)}")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--jobs", default=",".join(JOBS), help=f"comma-separated subset of {', '.join(JOBS)}"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "fidelity")
-    ap.add_argument("--loader", default=None, help="replay loader (auto, torch, builtin); default: the replay's")
-    ap.add_argument("--json", type=Path, default=None, help="write every measurement and the summary here")
-    ap.add_argument("--sleep", action="store_true",
-                    help="also replay every capture's model with train.computation_host_cpu=0 (the step a pure "
-                         "sleep, as DLIO): the host CPU model's own effect on the same runs")
-    ap.add_argument("--baseline-python", type=Path, default=None,
-                    help="also distill and replay every capture with this interpreter's dlreplay (e.g. a venv of "
-                         "the main branch): a before/after on the same real runs")
+    ap.add_argument(
+        "--loader", default=None, help="replay loader (auto, torch, builtin); default: the replay's"
+    )
+    ap.add_argument(
+        "--json", type=Path, default=None, help="write every measurement and the summary here"
+    )
+    ap.add_argument(
+        "--sleep",
+        action="store_true",
+        help="also replay every capture's model with train.computation_host_cpu=0 (the step a pure "
+        "sleep, as DLIO): the host CPU model's own effect on the same runs",
+    )
+    ap.add_argument(
+        "--baseline-python",
+        type=Path,
+        default=None,
+        help="also distill and replay every capture with this interpreter's dlreplay (e.g. a venv of "
+        "the main branch): a before/after on the same real runs",
+    )
     args = ap.parse_args()
     names = [j.strip() for j in args.jobs.split(",") if j.strip()]
     unknown = [n for n in names if n not in JOBS]
@@ -275,19 +480,32 @@ def main() -> None:
         job = JOBS[name]
         work = args.dir / name
         data = work / "data"
-        subprocess.run([sys.executable, str(REPO / "examples" / f"{job.script}.py"), "--data-dir", str(data),
-                        *job.args, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "examples" / f"{job.script}.py"),
+                "--data-dir",
+                str(data),
+                *job.args,
+                "--generate-only",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         rows: list[dict[str, Any]] = []
         for r in range(args.repeats):
             for row in run_once(name, job, work, r, args.loader, args.baseline_python, args.sleep):
                 rows.append(row)
-                print(f"{name} #{r + 1} {row['pipeline']}: real epochs "
-                      f"{' '.join(f'{t:.2f}' for t in row['real_epochs_s'])} s, replay "
-                      f"{' '.join(f'{t:.2f}' for t in row['replay_epochs_s'])} s; steady {row['steady_pct']:+.1f} %, "
-                      f"first {row['first_pct']:+.1f} %, dAU {row['au_points']:+.1f} pt"
-                      + (f"; model {row['model']}" if "model" in row else "")
-                      + (f"; host CPU {row['host_cpu']}" if "host_cpu" in row else "")
-                      + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+                print(
+                    f"{name} #{r + 1} {row['pipeline']}: real epochs "
+                    f"{' '.join(f'{t:.2f}' for t in row['real_epochs_s'])} s, replay "
+                    f"{' '.join(f'{t:.2f}' for t in row['replay_epochs_s'])} s; steady {row['steady_pct']:+.1f} %, "
+                    f"first {row['first_pct']:+.1f} %, dAU {row['au_points']:+.1f} pt"
+                    + (f"; model {row['model']}" if "model" in row else "")
+                    + (f"; host CPU {row['host_cpu']}" if "host_cpu" in row else "")
+                    + f"; load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
         all_rows.extend(rows)
         for pipeline in ("baseline", "sleep", "this"):
             mine = [r for r in rows if r["pipeline"] == pipeline]
@@ -296,7 +514,9 @@ def main() -> None:
     print()
     print(render(summaries))
     if args.json:
-        args.json.write_text(json.dumps({"runs": all_rows, "summary": summaries}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps({"runs": all_rows, "summary": summaries}, indent=1, default=str)
+        )
 
 
 if __name__ == "__main__":

@@ -38,11 +38,17 @@ def make_dataset(root: Path, files: int, fmt: str) -> None:
         d = root / f"class_{i % 100:03d}"
         d.mkdir(exist_ok=True)
         if fmt == "npz":
-            np.savez(d / f"s_{i:06d}.npz", x=rng.random((1, 8, 8), dtype=np.float32), y=np.zeros(1, np.int64))
+            np.savez(
+                d / f"s_{i:06d}.npz",
+                x=rng.random((1, 8, 8), dtype=np.float32),
+                y=np.zeros(1, np.int64),
+            )
         elif fmt == "jpeg":
             from PIL import Image
 
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(d / f"s_{i:06d}.jpg")
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+                d / f"s_{i:06d}.jpg"
+            )
         else:
             import h5py
 
@@ -59,17 +65,23 @@ def walk_and_stat(root: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--format", choices=("npz", "jpeg", "hdf5"), default="npz")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--dir", type=Path, default=None, help="where to write the dataset (default: a temp dir)")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="where to write the dataset (default: a temp dir)"
+    )
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dlreplay-fp-bench-", dir=args.dir))
     try:
         t0 = time.perf_counter()
         make_dataset(base, args.files, args.format)
-        print(f"dataset: {args.files:,} {args.format} files in {base} (written in {time.perf_counter() - t0:.1f} s)")
+        print(
+            f"dataset: {args.files:,} {args.format} files in {base} (written in {time.perf_counter() - t0:.1f} s)"
+        )
         walks, prints = [], []
         doc = None
         for _ in range(args.repeat):
@@ -82,11 +94,17 @@ def main() -> None:
         assert doc is not None
         g = doc["groups"][0]
         w, p = statistics.median(walks), statistics.median(prints)
-        print(f"baseline os.walk + stat of every file: median {w:.3f} s (runs: {', '.join(f'{x:.3f}' for x in walks)})")
-        print(f"fingerprint ({g['sampled']} files opened, {g['files']:,} listed): median {p:.3f} s "
-              f"(runs: {', '.join(f'{x:.3f}' for x in prints)})")
-        print(f"fingerprint / baseline = {p / w:.2f}x; target: < 2 s added to a capture of 10,000 files: "
-              f"{'PASS' if p < 2.0 else 'FAIL'}")
+        print(
+            f"baseline os.walk + stat of every file: median {w:.3f} s (runs: {', '.join(f'{x:.3f}' for x in walks)})"
+        )
+        print(
+            f"fingerprint ({g['sampled']} files opened, {g['files']:,} listed): median {p:.3f} s "
+            f"(runs: {', '.join(f'{x:.3f}' for x in prints)})"
+        )
+        print(
+            f"fingerprint / baseline = {p / w:.2f}x; target: < 2 s added to a capture of 10,000 files: "
+            f"{'PASS' if p < 2.0 else 'FAIL'}"
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -76,12 +76,24 @@ class _Proc:
         self.out = path.open("wb")
         self.events = 0
         p = pid
-        for name, a_name, a_value in (("HH", HOST, HOST_HASH), ("thread_name", str(pid), "thread_name"),
-                                      ("CM", "time_metric", "US"), ("FH", "/bench", _h(1))):
-            self._add(f'{{"name":"{name}","cat":"dftracer","type":1,"pid":{p},"tid":{p},"ph":4,'
-                      f'"args":{{"hhash":"{HOST_HASH}","name":"{a_name}","value":"{a_value}"}}}}')
-        self.event("start", "dftracer", 0, f'"ppid":{ppid},"cmd_hash":"{_h(2)}","exec_hash":"{_h(3)}",'
-                   f'"version":20003,"date":"Sun Nov 22 02:14:52 2026","cwd":"{_h(1)}"', typ=1)
+        for name, a_name, a_value in (
+            ("HH", HOST, HOST_HASH),
+            ("thread_name", str(pid), "thread_name"),
+            ("CM", "time_metric", "US"),
+            ("FH", "/bench", _h(1)),
+        ):
+            self._add(
+                f'{{"name":"{name}","cat":"dftracer","type":1,"pid":{p},"tid":{p},"ph":4,'
+                f'"args":{{"hhash":"{HOST_HASH}","name":"{a_name}","value":"{a_value}"}}}}'
+            )
+        self.event(
+            "start",
+            "dftracer",
+            0,
+            f'"ppid":{ppid},"cmd_hash":"{_h(2)}","exec_hash":"{_h(3)}",'
+            f'"version":20003,"date":"Sun Nov 22 02:14:52 2026","cwd":"{_h(1)}"',
+            typ=1,
+        )
 
     def _add(self, line: str) -> None:
         self.lines.append(line)
@@ -98,22 +110,35 @@ class _Proc:
     def fh(self, path: str, fhash: str) -> None:
         if fhash not in self.fh_seen:
             self.fh_seen.add(fhash)
-            self._add(f'{{"name":"FH","cat":"dftracer","type":1,"pid":{self.pid},"tid":{self.pid},"ph":4,'
-                      f'"args":{{"hhash":"{HOST_HASH}","name":"{path}","value":"{fhash}"}}}}')
+            self._add(
+                f'{{"name":"FH","cat":"dftracer","type":1,"pid":{self.pid},"tid":{self.pid},"ph":4,'
+                f'"args":{{"hhash":"{HOST_HASH}","name":"{path}","value":"{fhash}"}}}}'
+            )
 
-    def event(self, name: str, cat: str, dur: int, args: str, typ: int = 3, ts: int | None = None) -> None:
+    def event(
+        self, name: str, cat: str, dur: int, args: str, typ: int = 3, ts: int | None = None
+    ) -> None:
         self.id += 1
         self.events += 1
         t = self.ts if ts is None else ts
-        self._add(f'{{"id":{self.id},"name":"{name}","cat":"{cat}","type":{typ},"pid":{self.pid},'
-                  f'"tid":{self.pid},"ts":{t},"dur":{dur},"ph":1,"args":{{"hhash":"{HOST_HASH}"'
-                  + (f",{args}" if args else "") + "}}")
+        self._add(
+            f'{{"id":{self.id},"name":"{name}","cat":"{cat}","type":{typ},"pid":{self.pid},'
+            f'"tid":{self.pid},"ts":{t},"dur":{dur},"ph":1,"args":{{"hhash":"{HOST_HASH}"'
+            + (f",{args}" if args else "")
+            + "}}"
+        )
         if ts is None:
             self.ts += dur + 3
 
     def close(self) -> None:
-        self.event("end", "dftracer", 0, f'"app":{{}},"used":{{"C_APP":1,"LIBC_IO":1}},'
-                   f'"cfg":{{"enable":1,"time_metric":"US","compression":1}},"num_events":{self.id}', typ=1)
+        self.event(
+            "end",
+            "dftracer",
+            0,
+            f'"app":{{}},"used":{{"C_APP":1,"LIBC_IO":1}},'
+            f'"cfg":{{"enable":1,"time_metric":"US","compression":1}},"num_events":{self.id}',
+            typ=1,
+        )
         self.flush()
         self.out.close()
 
@@ -130,7 +155,12 @@ def _sample(w: _Proc, idx: int, epoch: int, rng: np.random.Generator, fsize: int
     w.event("lseek64", "POSIX", 1, f'"ret":{fsize},"whence":2,"offset":0,"fhash":"{fh}"')
     w.event("lseek64", "POSIX", 1, f'"ret":{fsize - 22},"whence":2,"offset":-22,"fhash":"{fh}"')
     w.event("read", "POSIX", 2, f'"ret":22,"count":22,"fhash":"{fh}"')
-    w.event("lseek64", "POSIX", 1, f'"ret":{fsize - 124},"whence":0,"offset":{fsize - 124},"fhash":"{fh}"')
+    w.event(
+        "lseek64",
+        "POSIX",
+        1,
+        f'"ret":{fsize - 124},"whence":0,"offset":{fsize - 124},"fhash":"{fh}"',
+    )
     w.event("read", "POSIX", 2, f'"ret":102,"count":102,"fhash":"{fh}"')
     w.event("lseek64", "POSIX", 1, f'"ret":0,"whence":0,"offset":0,"fhash":"{fh}"')
     w.event("read", "POSIX", 3, f'"ret":30,"count":30,"fhash":"{fh}"')
@@ -138,7 +168,12 @@ def _sample(w: _Proc, idx: int, epoch: int, rng: np.random.Generator, fsize: int
     pos = 30
     while body > 0:
         n = min(body, 1 << 20)
-        w.event("read", "POSIX", int(rng.integers(50, 400)), f'"ret":{n},"count":{1 << 20},"fhash":"{fh}"')
+        w.event(
+            "read",
+            "POSIX",
+            int(rng.integers(50, 400)),
+            f'"ret":{n},"count":{1 << 20},"fhash":"{fh}"',
+        )
         body -= n
         pos += n
     w.event("read", "POSIX", 1, f'"ret":0,"count":{1 << 20},"fhash":"{fh}"')
@@ -158,7 +193,9 @@ def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> lis
     rng = np.random.default_rng(seed)
     t0 = 1_795_313_692_000_000
     main = _Proc(out / "trace-main-preload.pfw.gz", 1000, 999, t0)
-    procs = [_Proc(out / f"trace-w{w}-fork.pfw.gz", 1001 + w, 1000, t0 + 1000) for w in range(workers)]
+    procs = [
+        _Proc(out / f"trace-w{w}-fork.pfw.gz", 1001 + w, 1000, t0 + 1000) for w in range(workers)
+    ]
     nfiles = 4096
     sizes = rng.integers(1 << 20, 3 << 20, size=nfiles)  # 1-3 MiB per sample file
     per_sample = 16  # events per sample (FH records are metadata, not events)
@@ -169,15 +206,37 @@ def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> lis
         main.event("epoch", "pipeline", 0, f'"epoch":{epoch}', typ=2)
         order = rng.permutation(nfiles)
         for b in range(0, nfiles, batch):
-            for k, idx in enumerate(order[b:b + batch]):
-                _sample(procs[(b // batch + k) % workers] if workers else main, int(idx), epoch, rng,
-                        int(sizes[idx]))
-            main.event("fetch", "dataloader", int(rng.integers(100, 5000)),
-                       f'"batch_size":{batch},"step":{b // batch},"epoch":{epoch}', typ=2)
-            main.event("step", "compute", int(rng.integers(5000, 20000)), f'"step":{b // batch},"epoch":{epoch}', typ=2)
+            for k, idx in enumerate(order[b : b + batch]):
+                _sample(
+                    procs[(b // batch + k) % workers] if workers else main,
+                    int(idx),
+                    epoch,
+                    rng,
+                    int(sizes[idx]),
+                )
+            main.event(
+                "fetch",
+                "dataloader",
+                int(rng.integers(100, 5000)),
+                f'"batch_size":{batch},"step":{b // batch},"epoch":{epoch}',
+                typ=2,
+            )
+            main.event(
+                "step",
+                "compute",
+                int(rng.integers(5000, 20000)),
+                f'"step":{b // batch},"epoch":{epoch}',
+                typ=2,
+            )
         ck = f"{CKPT_DIR}/ckpt_{epoch:03d}.pt"
         main.fh(ck, _h(90000 + epoch))
-        main.event("save", "checkpoint", 50000, f'"bytes":{3 << 30},"path":"{ck}","fhash":"{_h(90000 + epoch)}"', typ=2)
+        main.event(
+            "save",
+            "checkpoint",
+            50000,
+            f'"bytes":{3 << 30},"path":"{ck}","fhash":"{_h(90000 + epoch)}"',
+            typ=2,
+        )
         main.event("fopen64", "STDIO", 10, f'"mode":"rb","fhash":"{_h(5)}"')
         main.fh("/proc/self/status", _h(5))
         main.event("fread", "STDIO", 10, f'"ret":1200,"count":4096,"size":1,"fhash":"{_h(5)}"')
@@ -186,8 +245,16 @@ def build(out: Path, target_events: int, workers: int = 8, seed: int = 7) -> lis
         p.close()
     files = sorted(out.glob("*.pfw.gz"))
     events = main.events + sum(p.events for p in procs)
-    (out / "bench.json").write_text(json.dumps({"events": events, "target": target_events, "version": 2,
-                                                "files": [f.name for f in files]}))
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "events": events,
+                "target": target_events,
+                "version": 2,
+                "files": [f.name for f in files],
+            }
+        )
+    )
     return files
 
 
@@ -244,7 +311,9 @@ def _gzip(files: list[Path], n: int) -> tuple[float, int]:
     shares = _deal(files, n)
     t = time.perf_counter()
     with open(os.devnull, "wb") as null:
-        procs = [subprocess.Popen(["gzip", "-dc", *map(str, share)], stdout=null) for share in shares]
+        procs = [
+            subprocess.Popen(["gzip", "-dc", *map(str, share)], stdout=null) for share in shares
+        ]
         for p in procs:
             if p.wait() != 0:
                 raise SystemExit("gzip -dc failed")
@@ -253,7 +322,9 @@ def _gzip(files: list[Path], n: int) -> tuple[float, int]:
 
 def _analyze(trace: Path, n: int) -> dict:
     env = {**os.environ, "POLARS_MAX_THREADS": str(n)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(trace), str(n)], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(trace), str(n)], capture_output=True, text=True, env=env
+    )
     if proc.returncode != 0:
         raise SystemExit(f"the analysis child failed on {trace}:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -267,13 +338,17 @@ _SMALL = Path(__file__).resolve().parents[1] / "traces" / "npz_fork"
 
 def _fixed_cost(n: int) -> int:
     """Peak RSS above the imports (bytes) of the whole analysis of :data:`_SMALL` on ``n`` cores, median of 3."""
-    return int(statistics.median(r["peak"] - r["base"] for r in (_analyze(_SMALL, n) for _ in range(3))))
+    return int(
+        statistics.median(r["peak"] - r["base"] for r in (_analyze(_SMALL, n) for _ in range(3)))
+    )
 
 
 def _trace(out: Path, events: int, workers: int, rebuild: bool) -> list[Path]:
     meta = out / "bench.json"
     info = json.loads(meta.read_text()) if meta.is_file() else {}
-    cached = info.get("target") == events and info.get("version") == 3 and info.get("workers") == workers
+    cached = (
+        info.get("target") == events and info.get("version") == 3 and info.get("workers") == workers
+    )
     if rebuild or not cached:
         t = time.perf_counter()
         build(out, events, workers=workers)
@@ -288,18 +363,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="bench-data/ingest", help="cache directory for the traces")
     ap.add_argument("--events", type=int, default=2_200_000, help="events per trace (>= 2M)")
     ap.add_argument("--rebuild", action="store_true", help="regenerate even if cached")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each side (best and median shown)")
-    ap.add_argument("--cores", default=None, help="core counts, comma-separated (default: 1, 2 and all)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="timed runs of each side (best and median shown)"
+    )
+    ap.add_argument(
+        "--cores", default=None, help="core counts, comma-separated (default: 1, 2 and all)"
+    )
     ap.add_argument("--traces", default="single,multi", help="which traces: single, multi or both")
     args = ap.parse_args(argv)
 
     avail = len(os.sched_getaffinity(0))
-    cores = sorted({int(c) for c in args.cores.split(",")} if args.cores else {1, min(2, avail), avail})
+    cores = sorted(
+        {int(c) for c in args.cores.split(",")} if args.cores else {1, min(2, avail), avail}
+    )
     try:
         load_avg = os.getloadavg()
     except OSError:
         load_avg = (float("nan"),) * 3
-    print(f"machine: {avail} core(s) available, load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f}")
+    print(
+        f"machine: {avail} core(s) available, load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f}"
+    )
     root = Path(args.dir)
     for kind in args.traces.split(","):
         workers = 0 if kind == "single" else 8
@@ -323,26 +406,42 @@ def main(argv: list[str] | None = None) -> int:
             fixed = _fixed_cost(n)
             gz_b, gz_m = min(gz), statistics.median(gz)
             ld_b, ld_m = min(ld), statistics.median(ld)
-            print(f"{kind}-file trace ({len(files)} file(s), {stored / 1e6:.1f} MB stored, {ev:,} events), "
-                  f"{n} core(s), {args.repeat} runs (best / median):")
-            print(f"  {n} x gzip -dc        : {ev / gz_b / 1e6:6.2f} / {ev / gz_m / 1e6:6.2f} M events/s")
-            print(f"  load + summarize     : {ev / ld_b / 1e6:6.2f} / {ev / ld_m / 1e6:6.2f} M events/s   "
-                  f"ratio {gz_b / ld_b:.2f} / {gz_m / ld_m:.2f}")
+            print(
+                f"{kind}-file trace ({len(files)} file(s), {stored / 1e6:.1f} MB stored, {ev:,} events), "
+                f"{n} core(s), {args.repeat} runs (best / median):"
+            )
+            print(
+                f"  {n} x gzip -dc        : {ev / gz_b / 1e6:6.2f} / {ev / gz_m / 1e6:6.2f} M events/s"
+            )
+            print(
+                f"  load + summarize     : {ev / ld_b / 1e6:6.2f} / {ev / ld_m / 1e6:6.2f} M events/s   "
+                f"ratio {gz_b / ld_b:.2f} / {gz_m / ld_m:.2f}"
+            )
             if one:
                 one_b, one_m = min(one), statistics.median(one)
-                print(f"  1 x gzip -dc         : {ev / one_b / 1e6:6.2f} / {ev / one_m / 1e6:6.2f} M events/s   "
-                      f"load + summarize vs it {one_b / ld_b:.2f} / {one_m / ld_m:.2f}")
-            print(f"  + passes and rules   : {ev / min(full) / 1e6:6.2f} / {ev / statistics.median(full) / 1e6:6.2f} "
-                  f"M events/s   ratio {gz_b / min(full):.2f} / {gz_m / statistics.median(full):.2f}")
-            print(f"  peak bytes/event     : {per_load:6.0f} load + summarize, {per_all:6.0f} whole analysis "
-                  f"(table {an[0]['table'] / ev:.0f}; peak RSS {statistics.median(r['peak'] for r in an) / 2**20:,.0f} MiB)")
-            print(f"  above the fixed cost : {per_load - fixed / ev:6.0f} load + summarize, {per_all - fixed / ev:6.0f} "
-                  f"whole analysis (fixed: {fixed / 2**20:.0f} MiB, the whole analysis of a "
-                  f"{_SMALL.name} trace; the same in a process of any trace size)")
-            print(f"  CPU of load + summ.  : {statistics.median(r['user'] for r in an):.2f} s user, "
-                  f"{statistics.median(r['sys'] for r in an):.2f} s system, "
-                  f"{statistics.median(r['faults'] for r in an):,.0f} page faults (median; system time is mostly "
-                  f"the faults of memory returned between stages and used again)")
+                print(
+                    f"  1 x gzip -dc         : {ev / one_b / 1e6:6.2f} / {ev / one_m / 1e6:6.2f} M events/s   "
+                    f"load + summarize vs it {one_b / ld_b:.2f} / {one_m / ld_m:.2f}"
+                )
+            print(
+                f"  + passes and rules   : {ev / min(full) / 1e6:6.2f} / {ev / statistics.median(full) / 1e6:6.2f} "
+                f"M events/s   ratio {gz_b / min(full):.2f} / {gz_m / statistics.median(full):.2f}"
+            )
+            print(
+                f"  peak bytes/event     : {per_load:6.0f} load + summarize, {per_all:6.0f} whole analysis "
+                f"(table {an[0]['table'] / ev:.0f}; peak RSS {statistics.median(r['peak'] for r in an) / 2**20:,.0f} MiB)"
+            )
+            print(
+                f"  above the fixed cost : {per_load - fixed / ev:6.0f} load + summarize, {per_all - fixed / ev:6.0f} "
+                f"whole analysis (fixed: {fixed / 2**20:.0f} MiB, the whole analysis of a "
+                f"{_SMALL.name} trace; the same in a process of any trace size)"
+            )
+            print(
+                f"  CPU of load + summ.  : {statistics.median(r['user'] for r in an):.2f} s user, "
+                f"{statistics.median(r['sys'] for r in an):.2f} s system, "
+                f"{statistics.median(r['faults'] for r in an):,.0f} page faults (median; system time is mostly "
+                f"the faults of memory returned between stages and used again)"
+            )
             sys.stdout.flush()
     return 0
 

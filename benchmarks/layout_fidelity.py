@@ -46,14 +46,48 @@ from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_
 
 #: name -> (example script, job arguments): the cases of the dataset-layout issue.
 JOBS: dict[str, tuple[str, list[str]]] = {
-    "unet3d_npz": ("unet3d_npz.py", ["--num-files", "24", "--batch-size", "2", "--workers", "2", "--epochs", "3"]),
-    "unet3d_npz_compressed": ("unet3d_npz.py", ["--num-files", "24", "--batch-size", "2", "--workers", "2",
-                                                "--epochs", "3", "--compressed"]),
-    "cosmoflow_h5_tiles": ("cosmoflow_h5.py", ["--num-files", "1", "--samples-per-file", "24", "--volume", "32",
-                                               "--batch-size", "4", "--workers", "3", "--epochs", "2", "--chunked",
-                                               "--chunk-edge", "8"]),
-    "resnet_jpeg": ("resnet_jpeg.py", ["--num-files", "256", "--batch-size", "32", "--workers", "2",
-                                       "--epochs", "2"]),
+    "unet3d_npz": (
+        "unet3d_npz.py",
+        ["--num-files", "24", "--batch-size", "2", "--workers", "2", "--epochs", "3"],
+    ),
+    "unet3d_npz_compressed": (
+        "unet3d_npz.py",
+        [
+            "--num-files",
+            "24",
+            "--batch-size",
+            "2",
+            "--workers",
+            "2",
+            "--epochs",
+            "3",
+            "--compressed",
+        ],
+    ),
+    "cosmoflow_h5_tiles": (
+        "cosmoflow_h5.py",
+        [
+            "--num-files",
+            "1",
+            "--samples-per-file",
+            "24",
+            "--volume",
+            "32",
+            "--batch-size",
+            "4",
+            "--workers",
+            "3",
+            "--epochs",
+            "2",
+            "--chunked",
+            "--chunk-edge",
+            "8",
+        ],
+    ),
+    "resnet_jpeg": (
+        "resnet_jpeg.py",
+        ["--num-files", "256", "--batch-size", "32", "--workers", "2", "--epochs", "2"],
+    ),
 }
 
 
@@ -91,8 +125,10 @@ def _replay(model: WorkloadModel, work: Path, tag: str) -> Path:
     # the job's checkpoints, written a moment ago, are still being written back: the replay's own
     # writes would wait for that writeback (dirty-page throttling), which is not the replay's
     os.sync()
-    run_replay(ReplayConfig(model=model, data_dir=work / f"replay-data-{tag}", out=out, trace=True),
-               echo=lambda s: None)
+    run_replay(
+        ReplayConfig(model=model, data_dir=work / f"replay-data-{tag}", out=out, trace=True),
+        echo=lambda s: None,
+    )
     return out
 
 
@@ -101,22 +137,36 @@ def layout_columns(job_trace: Path, replay_trace: Path) -> dict[str, float | Non
     (replay / job) and ``dlreplay compare``'s similarity (for benchmarks/fidelity.py too)."""
     cmp = compare_traces(job_trace, replay_trace)
     real, got = cmp.features_a.get("bytes_read") or 0, cmp.features_b.get("bytes_read") or 0
-    return {"ks_read_sizes": cmp.ks_read_sizes, "bytes_ratio": got / real if real else None,
-            "similarity": cmp.similarity}
+    return {
+        "ks_read_sizes": cmp.ks_read_sizes,
+        "bytes_ratio": got / real if real else None,
+        "similarity": cmp.similarity,
+    }
 
 
 def measure(name: str, trace: Path, data_dirs: list[str], work: Path) -> list[dict]:
     loaded = load_trace(trace)
     fingerprint, where = resolve_fingerprint(trace, data_dirs)
-    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace), fingerprint=fingerprint,
-                    fingerprint_origin=where)
+    model = distill(
+        loaded.events,
+        manifest=loaded.manifest,
+        source=str(trace),
+        fingerprint=fingerprint,
+        fingerprint_origin=where,
+    )
     rows = []
     bare = dataclasses.replace(model, dataset=dataclasses.replace(model.dataset, layout=Layout()))
     for tag, m in (("layout", model), ("no layout", bare)):
         replay = _replay(m, work, tag.replace(" ", "-"))
-        rows.append({"case": name, "model": tag, **layout_columns(trace, replay),
-                     "fingerprint": where if tag == "layout" else None,
-                     "layout_source": m.dataset.layout.source})
+        rows.append(
+            {
+                "case": name,
+                "model": tag,
+                **layout_columns(trace, replay),
+                "fingerprint": where if tag == "layout" else None,
+                "layout_source": m.dataset.layout.source,
+            }
+        )
     return rows
 
 
@@ -126,11 +176,21 @@ def run_job(name: str, base: Path) -> list[dict]:
     data = work / "data"
     for sub in ("trace", "ck"):
         shutil.rmtree(work / sub, ignore_errors=True)
-    job = [sys.executable, str(REPO / "examples" / script), "--data-dir", str(data), *args,
-           "--checkpoint-dir", str(work / "ck"), "--quiet"]
+    job = [
+        sys.executable,
+        str(REPO / "examples" / script),
+        "--data-dir",
+        str(data),
+        *args,
+        "--checkpoint-dir",
+        str(work / "ck"),
+        "--quiet",
+    ]
     subprocess.run([*job, "--generate-only"], check=True, stdout=subprocess.DEVNULL)
     warm_page_cache(data)
-    captured = run_capture(CaptureConfig(command=tuple(job), out=work / "trace", data_dirs=(str(data),), force=True))
+    captured = run_capture(
+        CaptureConfig(command=tuple(job), out=work / "trace", data_dirs=(str(data),), force=True)
+    )
     if captured.exit_code:
         raise SystemExit(f"{name}: job failed ({captured.exit_code})")
     return measure(name, work / "trace", [], work)
@@ -155,8 +215,14 @@ def run_corpus(name: str, base: Path, fresh: bool = False) -> list[dict]:
     trace, ck = work / "fresh-trace", work / "fresh-ck"
     shutil.rmtree(ck, ignore_errors=True)
     warm_page_cache(data)
-    captured = run_capture(CaptureConfig(command=(*job, "--checkpoint-dir", str(ck), "--quiet"), out=trace,
-                                         data_dirs=(str(data), str(ck)), force=True))
+    captured = run_capture(
+        CaptureConfig(
+            command=(*job, "--checkpoint-dir", str(ck), "--quiet"),
+            out=trace,
+            data_dirs=(str(data), str(ck)),
+            force=True,
+        )
+    )
     if captured.exit_code:
         raise SystemExit(f"{name}: corpus job failed ({captured.exit_code})")
     return measure(f"fresh:{name}", trace, [], work)
@@ -167,11 +233,20 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated example jobs ('' for none)")
-    ap.add_argument("--corpus", default="", help="comma-separated corpus traces (e.g. npz_fork,h5_tiny_chunks)")
-    ap.add_argument("--fresh", action="store_true",
-                    help="capture each --corpus job again on this machine and measure against that capture")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--jobs", default=",".join(JOBS), help="comma-separated example jobs ('' for none)"
+    )
+    ap.add_argument(
+        "--corpus", default="", help="comma-separated corpus traces (e.g. npz_fork,h5_tiny_chunks)"
+    )
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="capture each --corpus job again on this machine and measure against that capture",
+    )
     ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "layout")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
@@ -180,12 +255,21 @@ def main() -> None:
         rows.extend(run_job(name, args.dir))
     for name in filter(None, args.corpus.split(",")):
         rows.extend(run_corpus(name, args.dir, args.fresh))
-    print(f"{'case':28s} {'model':10s} {'KS read sizes':>13s} {'bytes ratio':>11s} {'similarity':>10s}  pass")
+    print(
+        f"{'case':28s} {'model':10s} {'KS read sizes':>13s} {'bytes ratio':>11s} {'similarity':>10s}  pass"
+    )
     for r in rows:
-        ok = (r["ks_read_sizes"] is not None and r["ks_read_sizes"] <= 0.10 and r["bytes_ratio"] is not None
-              and abs(r["bytes_ratio"] - 1) <= 0.02 and r["similarity"] >= 0.97)
-        print(f"{r['case']:28s} {r['model']:10s} {_fmt(r['ks_read_sizes'], '13.3f')} {_fmt(r['bytes_ratio'], '11.3f')} "
-              f"{r['similarity']:10.4f}  {'PASS' if ok else 'fail'}")
+        ok = (
+            r["ks_read_sizes"] is not None
+            and r["ks_read_sizes"] <= 0.10
+            and r["bytes_ratio"] is not None
+            and abs(r["bytes_ratio"] - 1) <= 0.02
+            and r["similarity"] >= 0.97
+        )
+        print(
+            f"{r['case']:28s} {r['model']:10s} {_fmt(r['ks_read_sizes'], '13.3f')} {_fmt(r['bytes_ratio'], '11.3f')} "
+            f"{r['similarity']:10.4f}  {'PASS' if ok else 'fail'}"
+        )
     print("targets: KS <= 0.10, bytes ratio 0.98..1.02, similarity >= 0.97 (the 'layout' rows)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

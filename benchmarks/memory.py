@@ -48,18 +48,34 @@ sys.exit(code)
 
 def _run(args: list[str]) -> tuple[dict, int, float, str]:
     """(--json output, peak RSS bytes, wall s, stderr) of ``dlreplay analyze ARGS --json`` in a child."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, "analyze", *args, "--json"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, "analyze", *args, "--json"], capture_output=True, text=True
+    )
     m = re.search(r"RSS_KB=(\d+) WALL=([\d.]+)", proc.stderr)
     if proc.returncode != 0 or not m:
-        raise SystemExit(f"dlreplay analyze {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"dlreplay analyze {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout), int(m.group(1)) * 1024, float(m.group(2)), proc.stderr
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="bench-data/scale", help="cache directory of the scale benchmark's trace")
-    ap.add_argument("--files", type=int, default=64, help="loader processes (trace files besides the consumer's)")
-    ap.add_argument("--events", type=int, default=5_300_000, help="events to generate (the builder lands a few %% under)")
+    ap.add_argument(
+        "--dir", default="bench-data/scale", help="cache directory of the scale benchmark's trace"
+    )
+    ap.add_argument(
+        "--files",
+        type=int,
+        default=64,
+        help="loader processes (trace files besides the consumer's)",
+    )
+    ap.add_argument(
+        "--events",
+        type=int,
+        default=5_300_000,
+        help="events to generate (the builder lands a few %% under)",
+    )
     ap.add_argument("--limit", default="1GiB", help="--memory-limit of the bounded run")
     ap.add_argument("--rebuild", action="store_true", help="regenerate even if cached")
     args = ap.parse_args(argv)
@@ -73,20 +89,30 @@ def main(argv: list[str] | None = None) -> int:
 
     eager, rss_e, t_e, _ = _run([str(out)])
     with tempfile.TemporaryDirectory(prefix="dlreplay-bench-spill-") as spill:
-        bounded, rss_b, t_b, err = _run([str(out), "--memory-limit", args.limit, "--spill-dir", spill])
+        bounded, rss_b, t_b, err = _run(
+            [str(out), "--memory-limit", args.limit, "--spill-dir", spill]
+        )
         left = list(Path(spill).iterdir())
-    print(f"in memory              : {t_e:7.2f} s  peak RSS {rss_e / 2**20:7.0f} MiB  {eager['events']:,} events")
-    print(f"--memory-limit {args.limit:<8}: {t_b:7.2f} s  peak RSS {rss_b / 2**20:7.0f} MiB  {bounded['events']:,} events")
+    print(
+        f"in memory              : {t_e:7.2f} s  peak RSS {rss_e / 2**20:7.0f} MiB  {eager['events']:,} events"
+    )
+    print(
+        f"--memory-limit {args.limit:<8}: {t_b:7.2f} s  peak RSS {rss_b / 2**20:7.0f} MiB  {bounded['events']:,} events"
+    )
     for line in err.splitlines():
         if line.startswith(("memory limit", "spill:")):
             print(f"  {line}")
     for note in bounded.get("notes", []):
         if note.startswith("memory limit"):
             print(f"  note: {note}")
-    print(f"peak RSS bounded/in-memory: {rss_b / rss_e:.2f}   time bounded/in-memory: {t_b / t_e:.2f}")
-    same = (eager["events"] == bounded["events"]
-            and eager["characterization"] == bounded["characterization"]
-            and [f["id"] for f in eager["findings"]] == [f["id"] for f in bounded["findings"]])
+    print(
+        f"peak RSS bounded/in-memory: {rss_b / rss_e:.2f}   time bounded/in-memory: {t_b / t_e:.2f}"
+    )
+    same = (
+        eager["events"] == bounded["events"]
+        and eager["characterization"] == bounded["characterization"]
+        and [f["id"] for f in eager["findings"]] == [f["id"] for f in bounded["findings"]]
+    )
     if not same:
         print("MISMATCH: the two paths disagree", file=sys.stderr)
         return 1

@@ -84,7 +84,9 @@ def _reader(files: list[Path], transfer: int, direct: bool) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-dir", type=Path, default=Path("bench-data/replay-bw"))
     ap.add_argument("--size-mb", type=int, default=512, help="dataset size in MB (10^6 bytes)")
     ap.add_argument("--files", type=int, default=16)
@@ -94,24 +96,41 @@ def main() -> int:
     args = ap.parse_args()
 
     record = args.size_mb * 1_000_000 // args.files
-    model = model_from_dict({
-        "schema": "dlreplay.workload", "format_version": 1, "model": {"name": "bandwidth"},
-        "dataset": {"format": "raw", "num_files": args.files, "num_samples_per_file": 1, "record_length": record},
-        "reader": {"batch_size": 1, "read_threads": args.threads, "open_per_sample": True},
-        "train": {"epochs": 1, "computation_time": 0},
-    })
+    model = model_from_dict(
+        {
+            "schema": "dlreplay.workload",
+            "format_version": 1,
+            "model": {"name": "bandwidth"},
+            "dataset": {
+                "format": "raw",
+                "num_files": args.files,
+                "num_samples_per_file": 1,
+                "record_length": record,
+            },
+            "reader": {"batch_size": 1, "read_threads": args.threads, "open_per_sample": True},
+            "train": {"epochs": 1, "computation_time": 0},
+        }
+    )
     model = apply_overrides(model, [f"reader.transfer_size={args.transfer}"])
     # the benchmark's own directory: a dataset of another --size-mb/--files there is replaced
     # (force deletes only files dlreplay generated)
-    generate_dataset(GenerateConfig(model=model, data_dir=args.data_dir, progress=False, force=True))
-    files = sorted(p for p in (args.data_dir / "train").rglob("*") if p.is_file() and not p.name.startswith("."))
+    generate_dataset(
+        GenerateConfig(model=model, data_dir=args.data_dir, progress=False, force=True)
+    )
+    files = sorted(
+        p
+        for p in (args.data_dir / "train").rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    )
     total = sum(p.stat().st_size for p in files)
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = float("nan")
-    print(f"dataset {total / 1e6:.0f} MB in {len(files)} files, transfer {args.transfer} B, "
-          f"{args.threads} reader worker(s); load average {load:.2f}")
+    print(
+        f"dataset {total / 1e6:.0f} MB in {len(files)} files, transfer {args.transfer} B, "
+        f"{args.threads} reader worker(s); load average {load:.2f}"
+    )
 
     rates: dict[str, list[float]] = {}
 
@@ -124,24 +143,65 @@ def main() -> int:
     loaders = ["builtin"] + (["torch"] if importlib.util.find_spec("torch") is not None else [])
     with tempfile.TemporaryDirectory(prefix="dlreplay-bw-") as tmp:
         for i in range(args.repeat):
-            add("cat", _timed(files, lambda: subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL,
-                                                            check=True) and total))
+            add(
+                "cat",
+                _timed(
+                    files,
+                    lambda: (
+                        subprocess.run(
+                            ["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True
+                        )
+                        and total
+                    ),
+                ),
+            )
             for io, loader in [(io, loader) for io in ("posix", "library") for loader in loaders]:
                 drop_cache(files)
                 t0 = time.perf_counter()
-                res = run_replay(ReplayConfig(model=model, data_dir=args.data_dir,
-                                              out=Path(tmp) / f"r{i}-{io}-{loader}", trace=False, io=io,
-                                              loader=loader))
+                res = run_replay(
+                    ReplayConfig(
+                        model=model,
+                        data_dir=args.data_dir,
+                        out=Path(tmp) / f"r{i}-{io}-{loader}",
+                        trace=False,
+                        io=io,
+                        loader=loader,
+                    )
+                )
                 wall = time.perf_counter() - t0
                 nbytes = res.metrics["overall"]["bytes_read"]
                 assert nbytes == total, (io, nbytes, total)
                 # whole-run rate (incl. the first step and worker start-up), comparable to cat's wall time
                 add(f"replay --io {io} --loader {loader}", nbytes / wall / 1e6)
-            add("pread loop (new bytes per call)", _timed(files, lambda: _pread_loop(files, args.transfer)))
-            add("PosixReader (reused buffer)", _timed(files, lambda: _reader(files, args.transfer, False)))
-            add("dd iflag=direct", _timed(files, lambda: sum(
-                subprocess.run(["dd", f"if={p}", "of=/dev/null", f"bs={args.transfer}", "iflag=direct"],
-                               capture_output=True, check=True) and p.stat().st_size for p in files)))
+            add(
+                "pread loop (new bytes per call)",
+                _timed(files, lambda: _pread_loop(files, args.transfer)),
+            )
+            add(
+                "PosixReader (reused buffer)",
+                _timed(files, lambda: _reader(files, args.transfer, False)),
+            )
+            add(
+                "dd iflag=direct",
+                _timed(
+                    files,
+                    lambda: sum(
+                        subprocess.run(
+                            [
+                                "dd",
+                                f"if={p}",
+                                "of=/dev/null",
+                                f"bs={args.transfer}",
+                                "iflag=direct",
+                            ],
+                            capture_output=True,
+                            check=True,
+                        )
+                        and p.stat().st_size
+                        for p in files
+                    ),
+                ),
+            )
             add("PosixReader O_DIRECT", _timed(files, lambda: _reader(files, args.transfer, True)))
             print(f"run {i}: " + "  ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()))
     best = {k: max(v) for k, v in rates.items()}
@@ -149,8 +209,11 @@ def main() -> int:
     print("best / median of each, MB/s, and their ratios to the baseline of its kind:")
     for key, value in best.items():
         base = "dd iflag=direct" if "direct" in key.lower() and key != "dd iflag=direct" else "cat"
-        ratio = "" if key in ("cat", "dd iflag=direct") else \
-            f"   {value / best[base]:6.1%} / {med[key] / med[base]:6.1%} of {base}"
+        ratio = (
+            ""
+            if key in ("cat", "dd iflag=direct")
+            else f"   {value / best[base]:6.1%} / {med[key] / med[base]:6.1%} of {base}"
+        )
         print(f"  {key:34s} {value:9.1f} / {med[key]:9.1f}{ratio}")
     print("target: replay >= 90 % of cat")
     return 0

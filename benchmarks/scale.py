@@ -36,7 +36,11 @@ from dlreplay.analyze.passes import characterize  # noqa: E402
 
 
 def _key(c, findings) -> tuple[int, int, list[str]]:
-    return int(c["overview"]["events"]), int(c["overview"]["dataset_bytes_read"]), [f.id for f in findings]
+    return (
+        int(c["overview"]["events"]),
+        int(c["overview"]["dataset_bytes_read"]),
+        [f.id for f in findings],
+    )
 
 
 def _peak_rss_mb() -> float:
@@ -46,8 +50,18 @@ def _peak_rss_mb() -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="bench-data/scale", help="cache directory for the trace")
-    ap.add_argument("--files", type=int, default=64, help="loader processes (trace files besides the consumer's)")
-    ap.add_argument("--events", type=int, default=5_300_000, help="events to generate (the builder lands a few %% under)")
+    ap.add_argument(
+        "--files",
+        type=int,
+        default=64,
+        help="loader processes (trace files besides the consumer's)",
+    )
+    ap.add_argument(
+        "--events",
+        type=int,
+        default=5_300_000,
+        help="events to generate (the builder lands a few %% under)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
     ap.add_argument("--rebuild", action="store_true", help="regenerate even if cached")
     args = ap.parse_args(argv)
@@ -74,10 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     k1 = _key(c, find(c))
     t_single = time.perf_counter() - t
     rss_single = _peak_rss_mb()
-    print(f"single process     : {t_single:7.2f} s  {k1[0]:,} events  {k1[1]:,} dataset bytes read  "
-          f"client peak RSS {rss_single:,.0f} MB")
-    print(f"LocalCluster x{args.workers:<4} : {t_dist:7.2f} s  {k2[0]:,} events  {k2[1]:,} dataset bytes read  "
-          f"client peak RSS {rss_dist:,.0f} MB ({remote.info.tasks} tasks)")
+    print(
+        f"single process     : {t_single:7.2f} s  {k1[0]:,} events  {k1[1]:,} dataset bytes read  "
+        f"client peak RSS {rss_single:,.0f} MB"
+    )
+    print(
+        f"LocalCluster x{args.workers:<4} : {t_dist:7.2f} s  {k2[0]:,} events  {k2[1]:,} dataset bytes read  "
+        f"client peak RSS {rss_dist:,.0f} MB ({remote.info.tasks} tasks)"
+    )
     print(f"ratio single/distributed: {t_single / t_dist:.2f}x; findings {', '.join(k1[2]) or '-'}")
     if k1 != k2:
         print(f"MISMATCH: the two paths disagree: {k1} vs {k2}", file=sys.stderr)

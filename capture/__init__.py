@@ -25,8 +25,15 @@ if TYPE_CHECKING:
         run_capture,
     )
 
-_RUN = {"MANIFEST", "CaptureConfig", "CaptureResult", "data_dir_spellings", "preload_library", "read_manifest",
-        "run_capture"}
+_RUN = {
+    "MANIFEST",
+    "CaptureConfig",
+    "CaptureResult",
+    "data_dir_spellings",
+    "preload_library",
+    "read_manifest",
+    "run_capture",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -37,6 +44,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(run, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MANIFEST",

@@ -98,7 +98,9 @@ def preload_library() -> Path:
         return path
     spec = importlib.util.find_spec("dftracer")
     if spec is None or not spec.submodule_search_locations:
-        raise CaptureError("DFTracer is not installed: run `pip install dftracer` in this environment.")
+        raise CaptureError(
+            "DFTracer is not installed: run `pip install dftracer` in this environment."
+        )
     for base in spec.submodule_search_locations:
         for sub in ("lib64", "lib"):
             candidate = Path(base) / sub / "libdftracer_preload.so"
@@ -148,13 +150,17 @@ def _prepare_out_dir(out: Path, force: bool) -> DirectoryClaim:
     try:
         claim = claim_directory(out, "--out")
     except OSError as exc:
-        raise CaptureError(f"{out}: cannot create the trace directory ({exc.strerror or exc}); "
-                           f"choose another --out.") from None
+        raise CaptureError(
+            f"{out}: cannot create the trace directory ({exc.strerror or exc}); "
+            f"choose another --out."
+        ) from None
     try:
         if not is_empty_dir(out):
             if not force:
-                raise CaptureError(f"{out} is not empty; pass --force to replace a previous capture there, or "
-                                   f"choose another --out.")
+                raise CaptureError(
+                    f"{out} is not empty; pass --force to replace a previous capture there, or "
+                    f"choose another --out."
+                )
             # --force replaces only what a capture writes; anything else stays.
             for child in out.iterdir():
                 if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
@@ -211,8 +217,12 @@ def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> 
     env["DFTRACER_INIT"] = "PRELOAD"
     env["DFTRACER_INC_METADATA"] = "1"
     env["DFTRACER_LOG_FILE"] = str(out.resolve() / TRACE_PREFIX)
-    env["DFTRACER_DATA_DIR"] = ":".join(data_dir_spellings(config.data_dirs, cwd)) if config.data_dirs else "all"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(inject_dir), env.get("PYTHONPATH", "")) if p)
+    env["DFTRACER_DATA_DIR"] = (
+        ":".join(data_dir_spellings(config.data_dirs, cwd)) if config.data_dirs else "all"
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(inject_dir), env.get("PYTHONPATH", "")) if p
+    )
     env["DLREPLAY_CAPTURE"] = "1"
     env["DLREPLAY_LOADER_HOOKS"] = "1" if config.loader_hooks else "0"
     return env
@@ -226,14 +236,22 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
     received by this process are forwarded to the job.
     """
     if not config.command:
-        raise UsageError("no command to capture: put it after `--`, e.g. `dlreplay capture -- python train.py`.")
+        raise UsageError(
+            "no command to capture: put it after `--`, e.g. `dlreplay capture -- python train.py`."
+        )
     cwd = (config.cwd or Path.cwd()).resolve()
     name = config.name or Path(config.command[0]).stem or "job"
     out = config.out or default_out_dir(name)
     if not out.is_absolute():
         out = Path.cwd() / out
-    executable = shutil.which(config.command[0], path=os.environ.get("PATH")) if os.sep not in config.command[0] else config.command[0]
-    if executable is None or not os.path.exists(executable if os.path.isabs(executable) else cwd / executable):
+    executable = (
+        shutil.which(config.command[0], path=os.environ.get("PATH"))
+        if os.sep not in config.command[0]
+        else config.command[0]
+    )
+    if executable is None or not os.path.exists(
+        executable if os.path.isabs(executable) else cwd / executable
+    ):
         raise CaptureError(f"command not found: {config.command[0]}")
     claim = _prepare_out_dir(out, config.force)
     try:
@@ -277,12 +295,21 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     _write_json_atomic(manifest_path, manifest)
     problems = _fingerprint(out, manifest, status)
     _write_json_atomic(manifest_path, manifest)
-    return CaptureResult(trace_dir=out, exit_code=exit_code, status=status, wall_time_s=wall, files=files,
-                         killed_by_signal=killed_by, fingerprint_problems=problems,
-                         warnings=tuple(warnings))
+    return CaptureResult(
+        trace_dir=out,
+        exit_code=exit_code,
+        status=status,
+        wall_time_s=wall,
+        files=files,
+        killed_by_signal=killed_by,
+        fingerprint_problems=problems,
+        warnings=tuple(warnings),
+    )
 
 
-def _started_manifest(config: CaptureConfig, env: dict[str, str], cwd: Path, name: str) -> dict[str, Any]:
+def _started_manifest(
+    config: CaptureConfig, env: dict[str, str], cwd: Path, name: str
+) -> dict[str, Any]:
     """The manifest as the job starts (``status`` running); the job's end completes it."""
     return {
         "schema": TRACE_SCHEMA_NAME,
@@ -295,17 +322,22 @@ def _started_manifest(config: CaptureConfig, env: dict[str, str], cwd: Path, nam
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "mem_total_bytes": host_memory_bytes() or None,  # page-cache analysis: is the dataset smaller than RAM?
+        "mem_total_bytes": host_memory_bytes()
+        or None,  # page-cache analysis: is the dataset smaller than RAM?
         "start_time": _now_iso(),
         "start_time_us": time.time_ns() // 1000,
         "versions": _versions(),
-        "data_dirs": [str((cwd / d).resolve()) if not os.path.isabs(d) else d for d in config.data_dirs],
+        "data_dirs": [
+            str((cwd / d).resolve()) if not os.path.isabs(d) else d for d in config.data_dirs
+        ],
         "trace_prefix": TRACE_PREFIX,
         "loader_hooks": config.loader_hooks,
     }
 
 
-def _run_job(config: CaptureConfig, env: dict[str, str], cwd: Path, inject_dir: Path) -> tuple[int, bool, float]:
+def _run_job(
+    config: CaptureConfig, env: dict[str, str], cwd: Path, inject_dir: Path
+) -> tuple[int, bool, float]:
     """Run the job to its end, forwarding SIGINT/SIGTERM to it, then remove *inject_dir*;
     returns (its return code, whether it was interrupted, wall seconds)."""
     interrupted = False
@@ -331,8 +363,9 @@ def _run_job(config: CaptureConfig, env: dict[str, str], cwd: Path, inject_dir: 
         if not interrupted:
             if config.job_output is not None:
                 with open(config.job_output, "wb") as log:
-                    proc = subprocess.Popen(list(config.command), cwd=cwd, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen(
+                        list(config.command), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+                    )
             else:
                 proc = subprocess.Popen(list(config.command), cwd=cwd, env=env)
             for signum in pending:  # else the job would run to its end, ignoring that Ctrl-C
@@ -365,11 +398,17 @@ def _job_status(returncode: int, interrupted: bool) -> tuple[int, int | None, st
 
 def _capture_warnings(config: CaptureConfig, cwd: Path, lingering: set[int]) -> list[str]:
     """Data dirs that do not exist, and processes still writing their trace after the wait."""
-    warnings = [f"--data-dir {d} does not exist (in {cwd}): nothing under it was traced; check the path "
-                f"(a relative one is relative to the job's working directory)"
-                for d in config.data_dirs if not (cwd / d).exists()]
-    warnings += [f"process {pid} of the job still had a trace file open {LINGER_S:g} s after the job ended: its "
-                 f"events may be incomplete" for pid in sorted(lingering)]
+    warnings = [
+        f"--data-dir {d} does not exist (in {cwd}): nothing under it was traced; check the path "
+        f"(a relative one is relative to the job's working directory)"
+        for d in config.data_dirs
+        if not (cwd / d).exists()
+    ]
+    warnings += [
+        f"process {pid} of the job still had a trace file open {LINGER_S:g} s after the job ended: its "
+        f"events may be incomplete"
+        for pid in sorted(lingering)
+    ]
     return warnings
 
 
@@ -463,7 +502,9 @@ def _fingerprint(out: Path, manifest: dict[str, Any], status: str) -> list[str]:
         manifest["dataset_fingerprint"] = {"file": None, "problems": [problem]}
         return [problem]
     manifest["dataset_fingerprint"] = {
-        "file": FINGERPRINT_NAME, "groups": len(doc["groups"]), "seconds": doc["seconds"],
+        "file": FINGERPRINT_NAME,
+        "groups": len(doc["groups"]),
+        "seconds": doc["seconds"],
         "problems": doc["problems"],
     }
     return list(doc["problems"])
@@ -479,9 +520,13 @@ def read_manifest(trace_dir: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ArtifactVersionError(f"{path} is not valid JSON ({exc}); recapture or delete it.") from exc
+        raise ArtifactVersionError(
+            f"{path} is not valid JSON ({exc}); recapture or delete it."
+        ) from exc
     if data.get("schema") != TRACE_SCHEMA_NAME:
-        raise ArtifactVersionError(f"{path} names schema {data.get('schema')!r}, expected {TRACE_SCHEMA_NAME!r}.")
+        raise ArtifactVersionError(
+            f"{path} names schema {data.get('schema')!r}, expected {TRACE_SCHEMA_NAME!r}."
+        )
     if int(data.get("format_version", -1)) > TRACE_FORMAT_VERSION:
         raise ArtifactVersionError(
             f"{path} has format_version {data.get('format_version')}, newer than this dlreplay reads "

@@ -46,14 +46,28 @@ __all__ = ["RELEASE_ENV", "prepare_release", "release_free_memory", "releaser_av
 RELEASE_ENV = "DLREPLAY_RELEASE_MEMORY"
 #: jemalloc's ``MALLCTL_ARENAS_ALL``: ``arena.4096.purge`` purges every arena.
 _ARENAS_ALL = 4096
-_MALLCTL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                            ctypes.c_size_t)
+_MALLCTL = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+)
 _SHT_SYMTAB = 2
 _STT_FUNC = 2
 _SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 _SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
-_SYM_DTYPE = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
-                       ("size", "<u8")])
+_SYM_DTYPE = np.dtype(
+    [
+        ("name", "<u4"),
+        ("info", "u1"),
+        ("other", "u1"),
+        ("shndx", "<u2"),
+        ("value", "<u8"),
+        ("size", "<u8"),
+    ]
+)
 
 _lock = threading.Lock()
 _resolved = False
@@ -64,8 +78,9 @@ _purges: list[bytes] = []
 _PURGE_ALL = [f"arena.{_ARENAS_ALL}.purge".encode()]
 
 
-def _symbols(path: str, wanted: tuple[bytes, ...], at: dict[bytes, int] | None = None
-             ) -> dict[bytes, tuple[int, int, int, int]]:
+def _symbols(
+    path: str, wanted: tuple[bytes, ...], at: dict[bytes, int] | None = None
+) -> dict[bytes, tuple[int, int, int, int]]:
     """(value, size, file offset, index in the table) of the function symbols ``wanted`` in
     the ``.symtab`` of the 64-bit little-endian ELF file ``path`` (empty where it has none).
 
@@ -88,11 +103,17 @@ def _symbols(path: str, wanted: tuple[bytes, ...], at: dict[bytes, int] | None =
             s0, s1 = strtab[4], strtab[4] + strtab[5]
             count = min(sec[5], len(mm) - sec[4]) // _SYM.size
             if at is not None:
-                entries = [(k, name, _SYM.unpack_from(mm, sec[4] + k * _SYM.size))
-                           for name, k in at.items() if name in wanted and 0 <= k < count]
+                entries = [
+                    (k, name, _SYM.unpack_from(mm, sec[4] + k * _SYM.size))
+                    for name, k in at.items()
+                    if name in wanted and 0 <= k < count
+                ]
                 # each entry must name its symbol (the name's bytes and its end, in the file)
-                entries = [(k, name, e) for k, name, e in entries
-                           if mm[s0 + e[0]:min(s0 + e[0] + len(name) + 1, s1)] == name + b"\0"]
+                entries = [
+                    (k, name, e)
+                    for k, name, e in entries
+                    if mm[s0 + e[0] : min(s0 + e[0] + len(name) + 1, s1)] == name + b"\0"
+                ]
             else:
                 names: dict[int, bytes] = {}
                 for name in wanted:
@@ -104,9 +125,11 @@ def _symbols(path: str, wanted: tuple[bytes, ...], at: dict[bytes, int] | None =
                 # a copy of the symbol table (a few MB), not a view of the mapping:
                 # a view held past this loop (a sampling profiler's frame of np.isin, as Dask's
                 # workers run one) made the mapping's close raise BufferError
-                table = np.frombuffer(mm[sec[4]:sec[4] + count * _SYM.size], dtype=_SYM_DTYPE)
-                entries = [(int(k), names[int(table["name"][k])], tuple(int(x) for x in table[k].tolist()))
-                           for k in np.flatnonzero(np.isin(table["name"], list(names)))]
+                table = np.frombuffer(mm[sec[4] : sec[4] + count * _SYM.size], dtype=_SYM_DTYPE)
+                entries = [
+                    (int(k), names[int(table["name"][k])], tuple(int(x) for x in table[k].tolist()))
+                    for k in np.flatnonzero(np.isin(table["name"], list(names)))
+                ]
                 del table
             for k, name, (_st_name, info, _other, shndx, value, size) in entries:
                 if info & 0xF == _STT_FUNC and 0 < shndx < shnum and size:
@@ -222,7 +245,10 @@ def _checked_mallctl(path: str, syms: dict[bytes, tuple[int, int, int, int]]) ->
     fn = _MALLCTL(bias + value)
     version = ctypes.c_char_p()
     size = ctypes.c_size_t(ctypes.sizeof(version))
-    if fn(b"version", ctypes.byref(version), ctypes.byref(size), None, 0) != 0 or not (version.value or b"")[:2] == b"5.":
+    if (
+        fn(b"version", ctypes.byref(version), ctypes.byref(size), None, 0) != 0
+        or not (version.value or b"")[:2] == b"5."
+    ):
         return None
     return fn
 
@@ -307,7 +333,7 @@ def release_free_memory(*, keep_large: bool = False) -> None:
         return
     _resolve()
     if _mallctl is not None:
-        for name in (_purges if keep_large else _PURGE_ALL):
+        for name in _purges if keep_large else _PURGE_ALL:
             _mallctl(name, None, None, None, 0)
     if _trim is not None:
         _trim(0)

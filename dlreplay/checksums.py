@@ -73,7 +73,7 @@ def crc32c(data: bytes | bytearray | memoryview) -> int:
     m = max(256, int(math.sqrt(n)))
     lanes = -(-n // m)
     padded = np.zeros(lanes * m, dtype=np.uint8)
-    padded[lanes * m - n:] = buf  # leading zeros do not change a raw CRC that starts at 0
+    padded[lanes * m - n :] = buf  # leading zeros do not change a raw CRC that starts at 0
     cols = padded.reshape(lanes, m).T.copy()
     reg = np.zeros(lanes, dtype=np.uint32)
     for j in range(m):

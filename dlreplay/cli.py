@@ -34,16 +34,22 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return result
         except DlreplayError as exc:
             fail(str(exc), exc.exit_code)
-        except BrokenPipeError:  # `dlreplay analyze T | head`: the reader left; nothing to say to it
+        except (
+            BrokenPipeError
+        ):  # `dlreplay analyze T | head`: the reader left; nothing to say to it
             import os
 
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error when Python flushes at exit
+            os.dup2(
+                os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+            )  # no error when Python flushes at exit
             sys.exit(1)
         except PermissionError as exc:
             fail(f"permission denied: {exc.filename or exc}", 1)
         except FileNotFoundError as exc:
             fail(f"no such file or directory: {exc.filename or exc}", 1)
-        except OSError as exc:  # read-only file system, disk full, ... : name the file, not a traceback
+        except (
+            OSError
+        ) as exc:  # read-only file system, disk full, ... : name the file, not a traceback
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}", 1)
         except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
@@ -81,7 +87,10 @@ class _Group(click.Group):
             import signal
             import threading
 
-            if kwargs.get("standalone_mode", True) and threading.current_thread() is threading.main_thread():
+            if (
+                kwargs.get("standalone_mode", True)
+                and threading.current_thread() is threading.main_thread()
+            ):
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

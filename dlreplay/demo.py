@@ -48,7 +48,9 @@ def examples_dir() -> Path:
 def _prepare(out: Path, force: bool) -> None:
     if out.exists() and any(out.iterdir()) and not (out / _MARKER).exists():
         if not force:
-            raise UsageError(f"{out} is not empty and was not made by `dlreplay demo`; choose another --out.")
+            raise UsageError(
+                f"{out} is not empty and was not made by `dlreplay demo`; choose another --out."
+            )
     out.mkdir(parents=True, exist_ok=True)
     (out / _MARKER).write_text("made by dlreplay demo\n")
 
@@ -94,28 +96,45 @@ def _job_command(config: DemoConfig, out: Path, data: Path) -> list[str]:
     """The example training job's command line (its dataset in ``data``, its files in ``out``)."""
     script = examples_dir() / "unet3d_npz.py"
     return [
-        sys.executable, str(script),
-        "--data-dir", str(data),
-        "--num-files", str(config.num_files),
-        "--batch-size", str(config.batch_size),
-        "--workers", str(config.workers),
-        "--epochs", str(config.epochs),
-        "--checkpoint-every", str(config.checkpoint_every),
-        "--checkpoint-dir", str(out / "checkpoints"),
-        "--report", str(out / "job-report.json"),
+        sys.executable,
+        str(script),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        str(config.num_files),
+        "--batch-size",
+        str(config.batch_size),
+        "--workers",
+        str(config.workers),
+        "--epochs",
+        str(config.epochs),
+        "--checkpoint-every",
+        str(config.checkpoint_every),
+        "--checkpoint-dir",
+        str(out / "checkpoints"),
+        "--report",
+        str(out / "job-report.json"),
         "--quiet",
     ]
 
 
-def _generate_dataset(job: list[str], data: Path, config: DemoConfig, echo: Callable[[str], None]) -> None:
+def _generate_dataset(
+    job: list[str], data: Path, config: DemoConfig, echo: Callable[[str], None]
+) -> None:
     """Step 1: the example job writes its dataset (not traced)."""
     echo(f"[1/6] dataset: {data}")
-    gen = subprocess.run([*job[:4], "--num-files", str(config.num_files), "--generate-only"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    gen = subprocess.run(
+        [*job[:4], "--num-files", str(config.num_files), "--generate-only"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     INTERRUPT.check()  # a Ctrl-C reached the generator too: its own output is not the demo's
     if gen.returncode != 0:
-        raise DlreplayError(f"generating the example dataset in {data} failed (exit code {gen.returncode}):\n"
-                            f"{_tail(gen.stderr)}")
+        raise DlreplayError(
+            f"generating the example dataset in {data} failed (exit code {gen.returncode}):\n"
+            f"{_tail(gen.stderr)}"
+        )
 
 
 def _capture_job(job: list[str], out: Path, data: Path, echo: Callable[[str], None]) -> Path:
@@ -126,16 +145,26 @@ def _capture_job(job: list[str], out: Path, data: Path, echo: Callable[[str], No
     t0 = time.perf_counter()
     log = out / "job.log"
     result = run_capture(
-        CaptureConfig(command=tuple(job), out=out / "trace", data_dirs=(str(data), str(out / "checkpoints")),
-                      name="unet3d_npz", force=True, job_output=log)
+        CaptureConfig(
+            command=tuple(job),
+            out=out / "trace",
+            data_dirs=(str(data), str(out / "checkpoints")),
+            name="unet3d_npz",
+            force=True,
+            job_output=log,
+        )
     )
     if result.status == "interrupted":
         raise KeyboardInterrupt
     if result.exit_code != 0:
-        raise DlreplayError(f"the example job failed with exit code {result.exit_code} (its output: {log}; its trace: "
-                            f"{result.trace_dir}):\n{_tail(log.read_text(errors='replace'))}")
-    echo(f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s "
-         f"(the job's output: {log})")
+        raise DlreplayError(
+            f"the example job failed with exit code {result.exit_code} (its output: {log}; its trace: "
+            f"{result.trace_dir}):\n{_tail(log.read_text(errors='replace'))}"
+        )
+    echo(
+        f"      {result.events:,} events in {len(result.files)} trace files, {time.perf_counter() - t0:.1f} s "
+        f"(the job's output: {log})"
+    )
     INTERRUPT.check()
     return result.trace_dir
 
@@ -149,8 +178,11 @@ def _analyse(trace_dir: Path, out: Path, echo: Callable[[str], None]) -> tuple[A
 
     echo("[3/6] analysing the trace")
     loaded = load_trace(trace_dir)
-    summary = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"),
-                        per_process=loaded.per_process)
+    summary = summarize(
+        loaded.events,
+        data_dirs=(loaded.manifest or {}).get("data_dirs"),
+        per_process=loaded.per_process,
+    )
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     echo(render_text(summary))
@@ -161,7 +193,9 @@ def _analyse(trace_dir: Path, out: Path, echo: Callable[[str], None]) -> tuple[A
     return loaded, summary_path, report_path
 
 
-def _distill(loaded: Any, trace_dir: Path, out: Path, echo: Callable[[str], None]) -> tuple[Any, Path]:
+def _distill(
+    loaded: Any, trace_dir: Path, out: Path, echo: Callable[[str], None]
+) -> tuple[Any, Path]:
     """Step 4: the workload model, written to ``model.yaml``."""
     from dlreplay.analyze.distill import distill
     from dlreplay.model import save_model, summarize_model
@@ -183,8 +217,10 @@ def _replay(model: Any, out: Path, echo: Callable[[str], None]) -> Path:
     replay_dir = out / "replay"
     if replay_dir.exists():
         shutil.rmtree(replay_dir)  # made by an earlier demo run (the demo owns --out)
-    replayed = run_replay(ReplayConfig(model=model, data_dir=out / "replay-data", out=replay_dir, trace=True),
-                          echo=lambda s: None)
+    replayed = run_replay(
+        ReplayConfig(model=model, data_dir=out / "replay-data", out=replay_dir, trace=True),
+        echo=lambda s: None,
+    )
     if not replayed.complete:  # a Ctrl-C stopped it (run_replay answers one with partial metrics)
         raise KeyboardInterrupt
     echo(render_result(replayed))
@@ -199,7 +235,11 @@ def _print_epoch_times(out: Path, metrics: dict[str, Any], echo: Callable[[str],
     replay_epochs = [e.get("epoch_time_s") for e in metrics.get("epochs", [])]
     echo("      epoch time (s)   real job   replay")
     for i, (a, b) in enumerate(zip(real_epochs, replay_epochs, strict=False)):
-        echo(f"      epoch {i + 1:<10} {a:8.2f}   {b:6.2f}" if b is not None else f"      epoch {i + 1:<10} {a:8.2f}        -")
+        echo(
+            f"      epoch {i + 1:<10} {a:8.2f}   {b:6.2f}"
+            if b is not None
+            else f"      epoch {i + 1:<10} {a:8.2f}        -"
+        )
 
 
 def _export_timelines(loaded: Any, trace_dir: Path, replay_dir: Path, out: Path) -> dict[str, str]:
@@ -223,8 +263,10 @@ def _compare(trace_dir: Path, replay_dir: Path, out: Path, echo: Callable[[str],
     echo("\n[6/6] comparing the real job with its replay")
     cmp = compare_traces(trace_dir, replay_dir)
     compare_path = write_comparison_report(cmp, out / "compare.html")
-    echo(f"      similarity (DLIO features, cosine): {cmp.similarity:.4f}; KS read sizes "
-         f"{cmp.ks_read_sizes if cmp.ks_read_sizes is None else round(cmp.ks_read_sizes, 3)}")
+    echo(
+        f"      similarity (DLIO features, cosine): {cmp.similarity:.4f}; KS read sizes "
+        f"{cmp.ks_read_sizes if cmp.ks_read_sizes is None else round(cmp.ks_read_sizes, 3)}"
+    )
     return compare_path
 
 

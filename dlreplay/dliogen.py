@@ -15,5 +15,14 @@ from dlreplay.dlio.generator import (  # noqa: F401 (PIL_DEFAULT_JPEG_QUALITY: i
     resized_sample_bytes,
 )
 
-__all__ = ["DLIO_READER_FORMATS", "array_file_bytes", "dims_from_file_bytes", "dims_from_image_bytes", "dlio_dimension",
-           "generated_dims", "generated_layout", "image_file_bytes", "resized_sample_bytes"]
+__all__ = [
+    "DLIO_READER_FORMATS",
+    "array_file_bytes",
+    "dims_from_file_bytes",
+    "dims_from_image_bytes",
+    "dlio_dimension",
+    "generated_dims",
+    "generated_layout",
+    "image_file_bytes",
+    "resized_sample_bytes",
+]

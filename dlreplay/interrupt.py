@@ -61,7 +61,11 @@ class Interrupt:
         installed) outside the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return False
-        handler = {"always": self._raise_always, "first": self._raise_first, "flag": self._flag_only}[mode]
+        handler = {
+            "always": self._raise_always,
+            "first": self._raise_first,
+            "flag": self._flag_only,
+        }[mode]
         signal.signal(signal.SIGINT, handler)
         if not isinstance(sys.unraisablehook, _QuietInterrupts):
             sys.unraisablehook = _QuietInterrupts(sys.unraisablehook)
@@ -77,7 +81,9 @@ class Interrupt:
             yield self
         finally:
             if installed:
-                signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+                signal.signal(
+                    signal.SIGINT, previous if previous is not None else signal.default_int_handler
+                )
                 sys.unraisablehook = previous_hook
 
     @contextmanager
@@ -97,7 +103,6 @@ class Interrupt:
             yield self
         finally:
             signal.signal(signal.SIGINT, current)
-
 
 
 class _QuietInterrupts:
@@ -152,12 +157,18 @@ def _print_stacks(signum: int, frame: Any) -> None:
     try:
         own = threading.get_ident()
         names = {t.ident: t.name for t in threading.enumerate()}
-        text = [f"Python stacks of pid {os.getpid()} ({signal.Signals(signum).name}, {STACKS_ENV}):\n"]
+        text = [
+            f"Python stacks of pid {os.getpid()} ({signal.Signals(signum).name}, {STACKS_ENV}):\n"
+        ]
         for ident, top in sys._current_frames().items():
             where = "Current thread" if ident == own else "Thread"
-            text.append(f"{where} 0x{ident:016x} \"{names.get(ident, '?')}\" (most recent call first):\n")
+            text.append(
+                f'{where} 0x{ident:016x} "{names.get(ident, "?")}" (most recent call first):\n'
+            )
             start = (frame or top) if ident == own else top
-            for entry in traceback.StackSummary.extract(traceback.walk_stack(start), lookup_lines=False):
+            for entry in traceback.StackSummary.extract(
+                traceback.walk_stack(start), lookup_lines=False
+            ):
                 text.append(f'  File "{entry.filename}", line {entry.lineno} in {entry.name}\n')
             text.append("\n")
         sys.stderr.write("".join(text))

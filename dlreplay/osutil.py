@@ -17,8 +17,18 @@ from typing import Any
 
 from .errors import InUseError, UnsafePathError
 
-__all__ = ["CLAIM_NAME", "DirectoryClaim", "atomic_write_text", "claim_directory", "confined_path", "share_directory",
-           "end_with_parent", "host_memory_bytes", "is_empty_dir", "process_limit"]
+__all__ = [
+    "CLAIM_NAME",
+    "DirectoryClaim",
+    "atomic_write_text",
+    "claim_directory",
+    "confined_path",
+    "share_directory",
+    "end_with_parent",
+    "host_memory_bytes",
+    "is_empty_dir",
+    "process_limit",
+]
 
 #: The claim file a dlreplay command holds (``flock``) in a directory it writes; never counts as content.
 CLAIM_NAME = ".dlreplay-claim"
@@ -63,8 +73,10 @@ def process_limit() -> tuple[int, str]:
     import resource
 
     limit, why = MAX_PROCESSES, f"dlreplay's cap of {MAX_PROCESSES}"
-    for res, share, name in ((resource.RLIMIT_NOFILE, 4, "a quarter of the open-file limit"),
-                             (resource.RLIMIT_NPROC, 1, "the process limit")):
+    for res, share, name in (
+        (resource.RLIMIT_NOFILE, 4, "a quarter of the open-file limit"),
+        (resource.RLIMIT_NPROC, 1, "the process limit"),
+    ):
         soft = resource.getrlimit(res)[0]
         if soft != resource.RLIM_INFINITY and soft // share < limit:
             limit, why = max(1, soft // share), f"{name} ({soft}, ulimit)"
@@ -136,7 +148,9 @@ def host_memory_bytes() -> int:
         return 0
 
 
-def confined_path(base: str | os.PathLike[str], rel: object, source: str | os.PathLike[str]) -> Path:
+def confined_path(
+    base: str | os.PathLike[str], rel: object, source: str | os.PathLike[str]
+) -> Path:
     """``base / rel`` for a path *rel* read from the file *source*, if it stays inside *base*.
 
     Refuses (:class:`UnsafePathError`, naming *source* and the entry) anything that is not
@@ -156,9 +170,11 @@ def confined_path(base: str | os.PathLike[str], rel: object, source: str | os.Pa
         why = "a symbolic link leads out"
     if why is None:
         return base / str(rel)
-    raise UnsafePathError(f"{source}: lists the path {rel!r}, outside {base} ({why}); dlreplay only uses paths "
-                          f"inside the directory a file belongs to, so it refused this file and changed nothing. "
-                          f"Delete {source} if you did not write it, or choose another directory.")
+    raise UnsafePathError(
+        f"{source}: lists the path {rel!r}, outside {base} ({why}); dlreplay only uses paths "
+        f"inside the directory a file belongs to, so it refused this file and changed nothing. "
+        f"Delete {source} if you did not write it, or choose another directory."
+    )
 
 
 class DirectoryClaim:
@@ -189,7 +205,9 @@ class DirectoryClaim:
         if self._count:
             return
         DirectoryClaim._held.pop(str(self.path), None)
-        if self.shared:  # the last reader removes the file: the lock is then exclusive (nobody else holds it)
+        if (
+            self.shared
+        ):  # the last reader removes the file: the lock is then exclusive (nobody else holds it)
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -238,14 +256,20 @@ def claim_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim
     mine = DirectoryClaim._held.get(key)
     if mine is not None:
         if mine.shared:
-            raise InUseError(f"{path} is being read by this dlreplay command; it cannot also write there "
-                             f"(choose another {option})")
+            raise InUseError(
+                f"{path} is being read by this dlreplay command; it cannot also write there "
+                f"(choose another {option})"
+            )
         mine._count += 1
         return mine
     fd = _locked_claim_file(path, key, option, shared=False)
     assert fd is not None  # (only a reader's open can find a read-only directory)
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv,
-            "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": sys.argv,
+        "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     claim = DirectoryClaim(Path(key), fd)
@@ -285,17 +309,23 @@ def _locked_claim_file(path: Path, key: str, option: str, *, shared: bool) -> in
                     pass
             os.close(fd)
             if readers:
-                raise InUseError(f"{path} is being read by a running dlreplay replay (its dataset); wait for "
-                                 f"it to finish or choose another {option}") from None
+                raise InUseError(
+                    f"{path} is being read by a running dlreplay replay (its dataset); wait for "
+                    f"it to finish or choose another {option}"
+                ) from None
             rule = ";" if shared else "; one writer per directory:"
-            raise InUseError(f"{path} is being written by another dlreplay command "
-                             f"({_holder(Path(key)) or 'another process'}){rule} wait for it to finish or "
-                             f"choose another {option}") from None
+            raise InUseError(
+                f"{path} is being written by another dlreplay command "
+                f"({_holder(Path(key)) or 'another process'}){rule} wait for it to finish or "
+                f"choose another {option}"
+            ) from None
         if _still_linked(fd, lock):
             return fd
         os.close(fd)  # the holder deleted the file between our open and our lock: open the new one
-    raise InUseError(f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
-                     f"another {option}")
+    raise InUseError(
+        f"{path}: its claim file keeps changing (dlreplay commands are starting there); choose "
+        f"another {option}"
+    )
 
 
 def share_directory(path: str | os.PathLike[str], option: str) -> DirectoryClaim | None:

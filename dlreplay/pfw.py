@@ -26,7 +26,9 @@ import numpy as np
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 _FEED_BYTES = 1 << 20  # compressed bytes fed to the decompressor at a time
-_OUT_BYTES = 8 << 20  # most decoded bytes one zlib call returns (memory stays bounded on a "zip bomb")
+_OUT_BYTES = (
+    8 << 20
+)  # most decoded bytes one zlib call returns (memory stays bounded on a "zip bomb")
 #: Decoded bytes of one member kept back on the fast path (the member is yielded only
 #: once it decoded cleanly); a larger member is decoded with zlib, streaming.
 _FAST_MEMBER_LIMIT = 64 << 20
@@ -61,7 +63,10 @@ def zlib_compatible_inflate() -> tuple[Any, tuple[type[BaseException], ...]]:
         from isal import isal_zlib
     except ImportError:  # optional speed-up
         return zlib, (zlib.error,)
-    return isal_zlib, (cast(type[BaseException], isal_zlib.error), zlib.error)  # (its stubs type it an instance)
+    return isal_zlib, (
+        cast(type[BaseException], isal_zlib.error),
+        zlib.error,
+    )  # (its stubs type it an instance)
 
 
 @dataclass
@@ -126,7 +131,9 @@ class Slabs:
     every mapping until the :class:`Slabs` goes) nothing is reused.
     """
 
-    def __init__(self, size: int | None = None, *, recycle: bool = False, keep_bytes: int = 0) -> None:
+    def __init__(
+        self, size: int | None = None, *, recycle: bool = False, keep_bytes: int = 0
+    ) -> None:
         self.size = size or SLAB_BYTES
         self.recycle = recycle
         #: the most released mappings kept for reuse (``keep_bytes`` of them, at least one:
@@ -161,7 +168,9 @@ class Slabs:
         # numpy's copy releases the GIL (an mmap slice assignment holds it through the
         # copy and the page faults of a fresh mapping: a fifth of the time the parse
         # threads held the GIL, serialising them)
-        np.frombuffer(cur, dtype=np.uint8, count=n, offset=lo)[:] = np.frombuffer(out, dtype=np.uint8)
+        np.frombuffer(cur, dtype=np.uint8, count=n, offset=lo)[:] = np.frombuffer(
+            out, dtype=np.uint8
+        )
         self._pos = lo + n
         return cur, lo, lo + n
 
@@ -201,7 +210,10 @@ class Slabs:
 def decoded_pieces(data: bytes, stats: DecodeStats) -> Iterable[tuple[bytes, bool]]:
     """Decode ``data`` (gzip members, or plain text); yield (bytes, damage_follows)."""
     for buf, lo, hi, damage in decoded_spans(data, stats):
-        yield buf if isinstance(buf, bytes) and lo == 0 and hi == len(buf) else bytes(buf[lo:hi]), damage
+        yield (
+            buf if isinstance(buf, bytes) and lo == 0 and hi == len(buf) else bytes(buf[lo:hi]),
+            damage,
+        )
 
 
 #: Plain (not gzip) trace text is handed on in spans of this many bytes.
@@ -233,8 +245,9 @@ class PlainFile:
         return PlainFile(path) if head and head != GZIP_MAGIC[:1] else None
 
 
-def decoded_spans(data: bytes | PlainFile, stats: DecodeStats,
-                  slabs: Slabs | None = None) -> Iterable[tuple[bytes | mmap.mmap, int, int, bool]]:
+def decoded_spans(
+    data: bytes | PlainFile, stats: DecodeStats, slabs: Slabs | None = None
+) -> Iterable[tuple[bytes | mmap.mmap, int, int, bool]]:
     """:func:`decoded_pieces` as (buf, lo, hi, damage_follows): the decoded bytes are
     ``buf[lo:hi]``; with ``slabs``, the fast path's output is copied there."""
     if isinstance(data, PlainFile):  # read as it is parsed: memory bounded by the parse chunks
@@ -250,15 +263,19 @@ def decoded_spans(data: bytes | PlainFile, stats: DecodeStats,
     n = len(data)
     pos = 0
     while pos < n:
-        if n - pos < 10 and GZIP_MAGIC.startswith(data[pos:pos + 3]):  # cut inside a member header
+        if n - pos < 10 and GZIP_MAGIC.startswith(
+            data[pos : pos + 3]
+        ):  # cut inside a member header
             stats.problems.append(f"file is truncated inside a gzip member header at byte {pos}")
             return
-        if data[pos:pos + 3] != GZIP_MAGIC:
+        if data[pos : pos + 3] != GZIP_MAGIC:
             nxt = data.find(GZIP_MAGIC, pos)
             skip_to = n if nxt < 0 else nxt
             if data[pos:skip_to].strip(b"\x00"):  # zero padding after the last member is benign
                 stats.drop(0, skip_to - pos)
-                stats.problems.append(f"skipped {skip_to - pos} bytes that are not gzip data at byte {pos}")
+                stats.problems.append(
+                    f"skipped {skip_to - pos} bytes that are not gzip data at byte {pos}"
+                )
             pos = skip_to
             continue
         stats.members += 1
@@ -272,7 +289,7 @@ def decoded_spans(data: bytes | PlainFile, stats: DecodeStats,
                 continue
         d = zlib.decompressobj(31)
         while True:
-            chunk = mv[pos:pos + _FEED_BYTES]
+            chunk = mv[pos : pos + _FEED_BYTES]
             if not chunk:  # input ended inside the member
                 stats.problems.append(
                     f"file is truncated: gzip member {stats.members} (at byte {start}) is incomplete"
@@ -291,8 +308,11 @@ def decoded_spans(data: bytes | PlainFile, stats: DecodeStats,
                 stats.drop(0, max(0, resume - err_pos))
                 stats.problems.append(
                     f"corrupt gzip member {stats.members} at byte {err_pos} ({exc}); "
-                    + (f"resumed at the next member header at byte {resume}" if nxt >= 0
-                       else "no later member header")
+                    + (
+                        f"resumed at the next member header at byte {resume}"
+                        if nxt >= 0
+                        else "no later member header"
+                    )
                 )
                 yield good, 0, len(good), True
                 pos = resume
@@ -305,7 +325,9 @@ def decoded_spans(data: bytes | PlainFile, stats: DecodeStats,
             pos += len(chunk) - len(d.unconsumed_tail)  # the rest is fed again
 
 
-def _fast_member(mv: memoryview, pos: int, slabs: Slabs | None = None) -> tuple[list[Span], int] | None:
+def _fast_member(
+    mv: memoryview, pos: int, slabs: Slabs | None = None
+) -> tuple[list[Span], int] | None:
     """Decode the member at ``pos`` with the fast library: (spans of at most
     ``_PIECE_BYTES``, in ``slabs`` when given; end offset), or None when it is damaged,
     truncated or too large (the caller then decodes it with zlib)."""
@@ -317,7 +339,7 @@ def _fast_member(mv: memoryview, pos: int, slabs: Slabs | None = None) -> tuple[
         while True:
             data: memoryview | bytes = b""
             if d.needs_input:
-                data = mv[end:end + _FEED_BYTES]
+                data = mv[end : end + _FEED_BYTES]
                 if not data:
                     return None
                 end += len(data)

@@ -61,9 +61,28 @@ WRITE_OPS = ("write", "pwrite", "pwrite64", "writev", "pwritev", "pwritev2", "fw
 OPEN_OPS = ("open", "open64", "openat", "openat64", "creat", "creat64", "fopen", "fopen64")
 CLOSE_OPS = ("close", "fclose")
 SEEK_OPS = ("lseek", "lseek64", "fseek", "fseeko", "fseeko64")
-STAT_OPS = ("stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "xstat", "xstat64",
-            "__xstat", "__xstat64", "__lxstat", "__lxstat64", "__fxstat", "__fxstat64",
-            "statx", "fstatat", "fstatat64", "newfstatat", "access", "faccessat")
+STAT_OPS = (
+    "stat",
+    "stat64",
+    "lstat",
+    "lstat64",
+    "fstat",
+    "fstat64",
+    "xstat",
+    "xstat64",
+    "__xstat",
+    "__xstat64",
+    "__lxstat",
+    "__lxstat64",
+    "__fxstat",
+    "__fxstat64",
+    "statx",
+    "fstatat",
+    "fstatat64",
+    "newfstatat",
+    "access",
+    "faccessat",
+)
 SYNC_OPS = ("fsync", "fdatasync", "sync_file_range", "msync")
 IO_CATEGORIES = ("POSIX", "STDIO")
 

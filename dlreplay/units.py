@@ -33,9 +33,20 @@ def human_seconds(s: float) -> str:
 
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
 }
 
 
@@ -68,6 +79,7 @@ def printable(text: object, keep: str = "") -> str:
     """*text* with every unsafe character (see ``_UNSAFE``) written as an escape (``\\x1b``,
     ``\\n``, ``\\u202e``), except those in *keep*: file names from a trace shown as they
     are named, never interpreted by the terminal."""
+
     def esc(m: re.Match[str]) -> str:
         c = m.group()
         if c in keep:

@@ -94,11 +94,19 @@ def generate(args):
                     # seeded random order, so one sample's chunks are scattered over the file.
                     e = min(args.chunk_edge, v)
                     dx = h.create_dataset("x", shape=x.shape, dtype=x.dtype, **kw["x"])
-                    blocks = [(s, ch, a, b, d) for s in range(n) for ch in range(c)
-                              for a in range(0, v, e) for b in range(0, v, e) for d in range(0, v, e)]
+                    blocks = [
+                        (s, ch, a, b, d)
+                        for s in range(n)
+                        for ch in range(c)
+                        for a in range(0, v, e)
+                        for b in range(0, v, e)
+                        for d in range(0, v, e)
+                    ]
                     for k in rng.permutation(len(blocks)):
                         s, ch, a, b, d = blocks[k]
-                        dx[s, ch, a:a + e, b:b + e, d:d + e] = x[s, ch, a:a + e, b:b + e, d:d + e]
+                        dx[s, ch, a : a + e, b : b + e, d : d + e] = x[
+                            s, ch, a : a + e, b : b + e, d : d + e
+                        ]
                 else:
                     h.create_dataset("x", data=x, **kw.get("x", {}))
                 h.create_dataset("y", data=y, **kw.get("y", {}))

@@ -172,9 +172,13 @@ def main(argv=None):
         from torch import nn
 
         model = build_model(args.num_classes, C.scaled(16, args.compute_scale))
-        return ImageFolderFiles(
-            files, args.keep_open, args.by_path, args.image_size if args.source_size else None
-        ), model, nn.CrossEntropyLoss()
+        return (
+            ImageFolderFiles(
+                files, args.keep_open, args.by_path, args.image_size if args.source_size else None
+            ),
+            model,
+            nn.CrossEntropyLoss(),
+        )
 
     return C.main_wrapper(JOB, args, params, generate(args), build)
 

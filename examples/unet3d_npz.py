@@ -139,7 +139,11 @@ def main(argv=None):
 
         bce = nn.BCEWithLogitsLoss()
         model = build_model(C.scaled(8, args.compute_scale), args.arch)
-        return NpzVolumes(files, args.keep_open, args.by_path), model, lambda out, y: bce(out, y.float())
+        return (
+            NpzVolumes(files, args.keep_open, args.by_path),
+            model,
+            lambda out, y: bce(out, y.float()),
+        )
 
     return C.main_wrapper(JOB, args, params, generate(args), build)
 

@@ -27,7 +27,9 @@ class Checkpointer:
         self.plan = plan
         self.c = plan.model.checkpoint
         self.count = 0
-        self.last_path: str | None = None  # the latest checkpoint's file when it has one (for its trace event)
+        self.last_path: str | None = (
+            None  # the latest checkpoint's file when it has one (for its trace event)
+        )
         self.last_time = time.monotonic()
         self.created: list[Path] = []
         self.rng = np.random.default_rng([plan.seed, plan.rank, 0xC4])
@@ -38,14 +40,24 @@ class Checkpointer:
         # tens of milliseconds: time the job's saves did not spend)
         self._buf = b""
         if self._enabled():
-            largest = max((max(calls, default=0) for calls in self.file_plan), default=0) if self.file_plan else \
-                int(min(self.c.bytes_per_checkpoint, (self.transfer.max or 0) if self.transfer else DEFAULT_WRITE_TRANSFER))
+            largest = (
+                max((max(calls, default=0) for calls in self.file_plan), default=0)
+                if self.file_plan
+                else int(
+                    min(
+                        self.c.bytes_per_checkpoint,
+                        (self.transfer.max or 0) if self.transfer else DEFAULT_WRITE_TRANSFER,
+                    )
+                )
+            )
             self._buf = self.rng.bytes(max(largest, 0))
 
     def _enabled(self) -> bool:
         c = self.c
         st = c.serialization_time
-        if not c.enabled or (c.bytes_per_checkpoint <= 0 and not (st.is_known and (st.mean or 0) > 0)):
+        if not c.enabled or (
+            c.bytes_per_checkpoint <= 0 and not (st.is_known and (st.mean or 0) > 0)
+        ):
             return False
         return c.num_checkpoints_write is None or self.count < c.num_checkpoints_write
 
@@ -79,7 +91,9 @@ class Checkpointer:
         nbytes = 0
         try:
             st = self.c.serialization_time
-            seconds = float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
+            seconds = (
+                float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
+            )
             if seconds > 0:
                 time.sleep(seconds)
             # no bytes: a save whose size the trace does not know (its time is the serialisation)
@@ -102,8 +116,12 @@ class Checkpointer:
         total = 0
         for j in mine:
             calls = self.file_plan[j] if self.file_plan is not None else None
-            nbytes = sum(calls) if calls is not None else \
-                c.bytes_per_checkpoint // nfiles + (c.bytes_per_checkpoint % nfiles if j == nfiles - 1 else 0)
+            nbytes = (
+                sum(calls)
+                if calls is not None
+                else c.bytes_per_checkpoint // nfiles
+                + (c.bytes_per_checkpoint % nfiles if j == nfiles - 1 else 0)
+            )
             path = folder / f"part-{j:04d}-of-{nfiles}.bin"
             try:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -118,7 +136,11 @@ class Checkpointer:
                         if calls is not None:
                             ts = next(planned, left)
                         else:
-                            ts = int(self.transfer.sample(self.rng, 1)[0]) if self.transfer else DEFAULT_WRITE_TRANSFER
+                            ts = (
+                                int(self.transfer.sample(self.rng, 1)[0])
+                                if self.transfer
+                                else DEFAULT_WRITE_TRANSFER
+                            )
                         ts = max(1, min(ts, left))
                         if len(self._buf) < ts:
                             self._buf = self.rng.bytes(ts)
@@ -131,8 +153,9 @@ class Checkpointer:
                     os.close(fd)
             except OSError as exc:
                 hint = "; free space or choose another --out" if exc.errno == errno.ENOSPC else ""
-                raise ReplayError(f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc}){hint}"
-                                  ) from None
+                raise ReplayError(
+                    f"{exc.filename or path}: cannot write checkpoint ({exc.strerror or exc}){hint}"
+                ) from None
         return total
 
     def cleanup(self) -> None:

@@ -36,8 +36,16 @@ TMP_SUFFIX = ".dlreplay-tmp"
 
 #: File name extension per dataset format.
 EXTENSIONS = {
-    "npz": "npz", "npy": "npy", "hdf5": "h5", "jpeg": "jpg", "png": "png", "tfrecord": "tfrecord",
-    "csv": "csv", "indexed_binary": "bin", "parquet": "parquet", "raw": "raw",
+    "npz": "npz",
+    "npy": "npy",
+    "hdf5": "h5",
+    "jpeg": "jpg",
+    "png": "png",
+    "tfrecord": "tfrecord",
+    "csv": "csv",
+    "indexed_binary": "bin",
+    "parquet": "parquet",
+    "raw": "raw",
 }
 #: Formats whose samples are byte ranges recorded in the manifest (``offsets``).
 RECORD_FORMATS = ("raw", "tfrecord", "indexed_binary")
@@ -125,11 +133,17 @@ def check_plan_size(model: WorkloadModel, seed: int) -> None:
         raise ReplayError(
             f"dataset.num_files x dataset.num_samples_per_file = {ds.num_files:,} x {ds.num_samples_per_file:,} = "
             f"{samples:,} samples: their sizes and order alone need ~{human_bytes(need)} of memory, more than half "
-            f"of this host's {human_bytes(ram)}; lower dataset.num_files or dataset.num_samples_per_file")
+            f"of this host's {human_bytes(ram)}; lower dataset.num_files or dataset.num_samples_per_file"
+        )
 
 
-def check_generate_resources(model: WorkloadModel, data_dir: Path, jobs: int, reusable_bytes: int = 0,
-                             reusable_files: int = 0) -> None:
+def check_generate_resources(
+    model: WorkloadModel,
+    data_dir: Path,
+    jobs: int,
+    reusable_bytes: int = 0,
+    reusable_files: int = 0,
+) -> None:
     """Refuse, before any file is written, a dataset that cannot be generated in *data_dir*.
 
     A file is generated whole in memory (one per generator process: *jobs*), and all files
@@ -145,17 +159,21 @@ def check_generate_resources(model: WorkloadModel, data_dir: Path, jobs: int, re
             f"dataset.record_length x dataset.num_samples_per_file = {human_bytes(record)} x "
             f"{ds.num_samples_per_file:,}: one file of {human_bytes(file_bytes)} is generated in memory, "
             f"{max(1, jobs)} at a time, which needs more than half of this host's {human_bytes(ram)}; lower them "
-            f"(or --jobs)")
+            f"(or --jobs)"
+        )
     total = file_bytes * ds.num_files
     free, inodes = _free(data_dir)
     if total - reusable_bytes > free:
         raise ReplayError(
             f"dataset.num_files x dataset.num_samples_per_file x dataset.record_length = {ds.num_files:,} x "
             f"{ds.num_samples_per_file:,} x {human_bytes(record)} = {human_bytes(total)}, but the file system "
-            f"of {data_dir} has {human_bytes(free)} free; choose a --data-dir with more space or a smaller dataset")
+            f"of {data_dir} has {human_bytes(free)} free; choose a --data-dir with more space or a smaller dataset"
+        )
     if ds.num_files - reusable_files > inodes:
-        raise ReplayError(f"dataset.num_files: {ds.num_files:,} files, but the file system of {data_dir} can "
-                          f"create only {int(inodes):,} more (free inodes); choose another --data-dir or fewer files")
+        raise ReplayError(
+            f"dataset.num_files: {ds.num_files:,} files, but the file system of {data_dir} can "
+            f"create only {int(inodes):,} more (free inodes); choose another --data-dir or fewer files"
+        )
 
 
 def check_replay_resources(model: WorkloadModel, accelerators: int, out: Path | None) -> None:
@@ -165,32 +183,44 @@ def check_replay_resources(model: WorkloadModel, accelerators: int, out: Path | 
     limit, why = process_limit()
     procs = max(1, accelerators) * max(1, rd.read_threads)
     if procs > limit:
-        raise ReplayError(f"reader.read_threads: {rd.read_threads} loader worker(s) x {accelerators} accelerator(s) "
-                          f"= {procs:,} processes, more than one command may start here (at most {limit}: {why}); "
-                          f"lower reader.read_threads")
-    for name, dist in (("train.computation_time", model.train.computation_time),
-                       ("reader.preprocess_time", rd.preprocess_time)):
+        raise ReplayError(
+            f"reader.read_threads: {rd.read_threads} loader worker(s) x {accelerators} accelerator(s) "
+            f"= {procs:,} processes, more than one command may start here (at most {limit}: {why}); "
+            f"lower reader.read_threads"
+        )
+    for name, dist in (
+        ("train.computation_time", model.train.computation_time),
+        ("reader.preprocess_time", rd.preprocess_time),
+    ):
         worst = max(_mean(dist), float(dist.max) if dist.max is not None else 0.0)
         if worst > MAX_SLEEP_S:
-            raise ReplayError(f"{name}: {worst:.3g} s per step cannot be replayed (a sleep of at most "
-                              f"{MAX_SLEEP_S:.0e} s, {MAX_SLEEP_S / 86400:.0f} days); check the unit (seconds)")
+            raise ReplayError(
+                f"{name}: {worst:.3g} s per step cannot be replayed (a sleep of at most "
+                f"{MAX_SLEEP_S:.0e} s, {MAX_SLEEP_S / 86400:.0f} days); check the unit (seconds)"
+            )
     ram = host_memory_bytes()
     in_batch = min(rd.batch_size, ds.num_files * ds.num_samples_per_file)
     batch = _mean(ds.record_length) * in_batch * max(1, accelerators) * (1 + rd.prefetch_factor)
     if ram and batch > ram // 2:
-        raise ReplayError(f"reader.batch_size x dataset.record_length: {in_batch:,} samples of "
-                          f"{human_bytes(_mean(ds.record_length))} per batch, with prefetching on "
-                          f"{accelerators} accelerator(s), need ~{human_bytes(batch)} of memory, more than half of "
-                          f"this host's {human_bytes(ram)}; lower reader.batch_size")
+        raise ReplayError(
+            f"reader.batch_size x dataset.record_length: {in_batch:,} samples of "
+            f"{human_bytes(_mean(ds.record_length))} per batch, with prefetching on "
+            f"{accelerators} accelerator(s), need ~{human_bytes(batch)} of memory, more than half of "
+            f"this host's {human_bytes(ram)}; lower reader.batch_size"
+        )
     if ck.enabled and ck.bytes_per_checkpoint > 0 and out is not None:
         free, inodes = _free(out)
         if ck.bytes_per_checkpoint > free:
-            raise ReplayError(f"checkpoint.bytes_per_checkpoint: {human_bytes(ck.bytes_per_checkpoint)} per "
-                              f"checkpoint, but the file system of {out} has {human_bytes(free)} free; choose "
-                              f"another --out or a smaller checkpoint")
+            raise ReplayError(
+                f"checkpoint.bytes_per_checkpoint: {human_bytes(ck.bytes_per_checkpoint)} per "
+                f"checkpoint, but the file system of {out} has {human_bytes(free)} free; choose "
+                f"another --out or a smaller checkpoint"
+            )
         if ck.files_per_checkpoint > inodes:
-            raise ReplayError(f"checkpoint.files_per_checkpoint: {ck.files_per_checkpoint:,} files, but the file "
-                              f"system of {out} can create only {int(inodes):,} more; choose another --out")
+            raise ReplayError(
+                f"checkpoint.files_per_checkpoint: {ck.files_per_checkpoint:,} files, but the file "
+                f"system of {out} can create only {int(inodes):,} more; choose another --out"
+            )
 
 
 def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
@@ -213,12 +243,17 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     # an empirical distribution (the real files' sizes) is drawn stratified: each draw from its own
     # 1/N of the probabilities (in a seeded order over the files), so N files have the real
     # distribution's quantiles, not N random draws' noise
-    strata = (np.random.default_rng([seed, 0x57A7]).permutation(n * per_file)
-              if ds.record_length.type == "empirical" else None)
+    strata = (
+        np.random.default_rng([seed, 0x57A7]).permutation(n * per_file)
+        if ds.record_length.type == "empirical"
+        else None
+    )
     for i in range(n):
         rng = np.random.default_rng([seed, i, 0x5EED])
         if strata is not None:
-            probs = (strata[i * per_file:(i + 1) * per_file] + rng.uniform(0.0, 1.0, per_file)) / (n * per_file)
+            probs = (
+                strata[i * per_file : (i + 1) * per_file] + rng.uniform(0.0, 1.0, per_file)
+            ) / (n * per_file)
             draws = ds.record_length.quantile(probs)
         else:
             draws = ds.record_length.sample(rng, per_file)
@@ -237,8 +272,10 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
         atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise ReplayError(f"{path}: cannot write: no space left on the device; free space or choose "
-                              f"another directory") from None
+            raise ReplayError(
+                f"{path}: cannot write: no space left on the device; free space or choose "
+                f"another directory"
+            ) from None
         raise ReplayError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
@@ -266,22 +303,36 @@ def listed_files(data_dir: Path, doc: dict[str, Any], source: Path) -> dict[str,
     files = doc.get("files", [])
     entries = list(files.values()) if isinstance(files, dict) else files
     if not isinstance(entries, list):
-        raise ReplayError(f"{source}: 'files' is not a list of files; delete {source} (it is not a file dlreplay "
-                          f"wrote) or choose another --data-dir")
+        raise ReplayError(
+            f"{source}: 'files' is not a list of files; delete {source} (it is not a file dlreplay "
+            f"wrote) or choose another --data-dir"
+        )
     out: dict[str, dict[str, Any]] = {}
     for e in entries:
         rel = e.get("path") if isinstance(e, dict) else e
         confined_path(data_dir, rel, source)
-        if not (isinstance(e, dict) and _byte_count(e.get("bytes")) and _byte_count(e.get("aux_bytes", 0))):
-            raise ReplayError(f"{source}: the entry for {rel!r} has no valid byte count; delete {source} (it is not "
-                              f"a file dlreplay wrote) or choose another --data-dir")
+        if not (
+            isinstance(e, dict)
+            and _byte_count(e.get("bytes"))
+            and _byte_count(e.get("aux_bytes", 0))
+        ):
+            raise ReplayError(
+                f"{source}: the entry for {rel!r} has no valid byte count; delete {source} (it is not "
+                f"a file dlreplay wrote) or choose another --data-dir"
+            )
         aux = e.get("aux", {})
         if not isinstance(aux, dict) or not all(
-                isinstance(k, str) and AUX_SUFFIX.fullmatch(k) and _byte_count(v) for k, v in aux.items()):
-            raise ReplayError(f"{source}: the entry for {rel!r} lists side files that are not a dataset's; delete "
-                              f"{source} (it is not a file dlreplay wrote) or choose another --data-dir")
+            isinstance(k, str) and AUX_SUFFIX.fullmatch(k) and _byte_count(v)
+            for k, v in aux.items()
+        ):
+            raise ReplayError(
+                f"{source}: the entry for {rel!r} lists side files that are not a dataset's; delete "
+                f"{source} (it is not a file dlreplay wrote) or choose another --data-dir"
+            )
         for suffix in aux_files(e):
-            confined_path(data_dir, str(rel) + suffix, source)  # rel: a str (confined_path checked it)
+            confined_path(
+                data_dir, str(rel) + suffix, source
+            )  # rel: a str (confined_path checked it)
         out[str(rel)] = e
     return out
 
@@ -309,14 +360,19 @@ def file_problems(data_dir: Path, files: dict[str, dict[str, Any]]) -> dict[str,
     """
     out: dict[str, str] = {}
     for rel, e in files.items():
-        for name, want in ((rel, e["bytes"]), *((rel + suffix, n) for suffix, n in aux_files(e).items())):
+        for name, want in (
+            (rel, e["bytes"]),
+            *((rel + suffix, n) for suffix, n in aux_files(e).items()),
+        ):
             try:
                 st = (Path(data_dir) / name).stat()
                 have = st.st_size if stat.S_ISREG(st.st_mode) else None
             except OSError:
                 have = None
             if have != want:
-                out[rel] = f"{name}: {'missing' if have is None else f'{have} bytes'}, listed {want}"
+                out[rel] = (
+                    f"{name}: {'missing' if have is None else f'{have} bytes'}, listed {want}"
+                )
                 break
     return out
 
@@ -330,8 +386,13 @@ def read_dataset_manifest(data_dir: Path) -> dict[str, Any] | None:
     data = read_json(source)
     if not data or data.get("schema") != DATASET_SCHEMA or data.get("complete") is not True:
         return None
-    if not isinstance(data.get("format_version", 0), int) or data.get("format_version", 0) > DATASET_FORMAT_VERSION:
-        raise ReplayError(f"{source}: format_version {data.get('format_version')!r} is not one this dlreplay reads "
-                          f"({DATASET_FORMAT_VERSION}); upgrade dlreplay or regenerate the dataset.")
+    if (
+        not isinstance(data.get("format_version", 0), int)
+        or data.get("format_version", 0) > DATASET_FORMAT_VERSION
+    ):
+        raise ReplayError(
+            f"{source}: format_version {data.get('format_version')!r} is not one this dlreplay reads "
+            f"({DATASET_FORMAT_VERSION}); upgrade dlreplay or regenerate the dataset."
+        )
     listed_files(Path(data_dir), data, source)
     return data

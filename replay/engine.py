@@ -76,10 +76,29 @@ from .prepare import (
 
 #: The engine's public names (the plan, checkpoint and preparation ones are defined in those modules).
 __all__ = [
-    "DEFAULT_WRITE_TRANSFER", "IO_MODES", "KEEP_ON_SUCCESS", "LOADERS", "METRICS_NAME", "ORDER_NAME", "RankPlan",
-    "ReplayConfig", "ReplayResult", "choose_loader", "default_out", "epoch_batches", "epoch_compute",
-    "find_max_accelerators", "make_loader", "model_accelerators", "model_warnings", "render_result", "run_rank",
-    "run_replay", "spends_host_cpu", "step_compute", "steps_per_epoch",
+    "DEFAULT_WRITE_TRANSFER",
+    "IO_MODES",
+    "KEEP_ON_SUCCESS",
+    "LOADERS",
+    "METRICS_NAME",
+    "ORDER_NAME",
+    "RankPlan",
+    "ReplayConfig",
+    "ReplayResult",
+    "choose_loader",
+    "default_out",
+    "epoch_batches",
+    "epoch_compute",
+    "find_max_accelerators",
+    "make_loader",
+    "model_accelerators",
+    "model_warnings",
+    "render_result",
+    "run_rank",
+    "run_replay",
+    "spends_host_cpu",
+    "step_compute",
+    "steps_per_epoch",
 ]
 
 BARRIER_TIMEOUT_S = 600.0
@@ -88,7 +107,9 @@ BARRIER_TIMEOUT_S = 600.0
 # --------------------------------------------------------------------------- per accelerator
 
 
-def run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str = False) -> dict[str, Any]:
+def run_rank(
+    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str = False
+) -> dict[str, Any]:
     """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync), then each
     epoch's end (epoch checkpoint, evaluation, the model's epoch-end time).
 
@@ -128,11 +149,15 @@ def make_loader(plan: RankPlan) -> Any:
     if plan.loader == "torch":
         from .torchloader import TorchLoader
 
-        return TorchLoader(plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory)
+        return TorchLoader(
+            plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory
+        )
     # PyTorch starts new worker processes at every epoch unless persistent_workers (and joins them
     # in the next() that ends the epoch): one Loader per epoch then.
     persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
-    return Loader(plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor, one_epoch=not persistent)
+    return Loader(
+        plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor, one_epoch=not persistent
+    )
 
 
 def _loader_events_from_hooks(plan: RankPlan) -> bool:
@@ -145,11 +170,27 @@ def _loader_events_from_hooks(plan: RankPlan) -> bool:
 
 
 def _new_record(epoch: int) -> dict[str, Any]:
-    return {"epoch": epoch, "steps": 0, "samples": 0, "bytes_read": 0, "compute_s": 0.0,
-            "modelled_compute_s": 0.0, "host_cpu_s": 0.0, "modelled_host_cpu_s": 0.0, "host_cpu_dropped_s": 0.0,
-            "io_wait_s": 0.0, "checkpoint_s": 0.0, "checkpoint_bytes": 0,
-            "evaluation_s": 0.0, "epoch_end_s": 0.0, "window_s": 0.0, "samples_in_window": 0,
-            "bytes_in_window": 0, "epoch_time_s": 0.0, "worker_pids": []}
+    return {
+        "epoch": epoch,
+        "steps": 0,
+        "samples": 0,
+        "bytes_read": 0,
+        "compute_s": 0.0,
+        "modelled_compute_s": 0.0,
+        "host_cpu_s": 0.0,
+        "modelled_host_cpu_s": 0.0,
+        "host_cpu_dropped_s": 0.0,
+        "io_wait_s": 0.0,
+        "checkpoint_s": 0.0,
+        "checkpoint_bytes": 0,
+        "evaluation_s": 0.0,
+        "epoch_end_s": 0.0,
+        "window_s": 0.0,
+        "samples_in_window": 0,
+        "bytes_in_window": 0,
+        "epoch_time_s": 0.0,
+        "worker_pids": [],
+    }
 
 
 class _RankRun:
@@ -162,7 +203,12 @@ class _RankRun:
         self.edge_rng = np.random.default_rng([plan.seed, plan.rank, 0xE0])
         self.epochs: list[dict[str, Any]] = []
         self.order: dict[str, list[int]] = {}
-        self.result: dict[str, Any] = {"rank": plan.rank, "epochs": self.epochs, "complete": False, "error": None}
+        self.result: dict[str, Any] = {
+            "rank": plan.rank,
+            "epochs": self.epochs,
+            "complete": False,
+            "error": None,
+        }
         self.ckpt = Checkpointer(plan)
         self.loader: Any = None
         self.global_step = 0
@@ -217,29 +263,45 @@ class _RankRun:
             self.order[str(epoch)] = ids
         return True
 
-    def _steps(self, epoch: int, batches: list[list[tuple[int, int]]], rec: dict[str, Any], ids: list[int],
-               pids: set[int]) -> float:
+    def _steps(
+        self,
+        epoch: int,
+        batches: list[list[tuple[int, int]]],
+        rec: dict[str, Any],
+        ids: list[int],
+        pids: set[int],
+    ) -> float:
         """The epoch's steps (fetch a batch, its compute, a checkpoint when due, sync); returns the
         epoch's start time."""
         own_events, sleeper, record_order = self.own_events, self.sleeper, self.plan.record_order
         per_epoch_au = self.per_epoch_au
-        modelled_steps, cpu_steps = epoch_compute(self.model, self.compute_rng, len(batches), epoch, self.global_step)
+        modelled_steps, cpu_steps = epoch_compute(
+            self.model, self.compute_rng, len(batches), epoch, self.global_step
+        )
         t_start = t_prev = time.perf_counter()
-        if self.loader is None or getattr(self.loader, "closed", False):  # worker start-up is part of the epoch
+        if self.loader is None or getattr(
+            self.loader, "closed", False
+        ):  # worker start-up is part of the epoch
             self.loader = make_loader(self.plan)
         ev_epoch = REGIONS.begin("epoch", "pipeline", epoch=epoch - 1) if own_events else None
         batch_iter = iter(self.loader.epoch(batches))
         step = -1
         while True:
             step += 1
-            ev_fetch = REGIONS.begin("fetch", "dataloader", epoch=epoch - 1, step=step) if own_events else None
+            ev_fetch = (
+                REGIONS.begin("fetch", "dataloader", epoch=epoch - 1, step=step)
+                if own_events
+                else None
+            )
             try:
                 res = next(batch_iter)
             except StopIteration:
                 REGIONS.end(ev_fetch, batch_size=0, last=1)
                 break
             REGIONS.end(ev_fetch, batch_size=len(res.samples))
-            ev_step = REGIONS.begin("step", "compute", epoch=epoch - 1, step=step) if own_events else None
+            ev_step = (
+                REGIONS.begin("step", "compute", epoch=epoch - 1, step=step) if own_events else None
+            )
             clocks = (time.process_time_ns(), time.thread_time_ns()) if ev_step else (0, 0)
             INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
             t_got = time.perf_counter()
@@ -251,9 +313,15 @@ class _RankRun:
             compute, ck = self._compute(epoch, step, modelled, cpu_steps, rec)
             self.sync()
             if ev_step:  # the training process's CPU in the step, as the capture hooks measure it
-                cpu_ns, own_ns = time.process_time_ns() - clocks[0], time.thread_time_ns() - clocks[1]
-                REGIONS.end(ev_step, cpu_time=cpu_ns // 1000,
-                            cpu_threads=max(1, round(cpu_ns / own_ns)) if own_ns > 0 else 1)
+                cpu_ns, own_ns = (
+                    time.process_time_ns() - clocks[0],
+                    time.thread_time_ns() - clocks[1],
+                )
+                REGIONS.end(
+                    ev_step,
+                    cpu_time=cpu_ns // 1000,
+                    cpu_threads=max(1, round(cpu_ns / own_ns)) if own_ns > 0 else 1,
+                )
             rec["steps"] += 1
             rec["samples"] += len(res.samples)
             rec["bytes_read"] += res.nbytes
@@ -282,13 +350,15 @@ class _RankRun:
         REGIONS.end(ev_epoch, steps=rec["steps"])
         return t_start
 
-    def _compute(self, epoch: int, step: int, modelled: float, cpu_steps: np.ndarray,
-                 rec: dict[str, Any]) -> tuple[float, float]:
+    def _compute(
+        self, epoch: int, step: int, modelled: float, cpu_steps: np.ndarray, rec: dict[str, Any]
+    ) -> tuple[float, float]:
         """The step's compute (host CPU, then a sleep for the rest of its modelled time) and the
         checkpoint due after it; returns (compute seconds, checkpoint seconds)."""
         m = self.model
         warm = self.global_step < len(m.train.warmup_computation_time) or (
-            epoch > 1 and step < len(m.train.epoch_warmup_computation_time))
+            epoch > 1 and step < len(m.train.epoch_warmup_computation_time)
+        )
         ev_warm = REGIONS.begin("warmup", "compute", epoch=epoch - 1, step=step) if warm else None
         if self.host is not None:
             compute = self._host_step(self.host, modelled, float(cpu_steps[step]), rec)
@@ -325,8 +395,12 @@ class _RankRun:
             rec["checkpoint_s"] += time.perf_counter() - ck0
             self.sync()
         ev = self.model.train.evaluation
-        if ev is not None and self.eval_steps and epoch >= ev.after_epoch and (
-                epoch - ev.after_epoch) % ev.every_n_epochs == 0:
+        if (
+            ev is not None
+            and self.eval_steps
+            and epoch >= ev.after_epoch
+            and (epoch - ev.after_epoch) % ev.every_n_epochs == 0
+        ):
             e0 = time.perf_counter()
             ev_eval = REGIONS.begin("evaluate", "pipeline", epoch=epoch - 1, steps=self.eval_steps)
             for t in ev.computation_time.sample(self.compute_rng, self.eval_steps):
@@ -361,7 +435,9 @@ class _RankRun:
             self.ckpt.cleanup()
 
 
-def _run_rank(plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str) -> dict[str, Any]:
+def _run_rank(
+    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str
+) -> dict[str, Any]:
     run = _RankRun(plan, sync)
     result = run.result
     try:
@@ -441,8 +517,10 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
         n = model_accelerators(config.model)
         config = dataclasses.replace(config, accelerators=n)
         if n > 1 and not config.traced:
-            say(f"{n} accelerators, as many as the traced job's ranks (processes.ranks; "
-                "--accelerators N to change)")
+            say(
+                f"{n} accelerators, as many as the traced job's ranks (processes.ranks; "
+                "--accelerators N to change)"
+            )
     assert config.accelerators is not None
     if config.accelerators < 1:
         raise ReplayError(f"--accelerators: expected a positive integer, got {config.accelerators}")
@@ -461,14 +539,18 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     ckdir = str((out / "checkpoints").resolve())
     loader, why = choose_loader(config)
     import_loader(loader)
-    plans = [RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order, loader)
-             for r in range(size)]
+    plans = [
+        RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order, loader)
+        for r in range(size)
+    ]
     # One accelerator runs here: Ctrl-C raises KeyboardInterrupt. With several, this process
     # only waits for results: Ctrl-C sets the flag, polled by _run_local_ranks.
     with INTERRUPT.catching("first" if size == 1 else "flag"):
-        say(f"replay started: {size} accelerator(s), {config.model.train.epochs} epoch(s) of "
+        say(
+            f"replay started: {size} accelerator(s), {config.model.train.epochs} epoch(s) of "
             f"{steps_per_epoch(config.model, size)} step(s), {loader} loader ({why}); results in {out} "
-            f"(Ctrl-C stops it, partial metrics are kept)")
+            f"(Ctrl-C stops it, partial metrics are kept)"
+        )
         started, t0 = now_utc(), time.perf_counter()
         if size == 1:
             try:
@@ -479,12 +561,24 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
         else:
             ranks, interrupted = _run_local_ranks(plans, config.keep_checkpoints)
         wall = time.perf_counter() - t0
-        return _finish(config, out, ranks, manifest, started, wall, interrupted, warnings, size, False, say)
+        return _finish(
+            config, out, ranks, manifest, started, wall, interrupted, warnings, size, False, say
+        )
 
 
-def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manifest: dict[str, Any], started: str,
-            wall: float, interrupted: bool, warnings: Sequence[str], size: int, mpi: bool,
-            say: Callable[[str], None]) -> ReplayResult:
+def _finish(
+    config: ReplayConfig,
+    out: Path,
+    ranks: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    started: str,
+    wall: float,
+    interrupted: bool,
+    warnings: Sequence[str],
+    size: int,
+    mpi: bool,
+    say: Callable[[str], None],
+) -> ReplayResult:
     doc = metrics_doc(config, ranks, manifest, started, wall, interrupted, warnings, size, mpi)
     write_json_atomic(out / METRICS_NAME, doc)
     if config.record_order:
@@ -495,8 +589,12 @@ def _finish(config: ReplayConfig, out: Path, ranks: list[dict[str, Any]], manife
         except OSError:
             pass
     if doc["errors"] and not interrupted:
-        raise ReplayError(f"replay failed ({'; '.join(doc['errors'])}); partial metrics in {out / METRICS_NAME}")
-    return ReplayResult(out=out, metrics=doc, complete=doc["complete"], traced=False, warnings=tuple(warnings))
+        raise ReplayError(
+            f"replay failed ({'; '.join(doc['errors'])}); partial metrics in {out / METRICS_NAME}"
+        )
+    return ReplayResult(
+        out=out, metrics=doc, complete=doc["complete"], traced=False, warnings=tuple(warnings)
+    )
 
 
 def _run_local_ranks(plans: list[RankPlan], keep: bool | str) -> tuple[list[dict[str, Any]], bool]:
@@ -506,8 +604,12 @@ def _run_local_ranks(plans: list[RankPlan], keep: bool | str) -> tuple[list[dict
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(len(plans))
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_process, args=(p, barrier, results, keep), name=f"dlreplay-rank-{p.rank}")
-             for p in plans]
+    procs = [
+        ctx.Process(
+            target=_rank_process, args=(p, barrier, results, keep), name=f"dlreplay-rank-{p.rank}"
+        )
+        for p in plans
+    ]
     for p in procs:
         p.start()
     got, interrupted = _collect_ranks(procs, results, len(plans))
@@ -519,8 +621,15 @@ def _run_local_ranks(plans: list[RankPlan], keep: bool | str) -> tuple[list[dict
     dead = {r["rank"] for r in got}
     for p, plan in zip(procs, plans, strict=True):
         if plan.rank not in dead and not interrupted:
-            got.append({"rank": plan.rank, "epochs": [], "complete": False,
-                        "error": f"accelerator process ended unexpectedly (exit code {p.exitcode})", "order": None})
+            got.append(
+                {
+                    "rank": plan.rank,
+                    "epochs": [],
+                    "complete": False,
+                    "error": f"accelerator process ended unexpectedly (exit code {p.exitcode})",
+                    "order": None,
+                }
+            )
     got.sort(key=lambda r: r["rank"])
     if any(not r["complete"] and r["error"] is None for r in got):
         interrupted = True
@@ -546,7 +655,9 @@ def _collect_ranks(procs: list[Any], results: Any, n: int) -> tuple[list[dict[st
         if INTERRUPT.requested and not interrupted:
             interrupted = True
             deadline = time.monotonic() + 30.0
-            for p in procs:  # a Ctrl-C on the terminal reaches them anyway; a signal to us alone must too
+            for p in (
+                procs
+            ):  # a Ctrl-C on the terminal reaches them anyway; a signal to us alone must too
                 if p.is_alive() and p.pid:
                     try:
                         os.kill(p.pid, signal.SIGINT)
@@ -559,11 +670,15 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
     rank, size = comm.Get_rank(), comm.Get_size()
     if config.trace and not config.traced:
         if rank == 0:
-            raise ReplayError("tracing an MPI replay from inside mpiexec is not supported; run "
-                              "`dlreplay capture -- mpiexec -n N python -m dlreplay replay ... --no-trace`, "
-                              "or pass --no-trace")
+            raise ReplayError(
+                "tracing an MPI replay from inside mpiexec is not supported; run "
+                "`dlreplay capture -- mpiexec -n N python -m dlreplay replay ... --no-trace`, "
+                "or pass --no-trace"
+            )
         comm.Abort(1)
-    out = Path(comm.bcast(str(config.out or default_out(config.model)) if rank == 0 else None, root=0))
+    out = Path(
+        comm.bcast(str(config.out or default_out(config.model)) if rank == 0 else None, root=0)
+    )
     err: str | None = None
     manifest: dict[str, Any] = {}
     warnings: list[str] = []
@@ -583,8 +698,16 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
     spec = worker_spec(config, manifest)
     loader, _ = choose_loader(config)
     import_loader(loader)
-    plan = RankPlan(config.model, spec, rank, size, config.seed, str((out / "checkpoints").resolve()),
-                    config.record_order, loader)
+    plan = RankPlan(
+        config.model,
+        spec,
+        rank,
+        size,
+        config.seed,
+        str((out / "checkpoints").resolve()),
+        config.record_order,
+        loader,
+    )
     comm.Barrier()
     started, t0 = now_utc(), time.perf_counter()
     res = run_rank(plan, comm.Barrier, config.keep_checkpoints)
@@ -595,8 +718,19 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
             sys.exit(1)
         return ReplayResult(out=out, metrics={}, complete=res["complete"], traced=False)
     interrupted = any(not r["complete"] and r["error"] is None for r in ranks)
-    return _finish(config, out, sorted(ranks, key=lambda r: r["rank"]), manifest, started, wall, interrupted,
-                   warnings, size, True, say)
+    return _finish(
+        config,
+        out,
+        sorted(ranks, key=lambda r: r["rank"]),
+        manifest,
+        started,
+        wall,
+        interrupted,
+        warnings,
+        size,
+        True,
+        say,
+    )
 
 
 def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> ReplayResult:
@@ -607,11 +741,31 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     manifest, warnings = ensure_dataset(config, say)
     model_path = out / "model.yaml"
     save_model(config.model, model_path)
-    cmd = [sys.executable, "-m", "dlreplay", "replay", str(model_path.resolve()),
-           "--data-dir", str(config.data_dir.resolve()), "--accelerators", str(config.accelerators),
-           "--out", str(out.resolve()), "--no-trace", "--_traced", "--no-generate", "--io", config.io,
-           "--au-threshold", str(config.au_threshold), "--seed", str(config.seed), "--loader", config.loader,
-           "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlreplay",
+        "replay",
+        str(model_path.resolve()),
+        "--data-dir",
+        str(config.data_dir.resolve()),
+        "--accelerators",
+        str(config.accelerators),
+        "--out",
+        str(out.resolve()),
+        "--no-trace",
+        "--_traced",
+        "--no-generate",
+        "--io",
+        config.io,
+        "--au-threshold",
+        str(config.au_threshold),
+        "--seed",
+        str(config.seed),
+        "--loader",
+        config.loader,
+        "--quiet",
+    ]
     if config.record_order:
         cmd.append("--record-order")
     # the replay's checkpoint files are deleted here, after the trace: not the workload's I/O
@@ -620,12 +774,20 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     started = now_utc()
     try:
         INTERRUPT.check()  # a Ctrl-C so far whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
-        say(f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s), "
+        say(
+            f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s), "
             f"{choose_loader(config)[0]} loader; results and trace in {out} (Ctrl-C stops it, partial metrics "
-            f"are kept)")
-        cap = run_capture(CaptureConfig(command=tuple(cmd), out=out, force=True,
-                                        data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
-                                        name=config.model.model.name or "replay"))
+            f"are kept)"
+        )
+        cap = run_capture(
+            CaptureConfig(
+                command=tuple(cmd),
+                out=out,
+                force=True,
+                data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
+                name=config.model.model.name or "replay",
+            )
+        )
     except KeyboardInterrupt:
         return _not_started(config, out, manifest, started, warnings)
     finally:
@@ -637,30 +799,48 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     except (OSError, ValueError):
         if cap.status == "interrupted":  # stopped before its first step
             return _not_started(config, out, manifest, started, warnings)
-        raise ReplayError(f"the traced replay wrote no metrics ({path}); exit code {cap.exit_code}, "
-                          f"trace status {cap.status} in {out}") from None
+        raise ReplayError(
+            f"the traced replay wrote no metrics ({path}); exit code {cap.exit_code}, "
+            f"trace status {cap.status} in {out}"
+        ) from None
     interrupted = cap.status == "interrupted" or bool(metrics.get("interrupted"))
-    if not interrupted and (cap.exit_code != 0 or metrics.get("errors")):  # failed: not a Ctrl-C (exit 130)
-        detail = "; ".join(metrics.get("errors") or []) or f"the traced replay exited with code {cap.exit_code}"
+    if not interrupted and (
+        cap.exit_code != 0 or metrics.get("errors")
+    ):  # failed: not a Ctrl-C (exit 130)
+        detail = (
+            "; ".join(metrics.get("errors") or [])
+            or f"the traced replay exited with code {cap.exit_code}"
+        )
         raise ReplayError(f"replay failed ({detail}); partial metrics and trace in {out}")
-    return ReplayResult(out=out, metrics=metrics, complete=bool(metrics.get("complete")) and cap.exit_code == 0,
-                        traced=True, warnings=tuple(warnings))
+    return ReplayResult(
+        out=out,
+        metrics=metrics,
+        complete=bool(metrics.get("complete")) and cap.exit_code == 0,
+        traced=True,
+        warnings=tuple(warnings),
+    )
 
 
-def _not_started(config: ReplayConfig, out: Path, manifest: dict[str, Any], started: str,
-                 warnings: Sequence[str]) -> ReplayResult:
+def _not_started(
+    config: ReplayConfig, out: Path, manifest: dict[str, Any], started: str, warnings: Sequence[str]
+) -> ReplayResult:
     """Metrics of a replay interrupted before its first step: no epochs, ``complete`` false."""
     assert config.accelerators is not None  # set by run_replay before a traced run starts
-    doc = metrics_doc(config, [], manifest, started, 0.0, True, warnings, config.accelerators, False)
+    doc = metrics_doc(
+        config, [], manifest, started, 0.0, True, warnings, config.accelerators, False
+    )
     write_json_atomic(out / METRICS_NAME, doc)
-    return ReplayResult(out=out, metrics=doc, complete=False, traced=config.trace, warnings=tuple(warnings))
+    return ReplayResult(
+        out=out, metrics=doc, complete=False, traced=config.trace, warnings=tuple(warnings)
+    )
 
 
 # --------------------------------------------------------------------------- find max accelerators
 
 
-def find_max_accelerators(config: ReplayConfig, limit: int = 64,
-                          echo: Callable[[str], None] | None = None) -> list[tuple[int, float | None]]:
+def find_max_accelerators(
+    config: ReplayConfig, limit: int = 64, echo: Callable[[str], None] | None = None
+) -> list[tuple[int, float | None]]:
     """Largest N whose AU stays >= the threshold: try 1, 2, 4, … then bisect. Returns (N, AU %) measured.
 
     Each trial is an untraced replay into ``<out>/n<N>``.

@@ -242,7 +242,10 @@ def _sample_of(arrays: list[np.ndarray], k: int | None) -> Decoded:
     (None: the arrays are the sample's already), the whole array otherwise; several arrays
     stay several (a job's Dataset returns them as they are: joining them was a copy of every
     sample that the job's workers did not make)."""
-    rows = [np.ascontiguousarray(a[k] if k is not None and a.ndim >= 1 and a.shape[0] > 1 else a) for a in arrays]
+    rows = [
+        np.ascontiguousarray(a[k] if k is not None and a.ndim >= 1 and a.shape[0] > 1 else a)
+        for a in arrays
+    ]
     if len(rows) == 1:
         return rows[0]
     return tuple(rows) if rows else np.empty(0, dtype=np.uint8)
@@ -253,7 +256,11 @@ def joined(decoded: Decoded) -> np.ndarray:
     of their total size (the sample's decoded size)."""
     if isinstance(decoded, np.ndarray):
         return decoded
-    return np.concatenate([r.reshape(-1).view(np.uint8) for r in decoded]) if decoded else np.empty(0, dtype=np.uint8)
+    return (
+        np.concatenate([r.reshape(-1).view(np.uint8) for r in decoded])
+        if decoded
+        else np.empty(0, dtype=np.uint8)
+    )
 
 
 #: Bytes per read of a text dataset file (CSV) unless the model's transfer sizes say
@@ -281,8 +288,15 @@ class LibraryReader(_Reader):
     reader is made, by decoding a tiny in-memory sample, so no sample's count holds them.
     """
 
-    def __init__(self, fmt: str, open_per_sample: bool, buffered: bool = True, index_style: str | None = None,
-                 text_chunk: int = TEXT_CHUNK_BYTES, memory_map: bool = False) -> None:
+    def __init__(
+        self,
+        fmt: str,
+        open_per_sample: bool,
+        buffered: bool = True,
+        index_style: str | None = None,
+        text_chunk: int = TEXT_CHUNK_BYTES,
+        memory_map: bool = False,
+    ) -> None:
         super().__init__(fmt, open_per_sample)
         self.buffered = buffered
         self.index_style = index_style
@@ -329,7 +343,9 @@ class LibraryReader(_Reader):
             value = frame.row(k)[0]
             data = value if isinstance(value, bytes) else str(value).encode()
             return np.frombuffer(data, dtype=np.uint8)
-        raise ReplayError(f"unsupported dataset format {fmt!r}")  # pragma: no cover - validated by the model
+        raise ReplayError(
+            f"unsupported dataset format {fmt!r}"
+        )  # pragma: no cover - validated by the model
 
     def _read_whole(self, path: str) -> bytes:
         """A file read start to end in reads of ``text_chunk`` bytes, and the read at its end
@@ -420,7 +436,7 @@ class LibraryReader(_Reader):
         mapping that nothing touches (no read call; the sample handed over is DLIO's resized one)."""
         if self.memory_map:
             mapped = np.memmap(path, mode="r", dtype=np.uint8)
-            return mapped[offset:offset + length]
+            return mapped[offset : offset + length]
         fh = open(path, "rb") if self.open_per_sample else self._handle(path)  # noqa: SIM115
         try:
             fh.seek(offset)
@@ -451,8 +467,14 @@ class PosixReader(_Reader):
     as usual (``direct_used`` says which happened last); it applies to :meth:`read`.
     """
 
-    def __init__(self, fmt: str, open_per_sample: bool, stats_per_sample: float = 0.0,
-                 lseeks_per_sample: float = 0.0, direct: bool = False) -> None:
+    def __init__(
+        self,
+        fmt: str,
+        open_per_sample: bool,
+        stats_per_sample: float = 0.0,
+        lseeks_per_sample: float = 0.0,
+        direct: bool = False,
+    ) -> None:
         super().__init__(fmt, open_per_sample)
         self.stats_per_sample = stats_per_sample
         self.lseeks_per_sample = lseeks_per_sample
@@ -510,7 +532,9 @@ class PosixReader(_Reader):
         finally:
             self._end(fd)
 
-    def read_decoded(self, path: str, offset: int, length: int, transfer: int) -> tuple[int, Decoded]:
+    def read_decoded(
+        self, path: str, offset: int, length: int, transfer: int
+    ) -> tuple[int, Decoded]:
         """As :meth:`read`, into a new array: (bytes read, the bytes as stored, uint8)."""
         fd = self._begin(path, offset, False)
         try:
@@ -519,7 +543,7 @@ class PosixReader(_Reader):
             view = memoryview(buf)
             pos, total = 0, 0
             while pos < length:
-                got = os.preadv(fd, [view[pos:pos + min(transfer, length - pos)]], offset + pos)
+                got = os.preadv(fd, [view[pos : pos + min(transfer, length - pos)]], offset + pos)
                 if got <= 0:
                     break
                 total += got

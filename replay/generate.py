@@ -106,7 +106,9 @@ class GenerateResult:
     manifest: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-def _write_one(fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: int) -> dict[str, Any]:
+def _write_one(
+    fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: int
+) -> dict[str, Any]:
     """Generate one file (runs in a pool process). OS errors become ReplayError naming the path."""
     path = Path(data_dir) / spec.relpath
     try:
@@ -115,11 +117,21 @@ def _write_one(fmt: str, data_dir: str, spec: FileSpec, layout: Layout, seed: in
         written = write_file(fmt, path, spec.sizes, layout, rng)
     except ReplayError:
         raise
-    except Exception as exc:  # OSError, or a library's own error (polars: ComputeError on a full disk)
-        for tmp in (path.with_name(f".{path.name}{suffix}{TMP_SUFFIX}") for suffix in ("", *AUX_SUFFIXES)):
-            tmp.unlink(missing_ok=True)  # our partial temporary file: it may hold the space that is missing
+    except (
+        Exception
+    ) as exc:  # OSError, or a library's own error (polars: ComputeError on a full disk)
+        for tmp in (
+            path.with_name(f".{path.name}{suffix}{TMP_SUFFIX}") for suffix in ("", *AUX_SUFFIXES)
+        ):
+            tmp.unlink(
+                missing_ok=True
+            )  # our partial temporary file: it may hold the space that is missing
         raise _write_error(exc, path, sum(spec.sizes)) from None
-    entry: dict[str, Any] = {"path": spec.relpath, "bytes": written.bytes, "samples": len(spec.sizes)}
+    entry: dict[str, Any] = {
+        "path": spec.relpath,
+        "bytes": written.bytes,
+        "samples": len(spec.sizes),
+    }
     if written.records is not None:
         entry["records"] = written.records
     if written.aux_bytes:
@@ -143,11 +155,14 @@ def _write_error(exc: Exception, path: Path, need: int) -> ReplayError:
     name = getattr(exc, "filename", None)
     where = name if name and TMP_SUFFIX not in str(name) else path
     if code == errno.ENOSPC or "No space left" in str(exc) or _free_bytes(path) < need:
-        return ReplayError(f"{where}: no space left on the device while generating the dataset; free space "
-                           f"or choose another --data-dir (rerun resumes where it stopped)")
+        return ReplayError(
+            f"{where}: no space left on the device while generating the dataset; free space "
+            f"or choose another --data-dir (rerun resumes where it stopped)"
+        )
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return ReplayError(f"{where}: permission denied while generating the dataset; choose a writable "
-                           f"--data-dir")
+        return ReplayError(
+            f"{where}: permission denied while generating the dataset; choose a writable --data-dir"
+        )
     if isinstance(exc, OSError):
         return ReplayError(f"{where}: cannot write ({exc.strerror or exc})")
     return ReplayError(f"{where}: cannot write ({type(exc).__name__}: {exc})")
@@ -257,7 +272,9 @@ def _claim(data_dir: Path) -> DirectoryClaim:
     try:
         return claim_directory(data_dir, "--data-dir")
     except OSError as exc:
-        raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
+        raise ReplayError(
+            f"{data_dir}: cannot create the data directory ({exc.strerror or exc})"
+        ) from None
 
 
 class _Progress:
@@ -271,8 +288,10 @@ class _Progress:
         self.last = now
         width = 30
         filled = int(width * done / max(self.total, 1))
-        sys.stderr.write(f"\rgenerating [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} files "
-                         f"{nbytes / 2**20:,.1f} MiB ")
+        sys.stderr.write(
+            f"\rgenerating [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} files "
+            f"{nbytes / 2**20:,.1f} MiB "
+        )
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -281,7 +300,9 @@ class _Progress:
             sys.stderr.flush()
 
 
-def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None = None) -> GenerateResult:
+def generate_dataset(
+    config: GenerateConfig, echo: Callable[[str], None] | None = None
+) -> GenerateResult:
     """Generate (or resume, or reuse) the dataset of ``config.model`` in ``config.data_dir``.
 
     Raises :class:`ReplayError` for a foreign non-empty directory, a dlreplay dataset of
@@ -289,13 +310,17 @@ def generate_dataset(config: GenerateConfig, echo: Callable[[str], None] | None 
     On KeyboardInterrupt the journal stays and no complete manifest is written.
     """
     t0 = time.perf_counter()
-    plan_dataset(config.model, config.seed)  # a model without a dataset plan fails before anything is created
+    plan_dataset(
+        config.model, config.seed
+    )  # a model without a dataset plan fails before anything is created
     if dataset_status(config.model, Path(config.data_dir), config.seed) == "ready":
         return _generate(config, t0)  # reuse only reads: no claim, so read-only storage works
     data_dir = Path(config.data_dir)
     created = not data_dir.exists()
     try:
-        with _claim(data_dir):  # status again under the claim: another writer may just have finished
+        with _claim(
+            data_dir
+        ):  # status again under the claim: another writer may just have finished
             return _generate(config, t0)
     except BaseException:
         if created:  # refused before writing anything: leave no empty directory behind
@@ -316,30 +341,54 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     if status == "ready":
         manifest = read_json(data_dir / MANIFEST_NAME) or {}
         total = int(manifest.get("total_bytes", 0))
-        return GenerateResult(data_dir=data_dir, files=len(plan), total_bytes=total, generated=0,
-                              reused=len(plan), seconds=time.perf_counter() - t0,
-                              warnings=tuple(cache_warnings(total)), manifest=manifest)
+        return GenerateResult(
+            data_dir=data_dir,
+            files=len(plan),
+            total_bytes=total,
+            generated=0,
+            reused=len(plan),
+            seconds=time.perf_counter() - t0,
+            warnings=tuple(cache_warnings(total)),
+            manifest=manifest,
+        )
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ReplayError(f"{data_dir}: cannot create the data directory ({exc.strerror or exc})") from None
+        raise ReplayError(
+            f"{data_dir}: cannot create the data directory ({exc.strerror or exc})"
+        ) from None
     if not os.access(data_dir, os.W_OK):
-        raise ReplayError(f"{data_dir}: permission denied (not writable); choose a writable --data-dir")
+        raise ReplayError(
+            f"{data_dir}: permission denied (not writable); choose a writable --data-dir"
+        )
     done, warnings = _reusable(data_dir, plan, status)
     jobs = config.jobs or min(4, os.cpu_count() or 1)
-    check_generate_resources(model, data_dir, jobs, reusable_bytes=sum(int(e["bytes"]) for e in done.values()),
-                             reusable_files=len(done))
+    check_generate_resources(
+        model,
+        data_dir,
+        jobs,
+        reusable_bytes=sum(int(e["bytes"]) for e in done.values()),
+        reusable_files=len(done),
+    )
     (data_dir / MANIFEST_NAME).unlink(missing_ok=True)  # an incomplete manifest is never trusted
     _clean_tmp(data_dir)
-    header = {"schema": DATASET_SCHEMA, "format_version": DATASET_FORMAT_VERSION, "model_digest": digest,
-              "seed": seed, "format": model.dataset.format, "complete": False}
+    header = {
+        "schema": DATASET_SCHEMA,
+        "format_version": DATASET_FORMAT_VERSION,
+        "model_digest": digest,
+        "seed": seed,
+        "format": model.dataset.format,
+        "complete": False,
+    }
     journal_path = data_dir / JOURNAL_NAME
     write_json_atomic(journal_path, {**header, "files": done})
     todo = [s for s in plan if s.relpath not in done]
     show = sys.stderr.isatty() if config.progress is None else config.progress
     journal = _Journal(journal_path, header, done, _Progress(len(plan), show))
     try:
-        _write_files(todo, model.dataset.format, data_dir, model.dataset.layout, seed, jobs, journal.record)
+        _write_files(
+            todo, model.dataset.format, data_dir, model.dataset.layout, seed, jobs, journal.record
+        )
     except BaseException:
         journal.close()
         try:  # keep what is done for the rerun; never hide the original error (e.g. disk full)
@@ -367,9 +416,16 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     write_json_atomic(data_dir / MANIFEST_NAME, manifest)
     journal_path.unlink(missing_ok=True)
     warnings.extend(cache_warnings(total))
-    return GenerateResult(data_dir=data_dir, files=len(plan), total_bytes=total, generated=len(todo),
-                          reused=len(plan) - len(todo), seconds=time.perf_counter() - t0,
-                          warnings=tuple(warnings), manifest=manifest)
+    return GenerateResult(
+        data_dir=data_dir,
+        files=len(plan),
+        total_bytes=total,
+        generated=len(todo),
+        reused=len(plan) - len(todo),
+        seconds=time.perf_counter() - t0,
+        warnings=tuple(warnings),
+        manifest=manifest,
+    )
 
 
 def _replace_other(data_dir: Path, status: str, force: bool) -> str:
@@ -379,13 +435,18 @@ def _replace_other(data_dir: Path, status: str, force: bool) -> str:
         raise ReplayError(
             f"{data_dir} is not empty and holds no dlreplay dataset ({MANIFEST_NAME}); generate refuses to "
             f"write there so it never mixes with or deletes files it did not create. Choose an empty or new "
-            f"--data-dir.")
+            f"--data-dir."
+        )
     if not force:
         raise ReplayError(
             f"{data_dir} holds a dlreplay dataset generated for another model shape or seed; pass --force to "
-            f"replace it (only files dlreplay created are deleted) or choose another --data-dir.")
+            f"replace it (only files dlreplay created are deleted) or choose another --data-dir."
+        )
     listed: dict[str, dict[str, Any]] = {}
-    for name in (MANIFEST_NAME, JOURNAL_NAME):  # every listed path checked before anything is deleted
+    for name in (
+        MANIFEST_NAME,
+        JOURNAL_NAME,
+    ):  # every listed path checked before anything is deleted
         doc = read_json(data_dir / name)
         if doc and doc.get("schema") == DATASET_SCHEMA:
             listed.update(listed_files(data_dir, doc, data_dir / name))
@@ -396,7 +457,9 @@ def _replace_other(data_dir: Path, status: str, force: bool) -> str:
     return "empty"
 
 
-def _reusable(data_dir: Path, plan: list[FileSpec], status: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def _reusable(
+    data_dir: Path, plan: list[FileSpec], status: str
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """(the files an earlier run finished that are kept, warnings): the journal of an interrupted
     run, or the manifest of a complete one whose files were deleted or truncated since
     ("damaged"); each file is kept only at its listed size, and only when the plan still has it."""
@@ -409,8 +472,10 @@ def _reusable(data_dir: Path, plan: list[FileSpec], status: str) -> tuple[dict[s
     done: dict[str, dict[str, Any]] = {rel: e for rel, e in listed.items() if rel not in broken}
     warnings: list[str] = []
     if status == "damaged":
-        warnings.append(f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
-                        f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them")
+        warnings.append(
+            f"{len(broken)} file(s) of the dataset in {data_dir} were missing or had changed size since "
+            f"it was generated (e.g. {'; '.join(list(broken.values())[:3])}): regenerated them"
+        )
     return done, warnings
 
 
@@ -418,8 +483,13 @@ class _Journal:
     """The files finished so far (*done*, updated in place), written to the journal at most every
     half second and when a test hold is reached; the progress line follows them."""
 
-    def __init__(self, path: Path, header: dict[str, Any], done: dict[str, dict[str, Any]],
-                 progress: _Progress) -> None:
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, Any],
+        done: dict[str, dict[str, Any]],
+        progress: _Progress,
+    ) -> None:
         self.path, self.header, self.done, self.progress = path, header, done, progress
         self.written_bytes = sum(int(e["bytes"]) for e in done.values())
         self.last_write = time.monotonic()
@@ -448,8 +518,15 @@ class _Journal:
         self.progress.close()
 
 
-def _write_files(todo: list[FileSpec], fmt: str, data_dir: Path, layout: Layout, seed: int, jobs: int,
-                 record: Callable[[dict[str, Any]], None]) -> None:
+def _write_files(
+    todo: list[FileSpec],
+    fmt: str,
+    data_dir: Path,
+    layout: Layout,
+    seed: int,
+    jobs: int,
+    record: Callable[[dict[str, Any]], None],
+) -> None:
     """Write the files of *todo*, in *jobs* processes; *record* is called with each one's entry."""
     if jobs <= 1 or len(todo) <= 1:
         for spec in todo:
@@ -458,12 +535,16 @@ def _write_files(todo: list[FileSpec], fmt: str, data_dir: Path, layout: Layout,
     # spawn, not fork: a parent that has used polars (its Rust thread pool) deadlocks
     # forked children that use polars again (csv/parquet writers).
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_worker_init) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=ctx, initializer=_pool_worker_init
+    ) as pool:
         pending: set[Future] = set()
         it = iter(todo)
         try:
             for spec in it:
-                pending.add(_submit_blocked(pool, _write_one, fmt, str(data_dir), spec, layout, seed))
+                pending.add(
+                    _submit_blocked(pool, _write_one, fmt, str(data_dir), spec, layout, seed)
+                )
                 if len(pending) >= 2 * jobs:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in finished:
@@ -483,8 +564,10 @@ def layout_written(model: WorkloadModel, files: list[dict[str, Any]]) -> dict[st
     layout = model_to_dict(model)["dataset"].get("layout") or {}
     structures = Counter(e.get("structure") for e in files if e.get("structure") is not None)
     writers = Counter(e.get("writer") for e in files if e.get("writer"))
-    out: dict[str, Any] = {"source": layout.get("source") or "plan (no layout: random bytes of the plan's sizes)",
-                           "model_layout": layout}
+    out: dict[str, Any] = {
+        "source": layout.get("source") or "plan (no layout: random bytes of the plan's sizes)",
+        "model_layout": layout,
+    }
     if structures:
         out["files_per_structure"] = {str(k): v for k, v in sorted(structures.items())}
     if writers:
@@ -496,7 +579,9 @@ def cache_warnings(total_bytes: int) -> list[str]:
     """A warning when *total_bytes* of dataset would fit in page cache (< 5 x host RAM)."""
     ram = host_memory_bytes()
     if ram and total_bytes < CACHE_FACTOR * ram:
-        return [f"the dataset ({total_bytes / 1e9:.3g} GB) is smaller than {CACHE_FACTOR}x host RAM "
-                f"({ram / 1e9:.3g} GB): reads will be served from memory (page cache), so storage results are "
-                f"not meaningful (MLPerf Storage requires a dataset >= {CACHE_FACTOR}x RAM)."]
+        return [
+            f"the dataset ({total_bytes / 1e9:.3g} GB) is smaller than {CACHE_FACTOR}x host RAM "
+            f"({ram / 1e9:.3g} GB): reads will be served from memory (page cache), so storage results are "
+            f"not meaningful (MLPerf Storage requires a dataset >= {CACHE_FACTOR}x RAM)."
+        ]
     return []

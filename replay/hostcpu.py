@@ -62,7 +62,9 @@ class HostCpu:
     def _start(self) -> None:
         for i in range(self.threads - 1):
             q: queue.SimpleQueue[tuple[float, float | None] | None] = queue.SimpleQueue()
-            t = threading.Thread(target=self._helper, args=(q,), name=f"dlreplay-host-cpu-{i + 1}", daemon=True)
+            t = threading.Thread(
+                target=self._helper, args=(q,), name=f"dlreplay-host-cpu-{i + 1}", daemon=True
+            )
             t.start()
             self._tasks.append(q)
             self._helpers.append(t)

@@ -178,13 +178,15 @@ def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray]]:
             try:
                 if spec.memory_map:  # DLIO's mmap reader maps its index files too (np.memmap)
                     mapped = np.memmap(path + suffix, mode="r", dtype=np.int64)
-                    values[:min(len(mapped), len(values))] = mapped[:len(values)]
+                    values[: min(len(mapped), len(values))] = mapped[: len(values)]
                     del mapped
                 else:
                     with open(path + suffix, "rb") as fh:
                         fh.readinto(values)  # type: ignore[arg-type]  # an ndarray is a writable buffer
             except OSError as exc:
-                raise ReplayError(f"{path + suffix}: cannot read the record index ({exc.strerror or exc})") from None
+                raise ReplayError(
+                    f"{path + suffix}: cannot read the record index ({exc.strerror or exc})"
+                ) from None
             pair.append(values)
         out.append((pair[0], pair[1]))
     return out
@@ -198,29 +200,53 @@ class SampleReader:
 
     def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
         self.item_events = item_events
-        self.preprocess_debt = 0.0  # seconds of modelled preprocessing not yet spent (negative: overspent)
+        self.preprocess_debt = (
+            0.0  # seconds of modelled preprocessing not yet spent (negative: overspent)
+        )
         self.spec = spec
         self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
         if spec.io == "posix":
-            self.reader: Any = PosixReader(spec.fmt, spec.open_per_sample, spec.stats_per_sample,
-                                           spec.lseeks_per_sample)
+            self.reader: Any = PosixReader(
+                spec.fmt, spec.open_per_sample, spec.stats_per_sample, spec.lseeks_per_sample
+            )
         else:
-            self.reader = LibraryReader(spec.fmt, spec.open_per_sample, spec.file_buffering == "buffered",
-                                        index_style=spec.index_style, text_chunk=_text_chunk(spec.transfer_size),
-                                        memory_map=spec.memory_map)
+            self.reader = LibraryReader(
+                spec.fmt,
+                spec.open_per_sample,
+                spec.file_buffering == "buffered",
+                index_style=spec.index_style,
+                text_chunk=_text_chunk(spec.transfer_size),
+                memory_map=spec.memory_map,
+            )
         #: DLIO 2.0's record index of every file (offsets, sizes), loaded as its reader does when it starts
-        self.index = _dlio_index(spec) if spec.io != "posix" and spec.fmt == "indexed_binary" \
-            and spec.index_style == "dlio" else None
-        self.preprocess = _Draws(spec.preprocess_time, self.rng) if spec.preprocess_time.is_known and (
-            spec.preprocess_time.mean or 0) > 0 else None
+        self.index = (
+            _dlio_index(spec)
+            if spec.io != "posix" and spec.fmt == "indexed_binary" and spec.index_style == "dlio"
+            else None
+        )
+        self.preprocess = (
+            _Draws(spec.preprocess_time, self.rng)
+            if spec.preprocess_time.is_known and (spec.preprocess_time.mean or 0) > 0
+            else None
+        )
         # CPU per sample drawn with the same random numbers as the preprocess time (a copy of the
         # generator): a long item is one that took much CPU, as in the job
-        self.cpu = _Draws(spec.preprocess_cpu, np.random.default_rng([spec.seed, worker_id, 0x10])) \
-            if self.preprocess is not None and spec.preprocess_cpu.is_known and (spec.preprocess_cpu.mean or 0) > 0 \
+        self.cpu = (
+            _Draws(spec.preprocess_cpu, np.random.default_rng([spec.seed, worker_id, 0x10]))
+            if self.preprocess is not None
+            and spec.preprocess_cpu.is_known
+            and (spec.preprocess_cpu.mean or 0) > 0
             else None
-        self.cpu_debt = 0.0  # CPU seconds of the model not yet spent (negative: the library spent more)
-        self.transfer = _Draws(spec.transfer_size if spec.transfer_size.is_known else Distribution.fixed(DEFAULT_TRANSFER),
-                               np.random.default_rng([spec.seed, worker_id, 0x11]))
+        )
+        self.cpu_debt = (
+            0.0  # CPU seconds of the model not yet spent (negative: the library spent more)
+        )
+        self.transfer = _Draws(
+            spec.transfer_size
+            if spec.transfer_size.is_known
+            else Distribution.fixed(DEFAULT_TRANSFER),
+            np.random.default_rng([spec.seed, worker_id, 0x11]),
+        )
 
     def read_sample(self, f: int, k: int, cpu0: float | None = None) -> tuple[int, Decoded]:
         """Read sample *k* of file *f* and spend its preprocess time; (bytes read, decoded sample).
@@ -241,7 +267,11 @@ class SampleReader:
         if self.index is not None:
             rec = (int(self.index[f][0][k]), int(self.index[f][1][k]))
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
-        item = REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k) if self.item_events else None
+        item = (
+            REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k)
+            if self.item_events
+            else None
+        )
         busy0 = runnable_seconds()
         try:
             if s.io == "posix":
@@ -259,11 +289,15 @@ class SampleReader:
             else:
                 nbytes, decoded = self.reader.read_decoded(path, k, rec)
         except OSError as exc:
-            raise ReplayError(f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})") from None
+            raise ReplayError(
+                f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})"
+            ) from None
         except ReplayError:
             raise
         except Exception as exc:  # a library failing on a damaged file
-            raise ReplayError(f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})") from None
+            raise ReplayError(
+                f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})"
+            ) from None
         pre = None
         settled: float | None = None
         burned = 0.0
@@ -318,7 +352,9 @@ class SampleReader:
         self.reader.close()
 
 
-def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_process: bool) -> None:
+def _worker_main(
+    spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_process: bool
+) -> None:
     """Worker loop: take (epoch, index, samples) tasks until None; put BatchResult or ("error", msg).
 
     A worker process also ends when its accelerator process is gone (killed, or it lost
@@ -327,7 +363,9 @@ def _worker_main(spec: WorkerSpec, worker_id: int, tasks: Any, results: Any, is_
     parent = multiprocessing.parent_process() if is_process else None
     if is_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the accelerator stops workers itself
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by Loader around the fork
+        signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {signal.SIGINT}
+        )  # blocked by Loader around the fork
         end_with_parent()  # at once when the accelerator is killed (else at the next parent check)
     reader = SampleReader(spec, worker_id)
     try:
@@ -376,8 +414,14 @@ class Loader:
 
     name = "builtin"
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, worker_kind: str = "process",
-                 prefetch_factor: int = 2, one_epoch: bool = False) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        num_workers: int,
+        worker_kind: str = "process",
+        prefetch_factor: int = 2,
+        one_epoch: bool = False,
+    ) -> None:
         self.spec = spec
         self.one_epoch = one_epoch
         self.closed = False
@@ -394,8 +438,12 @@ class Loader:
             self._results: Any = queue.Queue()
             for w in range(num_workers):
                 q: Any = queue.Queue()
-                t = threading.Thread(target=_worker_main, args=(spec, w, q, self._results, False),
-                                     name=f"dlreplay-loader-{w}", daemon=True)
+                t = threading.Thread(
+                    target=_worker_main,
+                    args=(spec, w, q, self._results, False),
+                    name=f"dlreplay-loader-{w}",
+                    daemon=True,
+                )
                 self._tasks.append(q)
                 self._workers.append(t)
         else:
@@ -403,8 +451,12 @@ class Loader:
             self._results = ctx.Queue()
             for w in range(num_workers):
                 q = ctx.Queue()
-                p = ctx.Process(target=_worker_main, args=(spec, w, q, self._results, True),
-                                name=f"dlreplay-loader-{w}", daemon=True)
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(spec, w, q, self._results, True),
+                    name=f"dlreplay-loader-{w}",
+                    daemon=True,
+                )
                 self._tasks.append(q)
                 self._workers.append(p)
         # A Ctrl-C while workers start must not raise half-way through (a started worker not
@@ -412,7 +464,11 @@ class Loader:
         # batch. SIGINT also stays blocked in this thread meanwhile: a forked child inherits
         # the mask, so a terminal Ctrl-C cannot hit it before it ignores SIGINT.
         with INTERRUPT.deferred():
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if worker_kind != "thread" else None
+            mask = (
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                if worker_kind != "thread"
+                else None
+            )
             try:
                 for w in self._workers:
                     w.start()
@@ -464,8 +520,9 @@ class Loader:
                 dead = [w for w in self._workers if not w.is_alive()]
                 if dead:
                     code = getattr(dead[0], "exitcode", None)
-                    raise ReplayError(f"data-loader worker {dead[0].name} ended unexpectedly (exit code {code})"
-                                      ) from None
+                    raise ReplayError(
+                        f"data-loader worker {dead[0].name} ended unexpectedly (exit code {code})"
+                    ) from None
 
     def close(self) -> None:
         """Stop the workers (they finish their current batch)."""

@@ -65,10 +65,13 @@ def _combine(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "samples": sum(r["samples"] for r in per_rank),
         "bytes_read": sum(r["bytes_read"] for r in per_rank),
         "compute_s": sum(r["compute_s"] for r in per_rank) / max(len(per_rank), 1),
-        "modelled_compute_s": sum(r["modelled_compute_s"] for r in per_rank) / max(len(per_rank), 1),
+        "modelled_compute_s": sum(r["modelled_compute_s"] for r in per_rank)
+        / max(len(per_rank), 1),
         "host_cpu_s": sum(r.get("host_cpu_s", 0.0) for r in per_rank) / max(len(per_rank), 1),
-        "modelled_host_cpu_s": sum(r.get("modelled_host_cpu_s", 0.0) for r in per_rank) / max(len(per_rank), 1),
-        "host_cpu_dropped_s": sum(r.get("host_cpu_dropped_s", 0.0) for r in per_rank) / max(len(per_rank), 1),
+        "modelled_host_cpu_s": sum(r.get("modelled_host_cpu_s", 0.0) for r in per_rank)
+        / max(len(per_rank), 1),
+        "host_cpu_dropped_s": sum(r.get("host_cpu_dropped_s", 0.0) for r in per_rank)
+        / max(len(per_rank), 1),
         "io_wait_s": sum(r["io_wait_s"] for r in per_rank) / max(len(per_rank), 1),
         "checkpoint_s": sum(r["checkpoint_s"] for r in per_rank) / max(len(per_rank), 1),
         "checkpoint_bytes": sum(r["checkpoint_bytes"] for r in per_rank),
@@ -77,9 +80,23 @@ def _combine(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-_SUMMED = ("steps", "samples", "bytes_read", "compute_s", "modelled_compute_s", "host_cpu_s", "modelled_host_cpu_s",
-           "host_cpu_dropped_s", "io_wait_s", "checkpoint_s",
-           "checkpoint_bytes", "window_s", "epoch_time_s", "samples_in_window", "bytes_in_window")
+_SUMMED = (
+    "steps",
+    "samples",
+    "bytes_read",
+    "compute_s",
+    "modelled_compute_s",
+    "host_cpu_s",
+    "modelled_host_cpu_s",
+    "host_cpu_dropped_s",
+    "io_wait_s",
+    "checkpoint_s",
+    "checkpoint_bytes",
+    "window_s",
+    "epoch_time_s",
+    "samples_in_window",
+    "bytes_in_window",
+)
 
 
 def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str, Any]:
@@ -89,10 +106,15 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
     for i in range(n_epochs):
         recs = [r["epochs"][i] for r in ranks if len(r["epochs"]) > i]
         pids = sorted({p for r in recs for p in r.get("worker_pids", [])})
-        epochs.append({"epoch": recs[0]["epoch"], **_combine(recs),
-                       "evaluation_s": max((r.get("evaluation_s", 0.0) for r in recs), default=0.0),
-                       "epoch_end_s": max((r.get("epoch_end_s", 0.0) for r in recs), default=0.0),
-                       "worker_pids": pids})
+        epochs.append(
+            {
+                "epoch": recs[0]["epoch"],
+                **_combine(recs),
+                "evaluation_s": max((r.get("evaluation_s", 0.0) for r in recs), default=0.0),
+                "epoch_end_s": max((r.get("epoch_end_s", 0.0) for r in recs), default=0.0),
+                "worker_pids": pids,
+            }
+        )
     totals = []
     for r in ranks:
         tot = {k: sum(e.get(k, 0.0) for e in r["epochs"]) for k in _SUMMED}
@@ -110,9 +132,16 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
         "across_epochs": summary,
         "au_threshold_percent": au_threshold,
         "pass": bool(au is not None and au >= au_threshold),
-        "ranks": [{"rank": r["rank"], **{k: t[k] for k in ("samples", "bytes_read", "compute_s", "window_s")},
-                   "au_percent": (100.0 * t["compute_s"] / t["window_s"]) if t["window_s"] > 0 else None}
-                  for r, t in zip(ranks, totals, strict=True)],
+        "ranks": [
+            {
+                "rank": r["rank"],
+                **{k: t[k] for k in ("samples", "bytes_read", "compute_s", "window_s")},
+                "au_percent": (100.0 * t["compute_s"] / t["window_s"])
+                if t["window_s"] > 0
+                else None,
+            }
+            for r, t in zip(ranks, totals, strict=True)
+        ],
     }
 
 
@@ -122,33 +151,48 @@ def _f(v: float | None, fmt: str) -> str:
 
 def render_table(metrics: dict[str, Any]) -> str:
     """A short text table: one line per epoch, then overall, mean ± stdev and pass/fail."""
-    lines = [f"{'epoch':>5} {'AU %':>7} {'samples/s':>10} {'MB/s':>10} {'MiB/s':>10} {'time s':>8} {'bytes read':>14}"]
+    lines = [
+        f"{'epoch':>5} {'AU %':>7} {'samples/s':>10} {'MB/s':>10} {'MiB/s':>10} {'time s':>8} {'bytes read':>14}"
+    ]
     for e in metrics.get("epochs", []):
-        lines.append(f"{e['epoch']:>5} {_f(e['au_percent'], '.2f'):>7} {_f(e['samples_per_s'], '.1f'):>10} "
-                     f"{_f(e['io_mb_per_s'], '.1f'):>10} {_f(e['io_mib_per_s'], '.1f'):>10} "
-                     f"{e['epoch_time_s']:>8.2f} {e['bytes_read']:>14,}")
+        lines.append(
+            f"{e['epoch']:>5} {_f(e['au_percent'], '.2f'):>7} {_f(e['samples_per_s'], '.1f'):>10} "
+            f"{_f(e['io_mb_per_s'], '.1f'):>10} {_f(e['io_mib_per_s'], '.1f'):>10} "
+            f"{e['epoch_time_s']:>8.2f} {e['bytes_read']:>14,}"
+        )
     o = metrics.get("overall") or {}
     if o:
-        lines.append(f"{'all':>5} {_f(o['au_percent'], '.2f'):>7} {_f(o['samples_per_s'], '.1f'):>10} "
-                     f"{_f(o['io_mb_per_s'], '.1f'):>10} {_f(o['io_mib_per_s'], '.1f'):>10} "
-                     f"{o['epoch_time_s']:>8.2f} {o['bytes_read']:>14,}")
+        lines.append(
+            f"{'all':>5} {_f(o['au_percent'], '.2f'):>7} {_f(o['samples_per_s'], '.1f'):>10} "
+            f"{_f(o['io_mb_per_s'], '.1f'):>10} {_f(o['io_mib_per_s'], '.1f'):>10} "
+            f"{o['epoch_time_s']:>8.2f} {o['bytes_read']:>14,}"
+        )
     s = metrics.get("across_epochs") or {}
     if s.get("au_percent", {}).get("mean") is not None:
         au = s["au_percent"]
-        lines.append(f"AU across epochs: {au['mean']:.2f} ± {au['stdev']:.2f} %; "
-                     f"samples/s {_f(s['samples_per_s']['mean'], '.1f')} ± {_f(s['samples_per_s']['stdev'], '.1f')}")
+        lines.append(
+            f"AU across epochs: {au['mean']:.2f} ± {au['stdev']:.2f} %; "
+            f"samples/s {_f(s['samples_per_s']['mean'], '.1f')} ± {_f(s['samples_per_s']['stdev'], '.1f')}"
+        )
     if o.get("modelled_host_cpu_s"):
         dropped = o.get("host_cpu_dropped_s") or 0.0
-        lines.append(f"host CPU: {o['host_cpu_s']:.2f} s spent in the steps' compute ({o['modelled_host_cpu_s']:.2f} s "
-                     f"modelled, {metrics.get('host_cpu_threads', 1)} thread(s)); the rest of it slept"
-                     + (f"; {dropped:.2f} s not spent: the steps' time ran out first (a busy host, or more CPU than "
-                          f"compute time per step)" if dropped >= 0.005
-                        else ""))
+        lines.append(
+            f"host CPU: {o['host_cpu_s']:.2f} s spent in the steps' compute ({o['modelled_host_cpu_s']:.2f} s "
+            f"modelled, {metrics.get('host_cpu_threads', 1)} thread(s)); the rest of it slept"
+            + (
+                f"; {dropped:.2f} s not spent: the steps' time ran out first (a busy host, or more CPU than "
+                f"compute time per step)"
+                if dropped >= 0.005
+                else ""
+            )
+        )
     elif metrics.get("host_cpu_per_step_s") == 0.0:
         lines.append("host CPU: none, the steps' compute slept (an accelerator's)")
     if metrics.get("loader"):
         lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
     verdict = "PASS" if metrics.get("pass") else "FAIL"
-    lines.append(f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
-                 + ("" if metrics.get("complete", True) else " (incomplete run)"))
+    lines.append(
+        f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
+        + ("" if metrics.get("complete", True) else " (incomplete run)")
+    )
     return "\n".join(lines)

@@ -59,8 +59,10 @@ def steps_per_epoch(model: WorkloadModel, size: int) -> int:
     """
     nfiles = model.dataset.num_files
     if nfiles < size:
-        raise ReplayError(f"dataset.num_files: {nfiles} file(s) cannot be shared by {size} accelerators "
-                          f"(each reads files r::N); use fewer accelerators or more files")
+        raise ReplayError(
+            f"dataset.num_files: {nfiles} file(s) cannot be shared by {size} accelerators "
+            f"(each reads files r::N); use fewer accelerators or more files"
+        )
     b = model.reader.batch_size
     if model.reader.sample_order == "dlio":
         steps = nfiles * model.dataset.num_samples_per_file // b // size
@@ -106,8 +108,10 @@ def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
         samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
     steps = steps_per_epoch(m, plan.size)
     b = rd.batch_size
-    batches = [samples[i * b:(i + 1) * b] for i in range(steps)]
-    return [x for x in batches if x and (len(x) == b or not (rd.drop_last or rd.sample_order == "dlio"))]
+    batches = [samples[i * b : (i + 1) * b] for i in range(steps)]
+    return [
+        x for x in batches if x and (len(x) == b or not (rd.drop_last or rd.sample_order == "dlio"))
+    ]
 
 
 def spends_host_cpu(model: WorkloadModel) -> bool:
@@ -116,8 +120,9 @@ def spends_host_cpu(model: WorkloadModel) -> bool:
     return d.is_known and max(d.mean or 0.0, d.max or 0.0, d.value or 0.0) > 0
 
 
-def epoch_compute(model: WorkloadModel, rng: np.random.Generator, steps: int, epoch: int,
-                  first_global_step: int) -> tuple[np.ndarray, np.ndarray]:
+def epoch_compute(
+    model: WorkloadModel, rng: np.random.Generator, steps: int, epoch: int, first_global_step: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(compute seconds, host CPU seconds) of each of an epoch's *steps*: the compute time of
     :func:`step_compute` from stratified draws of ``train.computation_time`` (an epoch spends
     close to its steps' mean, see :meth:`Distribution.sample`), and draws of
@@ -136,7 +141,9 @@ def epoch_compute(model: WorkloadModel, rng: np.random.Generator, steps: int, ep
     return modelled, cpu * np.divide(modelled, d, out=np.ones_like(cpu), where=d > 0)
 
 
-def step_compute(model: WorkloadModel, draws: np.ndarray, epoch: int, first_global_step: int) -> np.ndarray:
+def step_compute(
+    model: WorkloadModel, draws: np.ndarray, epoch: int, first_global_step: int
+) -> np.ndarray:
     """Seconds of compute of each step of *epoch* (1-based): the drawn steady-state times, with the
     run's warm-up steps (``train.warmup_computation_time``) and, in later epochs, each epoch's
     leading steps (``train.epoch_warmup_computation_time``) in place of the draws."""
@@ -148,7 +155,7 @@ def step_compute(model: WorkloadModel, draws: np.ndarray, epoch: int, first_glob
     run = tr.warmup_computation_time
     if first_global_step < len(run):
         n = min(len(out), len(run) - first_global_step)
-        out[:n] = run[first_global_step:first_global_step + n]
+        out[:n] = run[first_global_step : first_global_step + n]
     return out
 
 
@@ -161,4 +168,3 @@ def evaluation_steps(m: WorkloadModel, size: int) -> int:
         return ev.steps
     samples = (m.dataset.num_files_eval // max(size, 1)) * m.dataset.num_samples_per_file
     return math.ceil(samples / max(m.reader.batch_size_eval, 1))
-

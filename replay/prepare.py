@@ -80,14 +80,20 @@ class ReplayResult:
 
 def mpi_world() -> Any | None:
     """mpi4py's COMM_WORLD when launched by mpiexec with more than one rank, else None."""
-    env_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMIX_SIZE")
+    env_size = (
+        os.environ.get("PMI_SIZE")
+        or os.environ.get("OMPI_COMM_WORLD_SIZE")
+        or os.environ.get("PMIX_SIZE")
+    )
     if not env_size or int(env_size) <= 1:
         return None
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise ReplayError(f"launched under MPI ({env_size} ranks) but mpi4py is not importable ({exc}); "
-                          f"install dlreplay[mpi]") from None
+        raise ReplayError(
+            f"launched under MPI ({env_size} ranks) but mpi4py is not importable ({exc}); "
+            f"install dlreplay[mpi]"
+        ) from None
     comm = MPI.COMM_WORLD
     return comm if comm.Get_size() > 1 else None
 
@@ -107,18 +113,28 @@ def choose_loader(config: ReplayConfig) -> tuple[str, str]:
         return "builtin", "--loader builtin"
     if config.loader == "torch":
         if not have_torch:
-            raise ReplayError("--loader torch: torch is not importable here; install dlreplay[torch] "
-                              "(torch==2.13.0) or use --loader builtin")
+            raise ReplayError(
+                "--loader torch: torch is not importable here; install dlreplay[torch] "
+                "(torch==2.13.0) or use --loader builtin"
+            )
         if m.reader.worker_kind == "thread":
-            raise ReplayError("--loader torch: reader.worker_kind=thread has no PyTorch DataLoader equivalent "
-                              "(its workers are processes); use --loader builtin")
+            raise ReplayError(
+                "--loader torch: reader.worker_kind=thread has no PyTorch DataLoader equivalent "
+                "(its workers are processes); use --loader builtin"
+            )
         return "torch", "--loader torch"
     if m.framework != "pytorch" or m.reader.data_loader != "pytorch":
-        return "builtin", f"the model's loader is {m.framework}/{m.reader.data_loader}, not PyTorch's DataLoader"
+        return (
+            "builtin",
+            f"the model's loader is {m.framework}/{m.reader.data_loader}, not PyTorch's DataLoader",
+        )
     if m.reader.worker_kind == "thread":
         return "builtin", "reader.worker_kind=thread (PyTorch's workers are processes)"
     if not have_torch:
-        return "builtin", "torch is not installed (pip install 'dlreplay[torch]' for PyTorch's own DataLoader)"
+        return (
+            "builtin",
+            "torch is not installed (pip install 'dlreplay[torch]' for PyTorch's own DataLoader)",
+        )
     return "torch", "the model's loader is PyTorch's DataLoader"
 
 
@@ -135,61 +151,98 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
     files = manifest["files"]
     md = m.reader.metadata_per_sample
     return WorkerSpec(
-        data_dir=str(config.data_dir.resolve()), fmt=m.dataset.format, io=config.io,
-        paths=tuple(f["path"] for f in files), file_bytes=tuple(int(f["bytes"]) for f in files),
-        records=tuple(tuple((int(a), int(b)) for a, b in f["records"]) if f.get("records") else None for f in files),
-        samples_per_file=m.dataset.num_samples_per_file, open_per_sample=m.reader.open_per_sample,
-        transfer_size=m.reader.transfer_size, preprocess_time=m.reader.preprocess_time,
+        data_dir=str(config.data_dir.resolve()),
+        fmt=m.dataset.format,
+        io=config.io,
+        paths=tuple(f["path"] for f in files),
+        file_bytes=tuple(int(f["bytes"]) for f in files),
+        records=tuple(
+            tuple((int(a), int(b)) for a, b in f["records"]) if f.get("records") else None
+            for f in files
+        ),
+        samples_per_file=m.dataset.num_samples_per_file,
+        open_per_sample=m.reader.open_per_sample,
+        transfer_size=m.reader.transfer_size,
+        preprocess_time=m.reader.preprocess_time,
         stats_per_sample=float(md.stats or 0.0) if config.io == "posix" else 0.0,
-        lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0, seed=config.seed,
-        file_buffering=m.reader.file_buffering, resize_bytes=m.dataset.record_length_resize,
-        preprocess_cpu=m.reader.preprocess_host_cpu, start_method=m.reader.multiprocessing_context,
-        batch_tensors=m.reader.batch_tensors, index_style=m.dataset.layout.index,
-        memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary")
+        lseeks_per_sample=float(md.lseeks or 0.0) if config.io == "posix" else 0.0,
+        seed=config.seed,
+        file_buffering=m.reader.file_buffering,
+        resize_bytes=m.dataset.record_length_resize,
+        preprocess_cpu=m.reader.preprocess_host_cpu,
+        start_method=m.reader.multiprocessing_context,
+        batch_tensors=m.reader.batch_tensors,
+        index_style=m.dataset.layout.index,
+        memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary",
+    )
 
 
-def ensure_dataset(config: ReplayConfig, echo: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+def ensure_dataset(
+    config: ReplayConfig, echo: Callable[[str], None]
+) -> tuple[dict[str, Any], list[str]]:
     """The dataset's manifest (generated first when missing, unless ``generate`` is off) and the
     replay's warnings; the dataset is held for reading until the replay ends (:data:`CLAIMS`)."""
     status = dataset_status(config.model, config.data_dir, config.seed)
     if status != "ready":
         if not config.generate:
-            what = ("files were deleted or changed size since it was generated" if status == "damaged" else
-                    f"status: {status}")
-            raise ReplayError(f"{config.data_dir}: no complete dlreplay dataset for this model and seed "
-                              f"({what}); run `dlreplay generate MODEL --data-dir {config.data_dir}` "
-                              f"or drop --no-generate")
+            what = (
+                "files were deleted or changed size since it was generated"
+                if status == "damaged"
+                else f"status: {status}"
+            )
+            raise ReplayError(
+                f"{config.data_dir}: no complete dlreplay dataset for this model and seed "
+                f"({what}); run `dlreplay generate MODEL --data-dir {config.data_dir}` "
+                f"or drop --no-generate"
+            )
         echo(f"generating the dataset in {config.data_dir} …")
-        res = generate_dataset(GenerateConfig(model=config.model, data_dir=config.data_dir, seed=config.seed,
-                                              jobs=config.jobs))
-        echo(f"generated {res.generated} file(s), {res.total_bytes / 1e6:,.1f} MB in {res.seconds:.1f} s")
+        res = generate_dataset(
+            GenerateConfig(
+                model=config.model, data_dir=config.data_dir, seed=config.seed, jobs=config.jobs
+            )
+        )
+        echo(
+            f"generated {res.generated} file(s), {res.total_bytes / 1e6:,.1f} MB in {res.seconds:.1f} s"
+        )
     # Held (shared) until the replay ends: no dlreplay command rewrites the dataset meanwhile.
     try:
         hold = share_directory(config.data_dir, "--data-dir")
     except InUseError as exc:
         raise ReplayError(str(exc)) from None
     except OSError as exc:
-        raise ReplayError(f"{config.data_dir}: cannot hold the dataset for reading "
-                          f"({exc.strerror or exc})") from None
+        raise ReplayError(
+            f"{config.data_dir}: cannot hold the dataset for reading ({exc.strerror or exc})"
+        ) from None
     if hold is not None:
         CLAIMS.append(hold)
     if status != "ready" and dataset_status(config.model, config.data_dir, config.seed) != "ready":
-        raise ReplayError(f"{config.data_dir}: the dataset changed after it was generated (another command "
-                          f"wrote there); run the replay again")
+        raise ReplayError(
+            f"{config.data_dir}: the dataset changed after it was generated (another command "
+            f"wrote there); run the replay again"
+        )
     manifest = read_dataset_manifest(config.data_dir)
     if manifest is None or manifest.get("model_digest") != dataset_digest(config.model):
-        raise ReplayError(f"{config.data_dir}: dataset manifest missing or for another model; regenerate it")
-    return manifest, [*cache_warnings(int(manifest.get("total_bytes", 0))), *model_warnings(config.model)]
+        raise ReplayError(
+            f"{config.data_dir}: dataset manifest missing or for another model; regenerate it"
+        )
+    return manifest, [
+        *cache_warnings(int(manifest.get("total_bytes", 0))),
+        *model_warnings(config.model),
+    ]
 
 
 def model_warnings(model: WorkloadModel) -> list[str]:
     """Parts of the model this replay does not reproduce yet (said, never silently dropped)."""
     out = []
     if model.train.evaluation is not None:
-        out.append("evaluation phases (train.evaluation) are replayed as their compute time per step; the "
-                   "reads of the evaluation files are not (no evaluation files are generated)")
+        out.append(
+            "evaluation phases (train.evaluation) are replayed as their compute time per step; the "
+            "reads of the evaluation files are not (no evaluation files are generated)"
+        )
     if model.checkpoint.read_at_start:
-        out.append("checkpoint.read_at_start is not replayed (no checkpoint is read before training)")
+        out.append(
+            "checkpoint.read_at_start is not replayed (no checkpoint is read before training)"
+        )
     return out
 
 
@@ -208,31 +261,59 @@ def check_out(out: Path, allow_existing: bool) -> None:
             return
         CLAIMS.append(claim_directory(out, "--out"))
     except OSError as exc:
-        raise ReplayError(f"{out}: cannot create the output directory ({exc.strerror or exc})") from None
+        raise ReplayError(
+            f"{out}: cannot create the output directory ({exc.strerror or exc})"
+        ) from None
     if not is_empty_dir(out):
-        raise ReplayError(f"{out} is not empty; choose another --out (results are never written over)")
+        raise ReplayError(
+            f"{out} is not empty; choose another --out (results are never written over)"
+        )
 
 
-def metrics_doc(config: ReplayConfig, ranks: list[dict[str, Any]], manifest: dict[str, Any], started: str,
-                wall: float, interrupted: bool, warnings: Sequence[str], size: int, mpi: bool) -> dict[str, Any]:
+def metrics_doc(
+    config: ReplayConfig,
+    ranks: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    started: str,
+    wall: float,
+    interrupted: bool,
+    warnings: Sequence[str],
+    size: int,
+    mpi: bool,
+) -> dict[str, Any]:
     """The document written to ``metrics.json``: the run's settings and its ranks' aggregated metrics."""
     agg = aggregate(ranks, config.au_threshold)
     complete = not interrupted and all(r["complete"] for r in ranks) and len(ranks) == size
     errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r.get("error")]
     m = config.model
     return {
-        "schema": METRICS_SCHEMA, "format_version": METRICS_FORMAT_VERSION, "complete": complete,
-        "interrupted": interrupted, "errors": errors,
-        "model_name": m.model.name, "dataset_format": m.dataset.format, "model_digest": dataset_digest(m),
-        "data_dir": str(config.data_dir), "dataset_bytes": int(manifest.get("total_bytes", 0)),
-        "io": config.io, "loader": choose_loader(config)[0], "loader_reason": choose_loader(config)[1],
-        "accelerators": size, "mpi": mpi, "seed": config.seed,
-        "batch_size": m.reader.batch_size, "read_threads": m.reader.read_threads,
+        "schema": METRICS_SCHEMA,
+        "format_version": METRICS_FORMAT_VERSION,
+        "complete": complete,
+        "interrupted": interrupted,
+        "errors": errors,
+        "model_name": m.model.name,
+        "dataset_format": m.dataset.format,
+        "model_digest": dataset_digest(m),
+        "data_dir": str(config.data_dir),
+        "dataset_bytes": int(manifest.get("total_bytes", 0)),
+        "io": config.io,
+        "loader": choose_loader(config)[0],
+        "loader_reason": choose_loader(config)[1],
+        "accelerators": size,
+        "mpi": mpi,
+        "seed": config.seed,
+        "batch_size": m.reader.batch_size,
+        "read_threads": m.reader.read_threads,
         # the step's host CPU model (train.computation_host_cpu): mean CPU seconds per step, threads
         "host_cpu_per_step_s": m.train.computation_host_cpu.mean if spends_host_cpu(m) else 0.0,
         "host_cpu_threads": m.train.computation_host_threads if spends_host_cpu(m) else 0,
-        "epochs_planned": m.train.epochs, "dlreplay_version": dlreplay.__version__,
-        "started": started, "wall_time_s": wall, "warnings": list(warnings), **agg,
+        "epochs_planned": m.train.epochs,
+        "dlreplay_version": dlreplay.__version__,
+        "started": started,
+        "wall_time_s": wall,
+        "warnings": list(warnings),
+        **agg,
     }
 
 

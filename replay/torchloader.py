@@ -74,22 +74,34 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         self._reader: SampleReader | None = None
         self._pid = -1
         self._resized: torch.Tensor | None = None
-        self._others = tuple(torch.zeros((), dtype=torch.int64) for _ in range(spec.batch_tensors - 1))
+        self._others = tuple(
+            torch.zeros((), dtype=torch.int64) for _ in range(spec.batch_tensors - 1)
+        )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "_reader": None, "_pid": -1, "_resized": None, "_others": self._others}
+        return {
+            "spec": self.spec,
+            "_reader": None,
+            "_pid": -1,
+            "_resized": None,
+            "_others": self._others,
+        }
 
     def __len__(self) -> int:
         return len(self.spec.paths) * self.spec.samples_per_file
 
     def reader(self) -> SampleReader:
         pid = os.getpid()
-        if self._pid != pid:  # one reader per worker process (a forked worker's inherited one is not its own)
+        if (
+            self._pid != pid
+        ):  # one reader per worker process (a forked worker's inherited one is not its own)
             info = get_worker_info()
             from torch.utils.data import _utils
 
             items_hooked = _hooks_patched(_utils.fetch._MapDatasetFetcher)
-            self._reader = SampleReader(self.spec, info.id if info is not None else 0, item_events=not items_hooked)
+            self._reader = SampleReader(
+                self.spec, info.id if info is not None else 0, item_events=not items_hooked
+            )
             self._pid = pid
         assert self._reader is not None
         return self._reader
@@ -109,10 +121,14 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
             out = (nbytes, os.getpid(), self._resized, *self._others)
         else:
             arrays = decoded if isinstance(decoded, tuple) else (decoded,)
-            if len(arrays) > len(self._others) + 1:  # more than the job's batch had tensors: one flat array
+            if (
+                len(arrays) > len(self._others) + 1
+            ):  # more than the job's batch had tensors: one flat array
                 arrays = (joined(decoded),)
-            tensors = tuple(torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays)
-            out = (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1:])
+            tensors = tuple(
+                torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays
+            )
+            out = (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1 :])
         reader.charge(time.thread_time() - after)
         return out
 
@@ -216,7 +232,10 @@ def _quiet_abandoned_handovers() -> None:
         return
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:
-        if issubclass(exc_type, (ConnectionError, EOFError)) and "_serve" in threading.current_thread().name:
+        if (
+            issubclass(exc_type, (ConnectionError, EOFError))
+            and "_serve" in threading.current_thread().name
+        ):
             return
         previous(exc_type, exc, tb)
 
@@ -231,7 +250,7 @@ def _worker_message(exc: BaseException) -> str:
     last = lines[-1] if lines else type(exc).__name__
     for prefix in ("dlreplay.replay.common.ReplayError: ", "ReplayError: "):
         if last.startswith(prefix):
-            return last[len(prefix):]
+            return last[len(prefix) :]
     return last
 
 
@@ -251,7 +270,9 @@ def arrival_stamps(it: Any) -> list[float]:
     flush, belong to the fetch, as in the job. Figures: benchmarks/RESULTS.md."""
     stamp = [0.0]
     inner = getattr(it, "_next_data", None)
-    if inner is None or getattr(inner, "_dlreplay_stamped", False):  # (a persistent iterator: wrapped once)
+    if inner is None or getattr(
+        inner, "_dlreplay_stamped", False
+    ):  # (a persistent iterator: wrapped once)
         return getattr(inner, "_dlreplay_stamp", stamp)
 
     def _next_data() -> Any:
@@ -274,8 +295,14 @@ class TorchLoader:
 
     name = "torch"
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, prefetch_factor: int = 2,
-                 persistent_workers: bool = False, pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        num_workers: int,
+        prefetch_factor: int = 2,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+    ) -> None:
         self.spec = spec
         self.dataset = ReplayDataset(spec)
         self.sampler = PlannedBatches()
@@ -283,11 +310,21 @@ class TorchLoader:
         self.pin_memory = bool(pin_memory and torch.cuda.is_available())
         kwargs: dict[str, Any] = {}
         if num_workers > 0:
-            kwargs = {"prefetch_factor": max(1, prefetch_factor), "persistent_workers": persistent_workers,
-                      "multiprocessing_context": worker_context(spec), "worker_init_fn": _worker_init}
+            kwargs = {
+                "prefetch_factor": max(1, prefetch_factor),
+                "persistent_workers": persistent_workers,
+                "multiprocessing_context": worker_context(spec),
+                "worker_init_fn": _worker_init,
+            }
         with _quiet_worker_count():
-            self.loader = DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=num_workers,
-                                     collate_fn=collate, pin_memory=self.pin_memory, **kwargs)
+            self.loader = DataLoader(
+                self.dataset,
+                batch_sampler=self.sampler,
+                num_workers=num_workers,
+                collate_fn=collate,
+                pin_memory=self.pin_memory,
+                **kwargs,
+            )
         self._iter: Any = None
 
     def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
@@ -308,11 +345,17 @@ class TorchLoader:
                 # suspended at yield would otherwise hold them into the next fetch)
                 box = [tensors]
                 del tensors
-                yield BatchResult(i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0], box.pop(), got)
+                yield BatchResult(
+                    i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0], box.pop(), got
+                )
         except ReplayError as exc:
             raise ReplayError(_worker_message(exc)) from None
-        except RuntimeError as exc:  # a worker killed or gone ("DataLoader worker (pid N) exited unexpectedly")
-            if INTERRUPT.requested:  # a terminal's Ctrl-C reached the workers too: they stop quietly, as asked
+        except (
+            RuntimeError
+        ) as exc:  # a worker killed or gone ("DataLoader worker (pid N) exited unexpectedly")
+            if (
+                INTERRUPT.requested
+            ):  # a terminal's Ctrl-C reached the workers too: they stop quietly, as asked
                 raise KeyboardInterrupt from None
             raise ReplayError(f"data-loader worker failed: {_worker_message(exc)}") from None
 

@@ -19,7 +19,9 @@ from typing import Any
 class Browser:
     """Headless Chromium with one page; use as a context manager."""
 
-    def __init__(self, executable: str, profile: Path, width: int = 1600, height: int = 1000) -> None:
+    def __init__(
+        self, executable: str, profile: Path, width: int = 1600, height: int = 1000
+    ) -> None:
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         # Chromium expects the pipe on fds 3 (in) and 4 (out). Dup through temporaries
@@ -31,12 +33,24 @@ class Browser:
             os.dup2(b, 4)
 
         self._proc = subprocess.Popen(
-            [executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={profile}",
-             f"--window-size={width},{height}", "--remote-debugging-pipe", "about:blank"],
+            [
+                executable,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
             pass_fds=(3, 4, to_chrome_r, from_chrome_w),
             preexec_fn=to_3_and_4,  # noqa: PLW1509
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -45,7 +59,9 @@ class Browser:
         self.console: list[str] = []
         targets = self.call("Target.getTargets")["targetInfos"]
         page = next(t for t in targets if t["type"] == "page")
-        self._session = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)["sessionId"]
+        self._session = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)[
+            "sessionId"
+        ]
         self.call("Page.enable", session=True)
         self.call("Runtime.enable", session=True)
 
@@ -69,7 +85,9 @@ class Browser:
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)
 
-    def call(self, method: str, session: bool = False, timeout: float = 60, **params: Any) -> dict[str, Any]:
+    def call(
+        self, method: str, session: bool = False, timeout: float = 60, **params: Any
+    ) -> dict[str, Any]:
         """Send one command and return its result (events seen meanwhile are recorded)."""
         self._next_id += 1
         msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
@@ -81,9 +99,13 @@ class Browser:
             reply = self._read_message(deadline)
             if reply.get("method") == "Runtime.consoleAPICalled":
                 args = reply["params"].get("args", [])
-                self.console.append(" ".join(str(a.get("value", a.get("description", ""))) for a in args))
+                self.console.append(
+                    " ".join(str(a.get("value", a.get("description", ""))) for a in args)
+                )
             elif reply.get("method") == "Runtime.exceptionThrown":
-                self.console.append("exception: " + json.dumps(reply["params"].get("exceptionDetails", {}))[:500])
+                self.console.append(
+                    "exception: " + json.dumps(reply["params"].get("exceptionDetails", {}))[:500]
+                )
             if reply.get("id") == self._next_id:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
@@ -93,7 +115,9 @@ class Browser:
         self.call("Page.navigate", session=True, url=url)
 
     def evaluate(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
+        result = self.call(
+            "Runtime.evaluate", session=True, expression=expression, returnByValue=True
+        )
         return result.get("result", {}).get("value")
 
     def wait_for(self, expression: str, timeout: float = 90, interval: float = 0.5) -> Any:

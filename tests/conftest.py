@@ -32,8 +32,10 @@ def _no_tracer_leak():
 
 #: What Python prints when an exception escapes (a traceback naming a source file), when one is
 #: discarded, when the site hook fails, or when the interpreter dies. No CLI run may print one.
-PYTHON_TRACEBACK = re.compile(r'Traceback \(most recent call last\):\n  File "/|Exception ignored in|'
-                              r"Error in sitecustomize|Fatal Python error")
+PYTHON_TRACEBACK = re.compile(
+    r'Traceback \(most recent call last\):\n  File "/|Exception ignored in|'
+    r"Error in sitecustomize|Fatal Python error"
+)
 #: How many CLI runs of this test session were checked for Python tracebacks.
 CLI_RUNS_CHECKED = [0]
 
@@ -47,21 +49,31 @@ def check_no_traceback(*texts: str, what: str = "") -> None:
             raise AssertionError(f"a Python traceback in the output of dlreplay {what}:\n{text}")
 
 
-def run_cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (``python -m dlreplay``); fails on any Python traceback in its output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "dlreplay", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "dlreplay", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     check_no_traceback(proc.stdout, proc.stderr, what=" ".join(args))
     if check and proc.returncode != 0:
-        raise AssertionError(f"dlreplay {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"dlreplay {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     if CLI_RUNS_CHECKED[0]:
-        terminalreporter.write_line(f"dlreplay CLI runs checked for Python tracebacks: {CLI_RUNS_CHECKED[0]} "
-                                    "(none printed one)")
+        terminalreporter.write_line(
+            f"dlreplay CLI runs checked for Python tracebacks: {CLI_RUNS_CHECKED[0]} "
+            "(none printed one)"
+        )
 
 
 @pytest.fixture

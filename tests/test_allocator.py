@@ -26,8 +26,14 @@ print(json.dumps({"set": dlreplay.JEMALLOC_SET_BY_DLREPLAY, "env": os.environ.ge
 
 def _probe(first: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k != dlreplay.JEMALLOC_ENV}
-    out = subprocess.run([sys.executable, "-c", PROBE, first], env={**clean, **env}, capture_output=True,
-                         text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, first],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(out.stdout)
 
 
@@ -35,14 +41,24 @@ def test_set_before_polars_loads() -> None:
     got = _probe("dlreplay")
     assert got["set"] is True
     # polars puts its defaults first and appends ours, so ours win
-    assert got["env"].endswith(dlreplay._polars_allocator_conf()) and dlreplay.JEMALLOC_CONF in got["env"]
+    assert (
+        got["env"].endswith(dlreplay._polars_allocator_conf())
+        and dlreplay.JEMALLOC_CONF in got["env"]
+    )
     assert got["env"] != dlreplay._polars_allocator_conf()
 
 
 def test_one_arena_only_on_few_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    for cores, one in ((1, True), (2, True), (dlreplay.ONE_ARENA_CORES, True), (dlreplay.ONE_ARENA_CORES + 1, False),
-                       (64, False)):
-        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)), raising=False)
+    for cores, one in (
+        (1, True),
+        (2, True),
+        (dlreplay.ONE_ARENA_CORES, True),
+        (dlreplay.ONE_ARENA_CORES + 1, False),
+        (64, False),
+    ):
+        monkeypatch.setattr(
+            os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)), raising=False
+        )
         conf = dlreplay._polars_allocator_conf()
         assert conf.startswith(dlreplay.JEMALLOC_CONF)
         assert (dlreplay.ONE_ARENA in conf.split(",")) is one, (cores, conf)
@@ -52,13 +68,21 @@ def test_one_arena_leaves_the_large_blocks_arena_alone() -> None:
     """With one arena, a release between a load's steps purges it and keeps jemalloc's
     arena of large blocks (the one after the automatic arenas). On 2 cores jemalloc's
     default is 8 arenas (on 1 core it has 1 anyway): the probe runs on 2 where it can."""
-    probe = ("import json, dlreplay; dlreplay.prepare_process(); import dlreplay.allocator as A, polars as pl; "
-             "A._resolve(); "
-             "print(json.dumps([A._mallctl is not None, [n.decode() for n in A._purges]]))")
+    probe = (
+        "import json, dlreplay; dlreplay.prepare_process(); import dlreplay.allocator as A, polars as pl; "
+        "A._resolve(); "
+        "print(json.dumps([A._mallctl is not None, [n.decode() for n in A._purges]]))"
+    )
     clean = {k: v for k, v in os.environ.items() if k != dlreplay.JEMALLOC_ENV}
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
-    out = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", probe], env=clean, capture_output=True,
-                         text=True, check=True, timeout=120)
+    out = subprocess.run(
+        ["taskset", "-c", cores, sys.executable, "-c", probe],
+        env=clean,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     found, purges = json.loads(out.stdout)
     if not found:
         pytest.skip("polars' jemalloc cannot be reached here")
@@ -67,13 +91,19 @@ def test_one_arena_leaves_the_large_blocks_arena_alone() -> None:
 
 def test_users_setting_and_an_earlier_polars_are_left_alone() -> None:
     got = _probe("dlreplay", **{dlreplay.JEMALLOC_ENV: "narenas:2"})
-    assert got["set"] is False and dlreplay.JEMALLOC_CONF not in got["env"] and got["env"].endswith("narenas:2")
+    assert (
+        got["set"] is False
+        and dlreplay.JEMALLOC_CONF not in got["env"]
+        and got["env"].endswith("narenas:2")
+    )
     got = _probe("polars")
     assert got["set"] is False and dlreplay.JEMALLOC_CONF not in got["env"]
 
 
 @pytest.mark.parametrize("ours", [True, False])
-def test_captured_job_does_not_inherit_it(tmp_path, monkeypatch: pytest.MonkeyPatch, ours: bool) -> None:
+def test_captured_job_does_not_inherit_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, ours: bool
+) -> None:
     from dlreplay.capture.run import CaptureConfig, build_env
 
     monkeypatch.setattr(dlreplay, "JEMALLOC_SET_BY_DLREPLAY", ours)
@@ -97,11 +127,20 @@ print(json.dumps({"set": dlreplay.BLAS_SET_BY_DLREPLAY, "env": os.environ.get(dl
 def _blas_probe(first: str, **env: str) -> dict:
     # OpenBLAS also takes its thread count from GOTO_NUM_THREADS and OMP_NUM_THREADS (which a
     # CI image may set): none of them is passed on, so numpy imported first starts its own
-    clean = {k: v for k, v in os.environ.items()
-             if k not in (dlreplay.BLAS_ENV, "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (dlreplay.BLAS_ENV, "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    }
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
-    out = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", BLAS_PROBE, first], env={**clean, **env},
-                         capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        ["taskset", "-c", cores, sys.executable, "-c", BLAS_PROBE, first],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(out.stdout)
 
 
@@ -120,7 +159,9 @@ def test_numpy_gets_one_blas_thread() -> None:
 
 
 @pytest.mark.parametrize("ours", [True, False])
-def test_captured_job_keeps_its_blas_threads(tmp_path, monkeypatch: pytest.MonkeyPatch, ours: bool) -> None:
+def test_captured_job_keeps_its_blas_threads(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, ours: bool
+) -> None:
     from dlreplay.capture.run import CaptureConfig, build_env
 
     monkeypatch.setattr(dlreplay, "BLAS_SET_BY_DLREPLAY", ours)
@@ -174,14 +215,22 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux"
+)
 def test_between_steps_the_arena_of_large_blocks_is_kept() -> None:
     """Whole columns (blocks of 8 MiB and more) live in one jemalloc arena that every thread
     shares: between the steps of a load it is not purged, so the next step builds its
     columns in those pages instead of faulting new ones; at a stage's end it is."""
     env = {**os.environ, dlreplay.JEMALLOC_ENV: "dirty_decay_ms:-1,muzzy_decay_ms:-1"}
-    out = subprocess.run([sys.executable, "-c", LARGE_PROBE], env=env,
-                         capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", LARGE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     got = json.loads(out.stdout)
     held, kept = got["kept"]
     assert kept > held - (50 << 20)  # the 290 MB stayed
@@ -190,7 +239,9 @@ def test_between_steps_the_arena_of_large_blocks_is_kept() -> None:
     assert got["released"] < after - (200 << 20)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="/proc and polars' jemalloc on Linux"
+)
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_release_free_memory_returns_polars_pages(setting: str) -> None:
     """Columns polars freed stay resident until purged (as with dlreplay's 10 s decay, here
@@ -199,9 +250,19 @@ def test_release_free_memory_returns_polars_pages(setting: str) -> None:
     turned off."""
     from dlreplay.allocator import RELEASE_ENV
 
-    env = {**os.environ, dlreplay.JEMALLOC_ENV: "dirty_decay_ms:-1,muzzy_decay_ms:-1", RELEASE_ENV: setting}
-    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env,
-                         capture_output=True, text=True, check=True, timeout=120)
+    env = {
+        **os.environ,
+        dlreplay.JEMALLOC_ENV: "dirty_decay_ms:-1,muzzy_decay_ms:-1",
+        RELEASE_ENV: setting,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     got = json.loads(out.stdout)
     assert got["available"] == [True, True]
     assert got["freed"] > got["held"] - (100 << 20)  # the decay kept them
@@ -217,7 +278,9 @@ def test_symbol_lookup_refuses_what_is_not_elf(tmp_path) -> None:
     junk = tmp_path / "lib.so"
     junk.write_bytes(b"not an ELF file" * 100)
     assert _symbols(str(junk), (b"_rjem_mallctl",)) == {}
-    junk.write_bytes(b"\x7fELF\x02\x01" + b"\0" * 200)  # a header whose section table is out of the file
+    junk.write_bytes(
+        b"\x7fELF\x02\x01" + b"\0" * 200
+    )  # a header whose section table is out of the file
     assert _symbols(str(junk), (b"_rjem_mallctl",)) == {}
 
 
@@ -277,13 +340,17 @@ def test_found_symbols_are_kept_per_library_file(tmp_path, monkeypatch: pytest.M
 
     monkeypatch.setattr(allocator, "_symbols", no_search)
     assert allocator._find_mallctl() is not None
-    assert real(path, allocator._WANTED, {b"_rjem_mallctl": kept[allocator._file_key(path)]["_rjem_mallctl"]}) \
-        == {b"_rjem_mallctl": real(path, allocator._WANTED)[b"_rjem_mallctl"]}
+    assert real(
+        path,
+        allocator._WANTED,
+        {b"_rjem_mallctl": kept[allocator._file_key(path)]["_rjem_mallctl"]},
+    ) == {b"_rjem_mallctl": real(path, allocator._WANTED)[b"_rjem_mallctl"]}
 
 
 @pytest.mark.parametrize("kept", ["garbage", "another symbol", "out of the table", "empty entry"])
-def test_a_bad_kept_entry_is_never_called_and_is_replaced(tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                                          kept: str) -> None:
+def test_a_bad_kept_entry_is_never_called_and_is_replaced(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, kept: str
+) -> None:
     """A damaged or stale cache is only a hint: the kept indices are used only where the
     file's own symbol table names the wanted symbols there; otherwise the table is searched
     again and the entry rewritten."""
@@ -299,10 +366,20 @@ def test_a_bad_kept_entry_is_never_called_and_is_replaced(tmp_path, monkeypatch:
     if kept == "garbage":
         cache.write_bytes(b"\x00{not json")
     elif kept == "another symbol":  # the entry next to mallctl's: a function of its own
-        cache.write_text(json.dumps({key: {"_rjem_mallctl": right[b"_rjem_mallctl"][3] + 1,
-                                           "PyInit__polars_runtime": anchor}}))
+        cache.write_text(
+            json.dumps(
+                {
+                    key: {
+                        "_rjem_mallctl": right[b"_rjem_mallctl"][3] + 1,
+                        "PyInit__polars_runtime": anchor,
+                    }
+                }
+            )
+        )
     elif kept == "out of the table":
-        cache.write_text(json.dumps({key: {"_rjem_mallctl": 1 << 40, "PyInit__polars_runtime": -1}}))
+        cache.write_text(
+            json.dumps({key: {"_rjem_mallctl": 1 << 40, "PyInit__polars_runtime": -1}})
+        )
     else:
         cache.write_text(json.dumps({key: {}}))
     searched = []
@@ -314,11 +391,15 @@ def test_a_bad_kept_entry_is_never_called_and_is_replaced(tmp_path, monkeypatch:
 
     monkeypatch.setattr(allocator, "_symbols", counting)
     assert allocator._find_mallctl() is not None
-    assert searched[-1] is True and searched.count(True) == 1  # one full search, after the hint failed
+    assert (
+        searched[-1] is True and searched.count(True) == 1
+    )  # one full search, after the hint failed
     assert json.loads(cache.read_text())[key] == {k.decode(): v[3] for k, v in right.items()}
 
 
-def test_the_cache_keeps_no_entry_of_a_library_gone_or_changed(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_keeps_no_entry_of_a_library_gone_or_changed(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each virtual environment adds its polars' entry; entries of files deleted or rebuilt
     since are dropped when the cache is written, so it does not grow without bound."""
     from dlreplay import allocator
@@ -336,10 +417,15 @@ def test_the_cache_keeps_no_entry_of_a_library_gone_or_changed(tmp_path, monkeyp
     cache.parent.mkdir(parents=True)
     cache.write_text(json.dumps(kept))
     assert allocator._find_mallctl() is not None
-    assert set(json.loads(cache.read_text())) == {allocator._file_key(str(other)), allocator._file_key(path)}
+    assert set(json.loads(cache.read_text())) == {
+        allocator._file_key(str(other)),
+        allocator._file_key(path),
+    }
 
 
-def test_an_unwritable_cache_directory_only_costs_the_search(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unwritable_cache_directory_only_costs_the_search(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dlreplay import allocator
 
     _runtime_library()

@@ -26,12 +26,36 @@ from .conftest import run_cli
 from .test_model import MINIMAL, _models
 
 CASES = [
-    ("wrong type", MINIMAL + "reader:\n  batch_size: two\n", "reader.batch_size: expected a positive integer, got 'two'"),
-    ("wrong type list", MINIMAL + "train:\n  epochs: [1, 2]\n", "train.epochs: expected a positive integer, got a list"),
-    ("wrong type mapping", MINIMAL + "checkpoint: [1]\n", "checkpoint: expected a mapping, got a list"),
-    ("unknown key", MINIMAL + "reader:\n  batch_sise: 4\n", "reader.batch_sise: unknown field; expected one of"),
-    ("missing required", MINIMAL.replace("  num_files: 168\n", ""), "dataset.num_files: missing required field"),
-    ("bad distribution", MINIMAL.replace("type: normal", "type: zipf"), "dataset.record_length.type: expected one of"),
+    (
+        "wrong type",
+        MINIMAL + "reader:\n  batch_size: two\n",
+        "reader.batch_size: expected a positive integer, got 'two'",
+    ),
+    (
+        "wrong type list",
+        MINIMAL + "train:\n  epochs: [1, 2]\n",
+        "train.epochs: expected a positive integer, got a list",
+    ),
+    (
+        "wrong type mapping",
+        MINIMAL + "checkpoint: [1]\n",
+        "checkpoint: expected a mapping, got a list",
+    ),
+    (
+        "unknown key",
+        MINIMAL + "reader:\n  batch_sise: 4\n",
+        "reader.batch_sise: unknown field; expected one of",
+    ),
+    (
+        "missing required",
+        MINIMAL.replace("  num_files: 168\n", ""),
+        "dataset.num_files: missing required field",
+    ),
+    (
+        "bad distribution",
+        MINIMAL.replace("type: normal", "type: zipf"),
+        "dataset.record_length.type: expected one of",
+    ),
     ("not yaml", "dataset: {format: npz\n", "not valid YAML"),
     ("not a model", "- 1\n", "(top level): expected a mapping of sections, got a list"),
     ("binary garbage", "\x00\x01\x02", "not valid YAML"),
@@ -40,35 +64,63 @@ CASES = [
 
 # every case with `model show`; three of them with each command that reads a model
 RUNS = [("model show", *c) for c in CASES] + [
-    (cmd, *c) for cmd in ("generate", "replay", "model export-dlio") for c in CASES[:5:2]]
+    (cmd, *c) for cmd in ("generate", "replay", "model export-dlio") for c in CASES[:5:2]
+]
 
 
-@pytest.mark.parametrize(("command", "case", "text", "expected"), RUNS, ids=[f"{r[0]}-{r[1]}" for r in RUNS])
-def test_invalid_model_through_the_cli(tmp_path: Path, command: str, case: str, text: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "case", "text", "expected"), RUNS, ids=[f"{r[0]}-{r[1]}" for r in RUNS]
+)
+def test_invalid_model_through_the_cli(
+    tmp_path: Path, command: str, case: str, text: str, expected: str
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    extra = {"model show": [], "generate": ["--data-dir", str(tmp_path / "d")],
-             "replay": ["--data-dir", str(tmp_path / "d"), "--no-trace", "--out", str(tmp_path / "o")],
-             "model export-dlio": ["-o", str(tmp_path / "w.yaml")]}[command]
+    extra = {
+        "model show": [],
+        "generate": ["--data-dir", str(tmp_path / "d")],
+        "replay": ["--data-dir", str(tmp_path / "d"), "--no-trace", "--out", str(tmp_path / "o")],
+        "model export-dlio": ["-o", str(tmp_path / "w.yaml")],
+    }[command]
     proc = run_cli(*command.split(), str(path), *extra)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"dlreplay: error: {path}: ") and expected in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "d").exists() and not (tmp_path / "o").exists() and not (tmp_path / "w.yaml").exists()
+    assert (
+        not (tmp_path / "d").exists()
+        and not (tmp_path / "o").exists()
+        and not (tmp_path / "w.yaml").exists()
+    )
 
 
 def test_invalid_override_names_the_key(tmp_path: Path) -> None:
     """--set with a wrong type (test_replay.test_invalid_set_names_the_key: unknown key, bad value)."""
     path = tmp_path / "m.yaml"
     path.write_text(MINIMAL)
-    proc = run_cli("generate", str(path), "--data-dir", str(tmp_path / "d"), "--set", "train.epochs=[1]")
+    proc = run_cli(
+        "generate", str(path), "--data-dir", str(tmp_path / "d"), "--set", "train.epochs=[1]"
+    )
     assert proc.returncode == 1 and "train.epochs" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # --------------------------------------------------------------------------- property: mutated models
 
-WRONG: list[Any] = ["a string", [1, 2], {"x": 1}, None, True, -1, 1.5, 0, math.nan, math.inf, "", [], {}]
+WRONG: list[Any] = [
+    "a string",
+    [1, 2],
+    {"x": 1},
+    None,
+    True,
+    -1,
+    1.5,
+    0,
+    math.nan,
+    math.inf,
+    "",
+    [],
+    {},
+]
 
 
 def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -125,14 +177,21 @@ def _related(error_path: str, mutated: str) -> bool:
     check, e.g. uniform max < min reported at max, or a distribution reported as a whole)."""
     if error_path == mutated or error_path.startswith((mutated + ".", mutated + "[")):
         return True
-    parent = mutated.rsplit(".", 1)[0].split("[", 1)[0] if "." in mutated else mutated.split("[", 1)[0]
+    parent = (
+        mutated.rsplit(".", 1)[0].split("[", 1)[0] if "." in mutated else mutated.split("[", 1)[0]
+    )
     return error_path == parent or error_path.startswith((parent + ".", parent + "["))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=_mutations())
-def test_mutated_models_give_model_error_naming_the_field(tmp_path: Path, case: tuple[dict, str, str]) -> None:
+def test_mutated_models_give_model_error_naming_the_field(
+    tmp_path: Path, case: tuple[dict, str, str]
+) -> None:
     d, mutated, kind = case
     try:
         model = model_from_dict(d, source="m.yaml")

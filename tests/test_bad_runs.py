@@ -36,12 +36,20 @@ def no_traceback(text: str) -> None:
     check_no_traceback(text)
 
 
-def start_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """``python -m dlreplay ARGS`` in its own process group (so a "terminal" Ctrl-C reaches all
     of it), with SIGUSR1 printing its processes' Python stacks (see :func:`finish`)."""
-    return subprocess.Popen([PY, "-m", "dlreplay", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**(os.environ if env is None else env), STACKS_ENV: "USR1"})
+    return subprocess.Popen(
+        [PY, "-m", "dlreplay", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**(os.environ if env is None else env), STACKS_ENV: "USR1"},
+    )
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120.0) -> list[str]:
@@ -79,8 +87,12 @@ def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[str, st
     except subprocess.TimeoutExpired:
         code = proc.poll()
         try:
-            ps = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "--sid", str(proc.pid)],
-                                capture_output=True, text=True, timeout=30).stdout
+            ps = subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,wchan:24,etime,args", "--sid", str(proc.pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
         except (OSError, subprocess.TimeoutExpired) as exc:
             ps = f"(ps: {exc})"
         try:
@@ -91,8 +103,10 @@ def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[str, st
             pass
         out, err = proc.communicate()
         state = "still running" if code is None else f"exited {code}, its pipes still open"
-        pytest.fail(f"{state} {timeout:.0f} s after it was stopped; processes:\n{ps}\nstdout: {out[-2000:]!r}\n"
-                    f"stderr (with their stacks): {err[-12000:]!r}")
+        pytest.fail(
+            f"{state} {timeout:.0f} s after it was stopped; processes:\n{ps}\nstdout: {out[-2000:]!r}\n"
+            f"stderr (with their stacks): {err[-12000:]!r}"
+        )
 
 
 def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
@@ -104,12 +118,24 @@ def ctrl_c(proc: subprocess.Popen[str], target: str) -> None:
 
 # --------------------------------------------------------------------------- Ctrl-C: replay
 
-LONG = ("dataset.format=raw", "dataset.num_files=8", "dataset.num_samples_per_file=1", "dataset.record_length=4096",
-        "reader.batch_size=1", "reader.read_threads=2", "train.epochs=400", "train.computation_time=0.002")
+LONG = (
+    "dataset.format=raw",
+    "dataset.num_files=8",
+    "dataset.num_samples_per_file=1",
+    "dataset.record_length=4096",
+    "reader.batch_size=1",
+    "reader.read_threads=2",
+    "train.epochs=400",
+    "train.computation_time=0.002",
+)
 
 
-@pytest.mark.parametrize(("accelerators", "target"), [(1, "group"), (1, "pid"), (2, "group"), (2, "pid")])
-def test_ctrl_c_during_replay_keeps_partial_metrics(tmp_path: Path, accelerators: int, target: str) -> None:
+@pytest.mark.parametrize(
+    ("accelerators", "target"), [(1, "group"), (1, "pid"), (2, "group"), (2, "pid")]
+)
+def test_ctrl_c_during_replay_keeps_partial_metrics(
+    tmp_path: Path, accelerators: int, target: str
+) -> None:
     """Exit 130, metrics.json with the epochs done and ``complete: false``; no traceback.
 
     400 epochs of 8 steps, each epoch forking 2 loader workers: Ctrl-C lands while workers
@@ -117,8 +143,17 @@ def test_ctrl_c_during_replay_keeps_partial_metrics(tmp_path: Path, accelerators
     """
     model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
     run_cli("generate", str(model), "--data-dir", str(data), check=True)
-    proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out), "--no-trace",
-                     "--accelerators", str(accelerators))
+    proc = start_cli(
+        "replay",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--no-trace",
+        "--accelerators",
+        str(accelerators),
+    )
     wait_for_line(proc, "replay started")
     time.sleep(1.0)
     ctrl_c(proc, target)
@@ -175,9 +210,17 @@ def test_swallowed_keyboard_interrupt_still_stops_the_replay(tmp_path: Path, whe
     at-fork callback) used to be lost, and the replay ran every epoch and exited 0."""
     script = tmp_path / "swallow.py"
     script.write_text(REPLAY_SWALLOWED)
-    write_model(tmp_path, "dataset.format=raw", "reader.batch_size=1", "reader.read_threads=2", "train.epochs=20",
-                "train.computation_time=0.001")
-    proc = subprocess.run([PY, str(script), where, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    write_model(
+        tmp_path,
+        "dataset.format=raw",
+        "reader.batch_size=1",
+        "reader.read_threads=2",
+        "train.epochs=20",
+        "train.computation_time=0.001",
+    )
+    proc = subprocess.run(
+        [PY, str(script), where, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     complete, epochs, interrupted = proc.stdout.split()
     assert (complete, interrupted) == ("False", "True"), proc.stdout
@@ -204,8 +247,15 @@ def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: P
     files until the Ctrl-C arrives, so it lands mid-generation on a machine of any speed.
     """
     model, data = write_model(tmp_path, *GEN), tmp_path / "d"
-    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2",
-                     env={**os.environ, HOLD_ENV: "10"})
+    proc = start_cli(
+        "generate",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--jobs",
+        "2",
+        env={**os.environ, HOLD_ENV: "10"},
+    )
     wait_for_line(proc, "generate held after 10 files")
     ctrl_c(proc, "group")  # the generator processes get it too
     _, stderr = finish(proc)
@@ -216,7 +266,9 @@ def test_ctrl_c_during_generate_leaves_no_manifest_and_rerun_resumes(tmp_path: P
     kept = journal_files(data)
     assert kept == 10  # what was finished before the Ctrl-C is kept for the rerun
     again = run_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2", check=True)
-    generated, reused = (int(x) for x in re.search(r"(\d+) generated, (\d+) reused", again.stdout).groups())
+    generated, reused = (
+        int(x) for x in re.search(r"(\d+) generated, (\d+) reused", again.stdout).groups()
+    )
     assert reused >= kept and generated + reused == 400
     assert json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
     assert not list(data.rglob("*.dlreplay-tmp"))
@@ -246,17 +298,29 @@ def test_generator_processes_end_with_a_killed_generate(tmp_path: Path) -> None:
     too, instead of waiting on their task queue for good and holding its pipes; a rerun
     resumes. Held after 10 files so that the pool is running on a machine of any speed."""
     model, data = write_model(tmp_path, *GEN), tmp_path / "d"
-    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2",
-                     env={**os.environ, HOLD_ENV: "10"})
+    proc = start_cli(
+        "generate",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--jobs",
+        "2",
+        env={**os.environ, HOLD_ENV: "10"},
+    )
     wait_for_line(proc, "generate held after 10 files")
-    children = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    children = [
+        int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    ]
     assert len(children) >= 2  # the pool's processes (and the resource tracker)
     proc.kill()
     _, stderr = finish(proc, timeout=60)  # the pipes close: nothing the command started holds them
     no_traceback(stderr)
     assert not _still_alive(children)
     again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
-    assert "reused" in again.stdout and json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
+    assert (
+        "reused" in again.stdout
+        and json.loads((data / MANIFEST_NAME).read_text())["complete"] is True
+    )
 
 
 def test_replay_processes_end_with_a_killed_replay(tmp_path: Path) -> None:
@@ -266,13 +330,25 @@ def test_replay_processes_end_with_a_killed_replay(tmp_path: Path) -> None:
     its parent's and waited for good: 2 of 6 runs under ``taskset -c 0``)."""
     model, data, out = write_model(tmp_path, *LONG), tmp_path / "d", tmp_path / "o"
     run_cli("generate", str(model), "--data-dir", str(data), check=True)
-    proc = start_cli("replay", str(model), "--data-dir", str(data), "--out", str(out), "--no-trace",
-                     "--accelerators", "2")
+    proc = start_cli(
+        "replay",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--no-trace",
+        "--accelerators",
+        "2",
+    )
     wait_for_line(proc, "replay started")
     ranks: list[int] = []
     deadline = time.monotonic() + 60
     while len(ranks) < 2 and time.monotonic() < deadline:  # forked after the line
-        ranks = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        ranks = [
+            int(pid)
+            for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        ]
         time.sleep(0.05)
     assert len(ranks) == 2
     proc.kill()
@@ -330,8 +406,12 @@ def test_a_worker_whose_parent_ended_before_it_asked_ends(tmp_path: Path) -> Non
     the worker waited for good: clean-clone CI, once, in the killed-replay test)."""
     err = tmp_path / "stderr"
     with err.open("w") as fh:  # (a file: a worker left running would hold a pipe open)
-        proc = subprocess.run([sys.executable, "-c", ORPHANS, str(tmp_path)], stdout=subprocess.DEVNULL, stderr=fh,
-                              timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", ORPHANS, str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=fh,
+            timeout=60,
+        )
     assert proc.returncode == 0, err.read_text()
     pids = [int((tmp_path / f"pid-{k}").read_text()) for k in range(2)]
     try:
@@ -349,8 +429,15 @@ def test_usr1_prints_where_a_run_waits_and_it_goes_on(tmp_path: Path) -> None:
     """``DLREPLAY_STACKS_ON=USR1`` (set by :func:`start_cli`): ``kill -USR1`` prints the
     command's Python stacks on stderr and the run goes on; Ctrl-C still stops it cleanly."""
     model, data = write_model(tmp_path, *GEN), tmp_path / "d"
-    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "2",
-                     env={**os.environ, HOLD_ENV: "10"})
+    proc = start_cli(
+        "generate",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--jobs",
+        "2",
+        env={**os.environ, HOLD_ENV: "10"},
+    )
     seen = "".join(wait_for_line(proc, "generate held after 10 files"))
     proc.send_signal(signal.SIGUSR1)
     seen += "".join(wait_for_line(proc, "in _hold"))
@@ -387,8 +474,15 @@ def test_usr1_stacks_are_safe_while_threads_run(tmp_path: Path) -> None:
     SIGSEGV after 2 to 19 signals (5 of 5 runs), as a held ``generate`` once did in CI."""
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([PY, "-c", _BUSY_THREADS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, text=True, env={**os.environ, STACKS_ENV: "USR1"}, cwd=REPO)
+        proc = subprocess.Popen(
+            [PY, "-c", _BUSY_THREADS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, STACKS_ENV: "USR1"},
+            cwd=REPO,
+        )
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
             for _ in range(400):
@@ -412,11 +506,14 @@ def test_usr1_stacks_are_safe_while_threads_run(tmp_path: Path) -> None:
 
 def _mount_tmpfs(where: Path, options: str) -> None:
     where.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): needs root; "
-                    f"test_simulated_enospc_* cover the messages without a mount")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): needs root; "
+            f"test_simulated_enospc_* cover the messages without a mount"
+        )
 
 
 @pytest.fixture
@@ -441,17 +538,35 @@ def read_only_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.parametrize("fmt", ["npy", "parquet"])  # np.save and polars report a full disk without errno
-def test_generate_on_a_full_disk_fails_clearly_and_resumes(tmp_path: Path, small_fs: Path, fmt: str) -> None:
+@pytest.mark.parametrize(
+    "fmt", ["npy", "parquet"]
+)  # np.save and polars report a full disk without errno
+def test_generate_on_a_full_disk_fails_clearly_and_resumes(
+    tmp_path: Path, small_fs: Path, fmt: str
+) -> None:
     """The disk fills up mid-generation (another writer takes the space while generation is held
     after 3 files): exit 1 naming the path, no manifest, no temporary files; a rerun resumes."""
-    model = write_model(tmp_path, f"dataset.format={fmt}", "dataset.num_files=8", "dataset.num_samples_per_file=1",
-                        "dataset.record_length=200000")  # 1.6 MB: passes the up-front check on the 2 MiB file system
+    model = write_model(
+        tmp_path,
+        f"dataset.format={fmt}",
+        "dataset.num_files=8",
+        "dataset.num_samples_per_file=1",
+        "dataset.record_length=200000",
+    )  # 1.6 MB: passes the up-front check on the 2 MiB file system
     data, release = small_fs / "d", tmp_path / "release"
-    proc = start_cli("generate", str(model), "--data-dir", str(data), "--jobs", "1",
-                     env={**os.environ, HOLD_ENV: f"3:{release}"})
+    proc = start_cli(
+        "generate",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--jobs",
+        "1",
+        env={**os.environ, HOLD_ENV: f"3:{release}"},
+    )
     wait_for_line(proc, "generate held after 3 files")
-    (small_fs / "filler").write_bytes(b"\0" * (_free_bytes(small_fs) - 100_000))  # leaves less than a file
+    (small_fs / "filler").write_bytes(
+        b"\0" * (_free_bytes(small_fs) - 100_000)
+    )  # leaves less than a file
     release.touch()
     _, stderr = finish(proc)
     no_traceback(stderr)
@@ -459,7 +574,9 @@ def test_generate_on_a_full_disk_fails_clearly_and_resumes(tmp_path: Path, small
     assert "no space left on the device" in stderr and str(data) in stderr
     assert "rerun resumes" in stderr
     assert not (data / MANIFEST_NAME).exists()
-    assert not list(data.rglob("*.dlreplay-tmp"))  # its partial temporary files are not left taking space
+    assert not list(
+        data.rglob("*.dlreplay-tmp")
+    )  # its partial temporary files are not left taking space
     assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
     kept = journal_files(data)
     assert kept >= 3
@@ -475,21 +592,47 @@ def _free_bytes(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def test_generate_larger_than_the_free_space_is_refused_up_front(tmp_path: Path, small_fs: Path) -> None:
+def test_generate_larger_than_the_free_space_is_refused_up_front(
+    tmp_path: Path, small_fs: Path
+) -> None:
     """A dataset that cannot fit is refused before a byte is written, naming the fields and sizes."""
-    model = write_model(tmp_path, "dataset.format=raw", "dataset.num_files=30", "dataset.num_samples_per_file=1",
-                        "dataset.record_length=200000")
+    model = write_model(
+        tmp_path,
+        "dataset.format=raw",
+        "dataset.num_files=30",
+        "dataset.num_samples_per_file=1",
+        "dataset.record_length=200000",
+    )
     proc = run_cli("generate", str(model), "--data-dir", str(small_fs / "d"))
     no_traceback(proc.stderr)
     assert proc.returncode == 1
-    assert ("dataset.num_files x dataset.num_samples_per_file x dataset.record_length = 30 x 1 x 195.3 KiB = "
-            f"5.7 MiB, but the file system of {small_fs / 'd'} has ") in proc.stderr
+    assert (
+        "dataset.num_files x dataset.num_samples_per_file x dataset.record_length = 30 x 1 x 195.3 KiB = "
+        f"5.7 MiB, but the file system of {small_fs / 'd'} has "
+    ) in proc.stderr
     assert not (small_fs / "d").exists()
-    ck = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2",
-                     "checkpoint.bytes_per_checkpoint=3000000")
-    proc = run_cli("replay", str(ck), "--data-dir", str(tmp_path / "d"), "--out", str(small_fs / "o"), "--no-trace")
-    assert proc.returncode == 1 and "checkpoint.bytes_per_checkpoint: 2.9 MiB per checkpoint, but the file " \
-        f"system of {small_fs / 'o'} has " in proc.stderr
+    ck = write_model(
+        tmp_path,
+        "dataset.format=raw",
+        "checkpoint.enabled=true",
+        "checkpoint.steps_between_checkpoints=2",
+        "checkpoint.bytes_per_checkpoint=3000000",
+    )
+    proc = run_cli(
+        "replay",
+        str(ck),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--out",
+        str(small_fs / "o"),
+        "--no-trace",
+    )
+    assert (
+        proc.returncode == 1
+        and "checkpoint.bytes_per_checkpoint: 2.9 MiB per checkpoint, but the file "
+        f"system of {small_fs / 'o'} has "
+        in proc.stderr
+    )
     assert not (small_fs / "o").exists()
 
 
@@ -497,18 +640,35 @@ def test_generate_larger_than_the_free_space_is_refused_up_front(tmp_path: Path,
 def test_replay_checkpoints_on_a_full_disk(tmp_path: Path, small_fs: Path, traced: bool) -> None:
     """Checkpoint writes hit ENOSPC: exit 1 (not 130: nobody pressed Ctrl-C) naming the file, partial
     metrics with the error, the replay's own checkpoint files removed, the user's file kept."""
-    model = write_model(tmp_path, "dataset.format=raw", "checkpoint.enabled=true",
-                        "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=1500000",
-                        "checkpoint.files_per_checkpoint=2")  # one fits (refused up front otherwise), two do not
+    model = write_model(
+        tmp_path,
+        "dataset.format=raw",
+        "checkpoint.enabled=true",
+        "checkpoint.steps_between_checkpoints=2",
+        "checkpoint.bytes_per_checkpoint=1500000",
+        "checkpoint.files_per_checkpoint=2",
+    )  # one fits (refused up front otherwise), two do not
     out = small_fs / "o"
-    proc = run_cli("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(out),
-                   *([] if traced else ["--no-trace"]))
+    proc = run_cli(
+        "replay",
+        str(model),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--out",
+        str(out),
+        *([] if traced else ["--no-trace"]),
+    )
     no_traceback(proc.stderr)
     assert proc.returncode == 1, proc.stderr
-    assert "cannot write checkpoint (No space left on device); free space or choose another --out" in proc.stderr
+    assert (
+        "cannot write checkpoint (No space left on device); free space or choose another --out"
+        in proc.stderr
+    )
     assert str(out) in proc.stderr
     m = json.loads((out / "metrics.json").read_text())
-    assert m["complete"] is False and m["interrupted"] is False and "No space left" in m["errors"][0]
+    assert (
+        m["complete"] is False and m["interrupted"] is False and "No space left" in m["errors"][0]
+    )
     assert not (out / "checkpoints").exists()
     assert (small_fs / "user-file.txt").read_text() == "not dlreplay's"
     if traced:  # the trace of the failed replay is kept and loadable
@@ -520,9 +680,19 @@ def test_read_only_targets_are_named(tmp_path: Path, read_only_fs: Path) -> None
     """Unwritable even for root (test_replay.test_unwritable_data_dir_is_named uses /proc)."""
     model = write_model(tmp_path)
     gen = run_cli("generate", str(model), "--data-dir", str(read_only_fs / "d"))
-    assert gen.returncode == 1 and "Read-only file system" in gen.stderr and str(read_only_fs / "d") in gen.stderr
-    rep = run_cli("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(read_only_fs / "o"))
-    assert rep.returncode == 1 and "Read-only file system" in rep.stderr and str(read_only_fs / "o") in rep.stderr
+    assert (
+        gen.returncode == 1
+        and "Read-only file system" in gen.stderr
+        and str(read_only_fs / "d") in gen.stderr
+    )
+    rep = run_cli(
+        "replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(read_only_fs / "o")
+    )
+    assert (
+        rep.returncode == 1
+        and "Read-only file system" in rep.stderr
+        and str(read_only_fs / "o") in rep.stderr
+    )
     dis = run_cli("distill", str(REPO / "traces" / "npz_spawn"), "-o", str(read_only_fs / "m.yaml"))
     assert dis.returncode == 1 and "Read-only file system" in dis.stderr and "m.yaml" in dis.stderr
     cap = run_cli("capture", "--out", str(read_only_fs / "t"), "--", PY, "-c", "pass")
@@ -553,8 +723,13 @@ def test_simulated_enospc_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_simulated_enospc_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dlreplay.replay import ReplayConfig, ReplayError, engine, run_replay
 
-    model = make_model("dataset.format=raw", "reader.read_threads=0", "checkpoint.enabled=true",
-                       "checkpoint.steps_between_checkpoints=2", "checkpoint.bytes_per_checkpoint=100000")
+    model = make_model(
+        "dataset.format=raw",
+        "reader.read_threads=0",
+        "checkpoint.enabled=true",
+        "checkpoint.steps_between_checkpoints=2",
+        "checkpoint.bytes_per_checkpoint=100000",
+    )
     real = os.write
 
     def write(fd: int, data) -> int:
@@ -563,8 +738,12 @@ def test_simulated_enospc_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyP
         return real(fd, data)
 
     monkeypatch.setattr(engine.os, "write", write)
-    with pytest.raises(ReplayError, match="cannot write checkpoint .No space left on device.; free space"):
-        run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False))
+    with pytest.raises(
+        ReplayError, match="cannot write checkpoint .No space left on device.; free space"
+    ):
+        run_replay(
+            ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False)
+        )
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert m["complete"] is False and "No space left" in m["errors"][0]
     assert not (tmp_path / "o" / "checkpoints").exists()
@@ -584,16 +763,32 @@ os.kill(os.getpid(), getattr(signal, sys.argv[1]))
 """
 
 
-@pytest.mark.parametrize(("how", "code", "status"), [("exit", 3, "failed"), ("SIGTERM", 143, "interrupted"),
-                                                     ("SIGKILL", 137, "failed")])
-def test_failed_or_killed_job_exit_code_and_trace(tmp_path: Path, how: str, code: int, status: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "code", "status"),
+    [("exit", 3, "failed"), ("SIGTERM", 143, "interrupted"), ("SIGKILL", 137, "failed")],
+)
+def test_failed_or_killed_job_exit_code_and_trace(
+    tmp_path: Path, how: str, code: int, status: str
+) -> None:
     """Exit code propagated (128+N when killed), trace kept and loadable; a SIGKILLed job's
     buffered events are lost, and analyze says why instead of printing an empty summary."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.bin").write_bytes(os.urandom(300_000))
     (tmp_path / "job.py").write_text(JOB)
     out = tmp_path / "t"
-    proc = run_cli("capture", "--out", str(out), "--data-dir", "data", "--", PY, "job.py", how, "20", cwd=tmp_path)
+    proc = run_cli(
+        "capture",
+        "--out",
+        str(out),
+        "--data-dir",
+        "data",
+        "--",
+        PY,
+        "job.py",
+        how,
+        "20",
+        cwd=tmp_path,
+    )
     no_traceback(proc.stderr)
     assert proc.returncode == code
     assert f"capture {status} (exit code {code}" in proc.stderr
@@ -605,12 +800,17 @@ def test_failed_or_killed_job_exit_code_and_trace(tmp_path: Path, how: str, code
     if how == "SIGKILL":
         assert "killed by SIGKILL" in proc.stderr and "the trace holds no events" in proc.stderr
         text = run_cli("analyze", str(out))
-        assert "killed by signal 9 (SIGKILL)" in text.stdout and "file is empty (0 bytes)" in text.stdout
+        assert (
+            "killed by signal 9 (SIGKILL)" in text.stdout
+            and "file is empty (0 bytes)" in text.stdout
+        )
     else:
         assert events > 20 * 5  # open + reads + close per pass
 
 
-def test_ctrl_c_while_capture_starts_the_job_is_forwarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_while_capture_starts_the_job_is_forwarded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression: a Ctrl-C that arrived while Popen was starting the job was recorded but
     not forwarded, so the job ran to its end (the traced replay then ignored Ctrl-C)."""
     from dlreplay.capture import CaptureConfig, run_capture
@@ -620,12 +820,16 @@ def test_ctrl_c_while_capture_starts_the_job_is_forwarded(tmp_path: Path, monkey
 
     def popen(argv, *args, **kwargs):
         if argv[:2] == [PY, "-c"]:  # the job (platform.platform() runs `uname -p` earlier)
-            signal.raise_signal(signal.SIGINT)  # handled by capture's handler: the job does not exist yet
+            signal.raise_signal(
+                signal.SIGINT
+            )  # handled by capture's handler: the job does not exist yet
         return real_popen(argv, *args, **kwargs)
 
     monkeypatch.setattr(capture_run.subprocess, "Popen", popen)
     t0 = time.monotonic()
-    result = run_capture(CaptureConfig(command=(PY, "-c", "import time; time.sleep(60)"), out=tmp_path / "t"))
+    result = run_capture(
+        CaptureConfig(command=(PY, "-c", "import time; time.sleep(60)"), out=tmp_path / "t")
+    )
     assert time.monotonic() - t0 < 45
     assert result.status == "interrupted" and result.exit_code in (130, 128 + signal.SIGINT)
 
@@ -646,7 +850,9 @@ def test_ctrl_c_during_traced_replay_keeps_metrics_and_trace(tmp_path: Path) -> 
     assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
     analyzed = run_cli("analyze", str(out), "--json")
     assert analyzed.returncode == 0, analyzed.stderr
-    assert json.loads(analyzed.stdout)["events"] > 0  # the trace of the partial run is kept and loadable
+    assert (
+        json.loads(analyzed.stdout)["events"] > 0
+    )  # the trace of the partial run is kept and loadable
 
 
 # --------------------------------------------------------------------------- a dataset changed after generation
@@ -667,17 +873,40 @@ def test_dataset_damaged_after_generation_is_not_reused(tmp_path: Path, damage: 
         victim.write_bytes(victim.read_bytes()[:100])
     else:
         victim.write_bytes(victim.read_bytes() + b"more")
-    refused = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o"), "--no-trace",
-                      "--no-generate")
+    refused = run_cli(
+        "replay",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(tmp_path / "o"),
+        "--no-trace",
+        "--no-generate",
+    )
     no_traceback(refused.stderr)
-    assert refused.returncode == 1 and "files were deleted or changed size since it was generated" in refused.stderr
+    assert (
+        refused.returncode == 1
+        and "files were deleted or changed size since it was generated" in refused.stderr
+    )
     again = run_cli("generate", str(model), "--data-dir", str(data), check=True)
     assert "1 generated, 5 reused" in again.stdout
     assert f"1 file(s) of the dataset in {data} were missing or had changed size" in again.stderr
-    assert rel in again.stderr and ("missing" if damage == "deleted" else "bytes, listed") in again.stderr
+    assert (
+        rel in again.stderr
+        and ("missing" if damage == "deleted" else "bytes, listed") in again.stderr
+    )
     assert digest_dir(data) == before  # regenerated byte for byte
-    replayed = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o2"), "--no-trace",
-                       "--no-generate", check=True)
+    replayed = run_cli(
+        "replay",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(tmp_path / "o2"),
+        "--no-trace",
+        "--no-generate",
+        check=True,
+    )
     assert "metrics:" in replayed.stdout
 
 
@@ -720,8 +949,14 @@ def test_users_sitecustomize_runs_exactly_once_per_process(tmp_path: Path, neste
     job = [PY, "job.py"]
     if nested:
         job = [PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "inner"), "--", *job]
-    proc = subprocess.run([PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "t"), "--", *job],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [PY, "-m", "dlreplay", "capture", "-q", "--out", str(tmp_path / "t"), "--", *job],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     no_traceback(proc.stderr)
     assert proc.returncode == 0, proc.stderr
     assert "Error in sitecustomize" not in proc.stderr
@@ -730,7 +965,9 @@ def test_users_sitecustomize_runs_exactly_once_per_process(tmp_path: Path, neste
     assert len(pids) >= 2  # the job and at least one spawned worker
     for pid in pids:
         assert runs.count(pid) == 1, (pid, runs)
-    assert len(runs) == len(set(runs))  # no process ran it twice (dlreplay's own processes run it once too)
+    assert len(runs) == len(
+        set(runs)
+    )  # no process ran it twice (dlreplay's own processes run it once too)
 
 
 def test_capture_data_dir_that_does_not_exist_is_reported(tmp_path: Path) -> None:
@@ -739,14 +976,32 @@ def test_capture_data_dir_that_does_not_exist_is_reported(tmp_path: Path) -> Non
     (tmp_path / "job.py").write_text("import os\nos.makedirs('made', exist_ok=True)\n")
     for quiet in ([], ["-q"]):
         out = tmp_path / f"t{len(quiet)}"
-        proc = run_cli("capture", *quiet, "--out", str(out), "--data-dir", "dta", "--data-dir", "made", "--",
-                       PY, "job.py", cwd=tmp_path)
+        proc = run_cli(
+            "capture",
+            *quiet,
+            "--out",
+            str(out),
+            "--data-dir",
+            "dta",
+            "--data-dir",
+            "made",
+            "--",
+            PY,
+            "job.py",
+            cwd=tmp_path,
+        )
         no_traceback(proc.stderr)
         assert proc.returncode == 0, proc.stderr
-        assert f"--data-dir dta does not exist (in {tmp_path}): nothing under it was traced" in proc.stderr
+        assert (
+            f"--data-dir dta does not exist (in {tmp_path}): nothing under it was traced"
+            in proc.stderr
+        )
         assert "--data-dir made" not in proc.stderr
         assert json.loads((out / "manifest.json").read_text())["warnings"] == [
-            line.split("warning: ", 1)[1] for line in proc.stderr.splitlines() if "warning: --data-dir" in line]
+            line.split("warning: ", 1)[1]
+            for line in proc.stderr.splitlines()
+            if "warning: --data-dir" in line
+        ]
 
 
 # --------------------------------------------------------------------------- Ctrl-C: analyze, analyze --verify, demo
@@ -756,7 +1011,13 @@ def test_ctrl_c_during_a_verify_replay_stops_analyze(tmp_path: Path) -> None:
     """A Ctrl-C during --verify's first replay used to be answered by that replay (partial
     metrics) and swallowed: the next replay ran and the table was shown as a finished result.
     The replay lasts at least its compute sleeps (~0.6 s), so the Ctrl-C sent as it starts lands in it."""
-    proc = start_cli("analyze", str(REPO / "traces" / "npz_starved"), "--verify", "--verify-dir", str(tmp_path / "v"))
+    proc = start_cli(
+        "analyze",
+        str(REPO / "traces" / "npz_starved"),
+        "--verify",
+        "--verify-dir",
+        str(tmp_path / "v"),
+    )
     wait_for_line(proc, "replay 1/")
     ctrl_c(proc, "group")
     stdout, stderr = proc.communicate(timeout=300)
@@ -772,8 +1033,13 @@ def test_ctrl_c_during_distributed_analyze(tmp_path: Path, target: str) -> None:
     no traceback from the client, the event loop or a worker process (the whole process group gets it)."""
     from dlreplay.interrupt import HOLD_ENV
 
-    proc = start_cli("analyze", str(REPO / "traces" / "npz_fork"), "--workers", "2",
-                     env={**os.environ, HOLD_ENV: "dask-parse"})
+    proc = start_cli(
+        "analyze",
+        str(REPO / "traces" / "npz_fork"),
+        "--workers",
+        "2",
+        env={**os.environ, HOLD_ENV: "dask-parse"},
+    )
     wait_for_line(proc, "held at dask-parse")
     ctrl_c(proc, target)
     stdout, stderr = proc.communicate(timeout=300)
@@ -790,8 +1056,11 @@ def test_ctrl_c_during_the_demo_capture(tmp_path: Path) -> None:
     log = tmp_path / "demo" / "job.log"
     proc = start_cli("demo", "--out", str(tmp_path / "demo"))
     deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline and "dataset" not in (
-            log.read_text() if log.is_file() else ""):
+    while (
+        proc.poll() is None
+        and time.monotonic() < deadline
+        and "dataset" not in (log.read_text() if log.is_file() else "")
+    ):
         time.sleep(0.05)  # the job's first line: it goes on to import torch and train
     ctrl_c(proc, "group")
     stdout, stderr = proc.communicate(timeout=300)
@@ -816,12 +1085,19 @@ def test_full_disk_during_reports_exports_and_spills(tmp_path: Path, small_fs: P
         "timeline": ("export", trace, "-o", str(small_fs / "t.perfetto-trace")),
         "spill": ("analyze", trace, "--memory-limit", "1MB", "--spill-dir", str(small_fs)),
     }
-    named = {"report.html": str(small_fs / "report.html"), "report.md": str(small_fs / "report.figures"),
-             "compare.md": str(small_fs / "compare.figures"), "timeline": str(small_fs / "t.perfetto-trace"),
-             "spill": str(small_fs / "dlreplay-spill-")}
+    named = {
+        "report.html": str(small_fs / "report.html"),
+        "report.md": str(small_fs / "report.figures"),
+        "compare.md": str(small_fs / "compare.figures"),
+        "timeline": str(small_fs / "t.perfetto-trace"),
+        "spill": str(small_fs / "dlreplay-spill-"),
+    }
     for what, args in runs.items():
         proc = run_cli(*args)
         no_traceback(proc.stderr)
         assert proc.returncode == 1, (what, proc.stdout, proc.stderr)
-        assert named[what] in proc.stderr and ("no space left" in proc.stderr.lower()), (what, proc.stderr)
+        assert named[what] in proc.stderr and ("no space left" in proc.stderr.lower()), (
+            what,
+            proc.stderr,
+        )
         assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "user-file.txt"], what

@@ -66,7 +66,10 @@ def events_in(text: bytes) -> int:
 
 def gz_members(lines: list[bytes], members: int) -> bytes:
     per = -(-len(lines) // members)
-    return b"".join(gzip.compress(b"\n".join(lines[i:i + per]) + b"\n", mtime=0) for i in range(0, len(lines), per))
+    return b"".join(
+        gzip.compress(b"\n".join(lines[i : i + per]) + b"\n", mtime=0)
+        for i in range(0, len(lines), per)
+    )
 
 
 def trace_with(tmp_path: Path, name: str, data: bytes) -> Path:
@@ -97,22 +100,32 @@ def clean() -> dict:
 # --------------------------------------------------------------------------- gzip damage
 
 
-@pytest.mark.parametrize("where", ["10%", "45%", "member-boundary", "in-member-header", "in-trailer", "2-bytes"])
+@pytest.mark.parametrize(
+    "where", ["10%", "45%", "member-boundary", "in-member-header", "in-trailer", "2-bytes"]
+)
 def test_truncated_gzip_keeps_every_complete_event(tmp_path: Path, clean: dict, where: str) -> None:
     name, lines = biggest(), corpus_lines()
     data = gz_members(lines, 4)
     starts = member_offsets(data)
-    cut = {"10%": len(data) // 10, "45%": len(data) * 45 // 100, "member-boundary": starts[2],
-           "in-member-header": starts[2] + 5, "in-trailer": len(data) - 3, "2-bytes": 2}[where]
+    cut = {
+        "10%": len(data) // 10,
+        "45%": len(data) * 45 // 100,
+        "member-boundary": starts[2],
+        "in-member-header": starts[2] + 5,
+        "in-trailer": len(data) - 3,
+        "2-bytes": 2,
+    }[where]
     trace = trace_with(tmp_path, name, data[:cut])
     text, _ = ref_decode(data[:cut])
-    tail = text[text.rfind(b"\n") + 1:]
+    tail = text[text.rfind(b"\n") + 1 :]
     payload = analyze_json(trace)
     rep = file_report(payload, name)
     assert rep["events"] == events_in(text)  # exactly the complete events before the cut
     assert payload["events"] == clean["events"] - events_in(gzip.decompress(data)) + events_in(text)
     assert rep["dropped_lines"] == (1 if tail else 0) and rep["dropped_bytes"] == len(tail)
-    if where != "member-boundary":  # a cut exactly between members is indistinguishable from a shorter file
+    if (
+        where != "member-boundary"
+    ):  # a cut exactly between members is indistinguishable from a shorter file
         assert any("truncated" in p for p in rep["problems"])
     text_out = run_cli("analyze", str(trace))
     no_traceback(text_out.stderr)
@@ -126,7 +139,7 @@ def salvaged(member: bytes) -> bytes:
     out = b""
     for i in range(len(member)):
         try:
-            out += d.decompress(member[i:i + 1])
+            out += d.decompress(member[i : i + 1])
         except zlib.error:
             break
     return out
@@ -138,15 +151,18 @@ def test_corrupt_member_in_the_middle_later_members_still_read(tmp_path: Path, c
     starts = [*member_offsets(data), len(data)]
     bad = bytearray(data)
     mid = (starts[1] + starts[2]) // 2
-    bad[mid:mid + 48] = b"\xff" * 48
+    bad[mid : mid + 48] = b"\xff" * 48
     trace = trace_with(tmp_path, name, bytes(bad))
-    kept = [gzip.decompress(data[starts[k]:starts[k + 1]]) for k in (0, 2, 3)]
-    damaged = salvaged(bytes(bad[starts[1]:starts[2]]))
+    kept = [gzip.decompress(data[starts[k] : starts[k + 1]]) for k in (0, 2, 3)]
+    damaged = salvaged(bytes(bad[starts[1] : starts[2]]))
     expected = sum(events_in(t) for t in kept) + events_in(damaged)
     payload = analyze_json(trace)
     rep = file_report(payload, name)
     assert rep["events"] == expected and rep["members"] == 4
-    assert any("corrupt gzip member 2" in p and "resumed at the next member header" in p for p in rep["problems"])
+    assert any(
+        "corrupt gzip member 2" in p and "resumed at the next member header" in p
+        for p in rep["problems"]
+    )
     # the events of the members after the damage are all there (by timestamp)
     loaded = load_trace(trace)
     got = set(loaded.events.filter(pl.col("source") == name)["ts"].to_list())
@@ -157,22 +173,24 @@ def test_corrupt_member_in_the_middle_later_members_still_read(tmp_path: Path, c
 
 
 @pytest.mark.parametrize("damage", ["none", "truncated", "corrupt", "not-gzip-between"])
-def test_fast_decoder_pieces_join_to_what_zlib_decodes(monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+def test_fast_decoder_pieces_join_to_what_zlib_decodes(
+    monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
     """ISA-L decodes members in small pieces (``_PIECE_BYTES``); joined, they are what the
     zlib path yields, with the same members, drops and problems (clean and damaged input)."""
     monkeypatch.setattr(pfw, "_PIECE_BYTES", 64 << 10)  # (the premise: members of several pieces)
     lines = corpus_lines()
     data = gz_members(lines * 12, 5)  # members of several pieces each
     starts = member_offsets(data)
-    assert len(gzip.decompress(data[starts[0]:starts[1]])) > 2 * pfw._PIECE_BYTES
+    assert len(gzip.decompress(data[starts[0] : starts[1]])) > 2 * pfw._PIECE_BYTES
     if damage == "truncated":
-        data = data[:(starts[2] + starts[3]) // 2]
+        data = data[: (starts[2] + starts[3]) // 2]
     elif damage == "corrupt":
         bad = bytearray(data)
-        bad[(starts[1] + starts[2]) // 2:(starts[1] + starts[2]) // 2 + 48] = b"\xff" * 48
+        bad[(starts[1] + starts[2]) // 2 : (starts[1] + starts[2]) // 2 + 48] = b"\xff" * 48
         data = bytes(bad)
     elif damage == "not-gzip-between":
-        data = data[:starts[2]] + b"garbage" + data[starts[2]:]
+        data = data[: starts[2]] + b"garbage" + data[starts[2] :]
 
     def decode() -> tuple[list[tuple[bytes, bool]], pfw.DecodeStats]:
         stats = pfw.DecodeStats()
@@ -213,8 +231,9 @@ def test_multi_member_gzip_reads_like_one_member(tmp_path: Path, clean: dict, me
     trace = trace_with(tmp_path, name, data)
     payload = analyze_json(trace)
     assert file_report(payload, name)["members"] == len(member_offsets(data)) >= min(members, 50)
-    assert {k: v for k, v in payload.items() if k not in ("trace", "files")} == \
-        {k: v for k, v in clean.items() if k not in ("trace", "files")}
+    assert {k: v for k, v in payload.items() if k not in ("trace", "files")} == {
+        k: v for k, v in clean.items() if k not in ("trace", "files")
+    }
     assert load_trace(trace).events.drop("source").equals(load_trace(SRC).events.drop("source"))
 
 
@@ -225,8 +244,12 @@ def test_empty_zero_byte_and_metadata_only_files(tmp_path: Path, clean: dict) ->
     """Next to real files they change nothing; alone, analyze says why there is nothing and
     distill refuses with a message (test_distill.test_cli_distill_empty_trace: 0-byte file)."""
     meta_only = b"\n".join(ln for ln in corpus_lines() if not is_event(ln)) + b"\n"
-    odd = {"trace-empty-gzip.pfw.gz": gzip.compress(b""), "trace-zero.pfw.gz": b"", "trace-zero.pfw": b"",
-           "trace-meta.pfw.gz": gzip.compress(meta_only)}
+    odd = {
+        "trace-empty-gzip.pfw.gz": gzip.compress(b""),
+        "trace-zero.pfw.gz": b"",
+        "trace-zero.pfw": b"",
+        "trace-meta.pfw.gz": gzip.compress(meta_only),
+    }
     trace = tmp_path / "trace"
     shutil.copytree(SRC, trace)
     for n, data in odd.items():
@@ -264,8 +287,9 @@ def test_dftracer_1x_and_2x_files_in_one_directory(tmp_path: Path, clean: dict) 
         f.write_bytes(gzip.compress(b"[\n" + b",\n".join(to_v1(r) for r in recs) + b",\n"))
     payload = analyze_json(trace)
     assert payload["dropped_lines"] == 0
-    assert {k: v for k, v in payload.items() if k not in ("trace", "files")} == \
-        {k: v for k, v in clean.items() if k not in ("trace", "files")}
+    assert {k: v for k, v in payload.items() if k not in ("trace", "files")} == {
+        k: v for k, v in clean.items() if k not in ("trace", "files")
+    }
     model = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"))
     assert model.returncode == 0, model.stderr
 
@@ -275,8 +299,15 @@ def test_dftracer_1x_and_2x_files_in_one_directory(tmp_path: Path, clean: dict) 
 
 def test_malformed_json_lines_are_dropped_and_counted(tmp_path: Path, clean: dict) -> None:
     name, lines = biggest(), corpus_lines()
-    bad = [*BAD_LINES, b'{"id":1,"name":"read","dur":NaN}', b"[1, 2, 3]", b"null", b'"just a string"',
-           b"\x00" * 40, b"}{"]
+    bad = [
+        *BAD_LINES,
+        b'{"id":1,"name":"read","dur":NaN}',
+        b"[1, 2, 3]",
+        b"null",
+        b'"just a string"',
+        b"\x00" * 40,
+        b"}{",
+    ]
     mixed = list(lines)
     for k, b in enumerate(bad):
         mixed.insert(7 + 13 * k, b)
@@ -295,9 +326,16 @@ def _odd_trace(tmp_path: Path) -> tuple[Path, int]:
     name, lines = biggest(), corpus_lines()
     recs = [json.loads(ln) for ln in lines]
     reads = [i for i, r in enumerate(recs) if r.get("name") == "read"]
-    changes = [{"ph": "Z"}, {"type": 99}, {"args": {**recs[reads[2]]["args"], "fhash": "deadbeefdeadbeef"}},
-               {"dur": -5}, {"dur": 2**62}, {"ts": recs[reads[5]]["ts"] - 10**9},
-               {"ts": recs[reads[6]]["ts"] + 10**15}, {"ts": 2**63 - 1}]
+    changes = [
+        {"ph": "Z"},
+        {"type": 99},
+        {"args": {**recs[reads[2]]["args"], "fhash": "deadbeefdeadbeef"}},
+        {"dur": -5},
+        {"dur": 2**62},
+        {"ts": recs[reads[5]]["ts"] - 10**9},
+        {"ts": recs[reads[6]]["ts"] + 10**15},
+        {"ts": 2**63 - 1},
+    ]
     for i, change in zip(reads, changes, strict=False):
         recs[i] = {**recs[i], **change}
     out = [json.dumps(r, separators=(",", ":")).encode() for r in recs]
@@ -317,7 +355,8 @@ def test_odd_values_are_kept_and_every_command_copes(tmp_path: Path, clean: dict
     assert file_report(payload, name)["problems"] == [
         "1 event(s) with a duration beyond \u00b1407 days (read as null)",
         "2 event(s) with a file their process had closed or never opened for writing (DFTracer's close race: "
-        "another thread reused the descriptor), kept without a file"]
+        "another thread reused the descriptor), kept without a file",
+    ]
     events = load_trace(trace).events
     assert events["dur"].null_count() == 1 and events["dur"].max() < 2**45  # the 2^62 µs one
     assert events["dur"].min() == -5  # a small negative duration is kept (export repairs it)
@@ -332,7 +371,10 @@ def test_odd_values_are_kept_and_every_command_copes(tmp_path: Path, clean: dict
         no_traceback(exp.stderr)
         assert exp.returncode == 0, exp.stderr
         # the duration of 2^62 µs reads as null at load (beyond ±407 days); export repairs the -5
-        assert "1 event(s) not written" in exp.stdout and "1 negative or overlong duration(s) repaired" in exp.stdout
+        assert (
+            "1 event(s) not written" in exp.stdout
+            and "1 negative or overlong duration(s) repaired" in exp.stdout
+        )
 
 
 def test_byte_counts_no_call_moves_are_read_as_null_and_named(tmp_path: Path, clean: dict) -> None:
@@ -341,18 +383,28 @@ def test_byte_counts_no_call_moves_are_read_as_null_and_named(tmp_path: Path, cl
     total read -8192 PiB), and the plain output names the file and why."""
     name, lines = biggest(), corpus_lines()
     recs = [json.loads(ln) for ln in lines]
-    reads = [i for i, r in enumerate(recs) if r.get("name") == "read" and r.get("args", {}).get("ret", 0) > 0]
+    reads = [
+        i
+        for i, r in enumerate(recs)
+        if r.get("name") == "read" and r.get("args", {}).get("ret", 0) > 0
+    ]
     lost = sum(recs[i]["args"]["ret"] for i in reads[:2])
     for i in reads[:2]:
         recs[i]["args"]["ret"] = 2**63 - 1
-    trace = trace_with(tmp_path, name, gz_members([json.dumps(r, separators=(",", ":")).encode() for r in recs], 2))
+    trace = trace_with(
+        tmp_path, name, gz_members([json.dumps(r, separators=(",", ":")).encode() for r in recs], 2)
+    )
     payload = analyze_json(trace)
     assert payload["events"] == clean["events"]
     assert payload["bytes_read"] == clean["bytes_read"] - lost > 0
     assert file_report(payload, name)["problems"] == [
-        "2 event(s) with a byte count negative or beyond 1 TiB in one call (read as null)"]
+        "2 event(s) with a byte count negative or beyond 1 TiB in one call (read as null)"
+    ]
     out = run_cli("analyze", str(trace))
-    assert f"{name}: dropped 0 line(s)" in out.stdout and "beyond 1 TiB in one call (read as null)" in out.stdout
+    assert (
+        f"{name}: dropped 0 line(s)" in out.stdout
+        and "beyond 1 TiB in one call (read as null)" in out.stdout
+    )
     assert "PiB" not in out.stdout and "EiB" not in out.stdout
 
 
@@ -362,18 +414,37 @@ def test_times_in_milliseconds_beyond_int64_in_microseconds(tmp_path: Path) -> N
     is), the duration reads as null and is counted; the rest is converted as before.
     **Was**: a polars cast error and a traceback from ``analyze``."""
     t0 = 1_795_315_916_000  # ms
-    recs = [{"name": "CM", "cat": "dftracer", "pid": 1, "tid": 1, "ph": 4,
-             "args": {"hhash": "aa", "name": "time_metric", "value": "MS"}}]
+    recs = [
+        {
+            "name": "CM",
+            "cat": "dftracer",
+            "pid": 1,
+            "tid": 1,
+            "ph": 4,
+            "args": {"hhash": "aa", "name": "time_metric", "value": "MS"},
+        }
+    ]
     for i in range(10):
-        recs.append({"id": i, "name": "read", "cat": "POSIX", "pid": 1, "tid": 1, "ts": 2**62 if i == 9 else t0 + i,
-                     "dur": 2**62 if i == 3 else 2, "ph": 1,
-                     "args": {"hhash": "aa", "fhash": "f1", "ret": 10, "count": 10}})
+        recs.append(
+            {
+                "id": i,
+                "name": "read",
+                "cat": "POSIX",
+                "pid": 1,
+                "tid": 1,
+                "ts": 2**62 if i == 9 else t0 + i,
+                "dur": 2**62 if i == 3 else 2,
+                "ph": 1,
+                "args": {"hhash": "aa", "fhash": "f1", "ret": 10, "count": 10},
+            }
+        )
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "ms.pfw").write_text("".join(json.dumps(r) + "\n" for r in recs))
     payload = analyze_json(tmp_path / "t")
     assert payload["events"] == 10 and payload["bytes_read"] == 100
     assert file_report(payload, "ms.pfw")["problems"] == [
-        "1 event(s) with a duration beyond \u00b1407 days (read as null)"]
+        "1 event(s) with a duration beyond \u00b1407 days (read as null)"
+    ]
     events = load_trace(tmp_path / "t").events
     assert events["ts"].to_list()[:9] == [(t0 + i) * 1000 for i in range(9)]
     assert events["ts"].to_list()[9] > 2**63 - 2**11  # clipped
@@ -383,8 +454,12 @@ def test_times_in_milliseconds_beyond_int64_in_microseconds(tmp_path: Path) -> N
 def test_lines_that_are_not_events_are_dropped_and_counted(tmp_path: Path, clean: dict) -> None:
     name, lines = biggest(), corpus_lines()
     read = next(json.loads(ln) for ln in lines if b'"name":"read"' in ln)
-    not_events = [b"{}", json.dumps({k: v for k, v in read.items() if k != "ts"}).encode(),
-                  json.dumps({**read, "ts": 2**64}).encode(), json.dumps({**read, "pid": True}).encode()]
+    not_events = [
+        b"{}",
+        json.dumps({k: v for k, v in read.items() if k != "ts"}).encode(),
+        json.dumps({**read, "ts": 2**64}).encode(),
+        json.dumps({**read, "pid": True}).encode(),
+    ]
     trace = trace_with(tmp_path, name, gz_members([*lines, *not_events], 1))
     payload = analyze_json(trace)
     rep = file_report(payload, name)
@@ -395,8 +470,21 @@ def test_lines_that_are_not_events_are_dropped_and_counted(tmp_path: Path, clean
 # --------------------------------------------------------------------------- property: random events, random damage
 
 T0 = 1_795_315_916_000_000
-_NAMES = ["read", "read", "write", "open64", "close", "lseek64", "pread64", "fetch", "item", "odd_op"]
-_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n\r"), max_size=10)
+_NAMES = [
+    "read",
+    "read",
+    "write",
+    "open64",
+    "close",
+    "lseek64",
+    "pread64",
+    "fetch",
+    "item",
+    "odd_op",
+]
+_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n\r"), max_size=10
+)
 #: Lines that are not valid JSON (or not an object), none containing a newline, none ending
 #: in "," or blank (see test_dropped_bytes_of_a_malformed_line_ending_in_a_comma).
 _MALFORMED = [*BAD_LINES, b"[1, 2]", b"null", b"}{", b'{"ts":1', b"\x00\x00\x00", b'{"a":1}}']
@@ -408,38 +496,68 @@ def _events(draw: st.DrawFn) -> list[dict]:
     out = []
     for i in range(n):
         name = draw(st.sampled_from(_NAMES))
-        args: dict[str, Any] = {"hhash": "6882804a826580cd", "fhash": draw(st.sampled_from(["00000000000000aa",
-                                                                                           "00000000000000bb"]))}
+        args: dict[str, Any] = {
+            "hhash": "6882804a826580cd",
+            "fhash": draw(st.sampled_from(["00000000000000aa", "00000000000000bb"])),
+        }
         if name in ("read", "write", "pread64"):
             args.update(ret=draw(st.integers(-1, 2**40)), count=draw(st.integers(0, 2**40)))
         if name in ("fetch", "item"):
             args.update(epoch=draw(st.integers(0, 5)), step=draw(st.integers(0, 1000)))
         if draw(st.booleans()):
             args["note"] = draw(_text)  # commas, quotes, escapes, non-ASCII
-        out.append({"id": i + 1, "name": name, "cat": "POSIX" if name not in ("fetch", "item") else "dataloader",
-                    "type": 3, "pid": draw(st.sampled_from([101, 102])), "tid": 101, "ts": T0 + 7 * i,
-                    "dur": draw(st.integers(0, 10**6)), "ph": 1, "args": args})
+        out.append(
+            {
+                "id": i + 1,
+                "name": name,
+                "cat": "POSIX" if name not in ("fetch", "item") else "dataloader",
+                "type": 3,
+                "pid": draw(st.sampled_from([101, 102])),
+                "tid": 101,
+                "ts": T0 + 7 * i,
+                "dur": draw(st.integers(0, 10**6)),
+                "ph": 1,
+                "args": args,
+            }
+        )
     return out
 
 
 @st.composite
 def _damaged(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
     """(file bytes, the lines written), with malformed lines inserted, several members, maybe a cut."""
-    meta = [json.dumps({"name": "FH", "cat": "dftracer", "type": 1, "pid": 101, "tid": 101, "ph": 4,
-                        "args": {"name": f"/d/{h}", "value": h}}).encode() for h in ("00000000000000aa",
-                                                                                      "00000000000000bb")]
+    meta = [
+        json.dumps(
+            {
+                "name": "FH",
+                "cat": "dftracer",
+                "type": 1,
+                "pid": 101,
+                "tid": 101,
+                "ph": 4,
+                "args": {"name": f"/d/{h}", "value": h},
+            }
+        ).encode()
+        for h in ("00000000000000aa", "00000000000000bb")
+    ]
     ascii_only = draw(st.booleans())
-    lines = meta + [json.dumps(e, separators=(",", ":"), ensure_ascii=ascii_only).encode() for e in draw(_events())]
+    lines = meta + [
+        json.dumps(e, separators=(",", ":"), ensure_ascii=ascii_only).encode()
+        for e in draw(_events())
+    ]
     for _ in range(draw(st.integers(0, 6))):
         lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from(_MALFORMED)))
     data = gz_members(lines, draw(st.integers(1, 5)))
     if draw(st.booleans()):
-        data = data[:draw(st.integers(1, len(data)))]
+        data = data[: draw(st.integers(1, len(data)))]
     return data, lines
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(case=_damaged())
 def test_random_events_with_random_damage(tmp_path: Path, case: tuple[bytes, list[bytes]]) -> None:
     """Exactly the complete valid events survive, and every other line is counted as dropped."""
@@ -447,9 +565,11 @@ def test_random_events_with_random_damage(tmp_path: Path, case: tuple[bytes, lis
     path = tmp_path / "h.pfw.gz"
     path.write_bytes(data)
     text, _ = ref_decode(data)
-    complete, tail = text.split(b"\n")[:-1], text[text.rfind(b"\n") + 1:]
-    want = sorted((o["ts"], o["pid"], o["name"], o["dur"]) for o in (json.loads(ln) for ln in complete
-                                                                     if is_event(ln)))
+    complete, tail = text.split(b"\n")[:-1], text[text.rfind(b"\n") + 1 :]
+    want = sorted(
+        (o["ts"], o["pid"], o["name"], o["dur"])
+        for o in (json.loads(ln) for ln in complete if is_event(ln))
+    )
     malformed = [ln for ln in complete if ln.strip() and not _json_object(ln)]
     loaded = load_trace(path)
     got = sorted(loaded.events.select("ts", "pid", "name", "dur").iter_rows())
@@ -493,8 +613,11 @@ def test_empty_header_only_and_cut_files_are_named_first_in_plain_output(tmp_pat
     """Not only in --json: the plain text names each file without events and each cut one, before the summary."""
     lines = corpus_lines()
     data = gz_members(lines, 2)
-    odd = {"trace-zero.pfw.gz": b"", "trace-header.pfw.gz": gzip.compress(b"[\n"),
-           "trace-cut.pfw.gz": data[: len(data) * 2 // 3]}
+    odd = {
+        "trace-zero.pfw.gz": b"",
+        "trace-header.pfw.gz": gzip.compress(b"[\n"),
+        "trace-cut.pfw.gz": data[: len(data) * 2 // 3],
+    }
     trace = trace_with(tmp_path, biggest(), data)
     for n, d in odd.items():
         (trace / n).write_bytes(d)
@@ -503,7 +626,9 @@ def test_empty_header_only_and_cut_files_are_named_first_in_plain_output(tmp_pat
     assert proc.returncode == 0, proc.stderr
     first = "\n".join(_first_lines(proc.stdout))
     assert "1 process file(s) cut or damaged (trace-cut.pfw.gz)" in first
-    assert "trace-zero.pfw.gz (file is empty (0 bytes)" in first and "trace-header.pfw.gz (" in first
+    assert (
+        "trace-zero.pfw.gz (file is empty (0 bytes)" in first and "trace-header.pfw.gz (" in first
+    )
     assert "hold no events" in first
     payload = json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)
     assert payload["incomplete"] is True
@@ -520,22 +645,32 @@ def test_comparing_traces_without_events_is_an_error(tmp_path: Path) -> None:
         proc = run_cli("compare", str(a), str(b), "--json")
         no_traceback(proc.stderr)
         assert proc.returncode == 1 and proc.stdout == "", proc.stdout
-        assert f"dlreplay: error: {bad}: the trace holds no events, so there is nothing to compare" in proc.stderr
+        assert (
+            f"dlreplay: error: {bad}: the trace holds no events, so there is nothing to compare"
+            in proc.stderr
+        )
         assert "trace-a.pfw.gz (file is empty (0 bytes)" in proc.stderr
 
 
-def test_duplicate_files_and_another_run_inside_are_reported_not_summed(tmp_path: Path, clean: dict) -> None:
+def test_duplicate_files_and_another_run_inside_are_reported_not_summed(
+    tmp_path: Path, clean: dict
+) -> None:
     """The same run copied into a subdirectory, and another capture (its own manifest) kept inside:
     both left out and named; the numbers are those of the run itself."""
     trace = tmp_path / "trace"
     shutil.copytree(SRC, trace)
-    shutil.copytree(SRC, trace / "again", ignore=shutil.ignore_patterns("manifest.json"))  # the same run twice
+    shutil.copytree(
+        SRC, trace / "again", ignore=shutil.ignore_patterns("manifest.json")
+    )  # the same run twice
     shutil.copytree(TRACES / "npz_spawn", trace / "replay")  # another run, with its manifest
     payload = analyze_json(trace)
     assert payload["events"] == clean["events"]
     assert payload["bytes_read"] == clean["bytes_read"]
     n = len(list(SRC.glob("*.pfw*")))
-    assert any(w.startswith(f"{n} trace file(s) are byte-identical copies of others") for w in payload["warnings"])
+    assert any(
+        w.startswith(f"{n} trace file(s) are byte-identical copies of others")
+        for w in payload["warnings"]
+    )
     assert any(w.startswith("replay/: ") and "of another run" in w for w in payload["warnings"])
     text = run_cli("analyze", str(trace), check=True).stdout
     assert "byte-identical copies" in text.split("\n\n")[0] and "replay/" in text.split("\n\n")[0]
@@ -552,9 +687,13 @@ def test_a_directory_of_several_runs_is_refused(tmp_path: Path) -> None:
     proc = run_cli("analyze", str(runs))
     no_traceback(proc.stderr)
     assert proc.returncode == 1
-    assert f"{runs} holds 2 captured runs (a, b), each with its own manifest.json: analyse one run at a time" \
+    assert (
+        f"{runs} holds 2 captured runs (a, b), each with its own manifest.json: analyse one run at a time"
         in proc.stderr
-    (runs / "b" / "manifest.json").unlink()  # b's files are now loose files of the directory: a is left out
+    )
+    (
+        runs / "b" / "manifest.json"
+    ).unlink()  # b's files are now loose files of the directory: a is left out
     assert "a/: " in "\n".join(analyze_json(runs)["warnings"])
 
 
@@ -569,13 +708,18 @@ def test_capture_that_did_not_end_is_said_first_and_marked(tmp_path: Path) -> No
     said = "the capture did not end: its manifest.json still says 'running'"
     ana = run_cli("analyze", str(trace), check=True)
     assert ana.stdout.startswith(f"warning: {said}")
-    assert said in json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)["warnings"][0]
+    assert (
+        said
+        in json.loads(run_cli("analyze", str(trace), "--json", check=True).stdout)["warnings"][0]
+    )
     dis = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), check=True)
     assert dis.stdout.startswith(f"warning: {said}")
     from dlreplay.model import load_model
 
-    assert any(n.startswith(f"distilled from an incomplete trace: {said}")
-               for n in load_model(tmp_path / "m.yaml").provenance.notes)
+    assert any(
+        n.startswith(f"distilled from an incomplete trace: {said}")
+        for n in load_model(tmp_path / "m.yaml").provenance.notes
+    )
     cmp = run_cli("compare", str(SRC), str(trace), check=True)
     assert cmp.stdout.startswith(f"warning: B ({trace}): {said}")
 
@@ -613,8 +757,12 @@ def test_garbage_files_need_memory_by_content_not_size(tmp_path: Path, kind: str
             fh.write(comp.flush())
     script = tmp_path / "peak.py"
     script.write_text(PEAK)
-    proc = subprocess.run([sys.executable, str(script), "analyze", str(trace), "--json"], capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script), "analyze", str(trace), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     no_traceback(proc.stderr)
     last = proc.stdout.strip().splitlines()[-1]
     code, peak = int(last.split()[1]), int(last.split()[3])
@@ -624,7 +772,9 @@ def test_garbage_files_need_memory_by_content_not_size(tmp_path: Path, kind: str
     assert payload["events"] == 0 and rep["events"] == 0
     assert size * 0.98 <= rep["dropped_bytes"] <= size
     print(f"{kind}: {size >> 20} MiB file, peak RSS {peak >> 20} MiB")
-    assert peak < 1 << 30  # measured 105-560 MiB here (the interpreter, polars and numpy alone: ~110 MiB)
+    assert (
+        peak < 1 << 30
+    )  # measured 105-560 MiB here (the interpreter, polars and numpy alone: ~110 MiB)
 
 
 # --------------------------------------------------------------------------- names with control characters or markup
@@ -652,7 +802,9 @@ def test_names_with_control_characters_and_markup_are_escaped(tmp_path: Path) ->
     text = run_cli("analyze", str(trace), "--data-dir", data, check=True).stdout
     for raw in ("\x1b", "\r", "\x07", "\u202e"):
         assert raw not in text
-    assert "\\nnext\\r\\x07\\u202e" in text  # the end of the name (the table shows a long name's end)
+    assert (
+        "\\nnext\\r\\x07\\u202e" in text
+    )  # the end of the name (the table shows a long name's end)
     md = tmp_path / "r.md"
     run_cli("analyze", str(trace), "--data-dir", data, "--report", str(md), check=True)
     doc = md.read_text()
@@ -662,6 +814,10 @@ def test_names_with_control_characters_and_markup_are_escaped(tmp_path: Path) ->
     page = tmp_path / "r.html"
     run_cli("analyze", str(trace), "--report", str(page), check=True)
     html_doc = page.read_text()
-    assert "\x1b" not in html_doc and "<script>alert" not in html_doc and "&lt;script&gt;alert(1)" in html_doc
+    assert (
+        "\x1b" not in html_doc
+        and "<script>alert" not in html_doc
+        and "&lt;script&gt;alert(1)" in html_doc
+    )
     cmp = run_cli("compare", str(trace), str(SRC), "--report", str(tmp_path / "c.md"), check=True)
     assert "\x1b" not in cmp.stdout

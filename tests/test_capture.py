@@ -75,15 +75,23 @@ def test_capture_records_reads_and_manifest(job_dir: Path) -> None:
     events = _events(out)
     fh = {e["args"]["value"]: e["args"]["name"] for e in events if e.get("name") == "FH"}
     read_bytes = sum(
-        e["args"]["ret"] for e in events
-        if e.get("cat") == "POSIX" and e["name"] == "read" and fh.get(e["args"].get("fhash"), "").startswith("data/")
+        e["args"]["ret"]
+        for e in events
+        if e.get("cat") == "POSIX"
+        and e["name"] == "read"
+        and fh.get(e["args"].get("fhash"), "").startswith("data/")
     )
     assert read_bytes == 300_003  # every byte of the three files, once
 
 
 def test_exit_code_is_propagated_and_trace_kept(job_dir: Path) -> None:
     result = run_capture(
-        CaptureConfig(command=(sys.executable, "job.py", "3"), out=job_dir / "t", data_dirs=("data",), cwd=job_dir)
+        CaptureConfig(
+            command=(sys.executable, "job.py", "3"),
+            out=job_dir / "t",
+            data_dirs=("data",),
+            cwd=job_dir,
+        )
     )
     assert result.exit_code == 3 and result.status == "failed"
     manifest = read_manifest(job_dir / "t")
@@ -92,8 +100,18 @@ def test_exit_code_is_propagated_and_trace_kept(job_dir: Path) -> None:
 
 
 def test_cli_exit_code_and_summary(job_dir: Path, cli) -> None:
-    proc = cli("capture", "--out", str(job_dir / "t"), "--data-dir", "data", "--", sys.executable, "job.py", "5",
-               cwd=job_dir)
+    proc = cli(
+        "capture",
+        "--out",
+        str(job_dir / "t"),
+        "--data-dir",
+        "data",
+        "--",
+        sys.executable,
+        "job.py",
+        "5",
+        cwd=job_dir,
+    )
     assert proc.returncode == 5
     assert "capture failed (exit code 5)" in proc.stderr
     assert "next: dlreplay analyze" in proc.stderr
@@ -128,7 +146,9 @@ def test_data_dir_spellings(tmp_path: Path) -> None:
 
 
 def test_manifest_version_mismatch_is_rejected(tmp_path: Path) -> None:
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema": "dlreplay.trace", "format_version": 99}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"schema": "dlreplay.trace", "format_version": 99})
+    )
     with pytest.raises(ArtifactVersionError, match="format_version 99"):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"schema": "other"}))
@@ -149,9 +169,23 @@ def test_sigterm_is_forwarded_trace_marked_interrupted(job_dir: Path) -> None:
     (job_dir / "slow.py").write_text(SLOW_JOB)
     out = job_dir / "t"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlreplay", "capture", "-q", "--out", str(out), "--data-dir", "data", "--",
-         sys.executable, "slow.py"],
-        cwd=job_dir, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "dlreplay",
+            "capture",
+            "-q",
+            "--out",
+            str(out),
+            "--data-dir",
+            "data",
+            "--",
+            sys.executable,
+            "slow.py",
+        ],
+        cwd=job_dir,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     # Wait until the job runs (the manifest says so), then a little for it to do I/O.
     deadline = time.monotonic() + 60
@@ -199,7 +233,12 @@ def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: s
     (job_dir / "tjob.py").write_text(TORCH_JOB)
     out = job_dir / f"t-{ctx}"
     result = run_capture(
-        CaptureConfig(command=(sys.executable, "tjob.py", ctx), out=out, data_dirs=("data", "ckpt.pt"), cwd=job_dir)
+        CaptureConfig(
+            command=(sys.executable, "tjob.py", ctx),
+            out=out,
+            data_dirs=("data", "ckpt.pt"),
+            cwd=job_dir,
+        )
     )
     assert result.exit_code == 0, result
     events = [e for e in _events(out) if "ts" in e]
@@ -213,13 +252,16 @@ def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: s
     main_pid = {e["pid"] for e in by_name[("dataloader", "fetch.iter")]}
     assert len(main_pid) == 1
     worker_pids = {e["pid"] for e in items}
-    assert len(worker_pids) == 4 and not (worker_pids & main_pid)  # 2 workers per epoch, not persistent
+    assert len(worker_pids) == 4 and not (
+        worker_pids & main_pid
+    )  # 2 workers per epoch, not persistent
     fetches = by_name[("dataloader", "fetch.iter")]
     assert len(fetches) == 6  # ceil(8/3) = 3 batches x 2 epochs
     assert sorted(e["args"]["batch_size"] for e in fetches) == [2, 2, 3, 3, 3, 3]
     assert all(e["args"]["tensors"] == 3 for e in fetches)  # each a worker -> main handover
     assert sorted((e["args"]["epoch"], e["args"]["step"], e["args"]["count"]) for e in fetches) == [
-        (ep, k, k + 1) for ep in (0, 1) for k in range(3)]
+        (ep, k, k + 1) for ep in (0, 1) for k in range(3)
+    ]
     assert len(by_name[("dataloader", "fetch.stop")]) == 2
     assert all(e["args"]["batch_size"] == 0 for e in by_name[("dataloader", "fetch.stop")])
     assert len(by_name[("pipeline", "epoch")]) == 2
@@ -234,10 +276,13 @@ def test_torch_dataloader_events_in_fork_and_spawn_workers(job_dir: Path, ctx: s
     from dlreplay.analyze import load_trace
 
     ev = load_trace(out).events
-    worker_read = int(ev.filter(
-        pl.col("pid").is_in(sorted(worker_pids)) & (pl.col("name").cast(pl.String) == "read")
-        & pl.col("file").cast(pl.String).str.contains(r"/data/s[0-9]+\.bin$")
-    )["size"].sum())
+    worker_read = int(
+        ev.filter(
+            pl.col("pid").is_in(sorted(worker_pids))
+            & (pl.col("name").cast(pl.String) == "read")
+            & pl.col("file").cast(pl.String).str.contains(r"/data/s[0-9]+\.bin$")
+        )["size"].sum()
+    )
     sizes = [(job_dir / "data" / f"s{i % 3}.bin").stat().st_size for i in range(8)]
     assert worker_read == 2 * sum(sizes)
     # the loader keeps the batch's tensor count, and distill makes it the model's
@@ -259,14 +304,20 @@ subprocess.Popen([sys.executable, "-c",
 def test_capture_waits_for_processes_that_outlive_the_job(job_dir: Path) -> None:
     (job_dir / "leaver.py").write_text(LEAVER)
     out = job_dir / "t-leaver"
-    result = run_capture(CaptureConfig(command=(sys.executable, "leaver.py"), out=out, data_dirs=("data",),
-                                       cwd=job_dir))
+    result = run_capture(
+        CaptureConfig(
+            command=(sys.executable, "leaver.py"), out=out, data_dirs=("data",), cwd=job_dir
+        )
+    )
     assert result.exit_code == 0 and not result.warnings, result
     # the helper's read, done a second after the job ended, is in the trace, and every file
     # the manifest lists is there
     fh = {e["args"]["value"]: e["args"]["name"] for e in _events(out) if e.get("name") == "FH"}
-    late = [e for e in _events(out) if e.get("name") == "read" and fh.get(e["args"].get("fhash"), "")
-            .endswith("s2.bin")]
+    late = [
+        e
+        for e in _events(out)
+        if e.get("name") == "read" and fh.get(e["args"].get("fhash"), "").endswith("s2.bin")
+    ]
     assert sum(e["args"]["ret"] for e in late) == (job_dir / "data" / "s2.bin").stat().st_size
     listed = [f["name"] for f in read_manifest(out)["files"]]
     assert listed and all((out / name).exists() for name in listed)

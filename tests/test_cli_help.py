@@ -19,7 +19,19 @@ from dlreplay.cli import main
 from .conftest import check_no_traceback
 
 #: The order data flows through the tool (issue #42).
-PIPELINE = ["capture", "analyze", "distill", "generate", "replay", "compare", "export", "view", "sql", "model", "demo"]
+PIPELINE = [
+    "capture",
+    "analyze",
+    "distill",
+    "generate",
+    "replay",
+    "compare",
+    "export",
+    "view",
+    "sql",
+    "model",
+    "demo",
+]
 
 ENTRY = re.compile(r"^  (\S+)(?:\s{2,}(\S.*))?$")
 
@@ -85,7 +97,10 @@ def test_top_level_help_lists_every_command_in_pipeline_order(runner: CliRunner)
 def test_each_command_has_a_one_line_summary(runner: CliRunner) -> None:
     for path, _group in _groups():
         listed = _listed(_help(runner, *path))
-        assert all(name for name, _ in listed), (path, listed)  # no summary wrapped onto a second line
+        assert all(name for name, _ in listed), (
+            path,
+            listed,
+        )  # no summary wrapped onto a second line
         for name, summary in listed:
             assert summary and not summary.endswith("..."), (path, name, summary)  # not cut short
     for name in PIPELINE:
@@ -142,12 +157,18 @@ def test_model_help_promises_only_its_own_commands(runner: CliRunner) -> None:
     text = _help(runner, "model")
     group = main.commands["model"]
     assert isinstance(group, click.Group)
-    assert sorted(name for name, _ in _listed(text)) == sorted(group.commands) == ["export-dlio", "import-dlio", "show"]
+    assert (
+        sorted(name for name, _ in _listed(text))
+        == sorted(group.commands)
+        == ["export-dlio", "import-dlio", "show"]
+    )
     assert "check" not in text
 
 
 def test_python_m_dlreplay_help_lists_every_command_in_pipeline_order() -> None:
-    proc = subprocess.run([sys.executable, "-m", "dlreplay", "--help"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlreplay", "--help"], capture_output=True, text=True, timeout=120
+    )
     check_no_traceback(proc.stdout, proc.stderr, what="--help")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     listed = _listed(proc.stdout)

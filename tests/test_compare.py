@@ -32,8 +32,11 @@ def test_min_similarity_sets_exit_code(cli, tmp_path: Path) -> None:
     report = tmp_path / "cmp.md"
     proc = cli("compare", a, b, "--report", str(report), check=True)
     assert "similarity (cosine" in proc.stdout and report.is_file()
-    assert sorted(p.name for p in (tmp_path / "cmp.figures").iterdir()) == ["batch_gaps.png", "epochs.png",
-                                                                             "read_sizes.png"]
+    assert sorted(p.name for p in (tmp_path / "cmp.figures").iterdir()) == [
+        "batch_gaps.png",
+        "epochs.png",
+        "read_sizes.png",
+    ]
 
 
 @pytest.mark.slow
@@ -43,11 +46,24 @@ def test_real_job_vs_replay_of_its_model(name: str, cli, tmp_path: Path) -> None
     model = tmp_path / "model.yaml"
     cli("distill", str(TRACES / name), "-o", str(model), "-q", check=True)
     replay = tmp_path / "replay"
-    cli("replay", str(model), "--data-dir", str(tmp_path / "data"), "--out", str(replay), check=True)
-    out = json.loads(cli("compare", str(TRACES / name), str(replay), "--json", "--min-similarity", "0.9",
-                         check=True).stdout)
-    print(f"{name}: similarity {out['similarity']:.4f}, KS read sizes {out['ks']['read_sizes']}, "
-          f"KS batch gaps {out['ks']['batch_gaps']}")
+    cli(
+        "replay", str(model), "--data-dir", str(tmp_path / "data"), "--out", str(replay), check=True
+    )
+    out = json.loads(
+        cli(
+            "compare",
+            str(TRACES / name),
+            str(replay),
+            "--json",
+            "--min-similarity",
+            "0.9",
+            check=True,
+        ).stdout
+    )
+    print(
+        f"{name}: similarity {out['similarity']:.4f}, KS read sizes {out['ks']['read_sizes']}, "
+        f"KS batch gaps {out['ks']['batch_gaps']}"
+    )
     assert out["similarity"] >= 0.9
     assert out["features"]["files"]["a"] == out["features"]["files"]["b"]
     assert out["timing"]["b"]["au"] is not None and out["timing"]["b"]["source"] == "trace"
@@ -95,12 +111,31 @@ def test_verify_predicts_more_workers_help(cli, tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(LATENCY_JOB)
     subprocess.run([sys.executable, "job.py", "generate"], cwd=tmp_path, check=True)
     trace = tmp_path / "trace"
-    cli("capture", "--out", str(trace), "--data-dir", "data", "--", sys.executable, "job.py", cwd=tmp_path,
-        check=True)
+    cli(
+        "capture",
+        "--out",
+        str(trace),
+        "--data-dir",
+        "data",
+        "--",
+        sys.executable,
+        "job.py",
+        cwd=tmp_path,
+        check=True,
+    )
     work = tmp_path / "verify"
     # two replayed epochs, not four: the AUs are the same (each epoch's first step left out), in half the time
-    proc = cli("analyze", str(trace), "--verify", "--verify-epochs", "2", "--verify-dir", str(work), "--json",
-               check=True)
+    proc = cli(
+        "analyze",
+        str(trace),
+        "--verify",
+        "--verify-epochs",
+        "2",
+        "--verify-dir",
+        str(work),
+        "--json",
+        check=True,
+    )
     runs = {r["label"]: r for r in json.loads(proc.stdout)["verify"]["runs"]}
     base, more = runs["baseline"], runs["too-few-workers"]
     print(f"verify: baseline AU {base['au']}, {more['overrides']} AU {more['au']}")
@@ -126,14 +161,28 @@ def test_verify_replays_the_layout_distill_writes(cli, tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     for i in range(8):
-        np.savez_compressed(data / f"vol_{i:03d}.npz", x=np.zeros((16, 16, 16), np.float32),
-                            y=np.ones((16, 16, 16), np.uint8))
+        np.savez_compressed(
+            data / f"vol_{i:03d}.npz",
+            x=np.zeros((16, 16, 16), np.float32),
+            y=np.ones((16, 16, 16), np.uint8),
+        )
     write_fingerprint(fingerprint_dataset([str(data)]), trace)
     cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), "-q", check=True)
     model = load_model(tmp_path / "m.yaml")
     assert model.dataset.layout is not None and model.dataset.layout.compressed
     work = tmp_path / "verify"
-    out = json.loads(cli("analyze", str(trace), "--verify", "--verify-epochs", "1", "--verify-dir", str(work),
-                         "--json", check=True).stdout)["verify"]
+    out = json.loads(
+        cli(
+            "analyze",
+            str(trace),
+            "--verify",
+            "--verify-epochs",
+            "1",
+            "--verify-dir",
+            str(work),
+            "--json",
+            check=True,
+        ).stdout
+    )["verify"]
     assert sorted(p.name for p in work.glob("data-*")) == [f"data-{dataset_digest(model)[:12]}"]
     assert "dataset fingerprint" in out["note"] and out["runs"][0]["complete"]

@@ -35,7 +35,9 @@ def test_corpus_keeps_both_namings() -> None:
     first, conventions = set(), set()
     for trace in CORPUS:
         names = set(load(trace).filter(pl.col("cat") == "dataloader")["name"].unique().to_list())
-        (first if "fetch" in names else conventions if "fetch.iter" in names else set()).add(trace.name)
+        (first if "fetch" in names else conventions if "fetch.iter" in names else set()).add(
+            trace.name
+        )
     assert first and conventions, (first, conventions)
 
 
@@ -51,13 +53,17 @@ def test_loader_matches_job_accounting(trace: Path) -> None:
 
     # Bytes read from dataset files, per process: exactly what each worker counted.
     reads = ev.filter(pl.col("name").is_in(READ_OPS) & pl.col("file").cat.starts_with(data_dir))
-    per_pid = {str(r["pid"]): r["size"] for r in reads.group_by("pid").agg(pl.col("size").sum()).to_dicts()}
+    per_pid = {
+        str(r["pid"]): r["size"] for r in reads.group_by("pid").agg(pl.col("size").sum()).to_dicts()
+    }
     for pid, nbytes in exp["bytes_read_per_pid"].items():
         assert per_pid.get(pid) == nbytes, f"pid {pid}"
     worker_total = sum(per_pid.get(pid, 0) for pid in exp["bytes_read_per_pid"])
     assert worker_total == exp["dataset_bytes_read"]
     if exp.get("dataset_read_calls") is not None:
-        worker_calls = reads.filter(pl.col("pid").cast(pl.Utf8).is_in(list(exp["bytes_read_per_pid"]))).height
+        worker_calls = reads.filter(
+            pl.col("pid").cast(pl.Utf8).is_in(list(exp["bytes_read_per_pid"]))
+        ).height
         assert worker_calls == exp["dataset_read_calls"]
 
     # Data-loader events, read through the vocabulary's roles (the corpus holds both namings:

@@ -48,10 +48,12 @@ def _check_compute(model, job_steps: list[float], epochs: int) -> None:
 
     t = model.train
     per_epoch = len(job_steps) // epochs
-    modelled = [step_compute(model, np.full(per_epoch, t.computation_time.mean), e, (e - 1) * per_epoch)
-                for e in range(1, epochs + 1)]
+    modelled = [
+        step_compute(model, np.full(per_epoch, t.computation_time.mean), e, (e - 1) * per_epoch)
+        for e in range(1, epochs + 1)
+    ]
     assert sum(float(m.sum()) for m in modelled) == pytest.approx(sum(job_steps), rel=0.10)
-    steady = job_steps[warmup_steps(job_steps):]
+    steady = job_steps[warmup_steps(job_steps) :]
     assert t.computation_time.mean <= 1.10 * sum(steady) / len(steady)
 
 
@@ -77,10 +79,31 @@ def test_corpus_models(trace: Path) -> None:
 def test_npz_reads_in_256k_chunks(tmp_path: Path) -> None:
     """np.load reads NPZ members in 262144-byte chunks (the DLIO talk's lesson)."""
     data = tmp_path / "data"
-    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "4",
-           "--volume", "64", "--batch-size", "2", "--workers", "1", "--epochs", "1", "--quiet",
-           "--checkpoint-dir", str(tmp_path / "ck")]
-    assert run_capture(CaptureConfig(command=tuple(job), out=tmp_path / "t", data_dirs=(str(data),))).exit_code == 0
+    job = [
+        sys.executable,
+        str(EXAMPLES / "unet3d_npz.py"),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        "4",
+        "--volume",
+        "64",
+        "--batch-size",
+        "2",
+        "--workers",
+        "1",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    ]
+    assert (
+        run_capture(
+            CaptureConfig(command=tuple(job), out=tmp_path / "t", data_dirs=(str(data),))
+        ).exit_code
+        == 0
+    )
     loaded = load_trace(tmp_path / "t")
     model = distill(loaded.events, manifest=loaded.manifest)
     assert model.reader.transfer_size.max == 262144
@@ -139,10 +162,29 @@ def test_cli_distill_empty_trace(tmp_path: Path, cli) -> None:
 def test_four_workers_with_shuffle(tmp_path: Path) -> None:
     """Prior tools underestimate batch size with many workers; fetch events make it exact."""
     data = tmp_path / "data"
-    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "16",
-           "--batch-size", "4", "--workers", "4", "--epochs", "2", "--shuffle", "--report", str(tmp_path / "r.json"),
-           "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
-    result = run_capture(CaptureConfig(command=tuple(job), out=tmp_path / "t", data_dirs=(str(data),)))
+    job = [
+        sys.executable,
+        str(EXAMPLES / "unet3d_npz.py"),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        "16",
+        "--batch-size",
+        "4",
+        "--workers",
+        "4",
+        "--epochs",
+        "2",
+        "--shuffle",
+        "--report",
+        str(tmp_path / "r.json"),
+        "--quiet",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    ]
+    result = run_capture(
+        CaptureConfig(command=tuple(job), out=tmp_path / "t", data_dirs=(str(data),))
+    )
     assert result.exit_code == 0
     report = json.loads((tmp_path / "r.json").read_text())
     loaded = load_trace(tmp_path / "t")
@@ -161,11 +203,25 @@ def test_checkpoint_interval_counts_one_ranks_saves() -> None:
     from dlreplay.analyze.distill.base import Facts as _Facts
     from dlreplay.analyze.distill.checkpoint import checkpoint_section as _checkpoint
 
-    steps = pl.DataFrame({"pid": [1] * 12, "ts": [100 * i for i in range(12)]},
-                         schema={"pid": pl.Int32, "ts": pl.Int64})
-    saves = pl.DataFrame({"pid": [1, 2] * 3, "ts": [350, 352, 750, 752, 1150, 1152], "size": [None] * 6,
-                          "file": [None] * 6, "dur": [10] * 6},
-                         schema={"pid": pl.Int32, "ts": pl.Int64, "size": pl.Int64, "file": pl.String,
-                                 "dur": pl.Int64})
+    steps = pl.DataFrame(
+        {"pid": [1] * 12, "ts": [100 * i for i in range(12)]},
+        schema={"pid": pl.Int32, "ts": pl.Int64},
+    )
+    saves = pl.DataFrame(
+        {
+            "pid": [1, 2] * 3,
+            "ts": [350, 352, 750, 752, 1150, 1152],
+            "size": [None] * 6,
+            "file": [None] * 6,
+            "dur": [10] * 6,
+        },
+        schema={
+            "pid": pl.Int32,
+            "ts": pl.Int64,
+            "size": pl.Int64,
+            "file": pl.String,
+            "dur": pl.Int64,
+        },
+    )
     ck = _checkpoint(empty_events(), saves, steps, _Facts())
     assert ck.enabled and ck.steps_between_checkpoints == 4

@@ -28,7 +28,9 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize("name", ["npz_fork", "jpeg_small", "h5_tiny_chunks", "dlio_npz_2ranks", "ai_annotated"])
+@pytest.mark.parametrize(
+    "name", ["npz_fork", "jpeg_small", "h5_tiny_chunks", "dlio_npz_2ranks", "ai_annotated"]
+)
 def test_same_table_as_single_process(client, name: str) -> None:
     """Our captures, DLIO's 2-rank trace (its rank-numbered pids split as the whole run
     splits them) and a trace annotated in DFTracer's AI conventions."""
@@ -48,13 +50,18 @@ def test_damaged_trace_same_salvage_counts(client, tmp_path: Path) -> None:
     (dst / "trace-empty.pfw.gz").write_bytes(b"")
     single = load_trace(dst)
     dist, _ = load_trace_distributed(dst, client)
-    assert single.damaged and (dist.dropped_lines, dist.dropped_bytes) == (single.dropped_lines, single.dropped_bytes)
+    assert single.damaged and (dist.dropped_lines, dist.dropped_bytes) == (
+        single.dropped_lines,
+        single.dropped_bytes,
+    )
     assert_frame_equal(dist.events, single.events)
 
 
 def test_cli_workers_matches_single(cli) -> None:
     a = json.loads(cli("analyze", str(TRACES / "npz_fork"), "--json", check=True).stdout)
-    b = json.loads(cli("analyze", str(TRACES / "npz_fork"), "--json", "--workers", "2", check=True).stdout)
+    b = json.loads(
+        cli("analyze", str(TRACES / "npz_fork"), "--json", "--workers", "2", check=True).stdout
+    )
     for key in ("events", "bytes_read", "dataset_bytes_read", "operations", "read_histogram"):
         assert a[key] == b[key], key
     assert [f["id"] for f in a["findings"]] == [f["id"] for f in b["findings"]]
@@ -71,7 +78,10 @@ def test_bad_scheduler_is_a_clear_error(cli, monkeypatch) -> None:
     print(f"refused scheduler: exit 2 after {time.monotonic() - t0:.1f} s")
     monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "soon")
     proc = cli("analyze", str(TRACES / "npz_fork"), "--scheduler", "tcp://127.0.0.1:1")
-    assert proc.returncode == 2 and "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT='soon' is not a duration" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT='soon' is not a duration" in proc.stderr
+    )
     monkeypatch.delenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT")
     assert connect_timeout() == CONNECT_TIMEOUT_S
     with pytest.raises(UsageError):
@@ -87,8 +97,13 @@ def test_a_dask_setting_it_cannot_parse_is_named(cli, monkeypatch) -> None:
     monkeypatch.setenv(var, "soon")
     proc = cli("analyze", str(TRACES / "npz_fork"), "--workers", "2")
     assert proc.returncode == 2, proc.stderr
-    assert "cannot start a local Dask cluster: Invalid time unit: soon" in proc.stderr and var in proc.stderr
-    assert proc.stderr.count("\n") == 1 and "Valid units" not in proc.stderr  # one line, not Dask's list
+    assert (
+        "cannot start a local Dask cluster: Invalid time unit: soon" in proc.stderr
+        and var in proc.stderr
+    )
+    assert (
+        proc.stderr.count("\n") == 1 and "Valid units" not in proc.stderr
+    )  # one line, not Dask's list
 
 
 def _multi_member(tmp_path: Path, members: int) -> Path:
@@ -100,8 +115,11 @@ def _multi_member(tmp_path: Path, members: int) -> Path:
     big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
     lines = gzip.decompress(big.read_bytes()).splitlines(keepends=True)
     per = -(-len(lines) // members)
-    big.write_bytes(b"".join(gzip.compress(b"".join(lines[i:i + per]), mtime=0)
-                             for i in range(0, len(lines), per)))
+    big.write_bytes(
+        b"".join(
+            gzip.compress(b"".join(lines[i : i + per]), mtime=0) for i in range(0, len(lines), per)
+        )
+    )
     return d
 
 
@@ -112,7 +130,9 @@ def test_large_file_split_by_gzip_member(client, tmp_path: Path) -> None:
     big = max(d.glob("*.pfw.gz"), key=lambda p: p.stat().st_size)
     ranges = member_ranges(big, 1)
     assert ranges is not None and len(ranges) == 12 and ranges[-1][1] == big.stat().st_size
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # contiguous, whole members
+    assert all(
+        a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)
+    )  # contiguous, whole members
     single = load_trace(d)
     dist, info = load_trace_distributed(d, client, split_bytes=1, range_bytes=1)
     assert info.tasks >= 12
@@ -152,8 +172,9 @@ def test_passes_on_a_worker_equal_single_process(client, name: str) -> None:
     # the table never came back: the client holds only the results
     assert isinstance(remote.characterization.view, RemoteView)
     assert remote.loaded.events.height == 0
-    assert json.dumps(remote.characterization.to_dict(), sort_keys=True, default=str) == \
-        json.dumps(c.to_dict(), sort_keys=True, default=str)
+    assert json.dumps(remote.characterization.to_dict(), sort_keys=True, default=str) == json.dumps(
+        c.to_dict(), sort_keys=True, default=str
+    )
     assert [f.to_dict() for f in remote.findings] == [f.to_dict() for f in expected]
     assert remote.files == single.files and remote.manifest == single.manifest
     assert remote.characterization.view.summary == c.view.summary
@@ -170,7 +191,10 @@ def test_passes_on_a_worker_equal_single_process(client, name: str) -> None:
     assert remote.model is not None
     local = distill(single.events, manifest=single.manifest, source="the trace")
     there_m, here_m = model_to_dict(remote.model), model_to_dict(local)
-    there_m["provenance"].pop("created"), here_m["provenance"].pop("created")  # wall-clock time of distilling
+    (
+        there_m["provenance"].pop("created"),
+        here_m["provenance"].pop("created"),
+    )  # wall-clock time of distilling
     assert there_m == here_m
 
 
@@ -186,7 +210,9 @@ def test_remote_without_figures_refuses_a_report(client, tmp_path: Path) -> None
 def test_cli_workers_report_has_the_figures(cli, tmp_path: Path) -> None:
     a, b = tmp_path / "single.html", tmp_path / "dask.html"
     cli("analyze", str(TRACES / "npz_fork"), "--report", str(a), check=True)
-    proc = cli("analyze", str(TRACES / "npz_fork"), "--report", str(b), "--workers", "2", check=True)
+    proc = cli(
+        "analyze", str(TRACES / "npz_fork"), "--report", str(b), "--workers", "2", check=True
+    )
     assert "stays on the cluster" in proc.stderr
     ha, hb = a.read_text(), b.read_text()
     assert hb.count("data:image/png;base64,") == ha.count("data:image/png;base64,") >= 4

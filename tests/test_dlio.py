@@ -201,7 +201,9 @@ def comparable(model: WorkloadModel) -> WorkloadModel:
     return dataclasses.replace(model, provenance=Provenance())
 
 
-def round_trip(tmp_path: Path, model: WorkloadModel) -> tuple[WorkloadModel, list[str], dict[str, Any]]:
+def round_trip(
+    tmp_path: Path, model: WorkloadModel
+) -> tuple[WorkloadModel, list[str], dict[str, Any]]:
     out = tmp_path / "exported.yaml"
     warnings = export_dlio(model, out)
     return import_dlio(out), warnings, yaml.safe_load(out.read_text())
@@ -233,12 +235,22 @@ def test_import_unet3d(tmp_path: Path) -> None:
     model = import_dlio(write(tmp_path, UNET3D))
     assert model.model == ModelInfo(name="unet3d", type="cnn", model_size=499153191)
     ds = model.dataset
-    assert (ds.format, ds.num_files, ds.num_samples_per_file, ds.data_folder) == ("npz", 168, 1, "data/unet3d/")
+    assert (ds.format, ds.num_files, ds.num_samples_per_file, ds.data_folder) == (
+        "npz",
+        168,
+        1,
+        "data/unet3d/",
+    )
     assert ds.record_length == Distribution(type="normal", mean=146600628, stdev=683418)
     assert ds.record_length_resize == 20971
     rd = model.reader  # from the `reader: |` block string
     assert (rd.data_loader, rd.batch_size, rd.read_threads, rd.file_shuffle, rd.sample_shuffle) == (
-        "pytorch", 7, 4, "seed", "seed")
+        "pytorch",
+        7,
+        4,
+        "seed",
+        "seed",
+    )
     assert rd.prefetch_factor == 1  # DLIO: ceil(prefetch_size 2 / read_threads 4)
     assert rd.worker_kind == "process"
     assert model.train.epochs == 5 and model.train.computation_time == Distribution.fixed(0.636)
@@ -263,8 +275,13 @@ def test_import_llama_checkpoint_workload(tmp_path: Path) -> None:
     assert not model.train.enabled
     info = model.model
     assert info.parallelism == Parallelism(tensor=8, pipeline=32, zero_stage=1)
-    assert info.transformer == Transformer(vocab_size=128256, hidden_size=16384, ffn_hidden_size=53248,
-                                           num_attention_heads=128, num_kv_heads=8)
+    assert info.transformer == Transformer(
+        vocab_size=128256,
+        hidden_size=16384,
+        ffn_hidden_size=53248,
+        num_attention_heads=128,
+        num_kv_heads=8,
+    )
     assert (info.num_layers, info.model_datatype, info.optimizer_datatype) == (126, "fp16", "fp32")
     ck = model.checkpoint
     assert ck.enabled and ck.fsync and ck.checkpoint_folder == "checkpoints/llama_405b"
@@ -280,7 +297,9 @@ def test_import_llama_checkpoint_workload(tmp_path: Path) -> None:
 
 def test_checkpoint_estimate_variants() -> None:
     assert dlio_checkpoint_estimate(ModelInfo(model_size=100)) is None
-    small = ModelInfo(num_layers=2, transformer=Transformer(hidden_size=4, ffn_hidden_size=8, vocab_size=10))
+    small = ModelInfo(
+        num_layers=2, transformer=Transformer(hidden_size=4, ffn_hidden_size=8, vocab_size=10)
+    )
     params = 2 * 10 * 4 + 4 + 2 * (2 * 4 + 4 * 16 + 3 * 4 * 8)
     assert dlio_checkpoint_estimate(small) == (14 * params, 5 + 1)
     zero0 = dataclasses.replace(small, parallelism=Parallelism(data=2, zero_stage=0), model_size=7)
@@ -340,29 +359,68 @@ def test_import_notes_ignored_and_mapped_keys(tmp_path: Path) -> None:
         assert key in notes
 
 
-@pytest.mark.parametrize(("config", "key", "message"), [
-    ("reader: {batch_size: two}", "reader.batch_size", "expected a positive integer, got 'two'"),
-    ("reader: {read_threads: -1}", "reader.read_threads", "expected a non-negative integer, got -1"),
-    ("reader: {data_loader: jax}", "reader.data_loader", "expected one of tensorflow, pytorch"),
-    ("reader: {file_shuffle: sometimes}", "reader.file_shuffle", "expected one of off, seed, random"),
-    ("dataset: {format: zarr}", "dataset.format", "expected one of tfrecord"),
-    ("dataset: {format: synthetic}", "dataset.format", "synthetic data has no files to replay"),
-    ("dataset: {num_files_train: 0}", "dataset.num_files_train", "expected a positive integer, got 0"),
-    ("train: {computation_time: {type: lognormal, mean: 1}}", "train.computation_time.type",
-     "expected one of normal, uniform, gamma, exponential, poisson, fixed"),
-    ("train: {computation_time: {type: gamma, shape: 2}}", "train.computation_time.scale",
-     "missing required key for type gamma"),
-    ("train: {computation_time: {type: uniform, min: 3, max: 1}}", "train.computation_time.max", "expected max >= min"),
-    ("train: {computation_time: [1, 2]}", "train.computation_time", "expected a number of seconds"),
-    ("workflow: {train: maybe}", "workflow.train", "expected true or false"),
-    ("framework: jax", "framework", "expected one of pytorch, tensorflow"),
-    ("reader: |\n  batch_size: [1\n", "reader", "not valid YAML inside the block string"),
-    ("reader: 5", "reader", "expected a mapping, got 5"),
-    ("- 1\n", "(top level)", "expected a DLIO workload mapping"),
-])
-def test_import_errors_name_file_and_key(tmp_path: Path, config: str, key: str, message: str) -> None:
-    path = write(tmp_path, "framework: pytorch\n" + config + "\n" if not config.startswith(("framework", "-"))
-                 else config + "\n")
+@pytest.mark.parametrize(
+    ("config", "key", "message"),
+    [
+        (
+            "reader: {batch_size: two}",
+            "reader.batch_size",
+            "expected a positive integer, got 'two'",
+        ),
+        (
+            "reader: {read_threads: -1}",
+            "reader.read_threads",
+            "expected a non-negative integer, got -1",
+        ),
+        ("reader: {data_loader: jax}", "reader.data_loader", "expected one of tensorflow, pytorch"),
+        (
+            "reader: {file_shuffle: sometimes}",
+            "reader.file_shuffle",
+            "expected one of off, seed, random",
+        ),
+        ("dataset: {format: zarr}", "dataset.format", "expected one of tfrecord"),
+        ("dataset: {format: synthetic}", "dataset.format", "synthetic data has no files to replay"),
+        (
+            "dataset: {num_files_train: 0}",
+            "dataset.num_files_train",
+            "expected a positive integer, got 0",
+        ),
+        (
+            "train: {computation_time: {type: lognormal, mean: 1}}",
+            "train.computation_time.type",
+            "expected one of normal, uniform, gamma, exponential, poisson, fixed",
+        ),
+        (
+            "train: {computation_time: {type: gamma, shape: 2}}",
+            "train.computation_time.scale",
+            "missing required key for type gamma",
+        ),
+        (
+            "train: {computation_time: {type: uniform, min: 3, max: 1}}",
+            "train.computation_time.max",
+            "expected max >= min",
+        ),
+        (
+            "train: {computation_time: [1, 2]}",
+            "train.computation_time",
+            "expected a number of seconds",
+        ),
+        ("workflow: {train: maybe}", "workflow.train", "expected true or false"),
+        ("framework: jax", "framework", "expected one of pytorch, tensorflow"),
+        ("reader: |\n  batch_size: [1\n", "reader", "not valid YAML inside the block string"),
+        ("reader: 5", "reader", "expected a mapping, got 5"),
+        ("- 1\n", "(top level)", "expected a DLIO workload mapping"),
+    ],
+)
+def test_import_errors_name_file_and_key(
+    tmp_path: Path, config: str, key: str, message: str
+) -> None:
+    path = write(
+        tmp_path,
+        "framework: pytorch\n" + config + "\n"
+        if not config.startswith(("framework", "-"))
+        else config + "\n",
+    )
     with pytest.raises(ModelError) as info:
         import_dlio(path)
     assert str(info.value).startswith(f"{path}: {key}: ")
@@ -390,15 +448,20 @@ def test_round_trip(tmp_path: Path, name: str) -> None:
 def test_cosmoflow_and_resnet_details(tmp_path: Path) -> None:
     cosmo = import_dlio(write(tmp_path, COSMOFLOW, "cosmo.yaml"))
     lay = cosmo.dataset.layout
-    assert (lay.hdf5_compression, lay.compression_level, lay.hdf5_chunk_bytes, lay.hdf5_chunk_shape) == (
-        "gzip", 4, 1048576, [1, 128, 128, 4])
+    assert (
+        lay.hdf5_compression,
+        lay.compression_level,
+        lay.hdf5_chunk_bytes,
+        lay.hdf5_chunk_shape,
+    ) == ("gzip", 4, 1048576, [1, 128, 128, 4])
     assert cosmo.dataset.num_samples_per_file == 4 and cosmo.dataset.num_files_eval == 64
     assert cosmo.dataset.file_size.mean == pytest.approx(4 * 2828486)
     assert cosmo.reader.transfer_size == Distribution.fixed(1048576)
     assert cosmo.reader.prefetch_factor == 2 and cosmo.reader.shuffle_seed == 7
     assert cosmo.train.computation_time == Distribution(type="gamma", shape=2.0, scale=0.0175)
-    assert cosmo.train.evaluation == Evaluation(every_n_epochs=2, after_epoch=1,
-                                                computation_time=Distribution.fixed(0.011))
+    assert cosmo.train.evaluation == Evaluation(
+        every_n_epochs=2, after_epoch=1, computation_time=Distribution.fixed(0.011)
+    )
     resnet = import_dlio(write(tmp_path, RESNET, "resnet.yaml"))
     assert resnet.framework == "tensorflow" and resnet.reader.worker_kind == "thread"
     assert resnet.reader.prefetch_factor == 4  # tf.data: prefetch_size as is
@@ -411,11 +474,26 @@ COMPUTATION_TIME_FORMS = {
     "fixed number": ("0.25", Distribution.fixed(0.25)),
     "fixed mean": ("{mean: 0.25}", Distribution.fixed(0.25)),
     "fixed typed": ("{type: fixed, value: 0.25}", Distribution.fixed(0.25)),
-    "normal": ("{type: normal, mean: 0.25, stdev: 0.05}", Distribution(type="normal", mean=0.25, stdev=0.05)),
-    "normal untyped": ("{mean: 0.25, stdev: 0.05}", Distribution(type="normal", mean=0.25, stdev=0.05)),
-    "uniform": ("{type: uniform, min: 0.2, max: 0.3}", Distribution(type="uniform", min=0.2, max=0.3)),
-    "gamma": ("{type: gamma, shape: 4.0, scale: 0.0625}", Distribution(type="gamma", shape=4.0, scale=0.0625)),
-    "exponential": ("{type: exponential, scale: 0.25}", Distribution(type="exponential", scale=0.25)),
+    "normal": (
+        "{type: normal, mean: 0.25, stdev: 0.05}",
+        Distribution(type="normal", mean=0.25, stdev=0.05),
+    ),
+    "normal untyped": (
+        "{mean: 0.25, stdev: 0.05}",
+        Distribution(type="normal", mean=0.25, stdev=0.05),
+    ),
+    "uniform": (
+        "{type: uniform, min: 0.2, max: 0.3}",
+        Distribution(type="uniform", min=0.2, max=0.3),
+    ),
+    "gamma": (
+        "{type: gamma, shape: 4.0, scale: 0.0625}",
+        Distribution(type="gamma", shape=4.0, scale=0.0625),
+    ),
+    "exponential": (
+        "{type: exponential, scale: 0.25}",
+        Distribution(type="exponential", scale=0.25),
+    ),
     "poisson": ("{type: poisson, lam: 3}", Distribution(type="poisson", lam=3.0)),
     "poisson lambda": ("{type: poisson, lambda: 3}", Distribution(type="poisson", lam=3.0)),
 }
@@ -436,7 +514,9 @@ def test_computation_time_forms_round_trip(tmp_path: Path, form: str) -> None:
 
 
 def test_computation_time_stdev_key_round_trips(tmp_path: Path) -> None:
-    config = UNET3D.replace("computation_time: 0.636", "computation_time: 0.636\n  computation_time_stdev: 0.02")
+    config = UNET3D.replace(
+        "computation_time: 0.636", "computation_time: 0.636\n  computation_time_stdev: 0.02"
+    )
     first = import_dlio(write(tmp_path, config))
     assert first.train.computation_time == Distribution(type="normal", mean=0.636, stdev=0.02)
     second, _, _ = round_trip(tmp_path, first)
@@ -450,11 +530,23 @@ def trace_like_model(tmp_path: Path) -> WorkloadModel:
     """A model as distillation would produce: measured distributions and facts DLIO lacks."""
     base = import_dlio(write(tmp_path, UNET3D, "base.yaml"))
     return dataclasses.replace(
-        apply_overrides(base, ["dataset.format=raw", "reader.open_per_sample=false", "processes.ranks=8",
-                               "checkpoint.write_transfer_size=1048576", "reader.access_pattern.sequential=1.0",
-                               "reader.worker_kind=thread", "train.steps_per_epoch=24"]),
-        train=dataclasses.replace(base.train, steps_per_epoch=24,
-                                  computation_time=Distribution.from_values([0.5, 0.6, 0.7, 0.62])),
+        apply_overrides(
+            base,
+            [
+                "dataset.format=raw",
+                "reader.open_per_sample=false",
+                "processes.ranks=8",
+                "checkpoint.write_transfer_size=1048576",
+                "reader.access_pattern.sequential=1.0",
+                "reader.worker_kind=thread",
+                "train.steps_per_epoch=24",
+            ],
+        ),
+        train=dataclasses.replace(
+            base.train,
+            steps_per_epoch=24,
+            computation_time=Distribution.from_values([0.5, 0.6, 0.7, 0.62]),
+        ),
     )
 
 
@@ -466,8 +558,13 @@ def test_export_lossy_steps_are_warned_and_commented(tmp_path: Path) -> None:
     assert "train.computation_time: empirical distribution exported as normal" in text
     assert "dataset.format raw exported as npy" in text
     assert "train.steps_per_epoch=24 has no DLIO key" in text
-    for lost in ("reader.worker_kind=thread", "reader.open_per_sample=false", "reader.access_pattern",
-                 "checkpoint.write_transfer_size", "processes.ranks=8 (run DLIO with mpirun -np 8)"):
+    for lost in (
+        "reader.worker_kind=thread",
+        "reader.open_per_sample=false",
+        "reader.access_pattern",
+        "checkpoint.write_transfer_size",
+        "processes.ranks=8 (run DLIO with mpirun -np 8)",
+    ):
         assert lost in text
     content = out.read_text()
     assert all(f"# lossy: {w}" in content for w in warnings)
@@ -475,7 +572,11 @@ def test_export_lossy_steps_are_warned_and_commented(tmp_path: Path) -> None:
     allowed_only(exported)
     assert exported["dataset"]["format"] == "npy"
     ct = model.train.computation_time
-    assert exported["train"]["computation_time"] == {"type": "normal", "mean": ct.mean, "stdev": ct.stdev}
+    assert exported["train"]["computation_time"] == {
+        "type": "normal",
+        "mean": ct.mean,
+        "stdev": ct.stdev,
+    }
     again = import_dlio(out)
     assert again.train.computation_time == Distribution(type="normal", mean=ct.mean, stdev=ct.stdev)
 
@@ -489,10 +590,18 @@ def test_raw_with_several_samples_exports_as_indexed_binary(tmp_path: Path) -> N
 
 def test_export_unknown_and_bounded_distributions(tmp_path: Path) -> None:
     model = import_dlio(write(tmp_path, COSMOFLOW))
-    model = dataclasses.replace(model, train=dataclasses.replace(
-        model.train, computation_time=Distribution.unknown(),
-        evaluation=dataclasses.replace(model.train.evaluation, steps=3,
-                                       computation_time=Distribution(type="normal", mean=1, stdev=1, min=0))))
+    model = dataclasses.replace(
+        model,
+        train=dataclasses.replace(
+            model.train,
+            computation_time=Distribution.unknown(),
+            evaluation=dataclasses.replace(
+                model.train.evaluation,
+                steps=3,
+                computation_time=Distribution(type="normal", mean=1, stdev=1, min=0),
+            ),
+        ),
+    )
     cfg, warnings = model_to_dlio(model)
     assert "computation_time" not in cfg["train"]
     assert cfg["evaluation"]["eval_time"] == {"type": "normal", "mean": 1.0, "stdev": 1.0}
@@ -504,14 +613,26 @@ def test_export_unknown_and_bounded_distributions(tmp_path: Path) -> None:
 
 
 def test_export_native_loader_and_checkpoint_size(tmp_path: Path) -> None:
-    model = model_from_dict({
-        "schema": "dlreplay.workload", "format_version": 1,
-        "dataset": {"format": "npz", "num_files": 4, "num_samples_per_file": 1, "record_length": 1000,
-                    "layout": {"compressed": True, "records_per_file": 2}},
-        "reader": {"data_loader": "native", "read_threads": 0, "prefetch_factor": 3},
-        "checkpoint": {"enabled": True, "steps_between_checkpoints": 2, "bytes_per_checkpoint": 5000,
-                       "files_per_checkpoint": 3},
-    })
+    model = model_from_dict(
+        {
+            "schema": "dlreplay.workload",
+            "format_version": 1,
+            "dataset": {
+                "format": "npz",
+                "num_files": 4,
+                "num_samples_per_file": 1,
+                "record_length": 1000,
+                "layout": {"compressed": True, "records_per_file": 2},
+            },
+            "reader": {"data_loader": "native", "read_threads": 0, "prefetch_factor": 3},
+            "checkpoint": {
+                "enabled": True,
+                "steps_between_checkpoints": 2,
+                "bytes_per_checkpoint": 5000,
+                "files_per_checkpoint": 3,
+            },
+        }
+    )
     cfg, warnings = model_to_dlio(model)
     assert cfg["reader"]["data_loader"] == "pytorch" and cfg["reader"]["prefetch_size"] == 3
     assert cfg["dataset"]["compression"] == "zip"
@@ -520,7 +641,10 @@ def test_export_native_loader_and_checkpoint_size(tmp_path: Path) -> None:
     text = "\n".join(warnings)
     assert "reader.data_loader native exported as pytorch" in text
     assert "records_per_file has no DLIO key" in text
-    assert "DLIO will write about 5000 bytes in 1 file(s) per checkpoint; the model says 5000 bytes in 3" in text
+    assert (
+        "DLIO will write about 5000 bytes in 1 file(s) per checkpoint; the model says 5000 bytes in 3"
+        in text
+    )
     assert "for it, set checkpoint.model_size: 5000 and checkpoint.num_layers: 0" in text
     allowed_only(cfg)
     again = dlio_to_model(cfg)
@@ -542,13 +666,17 @@ def test_exported_model_file_round_trip_with_save(tmp_path: Path) -> None:
 
 
 def test_key_problems_detects_foreign_keys() -> None:
-    assert dlio_key_problems({"framework": "jax"}) == ["framework: 'jax' not one of ('pytorch', 'tensorflow')"]
-    problems = dlio_key_problems({
-        "dataset": {"format": "raw", "num_files": 3},
-        "train": {"computation_time": {"type": "empirical", "mean": 1}},
-        "model": {"parallelism": {"tensor": 2, "expert": 4}},
-        "replay": {},
-    })
+    assert dlio_key_problems({"framework": "jax"}) == [
+        "framework: 'jax' not one of ('pytorch', 'tensorflow')"
+    ]
+    problems = dlio_key_problems(
+        {
+            "dataset": {"format": "raw", "num_files": 3},
+            "train": {"computation_time": {"type": "empirical", "mean": 1}},
+            "model": {"parallelism": {"tensor": 2, "expert": 4}},
+            "replay": {},
+        }
+    )
     assert problems == [
         "dataset.format: 'raw' not one of " + str(DLIO_ENUM_VALUES["dataset.format"]),
         "dataset.num_files: not a key DLIO reads",
@@ -575,7 +703,9 @@ def test_fields_without_dlio_key_say_so(tmp_path: Path) -> None:
 
 def test_huge_model_size_is_exact(tmp_path: Path) -> None:
     big = 2**60 + 1
-    model = import_dlio(write(tmp_path, UNET3D.replace("model_size: 499153191", f"model_size: {big}")))
+    model = import_dlio(
+        write(tmp_path, UNET3D.replace("model_size: 499153191", f"model_size: {big}"))
+    )
     assert model.model.model_size == big == model.checkpoint.bytes_per_checkpoint
     second, _, exported = round_trip(tmp_path, model)
     assert exported["model"]["model_size_bytes"] == big

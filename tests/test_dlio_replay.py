@@ -37,8 +37,13 @@ from dlreplay.replay.common import plan_dataset
 
 from .conftest import TRACES
 
-DLIO_TRACES = {"dlio_npz_starved": "npz", "dlio_h5_multi": "hdf5", "dlio_jpeg_ckpt": "jpeg", "dlio_npz_2ranks": "npz",
-               "dlio_npz_eval": "npz"}
+DLIO_TRACES = {
+    "dlio_npz_starved": "npz",
+    "dlio_h5_multi": "hdf5",
+    "dlio_jpeg_ckpt": "jpeg",
+    "dlio_npz_2ranks": "npz",
+    "dlio_npz_eval": "npz",
+}
 
 
 def _dlio_generate(fmt: str, folder: Path, files: int, spf: int, side: int) -> list[Path]:
@@ -56,8 +61,14 @@ def _dlio_generate(fmt: str, folder: Path, files: int, spf: int, side: int) -> l
         elif fmt == "hdf5":  # hdf5_generator.py (no chunking, no compression)
             records = np.random.randint(255, size=(spf, side, side), dtype=np.uint8)
             hf = h5py.File(path, "w")
-            dset = hf.create_dataset("records", (spf, side, side), chunks=None, compression=None,
-                                     compression_opts=None, dtype=np.uint8)
+            dset = hf.create_dataset(
+                "records",
+                (spf, side, side),
+                chunks=None,
+                compression=None,
+                compression_opts=None,
+                dtype=np.uint8,
+            )
             dset[0:spf] = records
             hf.create_dataset("labels", data=[0] * spf)
             hf.close()
@@ -69,8 +80,17 @@ def _dlio_generate(fmt: str, folder: Path, files: int, spf: int, side: int) -> l
     return paths
 
 
-@pytest.mark.parametrize(("fmt", "spf", "side"), [("npz", 1, 64), ("npz", 3, 40), ("npy", 2, 32), ("hdf5", 4, 48),
-                                                   ("jpeg", 1, 64), ("png", 1, 40)])
+@pytest.mark.parametrize(
+    ("fmt", "spf", "side"),
+    [
+        ("npz", 1, 64),
+        ("npz", 3, 40),
+        ("npy", 2, 32),
+        ("hdf5", 4, 48),
+        ("jpeg", 1, 64),
+        ("png", 1, 40),
+    ],
+)
 def test_generated_layout_is_what_dlio_writes(tmp_path, fmt, spf, side):
     paths = _dlio_generate(fmt, tmp_path / "train", 3, spf, side)
     doc = fingerprint_dataset([str(tmp_path / "train")])
@@ -81,10 +101,14 @@ def test_generated_layout_is_what_dlio_writes(tmp_path, fmt, spf, side):
     ours = generated_layout(fmt, spf, (side, side))
     assert ours is not None and ours.source == "dlio"
     if fmt in ("npz", "npy", "hdf5"):
-        key = [(m.name, m.dtype, list(m.shape), m.storage or "stored" if fmt == "npz" else m.storage)
-               for m in ours.arrays[0].members]
-        got = [(m.name, m.dtype, list(m.shape), m.storage or "stored" if fmt == "npz" else m.storage)
-               for m in seen.layout.arrays[0].members]
+        key = [
+            (m.name, m.dtype, list(m.shape), m.storage or "stored" if fmt == "npz" else m.storage)
+            for m in ours.arrays[0].members
+        ]
+        got = [
+            (m.name, m.dtype, list(m.shape), m.storage or "stored" if fmt == "npz" else m.storage)
+            for m in seen.layout.arrays[0].members
+        ]
         assert sorted(got, key=str) == sorted(key, key=str)
         # the exact size DLIO's file has, and the sides found back from it
         sizes = {p.stat().st_size for p in paths}
@@ -122,7 +146,10 @@ def test_distill_infers_dlio_layout_from_its_trace(name):
     assert generated_dims(exp["format"], exp["num_samples_per_file"], lay) == (side, side)
     assert m.dataset.record_length_resize == side * side
     prov = m.provenance.fields
-    assert prov["dataset.layout"].confidence == "inferred" and "DLIO 2.0.0" in prov["dataset.layout"].method
+    assert (
+        prov["dataset.layout"].confidence == "inferred"
+        and "DLIO 2.0.0" in prov["dataset.layout"].method
+    )
     assert prov["dataset.record_length_resize"].confidence == "inferred"
     # exported, it is DLIO's own workload again
     cfg, _ = model_to_dlio(m)
@@ -135,8 +162,10 @@ def test_jpeg_file_sizes_from_whole_file_reads():
     loaded = load_trace(TRACES / "dlio_jpeg_ckpt")
     m = distill(loaded.events, manifest=loaded.manifest, source=str(TRACES / "dlio_jpeg_ckpt"))
     ev = loaded.events
-    reads = ev.filter(pl.col("name").cast(pl.String).is_in(["read"]) & pl.col("file").cast(pl.String)
-                      .str.ends_with(".jpeg"))
+    reads = ev.filter(
+        pl.col("name").cast(pl.String).is_in(["read"])
+        & pl.col("file").cast(pl.String).str.ends_with(".jpeg")
+    )
     per_file = reads.group_by("file").agg(pl.col("size").sum() / pl.len() * 3)  # 3 reads per open
     assert m.dataset.file_size.is_known
     assert m.dataset.file_size.max == pytest.approx(per_file["size"].max())
@@ -148,8 +177,10 @@ def test_checkpoint_file_writes_are_dlios_calls():
     m = distill(loaded.events, manifest=loaded.manifest, source=str(TRACES / "dlio_jpeg_ckpt"))
     c = m.checkpoint
     # DLIO 2.0.0: torch.save of the model state (10240 B) and of layer 0 (DLIO's default layer parameters)
-    assert c.file_writes == [[[704, 1], [10240, 1], [873, 1]], [[768, 1], [17371, 1], [101, 1], [24740228, 1],
-                                                                [929, 1]]]
+    assert c.file_writes == [
+        [[704, 1], [10240, 1], [873, 1]],
+        [[768, 1], [17371, 1], [101, 1], [24740228, 1], [929, 1]],
+    ]
     assert c.files_per_checkpoint == 2 and c.bytes_per_checkpoint == 24771214
     assert c.file_write_plan() == [[704, 10240, 873], [768, 17371, 101, 24740228, 929]]
 
@@ -169,13 +200,25 @@ def test_import_with_dlio_2_0_checkpoint_sizing_writes_what_dlio_wrote(tmp_path:
     assert old.bytes_per_checkpoint == 10240 + sum(DLIO_2_0_LAYER_PARAMETERS)
     assert 0 < wrote.bytes_per_checkpoint - old.bytes_per_checkpoint < 4096
     later = import_dlio(config, dlio_version="later")
-    assert (later.checkpoint.bytes_per_checkpoint, later.checkpoint.files_per_checkpoint) == (4 << 20, 1)
-    assert import_dlio(config).checkpoint.bytes_per_checkpoint == 4 << 20  # auto: the model section sizes it
-    assert any("model.model_size is not read by DLIO 2.0.0" in n for n in import_dlio(
-        config, dlio_version="2.0.0").provenance.notes)
+    assert (later.checkpoint.bytes_per_checkpoint, later.checkpoint.files_per_checkpoint) == (
+        4 << 20,
+        1,
+    )
+    assert (
+        import_dlio(config).checkpoint.bytes_per_checkpoint == 4 << 20
+    )  # auto: the model section sizes it
+    assert any(
+        "model.model_size is not read by DLIO 2.0.0" in n
+        for n in import_dlio(config, dlio_version="2.0.0").provenance.notes
+    )
     # optimizer groups (two tensors each and their sum), layers + tensor parallelism, no layers
-    assert dlio_2_0_checkpoint(model_size=0, optimization_groups=[5, 0, 7], num_layers=2,
-                               layer_parameters=[3, 4], tensor_parallelism=2) == (3 * 12 + 4 * 7, 1 + 4)
+    assert dlio_2_0_checkpoint(
+        model_size=0,
+        optimization_groups=[5, 0, 7],
+        num_layers=2,
+        layer_parameters=[3, 4],
+        tensor_parallelism=2,
+    ) == (3 * 12 + 4 * 7, 1 + 4)
     assert dlio_2_0_checkpoint(layer_parameters=[]) == (10240, 1)
     assert dlio_2_0_checkpoint(num_layers=0, optimization_groups=[1]) == (10240 + 3, 2)
     with pytest.raises(ModelError, match="unknown DLIO version"):
@@ -185,13 +228,32 @@ def test_import_with_dlio_2_0_checkpoint_sizing_writes_what_dlio_wrote(tmp_path:
 def test_file_writes_checked_and_used_only_when_they_add_up():
     with pytest.raises(ModelError, match=r"file_writes\.0\.1"):
         Checkpoint(enabled=True, bytes_per_checkpoint=10, file_writes=[[[5, 1], [5]]])
-    c = Checkpoint(enabled=True, files_per_checkpoint=1, bytes_per_checkpoint=10, file_writes=[[[4, 2], [2, 1]]])
+    c = Checkpoint(
+        enabled=True,
+        files_per_checkpoint=1,
+        bytes_per_checkpoint=10,
+        file_writes=[[[4, 2], [2, 1]]],
+    )
     assert c.file_write_plan() == [[4, 4, 2]]
     # an override of the size (or the file count) leaves the recorded calls out
-    assert Checkpoint(enabled=True, files_per_checkpoint=1, bytes_per_checkpoint=11,
-                      file_writes=[[[4, 2], [2, 1]]]).file_write_plan() is None
-    assert Checkpoint(enabled=True, files_per_checkpoint=2, bytes_per_checkpoint=10,
-                      file_writes=[[[4, 2], [2, 1]]]).file_write_plan() is None
+    assert (
+        Checkpoint(
+            enabled=True,
+            files_per_checkpoint=1,
+            bytes_per_checkpoint=11,
+            file_writes=[[[4, 2], [2, 1]]],
+        ).file_write_plan()
+        is None
+    )
+    assert (
+        Checkpoint(
+            enabled=True,
+            files_per_checkpoint=2,
+            bytes_per_checkpoint=10,
+            file_writes=[[[4, 2], [2, 1]]],
+        ).file_write_plan()
+        is None
+    )
 
 
 def test_import_dlio_writes_dlios_generator_layout():
@@ -205,7 +267,9 @@ def test_import_dlio_writes_dlios_generator_layout():
     out, warnings = model_to_dlio(m)
     assert out["dataset"]["record_length_bytes"] == 65536
     assert not [w for w in warnings if "layout" in w]
-    npz = dlio_to_model(load_yaml_file(TRACES / "dlio_npz_starved" / "dlio_config.yaml"), source="npz")
+    npz = dlio_to_model(
+        load_yaml_file(TRACES / "dlio_npz_starved" / "dlio_config.yaml"), source="npz"
+    )
     assert npz.dataset.file_size.value == array_file_bytes("npz", 1, (2048, 2048))
 
 
@@ -221,20 +285,30 @@ def test_empirical_sizes_are_drawn_stratified():
     want = ds.record_length.quantile((np.arange(64) + 0.5) / 64)
     # each drawn size lies in its own 1/64 of the probabilities: the ECDFs differ by at most 1/64
     grid = np.concatenate([sizes, want])
-    gap = np.abs(np.searchsorted(sizes, grid, side="right") - np.searchsorted(want, grid, side="right")).max()
+    gap = np.abs(
+        np.searchsorted(sizes, grid, side="right") - np.searchsorted(want, grid, side="right")
+    ).max()
     assert gap <= 1
 
 
 def _small_model():
     from dlreplay.model import model_from_dict
 
-    return model_from_dict({
-        "schema": "dlreplay.workload", "format_version": 1, "framework": "pytorch",
-        "dataset": {"format": "jpeg", "num_files": 8, "num_samples_per_file": 1,
-                    "record_length": {"type": "fixed", "value": 4096}},
-        "reader": {"batch_size": 2, "read_threads": 0},
-        "train": {"epochs": 1, "computation_time": {"type": "fixed", "value": 0.0}},
-    })
+    return model_from_dict(
+        {
+            "schema": "dlreplay.workload",
+            "format_version": 1,
+            "framework": "pytorch",
+            "dataset": {
+                "format": "jpeg",
+                "num_files": 8,
+                "num_samples_per_file": 1,
+                "record_length": {"type": "fixed", "value": 4096},
+            },
+            "reader": {"batch_size": 2, "read_threads": 0},
+            "train": {"epochs": 1, "computation_time": {"type": "fixed", "value": 0.0}},
+        }
+    )
 
 
 @pytest.mark.slow
@@ -246,15 +320,20 @@ def test_replay_of_a_distilled_dlio_trace_reads_and_writes_as_dlio(tmp_path, nam
     loaded = load_trace(trace)
     model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
     model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
-    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"), echo=lambda s: None)
+    run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"),
+        echo=lambda s: None,
+    )
     cmp = compare_traces(trace, tmp_path / "replay")
     assert cmp.ks_read_sizes is not None and cmp.ks_read_sizes <= 0.10
     assert cmp.features_b["bytes_read"] == pytest.approx(cmp.features_a["bytes_read"], rel=0.02)
     assert cmp.features_b["bytes_written"] == cmp.features_a["bytes_written"]
     if model.checkpoint.file_writes:
         ev = load_trace(tmp_path / "replay").events
-        writes = ev.filter((pl.col("name").cast(pl.String) == "write")
-                           & pl.col("file").cast(pl.String).str.contains("/checkpoints/"))
+        writes = ev.filter(
+            (pl.col("name").cast(pl.String) == "write")
+            & pl.col("file").cast(pl.String).str.contains("/checkpoints/")
+        )
         per_file = writes.sort("ts").group_by("file", maintain_order=True).agg(pl.col("size"))
         plan = model.checkpoint.file_write_plan()
         assert per_file.height == 2 * 6  # 2 files x 6 checkpoints
@@ -272,25 +351,40 @@ def test_dlio_indexed_binary_replays_its_record_index(tmp_path):
     loaded = load_trace(trace)
     model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
     d = model.dataset
-    assert (d.format, d.num_files, d.num_samples_per_file) == ("indexed_binary", exp["num_files"],
-                                                               exp["num_samples_per_file"])
+    assert (d.format, d.num_files, d.num_samples_per_file) == (
+        "indexed_binary",
+        exp["num_files"],
+        exp["num_samples_per_file"],
+    )
     assert d.record_length.mean == exp["record_length"] and d.layout.index == "dlio"
     assert model.provenance.fields["dataset.layout.index"].confidence == "measured"
     model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
-    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"), echo=lambda s: None)
+    run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"),
+        echo=lambda s: None,
+    )
     sides = sorted(p.name for p in (tmp_path / "data").rglob("*.idx"))
-    assert len(sides) == 2 * exp["num_files"] and {s.rsplit(".", 2)[-2] for s in sides} == {"off", "sz"}
+    assert len(sides) == 2 * exp["num_files"] and {s.rsplit(".", 2)[-2] for s in sides} == {
+        "off",
+        "sz",
+    }
     cmp = compare_traces(trace, tmp_path / "replay")
     assert cmp.ks_read_sizes is not None and cmp.ks_read_sizes <= 0.10
     assert cmp.features_b["bytes_read"] == pytest.approx(cmp.features_a["bytes_read"], rel=0.02)
     ev = load_trace(tmp_path / "replay").events
-    reads = ev.filter(pl.col("name").cast(pl.String).is_in(["read", "pread64"]) & (pl.col("size") > 0))
+    reads = ev.filter(
+        pl.col("name").cast(pl.String).is_in(["read", "pread64"]) & (pl.col("size") > 0)
+    )
     index = reads.filter(pl.col("file").cast(pl.String).str.ends_with(".idx"))
     # each of the 2 workers read both index files of all 8 data files once, 8 values each
-    assert index.group_by("pid").len()["len"].to_list() == [2 * exp["num_files"]] * exp["read_threads"]
+    assert (
+        index.group_by("pid").len()["len"].to_list() == [2 * exp["num_files"]] * exp["read_threads"]
+    )
     assert set(index["size"].to_list()) == {8 * exp["num_samples_per_file"]}
-    data = reads.filter(pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train"))
-                        & ~pl.col("file").cast(pl.String).str.ends_with(".idx"))
+    data = reads.filter(
+        pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train"))
+        & ~pl.col("file").cast(pl.String).str.ends_with(".idx")
+    )
     assert set(data["size"].to_list()) == {exp["record_length"]}
 
 
@@ -306,15 +400,26 @@ def test_dlio_mmap_indexed_binary_is_mapped_not_read(tmp_path):
     model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
     d = model.dataset
     assert (d.format, d.num_files, d.num_samples_per_file, d.layout.index) == (
-        "indexed_binary", exp["num_files"], exp["num_samples_per_file"], "dlio")
+        "indexed_binary",
+        exp["num_files"],
+        exp["num_samples_per_file"],
+        "dlio",
+    )
     assert model.reader.memory_map and d.record_length.mean == exp["record_length"]
     assert model_to_dlio(model)[0]["dataset"]["format"] == "mmap_indexed_binary"
     model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
-    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"), echo=lambda s: None)
+    run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"),
+        echo=lambda s: None,
+    )
     ev = load_trace(tmp_path / "replay").events
-    data = ev.filter(pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train")))
+    data = ev.filter(
+        pl.col("file").cast(pl.String).str.starts_with(str(tmp_path / "data" / "train"))
+    )
     names = data.group_by(pl.col("name").cast(pl.String)).len()
     assert "mmap64" in names["name"].to_list() or "mmap" in names["name"].to_list()
-    assert data.filter(pl.col("name").cast(pl.String).is_in(["read", "pread64"]) & (pl.col("size") > 0)).is_empty()
+    assert data.filter(
+        pl.col("name").cast(pl.String).is_in(["read", "pread64"]) & (pl.col("size") > 0)
+    ).is_empty()
     cmp = compare_traces(trace, tmp_path / "replay")
     assert cmp.similarity >= 0.97

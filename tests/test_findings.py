@@ -122,12 +122,15 @@ def test_tiny_chunk_evidence_matches_the_trace(analysed: dict) -> None:
     lt, c, findings = analysed["h5_tiny_chunks"]
     f = _get(findings, "small-random-reads")
     data_dir = lt.manifest["data_dirs"][0]
-    assert f.evidence["random"] == pytest.approx(_random_fraction_by_hand(lt.events, data_dir), abs=1e-3)
+    assert f.evidence["random"] == pytest.approx(
+        _random_fraction_by_hand(lt.events, data_dir), abs=1e-3
+    )
     assert f.evidence["random"] >= Thresholds().random_fraction
     assert f.evidence["bytes_weighted_median_read"] <= 8 * 8 * 8 * 4 + 64  # one 8^3 float32 chunk
     exp = _expected("h5_tiny_chunks")
     assert f.evidence["mean_file_size_bytes"] == pytest.approx(
-        exp["model"]["record_length_mean"] * exp["model"]["num_samples_per_file"], rel=0.02)
+        exp["model"]["record_length_mean"] * exp["model"]["num_samples_per_file"], rel=0.02
+    )
 
 
 def test_checkpoint_evidence_matches_the_trace(analysed: dict) -> None:
@@ -147,11 +150,16 @@ def test_metadata_evidence_matches_the_trace(analysed: dict) -> None:
     f = _get(findings, "metadata-heavy")
     assert f.evidence["files"] == exp["dataset_files"] == 256
     data_dir = lt.manifest["data_dirs"][0]
-    opens = lt.events.filter(pl.col("name").is_in(OPEN_OPS) & pl.col("file").cat.starts_with(data_dir)
-                             & pl.col("file").cat.ends_with(".jpg")).height
+    opens = lt.events.filter(
+        pl.col("name").is_in(OPEN_OPS)
+        & pl.col("file").cat.starts_with(data_dir)
+        & pl.col("file").cat.ends_with(".jpg")
+    ).height
     assert f.evidence["opens"] == opens
     assert f.evidence["opens_per_sample"] == pytest.approx(opens / exp["samples"], abs=1e-3)
-    spf = int(next(w for w in f.whatif if w.startswith("dataset.num_samples_per_file=")).split("=")[1])
+    spf = int(
+        next(w for w in f.whatif if w.startswith("dataset.num_samples_per_file=")).split("=")[1]
+    )
     assert 1 < spf <= 256 // 8  # shards, but still enough files to share among workers
 
 
@@ -173,17 +181,34 @@ def test_every_pass_runs_alone(analysed: dict) -> None:
 
 
 def test_darshan_pattern_on_known_offsets() -> None:
-    reads = pl.DataFrame({"pid": [1] * 5, "file": ["f"] * 5, "ts": [1, 2, 3, 4, 5],
-                          "offset": [0, 100, 300, 50, 150], "size": [100, 100, 100, 100, 100]})
+    reads = pl.DataFrame(
+        {
+            "pid": [1] * 5,
+            "file": ["f"] * 5,
+            "ts": [1, 2, 3, 4, 5],
+            "offset": [0, 100, 300, 50, 150],
+            "size": [100, 100, 100, 100, 100],
+        }
+    )
     out = darshan_pattern(reads)
     assert out["consec"].to_list() == [True, True, False, False, True]
     assert out["seq"].to_list() == [True, True, True, False, True]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(1, 3)), st.sampled_from(["a", "b", "c"]), st.integers(0, 6),
-                          st.sampled_from(["open64", "read", "pread64", "lseek64", "close"]),
-                          st.one_of(st.none(), st.integers(0, 400)), st.integers(0, 150)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(1, 3)),
+            st.sampled_from(["a", "b", "c"]),
+            st.integers(0, 6),
+            st.sampled_from(["open64", "read", "pread64", "lseek64", "close"]),
+            st.one_of(st.none(), st.integers(0, 400)),
+            st.integers(0, 150),
+        ),
+        max_size=60,
+    )
+)
 def test_flag_reads_equals_the_window_reference(rows) -> None:
     """flag_reads (one stable sort; the row before a read is its predecessor) against
     _sessions + darshan_pattern (window functions): the same flagged reads, ties in time
@@ -191,17 +216,34 @@ def test_flag_reads_equals_the_window_reference(rows) -> None:
     from dlreplay.analyze.passes import flag_reads, flag_reads_lazy
     from dlreplay.analyze.passes import sessions as _sessions
 
-    io = pl.DataFrame(sorted(rows, key=lambda r: r[2]), schema={"pid": pl.Int32, "file": pl.Categorical, "ts": pl.Int64,
-                                                                "name": pl.Categorical, "offset": pl.Int64,
-                                                                "size": pl.Int64}, orient="row")
-    ref = darshan_pattern(_sessions(io).filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
-                                               & pl.col("offset").is_not_null()))
+    io = pl.DataFrame(
+        sorted(rows, key=lambda r: r[2]),
+        schema={
+            "pid": pl.Int32,
+            "file": pl.Categorical,
+            "ts": pl.Int64,
+            "name": pl.Categorical,
+            "offset": pl.Int64,
+            "size": pl.Int64,
+        },
+        orient="row",
+    )
+    ref = darshan_pattern(
+        _sessions(io).filter(
+            pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
+        )
+    )
     cols = ["pid", "file", "offset", "size", "seq", "consec"]
     want = ref.select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all())
     got = flag_reads(io).select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all())
     assert got.equals(want)
     two_keys = flag_reads_lazy(io.lazy(), packed=False).collect()
-    assert two_keys.select(cols).with_columns(pl.col("file").cast(pl.String)).sort(pl.all()).equals(want)
+    assert (
+        two_keys.select(cols)
+        .with_columns(pl.col("file").cast(pl.String))
+        .sort(pl.all())
+        .equals(want)
+    )
 
 
 def test_ks_and_cosine() -> None:
@@ -223,16 +265,29 @@ def test_thresholds_config(tmp_path: Path, analysed: dict, cli) -> None:
     c = analysed["npz_starved"][1]
     ids = _ids(find(c, t, off))
     assert "data-wait" not in ids and "page-cache" not in ids
-    for text, needle in (("thresholds:\n  au_targt: 0.5\n", "thresholds.au_targt"),
-                         ("thresholds:\n  au_target: high\n", "thresholds.au_target"),
-                         ("disable: [nope]\n", "nope"), ("rules: 1\n", "rules")):
+    for text, needle in (
+        ("thresholds:\n  au_targt: 0.5\n", "thresholds.au_targt"),
+        ("thresholds:\n  au_target: high\n", "thresholds.au_target"),
+        ("disable: [nope]\n", "nope"),
+        ("rules: 1\n", "rules"),
+    ):
         cfg.write_text(text)
         with pytest.raises(UsageError, match=needle):
             load_thresholds(cfg)
     proc = cli("analyze", str(TRACES / "npz_fork"), "--config", str(cfg))
     assert proc.returncode == 2 and "rules" in proc.stderr and "Traceback" not in proc.stderr
-    assert set(RULES) >= {"data-wait", "too-few-workers", "small-reads", "metadata-heavy", "small-random-reads",
-                          "checkpoint-stall", "decode-overhead", "page-cache", "no-overlap", "worker-startup"}
+    assert set(RULES) >= {
+        "data-wait",
+        "too-few-workers",
+        "small-reads",
+        "metadata-heavy",
+        "small-random-reads",
+        "checkpoint-stall",
+        "decode-overhead",
+        "page-cache",
+        "no-overlap",
+        "worker-startup",
+    }
 
 
 def test_cli_analyze_prints_findings_and_json(cli) -> None:
@@ -274,14 +329,18 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path, cli) -> None:
     again = cli("analyze", str(TRACES / "npz_starved"), "--report", str(out))
     assert again.returncode == 2 and "--force" in again.stderr  # never overwrites silently
     html = out.read_text()
-    assert "http://" not in html.replace("http://www.w3.org", "") and "<script" not in html  # self-contained
+    assert (
+        "http://" not in html.replace("http://www.w3.org", "") and "<script" not in html
+    )  # self-contained
     shot = tmp_path / "report.png"
     with Browser(_browser() or "", tmp_path / "profile") as page:
         page.goto(out.as_uri())
         info = page.wait_for(
             "document.readyState === 'complete' && document.images.length >= 5 && "
             "Array.from(document.images).every(i => i.complete && i.naturalWidth > 0) ? "
-            "JSON.stringify({n: document.images.length, t: document.body.innerText}) : ''", timeout=60)
+            "JSON.stringify({n: document.images.length, t: document.body.innerText}) : ''",
+            timeout=60,
+        )
         page.screenshot(shot)
         console = list(page.console)
     got = json.loads(info)
@@ -298,19 +357,46 @@ def _write_trace(tmp_path: Path, name: str, lines: list[dict]) -> Path:
 
 
 def _fh(path: str, h: str) -> dict:
-    return {"id": 0, "name": "FH", "cat": "dftracer", "pid": 7, "tid": 7, "ph": "M", "args": {"name": path, "value": h}}
+    return {
+        "id": 0,
+        "name": "FH",
+        "cat": "dftracer",
+        "pid": 7,
+        "tid": 7,
+        "ph": "M",
+        "args": {"name": path, "value": h},
+    }
 
 
 def _ev(i: int, name: str, h: str, **args) -> dict:
-    return {"id": i, "name": name, "cat": "POSIX", "pid": 7, "tid": 7, "ts": 1_000_000 + 10 * i, "dur": 5,
-            "ph": "X", "args": {"fhash": h, **args}}
+    return {
+        "id": i,
+        "name": name,
+        "cat": "POSIX",
+        "pid": 7,
+        "tid": 7,
+        "ts": 1_000_000 + 10 * i,
+        "dur": 5,
+        "ph": "X",
+        "args": {"fhash": h, **args},
+    }
 
 
 def test_reports_on_traces_without_data_reads(tmp_path: Path, cli) -> None:
-    meta_only = _write_trace(tmp_path, "meta_only", [_fh("/data/a.npz", "aa"), _fh("/data/b.npz", "bb")] + [
-        _ev(i, n, "aa" if i % 2 else "bb") for i, n in enumerate(["open64", "__xstat64", "close"] * 4)])
-    no_reads = _write_trace(tmp_path, "no_reads", [_fh("/out/log.txt", "cc")] + [
-        _ev(i, "write", "cc", size=100, ret=100) for i in range(8)])
+    meta_only = _write_trace(
+        tmp_path,
+        "meta_only",
+        [_fh("/data/a.npz", "aa"), _fh("/data/b.npz", "bb")]
+        + [
+            _ev(i, n, "aa" if i % 2 else "bb")
+            for i, n in enumerate(["open64", "__xstat64", "close"] * 4)
+        ],
+    )
+    no_reads = _write_trace(
+        tmp_path,
+        "no_reads",
+        [_fh("/out/log.txt", "cc")] + [_ev(i, "write", "cc", size=100, ret=100) for i in range(8)],
+    )
     for trace, needle in ((meta_only, "only metadata"), (no_reads, "no reads of dataset files")):
         out = tmp_path / f"{trace.name}.html"
         proc = cli("analyze", str(trace), "--report", str(out))
@@ -327,41 +413,107 @@ def _frame(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame([{k: r.get(k) for k in EVENT_SCHEMA} for r in rows], schema=EVENT_SCHEMA)
 
 
-def _loop(pid: int, steps: int, t0: int, compute_us: int, wait_us: int, epochs: int = 2) -> list[dict]:
+def _loop(
+    pid: int, steps: int, t0: int, compute_us: int, wait_us: int, epochs: int = 2
+) -> list[dict]:
     """A consumer's epoch/fetch/step events (µs), like the capture hooks write them."""
     rows, t = [], t0
     for e in range(epochs):
         start = t
         for k in range(steps):
-            rows.append({"pid": pid, "ppid": 1, "host": "h", "cat": "dataloader", "name": "fetch", "ts": t,
-                         "dur": wait_us, "epoch": e, "step": k, "batch_size": 4})
+            rows.append(
+                {
+                    "pid": pid,
+                    "ppid": 1,
+                    "host": "h",
+                    "cat": "dataloader",
+                    "name": "fetch",
+                    "ts": t,
+                    "dur": wait_us,
+                    "epoch": e,
+                    "step": k,
+                    "batch_size": 4,
+                }
+            )
             t += wait_us
-            rows.append({"pid": pid, "ppid": 1, "host": "h", "cat": "compute", "name": "step", "ts": t,
-                         "dur": compute_us, "epoch": e, "step": k})
+            rows.append(
+                {
+                    "pid": pid,
+                    "ppid": 1,
+                    "host": "h",
+                    "cat": "compute",
+                    "name": "step",
+                    "ts": t,
+                    "dur": compute_us,
+                    "epoch": e,
+                    "step": k,
+                }
+            )
             t += compute_us
-        rows.append({"pid": pid, "ppid": 1, "host": "h", "cat": "pipeline", "name": "epoch", "ts": start,
-                     "dur": t - start, "epoch": e})
+        rows.append(
+            {
+                "pid": pid,
+                "ppid": 1,
+                "host": "h",
+                "cat": "pipeline",
+                "name": "epoch",
+                "ts": start,
+                "dur": t - start,
+                "epoch": e,
+            }
+        )
     return rows
 
 
 def test_rank_imbalance_names_the_straggler() -> None:
-    ev = _frame(_loop(10, 20, 0, 10_000, 500) + _loop(11, 20, 0, 10_000, 500) + _loop(12, 20, 0, 10_000, 12_000))
+    ev = _frame(
+        _loop(10, 20, 0, 10_000, 500)
+        + _loop(11, 20, 0, 10_000, 500)
+        + _loop(12, 20, 0, 10_000, 12_000)
+    )
     c = characterize(ev)
     ranks = c["balance"]["ranks"]
-    assert ranks["count"] == 3 and ranks["max_over_median"] == pytest.approx(22_000 / 10_500, rel=1e-3)
+    assert ranks["count"] == 3 and ranks["max_over_median"] == pytest.approx(
+        22_000 / 10_500, rel=1e-3
+    )
     f = _get(find(c), "rank-imbalance")
     assert f.processes == [12] and "12" in f.title
 
 
 def test_loader_in_the_training_process_is_not_overlapped() -> None:
-    rows = [{"pid": 10, "ppid": 1, "host": "h", "cat": "data", "name": "item", "ts": 0, "dur": 1, "sample_index": 0}]
+    rows = [
+        {
+            "pid": 10,
+            "ppid": 1,
+            "host": "h",
+            "cat": "data",
+            "name": "item",
+            "ts": 0,
+            "dur": 1,
+            "sample_index": 0,
+        }
+    ]
     rows += _loop(10, 20, 0, 2_000, 8_000, epochs=1)
     # the consumer reads its samples itself, inside each fetch (workers = 0)
     for r in [r for r in rows if r["name"] == "fetch"]:
-        rows.append({"pid": 10, "ppid": 1, "host": "h", "cat": "POSIX", "name": "read", "ts": r["ts"] + 100,
-                     "dur": 7_000, "file": "/data/s.npy", "size": 1 << 20, "offset": 0})
+        rows.append(
+            {
+                "pid": 10,
+                "ppid": 1,
+                "host": "h",
+                "cat": "POSIX",
+                "name": "read",
+                "ts": r["ts"] + 100,
+                "dur": 7_000,
+                "file": "/data/s.npy",
+                "size": 1 << 20,
+                "offset": 0,
+            }
+        )
     c = characterize(_frame(rows), data_dirs=["/data"])
-    assert c["overlap"]["overlap"] == 0.0 and c["overlap"]["io_in_consumer_s"] == pytest.approx(0.14)
+    assert c["overlap"]["overlap"] == 0.0 and c["overlap"]["io_in_consumer_s"] == pytest.approx(
+        0.14
+    )
     ids = _ids(find(c))
     assert {"no-overlap", "data-wait", "too-few-workers"} <= ids
     assert _get(find(c), "too-few-workers").evidence["workers_per_rank"] == 0
@@ -381,7 +533,9 @@ def test_page_cache_uses_the_captured_hosts_memory(tmp_path: Path) -> None:
     (d / "manifest.json").write_text(json.dumps(man))
     lt = load_trace(d)
     pc = characterize(lt.events, manifest=lt.manifest, passes=["page_cache"])["page_cache"]
-    assert pc["host_memory_bytes"] is None and pc["host_memory_source"] == "unknown"  # never guessed
+    assert (
+        pc["host_memory_bytes"] is None and pc["host_memory_source"] == "unknown"
+    )  # never guessed
 
 
 def test_passes_take_a_summary_already_made(monkeypatch) -> None:
@@ -394,18 +548,26 @@ def test_passes_take_a_summary_already_made(monkeypatch) -> None:
     lt = load_trace(TRACES / "npz_fork")
     whole = characterize(lt.events, manifest=lt.manifest, per_process=lt.per_process).to_dict()
     made = summarize(lt.events, data_dirs=lt.manifest["data_dirs"], per_process=lt.per_process)
-    monkeypatch.setattr(passes, "summarize", lambda *a, **k: pytest.fail("the summary was computed again"))
+    monkeypatch.setattr(
+        passes, "summarize", lambda *a, **k: pytest.fail("the summary was computed again")
+    )
     view = passes.TraceView(lt.events, lt.manifest, None, lt.per_process, known_summary=made)
-    assert view.data_dirs == lt.manifest["data_dirs"]  # (the summary's: the manifest's data directories)
-    assert json.dumps(characterize(view).to_dict(), sort_keys=True, default=str) == \
-        json.dumps(whole, sort_keys=True, default=str)
+    assert (
+        view.data_dirs == lt.manifest["data_dirs"]
+    )  # (the summary's: the manifest's data directories)
+    assert json.dumps(characterize(view).to_dict(), sort_keys=True, default=str) == json.dumps(
+        whole, sort_keys=True, default=str
+    )
 
 
-@pytest.mark.parametrize("name", ["npz_fork", "h5_shuffle", "jpeg_small", "npz_checkpoint", "dlio_h5_multi",
-                                  "ai_annotated"])
+@pytest.mark.parametrize(
+    "name",
+    ["npz_fork", "h5_shuffle", "jpeg_small", "npz_checkpoint", "dlio_h5_multi", "ai_annotated"],
+)
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "polars"])
-def test_passes_by_process_batches_give_the_same_results(name: str, kernels: bool, monkeypatch,
-                                                          tmp_path: Path) -> None:
+def test_passes_by_process_batches_give_the_same_results(
+    name: str, kernels: bool, monkeypatch, tmp_path: Path
+) -> None:
     """The passes that sort or join every dataset read take big traces' processes in batches
     (a lower peak); forced on these small traces, the batches split the rows exactly and
     every pass gives what it gives in one go, in memory and over a spilled table, with the
@@ -421,8 +583,10 @@ def test_passes_by_process_batches_give_the_same_results(name: str, kernels: boo
     batches = view.pid_batches
     assert len(batches) >= 2
     assert sum(lt.events.filter(b).height for b in batches) == lt.events.height
-    assert json.dumps(characterize(view).to_dict(), sort_keys=True, default=str) == \
-        json.dumps(whole, sort_keys=True, default=str)
+    assert json.dumps(characterize(view).to_dict(), sort_keys=True, default=str) == json.dumps(
+        whole, sort_keys=True, default=str
+    )
     spilled = analyze_trace(TRACES / name, memory_limit=1, spill_dir=tmp_path, figures=False)
-    assert json.dumps(spilled.characterization.to_dict(), sort_keys=True, default=str) == \
-        json.dumps(whole, sort_keys=True, default=str)
+    assert json.dumps(
+        spilled.characterization.to_dict(), sort_keys=True, default=str
+    ) == json.dumps(whole, sort_keys=True, default=str)

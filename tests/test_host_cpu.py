@@ -52,7 +52,9 @@ def test_spend_takes_at_least_the_cpu_seconds_by_cpu_clock(threads: int) -> None
     finally:
         host.close()
     assert spent >= 0.06 and used >= 0.06  # by the threads' clocks, and by the process's
-    assert not [t for t in threading.enumerate() if t.name.startswith("dlreplay-host-cpu")]  # closed
+    assert not [
+        t for t in threading.enumerate() if t.name.startswith("dlreplay-host-cpu")
+    ]  # closed
 
 
 def test_burn_counts_only_this_threads_cpu() -> None:
@@ -79,12 +81,20 @@ def test_spend_stops_at_the_deadline(threads: int) -> None:
 def test_epoch_compute_pairs_cpu_with_time_and_scales_warmup() -> None:
     steady = np.linspace(0.01, 0.05, 50)
     m = _model("train.warmup_computation_time=[0.5]")
-    m = replace(m, train=replace(m.train, computation_time=Distribution.from_values(steady),
-                                 computation_host_cpu=Distribution.from_values(steady / 2)))
+    m = replace(
+        m,
+        train=replace(
+            m.train,
+            computation_time=Distribution.from_values(steady),
+            computation_host_cpu=Distribution.from_values(steady / 2),
+        ),
+    )
     rng = np.random.default_rng(7)
     modelled, cpu = epoch_compute(m, rng, 40, epoch=1, first_global_step=0)
     again = np.random.default_rng(7)
-    draws = m.train.computation_time.sample(again, 40, stratified=True)  # the engine draws stratified
+    draws = m.train.computation_time.sample(
+        again, 40, stratified=True
+    )  # the engine draws stratified
     assert modelled[0] == 0.5 and np.array_equal(modelled[1:], draws[1:])
     # the same random numbers: a longer step spends more CPU (here exactly half its time)
     assert np.allclose(cpu[1:], modelled[1:] / 2)
@@ -98,9 +108,16 @@ def test_epoch_compute_pairs_cpu_with_time_and_scales_warmup() -> None:
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_replay_spends_the_modelled_host_cpu(tmp_path: Path, loader: str) -> None:
-    model = _model("train.computation_time=0.15", "train.computation_host_cpu=0.004",
-                   "train.computation_host_threads=2")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader=loader))
+    model = _model(
+        "train.computation_time=0.15",
+        "train.computation_host_cpu=0.004",
+        "train.computation_host_threads=2",
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader=loader
+        )
+    )
     steps = sum(e["steps"] for e in res.metrics["epochs"])
     assert steps == 6
     for e in res.metrics["epochs"]:
@@ -108,17 +125,31 @@ def test_replay_spends_the_modelled_host_cpu(tmp_path: Path, loader: str) -> Non
         assert e["host_cpu_s"] > 0 and e["host_cpu_dropped_s"] >= 0
     # by the spending threads' CPU clocks; what a step could not spend before its wall time ran out
     # (a busy host) is carried on or counted as dropped, never lost from the account
-    spent, dropped, modelled = (sum(e[k] for e in res.metrics["epochs"])
-                                for k in ("host_cpu_s", "host_cpu_dropped_s", "modelled_host_cpu_s"))
+    spent, dropped, modelled = (
+        sum(e[k] for e in res.metrics["epochs"])
+        for k in ("host_cpu_s", "host_cpu_dropped_s", "modelled_host_cpu_s")
+    )
     assert spent + dropped >= modelled * (1 - 1e-9)
-    assert res.metrics["host_cpu_per_step_s"] == pytest.approx(0.004) and res.metrics["host_cpu_threads"] == 2
+    assert (
+        res.metrics["host_cpu_per_step_s"] == pytest.approx(0.004)
+        and res.metrics["host_cpu_threads"] == 2
+    )
 
 
 def test_zero_host_cpu_is_a_pure_sleep(tmp_path: Path) -> None:
-    res = run_replay(ReplayConfig(model=_model(), data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  loader="builtin"))
+    res = run_replay(
+        ReplayConfig(
+            model=_model(),
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o",
+            trace=False,
+            loader="builtin",
+        )
+    )
     assert res.metrics["host_cpu_per_step_s"] == 0.0 and res.metrics["host_cpu_threads"] == 0
-    assert all(e["host_cpu_s"] == 0.0 and e["modelled_host_cpu_s"] == 0.0 for e in res.metrics["epochs"])
+    assert all(
+        e["host_cpu_s"] == 0.0 and e["modelled_host_cpu_s"] == 0.0 for e in res.metrics["epochs"]
+    )
     assert not [t for t in threading.enumerate() if t.name.startswith("dlreplay-host-cpu")]
 
 
@@ -130,7 +161,9 @@ def _worker_reader(tmp_path: Path, *sets: str):
 
     model = _model(*sets)
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
-    spec = _worker_spec(ReplayConfig(model=model, data_dir=tmp_path / "d"), read_dataset_manifest(tmp_path / "d"))
+    spec = _worker_spec(
+        ReplayConfig(model=model, data_dir=tmp_path / "d"), read_dataset_manifest(tmp_path / "d")
+    )
     return SampleReader(spec, 0, item_events=False)
 
 
@@ -138,7 +171,9 @@ def _worker_reader(tmp_path: Path, *sets: str):
 def test_worker_spends_the_modelled_cpu_per_sample(tmp_path: Path, cpu: float) -> None:
     """reader.preprocess_host_cpu: the worker's thread spends the job's CPU per sample (less what
     its own read took) by its CPU clock, inside the preprocess time; 0 keeps the pure sleep."""
-    reader = _worker_reader(tmp_path, "reader.preprocess_time=0.004", f"reader.preprocess_host_cpu={cpu}")
+    reader = _worker_reader(
+        tmp_path, "reader.preprocess_time=0.004", f"reader.preprocess_host_cpu={cpu}"
+    )
     c0 = time.thread_time()
     for f in range(6):
         reader.read_sample(f, 0)
@@ -150,7 +185,9 @@ def test_worker_spends_the_modelled_cpu_per_sample(tmp_path: Path, cpu: float) -
         assert reader.cpu is None and spent < 6 * 0.003  # reading six 1 KiB files, and sleeps
 
 
-def test_what_a_sample_spends_after_its_cpu_is_settled_comes_out_of_the_next(tmp_path: Path, monkeypatch) -> None:
+def test_what_a_sample_spends_after_its_cpu_is_settled_comes_out_of_the_next(
+    tmp_path: Path, monkeypatch
+) -> None:
     """The worker's CPU per sample is the model's, all of it counted: the sleep's own system
     time and the trace's region events come after a sample's CPU is settled, and are taken
     from the next sample's. Built in here: every region event costs 1 ms of CPU (a real one
@@ -167,7 +204,9 @@ def test_what_a_sample_spends_after_its_cpu_is_settled_comes_out_of_the_next(tmp
             if handle is not None:
                 burn(0.001)
 
-    reader = _worker_reader(tmp_path, "reader.preprocess_time=0.006", "reader.preprocess_host_cpu=0.004")
+    reader = _worker_reader(
+        tmp_path, "reader.preprocess_time=0.006", "reader.preprocess_host_cpu=0.004"
+    )
     monkeypatch.setattr(loader, "REGIONS", CostlyRegions())
     n = 24
     c0 = time.thread_time()
@@ -180,7 +219,9 @@ def test_what_a_sample_spends_after_its_cpu_is_settled_comes_out_of_the_next(tmp
     assert spent < n * 0.004 + 0.003
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+)
 def test_the_torch_datasets_own_steps_count_in_the_samples_cpu(tmp_path: Path, monkeypatch) -> None:
     """The job's item CPU held its Dataset's own steps (its tensors of the arrays); the torch
     replay's Dataset counts its own in the sample's modelled CPU too, before and after the
@@ -197,8 +238,12 @@ def test_the_torch_datasets_own_steps_count_in_the_samples_cpu(tmp_path: Path, m
     from dlreplay.replay import GenerateConfig, generate_dataset
 
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
-    ds = ReplayDataset(_worker_spec(ReplayConfig(model=model, data_dir=tmp_path / "d"),
-                                    read_dataset_manifest(tmp_path / "d")))
+    ds = ReplayDataset(
+        _worker_spec(
+            ReplayConfig(model=model, data_dir=tmp_path / "d"),
+            read_dataset_manifest(tmp_path / "d"),
+        )
+    )
     ds[0]  # the reader starts (not a sample's CPU)
     reader = ds.reader()
     debt0 = reader.cpu_debt
@@ -209,7 +254,9 @@ def test_the_torch_datasets_own_steps_count_in_the_samples_cpu(tmp_path: Path, m
     for i in range(n):
         ds[i % len(ds)]
     spent = time.thread_time() - c0
-    assert spent == pytest.approx(n * 0.004 + debt0 - reader.cpu_debt, abs=0.002)  # before: 24 ms over
+    assert spent == pytest.approx(
+        n * 0.004 + debt0 - reader.cpu_debt, abs=0.002
+    )  # before: 24 ms over
     assert -0.004 < reader.cpu_debt <= 0
     ds.close()
 
@@ -224,7 +271,9 @@ def test_worker_cpu_is_distilled_from_item_cpu_times() -> None:
     items = pl.DataFrame({"ts": [0, 10, 20, 30], "cpu_time": [1000, 3000, 2000, 2000]})
     d = _preprocess_cpu(items)
     assert d is not None and d.mean == pytest.approx(0.002) and d.min == pytest.approx(0.001)
-    assert _preprocess_cpu(items.with_columns(pl.lit(None, dtype=pl.Int64).alias("cpu_time"))) is None
+    assert (
+        _preprocess_cpu(items.with_columns(pl.lit(None, dtype=pl.Int64).alias("cpu_time"))) is None
+    )
     assert _preprocess_cpu(items.drop("cpu_time")) is None
 
 
@@ -254,12 +303,35 @@ def test_host_cpu_round_trips_capture_distill_replay(tmp_path: Path) -> None:
     """A real job: each training step's CPU time is in the trace, distill models the steady
     steps' values exactly, and the replay spends at least the modelled CPU."""
     data = tmp_path / "data"
-    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "8",
-           "--volume", "16", "--batch-size", "1", "--workers", "1", "--epochs", "1", "--threads", "1",
-           "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
+    job = [
+        sys.executable,
+        str(EXAMPLES / "unet3d_npz.py"),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        "8",
+        "--volume",
+        "16",
+        "--batch-size",
+        "1",
+        "--workers",
+        "1",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    ]
     trace = tmp_path / "t"
-    assert run_capture(CaptureConfig(command=tuple(job), out=trace, data_dirs=(str(data),))).exit_code == 0
-    blocks = sorted((e for e in _raw_events(trace) if e.get("name") == "fetch.block"), key=lambda e: e["ts"])
+    assert (
+        run_capture(CaptureConfig(command=tuple(job), out=trace, data_dirs=(str(data),))).exit_code
+        == 0
+    )
+    blocks = sorted(
+        (e for e in _raw_events(trace) if e.get("name") == "fetch.block"), key=lambda e: e["ts"]
+    )
     assert len(blocks) == 8
     cpu = [int(e["args"]["cpu_time"]) for e in blocks]
     threads = [int(e["args"]["cpu_threads"]) for e in blocks]
@@ -269,12 +341,18 @@ def test_host_cpu_round_trips_capture_distill_replay(tmp_path: Path) -> None:
     hc = model.train.computation_host_cpu
     warm = len(model.train.warmup_computation_time)
     steady = np.array(cpu[warm:]) * 1e-6
-    assert hc.type == "empirical" and hc.min == pytest.approx(steady.min()) and hc.max == pytest.approx(steady.max())
+    assert (
+        hc.type == "empirical"
+        and hc.min == pytest.approx(steady.min())
+        and hc.max == pytest.approx(steady.max())
+    )
     assert hc.mean == pytest.approx(steady.mean())
     assert model.train.computation_host_threads == max(1, round(float(np.median(threads[warm:]))))
     assert model.provenance.fields["train.computation_host_cpu"].confidence == "measured"
     item_cpu = [int(e["args"]["cpu_time"]) for e in _raw_events(trace) if e.get("name") == "item"]
-    assert len(item_cpu) == 8 and model.reader.preprocess_host_cpu.mean == pytest.approx(np.mean(item_cpu) * 1e-6)
+    assert len(item_cpu) == 8 and model.reader.preprocess_host_cpu.mean == pytest.approx(
+        np.mean(item_cpu) * 1e-6
+    )
     # replayed (traced, through the capture hooks): the modelled CPU is spent, and measured again
     res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "rd", out=tmp_path / "r"))
     o = res.metrics["overall"]

@@ -63,7 +63,9 @@ def test_the_trace_layer_imports_nothing_above_it() -> None:
     for module, deps in graph.items():
         if module.startswith("dlreplay.analyze.trace"):
             assert all(d.startswith("dlreplay.analyze.trace") for d in deps), (module, deps)
-    assert (ROOT / "trace" / "_pfwscan.c").is_file() and (ROOT / "perfetto" / "tp_shell.js").is_file()
+    assert (ROOT / "trace" / "_pfwscan.c").is_file() and (
+        ROOT / "perfetto" / "tp_shell.js"
+    ).is_file()
 
 
 def test_readme_imports() -> None:
@@ -74,10 +76,17 @@ def test_readme_imports() -> None:
     from dlreplay.analyze.perfetto import export_trace, query  # noqa: F401
 
     assert callable(load) and callable(query)
-    for name in ("dlreplay.analyze.trace.load", "dlreplay.analyze.trace.spill", "dlreplay.analyze.trace.vocabulary",
-                 "dlreplay.analyze.vocabulary", "dlreplay.analyze.perfetto.view"):
+    for name in (
+        "dlreplay.analyze.trace.load",
+        "dlreplay.analyze.trace.spill",
+        "dlreplay.analyze.trace.vocabulary",
+        "dlreplay.analyze.vocabulary",
+        "dlreplay.analyze.perfetto.view",
+    ):
         importlib.import_module(name)
-    assert Path(importlib.import_module("dlreplay.analyze.perfetto.processor").TP_SHELL_JS).is_file()
+    assert Path(
+        importlib.import_module("dlreplay.analyze.perfetto.processor").TP_SHELL_JS
+    ).is_file()
 
 
 def test_every_benchmark_says_how_to_run_it() -> None:
@@ -89,15 +98,23 @@ def test_every_benchmark_says_how_to_run_it() -> None:
     scripts = sorted((REPO / "benchmarks").glob("*.py"))
     assert len(scripts) >= 10
     for script in scripts:
-        proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and "usage:" in proc.stdout and "Traceback" not in proc.stderr, script.name
+        proc = subprocess.run(
+            [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert (
+            proc.returncode == 0 and "usage:" in proc.stdout and "Traceback" not in proc.stderr
+        ), script.name
 
 
 # --- the house's rules over the whole package (issue #42) -------------------------------------
 
 #: Top-level source folders and the import package each is installed as.
-PACKAGES = {"dlreplay": "dlreplay", "capture": "dlreplay.capture", "analyze": "dlreplay.analyze",
-            "replay": "dlreplay.replay"}
+PACKAGES = {
+    "dlreplay": "dlreplay",
+    "capture": "dlreplay.capture",
+    "analyze": "dlreplay.analyze",
+    "replay": "dlreplay.replay",
+}
 
 #: The stages, in the order data flows through the tool. A module may import its own stage and
 #: those before it, never one after it. The core (the workload model, the event schema, errors,
@@ -169,7 +186,9 @@ def test_no_private_name_crosses_a_module() -> None:
                     if not (name == target or name.startswith(target + ".")):
                         bad.append(f"{where} imports the private module {full}")
                 else:
-                    bad.append(f"{where} imports {target}.{imported}, a private name of another module")
+                    bad.append(
+                        f"{where} imports {target}.{imported}, a private name of another module"
+                    )
     assert bad == [], "\n".join(bad)
 
 
@@ -180,15 +199,28 @@ def test_imports_point_one_way_through_the_stages() -> None:
     for name, f in _package_modules().items():
         for line, target, _ in _resolved_imports(name, f):
             if rank[_stage(target)] > rank[_stage(name)]:
-                bad.append(f"{f.relative_to(REPO)}:{line}: {name} ({_stage(name)}) imports "
-                           f"{target} ({_stage(target)})")
+                bad.append(
+                    f"{f.relative_to(REPO)}:{line}: {name} ({_stage(name)}) imports "
+                    f"{target} ({_stage(target)})"
+                )
     assert bad == [], "\n".join(bad)
 
 
 def _function_sizes():
     """(lines, cyclomatic complexity, where, docstring) of every function in the package."""
-    branches = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.IfExp, ast.ExceptHandler, ast.With,
-                ast.AsyncWith, ast.Assert, ast.comprehension, ast.match_case)
+    branches = (
+        ast.If,
+        ast.For,
+        ast.AsyncFor,
+        ast.While,
+        ast.IfExp,
+        ast.ExceptHandler,
+        ast.With,
+        ast.AsyncWith,
+        ast.Assert,
+        ast.comprehension,
+        ast.match_case,
+    )
     for f in _package_modules().values():
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -198,22 +230,32 @@ def _function_sizes():
                         cc += 1
                     elif isinstance(sub, ast.BoolOp):
                         cc += len(sub.values) - 1
-                yield (node.end_lineno - node.lineno + 1, cc, f"{f.relative_to(REPO)}:{node.lineno} "
-                       f"{node.name}", ast.get_docstring(node) or "")
+                yield (
+                    node.end_lineno - node.lineno + 1,
+                    cc,
+                    f"{f.relative_to(REPO)}:{node.lineno} {node.name}",
+                    ast.get_docstring(node) or "",
+                )
 
 
 def test_functions_are_short_or_say_why() -> None:
     """No function over 80 lines or a cyclomatic complexity over 25, unless its docstring says
     why it is one piece (a line starting ``One piece:``)."""
-    bad = [f"{where}: {lines} lines, complexity {cc}" for lines, cc, where, doc in _function_sizes()
-           if (lines > 80 or cc > 25) and "One piece:" not in doc]
+    bad = [
+        f"{where}: {lines} lines, complexity {cc}"
+        for lines, cc, where, doc in _function_sizes()
+        if (lines > 80 or cc > 25) and "One piece:" not in doc
+    ]
     assert bad == [], "\n".join(bad)
 
 
 def test_modules_stay_small() -> None:
     """No module of the package over 800 lines (the C scanner is not Python and not counted)."""
-    big = {str(f.relative_to(REPO)): n for f in _package_modules().values()
-           if (n := len(f.read_text().splitlines())) > 800}
+    big = {
+        str(f.relative_to(REPO)): n
+        for f in _package_modules().values()
+        if (n := len(f.read_text().splitlines())) > 800
+    }
     assert big == {}
 
 
@@ -225,10 +267,12 @@ def test_importing_dlreplay_changes_no_environment() -> None:
 
     # polars sets its own allocator variable when it is first imported: import the libraries
     # first, so that only what dlreplay itself does is seen.
-    code = ("import os, numpy, polars; before = dict(os.environ); "
-            "import dlreplay, dlreplay.capture, dlreplay.replay, "
-            "dlreplay.analyze, dlreplay.cli; after = dict(os.environ); "
-            "print(sorted(set(before.items()) ^ set(after.items())))")
+    code = (
+        "import os, numpy, polars; before = dict(os.environ); "
+        "import dlreplay, dlreplay.capture, dlreplay.replay, "
+        "dlreplay.analyze, dlreplay.cli; after = dict(os.environ); "
+        "print(sorted(set(before.items()) ^ set(after.items())))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -29,18 +29,25 @@ NO_BATCH_PERIOD = {"h5_shuffle", "h5_tiny_chunks", "jpeg_small", "npz_spawn", "n
 
 def posix_only(events: pl.DataFrame) -> pl.DataFrame:
     """The events DFTracer's preload alone would have recorded for the same run."""
-    return events.filter(pl.col("cat").is_in(["POSIX", "STDIO"])).with_columns(pl.lit(None, pl.String).alias("role"))
+    return events.filter(pl.col("cat").is_in(["POSIX", "STDIO"])).with_columns(
+        pl.lit(None, pl.String).alias("role")
+    )
 
 
 #: Runs POSIX-only inference cannot match: an evaluation loader's workers and files (its passes
 #: are annotated spans; the reads alone look like training's: 40 files and 4 workers for 32 and 2).
-NOT_POSIX_INFERABLE = {"dlio_npz_eval",
-                       # a reader that maps its files: no reads, nothing for the inference to count
-                       "dlio_ib_mmap"}
+NOT_POSIX_INFERABLE = {
+    "dlio_npz_eval",
+    # a reader that maps its files: no reads, nothing for the inference to count
+    "dlio_ib_mmap",
+}
 
 
-@pytest.mark.parametrize("trace", CAPTURES + [d for d in DLIO if d.name not in NOT_POSIX_INFERABLE]
-                         + [TRACES / "ai_annotated"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "trace",
+    CAPTURES + [d for d in DLIO if d.name not in NOT_POSIX_INFERABLE] + [TRACES / "ai_annotated"],
+    ids=lambda p: p.name,
+)
 def test_posix_inference_matches_the_hooks(trace: Path) -> None:
     lt = load_trace(trace)
     hooks = distill(lt.events, manifest=lt.manifest)
@@ -50,7 +57,9 @@ def test_posix_inference_matches_the_hooks(trace: Path) -> None:
     assert posix.reader.read_threads == hooks.reader.read_threads
     assert posix.dataset.num_samples_per_file == hooks.dataset.num_samples_per_file
     assert posix.dataset.num_files == hooks.dataset.num_files
-    assert posix.processes.ranks == hooks.processes.ranks  # a 2-rank DLIO run: 2 consumers with 1 worker each
+    assert (
+        posix.processes.ranks == hooks.processes.ranks
+    )  # a 2-rank DLIO run: 2 consumers with 1 worker each
     for field in ("train.epochs", "reader.read_threads", "dataset.num_samples_per_file"):
         assert f[field].confidence == "inferred", field
         assert f[field].method  # the evidence, in words and numbers
@@ -70,7 +79,10 @@ def test_posix_compute_time_of_compute_bound_runs() -> None:
         hooks = distill(lt.events)
         posix = distill(posix_only(lt.events))
         assert posix.provenance.fields["train.computation_time"].confidence == "inferred"
-        got, want = posix.train.computation_time.quantiles["p50"], hooks.train.computation_time.quantiles["p50"]
+        got, want = (
+            posix.train.computation_time.quantiles["p50"],
+            hooks.train.computation_time.quantiles["p50"],
+        )
         assert got == pytest.approx(want, rel=0.35), name
 
 
@@ -78,11 +90,38 @@ def test_posix_compute_time_of_compute_bound_runs() -> None:
 def test_capture_without_loader_hooks(tmp_path: Path, cli) -> None:
     """A real capture with the hooks off: POSIX only, and distill infers the loop."""
     data, out = tmp_path / "data", tmp_path / "trace"
-    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "16",
-           "--volume", "32", "--batch-size", "2", "--workers", "2", "--epochs", "3", "--quiet",
-           "--report", str(tmp_path / "report.json")]
+    job = [
+        sys.executable,
+        str(EXAMPLES / "unet3d_npz.py"),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        "16",
+        "--volume",
+        "32",
+        "--batch-size",
+        "2",
+        "--workers",
+        "2",
+        "--epochs",
+        "3",
+        "--quiet",
+        "--report",
+        str(tmp_path / "report.json"),
+    ]
     subprocess.run([*job, "--generate-only"], check=True, capture_output=True)
-    cli("capture", "--no-loader-hooks", "--data-dir", str(data), "--out", str(out), "-q", "--", *job, check=True)
+    cli(
+        "capture",
+        "--no-loader-hooks",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "-q",
+        "--",
+        *job,
+        check=True,
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["loader_hooks"] is False
     lt = load_trace(out)

@@ -44,14 +44,23 @@ _SIZE_KEYS = {"bytes", "file_bytes", "weight", "compression_ratio", "row_bytes",
 
 
 def _layout_dict(layout: Layout) -> dict[str, Any]:
-    m = WorkloadModel(dataset=Dataset(format="raw", num_files=1, num_samples_per_file=1,
-                                      record_length=Distribution.fixed(1), layout=layout))
+    m = WorkloadModel(
+        dataset=Dataset(
+            format="raw",
+            num_files=1,
+            num_samples_per_file=1,
+            record_length=Distribution.fixed(1),
+            layout=layout,
+        )
+    )
     return model_to_dict(m)["dataset"]["layout"]
 
 
 def _strip(obj: Any) -> Any:
     if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in _SIZE_KEYS and k != "files_sampled"}
+        return {
+            k: _strip(v) for k, v in obj.items() if k not in _SIZE_KEYS and k != "files_sampled"
+        }
     if isinstance(obj, list):
         return [_strip(v) for v in obj]
     return obj
@@ -61,8 +70,15 @@ def _structures(layout: dict[str, Any]) -> list[dict[str, Any]]:
     return layout.get("arrays") or layout.get("images") or layout.get("tables") or []
 
 
-def roundtrip(src: Path, fmt: str, tmp_path: Path, spf: int = 1, files: int | None = None,
-              bytes_tol: float = 0.03, ratio_tol: float = 0.05) -> tuple[Layout, Layout]:
+def roundtrip(
+    src: Path,
+    fmt: str,
+    tmp_path: Path,
+    spf: int = 1,
+    files: int | None = None,
+    bytes_tol: float = 0.03,
+    ratio_tol: float = 0.05,
+) -> tuple[Layout, Layout]:
     """Fingerprint *src*, generate from its layout, fingerprint again; assert the layout came back."""
     doc = fingerprint_dataset([src])
     assert doc["problems"] == []
@@ -71,12 +87,21 @@ def roundtrip(src: Path, fmt: str, tmp_path: Path, spf: int = 1, files: int | No
     group = doc["groups"][0]
     sizes = np.array([f["bytes"] for f in group["files_sampled"]], dtype=float)
     record = Distribution.from_values(sizes / spf)
-    if real.layout.record_bytes is not None:  # what distill does for TFRecord/CSV (per-record sizes)
+    if (
+        real.layout.record_bytes is not None
+    ):  # what distill does for TFRecord/CSV (per-record sizes)
         record = real.layout.record_bytes
     elif real.layout.tables and real.layout.tables[0].line_bytes is not None:
         record = real.layout.tables[0].line_bytes
-    model = WorkloadModel(dataset=Dataset(format=fmt, num_files=files or group["files"], num_samples_per_file=spf,
-                                          record_length=record, layout=real.layout))
+    model = WorkloadModel(
+        dataset=Dataset(
+            format=fmt,
+            num_files=files or group["files"],
+            num_samples_per_file=spf,
+            record_length=record,
+            layout=real.layout,
+        )
+    )
     out = tmp_path / f"{src.name}-generated"
     generate_dataset(GenerateConfig(model=model, data_dir=out, jobs=1))
     again_doc = fingerprint_dataset([out / "train"])
@@ -85,7 +110,9 @@ def roundtrip(src: Path, fmt: str, tmp_path: Path, spf: int = 1, files: int | No
     assert again is not None
     a, b = _layout_dict(real.layout), _layout_dict(again.layout)
     sa, sb = _structures(a), _structures(b)
-    assert _strip(a) == _strip(b) or sorted(map(json.dumps, _strip(sa))) == sorted(map(json.dumps, _strip(sb)))
+    assert _strip(a) == _strip(b) or sorted(map(json.dumps, _strip(sa))) == sorted(
+        map(json.dumps, _strip(sb))
+    )
     by_key = {json.dumps(_strip(s)): s for s in sb}
     for s in sa:
         g = by_key[json.dumps(_strip(s))]
@@ -114,12 +141,17 @@ def test_npz_savez_members_roundtrip(tmp_path: Path) -> None:
     src.mkdir()
     rng = np.random.default_rng(0)
     for i in range(4):
-        np.savez(src / f"vol_{i}.npz", x=rng.random((1, 16, 16, 16), dtype=np.float32),
-                 y=(rng.random((1, 16, 16, 16)) > 0.5).astype(np.uint8))
+        np.savez(
+            src / f"vol_{i}.npz",
+            x=rng.random((1, 16, 16, 16), dtype=np.float32),
+            y=(rng.random((1, 16, 16, 16)) > 0.5).astype(np.uint8),
+        )
     real, again = roundtrip(src, "npz", tmp_path)
     (s,) = real.arrays
     assert [(m.name, m.dtype, m.shape, m.storage, m.zip64) for m in s.members] == [
-        ("x.npy", "<f4", [1, 16, 16, 16], "stored", True), ("y.npy", "|u1", [1, 16, 16, 16], "stored", True)]
+        ("x.npy", "<f4", [1, 16, 16, 16], "stored", True),
+        ("y.npy", "|u1", [1, 16, 16, 16], "stored", True),
+    ]
     assert again.arrays[0].bytes == s.bytes  # np.savez of the same members: the same bytes
 
 
@@ -129,7 +161,9 @@ def test_npz_savez_compressed_sizes_come_back(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     for i in range(4):
         mask = (rng.random((1, 24, 24, 24)) > 0.9).astype(np.uint8)
-        x = (mask + rng.standard_normal((1, 24, 24, 24)).astype(np.float32) * 0.7).astype(np.float32)
+        x = (mask + rng.standard_normal((1, 24, 24, 24)).astype(np.float32) * 0.7).astype(
+            np.float32
+        )
         np.savez_compressed(src / f"vol_{i}.npz", x=x, y=mask)
     real, _ = roundtrip(src, "npz", tmp_path)
     assert real.compressed and real.compression_level == 6
@@ -157,7 +191,12 @@ def test_npz_mixed_compression_and_levels(tmp_path: Path) -> None:
     real, again = roundtrip(src, "npz", tmp_path)
     image, label = real.arrays[0].members
     assert (image.storage, image.zip64, label.storage, label.compression_level, label.zip64) == (
-        "stored", False, "deflated", 1, True)
+        "stored",
+        False,
+        "deflated",
+        1,
+        True,
+    )
 
 
 def test_npy_fortran_order(tmp_path: Path) -> None:
@@ -183,8 +222,16 @@ def test_hdf5_odd_chunks_filters_groups_attributes(tmp_path: Path) -> None:
         with h5py.File(src / f"f{i}.h5", "w", libver="latest") as f:
             f.attrs["version"] = "1.0"  # a variable-length string: a global heap in the file
             f.create_group("meta").create_dataset("mean", data=np.arange(3.0))
-            x = f.create_dataset("x", shape=(10, 11, 13), dtype="<f4", chunks=(3, 5, 7), compression="gzip",
-                                 compression_opts=4, shuffle=True, fillvalue=-1)
+            x = f.create_dataset(
+                "x",
+                shape=(10, 11, 13),
+                dtype="<f4",
+                chunks=(3, 5, 7),
+                compression="gzip",
+                compression_opts=4,
+                shuffle=True,
+                fillvalue=-1,
+            )
             x[...] = np.round(rng.random((10, 11, 13)), 2)
             x.attrs["units"] = np.arange(5)
             f.create_dataset("y", data=np.arange(10, dtype=np.int64))
@@ -194,21 +241,34 @@ def test_hdf5_odd_chunks_filters_groups_attributes(tmp_path: Path) -> None:
     real, _ = roundtrip(src, "hdf5", tmp_path, spf=10, ratio_tol=0.08, bytes_tol=0.04)
     members = {m.name: m for m in real.arrays[0].members}
     x = members["/x"]
-    assert (x.chunks, x.compression, x.compression_level, x.shuffle, x.fill_value) == ([3, 5, 7], "gzip", 4, True,
-                                                                                       -1.0)
+    assert (x.chunks, x.compression, x.compression_level, x.shuffle, x.fill_value) == (
+        [3, 5, 7],
+        "gzip",
+        4,
+        True,
+        -1.0,
+    )
     assert members["/small"].storage == "compact" and members["/y"].storage == "contiguous"
     assert real.arrays[0].groups == ["/meta"] and real.arrays[0].samples == 10
-    assert real.hdf5 is not None and real.hdf5.superblock_version == 3 and real.hdf5.root_vlen_attributes == 1
+    assert (
+        real.hdf5 is not None
+        and real.hdf5.superblock_version == 3
+        and real.hdf5.root_vlen_attributes == 1
+    )
     assert (real.hdf5_chunk_shape, real.hdf5_compression) == ([3, 5, 7], "gzip")
 
 
-@pytest.mark.parametrize(("kw", "want"), [
-    ({}, None),  # HDF5's default 2 KiB: nothing recorded
-    ({"meta_block_size": 65536}, 65536),
-    ({"meta_block_size": 8192, "userblock_size": 512}, 8192),
-    ({"meta_block_size": 65536, "alignment_threshold": 1, "alignment_interval": 4096}, 65536),
-    ({"alignment_threshold": 1, "alignment_interval": 4096}, None),
-], ids=["default", "64k", "8k-userblock", "64k-aligned", "aligned"])
+@pytest.mark.parametrize(
+    ("kw", "want"),
+    [
+        ({}, None),  # HDF5's default 2 KiB: nothing recorded
+        ({"meta_block_size": 65536}, 65536),
+        ({"meta_block_size": 8192, "userblock_size": 512}, 8192),
+        ({"meta_block_size": 65536, "alignment_threshold": 1, "alignment_interval": 4096}, 65536),
+        ({"alignment_threshold": 1, "alignment_interval": 4096}, None),
+    ],
+    ids=["default", "64k", "8k-userblock", "64k-aligned", "aligned"],
+)
 def test_hdf5_metadata_block_size_round_trip(tmp_path: Path, kw: dict, want: int | None) -> None:
     """The writer's metadata block size is not stored in the file; the first raw data's address
     shows it (data is allocated after the first metadata block). Alignment is told from
@@ -222,7 +282,9 @@ def test_hdf5_metadata_block_size_round_trip(tmp_path: Path, kw: dict, want: int
         with h5py.File(src / f"f{i}.h5", "w", **kw) as f:
             f.create_dataset("x", data=np.full((4, 64, 64), i, "<f4"), chunks=(1, 64, 64))
             f.create_dataset("y", data=np.arange(4, dtype="<i8"))
-            f.create_dataset("z", data=np.arange(1000, dtype="<i2"))  # 2000 B: aligned only if the file is
+            f.create_dataset(
+                "z", data=np.arange(1000, dtype="<i2")
+            )  # 2000 B: aligned only if the file is
     real, again = roundtrip(src, "hdf5", tmp_path, spf=4)
     assert real.hdf5 is not None and real.hdf5.meta_block_size == want
     assert again.hdf5 is not None and again.hdf5.meta_block_size == want
@@ -231,8 +293,10 @@ def test_hdf5_metadata_block_size_round_trip(tmp_path: Path, kw: dict, want: int
 
     def first_data(path: Path) -> int:
         with h5py.File(path) as f:
-            return [f["x"].id.get_chunk_info(i).byte_offset for i in range(4)] + [f["y"].id.get_offset(),
-                                                                                     f["z"].id.get_offset()]
+            return [f["x"].id.get_chunk_info(i).byte_offset for i in range(4)] + [
+                f["y"].id.get_offset(),
+                f["z"].id.get_offset(),
+            ]
 
     generated = sorted((tmp_path / "h5m-generated" / "train").iterdir())
     assert [first_data(p) for p in generated] == [first_data(src / "f0.h5")] * 3
@@ -247,12 +311,20 @@ def test_hdf5_scattered_tiny_chunks(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     for i in range(2):
         with h5py.File(src / f"f{i}.h5", "w") as f:
-            dx = f.create_dataset("x", shape=(4, 2, 16, 16, 16), dtype="<f4", chunks=(1, 1, 8, 8, 8))
-            blocks = [(s, c, a, b, e) for s in range(4) for c in range(2) for a in (0, 8) for b in (0, 8)
-                      for e in (0, 8)]
+            dx = f.create_dataset(
+                "x", shape=(4, 2, 16, 16, 16), dtype="<f4", chunks=(1, 1, 8, 8, 8)
+            )
+            blocks = [
+                (s, c, a, b, e)
+                for s in range(4)
+                for c in range(2)
+                for a in (0, 8)
+                for b in (0, 8)
+                for e in (0, 8)
+            ]
             for k in rng.permutation(len(blocks)):
                 s, c, a, b, e = blocks[k]
-                dx[s, c, a:a + 8, b:b + 8, e:e + 8] = rng.random((8, 8, 8))
+                dx[s, c, a : a + 8, b : b + 8, e : e + 8] = rng.random((8, 8, 8))
             f.create_dataset("y", data=rng.random((4, 4)).astype("<f4"), chunks=(1, 4))
     real, again = roundtrip(src, "hdf5", tmp_path, spf=4)
     x = {m.name: m for m in again.arrays[0].members}["/x"]
@@ -269,8 +341,12 @@ def test_hdf5_lzf_sparse_scalar_and_strings(tmp_path: Path) -> None:
     src.mkdir()
     for i in range(2):
         with h5py.File(src / f"f{i}.h5", "w") as f:
-            f.create_dataset("big", shape=(300, 500), dtype="<f4", chunks=(100, 100), compression="lzf")[...] = 1.0
-            f.create_dataset("names", data=np.array(["ab", "cde"], dtype=object), dtype=h5py.string_dtype())
+            f.create_dataset(
+                "big", shape=(300, 500), dtype="<f4", chunks=(100, 100), compression="lzf"
+            )[...] = 1.0
+            f.create_dataset(
+                "names", data=np.array(["ab", "cde"], dtype=object), dtype=h5py.string_dtype()
+            )
             f.create_dataset("scalar", data=3.5)
             f.create_dataset("sparse", shape=(100, 100), dtype="<i4", chunks=(10, 10))[0:20, :] = 1
     real, _ = roundtrip(src, "hdf5", tmp_path, spf=300, ratio_tol=0.1, bytes_tol=0.05)
@@ -288,8 +364,15 @@ def test_hdf5_samples_per_file_override_scales_the_sample_axis(tmp_path: Path) -
         f.create_dataset("x", data=np.zeros((4, 8), "<f4"), chunks=(1, 8))
         f.create_dataset("mean", data=np.zeros(3))
     layout = layout_from_fingerprint(fingerprint_dataset([src]), "hdf5", [], 4).layout
-    model = WorkloadModel(dataset=Dataset(format="hdf5", num_files=1, num_samples_per_file=6,
-                                          record_length=Distribution.fixed(32), layout=layout))
+    model = WorkloadModel(
+        dataset=Dataset(
+            format="hdf5",
+            num_files=1,
+            num_samples_per_file=6,
+            record_length=Distribution.fixed(32),
+            layout=layout,
+        )
+    )
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "gen", jobs=1))
     (path,) = (tmp_path / "gen" / "train").iterdir()
     with h5py.File(path) as f:
@@ -306,19 +389,34 @@ def test_jpeg_modes_quality_subsampling_progressive(tmp_path: Path) -> None:
     src.mkdir()
     rng = np.random.default_rng(5)
     for i in range(6):
-        arr = (128 + 60 * np.sin(np.arange(64) / 5.0 + i)[None, :, None]
-               + rng.normal(0, 10, (48, 64, 3))).clip(0, 255).astype(np.uint8)
+        arr = (
+            (
+                128
+                + 60 * np.sin(np.arange(64) / 5.0 + i)[None, :, None]
+                + rng.normal(0, 10, (48, 64, 3))
+            )
+            .clip(0, 255)
+            .astype(np.uint8)
+        )
         im = Image.fromarray(arr)
         if i % 3 == 0:
             im.save(src / f"a{i}.jpg", quality=90)
         elif i % 3 == 1:
             im.convert("L").save(src / f"a{i}.jpg", quality=75, progressive=True)
         else:
-            im.save(src / f"a{i}.jpg", quality=95, subsampling=0, optimize=True, restart_marker_blocks=4)
+            im.save(
+                src / f"a{i}.jpg", quality=95, subsampling=0, optimize=True, restart_marker_blocks=4
+            )
     real, _ = roundtrip(src, "jpeg", tmp_path, files=18)
-    kinds = {(i.mode, i.quality, i.subsampling, i.progressive, i.optimize, i.restart_interval) for i in real.images}
-    assert kinds == {("RGB", 90, "4:2:0", False, False, 0), ("L", 75, None, True, False, 0),
-                     ("RGB", 95, "4:4:4", False, True, 4)}
+    kinds = {
+        (i.mode, i.quality, i.subsampling, i.progressive, i.optimize, i.restart_interval)
+        for i in real.images
+    }
+    assert kinds == {
+        ("RGB", 90, "4:2:0", False, False, 0),
+        ("L", 75, None, True, False, 0),
+        ("RGB", 95, "4:4:4", False, True, 4),
+    }
 
 
 def test_jpeg_size_follows_the_plan(tmp_path: Path) -> None:
@@ -330,15 +428,26 @@ def test_jpeg_size_follows_the_plan(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     for i in range(5):
         noise = rng.normal(0, 5 + 10 * i, (64, 64, 3))
-        Image.fromarray((128 + noise).clip(0, 255).astype(np.uint8)).save(src / f"a{i}.jpg", quality=85)
-    real, again = roundtrip(src, "jpeg", tmp_path, files=5, bytes_tol=0.5)  # 5 draws: the median moves
+        Image.fromarray((128 + noise).clip(0, 255).astype(np.uint8)).save(
+            src / f"a{i}.jpg", quality=85
+        )
+    real, again = roundtrip(
+        src, "jpeg", tmp_path, files=5, bytes_tol=0.5
+    )  # 5 draws: the median moves
     manifest = json.loads((tmp_path / "jpgsize-generated" / ".dlreplay-dataset.json").read_text())
     from dlreplay.replay.common import plan_dataset
 
-    model = WorkloadModel(dataset=Dataset(format="jpeg", num_files=5, num_samples_per_file=1,
-                                          record_length=Distribution.from_values(
-                                              [f["bytes"] for f in fingerprint_dataset([src])["groups"][0]
-                                               ["files_sampled"]]), layout=real))
+    model = WorkloadModel(
+        dataset=Dataset(
+            format="jpeg",
+            num_files=5,
+            num_samples_per_file=1,
+            record_length=Distribution.from_values(
+                [f["bytes"] for f in fingerprint_dataset([src])["groups"][0]["files_sampled"]]
+            ),
+            layout=real,
+        )
+    )
     for spec, entry in zip(plan_dataset(model, 0), manifest["files"], strict=True):
         assert entry["bytes"] == pytest.approx(spec.sizes[0], rel=0.05)
 
@@ -359,7 +468,11 @@ def test_png_grayscale_rgba_palette(tmp_path: Path) -> None:
         else:
             im.convert("RGB").quantize(16).save(src / f"a{i}.png")
     real, _ = roundtrip(src, "png", tmp_path, files=18, ratio_tol=0.5)
-    assert {(i.mode, i.interlaced) for i in real.images} == {("RGBA", False), ("L", False), ("P", False)}
+    assert {(i.mode, i.interlaced) for i in real.images} == {
+        ("RGBA", False),
+        ("L", False),
+        ("P", False),
+    }
 
 
 def test_png_idat_chunk_size_is_kept(tmp_path: Path) -> None:
@@ -381,11 +494,24 @@ def test_png_idat_chunk_size_is_kept(tmp_path: Path) -> None:
     assert real.images[0].chunk_bytes == again.images[0].chunk_bytes == 8192
 
 
-@pytest.mark.parametrize(("mode", "bits", "width", "height"), [
-    ("RGB", None, 37, 23), ("L", None, 64, 64), ("RGBA", None, 9, 5), ("LA", None, 17, 3), ("P", 4, 21, 13),
-    ("P", 1, 13, 7), ("P", 2, 11, 9), ("I;16", None, 19, 11), ("1", None, 23, 17), ("RGB", None, 1, 1),
-])
-def test_png_adam7_encoding_decodes_to_the_same_pixels(mode: str, bits: int | None, width: int, height: int) -> None:
+@pytest.mark.parametrize(
+    ("mode", "bits", "width", "height"),
+    [
+        ("RGB", None, 37, 23),
+        ("L", None, 64, 64),
+        ("RGBA", None, 9, 5),
+        ("LA", None, 17, 3),
+        ("P", 4, 21, 13),
+        ("P", 1, 13, 7),
+        ("P", 2, 11, 9),
+        ("I;16", None, 19, 11),
+        ("1", None, 23, 17),
+        ("RGB", None, 1, 1),
+    ],
+)
+def test_png_adam7_encoding_decodes_to_the_same_pixels(
+    mode: str, bits: int | None, width: int, height: int
+) -> None:
     """The Adam7 writer (Pillow cannot interlace): Pillow reads the file back as interlaced,
     in the same mode, with the same pixels, for every bit depth (1, 2, 4, 8, 16) and
     filter path, and for images smaller than a pass."""
@@ -473,20 +599,32 @@ def test_parquet_columns_codecs_row_groups(tmp_path: Path) -> None:
     src.mkdir()
     rng = np.random.default_rng(10)
     for i in range(3):
-        pl.DataFrame({"id": np.arange(100), "v": rng.random(100), "blob": [rng.bytes(50) for _ in range(100)]}
-                     ).write_parquet(src / f"a{i}.parquet", compression="zstd", row_group_size=30)
+        pl.DataFrame(
+            {
+                "id": np.arange(100),
+                "v": rng.random(100),
+                "blob": [rng.bytes(50) for _ in range(100)],
+            }
+        ).write_parquet(src / f"a{i}.parquet", compression="zstd", row_group_size=30)
     real, _ = roundtrip(src, "parquet", tmp_path, spf=100, ratio_tol=0.15, bytes_tol=0.05)
     (t,) = real.tables
     assert t.row_groups == 4 and t.rows == 100
     assert [(c.name, c.type, c.compression) for c in t.columns] == [
-        ("id", "int64", "zstd"), ("v", "double", "zstd"), ("blob", "byte_array", "zstd")]
+        ("id", "int64", "zstd"),
+        ("v", "double", "zstd"),
+        ("blob", "byte_array", "zstd"),
+    ]
 
 
-@pytest.mark.parametrize("writer", [
-    {"data_page_size": 8192},  # narrow columns cut by size, the wide one after every batch
-    {"data_page_size": 64 << 10, "data_page_version": "2.0", "write_batch_size": 500},
-    {},  # pyarrow's default 1 MiB pages: only the wide column has several per chunk
-], ids=["8KiB-v1", "64KiB-v2-batch500", "default"])
+@pytest.mark.parametrize(
+    "writer",
+    [
+        {"data_page_size": 8192},  # narrow columns cut by size, the wide one after every batch
+        {"data_page_size": 64 << 10, "data_page_version": "2.0", "write_batch_size": 500},
+        {},  # pyarrow's default 1 MiB pages: only the wide column has several per chunk
+    ],
+    ids=["8KiB-v1", "64KiB-v2-batch500", "default"],
+)
 def test_parquet_data_pages_round_trip(tmp_path: Path, writer: dict[str, Any]) -> None:
     """The page headers give the writer's page size, batch and page version; the generated
     files have the same pages per column chunk, of the same size and value count."""
@@ -496,17 +634,31 @@ def test_parquet_data_pages_round_trip(tmp_path: Path, writer: dict[str, Any]) -
     src.mkdir()
     rng = np.random.default_rng(12)
     n = 20000
-    table = pa.table({"id": np.arange(n), "v": rng.random(n).astype(np.float32),
-                      "blob": pa.array([rng.bytes(200) for _ in range(n)], type=pa.binary())})
+    table = pa.table(
+        {
+            "id": np.arange(n),
+            "v": rng.random(n).astype(np.float32),
+            "blob": pa.array([rng.bytes(200) for _ in range(n)], type=pa.binary()),
+        }
+    )
     for i in range(2):
-        pq.write_table(table, src / f"a{i}.parquet", row_group_size=10000, use_dictionary=False, **writer)
+        pq.write_table(
+            table, src / f"a{i}.parquet", row_group_size=10000, use_dictionary=False, **writer
+        )
     real, again = roundtrip(src, "parquet", tmp_path, spf=n, bytes_tol=0.05)
     (t,), (g,) = real.tables, again.tables
-    assert t.data_page_size and t.data_page_batch and t.data_page_version == (2 if writer.get("data_page_version") else 1)
+    assert (
+        t.data_page_size
+        and t.data_page_batch
+        and t.data_page_version == (2 if writer.get("data_page_version") else 1)
+    )
     if "write_batch_size" in writer:
         assert t.data_page_batch == writer["write_batch_size"]
-    assert (g.data_page_values, g.data_page_batch, g.data_page_version) == \
-        (t.data_page_values, t.data_page_batch, t.data_page_version)
+    assert (g.data_page_values, g.data_page_batch, g.data_page_version) == (
+        t.data_page_values,
+        t.data_page_batch,
+        t.data_page_version,
+    )
     assert g.data_page_size == pytest.approx(t.data_page_size, rel=0.02)
 
     def pages(root: Path) -> list[tuple[str, float, int]]:
@@ -524,7 +676,9 @@ def test_parquet_damaged_page_header_keeps_the_columns(tmp_path: Path) -> None:
     src = tmp_path / "pq"
     src.mkdir()
     path = src / "a.parquet"
-    pq.write_table(pa.table({"id": np.arange(5000)}), path, data_page_size=4096, use_dictionary=False)
+    pq.write_table(
+        pa.table({"id": np.arange(5000)}), path, data_page_size=4096, use_dictionary=False
+    )
     start = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
     raw = bytearray(path.read_bytes())
     raw[start] = 0x0F  # a field header of an unknown wire type
@@ -535,12 +689,15 @@ def test_parquet_damaged_page_header_keeps_the_columns(tmp_path: Path) -> None:
     assert "data_page_size" not in f and "data_pages" not in f["columns"][0]
 
 
-@pytest.mark.parametrize("header", [
-    b"\x1c" * 5000,  # structs nested 5,000 deep
-    b"\x19" * 5000,  # lists of lists
-    b"\x19\xf7" + b"\xff" * 9 + b"\x01",  # a list of 2**63 doubles in 12 bytes
-    b"\x18\x7f",  # a binary field longer than the header
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"\x1c" * 5000,  # structs nested 5,000 deep
+        b"\x19" * 5000,  # lists of lists
+        b"\x19\xf7" + b"\xff" * 9 + b"\x01",  # a list of 2**63 doubles in 12 bytes
+        b"\x18\x7f",  # a binary field longer than the header
+    ],
+)
 def test_thrift_reader_refuses_crafted_headers(header: bytes) -> None:
     """A damaged or crafted page header ends in the reader's own error, never in a
     RecursionError or an endless loop (the fingerprint then leaves the page fields out)."""
@@ -579,7 +736,9 @@ def test_sampling_is_bounded_and_spread(tmp_path: Path) -> None:
     assert picked[0] == "d0/a000.npy" and picked[-1] == "d3/a049.npy"
     assert {p.split("/")[0] for p in picked} == {"d0", "d1", "d2", "d3"}
     limited = fingerprint_dataset([src], limits=FingerprintLimits(files_per_group=2, max_stat=10))
-    assert limited["groups"][0]["bytes_estimated"] and limited["groups"][0]["bytes"] == group["bytes"]
+    assert (
+        limited["groups"][0]["bytes_estimated"] and limited["groups"][0]["bytes"] == group["bytes"]
+    )
 
 
 def test_unreadable_and_unknown_datasets_are_problems_not_errors(tmp_path: Path) -> None:
@@ -614,7 +773,9 @@ def test_fingerprint_file_is_versioned_plain_json(tmp_path: Path) -> None:
     assert read_fingerprint(tmp_path) == plain
     plain["format_version"] = 99
     path.write_text(json.dumps(plain))
-    with pytest.raises(ArtifactVersionError, match=f"{FINGERPRINT_NAME}: format_version 99 is newer"):
+    with pytest.raises(
+        ArtifactVersionError, match=f"{FINGERPRINT_NAME}: format_version 99 is newer"
+    ):
         read_fingerprint(tmp_path)
     path.write_text("{not json")
     with pytest.raises(ArtifactVersionError, match="not a readable dataset fingerprint"):
@@ -639,8 +800,15 @@ def test_layout_survives_the_model_file(tmp_path: Path) -> None:
     src.mkdir()
     np.savez_compressed(src / "a.npz", x=np.zeros((1, 8, 8), np.float32), y=np.ones(4, np.int64))
     layout = layout_from_fingerprint(fingerprint_dataset([src]), "npz", [], 1).layout
-    model = WorkloadModel(dataset=Dataset(format="npz", num_files=1, num_samples_per_file=1,
-                                          record_length=Distribution.fixed(100), layout=layout))
+    model = WorkloadModel(
+        dataset=Dataset(
+            format="npz",
+            num_files=1,
+            num_samples_per_file=1,
+            record_length=Distribution.fixed(100),
+            layout=layout,
+        )
+    )
     again = model_from_dict(model_to_dict(model))
     assert again.dataset.layout == layout
 
@@ -691,15 +859,31 @@ def test_dlio_export_carries_chunking_and_lists_the_rest(tmp_path: Path) -> None
     src = tmp_path / "h5"
     src.mkdir()
     with h5py.File(src / "f.h5", "w") as f:
-        f.create_dataset("x", data=np.zeros((4, 16, 16), "<f4"), chunks=(1, 8, 8), compression="gzip",
-                         compression_opts=3)
+        f.create_dataset(
+            "x",
+            data=np.zeros((4, 16, 16), "<f4"),
+            chunks=(1, 8, 8),
+            compression="gzip",
+            compression_opts=3,
+        )
         f.create_dataset("y", data=np.zeros((4, 2), "<i8"))
     layout = layout_from_fingerprint(fingerprint_dataset([src]), "hdf5", [], 4).layout
-    model = WorkloadModel(dataset=Dataset(format="hdf5", num_files=2, num_samples_per_file=4,
-                                          record_length=Distribution.fixed(1024), layout=layout))
+    model = WorkloadModel(
+        dataset=Dataset(
+            format="hdf5",
+            num_files=2,
+            num_samples_per_file=4,
+            record_length=Distribution.fixed(1024),
+            layout=layout,
+        )
+    )
     config, warnings = model_to_dlio(model)
     ds = config["dataset"]
-    assert ds["enable_chunking"] and ds["chunk_size"] == 8 * 8 * 4 and ds["hdf5"]["chunk_dims"] == [1, 8, 8]
+    assert (
+        ds["enable_chunking"]
+        and ds["chunk_size"] == 8 * 8 * 4
+        and ds["hdf5"]["chunk_dims"] == [1, 8, 8]
+    )
     assert ds["compression"] == "gzip" and ds["compression_level"] == 3
     assert ds["record_dims"] == [16, 16] and ds["record_element_type"] == "float32"
     assert any("/y" in w and "DLIO" in w for w in warnings)
@@ -713,18 +897,48 @@ def test_capture_fingerprints_the_dataset_and_distill_uses_it(tmp_path: Path) ->
     import sys
 
     data = tmp_path / "data"
-    job = [sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "4",
-           "--batch-size", "2", "--workers", "0", "--epochs", "1", "--volume", "16", "--compressed", "--quiet"]
+    job = [
+        sys.executable,
+        str(EXAMPLES / "unet3d_npz.py"),
+        "--data-dir",
+        str(data),
+        "--num-files",
+        "4",
+        "--batch-size",
+        "2",
+        "--workers",
+        "0",
+        "--epochs",
+        "1",
+        "--volume",
+        "16",
+        "--compressed",
+        "--quiet",
+    ]
     import subprocess
 
     subprocess.run([*job, "--generate-only"], check=True, capture_output=True)
     trace = tmp_path / "trace"
-    cap = run_cli("capture", "--data-dir", str(data), "--data-dir", str(tmp_path / "nowhere"), "--out", str(trace),
-                  "--", *job)
+    cap = run_cli(
+        "capture",
+        "--data-dir",
+        str(data),
+        "--data-dir",
+        str(tmp_path / "nowhere"),
+        "--out",
+        str(trace),
+        "--",
+        *job,
+    )
     assert cap.returncode == 0, cap.stderr
-    assert cap.stderr.count("dataset fingerprint:") == 1 and "nowhere: no such directory" in cap.stderr
+    assert (
+        cap.stderr.count("dataset fingerprint:") == 1 and "nowhere: no such directory" in cap.stderr
+    )
     manifest = json.loads((trace / "manifest.json").read_text())
-    assert manifest["status"] == "complete" and manifest["dataset_fingerprint"]["file"] == FINGERPRINT_NAME
+    assert (
+        manifest["status"] == "complete"
+        and manifest["dataset_fingerprint"]["file"] == FINGERPRINT_NAME
+    )
     run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), check=True)
     from dlreplay.model import load_model
 
@@ -752,19 +966,39 @@ def test_distill_data_dir_fingerprints_a_foreign_traces_dataset(tmp_path: Path) 
     from .conftest import TRACES
 
     trace = tmp_path / "npz_spawn"
-    shutil.copytree(TRACES / "npz_spawn", trace, ignore=shutil.ignore_patterns("dataset-fingerprint.json"))
+    shutil.copytree(
+        TRACES / "npz_spawn", trace, ignore=shutil.ignore_patterns("dataset-fingerprint.json")
+    )
     data = tmp_path / "copy-of-the-data"
-    subprocess.run([sys.executable, str(EXAMPLES / "unet3d_npz.py"), "--data-dir", str(data), "--num-files", "8",
-                    "--generate-only", "--quiet"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "unet3d_npz.py"),
+            "--data-dir",
+            str(data),
+            "--num-files",
+            "8",
+            "--generate-only",
+            "--quiet",
+        ],
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path / "m.yaml"
     proc = run_cli("distill", str(trace), "--data-dir", str(data), "-o", str(out), check=True)
-    assert "layout      x.npy <f4 [1, 32, 32, 32] stored, y.npy |u1 [1, 32, 32, 32] stored (fingerprint)" in proc.stdout
+    assert (
+        "layout      x.npy <f4 [1, 32, 32, 32] stored, y.npy |u1 [1, 32, 32, 32] stored (fingerprint)"
+        in proc.stdout
+    )
     model = load_model(out)
     assert model.dataset.num_files == 8 and model.dataset.layout.source == "fingerprint"
     assert "made by distill" in model.provenance.fields["dataset.layout"].method
     bare = run_cli("distill", str(trace), "-o", str(tmp_path / "bare.yaml"), check=True)
     assert "layout " not in bare.stdout
-    assert load_model(tmp_path / "bare.yaml").provenance.fields["dataset.layout"].confidence == "default"
+    assert (
+        load_model(tmp_path / "bare.yaml").provenance.fields["dataset.layout"].confidence
+        == "default"
+    )
 
 
 def test_generation_with_a_layout_is_reproducible(tmp_path: Path) -> None:
@@ -778,22 +1012,35 @@ def test_generation_with_a_layout_is_reproducible(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
     for i in range(3):
         noise = rng.normal(0, 10 + 20 * i, (24, 32, 3))
-        Image.fromarray((128 + noise).clip(0, 255).astype(np.uint8)).save(tmp_path / "jpg" / f"{i}.jpg", quality=80)
+        Image.fromarray((128 + noise).clip(0, 255).astype(np.uint8)).save(
+            tmp_path / "jpg" / f"{i}.jpg", quality=80
+        )
         np.savez_compressed(tmp_path / "npzc" / f"{i}.npz", x=np.round(rng.random((1, 20, 20)), 1))
         with h5py.File(tmp_path / "h5" / f"{i}.h5", "w") as f:
-            f.create_dataset("x", data=np.round(rng.random((4, 8, 8)), 2), chunks=(1, 4, 4), compression="gzip")
+            f.create_dataset(
+                "x", data=np.round(rng.random((4, 8, 8)), 2), chunks=(1, 4, 4), compression="gzip"
+            )
     for name, fmt in cases.items():
         doc = fingerprint_dataset([tmp_path / name])
         spf = 4 if fmt == "hdf5" else 1
         layout = layout_from_fingerprint(doc, fmt, [], spf).layout
         sizes = [f["bytes"] / spf for f in doc["groups"][0]["files_sampled"]]
-        model = WorkloadModel(dataset=Dataset(format=fmt, num_files=6, num_samples_per_file=spf,
-                                              record_length=Distribution.from_values(sizes), layout=layout))
+        model = WorkloadModel(
+            dataset=Dataset(
+                format=fmt,
+                num_files=6,
+                num_samples_per_file=spf,
+                record_length=Distribution.from_values(sizes),
+                layout=layout,
+            )
+        )
         digests = []
         for jobs in (1, 2):
             out = tmp_path / f"{name}-gen-{jobs}"
             generate_dataset(GenerateConfig(model=model, data_dir=out, jobs=jobs, seed=7))
-            digests.append({p.name: _content_digest(p, fmt) for p in sorted((out / "train").iterdir())})
+            digests.append(
+                {p.name: _content_digest(p, fmt) for p in sorted((out / "train").iterdir())}
+            )
         assert digests[0] == digests[1], name
 
 

@@ -76,19 +76,56 @@ class Proc:
         self.meta("thread_name", str(self.pid), "thread_name")
         self.meta("CM", "time_metric", "US")
         self.meta("FH", self.cwd, fhash_of(self.cwd))
-        self.event("start", "dftracer", {"ppid": self.ppid, "cmd_hash": "93ec23d43d22b9cc",
-                                          "version": 20003, "date": "Sun Nov 22 02:14:52 2026",
-                                          "cwd": fhash_of(self.cwd)}, typ=1)
+        self.event(
+            "start",
+            "dftracer",
+            {
+                "ppid": self.ppid,
+                "cmd_hash": "93ec23d43d22b9cc",
+                "version": 20003,
+                "date": "Sun Nov 22 02:14:52 2026",
+                "cwd": fhash_of(self.cwd),
+            },
+            typ=1,
+        )
 
     def meta(self, name: str, a_name: str, a_value: str) -> None:
-        self.records.append({"name": name, "cat": "dftracer", "type": 1, "pid": self.pid, "tid": self.pid,
-                             "ph": 4, "args": {"hhash": HHASH, "name": a_name, "value": a_value}})
+        self.records.append(
+            {
+                "name": name,
+                "cat": "dftracer",
+                "type": 1,
+                "pid": self.pid,
+                "tid": self.pid,
+                "ph": 4,
+                "args": {"hhash": HHASH, "name": a_name, "value": a_value},
+            }
+        )
 
-    def event(self, name: str, cat: str, args: dict, *, dur: int = 2, tid: int | None = None,
-              ts: int | None = None, typ: int = 3, gap: int = 3) -> dict:
-        rec = {"id": self.next_id, "name": name, "cat": cat, "type": typ, "pid": self.pid,
-               "tid": self.pid if tid is None else tid, "ts": self.ts if ts is None else ts, "dur": dur,
-               "ph": 1, "args": {"hhash": HHASH, **args}}
+    def event(
+        self,
+        name: str,
+        cat: str,
+        args: dict,
+        *,
+        dur: int = 2,
+        tid: int | None = None,
+        ts: int | None = None,
+        typ: int = 3,
+        gap: int = 3,
+    ) -> dict:
+        rec = {
+            "id": self.next_id,
+            "name": name,
+            "cat": cat,
+            "type": typ,
+            "pid": self.pid,
+            "tid": self.pid if tid is None else tid,
+            "ts": self.ts if ts is None else ts,
+            "dur": dur,
+            "ph": 1,
+            "args": {"hhash": HHASH, **args},
+        }
         self.next_id += 1
         if ts is None:
             self.ts += dur + gap
@@ -107,26 +144,42 @@ class Proc:
         return self.event("open64", "POSIX", {"flags": flags, "fhash": self.file(path)}, **kw)
 
     def read(self, path: str, n: int, count: int | None = None, **kw) -> dict:
-        return self.event("read", "POSIX", {"ret": n, "count": n if count is None else count,
-                                            "fhash": self.file(path)}, **kw)
+        return self.event(
+            "read",
+            "POSIX",
+            {"ret": n, "count": n if count is None else count, "fhash": self.file(path)},
+            **kw,
+        )
 
     def write(self, path: str, n: int, **kw) -> dict:
         return self.event("write", "POSIX", {"ret": n, "count": n, "fhash": self.file(path)}, **kw)
 
     def lseek(self, path: str, pos: int, whence: int = 0, **kw) -> dict:
-        return self.event("lseek64", "POSIX", {"ret": pos, "whence": whence, "offset": pos,
-                                               "fhash": self.file(path)}, **kw)
+        return self.event(
+            "lseek64",
+            "POSIX",
+            {"ret": pos, "whence": whence, "offset": pos, "fhash": self.file(path)},
+            **kw,
+        )
 
     def pread(self, path: str, n: int, off: int, **kw) -> dict:
-        return self.event("pread64", "POSIX", {"ret": n, "count": n, "offset": off,
-                                               "fhash": self.file(path)}, **kw)
+        return self.event(
+            "pread64",
+            "POSIX",
+            {"ret": n, "count": n, "offset": off, "fhash": self.file(path)},
+            **kw,
+        )
 
     def close(self, path: str, **kw) -> dict:
         return self.event("close", "POSIX", {"ret": 0, "fhash": self.file(path)}, **kw)
 
     def finish(self) -> None:
-        self.event("end", "dftracer", {"app": {}, "used": {"C_APP": 1}, "cfg": {"enable": 1},
-                                        "num_events": self.next_id}, typ=1)
+        self.event(
+            "end",
+            "dftracer",
+            {"app": {}, "used": {"C_APP": 1}, "cfg": {"enable": 1}, "num_events": self.next_id},
+            typ=1,
+        )
 
     def lines(self) -> list[bytes]:
         return [_line(r) for r in self.records]
@@ -137,7 +190,7 @@ def write_gz(path: Path, lines: list[bytes], members: int = 1) -> Path:
     per = max(1, -(-len(lines) // members))
     with path.open("wb") as f:
         for i in range(0, len(lines), per):
-            f.write(gzip.compress(b"\n".join(lines[i:i + per]) + b"\n", mtime=0))
+            f.write(gzip.compress(b"\n".join(lines[i : i + per]) + b"\n", mtime=0))
     return path
 
 
@@ -164,13 +217,21 @@ def ref_decode(data: bytes) -> tuple[bytes, bool]:
     return out, False
 
 
-def dataloader_job(tmp_path: Path, *, n_samples: int = 40, members: int = 3, fh_in_parent_only: bool = False,
-                   name: str = "trace") -> tuple[Path, dict]:
+def dataloader_job(
+    tmp_path: Path,
+    *,
+    n_samples: int = 40,
+    members: int = 3,
+    fh_in_parent_only: bool = False,
+    name: str = "trace",
+) -> tuple[Path, dict]:
     """A main process and two forked workers reading npz-like files; returns (dir, truth)."""
     d = tmp_path / name
     d.mkdir()
     main = Proc(pid=100, ppid=1)
-    workers = [Proc(pid=101 + w, ppid=100, ts=T0 + 50 + w, fh=not fh_in_parent_only) for w in range(2)]
+    workers = [
+        Proc(pid=101 + w, ppid=100, ts=T0 + 50 + w, fh=not fh_in_parent_only) for w in range(2)
+    ]
     files = [f"/data/set/vol_{i:03d}.npz" for i in range(8)]
     if fh_in_parent_only:  # forked workers inherit the parent's file table
         for f in files:
@@ -190,10 +251,21 @@ def dataloader_job(tmp_path: Path, *, n_samples: int = 40, members: int = 3, fh_
         w.read(f, 50)
         truth["reads"].append((w.pid, f, 10_000, 50))
         w.close(f)
-        w.event("item", "data", {"image_idx": s % len(files), "epoch": s // 16}, ts=t_item, dur=w.ts - t_item, typ=2)
-        truth["bytes_per_pid"][w.pid] = truth["bytes_per_pid"].get(w.pid, 0) + 6 + 1000 + 4096 + 333 + 50
+        w.event(
+            "item",
+            "data",
+            {"image_idx": s % len(files), "epoch": s // 16},
+            ts=t_item,
+            dur=w.ts - t_item,
+            typ=2,
+        )
+        truth["bytes_per_pid"][w.pid] = (
+            truth["bytes_per_pid"].get(w.pid, 0) + 6 + 1000 + 4096 + 333 + 50
+        )
         if s % 4 == 3:
-            main.event("fetch", "dataloader", {"batch_size": 4, "step": s // 4, "epoch": s // 16}, typ=2)
+            main.event(
+                "fetch", "dataloader", {"batch_size": 4, "step": s // 4, "epoch": s // 16}, typ=2
+            )
     main.event("save", "checkpoint", {"bytes": "3221225472", "path": "/ckpt/model.pt"}, typ=2)
     for p in (main, *workers):
         p.finish()
@@ -224,7 +296,11 @@ def test_schema_order_and_resolution(tmp_path: Path) -> None:
     assert reads["file"].null_count() == 0 and reads["file"].cat.starts_with("/data/set/").all()
     assert set(ev["host"].unique()) == {HOST}
     assert set(ev.filter(pl.col("pid") > 100)["ppid"].unique()) == {100}
-    assert set(ev["source"].unique()) == {"trace-100.pfw.gz", "trace-101.pfw.gz", "trace-102.pfw.gz"}
+    assert set(ev["source"].unique()) == {
+        "trace-100.pfw.gz",
+        "trace-101.pfw.gz",
+        "trace-102.pfw.gz",
+    }
     per_pid = dict(reads.group_by("pid").agg(pl.col("size").sum()).iter_rows())
     assert per_pid == truth["bytes_per_pid"]
     items = ev.filter(pl.col("name") == "item")
@@ -250,8 +326,19 @@ def test_fields_of_one_value_are_constant_columns(tmp_path: Path, jobs: int) -> 
         write_gz(tmp_path / f"trace-{70 + k}.pfw.gz", p.lines(), members=2)
     ev = load_trace(tmp_path, jobs=jobs).events
     assert ev.filter(pl.col("name") == "read").height == 150
-    constant = ("epoch", "step", "batch_size", "sample_index", "cpu_time", "cpu_threads", "tensors", "host")
-    assert all(ev.select(c).estimated_size() < 64 for c in constant), {c: ev.select(c).estimated_size() for c in constant}
+    constant = (
+        "epoch",
+        "step",
+        "batch_size",
+        "sample_index",
+        "cpu_time",
+        "cpu_threads",
+        "tensors",
+        "host",
+    )
+    assert all(ev.select(c).estimated_size() < 64 for c in constant), {
+        c: ev.select(c).estimated_size() for c in constant
+    }
     assert ev.select(pl.col(c).null_count() for c in constant[:-1]).row(0) == (ev.height,) * 7
     assert ev["host"].unique().to_list() == [HOST] and ev["pid"].n_unique() == 3
     assert ev.select(pl.col("ts").is_sorted()).item() and ev["size"].sum() == 3 * 50 * 4096
@@ -304,8 +391,18 @@ def test_unknown_values_are_kept(tmp_path: Path) -> None:
     p.event("frobnicate", "WEIRD", {"ret": 5, "color": "blue, green"})
     rec = p.event("read", "POSIX", {"ret": 8, "count": 8, "fhash": "00"})
     rec["ph"] = 7  # unknown phase: still a row
-    p.records.append({"id": 99, "name": "ctr", "cat": "C", "pid": 4, "tid": 4, "ts": T0 + 1, "ph": "C",
-                      "args": {"v": 1}})
+    p.records.append(
+        {
+            "id": 99,
+            "name": "ctr",
+            "cat": "C",
+            "pid": 4,
+            "tid": 4,
+            "ts": T0 + 1,
+            "ph": "C",
+            "args": {"v": 1},
+        }
+    )
     write_gz(tmp_path / "t.pfw.gz", p.lines())
     ev = load(tmp_path)
     assert {"frobnicate", "read", "ctr"} <= set(ev["name"])
@@ -359,7 +456,9 @@ def test_v1_format_matches_v2(tmp_path: Path, closing: bytes) -> None:
     assert not v1.damaged, v1.describe_damage()
     a, b = v1.events, v2.events
     assert a.height == b.height
-    assert a["fhash"].drop_nulls().cast(pl.String).str.contains("^[0-9]+$").all()  # integer hashes -> decimal strings
+    assert (
+        a["fhash"].drop_nulls().cast(pl.String).str.contains("^[0-9]+$").all()
+    )  # integer hashes -> decimal strings
     same = [c for c in EVENT_SCHEMA if c != "fhash"]
     assert a.select(same).equals(b.select(same))
 
@@ -388,16 +487,25 @@ def big_member_file(tmp_path_factory) -> tuple[Path, bytes]:
     return path, path.read_bytes()
 
 
-@pytest.mark.parametrize("where", ["10%", "50%", "90%", "boundary", "in-header", "in-trailer", "1-byte"])
+@pytest.mark.parametrize(
+    "where", ["10%", "50%", "90%", "boundary", "in-header", "in-trailer", "1-byte"]
+)
 def test_truncation_counts_are_exact(tmp_path: Path, big_member_file, where: str) -> None:
     _, data = big_member_file
     starts = member_offsets(data)
-    cut = {"10%": len(data) // 10, "50%": len(data) // 2, "90%": len(data) * 9 // 10,
-           "boundary": starts[2], "in-header": starts[2] + 5, "in-trailer": len(data) - 3, "1-byte": 1}[where]
+    cut = {
+        "10%": len(data) // 10,
+        "50%": len(data) // 2,
+        "90%": len(data) * 9 // 10,
+        "boundary": starts[2],
+        "in-header": starts[2] + 5,
+        "in-trailer": len(data) - 3,
+        "1-byte": 1,
+    }[where]
     path = tmp_path / "t.pfw.gz"
     path.write_bytes(data[:cut])
     text, truncated = ref_decode(data[:cut])
-    tail = text[text.rfind(b"\n") + 1:]
+    tail = text[text.rfind(b"\n") + 1 :]
     loaded = load_trace(path)
     rep = loaded.files[0]
     assert loaded.events.height == _complete_events(text)
@@ -416,22 +524,30 @@ def test_corrupt_middle_member_keeps_later_members(tmp_path: Path, big_member_fi
     starts = member_offsets(data)
     bad = bytearray(data)
     mid = (starts[1] + starts[2]) // 2
-    bad[mid:mid + 64] = b"\xff" * 64
+    bad[mid : mid + 64] = b"\xff" * 64
     path = tmp_path / "c.pfw.gz"
     path.write_bytes(bytes(bad))
     good_lines = gzip.decompress(data).split(b"\n")
     all_ts = {json.loads(x)["ts"] for x in good_lines if x and json.loads(x)["ph"] == 1}
-    later_ts = {json.loads(x)["ts"] for x in gzip.decompress(data[starts[2]:]).split(b"\n")
-                if x and json.loads(x)["ph"] == 1}
-    first_ts = {json.loads(x)["ts"] for x in gzip.decompress(data[:starts[1]]).split(b"\n")
-                if x and json.loads(x)["ph"] == 1}
+    later_ts = {
+        json.loads(x)["ts"]
+        for x in gzip.decompress(data[starts[2] :]).split(b"\n")
+        if x and json.loads(x)["ph"] == 1
+    }
+    first_ts = {
+        json.loads(x)["ts"]
+        for x in gzip.decompress(data[: starts[1]]).split(b"\n")
+        if x and json.loads(x)["ph"] == 1
+    }
     loaded = load_trace(path)
     kept = set(loaded.events["ts"].to_list())
     assert kept <= all_ts  # nothing invented
     assert later_ts <= kept and first_ts <= kept  # members after the damage were decoded
     assert len(kept) < len(all_ts)
     rep = loaded.files[0]
-    assert rep.members == 4 and rep.damaged and any("corrupt gzip member 2" in p for p in rep.problems)
+    assert (
+        rep.members == 4 and rep.damaged and any("corrupt gzip member 2" in p for p in rep.problems)
+    )
     with pytest.warns(TraceDamageWarning, match="c.pfw.gz"):
         load(path)
 
@@ -490,7 +606,9 @@ def test_empty_inputs_and_errors(tmp_path: Path) -> None:
 
 def test_manifest_is_read(tmp_path: Path) -> None:
     d, _ = dataloader_job(tmp_path)
-    (d / "manifest.json").write_text(json.dumps({"schema": "dlreplay.trace", "data_dirs": ["/data/set"]}))
+    (d / "manifest.json").write_text(
+        json.dumps({"schema": "dlreplay.trace", "data_dirs": ["/data/set"]})
+    )
     assert load_trace(d).manifest["data_dirs"] == ["/data/set"]
     (d / "manifest.json").write_text("{broken")
     with pytest.warns(TraceDamageWarning, match="manifest.json"):
@@ -537,14 +655,19 @@ def test_offsets_match_reference_and_ground_truth(tmp_path: Path) -> None:
     for p in procs:
         for f in ("/d/a", "/d/b", "/d/c"):
             pos = None
-            nopen, opened = 0, False  # a transfer with the file opened before and none open now: a stray
+            nopen, opened = (
+                0,
+                False,
+            )  # a transfer with the file opened before and none open now: a stray
             for _ in range(60):
                 op = rnd.choice(["open", "read", "read", "write", "lseek", "pread", "close"])
                 tid = rnd.choice([p.pid, p.pid + 1000])
                 gap = rnd.choice([0, 0, 1, 5])  # equal timestamps: line order decides
                 stray = opened and nopen == 0
                 if op == "open":
-                    p.open(f, flags=0o2000002, tid=tid, dur=0, gap=gap)  # O_CLOEXEC | O_RDWR: its writes are the file's
+                    p.open(
+                        f, flags=0o2000002, tid=tid, dur=0, gap=gap
+                    )  # O_CLOEXEC | O_RDWR: its writes are the file's
                     pos = 0
                     nopen, opened = nopen + 1, True
                 elif op == "lseek":
@@ -561,7 +684,9 @@ def test_offsets_match_reference_and_ground_truth(tmp_path: Path) -> None:
                 else:
                     n = rnd.choice([0, 1, 17, 4096])
                     r = (p.read if op == "read" else p.write)(f, n, tid=tid, dur=0, gap=gap)
-                    truth.append((r["ts"], p.pid, None, None) if stray else (r["ts"], p.pid, f, pos))
+                    truth.append(
+                        (r["ts"], p.pid, None, None) if stray else (r["ts"], p.pid, f, pos)
+                    )
                     if pos is not None:
                         pos += n
             p.ts += 1  # files are interleaved in time only through equal-ts ties
@@ -570,19 +695,26 @@ def test_offsets_match_reference_and_ground_truth(tmp_path: Path) -> None:
     ev = load(tmp_path)
     io = ev.filter(pl.col("cat") == "POSIX")
     xfer = io.with_columns(pl.Series("ref", reference_offsets(io), dtype=pl.Int64)).filter(
-        pl.col("name").is_in(["read", "write", "pread64"]))
+        pl.col("name").is_in(["read", "write", "pread64"])
+    )
     assert xfer["offset"].to_list() == xfer["ref"].to_list()
     assert xfer["offset"].null_count() > 0  # reads after close / before open are unknown
-    assert 0 < xfer["file"].null_count() < xfer.height  # strays (the generator makes reads after a close)
+    assert (
+        0 < xfer["file"].null_count() < xfer.height
+    )  # strays (the generator makes reads after a close)
 
     def norm(rows):
         return sorted((ts, pid, f or "", -1 if off is None else off) for ts, pid, f, off in rows)
 
-    assert norm(zip(xfer["ts"], xfer["pid"], xfer["file"], xfer["offset"], strict=True)) == norm(truth)
+    assert norm(zip(xfer["ts"], xfer["pid"], xfer["file"], xfer["offset"], strict=True)) == norm(
+        truth
+    )
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["C pass", "numpy"])
-def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monkeypatch, native: bool) -> None:
+def test_calls_logged_on_a_closed_file_are_kept_without_it(
+    tmp_path: Path, monkeypatch, native: bool
+) -> None:
     """DFTracer's close() closes the descriptor, logs, and only then forgets its file: a
     socket another thread opens in between gets the number, and its calls are logged with
     the closed file's hash. A DataLoader worker's resource-sharer thread answering the
@@ -598,15 +730,20 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
     w.open("/data/a.jpg")
     w.read("/data/a.jpg", 4096)
     w.close("/data/a.jpg")
-    handshake = [w.write("/data/a.jpg", 35, tid=301), w.read("/data/a.jpg", 20, tid=301),
-                 w.write("/data/a.jpg", 13, tid=301)]
+    handshake = [
+        w.write("/data/a.jpg", 35, tid=301),
+        w.read("/data/a.jpg", 20, tid=301),
+        w.write("/data/a.jpg", 13, tid=301),
+    ]
     w.open("/data/a.jpg")  # open again: its reads are the file's
     w.read("/data/a.jpg", 100)
     # a handshake stamped after the reopen: its read passes for the file's, its writes
     # cannot be (every open of the file in this process was read-only)
     late = [w.write("/data/a.jpg", 35, tid=301), w.write("/data/a.jpg", 13, tid=301)]
     w.read("/data/a.jpg", 20, tid=301)
-    w.open("/data/log.txt", flags=0o2000101)  # O_CLOEXEC | O_CREAT | O_WRONLY: its writes are the file's
+    w.open(
+        "/data/log.txt", flags=0o2000101
+    )  # O_CLOEXEC | O_CREAT | O_WRONLY: its writes are the file's
     w.write("/data/log.txt", 9)
     w.event("open64", "POSIX", {"fhash": w.file("/data/old.bin")})  # no flags: could have written
     w.write("/data/old.bin", 5)
@@ -626,19 +763,29 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
     ev = loaded.events.filter(pl.col("name").cast(pl.String).is_in(["read", "write", "pread64"]))
     stray = ev.filter(pl.col("file").is_null())
     assert sorted(stray.select("tid", "ts", "size").rows()) == sorted(
-        [(301, r["ts"], r["args"]["ret"]) for r in handshake + late] + [(303, stray["ts"].max(), 64)])
+        [(301, r["ts"], r["args"]["ret"]) for r in handshake + late]
+        + [(303, stray["ts"].max(), 64)]
+    )
     assert stray["offset"].null_count() == stray.height
     assert stray["name"].cast(pl.String).to_list().count("write") == 4  # the calls stay, on no file
     kept = ev.filter(pl.col("file").is_not_null())
     assert sorted(kept.select(pl.col("file").cast(pl.String), "size").rows()) == [
-        ("/data/a.jpg", 20), ("/data/a.jpg", 100), ("/data/a.jpg", 4096), ("/data/c.h5", 512), ("/data/d.npz", 7),
-        ("/data/log.txt", 9), ("/data/old.bin", 5)]
+        ("/data/a.jpg", 20),
+        ("/data/a.jpg", 100),
+        ("/data/a.jpg", 4096),
+        ("/data/c.h5", 512),
+        ("/data/d.npz", 7),
+        ("/data/log.txt", 9),
+        ("/data/old.bin", 5),
+    ]
     problems = {f.name: f.problems for f in loaded.files}
     assert problems["trace-300.pfw.gz"] == [
         "6 event(s) with a file their process had closed or never opened for writing (DFTracer's close race: another "
-        "thread reused the descriptor), kept without a file"]
+        "thread reused the descriptor), kept without a file"
+    ]
     assert problems["trace-400.pfw.gz"] == [] and not loaded.damaged
     from dlreplay.analyze.files import classify_files
+
     files = {r["file"]: r for r in classify_files(loaded.events).iter_rows(named=True)}
     assert files["/data/a.jpg"]["bytes_written"] == 0 and files["/data/a.jpg"]["bytes_read"] == 4216
     assert any("6 read/write call(s)" in w_ for w_ in trace_warnings(tmp_path, loaded.files))
@@ -648,7 +795,9 @@ def test_calls_logged_on_a_closed_file_are_kept_without_it(tmp_path: Path, monke
 # Hypothesis: random valid events round-trip through the parser
 
 _names = st.sampled_from(["read", "write", "open64", "lseek64", "close", "pread64", "mystery_op"])
-_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12
+)
 
 
 @st.composite
@@ -666,11 +815,19 @@ def random_event(draw) -> dict:
     if draw(st.booleans()):
         args["note"] = draw(_text)  # arbitrary text (commas, quotes, escapes, unicode)
     args["fhash"] = draw(st.sampled_from(["0000000000000001", "00000000000000ff"]))
-    return {"name": name, "cat": "POSIX", "pid": draw(st.integers(1, 2**22)),
-            "ts": draw(st.integers(T0, T0 + 10**9)), "dur": draw(st.integers(0, 10**6)), "args": args}
+    return {
+        "name": name,
+        "cat": "POSIX",
+        "pid": draw(st.integers(1, 2**22)),
+        "ts": draw(st.integers(T0, T0 + 10**9)),
+        "dur": draw(st.integers(0, 10**6)),
+        "args": args,
+    }
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(random_event(), min_size=1, max_size=40), st.booleans())
 def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool) -> None:
     saved = os.environ.get(LOAD.PARSER_ENV)
@@ -678,8 +835,18 @@ def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool
     try:
         lines = []
         for i, e in enumerate(events):
-            rec = {"id": i + 1, "name": e["name"], "cat": e["cat"], "type": 3, "pid": e["pid"], "tid": e["pid"],
-                   "ts": e["ts"], "dur": e["dur"], "ph": 1, "args": e["args"]}
+            rec = {
+                "id": i + 1,
+                "name": e["name"],
+                "cat": e["cat"],
+                "type": 3,
+                "pid": e["pid"],
+                "tid": e["pid"],
+                "ts": e["ts"],
+                "dur": e["dur"],
+                "ph": 1,
+                "args": e["args"],
+            }
             lines.append(_line(rec))
         path = tmp_path / f"h{random.random()}.pfw.gz"
         write_gz(path, lines)
@@ -692,11 +859,22 @@ def test_random_events_round_trip(tmp_path: Path, events: list[dict], fast: bool
     assert not loaded.damaged, loaded.describe_damage()
     got = loaded.events.sort("ts", "pid", "name", "dur", maintain_order=True)
     want = pl.DataFrame(
-        {"ts": [e["ts"] for e in events], "pid": [e["pid"] for e in events], "name": [e["name"] for e in events],
-         "dur": [e["dur"] for e in events], "ret": [e["args"].get("ret") for e in events],
-         "fhash": [e["args"]["fhash"] for e in events]},
-        schema={"ts": pl.Int64, "pid": pl.Int64, "name": pl.String, "dur": pl.Int64, "ret": pl.Int64,
-                "fhash": pl.String},
+        {
+            "ts": [e["ts"] for e in events],
+            "pid": [e["pid"] for e in events],
+            "name": [e["name"] for e in events],
+            "dur": [e["dur"] for e in events],
+            "ret": [e["args"].get("ret") for e in events],
+            "fhash": [e["args"]["fhash"] for e in events],
+        },
+        schema={
+            "ts": pl.Int64,
+            "pid": pl.Int64,
+            "name": pl.String,
+            "dur": pl.Int64,
+            "ret": pl.Int64,
+            "fhash": pl.String,
+        },
     ).sort("ts", "pid", "name", "dur", maintain_order=True)
     assert got.select(want.columns).sort(want.columns).equals(want.sort(want.columns))
     sized = got.filter(pl.col("name").is_in(["read", "write", "pread64"]))
@@ -730,7 +908,7 @@ def _many_small_files(d: Path) -> None:
         path = write_gz(d / f"trace-{p.pid}.pfw.gz", lines, members=2)
         if k == 9:
             data = path.read_bytes()
-            path.write_bytes(data[:len(data) * 2 // 3])
+            path.write_bytes(data[: len(data) * 2 // 3])
     (d / "empty.pfw").write_bytes(b"")
 
 
@@ -739,7 +917,9 @@ def test_batched_small_files_match_one_by_one(tmp_path: Path, monkeypatch) -> No
     _many_small_files(d)
     files = sorted(p for p in d.iterdir())
     batched = load_trace(d, jobs=1)
-    assert len(INPUTS.file_groups(list(enumerate(files)), 1)) == 1  # all small: one part, one parse batch
+    assert (
+        len(INPUTS.file_groups(list(enumerate(files)), 1)) == 1
+    )  # all small: one part, one parse batch
     monkeypatch.setattr(INPUTS, "_GROUP_BYTES", 1)  # every file its own part
     monkeypatch.setattr(DECOMPRESS, "CHUNK_BYTES", 1)  # and every file its own parse batch
     single = load_trace(d, jobs=2)
@@ -751,8 +931,14 @@ def test_batched_small_files_match_one_by_one(tmp_path: Path, monkeypatch) -> No
         assert rep == alone, rep.name
     reps = {r.name: r for r in batched.files}
     assert reps["trace-305.pfw.gz"].dropped_lines == 2
-    assert reps["trace-309.pfw.gz"].damaged and any("truncated" in p for p in reps["trace-309.pfw.gz"].problems)
-    assert sum(r.dropped_lines for r in batched.files) == batched.dropped_lines == 2 + reps["trace-309.pfw.gz"].dropped_lines
+    assert reps["trace-309.pfw.gz"].damaged and any(
+        "truncated" in p for p in reps["trace-309.pfw.gz"].problems
+    )
+    assert (
+        sum(r.dropped_lines for r in batched.files)
+        == batched.dropped_lines
+        == 2 + reps["trace-309.pfw.gz"].dropped_lines
+    )
     assert not reps["empty.pfw"].damaged and reps["empty.pfw"].events == 0
 
 
@@ -765,7 +951,7 @@ def test_parts_combine_in_any_grouping_and_order(tmp_path: Path) -> None:
     rnd = random.Random(2)
     shuffled = jobs[:]
     rnd.shuffle(shuffled)
-    parts = [LOAD.parse_part(shuffled[i:i + 5]) for i in range(0, len(shuffled), 5)]
+    parts = [LOAD.parse_part(shuffled[i : i + 5]) for i in range(0, len(shuffled), 5)]
     rnd.shuffle(parts)
     events, reports = LOAD.combine_parts(parts, names)
     assert events.equals(whole[0]) and reports == whole[1]
@@ -777,12 +963,26 @@ def test_layout_with_varying_names_in_one_group(tmp_path: Path, monkeypatch) -> 
     recs = []
     ts = T0
     for k in range(40):
-        for name, args in (("open64", {"ret": 3, "count": 0, "fhash": "0a"}),
-                           ("read", {"ret": 100 + k, "count": 4096, "fhash": "0a"}),
-                           ("read", {"ret": 7, "count": 4096, "fhash": "0a"}),
-                           ("close", {"ret": 0, "count": 0, "fhash": "0a"})):
-            recs.append(_line({"name": name, "cat": "POSIX", "pid": 8, "tid": 8, "ts": ts, "dur": 1, "ph": "X",
-                               "args": args}))
+        for name, args in (
+            ("open64", {"ret": 3, "count": 0, "fhash": "0a"}),
+            ("read", {"ret": 100 + k, "count": 4096, "fhash": "0a"}),
+            ("read", {"ret": 7, "count": 4096, "fhash": "0a"}),
+            ("close", {"ret": 0, "count": 0, "fhash": "0a"}),
+        ):
+            recs.append(
+                _line(
+                    {
+                        "name": name,
+                        "cat": "POSIX",
+                        "pid": 8,
+                        "tid": 8,
+                        "ts": ts,
+                        "dur": 1,
+                        "ph": "X",
+                        "args": args,
+                    }
+                )
+            )
             ts += 2
     write_gz(tmp_path / "t.pfw.gz", recs)
     monkeypatch.setenv(LOAD.PARSER_ENV, "native")
@@ -809,12 +1009,15 @@ def test_unpacked_sort_paths_agree(tmp_path: Path, monkeypatch) -> None:
     write_gz(d / "trace-400.pfw.gz", p.lines())
     wide = load(d)
     assert wide["ts"].is_sorted() and wide.height == packed.height + 33
-    assert wide.filter(pl.col("pid") == 400, pl.col("name") == "read")["offset"].to_list() == \
-        [sum(range(1, k + 1)) for k in range(30)]
+    assert wide.filter(pl.col("pid") == 400, pl.col("name") == "read")["offset"].to_list() == [
+        sum(range(1, k + 1)) for k in range(30)
+    ]
 
 
 @pytest.mark.parametrize("chunk", [1 << 12, 32 << 20])
-def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_file, monkeypatch, chunk: int) -> None:
+def test_decoding_ahead_in_a_thread_changes_nothing(
+    tmp_path: Path, big_member_file, monkeypatch, chunk: int
+) -> None:
     """Large files decode their next chunk in a helper thread: same rows, same reports
     (problems in the same order) for clean, truncated, corrupt and malformed files."""
     _, data = big_member_file
@@ -822,11 +1025,11 @@ def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_f
     d = tmp_path / "t"
     d.mkdir()
     (d / "clean.pfw.gz").write_bytes(data)
-    (d / "cut.pfw.gz").write_bytes(data[:len(data) * 3 // 4])
+    (d / "cut.pfw.gz").write_bytes(data[: len(data) * 3 // 4])
     bad = bytearray(data)
     for m in (1, 2):  # two corrupt members: two damage points
         mid = (starts[m] + starts[m + 1]) // 2
-        bad[mid:mid + 64] = b"\xff" * 64
+        bad[mid : mid + 64] = b"\xff" * 64
     (d / "corrupt.pfw.gz").write_bytes(bytes(bad))
     p = Proc(pid=12)
     for i in range(3000):
@@ -843,7 +1046,11 @@ def test_decoding_ahead_in_a_thread_changes_nothing(tmp_path: Path, big_member_f
     ahead = load_trace(d)
     assert ahead.events.equals(inline.events)
     assert ahead.files == inline.files
-    assert {f.name for f in ahead.files if f.problems} == {"cut.pfw.gz", "corrupt.pfw.gz", "malformed.pfw.gz"}
+    assert {f.name for f in ahead.files if f.problems} == {
+        "cut.pfw.gz",
+        "corrupt.pfw.gz",
+        "malformed.pfw.gz",
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -854,7 +1061,9 @@ def _assert_per_process_matches(loaded: LoadedTrace) -> None:
     from dlreplay.analyze.files import file_process_table
     from dlreplay.analyze.trace import vocabulary as voc
 
-    if loaded.per_process is None:  # the vocabulary rewrote processes (DLIO's rank pids): counted where used
+    if (
+        loaded.per_process is None
+    ):  # the vocabulary rewrote processes (DLIO's rank pids): counted where used
         assert loaded.events.filter(pl.col("cat").is_in(voc.DLIO_CATEGORIES)).height > 0
         return
     keys = ["file", "host", "pid"]
@@ -863,13 +1072,17 @@ def _assert_per_process_matches(loaded: LoadedTrace) -> None:
     assert_frame_equal(loaded.per_process.sort(keys), want)
 
 
-@pytest.mark.parametrize("trace", sorted(p.parent for p in TRACES.glob("*/expected.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "trace", sorted(p.parent for p in TRACES.glob("*/expected.json")), ids=lambda p: p.name
+)
 def test_per_process_table_of_the_corpus(trace: Path) -> None:
     _assert_per_process_matches(load_trace(trace))
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["bincount", "group-by"])
-def test_per_process_table_with_every_kind_of_file_name(tmp_path: Path, monkeypatch, dense: bool) -> None:
+def test_per_process_table_with_every_kind_of_file_name(
+    tmp_path: Path, monkeypatch, dense: bool
+) -> None:
     """FH in another process's file, a checkpoint named only by its path argument, a
     relative name, an unresolved hash, one path under two hashes, writes and opens, and a
     pid that appears in two trace files (two processes, one host): one row each."""
@@ -928,7 +1141,7 @@ def _parallel_trace(tmp_path: Path) -> Path:
     starts = member_offsets(big)
     mid = starts[len(starts) // 2]
     bad = bytearray(big)
-    bad[mid + 200: mid + 260] = bytes(60)  # zeros inside the deflate data of one member
+    bad[mid + 200 : mid + 260] = bytes(60)  # zeros inside the deflate data of one member
     (d / "big-corrupt.pfw.gz").write_bytes(bytes(bad))
     return d
 
@@ -946,17 +1159,24 @@ def test_jobs_give_the_table_of_one(tmp_path: Path, monkeypatch, jobs: int) -> N
     d = _parallel_trace(tmp_path)
     one = load_trace(d, jobs=1)
     assert one.damaged and one.events.height > 0
-    monkeypatch.setattr(LOAD, "range_share", lambda sizes, workers: 4 << 10)  # the large files are cut
+    monkeypatch.setattr(
+        LOAD, "range_share", lambda sizes, workers: 4 << 10
+    )  # the large files are cut
     calls: list[tuple] = []
     real = LOAD.parse_part
-    monkeypatch.setattr(LOAD, "parse_part", lambda job, **kw: calls.append(tuple(job)) or real(job, **kw))
+    monkeypatch.setattr(
+        LOAD, "parse_part", lambda job, **kw: calls.append(tuple(job)) or real(job, **kw)
+    )
     many = load_trace(d, jobs=jobs)
     _assert_same_load(one, many)
     ranges = {Path(job[0][1]).name for job in calls if len(job[0]) == 5}
     assert ranges == {"big-intact.pfw.gz", "big-truncated.pfw.gz", "big-corrupt.pfw.gz"}
     # the damaged files were parsed again whole (their salvage counts are the whole file's)
-    again = {Path(job[0][1]).name for job in calls if len(job) == 1 and len(job[0]) == 2
-             and Path(job[0][1]).name.startswith("big")}
+    again = {
+        Path(job[0][1]).name
+        for job in calls
+        if len(job) == 1 and len(job[0]) == 2 and Path(job[0][1]).name.startswith("big")
+    }
     assert again == {"big-truncated.pfw.gz", "big-corrupt.pfw.gz"}
 
 
@@ -966,8 +1186,11 @@ def test_a_large_part_alone_returns_memory_between_its_steps(tmp_path: Path, mon
     d = _parallel_trace(tmp_path)
     released: list[bool] = []
     real = RESOLVE.release_free_memory
-    monkeypatch.setattr(RESOLVE, "release_free_memory",
-                        lambda keep_large=False: released.append(keep_large) or real(keep_large=keep_large))
+    monkeypatch.setattr(
+        RESOLVE,
+        "release_free_memory",
+        lambda keep_large=False: released.append(keep_large) or real(keep_large=keep_large),
+    )
     small = load_trace(d, jobs=1)
     between = released.count(True)
     released.clear()
@@ -1010,15 +1233,20 @@ def test_a_wrong_cut_falls_back_to_the_whole_file(tmp_path: Path, monkeypatch) -
     text = b"\n".join(corpus_lines() * 2) + b"\n"
     half = len(text) // 2
     # three members: the second ends in the middle of a line
-    (d / "a.pfw.gz").write_bytes(gzip.compress(text[:half // 2], mtime=0) + gzip.compress(text[half // 2:half + 7], mtime=0)
-                                 + gzip.compress(text[half + 7:], mtime=0))
+    (d / "a.pfw.gz").write_bytes(
+        gzip.compress(text[: half // 2], mtime=0)
+        + gzip.compress(text[half // 2 : half + 7], mtime=0)
+        + gzip.compress(text[half + 7 :], mtime=0)
+    )
     one = load_trace(d, jobs=1)
     assert not one.damaged
     data = (d / "a.pfw.gz").read_bytes()
     starts = member_offsets(data)
     for cuts in ([0, starts[1] + 100], [0, starts[2]]):  # inside a member; after the odd member
         monkeypatch.setattr(LOAD, "range_share", lambda sizes, workers: 1)
-        monkeypatch.setattr(LOAD, "split_file", lambda p, size, n, c=cuts: list(zip(c, [*c[1:], size], strict=True)))
+        monkeypatch.setattr(
+            LOAD, "split_file", lambda p, size, n, c=cuts: list(zip(c, [*c[1:], size], strict=True))
+        )
         _assert_same_load(one, load_trace(d, jobs=2))
 
 
@@ -1031,19 +1259,34 @@ def test_member_headers_are_found_where_they_are(tmp_path: Path) -> None:
     starts = member_offsets(data)
     ranges = LOAD.split_file(path, len(data), 4)
     assert ranges and ranges[0][0] == 0 and ranges[-1][1] == len(data) and len(ranges) >= 3
-    assert all(a in starts for a, _ in ranges) and all(b == c for (_, b), (c, _) in zip(ranges[:-1], ranges[1:], strict=True))
+    assert all(a in starts for a, _ in ranges) and all(
+        b == c for (_, b), (c, _) in zip(ranges[:-1], ranges[1:], strict=True)
+    )
     (tmp_path / "plain.pfw").write_bytes(b"\n".join(corpus_lines()))
     assert LOAD.split_file(tmp_path / "plain.pfw", 1000, 4) is None
 
 
 def _v1_event(i: int, name: str, pid: int, tid: int, ts: int, args: dict) -> bytes:
     """One event as pydftracer 1.x writes it (DLIO's traces): numbers as strings, files by ``fname``."""
-    return _line({"id": str(i), "name": name, "cat": "POSIX", "pid": str(pid), "tid": str(tid), "ts": str(ts),
-                  "dur": "1", "ph": "X", "args": {"hostname": HOST, **args}})
+    return _line(
+        {
+            "id": str(i),
+            "name": name,
+            "cat": "POSIX",
+            "pid": str(pid),
+            "tid": str(tid),
+            "ts": str(ts),
+            "dur": "1",
+            "ph": "X",
+            "args": {"hostname": HOST, **args},
+        }
+    )
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["C pass", "numpy"])
-def test_v1_fname_traces_get_offsets_per_rank_thread(tmp_path: Path, monkeypatch, native: bool) -> None:
+def test_v1_fname_traces_get_offsets_per_rank_thread(
+    tmp_path: Path, monkeypatch, native: bool
+) -> None:
     """DFTracer 1.x names files by ``fname`` (no FH hashes): positions are still reconstructed
     per (process, file). In DLIO's traces the pid is the MPI rank and the forked reader
     workers write into the rank's file under their own thread ids: each worker keeps its own
@@ -1055,13 +1298,24 @@ def test_v1_fname_traces_get_offsets_per_rank_thread(tmp_path: Path, monkeypatch
     lines = [b"["]
     truth: dict[int, int | None] = {}
     pos: dict[tuple[int, int, str], int | None] = {}
-    nopen: dict[tuple[int, int, str], int] = {}  # descriptors open; a read with none open after an open: a stray
+    nopen: dict[
+        tuple[int, int, str], int
+    ] = {}  # descriptors open; a read with none open after an open: a stray
     ts = T0
-    procs = [(0, 1539), (0, 1540), (4242, 4242), (4242, 4243)]  # (pid, tid): two DLIO workers, one real process
+    procs = [
+        (0, 1539),
+        (0, 1540),
+        (4242, 4242),
+        (4242, 4243),
+    ]  # (pid, tid): two DLIO workers, one real process
     for i in range(600):
         pid, tid = rnd.choice(procs)
         f = rnd.choice(["/d/img_0.npz", "/d/img_1.npz"])
-        key = (pid, pid if pid >= 1024 else tid, f)  # a real process shares its position between threads
+        key = (
+            pid,
+            pid if pid >= 1024 else tid,
+            f,
+        )  # a real process shares its position between threads
         op = rnd.choice(["open64", "read", "read", "read", "lseek64", "close"])
         args: dict = {"fname": f, "fd": 3}
         if op == "open64":
@@ -1116,6 +1370,7 @@ def two_million(tmp_path_factory) -> dict[str, Path]:
     import sys
 
     from .conftest import REPO
+
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         from ingest import build
@@ -1128,7 +1383,9 @@ def two_million(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize(("kind", "bound"), [("single", 210), ("multi", 200)])
-def test_loading_peaks_below_200_bytes_an_event(two_million: dict[str, Path], kind: str, bound: int) -> None:
+def test_loading_peaks_below_200_bytes_an_event(
+    two_million: dict[str, Path], kind: str, bound: int
+) -> None:
     """Issue #19's bound: loading and summarising a 2 M-event trace on 2 threads peaks at no
     more than 200 bytes an event above the process's memory after its imports. Freed pages
     go back to the system at once (decay 0), so the peak is live memory, whatever the
@@ -1141,9 +1398,15 @@ def test_loading_peaks_below_200_bytes_an_event(two_million: dict[str, Path], ki
     import sys
 
     from dlreplay import JEMALLOC_ENV
+
     env = {**os.environ, JEMALLOC_ENV: "dirty_decay_ms:0,muzzy_decay_ms:0"}
-    proc = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(two_million[kind])], capture_output=True,
-                          text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_CHILD, str(two_million[kind])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     assert got["events"] > 2_000_000

@@ -48,23 +48,29 @@ def data(tmp_path_factory) -> Path:
 
 @settings(max_examples=80, deadline=None)
 @given(st.integers(0, SIZE + 100), st.integers(0, SIZE + 100), st.integers(1, 2 * DIRECT_ALIGN + 7))
-def test_pread_into_counts_what_pread_returns(data: Path, offset: int, length: int, transfer: int) -> None:
+def test_pread_into_counts_what_pread_returns(
+    data: Path, offset: int, length: int, transfer: int
+) -> None:
     buf = ReadBuffer(16)
     fd = os.open(data, os.O_RDONLY)
     try:
-        assert pread_into(fd, buf, offset, length, transfer) == _reference(data, offset, length, transfer)
+        assert pread_into(fd, buf, offset, length, transfer) == _reference(
+            data, offset, length, transfer
+        )
         # the buffer holds the bytes of the last call
         if 0 < length and offset < SIZE:
             last = min(offset + length, SIZE)
             got = (last - offset) % transfer or min(transfer, last - offset)
-            assert bytes(buf.view(got)) == data.read_bytes()[last - got:last]
+            assert bytes(buf.view(got)) == data.read_bytes()[last - got : last]
     finally:
         os.close(fd)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, SIZE + 100), st.integers(0, SIZE + 100), st.integers(1, 3 * DIRECT_ALIGN))
-def test_pread_direct_counts_the_bytes_of_the_range(data: Path, offset: int, length: int, transfer: int) -> None:
+def test_pread_direct_counts_the_bytes_of_the_range(
+    data: Path, offset: int, length: int, transfer: int
+) -> None:
     fd = os.open(data, os.O_RDONLY)  # the aligned reads work on any descriptor
     try:
         want = max(0, min(offset + length, SIZE) - offset) if offset < SIZE else 0
@@ -78,7 +84,12 @@ def test_pread_direct_counts_the_bytes_of_the_range(data: Path, offset: int, len
 def test_posix_reader(data: Path, direct: bool, per_sample: bool) -> None:
     r = PosixReader("raw", per_sample, stats_per_sample=0.5, lseeks_per_sample=1.0, direct=direct)
     try:
-        for off, n, t in ((0, SIZE, 4096), (17, 5000, 1000), (SIZE - 10, 100, 64), (SIZE + 5, 10, 4)):
+        for off, n, t in (
+            (0, SIZE, 4096),
+            (17, 5000, 1000),
+            (SIZE - 10, 100, 64),
+            (SIZE + 5, 10, 4),
+        ):
             assert r.read(str(data), off, n, t) == _reference(data, off, n, t)
         # O_DIRECT where the file system has it (not tmpfs): then used, else the plain reads
         assert not r.direct_used or direct
@@ -105,14 +116,27 @@ def test_posix_samples_are_read_into_the_reused_buffer_and_not_handed_over(tmp_p
     from dlreplay.replay.loader import SampleReader
     from dlreplay.replay.prepare import worker_spec as _worker_spec
 
-    model = model_from_dict({
-        "schema": "dlreplay.workload", "format_version": 1, "model": {"name": "posix"},
-        "dataset": {"format": "raw", "num_files": 3, "num_samples_per_file": 2, "record_length": 300_000},
-        "reader": {"batch_size": 1, "read_threads": 1}, "train": {"epochs": 1, "computation_time": 0}})
+    model = model_from_dict(
+        {
+            "schema": "dlreplay.workload",
+            "format_version": 1,
+            "model": {"name": "posix"},
+            "dataset": {
+                "format": "raw",
+                "num_files": 3,
+                "num_samples_per_file": 2,
+                "record_length": 300_000,
+            },
+            "reader": {"batch_size": 1, "read_threads": 1},
+            "train": {"epochs": 1, "computation_time": 0},
+        }
+    )
     model = apply_overrides(model, ["reader.transfer_size=65536"])
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
-    spec = _worker_spec(ReplayConfig(model=model, data_dir=tmp_path / "d", io="posix"),
-                        read_dataset_manifest(tmp_path / "d"))
+    spec = _worker_spec(
+        ReplayConfig(model=model, data_dir=tmp_path / "d", io="posix"),
+        read_dataset_manifest(tmp_path / "d"),
+    )
     reader = SampleReader(spec, 0, item_events=False)
     buffers = set()
     for f in range(3):
@@ -137,7 +161,9 @@ def test_csv_is_read_in_chunks_like_pandas(tmp_path: Path) -> None:
     r.close()
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+)
 def test_a_samples_arrays_are_handed_over_as_the_jobs_dataset_returned_them(tmp_path: Path) -> None:
     """An NPZ file of two members (a volume and its label map, as UNet3D's): the torch replay's
     Dataset returns them as two tensors, as the job's returned them (joining them was a copy of
@@ -162,15 +188,29 @@ def test_a_samples_arrays_are_handed_over_as_the_jobs_dataset_returned_them(tmp_
         sizes.append((tmp_path / f"v{i}.npz").stat().st_size)
 
     def spec(tensors: int) -> WorkerSpec:
-        return WorkerSpec(data_dir=str(tmp_path), fmt="npz", io="library", paths=tuple(names),
-                          file_bytes=tuple(sizes), records=(None, None), samples_per_file=1, open_per_sample=True,
-                          transfer_size=Distribution.unknown(), preprocess_time=Distribution.fixed(0.0),
-                          stats_per_sample=0.0, lseeks_per_sample=0.0, seed=0, batch_tensors=tensors)
+        return WorkerSpec(
+            data_dir=str(tmp_path),
+            fmt="npz",
+            io="library",
+            paths=tuple(names),
+            file_bytes=tuple(sizes),
+            records=(None, None),
+            samples_per_file=1,
+            open_per_sample=True,
+            transfer_size=Distribution.unknown(),
+            preprocess_time=Distribution.fixed(0.0),
+            stats_per_sample=0.0,
+            lseeks_per_sample=0.0,
+            seed=0,
+            batch_tensors=tensors,
+        )
 
     ds = ReplayDataset(spec(5))  # the job's (x, y, bytes, calls, pid)
     samples = [ds[0], ds[1]]
     for i, s in enumerate(samples):
-        assert len(s) == 2 + 5 and s[0] >= sizes[i]  # (zipfile reads the directory, then each member)
+        assert (
+            len(s) == 2 + 5 and s[0] >= sizes[i]
+        )  # (zipfile reads the directory, then each member)
         with np.load(tmp_path / names[i]) as z:
             assert np.array_equal(s[2].numpy(), z["x"]) and np.array_equal(s[3].numpy(), z["y"])
         assert all(t.shape == () for t in s[4:])
@@ -184,8 +224,16 @@ def test_a_samples_arrays_are_handed_over_as_the_jobs_dataset_returned_them(tmp_
     assert len(one) == 3 and one[2].dtype == torch.uint8 and one[2].numel() == 8**3 * 5
     assert np.array_equal(one[2].numpy(), joined((samples[1][2].numpy(), samples[1][3].numpy())))
     # a file without one of the arrays the others have: that column is concatenated as bytes
-    short = (samples[1][0], samples[1][1], samples[1][2], *samples[1][4:], torch.zeros((), dtype=torch.int64))
+    short = (
+        samples[1][0],
+        samples[1][1],
+        samples[1][2],
+        *samples[1][4:],
+        torch.zeros((), dtype=torch.int64),
+    )
     mixed = collate([samples[0], short])
     assert len(mixed) == 2 + 5 and mixed[2].shape == (2, 1, 8, 8, 8)
-    assert mixed[3].dtype == torch.uint8 and mixed[3].numel() == 8**3 + 8  # the label map's bytes + a scalar's
+    assert (
+        mixed[3].dtype == torch.uint8 and mixed[3].numel() == 8**3 + 8
+    )  # the label map's bytes + a scalar's
     ds.close()

@@ -32,9 +32,18 @@ BASE = {
     "schema": "dlreplay.workload",
     "format_version": 1,
     "model": {"name": "tiny"},
-    "dataset": {"format": "npz", "num_files": 6, "num_samples_per_file": 2,
-                "record_length": {"type": "uniform", "min": 3000, "max": 6000}},
-    "reader": {"batch_size": 2, "read_threads": 2, "file_shuffle": "seed", "sample_shuffle": "seed"},
+    "dataset": {
+        "format": "npz",
+        "num_files": 6,
+        "num_samples_per_file": 2,
+        "record_length": {"type": "uniform", "min": 3000, "max": 6000},
+    },
+    "reader": {
+        "batch_size": 2,
+        "read_threads": 2,
+        "file_shuffle": "seed",
+        "sample_shuffle": "seed",
+    },
     "train": {"epochs": 2, "computation_time": 0.001},
 }
 
@@ -56,7 +65,10 @@ def data_files(data_dir: Path) -> list[Path]:
 
 
 def digest_dir(data_dir: Path) -> dict[str, str]:
-    return {str(p.relative_to(data_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in data_files(data_dir)}
+    return {
+        str(p.relative_to(data_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in data_files(data_dir)
+    }
 
 
 # --------------------------------------------------------------------------- formats
@@ -77,12 +89,15 @@ def test_crc32c_known_values():
 @pytest.mark.parametrize("io", ["library", "posix"])
 def test_generate_and_replay_every_format(tmp_path, fmt, io):
     spf = 1 if fmt in ("jpeg", "png") else 2
-    model = make_model(f"dataset.format={fmt}", f"dataset.num_samples_per_file={spf}",
-                       "reader.transfer_size=4096")
+    model = make_model(
+        f"dataset.format={fmt}", f"dataset.num_samples_per_file={spf}", "reader.transfer_size=4096"
+    )
     data = tmp_path / "data"
     gen = generate_dataset(GenerateConfig(model=model, data_dir=data, seed=3, jobs=2))
     assert gen.generated == 6 and (data / MANIFEST_NAME).is_file()
-    res = run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / "out", trace=False, io=io, seed=3))
+    res = run_replay(
+        ReplayConfig(model=model, data_dir=data, out=tmp_path / "out", trace=False, io=io, seed=3)
+    )
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["schema"] == "dlreplay.metrics" and m["complete"] is True and res.complete
     assert m["overall"]["samples"] == 2 * 6 * spf
@@ -94,7 +109,9 @@ def test_generate_and_replay_every_format(tmp_path, fmt, io):
     elif fmt == "indexed_binary":  # plus one 16-byte index entry per sample
         assert m["overall"]["bytes_read"] == 2 * (payload + 16 * 12)
     else:  # libraries read at least the sample (npz/npy/csv/parquet: the whole file per sample)
-        assert m["overall"]["bytes_read"] >= 2 * payload * (0.9 if fmt in ("hdf5", "jpeg", "png") else 1)
+        assert m["overall"]["bytes_read"] >= 2 * payload * (
+            0.9 if fmt in ("hdf5", "jpeg", "png") else 1
+        )
 
 
 @pytest.mark.parametrize("loader", ["builtin", "torch"])
@@ -103,9 +120,15 @@ def test_dlio_record_index_is_written_and_listed(tmp_path, loader):
     ``.sz.idx`` (8-byte offsets and sizes), the manifest lists them (a missing one makes the
     dataset damaged), and the replay reads exactly the records (the index reads, once per
     worker when it starts, are not sample bytes; the traced test in test_dlio_replay counts them)."""
-    model = make_model("dataset.format=indexed_binary", "dataset.num_samples_per_file=2", "dataset.record_length=16384",
-                       "dataset.layout.index=dlio", "reader.file_shuffle=off", "reader.sample_shuffle=off",
-                       "reader.persistent_workers=true")
+    model = make_model(
+        "dataset.format=indexed_binary",
+        "dataset.num_samples_per_file=2",
+        "dataset.record_length=16384",
+        "dataset.layout.index=dlio",
+        "reader.file_shuffle=off",
+        "reader.sample_shuffle=off",
+        "reader.persistent_workers=true",
+    )
     data = tmp_path / "data"
     generate_dataset(GenerateConfig(model=model, data_dir=data, seed=3))
     files = [p for p in data_files(data) if not p.name.endswith(".idx")]
@@ -113,11 +136,18 @@ def test_dlio_record_index_is_written_and_listed(tmp_path, loader):
     for f in files:
         off = np.frombuffer(Path(f"{f}.off.idx").read_bytes(), dtype="<u8")
         sz = np.frombuffer(Path(f"{f}.sz.idx").read_bytes(), dtype="<u8")
-        assert off.tolist() == [0, 16384] and sz.tolist() == [16384, 16384] == [f.stat().st_size // 2] * 2
+        assert (
+            off.tolist() == [0, 16384]
+            and sz.tolist() == [16384, 16384] == [f.stat().st_size // 2] * 2
+        )
         assert not Path(f"{f}.idx").exists()
     manifest = json.loads((data / MANIFEST_NAME).read_text())
     assert all(e["aux"] == {".off.idx": 16, ".sz.idx": 16} for e in manifest["files"])
-    res = run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / "o", trace=False, loader=loader, seed=3))
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=data, out=tmp_path / "o", trace=False, loader=loader, seed=3
+        )
+    )
     payload = sum(f.stat().st_size for f in files)
     assert res.metrics["overall"]["bytes_read"] == 2 * payload  # 2 epochs
     Path(f"{files[0]}.sz.idx").unlink()
@@ -137,8 +167,15 @@ def test_library_bytes_are_what_the_library_reads(tmp_path, loader):
         model = make_model(f"dataset.format={fmt}", "dataset.num_samples_per_file=1")
         data = tmp_path / fmt
         generate_dataset(GenerateConfig(model=model, data_dir=data))
-        run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / f"o-{fmt}-{loader}", trace=False,
-                                loader=loader))
+        run_replay(
+            ReplayConfig(
+                model=model,
+                data_dir=data,
+                out=tmp_path / f"o-{fmt}-{loader}",
+                trace=False,
+                loader=loader,
+            )
+        )
         m = json.loads((tmp_path / f"o-{fmt}-{loader}" / "metrics.json").read_text())
         assert m["loader"] == loader
         files = data_files(data)
@@ -155,14 +192,16 @@ def test_library_bytes_are_what_the_library_reads(tmp_path, loader):
 
 
 def test_tfrecord_framing_is_valid(tmp_path):
-    model = make_model("dataset.format=tfrecord", "dataset.num_files=1", "dataset.num_samples_per_file=3")
+    model = make_model(
+        "dataset.format=tfrecord", "dataset.num_files=1", "dataset.num_samples_per_file=3"
+    )
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
     (path,) = data_files(tmp_path / "d")
     blob, pos, n = path.read_bytes(), 0, 0
     while pos < len(blob):
         (length,) = struct.unpack_from("<Q", blob, pos)
-        assert struct.unpack_from("<I", blob, pos + 8)[0] == masked_crc32c(blob[pos:pos + 8])
-        payload = blob[pos + 12:pos + 12 + length]
+        assert struct.unpack_from("<I", blob, pos + 8)[0] == masked_crc32c(blob[pos : pos + 8])
+        payload = blob[pos + 12 : pos + 12 + length]
         assert struct.unpack_from("<I", blob, pos + 12 + length)[0] == masked_crc32c(payload)
         pos += 16 + length
         n += 1
@@ -184,7 +223,9 @@ def test_generation_is_reproducible_and_sizes_follow_the_model(tmp_path):
 
 
 def test_jpeg_size_approximates_record_length(tmp_path):
-    model = make_model("dataset.format=jpeg", "dataset.num_samples_per_file=1", "dataset.record_length=200000")
+    model = make_model(
+        "dataset.format=jpeg", "dataset.num_samples_per_file=1", "dataset.record_length=200000"
+    )
     generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
     for p in data_files(tmp_path / "d"):
         assert 0.8 * 200000 < p.stat().st_size < 1.2 * 200000
@@ -199,7 +240,11 @@ def test_generate_refuses_foreign_dir_and_keeps_its_files(tmp_path):
     (data / "precious.txt").write_text("keep me")
     proc = run_cli("generate", str(write_model(tmp_path)), "--data-dir", str(data), "--force")
     assert proc.returncode == 1
-    assert "not empty" in proc.stderr and "no dlreplay dataset" in proc.stderr and str(data) in proc.stderr
+    assert (
+        "not empty" in proc.stderr
+        and "no dlreplay dataset" in proc.stderr
+        and str(data) in proc.stderr
+    )
     assert [p.name for p in data.iterdir()] == ["precious.txt"]
 
 
@@ -209,7 +254,9 @@ def test_force_replaces_only_own_files(tmp_path):
     (data / "notes.txt").write_text("mine")
     with pytest.raises(ReplayError, match="another model shape or seed"):
         generate_dataset(GenerateConfig(model=make_model("dataset.num_files=3"), data_dir=data))
-    generate_dataset(GenerateConfig(model=make_model("dataset.num_files=3"), data_dir=data, force=True))
+    generate_dataset(
+        GenerateConfig(model=make_model("dataset.num_files=3"), data_dir=data, force=True)
+    )
     assert (data / "notes.txt").read_text() == "mine"
     assert len(data_files(data)) == 3
 
@@ -223,16 +270,26 @@ def test_incomplete_dataset_is_resumed_not_trusted(tmp_path):
     # simulate an interrupted run: no manifest, journal lists 4 of 6 files, one of them truncated
     (data / MANIFEST_NAME).unlink()
     files = {e["path"]: e for e in manifest["files"][:4]}
-    write_json_atomic(data / JOURNAL_NAME, {k: manifest[k] for k in ("schema", "format_version", "model_digest",
-                                                                     "seed")} | {"files": files})
+    write_json_atomic(
+        data / JOURNAL_NAME,
+        {k: manifest[k] for k in ("schema", "format_version", "model_digest", "seed")}
+        | {"files": files},
+    )
     os.truncate(data / manifest["files"][0]["path"], 10)
     (data / manifest["files"][5]["path"]).unlink()
     with pytest.raises(ReplayError, match="no complete dlreplay dataset"):
-        run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / "o", trace=False, generate=False))
+        run_replay(
+            ReplayConfig(
+                model=model, data_dir=data, out=tmp_path / "o", trace=False, generate=False
+            )
+        )
     res = generate_dataset(GenerateConfig(model=model, data_dir=data))
     assert res.generated == 3 and res.reused == 3
     assert digest_dir(data) == digest_dir(ref)
-    assert not (data / JOURNAL_NAME).exists() and json.loads((data / MANIFEST_NAME).read_text())["complete"]
+    assert (
+        not (data / JOURNAL_NAME).exists()
+        and json.loads((data / MANIFEST_NAME).read_text())["complete"]
+    )
 
 
 def test_generate_cli_and_cache_warning(tmp_path):
@@ -246,11 +303,29 @@ def test_generate_cli_and_cache_warning(tmp_path):
 
 
 def test_invalid_set_names_the_key(tmp_path):
-    proc = run_cli("replay", str(write_model(tmp_path)), "--data-dir", str(tmp_path / "d"), "--no-trace",
-                   "--set", "reader.read_thread=4")
-    assert proc.returncode == 1 and "reader.read_thread" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli("replay", str(write_model(tmp_path)), "--data-dir", str(tmp_path / "d"), "--no-trace",
-                   "--set", "reader.batch_size=-2")
+    proc = run_cli(
+        "replay",
+        str(write_model(tmp_path)),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--no-trace",
+        "--set",
+        "reader.read_thread=4",
+    )
+    assert (
+        proc.returncode == 1
+        and "reader.read_thread" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
+    proc = run_cli(
+        "replay",
+        str(write_model(tmp_path)),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--no-trace",
+        "--set",
+        "reader.batch_size=-2",
+    )
     assert proc.returncode == 1 and "reader.batch_size" in proc.stderr
 
 
@@ -272,29 +347,49 @@ def test_shuffle_orders_differ_across_epochs_and_repeat_with_seed(tmp_path):
     data = tmp_path / "d"
     orders = []
     for run in ("a", "b"):
-        run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / run, trace=False, record_order=True))
+        run_replay(
+            ReplayConfig(
+                model=model, data_dir=data, out=tmp_path / run, trace=False, record_order=True
+            )
+        )
         orders.append(json.loads((tmp_path / run / "sample-order.json").read_text())["0"])
     a, b = orders
     assert sorted(a["1"]) == sorted(a["2"]) == list(range(12))
     assert a["1"] != a["2"]
     assert a == b
     reseeded = apply_overrides(model, ["reader.shuffle_seed=99"])
-    run_replay(ReplayConfig(model=reseeded, data_dir=data, out=tmp_path / "c", trace=False, record_order=True))
+    run_replay(
+        ReplayConfig(
+            model=reseeded, data_dir=data, out=tmp_path / "c", trace=False, record_order=True
+        )
+    )
     c = json.loads((tmp_path / "c" / "sample-order.json").read_text())["0"]
     assert c["1"] != a["1"]
     off = apply_overrides(model, ["reader.file_shuffle=off", "reader.sample_shuffle=off"])
-    run_replay(ReplayConfig(model=off, data_dir=data, out=tmp_path / "d0", trace=False, record_order=True))
+    run_replay(
+        ReplayConfig(model=off, data_dir=data, out=tmp_path / "d0", trace=False, record_order=True)
+    )
     d0 = json.loads((tmp_path / "d0" / "sample-order.json").read_text())["0"]
     assert d0["1"] == d0["2"] == list(range(12))
 
 
 @pytest.mark.parametrize("kind,workers", [("process", 0), ("process", 3), ("thread", 2)])
 def test_workers_return_batches_in_order(tmp_path, kind, workers):
-    model = make_model("dataset.format=raw", "reader.file_shuffle=off", "reader.sample_shuffle=off",
-                       f"reader.worker_kind={kind}", f"reader.read_threads={workers}", "reader.batch_size=1",
-                       "reader.open_per_sample=false", "train.computation_time=0")
-    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                            record_order=True))
+    model = make_model(
+        "dataset.format=raw",
+        "reader.file_shuffle=off",
+        "reader.sample_shuffle=off",
+        f"reader.worker_kind={kind}",
+        f"reader.read_threads={workers}",
+        "reader.batch_size=1",
+        "reader.open_per_sample=false",
+        "train.computation_time=0",
+    )
+    run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, record_order=True
+        )
+    )
     order = json.loads((tmp_path / "o" / "sample-order.json").read_text())["0"]
     assert order["1"] == list(range(12))
 
@@ -304,9 +399,16 @@ def test_sleep_accuracy_au(tmp_path):
 
     The builtin loader, whose batches cost nothing to hand over: this checks the sleeps, not
     PyTorch's worker-to-main transfer (which a torch replay spends on purpose)."""
-    model = make_model("dataset.format=raw", "dataset.num_files=12", "dataset.num_samples_per_file=1",
-                       "dataset.record_length=512", "reader.batch_size=1", "reader.read_threads=1",
-                       "train.epochs=1", "train.computation_time=0.05")
+    model = make_model(
+        "dataset.format=raw",
+        "dataset.num_files=12",
+        "dataset.num_samples_per_file=1",
+        "dataset.record_length=512",
+        "reader.batch_size=1",
+        "reader.read_threads=1",
+        "train.epochs=1",
+        "train.computation_time=0.05",
+    )
     data = tmp_path / "d"
     # Up to 3 runs: on a VM, hypervisor CPU steal can stretch single sleeps by tens of ms
     # (measured here: up to 68 ms on a 50 ms sleep); a systematic error fails every run.
@@ -317,8 +419,15 @@ def test_sleep_accuracy_au(tmp_path):
     # both to end the retries.
     errors = []
     for attempt in range(3):
-        res = run_replay(ReplayConfig(model=model, data_dir=data, out=tmp_path / f"o{attempt}", trace=False,
-                                      loader="builtin"))
+        res = run_replay(
+            ReplayConfig(
+                model=model,
+                data_dir=data,
+                out=tmp_path / f"o{attempt}",
+                trace=False,
+                loader="builtin",
+            )
+        )
         o = res.metrics["overall"]
         modelled_share = 100.0 * o["modelled_compute_s"] / o["window_s"]
         errors.append(abs(o["au_percent"] - modelled_share))
@@ -331,11 +440,24 @@ def test_sleep_accuracy_au(tmp_path):
 
 
 def test_checkpoints_are_written_and_removed(tmp_path):
-    model = make_model("dataset.format=raw", "checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2",
-                       "checkpoint.bytes_per_checkpoint=3000000", "checkpoint.files_per_checkpoint=2",
-                       "checkpoint.fsync=true", "checkpoint.write_transfer_size=1048576")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  keep_checkpoints=True))
+    model = make_model(
+        "dataset.format=raw",
+        "checkpoint.enabled=true",
+        "checkpoint.steps_between_checkpoints=2",
+        "checkpoint.bytes_per_checkpoint=3000000",
+        "checkpoint.files_per_checkpoint=2",
+        "checkpoint.fsync=true",
+        "checkpoint.write_transfer_size=1048576",
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=model,
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o",
+            trace=False,
+            keep_checkpoints=True,
+        )
+    )
     assert res.metrics["overall"]["checkpoint_bytes"] == 6 * 3000000  # every 2nd of 12 steps
     parts = sorted((tmp_path / "o" / "checkpoints").rglob("*.bin"))
     assert len(parts) == 12 and sum(p.stat().st_size for p in parts) == 18000000
@@ -345,8 +467,17 @@ def test_checkpoints_are_written_and_removed(tmp_path):
 
 def test_local_accelerators_shard_and_aggregate(tmp_path):
     model = make_model("dataset.format=raw", "reader.file_shuffle=off", "reader.sample_shuffle=off")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  accelerators=2, record_order=True, io="posix"))
+    res = run_replay(
+        ReplayConfig(
+            model=model,
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o",
+            trace=False,
+            accelerators=2,
+            record_order=True,
+            io="posix",
+        )
+    )
     m = res.metrics
     assert m["accelerators"] == 2 and len(m["ranks"]) == 2 and m["complete"]
     order = json.loads((tmp_path / "o" / "sample-order.json").read_text())
@@ -358,31 +489,76 @@ def test_local_accelerators_shard_and_aggregate(tmp_path):
 def test_accelerators_default_to_the_traced_ranks(tmp_path):
     """A model distilled from a 2-rank job replays on 2 accelerators unless told otherwise:
     on one, a DLIO-ordered replay read half the job's data (its steps are per rank)."""
-    model = make_model("dataset.format=raw", "processes.ranks=2", "reader.sample_order=dlio",
-                       "reader.drop_last=true")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, io="posix"))
+    model = make_model(
+        "dataset.format=raw",
+        "processes.ranks=2",
+        "reader.sample_order=dlio",
+        "reader.drop_last=true",
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, io="posix"
+        )
+    )
     m = res.metrics
     assert m["accelerators"] == 2 and len(m["ranks"]) == 2 and m["complete"]
     payload = sum(p.stat().st_size for p in data_files(tmp_path / "d"))
     assert m["overall"]["bytes_read"] == 2 * payload  # every sample once per epoch, 2 epochs
-    one = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o1", trace=False,
-                                  io="posix", accelerators=1)).metrics
+    one = run_replay(
+        ReplayConfig(
+            model=model,
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o1",
+            trace=False,
+            io="posix",
+            accelerators=1,
+        )
+    ).metrics
     assert one["accelerators"] == 1 and one["overall"]["bytes_read"] == 2 * payload
-    proc = run_cli("replay", str(write_model(tmp_path, "processes.ranks=2")), "--data-dir", str(tmp_path / "d2"),
-                   "--no-trace", "--out", str(tmp_path / "o2"), "--epochs", "1", "--au-threshold", "1")
+    proc = run_cli(
+        "replay",
+        str(write_model(tmp_path, "processes.ranks=2")),
+        "--data-dir",
+        str(tmp_path / "d2"),
+        "--no-trace",
+        "--out",
+        str(tmp_path / "o2"),
+        "--epochs",
+        "1",
+        "--au-threshold",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "2 accelerators, as many as the traced job's ranks" in proc.stderr
     assert json.loads((tmp_path / "o2" / "metrics.json").read_text())["accelerators"] == 2
 
 
 def test_replay_cli_no_trace(tmp_path):
-    proc = run_cli("replay", str(write_model(tmp_path)), "--data-dir", str(tmp_path / "d"), "--no-trace",
-                   "--out", str(tmp_path / "o"), "--epochs", "1", "--au-threshold", "1")
+    proc = run_cli(
+        "replay",
+        str(write_model(tmp_path)),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--no-trace",
+        "--out",
+        str(tmp_path / "o"),
+        "--epochs",
+        "1",
+        "--au-threshold",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "AU %" in proc.stdout and "PASS" in proc.stdout and "metrics:" in proc.stdout
     assert json.loads((tmp_path / "o" / "metrics.json").read_text())["epochs_planned"] == 1
-    again = run_cli("replay", str(write_model(tmp_path)), "--data-dir", str(tmp_path / "d"), "--no-trace",
-                    "--out", str(tmp_path / "o"))
+    again = run_cli(
+        "replay",
+        str(write_model(tmp_path)),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--no-trace",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert again.returncode == 1 and "not empty" in again.stderr
 
 
@@ -397,8 +573,13 @@ def test_traced_replay_matches_its_trace(tmp_path):
         pytest.skip(f"dlreplay.analyze.load not importable: {exc}")
     import polars as pl
 
-    model = write_model(tmp_path, "checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=3",
-                        "checkpoint.bytes_per_checkpoint=2000000", "checkpoint.fsync=true")
+    model = write_model(
+        tmp_path,
+        "checkpoint.enabled=true",
+        "checkpoint.steps_between_checkpoints=3",
+        "checkpoint.bytes_per_checkpoint=2000000",
+        "checkpoint.fsync=true",
+    )
     data, out = tmp_path / "data", tmp_path / "trace"
     proc = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -407,8 +588,10 @@ def test_traced_replay_matches_its_trace(tmp_path):
     assert manifest["status"] == "complete"
     metrics = json.loads((out / "metrics.json").read_text())
     events = load(out)
-    reads = events.filter(pl.col("name").is_in(["read", "pread", "pread64", "readv", "preadv"])
-                          & pl.col("file").cat.starts_with(str(data.resolve() / "train")))
+    reads = events.filter(
+        pl.col("name").is_in(["read", "pread", "pread64", "readv", "preadv"])
+        & pl.col("file").cat.starts_with(str(data.resolve() / "train"))
+    )
     assert reads["size"].sum() == metrics["overall"]["bytes_read"] > 0
     fsyncs = events.filter(pl.col("name").is_in(["fsync", "fdatasync"]))
     assert fsyncs.height >= 2  # checkpoints at steps 3 and 6 of 6
@@ -424,9 +607,28 @@ def test_mpi_two_ranks_aggregate(tmp_path):
     model = write_model(tmp_path, "dataset.format=raw")
     data, out = tmp_path / "d", tmp_path / "o"
     generate_dataset(GenerateConfig(model=make_model("dataset.format=raw"), data_dir=data))
-    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "dlreplay", "replay", str(model),
-                           "--data-dir", str(data), "--out", str(out), "--no-trace", "--io", "posix"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            str(mpiexec),
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "dlreplay",
+            "replay",
+            str(model),
+            "--data-dir",
+            str(data),
+            "--out",
+            str(out),
+            "--no-trace",
+            "--io",
+            "posix",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     check_no_traceback(proc.stdout, proc.stderr)
     m = json.loads((out / "metrics.json").read_text())
@@ -437,8 +639,10 @@ def test_mpi_two_ranks_aggregate(tmp_path):
 
 
 def test_module_does_not_import_torch(tmp_path):
-    code = ("import sys; from dlreplay.replay import engine, loader, formats; "
-            "assert 'torch' not in sys.modules")
+    code = (
+        "import sys; from dlreplay.replay import engine, loader, formats; "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -449,7 +653,11 @@ def test_unreplayed_model_parts_are_reported(tmp_path):
     from dlreplay.model import Evaluation
 
     model = make_model("dataset.format=raw")
-    model = dataclasses.replace(model, train=dataclasses.replace(model.train, evaluation=Evaluation(steps=2)))
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False))
+    model = dataclasses.replace(
+        model, train=dataclasses.replace(model.train, evaluation=Evaluation(steps=2))
+    )
+    res = run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False)
+    )
     assert any("evaluation" in w for w in res.warnings)
     assert any("evaluation" in w for w in res.metrics["warnings"])

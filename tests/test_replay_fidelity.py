@@ -23,12 +23,24 @@ BASE = {
     "format_version": 1,
     "model": {"name": "fidelity"},
     "dataset": {"format": "raw", "num_files": 8, "num_samples_per_file": 1, "record_length": 2048},
-    "reader": {"batch_size": 2, "read_threads": 2, "file_shuffle": "seed", "sample_shuffle": "seed"},
+    "reader": {
+        "batch_size": 2,
+        "read_threads": 2,
+        "file_shuffle": "seed",
+        "sample_shuffle": "seed",
+    },
     "train": {"epochs": 3, "computation_time": 0.0},
 }
 
-LOADERS = ["builtin", pytest.param("torch", marks=pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"))]
+LOADERS = [
+    "builtin",
+    pytest.param(
+        "torch",
+        marks=pytest.mark.skipif(
+            __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+        ),
+    ),
+]
 
 
 def make_model(*sets: str):
@@ -42,8 +54,11 @@ def make_model(*sets: str):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_pids_per_epoch_follow_persistent_workers(tmp_path, loader, persistent):
     model = make_model(f"reader.persistent_workers={str(persistent).lower()}")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  loader=loader))
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader=loader
+        )
+    )
     assert res.metrics["loader"] == loader
     pids = [frozenset(e["worker_pids"]) for e in res.metrics["epochs"]]
     assert len(pids) == 3 and all(len(p) == 2 for p in pids)  # both workers read in every epoch
@@ -56,8 +71,16 @@ def test_worker_pids_per_epoch_follow_persistent_workers(tmp_path, loader, persi
 @pytest.mark.parametrize("loader", LOADERS)
 def test_both_loaders_read_the_planned_order(tmp_path, loader):
     model = make_model("reader.read_threads=3", "reader.batch_size=1", "dataset.num_files=9")
-    run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                            record_order=True, loader=loader))
+    run_replay(
+        ReplayConfig(
+            model=model,
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o",
+            trace=False,
+            record_order=True,
+            loader=loader,
+        )
+    )
     order = json.loads((tmp_path / "o" / "sample-order.json").read_text())["0"]
     plan = RankPlan(model, None, 0, 1, 0, "", False)  # type: ignore[arg-type]
     for e in (1, 2, 3):
@@ -66,7 +89,9 @@ def test_both_loaders_read_the_planned_order(tmp_path, loader):
 
 def test_loader_choice():
     m = make_model()
-    assert choose_loader(ReplayConfig(model=m, data_dir=Path("x"), loader="builtin"))[0] == "builtin"
+    assert (
+        choose_loader(ReplayConfig(model=m, data_dir=Path("x"), loader="builtin"))[0] == "builtin"
+    )
     thread = make_model("reader.worker_kind=thread")
     assert choose_loader(ReplayConfig(model=thread, data_dir=Path("x")))[0] == "builtin"
     tf = make_model("framework=tensorflow", "reader.data_loader=tensorflow")
@@ -78,15 +103,28 @@ def test_loader_choice():
 
 
 def _component_model():
-    m = make_model("reader.read_threads=1", "reader.persistent_workers=false", "reader.sample_shuffle=off",
-                   "reader.file_shuffle=off", "train.computation_time=0.002",
-                   "train.warmup_computation_time=[0.02, 0.01]", "train.epoch_warmup_computation_time=[0.015]",
-                   "train.epoch_end_time=0.01", "reader.preprocess_time=0.001",
-                   "checkpoint.enabled=true", "checkpoint.epochs_between_checkpoints=1",
-                   "checkpoint.bytes_per_checkpoint=100000", "checkpoint.serialization_time=0.005",
-                   "dataset.num_files_eval=4")
-    return dataclasses.replace(m, train=dataclasses.replace(
-        m.train, evaluation=Evaluation(steps=2, computation_time=Distribution.fixed(0.003))))
+    m = make_model(
+        "reader.read_threads=1",
+        "reader.persistent_workers=false",
+        "reader.sample_shuffle=off",
+        "reader.file_shuffle=off",
+        "train.computation_time=0.002",
+        "train.warmup_computation_time=[0.02, 0.01]",
+        "train.epoch_warmup_computation_time=[0.015]",
+        "train.epoch_end_time=0.01",
+        "reader.preprocess_time=0.001",
+        "checkpoint.enabled=true",
+        "checkpoint.epochs_between_checkpoints=1",
+        "checkpoint.bytes_per_checkpoint=100000",
+        "checkpoint.serialization_time=0.005",
+        "dataset.num_files_eval=4",
+    )
+    return dataclasses.replace(
+        m,
+        train=dataclasses.replace(
+            m.train, evaluation=Evaluation(steps=2, computation_time=Distribution.fixed(0.003))
+        ),
+    )
 
 
 @pytest.mark.slow
@@ -99,7 +137,16 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
     path = tmp_path / "model.yaml"
     save_model(model, path)
     out = tmp_path / "trace"
-    proc = run_cli("replay", str(path), "--data-dir", str(tmp_path / "d"), "--out", str(out), "--loader", loader)
+    proc = run_cli(
+        "replay",
+        str(path),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--out",
+        str(out),
+        "--loader",
+        loader,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["loader"] == loader
@@ -120,7 +167,9 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
     assert count(voc.EPOCH) == epochs
     assert count(voc.FETCH) == epochs * (steps + 1)  # each epoch's end probe too
     assert voc.training_steps(ann).height == epochs * steps
-    assert named("compute", "warmup") == 2 + (epochs - 1) * 1  # the run's 2 warm-up steps, each later epoch's 1
+    assert (
+        named("compute", "warmup") == 2 + (epochs - 1) * 1
+    )  # the run's 2 warm-up steps, each later epoch's 1
     assert named("pipeline", "epoch_end") == epochs
     assert count(voc.EVALUATE) == epochs
     assert count(voc.CKPT_SAVE) == epochs
@@ -132,8 +181,10 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
     assert (s["ts"].to_numpy() >= e["end"].to_numpy()).all()
     # the checkpoint files are deleted after the trace ends: their deletion is not the workload's I/O
     assert not (out / "checkpoints").exists()
-    gone = ev.filter(pl.col("name").cast(pl.String).is_in(["unlink", "unlinkat", "rmdir"])
-                     & pl.col("file").cast(pl.String).str.contains("/checkpoints/"))
+    gone = ev.filter(
+        pl.col("name").cast(pl.String).is_in(["unlink", "unlinkat", "rmdir"])
+        & pl.col("file").cast(pl.String).str.contains("/checkpoints/")
+    )
     assert gone.height == 0, gone
     # the replay's own distill gives the components back
     from dlreplay.analyze.distill import distill
@@ -147,8 +198,11 @@ def test_every_timing_component_is_in_the_replay_trace(tmp_path, loader):
 
 def test_components_in_metrics_without_trace(tmp_path):
     model = _component_model()
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  loader="builtin"))
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader="builtin"
+        )
+    )
     for e in res.metrics["epochs"]:
         assert e["epoch_end_s"] > 0 and e["evaluation_s"] > 0 and e["checkpoint_s"] > 0
         assert e["checkpoint_bytes"] == 100000
@@ -156,10 +210,24 @@ def test_components_in_metrics_without_trace(tmp_path):
 
 
 def test_au_first_steps(tmp_path):
-    run_first = run_replay(ReplayConfig(model=make_model(), data_dir=tmp_path / "d", out=tmp_path / "a",
-                                        trace=False, loader="builtin"))
-    every_epoch = run_replay(ReplayConfig(model=make_model("train.au_first_steps=epoch"), data_dir=tmp_path / "d",
-                                          out=tmp_path / "b", trace=False, loader="builtin"))
+    run_first = run_replay(
+        ReplayConfig(
+            model=make_model(),
+            data_dir=tmp_path / "d",
+            out=tmp_path / "a",
+            trace=False,
+            loader="builtin",
+        )
+    )
+    every_epoch = run_replay(
+        ReplayConfig(
+            model=make_model("train.au_first_steps=epoch"),
+            data_dir=tmp_path / "d",
+            out=tmp_path / "b",
+            trace=False,
+            loader="builtin",
+        )
+    )
     assert [e["samples"] for e in run_first.metrics["epochs"]] == [8, 8, 8]
     window = [e["samples_per_s"] is not None for e in every_epoch.metrics["epochs"]]
     assert all(window)
@@ -192,7 +260,9 @@ def test_reads_per_jpeg_match_the_jobs_loader(tmp_path, buffering):
         with open(path, "rb", buffering=mode) as fh:  # torchvision.datasets.folder.pil_loader
             Image.open(fh).convert("RGB")
 
-    for _ in range(2):  # Pillow imports its format plugins on first use: those reads are not the file's
+    for _ in range(
+        2
+    ):  # Pillow imports its format plugins on first use: those reads are not the file's
         job_loader(files[0])
         reader.read_decoded(str(files[0]), 0, None)
     for f in files:
@@ -216,7 +286,9 @@ def test_npz_is_read_as_numpy_load_on_the_path(tmp_path):
     generate_dataset(GenerateConfig(model=model, data_dir=data))
     f = sorted((data / "train").rglob("*.npz"))[0]
     meter, reader = ReadMeter(), LibraryReader("npz", True)
-    with np.load(f) as z:  # first use imports (zipfile, numpy's format module): not the file's reads
+    with np.load(
+        f
+    ) as z:  # first use imports (zipfile, numpy's format module): not the file's reads
         z["x"]
     reader.read_decoded(str(f), 0, None)
     meter.start()
@@ -231,7 +303,9 @@ def test_npz_is_read_as_numpy_load_on_the_path(tmp_path):
 # --------------------------------------------------------------------------- DLIO
 
 
-def _dlio_sampler_reference(rank: int, size: int, num_samples: int, shuffle: str, seed: int, epochs: int):
+def _dlio_sampler_reference(
+    rank: int, size: int, num_samples: int, shuffle: str, seed: int, epochs: int
+):
     """DLIO 2.0.0's ``dlio_sampler.__iter__``, line for line (numpy's global generator)."""
     per = int(math.ceil(num_samples / size))
     indices = list(range(rank * per, (rank + 1) * per))
@@ -251,9 +325,15 @@ def _dlio_sampler_reference(rank: int, size: int, num_samples: int, shuffle: str
 
 @pytest.mark.parametrize("shuffle", ["off", "seed"])
 def test_dlio_sample_order_is_dlios(shuffle):
-    m = make_model("reader.sample_order=dlio", f"reader.sample_shuffle={shuffle}", "reader.file_shuffle=seed",
-                   "reader.shuffle_seed=7", "dataset.num_files=10", "dataset.num_samples_per_file=2",
-                   "reader.batch_size=3")
+    m = make_model(
+        "reader.sample_order=dlio",
+        f"reader.sample_shuffle={shuffle}",
+        "reader.file_shuffle=seed",
+        "reader.shuffle_seed=7",
+        "dataset.num_files=10",
+        "dataset.num_samples_per_file=2",
+        "reader.batch_size=3",
+    )
     for rank in (0, 1):
         plan = RankPlan(m, None, rank, 2, 0, "", False)  # type: ignore[arg-type]
         ref = _dlio_sampler_reference(rank, 2, 20, shuffle, 7, 3)
@@ -270,16 +350,31 @@ def test_dlio_sample_order_is_dlios(shuffle):
 def test_dlio_import_replays_the_way_dlio_runs(tmp_path):
     from dlreplay.dlio import dlio_to_model
 
-    cfg = {"framework": "pytorch", "dataset": {"format": "npz", "num_files_train": 8, "record_length_bytes": 4096},
-           "reader": {"data_loader": "pytorch", "read_threads": 2, "batch_size": 2, "file_shuffle": "seed",
-                      "sample_shuffle": "seed"},
-           "train": {"epochs": 2, "computation_time": 0.001}}
+    cfg = {
+        "framework": "pytorch",
+        "dataset": {"format": "npz", "num_files_train": 8, "record_length_bytes": 4096},
+        "reader": {
+            "data_loader": "pytorch",
+            "read_threads": 2,
+            "batch_size": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
+        "train": {"epochs": 2, "computation_time": 0.001},
+    }
     m = dlio_to_model(cfg)
     rd = m.reader
-    assert (rd.persistent_workers, rd.pin_memory, rd.drop_last, rd.sample_order) == (True, True, True, "dlio")
+    assert (rd.persistent_workers, rd.pin_memory, rd.drop_last, rd.sample_order) == (
+        True,
+        True,
+        True,
+        "dlio",
+    )
     assert m.train.au_first_steps == "epoch"
     assert any("file_shuffle" in n for n in m.provenance.notes)
-    res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False))
+    res = run_replay(
+        ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False)
+    )
     assert res.metrics["complete"] and res.metrics["overall"]["samples"] == 16
     # the user overrides: the PyTorch default order and non-persistent workers
     mine = apply_overrides(m, ["reader.sample_order=pytorch", "reader.persistent_workers=false"])
@@ -291,9 +386,19 @@ def test_dlio_import_replays_the_way_dlio_runs(tmp_path):
 
 def _events(rows: list[tuple]) -> pl.DataFrame:
     cols = ("cat", "name", "ts", "dur", "epoch", "step", "batch_size")
-    return pl.DataFrame([dict(zip(cols, r, strict=True)) | {"pid": 1} for r in rows],
-                        schema={"cat": pl.Utf8, "name": pl.Utf8, "ts": pl.Int64, "dur": pl.Int64,
-                                "epoch": pl.Int64, "step": pl.Int64, "batch_size": pl.Int64, "pid": pl.Int64})
+    return pl.DataFrame(
+        [dict(zip(cols, r, strict=True)) | {"pid": 1} for r in rows],
+        schema={
+            "cat": pl.Utf8,
+            "name": pl.Utf8,
+            "ts": pl.Int64,
+            "dur": pl.Int64,
+            "epoch": pl.Int64,
+            "step": pl.Int64,
+            "batch_size": pl.Int64,
+            "pid": pl.Int64,
+        },
+    )
 
 
 def test_timing_model_attributes_every_microsecond():
@@ -304,27 +409,46 @@ def test_timing_model_attributes_every_microsecond():
     from dlreplay.analyze.distill import timing_model
 
     F, B = ("dataloader", "fetch.iter"), ("dataloader", "fetch.block")
-    rows = [("pipeline", "epoch", 0, 10_000, 0, None, None),
-            (*F, 1_000, 1_000, 0, 0, 4), (*B, 2_000, 3_000, 0, 0, None),
-            (*F, 5_000, 500, 0, 1, 4), (*B, 5_500, 1_000, 0, 1, None),
-            (*F, 6_500, 500, 0, 2, 4), (*B, 7_000, 1_000, 0, 2, None),
-            ("dataloader", "fetch.stop", 8_000, 1_500, 0, 3, 0),
-            ("checkpoint", "capture", 10_200, 800, None, None, None),
-            ("pipeline", "epoch", 12_000, 8_000, 1, None, None),
-            (*F, 12_500, 500, 1, 0, 4), (*B, 13_000, 3_500, 1, 0, None),
-            (*F, 16_500, 500, 1, 1, 4), (*B, 17_000, 1_000, 1, 1, None),
-            (*F, 18_000, 500, 1, 2, 4), (*B, 18_500, 1_000, 1, 2, None),
-            ("dataloader", "fetch.stop", 19_500, 500, 1, 3, 0),
-            ("checkpoint", "capture", 20_100, 900, None, None, None)]
+    rows = [
+        ("pipeline", "epoch", 0, 10_000, 0, None, None),
+        (*F, 1_000, 1_000, 0, 0, 4),
+        (*B, 2_000, 3_000, 0, 0, None),
+        (*F, 5_000, 500, 0, 1, 4),
+        (*B, 5_500, 1_000, 0, 1, None),
+        (*F, 6_500, 500, 0, 2, 4),
+        (*B, 7_000, 1_000, 0, 2, None),
+        ("dataloader", "fetch.stop", 8_000, 1_500, 0, 3, 0),
+        ("checkpoint", "capture", 10_200, 800, None, None, None),
+        ("pipeline", "epoch", 12_000, 8_000, 1, None, None),
+        (*F, 12_500, 500, 1, 0, 4),
+        (*B, 13_000, 3_500, 1, 0, None),
+        (*F, 16_500, 500, 1, 1, 4),
+        (*B, 17_000, 1_000, 1, 1, None),
+        (*F, 18_000, 500, 1, 2, 4),
+        (*B, 18_500, 1_000, 1, 2, None),
+        ("dataloader", "fetch.stop", 19_500, 500, 1, 3, 0),
+        ("checkpoint", "capture", 20_100, 900, None, None, None),
+    ]
     ev = voc.ensure_roles(_events(rows))
     ann = ev.filter(pl.col("role").is_not_null())
     fetch = ann.filter(pl.col("role") == voc.FETCH)
-    t = timing_model(voc.training_steps(ann), voc.epoch_spans(ann),
-                     fetch.filter(pl.col("batch_size").fill_null(1) == 0), ann.filter(pl.col("role") == voc.CKPT_SAVE))
+    t = timing_model(
+        voc.training_steps(ann),
+        voc.epoch_spans(ann),
+        fetch.filter(pl.col("batch_size").fill_null(1) == 0),
+        ann.filter(pl.col("role") == voc.CKPT_SAVE),
+    )
     assert t is not None
     ms = {k: round(v * 1e3, 6) for k, v in t.components.items()}
-    assert ms == {"epoch_start": 3.0, "fetch_wait": 4.0, "step_compute": 7.5, "warmup_compute": 3.0,
-                  "checkpoint": 1.7, "epoch_end": 1.3, "unattributed": 0.5}
+    assert ms == {
+        "epoch_start": 3.0,
+        "fetch_wait": 4.0,
+        "step_compute": 7.5,
+        "warmup_compute": 3.0,
+        "checkpoint": 1.7,
+        "epoch_end": 1.3,
+        "unattributed": 0.5,
+    }
     assert round(t.total_s * 1e3, 6) == 21.0 == round(sum(ms.values()), 6)
     assert t.warmup_computation_time == [0.003]
     assert t.epoch_warmup_computation_time == [0.0035]
@@ -343,7 +467,9 @@ def test_runnable_seconds_counts_a_decode_right_after_a_sleep() -> None:
 
     from dlreplay.replay.loader import runnable_seconds
 
-    packed = zlib.compress(np.random.default_rng(0).integers(0, 4, 4 << 20, dtype=np.uint8).tobytes())
+    packed = zlib.compress(
+        np.random.default_rng(0).integers(0, 4, 4 << 20, dtype=np.uint8).tobytes()
+    )
     for _ in range(20):
         time.sleep(0.002)
         r0, c0 = runnable_seconds(), time.thread_time()
@@ -356,7 +482,9 @@ def test_runnable_seconds_counts_a_decode_right_after_a_sleep() -> None:
         assert r1 - r0 >= cpu - 500e-6
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+)
 def test_batches_hold_the_jobs_tensor_count(tmp_path):
     """Every tensor of a job's batch is one more worker -> main handover (its shared-memory
     file descriptor); the torch replay hands over as many, and its own trace says so."""
@@ -367,7 +495,16 @@ def test_batches_hold_the_jobs_tensor_count(tmp_path):
     path = tmp_path / "model.yaml"
     save_model(make_model("reader.batch_tensors=4"), path)
     out = tmp_path / "trace"
-    proc = run_cli("replay", str(path), "--data-dir", str(tmp_path / "d"), "--out", str(out), "--loader", "torch")
+    proc = run_cli(
+        "replay",
+        str(path),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--out",
+        str(out),
+        "--loader",
+        "torch",
+    )
     assert proc.returncode == 0, proc.stderr
     lt = load_trace(out)
     fetched = lt.events.filter((pl.col("name") == "fetch.iter") & (pl.col("batch_size") > 0))
@@ -375,7 +512,9 @@ def test_batches_hold_the_jobs_tensor_count(tmp_path):
     assert distill(lt.events, manifest=lt.manifest).reader.batch_tensors == 4
 
 
-@pytest.mark.parametrize("loader", ["builtin", pytest.param("torch", marks=[pytest.mark.slow, *LOADERS[1].marks])])
+@pytest.mark.parametrize(
+    "loader", ["builtin", pytest.param("torch", marks=[pytest.mark.slow, *LOADERS[1].marks])]
+)
 def test_workers_start_as_the_jobs_did(tmp_path, loader):
     """A job whose workers were spawned (a new interpreter each, importing its modules again at
     every epoch's start) is replayed with spawned workers; distill tells it from the trace."""
@@ -383,14 +522,24 @@ def test_workers_start_as_the_jobs_did(tmp_path, loader):
     from dlreplay.analyze.distill import distill
 
     model = make_model("reader.multiprocessing_context=spawn", "train.epochs=2")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=True,
-                                  loader=loader))
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=True, loader=loader
+        )
+    )
     assert res.complete and res.metrics["loader"] == loader
     lt = load_trace(tmp_path / "o")
     assert distill(lt.events, manifest=lt.manifest).reader.multiprocessing_context == "spawn"
     # and the default, forked workers, is told as well
-    res = run_replay(ReplayConfig(model=make_model("train.epochs=2"), data_dir=tmp_path / "d", out=tmp_path / "f",
-                                  trace=True, loader=loader))
+    res = run_replay(
+        ReplayConfig(
+            model=make_model("train.epochs=2"),
+            data_dir=tmp_path / "d",
+            out=tmp_path / "f",
+            trace=True,
+            loader=loader,
+        )
+    )
     lt = load_trace(tmp_path / "f")
     assert distill(lt.events, manifest=lt.manifest).reader.multiprocessing_context == "fork"
 
@@ -398,7 +547,9 @@ def test_workers_start_as_the_jobs_did(tmp_path, loader):
 # --------------------------------------------------------------------------- the step's own overhead
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_arrival_stamp_is_when_torch_had_the_batch(persistent: bool) -> None:
     """The torch loader counts a step from when torch had its batch (the iterator's
@@ -412,8 +563,9 @@ def test_arrival_stamp_is_when_torch_had_the_batch(persistent: bool) -> None:
 
     from dlreplay.replay.torchloader import arrival_stamps as _arrival_stamps
 
-    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=1,
-                                         persistent_workers=persistent)
+    loader = torch.utils.data.DataLoader(
+        list(range(8)), batch_size=2, num_workers=1, persistent_workers=persistent
+    )
     seen_lists = []
     for _epoch in range(2):
         it = iter(loader)
@@ -445,9 +597,14 @@ def test_host_cpu_work_leaves_time_to_repay_earlier_overruns(tmp_path, monkeypat
         self.debt = 10.0
 
     monkeypatch.setattr(engine._Sleeper, "__init__", indebted)
-    model = make_model("train.computation_time=0.02", "train.computation_host_cpu=0.01", "train.epochs=1")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  loader="builtin"))
+    model = make_model(
+        "train.computation_time=0.02", "train.computation_host_cpu=0.01", "train.epochs=1"
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader="builtin"
+        )
+    )
     (ep,) = res.metrics["epochs"]
     assert ep["modelled_host_cpu_s"] > 0 and ep["host_cpu_s"] == 0.0
 
@@ -468,10 +625,22 @@ def test_a_checkpoint_of_unknown_size_is_its_time_alone(tmp_path):
     assert m.checkpoint.serialization_time.mean == pytest.approx(saves["dur"].mean() * 1e-6)
     assert m.provenance.fields["checkpoint.serialization_time"].confidence == "measured"
 
-    model = make_model("checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2",
-                       "checkpoint.bytes_per_checkpoint=0", "checkpoint.serialization_time=0.02")
-    res = run_replay(ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False,
-                                  loader="builtin", keep_checkpoints=True))
+    model = make_model(
+        "checkpoint.enabled=true",
+        "checkpoint.steps_between_checkpoints=2",
+        "checkpoint.bytes_per_checkpoint=0",
+        "checkpoint.serialization_time=0.02",
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=model,
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o",
+            trace=False,
+            loader="builtin",
+            keep_checkpoints=True,
+        )
+    )
     saves_per_epoch = steps_per_epoch(model, 1) // 2
     for e in res.metrics["epochs"]:
         assert e["checkpoint_bytes"] == 0

@@ -60,8 +60,21 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 def test_view_listens_on_loopback_only(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "view", str(TRACES / "npz_spawn"), "--port", "0",
-                             "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dlreplay",
+            "view",
+            str(TRACES / "npz_spawn"),
+            "--port",
+            "0",
+            "--no-browser",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         port, text, deadline = None, "", time.monotonic() + 120
@@ -71,7 +84,9 @@ def test_view_listens_on_loopback_only(tmp_path: Path) -> None:
                 text += line
                 m = re.search(r"on 127\.0\.0\.1:(\d+)", line)
                 port = int(m.group(1)) if m else None
-        assert port, f"no 'serving ... on 127.0.0.1:PORT' line:\n{text}{proc.stderr.read() if proc.poll() else ''}"
+        assert port, (
+            f"no 'serving ... on 127.0.0.1:PORT' line:\n{text}{proc.stderr.read() if proc.poll() else ''}"
+        )
         assert _listening_addresses(port) == {"127.0.0.1"}  # not 0.0.0.0, not ::
         with socket.create_connection(("127.0.0.1", port), timeout=10):
             pass
@@ -94,9 +109,12 @@ def test_no_shell_in_the_source_tree() -> None:
     """No ``shell=True``, ``os.system``, ``os.popen`` or ``subprocess.getoutput`` (text and syntax tree)."""
     files = _python_files()
     assert len(files) > 20
-    text_hits = [f"{p.relative_to(REPO)}:{i}" for p in files
-                 for i, line in enumerate(p.read_text().splitlines(), 1)
-                 if re.search(r"shell\s*=\s*True|os\.system\s*\(|os\.popen\s*\(", line)]
+    text_hits = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"shell\s*=\s*True|os\.system\s*\(|os\.popen\s*\(", line)
+    ]
     assert text_hits == []
     shell_calls = {"system", "popen", "getoutput", "getstatusoutput", "spawnlp", "spawnvp"}
     ast_hits = []
@@ -106,8 +124,12 @@ def test_no_shell_in_the_source_tree() -> None:
                 continue
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            shell = [k for k in node.keywords if k.arg == "shell"
-                     and not (isinstance(k.value, ast.Constant) and k.value.value is False)]
+            shell = [
+                k
+                for k in node.keywords
+                if k.arg == "shell"
+                and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+            ]
             if name in shell_calls or shell:
                 ast_hits.append(f"{p.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert ast_hits == []
@@ -142,16 +164,20 @@ def _forged_dataset(tmp_path: Path, name: str, entries: list, *, digest: str | N
 
 @pytest.mark.parametrize("name", [MANIFEST_NAME, JOURNAL_NAME])
 @pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink", "not-a-path"])
-def test_forged_dataset_listing_deletes_nothing_outside(tmp_path: Path, name: str, how: str) -> None:
+def test_forged_dataset_listing_deletes_nothing_outside(
+    tmp_path: Path, name: str, how: str
+) -> None:
     """Issue #18 item 1: `generate --force` over a manifest/journal listing files outside its
     directory used to delete them. Now the file is refused, naming it, and nothing is deleted."""
     from .test_replay import write_model
 
     near, far = _victims(tmp_path)
-    entries = {"dotdot": [{"path": "../victim.txt", "bytes": 7}],
-               "absolute": [{"path": str(far), "bytes": 11}],
-               "symlink": [{"path": "out/victim.txt", "bytes": 11}],
-               "not-a-path": [{"path": 123, "bytes": 1}, {"path": "../victim.txt", "bytes": 7}]}[how]
+    entries = {
+        "dotdot": [{"path": "../victim.txt", "bytes": 7}],
+        "absolute": [{"path": str(far), "bytes": 11}],
+        "symlink": [{"path": "out/victim.txt", "bytes": 11}],
+        "not-a-path": [{"path": 123, "bytes": 1}, {"path": "../victim.txt", "bytes": 7}],
+    }[how]
     forged = _forged_dataset(tmp_path, name, [{"path": "train/mine.npz", "bytes": 1}, *entries])
     (forged / "train").mkdir()
     (forged / "train" / "mine.npz").write_bytes(b"x")
@@ -161,7 +187,9 @@ def test_forged_dataset_listing_deletes_nothing_outside(tmp_path: Path, name: st
     assert proc.returncode == 1, proc.stderr
     assert f"{forged / name}: lists the path" in proc.stderr and "outside" in proc.stderr
     assert near.read_text() == "keep me" and far.read_text() == "keep me too"
-    assert (forged / "train" / "mine.npz").exists()  # refused as a whole: not even its own files went
+    assert (
+        forged / "train" / "mine.npz"
+    ).exists()  # refused as a whole: not even its own files went
     assert (forged / name).exists()
 
 
@@ -170,7 +198,9 @@ def test_the_issue_reproduction_deletes_nothing(tmp_path: Path) -> None:
     from .test_replay import write_model
 
     near, far = _victims(tmp_path)
-    forged = _forged_dataset(tmp_path, MANIFEST_NAME, [{"path": "../victim.txt"}, {"path": str(far)}])
+    forged = _forged_dataset(
+        tmp_path, MANIFEST_NAME, [{"path": "../victim.txt"}, {"path": str(far)}]
+    )
     proc = run_cli("generate", str(write_model(tmp_path)), "--data-dir", str(forged), "--force")
     assert proc.returncode == 1 and str(forged / MANIFEST_NAME) in proc.stderr
     assert near.read_text() == "keep me" and far.read_text() == "keep me too"
@@ -185,7 +215,9 @@ def test_replay_refuses_a_ready_manifest_that_points_outside(tmp_path: Path) -> 
     doc = json.loads((data / MANIFEST_NAME).read_text())
     doc["files"][0]["path"] = "../../../../../../../../etc/passwd"
     (data / MANIFEST_NAME).write_text(json.dumps(doc))
-    proc = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o"), "--no-trace")
+    proc = run_cli(
+        "replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "o"), "--no-trace"
+    )
     no_traceback(proc.stderr)
     assert proc.returncode == 1 and f"{data / MANIFEST_NAME}: lists the path '../../" in proc.stderr
 
@@ -197,7 +229,10 @@ def test_confined_path_unit(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "up").symlink_to(tmp_path)
     assert confined_path(tmp_path / "sub", "a/b.npz", "m.json") == tmp_path / "sub" / "a" / "b.npz"
-    assert confined_path(tmp_path / "sub", "up/sub/x", "m.json") == tmp_path / "sub" / "up" / "sub" / "x"
+    assert (
+        confined_path(tmp_path / "sub", "up/sub/x", "m.json")
+        == tmp_path / "sub" / "up" / "sub" / "x"
+    )
     for bad in ("../x", "a/../../x", "/etc/passwd", "", "a\x00b", None, 3, ["a"], "up/x"):
         with pytest.raises(UnsafePathError, match="m.json: lists the path"):
             confined_path(tmp_path / "sub", bad, "m.json")
@@ -221,7 +256,9 @@ def held(tmp_path: Path):
     procs: list[subprocess.Popen[str]] = []
 
     def hold(path: Path) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None and proc.stdout.readline() == "claimed\n"
         procs.append(proc)
         return proc
@@ -241,7 +278,15 @@ def test_claimed_outputs_are_refused_naming_the_holder(tmp_path: Path, held) -> 
     model = write_model(tmp_path, "dataset.format=raw")
     run_cli("generate", str(model), "--data-dir", str(tmp_path / "d"), check=True)
     cases = {
-        "replay": ("replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(tmp_path / "r"), "--no-trace"),
+        "replay": (
+            "replay",
+            str(model),
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--out",
+            str(tmp_path / "r"),
+            "--no-trace",
+        ),
         "generate": ("generate", str(model), "--data-dir", str(tmp_path / "g")),
         "capture": ("capture", "--out", str(tmp_path / "c"), "--", sys.executable, "-c", "pass"),
     }
@@ -251,7 +296,10 @@ def test_claimed_outputs_are_refused_naming_the_holder(tmp_path: Path, held) -> 
         proc = run_cli(*args)
         no_traceback(proc.stderr)
         assert proc.returncode == 1, (what, proc.stderr)
-        assert f"{target} is being written by another dlreplay command (pid {holder.pid}" in proc.stderr
+        assert (
+            f"{target} is being written by another dlreplay command (pid {holder.pid}"
+            in proc.stderr
+        )
         assert ("--data-dir" if what == "generate" else "--out") in proc.stderr
         assert [p.name for p in target.iterdir()] == [CLAIM_NAME]  # the loser wrote nothing
         holder.kill()
@@ -268,8 +316,21 @@ def test_two_replays_into_one_out_at_once(tmp_path: Path) -> None:
     model = write_model(tmp_path, "dataset.format=raw", "train.epochs=3")
     run_cli("generate", str(model), "--data-dir", str(tmp_path / "d"), check=True)
     out = tmp_path / "r"
-    args = [sys.executable, "-m", "dlreplay", "replay", str(model), "--data-dir", str(tmp_path / "d"), "--out", str(out)]
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    args = [
+        sys.executable,
+        "-m",
+        "dlreplay",
+        "replay",
+        str(model),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--out",
+        str(out),
+    ]
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
     for r in results:
         no_traceback(r[1] + r[2])
@@ -281,7 +342,9 @@ def test_two_replays_into_one_out_at_once(tmp_path: Path) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["complete"] is True
     manifest = json.loads((out / "manifest.json").read_text())
-    assert {f["name"] for f in manifest["files"]} == {p.name for p in out.glob("*.pfw*")}  # no stray traces
+    assert {f["name"] for f in manifest["files"]} == {
+        p.name for p in out.glob("*.pfw*")
+    }  # no stray traces
 
 
 def test_two_generates_of_different_models_into_one_dir(tmp_path: Path) -> None:
@@ -294,10 +357,20 @@ def test_two_generates_of_different_models_into_one_dir(tmp_path: Path) -> None:
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    models = [write_model(tmp_path / "a", "dataset.num_files=40"), write_model(tmp_path / "b", "dataset.num_files=41")]
+    models = [
+        write_model(tmp_path / "a", "dataset.num_files=40"),
+        write_model(tmp_path / "b", "dataset.num_files=41"),
+    ]
     data = tmp_path / "d"
-    procs = [subprocess.Popen([sys.executable, "-m", "dlreplay", "generate", str(m), "--data-dir", str(data)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in models]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dlreplay", "generate", str(m), "--data-dir", str(data)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for m in models
+    ]
     results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
     for r in results:
         no_traceback(r[1] + r[2])
@@ -305,19 +378,28 @@ def test_two_generates_of_different_models_into_one_dir(tmp_path: Path) -> None:
     winner = models[[r[0] for r in results].index(0)]
     loser = next(r for r in results if r[0] == 1)
     no_traceback(loser[2])
-    assert "being written by another dlreplay command" in loser[2] or "another model shape" in loser[2]
+    assert (
+        "being written by another dlreplay command" in loser[2] or "another model shape" in loser[2]
+    )
     manifest = json.loads((data / MANIFEST_NAME).read_text())
-    assert manifest["model_digest"] == dataset_digest(load_model(winner)) and manifest["complete"] is True
-    assert sorted(p.relative_to(data).as_posix() for p in (data / "train").rglob("*") if p.is_file()) == \
-        sorted(f["path"] for f in manifest["files"])
+    assert (
+        manifest["model_digest"] == dataset_digest(load_model(winner))
+        and manifest["complete"] is True
+    )
+    assert sorted(
+        p.relative_to(data).as_posix() for p in (data / "train").rglob("*") if p.is_file()
+    ) == sorted(f["path"] for f in manifest["files"])
 
 
 def test_claim_is_reentrant_and_released(tmp_path: Path) -> None:
     from dlreplay.osutil import claim_directory
 
     def other_process_claims() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(600)", ""), str(tmp_path / "o")],
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-c", HOLD.replace("time.sleep(600)", ""), str(tmp_path / "o")],
+            capture_output=True,
+            text=True,
+        )
 
     a = claim_directory(tmp_path / "o", "--out")
     b = claim_directory(tmp_path / "o", "--out")  # same process (a traced replay, then its capture)
@@ -328,8 +410,12 @@ def test_claim_is_reentrant_and_released(tmp_path: Path) -> None:
     a.release()
     assert list((tmp_path / "o").iterdir()) == []
     assert other_process_claims().returncode == 0  # released: another process gets it
-    assert list((tmp_path / "o").iterdir()) == [tmp_path / "o" / CLAIM_NAME]  # it exited without release
-    with claim_directory(tmp_path / "o", "--out"):  # its lock died with it: the leftover file is reclaimed
+    assert list((tmp_path / "o").iterdir()) == [
+        tmp_path / "o" / CLAIM_NAME
+    ]  # it exited without release
+    with claim_directory(
+        tmp_path / "o", "--out"
+    ):  # its lock died with it: the leftover file is reclaimed
         assert "InUseError" in other_process_claims().stderr
 
 
@@ -347,21 +433,42 @@ def test_every_cli_run_in_the_suite_is_checked_for_tracebacks() -> None:
             if not isinstance(node, ast.FunctionDef):
                 continue
             body = ast.unparse(node)
-            if re.search(r"'-m', 'dlreplay'", body) and not re.search(r"\b(no_traceback|check_no_traceback)\(",
-                                                                     body):
-                callers = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                           and re.search(rf"\b{node.name}\(", ast.unparse(n)) and n is not node]
-                checked = [c for c in callers if "no_traceback(" in ast.unparse(
-                    next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == c))]
+            if re.search(r"'-m', 'dlreplay'", body) and not re.search(
+                r"\b(no_traceback|check_no_traceback)\(", body
+            ):
+                callers = [
+                    n.name
+                    for n in ast.walk(tree)
+                    if isinstance(n, ast.FunctionDef)
+                    and re.search(rf"\b{node.name}\(", ast.unparse(n))
+                    and n is not node
+                ]
+                checked = [
+                    c
+                    for c in callers
+                    if "no_traceback("
+                    in ast.unparse(
+                        next(
+                            n
+                            for n in ast.walk(tree)
+                            if isinstance(n, ast.FunctionDef) and n.name == c
+                        )
+                    )
+                ]
                 if not callers or len(checked) < len(callers):
                     unchecked.append(f"{path.name}::{node.name}")
     assert unchecked == [], f"spawn the CLI without checking for a traceback: {unchecked}"
-    for bad in ('Traceback (most recent call last):\n  File "/x.py", line 1, in <module>\nValueError',
-                "Exception ignored in: <function f>", "Error in sitecustomize; set PYTHONVERBOSE",
-                "Fatal Python error: Segmentation fault"):
+    for bad in (
+        'Traceback (most recent call last):\n  File "/x.py", line 1, in <module>\nValueError',
+        "Exception ignored in: <function f>",
+        "Error in sitecustomize; set PYTHONVERBOSE",
+        "Fatal Python error: Segmentation fault",
+    ):
         with pytest.raises(AssertionError, match="a Python traceback"):
             check_no_traceback("ok\n", bad)
-    check_no_traceback("dlreplay: error: trace processor: Traceback (most recent call last):\n  File \"stdin\"")
+    check_no_traceback(
+        'dlreplay: error: trace processor: Traceback (most recent call last):\n  File "stdin"'
+    )
 
 
 SHARE = """
@@ -384,13 +491,19 @@ def test_dataset_read_by_a_replay_is_not_rewritten(tmp_path: Path, held) -> None
     other = write_model(tmp_path / "o", "dataset.format=raw", "dataset.num_files=5")
     data = tmp_path / "d"
     run_cli("generate", str(model), "--data-dir", str(data), check=True)
+
     def files() -> list[tuple[str, int, int]]:
-        return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data.rglob("*")
-                      if p.is_file() and p.name != CLAIM_NAME)
+        return sorted(
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in data.rglob("*")
+            if p.is_file() and p.name != CLAIM_NAME
+        )
 
     before = files()
 
-    reader = subprocess.Popen([sys.executable, "-c", SHARE, str(data)], stdout=subprocess.PIPE, text=True)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", SHARE, str(data)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert reader.stdout is not None and reader.stdout.readline() == "claimed\n"
         proc = run_cli("generate", str(other), "--data-dir", str(data), "--force")
@@ -400,18 +513,37 @@ def test_dataset_read_by_a_replay_is_not_rewritten(tmp_path: Path, held) -> None
         assert files() == before  # nothing deleted or rewritten
         # a second reader shares the dataset with the first: the replay runs, and leaves the
         # claim file to the reader still holding it
-        run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r1"), "--no-trace",
-                check=True)
+        run_cli(
+            "replay",
+            str(model),
+            "--data-dir",
+            str(data),
+            "--out",
+            str(tmp_path / "r1"),
+            "--no-trace",
+            check=True,
+        )
         assert (data / CLAIM_NAME).exists()
     finally:
         reader.kill()
         reader.wait()
 
-    run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r2"), "--no-trace", check=True)
+    run_cli(
+        "replay",
+        str(model),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(tmp_path / "r2"),
+        "--no-trace",
+        check=True,
+    )
     assert not (data / CLAIM_NAME).exists()  # the last (only) reader removed it
 
     writer = held(data)
-    proc = run_cli("replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r3"), "--no-trace")
+    proc = run_cli(
+        "replay", str(model), "--data-dir", str(data), "--out", str(tmp_path / "r3"), "--no-trace"
+    )
     no_traceback(proc.stderr)
     assert proc.returncode == 1, proc.stderr
     assert f"{data} is being written by another dlreplay command (pid {writer.pid}" in proc.stderr
@@ -438,13 +570,17 @@ def test_writer_that_has_not_named_itself_yet_is_a_writer(tmp_path: Path) -> Non
     model = write_model(tmp_path, "dataset.format=raw")
     data = tmp_path / "d"
     data.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", EMPTY_HOLD, str(data)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", EMPTY_HOLD, str(data)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "claimed\n"
         proc = run_cli("generate", str(model), "--data-dir", str(data))
         no_traceback(proc.stderr)
         assert proc.returncode == 1, proc.stderr
-        assert f"{data} is being written by another dlreplay command (another process)" in proc.stderr
+        assert (
+            f"{data} is being written by another dlreplay command (another process)" in proc.stderr
+        )
     finally:
         holder.kill()
         holder.wait()

@@ -32,6 +32,7 @@ from .conftest import REPO, TRACES, check_no_traceback, run_cli
 #: annotated job's), whose rank-numbered pids the spill must split as the whole run does
 CORPUS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("*.pfw*")))
 
+
 def _json(x):
     """A JSON round trip (tuples become lists, keys strings): how --json output compares."""
     return json.loads(json.dumps(x, default=str))
@@ -79,13 +80,30 @@ def _write(path: Path, lines: list[dict]) -> None:
 
 
 def _meta(pid: int, name: str, a_name: str, value: str) -> dict:
-    return {"name": name, "cat": "dftracer", "type": 1, "pid": pid, "tid": pid, "ph": 4,
-            "args": {"hhash": "aa", "name": a_name, "value": value}}
+    return {
+        "name": name,
+        "cat": "dftracer",
+        "type": 1,
+        "pid": pid,
+        "tid": pid,
+        "ph": 4,
+        "args": {"hhash": "aa", "name": a_name, "value": value},
+    }
 
 
 def _ev(pid: int, i: int, name: str, cat: str, ts: int, **args) -> dict:
-    return {"id": i, "name": name, "cat": cat, "type": 3, "pid": pid, "tid": pid, "ts": ts, "dur": 5, "ph": 1,
-            "args": {"hhash": "aa", **args}}
+    return {
+        "id": i,
+        "name": name,
+        "cat": cat,
+        "type": 3,
+        "pid": pid,
+        "tid": pid,
+        "ts": ts,
+        "dur": 5,
+        "ph": 1,
+        "args": {"hhash": "aa", **args},
+    }
 
 
 def test_relative_fh_name_written_by_a_process_in_another_group(tmp_path):
@@ -95,20 +113,29 @@ def test_relative_fh_name_written_by_a_process_in_another_group(tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
     a, b = 100, 200
-    _write(trace / "a.pfw.gz", [
-        _meta(a, "HH", "nodeA", "aa"), _meta(a, "CM", "time_metric", "US"),
-        _meta(a, "FH", "/home/u/run/", "c1"), _meta(a, "FH", "data/x.bin", "f1"),
-        _ev(a, 1, "start", "dftracer", 1000, ppid=1, cwd="c1"),
-        _ev(a, 2, "open64", "POSIX", 1010, fhash="f1", ret=3, flags=0),
-        _ev(a, 3, "read", "POSIX", 1020, fhash="f1", ret=100, count=100),
-    ])
-    _write(trace / "b.pfw.gz", [
-        _meta(b, "HH", "nodeA", "aa"), _meta(b, "FH", "/srv/b", "c2"),
-        _ev(b, 1, "start", "dftracer", 1001, ppid=a, cwd="c2"),
-        _ev(b, 2, "open64", "POSIX", 1011, fhash="f1", ret=3, flags=0),
-        _ev(b, 3, "read", "POSIX", 1021, fhash="f1", ret=50, count=50),
-        _ev(b, 4, "read", "POSIX", 1031, fhash="f1", ret=50, count=50),
-    ])
+    _write(
+        trace / "a.pfw.gz",
+        [
+            _meta(a, "HH", "nodeA", "aa"),
+            _meta(a, "CM", "time_metric", "US"),
+            _meta(a, "FH", "/home/u/run/", "c1"),
+            _meta(a, "FH", "data/x.bin", "f1"),
+            _ev(a, 1, "start", "dftracer", 1000, ppid=1, cwd="c1"),
+            _ev(a, 2, "open64", "POSIX", 1010, fhash="f1", ret=3, flags=0),
+            _ev(a, 3, "read", "POSIX", 1020, fhash="f1", ret=100, count=100),
+        ],
+    )
+    _write(
+        trace / "b.pfw.gz",
+        [
+            _meta(b, "HH", "nodeA", "aa"),
+            _meta(b, "FH", "/srv/b", "c2"),
+            _ev(b, 1, "start", "dftracer", 1001, ppid=a, cwd="c2"),
+            _ev(b, 2, "open64", "POSIX", 1011, fhash="f1", ret=3, flags=0),
+            _ev(b, 3, "read", "POSIX", 1021, fhash="f1", ret=50, count=50),
+            _ev(b, 4, "read", "POSIX", 1031, fhash="f1", ret=50, count=50),
+        ],
+    )
     loaded = load_trace(trace)
     reads = loaded.events.filter(loaded.events["name"] == "read")
     assert reads["file"].to_list() == ["/home/u/run/data/x.bin"] * 3
@@ -126,9 +153,13 @@ def test_spilled_analysis_equals_in_memory_analysis(trace, tmp_path):
     figs = trace.name == "npz_checkpoint"  # drawing is slow: one trace checks it
     spilled = analyze_trace(trace, memory_limit=1, spill_dir=tmp_path, figures=figs)
     assert _json(spilled.characterization.to_dict()) == _json(eager.characterization.to_dict())
-    assert _json([f.to_dict() for f in spilled.findings]) == _json([f.to_dict() for f in eager.findings])
+    assert _json([f.to_dict() for f in spilled.findings]) == _json(
+        [f.to_dict() for f in eager.findings]
+    )
     assert any("does not fit, spilling to Parquet" in n for n in spilled.notes)
-    assert (spilled.characterization.figures is not None) == figs  # drawn before the spill went away
+    assert (
+        spilled.characterization.figures is not None
+    ) == figs  # drawn before the spill went away
     assert _spills(tmp_path) == []
 
 
@@ -138,7 +169,9 @@ def test_fitting_trace_stays_in_memory(tmp_path):
     assert not plan.spill and plan.events > 0
     # the estimate is of the right size: the sampled lines include metadata records
     assert load_trace(trace).events.height <= plan.events <= 2 * load_trace(trace).events.height
-    r = run_cli("analyze", str(trace), "--memory-limit", "8GiB", "--spill-dir", str(tmp_path / "sp"))
+    r = run_cli(
+        "analyze", str(trace), "--memory-limit", "8GiB", "--spill-dir", str(tmp_path / "sp")
+    )
     assert r.returncode == 0, r.stderr
     assert "fits, analysing in memory" in r.stderr
     assert _spills(tmp_path / "sp") == []
@@ -234,8 +267,13 @@ def _measured(*args: str) -> tuple[dict, int, float]:
     # keeps them for a time that depends on the machine's speed and load), and two jobs
     # whatever the cores, so the bound holds on any machine.
     env = {**os.environ, JEMALLOC_ENV: "dirty_decay_ms:0,muzzy_decay_ms:0"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, "analyze", *args, "--jobs", "2", "--json"],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, "analyze", *args, "--jobs", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"RSS_KB=(\d+) WALL=([\d.]+)", proc.stderr)
     assert m, proc.stderr[-2000:]
@@ -248,16 +286,27 @@ def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path
     eager, rss_eager, _ = _measured(str(big_trace))
     table = eager["events"] * ROW_BYTES  # bytes of this trace's compact table
     limit = table // 2  # below the table itself
-    spilled, rss_spilled, _ = _measured(str(big_trace), "--memory-limit", str(limit), "--spill-dir",
-                                        str(tmp_path))
+    spilled, rss_spilled, _ = _measured(
+        str(big_trace), "--memory-limit", str(limit), "--spill-dir", str(tmp_path)
+    )
     assert eager["events"] > 900_000 and spilled["events"] == eager["events"]
     assert any("does not fit, spilling" in n for n in spilled["notes"])
     # what --memory-limit promises: the interpreter and its libraries, the groups sized from
     # the limit, and the passes' narrow dataset I/O rows (at most one per event); the
     # in-memory path (~430 bytes per event at its peak, the compact table ~110) is above it
-    assert rss_spilled <= BASE_BYTES + limit + eager["events"] * DATASET_IO_BYTES, (rss_spilled, limit)
+    assert rss_spilled <= BASE_BYTES + limit + eager["events"] * DATASET_IO_BYTES, (
+        rss_spilled,
+        limit,
+    )
     assert rss_spilled < rss_eager, (rss_spilled, rss_eager)
-    for key in ("events", "bytes_read", "bytes_written", "operations", "dataset_bytes_read", "read_histogram"):
+    for key in (
+        "events",
+        "bytes_read",
+        "bytes_written",
+        "operations",
+        "dataset_bytes_read",
+        "read_histogram",
+    ):
         assert spilled[key] == eager[key], key
     assert [f["id"] for f in spilled["findings"]] == [f["id"] for f in eager["findings"]]
     assert spilled["characterization"] == eager["characterization"]
@@ -267,9 +316,22 @@ def test_memory_limit_lowers_peak_rss_with_identical_results(big_trace, tmp_path
 
 def _signal_while_spilling(trace: Path, spill_dir: Path, signum: int) -> tuple[int, str]:
     """Start a spilling ``analyze``, send ``signum`` once a Parquet file exists: (exit code, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "dlreplay", "analyze", str(trace), "--memory-limit", "1MB",
-                             "--spill-dir", str(spill_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dlreplay",
+            "analyze",
+            str(trace),
+            "--memory-limit",
+            "1MB",
+            "--spill-dir",
+            str(spill_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not any(d.glob("*.parquet") for d in _spills(spill_dir)):
@@ -317,7 +379,10 @@ def test_damaged_and_empty_files_through_the_spill(tmp_path):
     eager = analyze_trace(trace)
     spilled = analyze_trace(trace, memory_limit=1, spill_dir=tmp_path / "sp")
     assert spilled.damage == eager.damage and spilled.damage
-    assert (spilled.dropped_lines, spilled.dropped_bytes) == (eager.dropped_lines, eager.dropped_bytes)
+    assert (spilled.dropped_lines, spilled.dropped_bytes) == (
+        eager.dropped_lines,
+        eager.dropped_bytes,
+    )
     assert _json(spilled.characterization.to_dict()) == _json(eager.characterization.to_dict())
     assert _spills(tmp_path / "sp") == []
 
@@ -333,21 +398,46 @@ def test_rank_numbered_files_split_as_the_whole_run(tmp_path, nodes):
     trace.mkdir()
 
     def ev(rank: int, tid: int, i: int, ts: int, name: str = "read") -> dict:
-        return {"id": i, "name": name, "cat": "POSIX", "pid": rank, "tid": tid, "ts": ts, "dur": 5,
-                "args": {"hhash": hh, "fhash": "f1", "ret": 10, "count": 10}}
+        return {
+            "id": i,
+            "name": name,
+            "cat": "POSIX",
+            "pid": rank,
+            "tid": tid,
+            "ts": ts,
+            "dur": 5,
+            "args": {"hhash": hh, "fhash": "f1", "ret": 10, "count": 10},
+        }
 
     for rank, main in ((0, 4100), (1, 9100)):
         hh, node = ("bb", "nodeB") if nodes == 2 and rank else ("aa", "nodeA")
-        _write(trace / f"trace-{rank}-of-2.pfw.gz", [
-            {**_meta(rank, "HH", node, hh), "tid": main, "args": {"hhash": hh, "name": node, "value": hh}},
-            {**_meta(rank, "FH", "/data/x.bin", "f1"), "tid": main, "args": {"hhash": hh, "name": "/data/x.bin",
-                                                                             "value": "f1"}},
-            ev(rank, main, 1, 1000 + rank, "open64"), ev(rank, main, 2, 1010 + rank),
-            ev(rank, 7777, 3, 1020 + rank), ev(rank, 7777, 4, 1030 + rank),
-        ])
+        _write(
+            trace / f"trace-{rank}-of-2.pfw.gz",
+            [
+                {
+                    **_meta(rank, "HH", node, hh),
+                    "tid": main,
+                    "args": {"hhash": hh, "name": node, "value": hh},
+                },
+                {
+                    **_meta(rank, "FH", "/data/x.bin", "f1"),
+                    "tid": main,
+                    "args": {"hhash": hh, "name": "/data/x.bin", "value": "f1"},
+                },
+                ev(rank, main, 1, 1000 + rank, "open64"),
+                ev(rank, main, 2, 1010 + rank),
+                ev(rank, 7777, 3, 1020 + rank),
+                ev(rank, 7777, 4, 1030 + rank),
+            ],
+        )
     loaded = load_trace(trace)
     pids = loaded.events.group_by("pid").agg(pl.col("ppid").first()).sort("pid").rows()
-    assert pids == [(4100, None), (9100, None), (9101, 4100), (9102, 9100)]  # the readers: above tid 9100
+    assert pids == [
+        (4100, None),
+        (9100, None),
+        (9101, 4100),
+        (9102, 9100),
+    ]  # the readers: above tid 9100
     with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
         assert sp.groups == 2
         assert_frame_equal(sp.collect(), loaded.events)
@@ -362,34 +452,65 @@ def test_one_pid_on_two_hosts_is_two_processes(tmp_path):
     trace.mkdir()
 
     def ev(pid: int, hh: str, i: int, name: str, cat: str, ts: int, dur: int = 5, **args) -> dict:
-        return {"id": i, "name": name, "cat": cat, "pid": pid, "tid": pid, "ts": ts, "dur": dur, "ph": 1,
-                "args": {"hhash": hh, **args}}
+        return {
+            "id": i,
+            "name": name,
+            "cat": cat,
+            "pid": pid,
+            "tid": pid,
+            "ts": ts,
+            "dur": dur,
+            "ph": 1,
+            "args": {"hhash": hh, **args},
+        }
 
     for node, hh, t0, nbytes in (("nodeA", "aa", 1000, 100), ("nodeB", "bb", 5000, 300)):
         main, worker = 4242, 4343
-        _write(trace / f"{node}-main.pfw.gz", [
-            _meta(main, "HH", node, hh) | {"args": {"hhash": hh, "name": node, "value": hh}},
-            _meta(main, "FH", f"/data/{node}.bin", "f1") | {"args": {"hhash": hh, "name": f"/data/{node}.bin",
-                                                                        "value": "f1"}},
-            ev(main, hh, 1, "start", "dftracer", t0, ppid=1),
-            ev(main, hh, 2, "epoch.block", "pipeline", t0 + 10, 500, epoch=1),
-            ev(main, hh, 3, "fetch.block", "dataloader", t0 + 20, 50, epoch=1, step=1),
-            ev(main, hh, 4, "forward", "compute", t0 + 80, 100, epoch=1, step=1),
-        ])
-        _write(trace / f"{node}-worker.pfw.gz", [
-            _meta(worker, "HH", node, hh) | {"args": {"hhash": hh, "name": node, "value": hh}},
-            ev(worker, hh, 1, "start", "dftracer", t0 + 1, ppid=main),
-            ev(worker, hh, 2, "open64", "POSIX", t0 + 30, fhash="f1", ret=3, flags=0),
-            ev(worker, hh, 3, "read", "POSIX", t0 + 40, fhash="f1", ret=nbytes, count=nbytes),
-        ])
+        _write(
+            trace / f"{node}-main.pfw.gz",
+            [
+                _meta(main, "HH", node, hh) | {"args": {"hhash": hh, "name": node, "value": hh}},
+                _meta(main, "FH", f"/data/{node}.bin", "f1")
+                | {"args": {"hhash": hh, "name": f"/data/{node}.bin", "value": "f1"}},
+                ev(main, hh, 1, "start", "dftracer", t0, ppid=1),
+                ev(main, hh, 2, "epoch.block", "pipeline", t0 + 10, 500, epoch=1),
+                ev(main, hh, 3, "fetch.block", "dataloader", t0 + 20, 50, epoch=1, step=1),
+                ev(main, hh, 4, "forward", "compute", t0 + 80, 100, epoch=1, step=1),
+            ],
+        )
+        _write(
+            trace / f"{node}-worker.pfw.gz",
+            [
+                _meta(worker, "HH", node, hh) | {"args": {"hhash": hh, "name": node, "value": hh}},
+                ev(worker, hh, 1, "start", "dftracer", t0 + 1, ppid=main),
+                ev(worker, hh, 2, "open64", "POSIX", t0 + 30, fhash="f1", ret=3, flags=0),
+                ev(worker, hh, 3, "read", "POSIX", t0 + 40, fhash="f1", ret=nbytes, count=nbytes),
+            ],
+        )
     loaded = load_trace(trace)
-    procs = loaded.events.group_by("host", "pid").agg(pl.col("ppid").drop_nulls().first()).sort("host", "pid")
+    procs = (
+        loaded.events.group_by("host", "pid")
+        .agg(pl.col("ppid").drop_nulls().first())
+        .sort("host", "pid")
+    )
     assert procs.select(pl.col("host").cast(pl.String), "pid", "ppid").rows() == [
-        ("nodeA", 4242, 1), ("nodeA", 4343, 4242), ("nodeB", 4344, 1), ("nodeB", 4345, 4344)]
-    reads = loaded.events.filter(pl.col("name") == "read").group_by("pid").agg(pl.col("size").sum()).sort("pid")
+        ("nodeA", 4242, 1),
+        ("nodeA", 4343, 4242),
+        ("nodeB", 4344, 1),
+        ("nodeB", 4345, 4344),
+    ]
+    reads = (
+        loaded.events.filter(pl.col("name") == "read")
+        .group_by("pid")
+        .agg(pl.col("size").sum())
+        .sort("pid")
+    )
     assert reads.rows() == [(4343, 100), (4345, 300)]
     per = loaded.per_process
-    assert per is None or sorted(per.filter(pl.col("rb") > 0).select("pid", "rb").rows()) == [(4343, 100), (4345, 300)]
+    assert per is None or sorted(per.filter(pl.col("rb") > 0).select("pid", "rb").rows()) == [
+        (4343, 100),
+        (4345, 300),
+    ]
     with spilled_trace(trace, group_stored_bytes=1, spill_dir=tmp_path) as sp:
         assert sp.groups == 4
         assert_frame_equal(sp.collect(), loaded.events)
@@ -398,9 +519,15 @@ def test_one_pid_on_two_hosts_is_two_processes(tmp_path):
     assert sorted(e["pid"] for e in epochs) == [4242, 4344]
     # said, not silent: in the files' reports and the run's warnings, naming pid, host and new id
     notes = {f.name: f.problems for f in loaded.files}
-    assert notes["nodeB-main.pfw.gz"] == ["pid 4242 on nodeB is 4344 here: it also ran on another host"]
-    assert notes["nodeB-worker.pfw.gz"] == ["pid 4343 on nodeB is 4345 here: it also ran on another host"]
+    assert notes["nodeB-main.pfw.gz"] == [
+        "pid 4242 on nodeB is 4344 here: it also ran on another host"
+    ]
+    assert notes["nodeB-worker.pfw.gz"] == [
+        "pid 4343 on nodeB is 4345 here: it also ran on another host"
+    ]
     assert notes["nodeA-main.pfw.gz"] == [] and not any(f.damaged for f in loaded.files)
     warned = [w for w in trace_warnings(trace, loaded.files) if "another host" in w]
-    assert warned == ["2 process(es) numbered anew where a pid also ran on another host, so that no two hosts' "
-                      "processes mix: pid 4242 on nodeB is 4344 here; pid 4343 on nodeB is 4345 here"]
+    assert warned == [
+        "2 process(es) numbered anew where a pid also ran on another host, so that no two hosts' "
+        "processes mix: pid 4242 on nodeB is 4344 here; pid 4343 on nodeB is 4345 here"
+    ]

@@ -21,9 +21,21 @@ def table(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(full, schema=EVENT_SCHEMA)
 
 
-def io(name: str, file: str, size: int | None = None, pid: int = 1, ts: int = T0, cat: str = "POSIX") -> dict:
-    return {"pid": pid, "tid": pid, "host": "h", "ts": ts, "dur": 1, "cat": cat, "name": name, "file": file,
-            "size": size, "source": "t.pfw.gz"}
+def io(
+    name: str, file: str, size: int | None = None, pid: int = 1, ts: int = T0, cat: str = "POSIX"
+) -> dict:
+    return {
+        "pid": pid,
+        "tid": pid,
+        "host": "h",
+        "ts": ts,
+        "dur": 1,
+        "cat": cat,
+        "name": name,
+        "file": file,
+        "size": size,
+        "source": "t.pfw.gz",
+    }
 
 
 def roles(df: pl.DataFrame) -> dict[str, str]:
@@ -36,9 +48,22 @@ def roles(df: pl.DataFrame) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("size", "bucket"),
-    [(0, "0-100"), (100, "0-100"), (101, "100-1K"), (1024, "100-1K"), (1025, "1K-10K"), (10240, "1K-10K"),
-     (102400, "10K-100K"), (1 << 20, "100K-1M"), ((1 << 20) + 1, "1M-4M"), (4 << 20, "1M-4M"),
-     (10 << 20, "4M-10M"), (100 << 20, "10M-100M"), (1 << 30, "100M-1G"), ((1 << 30) + 1, "1G+")],
+    [
+        (0, "0-100"),
+        (100, "0-100"),
+        (101, "100-1K"),
+        (1024, "100-1K"),
+        (1025, "1K-10K"),
+        (10240, "1K-10K"),
+        (102400, "10K-100K"),
+        (1 << 20, "100K-1M"),
+        ((1 << 20) + 1, "1M-4M"),
+        (4 << 20, "1M-4M"),
+        (10 << 20, "4M-10M"),
+        (100 << 20, "10M-100M"),
+        (1 << 30, "100M-1G"),
+        ((1 << 30) + 1, "1G+"),
+    ],
 )
 def test_darshan_buckets(size: int, bucket: str) -> None:
     h = histogram(pl.Series([size], dtype=pl.Int64))
@@ -58,18 +83,20 @@ def test_human_bytes() -> None:
 
 
 def test_roles_by_rule() -> None:
-    ev = table([
-        io("read", "/usr/lib/python3.11/os.py", 100),
-        io("read", "/venv/lib/python3.11/site-packages/torch/_C.so", 10),
-        io("read", "/proc/self/status", 10),
-        io("read", "/data/a.npz", 5000, pid=2),
-        io("read", "/data/b.npz", 5000, pid=2),
-        io("read", "/data/.done", 10, pid=1),  # marker read only by the main process
-        {**io("item", None, pid=2), "cat": "data", "sample_index": 0},
-        io("write", "/ckpt/big.pt", 2 << 20),
-        io("write", "/logs/run.log", 100),
-        {**io("save", "/ckpt/small.pt", 1000), "cat": "checkpoint"},
-    ])
+    ev = table(
+        [
+            io("read", "/usr/lib/python3.11/os.py", 100),
+            io("read", "/venv/lib/python3.11/site-packages/torch/_C.so", 10),
+            io("read", "/proc/self/status", 10),
+            io("read", "/data/a.npz", 5000, pid=2),
+            io("read", "/data/b.npz", 5000, pid=2),
+            io("read", "/data/.done", 10, pid=1),  # marker read only by the main process
+            {**io("item", None, pid=2), "cat": "data", "sample_index": 0},
+            io("write", "/ckpt/big.pt", 2 << 20),
+            io("write", "/logs/run.log", 100),
+            {**io("save", "/ckpt/small.pt", 1000), "cat": "checkpoint"},
+        ]
+    )
     r = roles(classify_files(ev))
     assert r["/usr/lib/python3.11/os.py"] == "library"
     assert r["/venv/lib/python3.11/site-packages/torch/_C.so"] == "library"
@@ -84,11 +111,17 @@ def test_roles_by_rule() -> None:
 
 
 def test_dataset_without_loader_events() -> None:
-    ev = table([
-        io("open64", "/d/x"), io("read", "/d/x", 10), io("open64", "/d/x"), io("read", "/d/x", 10),  # re-read
-        io("read", "/d/y", 10, pid=1), io("read", "/d/y", 10, pid=2),  # two processes
-        io("read", "/d/z", 10),  # read once
-    ])
+    ev = table(
+        [
+            io("open64", "/d/x"),
+            io("read", "/d/x", 10),
+            io("open64", "/d/x"),
+            io("read", "/d/x", 10),  # re-read
+            io("read", "/d/y", 10, pid=1),
+            io("read", "/d/y", 10, pid=2),  # two processes
+            io("read", "/d/z", 10),  # read once
+        ]
+    )
     r = roles(classify_files(ev))
     assert r == {"/d/x": "dataset", "/d/y": "dataset", "/d/z": "other"}
     r = roles(classify_files(ev, data_dirs=["/d"]))
@@ -96,10 +129,20 @@ def test_dataset_without_loader_events() -> None:
 
 
 def test_classify_counts() -> None:
-    ev = table([io("open64", "/f"), io("read", "/f", 7), io("read", "/f", 3, pid=2), io("write", "/f", 5)])
+    ev = table(
+        [io("open64", "/f"), io("read", "/f", 7), io("read", "/f", 3, pid=2), io("write", "/f", 5)]
+    )
     row = classify_files(ev).row(0, named=True)
-    assert row == {"file": "/f", "role": "dataset", "bytes_read": 10, "bytes_written": 5, "reads": 2,
-                   "writes": 1, "opens": 1, "processes": 2}
+    assert row == {
+        "file": "/f",
+        "role": "dataset",
+        "bytes_read": 10,
+        "bytes_written": 5,
+        "reads": 2,
+        "writes": 1,
+        "opens": 1,
+        "processes": 2,
+    }
     assert classify_files(table([])).height == 0
 
 
@@ -127,12 +170,16 @@ def test_summary_of_a_dataloader_job(tmp_path: Path) -> None:
     assert 0 < s.duration_s < 1
     assert s.top_files[0].role == "dataset" and len(s.top_files) == 8
     payload = json.loads(json.dumps(s.to_dict()))
-    assert payload["dataset_bytes_read_per_pid"] == {str(k): v for k, v in truth["bytes_per_pid"].items()}
+    assert payload["dataset_bytes_read_per_pid"] == {
+        str(k): v for k, v in truth["bytes_per_pid"].items()
+    }
     text = render_text(s)
     assert "Dataset: 8 file(s)" in text and "3.0 GiB" in text
     lines = text.splitlines()
-    header = next(i for i, ln in enumerate(lines) if ln.strip().startswith("cat ") and "count" in ln)
-    block = lines[header:lines.index("", header)]
+    header = next(
+        i for i, ln in enumerate(lines) if ln.strip().startswith("cat ") and "count" in ln
+    )
+    block = lines[header : lines.index("", header)]
     assert len(block) == 2 + len(s.operations)
     assert len({len(ln) for ln in block}) == 1  # right-aligned last column: one width for all rows
 

@@ -50,8 +50,9 @@ def train(args: argparse.Namespace) -> dict:
     except ImportError:  # pydftracer < 2
         from dftracer.logger import ai, dftracer  # type: ignore[no-redef]
 
-    log = dftracer.initialize_log(logfile=str(args.log), data_dir=f"{args.data_dir}:{args.checkpoint_dir}",
-                                 process_id=-1)
+    log = dftracer.initialize_log(
+        logfile=str(args.log), data_dir=f"{args.data_dir}:{args.checkpoint_dir}", process_id=-1
+    )
     files = sorted(Path(args.data_dir).glob("*.npy"))
 
     class Samples(Dataset):
@@ -87,9 +88,15 @@ def train(args: argparse.Namespace) -> dict:
             time.sleep(rest)
         return time.perf_counter() - t0
 
-    loader = DataLoader(Samples(), batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                        persistent_workers=True, multiprocessing_context="fork",
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        Samples(),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        generator=torch.Generator().manual_seed(0),
+    )
     steps, compute_s, epoch_s, ckpts = 0, [], [], []
     ai.pipeline.train.start()
     for epoch in ai.pipeline.epoch.iter(range(args.epochs)):
@@ -113,8 +120,13 @@ def train(args: argparse.Namespace) -> dict:
         ai.pipeline.epoch.stop(metadata=True)
     ai.pipeline.train.stop()
     log.finalize()
-    return {"epochs": args.epochs, "steps": steps, "compute_s": compute_s, "epoch_s": epoch_s,
-            "checkpoints": ckpts}
+    return {
+        "epochs": args.epochs,
+        "steps": steps,
+        "compute_s": compute_s,
+        "epoch_s": epoch_s,
+        "checkpoints": ckpts,
+    }
 
 
 def make(out: Path, work: Path) -> None:
@@ -123,16 +135,36 @@ def make(out: Path, work: Path) -> None:
         if d.exists():
             shutil.rmtree(d)
     ckpt.mkdir(parents=True)
-    cfg = {"files": 32, "record": 64 << 10, "batch_size": 4, "workers": 2, "epochs": 3, "compute": 0.03,
-           "checkpoint_every": 5}
+    cfg = {
+        "files": 32,
+        "record": 64 << 10,
+        "batch_size": 4,
+        "workers": 2,
+        "epochs": 3,
+        "compute": 0.03,
+        "checkpoint_every": 5,
+    }
     generate(data, cfg["files"], cfg["record"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFTRACER_")}
     env.update({"DFTRACER_ENABLE": "1", "DFTRACER_INIT": "FUNCTION", "DFTRACER_INC_METADATA": "1"})
     report = work / "report.json"
-    subprocess.run([sys.executable, __file__, "--data-dir", str(data), "--checkpoint-dir", str(ckpt),
-                    "--log", str(work / "trace" / "ai"), "--report", str(report),
-                    *(f"--{k.replace('_', '-')}={v}" for k, v in cfg.items() if k != "files")],
-                   check=True, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--data-dir",
+            str(data),
+            "--checkpoint-dir",
+            str(ckpt),
+            "--log",
+            str(work / "trace" / "ai"),
+            "--report",
+            str(report),
+            *(f"--{k.replace('_', '-')}={v}" for k, v in cfg.items() if k != "files"),
+        ],
+        check=True,
+        env=env,
+    )
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -149,21 +181,36 @@ def make(out: Path, work: Path) -> None:
     steady = sorted(rep["compute_s"][1:])
     expected = {
         "source": "traces/ai_annotated_job.py under DFTracer's Python API (pydftracer AI conventions)",
-        "model": {"format": "npy", "num_files": cfg["files"], "num_samples_per_file": 1,
-                  "record_length": cfg["record"], "batch_size": cfg["batch_size"], "read_threads": cfg["workers"],
-                  "epochs": cfg["epochs"], "computation_time": steady[len(steady) // 2],
-                  "steps_between_checkpoints": cfg["checkpoint_every"]},
-        "steps": rep["steps"], "epoch_times_s": rep["epoch_s"], "checkpoints": len(rep["checkpoints"]),
+        "model": {
+            "format": "npy",
+            "num_files": cfg["files"],
+            "num_samples_per_file": 1,
+            "record_length": cfg["record"],
+            "batch_size": cfg["batch_size"],
+            "read_threads": cfg["workers"],
+            "epochs": cfg["epochs"],
+            "computation_time": steady[len(steady) // 2],
+            "steps_between_checkpoints": cfg["checkpoint_every"],
+        },
+        "steps": rep["steps"],
+        "epoch_times_s": rep["epoch_s"],
+        "checkpoints": len(rep["checkpoints"]),
         "checkpoint_bytes": sum(rep["checkpoints"]),
     }
     (out / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     size = sum(p.stat().st_size for p in out.iterdir())
-    print(f"{out.name}: {len(list(out.glob('*.pfw.gz')))} trace file(s), {size / 1024:.0f} KiB -> {out}")
+    print(
+        f"{out.name}: {len(list(out.glob('*.pfw.gz')))} trace file(s), {size / 1024:.0f} KiB -> {out}"
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--make", type=Path, help="write the corpus trace directory here (runs the job)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--make", type=Path, help="write the corpus trace directory here (runs the job)"
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-ai-annotated"))
     ap.add_argument("--data-dir", type=Path)
     ap.add_argument("--checkpoint-dir", type=Path)

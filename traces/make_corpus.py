@@ -33,29 +33,140 @@ from make_dlio_corpus import settle  # noqa: E402
 
 #: name -> (example script, job arguments). Sizes keep each trace well under 1 MB.
 CORPUS: dict[str, tuple[str, list[str]]] = {
-    "npz_fork": ("unet3d_npz.py", ["--num-files", "24", "--batch-size", "2", "--workers", "2", "--epochs", "3",
-                                   "--checkpoint-every", "4", "--mp-context", "fork"]),
-    "npz_spawn": ("unet3d_npz.py", ["--num-files", "8", "--batch-size", "2", "--workers", "2", "--epochs", "2",
-                                    "--mp-context", "spawn"]),
+    "npz_fork": (
+        "unet3d_npz.py",
+        [
+            "--num-files",
+            "24",
+            "--batch-size",
+            "2",
+            "--workers",
+            "2",
+            "--epochs",
+            "3",
+            "--checkpoint-every",
+            "4",
+            "--mp-context",
+            "fork",
+        ],
+    ),
+    "npz_spawn": (
+        "unet3d_npz.py",
+        [
+            "--num-files",
+            "8",
+            "--batch-size",
+            "2",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--mp-context",
+            "spawn",
+        ],
+    ),
     # A healthy run: compute outweighs loading on any machine (4x the model width, 1 thread),
     # so the loader keeps up after the workers' start (AU >= 90 %).
-    "h5_shuffle": ("cosmoflow_h5.py", ["--num-files", "8", "--samples-per-file", "4", "--batch-size", "8",
-                                       "--workers", "3", "--epochs", "2", "--compute-scale", "4", "--threads", "1"]),
+    "h5_shuffle": (
+        "cosmoflow_h5.py",
+        [
+            "--num-files",
+            "8",
+            "--samples-per-file",
+            "4",
+            "--batch-size",
+            "8",
+            "--workers",
+            "3",
+            "--epochs",
+            "2",
+            "--compute-scale",
+            "4",
+            "--threads",
+            "1",
+        ],
+    ),
     # Many tiny files, opened per sample, and a model heavy enough that decoding keeps up:
     # metadata dominates the I/O and is the top cause (tests/test_findings.py).
-    "jpeg_small": ("resnet_jpeg.py", ["--num-files", "256", "--batch-size", "32", "--workers", "2",
-                                      "--epochs", "2", "--compute-scale", "4", "--threads", "1"]),
+    "jpeg_small": (
+        "resnet_jpeg.py",
+        [
+            "--num-files",
+            "256",
+            "--batch-size",
+            "32",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--compute-scale",
+            "4",
+            "--threads",
+            "1",
+        ],
+    ),
     # Seeded bottlenecks (tests/test_findings.py): each should trigger its finding.
     # 1 worker, a tiny (pointwise) model: the loader cannot keep up.
-    "npz_starved": ("unet3d_npz.py", ["--num-files", "32", "--volume", "48", "--batch-size", "4", "--workers", "1",
-                                      "--epochs", "2", "--arch", "pointwise", "--threads", "1"]),
+    "npz_starved": (
+        "unet3d_npz.py",
+        [
+            "--num-files",
+            "32",
+            "--volume",
+            "48",
+            "--batch-size",
+            "4",
+            "--workers",
+            "1",
+            "--epochs",
+            "2",
+            "--arch",
+            "pointwise",
+            "--threads",
+            "1",
+        ],
+    ),
     # HDF5 with 8^3-voxel chunks written in random order: small random reads.
-    "h5_tiny_chunks": ("cosmoflow_h5.py", ["--num-files", "4", "--samples-per-file", "4", "--batch-size", "4",
-                                          "--workers", "2", "--epochs", "2", "--chunked", "--chunk-edge", "8"]),
+    "h5_tiny_chunks": (
+        "cosmoflow_h5.py",
+        [
+            "--num-files",
+            "4",
+            "--samples-per-file",
+            "4",
+            "--batch-size",
+            "4",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--chunked",
+            "--chunk-edge",
+            "8",
+        ],
+    ),
     # A wide model on small volumes, torch.save after every step: checkpoint stall.
-    "npz_checkpoint": ("unet3d_npz.py", ["--num-files", "32", "--volume", "16", "--batch-size", "4", "--workers",
-                                         "2", "--epochs", "2", "--compute-scale", "16", "--checkpoint-every", "1",
-                                         "--threads", "1"]),
+    "npz_checkpoint": (
+        "unet3d_npz.py",
+        [
+            "--num-files",
+            "32",
+            "--volume",
+            "16",
+            "--batch-size",
+            "4",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--compute-scale",
+            "16",
+            "--checkpoint-every",
+            "1",
+            "--threads",
+            "1",
+        ],
+    ),
 }
 
 
@@ -72,7 +183,9 @@ def expected_from_report(report: dict) -> dict:
     spf = int(args.get("samples_per_file", 1) or 1)
     file_bytes = sum(os.path.getsize(f) for f in files)
     model = {
-        "format": {"unet3d_npz": "npz", "cosmoflow_h5": "hdf5"}.get(report["job"], args.get("format", "jpeg")),
+        "format": {"unet3d_npz": "npz", "cosmoflow_h5": "hdf5"}.get(
+            report["job"], args.get("format", "jpeg")
+        ),
         "num_files": len(files),
         "num_samples_per_file": spf,
         "record_length_mean": file_bytes / (len(files) * spf),
@@ -103,7 +216,9 @@ def expected_from_report(report: dict) -> dict:
 def rewrite_expected(name: str, work: Path) -> None:
     """Rebuild expected.json from the job report left in the work dir (no recapture)."""
     report = json.loads((work / name / "report.json").read_text())
-    (HERE / name / "expected.json").write_text(json.dumps(expected_from_report(report), indent=2) + "\n")
+    (HERE / name / "expected.json").write_text(
+        json.dumps(expected_from_report(report), indent=2) + "\n"
+    )
     print(f"{name}: expected.json rewritten")
 
 
@@ -118,7 +233,15 @@ def make(name: str, work: Path) -> None:
     if ckpt.exists():
         shutil.rmtree(ckpt)
     report_path = job_dir / "report.json"
-    command = [*base, *job_args, "--checkpoint-dir", str(ckpt), "--report", str(report_path), "--quiet"]
+    command = [
+        *base,
+        *job_args,
+        "--checkpoint-dir",
+        str(ckpt),
+        "--report",
+        str(report_path),
+        "--quiet",
+    ]
     out = HERE / name
     if out.exists():
         shutil.rmtree(out)
@@ -130,14 +253,22 @@ def make(name: str, work: Path) -> None:
     expected = expected_from_report(json.loads(report_path.read_text()))
     (out / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     size = sum(p.stat().st_size for p in out.iterdir())
-    print(f"{name}: {result.events:,} events, {len(result.files)} files, {size / 1024:.0f} KiB -> {out}")
+    print(
+        f"{name}: {result.events:,} events, {len(result.files)} files, {size / 1024:.0f} KiB -> {out}"
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--only", action="append", choices=sorted(CORPUS))
     ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-corpus"))
-    ap.add_argument("--expected-only", action="store_true", help="only rebuild expected.json from the job reports")
+    ap.add_argument(
+        "--expected-only",
+        action="store_true",
+        help="only rebuild expected.json from the job reports",
+    )
     args = ap.parse_args()
     for name in args.only or sorted(CORPUS):
         (rewrite_expected if args.expected_only else make)(name, args.work)

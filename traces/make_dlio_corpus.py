@@ -49,20 +49,42 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "dlio_npz_starved": {
         "model": {"name": "unet3d_small"},
         "framework": "pytorch",
-        "dataset": {"format": "npz", "num_files_train": 64, "num_samples_per_file": 1,
-                    "record_length": 4 << 20, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 1, "file_shuffle": "seed",
-                   "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "npz",
+            "num_files_train": 64,
+            "num_samples_per_file": 1,
+            "record_length": 4 << 20,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 8,
+            "read_threads": 1,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 3, "computation_time": 0.01},
     },
     # cosmoflow-like HDF5, 4 samples per file, two worker processes.
     "dlio_h5_multi": {
         "model": {"name": "cosmoflow_small"},
         "framework": "pytorch",
-        "dataset": {"format": "hdf5", "num_files_train": 8, "num_samples_per_file": 4,
-                    "record_length": 256 << 10, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 4, "read_threads": 2, "file_shuffle": "seed",
-                   "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "hdf5",
+            "num_files_train": 8,
+            "num_samples_per_file": 4,
+            "record_length": 256 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 4,
+            "read_threads": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 3, "computation_time": 0.03},
     },
     # resnet-like JPEG with a checkpoint every 4 steps.
@@ -70,10 +92,21 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "model": {"name": "resnet_small", "model_size": 4 << 20},
         "framework": "pytorch",
         "workflow": {"checkpoint": True},
-        "dataset": {"format": "jpeg", "num_files_train": 64, "num_samples_per_file": 1,
-                    "record_length": 64 << 10, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 2, "file_shuffle": "seed",
-                   "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "jpeg",
+            "num_files_train": 64,
+            "num_samples_per_file": 1,
+            "record_length": 64 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 8,
+            "read_threads": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 3, "computation_time": 0.04},
         "checkpoint": {"steps_between_checkpoints": 4},
     },
@@ -82,10 +115,21 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "dlio_npz_2ranks": {
         "model": {"name": "unet3d_2ranks"},
         "framework": "pytorch",
-        "dataset": {"format": "npz", "num_files_train": 64, "num_samples_per_file": 1,
-                    "record_length": 256 << 10, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 4, "read_threads": 1, "file_shuffle": "seed",
-                   "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "npz",
+            "num_files_train": 64,
+            "num_samples_per_file": 1,
+            "record_length": 256 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 4,
+            "read_threads": 1,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 2, "computation_time": 0.02},
     },
     # indexed binary, 8 samples per file: DLIO's generator writes each file's record index as
@@ -93,10 +137,21 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "dlio_ib_multi": {
         "model": {"name": "indexed_binary_small"},
         "framework": "pytorch",
-        "dataset": {"format": "indexed_binary", "num_files_train": 8, "num_samples_per_file": 8,
-                    "record_length": 64 << 10, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 2, "file_shuffle": "seed",
-                   "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "indexed_binary",
+            "num_files_train": 8,
+            "num_samples_per_file": 8,
+            "record_length": 64 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 8,
+            "read_threads": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 3, "computation_time": 0.02},
     },
     # evaluation after every epoch: a second loader (its own workers) over 8 files in valid/,
@@ -105,10 +160,23 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "model": {"name": "unet3d_eval"},
         "framework": "pytorch",
         "workflow": {"evaluation": True},
-        "dataset": {"format": "npz", "num_files_train": 32, "num_files_eval": 8, "num_samples_per_file": 1,
-                    "record_length": 256 << 10, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 4, "batch_size_eval": 2, "read_threads": 2,
-                   "file_shuffle": "seed", "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "npz",
+            "num_files_train": 32,
+            "num_files_eval": 8,
+            "num_samples_per_file": 1,
+            "record_length": 256 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 4,
+            "batch_size_eval": 2,
+            "read_threads": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 3, "computation_time": 0.02},
         "evaluation": {"eval_time": 0.01, "epochs_between_evals": 1},
     },
@@ -117,10 +185,21 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "dlio_ib_mmap": {
         "model": {"name": "mmap_indexed_binary_small"},
         "framework": "pytorch",
-        "dataset": {"format": "mmap_indexed_binary", "num_files_train": 8, "num_samples_per_file": 8,
-                    "record_length": 64 << 10, "record_length_stdev": 0, "record_length_resize": 0},
-        "reader": {"data_loader": "pytorch", "batch_size": 8, "read_threads": 2, "file_shuffle": "seed",
-                   "sample_shuffle": "seed"},
+        "dataset": {
+            "format": "mmap_indexed_binary",
+            "num_files_train": 8,
+            "num_samples_per_file": 8,
+            "record_length": 64 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 8,
+            "read_threads": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
         "train": {"epochs": 2, "computation_time": 0.02},
     },
 }
@@ -130,7 +209,9 @@ RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
 _METRIC = re.compile(r"\[METRIC\] (.+?): ([-\d.]+)(?: \(([-\d.]+)\))?\s*$")
 
 
-def workload_yaml(name: str, data: Path, out: Path, ckpt: Path, *, generate: bool) -> dict[str, Any]:
+def workload_yaml(
+    name: str, data: Path, out: Path, ckpt: Path, *, generate: bool
+) -> dict[str, Any]:
     """The DLIO workload config of ``name`` for one run (generation or training)."""
     w = json.loads(json.dumps(WORKLOADS[name]))
     w.setdefault("workflow", {})
@@ -144,14 +225,28 @@ def workload_yaml(name: str, data: Path, out: Path, ckpt: Path, *, generate: boo
     return w
 
 
-def run_dlio(venv: Path, config: dict[str, Any], conf_dir: Path, cwd: Path, *, trace: bool, ranks: int = 1) -> str:
+def run_dlio(
+    venv: Path, config: dict[str, Any], conf_dir: Path, cwd: Path, *, trace: bool, ranks: int = 1
+) -> str:
     """Run ``dlio_benchmark`` on ``config`` (as ``ranks`` MPI ranks); returns its combined output."""
     (conf_dir / "workload").mkdir(parents=True, exist_ok=True)
     (conf_dir / "workload" / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DFTRACER_", "LD_PRELOAD"))}
-    env.update({"DFTRACER_ENABLE": "1" if trace else "0", "DFTRACER_INC_METADATA": "1",
-                "DFTRACER_INIT": "FUNCTION", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONHASHSEED": "0"})
-    cmd = [str(venv / "bin" / "dlio_benchmark"), f"--config-dir={conf_dir}", "workload=run", f"hydra.run.dir={cwd / 'hydra'}"]
+    env.update(
+        {
+            "DFTRACER_ENABLE": "1" if trace else "0",
+            "DFTRACER_INC_METADATA": "1",
+            "DFTRACER_INIT": "FUNCTION",
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONHASHSEED": "0",
+        }
+    )
+    cmd = [
+        str(venv / "bin" / "dlio_benchmark"),
+        f"--config-dir={conf_dir}",
+        "workload=run",
+        f"hydra.run.dir={cwd / 'hydra'}",
+    ]
     if ranks > 1:
         cmd = [str(venv / "bin" / "mpiexec"), "-n", str(ranks), *cmd]
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -198,8 +293,14 @@ def make(name: str, venv: Path, work: Path) -> None:
     data, gen_out, out, ckpt = job / "data", job / "gen-out", job / "out", job / "checkpoints"
     job.mkdir(parents=True)
     ranks = RANKS.get(name, 1)
-    run_dlio(venv, workload_yaml(name, data, gen_out, ckpt, generate=True), job / "conf-gen", job, trace=False,
-             ranks=ranks)
+    run_dlio(
+        venv,
+        workload_yaml(name, data, gen_out, ckpt, generate=True),
+        job / "conf-gen",
+        job,
+        trace=False,
+        ranks=ranks,
+    )
     settle(data)
     config = workload_yaml(name, data, out, ckpt, generate=False)
     text = run_dlio(venv, config, job / "conf", job, trace=True, ranks=ranks)
@@ -216,8 +317,10 @@ def make(name: str, venv: Path, work: Path) -> None:
             shutil.copyfileobj(src, dst)
     (dest / "dlio_config.yaml").write_text(
         "# The DLIO 2.0.0 workload this trace was made with (traces/make_dlio_corpus.py)"
-        + (f", run as mpiexec -n {ranks} dlio_benchmark" if ranks > 1 else "") + "\n"
-        + yaml.safe_dump(config, sort_keys=False))
+        + (f", run as mpiexec -n {ranks} dlio_benchmark" if ranks > 1 else "")
+        + "\n"
+        + yaml.safe_dump(config, sort_keys=False)
+    )
     per_epoch = json.loads((out / "per_epoch_stats.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     w = WORKLOADS[name]
@@ -226,21 +329,34 @@ def make(name: str, venv: Path, work: Path) -> None:
     expected = {
         "source": "DLIO 2.0.0 (dlio_benchmark from PyPI), traced by DLIO with pydftracer 1.0.2",
         "model": {
-            "format": ds["format"], "num_files": ds["num_files_train"],
-            "num_samples_per_file": ds["num_samples_per_file"], "record_length": ds["record_length"],
-            "batch_size": rd["batch_size"], "read_threads": rd["read_threads"], "epochs": tr["epochs"],
+            "format": ds["format"],
+            "num_files": ds["num_files_train"],
+            "num_samples_per_file": ds["num_samples_per_file"],
+            "record_length": ds["record_length"],
+            "batch_size": rd["batch_size"],
+            "read_threads": rd["read_threads"],
+            "epochs": tr["epochs"],
             "computation_time": tr["computation_time"],
             "steps_between_checkpoints": ck.get("steps_between_checkpoints", 0)
-            if w.get("workflow", {}).get("checkpoint") else 0,
+            if w.get("workflow", {}).get("checkpoint")
+            else 0,
             "ranks": summary.get("num_accelerators", 1),
-            **({"num_files_eval": ds["num_files_eval"], "batch_size_eval": rd["batch_size_eval"],
-                "eval_time": w["evaluation"]["eval_time"],
-                "epochs_between_evals": w["evaluation"].get("epochs_between_evals", 1)}
-               if w.get("workflow", {}).get("evaluation") else {}),
+            **(
+                {
+                    "num_files_eval": ds["num_files_eval"],
+                    "batch_size_eval": rd["batch_size_eval"],
+                    "eval_time": w["evaluation"]["eval_time"],
+                    "epochs_between_evals": w["evaluation"].get("epochs_between_evals", 1),
+                }
+                if w.get("workflow", {}).get("evaluation")
+                else {}
+            ),
         },
         "dlio_metrics": metrics(text),
         "dlio_train_au_percentage": summary.get("metric", {}).get("train_au_percentage"),
-        "dlio_epoch_times_s": {k: float(v["duration"]) for k, v in per_epoch.items() if "duration" in v},
+        "dlio_epoch_times_s": {
+            k: float(v["duration"]) for k, v in per_epoch.items() if "duration" in v
+        },
         "dlio_lines": [line.split("] ", 1)[-1] for line in text.splitlines() if "[METRIC]" in line],
     }
     (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
@@ -250,13 +366,19 @@ def make(name: str, venv: Path, work: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--only", action="append", choices=sorted(WORKLOADS))
-    ap.add_argument("--dlio-venv", type=Path, default=Path(os.environ.get("DLIO_VENV", "/work/dlio-venv")))
+    ap.add_argument(
+        "--dlio-venv", type=Path, default=Path(os.environ.get("DLIO_VENV", "/work/dlio-venv"))
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-dlio"))
     args = ap.parse_args()
     if not (args.dlio_venv / "bin" / "dlio_benchmark").exists():
-        sys.exit(f"{args.dlio_venv}/bin/dlio_benchmark not found: install DLIO 2.0.0 there (see --help)")
+        sys.exit(
+            f"{args.dlio_venv}/bin/dlio_benchmark not found: install DLIO 2.0.0 there (see --help)"
+        )
     for name in args.only or sorted(WORKLOADS):
         make(name, args.dlio_venv, args.work)
 

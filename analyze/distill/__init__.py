@@ -46,9 +46,23 @@ from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern,
 from .timing import TimingModel, timing_model
 from .train import evaluation_section, train_section, with_timing
 
-__all__ = ["EXTENSION_FORMATS", "INDEX_SUFFIXES", "MAX_CHECKPOINT_WRITE_RUNS", "MMAP_OPS", "PYTHON_FILE_FORMATS",
-           "UNBUFFERED_MEDIAN_READ", "WARMUP_FACTOR", "DistillError", "TimingModel", "access_pattern",
-           "dataset_files", "distill", "infer_format", "timing_model", "warmup_steps"]
+__all__ = [
+    "EXTENSION_FORMATS",
+    "INDEX_SUFFIXES",
+    "MAX_CHECKPOINT_WRITE_RUNS",
+    "MMAP_OPS",
+    "PYTHON_FILE_FORMATS",
+    "UNBUFFERED_MEDIAN_READ",
+    "WARMUP_FACTOR",
+    "DistillError",
+    "TimingModel",
+    "access_pattern",
+    "dataset_files",
+    "distill",
+    "infer_format",
+    "timing_model",
+    "warmup_steps",
+]
 
 
 def distill(
@@ -87,7 +101,10 @@ def distill(
     train = with_timing(train, timing)
     main_pid = obs.main_pid
     checkpoint = checkpoint_section(
-        events, obs.saves, obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps, facts,
+        events,
+        obs.saves,
+        obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps,
+        facts,
         obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
     )
     return WorkloadModel(
@@ -114,7 +131,11 @@ def _processes(obs: Observed, read_threads: int, facts: Facts) -> Processes:
         facts.put("processes.ranks", "processes with fetch events", "measured")
     elif obs.posix is not None and obs.posix.consumers > 1:
         ranks = obs.posix.consumers
-        facts.put("processes.ranks", f"{ranks} processes whose worker processes read the samples", "inferred")
+        facts.put(
+            "processes.ranks",
+            f"{ranks} processes whose worker processes read the samples",
+            "inferred",
+        )
     else:
         facts.put("processes.ranks", "single process assumed", "default")
     return Processes(ranks=ranks, workers_per_rank=read_threads)

@@ -18,8 +18,16 @@ from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed, num, observed
 from .measure import file_sizes
 
-__all__ = ["EXTENSION_FORMATS", "INDEX_SUFFIXES", "MMAP_OPS", "dataset_files", "dataset_section", "dlio_reader",
-           "find_dataset", "infer_format"]
+__all__ = [
+    "EXTENSION_FORMATS",
+    "INDEX_SUFFIXES",
+    "MMAP_OPS",
+    "dataset_files",
+    "dataset_section",
+    "dlio_reader",
+    "find_dataset",
+    "infer_format",
+]
 
 #: File extension -> dataset format (DLIO names).
 EXTENSION_FORMATS = {
@@ -61,8 +69,13 @@ INDEX_SUFFIXES = {".off.idx": "dlio", ".sz.idx": "dlio", ".idx": "dlreplay"}
 MMAP_OPS = ("mmap", "mmap64")
 
 
-def find_dataset(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint: dict[str, Any] | None,
-                 source: str | None, facts: Facts) -> tuple[list[str], str | None, bool]:
+def find_dataset(
+    events: pl.DataFrame,
+    data_dirs: list[str] | None,
+    fingerprint: dict[str, Any] | None,
+    source: str | None,
+    facts: Facts,
+) -> tuple[list[str], str | None, bool]:
     """(the dataset's files, their record indexes' style, whether they were memory-mapped):
     the files read by the loader (under ``data_dirs`` when given), else those it mapped,
     without the record-index side files and strays of another extension. Raises
@@ -78,8 +91,10 @@ def find_dataset(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint:
         # fingerprint; the trace's own dataset files are found by how they were read
         ds_files = dataset_files(events, None)
         if not ds_files.is_empty():
-            facts.notes.append(f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
-                               f"its reads; the directory was used for the dataset fingerprint")
+            facts.notes.append(
+                f"no file of the trace is under {', '.join(data_dirs)}: the dataset was found by "
+                f"its reads; the directory was used for the dataset fingerprint"
+            )
     mapped = False
     if ds_files.is_empty():
         ds_files = _mapped_dataset(events, data_dirs)
@@ -89,7 +104,8 @@ def find_dataset(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint:
                 f"no dataset file was read: the samples' {ds_files.height} files were memory-mapped (mmap) by the "
                 "loader's workers, whose page faults a tracer does not see (DLIO 2.0's mmap_indexed_binary reader "
                 "maps each file and takes a view of the record, never touched); the replay maps them as well "
-                "(reader.memory_map)")
+                "(reader.memory_map)"
+            )
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
@@ -105,12 +121,20 @@ def _mapped_dataset(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.Dat
     column, ``file``; empty when there are none."""
     maps = events.filter(pl.col("name").is_in(MMAP_OPS) & pl.col("file").is_not_null())
     if data_dirs:
-        maps = maps.filter(pl.any_horizontal(pl.col("file").cast(pl.String).str.starts_with(d.rstrip("/") + "/")
-                                             for d in data_dirs))
+        maps = maps.filter(
+            pl.any_horizontal(
+                pl.col("file").cast(pl.String).str.starts_with(d.rstrip("/") + "/")
+                for d in data_dirs
+            )
+        )
     if maps.is_empty():
         return pl.DataFrame(schema={"file": pl.String})
     per = maps.group_by("file").agg(pl.len().alias("n"), pl.col("pid").n_unique().alias("procs"))
-    return per.filter((pl.col("n") > 1) | (pl.col("procs") > 1)).select(pl.col("file").cast(pl.String)).sort("file")
+    return (
+        per.filter((pl.col("n") > 1) | (pl.col("procs") > 1))
+        .select(pl.col("file").cast(pl.String))
+        .sort("file")
+    )
 
 
 def _record_indexes(paths: list[str], facts: Facts) -> tuple[list[str], str | None]:
@@ -121,15 +145,17 @@ def _record_indexes(paths: list[str], facts: Facts) -> tuple[list[str], str | No
     have = set(paths)
     found: dict[str, str] = {}  # side file -> its suffix
     for p in paths:
-        suffix = next((x for x in INDEX_SUFFIXES if p.endswith(x) and p[:-len(x)] in have), None)
+        suffix = next((x for x in INDEX_SUFFIXES if p.endswith(x) and p[: -len(x)] in have), None)
         if suffix is not None:
             found[p] = suffix
     if not found:
         return paths, None
     suffixes = sorted(set(found.values()))
     style = "dlio" if any(INDEX_SUFFIXES[x] == "dlio" for x in suffixes) else "dlreplay"
-    facts.notes.append(f"{len(found)} record-index file(s) ({', '.join(suffixes)}) beside the data files: each "
-                       f"one's index ({'DLIO' if style == 'dlio' else 'dlreplay'}'s), not samples")
+    facts.notes.append(
+        f"{len(found)} record-index file(s) ({', '.join(suffixes)}) beside the data files: each "
+        f"one's index ({'DLIO' if style == 'dlio' else 'dlreplay'}'s), not samples"
+    )
     return [p for p in paths if p not in found], style
 
 
@@ -140,9 +166,13 @@ def _homogeneous(paths: list[str], facts: Facts) -> list[str]:
     an index) would otherwise count as a sample file.
     """
     hidden = [p for p in paths if PurePosixPath(p).name.startswith(".")]
-    if hidden and len(hidden) < len(paths):  # markers and temporary files (.done, .lock), never samples
-        facts.notes.append(f"ignored {len(hidden)} hidden file(s) under the dataset: "
-                           + ", ".join(PurePosixPath(h).name for h in sorted(hidden)[:5]))
+    if hidden and len(hidden) < len(
+        paths
+    ):  # markers and temporary files (.done, .lock), never samples
+        facts.notes.append(
+            f"ignored {len(hidden)} hidden file(s) under the dataset: "
+            + ", ".join(PurePosixPath(h).name for h in sorted(hidden)[:5])
+        )
         paths = [p for p in paths if p not in set(hidden)]
     exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
     counts = exts.value_counts(sort=True)
@@ -187,8 +217,13 @@ def dlio_reader(annotated: pl.DataFrame) -> str | None:
     return known[0] if len(known) == 1 else None
 
 
-def dataset_section(obs: Observed, facts: Facts, fingerprint: dict[str, Any] | None,
-                    fingerprint_origin: str | None, source: str | None) -> Dataset:
+def dataset_section(
+    obs: Observed,
+    facts: Facts,
+    fingerprint: dict[str, Any] | None,
+    fingerprint_origin: str | None,
+    source: str | None,
+) -> Dataset:
     """``dataset``: format, files, sizes, samples per file and folder from the trace; the
     layout from the dataset fingerprint, else DLIO's generator, else the reads."""
     paths = obs.paths
@@ -217,8 +252,19 @@ def dataset_section(obs: Observed, facts: Facts, fingerprint: dict[str, Any] | N
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
         data_folder=folder,
-        layout=_dataset_layout(fmt, paths, spf, obs.reads, record, fingerprint, fingerprint_origin, source, facts,
-                               obs.dlio_reader, sizes["size"].to_list()),
+        layout=_dataset_layout(
+            fmt,
+            paths,
+            spf,
+            obs.reads,
+            record,
+            fingerprint,
+            fingerprint_origin,
+            source,
+            facts,
+            obs.dlio_reader,
+            sizes["size"].to_list(),
+        ),
     )
     return _with_layout_details(dataset, obs, fingerprint, facts)
 
@@ -226,8 +272,11 @@ def dataset_section(obs: Observed, facts: Facts, fingerprint: dict[str, Any] | N
 def _samples_per_file(obs: Observed, facts: Facts) -> int:
     """Distinct samples read per file (item events), else the POSIX inference's, else 1."""
     # the calls that touch a sample: its reads, or (a mapped dataset) the maps of its file
-    tagged = obs.tagged_io.filter(pl.col("name").is_in(MMAP_OPS) if obs.mapped else
-                                  pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+    tagged = obs.tagged_io.filter(
+        pl.col("name").is_in(MMAP_OPS)
+        if obs.mapped
+        else pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0)
+    )
     if obs.items.height and tagged["item_index"].drop_nulls().len():
         per_file = (
             tagged.filter(pl.col("item_index").is_not_null())
@@ -262,30 +311,42 @@ def _record_length(obs: Observed, sizes: pl.DataFrame, spf: int, facts: Facts) -
     return observed(obs.reads["size"].to_numpy())
 
 
-def _with_layout_details(dataset: Dataset, obs: Observed, fingerprint: dict[str, Any] | None,
-                         facts: Facts) -> Dataset:
+def _with_layout_details(
+    dataset: Dataset, obs: Observed, fingerprint: dict[str, Any] | None, facts: Facts
+) -> Dataset:
     """``dataset`` with what its layout adds: the record-index style, DLIO's resized sample,
     and the per-record lengths of TFRecord and CSV files."""
     fmt = dataset.format
     if fmt == "indexed_binary" and obs.index_style is not None:
         dataset = replace(dataset, layout=replace(dataset.layout, index=obs.index_style))
-        facts.put("dataset.layout.index", f"the data files' record-index side files ({obs.index_style}'s naming)",
-                  "measured")
-    if obs.dlio_reader is not None and (dataset.layout.source == "inferred" or fingerprint is not None):
+        facts.put(
+            "dataset.layout.index",
+            f"the data files' record-index side files ({obs.index_style}'s naming)",
+            "measured",
+        )
+    if obs.dlio_reader is not None and (
+        dataset.layout.source == "inferred" or fingerprint is not None
+    ):
         from dlreplay.dliogen import resized_sample_bytes
 
         resized = resized_sample_bytes(fmt, dataset.layout)
         if resized:
             dataset = replace(dataset, record_length_resize=resized)
-            facts.put("dataset.record_length_resize",
-                      f"DLIO's {obs.dlio_reader} hands over its resized_image for every sample: max_dimension^2 = "
-                      f"{resized:,} B, the sample's side as DLIO sizes it (a record_length_resize in its config is "
-                      f"not visible in a trace)", "inferred")
+            facts.put(
+                "dataset.record_length_resize",
+                f"DLIO's {obs.dlio_reader} hands over its resized_image for every sample: max_dimension^2 = "
+                f"{resized:,} B, the sample's side as DLIO sizes it (a record_length_resize in its config is "
+                f"not visible in a trace)",
+                "inferred",
+            )
     per_record = _layout_record_length(dataset.layout, fmt)
     if per_record is not None:
         dataset = replace(dataset, record_length=per_record)
-        facts.put("dataset.record_length", "TFRecord payload / CSV line lengths of the sampled files (dataset "
-                                           "fingerprint)", "measured")
+        facts.put(
+            "dataset.record_length",
+            "TFRecord payload / CSV line lengths of the sampled files (dataset fingerprint)",
+            "measured",
+        )
     return dataset
 
 
@@ -299,9 +360,19 @@ def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
     return None
 
 
-def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, record: Distribution,
-                    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None,
-                    facts: Facts, dlio_reader: str | None = None, file_bytes: list[float] | None = None) -> Layout:
+def _dataset_layout(
+    fmt: str,
+    paths: list[str],
+    spf: int,
+    reads: pl.DataFrame,
+    record: Distribution,
+    fingerprint: dict[str, Any] | None,
+    origin: str | None,
+    source: str | None,
+    facts: Facts,
+    dlio_reader: str | None = None,
+    file_bytes: list[float] | None = None,
+) -> Layout:
     """``dataset.layout``: the fingerprint's, else (a DLIO trace, *dlio_reader* naming its reader
     class) what DLIO's generator writes for the files' sizes, else inferred from reads
     (provenance into *facts*)."""
@@ -318,9 +389,13 @@ def _dataset_layout(fmt: str, paths: list[str], spf: int, reads: pl.DataFrame, r
             fingerprint, where = resolve_fingerprint(source)
         except DlreplayError as exc:
             facts.notes.append(f"dataset fingerprint ignored: {exc}")
-    result = layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+    result = (
+        layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+    )
     if fingerprint and result is None:
-        facts.notes.append(f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace")
+        facts.notes.append(
+            f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace"
+        )
     if result is None and dlio_reader is not None:
         result = infer_dlio_layout(fmt, dlio_reader, spf, file_bytes)
     if result is None:

@@ -61,16 +61,16 @@ def file_sizes(io: Frame, sized: Frame | None = None) -> Frame:
         .sort("ts")
         .with_columns(pl.col("name").is_in(OPEN_OPS).cum_sum().over("pid", "file").alias("__open"))
         .filter(pl.col("name").is_in(READ_OPS) & (pl.col("__open") > 0))
-        .group_by("pid", "file", "__open").agg(pl.col("size").sum().alias("size"))
-        .group_by("file").agg(pl.col("size").max())
+        .group_by("pid", "file", "__open")
+        .agg(pl.col("size").sum().alias("size"))
+        .group_by("file")
+        .agg(pl.col("size").max())
         .filter(pl.col("size") > 0)
     )
     return pl.concat([sized, per_open.select("file", "size")], how="vertical_relaxed")
 
 
-def workers_per_rank(
-    worker_items: pl.DataFrame, epochs: pl.DataFrame, consumers: list[int]
-) -> int:
+def workers_per_rank(worker_items: pl.DataFrame, epochs: pl.DataFrame, consumers: list[int]) -> int:
     """Workers per epoch of each consumer (rank), the most over ranks.
 
     A DataLoader worker's parent is its consumer, so workers are grouped by ppid
@@ -86,9 +86,16 @@ def workers_per_rank(
         pl.col("pid").alias("ppid"), pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")
     ).sort("epoch_ts")
     tagged = mids.sort("ts").join_asof(
-        starts, left_on="ts", right_on="epoch_ts", by="ppid", strategy="backward", check_sortedness=False
+        starts,
+        left_on="ts",
+        right_on="epoch_ts",
+        by="ppid",
+        strategy="backward",
+        check_sortedness=False,
     )
-    return int(num(tagged.group_by("ppid", "win").agg(pl.col("pid").n_unique().alias("n"))["n"].max()))
+    return int(
+        num(tagged.group_by("ppid", "win").agg(pl.col("pid").n_unique().alias("n"))["n"].max())
+    )
 
 
 def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
@@ -102,10 +109,15 @@ def _workers_per_epoch(worker_items: pl.DataFrame, epochs: pl.DataFrame) -> int:
     """
     if epochs.is_empty():
         return _concurrent_processes(worker_items)
-    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort("epoch_ts")
-    tagged = worker_items.select("pid", "ts").sort("ts").join_asof(
-        starts, left_on="ts", right_on="epoch_ts", strategy="backward"
-    ).with_columns(pl.col("win").fill_null(starts["win"][0]))
+    starts = epochs.select(pl.col("ts").alias("epoch_ts"), pl.col("epoch").alias("win")).sort(
+        "epoch_ts"
+    )
+    tagged = (
+        worker_items.select("pid", "ts")
+        .sort("ts")
+        .join_asof(starts, left_on="ts", right_on="epoch_ts", strategy="backward")
+        .with_columns(pl.col("win").fill_null(starts["win"][0]))
+    )
     n = tagged.group_by("pid", "win").len()
     fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
     return int(num(fair.group_by("win").len()["len"].max()))

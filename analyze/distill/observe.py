@@ -30,8 +30,13 @@ def split_evaluation(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame |
     return events, eval_events
 
 
-def observe(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint: dict[str, Any] | None,
-            source: str | None, facts: Facts) -> Observed:
+def observe(
+    events: pl.DataFrame,
+    data_dirs: list[str] | None,
+    fingerprint: dict[str, Any] | None,
+    source: str | None,
+    facts: Facts,
+) -> Observed:
     """Find the dataset and the training loop in ``events`` (the training phase, with roles)."""
     paths, index_style, mapped = find_dataset(events, data_dirs, fingerprint, source, facts)
     io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
@@ -43,19 +48,37 @@ def observe(events: pl.DataFrame, data_dirs: list[str] | None, fingerprint: dict
     loop = voc.training_steps(annotated)
     has_loader = loop.height > 0
     # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
-    posix = None if has_loader else infer_posix_loop(io, traced_pids=set(events["pid"].unique().to_list()),
-                                                      pauses=checkpoint_writes(events, data_dirs))
+    posix = (
+        None
+        if has_loader
+        else infer_posix_loop(
+            io,
+            traced_pids=set(events["pid"].unique().to_list()),
+            pauses=checkpoint_writes(events, data_dirs),
+        )
+    )
     if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):
         stray = sorted(set(paths) - set(posix.sample_files))
-        facts.notes.append(f"left out {len(stray)} file(s) not visited like the samples: "
-                           + ", ".join(PurePosixPath(d).name for d in stray[:5]))
+        facts.notes.append(
+            f"left out {len(stray)} file(s) not visited like the samples: "
+            + ", ".join(PurePosixPath(d).name for d in stray[:5])
+        )
         paths = posix.sample_files
         io = io.filter(pl.col("file").is_in(paths))
         reads = reads.filter(pl.col("file").is_in(paths))
     return Observed(
-        events=events, paths=paths, io=io, reads=reads, mapped=mapped, index_style=index_style,
-        annotated=annotated, fetch=role_events(annotated, voc.FETCH), items=items,
-        epochs=voc.epoch_spans(annotated), saves=role_events(annotated, voc.CKPT_SAVE), steps=loop,
+        events=events,
+        paths=paths,
+        io=io,
+        reads=reads,
+        mapped=mapped,
+        index_style=index_style,
+        annotated=annotated,
+        fetch=role_events(annotated, voc.FETCH),
+        items=items,
+        epochs=voc.epoch_spans(annotated),
+        saves=role_events(annotated, voc.CKPT_SAVE),
+        steps=loop,
         consumers=loop["pid"].unique().sort().to_list() if has_loader else [],
         main_pid=mode(loop["pid"]) if has_loader else None,
         posix=posix,

@@ -15,7 +15,13 @@ from dlreplay.schema import CLOSE_OPS, OPEN_OPS, SEEK_OPS, STAT_OPS
 from .base import US, Facts, Observed, mode, num, observed
 from .measure import workers_per_rank
 
-__all__ = ["PYTHON_FILE_FORMATS", "UNBUFFERED_MEDIAN_READ", "access_pattern", "preprocess_cpu", "reader_section"]
+__all__ = [
+    "PYTHON_FILE_FORMATS",
+    "UNBUFFERED_MEDIAN_READ",
+    "access_pattern",
+    "preprocess_cpu",
+    "reader_section",
+]
 
 #: Formats a Dataset reads through a Python file object (its buffering shows in the read sizes).
 PYTHON_FILE_FORMATS = ("npz", "npy", "jpeg", "png")
@@ -31,8 +37,11 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     else:
         batch_size, read_threads, persistent, start_method = _loader_from_posix(obs, facts)
     if start_method is None:
-        facts.put("reader.multiprocessing_context", "no worker process files to tell: fork (PyTorch's default "
-                  "on Linux)", "default")
+        facts.put(
+            "reader.multiprocessing_context",
+            "no worker process files to tell: fork (PyTorch's default on Linux)",
+            "default",
+        )
     items = obs.items
     shuffled = _shuffled(items) if items.height else None
     if persistent is None:
@@ -58,8 +67,13 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     transfer, buffering, pattern = _transfers(obs, dataset.format, facts)
     facts.put("reader.prefetch_factor", "not visible in a trace (PyTorch default)", "default")
     batch_tensors = _batch_tensors(obs.fetch)
-    facts.put("reader.batch_tensors", "tensors per batch of the consumer's fetches (median)" if batch_tensors
-              else "not in this trace: 1", "measured" if batch_tensors else "default")
+    facts.put(
+        "reader.batch_tensors",
+        "tensors per batch of the consumer's fetches (median)"
+        if batch_tensors
+        else "not in this trace: 1",
+        "measured" if batch_tensors else "default",
+    )
     reader = Reader(
         data_loader="pytorch" if obs.has_loader else "native",
         batch_size=batch_size,
@@ -73,7 +87,9 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         multiprocessing_context=start_method or "fork",
         batch_tensors=batch_tensors or 1,
         preprocess_time=preprocess if preprocess.is_known else Distribution.fixed(0.0),
-        preprocess_host_cpu=preprocess_cpu if preprocess_cpu is not None else Distribution.fixed(0.0),
+        preprocess_host_cpu=preprocess_cpu
+        if preprocess_cpu is not None
+        else Distribution.fixed(0.0),
         transfer_size=transfer,
         access_pattern=pattern,
         metadata_per_sample=meta,
@@ -109,9 +125,7 @@ def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | N
         persistent = per_rank <= read_threads
         facts.put(
             "reader.persistent_workers",
-            "worker pids reused across epochs"
-            if persistent
-            else "new worker pids every epoch",
+            "worker pids reused across epochs" if persistent else "new worker pids every epoch",
             "measured",
         )
     start_method, how = _start_method(worker_items, obs.consumers)
@@ -125,9 +139,13 @@ def _loader_from_posix(obs: Observed, facts: Facts) -> tuple[int, int, bool | No
     posix = obs.posix
     assert posix is not None
     batch_size = int(posix.batch_size.value or 1)
-    facts.put("reader.batch_size", posix.batch_size.evidence if posix.batch_size.value else
-              f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
-              "inferred" if posix.batch_size.value else "default")
+    facts.put(
+        "reader.batch_size",
+        posix.batch_size.evidence
+        if posix.batch_size.value
+        else f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
+        "inferred" if posix.batch_size.value else "default",
+    )
     read_threads = int(posix.read_threads.value or 0)
     facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
     return batch_size, read_threads, None, None
@@ -169,16 +187,24 @@ def _preprocessing(obs: Observed, facts: Facts) -> tuple[Distribution, Distribut
     preprocess = _preprocess_time(obs.tagged_io, obs.items)
     facts.put(
         "reader.preprocess_time",
-        "item duration minus its POSIX time, per sample" if preprocess.is_known else "no item events",
+        "item duration minus its POSIX time, per sample"
+        if preprocess.is_known
+        else "no item events",
         "measured" if preprocess.is_known else "default",
     )
     cpu = preprocess_cpu(obs.items)
     if cpu is not None:
-        facts.put("reader.preprocess_host_cpu", "CPU time of the loader worker process in each item "
-                  "(data/item cpu_time), per sample", "measured")
+        facts.put(
+            "reader.preprocess_host_cpu",
+            "CPU time of the loader worker process in each item (data/item cpu_time), per sample",
+            "measured",
+        )
     else:
-        facts.put("reader.preprocess_host_cpu", "not measured by this trace: 0, the preprocessing is a "
-                  "sleep (as DLIO's)", "default")
+        facts.put(
+            "reader.preprocess_host_cpu",
+            "not measured by this trace: 0, the preprocessing is a sleep (as DLIO's)",
+            "default",
+        )
     return preprocess, cpu
 
 
@@ -193,8 +219,12 @@ def _transfers(obs: Observed, fmt: str, facts: Facts) -> tuple[Distribution, str
         # own small reads (zip headers, JPEG markers: a few bytes each) straight to read(2)
         median = num(reads["size"].median())
         buffering = "unbuffered" if median < UNBUFFERED_MEDIAN_READ else "buffered"
-        facts.put("reader.file_buffering", f"median dataset read {median:.0f} B "
-                  f"({'<' if buffering == 'unbuffered' else '>='} {UNBUFFERED_MEDIAN_READ} B)", "inferred")
+        facts.put(
+            "reader.file_buffering",
+            f"median dataset read {median:.0f} B "
+            f"({'<' if buffering == 'unbuffered' else '>='} {UNBUFFERED_MEDIAN_READ} B)",
+            "inferred",
+        )
     pattern = access_pattern(reads)
     facts.put(
         "reader.access_pattern",
@@ -208,13 +238,19 @@ def _as_dlio_reads(reader: Reader, obs: Observed, fmt: str, facts: Facts) -> Rea
     """``reader`` with what a memory-mapped dataset and DLIO's PyTorch loader change."""
     if obs.mapped and fmt == "indexed_binary":
         reader = replace(reader, memory_map=True)
-        facts.put("reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured")
+        facts.put(
+            "reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured"
+        )
     if obs.dlio_reader is not None and obs.has_loader and _dlio_torch(obs.annotated):
         # DLIO 2.0's TorchDataLoader: DataLoader(sampler=dlio_sampler, drop_last=True); a trace holds
         # no config, but its events name DLIO's classes
         reader = replace(reader, sample_order="dlio", drop_last=True)
-        facts.put("reader.sample_order", f"DLIO's PyTorch sampler: the trace's events are DLIO's "
-                  f"(TorchDataset, {obs.dlio_reader})", "inferred")
+        facts.put(
+            "reader.sample_order",
+            f"DLIO's PyTorch sampler: the trace's events are DLIO's "
+            f"(TorchDataset, {obs.dlio_reader})",
+            "inferred",
+        )
         facts.put("reader.drop_last", "DLIO's PyTorch loader sets drop_last=True", "inferred")
     return reader
 
@@ -232,7 +268,9 @@ def _preprocess_time(tagged_io: pl.DataFrame, items: pl.DataFrame) -> Distributi
     per_item = (
         items.select("pid", pl.col("ts").alias("item_ts"), "dur")
         .join(io_time, on=["pid", "item_ts"], how="left")
-        .select(((pl.col("dur") - pl.col("io_us").fill_null(0)).clip(lower_bound=0) * US).alias("s"))
+        .select(
+            ((pl.col("dur") - pl.col("io_us").fill_null(0)).clip(lower_bound=0) * US).alias("s")
+        )
     )
     return observed(per_item["s"])
 
@@ -283,7 +321,10 @@ def _dlio_torch(annotated: pl.DataFrame) -> bool:
     """True when the trace's loader is DLIO's PyTorch one (events of its ``TorchDataset`` or
     ``TorchDataLoader`` classes)."""
     names = annotated["name"].cast(pl.String).unique()
-    return bool(names.str.starts_with("TorchDataset.").any() or names.str.starts_with("TorchDataLoader.").any())
+    return bool(
+        names.str.starts_with("TorchDataset.").any()
+        or names.str.starts_with("TorchDataLoader.").any()
+    )
 
 
 def _shuffled(items: pl.DataFrame) -> bool | None:
@@ -307,7 +348,9 @@ def _start_method(workers: pl.DataFrame, consumers: list[int]) -> tuple[str | No
     interpreters (spawn). (None, why) when the file names do not tell."""
     if "source" not in workers.columns or workers.is_empty():
         return None, ""
-    procs = workers.group_by("pid").agg(pl.col("source").first().cast(pl.String), pl.col("ppid").first())
+    procs = workers.group_by("pid").agg(
+        pl.col("source").first().cast(pl.String), pl.col("ppid").first()
+    )
     kind = procs["source"].str.extract(r"-(fork|preload)\.pfw", 1)
     if kind.null_count() == kind.len():
         return None, ""
@@ -315,11 +358,20 @@ def _start_method(workers: pl.DataFrame, consumers: list[int]) -> tuple[str | No
     spawned = int((kind == "preload").sum())
     n = procs.height
     if spawned > forked:
-        return "spawn", f"{spawned} of {n} worker processes are new programs (DFTracer '-preload' files)"
+        return (
+            "spawn",
+            f"{spawned} of {n} worker processes are new programs (DFTracer '-preload' files)",
+        )
     by_consumer = int(procs.filter(kind == "fork")["ppid"].is_in(consumers).sum())
     if by_consumer * 2 >= forked:
-        return "fork", f"{by_consumer} of {n} worker processes forked by the training process ('-fork' files)"
-    return "forkserver", f"{forked - by_consumer} of {n} worker processes forked by another process ('-fork' files)"
+        return (
+            "fork",
+            f"{by_consumer} of {n} worker processes forked by the training process ('-fork' files)",
+        )
+    return (
+        "forkserver",
+        f"{forked - by_consumer} of {n} worker processes forked by another process ('-fork' files)",
+    )
 
 
 def _batch_tensors(fetch: pl.DataFrame) -> int | None:
@@ -330,8 +382,13 @@ def _batch_tensors(fetch: pl.DataFrame) -> int | None:
     return int(round(float(got.median()))) if got.len() else None  # type: ignore[arg-type]
 
 
-def _batch_size(fetch: pl.DataFrame, items: pl.DataFrame, loop: pl.DataFrame, epochs: pl.DataFrame,
-                main_pid: int | None) -> tuple[int | None, str]:
+def _batch_size(
+    fetch: pl.DataFrame,
+    items: pl.DataFrame,
+    loop: pl.DataFrame,
+    epochs: pl.DataFrame,
+    main_pid: int | None,
+) -> tuple[int | None, str]:
     """Samples per batch: the fetch events' ``batch_size``; else the consumer's samples per
     step (item events in its workers or itself, per epoch, over its steps in that epoch)."""
     sized = fetch.filter(pl.col("batch_size") > 0)
@@ -343,16 +400,28 @@ def _batch_size(fetch: pl.DataFrame, items: pl.DataFrame, loop: pl.DataFrame, ep
         its = items
     if its.is_empty() or mine.is_empty():
         return None, "no fetch sizes and no item events"
-    spans = epochs.filter(pl.col("pid") == main_pid).select(pl.col("ts").alias("e_ts"), "epoch").sort("e_ts")
-    its = its.drop("epoch")  # a worker's own epoch numbers are its iterator's (persistent workers: stale)
+    spans = (
+        epochs.filter(pl.col("pid") == main_pid)
+        .select(pl.col("ts").alias("e_ts"), "epoch")
+        .sort("e_ts")
+    )
+    its = its.drop(
+        "epoch"
+    )  # a worker's own epoch numbers are its iterator's (persistent workers: stale)
     if spans.height:
         its = its.sort("ts").join_asof(spans, left_on="ts", right_on="e_ts", strategy="backward")
         its = its.with_columns(pl.col("epoch").fill_null(spans["epoch"][0]))
     else:
         its = its.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
-    per = (its.group_by("epoch").len().join(mine.group_by("epoch").len().rename({"len": "steps"}), on="epoch")
-           .with_columns((pl.col("len") / pl.col("steps")).alias("per")))
+    per = (
+        its.group_by("epoch")
+        .len()
+        .join(mine.group_by("epoch").len().rename({"len": "steps"}), on="epoch")
+        .with_columns((pl.col("len") / pl.col("steps")).alias("per"))
+    )
     if per.is_empty():
         return None, "no item events inside the consumer's epochs"
     # ceil: a last, partial batch (drop_last=False) leaves the ratio just under the batch size
-    return int(np.ceil(float(num(per["per"].median())) - 1e-9)), "item events per training step, per epoch"
+    return int(
+        np.ceil(float(num(per["per"].median())) - 1e-9)
+    ), "item events per training step, per epoch"

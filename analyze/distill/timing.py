@@ -42,11 +42,15 @@ class TimingModel:
 
     def describe(self) -> str:
         c = self.components
-        parts = ", ".join(f"{k.replace('_', ' ')} {v:.3f} s" for k, v in c.items() if k != "unattributed")
+        parts = ", ".join(
+            f"{k.replace('_', ' ')} {v:.3f} s" for k, v in c.items() if k != "unattributed"
+        )
         un = c.get("unattributed", 0.0)
         share = 100.0 * un / self.total_s if self.total_s > 0 else 0.0
-        return (f"timing: {self.total_s:.3f} s in {self.epochs} epoch(s) on the training process: {parts}; "
-                f"unattributed {un:.3f} s ({share:.1f} %)")
+        return (
+            f"timing: {self.total_s:.3f} s in {self.epochs} epoch(s) on the training process: {parts}; "
+            f"unattributed {un:.3f} s ({share:.1f} %)"
+        )
 
 
 def _host_cpu(steps: pl.DataFrame, steady: np.ndarray) -> tuple[Distribution | None, int | None]:
@@ -60,8 +64,10 @@ def _host_cpu(steps: pl.DataFrame, steady: np.ndarray) -> tuple[Distribution | N
         return None, None
     threads = steps["cpu_threads"].to_numpy().astype(float)[measured]
     threads = threads[~np.isnan(threads)]
-    return (Distribution.from_values(cpu[measured].astype(float) * US),
-            max(1, int(round(float(np.median(threads))))) if threads.size else 1)
+    return (
+        Distribution.from_values(cpu[measured].astype(float) * US),
+        max(1, int(round(float(np.median(threads))))) if threads.size else 1,
+    )
 
 
 def _leading_warmup(values: np.ndarray, steady: float) -> int:
@@ -88,8 +94,15 @@ def timing_model(
     values = st["compute_us"].fill_null(0).to_numpy() * US
     warm = warmup_steps(values)
     steady_mask, epoch_warm = _steady_steps(st, values, warm)
-    comps = {"epoch_start": 0.0, "fetch_wait": 0.0, "step_compute": float(values[warm:].sum()),
-             "warmup_compute": float(values[:warm].sum()), "checkpoint": 0.0, "epoch_end": 0.0, "unattributed": 0.0}
+    comps = {
+        "epoch_start": 0.0,
+        "fetch_wait": 0.0,
+        "step_compute": float(values[warm:].sum()),
+        "warmup_compute": float(values[:warm].sum()),
+        "checkpoint": 0.0,
+        "epoch_end": 0.0,
+        "unattributed": 0.0,
+    }
     end_gaps = np.array([])
     total = 0.0
     ep = epochs.sort("ts").select(pl.col("ts").alias("e_ts"), pl.col("end").alias("e_end"))
@@ -103,14 +116,18 @@ def timing_model(
         computation_host_threads=host_threads,
         warmup_computation_time=[round(float(v), 6) for v in values[:warm]],
         epoch_warmup_computation_time=epoch_warm,
-        epoch_end_time=Distribution.from_values(end_gaps) if end_gaps.size else Distribution.fixed(0.0),
+        epoch_end_time=Distribution.from_values(end_gaps)
+        if end_gaps.size
+        else Distribution.fixed(0.0),
         components=comps,
         total_s=total,
         epochs=ep.height,
     )
 
 
-def _steady_steps(st: pl.DataFrame, values: np.ndarray, warm: int) -> tuple[np.ndarray, list[float]]:
+def _steady_steps(
+    st: pl.DataFrame, values: np.ndarray, warm: int
+) -> tuple[np.ndarray, list[float]]:
     """(which steps are steady, the later epochs' warm-up compute by position): the steps after
     the run's *warm* warm-up ones, less the leading steps of later epochs that are slower
     than ``WARMUP_FACTOR`` x the steady median (modelled by position instead)."""
@@ -126,14 +143,17 @@ def _steady_steps(st: pl.DataFrame, values: np.ndarray, warm: int) -> tuple[np.n
         n = _leading_warmup(pos, steady_median)
         epoch_warm = [round(float(v), 6) for v in pos[: min(n, max(1, pos.size // 2))]]
         if epoch_warm:  # those steps are modelled by position: keep them out of the steady state
-            keep = (idx >= warm) & ~((st["epoch"] != first_epoch).to_numpy() & (st["pos"].to_numpy() < len(epoch_warm)))
+            keep = (idx >= warm) & ~(
+                (st["epoch"] != first_epoch).to_numpy() & (st["pos"].to_numpy() < len(epoch_warm))
+            )
             if keep.any():
                 steady_mask = keep
     return steady_mask, epoch_warm
 
 
-def _epoch_times(st: pl.DataFrame, ep: pl.DataFrame, probes: pl.DataFrame,
-                 saves: pl.DataFrame) -> tuple[dict[str, float], float, np.ndarray]:
+def _epoch_times(
+    st: pl.DataFrame, ep: pl.DataFrame, probes: pl.DataFrame, saves: pl.DataFrame
+) -> tuple[dict[str, float], float, np.ndarray]:
     """(the components measured per epoch, the epochs' total time, the gaps between epochs),
     seconds, from the steps *st*, the epoch spans *ep* (``e_ts``, ``e_end``), the end-of-epoch
     fetches and the checkpoint saves."""
@@ -141,28 +161,68 @@ def _epoch_times(st: pl.DataFrame, ep: pl.DataFrame, probes: pl.DataFrame,
     stamp = ep.select("e", "e_ts")
 
     def tag(frame: pl.DataFrame) -> pl.DataFrame:
-        return frame.sort("ts").join_asof(stamp, left_on="ts", right_on="e_ts", strategy="backward",
-                                          check_sortedness=False).filter(pl.col("e").is_not_null())
+        return (
+            frame.sort("ts")
+            .join_asof(
+                stamp, left_on="ts", right_on="e_ts", strategy="backward", check_sortedness=False
+            )
+            .filter(pl.col("e").is_not_null())
+        )
 
     first = pl.col("pos") == 0
-    per = tag(st).group_by("e").agg(
-        (pl.col("lead_in_us").fill_null(0) + pl.col("wait_us").fill_null(0)).filter(first).sum().alias("start_us"),
-        pl.col("wait_us").fill_null(0).filter(~first).sum().alias("wait_us"),
-        pl.col("compute_us").fill_null(0).sum().alias("compute_us"),
-        pl.col("ckpt_us").fill_null(0).sum().alias("ckpt_us"))
-    pr = tag(probes.select("ts", pl.col("dur").fill_null(0))).group_by("e").agg(pl.col("dur").sum().alias("probe_us"))
+    per = (
+        tag(st)
+        .group_by("e")
+        .agg(
+            (pl.col("lead_in_us").fill_null(0) + pl.col("wait_us").fill_null(0))
+            .filter(first)
+            .sum()
+            .alias("start_us"),
+            pl.col("wait_us").fill_null(0).filter(~first).sum().alias("wait_us"),
+            pl.col("compute_us").fill_null(0).sum().alias("compute_us"),
+            pl.col("ckpt_us").fill_null(0).sum().alias("ckpt_us"),
+        )
+    )
+    pr = (
+        tag(probes.select("ts", pl.col("dur").fill_null(0)))
+        .group_by("e")
+        .agg(pl.col("dur").sum().alias("probe_us"))
+    )
     sv = tag(saves.select("ts", pl.col("dur").fill_null(0))).join(ep.select("e", "e_end"), on="e")
-    after = sv.filter(pl.col("ts") >= pl.col("e_end")).group_by("e").agg(
-        pl.col("dur").sum().alias("sv_after"), (pl.col("ts") + pl.col("dur")).max().alias("sv_last"))
-    t = (ep.join(per, on="e", how="left").join(pr, on="e", how="left").join(after, on="e", how="left")
-         .with_columns(pl.col("start_us", "wait_us", "compute_us", "ckpt_us", "probe_us", "sv_after").fill_null(0)))
+    after = (
+        sv.filter(pl.col("ts") >= pl.col("e_end"))
+        .group_by("e")
+        .agg(
+            pl.col("dur").sum().alias("sv_after"),
+            (pl.col("ts") + pl.col("dur")).max().alias("sv_last"),
+        )
+    )
+    t = (
+        ep.join(per, on="e", how="left")
+        .join(pr, on="e", how="left")
+        .join(after, on="e", how="left")
+        .with_columns(
+            pl.col(
+                "start_us", "wait_us", "compute_us", "ckpt_us", "probe_us", "sv_after"
+            ).fill_null(0)
+        )
+    )
     t = t.with_columns(
         # the epoch ends when the next one begins; the last one after its trailing saves
         pl.coalesce("next_ts", pl.max_horizontal("e_end", "sv_last")).alias("stop"),
     ).with_columns(
         (pl.col("stop") - pl.col("e_end") - pl.col("sv_after")).clip(lower_bound=0).alias("end_us"),
-        (pl.col("e_end") - pl.col("e_ts") - pl.col("start_us") - pl.col("wait_us") - pl.col("probe_us")
-         - pl.col("compute_us") - pl.col("ckpt_us")).clip(lower_bound=0).alias("un_us"),
+        (
+            pl.col("e_end")
+            - pl.col("e_ts")
+            - pl.col("start_us")
+            - pl.col("wait_us")
+            - pl.col("probe_us")
+            - pl.col("compute_us")
+            - pl.col("ckpt_us")
+        )
+        .clip(lower_bound=0)
+        .alias("un_us"),
     )
     parts = {
         "epoch_start": num(t["start_us"].sum()) * US,

@@ -21,8 +21,9 @@ from .timing import TimingModel, timing_model
 __all__ = ["evaluation_section", "train_section", "with_timing"]
 
 
-def train_section(obs: Observed, dataset: Dataset, reader: Reader,
-                  facts: Facts) -> tuple[Train, TimingModel | None]:
+def train_section(
+    obs: Observed, dataset: Dataset, reader: Reader, facts: Facts
+) -> tuple[Train, TimingModel | None]:
     """``train`` (epochs, steps per epoch, compute per step) from the main consumer's loop,
     else from the POSIX inference; and the consumer's :class:`TimingModel` (None without
     loop events), whose fields :func:`with_timing` adds."""
@@ -49,12 +50,17 @@ def with_timing(train: Train, timing: TimingModel | None) -> Train:
         epoch_end_time=timing.epoch_end_time,
     )
     if timing.computation_host_cpu is not None:
-        train = replace(train, computation_host_cpu=timing.computation_host_cpu,
-                        computation_host_threads=timing.computation_host_threads or 1)
+        train = replace(
+            train,
+            computation_host_cpu=timing.computation_host_cpu,
+            computation_host_threads=timing.computation_host_threads or 1,
+        )
     return train
 
 
-def _epochs_from_loop(obs: Observed, dataset: Dataset, reader: Reader, facts: Facts) -> tuple[int, int | None]:
+def _epochs_from_loop(
+    obs: Observed, dataset: Dataset, reader: Reader, facts: Facts
+) -> tuple[int, int | None]:
     """(epochs, steps per epoch or None for full passes) of the main consumer."""
     main_pid = obs.main_pid
     loop = obs.steps.filter(pl.col("pid") == main_pid)
@@ -63,7 +69,9 @@ def _epochs_from_loop(obs: Observed, dataset: Dataset, reader: Reader, facts: Fa
     n_epochs = max(n_epochs, 1)
     facts.put(
         "train.epochs",
-        f"epochs of the consumer ({mine['basis'][0]})" if mine.height else "epoch numbers of its steps",
+        f"epochs of the consumer ({mine['basis'][0]})"
+        if mine.height
+        else "epoch numbers of its steps",
         "measured",
     )
     per_epoch_steps = loop.group_by("epoch").len()["len"]
@@ -78,9 +86,7 @@ def _epochs_from_loop(obs: Observed, dataset: Dataset, reader: Reader, facts: Fa
         natural = share // b if reader.drop_last else -(-share // b)
     if steps_per_epoch == natural:
         steps_per_epoch = None
-    facts.put(
-        "train.steps_per_epoch", "training steps per epoch (null = full passes)", "measured"
-    )
+    facts.put("train.steps_per_epoch", "training steps per epoch (null = full passes)", "measured")
     return n_epochs, steps_per_epoch
 
 
@@ -97,32 +103,60 @@ def _loop_timing(obs: Observed, facts: Facts) -> tuple[Distribution, TimingModel
     compute = timing.computation_time if timing else Distribution.unknown()
     facts.put(
         "train.computation_time",
-        ("consumer compute events" if mine_steps["basis"][0] == "compute events" else
-         "consumer loop bodies minus checkpoint time") + ", warm-up steps excluded"
+        (
+            "consumer compute events"
+            if mine_steps["basis"][0] == "compute events"
+            else "consumer loop bodies minus checkpoint time"
+        )
+        + ", warm-up steps excluded"
         if compute.is_known
         else "fewer than two training steps",
         "measured" if compute.is_known else "default",
     )
     if timing is not None:
-        facts.put("train.warmup_computation_time", "the run's first step and the leading steps longer "
-                  f"than {WARMUP_FACTOR:g}x the steady median", "measured")
-        facts.put("train.epoch_warmup_computation_time", "median per position of later epochs' leading "
-                  f"steps longer than {WARMUP_FACTOR:g}x the steady median", "measured")
-        facts.put("train.epoch_end_time", "consumer time from an epoch's end to the next epoch's start, "
-                  "checkpoint saves excluded", "measured" if timing.epochs >= 2 else "default")
+        facts.put(
+            "train.warmup_computation_time",
+            "the run's first step and the leading steps longer "
+            f"than {WARMUP_FACTOR:g}x the steady median",
+            "measured",
+        )
+        facts.put(
+            "train.epoch_warmup_computation_time",
+            "median per position of later epochs' leading "
+            f"steps longer than {WARMUP_FACTOR:g}x the steady median",
+            "measured",
+        )
+        facts.put(
+            "train.epoch_end_time",
+            "consumer time from an epoch's end to the next epoch's start, "
+            "checkpoint saves excluded",
+            "measured" if timing.epochs >= 2 else "default",
+        )
         if len(timing.warmup_computation_time) > 1:
             facts.notes.append(
                 f"{len(timing.warmup_computation_time)} warm-up step(s) "
-                f"({sum(timing.warmup_computation_time):.3f} s) modelled apart from computation_time")
+                f"({sum(timing.warmup_computation_time):.3f} s) modelled apart from computation_time"
+            )
         facts.notes.append(timing.describe())
     if timing is not None and timing.computation_host_cpu is not None:
-        facts.put("train.computation_host_cpu", "CPU time of the training process (all its threads) in its "
-                  "steady steps' compute, measured by the capture", "measured")
-        facts.put("train.computation_host_threads", "median over those steps of the process's CPU time over "
-                  "its training thread's", "measured")
+        facts.put(
+            "train.computation_host_cpu",
+            "CPU time of the training process (all its threads) in its "
+            "steady steps' compute, measured by the capture",
+            "measured",
+        )
+        facts.put(
+            "train.computation_host_threads",
+            "median over those steps of the process's CPU time over its training thread's",
+            "measured",
+        )
     else:
-        facts.put("train.computation_host_cpu", "not measured by this trace: 0, the compute is a pure sleep "
-                  "(DLIO's model of an accelerator)", "default")
+        facts.put(
+            "train.computation_host_cpu",
+            "not measured by this trace: 0, the compute is a pure sleep "
+            "(DLIO's model of an accelerator)",
+            "default",
+        )
     return compute, timing
 
 
@@ -137,10 +171,17 @@ def _from_posix(obs: Observed, facts: Facts) -> tuple[int, Distribution]:
         facts.put("train.computation_time", posix.computation_time.evidence, "inferred")
     else:
         compute = Distribution.fixed(0.0)
-        facts.put("train.computation_time",
-                  f"no data-loader events, and {posix.computation_time.evidence}", "default")
-    facts.put("train.computation_host_cpu", "not measured by a POSIX-only trace: 0, the compute is a pure "
-              "sleep (DLIO's model of an accelerator)", "default")
+        facts.put(
+            "train.computation_time",
+            f"no data-loader events, and {posix.computation_time.evidence}",
+            "default",
+        )
+    facts.put(
+        "train.computation_host_cpu",
+        "not measured by a POSIX-only trace: 0, the compute is a pure "
+        "sleep (DLIO's model of an accelerator)",
+        "default",
+    )
     return n_epochs, compute
 
 
@@ -159,7 +200,9 @@ def _posix_epochs(io: pl.DataFrame, paths: list[str]) -> int:
     return max(int(np.floor(num(passes, 1.0) + 0.05)), 1)
 
 
-def evaluation_section(ev: pl.DataFrame, obs: Observed, facts: Facts) -> tuple[Evaluation | None, int, int]:
+def evaluation_section(
+    ev: pl.DataFrame, obs: Observed, facts: Facts
+) -> tuple[Evaluation | None, int, int]:
     """(train.evaluation, dataset.num_files_eval, reader.batch_size_eval) from the events of the
     evaluation passes (:func:`~..trace.vocabulary.evaluation_phase`): when they run (the
     training epochs that end before each), their steps (the consumer's ``compute`` events in
@@ -171,32 +214,65 @@ def evaluation_section(ev: pl.DataFrame, obs: Observed, facts: Facts) -> tuple[E
         ev = ev.filter((pl.col("pid") == main_pid) | (pl.col("ppid") == main_pid))
     if spans.is_empty():
         return None, 0, 1
-    spans = spans.sort("ts").select(pl.col("ts").alias("v0"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("v1"))
-    ends = sorted((epochs.filter(pl.col("pid") == main_pid) if main_pid is not None else epochs)["end"].to_list())
-    after = [sum(1 for e in ends if e <= v0) for v0 in spans["v0"].to_list()]  # epochs done before each pass
+    spans = spans.sort("ts").select(
+        pl.col("ts").alias("v0"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("v1")
+    )
+    ends = sorted(
+        (epochs.filter(pl.col("pid") == main_pid) if main_pid is not None else epochs)[
+            "end"
+        ].to_list()
+    )
+    after = [
+        sum(1 for e in ends if e <= v0) for v0 in spans["v0"].to_list()
+    ]  # epochs done before each pass
     every = int(np.median(np.diff(after))) if len(after) > 1 and min(np.diff(after)) > 0 else 1
     first = max(after[0], 1) if after else 1
     compute = ev.filter(pl.col("role") == voc.COMPUTE)
-    per_pass = compute.sort("ts").join_asof(spans, left_on="ts", right_on="v0", strategy="backward") \
-        .group_by("v0").len()["len"]
+    per_pass = (
+        compute.sort("ts")
+        .join_asof(spans, left_on="ts", right_on="v0", strategy="backward")
+        .group_by("v0")
+        .len()["len"]
+    )
     steps = int(num(per_pass.median())) if per_pass.len() else 0
     items = ev.filter(pl.col("role") == voc.ITEM)
     samples = items.height / max(len(after), 1)
     batch = max(1, round(samples / steps)) if steps and items.height else 1
-    reads = ev.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("file").is_not_null())
+    reads = ev.filter(
+        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("file").is_not_null()
+    )
     files = set(reads["file"].cast(pl.String).unique().to_list()) - train_files
     # the evaluation set sits beside the training set (DLIO: <data>/valid beside <data>/train)
-    root = str(PurePosixPath(os.path.commonpath(sorted(train_files))).parent) if train_files else "/"
+    root = (
+        str(PurePosixPath(os.path.commonpath(sorted(train_files))).parent) if train_files else "/"
+    )
     nfiles = len({f for f in files if f.startswith(root.rstrip("/") + "/")})
     times = compute["dur"].drop_nulls().to_numpy() * US
     comp = Distribution.from_values(times) if times.size else Distribution.fixed(0.0)
     what = f"{len(after)} evaluation pass(es) (evaluate spans)"
-    facts.put("train.evaluation", f"{what}: after training epochs {after}; {steps} step(s) each (compute events)",
-              "measured")
-    facts.put("dataset.num_files_eval", f"files read in the evaluation passes only: {nfiles}", "measured")
-    facts.put("reader.batch_size_eval", f"{items.height} samples (item events) over {len(after)} x {steps} steps"
-              if steps and items.height else "no item or compute events in the evaluation passes: 1",
-              "measured" if steps and items.height else "default")
+    facts.put(
+        "train.evaluation",
+        f"{what}: after training epochs {after}; {steps} step(s) each (compute events)",
+        "measured",
+    )
+    facts.put(
+        "dataset.num_files_eval", f"files read in the evaluation passes only: {nfiles}", "measured"
+    )
+    facts.put(
+        "reader.batch_size_eval",
+        f"{items.height} samples (item events) over {len(after)} x {steps} steps"
+        if steps and items.height
+        else "no item or compute events in the evaluation passes: 1",
+        "measured" if steps and items.height else "default",
+    )
     facts.notes.append(f"{what} modelled apart: their loop, workers and files are not training's")
-    return (Evaluation(every_n_epochs=max(every, 1), after_epoch=first, steps=steps or None, computation_time=comp),
-            nfiles, batch)
+    return (
+        Evaluation(
+            every_n_epochs=max(every, 1),
+            after_epoch=first,
+            steps=steps or None,
+            computation_time=comp,
+        ),
+        nfiles,
+        batch,
+    )

@@ -47,11 +47,34 @@ from .view import (
     sessions,
 )
 
-__all__ = ["DATASET_IO_COLUMNS", "META_OPS", "PASSES", "TIMELINE_BINS", "Characterization", "PassFn", "TraceView",
-           "au_dlio", "characterize", "darshan_pattern", "flag_reads", "flag_reads_lazy", "pass_access",
-           "pass_balance", "pass_bandwidth", "pass_checkpoints", "pass_epochs", "pass_metadata", "pass_overlap",
-           "pass_overview", "pass_page_cache", "pass_preprocess", "pass_processes", "pass_steps", "pass_transfer",
-           "sessions"]
+__all__ = [
+    "DATASET_IO_COLUMNS",
+    "META_OPS",
+    "PASSES",
+    "TIMELINE_BINS",
+    "Characterization",
+    "PassFn",
+    "TraceView",
+    "au_dlio",
+    "characterize",
+    "darshan_pattern",
+    "flag_reads",
+    "flag_reads_lazy",
+    "pass_access",
+    "pass_balance",
+    "pass_bandwidth",
+    "pass_checkpoints",
+    "pass_epochs",
+    "pass_metadata",
+    "pass_overlap",
+    "pass_overview",
+    "pass_page_cache",
+    "pass_preprocess",
+    "pass_processes",
+    "pass_steps",
+    "pass_transfer",
+    "sessions",
+]
 
 PassFn = Callable[[TraceView], dict]
 #: Every pass, in report order.
@@ -88,15 +111,24 @@ class Characterization:
         return dict(self.results)
 
 
-def characterize(events: pl.DataFrame | pl.LazyFrame | TraceView, *, manifest: dict | None = None,
-                 data_dirs: list[str] | None = None, passes: Iterable[str] | None = None,
-                 per_process: pl.DataFrame | None = None) -> Characterization:
+def characterize(
+    events: pl.DataFrame | pl.LazyFrame | TraceView,
+    *,
+    manifest: dict | None = None,
+    data_dirs: list[str] | None = None,
+    passes: Iterable[str] | None = None,
+    per_process: pl.DataFrame | None = None,
+) -> Characterization:
     """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table.
 
     ``per_process`` is the table's :func:`file_process_table` when already known (e.g.
     :attr:`~.load.LoadedTrace.per_process`).
     """
-    view = events if isinstance(events, TraceView) else TraceView(events, manifest, data_dirs, per_process)
+    view = (
+        events
+        if isinstance(events, TraceView)
+        else TraceView(events, manifest, data_dirs, per_process)
+    )
     names = list(passes) if passes is not None else list(PASSES)
     unknown = [n for n in names if n not in PASSES]
     if unknown:

@@ -33,8 +33,13 @@ def stats(values: pl.Series) -> dict[str, float | int | None]:
     v = values.drop_nulls()
     if v.is_empty():
         return {"count": 0, "min": None, "max": None, "mean": None, "median": None}
-    return {"count": int(v.len()), "min": rounded(v.min()), "max": rounded(v.max()), "mean": rounded(v.mean()),
-            "median": rounded(v.median())}
+    return {
+        "count": int(v.len()),
+        "min": rounded(v.min()),
+        "max": rounded(v.max()),
+        "mean": rounded(v.mean()),
+        "median": rounded(v.median()),
+    }
 
 
 def hist_stats(hist: pl.DataFrame) -> dict[str, float | int | None]:
@@ -45,12 +50,29 @@ def hist_stats(hist: pl.DataFrame) -> dict[str, float | int | None]:
     h = hist.filter(pl.col("size").is_not_null()).sort("size")
     count = int(h["n"].sum() or 0)
     if not count:
-        return {"count": 0, "min": None, "max": None, "mean": None, "median": None, "bytes_weighted_median": None}
+        return {
+            "count": 0,
+            "min": None,
+            "max": None,
+            "mean": None,
+            "median": None,
+            "bytes_weighted_median": None,
+        }
     sizes, n = h["size"].to_numpy(), h["n"].to_numpy()
     cum = np.cumsum(n)
-    lower, upper = sizes[np.searchsorted(cum, (count - 1) // 2, "right")], sizes[np.searchsorted(cum, count // 2, "right")]
+    lower, upper = (
+        sizes[np.searchsorted(cum, (count - 1) // 2, "right")],
+        sizes[np.searchsorted(cum, count // 2, "right")],
+    )
     moved = np.cumsum(sizes.astype(np.float64) * n)
     total = int((h["size"].cast(pl.Int64) * h["n"]).sum())
-    return {"count": count, "min": rounded(sizes[0]), "max": rounded(sizes[-1]), "mean": rounded(total / count),
-            "median": rounded((float(lower) + float(upper)) / 2),
-            "bytes_weighted_median": rounded(sizes[int(np.searchsorted(moved, total / 2, "left"))]) if total else None}
+    return {
+        "count": count,
+        "min": rounded(sizes[0]),
+        "max": rounded(sizes[-1]),
+        "mean": rounded(total / count),
+        "median": rounded((float(lower) + float(upper)) / 2),
+        "bytes_weighted_median": rounded(sizes[int(np.searchsorted(moved, total / 2, "left"))])
+        if total
+        else None,
+    }

@@ -24,9 +24,24 @@ from ..summary import Summary, summarize
 from ..trace import vocabulary as voc
 from .numbers import US, rounded
 
-__all__ = ["DATASET_IO_COLUMNS", "DATA_READ", "PID_BATCHES", "PID_BATCH_MIN_ROWS", "ROW_BATCH", "TraceView",
-           "darshan_pattern", "flag_reads", "flag_reads_lazy", "in_items", "kernel_io_in_items",
-           "kernel_overlapped", "kernel_read_flags", "kernel_sample_reads", "kernels_loaded", "sessions"]
+__all__ = [
+    "DATASET_IO_COLUMNS",
+    "DATA_READ",
+    "PID_BATCHES",
+    "PID_BATCH_MIN_ROWS",
+    "ROW_BATCH",
+    "TraceView",
+    "darshan_pattern",
+    "flag_reads",
+    "flag_reads_lazy",
+    "in_items",
+    "kernel_io_in_items",
+    "kernel_overlapped",
+    "kernel_read_flags",
+    "kernel_sample_reads",
+    "kernels_loaded",
+    "sessions",
+]
 
 #: Columns of :attr:`TraceView.dataset_io` collected from a lazy (spilled) table.
 DATASET_IO_COLUMNS = ("pid", "ppid", "ts", "dur", "name", "file", "size", "offset", "ret")
@@ -83,7 +98,9 @@ class TraceView:
 
     def __post_init__(self) -> None:
         if isinstance(self.events, pl.DataFrame):
-            self.events = voc.ensure_roles(self.events)  # a table built by hand or by an older dlreplay
+            self.events = voc.ensure_roles(
+                self.events
+            )  # a table built by hand or by an older dlreplay
         if not self.data_dirs:
             self.data_dirs = list((self.manifest or {}).get("data_dirs") or []) or None
 
@@ -186,7 +203,9 @@ class TraceView:
         filter). None over a spilled table."""
         if not isinstance(self.events, pl.DataFrame):
             return None
-        return self.events.select((_IO & pl.col("file").is_in(self.dataset_files)).fill_null(False)).to_series()
+        return self.events.select(
+            (_IO & pl.col("file").is_in(self.dataset_files)).fill_null(False)
+        ).to_series()
 
     def _dataset(self, cond: pl.Expr | None) -> pl.Expr:
         mask = self.dataset_mask
@@ -244,14 +263,18 @@ class TraceView:
         pp = self.per_process
         if pp.is_empty():
             return [None]
-        weights = pp.group_by("pid").agg((pl.col("reads") + pl.col("writes") + pl.col("opens")).sum().alias("w"))
+        weights = pp.group_by("pid").agg(
+            (pl.col("reads") + pl.col("writes") + pl.col("opens")).sum().alias("w")
+        )
         total = int(weights["w"].sum() or 0)
         n = min(PID_BATCHES, weights.height)
         if n < 2 or total < PID_BATCH_MIN_ROWS:
             return [None]
         loads = [0] * n
         members: list[list[int]] = [[] for _ in range(n)]
-        for pid, w in weights.sort(["w", "pid"], descending=[True, False], nulls_last=True).iter_rows():
+        for pid, w in weights.sort(
+            ["w", "pid"], descending=[True, False], nulls_last=True
+        ).iter_rows():
             if pid is None:
                 continue  # the last batch takes it
             k = loads.index(min(loads))
@@ -263,7 +286,9 @@ class TraceView:
         conds.append((~pl.col("pid").is_in(taken)).fill_null(True))
         return conds
 
-    def row_batches(self, exprs: list[pl.Expr], cond: pl.Expr, *, dataset: bool = True) -> Iterator[pl.DataFrame]:
+    def row_batches(
+        self, exprs: list[pl.Expr], cond: pl.Expr, *, dataset: bool = True
+    ) -> Iterator[pl.DataFrame]:
         """The rows that match ``cond`` (and are dataset I/O, with ``dataset``) with ``exprs``,
         in batches for a pass's C kernel: over the in-memory table, slices of
         :data:`ROW_BATCH` rows in table order (a slice costs no copy, and its filter reads
@@ -284,7 +309,9 @@ class TraceView:
     @cached_property
     def pids_packable(self) -> bool:
         """Every process id fits :func:`flag_reads_lazy`'s packed sort key."""
-        lo, hi = self.collect(self.scan.select(pl.col("pid").min().alias("lo"), pl.col("pid").max().alias("hi"))).row(0)
+        lo, hi = self.collect(
+            self.scan.select(pl.col("pid").min().alias("lo"), pl.col("pid").max().alias("hi"))
+        ).row(0)
         return lo is None or (_PACKED_PIDS[0] <= int(lo) and int(hi) <= _PACKED_PIDS[1])
 
     @property
@@ -319,7 +346,9 @@ class TraceView:
     def epochs(self) -> pl.DataFrame:
         """One row per epoch of each consumer: pid, epoch, ts, dur, end (µs), basis (see
         :func:`~.vocabulary.epoch_spans`: epoch events, DLIO's training phases, or loop events)."""
-        return voc.epoch_spans(self.annotations).with_columns((pl.col("end") - pl.col("ts")).alias("dur"))
+        return voc.epoch_spans(self.annotations).with_columns(
+            (pl.col("end") - pl.col("ts")).alias("dur")
+        )
 
     @cached_property
     def saves(self) -> pl.DataFrame:
@@ -337,7 +366,9 @@ class TraceView:
         bytes read between two opens of it (see :func:`~.distill.measure.file_sizes`)."""
         io = self.dataset_query(pl.col("name").is_in(READ_OPS + SEEK_OPS + OPEN_OPS))
         sized = self.collect(file_ends(io))
-        if sized.height == len(self.dataset_files):  # every file has an end: no per-open sums to add
+        if sized.height == len(
+            self.dataset_files
+        ):  # every file has an end: no per-open sums to add
             return sized
         return self.collect(file_sizes(io, sized.lazy()))
 
@@ -354,8 +385,12 @@ class TraceView:
     @cached_property
     def span(self) -> tuple[int, int]:
         """(first start, last end) of the trace in microseconds."""
-        row = self.collect(self.scan.select(
-            pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"))).row(0)
+        row = self.collect(
+            self.scan.select(
+                pl.col("ts").min().alias("a"),
+                (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
+            )
+        ).row(0)
         if row[0] is None or row[1] is None:
             return (0, 0)
         return int(row[0]), int(row[1])
@@ -376,10 +411,14 @@ def _step_table(v: TraceView) -> pl.DataFrame:
     s = voc.training_steps(v.annotations)
     if s.is_empty():
         return s.with_columns(pl.lit(None, pl.Boolean).alias("warm"))
-    warm = {p: warmup_steps(g["compute_us"].to_numpy() * US)
-            for (p,), g in s.sort("ts").group_by("pid", maintain_order=True)}
+    warm = {
+        p: warmup_steps(g["compute_us"].to_numpy() * US)
+        for (p,), g in s.sort("ts").group_by("pid", maintain_order=True)
+    }
     k = pl.int_range(pl.len()).over("pid")
-    return s.sort("pid", "ts").with_columns((k < pl.col("pid").replace_strict(warm, default=1)).alias("warm"))
+    return s.sort("pid", "ts").with_columns(
+        (k < pl.col("pid").replace_strict(warm, default=1)).alias("warm")
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -398,8 +437,9 @@ def darshan_pattern(reads: pl.DataFrame, by: Iterable[str] = ("pid", "file")) ->
     Returns ``reads`` with boolean ``seq`` and ``consec`` (null when the offset is unknown).
     """
     keys = list(by)
-    r = reads.sort("ts").with_columns(pl.col("session").fill_null(0) if "session" in reads.columns
-                                      else pl.lit(0).alias("session"))
+    r = reads.sort("ts").with_columns(
+        pl.col("session").fill_null(0) if "session" in reads.columns else pl.lit(0).alias("session")
+    )
     grp = [*keys, "session"]
     prev_end = (pl.col("offset") + pl.col("size")).shift(1).over(grp).fill_null(0)
     return r.with_columns(
@@ -446,8 +486,9 @@ def flag_reads_lazy(io: pl.LazyFrame, *, packed: bool = True) -> pl.LazyFrame:
     a null pid sorts first, as in the two-key sort.
     """
     read = pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
-    rows = io.select("pid", "file", "name", "size", "offset", read.fill_null(False).alias("__r")).filter(
-        pl.col("__r") | pl.col("name").is_in(OPEN_OPS))
+    rows = io.select(
+        "pid", "file", "name", "size", "offset", read.fill_null(False).alias("__r")
+    ).filter(pl.col("__r") | pl.col("name").is_in(OPEN_OPS))
     code = pl.col("file").to_physical().cast(pl.Int64)
     if packed:
         key = pl.col("pid").cast(pl.Int64).fill_null(-1) * (1 << 32) + code
@@ -455,12 +496,19 @@ def flag_reads_lazy(io: pl.LazyFrame, *, packed: bool = True) -> pl.LazyFrame:
         same = pl.col("__k") == pl.col("__k").shift(1)
     else:
         rows = rows.with_columns(code.alias("__k")).sort("pid", "__k", maintain_order=True)
-        same = (pl.col("pid").eq_missing(pl.col("pid").shift(1)) & (pl.col("__k") == pl.col("__k").shift(1)))
+        same = pl.col("pid").eq_missing(pl.col("pid").shift(1)) & (
+            pl.col("__k") == pl.col("__k").shift(1)
+        )
     prev = (same & pl.col("__r").shift(1)).fill_null(False)
     prev_end = pl.when(prev).then((pl.col("offset") + pl.col("size")).shift(1)).otherwise(0)
-    return rows.with_columns(
-        (pl.col("offset") >= prev_end).alias("seq"), (pl.col("offset") == prev_end).alias("consec"),
-    ).filter(pl.col("__r")).drop("__k", "__r")
+    return (
+        rows.with_columns(
+            (pl.col("offset") >= prev_end).alias("seq"),
+            (pl.col("offset") == prev_end).alias("consec"),
+        )
+        .filter(pl.col("__r"))
+        .drop("__k", "__r")
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,11 +531,23 @@ def _read_flag_counts(batches: Iterable[pl.DataFrame], files: pl.Series) -> pl.D
     """
     state = _KERNELS.read_flags_new()
     for rows in batches:
-        _KERNELS.read_flags(state, *(np.ascontiguousarray(rows[c].to_numpy()) for c in _READ_FLAG_COLUMNS))
+        _KERNELS.read_flags(
+            state, *(np.ascontiguousarray(rows[c].to_numpy()) for c in _READ_FLAG_COLUMNS)
+        )
         del rows
-    kinds = {"__code": np.uint32, "size": np.int64, "n": np.int64, "__seq": np.int64, "__con": np.int64}
-    groups = pl.DataFrame({c: np.frombuffer(b, t) for (c, t), b in
-                           zip(kinds.items(), _KERNELS.read_flag_groups(state), strict=True)})
+    kinds = {
+        "__code": np.uint32,
+        "size": np.int64,
+        "n": np.int64,
+        "__seq": np.int64,
+        "__con": np.int64,
+    }
+    groups = pl.DataFrame(
+        {
+            c: np.frombuffer(b, t)
+            for (c, t), b in zip(kinds.items(), _KERNELS.read_flag_groups(state), strict=True)
+        }
+    )
     names = files.to_frame().with_columns(pl.col("file").to_physical().alias("__code"))
     return groups.join(names, on="__code", how="left").select("file", "size", "n", "__seq", "__con")
 
@@ -503,46 +563,74 @@ def _read_flag_columns() -> list[pl.Expr]:
     name = pl.col("name")
     read = name.is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
     kind = pl.when(read.fill_null(False)).then(2).when(name.is_in(OPEN_OPS)).then(1).otherwise(0)
-    return [_i64(pl.col("pid"), "__pid"), pl.col("file").to_physical().cast(pl.UInt32).alias("__code"),
-            kind.cast(pl.UInt8).alias("__kind"), pl.col("offset").cast(pl.Int64).fill_null(0).alias("__off"),
-            pl.col("size").cast(pl.Int64).fill_null(0).alias("__size")]
+    return [
+        _i64(pl.col("pid"), "__pid"),
+        pl.col("file").to_physical().cast(pl.UInt32).alias("__code"),
+        kind.cast(pl.UInt8).alias("__kind"),
+        pl.col("offset").cast(pl.Int64).fill_null(0).alias("__off"),
+        pl.col("size").cast(pl.Int64).fill_null(0).alias("__size"),
+    ]
 
 
-def _intervals(frame: pl.DataFrame, key: pl.Expr, end: pl.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _intervals(
+    frame: pl.DataFrame, key: pl.Expr, end: pl.Expr
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(key, start, end) of the intervals ``frame`` holds (start: ``ts``) as int64 arrays,
     sorted by (key, start) and stably (of equal starts the last in ``frame`` is the one an
     as-of join takes); rows with a null key or start left out, a null end as
     :data:`_NULL_I64` (encloses nothing)."""
-    iv = frame.lazy().select(key.cast(pl.Int64).alias("k"), pl.col("ts").cast(pl.Int64).alias("s"),
-                             _i64(end, "e")).drop_nulls(["k", "s"]).collect()
+    iv = (
+        frame.lazy()
+        .select(
+            key.cast(pl.Int64).alias("k"), pl.col("ts").cast(pl.Int64).alias("s"), _i64(end, "e")
+        )
+        .drop_nulls(["k", "s"])
+        .collect()
+    )
     k, s, e = (iv[c].to_numpy() for c in ("k", "s", "e"))
     # (numpy's stable sorts: one key where the starts are in order already, as a table's are)
     order = np.argsort(k, kind="stable") if bool(np.all(s[1:] >= s[:-1])) else np.lexsort((s, k))
     return k[order], s[order], e[order]
 
 
-def _interval_sums(rows: pl.DataFrame, iv: tuple[np.ndarray, np.ndarray, np.ndarray], counts: np.ndarray,
-                   sums: np.ndarray, *, overlap: bool = False) -> None:
+def _interval_sums(
+    rows: pl.DataFrame,
+    iv: tuple[np.ndarray, np.ndarray, np.ndarray],
+    counts: np.ndarray,
+    sums: np.ndarray,
+    *,
+    overlap: bool = False,
+) -> None:
     """Add ``rows`` (``k``, ``t``, ``v``: int64, no nulls; nulls of ``k`` and ``t`` as
     :data:`_NULL_I64`) into ``counts`` and ``sums`` (int64, one per interval of ``iv``, see
     :func:`_intervals`), each row into the last interval of its key started at or before
     its ``t`` (polars' backward ``join_asof`` by key), in one pass in C (``interval_sums``):
     the rows inside it (``t`` <= its end) and their ``v``; with ``overlap``, every row
     matched and the µs of [t, t + v) inside the interval."""
-    _KERNELS.interval_sums(*(np.ascontiguousarray(rows[c].to_numpy(), dtype=np.int64) for c in ("k", "t", "v")),
-                           *iv, overlap, counts, sums)
+    _KERNELS.interval_sums(
+        *(np.ascontiguousarray(rows[c].to_numpy(), dtype=np.int64) for c in ("k", "t", "v")),
+        *iv,
+        overlap,
+        counts,
+        sums,
+    )
 
 
 def in_items(v: TraceView, rows: pl.LazyFrame, items: pl.DataFrame) -> pl.LazyFrame:
     """``rows`` (pid, ts, ...: rows of the table in table order) with ``item_ts``: the start
     of the item (sample) event of the same process that encloses each row, null outside
     items (what :func:`~..distill.observe.assign_items` gives, as a query, without the sample index)."""
-    it = items.lazy().select("pid", pl.col("ts").alias("item_ts"), (pl.col("ts") + pl.col("dur")).alias("__end")) \
+    it = (
+        items.lazy()
+        .select("pid", pl.col("ts").alias("item_ts"), (pl.col("ts") + pl.col("dur")).alias("__end"))
         .sort("item_ts")
-    joined = v.by_ts(rows).join_asof(it, left_on="ts", right_on="item_ts", by="pid", strategy="backward",
-                                     check_sortedness=False)
-    return joined.with_columns(pl.when(pl.col("ts") <= pl.col("__end")).then(pl.col("item_ts")).alias("item_ts")) \
-        .drop("__end")
+    )
+    joined = v.by_ts(rows).join_asof(
+        it, left_on="ts", right_on="item_ts", by="pid", strategy="backward", check_sortedness=False
+    )
+    return joined.with_columns(
+        pl.when(pl.col("ts") <= pl.col("__end")).then(pl.col("item_ts")).alias("item_ts")
+    ).drop("__end")
 
 
 def kernel_read_flags(v: TraceView, ops: pl.Expr) -> pl.DataFrame:
@@ -558,14 +646,18 @@ def kernel_sample_reads(v: TraceView, items: pl.DataFrame) -> dict[str, Any]:
     each dataset read counted into the item (sample) event that encloses it, in C."""
     iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur"))
     reads, nbytes = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-    for rows in v.row_batches([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("size").alias("v")],
-                              DATA_READ):
+    for rows in v.row_batches(
+        [_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("size").alias("v")], DATA_READ
+    ):
         _interval_sums(rows, iv, reads, nbytes)
         del rows
     got = reads > 0
     n = int(got.sum())
-    return {"samples_with_reads": n, "reads_per_sample": rounded(np.median(reads[got]), 2) if n else None,
-            "bytes_per_sample": rounded(np.median(nbytes[got]), 1) if n else None}
+    return {
+        "samples_with_reads": n,
+        "reads_per_sample": rounded(np.median(reads[got]), 2) if n else None,
+        "bytes_per_sample": rounded(np.median(nbytes[got]), 1) if n else None,
+    }
 
 
 def kernel_overlapped(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[int, int]:
@@ -575,8 +667,10 @@ def kernel_overlapped(v: TraceView, st: pl.DataFrame, cons: list[int]) -> tuple[
     owner = pl.when(pl.col("pid").is_in(cons)).then(pl.col("pid")).otherwise(pl.col("ppid"))
     counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
     total = 0
-    for calls in v.row_batches([_i64(owner, "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
-                               pl.lit(True)):
+    for calls in v.row_batches(
+        [_i64(owner, "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
+        pl.lit(True),
+    ):
         _interval_sums(calls, iv, counts, inside, overlap=True)
         total += int(calls["v"].sum() or 0)
         del calls
@@ -588,8 +682,11 @@ def kernel_io_in_items(v: TraceView, items: pl.DataFrame, loaders: pl.Expr) -> i
     events: each call counted into the item that encloses it, in C."""
     iv = _intervals(items, pl.col("pid"), pl.col("ts") + pl.col("dur"))
     counts, inside = np.zeros(len(iv[0]), np.int64), np.zeros(len(iv[0]), np.int64)
-    for rows in v.row_batches([_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
-                              _IO & loaders, dataset=False):
+    for rows in v.row_batches(
+        [_i64(pl.col("pid"), "k"), _i64(pl.col("ts"), "t"), pl.col("dur").fill_null(0).alias("v")],
+        _IO & loaders,
+        dataset=False,
+    ):
         _interval_sums(rows, iv, counts, inside)
         del rows
     return int(inside.sum())

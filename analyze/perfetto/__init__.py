@@ -24,7 +24,19 @@ from .processor import (
 )
 
 __all__ = [
-    "CHUNK_ROWS", "ENV_TRACE_PROCESSOR", "NAMED_QUERIES", "ExportError", "ExportStats", "QueryError", "Timeline",
-    "TraceProcessorUnavailable", "export_trace", "find_engine_bundle", "find_ui_dist", "format_for",
-    "open_timeline", "query", "timeline_file",
+    "CHUNK_ROWS",
+    "ENV_TRACE_PROCESSOR",
+    "NAMED_QUERIES",
+    "ExportError",
+    "ExportStats",
+    "QueryError",
+    "Timeline",
+    "TraceProcessorUnavailable",
+    "export_trace",
+    "find_engine_bundle",
+    "find_ui_dist",
+    "format_for",
+    "open_timeline",
+    "query",
+    "timeline_file",
 ]

@@ -39,9 +39,9 @@ def bandwidth(events: pl.DataFrame) -> pl.DataFrame:
     # dense range of bins would need (last - first) / 100 ms rows (a bad timestamp years off
     # made that billions of rows).
     b = b.sort("bin")
-    zeros = b.select((pl.col("bin") + 1).alias("bin"), pl.lit(0, dtype=b.schema["size"]).alias("size")).filter(
-        ~pl.col("bin").is_in(b["bin"].implode())
-    )
+    zeros = b.select(
+        (pl.col("bin") + 1).alias("bin"), pl.lit(0, dtype=b.schema["size"]).alias("size")
+    ).filter(~pl.col("bin").is_in(b["bin"].implode()))
     out = (
         pl.concat([b, zeros])
         .sort("bin")

@@ -121,13 +121,21 @@ def _prepared(events: pl.DataFrame) -> tuple[pl.DataFrame, int, int]:
             events = events.with_columns(pl.lit(None).alias(c))
     events, dropped, repaired = _usable(events)
     if events.is_empty():
-        raise ExportError(f"none of the {dropped} event(s) has a pid, tid and a timestamp in 0..{MAX_TS_US} µs: "
-                          "nothing to export")
+        raise ExportError(
+            f"none of the {dropped} event(s) has a pid, tid and a timestamp in 0..{MAX_TS_US} µs: "
+            "nothing to export"
+        )
     return events, dropped, repaired
 
 
-def _write(out: Path, fmt: str, events: pl.DataFrame, layout: Layout, stats: ExportStats,
-           flow_table: pl.DataFrame | None) -> None:
+def _write(
+    out: Path,
+    fmt: str,
+    events: pl.DataFrame,
+    layout: Layout,
+    stats: ExportStats,
+    flow_table: pl.DataFrame | None,
+) -> None:
     """Write through ``<out>.part``, renamed to ``out`` once complete."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,11 +163,19 @@ def _usable(events: pl.DataFrame) -> tuple[pl.DataFrame, int, int]:
     negative duration becomes 0, one ending after MAX_TS_US ends there.
     """
     ts, dur = pl.col("ts"), pl.col("dur")
-    ok = (pl.col("pid").is_not_null() & pl.col("tid").is_not_null() & ts.is_between(0, MAX_TS_US)).fill_null(False)
+    ok = (
+        pl.col("pid").is_not_null() & pl.col("tid").is_not_null() & ts.is_between(0, MAX_TS_US)
+    ).fill_null(False)
     kept = events.filter(ok)
     bad_dur = ((dur < 0) | (dur > MAX_TS_US - ts)).fill_null(False)
     repaired = int(kept.select(bad_dur.sum()).item())
     if repaired:
-        kept = kept.with_columns(pl.when(dur < 0).then(0).when(dur > MAX_TS_US - ts).then(MAX_TS_US - ts)
-                                 .otherwise(dur).alias("dur"))
+        kept = kept.with_columns(
+            pl.when(dur < 0)
+            .then(0)
+            .when(dur > MAX_TS_US - ts)
+            .then(MAX_TS_US - ts)
+            .otherwise(dur)
+            .alias("dur")
+        )
     return kept, events.height - kept.height, repaired

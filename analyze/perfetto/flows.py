@@ -57,15 +57,15 @@ def _consumer_flows(events: pl.DataFrame, consumer: int, workers: list[int]) -> 
 
 
 def _epoch_flows(
-    consumer: int, ep: dict[str, Any], fetch: pl.DataFrame, items: pl.DataFrame, starts: pl.DataFrame
+    consumer: int,
+    ep: dict[str, Any],
+    fetch: pl.DataFrame,
+    items: pl.DataFrame,
+    starts: pl.DataFrame,
 ) -> pl.DataFrame | None:
     """The hand-overs of one epoch ``ep``; None when it has no fetch with a batch size."""
     e0, e1 = ep["ts"], ep["ts"] + (ep["dur"] or 0)
-    f = (
-        fetch.filter(pl.col("epoch") == ep["epoch"])
-        if ep["epoch"] is not None
-        else fetch.head(0)
-    )
+    f = fetch.filter(pl.col("epoch") == ep["epoch"]) if ep["epoch"] is not None else fetch.head(0)
     if f.is_empty():
         return None
     bs = int(f.select(pl.col("batch_size").max().fill_null(0)).item())
@@ -99,9 +99,7 @@ def _batches(items: pl.DataFrame, wids: list[int], e0: int, e1: int, bs: int) ->
     item (``tid``, ``ts``, ``end``) and the fetch ``step`` it is handed to."""
     n = len(wids)
     return (
-        items.filter(
-            pl.col("pid").is_in(wids) & (pl.col("ts") >= e0) & (pl.col("ts") <= e1)
-        )
+        items.filter(pl.col("pid").is_in(wids) & (pl.col("ts") >= e0) & (pl.col("ts") <= e1))
         .sort("pid", "ts")
         .with_columns(pl.int_range(pl.len()).over("pid").alias("k"))
         .with_columns(

@@ -66,7 +66,9 @@ def _metadata(layout: Layout) -> list[str]:
     meta: list[str] = []
     for pid, name in layout.process_names.items():
         meta.append(_meta(pid, pid, "process_name", {"name": name}))
-        meta.append(_meta(pid, pid, "process_sort_index", {"sort_index": layout.process_order[pid]}))
+        meta.append(
+            _meta(pid, pid, "process_sort_index", {"sort_index": layout.process_order[pid]})
+        )
     for (pid, tid), name in layout.thread_names.items():
         meta.append(_meta(pid, tid, "thread_name", {"name": name}))
     meta.append(_meta(COUNTER_PID, COUNTER_PID, "process_name", {"name": "I/O counters"}))
@@ -134,8 +136,31 @@ def _flow_events(flow_table: pl.DataFrame) -> list[str]:
     """A start (``s``) and an end (``f``, bound to the enclosing slice) per hand-over."""
     lines = []
     for n, (sp, st, sts, dp, dt, dts) in enumerate(flow_table.iter_rows(), start=1):
-        lines.append(_dumps({"ph": "s", "id": n, "pid": sp, "tid": st, "ts": sts, "cat": "handover",
-                             "name": "batch"}))
-        lines.append(_dumps({"ph": "f", "bp": "e", "id": n, "pid": dp, "tid": dt, "ts": dts,
-                             "cat": "handover", "name": "batch"}))
+        lines.append(
+            _dumps(
+                {
+                    "ph": "s",
+                    "id": n,
+                    "pid": sp,
+                    "tid": st,
+                    "ts": sts,
+                    "cat": "handover",
+                    "name": "batch",
+                }
+            )
+        )
+        lines.append(
+            _dumps(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "id": n,
+                    "pid": dp,
+                    "tid": dt,
+                    "ts": dts,
+                    "cat": "handover",
+                    "name": "batch",
+                }
+            )
+        )
     return lines

@@ -54,7 +54,9 @@ def write_proto(
     _write_counters(fh, events, counter_uuid, stats)
 
 
-def _describe_tracks(builder: Any, layout: Layout) -> tuple[dict[tuple[int, int], int], dict[str, int]]:
+def _describe_tracks(
+    builder: Any, layout: Layout
+) -> tuple[dict[tuple[int, int], int], dict[str, int]]:
     """Track descriptors: processes, threads, counters (uuids are small positive ints).
 
     Returns the uuid of each process (``(pid, -1)``) and thread (``(pid, tid)``), and of
@@ -131,8 +133,9 @@ class _SliceWriter:
     """Every event as a begin/end pair on its thread's track, clipped to nest in its parent;
     the flow ids ride on the slices they start from or end at (keyed by pid, tid, ts)."""
 
-    def __init__(self, fh: IO[bytes], uuid: dict[tuple[int, int], int], flow_out: FlowIds,
-                 flow_in: FlowIds) -> None:
+    def __init__(
+        self, fh: IO[bytes], uuid: dict[tuple[int, int], int], flow_out: FlowIds, flow_in: FlowIds
+    ) -> None:
         self.fh = fh
         self.uuid = uuid
         self.flow_out = flow_out
@@ -199,7 +202,9 @@ class _SliceWriter:
                 te.terminating_flow_ids.extend(self.flow_in[k])
 
 
-def _write_counters(fh: IO[bytes], events: pl.DataFrame, counter_uuid: dict[str, int], stats: ExportStats) -> None:
+def _write_counters(
+    fh: IO[bytes], events: pl.DataFrame, counter_uuid: dict[str, int], stats: ExportStats
+) -> None:
     """The counter tracks' values, a packet per change."""
     for track, table in (
         ("read bandwidth (MB/s)", bandwidth(events)),

@@ -15,8 +15,16 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["ARG_COLUMNS", "CHUNK_ROWS", "Sweep", "close_all", "event_chunks", "nest", "slice_args",
-           "sorted_for_nesting"]
+__all__ = [
+    "ARG_COLUMNS",
+    "CHUNK_ROWS",
+    "Sweep",
+    "close_all",
+    "event_chunks",
+    "nest",
+    "slice_args",
+    "sorted_for_nesting",
+]
 
 #: Event rows converted to Python objects at a time while writing.
 CHUNK_ROWS = 50_000

@@ -23,8 +23,12 @@ class ExportStats:
     format: str  # "perfetto" or "json"
     slices: int = 0  # events written as slices (one per event row)
     clipped: int = 0  # slices shortened to end with their parent (nesting repair)
-    dropped: int = 0  # rows without pid, tid or timestamp, or with a timestamp out of range (not written)
-    repaired: int = 0  # negative durations (set to 0) or durations ending past MAX_TS_US (shortened)
+    dropped: int = (
+        0  # rows without pid, tid or timestamp, or with a timestamp out of range (not written)
+    )
+    repaired: int = (
+        0  # negative durations (set to 0) or durations ending past MAX_TS_US (shortened)
+    )
     processes: int = 0
     threads: int = 0
     counter_points: int = 0  # values on the two counter tracks
@@ -41,8 +45,10 @@ class ExportStats:
             f"{self.clipped} clipped to nest, {self.bytes_written / 1e6:.1f} MB in {self.seconds:.1f} s"
         )
         if self.dropped:
-            line += (f"; {self.dropped} event(s) not written (no pid, tid or timestamp, or a timestamp "
-                     f"outside 0..{MAX_TS_US} µs)")
+            line += (
+                f"; {self.dropped} event(s) not written (no pid, tid or timestamp, or a timestamp "
+                f"outside 0..{MAX_TS_US} µs)"
+            )
         if self.repaired:
             line += f"; {self.repaired} negative or overlong duration(s) repaired"
         return line

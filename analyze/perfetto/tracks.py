@@ -96,7 +96,9 @@ def _workers(
     return workers, orphans
 
 
-def _worker_names(workers: dict[int, list[int]], orphans: list[int], consumers: list[int]) -> dict[int, str]:
+def _worker_names(
+    workers: dict[int, list[int]], orphans: list[int], consumers: list[int]
+) -> dict[int, str]:
     names: dict[int, str] = {}
     for c, ws in workers.items():
         prefix = f"rank {consumers.index(c)} " if len(consumers) > 1 else ""
@@ -108,7 +110,10 @@ def _worker_names(workers: dict[int, list[int]], orphans: list[int], consumers: 
 
 
 def _name_the_others(
-    names: dict[int, str], rows: list[dict[str, Any]], ppid: dict[int, Any], manifest: dict[str, Any] | None
+    names: dict[int, str],
+    rows: list[dict[str, Any]],
+    ppid: dict[int, Any],
+    manifest: dict[str, Any] | None,
 ) -> None:
     """Name the processes that neither consume nor load: a root one after the traced command."""
     command = (manifest or {}).get("command") or []

@@ -16,7 +16,8 @@ from .reference import Batch
 from .scan import MetaRows, NativeBatch, meta_frames
 from .shapes import CHUNK_SCHEMA, HOSTS_SCHEMA, STARTS_SCHEMA, concat_raw, count_problem
 
-__all__ = ['Compacted', 'new_batch']
+__all__ = ["Compacted", "new_batch"]
+
 
 def new_batch() -> Batch | NativeBatch:
     return NativeBatch() if native_parser_available() else Batch()
@@ -59,7 +60,11 @@ class Compacted:
 
     def pop(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(rows, meta, starts, hosts), each one frame; the lists are emptied."""
-        out = (one_frame(self.rows, CHUNK_SCHEMA), concat_raw(meta_frames(self.meta)), one_frame(self.starts, STARTS_SCHEMA),
-               one_frame(self.hosts, HOSTS_SCHEMA))
+        out = (
+            one_frame(self.rows, CHUNK_SCHEMA),
+            concat_raw(meta_frames(self.meta)),
+            one_frame(self.starts, STARTS_SCHEMA),
+            one_frame(self.hosts, HOSTS_SCHEMA),
+        )
         self.rows, self.meta, self.starts, self.hosts = [], [], [], []
         return out

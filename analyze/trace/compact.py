@@ -56,7 +56,19 @@ from .shapes import (
     NullProblems,
 )
 
-__all__ = ['F63', 'FLAGGED_FIELDS', 'MAX_DUR_US', 'SFLAG', 'SF_MODE_A', 'SF_MODE_R', 'SF_WRITE', 'WRITE_NAMES', 'compact_rows', 'native_compact', 'one_frame']
+__all__ = [
+    "F63",
+    "FLAGGED_FIELDS",
+    "MAX_DUR_US",
+    "SFLAG",
+    "SF_MODE_A",
+    "SF_MODE_R",
+    "SF_WRITE",
+    "WRITE_NAMES",
+    "compact_rows",
+    "native_compact",
+    "one_frame",
+]
 
 #: The most bytes one call moves (``MAX_CALL_BYTES`` in ``_pfwscan.c``), 1 TiB: Linux moves
 #: at most 2 GiB - 4 KiB in one read or write, and an fread/fwrite or one checkpoint save of
@@ -110,8 +122,12 @@ def _odd_bytes(col: Callable[[str], pl.Expr]) -> pl.Expr:
     negative or beyond :data:`_MAX_CALL_BYTES`; a failed call's negative ``ret`` is none)."""
     ret, item, count = col("ret"), _item(col), col("count")
     xfer = ((ret >= 0) & ~_call_bytes_ok(ret, item)) | ~_call_bytes_ok(count, item)
-    return (pl.when(col("op") >= XFER).then(xfer)
-            .when(col("cat") == CAT_CHECKPOINT).then(~_call_bytes_ok(col("abytes"), 1))).fill_null(False)
+    return (
+        pl.when(col("op") >= XFER)
+        .then(xfer)
+        .when(col("cat") == CAT_CHECKPOINT)
+        .then(~_call_bytes_ok(col("abytes"), 1))
+    ).fill_null(False)
 
 
 def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
@@ -124,46 +140,82 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
     is_xfer = op >= XFER
     item = _item(col)
     size = (
-        pl.when(is_xfer).then(pl.when((ret >= 0) & _call_bytes_ok(ret, item)).then(ret * item))
-        .when(col("cat") == CAT_CHECKPOINT).then(pl.when(_call_bytes_ok(col("abytes"), 1)).then(col("abytes")))
+        pl.when(is_xfer)
+        .then(pl.when((ret >= 0) & _call_bytes_ok(ret, item)).then(ret * item))
+        .when(col("cat") == CAT_CHECKPOINT)
+        .then(pl.when(_call_bytes_ok(col("abytes"), 1)).then(col("abytes")))
     )
     whence = col("whence")
-    append = ((col("flags").fill_null(0) & _O_APPEND) != 0) \
-        | col("mode").cast(CAT).cat.starts_with("a").fill_null(False)
+    append = ((col("flags").fill_null(0) & _O_APPEND) != 0) | col("mode").cast(CAT).cat.starts_with(
+        "a"
+    ).fill_null(False)
     mode = col("mode").cast(pl.String)
-    rdonly = ((col("flags") & 3) == 0).fill_null(False) \
-        | (mode.str.starts_with("r") & ~mode.str.contains("+", literal=True)).fill_null(False)
+    rdonly = ((col("flags") & 3) == 0).fill_null(False) | (
+        mode.str.starts_with("r") & ~mode.str.contains("+", literal=True)
+    ).fill_null(False)
 
     def flag(cond: pl.Expr, bit: int) -> pl.Expr:
-        return pl.when(cond.fill_null(False)).then(pl.lit(bit, dtype=pl.UInt8)).otherwise(pl.lit(0, dtype=pl.UInt8))
+        return (
+            pl.when(cond.fill_null(False))
+            .then(pl.lit(bit, dtype=pl.UInt8))
+            .otherwise(pl.lit(0, dtype=pl.UInt8))
+        )
 
-    pos = (flag(ret.is_null() | (ret >= 0), POS_OK) | flag(whence == _SEEK_CUR, POS_CUR)
-           | flag(whence == _SEEK_SET, POS_SET) | flag(append, POS_APPEND)
-           | flag(pl.any_horizontal(col("fhash").is_not_null(), col("path").is_not_null(), col("fname").is_not_null())
-                  & col("cat").is_in(("POSIX", "STDIO")), POS_IO)
-           | flag(col("cat") == "STDIO", POS_STDIO) | flag(rdonly, POS_RDONLY)
-           | flag(col("name").cast(pl.String).is_in(list(WRITE_NAMES)), POS_WRITE))
+    pos = (
+        flag(ret.is_null() | (ret >= 0), POS_OK)
+        | flag(whence == _SEEK_CUR, POS_CUR)
+        | flag(whence == _SEEK_SET, POS_SET)
+        | flag(append, POS_APPEND)
+        | flag(
+            pl.any_horizontal(
+                col("fhash").is_not_null(), col("path").is_not_null(), col("fname").is_not_null()
+            )
+            & col("cat").is_in(("POSIX", "STDIO")),
+            POS_IO,
+        )
+        | flag(col("cat") == "STDIO", POS_STDIO)
+        | flag(rdonly, POS_RDONLY)
+        | flag(col("name").cast(pl.String).is_in(list(WRITE_NAMES)), POS_WRITE)
+    )
     parg = (
-        pl.when(op.is_in((LSEEK, FTELL))).then(ret)
-        .when(op.is_in((FSEEK, PXFER))).then(col("aoffset"))
-        .when(op.is_in((XFER, SXFER))).then(size)
+        pl.when(op.is_in((LSEEK, FTELL)))
+        .then(ret)
+        .when(op.is_in((FSEEK, PXFER)))
+        .then(col("aoffset"))
+        .when(op.is_in((XFER, SXFER)))
+        .then(size)
     )
     return [
-        col("src").alias("src"), col("seq").alias("seq"), col("pid").cast(I32, strict=False).alias("pid"),
-        col("tid").cast(I32, strict=False).alias("tid"), *(col(c).alias(c) for c in ("ts", "dur")),
-        *(col(c).cast(CAT).alias(c) for c in ("cat", "name", "fhash")), ret.alias("ret"),
-        pl.when(is_xfer & _call_bytes_ok(col("count"), item)).then(col("count") * item).alias("size_requested"),
-        size.alias("size"), op.alias("op"),
-        pos.alias("pos"), parg.fill_null(NUL).alias("parg"),
+        col("src").alias("src"),
+        col("seq").alias("seq"),
+        col("pid").cast(I32, strict=False).alias("pid"),
+        col("tid").cast(I32, strict=False).alias("tid"),
+        *(col(c).alias(c) for c in ("ts", "dur")),
+        *(col(c).cast(CAT).alias(c) for c in ("cat", "name", "fhash")),
+        ret.alias("ret"),
+        pl.when(is_xfer & _call_bytes_ok(col("count"), item))
+        .then(col("count") * item)
+        .alias("size_requested"),
+        size.alias("size"),
+        op.alias("op"),
+        pos.alias("pos"),
+        parg.fill_null(NUL).alias("parg"),
         # loop counters, 32-bit: a value beyond is no counter (null)
-        *(pl.when(col(c).is_between(_I32_MIN, _I32_MAX)).then(col(c)).cast(I32).alias(c)
-          for c in ("epoch", "step")),
+        *(
+            pl.when(col(c).is_between(_I32_MIN, _I32_MAX)).then(col(c)).cast(I32).alias(c)
+            for c in ("epoch", "step")
+        ),
         col("batch_size").alias("batch_size"),  # 64-bit: summed to samples, which may pass 2^31
         col("image_idx").alias("sample_index"),
         # measured quantities, 32-bit: a value that is negative or beyond is no measurement (null)
-        *(pl.when(col(c).is_between(lo, _I32_MAX)).then(col(c)).cast(I32).alias(c)
-          for c, lo in (("cpu_time", 0), ("cpu_threads", 1))),
-        pl.when(col("tensors").is_between(0, _I16_MAX)).then(col("tensors")).cast(I16).alias("tensors"),
+        *(
+            pl.when(col(c).is_between(lo, _I32_MAX)).then(col(c)).cast(I32).alias(c)
+            for c, lo in (("cpu_time", 0), ("cpu_threads", 1))
+        ),
+        pl.when(col("tensors").is_between(0, _I16_MAX))
+        .then(col("tensors"))
+        .cast(I16)
+        .alias("tensors"),
         pl.coalesce(col("path"), col("fname")).cast(CAT).alias("__path"),
     ]
 
@@ -173,11 +225,22 @@ def _starts_and_hosts(wide: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     processes' ``start`` records (ppid, working-directory hash, host hash), and the first
     host hash of each (``src``, ``pid``) by line."""
     starts = wide.filter((pl.col("name") == "start") & (pl.col("cat") == "dftracer")).select(
-        "src", "seq", "pid", pl.col("__ppid").alias("ppid"), pl.col("__cwd").cast(STR).alias("cwd"),
-        pl.col("__hhash").cast(STR).alias("hhash"))
-    hosts = wide.filter(pl.col("__hhash").is_not_null()).group_by("src", "pid").agg(
-        pl.col("seq").min(), pl.col("__hhash").sort_by("seq").first().cast(STR).alias("hhash"),
-    ).select("src", "pid", "seq", "hhash")
+        "src",
+        "seq",
+        "pid",
+        pl.col("__ppid").alias("ppid"),
+        pl.col("__cwd").cast(STR).alias("cwd"),
+        pl.col("__hhash").cast(STR).alias("hhash"),
+    )
+    hosts = (
+        wide.filter(pl.col("__hhash").is_not_null())
+        .group_by("src", "pid")
+        .agg(
+            pl.col("seq").min(),
+            pl.col("__hhash").sort_by("seq").first().cast(STR).alias("hhash"),
+        )
+        .select("src", "pid", "seq", "hhash")
+    )
     return starts, hosts
 
 
@@ -191,20 +254,36 @@ def _null_problems(beyond: dict[int, int], odd: dict[int, int]) -> NullProblems:
     return out
 
 
-def compact_rows(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, NullProblems]:
+def compact_rows(
+    raw: pl.DataFrame,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, NullProblems]:
     """(rows, starts, hosts, problems) of raw event rows (:data:`RAW_SCHEMA`, strings as
     String or Categorical): the :data:`CHUNK_SCHEMA` rows (:func:`_compact_exprs`), the
     processes' ``start`` records and first host hashes (:func:`_starts_and_hosts`), and per
     ``src`` the counts of rows with a :data:`NARROW` value beyond 32 bits or a byte count
     read as null (:func:`_null_problems`)."""
-    wide = raw.select(*_compact_exprs(pl.col), pl.col("ppid").alias("__ppid"), pl.col("cwd").cast(CAT).alias("__cwd"),
-                      pl.col("hhash").cast(CAT).alias("__hhash"))
+    wide = raw.select(
+        *_compact_exprs(pl.col),
+        pl.col("ppid").alias("__ppid"),
+        pl.col("cwd").cast(CAT).alias("__cwd"),
+        pl.col("hhash").cast(CAT).alias("__hhash"),
+    )
     starts, hosts = _starts_and_hosts(wide)
-    lims = raw.select(*(e for c in NARROW for e in (pl.col(c).min().alias(c + "_lo"), pl.col(c).max().alias(c + "_hi"))))
+    lims = raw.select(
+        *(
+            e
+            for c in NARROW
+            for e in (pl.col(c).min().alias(c + "_lo"), pl.col(c).max().alias(c + "_hi"))
+        )
+    )
     beyond: dict[int, int] = {}
-    if any((lo is not None and lo < _I32_MIN) or (hi is not None and hi > _I32_MAX)
-           for lo, hi in zip(lims.row(0)[::2], lims.row(0)[1::2], strict=True)):
-        out_of_range = pl.any_horizontal(*((pl.col(c) < _I32_MIN) | (pl.col(c) > _I32_MAX) for c in NARROW))
+    if any(
+        (lo is not None and lo < _I32_MIN) or (hi is not None and hi > _I32_MAX)
+        for lo, hi in zip(lims.row(0)[::2], lims.row(0)[1::2], strict=True)
+    ):
+        out_of_range = pl.any_horizontal(
+            *((pl.col(c) < _I32_MIN) | (pl.col(c) > _I32_MAX) for c in NARROW)
+        )
         beyond = dict(raw.filter(out_of_range.fill_null(False)).group_by("src").len().iter_rows())
     odd = dict(raw.filter(_odd_bytes(pl.col)).group_by("src").len().iter_rows())
     return wide.drop("__ppid", "__cwd", "__hhash"), starts, hosts, _null_problems(beyond, odd)
@@ -213,13 +292,28 @@ def compact_rows(raw: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.Data
 #: :func:`native_compact`'s outputs, in the order of the C ``OUT_*`` enum: (column, dtype,
 #: validity bit of ``OUT_VALID``; 0 for a column without nulls).
 _COMPACT_OUT: tuple[tuple[str, Any, int], ...] = (
-    ("ts", np.int64, 1 << 0), ("dur", np.int64, 1 << 1), ("ret", np.int64, 1 << 2),
-    ("size_requested", np.int64, 1 << 3), ("size", np.int64, 1 << 4), ("parg", np.int64, 0),
-    ("batch_size", np.int64, 1 << 5), ("sample_index", np.int64, 1 << 6), ("__ppid", np.int64, 1 << 7),
-    ("pid", np.int32, 1 << 8), ("tid", np.int32, 1 << 9), ("epoch", np.int32, 1 << 10), ("step", np.int32, 1 << 11),
-    ("cpu_time", np.int32, 1 << 12), ("cpu_threads", np.int32, 1 << 13), ("tensors", np.int16, 1 << 14),
-    ("op", np.int8, 0), ("pos", np.uint8, 0),
-    ("cat", np.int32, 0), ("name", np.int32, 0), ("fhash", np.int32, 0), ("__path", np.int32, 0),
+    ("ts", np.int64, 1 << 0),
+    ("dur", np.int64, 1 << 1),
+    ("ret", np.int64, 1 << 2),
+    ("size_requested", np.int64, 1 << 3),
+    ("size", np.int64, 1 << 4),
+    ("parg", np.int64, 0),
+    ("batch_size", np.int64, 1 << 5),
+    ("sample_index", np.int64, 1 << 6),
+    ("__ppid", np.int64, 1 << 7),
+    ("pid", np.int32, 1 << 8),
+    ("tid", np.int32, 1 << 9),
+    ("epoch", np.int32, 1 << 10),
+    ("step", np.int32, 1 << 11),
+    ("cpu_time", np.int32, 1 << 12),
+    ("cpu_threads", np.int32, 1 << 13),
+    ("tensors", np.int16, 1 << 14),
+    ("op", np.int8, 0),
+    ("pos", np.uint8, 0),
+    ("cat", np.int32, 0),
+    ("name", np.int32, 0),
+    ("fhash", np.int32, 0),
+    ("__path", np.int32, 0),
 )
 
 
@@ -261,9 +355,18 @@ def _column_expr(c: str, bit: int, kind: Literal["null", "all", "masked"]) -> pl
     return pl.when((pl.col("__v") & bit) != 0).then(pl.col(c)).alias(c)
 
 
-def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
-                    uniques: list[str], op_of: np.ndarray, sflag: np.ndarray, src: int | np.ndarray,
-                    seq: np.ndarray) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, NullProblems]:
+def native_compact(
+    sl: slice,
+    ints: np.ndarray,
+    imask: np.ndarray,
+    strs: np.ndarray,
+    values: pl.Series,
+    uniques: list[str],
+    op_of: np.ndarray,
+    sflag: np.ndarray,
+    src: int | np.ndarray,
+    seq: np.ndarray,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, NullProblems]:
     """:func:`compact_rows` of the scanner's event rows ``sl`` straight from its buffers (of
     file ``src``, a constant or one per row, lines ``seq``): the C pass ``compact`` computes
     the :data:`CHUNK_SCHEMA` columns as :func:`_compact_exprs` defines them, into arrays of
@@ -283,7 +386,8 @@ def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndar
     valid, special = np.empty(n, dtype=np.uint32), np.empty(2 * n, dtype=np.int64)
     srcs = src.astype(np.uint32, copy=False) if isinstance(src, np.ndarray) else _EMPTY_U32
     vand, vor, beyond_rows, odd_rows, nstarts, nhosts = native.NATIVE.compact(
-        ints, imask, strs, sl.start, sl.stop, op_of, sflag, srcs, (*col.values(), valid, special))
+        ints, imask, strs, sl.start, sl.stop, op_of, sflag, srcs, (*col.values(), valid, special)
+    )
     data: dict[str, np.ndarray] = {"__v": valid}
     exprs: dict[str, pl.Expr] = {}
     cats = None
@@ -301,7 +405,9 @@ def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndar
                 if cats is None:
                     cats = values.cast(CAT)
                 data[c] = arr
-                exprs[c] = pl.lit(cats).gather(pl.when(pl.col(c) >= 0).then(pl.col(c)) if lo < 0 else pl.col(c))
+                exprs[c] = pl.lit(cats).gather(
+                    pl.when(pl.col(c) >= 0).then(pl.col(c)) if lo < 0 else pl.col(c)
+                )
             continue
         if bit and not vor & bit:
             exprs[c] = _column_expr(c, bit, "null")
@@ -329,14 +435,23 @@ def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndar
         got = {
             "src": src[at].tolist() if isinstance(src, np.ndarray) else [int(src)] * len(at),
             "seq": seq[at].tolist(),
-            "pid": [v if m & (1 << 8) else None for v, m in zip(col["pid"][at].tolist(), ok, strict=True)],
-            "ppid": [v if m & (1 << 7) else None for v, m in zip(col["__ppid"][at].tolist(), ok, strict=True)],
+            "pid": [
+                v if m & (1 << 8) else None
+                for v, m in zip(col["pid"][at].tolist(), ok, strict=True)
+            ],
+            "ppid": [
+                v if m & (1 << 7) else None
+                for v, m in zip(col["__ppid"][at].tolist(), ok, strict=True)
+            ],
             "cwd": [uniques[k] if k >= 0 else None for k in cwd[at].tolist()],
             "hhash": [uniques[k] if k >= 0 else None for k in hhash[at].tolist()],
         }
         return pl.DataFrame({c: got[c] for c in schema}, schema=schema)
 
-    starts, hosts = few(special[:nstarts], STARTS_SCHEMA), few(special[n:n + nhosts], HOSTS_SCHEMA)
+    starts, hosts = (
+        few(special[:nstarts], STARTS_SCHEMA),
+        few(special[n : n + nhosts], HOSTS_SCHEMA),
+    )
     beyond: dict[int, int] = {}
     if beyond_rows:
         mask = imask[sl]
@@ -345,13 +460,22 @@ def native_compact(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndar
             k = NATIVE_INTS.index(c)
             v = ints[k, sl]
             out_of_range |= ((mask >> k) & 1).astype(bool) & ((v < _I32_MIN) | (v > _I32_MAX))
-        srcs_out = src[out_of_range] if isinstance(src, np.ndarray) else np.full(int(out_of_range.sum()), src)
-        beyond = {int(s_): int(k) for s_, k in zip(*np.unique(srcs_out, return_counts=True), strict=True)}
+        srcs_out = (
+            src[out_of_range]
+            if isinstance(src, np.ndarray)
+            else np.full(int(out_of_range.sum()), src)
+        )
+        beyond = {
+            int(s_): int(k) for s_, k in zip(*np.unique(srcs_out, return_counts=True), strict=True)
+        }
     odd: dict[int, int] = {}
     if odd_rows:
         if isinstance(src, np.ndarray):
             srcs_odd = src[(valid & _V_ODDBYTES) != 0]
-            odd = {int(s_): int(k) for s_, k in zip(*np.unique(srcs_odd, return_counts=True), strict=True)}
+            odd = {
+                int(s_): int(k)
+                for s_, k in zip(*np.unique(srcs_odd, return_counts=True), strict=True)
+            }
         else:
             odd = {int(src): odd_rows}
     return rows, starts, hosts, _null_problems(beyond, odd)

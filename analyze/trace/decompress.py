@@ -18,7 +18,15 @@ from dlreplay.pfw import DecodeStats as _Stats
 from dlreplay.pfw import PlainFile, Slabs
 from dlreplay.pfw import decoded_spans as _decoded_spans
 
-__all__ = ['CHUNK_BYTES', 'Piece', 'joined', 'line_segments', 'prefetched', 'split_tail', 'text_chunks']
+__all__ = [
+    "CHUNK_BYTES",
+    "Piece",
+    "joined",
+    "line_segments",
+    "prefetched",
+    "split_tail",
+    "text_chunks",
+]
 
 #: Decoded text per parse batch (bytes). Large batches amortise per-batch overhead; each
 #: thread holds one batch's text and scan at a time (twice this raised a load's peak at
@@ -43,7 +51,7 @@ def split_tail(text: list[Piece]) -> tuple[list[Piece], int]:
         k = b.rfind(b"\n", lo, hi)
         if k >= 0:
             body = [*text[:i], (b, lo, k + 1)]
-            return body, hi - k - 1 + sum(p[2] - p[1] for p in text[i + 1:])
+            return body, hi - k - 1 + sum(p[2] - p[1] for p in text[i + 1 :])
     return [], sum(p[2] - p[1] for p in text)
 
 
@@ -62,16 +70,16 @@ def line_segments(text: list[Piece]) -> list[bytes | mmap.mmap | memoryview]:
             if k < 0:
                 carry.append(mv[lo:hi])
                 continue
-            carry.append(mv[lo:k + 1])
+            carry.append(mv[lo : k + 1])
             out.append(b"".join(carry))
             carry, lo = [], k + 1
             if lo == hi:
                 continue
         k = b.rfind(b"\n", lo, hi)
         if k >= lo:
-            out.append(b if lo == 0 and k + 1 == len(b) else mv[lo:k + 1])
+            out.append(b if lo == 0 and k + 1 == len(b) else mv[lo : k + 1])
         if k + 1 < hi:
-            carry.append(mv[max(lo, k + 1):hi])
+            carry.append(mv[max(lo, k + 1) : hi])
     if carry:
         out.append(b"".join(carry))
     return out
@@ -79,13 +87,19 @@ def line_segments(text: list[Piece]) -> list[bytes | mmap.mmap | memoryview]:
 
 def joined(text: list[Piece]) -> bytes:
     """The bytes of ``text``."""
-    if len(text) == 1 and isinstance(text[0][0], bytes) and text[0][1] == 0 and text[0][2] == len(text[0][0]):
+    if (
+        len(text) == 1
+        and isinstance(text[0][0], bytes)
+        and text[0][1] == 0
+        and text[0][2] == len(text[0][0])
+    ):
         return text[0][0]
     return b"".join(memoryview(b)[lo:hi] for b, lo, hi in text)
 
 
-def prefetched(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None
-                ) -> Iterable[tuple[list[Piece], bool, bool]]:
+def prefetched(
+    data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None
+) -> Iterable[tuple[list[Piece], bool, bool]]:
     """:func:`text_chunks`, decoded one chunk ahead in a helper thread, into ``slabs``
     (a new :class:`~dlreplay.pfw.Slabs` when None; the caller's when it releases the
     chunks it has parsed).
@@ -99,8 +113,12 @@ def prefetched(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = Non
     stop = threading.Event()
 
     def delta(seen: list[int]) -> tuple[int, int, int, list[str]]:
-        d = (mine.members - seen[0], mine.dropped_lines - seen[1], mine.dropped_bytes - seen[2],
-             mine.problems[seen[3]:])
+        d = (
+            mine.members - seen[0],
+            mine.dropped_lines - seen[1],
+            mine.dropped_bytes - seen[2],
+            mine.problems[seen[3] :],
+        )
         seen[:] = [mine.members, mine.dropped_lines, mine.dropped_bytes, len(mine.problems)]
         return d
 
@@ -142,7 +160,9 @@ def prefetched(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = Non
         helper.join()
 
 
-def text_chunks(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None) -> Iterable[tuple[list[Piece], bool, bool]]:
+def text_chunks(
+    data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = None
+) -> Iterable[tuple[list[Piece], bool, bool]]:
     """Yield (text, damaged_after, cut) chunks of decoded text of about ``CHUNK_BYTES``,
     each a list of pieces of the decoder's output (in ``slabs`` when given; never copied
     here).
@@ -186,16 +206,20 @@ def text_chunks(data: bytes | PlainFile, stats: _Stats, slabs: Slabs | None = No
             if j >= 0:
                 b, lo, hi = pending[j]
                 chunk = [*pending[:j], (b, lo, k + 1)]
-                pending = [x for x in [(b, k + 1, hi), *pending[j + 1:]] if x[2] > x[1]]
+                pending = [x for x in [(b, k + 1, hi), *pending[j + 1 :]] if x[2] > x[1]]
                 size = sum(x[2] - x[1] for x in pending)
                 if slabs is not None:
-                    slabs.seal(pending)  # (before the chunk goes: its parser may release it at once)
+                    slabs.seal(
+                        pending
+                    )  # (before the chunk goes: its parser may release it at once)
                 yield chunk, False, True
                 del chunk
             if size > _MAX_LINE_BYTES:  # what is left is one unfinished line, already too long
                 stats.drop(1, size)
-                stats.problems.append(f"dropped a line longer than {_MAX_LINE_BYTES >> 20} MiB (no trace event is; "
-                                      f"garbage such as NUL bytes)")
+                stats.problems.append(
+                    f"dropped a line longer than {_MAX_LINE_BYTES >> 20} MiB (no trace event is; "
+                    f"garbage such as NUL bytes)"
+                )
                 pending, size, skipping = [], 0, True
     if pending:
         if slabs is not None:

@@ -21,7 +21,21 @@ from dlreplay.pfw import GZIP_MAGIC
 
 from .shapes import RENUMBERED, STRAY_IO, FileReport, TraceDamageWarning, counted_problem
 
-__all__ = ['MANIFEST_NAME', 'TRACE_SUFFIXES', 'TraceInputs', 'available_cores', 'file_groups', 'find_inputs', 'find_trace_inputs', 'groups_of', 'member_ranges', 'range_share', 'split_file', 'stored_size', 'trace_warnings']
+__all__ = [
+    "MANIFEST_NAME",
+    "TRACE_SUFFIXES",
+    "TraceInputs",
+    "available_cores",
+    "file_groups",
+    "find_inputs",
+    "find_trace_inputs",
+    "groups_of",
+    "member_ranges",
+    "range_share",
+    "split_file",
+    "stored_size",
+    "trace_warnings",
+]
 
 TRACE_SUFFIXES = (".pfw", ".pfw.gz")
 
@@ -107,7 +121,7 @@ def _next_member(fh: Any, at: int, size: int) -> int | None:
             if len(window) - k >= 10 and not window[k + 3] & 0xE0:  # reserved flag bits clear
                 try:
                     d = zlib.decompressobj(31)
-                    out = d.decompress(window[k:k + _PROBE_BYTES], 256)
+                    out = d.decompress(window[k : k + _PROBE_BYTES], 256)
                 except zlib.error:
                     out = b""
                 if out[:1] in (b"{", b"[", b" ", b"\n", b"\r", b"\t"):
@@ -132,7 +146,9 @@ def file_groups(jobs: list[tuple[int, Path]], workers: int) -> list[list[tuple[i
     """Consecutive files grouped by stored size: about ``_GROUP_BYTES`` per group, fewer
     when that leaves idle workers; a file larger than that is a group of its own."""
     sizes = [stored_size(p) for _, p in jobs]
-    target = _GROUP_BYTES if workers == 1 else max(1, min(_GROUP_BYTES, sum(sizes) // (2 * workers)))
+    target = (
+        _GROUP_BYTES if workers == 1 else max(1, min(_GROUP_BYTES, sum(sizes) // (2 * workers)))
+    )
     groups: list[list[tuple[int, Path]]] = []
     current: list[tuple[int, Path]] = []
     size = 0
@@ -184,29 +200,42 @@ def find_trace_inputs(path) -> TraceInputs:
     if p.is_file():
         return TraceInputs([p], None)
     if not p.exists():
-        raise TraceError(f"trace path {p} does not exist: pass a directory written by "
-                         "'dlreplay capture' or a .pfw/.pfw.gz file")
+        raise TraceError(
+            f"trace path {p} does not exist: pass a directory written by "
+            "'dlreplay capture' or a .pfw/.pfw.gz file"
+        )
     if not p.is_dir():
         raise TraceError(f"trace path {p} is neither a file nor a directory")
     found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     if not found:
-        raise TraceError(f"no trace files (*.pfw, *.pfw.gz) under {p}: was the job captured "
-                         "with DFTracer, and did it run long enough to write its trace?")
+        raise TraceError(
+            f"no trace files (*.pfw, *.pfw.gz) under {p}: was the job captured "
+            "with DFTracer, and did it run long enough to write its trace?"
+        )
     runs = sorted({d for d in (_run_root(f, p) for f in found) if d is not None}, key=str)
     mine = [f for f in found if _run_root(f, p) is None]
     if not mine and len(runs) > 1:
-        names = ", ".join(str(r.relative_to(p)) for r in runs[:5]) + (", ..." if len(runs) > 5 else "")
-        raise TraceError(f"{p} holds {len(runs)} captured runs ({names}), each with its own {MANIFEST_NAME}: "
-                         f"analyse one run at a time (e.g. {runs[0]})")
+        names = ", ".join(str(r.relative_to(p)) for r in runs[:5]) + (
+            ", ..." if len(runs) > 5 else ""
+        )
+        raise TraceError(
+            f"{p} holds {len(runs)} captured runs ({names}), each with its own {MANIFEST_NAME}: "
+            f"analyse one run at a time (e.g. {runs[0]})"
+        )
     if not mine:  # one run in a subdirectory: that run
         return find_trace_inputs(runs[0])
-    skipped = [f"{r.relative_to(p)}/: {sum(1 for f in found if _run_root(f, p) == r)} trace file(s) of another "
-               f"run (it has its own {MANIFEST_NAME}), left out; analyse {r} on its own" for r in runs]
+    skipped = [
+        f"{r.relative_to(p)}/: {sum(1 for f in found if _run_root(f, p) == r)} trace file(s) of another "
+        f"run (it has its own {MANIFEST_NAME}), left out; analyse {r} on its own"
+        for r in runs
+    ]
     files, dupes = _without_duplicates(mine)
     if dupes:
         pairs = "; ".join(f"{f.relative_to(p)} = {g.relative_to(p)}" for f, g in dupes[:5])
-        skipped.append(f"{len(dupes)} trace file(s) are byte-identical copies of others (the same process's trace "
-                       f"twice), left out: {pairs}{'; ...' if len(dupes) > 5 else ''}")
+        skipped.append(
+            f"{len(dupes)} trace file(s) are byte-identical copies of others (the same process's trace "
+            f"twice), left out: {pairs}{'; ...' if len(dupes) > 5 else ''}"
+        )
     return TraceInputs(files, _read_manifest(p / MANIFEST_NAME), skipped)
 
 
@@ -274,30 +303,45 @@ def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
     out = []
     status = (found.manifest or {}).get("status")
     if status == "running":
-        out.append(f"the capture did not end: its {MANIFEST_NAME} still says 'running' (its dlreplay process was "
-                   f"killed, or it is still running), so the trace may be incomplete")
+        out.append(
+            f"the capture did not end: its {MANIFEST_NAME} still says 'running' (its dlreplay process was "
+            f"killed, or it is still running), so the trace may be incomplete"
+        )
     cut = [f for f in files if f.damaged]
     if cut:
-        out.append(f"{len(cut)} process file(s) cut or damaged ({', '.join(f.name for f in cut[:5])}"
-                   f"{', ...' if len(cut) > 5 else ''}): those processes' traces are incomplete")
+        out.append(
+            f"{len(cut)} process file(s) cut or damaged ({', '.join(f.name for f in cut[:5])}"
+            f"{', ...' if len(cut) > 5 else ''}): those processes' traces are incomplete"
+        )
     out += found.skipped
     moved = [p for f in files for p in f.problems if RENUMBERED in p]
     if moved:
         said = "; ".join(m.split(": it ")[0] for m in moved[:3])
-        out.append(f"{len(moved)} process(es) numbered anew where a pid also ran on another host, so that no two "
-                   f"hosts' processes mix: {said}{'; ...' if len(moved) > 3 else ''}")
-    stray = [(f.name, got[0]) for f in files for p in f.problems if (got := counted_problem(p)) and got[1] == STRAY_IO]
+        out.append(
+            f"{len(moved)} process(es) numbered anew where a pid also ran on another host, so that no two "
+            f"hosts' processes mix: {said}{'; ...' if len(moved) > 3 else ''}"
+        )
+    stray = [
+        (f.name, got[0])
+        for f in files
+        for p in f.problems
+        if (got := counted_problem(p)) and got[1] == STRAY_IO
+    ]
     if stray:
-        out.append(f"{sum(n for _, n in stray)} read/write call(s) in {len(stray)} process file(s) "
-                   f"({', '.join(name for name, _ in stray[:3])}{', ...' if len(stray) > 3 else ''}) were logged on a "
-                   f"file their process had already closed, or (writes) on one it never opened for writing: "
-                   f"DFTracer forgets a descriptor's file only after closing it, and another thread's socket or "
-                   f"pipe got the number in between. They are kept without a file, outside every file's bytes")
+        out.append(
+            f"{sum(n for _, n in stray)} read/write call(s) in {len(stray)} process file(s) "
+            f"({', '.join(name for name, _ in stray[:3])}{', ...' if len(stray) > 3 else ''}) were logged on a "
+            f"file their process had already closed, or (writes) on one it never opened for writing: "
+            f"DFTracer forgets a descriptor's file only after closing it, and another thread's socket or "
+            f"pipe got the number in between. They are kept without a file, outside every file's bytes"
+        )
     empty = [f for f in files if f.events == 0]
     if empty:
         why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
-        out.append(f"{len(empty)} of {len(files)} trace file(s) hold no events: {why}"
-                   f"{'; ...' if len(empty) > 5 else ''}")
+        out.append(
+            f"{len(empty)} of {len(files)} trace file(s) hold no events: {why}"
+            f"{'; ...' if len(empty) > 5 else ''}"
+        )
     return out
 
 
@@ -308,8 +352,9 @@ def _read_manifest(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        warnings.warn(TraceDamageWarning(f"{path} is unreadable ({exc}); loading without it"),
-                      stacklevel=3)
+        warnings.warn(
+            TraceDamageWarning(f"{path} is unreadable ({exc}); loading without it"), stacklevel=3
+        )
         return None
     return data if isinstance(data, dict) else None
 

@@ -135,17 +135,54 @@ from .shapes import (
 )
 
 __all__ = [
-    "CHUNK_SCHEMA", "PART_SCHEMA", "FileDamage", "FileReport", "LoadedTrace", "RangePart", "RunTables",
-    "TraceDamageWarning", "TracePart", "available_cores", "combine", "combine_parts", "finalize", "load",
-    "load_trace", "member_ranges", "parse_part", "parse_parts", "resolve_ranges", "run_tables", "trace_warnings",
+    "CHUNK_SCHEMA",
+    "PART_SCHEMA",
+    "FileDamage",
+    "FileReport",
+    "LoadedTrace",
+    "RangePart",
+    "RunTables",
+    "TraceDamageWarning",
+    "TracePart",
+    "available_cores",
+    "combine",
+    "combine_parts",
+    "finalize",
+    "load",
+    "load_trace",
+    "member_ranges",
+    "parse_part",
+    "parse_parts",
+    "resolve_ranges",
+    "run_tables",
+    "trace_warnings",
     # also importable from here, as before the split
-    "BEYOND_32_BITS", "COUNTS_SCHEMA", "FH_SCHEMA", "MANIFEST_NAME", "MARKER_SCHEMA", "ODD_BYTES", "ODD_DUR",
-    "PARSER_ENV", "PROCESS_SCHEMA", "RAW_SCHEMA", "READ_AS_NULL", "RENUMBERED", "STRAY_IO", "TRACE_SUFFIXES",
-    "PartJob", "TraceInputs", "canonical", "find_trace_inputs", "native_parser_available", "renumbered",
+    "BEYOND_32_BITS",
+    "COUNTS_SCHEMA",
+    "FH_SCHEMA",
+    "MANIFEST_NAME",
+    "MARKER_SCHEMA",
+    "ODD_BYTES",
+    "ODD_DUR",
+    "PARSER_ENV",
+    "PROCESS_SCHEMA",
+    "RAW_SCHEMA",
+    "READ_AS_NULL",
+    "RENUMBERED",
+    "STRAY_IO",
+    "TRACE_SUFFIXES",
+    "PartJob",
+    "TraceInputs",
+    "canonical",
+    "find_trace_inputs",
+    "native_parser_available",
+    "renumbered",
 ]
 
-def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
-               jobs: int | None = None) -> LoadedTrace:
+
+def load_trace(
+    path: str | os.PathLike | Sequence[str | os.PathLike], *, jobs: int | None = None
+) -> LoadedTrace:
     """Load a trace directory (all ``*.pfw``/``*.pfw.gz`` below it), one file, or a list of files.
 
     ``jobs`` is how many threads decompress, parse and resolve at once (default:
@@ -163,8 +200,13 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     return dataclasses.replace(loaded, manifest=manifest)
 
 
-def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
-                group_bytes: int | None = None, ordered: bool = False) -> Iterator[TracePart]:
+def parse_parts(
+    files: Sequence[Path],
+    *,
+    jobs: int | None = None,
+    group_bytes: int | None = None,
+    ordered: bool = False,
+) -> Iterator[TracePart]:
     """The resolved parts of the trace ``files`` (the run's files, ``src`` = position), as
     they are done, parsed by ``jobs`` threads (default: :func:`available_cores`).
 
@@ -189,8 +231,11 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
     split = _large_files(indexed, sizes, range_share(sizes, workers)) if workers > 1 else {}
     rest = [(src, p) for src, p in indexed if src not in split]
     groups = file_groups(rest, workers) if group_bytes is None else groups_of(rest, group_bytes)
-    todo: list[tuple[Any, Any]] = [(parse_part, [(src, files[src], a, b, k)])
-                                   for src, ranges in split.items() for k, (a, b) in enumerate(ranges)]
+    todo: list[tuple[Any, Any]] = [
+        (parse_part, [(src, files[src], a, b, k)])
+        for src, ranges in split.items()
+        for k, (a, b) in enumerate(ranges)
+    ]
     todo += [(parse_part, g) for g in groups]
     todo.reverse()  # popped from the end: in this order
     waiting: dict[int, list[RangePart]] = {}
@@ -211,7 +256,9 @@ def parse_parts(files: Sequence[Path], *, jobs: int | None = None,
                 yield from _finished(fut.result(), split, waiting, todo)
 
 
-def _large_files(indexed: list[tuple[int, Path]], sizes: list[int], share: int) -> dict[int, list[tuple[int, int]]]:
+def _large_files(
+    indexed: list[tuple[int, Path]], sizes: list[int], share: int
+) -> dict[int, list[tuple[int, int]]]:
     """The byte ranges of each file of at least twice ``share`` stored bytes whose gzip
     members could be cut (by ``src``)."""
     split: dict[int, list[tuple[int, int]]] = {}
@@ -225,8 +272,12 @@ def _large_files(indexed: list[tuple[int, Path]], sizes: list[int], share: int) 
     return split
 
 
-def _finished(res: TracePart | RangePart | list[TracePart], split: dict[int, list[tuple[int, int]]],
-              waiting: dict[int, list[RangePart]], todo: list[tuple[Any, Any]]) -> list[TracePart]:
+def _finished(
+    res: TracePart | RangePart | list[TracePart],
+    split: dict[int, list[tuple[int, int]]],
+    waiting: dict[int, list[RangePart]],
+    todo: list[tuple[Any, Any]],
+) -> list[TracePart]:
     """The resolved parts of a finished job; a byte range waits for the file's others, and
     once all are parsed their resolve is the next job."""
     out = []
@@ -239,6 +290,7 @@ def _finished(res: TracePart | RangePart | list[TracePart], split: dict[int, lis
         else:
             out.append(part)
     return out
+
 
 def load(path: str | os.PathLike | Sequence[str | os.PathLike], **kw) -> pl.DataFrame:
     """The event table of :func:`load_trace`; warns :class:`TraceDamageWarning` on any loss."""
@@ -255,8 +307,9 @@ def load(path: str | os.PathLike | Sequence[str | os.PathLike], **kw) -> pl.Data
     return loaded.events
 
 
-def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None, ordered: bool = False
-               ) -> TracePart | RangePart:
+def parse_part(
+    jobs: Sequence[PartJob], *, prefetch: bool | None = None, ordered: bool = False
+) -> TracePart | RangePart:
     """Decompress, parse and resolve the trace files ``jobs`` = [(src, path), ...] into a :class:`TracePart`.
 
     ``src`` is the file's index in the whole run (the position of its name in the
@@ -293,10 +346,18 @@ def parse_part(jobs: Sequence[PartJob], *, prefetch: bool | None = None, ordered
     if isinstance(got, RangePart):
         return got
     rows, files = got
-    events, order, processes, records, counts, markers = resolve_part(rows, {src: rep.problems for src, rep in files},
-                                                                  alone=alone, ordered=ordered)
-    return TracePart(events=events, processes=processes, fh=records, files=files, counts=counts, markers=markers,
-                     order=order)
+    events, order, processes, records, counts, markers = resolve_part(
+        rows, {src: rep.problems for src, rep in files}, alone=alone, ordered=ordered
+    )
+    return TracePart(
+        events=events,
+        processes=processes,
+        fh=records,
+        files=files,
+        counts=counts,
+        markers=markers,
+        order=order,
+    )
 
 
 class _Parsing:
@@ -330,8 +391,9 @@ class _Parsing:
 _PARSING = _Parsing()
 
 
-def _parse_rows(jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = None
-                ) -> RangePart | tuple[Compacted, list[tuple[int, FileReport]]]:
+def _parse_rows(
+    jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = None
+) -> RangePart | tuple[Compacted, list[tuple[int, FileReport]]]:
     """:func:`parse_part` up to the resolve: a range's part, else the compacted rows and the files' reports."""
     batch = new_batch()
     rows = Compacted()
@@ -357,8 +419,16 @@ def _parse_rows(jobs: Sequence[PartJob], ranged: bool, prefetch: bool | None = N
     if ranged:
         job = jobs[0]
         kept, meta, starts, hosts = rows.pop()
-        return RangePart(src=job[0], k=job[4], rows=kept, meta=meta, starts=starts,  # type: ignore[misc]
-                         hosts=hosts, report=files[0][1], clean_end=clean_end)
+        return RangePart(
+            src=job[0],
+            k=job[4],
+            rows=kept,
+            meta=meta,
+            starts=starts,  # type: ignore[misc]
+            hosts=hosts,
+            report=files[0][1],
+            clean_end=clean_end,
+        )
     return rows, files
 
 
@@ -376,15 +446,26 @@ def _read_job(job: PartJob, path: Path) -> bytes | PlainFile:
         raise TraceError(f"cannot read trace file {path}: {exc}") from exc
 
 
-def _parse_text(data: bytes | PlainFile, src: int, seq0: int, stats: _Stats, batch: Batch | NativeBatch,
-                rows: Compacted, ahead_ok: bool) -> bool:
+def _parse_text(
+    data: bytes | PlainFile,
+    src: int,
+    seq0: int,
+    stats: _Stats,
+    batch: Batch | NativeBatch,
+    rows: Compacted,
+    ahead_ok: bool,
+) -> bool:
     """Decode one job's ``data`` and add its lines (file ``src`` from line ``seq0``) to
     ``batch``, flushed into ``rows`` at damage, at each cut chunk and when full; True when
     its text ended with a whole line."""
     clean_end = True
     # a large file's text is decoded ahead into slabs, written again once its chunks are
     # flushed (nothing reads a chunk's text after its batch's flush)
-    slabs = Slabs(recycle=True, keep_bytes=decompress.CHUNK_BYTES) if ahead_ok and len(data) >= _PREFETCH_BYTES else None
+    slabs = (
+        Slabs(recycle=True, keep_bytes=decompress.CHUNK_BYTES)
+        if ahead_ok and len(data) >= _PREFETCH_BYTES
+        else None
+    )
     chunks = prefetched(data, stats, slabs) if slabs is not None else text_chunks(data, stats)
     for received, (text, damaged_after, cut) in enumerate(chunks, 1):
         body, tail = split_tail(text)
@@ -406,17 +487,29 @@ def _parse_text(data: bytes | PlainFile, src: int, seq0: int, stats: _Stats, bat
     return clean_end
 
 
-def _file_reports(done: list[tuple[int, Path, int, _Stats]], ranged: bool) -> list[tuple[int, FileReport]]:
+def _file_reports(
+    done: list[tuple[int, Path, int, _Stats]], ranged: bool
+) -> list[tuple[int, FileReport]]:
     """(src, report) of each parsed file (its events still 0: counted when the parts combine)."""
     files = []
     for src, path, size, stats in done:
         if size and not stats.lines and not stats.problems and not ranged:
             stats.problems.append("file holds no trace lines")
-        files.append((src, FileReport(
-            path=str(path), bytes=size, members=stats.members, lines=stats.lines, events=0,
-            dropped_lines=stats.dropped_lines, dropped_bytes=stats.dropped_bytes,
-            problems=stats.problems,
-        )))
+        files.append(
+            (
+                src,
+                FileReport(
+                    path=str(path),
+                    bytes=size,
+                    members=stats.members,
+                    lines=stats.lines,
+                    events=0,
+                    dropped_lines=stats.dropped_lines,
+                    dropped_bytes=stats.dropped_bytes,
+                    problems=stats.problems,
+                ),
+            )
+        )
     return files
 
 
@@ -465,10 +558,20 @@ def resolve_ranges(ranges: Sequence[RangePart], *, ordered: bool = False) -> lis
         held.starts = [r.starts for r in rs]
         held.hosts = [r.hosts for r in rs]
         del rs
-        events, order, processes, fh, counts, markers = resolve_part(held, {src: rep.problems}, alone=_PARSING.idle(),
-                                                                 ordered=ordered)
-        out.append(TracePart(events=events, processes=processes, fh=fh, files=[(src, rep)], counts=counts,
-                             markers=markers, order=order))
+        events, order, processes, fh, counts, markers = resolve_part(
+            held, {src: rep.problems}, alone=_PARSING.idle(), ordered=ordered
+        )
+        out.append(
+            TracePart(
+                events=events,
+                processes=processes,
+                fh=fh,
+                files=[(src, rep)],
+                counts=counts,
+                markers=markers,
+                order=order,
+            )
+        )
     return out
 
 
@@ -504,7 +607,9 @@ def _combine_owned(parts: list[TracePart | RangePart], names: Sequence[str]) -> 
     return LoadedTrace(events=events, files=files, per_process=per_process)
 
 
-def combine_parts(parts: Sequence[TracePart | RangePart], names: Sequence[str]) -> tuple[pl.DataFrame, list[FileReport]]:
+def combine_parts(
+    parts: Sequence[TracePart | RangePart], names: Sequence[str]
+) -> tuple[pl.DataFrame, list[FileReport]]:
     """(event table, per-file reports) of :func:`combine`."""
     loaded = combine(parts, names)
     return loaded.events, loaded.files

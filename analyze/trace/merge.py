@@ -42,7 +42,17 @@ from .shapes import (
     int_stat,
 )
 
-__all__ = ['RunTables', 'add_reports', 'canonical', 'finalize', 'merge_parts', 'per_process_from_counts', 'renumbered', 'run_tables']
+__all__ = [
+    "RunTables",
+    "add_reports",
+    "canonical",
+    "finalize",
+    "merge_parts",
+    "per_process_from_counts",
+    "renumbered",
+    "run_tables",
+]
+
 
 def add_reports(a: FileReport, b: FileReport) -> FileReport:
     """The report of a file from the reports of two of its byte ranges (in file order)."""
@@ -53,9 +63,16 @@ def add_reports(a: FileReport, b: FileReport) -> FileReport:
             count_problem(problems, *got)
         else:
             problems.append(p)
-    return FileReport(path=a.path, bytes=a.bytes + b.bytes, members=a.members + b.members,
-                      lines=a.lines + b.lines, events=0, dropped_lines=a.dropped_lines + b.dropped_lines,
-                      dropped_bytes=a.dropped_bytes + b.dropped_bytes, problems=problems)
+    return FileReport(
+        path=a.path,
+        bytes=a.bytes + b.bytes,
+        members=a.members + b.members,
+        lines=a.lines + b.lines,
+        events=0,
+        dropped_lines=a.dropped_lines + b.dropped_lines,
+        dropped_bytes=a.dropped_bytes + b.dropped_bytes,
+        problems=problems,
+    )
 
 
 @dataclass(frozen=True)
@@ -70,14 +87,21 @@ class RunTables:
     path_by_code: pl.Series
 
 
-def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], names: Sequence[str],
-               top_id: int = 0) -> RunTables:
+def run_tables(
+    processes: Sequence[pl.DataFrame],
+    fh: Sequence[pl.DataFrame],
+    names: Sequence[str],
+    top_id: int = 0,
+) -> RunTables:
     """The :class:`RunTables` of parts whose processes and ``FH`` records are ``processes``
     and ``fh`` (in part order: a part's ``__p`` plus the processes of the parts before it
     index the result); ``names[src]`` is the source name of file ``src``; ``top_id`` the
     largest pid or tid of the parts' rows (see :func:`_host_pids`)."""
-    records = one_frame(list(fh), FH_SCHEMA).sort("src", "seq").unique(subset="hash", keep="first",
-                                                                     maintain_order=True)
+    records = (
+        one_frame(list(fh), FH_SCHEMA)
+        .sort("src", "seq")
+        .unique(subset="hash", keep="first", maintain_order=True)
+    )
     procs = one_frame(list(processes), PROCESS_SCHEMA).rechunk()
     # working directory of every process (its start record's cwd hash, resolved by FH)
     procs = procs.with_columns(
@@ -85,12 +109,16 @@ def run_tables(processes: Sequence[pl.DataFrame], fh: Sequence[pl.DataFrame], na
         pl.Series(names, dtype=CAT).gather(procs["src"]).alias("source"),
         pl.col("host").cast(CAT),
     ).rechunk()
-    paths = records.join(procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left",
-                         maintain_order="left").select(
-        pl.col("hash").cast(CAT).to_physical().alias("code"), _absolute(pl.col("name")).cast(CAT).alias("path"))
+    paths = records.join(
+        procs.select("src", "pid", "__cwd"), on=["src", "pid"], how="left", maintain_order="left"
+    ).select(
+        pl.col("hash").cast(CAT).to_physical().alias("code"),
+        _absolute(pl.col("name")).cast(CAT).alias("path"),
+    )
     size = (int_stat(paths["code"].max()) or -1) + 1
     by_code = pl.DataFrame({"code": np.arange(size, dtype=np.uint32)}).join(
-        paths, on="code", how="left", maintain_order="left")["path"]
+        paths, on="code", how="left", maintain_order="left"
+    )["path"]
     return RunTables(processes=_host_pids(procs, top_id), path_by_code=by_code.rechunk())
 
 
@@ -105,20 +133,36 @@ def _host_pids(procs: pl.DataFrame, top_id: int) -> pl.DataFrame:
     and the ppid of that host's processes follows. Pids below :data:`RANK_PIDS` (DLIO's
     rank numbers, split by thread later) and processes without a host keep theirs. No
     ``__pid`` column where no pid is shared (the rows keep their pid)."""
-    hosts = procs.filter(pl.col("host").is_not_null() & (pl.col("pid") >= RANK_PIDS)).group_by("pid", "host").agg(
-        pl.col("src").min().alias("__s"))
+    hosts = (
+        procs.filter(pl.col("host").is_not_null() & (pl.col("pid") >= RANK_PIDS))
+        .group_by("pid", "host")
+        .agg(pl.col("src").min().alias("__s"))
+    )
     shared = hosts.filter(pl.len().over("pid") > 1)
     if shared.is_empty():
         return procs
     top = max(top_id, int_stat(procs["pid"].max()) or 0, int_stat(procs["ppid"].max()) or 0)
-    moved = (shared.sort("pid", "__s", "host").filter(pl.int_range(pl.len()).over("pid") > 0)
-             .with_columns((top + 1 + pl.int_range(pl.len(), dtype=pl.Int64)).cast(pl.Int32).alias("__new"))
-             .select("host", "pid", "__new"))
-    return (procs.join(moved, on=["host", "pid"], how="left", maintain_order="left")
-            .join(moved.rename({"pid": "ppid", "__new": "__newp"}), on=["host", "ppid"], how="left",
-                  maintain_order="left")
-            .with_columns(pl.coalesce("__new", "pid").alias("__pid"), pl.coalesce("__newp", "ppid").alias("ppid"))
-            .drop("__new", "__newp"))
+    moved = (
+        shared.sort("pid", "__s", "host")
+        .filter(pl.int_range(pl.len()).over("pid") > 0)
+        .with_columns(
+            (top + 1 + pl.int_range(pl.len(), dtype=pl.Int64)).cast(pl.Int32).alias("__new")
+        )
+        .select("host", "pid", "__new")
+    )
+    return (
+        procs.join(moved, on=["host", "pid"], how="left", maintain_order="left")
+        .join(
+            moved.rename({"pid": "ppid", "__new": "__newp"}),
+            on=["host", "ppid"],
+            how="left",
+            maintain_order="left",
+        )
+        .with_columns(
+            pl.coalesce("__new", "pid").alias("__pid"), pl.coalesce("__newp", "ppid").alias("ppid")
+        )
+        .drop("__new", "__newp")
+    )
 
 
 def renumbered(procs: pl.DataFrame) -> dict[int, list[str]]:
@@ -127,14 +171,21 @@ def renumbered(procs: pl.DataFrame) -> dict[int, list[str]]:
     if "__pid" not in procs.columns:
         return {}
     out: dict[int, list[str]] = {}
-    moved = procs.filter(pl.col("__pid") != pl.col("pid")).select("src", "host", "pid", "__pid").unique()
+    moved = (
+        procs.filter(pl.col("__pid") != pl.col("pid"))
+        .select("src", "host", "pid", "__pid")
+        .unique()
+    )
     for src, host, pid, new in moved.sort("src", "pid").iter_rows():
         out.setdefault(int(src), []).append(f"pid {pid} on {host} is {new} here: it {RENUMBERED}")
     return out
 
 
-def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
-             tables: RunTables) -> tuple[pl.DataFrame, pl.Series]:
+def finalize(
+    events: pl.DataFrame | list[pl.DataFrame],
+    order: np.ndarray | list[np.ndarray | None] | None,
+    tables: RunTables,
+) -> tuple[pl.DataFrame, pl.Series]:
     """(event table, process index per row): the :data:`~dlreplay.schema.EVENT_SCHEMA` table
     but ``role`` (:func:`canonical` adds it) of parts' rows ``events`` (:data:`PART_SCHEMA`, ``__p`` indexing ``tables``' processes;
     or a list holding that frame, taken out of it so that its columns are freed as they
@@ -146,13 +197,33 @@ def finalize(events: pl.DataFrame | list[pl.DataFrame], order: np.ndarray | list
     out = gather_columns(held, order, list(PART_SCHEMA))
     procs = tables.processes
     file = _file_column(out, tables)
-    release_free_memory(keep_large=True)  # the gather's last group and the file lookup's, before the new columns
+    release_free_memory(
+        keep_large=True
+    )  # the gather's last group and the file lookup's, before the new columns
     pid = _per_process(procs["__pid"], "pid") if "__pid" in procs.columns else pl.col("pid")
     table = out.select(
-        pid, "tid", _per_process(procs["ppid"], "ppid"), _per_process(procs["host"], "host"),
-        "ts", "dur", "cat", "name", pl.lit(file).alias("file"), "fhash",
-        "size_requested", "size", "offset", "ret", "epoch", "step", "batch_size", "sample_index",
-        "cpu_time", "cpu_threads", "tensors", _per_process(procs["source"], "source"),
+        pid,
+        "tid",
+        _per_process(procs["ppid"], "ppid"),
+        _per_process(procs["host"], "host"),
+        "ts",
+        "dur",
+        "cat",
+        "name",
+        pl.lit(file).alias("file"),
+        "fhash",
+        "size_requested",
+        "size",
+        "offset",
+        "ret",
+        "epoch",
+        "step",
+        "batch_size",
+        "sample_index",
+        "cpu_time",
+        "cpu_threads",
+        "tensors",
+        _per_process(procs["source"], "source"),
     ).cast(pl.Schema({c: dt for c, dt in EVENT_SCHEMA.items() if c != "role"}))  # type: ignore[arg-type]
     return table, out["__p"]
 
@@ -171,15 +242,29 @@ def _file_column(rows: pl.DataFrame, tables: RunTables) -> pl.Series:
     argument made absolute with the process's working directory; Categorical."""
     nfile = tables.path_by_code.len()
     code = pl.col("fhash").to_physical()
-    file = rows.select(pl.lit(tables.path_by_code).gather(pl.when(code < nfile).then(code)).alias("file")) \
-        .to_series() if nfile else pl.Series("file", [None] * rows.height, dtype=CAT)
-    named = rows.lazy().with_row_index("__row").filter(pl.col("__path").is_not_null()).select(
-        "__row", "__p", "__path").collect()
+    file = (
+        rows.select(
+            pl.lit(tables.path_by_code).gather(pl.when(code < nfile).then(code)).alias("file")
+        ).to_series()
+        if nfile
+        else pl.Series("file", [None] * rows.height, dtype=CAT)
+    )
+    named = (
+        rows.lazy()
+        .with_row_index("__row")
+        .filter(pl.col("__path").is_not_null())
+        .select("__row", "__p", "__path")
+        .collect()
+    )
     if named.height:
         named = named.filter(file.gather(named["__row"]).is_null())
     if named.height:
-        sub = named.join(tables.processes.with_row_index("__p").select("__p", "__cwd"), on="__p", how="left",
-                         maintain_order="left")
+        sub = named.join(
+            tables.processes.with_row_index("__p").select("__p", "__cwd"),
+            on="__p",
+            how="left",
+            maintain_order="left",
+        )
         paths = sub.select(_absolute(pl.col("__path").cast(STR))).to_series().cast(CAT)
         file = file.scatter(named["__row"], paths)
     return file.alias("file")
@@ -196,18 +281,32 @@ def per_process_from_counts(counts: pl.DataFrame, tables: RunTables) -> pl.DataF
     if "__pid" in procs.columns:  # (pids shared by hosts, renumbered: see _host_pids)
         procs = procs.with_columns(pl.col("__pid").alias("pid"))
     hosts = procs.select("host", "pid").unique(maintain_order=True)
-    pkey = procs.join(hosts.with_row_index("__h"), on=["host", "pid"], how="left", nulls_equal=True,
-                      maintain_order="left")["__h"]
+    pkey = procs.join(
+        hosts.with_row_index("__h"),
+        on=["host", "pid"],
+        how="left",
+        nulls_equal=True,
+        maintain_order="left",
+    )["__h"]
     counted = counted.select(
-        _code_index(pl.col("file"), paths).alias("__file"), pl.lit(pkey).gather(pl.col("__p")).alias("__proc"),
-        "cls", "n", "b", "item",
+        _code_index(pl.col("file"), paths).alias("__file"),
+        pl.lit(pkey).gather(pl.col("__p")).alias("__proc"),
+        "cls",
+        "n",
+        "b",
+        "item",
     )
-    loaders = counted.filter(pl.col("item"))["__proc"].unique().to_numpy()  # item events have no file
-    return file_process_table_counted(counted.filter(pl.col("__file") != none), paths, hosts, loaders)
+    loaders = (
+        counted.filter(pl.col("item"))["__proc"].unique().to_numpy()
+    )  # item events have no file
+    return file_process_table_counted(
+        counted.filter(pl.col("__file") != none), paths, hosts, loaders
+    )
 
 
-def merge_parts(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int],
-                                                                   dict[int, list[str]]]:
+def merge_parts(
+    parts: list[TracePart], names: Sequence[str]
+) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[int, int], dict[int, list[str]]]:
     """(event table, per-process table, events per src, notes per src: :func:`renumbered`) of
     resolved parts (``parts`` is emptied)."""
     frames, orders, processes, fh, counts, markers, base = [], [], [], [], [], [], 0
@@ -224,12 +323,24 @@ def merge_parts(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFr
     del p
     parts.clear()
     if not frames:
-        return pl.DataFrame(schema=EVENT_SCHEMA), None, {}, {}  # (a trace of markers only has no processes)
-    tables = run_tables(processes, fh, names, max((int_stat(f[c].max()) or 0) for f in frames for c in ("pid", "tid")))
+        return (
+            pl.DataFrame(schema=EVENT_SCHEMA),
+            None,
+            {},
+            {},
+        )  # (a trace of markers only has no processes)
+    tables = run_tables(
+        processes,
+        fh,
+        names,
+        max((int_stat(f[c].max()) or 0) for f in frames for c in ("pid", "tid")),
+    )
     # the per-process table needs only the parts' counts: built in a thread beside the order
     # and the gather, which leave a core idle at times
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlreplay-merge") as side:
-        per_process_job = side.submit(per_process_from_counts, one_frame(counts, COUNTS_SCHEMA), tables)
+        per_process_job = side.submit(
+            per_process_from_counts, one_frame(counts, COUNTS_SCHEMA), tables
+        )
         del counts
         proc_src = tables.processes["src"].to_numpy()
         runs = len(frames)
@@ -250,8 +361,11 @@ def merge_parts(parts: list[TracePart], names: Sequence[str]) -> tuple[pl.DataFr
         events, pidx = finalize(held, kept, tables)
         # rows per process (a small table: not a source index per row), then per file
         per_p = pidx.value_counts()
-        per_src = np.bincount(proc_src[per_p[pidx.name].to_numpy()], weights=per_p["count"].to_numpy(),
-                              minlength=len(names)).astype(np.int64)
+        per_src = np.bincount(
+            proc_src[per_p[pidx.name].to_numpy()],
+            weights=per_p["count"].to_numpy(),
+            minlength=len(names),
+        ).astype(np.int64)
         del pidx, per_p
         per_file = {int(i): int(per_src[i]) for i in np.flatnonzero(per_src)}
         per_process = per_process_job.result()
@@ -273,14 +387,20 @@ def _shift_processes(events: pl.DataFrame, base: int) -> pl.DataFrame:
     return out
 
 
-def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str],
-              run: vocabulary.RunThreads | None = None) -> tuple[pl.DataFrame, bool]:
+def canonical(
+    events: pl.DataFrame,
+    markers: pl.DataFrame,
+    names: Sequence[str],
+    run: vocabulary.RunThreads | None = None,
+) -> tuple[pl.DataFrame, bool]:
     """The one event vocabulary (:func:`~..vocabulary.canonicalize`: roles, DLIO's rank pids,
     start/stop markers) over :func:`finalize`'s table, in :data:`~dlreplay.schema.EVENT_SCHEMA`
     (``role`` Categorical); True when it changed processes or roles the loader's own
     per-process counts relied on. ``run``: what the whole run holds, where ``events`` is
     one part of it (the spilled loader)."""
-    table, changed = vocabulary.canonicalize(events, vocabulary.marker_spans(markers), list(names), run)
+    table, changed = vocabulary.canonicalize(
+        events, vocabulary.marker_spans(markers), list(names), run
+    )
     return table.cast(pl.Schema(EVENT_SCHEMA), strict=False), changed  # type: ignore[arg-type]
 
 
@@ -288,8 +408,9 @@ def canonical(events: pl.DataFrame, markers: pl.DataFrame, names: Sequence[str],
 _MERGE_SLICE_ROWS = 1 << 19
 
 
-def _merged_runs(frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None],
-                 proc_src: np.ndarray) -> np.ndarray | None:
+def _merged_runs(
+    frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None], proc_src: np.ndarray
+) -> np.ndarray | None:
     """The row order by (``ts``, file) of the concatenation of ``frames`` (resolved parts,
     each in that order as its entry of ``orders`` lists its rows, or as they are where
     that is None; ``__p`` indexing ``proc_src``, the file of each process) as a k-way merge
@@ -315,9 +436,17 @@ def _merged_runs(frames: list[pl.DataFrame], orders: Sequence[np.ndarray | None]
     parts = max(1, min(available_cores(), n // _MERGE_SLICE_ROWS))
     if parts == 1:
         return out if native.NATIVE.merge_runs(ts, procs, src, out, ords) else None
-    with ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="dlreplay-merge-runs") as pool:
-        others = [pool.submit(native.NATIVE.merge_runs, ts, procs, src, out, ords, q, parts) for q in range(1, parts)]
-        done = [native.NATIVE.merge_runs(ts, procs, src, out, ords, 0, parts), *(f.result() for f in others)]
+    with ThreadPoolExecutor(
+        max_workers=parts - 1, thread_name_prefix="dlreplay-merge-runs"
+    ) as pool:
+        others = [
+            pool.submit(native.NATIVE.merge_runs, ts, procs, src, out, ords, q, parts)
+            for q in range(1, parts)
+        ]
+        done = [
+            native.NATIVE.merge_runs(ts, procs, src, out, ords, 0, parts),
+            *(f.result() for f in others),
+        ]
     return out if all(done) else None
 
 

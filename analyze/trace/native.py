@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-__all__ = ['NATIVE', 'PARSER_ENV', 'native_parser_available']
+__all__ = ["NATIVE", "PARSER_ENV", "native_parser_available"]
 
 NATIVE: Any
 

@@ -43,7 +43,8 @@ from .shapes import (
     count_problem,
 )
 
-__all__ = ['RANK_PIDS', 'file_offsets', 'unname_stray']
+__all__ = ["RANK_PIDS", "file_offsets", "unname_stray"]
+
 
 def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     """(reset, base, advance) expressions of the file-position model, over ``op``, ``pos``
@@ -68,30 +69,42 @@ def _position_rules() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
         | op.is_in((REWIND, CLOSE))
     )
     base = (
-        pl.when(op == OPEN).then(pl.when(has(POS_APPEND)).then(None).otherwise(0))
-        .when(op.is_in((LSEEK, FTELL))).then(arg)
-        .when(op == FSEEK).then(pl.when(has(POS_SET)).then(arg))
-        .when(op == REWIND).then(0)
+        pl.when(op == OPEN)
+        .then(pl.when(has(POS_APPEND)).then(None).otherwise(0))
+        .when(op.is_in((LSEEK, FTELL)))
+        .then(arg)
+        .when(op == FSEEK)
+        .then(pl.when(has(POS_SET)).then(arg))
+        .when(op == REWIND)
+        .then(0)
     )
     advance = (
-        pl.when(op.is_in((XFER, SXFER))).then(arg.fill_null(0))
-        .when((op == FSEEK) & is_cur & ok).then(arg.fill_null(0))
+        pl.when(op.is_in((XFER, SXFER)))
+        .then(arg.fill_null(0))
+        .when((op == FSEEK) & is_cur & ok)
+        .then(arg.fill_null(0))
         .otherwise(0)
     )
     return reset.fill_null(False), base, advance
 
 
-def unname_stray(rows: pl.DataFrame, stray: np.ndarray, problems: dict[int, list[str]]) -> pl.DataFrame:
+def unname_stray(
+    rows: pl.DataFrame, stray: np.ndarray, problems: dict[int, list[str]]
+) -> pl.DataFrame:
     """``rows`` with the file of each stray transfer (``stray``, by row) taken away (file
     hash and path null: the call stays, on no file), counted in its file's ``problems``."""
     mask = pl.Series(stray)
     for src, n in rows.select("src").filter(mask).group_by("src").len().sort("src").iter_rows():
         if src in problems:
             count_problem(problems[src], n, STRAY_IO)
-    return rows.with_columns(pl.when(mask).then(None).otherwise(pl.col(c)).alias(c) for c in ("fhash", "__path"))
+    return rows.with_columns(
+        pl.when(mask).then(None).otherwise(pl.col(c)).alias(c) for c in ("fhash", "__path")
+    )
 
 
-def file_offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> tuple[pl.Series, np.ndarray | None]:
+def file_offsets(
+    ev: pl.DataFrame, order: np.ndarray, release: bool = False
+) -> tuple[pl.Series, np.ndarray | None]:
     """The offset of each row of ``ev``, in ``ev``'s own row order (``order`` lists the rows
     in output order, in which the streams are followed): given for pread/pwrite,
     reconstructed for stream reads and writes; and which rows are stray transfers (a bool
@@ -117,43 +130,77 @@ def file_offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> 
         stray = np.empty(n, dtype=np.bool_)
         proc = _stream_processes(ev).to_numpy()
         fcode = ev.select(_file_key()).to_series().to_numpy()
-        native.NATIVE.file_offsets(np.ascontiguousarray(order, dtype=np.int64), np.ascontiguousarray(proc, dtype=np.uint32),
-                             np.ascontiguousarray(fcode, dtype=np.uint32),
-                             *(np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt) for c, dt in (
-                                 ("op", np.int8), ("pos", np.uint8), ("parg", np.int64))),
-                             values, valid, stray)
+        native.NATIVE.file_offsets(
+            np.ascontiguousarray(order, dtype=np.int64),
+            np.ascontiguousarray(proc, dtype=np.uint32),
+            np.ascontiguousarray(fcode, dtype=np.uint32),
+            *(
+                np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt)
+                for c, dt in (("op", np.int8), ("pos", np.uint8), ("parg", np.int64))
+            ),
+            values,
+            valid,
+            stray,
+        )
         del proc, fcode
         if release:  # the inputs' copies, before the column is built beside the values
             release_free_memory(keep_large=True)
         found = bool(stray.any())
         if found:  # on no file: no offset
             valid &= ~stray
-        offset = pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset"))
+        offset = pl.select(
+            pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")
+        )
         return offset.to_series(), (stray if found else None)
     io = (pl.col("pos") & POS_IO) != 0
-    stream = (pl.col("__sp").cast(pl.Int64) * 2
-              + ((pl.col("pos") & POS_STDIO) != 0).cast(pl.Int64)) * (1 << 32) + _file_key().cast(pl.Int64)
+    stream = (
+        pl.col("__sp").cast(pl.Int64) * 2 + ((pl.col("pos") & POS_STDIO) != 0).cast(pl.Int64)
+    ) * (1 << 32) + _file_key().cast(pl.Int64)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
     reset, base, advance = _position_rules()
-    narrow = ev.lazy().with_row_index("__row").with_columns(_stream_processes(ev).alias("__sp")).filter(io).select(
-        "__row", stream.alias("g"), reset.alias("reset"),
-        # a negative base (or none) is an unknown position
-        base.fill_null(-1).alias("base"), advance.alias("adv"),
-        pl.col("op").is_in((XFER, SXFER)).alias("xfer"),
-        # the descriptors opened (+1) and closed (-1), and the transfers that need one
-        pl.when((pl.col("op") == OPEN) & ((pl.col("pos") & POS_OK) != 0)).then(1)
-        .when(pl.col("op") == CLOSE).then(-1).otherwise(0).cast(pl.Int8).alias("fd"),
-        pl.col("op").is_in((XFER, SXFER, PXFER)).alias("acc"),
-        # the opens that could write, and the transfers that write
-        ((pl.col("op") == OPEN) & ((pl.col("pos") & POS_OK) != 0) & ((pl.col("pos") & POS_RDONLY) == 0)).alias("wopen"),
-        ((pl.col("pos") & POS_WRITE) != 0).alias("wr"),
-    ).collect()
+    narrow = (
+        ev.lazy()
+        .with_row_index("__row")
+        .with_columns(_stream_processes(ev).alias("__sp"))
+        .filter(io)
+        .select(
+            "__row",
+            stream.alias("g"),
+            reset.alias("reset"),
+            # a negative base (or none) is an unknown position
+            base.fill_null(-1).alias("base"),
+            advance.alias("adv"),
+            pl.col("op").is_in((XFER, SXFER)).alias("xfer"),
+            # the descriptors opened (+1) and closed (-1), and the transfers that need one
+            pl.when((pl.col("op") == OPEN) & ((pl.col("pos") & POS_OK) != 0))
+            .then(1)
+            .when(pl.col("op") == CLOSE)
+            .then(-1)
+            .otherwise(0)
+            .cast(pl.Int8)
+            .alias("fd"),
+            pl.col("op").is_in((XFER, SXFER, PXFER)).alias("acc"),
+            # the opens that could write, and the transfers that write
+            (
+                (pl.col("op") == OPEN)
+                & ((pl.col("pos") & POS_OK) != 0)
+                & ((pl.col("pos") & POS_RDONLY) == 0)
+            ).alias("wopen"),
+            ((pl.col("pos") & POS_WRITE) != 0).alias("wr"),
+        )
+        .collect()
+    )
     values = np.zeros(n, dtype=np.int64)
     valid = np.zeros(n, dtype=bool)
     # pread/pwrite: the offset argument
-    given = ev.lazy().with_row_index("__row").filter((pl.col("op") == PXFER) & (pl.col("parg") != NUL)) \
-        .select("__row", "parg").collect()
+    given = (
+        ev.lazy()
+        .with_row_index("__row")
+        .filter((pl.col("op") == PXFER) & (pl.col("parg") != NUL))
+        .select("__row", "parg")
+        .collect()
+    )
     if given.height:
         at = rank[given["__row"].to_numpy()]
         values[at] = given["parg"].to_numpy()
@@ -163,7 +210,9 @@ def file_offsets(ev: pl.DataFrame, order: np.ndarray, release: bool = False) -> 
         _stream_offsets(narrow, rank, values, valid, stray)
     values, valid = values[rank], valid[rank]  # (by output position: back to the rows' order)
     valid &= ~stray  # a stray transfer is on no file: no offset
-    offset = pl.select(pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset"))
+    offset = pl.select(
+        pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")
+    )
     return offset.to_series(), (stray if stray.any() else None)
 
 
@@ -171,7 +220,11 @@ def _file_key() -> pl.Expr:
     """The file of a row's position stream (UInt32, 0 for none): its file hash's category code
     (DFTracer 2.x), else the code of its ``path``/``fname`` argument (DFTracer 1.x names
     files by ``fname``; hashes and paths are different strings, so their codes never meet)."""
-    return pl.coalesce(pl.col("fhash").to_physical(), pl.col("__path").to_physical()).fill_null(0).alias("__fk")
+    return (
+        pl.coalesce(pl.col("fhash").to_physical(), pl.col("__path").to_physical())
+        .fill_null(0)
+        .alias("__fk")
+    )
 
 
 #: Process ids below which a process without events of its own main thread is taken for
@@ -192,19 +245,31 @@ def _stream_processes(ev: pl.DataFrame) -> pl.Series:
     p = ev["__p"]
     if ev.height == 0 or not bool((ev["pid"] < RANK_PIDS).any()):
         return p
-    per = ev.lazy().group_by("__p").agg(pl.col("pid").first(), (pl.col("tid") == pl.col("pid")).any().alias("own"))
-    ranks = per.filter((pl.col("pid") < RANK_PIDS) & ~pl.col("own").fill_null(False)).collect()["__p"]
+    per = (
+        ev.lazy()
+        .group_by("__p")
+        .agg(pl.col("pid").first(), (pl.col("tid") == pl.col("pid")).any().alias("own"))
+    )
+    ranks = per.filter((pl.col("pid") < RANK_PIDS) & ~pl.col("own").fill_null(False)).collect()[
+        "__p"
+    ]
     if ranks.is_empty():
         return p
     threads = pl.col("__p").is_in(ranks.implode()) & pl.col("tid").is_not_null()
     key = pl.struct("__p", "tid")
     base = int(p.max() or 0) + 1  # type: ignore[arg-type]
-    return ev.select(pl.when(threads).then(key.rank("dense").cast(pl.UInt32) - 1 + base)  # ranks of all rows
-                     .otherwise(pl.col("__p")).cast(pl.UInt32).alias("__sp")).to_series()
+    return ev.select(
+        pl.when(threads)
+        .then(key.rank("dense").cast(pl.UInt32) - 1 + base)  # ranks of all rows
+        .otherwise(pl.col("__p"))
+        .cast(pl.UInt32)
+        .alias("__sp")
+    ).to_series()
 
 
-def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray,
-                    stray: np.ndarray) -> None:
+def _stream_offsets(
+    narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, valid: np.ndarray, stray: np.ndarray
+) -> None:
     """Fill ``values``/``valid`` (output order) with the reconstructed offsets of the
     stream transfers among the I/O rows ``narrow``, and mark ``stray`` (by row) the stray
     transfers (see :func:`file_offsets`): vectorised numpy (builds without the C extension,
@@ -246,6 +311,12 @@ def _stream_offsets(narrow: pl.DataFrame, rank: np.ndarray, values: np.ndarray, 
     opened = (opens - (opens - (fd > 0))[starts][gid]) > 0
     wopen = narrow["wopen"].to_numpy()[idx]
     wopens = np.cumsum(wopen)
-    writable = (wopens - (wopens - wopen)[starts][gid]) > 0  # an open for writing before (or at) the row
-    hit = narrow["acc"].to_numpy()[idx] & opened & ((held == 0) | (narrow["wr"].to_numpy()[idx] & ~writable))
+    writable = (
+        wopens - (wopens - wopen)[starts][gid]
+    ) > 0  # an open for writing before (or at) the row
+    hit = (
+        narrow["acc"].to_numpy()[idx]
+        & opened
+        & ((held == 0) | (narrow["wr"].to_numpy()[idx] & ~writable))
+    )
     stray[narrow["__row"].to_numpy()[idx][hit]] = True

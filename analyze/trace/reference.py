@@ -129,7 +129,9 @@ def _read_line(line: bytes, stats: _Stats, newline: bool = True) -> dict[str, An
 def _json_record(text: str) -> dict[str, Any] | None:
     """The kept keys of a JSON object line as text (None: not a JSON object, or ``args`` no object)."""
     try:
-        obj = json.loads(text, object_pairs_hook=_first_wins, parse_constant=_refuse, parse_float=_finite)
+        obj = json.loads(
+            text, object_pairs_hook=_first_wins, parse_constant=_refuse, parse_float=_finite
+        )
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
@@ -184,22 +186,42 @@ def _text(value: Any) -> str | None:
         return plain.rstrip("0").rstrip(".") if "." in plain else plain
     if isinstance(value, list):
         return "[" + ", ".join(_nested(v) for v in value) + "]"
-    return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_nested(v)}" for k, v in value.items()) + "}"
+    return (
+        "{"
+        + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_nested(v)}" for k, v in value.items())
+        + "}"
+    )
 
 
 def _nested(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False) if value is None or isinstance(value, str) else str(_text(value))
+    return (
+        json.dumps(value, ensure_ascii=False)
+        if value is None or isinstance(value, str)
+        else str(_text(value))
+    )
 
 
-def _to_raw(keys: list[tuple[int, int]], values: list[dict[str, Any]],
-            stats_of: dict[int, _Stats]) -> pl.DataFrame | None:
+def _to_raw(
+    keys: list[tuple[int, int]], values: list[dict[str, Any]], stats_of: dict[int, _Stats]
+) -> pl.DataFrame | None:
     """The raw frame (:data:`~.shapes.RAW_SCHEMA`) of the records; those that are no
     record (see the module) dropped and counted. None when none is left."""
-    texts = pl.DataFrame({c: [v[c] for v in values] for c in _TEXT_COLUMNS},
-                         schema=dict.fromkeys(_TEXT_COLUMNS, pl.String()))
-    ok = texts.select(pl.col("ph").is_in(META_PH).fill_null(False) | (
-        cast_loose(pl.col("ts"), INT).is_not_null() & cast_loose(pl.col("pid"), INT).is_not_null()
-        & pl.col("name").is_not_null())).to_series().to_numpy()
+    texts = pl.DataFrame(
+        {c: [v[c] for v in values] for c in _TEXT_COLUMNS},
+        schema=dict.fromkeys(_TEXT_COLUMNS, pl.String()),
+    )
+    ok = (
+        texts.select(
+            pl.col("ph").is_in(META_PH).fill_null(False)
+            | (
+                cast_loose(pl.col("ts"), INT).is_not_null()
+                & cast_loose(pl.col("pid"), INT).is_not_null()
+                & pl.col("name").is_not_null()
+            )
+        )
+        .to_series()
+        .to_numpy()
+    )
     for j in np.flatnonzero(~ok).tolist():
         drop_malformed(stats_of[keys[j][0]], 1, values[j]["__size"])
     if not ok.any():
@@ -207,7 +229,8 @@ def _to_raw(keys: list[tuple[int, int]], values: list[dict[str, Any]],
     kept = [keys[j] for j in np.flatnonzero(ok).tolist()]
     srcs, seqs = zip(*kept, strict=True)
     raw = texts.filter(pl.Series(ok)).select(
-        pl.lit(pl.Series("src", srcs, dtype=SRC)), pl.lit(pl.Series("seq", seqs, dtype=pl.Int64)),
+        pl.lit(pl.Series("src", srcs, dtype=SRC)),
+        pl.lit(pl.Series("seq", seqs, dtype=pl.Int64)),
         *(cast_loose(pl.col(k), dt).alias(k) for k, dt in TOP_FIELDS.items()),
         *(cast_loose(pl.col(col), dt).alias(col) for col, dt in ARG_FIELDS.values()),
         pl.col("name").replace_strict(OP_CODE, default=0, return_dtype=pl.Int8).alias("op"),

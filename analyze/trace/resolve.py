@@ -33,7 +33,7 @@ from .shapes import (
     int_stat,
 )
 
-__all__ = ['gather_columns', 'lookup', 'resolve_part', 'row_index']
+__all__ = ["gather_columns", "lookup", "resolve_part", "row_index"]
 
 _TIME_SCALE = {"US": 1.0, "NS": 1e-3, "MS": 1e3, "S": 1e6, "SEC": 1e6}
 
@@ -55,8 +55,13 @@ _RELEASE_BYTES = 32 << 20
 _RELEASE_ROWS = _RELEASE_BYTES // 32
 
 
-def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone: bool = False, ordered: bool = False
-             ) -> tuple[pl.DataFrame, np.ndarray | None, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def resolve_part(
+    compacted: Compacted,
+    problems: dict[int, list[str]],
+    *,
+    alone: bool = False,
+    ordered: bool = False,
+) -> tuple[pl.DataFrame, np.ndarray | None, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(events, order, processes, fh, counts, markers) of a :class:`TracePart` from the compact rows of whole files.
     ``problems``: each file's (``src``) problems, to which the values read as null here are
     added (durations, :func:`_apply_time_metric`).
@@ -80,15 +85,27 @@ def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone:
     meta = meta.sort("src", "seq")
     fh = (
         meta.filter((pl.col("name") == "FH") & pl.col("a_value").is_not_null())
-        .select(pl.col("a_value").alias("hash"), pl.col("a_name").alias("name"), "src", "seq",
-                pl.col("pid").cast(I32, strict=False))
+        .select(
+            pl.col("a_value").alias("hash"),
+            pl.col("a_name").alias("name"),
+            "src",
+            "seq",
+            pl.col("pid").cast(I32, strict=False),
+        )
         .unique(subset="hash", keep="first", maintain_order=True)
     )
-    markers = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
-        list(MARKER_SCHEMA))
+    markers = meta.filter(
+        (pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")
+    ).select(list(MARKER_SCHEMA))
     if rows.height == 0:
-        return (pl.DataFrame(schema=PART_SCHEMA), None, pl.DataFrame(schema=PROCESS_SCHEMA), fh,
-                pl.DataFrame(schema=COUNTS_SCHEMA), markers)
+        return (
+            pl.DataFrame(schema=PART_SCHEMA),
+            None,
+            pl.DataFrame(schema=PROCESS_SCHEMA),
+            fh,
+            pl.DataFrame(schema=COUNTS_SCHEMA),
+            markers,
+        )
     release = alone and rows.height >= _RELEASE_ROWS
     rows = _apply_time_metric(rows, meta, problems)
     every, pidx = _process_keys(rows)
@@ -96,7 +113,9 @@ def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone:
     rows = rows.with_columns(pidx.alias("__p"))
     order = _output_order(rows)
     if release:
-        release_free_memory(keep_large=True)  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
+        release_free_memory(
+            keep_large=True
+        )  # the sort keys (numpy's, in the C heap once glibc's mmap threshold has grown)
     offset, stray = file_offsets(rows, order, release=release)
     if stray is not None:
         rows = unname_stray(rows, stray, problems)
@@ -110,7 +129,9 @@ def resolve_part(compacted: Compacted, problems: dict[int, list[str]], *, alone:
     if ordered:  # gathered here, the source columns freed as they go
         # (the offsets, in the rows' order, gathered on their own)
         events = gather_columns(held, [order], [c for c in PART_SCHEMA if c != "offset"])
-        events.insert_column(list(PART_SCHEMA).index("offset"), offset.gather(row_index(order)).alias("offset"))
+        events.insert_column(
+            list(PART_SCHEMA).index("offset"), offset.gather(row_index(order)).alias("offset")
+        )
         return events, None, processes, fh, _part_counts(events), markers
     # one chunk per column (the merge concatenates the parts' columns, whose chunk lengths
     # differ otherwise, and polars' gather from one chunk is several times as fast), a few columns
@@ -127,8 +148,11 @@ def _narrow_order(order: np.ndarray) -> np.ndarray:
     return order
 
 
-def gather_columns(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray | None] | None,
-            columns: Sequence[str]) -> pl.DataFrame:
+def gather_columns(
+    held: list[pl.DataFrame],
+    order: np.ndarray | list[np.ndarray | None] | None,
+    columns: Sequence[str],
+) -> pl.DataFrame:
     """The ``columns`` of the frame in ``held`` (taken out of the list) in the row order
     ``order`` (None: as they are; a list holding the order is emptied once it is turned
     into polars' index), one chunk each.
@@ -155,7 +179,9 @@ def gather_columns(held: list[pl.DataFrame], order: np.ndarray | list[np.ndarray
         freed = sub.estimated_size()
         del sub
         if freed >= _RELEASE_BYTES:
-            release_free_memory(keep_large=True)  # the source columns, before the next group is built in another arena
+            release_free_memory(
+                keep_large=True
+            )  # the source columns, before the next group is built in another arena
     return pl.concat(out, how="horizontal") if out else pl.DataFrame()
 
 
@@ -181,14 +207,26 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
             packed <<= np.uint64(nbits)
             packed |= codes.to_numpy()
             del codes
-        first = events.with_columns(pl.Series("__k", packed)).group_by("__k").agg(
-            *(pl.col(c).first() for c in keys), pl.len().cast(pl.Int64).alias("n"),
-            pl.col("size").fill_null(0).sum().alias("b")).drop("__k")
+        first = (
+            events.with_columns(pl.Series("__k", packed))
+            .group_by("__k")
+            .agg(
+                *(pl.col(c).first() for c in keys),
+                pl.len().cast(pl.Int64).alias("n"),
+                pl.col("size").fill_null(0).sum().alias("b"),
+            )
+            .drop("__k")
+        )
         del packed
     else:
-        first = events.group_by(*keys).agg(pl.len().cast(pl.Int64).alias("n"), pl.col("size").fill_null(0).sum().alias("b"))
-    return first.group_by("fhash", "__path", "__p", row_class().alias("cls"), item.alias("item")).agg(
-        pl.col("n").sum(), pl.col("b").sum()).cast(pl.Schema(COUNTS_SCHEMA))  # type: ignore[arg-type]
+        first = events.group_by(*keys).agg(
+            pl.len().cast(pl.Int64).alias("n"), pl.col("size").fill_null(0).sum().alias("b")
+        )
+    return (
+        first.group_by("fhash", "__path", "__p", row_class().alias("cls"), item.alias("item"))
+        .agg(pl.col("n").sum(), pl.col("b").sum())
+        .cast(pl.Schema(COUNTS_SCHEMA))
+    )  # type: ignore[arg-type]
 
 
 def lookup(key: pl.Expr, keys, values, dtype) -> pl.Expr:
@@ -222,16 +260,20 @@ def _process_keys(ev: pl.DataFrame) -> tuple[pl.DataFrame, pl.Expr]:
     if pmin is not None and pmax is not None and 0 <= pmin and ev["pid"].null_count() == 0:
         packed = pl.col("src").cast(pl.Int64) * (1 << 32) + pl.col("pid")
         keys = ev.select(packed.unique().alias("__k"))["__k"]
-        every = pl.DataFrame({"src": (keys // (1 << 32)).cast(SRC), "pid": (keys % (1 << 32)).cast(I32)})
+        every = pl.DataFrame(
+            {"src": (keys // (1 << 32)).cast(SRC), "pid": (keys % (1 << 32)).cast(I32)}
+        )
         return every, lookup(packed, keys, range(keys.len()), pl.UInt32)
     every = ev.select("src", "pid").unique()  # negative or null pids: a struct key
-    idx = pl.struct("src", "pid").replace_strict(every.to_struct().to_list(), range(every.height),
-                                                 default=None, return_dtype=pl.UInt32)
+    idx = pl.struct("src", "pid").replace_strict(
+        every.to_struct().to_list(), range(every.height), default=None, return_dtype=pl.UInt32
+    )
     return every, idx
 
 
-def _process_table(every: pl.DataFrame, meta: pl.DataFrame, starts: pl.DataFrame,
-                   hosts: pl.DataFrame) -> pl.DataFrame:
+def _process_table(
+    every: pl.DataFrame, meta: pl.DataFrame, starts: pl.DataFrame, hosts: pl.DataFrame
+) -> pl.DataFrame:
     """Per (src, pid) of ``every`` (same order): ppid, cwd hash (``start`` record), host
     (HH-resolved host hash).
 
@@ -241,44 +283,74 @@ def _process_table(every: pl.DataFrame, meta: pl.DataFrame, starts: pl.DataFrame
     first = (
         starts.sort("src", "seq")
         .group_by(key, maintain_order=True)
-        .agg(pl.col("ppid").drop_nulls().first(), pl.col("cwd").drop_nulls().first().alias("cwdhash"),
-             pl.col("hhash").drop_nulls().first().alias("h1"))
+        .agg(
+            pl.col("ppid").drop_nulls().first(),
+            pl.col("cwd").drop_nulls().first().alias("cwdhash"),
+            pl.col("hhash").drop_nulls().first().alias("h1"),
+        )
     )
     # the first host hash of the metadata records, else (rare) of the events, in line order
-    found = meta.filter(pl.col("hhash").is_not_null()).select(
-        "src", pl.col("pid").cast(I32, strict=False), "hhash").group_by(key, maintain_order=True) \
+    found = (
+        meta.filter(pl.col("hhash").is_not_null())
+        .select("src", pl.col("pid").cast(I32, strict=False), "hhash")
+        .group_by(key, maintain_order=True)
         .agg(pl.col("hhash").first().alias("h2"))
+    )
     missing = every.join(found, on=key, how="anti")
     if missing.height:
-        found = pl.concat([found, hosts.join(missing, on=key, how="semi").sort("seq")
-                           .group_by(key, maintain_order=True).agg(pl.col("hhash").first().alias("h2"))])
+        found = pl.concat(
+            [
+                found,
+                hosts.join(missing, on=key, how="semi")
+                .sort("seq")
+                .group_by(key, maintain_order=True)
+                .agg(pl.col("hhash").first().alias("h2")),
+            ]
+        )
     hh = _hash_map(meta, "HH", ["src"]).select("src", "hash", pl.col("name").alias("__hname"))
     table = (
         every.join(first, on=key, how="left", maintain_order="left", nulls_equal=True)
         .join(found, on=key, how="left", maintain_order="left", nulls_equal=True)
         .with_columns(pl.coalesce("h1", "h2").alias("__hhash"))
-        .join(hh, left_on=["src", "__hhash"], right_on=["src", "hash"], how="left", maintain_order="left")
+        .join(
+            hh,
+            left_on=["src", "__hhash"],
+            right_on=["src", "hash"],
+            how="left",
+            maintain_order="left",
+        )
     )
-    return table.select("src", "pid", pl.col("ppid").cast(I32, strict=False), "cwdhash",
-                        pl.coalesce("__hname", "__hhash").alias("host")).cast(pl.Schema(PROCESS_SCHEMA))  # type: ignore[arg-type]
+    return table.select(
+        "src",
+        "pid",
+        pl.col("ppid").cast(I32, strict=False),
+        "cwdhash",
+        pl.coalesce("__hname", "__hhash").alias("host"),
+    ).cast(pl.Schema(PROCESS_SCHEMA))  # type: ignore[arg-type]
 
 
-def _apply_time_metric(ev: pl.DataFrame, meta: pl.DataFrame, problems: dict[int, list[str]]) -> pl.DataFrame:
+def _apply_time_metric(
+    ev: pl.DataFrame, meta: pl.DataFrame, problems: dict[int, list[str]]
+) -> pl.DataFrame:
     """Convert ts/dur to µs in files whose (first) ``CM`` time_metric is not ``US`` (a
     time beyond Int64 in µs is clipped to it); then a duration beyond
     ±:data:`MAX_DUR_US` reads as null, counted in ``problems[src]``."""
     cm = (
         meta.filter((pl.col("name") == "CM") & (pl.col("a_name") == "time_metric"))
-        .group_by("src", maintain_order=True).agg(pl.col("a_value").first())
+        .group_by("src", maintain_order=True)
+        .agg(pl.col("a_value").first())
     )
     factors = {src: _TIME_SCALE.get((unit or "US").upper(), 1.0) for src, unit in cm.iter_rows()}
     scaled = {src: f for src, f in factors.items() if f != 1.0}
     if scaled:
-        factor = pl.col("src").replace_strict(list(scaled), list(scaled.values()), default=None,
-                                              return_dtype=pl.Float64)
+        factor = pl.col("src").replace_strict(
+            list(scaled), list(scaled.values()), default=None, return_dtype=pl.Float64
+        )
         ev = ev.with_columns(
             pl.when(factor.is_not_null())
-            .then((pl.col(c) * factor).round().clip(-F63, F63).cast(pl.Int64)).otherwise(pl.col(c)).alias(c)
+            .then((pl.col(c) * factor).round().clip(-F63, F63).cast(pl.Int64))
+            .otherwise(pl.col(c))
+            .alias(c)
             for c in ("ts", "dur")
         )
     lo, hi = ev.select(pl.col("dur").min().alias("lo"), pl.col("dur").max().alias("hi")).row(0)
@@ -317,7 +389,9 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     steps = [(at, min(_KEY_STEP, n - at)) for at in range(0, n, _KEY_STEP)]
     b_line = 0  # ranges: bits of the line within a range (0: seq packs as it is)
     if seq_max >> 32 and seq_min >= 0:
-        low = max((int((seq_s.slice(at, m).to_numpy() & 0xFFFFFFFF).max()) for at, m in steps), default=0)
+        low = max(
+            (int((seq_s.slice(at, m).to_numpy() & 0xFFFFFFFF).max()) for at, m in steps), default=0
+        )
         b_line = max(low, 1).bit_length()
         b_seq = (seq_max >> 32).bit_length() + b_line
     else:
@@ -329,7 +403,7 @@ def _output_order(ev: pl.DataFrame) -> np.ndarray:
     null_ts = (tmax + 1) if tmax is not None else 0
     key = np.empty(n, dtype=np.int64)
     for at, m in steps:
-        out = key[at:at + m]
+        out = key[at : at + m]
         t = ts_s.slice(at, m)
         np.subtract((t.fill_null(null_ts) if t.null_count() else t).to_numpy(), tmin or 0, out=out)
         out <<= b_src + b_seq

@@ -33,7 +33,7 @@ from .decompress import Piece, line_segments
 from .reference import Batch
 from .shapes import INT, NATIVE_INTS, NATIVE_STRS, OP_CODE, RAW_SCHEMA, SRC, STR
 
-__all__ = ['MetaRows', 'NativeBatch', 'meta_frames']
+__all__ = ["MetaRows", "NativeBatch", "meta_frames"]
 
 #: A text of the native batch: (src, seq0, text, stats, lines, valid UTF-8).
 _Seg = tuple[int, int, "bytes | mmap.mmap | memoryview", _Stats, int, bool]
@@ -81,10 +81,17 @@ class NativeBatch:
         """Scan the texts of ``segs`` in one scanner call (their lines numbered on across them)."""
         counts = np.fromiter((seg[4] for seg in segs), dtype=np.int64, count=len(segs))
         first = np.cumsum(counts) - counts  # first line of each segment in the scanned text
-        scanned = _scan([seg[2] for seg in segs], int(counts.sum()), first,
-                        np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
-                        np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)), checked=True,
-                        compact=True, buffers=self.buffers, defer_meta=True)
+        scanned = _scan(
+            [seg[2] for seg in segs],
+            int(counts.sum()),
+            first,
+            np.fromiter((seg[0] for seg in segs), dtype=np.uint32, count=len(segs)),
+            np.fromiter((seg[1] for seg in segs), dtype=np.int64, count=len(segs)),
+            checked=True,
+            compact=True,
+            buffers=self.buffers,
+            defer_meta=True,
+        )
         if scanned is None:
             raise AssertionError("the scanner refused text its own UTF-8 check accepted")
         events, meta, per_seg, rejected = scanned
@@ -102,7 +109,9 @@ class NativeBatch:
             mine = rejected[owner == i]  # (line, start, end in the segment's own text)
             sub = b"\n".join([text[a:b] for a, b in mine[:, 1:].tolist()]) + b"\n"
             self.rest.add(src, seq0, sub, stats)
-            self.remap.append((src, seq0 + np.arange(len(mine), dtype=np.int64), seq0 + mine[:, 0] - first[i]))
+            self.remap.append(
+                (src, seq0 + np.arange(len(mine), dtype=np.int64), seq0 + mine[:, 0] - first[i])
+            )
 
     def flush(self) -> None:
         added, self.pending = self.pending, []
@@ -120,16 +129,23 @@ class NativeBatch:
             self.remap = []
             return
         if self.remap:
-            where = pl.DataFrame({
-                "src": np.concatenate([np.full(len(a), s, dtype=np.uint32) for s, a, _ in self.remap]),
-                "seq": np.concatenate([a for _, a, _ in self.remap]),
-                "__real": np.concatenate([b for _, _, b in self.remap]),
-            })
+            where = pl.DataFrame(
+                {
+                    "src": np.concatenate(
+                        [np.full(len(a), s, dtype=np.uint32) for s, a, _ in self.remap]
+                    ),
+                    "seq": np.concatenate([a for _, a, _ in self.remap]),
+                    "__real": np.concatenate([b for _, _, b in self.remap]),
+                }
+            )
             cols = list(RAW_SCHEMA)
 
             def fix(df: pl.DataFrame) -> pl.DataFrame:
-                return df.join(where, on=["src", "seq"], how="left").with_columns(
-                    pl.coalesce("__real", "seq").alias("seq")).select(cols)
+                return (
+                    df.join(where, on=["src", "seq"], how="left")
+                    .with_columns(pl.coalesce("__real", "seq").alias("seq"))
+                    .select(cols)
+                )
 
             self.rest.events = [fix(df) for df in self.rest.events]
             self.rest.meta = [fix(df) for df in self.rest.meta]
@@ -160,10 +176,17 @@ class _ScanBuffers:
         return self._buf
 
 
-def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, srcs: np.ndarray,
-          seq0s: np.ndarray, checked: bool = False, compact: bool = False,
-          buffers: _ScanBuffers | None = None, defer_meta: bool = False
-          ) -> tuple[Any, pl.DataFrame | MetaRows, np.ndarray, np.ndarray] | None:
+def _scan(
+    text: bytes | memoryview | list[Any],
+    nlines: int,
+    first: np.ndarray,
+    srcs: np.ndarray,
+    seq0s: np.ndarray,
+    checked: bool = False,
+    compact: bool = False,
+    buffers: _ScanBuffers | None = None,
+    defer_meta: bool = False,
+) -> tuple[Any, pl.DataFrame | MetaRows, np.ndarray, np.ndarray] | None:
     """Scan ``text`` (one buffer, or a list of buffers of complete lines scanned as one text;
     segment k: lines from ``first[k]``, of file ``srcs[k]`` from its line ``seq0s[k]``) with
     the C scanner: (event rows, metadata rows, accepted lines per segment, rejected lines as
@@ -181,8 +204,12 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     scratch = buffers.get(need) if buffers is not None else anonymous_map(need)
     ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
     imask = np.frombuffer(scratch, dtype=np.uint32, count=cap, offset=ni * cap * 8)
-    strs = np.frombuffer(scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4).reshape(ns, cap)
-    rows = np.frombuffer(scratch, dtype=np.int64, count=cap, offset=ni * cap * 8 + cap * 4 + ns * cap * 4)
+    strs = np.frombuffer(
+        scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4
+    ).reshape(ns, cap)
+    rows = np.frombuffer(
+        scratch, dtype=np.int64, count=cap, offset=ni * cap * 8 + cap * 4 + ns * cap * 4
+    )
     assert native.NATIVE is not None
     out = native.NATIVE.scan(text, ints, imask, strs, rows, checked)
     if out is None:
@@ -197,8 +224,12 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     for k in np.flatnonzero(np.frombuffer(fields, dtype=np.uint16) & FLAGGED_FIELDS).tolist():
         u = uniques[k]
         op_of[k] = OP_CODE.get(u, 0)
-        sflag[k] = (SFLAG.get(u, 0) | (SF_MODE_A if u[:1] == "a" else 0)
-                    | (SF_MODE_R if u[:1] == "r" and "+" not in u else 0) | (SF_WRITE if u in WRITE_NAMES else 0))
+        sflag[k] = (
+            SFLAG.get(u, 0)
+            | (SF_MODE_A if u[:1] == "a" else 0)
+            | (SF_MODE_R if u[:1] == "r" and "+" not in u else 0)
+            | (SF_WRITE if u in WRITE_NAMES else 0)
+        )
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
     frames: list[Any] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
@@ -206,7 +237,9 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
     # batch) number their lines as one text does: no per-row segment lookup (a binary
     # search and two gathers per row, under the GIL); their accepted lines are counted on
     # the first one (the file's count is the same)
-    along = len(first) == 1 or (bool((srcs == srcs[0]).all()) and bool((seq0s - first == seq0s[0] - first[0]).all()))
+    along = len(first) == 1 or (
+        bool((srcs == srcs[0]).all()) and bool((seq0s - first == seq0s[0] - first[0]).all())
+    )
     for sl in (slice(0, nev), slice(cap - nmeta, cap)):
         lines = rows[sl]
         if along:
@@ -218,13 +251,19 @@ def _scan(text: bytes | memoryview | list[Any], nlines: int, first: np.ndarray, 
             src, seq = srcs[seg], seq0s[seg] + (lines - first[seg])
             per_seg += np.bincount(seg, minlength=len(first))
         if not frames and compact:  # events
-            frames.append(native_compact(sl, ints, imask, strs, values, uniques, op_of, sflag, src, seq)
-                          if sl.stop > sl.start else None)
+            frames.append(
+                native_compact(sl, ints, imask, strs, values, uniques, op_of, sflag, src, seq)
+                if sl.stop > sl.start
+                else None
+            )
         elif defer_meta:
             frames.append(MetaRows(sl, ints, imask, strs, values, op_of, any_mask, src, seq))
         else:
-            frames.append(_native_frame(sl, ints, imask, strs, values, op_of, any_mask, src, seq,
-                                        categorical=not frames))
+            frames.append(
+                _native_frame(
+                    sl, ints, imask, strs, values, op_of, any_mask, src, seq, categorical=not frames
+                )
+            )
     return frames[0], frames[1], per_seg, rej
 
 
@@ -236,12 +275,26 @@ class MetaRows:
 
     __slots__ = ("ints", "imask", "strs", "values", "op_of", "any_mask", "src", "seq")
 
-    def __init__(self, sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
-                 op_of: np.ndarray, any_mask: int, src: int | np.ndarray, seq: np.ndarray) -> None:
+    def __init__(
+        self,
+        sl: slice,
+        ints: np.ndarray,
+        imask: np.ndarray,
+        strs: np.ndarray,
+        values: pl.Series,
+        op_of: np.ndarray,
+        any_mask: int,
+        src: int | np.ndarray,
+        seq: np.ndarray,
+    ) -> None:
         n = sl.stop - sl.start
         self.ints, self.imask, self.strs = ints[:, sl].copy(), imask[sl].copy(), strs[:, sl].copy()
         self.values, self.op_of, self.any_mask = values, op_of, any_mask
-        self.src = src.astype(np.uint32) if isinstance(src, np.ndarray) else np.full(n, src, dtype=np.uint32)
+        self.src = (
+            src.astype(np.uint32)
+            if isinstance(src, np.ndarray)
+            else np.full(n, src, dtype=np.uint32)
+        )
         self.seq = seq
 
     @property
@@ -253,17 +306,25 @@ def _meta_frame(rows: Sequence[MetaRows]) -> pl.DataFrame:
     """The RAW_SCHEMA frame of the metadata rows ``rows``, in their order (each batch's
     string codes moved past the strings of the batches before it)."""
     offsets = np.cumsum([0] + [r.values.len() for r in rows[:-1]])
-    strs = np.concatenate([np.where(r.strs >= 0, r.strs + off, -1) for r, off in zip(rows, offsets, strict=True)],
-                          axis=1).astype(np.int32)
+    strs = np.concatenate(
+        [np.where(r.strs >= 0, r.strs + off, -1) for r, off in zip(rows, offsets, strict=True)],
+        axis=1,
+    ).astype(np.int32)
     src = np.concatenate([r.src for r in rows])
     any_mask = 0
     for r in rows:
         any_mask |= r.any_mask
-    return _native_frame(slice(0, len(src)), np.concatenate([r.ints for r in rows], axis=1),
-                         np.concatenate([r.imask for r in rows]), strs,
-                         pl.concat([r.values for r in rows]).rechunk(), np.concatenate([r.op_of for r in rows]),
-                         any_mask, int(src[0]) if len(src) and (src == src[0]).all() else src,
-                         np.concatenate([r.seq for r in rows]))
+    return _native_frame(
+        slice(0, len(src)),
+        np.concatenate([r.ints for r in rows], axis=1),
+        np.concatenate([r.imask for r in rows]),
+        strs,
+        pl.concat([r.values for r in rows]).rechunk(),
+        np.concatenate([r.op_of for r in rows]),
+        any_mask,
+        int(src[0]) if len(src) and (src == src[0]).all() else src,
+        np.concatenate([r.seq for r in rows]),
+    )
 
 
 def meta_frames(meta: list[pl.DataFrame | MetaRows]) -> list[pl.DataFrame]:
@@ -272,9 +333,18 @@ def meta_frames(meta: list[pl.DataFrame | MetaRows]) -> list[pl.DataFrame]:
     return [m for m in meta if isinstance(m, pl.DataFrame)] + ([_meta_frame(rows)] if rows else [])
 
 
-def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarray, values: pl.Series,
-                  op_of: np.ndarray, any_mask: int, src: int | np.ndarray, seq: np.ndarray,
-                  categorical: bool = False) -> pl.DataFrame:
+def _native_frame(
+    sl: slice,
+    ints: np.ndarray,
+    imask: np.ndarray,
+    strs: np.ndarray,
+    values: pl.Series,
+    op_of: np.ndarray,
+    any_mask: int,
+    src: int | np.ndarray,
+    seq: np.ndarray,
+    categorical: bool = False,
+) -> pl.DataFrame:
     """The RAW_SCHEMA frame of the scanner's output rows ``sl`` (of file ``src``, a constant
     or one per row, lines ``seq``); with ``categorical``, its string columns are
     Categorical (gathered by the scanner's codes: no string is hashed per row). The frame
@@ -293,7 +363,9 @@ def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarr
         # a copy: a column passed through, or masked (polars' when/then keeps the values
         # buffer and adds a validity mask), would view, and keep alive, all the buffers
         data[col] = ints[k, sl].copy()
-        exprs[col] = pl.col(col) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(col))
+        exprs[col] = (
+            pl.col(col) if all_mask & bit else pl.when((pl.col("__m") & bit) != 0).then(pl.col(col))
+        )
     if categorical:
         values = values.cast(pl.Categorical)
     for k, col in enumerate(NATIVE_STRS):
@@ -307,14 +379,20 @@ def _native_frame(sl: slice, ints: np.ndarray, imask: np.ndarray, strs: np.ndarr
         else:
             data[col] = codes
             exprs[col] = pl.lit(values if dtype == values.dtype else values.cast(dtype)).gather(
-                pl.when(pl.col(col) >= 0).then(pl.col(col)) if lo < 0 else pl.col(col))
+                pl.when(pl.col(col) >= 0).then(pl.col(col)) if lo < 0 else pl.col(col)
+            )
     name = strs[NATIVE_STRS.index("name"), sl]
-    data["op"] = np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8) if len(op_of) \
+    data["op"] = (
+        np.where(name >= 0, op_of[np.maximum(name, 0)], 0).astype(np.int8)
+        if len(op_of)
         else np.zeros(len(name), dtype=np.int8)
+    )
     data["seq"] = seq
     if isinstance(src, np.ndarray):
         data["src"] = src
     return pl.DataFrame(data).select(
-        pl.col("src") if isinstance(src, np.ndarray) else pl.lit(src, dtype=SRC).alias("src"), "seq",
-        *(exprs[c].alias(c) for c in RAW_SCHEMA if c not in ("src", "seq", "op")), "op",
+        pl.col("src") if isinstance(src, np.ndarray) else pl.lit(src, dtype=SRC).alias("src"),
+        "seq",
+        *(exprs[c].alias(c) for c in RAW_SCHEMA if c not in ("src", "seq", "op")),
+        "op",
     )

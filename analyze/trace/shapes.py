@@ -22,7 +22,72 @@ from dlreplay.schema import (
     WRITE_OPS,
 )
 
-__all__ = ['ARG_FIELDS', 'BEYOND_32_BITS', 'CAT', 'CHUNK_SCHEMA', 'CLOSE', 'COUNTS_SCHEMA', 'FH_SCHEMA', 'FSEEK', 'FTELL', 'FileDamage', 'FileReport', 'HOSTS_SCHEMA', 'I16', 'I32', 'INT', 'LOOSE_INT_ARGS', 'LSEEK', 'LoadedTrace', 'MARKER_SCHEMA', 'META_PH', 'NARROW', 'NATIVE_INTS', 'NATIVE_STRS', 'NUL', 'NULL_BYTES', 'NULL_DUR', 'NULL_IDS', 'NullProblems', 'ODD_BYTES', 'ODD_DUR', 'OPEN', 'OP_CODE', 'PACK_BITS', 'PART_SCHEMA', 'POS_APPEND', 'POS_CUR', 'POS_IO', 'POS_OK', 'POS_RDONLY', 'POS_SET', 'POS_STDIO', 'POS_WRITE', 'PROCESS_SCHEMA', 'PXFER', 'PartJob', 'RAW_SCHEMA', 'READ_AS_NULL', 'RENUMBERED', 'REWIND', 'RangePart', 'SRC', 'STARTS_SCHEMA', 'STR', 'STRAY_IO', 'SXFER', 'TOP_FIELDS', 'TraceDamageWarning', 'TracePart', 'XFER', 'concat_raw', 'count_problem', 'counted_problem', 'int_stat', 'with_events']
+__all__ = [
+    "ARG_FIELDS",
+    "BEYOND_32_BITS",
+    "CAT",
+    "CHUNK_SCHEMA",
+    "CLOSE",
+    "COUNTS_SCHEMA",
+    "FH_SCHEMA",
+    "FSEEK",
+    "FTELL",
+    "FileDamage",
+    "FileReport",
+    "HOSTS_SCHEMA",
+    "I16",
+    "I32",
+    "INT",
+    "LOOSE_INT_ARGS",
+    "LSEEK",
+    "LoadedTrace",
+    "MARKER_SCHEMA",
+    "META_PH",
+    "NARROW",
+    "NATIVE_INTS",
+    "NATIVE_STRS",
+    "NUL",
+    "NULL_BYTES",
+    "NULL_DUR",
+    "NULL_IDS",
+    "NullProblems",
+    "ODD_BYTES",
+    "ODD_DUR",
+    "OPEN",
+    "OP_CODE",
+    "PACK_BITS",
+    "PART_SCHEMA",
+    "POS_APPEND",
+    "POS_CUR",
+    "POS_IO",
+    "POS_OK",
+    "POS_RDONLY",
+    "POS_SET",
+    "POS_STDIO",
+    "POS_WRITE",
+    "PROCESS_SCHEMA",
+    "PXFER",
+    "PartJob",
+    "RAW_SCHEMA",
+    "READ_AS_NULL",
+    "RENUMBERED",
+    "REWIND",
+    "RangePart",
+    "SRC",
+    "STARTS_SCHEMA",
+    "STR",
+    "STRAY_IO",
+    "SXFER",
+    "TOP_FIELDS",
+    "TraceDamageWarning",
+    "TracePart",
+    "XFER",
+    "concat_raw",
+    "count_problem",
+    "counted_problem",
+    "int_stat",
+    "with_events",
+]
 
 INT = pl.Int64()
 
@@ -35,27 +100,56 @@ SRC = pl.UInt32()
 
 #: Top-level keys kept, with their raw type.
 TOP_FIELDS: dict[str, pl.DataType] = {
-    "name": STR, "cat": STR, "ph": STR, "pid": INT, "tid": INT, "ts": INT, "dur": INT,
+    "name": STR,
+    "cat": STR,
+    "ph": STR,
+    "pid": INT,
+    "tid": INT,
+    "ts": INT,
+    "dur": INT,
 }
 
 
 #: ``args`` keys kept -> raw column name and type.
 ARG_FIELDS: dict[str, tuple[str, pl.DataType]] = {
-    "hhash": ("hhash", STR), "fhash": ("fhash", STR),
-    "ret": ("ret", INT), "count": ("count", INT), "size": ("isize", INT),
-    "offset": ("aoffset", INT), "whence": ("whence", INT), "flags": ("flags", INT),
-    "mode": ("mode", STR), "ppid": ("ppid", INT), "cwd": ("cwd", STR),
-    "name": ("a_name", STR), "value": ("a_value", STR),
-    "epoch": ("epoch", INT), "step": ("step", INT), "batch_size": ("batch_size", INT),
-    "image_idx": ("image_idx", INT), "bytes": ("abytes", INT),
-    "path": ("path", STR), "fname": ("fname", STR),
-    "cpu_time": ("cpu_time", INT), "cpu_threads": ("cpu_threads", INT), "tensors": ("tensors", INT),
+    "hhash": ("hhash", STR),
+    "fhash": ("fhash", STR),
+    "ret": ("ret", INT),
+    "count": ("count", INT),
+    "size": ("isize", INT),
+    "offset": ("aoffset", INT),
+    "whence": ("whence", INT),
+    "flags": ("flags", INT),
+    "mode": ("mode", STR),
+    "ppid": ("ppid", INT),
+    "cwd": ("cwd", STR),
+    "name": ("a_name", STR),
+    "value": ("a_value", STR),
+    "epoch": ("epoch", INT),
+    "step": ("step", INT),
+    "batch_size": ("batch_size", INT),
+    "image_idx": ("image_idx", INT),
+    "bytes": ("abytes", INT),
+    "path": ("path", STR),
+    "fname": ("fname", STR),
+    "cpu_time": ("cpu_time", INT),
+    "cpu_threads": ("cpu_threads", INT),
+    "tensors": ("tensors", INT),
 }
 
 
 #: Arg keys whose values may be written as JSON strings even in DFTracer 2.x.
-LOOSE_INT_ARGS = {"epoch", "step", "batch_size", "image_idx", "bytes", "ppid", "cpu_time", "cpu_threads",
-                   "tensors"}
+LOOSE_INT_ARGS = {
+    "epoch",
+    "step",
+    "batch_size",
+    "image_idx",
+    "bytes",
+    "ppid",
+    "cpu_time",
+    "cpu_threads",
+    "tensors",
+}
 
 
 OPEN, LSEEK, FSEEK, FTELL, REWIND, CLOSE, XFER, SXFER, PXFER = range(1, 10)
@@ -66,11 +160,19 @@ _POSITIONAL = ("pread", "pread64", "pwrite", "pwrite64", "preadv", "preadv2", "p
 
 #: Operation class per name: what an event does to the file position.
 OP_CODE: dict[str, int] = {
-    **{n: OPEN for n in OPEN_OPS}, "lseek": LSEEK, "lseek64": LSEEK,
-    "fseek": FSEEK, "fseeko": FSEEK, "fseeko64": FSEEK, "ftell": FTELL, "rewind": REWIND,
+    **{n: OPEN for n in OPEN_OPS},
+    "lseek": LSEEK,
+    "lseek64": LSEEK,
+    "fseek": FSEEK,
+    "fseeko": FSEEK,
+    "fseeko64": FSEEK,
+    "ftell": FTELL,
+    "rewind": REWIND,
     **{n: CLOSE for n in CLOSE_OPS},
     **{n: XFER for n in READ_OPS + WRITE_OPS if n not in _POSITIONAL},
-    "fread": SXFER, "fwrite": SXFER, **{n: PXFER for n in _POSITIONAL},
+    "fread": SXFER,
+    "fwrite": SXFER,
+    **{n: PXFER for n in _POSITIONAL},
 }
 
 
@@ -126,7 +228,11 @@ class FileReport:
     def damaged(self) -> bool:
         """Something was lost: lines, bytes, or values read as null (:data:`BEYOND_32_BITS`,
         :data:`ODD_BYTES`, :data:`ODD_DUR`)."""
-        return self.dropped_lines > 0 or self.dropped_bytes > 0 or any(READ_AS_NULL in p for p in self.problems)
+        return (
+            self.dropped_lines > 0
+            or self.dropped_bytes > 0
+            or any(READ_AS_NULL in p for p in self.problems)
+        )
 
     @property
     def name(self) -> str:
@@ -244,16 +350,55 @@ def concat_raw(frames: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def with_events(rep: FileReport, n: int, notes: Sequence[str] = ()) -> FileReport:
-    return FileReport(rep.path, rep.bytes, rep.members, rep.lines, n, rep.dropped_lines,
-                      rep.dropped_bytes, [*rep.problems, *notes])
+    return FileReport(
+        rep.path,
+        rep.bytes,
+        rep.members,
+        rep.lines,
+        n,
+        rep.dropped_lines,
+        rep.dropped_bytes,
+        [*rep.problems, *notes],
+    )
 
 
 #: Raw columns of the scanner's int and string fields, in the order of its C enums.
-NATIVE_INTS = ("pid", "tid", "ts", "dur", "ret", "count", "isize", "aoffset", "whence", "flags", "ppid",
-                "epoch", "step", "batch_size", "image_idx", "abytes", "cpu_time", "cpu_threads", "tensors")
+NATIVE_INTS = (
+    "pid",
+    "tid",
+    "ts",
+    "dur",
+    "ret",
+    "count",
+    "isize",
+    "aoffset",
+    "whence",
+    "flags",
+    "ppid",
+    "epoch",
+    "step",
+    "batch_size",
+    "image_idx",
+    "abytes",
+    "cpu_time",
+    "cpu_threads",
+    "tensors",
+)
 
 
-NATIVE_STRS = ("name", "cat", "ph", "hhash", "fhash", "mode", "cwd", "a_name", "a_value", "path", "fname")
+NATIVE_STRS = (
+    "name",
+    "cat",
+    "ph",
+    "hhash",
+    "fhash",
+    "mode",
+    "cwd",
+    "a_name",
+    "a_value",
+    "path",
+    "fname",
+)
 
 
 CAT = pl.Categorical()
@@ -273,19 +418,52 @@ I16 = pl.Int16()
 #: (:data:`POS_OK` ... flags) and ``parg`` (the one argument the class needs, or
 #: :data:`NUL`). ``__path`` is the ``path`` (else ``fname``) argument.
 CHUNK_SCHEMA: dict[str, pl.DataType] = {
-    "src": SRC, "seq": INT, "pid": I32, "tid": I32, "ts": INT, "dur": INT,
-    "cat": CAT, "name": CAT, "fhash": CAT, "ret": INT, "size_requested": INT, "size": INT,
-    "op": pl.Int8(), "pos": pl.UInt8(), "parg": INT,
-    "epoch": I32, "step": I32, "batch_size": INT, "sample_index": INT, "cpu_time": I32, "cpu_threads": I32,
-    "tensors": I16, "__path": CAT,
+    "src": SRC,
+    "seq": INT,
+    "pid": I32,
+    "tid": I32,
+    "ts": INT,
+    "dur": INT,
+    "cat": CAT,
+    "name": CAT,
+    "fhash": CAT,
+    "ret": INT,
+    "size_requested": INT,
+    "size": INT,
+    "op": pl.Int8(),
+    "pos": pl.UInt8(),
+    "parg": INT,
+    "epoch": I32,
+    "step": I32,
+    "batch_size": INT,
+    "sample_index": INT,
+    "cpu_time": I32,
+    "cpu_threads": I32,
+    "tensors": I16,
+    "__path": CAT,
 }
 
 
 #: Columns of a resolved part's events (:attr:`TracePart.events`), in order.
 PART_SCHEMA: dict[str, pl.DataType] = {
-    "pid": I32, "tid": I32, "ts": INT, "dur": INT, "cat": CAT, "name": CAT, "fhash": CAT,
-    "size_requested": INT, "size": INT, "offset": INT, "ret": INT, "epoch": I32, "step": I32,
-    "batch_size": INT, "sample_index": INT, "cpu_time": I32, "cpu_threads": I32, "tensors": I16,
+    "pid": I32,
+    "tid": I32,
+    "ts": INT,
+    "dur": INT,
+    "cat": CAT,
+    "name": CAT,
+    "fhash": CAT,
+    "size_requested": INT,
+    "size": INT,
+    "offset": INT,
+    "ret": INT,
+    "epoch": I32,
+    "step": I32,
+    "batch_size": INT,
+    "sample_index": INT,
+    "cpu_time": I32,
+    "cpu_threads": I32,
+    "tensors": I16,
     "__p": pl.UInt32(),
     "__path": CAT,
 }
@@ -293,18 +471,34 @@ PART_SCHEMA: dict[str, pl.DataType] = {
 
 #: A part's processes: one row per (``src``, ``pid``), indexed by the events' ``__p``.
 PROCESS_SCHEMA: dict[str, pl.DataType] = {
-    "src": SRC, "pid": I32, "ppid": I32, "cwdhash": STR, "host": STR,
+    "src": SRC,
+    "pid": I32,
+    "ppid": I32,
+    "cwdhash": STR,
+    "host": STR,
 }
 
 
 #: A part's start/stop marker records (:attr:`TracePart.markers`).
-MARKER_SCHEMA: dict[str, pl.DataType] = {"src": SRC, "seq": INT, "pid": INT, "tid": INT, "name": STR,
-                                         "a_name": STR, "a_value": STR}
+MARKER_SCHEMA: dict[str, pl.DataType] = {
+    "src": SRC,
+    "seq": INT,
+    "pid": INT,
+    "tid": INT,
+    "name": STR,
+    "a_name": STR,
+    "a_value": STR,
+}
 
 
 #: A part's per-process counts (:func:`_part_counts`).
 COUNTS_SCHEMA: dict[str, pl.DataType] = {
-    "fhash": CAT, "__path": CAT, "__p": pl.UInt32(), "cls": pl.Int64(), "item": pl.Boolean(), "n": pl.Int64(),
+    "fhash": CAT,
+    "__path": CAT,
+    "__p": pl.UInt32(),
+    "cls": pl.Int64(),
+    "item": pl.Boolean(),
+    "n": pl.Int64(),
     "b": pl.Int64(),
 }
 
@@ -312,8 +506,14 @@ COUNTS_SCHEMA: dict[str, pl.DataType] = {
 FH_SCHEMA: dict[str, pl.DataType] = {"hash": STR, "name": STR, "src": SRC, "seq": INT, "pid": I32}
 
 
-STARTS_SCHEMA: dict[str, pl.DataType] = {"src": SRC, "seq": INT, "pid": I32, "ppid": INT, "cwd": STR,
-                                          "hhash": STR}
+STARTS_SCHEMA: dict[str, pl.DataType] = {
+    "src": SRC,
+    "seq": INT,
+    "pid": I32,
+    "ppid": INT,
+    "cwd": STR,
+    "hhash": STR,
+}
 
 
 HOSTS_SCHEMA: dict[str, pl.DataType] = {"src": SRC, "pid": I32, "seq": INT, "hhash": STR}
@@ -346,7 +546,16 @@ RENUMBERED = "also ran on another host"
 #: >= 0), whence SEEK_CUR, whence SEEK_SET, opened for appending (``O_APPEND`` or mode
 #: "a"), an I/O call with a file hash (POSIX or STDIO), STDIO, opened read-only (flags
 #: without write access, or mode "r" without "+"), a write call (write, pwrite, fwrite).
-POS_OK, POS_CUR, POS_SET, POS_APPEND, POS_IO, POS_STDIO, POS_RDONLY, POS_WRITE = 1, 2, 4, 8, 16, 32, 64, 128
+POS_OK, POS_CUR, POS_SET, POS_APPEND, POS_IO, POS_STDIO, POS_RDONLY, POS_WRITE = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+    128,
+)
 
 
 #: ``parg`` of a row without the argument its class needs.
@@ -369,8 +578,10 @@ NULL_DUR = f"a duration {ODD_DUR}"
 
 #: How a file's report counts the transfers DFTracer named after a file their process had
 #: closed (see :func:`file_offsets`): not damage, and not I/O on that file.
-STRAY_IO = ("a file their process had closed or never opened for writing (DFTracer's close race: another thread "
-            "reused the descriptor), kept without a file")
+STRAY_IO = (
+    "a file their process had closed or never opened for writing (DFTracer's close race: another thread "
+    "reused the descriptor), kept without a file"
+)
 
 
 def counted_problem(problem: str) -> tuple[int, str] | None:

@@ -64,7 +64,13 @@ from .merge import canonical, finalize, per_process_from_counts, renumbered, run
 from .shapes import COUNTS_SCHEMA, PART_SCHEMA, FileDamage, FileReport, int_stat, with_events
 
 __all__ = [
-    "EAGER_FACTOR", "GROUP_FACTOR", "ORDER_COL", "ROW_BYTES", "MemoryPlan", "SpilledTrace", "plan_memory",
+    "EAGER_FACTOR",
+    "GROUP_FACTOR",
+    "ORDER_COL",
+    "ROW_BYTES",
+    "MemoryPlan",
+    "SpilledTrace",
+    "plan_memory",
     "spilled_trace",
 ]
 
@@ -119,13 +125,17 @@ class MemoryPlan:
     group_stored_bytes: int
 
     def describe(self) -> str:
-        head = (f"memory limit {human_bytes(self.limit)}: about {self.events:,} events in {self.files} file(s) "
-                f"({human_bytes(self.stored_bytes)} stored), event table ~{human_bytes(self.table_bytes)}, "
-                f"in-memory analysis ~{human_bytes(self.eager_bytes)}")
+        head = (
+            f"memory limit {human_bytes(self.limit)}: about {self.events:,} events in {self.files} file(s) "
+            f"({human_bytes(self.stored_bytes)} stored), event table ~{human_bytes(self.table_bytes)}, "
+            f"in-memory analysis ~{human_bytes(self.eager_bytes)}"
+        )
         if not self.spill:
             return head + ": fits, analysing in memory"
-        return head + (f": does not fit, spilling to Parquet in groups of ~{human_bytes(self.group_stored_bytes)} "
-                       "of trace files")
+        return head + (
+            f": does not fit, spilling to Parquet in groups of ~{human_bytes(self.group_stored_bytes)} "
+            "of trace files"
+        )
 
 
 def _lines_per_byte(path: Path) -> tuple[int, int] | None:
@@ -167,8 +177,9 @@ def _lines_per_byte(path: Path) -> tuple[int, int] | None:
     return (lines, used) if used else None
 
 
-def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: int, *,
-                jobs: int | None = None) -> MemoryPlan:
+def plan_memory(
+    trace: str | os.PathLike | Sequence[str | os.PathLike], limit: int, *, jobs: int | None = None
+) -> MemoryPlan:
     """Estimate the events and memory of ``trace`` and decide whether to spill under ``limit``
     (``jobs`` groups are parsed at once: each gets its share; default the cores available)."""
     files, _ = find_inputs(trace)
@@ -185,9 +196,22 @@ def plan_memory(trace: str | os.PathLike | Sequence[str | os.PathLike], limit: i
     budget = max(limit - BASE_BYTES, 1)
     # the passes later hold the dataset I/O events (at most every event): leave them room
     budget -= min(events * DATASET_IO_BYTES, budget // 2)
-    group = max(1, int(budget / (GROUP_FACTOR * ROW_BYTES * max(per_byte, 1e-9) * (jobs or available_cores()))))
-    return MemoryPlan(limit=limit, files=len(files), stored_bytes=stored, events=events, table_bytes=table,
-                      eager_bytes=eager, spill=eager > limit, group_stored_bytes=group)
+    group = max(
+        1,
+        int(
+            budget / (GROUP_FACTOR * ROW_BYTES * max(per_byte, 1e-9) * (jobs or available_cores()))
+        ),
+    )
+    return MemoryPlan(
+        limit=limit,
+        files=len(files),
+        stored_bytes=stored,
+        events=events,
+        table_bytes=table,
+        eager_bytes=eager,
+        spill=eager > limit,
+        group_stored_bytes=group,
+    )
 
 
 def _size(p: Path) -> int:
@@ -243,9 +267,14 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def spilled_trace(trace: str | os.PathLike | Sequence[str | os.PathLike], *, group_stored_bytes: int,
-                  spill_dir: str | os.PathLike | None = None, echo: Callable[[str], None] | None = None,
-                  jobs: int | None = None) -> Iterator[SpilledTrace]:
+def spilled_trace(
+    trace: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    group_stored_bytes: int,
+    spill_dir: str | os.PathLike | None = None,
+    echo: Callable[[str], None] | None = None,
+    jobs: int | None = None,
+) -> Iterator[SpilledTrace]:
     """Load ``trace`` into a temporary spill directory (under ``spill_dir``, default the
     system temp) in groups of about ``group_stored_bytes`` of trace files, ``jobs``
     threads at a time (default: the cores available); yields a :class:`SpilledTrace`.
@@ -256,7 +285,9 @@ def spilled_trace(trace: str | os.PathLike | Sequence[str | os.PathLike], *, gro
         try:
             base.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise TraceError(f"cannot use the spill directory {base}: {exc.strerror or exc}") from exc
+            raise TraceError(
+                f"cannot use the spill directory {base}: {exc.strerror or exc}"
+            ) from exc
     with _sigterm_as_exit():
         tmp = Path(tempfile.mkdtemp(prefix="dlreplay-spill-", dir=base))
 
@@ -301,10 +332,16 @@ def _write_spill(frame: pl.DataFrame, path: Path) -> None:
     try:
         frame.write_parquet(path, compression="lz4")
     except (OSError, pl.exceptions.ComputeError) as exc:
-        full = "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC or _nearly_full(path)
+        full = (
+            "No space left" in str(exc)
+            or getattr(exc, "errno", None) == errno.ENOSPC
+            or _nearly_full(path)
+        )
         why = "no space left on the device" if full else str(exc).splitlines()[0]
-        raise TraceError(f"{path.parent}: cannot spill the trace ({why}); free space, choose another --spill-dir "
-                         f"or raise --memory-limit (the spill directory was removed)") from None
+        raise TraceError(
+            f"{path.parent}: cannot spill the trace ({why}); free space, choose another --spill-dir "
+            f"or raise --memory-limit (the spill directory was removed)"
+        ) from None
 
 
 def _nearly_full(path: Path) -> bool:
@@ -329,7 +366,9 @@ class _Kept(NamedTuple):
     counts: pl.DataFrame  #: the summary's per-process counts (:data:`~.load.COUNTS_SCHEMA`)
 
 
-def _run_threads(with_rows: list[_Kept], processes: pl.DataFrame, pid0: bool, top: int) -> vocabulary.RunThreads:
+def _run_threads(
+    with_rows: list[_Kept], processes: pl.DataFrame, pid0: bool, top: int
+) -> vocabulary.RunThreads:
     """The run's :class:`~.vocabulary.RunThreads` from its parts' thread firsts (by process
     index, in part order: each part's indices follow the processes of the parts before it),
     ``processes`` the run's process table (new ids go above its pids, renumbered ones
@@ -341,13 +380,20 @@ def _run_threads(with_rows: list[_Kept], processes: pl.DataFrame, pid0: bool, to
         base += k.processes.height
     schema = {"__p": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int32(), "ts": pl.Int64()}
     f = pl.concat(firsts, how="vertical_relaxed") if firsts else pl.DataFrame(schema=schema)
-    threads = f.select(pl.lit(processes["host"]).gather(pl.col("__p")).alias("host"), "pid", "tid", "ts") \
-        .group_by("host", "pid", "tid").agg(pl.col("ts").min())
+    threads = (
+        f.select(pl.lit(processes["host"]).gather(pl.col("__p")).alias("host"), "pid", "tid", "ts")
+        .group_by("host", "pid", "tid")
+        .agg(pl.col("ts").min())
+    )
     ids = [c for c in ("ppid", "__pid") if c in processes.columns]
-    return vocabulary.RunThreads(threads, pid0, max([top, *(int_stat(processes[c].max()) or 0 for c in ids)]))
+    return vocabulary.RunThreads(
+        threads, pid0, max([top, *(int_stat(processes[c].max()) or 0 for c in ids)])
+    )
 
 
-def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None) -> SpilledTrace:
+def _spill(
+    trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None
+) -> SpilledTrace:
     files, manifest = find_inputs(trace)
     names = [p.name for p in files]
     say = echo or (lambda _s: None)
@@ -366,7 +412,11 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
             pid0 = pid0 or bool((events["pid"] == 0).any())
             top = max(top, *(int_stat(events[c].max()) or 0 for c in ("pid", "tid")))
             del events
-        kept.append(_Kept(first, part.processes, part.fh, part.files, path, part.markers, firsts, part.counts))
+        kept.append(
+            _Kept(
+                first, part.processes, part.fh, part.files, path, part.markers, firsts, part.counts
+            )
+        )
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
     kept.sort(key=lambda k: k.first)
@@ -396,7 +446,9 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
         # (which pids are DLIO's ranks: rank 0's pid 0 is in rank 0's file)
         table, moved = canonical(table, markers, names, run)
         changed = changed or moved
-        table = table.with_columns((pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL))
+        table = table.with_columns(
+            (pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL)
+        )
         path = tmp / f"events-{g:05d}.parquet"
         _write_spill(table, path)
         paths.append(path)
@@ -407,15 +459,27 @@ def _spill(trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jo
     del run
     # the per-process table as the in-memory loader makes it: from the parts' counts (a
     # query over the spilled table held more memory per event and took longer)
-    per_process = None if changed else per_process_from_counts(one_frame(part_counts, COUNTS_SCHEMA), tables)
+    per_process = (
+        None if changed else per_process_from_counts(one_frame(part_counts, COUNTS_SCHEMA), tables)
+    )
     del part_counts
     notes = renumbered(tables.processes)
     out_files = [with_events(rep, int(counts[src]), notes.get(src, [])) for src, rep in reports]
     t2 = time.perf_counter()
     nbytes = sum(p.stat().st_size for p in paths)
-    say(f"spill: {height:,} events, {human_bytes(nbytes)} of Parquet in {tmp}, combined in {t2 - t1:.1f} s")
+    say(
+        f"spill: {height:,} events, {human_bytes(nbytes)} of Parquet in {tmp}, combined in {t2 - t1:.1f} s"
+    )
     schema = {**EVENT_SCHEMA, ORDER_COL: pl.Int64()}
     scan = pl.scan_parquet(paths, schema=schema) if paths else pl.LazyFrame(schema=schema)
-    return SpilledTrace(events=scan, files=out_files, manifest=manifest, height=height, groups=len(kept),
-                        directory=tmp, spill_bytes=nbytes, timings={"parse_s": t1 - t0, "combine_s": t2 - t1},
-                        per_process=per_process)
+    return SpilledTrace(
+        events=scan,
+        files=out_files,
+        manifest=manifest,
+        height=height,
+        groups=len(kept),
+        directory=tmp,
+        spill_bytes=nbytes,
+        timings={"parse_s": t1 - t0, "combine_s": t2 - t1},
+        per_process=per_process,
+    )

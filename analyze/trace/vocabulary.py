@@ -55,15 +55,33 @@ import polars as pl
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
 __all__ = [
-    "CKPT_LOAD", "CKPT_SAVE", "COMPUTE", "EPOCH", "FETCH", "ITEM", "LOOP_ROLES", "ROLES", "STEP",
-    "canonicalize", "classify", "ensure_roles", "epoch_spans", "has_role", "marker_spans", "role_expr",
-    "training_step_count", "training_steps", "unknown_annotations",
+    "CKPT_LOAD",
+    "CKPT_SAVE",
+    "COMPUTE",
+    "EPOCH",
+    "FETCH",
+    "ITEM",
+    "LOOP_ROLES",
+    "ROLES",
+    "STEP",
+    "canonicalize",
+    "classify",
+    "ensure_roles",
+    "epoch_spans",
+    "has_role",
+    "marker_spans",
+    "role_expr",
+    "training_step_count",
+    "training_steps",
+    "unknown_annotations",
 ]
 
 # --------------------------------------------------------------------------- roles
 
 EPOCH = "epoch"  #: one pass of a consumer (rank) over its data
-EPOCH_GAP = "epoch.gap"  #: between two epochs (``epoch.iter``: the epoch loop waiting for its next value)
+EPOCH_GAP = (
+    "epoch.gap"  #: between two epochs (``epoch.iter``: the epoch loop waiting for its next value)
+)
 TRAIN = "train"  #: a training phase (DLIO: one per epoch; AI conventions: any training region)
 EVALUATE = "evaluate"
 TEST = "test"
@@ -84,28 +102,93 @@ CKPT_IO = "checkpoint.io"
 COMM = "comm"
 DEVICE = "device.transfer"
 INIT = "init"
-INTERNAL = "internal"  #: understood, and carries nothing the analyses use (DLIO's config, ai_root, ...)
+INTERNAL = (
+    "internal"  #: understood, and carries nothing the analyses use (DLIO's config, ai_root, ...)
+)
 
-ROLES = (EPOCH, EPOCH_GAP, TRAIN, EVALUATE, TEST, FETCH, STEP, COMPUTE, FORWARD, BACKWARD, OPTIMIZER, ITEM, ITEMS,
-         SAMPLE_READ, PREPROCESS, DATA_IO, CKPT_SAVE, CKPT_LOAD, CKPT_IO, COMM, DEVICE, INIT, INTERNAL)
+ROLES = (
+    EPOCH,
+    EPOCH_GAP,
+    TRAIN,
+    EVALUATE,
+    TEST,
+    FETCH,
+    STEP,
+    COMPUTE,
+    FORWARD,
+    BACKWARD,
+    OPTIMIZER,
+    ITEM,
+    ITEMS,
+    SAMPLE_READ,
+    PREPROCESS,
+    DATA_IO,
+    CKPT_SAVE,
+    CKPT_LOAD,
+    CKPT_IO,
+    COMM,
+    DEVICE,
+    INIT,
+    INTERNAL,
+)
 #: Roles of the consumer's training loop: epoch, step and sample numbers are filled in for these.
-LOOP_ROLES = (FETCH, STEP, COMPUTE, FORWARD, BACKWARD, OPTIMIZER, DEVICE, COMM, CKPT_SAVE, CKPT_LOAD)
+LOOP_ROLES = (
+    FETCH,
+    STEP,
+    COMPUTE,
+    FORWARD,
+    BACKWARD,
+    OPTIMIZER,
+    DEVICE,
+    COMM,
+    CKPT_SAVE,
+    CKPT_LOAD,
+)
 
 # --------------------------------------------------------------- the spellings
 
-_COMM = ("send", "receive", "barrier", "bcast", "reduce", "all_reduce", "gather", "all_gather", "scatter",
-         "reduce_scatter", "all_to_all")
+_COMM = (
+    "send",
+    "receive",
+    "barrier",
+    "bcast",
+    "reduce",
+    "all_reduce",
+    "gather",
+    "all_gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+)
 #: DFTracer AI conventions: category -> {name (without form suffix) -> role}; the
 #: category's own name is the category used as a whole (``@ai.compute``).
 AI_CONVENTIONS: dict[str, dict[str, str]] = {
     "compute": {"compute": COMPUTE, "forward": FORWARD, "backward": BACKWARD, "step": OPTIMIZER},
-    "data": {"data": INTERNAL, "preprocess": PREPROCESS, "item": ITEM, "items": ITEMS, "io": DATA_IO},
+    "data": {
+        "data": INTERNAL,
+        "preprocess": PREPROCESS,
+        "item": ITEM,
+        "items": ITEMS,
+        "io": DATA_IO,
+    },
     "dataloader": {"dataloader": FETCH, "fetch": FETCH},
     "comm": {"comm": COMM, **{n: COMM for n in _COMM}},
     "device": {"device": DEVICE, "transfer": DEVICE},
-    "pipeline": {"pipeline": INTERNAL, "epoch": EPOCH, "train": TRAIN, "evaluate": EVALUATE, "test": TEST},
-    "checkpoint": {"checkpoint": CKPT_SAVE, "capture": CKPT_SAVE, "restart": CKPT_LOAD, "save": CKPT_SAVE,
-                   "load": CKPT_LOAD, "io": CKPT_IO},
+    "pipeline": {
+        "pipeline": INTERNAL,
+        "epoch": EPOCH,
+        "train": TRAIN,
+        "evaluate": EVALUATE,
+        "test": TEST,
+    },
+    "checkpoint": {
+        "checkpoint": CKPT_SAVE,
+        "capture": CKPT_SAVE,
+        "restart": CKPT_LOAD,
+        "save": CKPT_SAVE,
+        "load": CKPT_LOAD,
+        "io": CKPT_IO,
+    },
     "other": {"other": INTERNAL, "log": INTERNAL, "io": INTERNAL},
     "ai_root": {"ai_root": INTERNAL},
 }
@@ -116,8 +199,16 @@ _ITER_FORMS: dict[tuple[str, str], tuple[str, str]] = {
     ("pipeline", "epoch"): (EPOCH_GAP, EPOCH),
 }
 #: DLIO's module categories (``dlio_benchmark.common.constants``), spelled ``Class.method``.
-DLIO_CATEGORIES = ("dlio_benchmark", "ai_framework", "data_loader", "reader", "checkpoint", "storage", "config",
-                   "generator")
+DLIO_CATEGORIES = (
+    "dlio_benchmark",
+    "ai_framework",
+    "data_loader",
+    "reader",
+    "checkpoint",
+    "storage",
+    "config",
+    "generator",
+)
 _DLIO_RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("dlio_benchmark", re.compile(r".*\._train$"), TRAIN),
     ("dlio_benchmark", re.compile(r".*\._eval$"), EVALUATE),
@@ -151,7 +242,9 @@ def classify(cat: str | None, name: str | None) -> str | None:
         return None
     names = AI_CONVENTIONS.get(cat)
     if names is not None:
-        base, _, form = name.rpartition(".") if name.rpartition(".")[2] in _FORMS else (name, "", "")
+        base, _, form = (
+            name.rpartition(".") if name.rpartition(".")[2] in _FORMS else (name, "", "")
+        )
         if form in ("iter", "block", "yield"):
             special = _ITER_FORMS.get((cat, base))
             if special is not None:
@@ -181,18 +274,23 @@ def role_expr(frame: pl.DataFrame) -> pl.Series:
     """The role of each row of ``frame`` (with ``cat`` and ``name``): a Categorical series
     (4 bytes a row: a String one cost 16), null for rows that are not annotations of a
     known spelling. Only annotation-like rows are looked up."""
-    nulls = pl.select(pl.repeat(None, frame.height, dtype=pl.Categorical()).alias("role")).to_series()
+    nulls = pl.select(
+        pl.repeat(None, frame.height, dtype=pl.Categorical()).alias("role")
+    ).to_series()
     if frame.height == 0:
         return nulls
-    ann = frame.select(pl.col("cat").is_not_null() & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"])
-                       ).to_series()
+    ann = frame.select(
+        pl.col("cat").is_not_null() & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"])
+    ).to_series()
     if not ann.any():
         return nulls
     sub = frame.select(pl.arg_where(ann).alias("__r")).to_series()
     del ann
     rows = frame.select("cat", "name")[sub]
     pairs = _pairs_roles(rows.unique())
-    roles = rows.join(pairs, on=["cat", "name"], how="left", nulls_equal=True, maintain_order="left")["role"]
+    roles = rows.join(
+        pairs, on=["cat", "name"], how="left", nulls_equal=True, maintain_order="left"
+    )["role"]
     return nulls.scatter(sub, roles.cast(pl.Categorical()))
 
 
@@ -225,13 +323,22 @@ class RunThreads:
 def thread_firsts(ev: pl.DataFrame, host: str = "host") -> pl.DataFrame:
     """(``host``, pid, tid, ts) of :class:`RunThreads` for the rows of ``ev``: per thread of a
     process id below :data:`RANK_PIDS_BELOW`, its first timestamp (a few rows a process)."""
-    return ev.lazy().filter((pl.col("pid") < RANK_PIDS_BELOW) & pl.col("tid").is_not_null()) \
-        .group_by(host, "pid", "tid").agg(pl.col("ts").min()).collect()
+    return (
+        ev.lazy()
+        .filter((pl.col("pid") < RANK_PIDS_BELOW) & pl.col("tid").is_not_null())
+        .group_by(host, "pid", "tid")
+        .agg(pl.col("ts").min())
+        .collect()
+    )
 
 
 def run_threads(ev: pl.DataFrame) -> RunThreads:
     """:class:`RunThreads` of a whole table."""
-    top = max(_int(ev["pid"].max()), _int(ev["tid"].max()), _int(ev["ppid"].max()) if "ppid" in ev.columns else 0)
+    top = max(
+        _int(ev["pid"].max()),
+        _int(ev["tid"].max()),
+        _int(ev["ppid"].max()) if "ppid" in ev.columns else 0,
+    )
     return RunThreads(thread_firsts(ev), bool((ev["pid"] == 0).any()), top)
 
 
@@ -269,23 +376,41 @@ def _rank_pids(ev: pl.DataFrame, run: RunThreads | None = None) -> tuple[pl.Data
     # thread of that id too, on this host (the forked reader workers of two DLIO ranks on one
     # node, traced by pydftracer 1.0.2, both wrote tid 22386 at the same time) or another
     # (thread ids are per node): then new ids above every id in the trace
-    keys = threads.select("host", "pid", "tid").unique().with_columns(
-        (pl.len().over("tid") > 1).alias("__dup")).sort("host", "pid", "tid", nulls_last=True)
+    keys = (
+        threads.select("host", "pid", "tid")
+        .unique()
+        .with_columns((pl.len().over("tid") > 1).alias("__dup"))
+        .sort("host", "pid", "tid", nulls_last=True)
+    )
     keys = keys.with_columns(
-        pl.when(pl.col("__dup")).then(run.top + pl.col("__dup").cast(pl.Int64).cum_sum()).otherwise(pl.col("tid"))
-        .cast(pl.Int32, strict=False).alias("__new")).drop("__dup")
+        pl.when(pl.col("__dup"))
+        .then(run.top + pl.col("__dup").cast(pl.Int64).cum_sum())
+        .otherwise(pl.col("tid"))
+        .cast(pl.Int32, strict=False)
+        .alias("__new")
+    ).drop("__dup")
     # the rank's first thread (of equal first timestamps, the lowest id)
-    main = (threads.sort("ts", "tid", nulls_last=True).group_by("host", "pid", maintain_order=True)
-            .agg(pl.col("tid").first().alias("tid"))
-            .join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True)
-            .select("host", "pid", pl.col("__new").alias("__main")))
-    ev = (ev.join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True, maintain_order="left")
-          .join(main, on=["host", "pid"], how="left", nulls_equal=True, maintain_order="left"))
+    main = (
+        threads.sort("ts", "tid", nulls_last=True)
+        .group_by("host", "pid", maintain_order=True)
+        .agg(pl.col("tid").first().alias("tid"))
+        .join(keys, on=["host", "pid", "tid"], how="left", nulls_equal=True)
+        .select("host", "pid", pl.col("__new").alias("__main"))
+    )
+    ev = ev.join(
+        keys, on=["host", "pid", "tid"], how="left", nulls_equal=True, maintain_order="left"
+    ).join(main, on=["host", "pid"], how="left", nulls_equal=True, maintain_order="left")
     ev = ev.with_columns(
         pl.when(is_rank & pl.col("tid").is_not_null() & (pl.col("__new") != pl.col("__main")))
-        .then(pl.col("__main")).otherwise(pl.col("ppid")).cast(pl.Int32, strict=False).alias("ppid"),
-        pl.when(is_rank & pl.col("tid").is_not_null()).then(pl.col("__new")).otherwise(pl.col("pid"))
-        .cast(pl.Int32, strict=False).alias("pid"),  # thread ids are pid_t too
+        .then(pl.col("__main"))
+        .otherwise(pl.col("ppid"))
+        .cast(pl.Int32, strict=False)
+        .alias("ppid"),
+        pl.when(is_rank & pl.col("tid").is_not_null())
+        .then(pl.col("__new"))
+        .otherwise(pl.col("pid"))
+        .cast(pl.Int32, strict=False)
+        .alias("pid"),  # thread ids are pid_t too
     ).drop("__main", "__new")
     return ev, True
 
@@ -304,13 +429,20 @@ def _legacy_steps(ev: pl.DataFrame, role: pl.Series) -> pl.Series:
     info = ev.select("pid", "cat", "name").with_columns(role.alias("__role"))
     plain_fetch = (pl.col("cat") == "dataloader") & (pl.col("name") == "fetch")
     # only the rows either test can be true of (annotations: a tenth of a trace or less)
-    per = info.filter(pl.col("__role").is_not_null() | plain_fetch).group_by("pid").agg(
-        plain_fetch.any().alias("plain_fetch"),
-        pl.col("__role").is_in([COMPUTE, FORWARD, BACKWARD]).any().alias("parent"),
-    ).filter(pl.col("plain_fetch") & ~pl.col("parent"))
+    per = (
+        info.filter(pl.col("__role").is_not_null() | plain_fetch)
+        .group_by("pid")
+        .agg(
+            plain_fetch.any().alias("plain_fetch"),
+            pl.col("__role").is_in([COMPUTE, FORWARD, BACKWARD]).any().alias("parent"),
+        )
+        .filter(pl.col("plain_fetch") & ~pl.col("parent"))
+    )
     if per.is_empty():
         return role
-    legacy = info.select(pl.col("pid").is_in(per["pid"].implode()) & (pl.col("__role") == OPTIMIZER)).to_series()
+    legacy = info.select(
+        pl.col("pid").is_in(per["pid"].implode()) & (pl.col("__role") == OPTIMIZER)
+    ).to_series()
     return pl.select(pl.when(legacy).then(pl.lit(STEP)).otherwise(role)).to_series().alias("role")
 
 
@@ -321,23 +453,42 @@ def marker_spans(meta: pl.DataFrame) -> pl.DataFrame:
     and the time in ``a_value``, and ``pid``, ``tid``, ``src``. The k-th start of a name in
     a process pairs with its k-th end. Returns (src, pid, tid, name, ts, dur).
     """
-    schema = pl.Schema({"src": pl.UInt32(), "pid": pl.Int32(), "tid": pl.Int32(), "name": pl.String(),
-                        "ts": pl.Int64(), "dur": pl.Int64()})
+    schema = pl.Schema(
+        {
+            "src": pl.UInt32(),
+            "pid": pl.Int32(),
+            "tid": pl.Int32(),
+            "name": pl.String(),
+            "ts": pl.Int64(),
+            "dur": pl.Int64(),
+        }
+    )
     if meta.height == 0 or "a_name" not in meta.columns:
         return pl.DataFrame(schema=schema)
-    m = meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")).select(
-        pl.col("src").cast(pl.UInt32), pl.col("pid").cast(pl.Int32, strict=False), pl.col("tid").cast(pl.Int32, strict=False),
-        pl.col("a_name").str.replace(r"\.(start|end)$", "").alias("name"),
-        pl.col("a_name").str.ends_with(".start").alias("start"),
-        pl.col("a_value").cast(pl.Int64, strict=False).alias("t"),
-    ).filter(pl.col("t").is_not_null())
+    m = (
+        meta.filter((pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$"))
+        .select(
+            pl.col("src").cast(pl.UInt32),
+            pl.col("pid").cast(pl.Int32, strict=False),
+            pl.col("tid").cast(pl.Int32, strict=False),
+            pl.col("a_name").str.replace(r"\.(start|end)$", "").alias("name"),
+            pl.col("a_name").str.ends_with(".start").alias("start"),
+            pl.col("a_value").cast(pl.Int64, strict=False).alias("t"),
+        )
+        .filter(pl.col("t").is_not_null())
+    )
     if m.is_empty():
         return pl.DataFrame(schema=schema)
     m = m.sort("t").with_columns(pl.int_range(pl.len()).over("pid", "name", "start").alias("k"))
-    starts = m.filter(pl.col("start")).select("src", "pid", "tid", "name", "k", pl.col("t").alias("ts"))
+    starts = m.filter(pl.col("start")).select(
+        "src", "pid", "tid", "name", "k", pl.col("t").alias("ts")
+    )
     ends = m.filter(~pl.col("start")).select("pid", "name", "k", pl.col("t").alias("end"))
-    return starts.join(ends, on=["pid", "name", "k"], how="inner").select(
-        "src", "pid", "tid", "name", "ts", (pl.col("end") - pl.col("ts")).alias("dur")).cast(schema)
+    return (
+        starts.join(ends, on=["pid", "name", "k"], how="inner")
+        .select("src", "pid", "tid", "name", "ts", (pl.col("end") - pl.col("ts")).alias("dur"))
+        .cast(schema)
+    )
 
 
 #: name of a start/stop marker -> (category, role) under the AI conventions
@@ -348,7 +499,9 @@ def _marker_role(name: str) -> tuple[str, str] | None:
     return None
 
 
-def _marker_rows(ev: pl.DataFrame, markers: pl.DataFrame, sources: list[str] | None) -> pl.DataFrame | None:
+def _marker_rows(
+    ev: pl.DataFrame, markers: pl.DataFrame, sources: list[str] | None
+) -> pl.DataFrame | None:
     """Event rows for marker spans whose role the process has no events of."""
     if markers.is_empty():
         return None
@@ -360,24 +513,47 @@ def _marker_rows(ev: pl.DataFrame, markers: pl.DataFrame, sources: list[str] | N
     if not known:
         return None
     mk = markers.filter(pl.col("name").is_in(list(known))).with_columns(
-        pl.col("name").replace_strict({n: c for n, (c, _) in known.items()}, return_dtype=pl.String).alias("cat"),
-        pl.col("name").replace_strict({n: r for n, (_, r) in known.items()}, return_dtype=pl.String).alias("role"))
-    present = ev.filter(pl.col("role").is_not_null()).select("pid", pl.col("role").cast(pl.String)).unique()
+        pl.col("name")
+        .replace_strict({n: c for n, (c, _) in known.items()}, return_dtype=pl.String)
+        .alias("cat"),
+        pl.col("name")
+        .replace_strict({n: r for n, (_, r) in known.items()}, return_dtype=pl.String)
+        .alias("role"),
+    )
+    present = (
+        ev.filter(pl.col("role").is_not_null())
+        .select("pid", pl.col("role").cast(pl.String))
+        .unique()
+    )
     mk = mk.join(present, on=["pid", "role"], how="anti")
     if mk.is_empty():
         return None
-    hosts = ev.group_by("pid").agg(pl.col("host").drop_nulls().first(), pl.col("ppid").drop_nulls().first())
+    hosts = ev.group_by("pid").agg(
+        pl.col("host").drop_nulls().first(), pl.col("ppid").drop_nulls().first()
+    )
     mk = mk.join(hosts, on="pid", how="left")
-    src = (pl.Series(sources, dtype=pl.String).gather(mk["src"]) if sources
-           else pl.Series([None] * mk.height, dtype=pl.String))
+    src = (
+        pl.Series(sources, dtype=pl.String).gather(mk["src"])
+        if sources
+        else pl.Series([None] * mk.height, dtype=pl.String)
+    )
     rows = mk.with_columns(src.alias("source")).select(
-        [pl.col(c) if c in mk.columns or c == "source" else pl.lit(None).alias(c) for c in ev.columns]
-        if "source" in ev.columns else [pl.col(c) if c in mk.columns else pl.lit(None).alias(c) for c in ev.columns])
+        [
+            pl.col(c) if c in mk.columns or c == "source" else pl.lit(None).alias(c)
+            for c in ev.columns
+        ]
+        if "source" in ev.columns
+        else [pl.col(c) if c in mk.columns else pl.lit(None).alias(c) for c in ev.columns]
+    )
     return rows.cast(ev.schema)  # type: ignore[arg-type]
 
 
-def canonicalize(ev: pl.DataFrame, markers: pl.DataFrame | None = None,
-                 sources: list[str] | None = None, run: RunThreads | None = None) -> tuple[pl.DataFrame, bool]:
+def canonicalize(
+    ev: pl.DataFrame,
+    markers: pl.DataFrame | None = None,
+    sources: list[str] | None = None,
+    run: RunThreads | None = None,
+) -> tuple[pl.DataFrame, bool]:
     """The loader's hook: the event table with ``role`` and the loop's numbers filled in.
 
     * ``role`` for every row (:func:`classify`; compute/step of old dlreplay traces per
@@ -395,7 +571,11 @@ def canonicalize(ev: pl.DataFrame, markers: pl.DataFrame | None = None,
     """
     # ids and loop counters in the event table's 32-bit types (a table built by hand or by an
     # older dlreplay has 64-bit ones): the joins below match them by type
-    narrow = {c: dt for c, dt in _NEEDED.items() if dt == pl.Int32() and c in ev.columns and ev.schema[c] != dt}
+    narrow = {
+        c: dt
+        for c, dt in _NEEDED.items()
+        if dt == pl.Int32() and c in ev.columns and ev.schema[c] != dt
+    }
     if narrow:
         ev = ev.with_columns(pl.col(c).cast(dt, strict=False) for c, dt in narrow.items())
     ev, changed = _rank_pids(ev, run)
@@ -410,18 +590,30 @@ def canonicalize(ev: pl.DataFrame, markers: pl.DataFrame | None = None,
     if ev["role"].null_count() < ev.height:
         ev = _fill_loop(ev)
         # the loader's per-process table counts items and checkpoints by dlreplay's spellings
-        changed = changed or bool(ev.select(
-            (pl.col("role").is_in([ITEM, CKPT_SAVE, CKPT_LOAD, CKPT_IO])
-             & ~(((pl.col("cat") == "data") & (pl.col("name") == "item"))
-                 | ((pl.col("cat") == "checkpoint") & pl.col("name").is_in(["save", "load", "capture", "restart"]))))
-            .any()).item())
+        changed = changed or bool(
+            ev.select(
+                (
+                    pl.col("role").is_in([ITEM, CKPT_SAVE, CKPT_LOAD, CKPT_IO])
+                    & ~(
+                        ((pl.col("cat") == "data") & (pl.col("name") == "item"))
+                        | (
+                            (pl.col("cat") == "checkpoint")
+                            & pl.col("name").is_in(["save", "load", "capture", "restart"])
+                        )
+                    )
+                ).any()
+            ).item()
+        )
     return ev, changed
 
 
 def _spans(loop: pl.DataFrame, role: str) -> pl.DataFrame:
     return loop.filter(pl.col("role") == role).select(
-        "pid", pl.col("ts").alias("s_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"),
-        pl.col("epoch").alias("s_epoch"))
+        "pid",
+        pl.col("ts").alias("s_ts"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"),
+        pl.col("epoch").alias("s_epoch"),
+    )
 
 
 def epoch_spans(events: pl.DataFrame) -> pl.DataFrame:
@@ -432,7 +624,13 @@ def epoch_spans(events: pl.DataFrame) -> pl.DataFrame:
     else from the loop events' epoch numbers (first event to last end). ``events`` need
     only the annotation rows (with ``role``).
     """
-    schema = {"pid": pl.Int32, "epoch": pl.Int32, "ts": pl.Int64, "end": pl.Int64, "basis": pl.String}
+    schema = {
+        "pid": pl.Int32,
+        "epoch": pl.Int32,
+        "ts": pl.Int64,
+        "end": pl.Int64,
+        "basis": pl.String,
+    }
     ann = events.filter(pl.col("role").is_not_null())
     if ann.is_empty():
         return pl.DataFrame(schema=schema)
@@ -440,21 +638,40 @@ def epoch_spans(events: pl.DataFrame) -> pl.DataFrame:
     have = ep["pid"].unique()
     tr = _numbered(_spans(ann.filter(~pl.col("pid").is_in(have.implode())), TRAIN))
     loop = ann.filter(pl.col("role").is_in([FETCH, STEP, COMPUTE]))
-    numbered = loop.filter(pl.col("epoch").is_not_null()).group_by("pid").agg(
-        pl.col("epoch").n_unique().alias("n"))
+    numbered = (
+        loop.filter(pl.col("epoch").is_not_null())
+        .group_by("pid")
+        .agg(pl.col("epoch").n_unique().alias("n"))
+    )
     # a single training phase is the whole run when the loop numbers several epochs itself
     multi = numbered.filter(pl.col("n") > 1)["pid"]
-    tr = tr.join(tr.group_by("pid").len(), on="pid").filter(
-        (pl.col("len") > 1) | ~pl.col("pid").is_in(multi.implode())).drop("len")
+    tr = (
+        tr.join(tr.group_by("pid").len(), on="pid")
+        .filter((pl.col("len") > 1) | ~pl.col("pid").is_in(multi.implode()))
+        .drop("len")
+    )
     have = pl.concat([have, tr["pid"].unique()])
-    by_loop = (loop.filter(pl.col("epoch").is_not_null() & ~pl.col("pid").is_in(have.implode()))
-               .group_by("pid", "epoch").agg(pl.col("ts").min().alias("s_ts"),
-                                             (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("s_end")))
-    parts = [ep.with_columns(pl.lit("epoch events").alias("basis")),
-             tr.with_columns(pl.lit("training phases").alias("basis")),
-             by_loop.select("pid", "epoch", "s_ts", "s_end", pl.lit("loop events").alias("basis"))]
-    out = pl.concat([p.select("pid", "epoch", pl.col("s_ts").alias("ts"), pl.col("s_end").alias("end"), "basis")
-                     .cast(schema) for p in parts])  # type: ignore[arg-type]
+    by_loop = (
+        loop.filter(pl.col("epoch").is_not_null() & ~pl.col("pid").is_in(have.implode()))
+        .group_by("pid", "epoch")
+        .agg(
+            pl.col("ts").min().alias("s_ts"),
+            (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("s_end"),
+        )
+    )
+    parts = [
+        ep.with_columns(pl.lit("epoch events").alias("basis")),
+        tr.with_columns(pl.lit("training phases").alias("basis")),
+        by_loop.select("pid", "epoch", "s_ts", "s_end", pl.lit("loop events").alias("basis")),
+    ]
+    out = pl.concat(
+        [
+            p.select(
+                "pid", "epoch", pl.col("s_ts").alias("ts"), pl.col("s_end").alias("end"), "basis"
+            ).cast(schema)
+            for p in parts
+        ]
+    )  # type: ignore[arg-type]
     return out.sort("pid", "ts")
 
 
@@ -463,11 +680,17 @@ def _numbered(spans: pl.DataFrame) -> pl.DataFrame:
     if spans.is_empty():
         return spans.select("pid", pl.col("s_epoch").alias("epoch"), "s_ts", "s_end")
     s = spans.sort("pid", "s_ts").with_columns(pl.int_range(pl.len()).over("pid").alias("__k"))
-    own = s.group_by("pid").agg(pl.col("s_epoch").null_count().alias("nulls"),
-                                pl.col("s_epoch").n_unique().alias("distinct"), pl.len().alias("n"))
+    own = s.group_by("pid").agg(
+        pl.col("s_epoch").null_count().alias("nulls"),
+        pl.col("s_epoch").n_unique().alias("distinct"),
+        pl.len().alias("n"),
+    )
     ok = own.filter((pl.col("nulls") == 0) & (pl.col("distinct") == pl.col("n")))["pid"]
-    epoch = pl.when(pl.col("pid").is_in(ok.implode())).then(
-        pl.col("s_epoch") - pl.col("s_epoch").min().over("pid")).otherwise(pl.col("__k"))
+    epoch = (
+        pl.when(pl.col("pid").is_in(ok.implode()))
+        .then(pl.col("s_epoch") - pl.col("s_epoch").min().over("pid"))
+        .otherwise(pl.col("__k"))
+    )
     return s.select("pid", epoch.cast(pl.Int32).alias("epoch"), "s_ts", "s_end")
 
 
@@ -484,7 +707,9 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
     # only the columns read here, of the annotation rows, gathered by their row numbers: a
     # row index of the whole table and all its columns raised the load's peak
     rows = ev.select(pl.arg_where(pl.col("role").is_not_null()).alias("__r")).to_series()
-    ann = ev.select("pid", "ts", "dur", "role", "epoch", "sample_index", "size")[rows].insert_column(0, rows)
+    ann = ev.select("pid", "ts", "dur", "role", "epoch", "sample_index", "size")[
+        rows
+    ].insert_column(0, rows)
     spans = epoch_spans(ann)
     todo = ann.filter(pl.col("role").is_in(LOOP_ROLES) & pl.col("epoch").is_null())
     # only the columns that change are replaced (taking one out of the table would turn a
@@ -493,42 +718,89 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
     if todo.height and spans.height:
         sp = spans.select("pid", pl.col("ts").alias("e_ts"), pl.col("epoch").alias("e"))
         first = sp.group_by("pid").agg(pl.col("e").sort_by("e_ts").first().alias("e0"))
-        got = (todo.select("__r", "pid", "ts", "role").sort("ts")
-               .join_asof(sp.sort("e_ts"), left_on="ts", right_on="e_ts", by="pid", strategy="backward",
-                          check_sortedness=False)
-               .join(first, on="pid", how="left")
-               .with_columns(pl.coalesce("e", "e0").alias("e"))
-               .filter(pl.col("e").is_not_null())
-               .with_columns(pl.int_range(pl.len()).over("pid", "e", "role").alias("k")))
+        got = (
+            todo.select("__r", "pid", "ts", "role")
+            .sort("ts")
+            .join_asof(
+                sp.sort("e_ts"),
+                left_on="ts",
+                right_on="e_ts",
+                by="pid",
+                strategy="backward",
+                check_sortedness=False,
+            )
+            .join(first, on="pid", how="left")
+            .with_columns(pl.coalesce("e", "e0").alias("e"))
+            .filter(pl.col("e").is_not_null())
+            .with_columns(pl.int_range(pl.len()).over("pid", "e", "role").alias("k"))
+        )
         if got.height:
             idx = got["__r"]
             filled["epoch"] = ev["epoch"].scatter(idx, got["e"])
             filled["step"] = ev["step"].scatter(idx, got["k"])
     items = ann.filter((pl.col("role") == ITEM) & pl.col("sample_index").is_null())
     if items.height:
-        reads = ann.filter((pl.col("role") == SAMPLE_READ) & pl.col("sample_index").is_not_null()).select(
-            "pid", pl.col("ts").alias("r_ts"), pl.col("sample_index").alias("r_idx")).sort("r_ts")
+        reads = (
+            ann.filter((pl.col("role") == SAMPLE_READ) & pl.col("sample_index").is_not_null())
+            .select("pid", pl.col("ts").alias("r_ts"), pl.col("sample_index").alias("r_idx"))
+            .sort("r_ts")
+        )
         if reads.height:
-            got = (items.select("__r", "pid", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"))
-                   .sort("ts").join_asof(reads, left_on="ts", right_on="r_ts", by="pid", strategy="forward",
-                                         check_sortedness=False)
-                   .filter(pl.col("r_ts").is_not_null() & (pl.col("r_ts") <= pl.col("end"))))
+            got = (
+                items.select(
+                    "__r", "pid", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")
+                )
+                .sort("ts")
+                .join_asof(
+                    reads,
+                    left_on="ts",
+                    right_on="r_ts",
+                    by="pid",
+                    strategy="forward",
+                    check_sortedness=False,
+                )
+                .filter(pl.col("r_ts").is_not_null() & (pl.col("r_ts") <= pl.col("end")))
+            )
             if got.height:
                 filled["sample_index"] = ev["sample_index"].scatter(got["__r"], got["r_idx"])
     ckpts = ann.filter(pl.col("role").is_in([CKPT_SAVE, CKPT_LOAD]) & pl.col("size").is_null())
     if ckpts.height:
         # bytes of a checkpoint that names none: the POSIX transfers inside it, in its process
-        xfer = ev.filter(pl.col("pid").is_in(ckpts["pid"].unique().implode())
-                         & pl.col("name").is_in(READ_OPS + WRITE_OPS) & (pl.col("size") > 0)).select(
-            "pid", pl.col("ts").alias("x_ts"), pl.col("name").is_in(WRITE_OPS).alias("w"), "size").sort("x_ts")
+        xfer = (
+            ev.filter(
+                pl.col("pid").is_in(ckpts["pid"].unique().implode())
+                & pl.col("name").is_in(READ_OPS + WRITE_OPS)
+                & (pl.col("size") > 0)
+            )
+            .select(
+                "pid",
+                pl.col("ts").alias("x_ts"),
+                pl.col("name").is_in(WRITE_OPS).alias("w"),
+                "size",
+            )
+            .sort("x_ts")
+        )
         if xfer.height:
-            spans = ckpts.select("__r", "pid", pl.col("ts").alias("c_ts"),
-                                 (pl.col("ts") + pl.col("dur").fill_null(0)).alias("c_end"),
-                                 (pl.col("role") == CKPT_SAVE).alias("w")).sort("c_ts")
-            got = (xfer.join_asof(spans, left_on="x_ts", right_on="c_ts", by=["pid", "w"], strategy="backward",
-                                  check_sortedness=False)
-                   .filter(pl.col("__r").is_not_null() & (pl.col("x_ts") <= pl.col("c_end")))
-                   .group_by("__r").agg(pl.col("size").sum()))
+            spans = ckpts.select(
+                "__r",
+                "pid",
+                pl.col("ts").alias("c_ts"),
+                (pl.col("ts") + pl.col("dur").fill_null(0)).alias("c_end"),
+                (pl.col("role") == CKPT_SAVE).alias("w"),
+            ).sort("c_ts")
+            got = (
+                xfer.join_asof(
+                    spans,
+                    left_on="x_ts",
+                    right_on="c_ts",
+                    by=["pid", "w"],
+                    strategy="backward",
+                    check_sortedness=False,
+                )
+                .filter(pl.col("__r").is_not_null() & (pl.col("x_ts") <= pl.col("c_end")))
+                .group_by("__r")
+                .agg(pl.col("size").sum())
+            )
             if got.height:
                 filled["size"] = ev["size"].scatter(got["__r"], got["size"])
     return ev.with_columns(s.alias(c) for c, s in filled.items()) if filled else ev
@@ -539,19 +811,38 @@ def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:
 
 #: Columns :func:`canonicalize` reads, with their types (see dlreplay.schema.EVENT_SCHEMA).
 _NEEDED: dict[str, pl.DataType] = {
-    "pid": pl.Int32(), "tid": pl.Int32(), "ppid": pl.Int32(), "host": pl.String(), "ts": pl.Int64(),
-    "dur": pl.Int64(), "cat": pl.String(), "name": pl.String(), "file": pl.String(), "size": pl.Int64(),
-    "epoch": pl.Int32(), "step": pl.Int32(), "batch_size": pl.Int64(), "sample_index": pl.Int64(),
+    "pid": pl.Int32(),
+    "tid": pl.Int32(),
+    "ppid": pl.Int32(),
+    "host": pl.String(),
+    "ts": pl.Int64(),
+    "dur": pl.Int64(),
+    "cat": pl.String(),
+    "name": pl.String(),
+    "file": pl.String(),
+    "size": pl.Int64(),
+    "epoch": pl.Int32(),
+    "step": pl.Int32(),
+    "batch_size": pl.Int64(),
+    "sample_index": pl.Int64(),
 }
 
 
 def ensure_roles(events: pl.DataFrame) -> pl.DataFrame:
     """``events`` with roles: as loaded (the loader adds them), or classified now for a table
     built by hand or by an older dlreplay (no ``role`` column, or one left all null)."""
-    if "role" in events.columns and (events.height == 0 or events["role"].null_count() < events.height):
+    if "role" in events.columns and (
+        events.height == 0 or events["role"].null_count() < events.height
+    ):
         return events
-    if "role" in events.columns and not events.select(
-            pl.col("cat").is_not_null() & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"])).to_series().any():
+    if (
+        "role" in events.columns
+        and not events.select(
+            pl.col("cat").is_not_null() & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"])
+        )
+        .to_series()
+        .any()
+    ):
         return events
     base = events.drop("role", strict=False)
     cols = base.columns
@@ -563,9 +854,17 @@ def ensure_roles(events: pl.DataFrame) -> pl.DataFrame:
 
 def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) -> list[dict]:
     """Annotation-like events no convention explains: [{cat, name, count}], most frequent first."""
-    q = (events.lazy().filter(pl.col("role").is_null() & pl.col("cat").is_not_null()
-                              & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"]))
-         .group_by("cat", "name").len().sort(["len", "cat", "name"], descending=[True, False, False]))
+    q = (
+        events.lazy()
+        .filter(
+            pl.col("role").is_null()
+            & pl.col("cat").is_not_null()
+            & ~pl.col("cat").is_in(["POSIX", "STDIO", "dftracer"])
+        )
+        .group_by("cat", "name")
+        .len()
+        .sort(["len", "cat", "name"], descending=[True, False, False])
+    )
     df = q.collect(engine="streaming") if isinstance(events, pl.LazyFrame) else q.collect()
     # one row per spelling, a handful: filtered in Python (polars' map_elements imports its
     # bytecode inspector, a cost to every analyze, to say so)
@@ -573,10 +872,25 @@ def unknown_annotations(events: pl.DataFrame | pl.LazyFrame, limit: int = 20) ->
     return [{"cat": c, "name": n, "count": int(k)} for c, n, k in rows[:limit]]
 
 
-STEP_SCHEMA = {"pid": pl.Int32, "epoch": pl.Int32, "step": pl.Int32, "ts": pl.Int64, "end": pl.Int64,
-               "wait_us": pl.Int64, "compute_us": pl.Int64, "ckpt_us": pl.Int64, "other_us": pl.Int64,
-               "after_ckpt_us": pl.Int64, "lead_in_us": pl.Int64, "cpu_us": pl.Int64, "cpu_threads": pl.Int64,
-               "batch_size": pl.Int64, "epoch_first": pl.Boolean, "block_first": pl.Boolean, "basis": pl.String}
+STEP_SCHEMA = {
+    "pid": pl.Int32,
+    "epoch": pl.Int32,
+    "step": pl.Int32,
+    "ts": pl.Int64,
+    "end": pl.Int64,
+    "wait_us": pl.Int64,
+    "compute_us": pl.Int64,
+    "ckpt_us": pl.Int64,
+    "other_us": pl.Int64,
+    "after_ckpt_us": pl.Int64,
+    "lead_in_us": pl.Int64,
+    "cpu_us": pl.Int64,
+    "cpu_threads": pl.Int64,
+    "batch_size": pl.Int64,
+    "epoch_first": pl.Boolean,
+    "block_first": pl.Boolean,
+    "basis": pl.String,
+}
 
 
 def evaluation_phase(events: pl.DataFrame) -> pl.Series:
@@ -586,19 +900,47 @@ def evaluation_phase(events: pl.DataFrame) -> pl.Series:
     their parent's. All False when the trace has no evaluation spans."""
     if "role" not in events.columns or not (events["role"] == EVALUATE).any():
         return pl.Series("evaluation", [False] * events.height, dtype=pl.Boolean)
-    spans = (events.filter(pl.col("role") == EVALUATE)
-             .select(pl.col("pid").alias("__owner"), pl.col("ts").alias("__v0"),
-                     (pl.col("ts") + pl.col("dur").fill_null(0)).alias("__v1"))
-             .drop_nulls().sort("__v0"))
+    spans = (
+        events.filter(pl.col("role") == EVALUATE)
+        .select(
+            pl.col("pid").alias("__owner"),
+            pl.col("ts").alias("__v0"),
+            (pl.col("ts") + pl.col("dur").fill_null(0)).alias("__v1"),
+        )
+        .drop_nulls()
+        .sort("__v0")
+    )
     owners = spans["__owner"].unique().implode()
-    parent = pl.col("ppid") if "ppid" in events.columns else pl.lit(None, dtype=events.schema["pid"])
-    ev = events.select("pid", parent.alias("ppid"), "ts", "role").with_row_index("__row").with_columns(
-        pl.when(pl.col("pid").is_in(owners)).then(pl.col("pid"))
-        .when(pl.col("ppid").is_in(owners)).then(pl.col("ppid")).alias("__owner"))
-    hit = (ev.filter(pl.col("__owner").is_not_null() & pl.col("ts").is_not_null()).sort("ts")
-           .join_asof(spans, left_on="ts", right_on="__v0", by="__owner", strategy="backward",
-                      check_sortedness=False)
-           .filter((pl.col("ts") < pl.col("__v1")) & (pl.col("role").is_null() | (pl.col("role") != EVALUATE))))
+    parent = (
+        pl.col("ppid") if "ppid" in events.columns else pl.lit(None, dtype=events.schema["pid"])
+    )
+    ev = (
+        events.select("pid", parent.alias("ppid"), "ts", "role")
+        .with_row_index("__row")
+        .with_columns(
+            pl.when(pl.col("pid").is_in(owners))
+            .then(pl.col("pid"))
+            .when(pl.col("ppid").is_in(owners))
+            .then(pl.col("ppid"))
+            .alias("__owner")
+        )
+    )
+    hit = (
+        ev.filter(pl.col("__owner").is_not_null() & pl.col("ts").is_not_null())
+        .sort("ts")
+        .join_asof(
+            spans,
+            left_on="ts",
+            right_on="__v0",
+            by="__owner",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(
+            (pl.col("ts") < pl.col("__v1"))
+            & (pl.col("role").is_null() | (pl.col("role") != EVALUATE))
+        )
+    )
     mask = np.zeros(events.height, dtype=bool)
     mask[hit["__row"].to_numpy()] = True
     return pl.Series("evaluation", mask)
@@ -635,12 +977,21 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
     a = a.with_columns(pl.col("epoch").fill_null(0))
     spans = epoch_spans(ann).select("pid", pl.col("epoch"), pl.col("ts").alias("e_ts"))
     a = a.join(spans, on=["pid", "epoch"], how="left", maintain_order="left").with_columns(
-        pl.col("end").shift(1).over("pid", "epoch").alias("prev_end"))
-    a = a.with_columns((pl.col("prev_end").is_null()).alias("epoch_first"),
-                       pl.when(pl.col("e_ts") <= pl.col("ts")).then(pl.col("e_ts")).alias("e_ts"))
+        pl.col("end").shift(1).over("pid", "epoch").alias("prev_end")
+    )
+    a = a.with_columns(
+        (pl.col("prev_end").is_null()).alias("epoch_first"),
+        pl.when(pl.col("e_ts") <= pl.col("ts")).then(pl.col("e_ts")).alias("e_ts"),
+    )
     # the fetch wait of each step: the last one ending at or before the anchor starts, after the previous step
-    a = a.sort("ts").join_asof(fetch.sort("f_end"), left_on="ts", right_on="f_end", by="pid", strategy="backward",
-                               check_sortedness=False)
+    a = a.sort("ts").join_asof(
+        fetch.sort("f_end"),
+        left_on="ts",
+        right_on="f_end",
+        by="pid",
+        strategy="backward",
+        check_sortedness=False,
+    )
     after = pl.coalesce("prev_end", "e_ts")
     own = pl.col("f_end").is_not_null() & (after.is_null() | (pl.col("f_end") > after))
     a = a.with_columns(
@@ -649,25 +1000,38 @@ def training_steps(events: pl.DataFrame) -> pl.DataFrame:
         pl.when(own).then(pl.col("f_bs")).alias("batch_size"),
         # an epoch's first step starts at its fetch (the loader's start before it is the epoch's lead-in)
         pl.coalesce("prev_end", pl.when(own).then(pl.col("f_ts")), "e_ts", "ts").alias("gap_start"),
-    ).with_columns(pl.when(pl.col("epoch_first")).then((pl.col("gap_start") - pl.col("e_ts")).clip(lower_bound=0))
-                   .fill_null(0).alias("lead_in_us"))
+    ).with_columns(
+        pl.when(pl.col("epoch_first"))
+        .then((pl.col("gap_start") - pl.col("e_ts")).clip(lower_bound=0))
+        .fill_null(0)
+        .alias("lead_in_us")
+    )
     a = _step_saves(a, ann)
     gap = (pl.col("ts") - pl.col("gap_start")).clip(lower_bound=0)
     ck_gap, ck_in = pl.col("ck_gap").fill_null(0), pl.col("ck_in").fill_null(0)
     wait = pl.coalesce(pl.min_horizontal("fetch_us", gap), (gap - ck_gap).clip(lower_bound=0))
     a = a.with_columns(
         wait.alias("wait_us"),
-        pl.when(pl.col("role") == COMPUTE).then(pl.col("dur")).otherwise((pl.col("dur") - ck_in).clip(lower_bound=0))
+        pl.when(pl.col("role") == COMPUTE)
+        .then(pl.col("dur"))
+        .otherwise((pl.col("dur") - ck_in).clip(lower_bound=0))
         .alias("compute_us"),
         (ck_gap + pl.when(pl.col("role") == COMPUTE).then(0).otherwise(ck_in)).alias("ckpt_us"),
         # from the end of the checkpoints before a step to its batch's arrival (DLIO's t0 .. block start)
-        (pl.coalesce("fetch_end", "ts") - pl.col("ck_end")).clip(lower_bound=0).fill_null(0).alias("after_ckpt_us"),
+        (pl.coalesce("fetch_end", "ts") - pl.col("ck_end"))
+        .clip(lower_bound=0)
+        .fill_null(0)
+        .alias("after_ckpt_us"),
     ).with_columns((gap - pl.col("wait_us") - ck_gap).clip(lower_bound=0).alias("other_us"))
     a = a.with_columns(
         pl.int_range(pl.len()).over("pid", "epoch").alias("step"),
         (pl.col("epoch_first") | (ck_gap > 0) | pl.col("__after_in")).alias("block_first"),
-        pl.col("role").replace_strict({COMPUTE: "compute events", STEP: "loop bodies", FETCH: "fetch waits"},
-                                      return_dtype=pl.String).alias("basis"),
+        pl.col("role")
+        .replace_strict(
+            {COMPUTE: "compute events", STEP: "loop bodies", FETCH: "fetch waits"},
+            return_dtype=pl.String,
+        )
+        .alias("basis"),
     )
     a = _step_cpu(a, ann)
     return a.select(list(STEP_SCHEMA)).cast(STEP_SCHEMA)  # type: ignore[arg-type]
@@ -678,63 +1042,113 @@ def _step_saves(a: pl.DataFrame, ann: pl.DataFrame) -> pl.DataFrame:
     gap before it (``ck_gap``, ending at ``ck_end``) or inside its body (``ck_in``), and
     ``__after_in``: the step follows a body that saved (sorted by pid and time)."""
     # checkpoint saves of each step: in the gap before it, or inside its body
-    saves = ann.filter(pl.col("role") == CKPT_SAVE).select(
-        "pid", pl.col("ts").alias("c_ts"), pl.col("dur").fill_null(0).alias("c_dur")).sort("c_ts")
+    saves = (
+        ann.filter(pl.col("role") == CKPT_SAVE)
+        .select("pid", pl.col("ts").alias("c_ts"), pl.col("dur").fill_null(0).alias("c_dur"))
+        .sort("c_ts")
+    )
     saves = saves.with_columns((pl.col("c_ts") + pl.col("c_dur")).alias("c_end"))
     a = a.sort("pid", "ts").with_row_index("__k")
     if saves.height:
-        hit = (saves.join_asof(a.select("pid", "__k", "gap_start", "ts", "end").sort("gap_start"),
-                               left_on="c_ts", right_on="gap_start", by="pid", strategy="backward",
-                               check_sortedness=False)
-               .filter(pl.col("__k").is_not_null() & (pl.col("c_ts") < pl.col("end")))
-               .group_by("__k").agg(pl.col("c_dur").filter(pl.col("c_ts") < pl.col("ts")).sum().alias("ck_gap"),
-                                    pl.col("c_dur").filter(pl.col("c_ts") >= pl.col("ts")).sum().alias("ck_in"),
-                                    pl.col("c_end").filter(pl.col("c_ts") < pl.col("ts")).max().alias("ck_end"),
-                                    pl.col("c_end").filter(pl.col("c_ts") >= pl.col("ts")).max().alias("ck_in_end")))
+        hit = (
+            saves.join_asof(
+                a.select("pid", "__k", "gap_start", "ts", "end").sort("gap_start"),
+                left_on="c_ts",
+                right_on="gap_start",
+                by="pid",
+                strategy="backward",
+                check_sortedness=False,
+            )
+            .filter(pl.col("__k").is_not_null() & (pl.col("c_ts") < pl.col("end")))
+            .group_by("__k")
+            .agg(
+                pl.col("c_dur").filter(pl.col("c_ts") < pl.col("ts")).sum().alias("ck_gap"),
+                pl.col("c_dur").filter(pl.col("c_ts") >= pl.col("ts")).sum().alias("ck_in"),
+                pl.col("c_end").filter(pl.col("c_ts") < pl.col("ts")).max().alias("ck_end"),
+                pl.col("c_end").filter(pl.col("c_ts") >= pl.col("ts")).max().alias("ck_in_end"),
+            )
+        )
         a = a.join(hit, on="__k", how="left", maintain_order="left")
     else:
-        a = a.with_columns(pl.lit(0, pl.Int64).alias("ck_gap"), pl.lit(0, pl.Int64).alias("ck_in"),
-                           pl.lit(None, pl.Int64).alias("ck_end"), pl.lit(None, pl.Int64).alias("ck_in_end"))
+        a = a.with_columns(
+            pl.lit(0, pl.Int64).alias("ck_gap"),
+            pl.lit(0, pl.Int64).alias("ck_in"),
+            pl.lit(None, pl.Int64).alias("ck_end"),
+            pl.lit(None, pl.Int64).alias("ck_in_end"),
+        )
     # a save at the end of a loop body (a replay's, a script's) is followed by a block like one in the gap
     a = a.sort("pid", "ts").with_columns(
         pl.coalesce("ck_end", pl.col("ck_in_end").shift(1).over("pid", "epoch")).alias("ck_end"),
-        (pl.col("ck_in").shift(1).over("pid", "epoch").fill_null(0) > 0).alias("__after_in"))
+        (pl.col("ck_in").shift(1).over("pid", "epoch").fill_null(0) > 0).alias("__after_in"),
+    )
     return a
 
 
-def _step_anchors(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None, pl.DataFrame | None]:
+def _step_anchors(
+    events: pl.DataFrame,
+) -> tuple[pl.DataFrame, pl.DataFrame | None, pl.DataFrame | None]:
     """(annotation rows, anchors, fetch waits) of :func:`training_steps`: one anchor row per
     training step (pid, epoch, ts, dur, role, end), sorted by pid and time; None when there
     are no steps."""
-    ann = events.filter(pl.col("role").is_not_null()) if "role" in events.columns else events.clear()
+    ann = (
+        events.filter(pl.col("role").is_not_null()) if "role" in events.columns else events.clear()
+    )
     if (ann["role"] == EVALUATE).any():  # evaluation passes' loops are not training steps
         ann = ann.filter(~evaluation_phase(ann))
     loop = ann.filter(pl.col("role").is_in([FETCH, STEP, COMPUTE]))
     if loop.is_empty():
         return ann, None, None
     kinds = loop.group_by("pid").agg(
-        pl.when((pl.col("role") == COMPUTE).any()).then(pl.lit(COMPUTE))
-        .when((pl.col("role") == STEP).any()).then(pl.lit(STEP)).otherwise(pl.lit(FETCH)).alias("kind"))
+        pl.when((pl.col("role") == COMPUTE).any())
+        .then(pl.lit(COMPUTE))
+        .when((pl.col("role") == STEP).any())
+        .then(pl.lit(STEP))
+        .otherwise(pl.lit(FETCH))
+        .alias("kind")
+    )
     fetch = loop.filter((pl.col("role") == FETCH) & (pl.col("batch_size").fill_null(1) > 0)).select(
-        "pid", pl.col("ts").alias("f_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("f_end"),
-        pl.col("dur").fill_null(0).alias("f_dur"), pl.col("batch_size").alias("f_bs"), pl.col("epoch").alias("f_ep"))
-    body = loop.join(kinds, on="pid").filter(pl.col("role") == pl.col("kind")).filter(pl.col("role") != FETCH)
+        "pid",
+        pl.col("ts").alias("f_ts"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("f_end"),
+        pl.col("dur").fill_null(0).alias("f_dur"),
+        pl.col("batch_size").alias("f_bs"),
+        pl.col("epoch").alias("f_ep"),
+    )
+    body = (
+        loop.join(kinds, on="pid")
+        .filter(pl.col("role") == pl.col("kind"))
+        .filter(pl.col("role") != FETCH)
+    )
     anchors = body.select("pid", "epoch", "ts", pl.col("dur").fill_null(0).alias("dur"), "role")
     # consumers with fetch waits only: a step is the time between a batch's arrival and the next wait
     only_fetch = kinds.filter(pl.col("kind") == FETCH)["pid"]
     if only_fetch.len():
-        f = fetch.filter(pl.col("pid").is_in(only_fetch.implode())).sort("pid", "f_ts").with_columns(
-            pl.col("f_ts").shift(-1).over("pid", "f_ep").alias("next"))
-        anchors = pl.concat([anchors, f.filter(pl.col("next").is_not_null()).select(
-            "pid", pl.col("f_ep").alias("epoch"), pl.col("f_end").alias("ts"),
-            (pl.col("next") - pl.col("f_end")).clip(lower_bound=0).alias("dur"),
-            pl.lit(FETCH, dtype=anchors.schema["role"]).alias("role"))])
+        f = (
+            fetch.filter(pl.col("pid").is_in(only_fetch.implode()))
+            .sort("pid", "f_ts")
+            .with_columns(pl.col("f_ts").shift(-1).over("pid", "f_ep").alias("next"))
+        )
+        anchors = pl.concat(
+            [
+                anchors,
+                f.filter(pl.col("next").is_not_null()).select(
+                    "pid",
+                    pl.col("f_ep").alias("epoch"),
+                    pl.col("f_end").alias("ts"),
+                    (pl.col("next") - pl.col("f_end")).clip(lower_bound=0).alias("dur"),
+                    pl.lit(FETCH, dtype=anchors.schema["role"]).alias("role"),
+                ),
+            ]
+        )
     if anchors.is_empty():
         return ann, None, fetch
     # nested anchors (a compute inside a compute) count once: keep those starting after the previous end
     a = anchors.sort("pid", "ts").with_columns((pl.col("ts") + pl.col("dur")).alias("end"))
-    a = a.with_columns(pl.col("end").cum_max().shift(1).over("pid").alias("__prev_max")).filter(
-        pl.col("__prev_max").is_null() | (pl.col("ts") >= pl.col("__prev_max"))).drop("__prev_max")
+    a = (
+        a.with_columns(pl.col("end").cum_max().shift(1).over("pid").alias("__prev_max"))
+        .filter(pl.col("__prev_max").is_null() | (pl.col("ts") >= pl.col("__prev_max")))
+        .drop("__prev_max")
+    )
     return ann, a, fetch
 
 
@@ -748,20 +1162,34 @@ def _step_cpu(steps: pl.DataFrame, ann: pl.DataFrame) -> pl.DataFrame:
     """``steps`` (with ``compute_us``) with ``cpu_us``/``cpu_threads``: the CPU of the measured
     loop body (``step`` role) each one starts in, times the step's compute share of that
     body's wall time (a body holding a save, or several compute events, shares it out)."""
-    none = steps.with_columns(pl.lit(None, pl.Int64).alias("cpu_us"), pl.lit(None, pl.Int64).alias("cpu_threads"))
+    none = steps.with_columns(
+        pl.lit(None, pl.Int64).alias("cpu_us"), pl.lit(None, pl.Int64).alias("cpu_threads")
+    )
     if "cpu_time" not in ann.columns:
         return none
     bodies = ann.filter((pl.col("role") == STEP) & pl.col("cpu_time").is_not_null())
     if bodies.is_empty():
         return none
-    bodies = bodies.select("pid", pl.col("ts").alias("b_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)).alias("b_end"),
-                           pl.col("cpu_time").cast(pl.Int64).alias("b_cpu"),
-                           pl.col("cpu_threads").cast(pl.Int64).alias("b_threads")).sort("b_ts")
-    out = steps.sort("ts").join_asof(bodies, left_on="ts", right_on="b_ts", by="pid", strategy="backward",
-                                     check_sortedness=False)
-    inside = pl.col("b_ts").is_not_null() & ((pl.col("ts") < pl.col("b_end")) | (pl.col("ts") == pl.col("b_ts")))
+    bodies = bodies.select(
+        "pid",
+        pl.col("ts").alias("b_ts"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("b_end"),
+        pl.col("cpu_time").cast(pl.Int64).alias("b_cpu"),
+        pl.col("cpu_threads").cast(pl.Int64).alias("b_threads"),
+    ).sort("b_ts")
+    out = steps.sort("ts").join_asof(
+        bodies, left_on="ts", right_on="b_ts", by="pid", strategy="backward", check_sortedness=False
+    )
+    inside = pl.col("b_ts").is_not_null() & (
+        (pl.col("ts") < pl.col("b_end")) | (pl.col("ts") == pl.col("b_ts"))
+    )
     wall = pl.col("b_end") - pl.col("b_ts")
     share = pl.when(wall > 0).then((pl.col("compute_us") / wall).clip(0.0, 1.0)).otherwise(1.0)
-    return out.with_columns(pl.when(inside).then((pl.col("b_cpu") * share).round(0).cast(pl.Int64)).alias("cpu_us"),
-                            pl.when(inside).then(pl.col("b_threads")).alias("cpu_threads")
-                            ).drop("b_ts", "b_end", "b_cpu", "b_threads").sort("pid", "ts")
+    return (
+        out.with_columns(
+            pl.when(inside).then((pl.col("b_cpu") * share).round(0).cast(pl.Int64)).alias("cpu_us"),
+            pl.when(inside).then(pl.col("b_threads")).alias("cpu_threads"),
+        )
+        .drop("b_ts", "b_end", "b_cpu", "b_threads")
+        .sort("pid", "ts")
+    )

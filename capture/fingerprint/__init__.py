@@ -76,7 +76,9 @@ FINGERPRINT_FORMAT_VERSION = 1
 _NOT_DATA = {".py", ".pyc", ".so", ".log", ".pfw", ".gz", ".yaml", ".yml", ".md", ".lock", ".pid"}
 
 
-def _group_sizes(paths: list[str], limits: FingerprintLimits) -> tuple[int, bool, dict[str, float] | None, int]:
+def _group_sizes(
+    paths: list[str], limits: FingerprintLimits
+) -> tuple[int, bool, dict[str, float] | None, int]:
     """(total bytes, estimated?, size quantiles, unreadable count) from stat of all or a spread subset."""
     idx = spread(len(paths), limits.max_stat)
     sizes: list[int] = []
@@ -94,14 +96,21 @@ def _group_sizes(paths: list[str], limits: FingerprintLimits) -> tuple[int, bool
     return total, estimated, quantiles(arr), bad
 
 
-def _fingerprint_group(root: str, ext: str, paths: list[str], limits: FingerprintLimits,
-                       problems: list[str]) -> dict[str, Any]:
+def _fingerprint_group(
+    root: str, ext: str, paths: list[str], limits: FingerprintLimits, problems: list[str]
+) -> dict[str, Any]:
     """One group (files of one extension under one root): sizes, format, and the files
     sampled; what could not be read goes to *problems*."""
     paths.sort()
     total, estimated, sizes, unstat = _group_sizes(paths, limits)
-    group: dict[str, Any] = {"root": root, "extension": ext, "files": len(paths), "bytes": total,
-                             "bytes_estimated": estimated, "file_size": sizes}
+    group: dict[str, Any] = {
+        "root": root,
+        "extension": ext,
+        "files": len(paths),
+        "bytes": total,
+        "bytes_estimated": estimated,
+        "file_size": sizes,
+    }
     files: list[dict[str, Any]] = []
     formats: Counter[str] = Counter()
     unreadable: Counter[str] = Counter()
@@ -112,7 +121,11 @@ def _fingerprint_group(root: str, ext: str, paths: list[str], limits: Fingerprin
             with open(path, "rb") as fh:
                 head = fh.read(64)
         except OSError as exc:
-            unreadable["permission denied" if isinstance(exc, PermissionError) else (exc.strerror or str(exc))] += 1
+            unreadable[
+                "permission denied"
+                if isinstance(exc, PermissionError)
+                else (exc.strerror or str(exc))
+            ] += 1
             continue
         fmt = detect_format(head, ext)
         if fmt is None:
@@ -124,8 +137,14 @@ def _fingerprint_group(root: str, ext: str, paths: list[str], limits: Fingerprin
             unreadable[str(exc)] += 1
             continue
         formats[entry["format"]] += 1
-        files.append({"path": os.path.relpath(path, root) if os.path.isdir(root) else os.path.basename(path),
-                      **entry})
+        files.append(
+            {
+                "path": os.path.relpath(path, root)
+                if os.path.isdir(root)
+                else os.path.basename(path),
+                **entry,
+            }
+        )
     where = f"{root} ({ext or 'no extension'}, {len(paths)} file{'s' if len(paths) != 1 else ''})"
     if unstat and not unreadable:
         problems.append(f"{where}: {unstat} file(s) could not be stat'ed")
@@ -139,9 +158,12 @@ def _fingerprint_group(root: str, ext: str, paths: list[str], limits: Fingerprin
     return group
 
 
-def fingerprint_dataset(roots: Sequence[str | os.PathLike[str]] = (), files: Iterable[str] = (),
-                        limits: FingerprintLimits = DEFAULT_LIMITS,
-                        skip: Sequence[str | os.PathLike[str]] = ()) -> dict[str, Any]:
+def fingerprint_dataset(
+    roots: Sequence[str | os.PathLike[str]] = (),
+    files: Iterable[str] = (),
+    limits: FingerprintLimits = DEFAULT_LIMITS,
+    skip: Sequence[str | os.PathLike[str]] = (),
+) -> dict[str, Any]:
     """Fingerprint the dataset trees *roots* and, when no root is given, the listed *files*.
 
     *files* (e.g. the files a job opened) are grouped by parent directory and extension.
@@ -166,15 +188,21 @@ def fingerprint_dataset(roots: Sequence[str | os.PathLike[str]] = (), files: Ite
         "units": "bytes; shapes and chunks in elements; seconds",
         "seconds": round(time.perf_counter() - t0, 4),
         "limits": asdict(limits),
-        "roots": [{"path": x.root, "listed": x.listed, "listing": "complete" if x.complete else "partial"}
-                  for x in listings],
+        "roots": [
+            {"path": x.root, "listed": x.listed, "listing": "complete" if x.complete else "partial"}
+            for x in listings
+        ],
         "groups": groups,
         "problems": problems,
     }
 
 
-def _list_roots(roots: Sequence[str | os.PathLike[str]], limits: FingerprintLimits, skip: frozenset[str],
-                problems: list[str]) -> list[Listing]:
+def _list_roots(
+    roots: Sequence[str | os.PathLike[str]],
+    limits: FingerprintLimits,
+    skip: frozenset[str],
+    problems: list[str],
+) -> list[Listing]:
     """The listing of each root; why one is incomplete goes to *problems*."""
     listings: list[Listing] = []
     for r in roots:
@@ -183,8 +211,10 @@ def _list_roots(roots: Sequence[str | os.PathLike[str]], limits: FingerprintLimi
         if listing.problem:
             problems.append(listing.problem)
         if not listing.complete:
-            problems.append(f"{root}: listing stopped after {listing.listed:,} files "
-                            f"({limits.list_seconds:g} s / {limits.max_listed:,} files); sampled from those")
+            problems.append(
+                f"{root}: listing stopped after {listing.listed:,} files "
+                f"({limits.list_seconds:g} s / {limits.max_listed:,} files); sampled from those"
+            )
         listings.append(listing)
     return listings
 
@@ -196,8 +226,13 @@ def _list_files(files: Iterable[str]) -> list[Listing]:
         p = os.path.abspath(f)
         if os.path.basename(p).startswith("."):
             continue
-        by_dir.setdefault(os.path.dirname(p), {}).setdefault(os.path.splitext(p)[1].lower(), []).append(p)
-    return [Listing(root=d, groups=by_ext, listed=sum(map(len, by_ext.values()))) for d, by_ext in sorted(by_dir.items())]
+        by_dir.setdefault(os.path.dirname(p), {}).setdefault(
+            os.path.splitext(p)[1].lower(), []
+        ).append(p)
+    return [
+        Listing(root=d, groups=by_ext, listed=sum(map(len, by_ext.values())))
+        for d, by_ext in sorted(by_dir.items())
+    ]
 
 
 def write_fingerprint(doc: dict[str, Any], trace_dir: str | os.PathLike[str]) -> Path:
@@ -219,16 +254,24 @@ def read_fingerprint(trace_dir: str | os.PathLike[str]) -> dict[str, Any] | None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ArtifactVersionError(f"{path}: not a readable dataset fingerprint ({exc}); delete it or "
-                                   f"pass --data-dir to fingerprint the dataset again") from None
+        raise ArtifactVersionError(
+            f"{path}: not a readable dataset fingerprint ({exc}); delete it or "
+            f"pass --data-dir to fingerprint the dataset again"
+        ) from None
     if not isinstance(doc, dict) or doc.get("schema") != FINGERPRINT_SCHEMA:
-        raise ArtifactVersionError(f"{path}: not a dlreplay dataset fingerprint (schema "
-                                   f"{doc.get('schema') if isinstance(doc, dict) else None!r}, expected "
-                                   f"{FINGERPRINT_SCHEMA!r})")
+        raise ArtifactVersionError(
+            f"{path}: not a dlreplay dataset fingerprint (schema "
+            f"{doc.get('schema') if isinstance(doc, dict) else None!r}, expected "
+            f"{FINGERPRINT_SCHEMA!r})"
+        )
     version = doc.get("format_version")
     if not isinstance(version, int) or version > FINGERPRINT_FORMAT_VERSION:
-        raise ArtifactVersionError(f"{path}: format_version {version!r} is newer than this dlreplay reads "
-                                   f"({FINGERPRINT_FORMAT_VERSION}); upgrade dlreplay")
+        raise ArtifactVersionError(
+            f"{path}: format_version {version!r} is newer than this dlreplay reads "
+            f"({FINGERPRINT_FORMAT_VERSION}); upgrade dlreplay"
+        )
     if not isinstance(doc.get("groups"), list):
-        raise ArtifactVersionError(f"{path}: no 'groups' list; delete it or fingerprint the dataset again")
+        raise ArtifactVersionError(
+            f"{path}: no 'groups' list; delete it or fingerprint the dataset again"
+        )
     return doc

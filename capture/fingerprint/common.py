@@ -51,5 +51,10 @@ def quantiles(arr: np.ndarray) -> dict[str, float]:
     """min, max, mean, stdev and the 25th..99th percentiles of *arr*."""
     a = np.asarray(arr, dtype=float)
     qs = np.percentile(a, [25, 50, 75, 90, 99])
-    return {"min": float(a.min()), "max": float(a.max()), "mean": float(a.mean()), "stdev": float(a.std()),
-            **{f"p{q}": float(v) for q, v in zip((25, 50, 75, 90, 99), qs, strict=True)}}
+    return {
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "mean": float(a.mean()),
+        "stdev": float(a.std()),
+        **{f"p{q}": float(v) for q, v in zip((25, 50, 75, 90, 99), qs, strict=True)},
+    }

@@ -41,7 +41,13 @@ def inspect_csv(path: str, limits: FingerprintLimits) -> dict[str, Any]:
     size = os.path.getsize(path)
     rows = len(body) if complete else round(len(body) * size / max(len(head), 1))
     names = first if header else [f"column_{i}" for i in range(len(first))]
-    return {"rows": int(rows), "rows_exact": complete, "header": header, "delimiter": delimiter,
-            "header_bytes": len(lines[0]) + 1 if header else 0,
-            "columns": [{"name": n, "type": "str"} for n in names], "line_bytes": quantiles(lengths),
-            "line_bytes_sample": [int(x) for x in lengths[:64]]}
+    return {
+        "rows": int(rows),
+        "rows_exact": complete,
+        "header": header,
+        "delimiter": delimiter,
+        "header_bytes": len(lines[0]) + 1 if header else 0,
+        "columns": [{"name": n, "type": "str"} for n in names],
+        "line_bytes": quantiles(lengths),
+        "line_bytes_sample": [int(x) for x in lengths[:64]],
+    }

@@ -58,8 +58,9 @@ def _looks_text(head: bytes) -> bool:
     return b"\x00" not in head
 
 
-def fingerprint_file(path: str, fmt: str, limits: FingerprintLimits = DEFAULT_LIMITS,
-                     probe_level: bool = True) -> dict[str, Any]:
+def fingerprint_file(
+    path: str, fmt: str, limits: FingerprintLimits = DEFAULT_LIMITS, probe_level: bool = True
+) -> dict[str, Any]:
     """The layout of one file as a JSON-ready dict (``bytes``, ``format`` and format fields).
 
     Raises :class:`Unreadable` (a one-line reason) when the file cannot be inspected.

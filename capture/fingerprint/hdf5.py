@@ -15,8 +15,9 @@ _FS_STRATEGIES = {0: "fsm_aggr", 1: "page", 2: "aggr", 3: "none"}
 _LAYOUTS = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
 
 
-def _chunk_addresses(dset: Any, grid: Sequence[int], limit: int
-                     ) -> tuple[list[tuple[tuple[int, ...], int, int]], int, bool]:
+def _chunk_addresses(
+    dset: Any, grid: Sequence[int], limit: int
+) -> tuple[list[tuple[tuple[int, ...], int, int]], int, bool]:
     """(logical offset, file address, stored bytes) of chunks, the chunks allocated, and
     whether that count is estimated.
 
@@ -29,7 +30,9 @@ def _chunk_addresses(dset: Any, grid: Sequence[int], limit: int
     out: list[tuple[tuple[int, ...], int, int]] = []
     if total <= limit:
         if hasattr(dsid, "chunk_iter"):
-            dsid.chunk_iter(lambda info: out.append((tuple(info.chunk_offset), info.byte_offset, info.size)))
+            dsid.chunk_iter(
+                lambda info: out.append((tuple(info.chunk_offset), info.byte_offset, info.size))
+            )
         else:
             for i in range(dsid.get_num_chunks()):
                 info = dsid.get_chunk_info(i)
@@ -37,7 +40,9 @@ def _chunk_addresses(dset: Any, grid: Sequence[int], limit: int
         return out, len(out), False
     probes = spread(total, min(limit, 1024))
     for i in probes:
-        coord = tuple(int(c) * int(k) for c, k in zip(np.unravel_index(i, grid), dset.chunks, strict=True))
+        coord = tuple(
+            int(c) * int(k) for c, k in zip(np.unravel_index(i, grid), dset.chunks, strict=True)
+        )
         info = dsid.get_chunk_info_by_coord(coord)
         if info.byte_offset is not None:
             out.append((coord, info.byte_offset, info.size))
@@ -56,15 +61,18 @@ def _attr_bytes(obj: Any) -> tuple[int, int, int]:
             aid = h5py.h5a.open(obj.id, name.encode() if isinstance(name, str) else name)
             total += aid.get_storage_size()
             text = h5py.check_string_dtype(aid.dtype)
-            if (text is not None and text.length is None) or h5py.check_vlen_dtype(aid.dtype) is not None:
+            if (text is not None and text.length is None) or h5py.check_vlen_dtype(
+                aid.dtype
+            ) is not None:
                 vlen += 1
         except Exception:  # an attribute of a type h5py cannot open
             pass
     return len(names), total, vlen
 
 
-def _hdf5_dataset(name: str, dset: Any, limits: FingerprintLimits, addresses: list[tuple[int, int]]
-                  ) -> dict[str, Any]:
+def _hdf5_dataset(
+    name: str, dset: Any, limits: FingerprintLimits, addresses: list[tuple[int, int]]
+) -> dict[str, Any]:
     """One dataset's layout; the file addresses of its raw data (a contiguous dataset's, or
     its first chunks') are added to *addresses*."""
     dcpl = dset.id.get_create_plist()
@@ -112,19 +120,32 @@ def _filters(dset: Any, dcpl: Any) -> dict[str, Any]:
     """The dataset's filters that are set, and the ids of those h5py does not name."""
     import h5py
 
-    filters = {"compression": dset.compression, "compression_opts": dset.compression_opts,
-               "shuffle": bool(dset.shuffle), "fletcher32": bool(dset.fletcher32), "scaleoffset": dset.scaleoffset}
+    filters = {
+        "compression": dset.compression,
+        "compression_opts": dset.compression_opts,
+        "shuffle": bool(dset.shuffle),
+        "fletcher32": bool(dset.fletcher32),
+        "scaleoffset": dset.scaleoffset,
+    }
     out = {k: v for k, v in filters.items() if v not in (None, False)}
     nfilters = dcpl.get_nfilters()
-    known = {h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32,
-             h5py.h5z.FILTER_SZIP, h5py.h5z.FILTER_SCALEOFFSET, 32000}  # 32000: lzf
+    known = {
+        h5py.h5z.FILTER_DEFLATE,
+        h5py.h5z.FILTER_SHUFFLE,
+        h5py.h5z.FILTER_FLETCHER32,
+        h5py.h5z.FILTER_SZIP,
+        h5py.h5z.FILTER_SCALEOFFSET,
+        32000,
+    }  # 32000: lzf
     others = [dcpl.get_filter(i)[0] for i in range(nfilters) if dcpl.get_filter(i)[0] not in known]
     if others:
         out["other_filter_ids"] = others
     return out
 
 
-def _chunked_storage(dset: Any, limits: FingerprintLimits, addresses: list[tuple[int, int]]) -> dict[str, Any]:
+def _chunked_storage(
+    dset: Any, limits: FingerprintLimits, addresses: list[tuple[int, int]]
+) -> dict[str, Any]:
     """A chunked dataset's storage: chunks allocated of the grid, their stored bytes, where the
     first sits and whether the file holds them in logical order."""
     grid = [-(-s // c) for s, c in zip(dset.shape, dset.chunks, strict=True)]
@@ -133,7 +154,9 @@ def _chunked_storage(dset: Any, limits: FingerprintLimits, addresses: list[tuple
     d: dict[str, Any] = {"chunks_allocated": allocated, "chunks_total": total}
     if estimated:  # the stored size of every chunk would read the whole chunk index
         d["chunks_estimated"] = True
-        d["stored_bytes"] = round(float(np.mean([c[2] for c in chunks])) * allocated) if chunks else 0
+        d["stored_bytes"] = (
+            round(float(np.mean([c[2] for c in chunks])) * allocated) if chunks else 0
+        )
     else:
         d["stored_bytes"] = sum(c[2] for c in chunks)
     if chunks:
@@ -144,8 +167,11 @@ def _chunked_storage(dset: Any, limits: FingerprintLimits, addresses: list[tuple
         inc = float((np.diff(offsets) > 0).mean()) if offsets.size > 1 else 1.0
         d["chunk_order"] = "sequential" if inc >= 0.9 else "scattered"
         d["chunk_increasing"] = round(inc, 4)
-        d["chunk_stored_bytes"] = {"min": int(sizes.min()), "median": float(np.median(sizes)),
-                                   "max": int(sizes.max())}
+        d["chunk_stored_bytes"] = {
+            "min": int(sizes.min()),
+            "median": float(np.median(sizes)),
+            "max": int(sizes.max()),
+        }
         addresses.extend((int(o), int(s)) for o, s in zip(offsets[:64], sizes[:64], strict=True))
     return d
 
@@ -173,7 +199,10 @@ def _alignment(addresses: list[tuple[int, int]]) -> tuple[int, int] | None:
     interval = 1 << 24
     while interval >= 4096:
         if all(a % interval == 0 for a, _ in ordered):
-            padded = any((a + n) % interval and b > a + n for (a, n), (b, _) in zip(ordered, ordered[1:], strict=False))
+            padded = any(
+                (a + n) % interval and b > a + n
+                for (a, n), (b, _) in zip(ordered, ordered[1:], strict=False)
+            )
             return (min(n for _, n in ordered), interval) if padded else None
         interval >>= 1
     return None
@@ -183,7 +212,9 @@ def _alignment(addresses: list[tuple[int, int]]) -> tuple[int, int] | None:
 _DEFAULT_META_BLOCK = 2048
 
 
-def _meta_block_size(addresses: list[tuple[int, int]], userblock: int, alignment: int | None) -> int | None:
+def _meta_block_size(
+    addresses: list[tuple[int, int]], userblock: int, alignment: int | None
+) -> int | None:
     """The writer's metadata block size (``H5Pset_meta_block_size``; h5py's
     ``File(meta_block_size=)``), where the file shows it: HDF5 allocates metadata (superblock,
     object headers, chunk indexes) from a block of that size and raw data after it, so the
@@ -211,8 +242,11 @@ def inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
     with h5py.File(path, "r") as f:
         fcpl = f.id.get_create_plist()
         version = fcpl.get_version()
-        out: dict[str, Any] = {"superblock_version": int(version[0]), "userblock_size": int(fcpl.get_userblock()),
-                               "offset_bytes": int(fcpl.get_sizes()[0])}
+        out: dict[str, Any] = {
+            "superblock_version": int(version[0]),
+            "userblock_size": int(fcpl.get_userblock()),
+            "offset_bytes": int(fcpl.get_sizes()[0]),
+        }
         try:
             strategy, _persist, _threshold = fcpl.get_file_space_strategy()
             out["file_space_strategy"] = _FS_STRATEGIES.get(int(strategy), str(strategy))
@@ -220,7 +254,9 @@ def inspect_hdf5(path: str, limits: FingerprintLimits) -> dict[str, Any]:
                 out["file_space_page_size"] = int(fcpl.get_file_space_page_size())
         except Exception:  # older HDF5 without file-space strategies
             pass
-        out["root_attributes"], out["root_attribute_bytes"], out["root_vlen_attributes"] = _attr_bytes(f)
+        out["root_attributes"], out["root_attribute_bytes"], out["root_vlen_attributes"] = (
+            _attr_bytes(f)
+        )
 
         # Links walked depth first in h5py's link order (by name unless track_order), as
         # visititems goes; not visititems itself, whose object info reads every chunk index.

@@ -61,9 +61,21 @@ def _jpeg_segments(path: str) -> tuple[dict[str, int], int]:
             if len(raw) < 2:
                 break
             (length,) = struct.unpack(">H", raw)
-            name = ("APP0" if marker == 0xE0 else "APPn" if 0xE1 <= marker <= 0xEF else "COM" if marker == 0xFE
-                    else "DHT" if marker == 0xC4 else "DRI" if marker == 0xDD else "SOS" if marker == 0xDA
-                    else f"M{marker:02X}")
+            name = (
+                "APP0"
+                if marker == 0xE0
+                else "APPn"
+                if 0xE1 <= marker <= 0xEF
+                else "COM"
+                if marker == 0xFE
+                else "DHT"
+                if marker == 0xC4
+                else "DRI"
+                if marker == 0xDD
+                else "SOS"
+                if marker == 0xDA
+                else f"M{marker:02X}"
+            )
             if name == "SOS":
                 break
             if name == "DRI":
@@ -90,9 +102,14 @@ def inspect_jpeg(path: str) -> dict[str, Any]:
     bands = 1 if mode in ("L", "1") else 3
     optimize = (not progressive) and segments.get("DHT", 0) != _STD_DHT.get(bands, -1)
     return {
-        "width": width, "height": height, "mode": mode,
-        "quality": jpeg_quality(tables[0]) if tables else None, "qtables": tables,
-        "subsampling": _SAMPLING.get(sampling), "progressive": progressive, "optimize": optimize,
+        "width": width,
+        "height": height,
+        "mode": mode,
+        "quality": jpeg_quality(tables[0]) if tables else None,
+        "qtables": tables,
+        "subsampling": _SAMPLING.get(sampling),
+        "progressive": progressive,
+        "optimize": optimize,
         "restart_interval": restart,
         "extra_bytes": segments.get("APPn", 0) + segments.get("COM", 0),
     }

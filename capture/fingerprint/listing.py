@@ -14,8 +14,27 @@ from .common import FingerprintLimits
 
 #: Extensions the fingerprint treats as dataset files when picking opened files.
 DATASET_EXTENSIONS = {
-    ".npz", ".npy", ".h5", ".hdf5", ".hdf", ".he5", ".nc", ".jpg", ".jpeg", ".png", ".tfrecord",
-    ".tfrecords", ".csv", ".tsv", ".parquet", ".pq", ".bin", ".idx", ".raw", ".dat", ".zip",
+    ".npz",
+    ".npy",
+    ".h5",
+    ".hdf5",
+    ".hdf",
+    ".he5",
+    ".nc",
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".tfrecord",
+    ".tfrecords",
+    ".csv",
+    ".tsv",
+    ".parquet",
+    ".pq",
+    ".bin",
+    ".idx",
+    ".raw",
+    ".dat",
+    ".zip",
 }
 
 
@@ -54,8 +73,14 @@ def list_tree(root: str, limits: FingerprintLimits, skip: frozenset[str]) -> Lis
     return out
 
 
-def _scan_dir(d: str, out: Listing, stack: list[str], limits: FingerprintLimits, deadline: float,
-              skip: frozenset[str]) -> bool:
+def _scan_dir(
+    d: str,
+    out: Listing,
+    stack: list[str],
+    limits: FingerprintLimits,
+    deadline: float,
+    skip: frozenset[str],
+) -> bool:
     """List the directory *d* into *out* and push its subdirectories on *stack*; False when
     the listing reached its bound (entries, or time) and stops there."""
     with os.scandir(d) as it:
@@ -73,7 +98,9 @@ def _scan_dir(d: str, out: Listing, stack: list[str], limits: FingerprintLimits,
                 continue
             out.groups.setdefault(os.path.splitext(e.name)[1].lower(), []).append(e.path)
             out.listed += 1
-            if out.listed >= limits.max_listed or (out.listed & 1023 == 0 and time.monotonic() > deadline):
+            if out.listed >= limits.max_listed or (
+                out.listed & 1023 == 0 and time.monotonic() > deadline
+            ):
                 return False
     return True
 
@@ -101,7 +128,9 @@ def _unlistable(out: Listing, d: str, exc: OSError) -> int:
 _FH_NAME = re.compile(rb'"name":"FH".*?"name":"((?:[^"\\]|\\.)*)"')
 
 
-def opened_files(trace_files: Iterable[str | os.PathLike[str]], max_bytes: int = 256 << 20) -> list[str]:
+def opened_files(
+    trace_files: Iterable[str | os.PathLike[str]], max_bytes: int = 256 << 20
+) -> list[str]:
     """Paths of dataset-like files named in DFTracer's ``FH`` records of *trace_files*.
 
     Only files with a dataset extension (:data:`DATASET_EXTENSIONS`) outside the Python
@@ -123,6 +152,8 @@ def opened_files(trace_files: Iterable[str | os.PathLike[str]], max_bytes: int =
             continue
         for m in _FH_NAME.finditer(text):
             name = m.group(1).decode("utf-8", "replace").replace("\\/", "/")
-            if os.path.splitext(name)[1].lower() in DATASET_EXTENSIONS and not name.startswith(prefixes):
+            if os.path.splitext(name)[1].lower() in DATASET_EXTENSIONS and not name.startswith(
+                prefixes
+            ):
                 found.add(name)
     return sorted(f for f in found if os.path.isfile(f))

@@ -28,7 +28,7 @@ def _local_extra_ids(fh: io.BufferedReader, header_offset: int) -> list[int]:
     extra = fh.read(extra_len)
     ids, pos = [], 0
     while pos + 4 <= len(extra):
-        hid, hlen = struct.unpack("<HH", extra[pos:pos + 4])
+        hid, hlen = struct.unpack("<HH", extra[pos : pos + 4])
         ids.append(hid)
         pos += 4 + hlen
     return ids
@@ -61,7 +61,8 @@ def inspect_zip(path: str, limits: FingerprintLimits, probe_level: bool) -> dict
             m: dict[str, Any] = {
                 "name": info.filename,
                 "storage": {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}.get(
-                    info.compress_type, f"method-{info.compress_type}"),
+                    info.compress_type, f"method-{info.compress_type}"
+                ),
                 "stored_bytes": info.compress_size,
                 "logical_bytes": info.file_size,
                 "offset": info.header_offset,
@@ -71,14 +72,26 @@ def inspect_zip(path: str, limits: FingerprintLimits, probe_level: bool) -> dict
             if info.filename.endswith(".npy"):
                 with zf.open(info) as f:
                     version, shape, fortran, dtype = _npy_header(f)
-                    m.update(dtype=dtype.str if dtype.names is None else str(dtype.descr), shape=list(shape),
-                             fortran_order=bool(fortran), npy_version=list(version),
-                             npy_header_bytes=f.tell() if info.compress_type == zipfile.ZIP_STORED else None)
-            if (probe_level and info.compress_type == zipfile.ZIP_DEFLATED
-                    and 0 < info.file_size <= limits.level_probe_bytes):
+                    m.update(
+                        dtype=dtype.str if dtype.names is None else str(dtype.descr),
+                        shape=list(shape),
+                        fortran_order=bool(fortran),
+                        npy_version=list(version),
+                        npy_header_bytes=f.tell()
+                        if info.compress_type == zipfile.ZIP_STORED
+                        else None,
+                    )
+            if (
+                probe_level
+                and info.compress_type == zipfile.ZIP_DEFLATED
+                and 0 < info.file_size <= limits.level_probe_bytes
+            ):
                 m["level"] = _deflate_level(zf.read(info), info.compress_size)
             members.append(m)
-    out: dict[str, Any] = {"format": "npz" if all_npy or path.endswith(".npz") else "zip", "members": members}
+    out: dict[str, Any] = {
+        "format": "npz" if all_npy or path.endswith(".npz") else "zip",
+        "members": members,
+    }
     if len(infos) > limits.max_objects:
         out["members_omitted"] = len(infos) - limits.max_objects
     return out
@@ -99,6 +112,12 @@ def inspect_npy(path: str) -> dict[str, Any]:
     with open(path, "rb") as fh:
         version, shape, fortran, dtype = _npy_header(fh)
         header = fh.tell()
-    member = {"name": "", "dtype": dtype.str if dtype.names is None else str(dtype.descr), "shape": list(shape),
-              "fortran_order": bool(fortran), "npy_version": list(version), "npy_header_bytes": header}
+    member = {
+        "name": "",
+        "dtype": dtype.str if dtype.names is None else str(dtype.descr),
+        "shape": list(shape),
+        "fortran_order": bool(fortran),
+        "npy_version": list(version),
+        "npy_header_bytes": header,
+    }
     return {"members": [member]}

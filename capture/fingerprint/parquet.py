@@ -71,7 +71,9 @@ class _Compact:
         if kind in (3, 4, 5, 6):
             self.varint() if kind != 3 else self._byte()
         elif kind in (7, 8):
-            n = 8 if kind == 7 else self.varint()  # (read before pos: ``pos += varint()`` would lose its bytes)
+            n = (
+                8 if kind == 7 else self.varint()
+            )  # (read before pos: ``pos += varint()`` would lose its bytes)
             self.pos += n
             if self.pos > len(self.buf):
                 raise _ThriftError("header runs past the bytes read")
@@ -133,7 +135,12 @@ def _page_headers(fh: Any, start: int, length: int, budget: int) -> list[tuple[i
                     raise
                 want *= 8
         kind, raw, stored = head.get(1), head.get(2), head.get(3)
-        if not isinstance(kind, int) or not isinstance(raw, int) or not isinstance(stored, int) or stored < 0:
+        if (
+            not isinstance(kind, int)
+            or not isinstance(raw, int)
+            or not isinstance(stored, int)
+            or stored < 0
+        ):
             raise _ThriftError("page header without its type and sizes")
         sub = head.get({_DATA_PAGE: 5, _DICTIONARY_PAGE: 7, _DATA_PAGE_V2: 8}.get(kind, -1), {})
         values = sub.get(1, 0) if isinstance(sub, dict) else 0
@@ -174,7 +181,9 @@ def _column_pages(fh: Any, meta: Any, j: int, budget: int) -> tuple[dict[str, An
         if budget <= 0:
             break
         c = meta.row_group(i).column(j)
-        starts = [x for x in (c.dictionary_page_offset, c.data_page_offset) if x is not None and x > 0]
+        starts = [
+            x for x in (c.dictionary_page_offset, c.data_page_offset) if x is not None and x > 0
+        ]
         if not starts:
             continue
         pages = _page_headers(fh, min(starts), c.total_compressed_size, budget)
@@ -185,11 +194,13 @@ def _column_pages(fh: Any, meta: Any, j: int, budget: int) -> tuple[dict[str, An
         cut = data[:-1] if len(data) > 1 else data
         full += [p[1] for p in cut]
         values += [p[3] for p in cut]
-    column = {"data_pages": round(float(np.mean(counts)), 3) if counts else None,
-              "page_bytes": int(np.median(full)) if full else None,
-              "page_values": int(np.median(values)) if values else None,
-              "page_version": max(versions) if versions else None,
-              "_values": values}
+    column = {
+        "data_pages": round(float(np.mean(counts)), 3) if counts else None,
+        "page_bytes": int(np.median(full)) if full else None,
+        "page_values": int(np.median(values)) if values else None,
+        "page_version": max(versions) if versions else None,
+        "_values": values,
+    }
     return column, budget
 
 
@@ -207,9 +218,13 @@ def _writer_pages(per: list[dict[str, Any]]) -> dict[str, Any]:
     versions = {c["page_version"] for c in per if c["page_version"]}
     for c in per:
         del c["_values"]
-    return {"columns": per, "data_page_size": first["page_bytes"] if first else None,
-            "data_page_values": first["page_values"] if first else None, "data_page_batch": batch,
-            "data_page_version": max(versions) if versions else None}
+    return {
+        "columns": per,
+        "data_page_size": first["page_bytes"] if first else None,
+        "data_page_values": first["page_values"] if first else None,
+        "data_page_batch": batch,
+        "data_page_version": max(versions) if versions else None,
+    }
 
 
 def inspect_parquet(path: str) -> dict[str, Any]:
@@ -221,10 +236,21 @@ def inspect_parquet(path: str) -> dict[str, Any]:
         import polars as pl
 
         schema = pl.read_parquet_schema(path)
-        names = {"Int64": "int64", "Int32": "int32", "Float64": "double", "Float32": "float", "Boolean": "boolean",
-                 "Binary": "binary", "String": "string"}
-        return {"columns": [{"name": k, "type": names.get(str(v), str(v).lower())} for k, v in schema.items()],
-                "note": "row groups and codecs need pyarrow (pip install 'dlreplay[parquet]')"}
+        names = {
+            "Int64": "int64",
+            "Int32": "int32",
+            "Float64": "double",
+            "Float32": "float",
+            "Boolean": "boolean",
+            "Binary": "binary",
+            "String": "string",
+        }
+        return {
+            "columns": [
+                {"name": k, "type": names.get(str(v), str(v).lower())} for k, v in schema.items()
+            ],
+            "note": "row groups and codecs need pyarrow (pip install 'dlreplay[parquet]')",
+        }
     meta = pq.ParquetFile(path).metadata
     columns: list[dict[str, Any]] = []
     rg_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -239,21 +265,35 @@ def inspect_parquet(path: str) -> dict[str, Any]:
             per_column[j] += c.total_uncompressed_size
             if i == 0:
                 codec = c.compression.lower()
-                columns.append({
-                    "name": c.path_in_schema, "type": str(meta.schema.column(j).logical_type)
-                    if str(meta.schema.column(j).logical_type) not in ("None", "") else c.physical_type.lower(),
-                    "physical_type": c.physical_type.lower(),
-                    "compression": None if codec == "uncompressed" else codec,
-                    "dictionary": c.dictionary_page_offset is not None,
-                })
+                columns.append(
+                    {
+                        "name": c.path_in_schema,
+                        "type": str(meta.schema.column(j).logical_type)
+                        if str(meta.schema.column(j).logical_type) not in ("None", "")
+                        else c.physical_type.lower(),
+                        "physical_type": c.physical_type.lower(),
+                        "compression": None if codec == "uncompressed" else codec,
+                        "dictionary": c.dictionary_page_offset is not None,
+                    }
+                )
     pages = _parquet_pages(path, meta)
     for j, col in enumerate(columns):
         col["row_bytes"] = round(per_column[j] / meta.num_rows, 3) if meta.num_rows else None
         if pages:
             col.update({k: v for k, v in pages["columns"][j].items() if v is not None})
-    out = {"rows": int(meta.num_rows), "row_groups": int(meta.num_row_groups), "row_group_rows": rg_rows[:64],
-           "columns": columns, "compression_ratio": round(comp / uncomp, 6) if uncomp else None,
-           "created_by": meta.created_by}
-    out.update({k: pages[k] for k in ("data_page_size", "data_page_values", "data_page_batch", "data_page_version")
-                if pages.get(k) is not None})
+    out = {
+        "rows": int(meta.num_rows),
+        "row_groups": int(meta.num_row_groups),
+        "row_group_rows": rg_rows[:64],
+        "columns": columns,
+        "compression_ratio": round(comp / uncomp, 6) if uncomp else None,
+        "created_by": meta.created_by,
+    }
+    out.update(
+        {
+            k: pages[k]
+            for k in ("data_page_size", "data_page_values", "data_page_batch", "data_page_version")
+            if pages.get(k) is not None
+        }
+    )
     return out

@@ -32,7 +32,13 @@ def inspect_png(path: str) -> dict[str, Any]:
             length, kind = struct.unpack(">I4s", head)
             if kind == b"IHDR":
                 w, h, depth, color, _c, _f, interlace = struct.unpack(">IIBBBBB", fh.read(13))
-                info = {"width": w, "height": h, "bits": depth, "color": color, "interlaced": bool(interlace)}
+                info = {
+                    "width": w,
+                    "height": h,
+                    "bits": depth,
+                    "color": color,
+                    "interlaced": bool(interlace),
+                }
                 fh.seek(4, 1)
                 continue
             if kind == b"IDAT":
@@ -47,7 +53,13 @@ def inspect_png(path: str) -> dict[str, Any]:
     channels = _PNG_CHANNELS.get(info["color"], 1)
     raw = info["height"] * (1 + (info["width"] * channels * info["bits"] + 7) // 8)
     return {
-        "width": info["width"], "height": info["height"], "mode": mode, "bits": info["bits"],
-        "interlaced": info["interlaced"], "idat_chunks": len(idat), "chunk_bytes": max(idat) if idat else None,
-        "compression_ratio": round(sum(idat) / raw, 6) if raw else None, "extra_bytes": extra,
+        "width": info["width"],
+        "height": info["height"],
+        "mode": mode,
+        "bits": info["bits"],
+        "interlaced": info["interlaced"],
+        "idat_chunks": len(idat),
+        "chunk_bytes": max(idat) if idat else None,
+        "compression_ratio": round(sum(idat) / raw, 6) if raw else None,
+        "extra_bytes": extra,
     }

@@ -39,5 +39,9 @@ def inspect_tfrecord(path: str, limits: FingerprintLimits) -> dict[str, Any]:
     complete = pos >= size
     arr = np.asarray(lengths, dtype=np.int64)
     records = len(lengths) if complete else round(len(lengths) * size / max(pos, 1))
-    return {"records": int(records), "records_exact": complete,
-            "record_bytes": quantiles(arr), "record_bytes_sample": [int(x) for x in arr[:64]]}
+    return {
+        "records": int(records),
+        "records_exact": complete,
+        "record_bytes": quantiles(arr),
+        "record_bytes_sample": [int(x) for x in arr[:64]],
+    }

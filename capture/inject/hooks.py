@@ -194,7 +194,9 @@ def region(name: str, cat: str = "user", **args: Any) -> Iterator[Callable[..., 
         REGIONS.end(handle)
 
 
-def traced(name: str | None = None, cat: str = "user") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def traced(
+    name: str | None = None, cat: str = "user"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: trace every call of a function as one event."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -236,7 +238,12 @@ def _batch_shape(batch: Any, limit: int = 4096) -> tuple[int, int | None]:
         if isinstance(obj, dict):
             queue.extend(obj.values())
         elif isinstance(obj, (list, tuple)):
-            if size is None and obj and not hasattr(obj[0], "shape") and not isinstance(obj[0], (list, tuple, dict)):
+            if (
+                size is None
+                and obj
+                and not hasattr(obj[0], "shape")
+                and not isinstance(obj[0], (list, tuple, dict))
+            ):
                 size = len(obj)
             queue.extend(obj)
     if size is None:
@@ -269,8 +276,14 @@ class _IterState:
 
     def begin_step(self, size: int) -> None:
         """Open the loop body of the batch just received (``fetch.block``)."""
-        self.step_handle = REGIONS.begin("fetch.block", "dataloader", epoch=self.epoch, step=self.step,
-                                         count=self.step + 1, batch_size=size)
+        self.step_handle = REGIONS.begin(
+            "fetch.block",
+            "dataloader",
+            epoch=self.epoch,
+            step=self.step,
+            count=self.step + 1,
+            batch_size=size,
+        )
         # when the loop body began (time.perf_counter): a traced replay counts its step from here
         self.step_t0 = time.perf_counter()
         if self.step_handle:
@@ -281,7 +294,9 @@ class _IterState:
         if self.step_handle:
             proc, own = _cpu_clocks()
             cpu, mine = proc - self.step_cpu[0], own - self.step_cpu[1]
-            threads = min(_CPUS, max(1, round(cpu / mine))) if mine > 0 else 1  # at most what can run at once
+            threads = (
+                min(_CPUS, max(1, round(cpu / mine))) if mine > 0 else 1
+            )  # at most what can run at once
             REGIONS.end(self.step_handle, cpu_time=cpu // 1000, cpu_threads=threads)
         self.step_handle = None
 
@@ -334,16 +349,27 @@ def _patch_dataloader(mod: Any) -> None:
         try:
             batch = orig_next(self)
         except StopIteration:
-            REGIONS.end_named(t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, last=1)
+            REGIONS.end_named(
+                t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, last=1
+            )
             state.close()
             raise
         except BaseException:
-            REGIONS.end_named(t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, error=1)
+            REGIONS.end_named(
+                t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, error=1
+            )
             state.close()
             raise
         size, tensors = _batch_shape(batch)
-        REGIONS.end_named(t_handle, "fetch.iter", epoch=state.epoch, step=state.step, count=state.step + 1,
-                          batch_size=size, tensors=tensors)
+        REGIONS.end_named(
+            t_handle,
+            "fetch.iter",
+            epoch=state.epoch,
+            step=state.step,
+            count=state.step + 1,
+            batch_size=size,
+            tensors=tensors,
+        )
         state.begin_step(size)
         state.step += 1
         return batch
@@ -387,7 +413,9 @@ def _patch_fetch(mod: Any) -> None:
     orig_iter_fetch = iter_cls.fetch
 
     def iter_fetch(self: Any, possibly_batched_index: Any) -> Any:
-        with region("items", "data", count=len(possibly_batched_index) if self.auto_collation else 1):
+        with region(
+            "items", "data", count=len(possibly_batched_index) if self.auto_collation else 1
+        ):
             return orig_iter_fetch(self, possibly_batched_index)
 
     map_cls.fetch = map_fetch

@@ -35,7 +35,9 @@ def _chain() -> None:
             spec = importlib.util.spec_from_file_location("sitecustomize", candidate)
             if spec and spec.loader:
                 module = importlib.util.module_from_spec(spec)
-                sys.modules["sitecustomize"] = module  # `import sitecustomize` gives the job its own
+                sys.modules["sitecustomize"] = (
+                    module  # `import sitecustomize` gives the job its own
+                )
                 try:
                     spec.loader.exec_module(module)
                 except BaseException:

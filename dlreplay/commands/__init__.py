@@ -9,21 +9,32 @@ environment first (:func:`dlreplay.prepare_process`).
 from __future__ import annotations
 
 from dlreplay.commands import (
-            analyze,
-            capture,
-            compare,
-            demo,
-            distill,
-            export,
-            generate,
-            model,
-            replay,
-            sql,
-            view,
+    analyze,
+    capture,
+    compare,
+    demo,
+    distill,
+    export,
+    generate,
+    model,
+    replay,
+    sql,
+    view,
 )
 
 #: Every command, in the order data flows through the tool (the order ``dlreplay --help`` lists).
-PIPELINE = (capture.capture, analyze.analyze, distill.distill, generate.generate, replay.replay, compare.compare,
-            export.export, view.view, sql.sql, model.model, demo.demo)
+PIPELINE = (
+    capture.capture,
+    analyze.analyze,
+    distill.distill,
+    generate.generate,
+    replay.replay,
+    compare.compare,
+    export.export,
+    view.view,
+    sql.sql,
+    model.model,
+    demo.demo,
+)
 
 __all__ = ["PIPELINE"]

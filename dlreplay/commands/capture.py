@@ -11,19 +11,41 @@ import click
 from dlreplay.commands.common import echo, signal_name, why_no_events
 
 
-@click.command(short_help="Run a training job under DFTracer and keep its trace.",
-               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--out", "-o", type=click.Path(path_type=Path), help="Trace directory (default traces/<name>-<UTC time>).")
-@click.option("--data-dir", "data_dirs", multiple=True, help="Trace only files under this path (repeatable). Default: every file.")
+@click.command(
+    short_help="Run a training job under DFTracer and keep its trace.",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    help="Trace directory (default traces/<name>-<UTC time>).",
+)
+@click.option(
+    "--data-dir",
+    "data_dirs",
+    multiple=True,
+    help="Trace only files under this path (repeatable). Default: every file.",
+)
 @click.option("--name", help="Name of the capture (default: the command's name).")
 @click.option("--force", is_flag=True, help="Replace a previous capture in a non-empty --out.")
-@click.option("--no-loader-hooks", is_flag=True,
-              help="Record POSIX/STDIO only, as DFTracer's preload alone does (no data-loader or checkpoint events; "
-                   "distill then infers the loop from the I/O).")
+@click.option(
+    "--no-loader-hooks",
+    is_flag=True,
+    help="Record POSIX/STDIO only, as DFTracer's preload alone does (no data-loader or checkpoint events; "
+    "distill then infers the loop from the I/O).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, force: bool, no_loader_hooks: bool,
-            quiet: bool, command: tuple[str, ...]) -> None:
+def capture(
+    out: Path | None,
+    data_dirs: tuple[str, ...],
+    name: str | None,
+    force: bool,
+    no_loader_hooks: bool,
+    quiet: bool,
+    command: tuple[str, ...],
+) -> None:
     """Run COMMAND under DFTracer and keep its trace.
 
     \b
@@ -41,8 +63,14 @@ def capture(out: Path | None, data_dirs: tuple[str, ...], name: str | None, forc
     from dlreplay.capture import CaptureConfig, run_capture
 
     result = run_capture(
-        CaptureConfig(command=tuple(command), out=out, data_dirs=tuple(data_dirs), name=name, force=force,
-                      loader_hooks=not no_loader_hooks)
+        CaptureConfig(
+            command=tuple(command),
+            out=out,
+            data_dirs=tuple(data_dirs),
+            name=name,
+            force=force,
+            loader_hooks=not no_loader_hooks,
+        )
     )
     if not quiet:
         print_capture_summary(result)
@@ -65,7 +93,11 @@ def print_capture_summary(result: Any) -> None:
     echo(f"dlreplay: capture {result.status} ({how}) in {result.wall_time_s:.1f} s", err=True)
     try:
         loaded = load_trace(result.trace_dir)
-        s = summarize(loaded.events, data_dirs=(loaded.manifest or {}).get("data_dirs"), per_process=loaded.per_process)
+        s = summarize(
+            loaded.events,
+            data_dirs=(loaded.manifest or {}).get("data_dirs"),
+            per_process=loaded.per_process,
+        )
         echo(
             f"  processes traced: {s.processes}   events: {loaded.events.height:,}   "
             f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",

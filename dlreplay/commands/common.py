@@ -52,8 +52,11 @@ class Processes(click.IntRange):
         rv = super().convert(value, param, ctx)
         limit, why = process_limit()
         if rv > limit:
-            self.fail(f"{rv} processes are more than one command may start here (at most {limit}: {why})",
-                      param, ctx)
+            self.fail(
+                f"{rv} processes are more than one command may start here (at most {limit}: {why})",
+                param,
+                ctx,
+            )
         return rv
 
 
@@ -105,8 +108,12 @@ def why_no_events(files: Any, manifest: dict | None) -> str:
     manifest = manifest or {}
     sig = manifest.get("killed_by_signal")
     if sig:
-        lines.append(f"  the captured job was killed by signal {sig} ({signal_name(sig)}): a process killed "
-                     f"that way cannot write the trace events DFTracer still held in memory.")
+        lines.append(
+            f"  the captured job was killed by signal {sig} ({signal_name(sig)}): a process killed "
+            f"that way cannot write the trace events DFTracer still held in memory."
+        )
     elif manifest.get("status") == "running":
-        lines.append("  the manifest says the capture is still running (or its dlreplay process was killed).")
+        lines.append(
+            "  the manifest says the capture is still running (or its dlreplay process was killed)."
+        )
     return "\n".join(lines)

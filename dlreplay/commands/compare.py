@@ -15,14 +15,33 @@ from dlreplay.commands.common import FiniteFloat, Status, echo, refuse_overwrite
 @click.command(short_help="Compare the I/O of two traces (real vs replay, storage A vs B).")
 @click.argument("trace_a", type=click.Path(path_type=Path))
 @click.argument("trace_b", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (similarity under `similarity`).")
-@click.option("--min-similarity", type=FiniteFloat(0, 1), default=None,
-              help="Exit with code 1 when the similarity is below this (0..1).")
-@click.option("--report", "report_path", type=click.Path(path_type=Path),
-              help="Write overlay plots and the table: .html (self-contained) or .md.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the comparison as JSON (similarity under `similarity`).",
+)
+@click.option(
+    "--min-similarity",
+    type=FiniteFloat(0, 1),
+    default=None,
+    help="Exit with code 1 when the similarity is below this (0..1).",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path),
+    help="Write overlay plots and the table: .html (self-contained) or .md.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --report file.")
-def compare(trace_a: Path, trace_b: Path, as_json: bool, min_similarity: float | None, report_path: Path | None,
-            force: bool) -> None:
+def compare(
+    trace_a: Path,
+    trace_b: Path,
+    as_json: bool,
+    min_similarity: float | None,
+    report_path: Path | None,
+    force: bool,
+) -> None:
     """Compare the I/O of TRACE_A and TRACE_B (real vs replay, storage A vs storage B).
 
     Prints the DLIO paper's feature vectors side by side (I/O time, bytes, transfer
@@ -43,7 +62,10 @@ def compare(trace_a: Path, trace_b: Path, as_json: bool, min_similarity: float |
     else:
         _print_comparison(cmp, trace_a, trace_b, report_path)
     if min_similarity is not None and cmp.similarity < min_similarity:
-        echo(f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}", err=True)
+        echo(
+            f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}",
+            err=True,
+        )
         sys.exit(1)
 
 

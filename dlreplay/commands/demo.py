@@ -10,8 +10,14 @@ from dlreplay.commands.common import echo
 
 
 @click.command(short_help="Run the whole pipeline on a bundled example job.")
-@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("demo-out"), show_default=True,
-              help="Directory for the demo's dataset, trace and reports.")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=Path("demo-out"),
+    show_default=True,
+    help="Directory for the demo's dataset, trace and reports.",
+)
 @click.option("--force", is_flag=True, help="Replace a previous demo run in --out.")
 def demo(out: Path, force: bool) -> None:
     """Run the whole pipeline on the bundled NPZ example job; print where everything is.

@@ -13,11 +13,21 @@ from dlreplay.commands.common import Status, echo, refuse_overwrite
 
 @click.command(short_help="Infer a workload model (YAML, DLIO-compatible) from a trace.")
 @click.argument("trace", type=click.Path(path_type=Path))
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model file to write (YAML).")
-@click.option("--data-dir", "data_dirs", multiple=True, help="Treat files under this path as the dataset.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Model file to write (YAML).",
+)
+@click.option(
+    "--data-dir", "data_dirs", multiple=True, help="Treat files under this path as the dataset."
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing model file.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the model summary.")
-def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, quiet: bool) -> None:
+def distill(
+    trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, quiet: bool
+) -> None:
     """Infer a workload model from TRACE and write it to --output (YAML).
 
     Dataset geometry (format, files, samples per file, record length) and layout
@@ -42,12 +52,25 @@ def distill(trace: Path, output: Path, data_dirs: tuple[str, ...], force: bool, 
         echo(f"warning: {w}")
     with Status("reading the dataset fingerprint"):
         fingerprint, where = resolve_fingerprint(trace, data_dirs)
-    model = run_distill(loaded.events, manifest=loaded.manifest, data_dirs=list(data_dirs) or None, source=str(trace),
-                        fingerprint=fingerprint, fingerprint_origin=where)
+    model = run_distill(
+        loaded.events,
+        manifest=loaded.manifest,
+        data_dirs=list(data_dirs) or None,
+        source=str(trace),
+        fingerprint=fingerprint,
+        fingerprint_origin=where,
+    )
     if warnings:  # the model file says so too
-        model = dataclasses.replace(model, provenance=dataclasses.replace(
-            model.provenance, notes=[*model.provenance.notes, *(f"distilled from an incomplete trace: {w}"
-                                                                for w in warnings)]))
+        model = dataclasses.replace(
+            model,
+            provenance=dataclasses.replace(
+                model.provenance,
+                notes=[
+                    *model.provenance.notes,
+                    *(f"distilled from an incomplete trace: {w}" for w in warnings),
+                ],
+            ),
+        )
     save_model(model, output)
     if not quiet:
         _print_model(model, loaded)

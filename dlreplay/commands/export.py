@@ -11,8 +11,12 @@ from dlreplay.commands.common import Status, echo
 
 @click.command(short_help="Write a trace as a Perfetto timeline.")
 @click.argument("trace", type=click.Path(path_type=Path))
-@click.option("--output", "-o", type=click.Path(path_type=Path),
-              help="Timeline file: *.perfetto-trace (native, default) / *.pftrace, or *.json / *.json.gz.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    help="Timeline file: *.perfetto-trace (native, default) / *.pftrace, or *.json / *.json.gz.",
+)
 @click.option("--no-flows", is_flag=True, help="Do not draw item -> fetch hand-over arrows.")
 def export(trace: Path, output: Path | None, no_flows: bool) -> None:
     """Write the trace at TRACE as a Perfetto timeline (one track per process and thread).

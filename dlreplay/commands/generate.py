@@ -11,13 +11,38 @@ from dlreplay.commands.common import SEED, Processes, echo, fail
 
 @click.command(short_help="Write a dataset with a model's shape (resumable, reproducible).")
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Directory to write the dataset in.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of record sizes and contents.")
-@click.option("--jobs", type=Processes(), default=None, help="Generator processes (default min(4, CPUs)).")
-@click.option("--force", is_flag=True, help="Replace a dlreplay dataset of another model/seed (only its own files).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
-def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, force: bool,
-             overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Directory to write the dataset in.",
+)
+@click.option(
+    "--seed", type=SEED, default=0, show_default=True, help="Seed of record sizes and contents."
+)
+@click.option(
+    "--jobs", type=Processes(), default=None, help="Generator processes (default min(4, CPUs))."
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a dlreplay dataset of another model/seed (only its own files).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a model field (repeatable).",
+)
+def generate(
+    model_file: Path,
+    data_dir: Path,
+    seed: int,
+    jobs: int | None,
+    force: bool,
+    overrides: tuple[str, ...],
+) -> None:
     """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible).
 
     With a dataset.layout from a fingerprint, files get the real files' inside
@@ -29,12 +54,19 @@ def generate(model_file: Path, data_dir: Path, seed: int, jobs: int | None, forc
 
     m = apply_overrides(load_model(model_file), overrides)
     try:
-        res = generate_dataset(GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force))
+        res = generate_dataset(
+            GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force)
+        )
     except KeyboardInterrupt:
-        fail(f"interrupted (Ctrl-C): {data_dir} holds a partial dataset (no complete manifest, so nothing "
-             f"will use it); rerun the same command to resume", 130)
-    echo(f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
-         f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)")
+        fail(
+            f"interrupted (Ctrl-C): {data_dir} holds a partial dataset (no complete manifest, so nothing "
+            f"will use it); rerun the same command to resume",
+            130,
+        )
+    echo(
+        f"dataset: {data_dir} ({res.files} {m.dataset.format} files, {res.total_bytes / 1e6:,.1f} MB; "
+        f"{res.generated} generated, {res.reused} reused, {res.seconds:.1f} s)"
+    )
     for w in res.warnings:
         echo(f"warning: {w}", err=True)
     echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")

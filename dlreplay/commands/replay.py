@@ -13,34 +13,99 @@ from dlreplay.commands.common import SEED, FiniteFloat, Processes, echo
 
 @click.command(short_help="Replay a model on a dataset; report MLPerf Storage metrics.")
 @click.argument("model_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Dataset directory.")
-@click.option("--accelerators", type=Processes(), default=None,
-              help="Simulated accelerators (local processes; under mpiexec each rank is one). Default: the "
-                   "model's processes.ranks, as many as the traced job ran.")
-@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs (default: the model's).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a model field (repeatable).")
-@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
-              help="Result directory (default replays/<model name>-<UTC time>).")
+@click.option(
+    "--data-dir", type=click.Path(path_type=Path), required=True, help="Dataset directory."
+)
+@click.option(
+    "--accelerators",
+    type=Processes(),
+    default=None,
+    help="Simulated accelerators (local processes; under mpiexec each rank is one). Default: the "
+    "model's processes.ranks, as many as the traced job ran.",
+)
+@click.option(
+    "--epochs", type=click.IntRange(min=1), default=None, help="Epochs (default: the model's)."
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a model field (repeatable).",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Result directory (default replays/<model name>-<UTC time>).",
+)
 @click.option("--no-trace", is_flag=True, help="Do not run the replay under DFTracer.")
 @click.option("--no-generate", is_flag=True, help="Fail instead of generating a missing dataset.")
-@click.option("--io", "io_mode", type=click.Choice(["library", "posix"]), default="library", show_default=True,
-              help="Read through the format's library, or os.pread of the model's transfer size.")
-@click.option("--loader", type=click.Choice(["auto", "torch", "builtin"]), default="auto", show_default=True,
-              help="Data loader: PyTorch's own DataLoader (torch), dlreplay's torch-free one (builtin), or auto: "
-                   "torch when the model's loader is PyTorch's and torch is installed.")
-@click.option("--au-threshold", type=FiniteFloat(0, 100), default=90.0, show_default=True,
-              help="Pass/fail accelerator utilization, percent.")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed (dataset, shuffling, compute draws).")
-@click.option("--find-max-accelerators", is_flag=True, help="Try N = 1, 2, 4, ... then bisect while AU >= threshold.")
-@click.option("--record-order", is_flag=True, help="Write each epoch's sample order to sample-order.json.")
-@click.option("--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote.")
+@click.option(
+    "--io",
+    "io_mode",
+    type=click.Choice(["library", "posix"]),
+    default="library",
+    show_default=True,
+    help="Read through the format's library, or os.pread of the model's transfer size.",
+)
+@click.option(
+    "--loader",
+    type=click.Choice(["auto", "torch", "builtin"]),
+    default="auto",
+    show_default=True,
+    help="Data loader: PyTorch's own DataLoader (torch), dlreplay's torch-free one (builtin), or auto: "
+    "torch when the model's loader is PyTorch's and torch is installed.",
+)
+@click.option(
+    "--au-threshold",
+    type=FiniteFloat(0, 100),
+    default=90.0,
+    show_default=True,
+    help="Pass/fail accelerator utilization, percent.",
+)
+@click.option(
+    "--seed",
+    type=SEED,
+    default=0,
+    show_default=True,
+    help="Seed (dataset, shuffling, compute draws).",
+)
+@click.option(
+    "--find-max-accelerators",
+    is_flag=True,
+    help="Try N = 1, 2, 4, ... then bisect while AU >= threshold.",
+)
+@click.option(
+    "--record-order", is_flag=True, help="Write each epoch's sample order to sample-order.json."
+)
+@click.option(
+    "--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote."
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result line.")
 @click.option("--_traced", "traced", is_flag=True, hidden=True)
 @click.option("--_checkpoints-after-trace", "ckpt_after_trace", is_flag=True, hidden=True)
-def replay(model_file: Path, data_dir: Path, accelerators: int | None, epochs: int | None, overrides: tuple[str, ...],
-           out: Path | None, no_trace: bool, no_generate: bool, io_mode: str, loader: str, au_threshold: float,
-           seed: int, find_max_accelerators: bool, record_order: bool, keep_checkpoints: bool, quiet: bool,
-           traced: bool, ckpt_after_trace: bool) -> None:
+def replay(
+    model_file: Path,
+    data_dir: Path,
+    accelerators: int | None,
+    epochs: int | None,
+    overrides: tuple[str, ...],
+    out: Path | None,
+    no_trace: bool,
+    no_generate: bool,
+    io_mode: str,
+    loader: str,
+    au_threshold: float,
+    seed: int,
+    find_max_accelerators: bool,
+    record_order: bool,
+    keep_checkpoints: bool,
+    quiet: bool,
+    traced: bool,
+    ckpt_after_trace: bool,
+) -> None:
     """Replay MODEL_FILE on --data-dir with compute replaced by sleep; report MLPerf Storage metrics."""
     from dlreplay.model import apply_overrides, load_model
     from dlreplay.replay import ReplayConfig, run_replay
@@ -49,10 +114,21 @@ def replay(model_file: Path, data_dir: Path, accelerators: int | None, epochs: i
 
     sets = list(overrides) + ([f"train.epochs={epochs}"] if epochs else [])
     m = apply_overrides(load_model(model_file), sets)
-    config = ReplayConfig(model=m, data_dir=data_dir, accelerators=accelerators, out=out, trace=not no_trace,
-                          generate=not no_generate, io=io_mode, au_threshold=au_threshold, seed=seed,
-                          record_order=record_order, traced=traced, loader=loader,
-                          keep_checkpoints=keep_checkpoints or (KEEP_ON_SUCCESS if ckpt_after_trace else False))
+    config = ReplayConfig(
+        model=m,
+        data_dir=data_dir,
+        accelerators=accelerators,
+        out=out,
+        trace=not no_trace,
+        generate=not no_generate,
+        io=io_mode,
+        au_threshold=au_threshold,
+        seed=seed,
+        record_order=record_order,
+        traced=traced,
+        loader=loader,
+        keep_checkpoints=keep_checkpoints or (KEEP_ON_SUCCESS if ckpt_after_trace else False),
+    )
     say = (lambda s: None) if quiet else (lambda s: echo(s, err=True))
     if find_max_accelerators:
         for n, au in find_max(config, echo=say):

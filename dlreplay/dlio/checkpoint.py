@@ -45,13 +45,24 @@ DLIO_2_0_LAYER_PARAMETERS = (17371, 24740228)
 #: ``model_size_bytes``, ``num_layers``, ``parallelism``, ``transformer``), or ``auto``:
 #: ``later`` when the ``model`` section sizes the model, else ``2.0.0``.
 DLIO_VERSIONS = ("auto", "2.0.0", "later")
-LATER_SIZING = ("model.model_size_bytes", "model.model_size", "model.num_layers", "model.layer_parameters",
-                 "model.optimization_groups", "model.parallelism", "model.transformer")
+LATER_SIZING = (
+    "model.model_size_bytes",
+    "model.model_size",
+    "model.num_layers",
+    "model.layer_parameters",
+    "model.optimization_groups",
+    "model.parallelism",
+    "model.transformer",
+)
 
 
-def dlio_2_0_checkpoint(model_size: int = 10240, optimization_groups: tuple[int, ...] | list[int] = (),
-                        num_layers: int = 1, layer_parameters: tuple[int, ...] | list[int] = DLIO_2_0_LAYER_PARAMETERS,
-                        tensor_parallelism: int = 1) -> tuple[int, int]:
+def dlio_2_0_checkpoint(
+    model_size: int = 10240,
+    optimization_groups: tuple[int, ...] | list[int] = (),
+    num_layers: int = 1,
+    layer_parameters: tuple[int, ...] | list[int] = DLIO_2_0_LAYER_PARAMETERS,
+    tensor_parallelism: int = 1,
+) -> tuple[int, int]:
     """(bytes, files) DLIO 2.0.0 writes per checkpoint and writing rank (its
     ``base_checkpointing.py``; tensors of int8, so bytes = elements, ``torch.save``'s few
     hundred bytes of framing aside): a model file of ``model_size``; with optimization
@@ -70,4 +81,3 @@ def dlio_2_0_checkpoint(model_size: int = 10240, optimization_groups: tuple[int,
         nbytes += layers * layer
         files += layers
     return nbytes, files
-

@@ -34,10 +34,14 @@ def _dist_to_dlio(d: Distribution, what: str, warnings: list[str]) -> Any:
         warnings.append(f"{what} is unknown: left out (DLIO's default is 0)")
         return None
     if d.type == "empirical":
-        warnings.append(f"{what}: empirical distribution exported as normal(mean={d.mean:g}, stdev={d.stdev:g})")
+        warnings.append(
+            f"{what}: empirical distribution exported as normal(mean={d.mean:g}, stdev={d.stdev:g})"
+        )
         return {"type": "normal", "mean": d.mean, "stdev": d.stdev or 0.0}
     if d.type not in ("uniform",) and (d.min is not None or d.max is not None):
-        warnings.append(f"{what}: min/max bounds dropped (DLIO has none; it takes abs() of samples)")
+        warnings.append(
+            f"{what}: min/max bounds dropped (DLIO has none; it takes abs() of samples)"
+        )
     keys = sorted(DLIO_DISTRIBUTION_KEYS[d.type] - {"type"})
     return {"type": d.type, **{k: getattr(d, k) for k in keys}}
 
@@ -78,12 +82,18 @@ def _export_dataset(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]
     out: dict[str, Any] = {}
     if ds.data_folder is not None:
         out["data_folder"] = ds.data_folder
-    out.update(format=_export_format(model, warnings), num_files_train=ds.num_files,
-               num_files_eval=ds.num_files_eval, num_samples_per_file=ds.num_samples_per_file)
+    out.update(
+        format=_export_format(model, warnings),
+        num_files_train=ds.num_files,
+        num_files_eval=ds.num_files_eval,
+        num_samples_per_file=ds.num_samples_per_file,
+    )
     rec = ds.record_length
     mean = rec.value if rec.type == "fixed" else rec.mean
     if rec.type not in ("fixed", "normal"):
-        warnings.append(f"dataset.record_length: {rec.type} exported as normal (DLIO generates normal record sizes)")
+        warnings.append(
+            f"dataset.record_length: {rec.type} exported as normal (DLIO generates normal record sizes)"
+        )
     if mean is not None and not float(mean).is_integer():
         warnings.append(f"dataset.record_length mean {mean:g} rounded to whole bytes")
     out["record_length_bytes"] = round(mean or 0)
@@ -102,7 +112,9 @@ def _export_layout(model: WorkloadModel, out: dict[str, Any], warnings: list[str
         out["compression"] = "zip"
     elif lay.hdf5_compression and fmt == "hdf5":
         if lay.hdf5_compression not in DLIO_COMPRESSIONS:
-            warnings.append(f"dataset.layout.hdf5_compression {lay.hdf5_compression} has no DLIO name: left out")
+            warnings.append(
+                f"dataset.layout.hdf5_compression {lay.hdf5_compression} has no DLIO name: left out"
+            )
         else:
             out["compression"] = lay.hdf5_compression
     if lay.compression_level is not None:
@@ -124,15 +136,29 @@ def _export_layout(model: WorkloadModel, out: dict[str, Any], warnings: list[str
 
 
 #: numpy dtype strings -> DLIO record_element_type names.
-_DLIO_ELEMENT_TYPES = {"|u1": "uint8", "|i1": "int8", "<u2": "uint16", "<i2": "int16", "<u4": "uint32",
-                       "<i4": "int32", "<u8": "uint64", "<i8": "int64", "<f2": "float16", "<f4": "float32",
-                       "<f8": "float64"}
+_DLIO_ELEMENT_TYPES = {
+    "|u1": "uint8",
+    "|i1": "int8",
+    "<u2": "uint16",
+    "<i2": "int16",
+    "<u4": "uint32",
+    "<i4": "int32",
+    "<u8": "uint64",
+    "<i8": "int64",
+    "<f2": "float16",
+    "<f4": "float32",
+    "<f8": "float64",
+}
 
 
 def _export_main_array(fmt: str, s: ArrayFile, main: ArrayMember, out: dict[str, Any]) -> list[str]:
     """The file's largest array as DLIO's record dims and element type; what else it shows, listed."""
     lost: list[str] = []
-    dims = list(main.shape[1:]) if s.samples and main.shape and main.shape[0] == s.samples else list(main.shape)
+    dims = (
+        list(main.shape[1:])
+        if s.samples and main.shape and main.shape[0] == s.samples
+        else list(main.shape)
+    )
     if dims:
         out["record_dims"] = dims
     if main.dtype in _DLIO_ELEMENT_TYPES:
@@ -141,8 +167,10 @@ def _export_main_array(fmt: str, s: ArrayFile, main: ArrayMember, out: dict[str,
         lost.append(f"element type {main.dtype}")
     others = [m.name for m in s.members if m is not main]
     if others:
-        lost.append(f"other arrays per file ({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}; "
-                    f"DLIO writes one records array and labels)")
+        lost.append(
+            f"other arrays per file ({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}; "
+            f"DLIO writes one records array and labels)"
+        )
     if main.chunk_order == "scattered":
         lost.append("chunks scattered in the file (DLIO writes them in order)")
     if main.shuffle or main.fletcher32 or main.scaleoffset is not None:
@@ -164,15 +192,23 @@ def _export_arrays(fmt: str, arrays: list[ArrayFile], out: dict[str, Any]) -> li
 
 def _hdf5_settings_set(h: Hdf5File | None) -> bool:
     """Whether the HDF5 file settings differ from h5py's defaults (DLIO writes those)."""
-    return h is not None and bool(h.superblock_version or h.alignment_interval
-                                  or h.file_space_strategy not in (None, "fsm_aggr") or h.userblock_size
-                                  or h.meta_block_size)
+    return h is not None and bool(
+        h.superblock_version
+        or h.alignment_interval
+        or h.file_space_strategy not in (None, "fsm_aggr")
+        or h.userblock_size
+        or h.meta_block_size
+    )
 
 
 def _image_lost(i: ImageFile) -> str:
-    return (f"image {i.width}x{i.height} {i.mode}" + (f" quality {i.quality}" if i.quality else "")
-            + (f" {i.subsampling}" if i.subsampling else "") + (" progressive" if i.progressive else "")
-            + " (DLIO sizes images from record_length only)")
+    return (
+        f"image {i.width}x{i.height} {i.mode}"
+        + (f" quality {i.quality}" if i.quality else "")
+        + (f" {i.subsampling}" if i.subsampling else "")
+        + (" progressive" if i.progressive else "")
+        + " (DLIO sizes images from record_length only)"
+    )
 
 
 def _export_structures(model: WorkloadModel, out: dict[str, Any], warnings: list[str]) -> None:
@@ -182,7 +218,9 @@ def _export_structures(model: WorkloadModel, out: dict[str, Any], warnings: list
     if lay.arrays:
         lost.extend(_export_arrays(fmt, lay.arrays, out))
     if _hdf5_settings_set(lay.hdf5):
-        lost.append("HDF5 file settings (libver, alignment, metadata block size, file-space strategy, user block)")
+        lost.append(
+            "HDF5 file settings (libver, alignment, metadata block size, file-space strategy, user block)"
+        )
     if lay.images:
         lost.append(_image_lost(lay.images[0]))
     if lay.tables:
@@ -190,7 +228,9 @@ def _export_structures(model: WorkloadModel, out: dict[str, Any], warnings: list
     if lay.record_bytes is not None:
         lost.append("TFRecord record size distribution (beyond record_length mean/stdev)")
     if lost:
-        warnings.append(f"dataset.layout ({lay.source or 'given'}): DLIO cannot express: {'; '.join(lost)}")
+        warnings.append(
+            f"dataset.layout ({lay.source or 'given'}): DLIO cannot express: {'; '.join(lost)}"
+        )
 
 
 def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
@@ -198,14 +238,23 @@ def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
     loader = rd.data_loader
     if loader == "native":
         loader = model.framework
-        warnings.append(f"reader.data_loader native exported as {loader} (DLIO always uses a framework loader)")
+        warnings.append(
+            f"reader.data_loader native exported as {loader} (DLIO always uses a framework loader)"
+        )
     if model.dataset.format == "tfrecord" and loader == "pytorch":
         warnings.append("DLIO has no PyTorch reader for tfrecord; it will refuse this config")
-    prefetch = rd.prefetch_factor * max(rd.read_threads, 1) if loader == "pytorch" else rd.prefetch_factor
+    prefetch = (
+        rd.prefetch_factor * max(rd.read_threads, 1) if loader == "pytorch" else rd.prefetch_factor
+    )
     out: dict[str, Any] = {
-        "data_loader": loader, "batch_size": rd.batch_size, "batch_size_eval": rd.batch_size_eval,
-        "read_threads": rd.read_threads, "computation_threads": rd.computation_threads,
-        "prefetch_size": prefetch, "file_shuffle": rd.file_shuffle, "sample_shuffle": rd.sample_shuffle,
+        "data_loader": loader,
+        "batch_size": rd.batch_size,
+        "batch_size_eval": rd.batch_size_eval,
+        "read_threads": rd.read_threads,
+        "computation_threads": rd.computation_threads,
+        "prefetch_size": prefetch,
+        "file_shuffle": rd.file_shuffle,
+        "sample_shuffle": rd.sample_shuffle,
     }
     if rd.shuffle_size is not None:
         out["shuffle_size"] = rd.shuffle_size
@@ -215,7 +264,9 @@ def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
     if ts.is_known:
         size = ts.value if ts.type == "fixed" else ts.mean
         if ts.type != "fixed":
-            warnings.append(f"reader.transfer_size: {ts.type} exported as its mean ({size:g} bytes)")
+            warnings.append(
+                f"reader.transfer_size: {ts.type} exported as its mean ({size:g} bytes)"
+            )
         out["transfer_size"] = max(1, round(size or 0))
     if rd.preprocess_time != Distribution.fixed(0.0):
         spec = _dist_to_dlio(rd.preprocess_time, "reader.preprocess_time", warnings)
@@ -233,8 +284,10 @@ def _export_train(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
     if tr.total_training_steps is not None:
         out["total_training_steps"] = tr.total_training_steps
     if tr.steps_per_epoch is not None:
-        warnings.append(f"train.steps_per_epoch={tr.steps_per_epoch} has no DLIO key: DLIO derives steps from "
-                        f"files x samples / (batch_size x ranks)")
+        warnings.append(
+            f"train.steps_per_epoch={tr.steps_per_epoch} has no DLIO key: DLIO derives steps from "
+            f"files x samples / (batch_size x ranks)"
+        )
     if model.reader.shuffle_seed is not None:
         out["seed"] = model.reader.shuffle_seed
     return out
@@ -243,12 +296,17 @@ def _export_train(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
 def _export_evaluation(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
     ev = model.train.evaluation
     assert ev is not None
-    out: dict[str, Any] = {"epochs_between_evals": ev.every_n_epochs, "eval_after_epoch": ev.after_epoch}
+    out: dict[str, Any] = {
+        "epochs_between_evals": ev.every_n_epochs,
+        "eval_after_epoch": ev.after_epoch,
+    }
     spec = _dist_to_dlio(ev.computation_time, "train.evaluation.computation_time", warnings)
     if spec is not None:
         out["eval_time"] = spec
     if ev.steps is not None:
-        warnings.append("train.evaluation.steps has no DLIO key: DLIO evaluates all num_files_eval files")
+        warnings.append(
+            "train.evaluation.steps has no DLIO key: DLIO evaluates all num_files_eval files"
+        )
     return out
 
 
@@ -260,19 +318,29 @@ def _export_checkpoint(model: WorkloadModel, warnings: list[str]) -> dict[str, A
     if ck.checkpoint_folder is not None:
         out["checkpoint_folder"] = ck.checkpoint_folder
     out["checkpoint_after_epoch"] = ck.checkpoint_after_epoch
-    for key in ("epochs_between_checkpoints", "steps_between_checkpoints", "time_between_checkpoints",
-                "num_checkpoints_write", "num_checkpoints_read"):
+    for key in (
+        "epochs_between_checkpoints",
+        "steps_between_checkpoints",
+        "time_between_checkpoints",
+        "num_checkpoints_write",
+        "num_checkpoints_read",
+    ):
         if getattr(ck, key) is not None:
             out[key] = getattr(ck, key)
     out["fsync"] = ck.fsync
     if ck.enabled:
         _warn_checkpoint_size(model, warnings)
         if not model.model.num_layers:
-            size = model.model.model_size if model.model.model_size is not None else ck.bytes_per_checkpoint
+            size = (
+                model.model.model_size
+                if model.model.model_size is not None
+                else ck.bytes_per_checkpoint
+            )
             warnings.append(
                 f"checkpoint: written for DLIO releases after 2.0.0 (model.model_size_bytes); DLIO 2.0.0 "
                 f"reads checkpoint.model_size and adds its default {sum(DLIO_2_0_LAYER_PARAMETERS)}-byte layer "
-                f"file: for it, set checkpoint.model_size: {size} and checkpoint.num_layers: 0")
+                f"file: for it, set checkpoint.model_size: {size} and checkpoint.num_layers: 0"
+            )
     return out
 
 
@@ -283,9 +351,11 @@ def _warn_checkpoint_size(model: WorkloadModel, warnings: list[str]) -> None:
         size = info.model_size if info.model_size is not None else ck.bytes_per_checkpoint
         estimate = (size, 1)
     if estimate != (ck.bytes_per_checkpoint, ck.files_per_checkpoint):
-        warnings.append(f"checkpoint: DLIO will write about {estimate[0]} bytes in {estimate[1]} file(s) per "
-                        f"checkpoint; the model says {ck.bytes_per_checkpoint} bytes in "
-                        f"{ck.files_per_checkpoint} file(s)")
+        warnings.append(
+            f"checkpoint: DLIO will write about {estimate[0]} bytes in {estimate[1]} file(s) per "
+            f"checkpoint; the model says {ck.bytes_per_checkpoint} bytes in "
+            f"{ck.files_per_checkpoint} file(s)"
+        )
 
 
 def _spends(d: Distribution) -> bool:
@@ -332,7 +402,9 @@ def _time_inexpressible(model: WorkloadModel) -> list[str]:
     if _spends(tr.computation_host_cpu):
         lost.append("train.computation_host_cpu (DLIO's compute is a sleep)")
     if model.reader.batch_tensors != 1:
-        lost.append(f"reader.batch_tensors={model.reader.batch_tensors} (DLIO's batch is one tensor)")
+        lost.append(
+            f"reader.batch_tensors={model.reader.batch_tensors} (DLIO's batch is one tensor)"
+        )
     if _spends(model.checkpoint.serialization_time):
         lost.append("checkpoint.serialization_time")
     return lost
@@ -343,11 +415,17 @@ def _inexpressible(model: WorkloadModel) -> list[str]:
     rd, pr = model.reader, model.processes
     lost = _io_inexpressible(model) + _time_inexpressible(model)
     if rd.data_loader == "pytorch":
-        dlio_way = {"reader.persistent_workers": rd.persistent_workers or rd.read_threads == 0,
-                    "reader.pin_memory": rd.pin_memory, "reader.drop_last": rd.drop_last,
-                    "reader.sample_order": rd.sample_order == "dlio"}
-        lost.extend(f"{k}={getattr(rd, k.split('.')[1])} (DLIO's PyTorch loader differs)"
-                    for k, same in dlio_way.items() if not same)
+        dlio_way = {
+            "reader.persistent_workers": rd.persistent_workers or rd.read_threads == 0,
+            "reader.pin_memory": rd.pin_memory,
+            "reader.drop_last": rd.drop_last,
+            "reader.sample_order": rd.sample_order == "dlio",
+        }
+        lost.extend(
+            f"{k}={getattr(rd, k.split('.')[1])} (DLIO's PyTorch loader differs)"
+            for k, same in dlio_way.items()
+            if not same
+        )
     par = model.model.parallelism
     implied = par.tensor * par.pipeline * (par.data or 1) if par else 1
     if pr.ranks != implied:
@@ -364,9 +442,12 @@ def model_to_dlio(model: WorkloadModel) -> tuple[dict[str, Any], list[str]]:
         cfg["model"] = info
     cfg["framework"] = model.framework
     tr = model.train
-    cfg["workflow"] = {"generate_data": False, "train": tr.enabled,
-                       "evaluation": tr.enabled and tr.evaluation is not None,
-                       "checkpoint": model.checkpoint.enabled}
+    cfg["workflow"] = {
+        "generate_data": False,
+        "train": tr.enabled,
+        "evaluation": tr.enabled and tr.evaluation is not None,
+        "checkpoint": model.checkpoint.enabled,
+    }
     if tr.enabled:
         cfg["dataset"] = _export_dataset(model, warnings)
         cfg["reader"] = _export_reader(model, warnings)
@@ -374,8 +455,10 @@ def model_to_dlio(model: WorkloadModel) -> tuple[dict[str, Any], list[str]]:
         if tr.evaluation is not None:
             cfg["evaluation"] = _export_evaluation(model, warnings)
     else:
-        warnings.append("training is off: dataset, reader and train sections left out "
-                        "(DLIO reads no data in a checkpoint-only run)")
+        warnings.append(
+            "training is off: dataset, reader and train sections left out "
+            "(DLIO reads no data in a checkpoint-only run)"
+        )
         if tr.evaluation is not None:
             warnings.append("train.evaluation left out: DLIO evaluates only while training")
     ck = _export_checkpoint(model, warnings)
@@ -391,13 +474,18 @@ def model_to_dlio(model: WorkloadModel) -> tuple[dict[str, Any], list[str]]:
 def export_dlio(model: WorkloadModel, path: str | os.PathLike[str]) -> list[str]:
     """Write *model* as a DLIO workload YAML (atomically); returns the lossy steps taken."""
     cfg, warnings = model_to_dlio(model)
-    source = model.provenance.source_trace or model.provenance.source_config or "a dlreplay workload model"
-    header = [f"# DLIO workload exported by dlreplay {__version__} from {source}",
-              "# units: bytes, seconds"]
+    source = (
+        model.provenance.source_trace
+        or model.provenance.source_config
+        or "a dlreplay workload model"
+    )
+    header = [
+        f"# DLIO workload exported by dlreplay {__version__} from {source}",
+        "# units: bytes, seconds",
+    ]
     header += [f"# lossy: {w}" for w in warnings]
     try:
         atomic_write_text(path, "\n".join(header) + "\n" + dump_yaml(cfg))
     except OSError as exc:
         raise ModelError(f"{path}: cannot write the DLIO config ({exc.strerror or exc})") from None
     return warnings
-

@@ -36,14 +36,28 @@ import numpy as np
 
 from dlreplay.model import ArrayFile, ArrayMember, ImageFile, Layout
 
-__all__ = ["DLIO_READER_FORMATS", "array_file_bytes", "dims_from_file_bytes", "dims_from_image_bytes", "dlio_dimension",
-           "generated_dims", "generated_layout", "image_file_bytes", "resized_sample_bytes"]
+__all__ = [
+    "DLIO_READER_FORMATS",
+    "array_file_bytes",
+    "dims_from_file_bytes",
+    "dims_from_image_bytes",
+    "dlio_dimension",
+    "generated_dims",
+    "generated_layout",
+    "image_file_bytes",
+    "resized_sample_bytes",
+]
 
 #: DLIO 2.0.0's reader classes (as its trace names them: ``reader/<Class>.read_index``) ->
 #: the formats they read.
 DLIO_READER_FORMATS: dict[str, tuple[str, ...]] = {
-    "NPZReader": ("npz",), "NPYReader": ("npy",), "HDF5Reader": ("hdf5",), "ImageReader": ("jpeg", "png"),
-    "TFReader": ("tfrecord",), "CSVReader": ("csv",), "IndexedBinaryReader": ("indexed_binary",),
+    "NPZReader": ("npz",),
+    "NPYReader": ("npy",),
+    "HDF5Reader": ("hdf5",),
+    "ImageReader": ("jpeg", "png"),
+    "TFReader": ("tfrecord",),
+    "CSVReader": ("csv",),
+    "IndexedBinaryReader": ("indexed_binary",),
     "IndexedBinaryMMapReader": ("indexed_binary",),
 }
 #: Pillow's JPEG quality when ``save`` is given none (DLIO gives none).
@@ -55,8 +69,15 @@ def dlio_dimension(record_length: float) -> int:
     return max(int(math.sqrt(max(record_length, 0.0))), 1)
 
 
-def generated_layout(fmt: str, samples_per_file: int, dims: tuple[int, int], *, compression: str = "none",
-                     compression_level: int | None = None, chunk_size: int | None = None) -> Layout | None:
+def generated_layout(
+    fmt: str,
+    samples_per_file: int,
+    dims: tuple[int, int],
+    *,
+    compression: str = "none",
+    compression_level: int | None = None,
+    chunk_size: int | None = None,
+) -> Layout | None:
     """The layout DLIO 2.0.0's generator writes for *fmt* with samples of ``dims = (d1, d2)``
     elements (``chunk_size``: bytes, when ``enable_chunking``); None for formats whose
     files have no inner structure to speak of (tfrecord, csv, indexed_binary)."""
@@ -64,16 +85,38 @@ def generated_layout(fmt: str, samples_per_file: int, dims: tuple[int, int], *, 
     if fmt == "npz":
         storage = "deflated" if compression == "zip" else "stored"
         comp = "deflate" if storage == "deflated" else None
-        members = [ArrayMember(name="x.npy", dtype="|u1", shape=[d1, d2, spf], storage=storage, compression=comp,
-                               zip64=True),
-                   ArrayMember(name="y.npy", dtype="<i8", shape=[spf], storage=storage, compression=comp, zip64=True)]
+        members = [
+            ArrayMember(
+                name="x.npy",
+                dtype="|u1",
+                shape=[d1, d2, spf],
+                storage=storage,
+                compression=comp,
+                zip64=True,
+            ),
+            ArrayMember(
+                name="y.npy",
+                dtype="<i8",
+                shape=[spf],
+                storage=storage,
+                compression=comp,
+                zip64=True,
+            ),
+        ]
         size = array_file_bytes(fmt, spf, (d1, d2)) if storage == "stored" else None
-        return Layout(compressed=storage == "deflated", source="dlio",
-                      arrays=[ArrayFile(bytes=size, samples=spf, members=members)])
+        return Layout(
+            compressed=storage == "deflated",
+            source="dlio",
+            arrays=[ArrayFile(bytes=size, samples=spf, members=members)],
+        )
     if fmt == "npy":
         member = ArrayMember(name="", dtype="|u1", shape=[d1, d2, spf])
-        return Layout(source="dlio", arrays=[ArrayFile(bytes=array_file_bytes(fmt, spf, (d1, d2)), samples=spf,
-                                                       members=[member])])
+        return Layout(
+            source="dlio",
+            arrays=[
+                ArrayFile(bytes=array_file_bytes(fmt, spf, (d1, d2)), samples=spf, members=[member])
+            ],
+        )
     if fmt == "hdf5":
         chunks = None
         if chunk_size:
@@ -81,17 +124,45 @@ def generated_layout(fmt: str, samples_per_file: int, dims: tuple[int, int], *, 
             chunks = [1, c, c]
         filt = None if compression in (None, "none") else compression
         level = compression_level if filt == "gzip" else None
-        records = ArrayMember(name="/records", dtype="|u1", shape=[spf, d1, d2],
-                              storage="chunked" if chunks or filt else "contiguous", chunks=chunks,
-                              compression=filt, compression_level=level, fill_value=0.0, track_times=True)
-        labels = ArrayMember(name="/labels", dtype="<i8", shape=[spf], storage="contiguous", fill_value=0.0,
-                             track_times=True)
+        records = ArrayMember(
+            name="/records",
+            dtype="|u1",
+            shape=[spf, d1, d2],
+            storage="chunked" if chunks or filt else "contiguous",
+            chunks=chunks,
+            compression=filt,
+            compression_level=level,
+            fill_value=0.0,
+            track_times=True,
+        )
+        labels = ArrayMember(
+            name="/labels",
+            dtype="<i8",
+            shape=[spf],
+            storage="contiguous",
+            fill_value=0.0,
+            track_times=True,
+        )
         size = array_file_bytes(fmt, spf, (d1, d2)) if records.storage == "contiguous" else None
-        return Layout(source="dlio", hdf5_compression=filt, compression_level=level,
-                      hdf5_chunk_shape=chunks, arrays=[ArrayFile(bytes=size, samples=spf, members=[labels, records])])
+        return Layout(
+            source="dlio",
+            hdf5_compression=filt,
+            compression_level=level,
+            hdf5_chunk_shape=chunks,
+            arrays=[ArrayFile(bytes=size, samples=spf, members=[labels, records])],
+        )
     if fmt in ("jpeg", "png"):
-        return Layout(source="dlio", images=[ImageFile(width=d2, height=d1, mode="L",
-                                                       quality=PIL_DEFAULT_JPEG_QUALITY if fmt == "jpeg" else None)])
+        return Layout(
+            source="dlio",
+            images=[
+                ImageFile(
+                    width=d2,
+                    height=d1,
+                    mode="L",
+                    quality=PIL_DEFAULT_JPEG_QUALITY if fmt == "jpeg" else None,
+                )
+            ],
+        )
     return None
 
 
@@ -115,7 +186,9 @@ class _CountingSink(io.RawIOBase):
         return n
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else (self.pos + offset if whence == 1 else self.size + offset)
+        self.pos = (
+            offset if whence == 0 else (self.pos + offset if whence == 1 else self.size + offset)
+        )
         return self.pos
 
     def tell(self) -> int:
@@ -124,7 +197,9 @@ class _CountingSink(io.RawIOBase):
 
 def _zeros(shape: tuple[int, ...]) -> np.ndarray:
     """A read-only uint8 array of *shape* backed by one byte (no memory per element)."""
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.uint8), shape=shape, strides=(0,) * len(shape))
+    return np.lib.stride_tricks.as_strided(
+        np.zeros(1, dtype=np.uint8), shape=shape, strides=(0,) * len(shape)
+    )
 
 
 def array_file_bytes(fmt: str, samples_per_file: int, dims: tuple[int, int]) -> int | None:
@@ -165,7 +240,9 @@ def _hdf5_overhead(spf: int) -> int:
     return _H5_OVERHEAD[spf]
 
 
-def dims_from_file_bytes(fmt: str, samples_per_file: int, file_bytes: int, unseen: int = 0) -> tuple[int, int] | None:
+def dims_from_file_bytes(
+    fmt: str, samples_per_file: int, file_bytes: int, unseen: int = 0
+) -> tuple[int, int] | None:
     """The square sample ``(d, d)`` whose DLIO file (:func:`array_file_bytes`) has *file_bytes*
     bytes, or up to *unseen* bytes more (a trace that saw the file up to its last read, not
     its end); None when there is none (not DLIO's generator, compressed or chunked files,
@@ -187,13 +264,17 @@ def image_file_bytes(fmt: str, dims: tuple[int, int]) -> int:
     generator seeds it), grayscale, saved by Pillow with DLIO's arguments."""
     from PIL import Image
 
-    records = np.random.RandomState(10).randint(255, size=(int(dims[0]), int(dims[1])), dtype=np.uint8)
+    records = np.random.RandomState(10).randint(
+        255, size=(int(dims[0]), int(dims[1])), dtype=np.uint8
+    )
     bio = io.BytesIO()
     Image.fromarray(records).save(bio, format="JPEG" if fmt == "jpeg" else "PNG", bits=8)
     return len(bio.getvalue())
 
 
-def dims_from_image_bytes(fmt: str, file_bytes: float, tolerance: float = 0.02) -> tuple[int, int] | None:
+def dims_from_image_bytes(
+    fmt: str, file_bytes: float, tolerance: float = 0.02
+) -> tuple[int, int] | None:
     """The square side whose DLIO image (:func:`image_file_bytes`) is nearest *file_bytes* (the
     files' median), within *tolerance* (relative); None when no side comes that close. JPEG
     sides are found to a multiple of 8 (the sides of one 8x8-block count encode to the same
@@ -228,10 +309,16 @@ def resized_sample_bytes(fmt: str, layout: Layout) -> int | None:
         side = int(math.sqrt(layout.images[0].width * layout.images[0].height))
         return side * side
     if fmt in ("npz", "npy", "hdf5") and layout.arrays and layout.arrays[0].members:
-        member = next((m for m in layout.arrays[0].members if m.name in ("x.npy", "", "/records")), None)
+        member = next(
+            (m for m in layout.arrays[0].members if m.name in ("x.npy", "", "/records")), None
+        )
         if member is None or len(member.shape) != 3:
             return None
-        d1, d2 = (member.shape[0], member.shape[1]) if fmt != "hdf5" else (member.shape[1], member.shape[2])
+        d1, d2 = (
+            (member.shape[0], member.shape[1])
+            if fmt != "hdf5"
+            else (member.shape[1], member.shape[2])
+        )
         side = int(math.sqrt(d1 * d2))
         return side * side
     return None
@@ -256,15 +343,26 @@ def generated_dims(fmt: str, samples_per_file: int, layout: Layout) -> tuple[int
         dims = (main.shape[1], main.shape[2]) if fmt == "hdf5" else (main.shape[0], main.shape[1])
     else:
         return None
-    want = generated_layout(fmt, samples_per_file, dims, compression="zip" if layout.compressed else
-                            (layout.hdf5_compression or "none"), compression_level=layout.compression_level,
-                            chunk_size=layout.hdf5_chunk_bytes)
+    want = generated_layout(
+        fmt,
+        samples_per_file,
+        dims,
+        compression="zip" if layout.compressed else (layout.hdf5_compression or "none"),
+        compression_level=layout.compression_level,
+        chunk_size=layout.hdf5_chunk_bytes,
+    )
     if want is None:
         return None
     if fmt in ("jpeg", "png"):
         a, b = layout.images[0], want.images[0]  # type: ignore[index]
-        same = (a.width, a.height, a.mode, a.quality or None, a.progressive, a.subsampling in (None, "4:2:0")) == \
-            (b.width, b.height, b.mode, b.quality, False, True)
+        same = (
+            a.width,
+            a.height,
+            a.mode,
+            a.quality or None,
+            a.progressive,
+            a.subsampling in (None, "4:2:0"),
+        ) == (b.width, b.height, b.mode, b.quality, False, True)
         return dims if same else None
 
     def key(m: ArrayMember) -> tuple[Any, ...]:

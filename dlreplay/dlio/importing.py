@@ -64,7 +64,9 @@ def _import_model_info(imp: Importer) -> dict[str, Any]:
         if given:
             out[key] = value
             imp.mark(f"model.{key}", f"model.{key}")
-    size, size_key = imp.first(("model.model_size_bytes", "model.model_size", "checkpoint.model_size"), "int>=0")
+    size, size_key = imp.first(
+        ("model.model_size_bytes", "model.model_size", "checkpoint.model_size"), "int>=0"
+    )
     if size_key:
         out["model_size"] = size
         imp.mark("model.model_size", size_key)
@@ -77,8 +79,10 @@ def _import_model_info(imp: Importer) -> dict[str, Any]:
         if src:
             out[key] = value
             imp.mark(f"model.{key}", src)
-    for sub, names in (("parallelism", ("tensor", "pipeline", "data", "zero_stage")),
-                       ("transformer", sorted(DLIO_NESTED_KEYS["model.transformer"]))):
+    for sub, names in (
+        ("parallelism", ("tensor", "pipeline", "data", "zero_stage")),
+        ("transformer", sorted(DLIO_NESTED_KEYS["model.transformer"])),
+    ):
         part = {}
         for name in names:
             kind = "int" if name == "zero_stage" else "int>0"
@@ -91,40 +95,49 @@ def _import_model_info(imp: Importer) -> dict[str, Any]:
     return out
 
 
-
 def _dlio_2_0_size(imp: Importer, info: dict[str, Any]) -> tuple[int, int]:
     """:func:`dlio_2_0_checkpoint` of the config's ``checkpoint`` keys (DLIO 2.0.0's defaults
     for the rest); ``info``'s ``model_size`` becomes DLIO 2.0.0's."""
     size, size_given = imp.get("checkpoint.model_size", "int>=0", DLIO_DEFAULTS["model_size"])
     groups, _ = imp.get("checkpoint.optimization_groups", "ints>=0", [])
     layers, _ = imp.get("checkpoint.num_layers", "int>=0", 1)
-    params, params_given = imp.get("checkpoint.layer_parameters", "ints>=0", list(DLIO_2_0_LAYER_PARAMETERS))
+    params, params_given = imp.get(
+        "checkpoint.layer_parameters", "ints>=0", list(DLIO_2_0_LAYER_PARAMETERS)
+    )
     tensor, _ = imp.get("checkpoint.tensor_parallelism", "int>0", 1)
     imp.get("checkpoint.pipeline_parallelism", "int>0")  # (which ranks write layers: rank 0 does)
     for later in LATER_SIZING:
         if imp.has(later):
-            imp.notes.append(f"{later} is not read by DLIO 2.0.0 (its checkpoint sizing keys are in `checkpoint`)")
+            imp.notes.append(
+                f"{later} is not read by DLIO 2.0.0 (its checkpoint sizing keys are in `checkpoint`)"
+            )
     if info.get("model_size") != size:
         info["model_size"] = size
         imp.mark("model.model_size", "checkpoint.model_size" if size_given else None)
     nbytes, files = dlio_2_0_checkpoint(size, groups, layers, params, tensor)
-    how = ("DLIO 2.0.0 checkpoint sizing: model_size, optimization_groups, num_layers x layer_parameters"
-           + ("" if params_given else f" (default {list(DLIO_2_0_LAYER_PARAMETERS)})"))
+    how = (
+        "DLIO 2.0.0 checkpoint sizing: model_size, optimization_groups, num_layers x layer_parameters"
+        + ("" if params_given else f" (default {list(DLIO_2_0_LAYER_PARAMETERS)})")
+    )
     imp.mark("checkpoint.bytes_per_checkpoint", None, inferred=how)
     imp.mark("checkpoint.files_per_checkpoint", None, inferred=how)
     kind, _ = imp.get("checkpoint.type", "str", "rank_zero")
     if kind == "all_ranks":
-        imp.notes.append("checkpoint.type all_ranks: the checkpoint sizes are per rank (DLIO takes the ranks from mpirun)")
+        imp.notes.append(
+            "checkpoint.type all_ranks: the checkpoint sizes are per rank (DLIO takes the ranks from mpirun)"
+        )
     return nbytes, files
 
 
 def _checkpoint_size(info: dict[str, Any], imp: Importer) -> tuple[int, int]:
     """Bytes and files per checkpoint, recorded in provenance."""
     if imp.dlio_version == "2.0.0" or (
-            imp.dlio_version == "auto" and not any(imp.has(k) for k in LATER_SIZING)):
+        imp.dlio_version == "auto" and not any(imp.has(k) for k in LATER_SIZING)
+    ):
         return _dlio_2_0_size(imp, info)
     model_info = ModelInfo(
-        num_layers=info.get("num_layers"), model_size=info.get("model_size"),
+        num_layers=info.get("num_layers"),
+        model_size=info.get("model_size"),
         parallelism=Parallelism(**info["parallelism"]) if "parallelism" in info else None,
         transformer=Transformer(**info["transformer"]) if "transformer" in info else None,
     )
@@ -135,8 +148,14 @@ def _checkpoint_size(info: dict[str, Any], imp: Importer) -> tuple[int, int]:
         imp.mark("checkpoint.files_per_checkpoint", None, inferred=how)
         return estimate
     if "model_size" in info:
-        imp.mark("checkpoint.bytes_per_checkpoint", None, inferred="model.model_size (DLIO model state)")
-        imp.mark("checkpoint.files_per_checkpoint", None, inferred="DLIO writes one model-state file (rank 0)")
+        imp.mark(
+            "checkpoint.bytes_per_checkpoint", None, inferred="model.model_size (DLIO model state)"
+        )
+        imp.mark(
+            "checkpoint.files_per_checkpoint",
+            None,
+            inferred="DLIO writes one model-state file (rank 0)",
+        )
         return info["model_size"], 1
     imp.mark("checkpoint.bytes_per_checkpoint", None)
     imp.mark("checkpoint.files_per_checkpoint", None)
@@ -151,7 +170,9 @@ def _import_format(imp: Importer) -> str:
     if fmt not in DLIO_FORMATS:
         raise imp.fail("dataset.format", f"expected one of {', '.join(DLIO_FORMATS)}, got {fmt!r}")
     if fmt == "synthetic":
-        raise imp.fail("dataset.format", "synthetic data has no files to replay; give the real format")
+        raise imp.fail(
+            "dataset.format", "synthetic data has no files to replay; give the real format"
+        )
     if fmt in _FORMAT_MAP:
         imp.notes.append(f"dataset.format {fmt} imported as {_FORMAT_MAP[fmt]}")
     imp.mark("dataset.format", "dataset.format" if given else None)
@@ -162,7 +183,9 @@ def _import_layout(imp: Importer, fmt: str) -> dict[str, Any]:
     layout: dict[str, Any] = {}
     comp, comp_given = imp.get("dataset.compression", "str", "none")
     if comp not in DLIO_COMPRESSIONS:
-        raise imp.fail("dataset.compression", f"expected one of {', '.join(DLIO_COMPRESSIONS)}, got {comp!r}")
+        raise imp.fail(
+            "dataset.compression", f"expected one of {', '.join(DLIO_COMPRESSIONS)}, got {comp!r}"
+        )
     if comp_given and comp != "none":
         if fmt == "npz":
             layout["compressed"] = True
@@ -189,30 +212,50 @@ def _import_layout(imp: Importer, fmt: str) -> dict[str, Any]:
 def _import_dataset(imp: Importer) -> dict[str, Any]:
     fmt = _import_format(imp)
     out: dict[str, Any] = {"format": fmt}
-    for path, key, kind in (("num_files", "num_files_train", "int>0"), ("num_files_eval", "num_files_eval", "int>=0"),
-                            ("num_samples_per_file", "num_samples_per_file", "int>0"),
-                            ("num_subfolders", "num_subfolders_train", "int>=0"),
-                            ("data_folder", "data_folder", "str")):
+    for path, key, kind in (
+        ("num_files", "num_files_train", "int>0"),
+        ("num_files_eval", "num_files_eval", "int>=0"),
+        ("num_samples_per_file", "num_samples_per_file", "int>0"),
+        ("num_subfolders", "num_subfolders_train", "int>=0"),
+        ("data_folder", "data_folder", "str"),
+    ):
         value, given = imp.get(f"dataset.{key}", kind, DLIO_DEFAULTS.get(key, 0))
         out[path] = value
         imp.mark(f"dataset.{path}", f"dataset.{key}" if given else None)
-    length, length_key = imp.first(("dataset.record_length_bytes", "dataset.record_length"), "num>=0",
-                                   DLIO_DEFAULTS["record_length_bytes"])
-    stdev, stdev_key = imp.first(("dataset.record_length_bytes_stdev", "dataset.record_length_stdev"), "num>=0", 0)
-    record = Distribution(type="normal", mean=length, stdev=stdev) if stdev > 0 else Distribution.fixed(length)
+    length, length_key = imp.first(
+        ("dataset.record_length_bytes", "dataset.record_length"),
+        "num>=0",
+        DLIO_DEFAULTS["record_length_bytes"],
+    )
+    stdev, stdev_key = imp.first(
+        ("dataset.record_length_bytes_stdev", "dataset.record_length_stdev"), "num>=0", 0
+    )
+    record = (
+        Distribution(type="normal", mean=length, stdev=stdev)
+        if stdev > 0
+        else Distribution.fixed(length)
+    )
     out["record_length"] = record
     imp.mark("dataset.record_length", "/".join(k for k in (length_key, stdev_key) if k) or None)
-    resize, resize_key = imp.first(("dataset.record_length_bytes_resize", "dataset.record_length_resize"), "int>=0")
+    resize, resize_key = imp.first(
+        ("dataset.record_length_bytes_resize", "dataset.record_length_resize"), "int>=0"
+    )
     if resize_key and resize > 0:
         out["record_length_resize"] = resize
         imp.mark("dataset.record_length_resize", resize_key)
     size = _file_size(record, out["num_samples_per_file"])
     if size is not None:
         out["file_size"] = size
-        imp.mark("dataset.file_size", None, inferred="num_samples_per_file x record_length (format overhead ignored)")
+        imp.mark(
+            "dataset.file_size",
+            None,
+            inferred="num_samples_per_file x record_length (format overhead ignored)",
+        )
     layout = _import_layout(imp, fmt)
     if stdev == 0:
-        _import_generated(imp, fmt, out, layout, length, resize if resize_key and resize > 0 else None)
+        _import_generated(
+            imp, fmt, out, layout, length, resize if resize_key and resize > 0 else None
+        )
     if fmt == "indexed_binary":  # DLIO's generator writes each file's record index beside it
         layout["index"] = "dlio"
     if layout:
@@ -220,18 +263,28 @@ def _import_dataset(imp: Importer) -> dict[str, Any]:
     return out
 
 
-def _import_generated(imp: Importer, fmt: str, out: dict[str, Any], layout: dict[str, Any], length: float,
-                      resize: int | None) -> None:
+def _import_generated(
+    imp: Importer,
+    fmt: str,
+    out: dict[str, Any],
+    layout: dict[str, Any],
+    length: float,
+    resize: int | None,
+) -> None:
     """The files DLIO 2.0.0's generator writes (:mod:`dlreplay.dlio.generator`) into *layout* and the
     sizes in *out*: square uint8 samples of side ``int(sqrt(record_length))``; images are
     their encoded size on disk (``record_length`` is DLIO's decoded bytes); the sample a reader
     hands over is DLIO's ``resized_image`` unless the config resizes it."""
     side = dlio_dimension(length)
     chunking, _ = imp.get("dataset.enable_chunking", "bool", False)
-    gen = generated_layout(fmt, out["num_samples_per_file"], (side, side),
-                           compression=str(imp.raw("dataset.compression")[0] or "none"),
-                           compression_level=layout.get("compression_level"),
-                           chunk_size=layout.get("hdf5_chunk_bytes") if chunking else None)
+    gen = generated_layout(
+        fmt,
+        out["num_samples_per_file"],
+        (side, side),
+        compression=str(imp.raw("dataset.compression")[0] or "none"),
+        compression_level=layout.get("compression_level"),
+        chunk_size=layout.get("hdf5_chunk_bytes") if chunking else None,
+    )
     if gen is None:
         return
     how = f"DLIO 2.0.0's {fmt} generator: {side}x{side} uint8 samples (int(sqrt(record_length)))"
@@ -245,18 +298,29 @@ def _import_generated(imp: Importer, fmt: str, out: dict[str, Any], layout: dict
         encoded = image_file_bytes(fmt, (side, side))
         out["record_length"] = Distribution.fixed(encoded)
         out["file_size"] = Distribution.fixed(encoded)
-        imp.mark("dataset.record_length", None, inferred=f"{how}, saved by Pillow: {encoded:,} B on disk "
-                                                          f"(DLIO's record_length {int(length):,} B is the decoded image)")
+        imp.mark(
+            "dataset.record_length",
+            None,
+            inferred=f"{how}, saved by Pillow: {encoded:,} B on disk "
+            f"(DLIO's record_length {int(length):,} B is the decoded image)",
+        )
         imp.mark("dataset.file_size", None, inferred="the encoded image")
     else:
         nbytes = array_file_bytes(fmt, out["num_samples_per_file"], (side, side))
-        if nbytes is not None and not layout.get("compressed") and not layout.get("hdf5_compression"):
+        if (
+            nbytes is not None
+            and not layout.get("compressed")
+            and not layout.get("hdf5_compression")
+        ):
             out["file_size"] = Distribution.fixed(nbytes)
             imp.mark("dataset.file_size", None, inferred=f"{how}: the file DLIO writes")
     if resize is None:
         out["record_length_resize"] = side * side
-        imp.mark("dataset.record_length_resize", None,
-                 inferred="DLIO's readers hand over resized_image, max_dimension^2 bytes (no record_length_resize)")
+        imp.mark(
+            "dataset.record_length_resize",
+            None,
+            inferred="DLIO's readers hand over resized_image, max_dimension^2 bytes (no record_length_resize)",
+        )
 
 
 def _import_shuffle(imp: Importer, key: str) -> str:
@@ -277,22 +341,36 @@ def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
         imp.mark("reader.memory_map", "dataset.format")
     loader, given = imp.get("reader.data_loader", "str", framework)
     if loader not in DLIO_DATA_LOADERS:
-        raise imp.fail("reader.data_loader", f"expected one of {', '.join(DLIO_DATA_LOADERS)}, got {loader!r}")
+        raise imp.fail(
+            "reader.data_loader", f"expected one of {', '.join(DLIO_DATA_LOADERS)}, got {loader!r}"
+        )
     if loader == "native_dali":
         imp.notes.append("reader.data_loader native_dali imported as dali")
         loader = "dali"
     out["data_loader"] = loader
     imp.mark("reader.data_loader", "reader.data_loader" if given else None)
     out["worker_kind"] = "process" if loader == "pytorch" else "thread"
-    imp.mark("reader.worker_kind", None, inferred=f"DLIO's {loader} loader uses {out['worker_kind']} workers")
-    for key, kind in (("batch_size", "int>0"), ("batch_size_eval", "int>0"), ("read_threads", "int>=0"),
-                      ("computation_threads", "int>0")):
+    imp.mark(
+        "reader.worker_kind",
+        None,
+        inferred=f"DLIO's {loader} loader uses {out['worker_kind']} workers",
+    )
+    for key, kind in (
+        ("batch_size", "int>0"),
+        ("batch_size_eval", "int>0"),
+        ("read_threads", "int>=0"),
+        ("computation_threads", "int>0"),
+    ):
         out[key], given = imp.get(f"reader.{key}", kind, DLIO_DEFAULTS[key])
         imp.mark(f"reader.{key}", f"reader.{key}" if given else None)
     prefetch, given = imp.get("reader.prefetch_size", "int>=0", DLIO_DEFAULTS["prefetch_size"])
     out["prefetch_factor"] = _prefetch_factor(prefetch, out["read_threads"], loader)
-    imp.mark("reader.prefetch_factor", None, inferred=f"from DLIO reader.prefetch_size={prefetch}"
-             + ("" if given else " (DLIO default)"))
+    imp.mark(
+        "reader.prefetch_factor",
+        None,
+        inferred=f"from DLIO reader.prefetch_size={prefetch}"
+        + ("" if given else " (DLIO default)"),
+    )
     for key in ("file_shuffle", "sample_shuffle"):
         out[key] = _import_shuffle(imp, f"reader.{key}")
     out["shuffle_seed"], given = imp.get("train.seed", "int", DLIO_DEFAULTS["seed"])
@@ -305,25 +383,40 @@ def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
     if given:
         out["transfer_size"] = Distribution.fixed(transfer)
         imp.mark("reader.transfer_size", "reader.transfer_size")
-    out["preprocess_time"], given = dlio_distribution(imp, "reader.preprocess_time", "reader.preprocess_time_stdev", 0.0)
+    out["preprocess_time"], given = dlio_distribution(
+        imp, "reader.preprocess_time", "reader.preprocess_time_stdev", 0.0
+    )
     imp.mark("reader.preprocess_time", "reader.preprocess_time" if given else None)
     ctx, given = imp.get("reader.multiprocessing_context", "str", "fork")
     if ctx not in MP_CONTEXTS:
-        raise imp.fail("reader.multiprocessing_context", f"expected one of {', '.join(MP_CONTEXTS)}, got {ctx!r}")
+        raise imp.fail(
+            "reader.multiprocessing_context",
+            f"expected one of {', '.join(MP_CONTEXTS)}, got {ctx!r}",
+        )
     out["multiprocessing_context"] = ctx
     imp.mark("reader.multiprocessing_context", "reader.multiprocessing_context" if given else None)
     if loader == "pytorch":
         # DLIO 2.0's TorchDataLoader: DataLoader(persistent_workers=True, pin_memory=True, drop_last=True,
         # sampler=dlio_sampler); replayed the same way unless overridden (--set)
-        out.update(persistent_workers=out["read_threads"] > 0, pin_memory=True, drop_last=True,
-                   sample_order="dlio")
+        out.update(
+            persistent_workers=out["read_threads"] > 0,
+            pin_memory=True,
+            drop_last=True,
+            sample_order="dlio",
+        )
         for path in ("persistent_workers", "pin_memory", "drop_last"):
             imp.mark(f"reader.{path}", None, inferred=f"DLIO's PyTorch loader sets {path}=True")
-        imp.mark("reader.sample_order", None, inferred="DLIO's PyTorch sampler (contiguous samples per rank, "
-                 "seeded shuffle re-applied every epoch, file_shuffle without effect)")
+        imp.mark(
+            "reader.sample_order",
+            None,
+            inferred="DLIO's PyTorch sampler (contiguous samples per rank, "
+            "seeded shuffle re-applied every epoch, file_shuffle without effect)",
+        )
         if out["file_shuffle"] != "off":
-            imp.notes.append(f"reader.file_shuffle={out['file_shuffle']} has no effect on DLIO's PyTorch loader "
-                             "(its index sampler orders samples); replayed the same way (reader.sample_order=dlio)")
+            imp.notes.append(
+                f"reader.file_shuffle={out['file_shuffle']} has no effect on DLIO's PyTorch loader "
+                "(its index sampler orders samples); replayed the same way (reader.sample_order=dlio)"
+            )
     return out
 
 
@@ -345,10 +438,14 @@ def _import_train(imp: Importer) -> dict[str, Any]:
     if given and steps > 0:
         out["total_training_steps"] = steps
         imp.mark("train.total_training_steps", "train.total_training_steps")
-    out["computation_time"], given = dlio_distribution(imp, "train.computation_time", "train.computation_time_stdev", 0.0)
+    out["computation_time"], given = dlio_distribution(
+        imp, "train.computation_time", "train.computation_time_stdev", 0.0
+    )
     imp.mark("train.computation_time", "train.computation_time" if given else None)
     out["au_first_steps"] = "epoch"
-    imp.mark("train.au_first_steps", None, inferred="DLIO leaves every epoch's first step out of AU")
+    imp.mark(
+        "train.au_first_steps", None, inferred="DLIO leaves every epoch's first step out of AU"
+    )
     evaluate, _ = imp.get("workflow.evaluation", "bool", False)
     if evaluate:
         out["evaluation"] = _import_evaluation(imp)
@@ -359,7 +456,9 @@ def _import_train(imp: Importer) -> dict[str, Any]:
 
 
 def _import_evaluation(imp: Importer) -> dict[str, Any]:
-    every, _ = imp.get("evaluation.epochs_between_evals", "int>0", DLIO_DEFAULTS["epochs_between_evals"])
+    every, _ = imp.get(
+        "evaluation.epochs_between_evals", "int>0", DLIO_DEFAULTS["epochs_between_evals"]
+    )
     after, _ = imp.get("evaluation.eval_after_epoch", "int>=0", DLIO_DEFAULTS["eval_after_epoch"])
     compute, _ = dlio_distribution(imp, "evaluation.eval_time", "evaluation.eval_time_stdev", 0.0)
     return {"every_n_epochs": every, "after_epoch": after, "computation_time": compute}
@@ -384,9 +483,13 @@ def _import_checkpoint(imp: Importer, info: dict[str, Any]) -> dict[str, Any]:
         out["time_between_checkpoints"] = seconds
         imp.mark("checkpoint.time_between_checkpoints", "checkpoint.time_between_checkpoints")
     elif epochs_given or out["enabled"]:
-        out["epochs_between_checkpoints"] = epochs if epochs_given else DLIO_DEFAULTS["epochs_between_checkpoints"]
-        imp.mark("checkpoint.epochs_between_checkpoints",
-                 "checkpoint.epochs_between_checkpoints" if epochs_given else None)
+        out["epochs_between_checkpoints"] = (
+            epochs if epochs_given else DLIO_DEFAULTS["epochs_between_checkpoints"]
+        )
+        imp.mark(
+            "checkpoint.epochs_between_checkpoints",
+            "checkpoint.epochs_between_checkpoints" if epochs_given else None,
+        )
     if sum(1 for v in (steps > 0, seconds > 0, epochs_given) if v) > 1:
         imp.notes.append("several checkpoint intervals given; kept steps, else time, else epochs")
     for key in ("num_checkpoints_write", "num_checkpoints_read"):
@@ -434,30 +537,44 @@ def dlio_to_model(config: Any, source: str = "<dict>", dlio_version: str = "auto
     """Build a workload model from a parsed DLIO workload config (see the module docs);
     ``dlio_version`` (:data:`DLIO_VERSIONS`): whose checkpoint sizing to follow."""
     if dlio_version not in DLIO_VERSIONS:
-        raise ModelError(f"unknown DLIO version {dlio_version!r}: expected one of {', '.join(DLIO_VERSIONS)}")
+        raise ModelError(
+            f"unknown DLIO version {dlio_version!r}: expected one of {', '.join(DLIO_VERSIONS)}"
+        )
     imp = Importer(source, parse_sections(config, source), dlio_version=dlio_version)
     framework, given = imp.get("framework", "str", DLIO_DEFAULTS["framework"])
     if framework not in DLIO_FRAMEWORKS:
-        raise imp.fail("framework", f"expected one of {', '.join(DLIO_FRAMEWORKS)}, got {framework!r}")
+        raise imp.fail(
+            "framework", f"expected one of {', '.join(DLIO_FRAMEWORKS)}, got {framework!r}"
+        )
     imp.mark("framework", "framework" if given else None)
     info = _import_model_info(imp)
     reader = _import_reader(imp, framework)
     model = {
-        "model": info, "framework": framework, "dataset": _import_dataset(imp), "reader": reader,
-        "train": _import_train(imp), "checkpoint": _import_checkpoint(imp, info),
+        "model": info,
+        "framework": framework,
+        "dataset": _import_dataset(imp),
+        "reader": reader,
+        "train": _import_train(imp),
+        "checkpoint": _import_checkpoint(imp, info),
         "processes": _import_processes(imp, info, reader["read_threads"]),
     }
     imp.get("workflow.generate_data", "bool")
     _note_unused(imp)
     for path in NO_DLIO_KEY:
-        imp.prov.setdefault(path, {"method": "no DLIO key; dlreplay default", "confidence": "default"})
+        imp.prov.setdefault(
+            path, {"method": "no DLIO key; dlreplay default", "confidence": "default"}
+        )
     model["provenance"] = {
-        "source_config": source, "dlreplay_version": __version__,
+        "source_config": source,
+        "dlreplay_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "fields": imp.prov, "notes": [f"imported from DLIO config {source}", *imp.notes],
+        "fields": imp.prov,
+        "notes": [f"imported from DLIO config {source}", *imp.notes],
     }
     plain = {"schema": "dlreplay.workload", "format_version": 1, **_plain(model)}
-    return model_from_dict(plain, source=source, default_method="not in the DLIO config; dlreplay default")
+    return model_from_dict(
+        plain, source=source, default_method="not in the DLIO config; dlreplay default"
+    )
 
 
 def _plain(obj: Any) -> Any:
@@ -472,4 +589,3 @@ def import_dlio(path: str | os.PathLike[str], dlio_version: str = "auto") -> Wor
     """Read a DLIO workload YAML file into a workload model (``dlio_version``: see
     :data:`DLIO_VERSIONS`). Errors name the file and key."""
     return dlio_to_model(load_yaml_file(path), source=str(path), dlio_version=dlio_version)
-

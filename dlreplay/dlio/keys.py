@@ -9,8 +9,20 @@ from typing import Any
 # --------------------------------------------------------------------------- DLIO vocabulary
 
 DLIO_FRAMEWORKS = ("pytorch", "tensorflow")
-DLIO_FORMATS = ("tfrecord", "hdf5", "csv", "npz", "npy", "hdf5_opt", "jpeg", "png", "indexed_binary",
-                "mmap_indexed_binary", "synthetic", "parquet")
+DLIO_FORMATS = (
+    "tfrecord",
+    "hdf5",
+    "csv",
+    "npz",
+    "npy",
+    "hdf5_opt",
+    "jpeg",
+    "png",
+    "indexed_binary",
+    "mmap_indexed_binary",
+    "synthetic",
+    "parquet",
+)
 DLIO_DATA_LOADERS = ("tensorflow", "pytorch", "dali", "native_dali")
 DLIO_SHUFFLES = ("off", "seed", "random")
 DLIO_COMPRESSIONS = ("none", "gzip", "lzf", "bz2", "zip", "xz")
@@ -18,31 +30,106 @@ DLIO_COMPRESSIONS = ("none", "gzip", "lzf", "bz2", "zip", "xz")
 #: Keys DLIO's ``LoadConfig`` reads, per section: export writes nothing else.
 #: ``framework`` is a scalar section (one of :data:`DLIO_FRAMEWORKS`).
 DLIO_ALLOWED_KEYS: dict[str, frozenset[str]] = {
-    "model": frozenset({"name", "type", "model_size_bytes", "optimization_groups", "num_layers",
-                        "layer_parameters", "model_datatype", "optimizer_datatype", "parallelism",
-                        "transformer"}),
+    "model": frozenset(
+        {
+            "name",
+            "type",
+            "model_size_bytes",
+            "optimization_groups",
+            "num_layers",
+            "layer_parameters",
+            "model_datatype",
+            "optimizer_datatype",
+            "parallelism",
+            "transformer",
+        }
+    ),
     "framework": frozenset(),
     "workflow": frozenset({"generate_data", "train", "evaluation", "checkpoint", "profiling"}),
-    "dataset": frozenset({"record_length_bytes", "record_length_bytes_stdev", "record_length_bytes_resize",
-                          "num_files_train", "num_files_eval", "generation_buffer_size",
-                          "num_samples_per_file", "data_folder", "num_subfolders_train",
-                          "num_subfolders_eval", "enable_chunking", "chunk_size", "compression",
-                          "compression_level", "file_prefix", "format", "keep_files",
-                          "record_element_bytes", "record_element_type", "record_dims", "hdf5"}),
-    "reader": frozenset({"dont_use_mmap", "reader_classname", "multiprocessing_context", "data_loader",
-                         "data_loader_classname", "data_loader_sampler", "read_threads",
-                         "computation_threads", "batch_size", "batch_size_eval", "prefetch_size",
-                         "file_shuffle", "file_access", "shuffle_size", "sample_shuffle", "read_type",
-                         "transfer_size", "odirect", "preprocess_time", "preprocess_time_stdev",
-                         "pin_memory", "transformed_record_dims", "transformed_record_element_type"}),
-    "train": frozenset({"epochs", "total_training_steps", "seed_change_epoch", "computation_time",
-                        "computation_time_stdev", "seed"}),
-    "evaluation": frozenset({"eval_time", "eval_time_stdev", "eval_after_epoch", "epochs_between_evals"}),
-    "checkpoint": frozenset({"checkpoint_folder", "checkpoint_after_epoch", "epochs_between_checkpoints",
-                             "steps_between_checkpoints", "type", "checkpoint_mechanism_classname",
-                             "fsync", "time_between_checkpoints", "num_checkpoints_write",
-                             "num_checkpoints_read", "recovery_rank_shift", "rank_sync", "mode",
-                             "randomize_tensor", "ksm"}),
+    "dataset": frozenset(
+        {
+            "record_length_bytes",
+            "record_length_bytes_stdev",
+            "record_length_bytes_resize",
+            "num_files_train",
+            "num_files_eval",
+            "generation_buffer_size",
+            "num_samples_per_file",
+            "data_folder",
+            "num_subfolders_train",
+            "num_subfolders_eval",
+            "enable_chunking",
+            "chunk_size",
+            "compression",
+            "compression_level",
+            "file_prefix",
+            "format",
+            "keep_files",
+            "record_element_bytes",
+            "record_element_type",
+            "record_dims",
+            "hdf5",
+        }
+    ),
+    "reader": frozenset(
+        {
+            "dont_use_mmap",
+            "reader_classname",
+            "multiprocessing_context",
+            "data_loader",
+            "data_loader_classname",
+            "data_loader_sampler",
+            "read_threads",
+            "computation_threads",
+            "batch_size",
+            "batch_size_eval",
+            "prefetch_size",
+            "file_shuffle",
+            "file_access",
+            "shuffle_size",
+            "sample_shuffle",
+            "read_type",
+            "transfer_size",
+            "odirect",
+            "preprocess_time",
+            "preprocess_time_stdev",
+            "pin_memory",
+            "transformed_record_dims",
+            "transformed_record_element_type",
+        }
+    ),
+    "train": frozenset(
+        {
+            "epochs",
+            "total_training_steps",
+            "seed_change_epoch",
+            "computation_time",
+            "computation_time_stdev",
+            "seed",
+        }
+    ),
+    "evaluation": frozenset(
+        {"eval_time", "eval_time_stdev", "eval_after_epoch", "epochs_between_evals"}
+    ),
+    "checkpoint": frozenset(
+        {
+            "checkpoint_folder",
+            "checkpoint_after_epoch",
+            "epochs_between_checkpoints",
+            "steps_between_checkpoints",
+            "type",
+            "checkpoint_mechanism_classname",
+            "fsync",
+            "time_between_checkpoints",
+            "num_checkpoints_write",
+            "num_checkpoints_read",
+            "recovery_rank_shift",
+            "rank_sync",
+            "mode",
+            "randomize_tensor",
+            "ksm",
+        }
+    ),
     "output": frozenset({"folder", "log_file", "metric"}),
     "profiling": frozenset({"profiler", "iostat_devices"}),
     "metric": frozenset({"au"}),
@@ -51,12 +138,15 @@ DLIO_ALLOWED_KEYS: dict[str, frozenset[str]] = {
 #: Keys of nested mappings DLIO reads.
 DLIO_NESTED_KEYS: dict[str, frozenset[str]] = {
     "model.parallelism": frozenset({"tensor", "pipeline", "data", "zero_stage"}),
-    "model.transformer": frozenset({"vocab_size", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                                    "num_kv_heads"}),
+    "model.transformer": frozenset(
+        {"vocab_size", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads"}
+    ),
     "dataset.hdf5": frozenset({"chunk_dims", "num_dset_per_record", "max_shape"}),
 }
 #: Fields DLIO samples with ``sleep()``: a number (seconds) or a mapping below.
-DLIO_DISTRIBUTION_FIELDS = frozenset({"train.computation_time", "reader.preprocess_time", "evaluation.eval_time"})
+DLIO_DISTRIBUTION_FIELDS = frozenset(
+    {"train.computation_time", "reader.preprocess_time", "evaluation.eval_time"}
+)
 #: Distribution types DLIO's ``sleep()`` understands and the keys each reads.
 DLIO_DISTRIBUTION_KEYS: dict[str, frozenset[str]] = {
     "normal": frozenset({"type", "mean", "stdev"}),
@@ -86,19 +176,39 @@ _LEGACY_KEYS = {
 }
 # DLIO's defaults (dlio_benchmark/utils/config.py, ConfigArguments).
 DLIO_DEFAULTS: dict[str, Any] = {
-    "framework": "tensorflow", "format": "tfrecord", "num_files_train": 8, "num_files_eval": 0,
-    "num_samples_per_file": 1, "record_length_bytes": 65536, "data_folder": "./data/",
-    "batch_size": 1, "batch_size_eval": 1, "read_threads": 1, "computation_threads": 1,
-    "prefetch_size": 2, "seed": 123, "epochs": 1, "checkpoint_folder": "./checkpoints/",
-    "checkpoint_after_epoch": 1, "epochs_between_checkpoints": 1, "model_size": 10240,
-    "eval_after_epoch": 1, "epochs_between_evals": 1,
+    "framework": "tensorflow",
+    "format": "tfrecord",
+    "num_files_train": 8,
+    "num_files_eval": 0,
+    "num_samples_per_file": 1,
+    "record_length_bytes": 65536,
+    "data_folder": "./data/",
+    "batch_size": 1,
+    "batch_size_eval": 1,
+    "read_threads": 1,
+    "computation_threads": 1,
+    "prefetch_size": 2,
+    "seed": 123,
+    "epochs": 1,
+    "checkpoint_folder": "./checkpoints/",
+    "checkpoint_after_epoch": 1,
+    "epochs_between_checkpoints": 1,
+    "model_size": 10240,
+    "eval_after_epoch": 1,
+    "epochs_between_evals": 1,
 }
 IGNORED_SECTIONS = ("output", "profiling", "metric", "storage")
 #: Model fields DLIO has no key for (import leaves them at dlreplay's defaults).
-NO_DLIO_KEY = ("reader.open_per_sample", "reader.file_buffering", "reader.access_pattern", "reader.metadata_per_sample",
-                "train.steps_per_epoch", "checkpoint.write_transfer_size", "checkpoint.read_at_start",
-                "dataset.layout.records_per_file")
-
+NO_DLIO_KEY = (
+    "reader.open_per_sample",
+    "reader.file_buffering",
+    "reader.access_pattern",
+    "reader.metadata_per_sample",
+    "train.steps_per_epoch",
+    "checkpoint.write_transfer_size",
+    "checkpoint.read_at_start",
+    "dataset.layout.records_per_file",
+)
 
 
 def dlio_key_problems(config: Mapping[str, Any]) -> list[str]:
@@ -131,9 +241,13 @@ def _section_problems(prefix: str, body: Mapping[str, Any], allowed: frozenset[s
         elif dotted in DLIO_DISTRIBUTION_FIELDS and isinstance(value, Mapping):
             kind = value.get("type")
             if kind not in DLIO_DISTRIBUTION_KEYS:
-                problems.append(f"{dotted}.type: {kind!r} not one of {sorted(DLIO_DISTRIBUTION_KEYS)}")
+                problems.append(
+                    f"{dotted}.type: {kind!r} not one of {sorted(DLIO_DISTRIBUTION_KEYS)}"
+                )
             elif set(value) != DLIO_DISTRIBUTION_KEYS[kind]:
-                problems.append(f"{dotted}: keys {sorted(value)} != {sorted(DLIO_DISTRIBUTION_KEYS[kind])}")
+                problems.append(
+                    f"{dotted}: keys {sorted(value)} != {sorted(DLIO_DISTRIBUTION_KEYS[kind])}"
+                )
         elif dotted in DLIO_ENUM_VALUES and value not in DLIO_ENUM_VALUES[dotted]:
             problems.append(f"{dotted}: {value!r} not one of {DLIO_ENUM_VALUES[dotted]}")
     return problems

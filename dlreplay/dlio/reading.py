@@ -63,7 +63,9 @@ class Importer:
             return default, False
         return check_kind(value, kind, lambda msg: self.fail(dotted, msg)), True
 
-    def first(self, keys: tuple[str, ...], kind: str, default: Any = None) -> tuple[Any, str | None]:
+    def first(
+        self, keys: tuple[str, ...], kind: str, default: Any = None
+    ) -> tuple[Any, str | None]:
         """The first of *keys* present: (value, key) or (default, None)."""
         for key in keys:
             value, given = self.get(key, kind)
@@ -82,9 +84,15 @@ class Importer:
 
 
 _KIND_TEXT = {
-    "int>0": "a positive integer", "int>=0": "a non-negative integer", "int": "an integer",
-    "num>0": "a positive number", "num>=0": "a non-negative number", "num": "a number",
-    "bool": "true or false", "str": "a string", "ints": "a list of positive integers",
+    "int>0": "a positive integer",
+    "int>=0": "a non-negative integer",
+    "int": "an integer",
+    "num>0": "a positive number",
+    "num>=0": "a non-negative number",
+    "num": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "ints": "a list of positive integers",
     "ints>=0": "a list of non-negative integers",
 }
 
@@ -105,7 +113,8 @@ def check_kind(value: Any, kind: str, fail: Any) -> Any:
     if kind in ("ints", "ints>=0"):
         least = 1 if kind == "ints" else 0
         if not isinstance(value, (list, tuple)) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value):
+            isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value
+        ):
             raise bad
         return [int(v) for v in value]
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -123,17 +132,25 @@ def check_kind(value: Any, kind: str, fail: Any) -> Any:
 
 def parse_sections(config: Any, source: str) -> dict[str, Any]:
     """Top-level mapping of a DLIO config with block-string sections parsed."""
-    if isinstance(config, Mapping) and set(config) == {"workload"} and isinstance(config["workload"], Mapping):
+    if (
+        isinstance(config, Mapping)
+        and set(config) == {"workload"}
+        and isinstance(config["workload"], Mapping)
+    ):
         config = config["workload"]  # a config nested as hydra's `workload` group
     if not isinstance(config, Mapping):
-        raise ModelError(f"{source}: (top level): expected a DLIO workload mapping, got {type(config).__name__}")
+        raise ModelError(
+            f"{source}: (top level): expected a DLIO workload mapping, got {type(config).__name__}"
+        )
     out: dict[str, Any] = {}
     for name, value in config.items():
         if isinstance(value, str) and name != "framework":
             try:
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError as exc:
-                raise ModelError(f"{source}: {name}: not valid YAML inside the block string ({exc})") from None
+                raise ModelError(
+                    f"{source}: {name}: not valid YAML inside the block string ({exc})"
+                ) from None
             value = {"name": parsed} if name == "model" and isinstance(parsed, str) else parsed
         if value is None:
             value = {}
@@ -143,7 +160,9 @@ def parse_sections(config: Any, source: str) -> dict[str, Any]:
     return out
 
 
-def dlio_distribution(imp: Importer, key: str, stdev_key: str | None, default: float) -> tuple[Distribution, bool]:
+def dlio_distribution(
+    imp: Importer, key: str, stdev_key: str | None, default: float
+) -> tuple[Distribution, bool]:
     """A DLIO sleep spec (number, or mapping with optional type) as a Distribution."""
     value, present = imp.raw(key)
     stdev, has_stdev = imp.get(stdev_key, "num>=0") if stdev_key else (None, False)
@@ -156,7 +175,9 @@ def dlio_distribution(imp: Importer, key: str, stdev_key: str | None, default: f
     spec = dict(value)
     if has_stdev and "type" not in spec:
         spec["stdev"] = stdev
-    return _distribution_from_spec(spec, lambda sub, msg: imp.fail(f"{key}.{sub}" if sub else key, msg)), True
+    return _distribution_from_spec(
+        spec, lambda sub, msg: imp.fail(f"{key}.{sub}" if sub else key, msg)
+    ), True
 
 
 def _distribution_from_spec(spec: dict[str, Any], fail: Any) -> Distribution:
@@ -172,7 +193,11 @@ def _distribution_from_spec(spec: dict[str, Any], fail: Any) -> Distribution:
     if kind is None:
         mean = num("mean", "num>=0", 0.0)
         stdev = num("stdev", "num>=0", 0.0)
-        return Distribution(type="normal", mean=mean, stdev=stdev) if stdev > 0 else Distribution.fixed(mean)
+        return (
+            Distribution(type="normal", mean=mean, stdev=stdev)
+            if stdev > 0
+            else Distribution.fixed(mean)
+        )
     if kind == "fixed":
         return Distribution.fixed(num("value", "num>=0", None) if "value" in spec else num("mean"))
     if kind == "normal":
@@ -187,7 +212,8 @@ def _distribution_from_spec(spec: dict[str, Any], fail: Any) -> Distribution:
     if kind == "exponential":
         return Distribution(type="exponential", scale=num("scale", "num>0"))
     if kind == "poisson":
-        return Distribution(type="poisson", lam=num("lambda" if "lam" not in spec and "lambda" in spec else "lam"))
+        return Distribution(
+            type="poisson", lam=num("lambda" if "lam" not in spec and "lambda" in spec else "lam")
+        )
     types_ = ", ".join((*DLIO_DISTRIBUTION_KEYS, "fixed"))
     raise fail("type", f"expected one of {types_} (or a plain number), got {kind!r}")
-

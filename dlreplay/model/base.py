@@ -15,7 +15,18 @@ MODEL_SCHEMA_NAME = "dlreplay.workload"
 MODEL_FORMAT_VERSION = 1
 
 #: Dataset file formats (DLIO's names; ``raw`` = headerless binary records).
-FORMATS = ("npz", "npy", "hdf5", "jpeg", "png", "tfrecord", "csv", "indexed_binary", "parquet", "raw")
+FORMATS = (
+    "npz",
+    "npy",
+    "hdf5",
+    "jpeg",
+    "png",
+    "tfrecord",
+    "csv",
+    "indexed_binary",
+    "parquet",
+    "raw",
+)
 #: Data loaders: the framework's loader, DALI, or ``native`` (the job reads files itself).
 DATA_LOADERS = ("pytorch", "tensorflow", "dali", "native")
 #: Frameworks DLIO knows (top-level ``framework``).
@@ -35,7 +46,16 @@ AU_FIRST_STEPS = ("run", "epoch")
 #: How far a value can be trusted.
 CONFIDENCES = ("measured", "inferred", "default")
 #: Distribution families.
-DISTRIBUTION_TYPES = ("fixed", "normal", "uniform", "gamma", "exponential", "poisson", "empirical", "unknown")
+DISTRIBUTION_TYPES = (
+    "fixed",
+    "normal",
+    "uniform",
+    "gamma",
+    "exponential",
+    "poisson",
+    "empirical",
+    "unknown",
+)
 #: Slack allowed when access-pattern fractions add up (floating point).
 ACCESS_FRACTION_TOLERANCE = 1e-9
 
@@ -60,7 +80,9 @@ class InvalidField(ModelError):
         self.message = message
 
 
-def model_error(source: str, path: str, message: str, cls: type[ModelError] = ModelError) -> ModelError:
+def model_error(
+    source: str, path: str, message: str, cls: type[ModelError] = ModelError
+) -> ModelError:
     err = cls(f"{source}: {path}: {message}")
     err.source = source  # type: ignore[attr-defined]
     err.field_path = path  # type: ignore[attr-defined]
@@ -82,12 +104,20 @@ def describe_value(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def field_meta(check: str | None = None, choices: tuple[str, ...] | None = None, doc: str = "") -> dict[str, Any]:
+def field_meta(
+    check: str | None = None, choices: tuple[str, ...] | None = None, doc: str = ""
+) -> dict[str, Any]:
     return {"check": check, "choices": choices, "doc": doc}
 
 
-def model_field(default: Any = MISSING, *, factory: Any = None, check: str | None = None,
-       choices: tuple[str, ...] | None = None, doc: str = "") -> Any:
+def model_field(
+    default: Any = MISSING,
+    *,
+    factory: Any = None,
+    check: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    doc: str = "",
+) -> Any:
     """A dataclass field with validation metadata (``check``: positive | nonneg | fraction)."""
     md = field_meta(check, choices, doc)
     if factory is not None:
@@ -95,7 +125,6 @@ def model_field(default: Any = MISSING, *, factory: Any = None, check: str | Non
     if default is MISSING:
         return field(metadata=md)
     return field(default=default, metadata=md)
-
 
 
 # --------------------------------------------------------------------------- field types

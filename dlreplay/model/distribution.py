@@ -24,7 +24,12 @@ DISTRIBUTION_PARAMS: dict[str, tuple[str, ...]] = {
     "empirical": ("quantiles",),
     "unknown": (),
 }
-_TYPE_SPECIFIC = {"value": ("fixed",), "shape": ("gamma",), "scale": ("gamma", "exponential"), "lam": ("poisson",)}
+_TYPE_SPECIFIC = {
+    "value": ("fixed",),
+    "shape": ("gamma",),
+    "scale": ("gamma", "exponential"),
+    "lam": ("poisson",),
+}
 _QUANTILE_KEY = re.compile(r"^p(\d+(?:\.\d+)?)$")
 #: Quantiles :meth:`Distribution.from_values` records (percent).
 DEFAULT_QUANTILES = (25, 50, 75, 90, 99)
@@ -78,7 +83,9 @@ class Distribution:
     stdev: float | None = model_field(None, check="nonneg", doc="standard deviation")
     min: float | None = model_field(None, doc="smallest value / lower bound")
     max: float | None = model_field(None, doc="largest value / upper bound")
-    quantiles: dict[str, float] | None = model_field(None, doc="percentiles, keys p<percent> (p50 = median)")
+    quantiles: dict[str, float] | None = model_field(
+        None, doc="percentiles, keys p<percent> (p50 = median)"
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_none: ClassVar[bool] = True
@@ -109,15 +116,18 @@ class Distribution:
         return cls(type="unknown")
 
     @classmethod
-    def from_values(cls, values: Iterable[float] | np.ndarray,
-                    quantiles: Iterable[float] = DEFAULT_QUANTILES) -> Distribution:
+    def from_values(
+        cls, values: Iterable[float] | np.ndarray, quantiles: Iterable[float] = DEFAULT_QUANTILES
+    ) -> Distribution:
         """An ``empirical`` distribution of observed *values*.
 
         Records mean, population stdev (ddof 0), min, max and the given
         percentiles (linear interpolation). Raises :class:`ModelError` for no
         values or non-finite ones.
         """
-        arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
+        arr = np.asarray(
+            list(values) if not isinstance(values, np.ndarray) else values, dtype=float
+        ).ravel()
         if arr.size == 0:
             raise ModelError("Distribution.from_values: no values given")
         if not np.all(np.isfinite(arr)):
@@ -151,7 +161,9 @@ class Distribution:
             raise ModelError(f"Distribution.sample: n must be >= 0, got {n}")
         t = self.type
         if t == "unknown":
-            raise ModelError("cannot sample an unknown distribution; measure it or set it (e.g. with an override)")
+            raise ModelError(
+                "cannot sample an unknown distribution; measure it or set it (e.g. with an override)"
+            )
         if t == "empirical":
             return self._sample_empirical(rng, n, stratified)
         p = _Params(self)  # validated: the parameters of this family are set
@@ -175,13 +187,21 @@ class Distribution:
         """The values at probabilities *probs* (0..1) of an ``empirical`` distribution (its
         piecewise-linear quantile function, as :meth:`sample` draws from it)."""
         if self.type != "empirical":
-            raise ModelError(f"Distribution.quantile: defined for empirical distributions, not {self.type}")
+            raise ModelError(
+                f"Distribution.quantile: defined for empirical distributions, not {self.type}"
+            )
         knots, vals = self._quantile_function()
         return np.interp(np.asarray(probs, dtype=float), knots, vals)
 
-    def _sample_empirical(self, rng: np.random.Generator, n: int, stratified: bool = False) -> np.ndarray:
+    def _sample_empirical(
+        self, rng: np.random.Generator, n: int, stratified: bool = False
+    ) -> np.ndarray:
         probs, vals = self._quantile_function()
-        u = (rng.permutation(n) + rng.uniform(0.0, 1.0, n)) / max(n, 1) if stratified else rng.uniform(0.0, 1.0, n)
+        u = (
+            (rng.permutation(n) + rng.uniform(0.0, 1.0, n)) / max(n, 1)
+            if stratified
+            else rng.uniform(0.0, 1.0, n)
+        )
         gamma = self._segment_exponent(probs, vals)
         if gamma is None:
             return np.interp(u, probs, vals)
@@ -239,9 +259,19 @@ class Distribution:
         try:
             if t == "fixed":
                 return (self.value, 0.0 if self.value is not None else None)
-            if t == "uniform" and self.min is not None and self.max is not None and self.min <= self.max:
+            if (
+                t == "uniform"
+                and self.min is not None
+                and self.max is not None
+                and self.min <= self.max
+            ):
                 return ((self.min + self.max) / 2.0, (self.max - self.min) / math.sqrt(12.0))
-            if t == "gamma" and self.shape is not None and self.scale is not None and self.shape > 0:
+            if (
+                t == "gamma"
+                and self.shape is not None
+                and self.scale is not None
+                and self.shape > 0
+            ):
                 return (self.shape * self.scale, math.sqrt(self.shape) * self.scale)
             if t == "exponential" and self.scale is not None:
                 return (self.scale, self.scale)
@@ -256,7 +286,12 @@ class Distribution:
         out: list[tuple[str, str]] = []
         t = self.type
         if t not in DISTRIBUTION_TYPES:
-            return [("type", f"expected one of {', '.join(DISTRIBUTION_TYPES)}, got {describe_value(t)}")]
+            return [
+                (
+                    "type",
+                    f"expected one of {', '.join(DISTRIBUTION_TYPES)}, got {describe_value(t)}",
+                )
+            ]
         for name in ("mean", "stdev", "min", "max", "value", "shape", "scale", "lam"):
             if not _finite(getattr(self, name)):
                 out.append((name, f"expected a finite number, got {getattr(self, name)!r}"))
@@ -289,18 +324,31 @@ class Distribution:
             return []
         out: list[tuple[str, str]] = []
         if self.type == "empirical" and not self.quantiles:
-            out.append(("quantiles", "expected at least one quantile for an empirical distribution"))
+            out.append(
+                ("quantiles", "expected at least one quantile for an empirical distribution")
+            )
         prev: float | None = None
         for key, v in self.quantiles.items():
             if _quantile_percent(key) is None:
-                out.append((f"quantiles.{key}", "expected a key p<percent> with 0 < percent < 100, e.g. p50"))
+                out.append(
+                    (
+                        f"quantiles.{key}",
+                        "expected a key p<percent> with 0 < percent < 100, e.g. p50",
+                    )
+                )
                 continue
             if not math.isfinite(v):
                 out.append((f"quantiles.{key}", f"expected a finite number, got {v!r}"))
             elif prev is not None and v < prev:
-                out.append((f"quantiles.{key}", f"expected quantiles that do not decrease, got {v!r} after {prev!r}"))
-            elif self.type == "empirical" and ((self.min is not None and v < self.min)
-                                               or (self.max is not None and v > self.max)):
+                out.append(
+                    (
+                        f"quantiles.{key}",
+                        f"expected quantiles that do not decrease, got {v!r} after {prev!r}",
+                    )
+                )
+            elif self.type == "empirical" and (
+                (self.min is not None and v < self.min) or (self.max is not None and v > self.max)
+            ):
                 out.append((f"quantiles.{key}", f"expected a value between min and max, got {v!r}"))
             prev = v
         return out
@@ -316,8 +364,13 @@ class Distribution:
             if expected is None or given is None:
                 continue
             if not math.isclose(given, expected, rel_tol=1e-9, abs_tol=1e-12):
-                out.append((name, f"is derived from {params} for a {self.type} distribution "
-                                  f"(expected {expected!r}, got {given!r}); set {params} instead"))
+                out.append(
+                    (
+                        name,
+                        f"is derived from {params} for a {self.type} distribution "
+                        f"(expected {expected!r}, got {given!r}); set {params} instead",
+                    )
+                )
         return out
 
     def nonneg_problems(self) -> list[tuple[str, str]]:
@@ -349,4 +402,3 @@ class _Params:
     shape: float
     scale: float
     lam: float
-

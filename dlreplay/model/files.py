@@ -16,7 +16,9 @@ from dlreplay.model.sections import WorkloadModel
 from dlreplay.model.validation import model_from_dict
 from dlreplay.osutil import atomic_write_text
 
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: same rules, faster
+_SafeLoader = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)  # libyaml when available: same rules, faster
 _SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -29,7 +31,9 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, typing.Hashable) and key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
         seen.add(key)
     return loader.construct_mapping(node, deep)
 
@@ -66,7 +70,9 @@ class _Dumper(_SafeDumper):  # type: ignore[misc, valid-type]
 
 
 def _represent_list(dumper: Any, data: list) -> yaml.Node:
-    flow = 0 < len(data) <= 64 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data)
+    flow = 0 < len(data) <= 64 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in data
+    )
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
 
 
@@ -75,14 +81,22 @@ _Dumper.add_representer(list, _represent_list)
 
 def dump_yaml(data: Any) -> str:
     """Readable YAML (block style, key order kept, no python tags)."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=100)
+    return yaml.dump(
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=100,
+    )
 
 
 def save_model(model: WorkloadModel, path: str | os.PathLike[str]) -> None:
     """Write *model* as YAML to *path*, atomically, in a stable key order."""
-    header = (f"# dlreplay workload model ({MODEL_SCHEMA_NAME} v{MODEL_FORMAT_VERSION}). "
-              f"Units: bytes, seconds; fractions 0..1.\n")
+    header = (
+        f"# dlreplay workload model ({MODEL_SCHEMA_NAME} v{MODEL_FORMAT_VERSION}). "
+        f"Units: bytes, seconds; fractions 0..1.\n"
+    )
     try:
         atomic_write_text(path, header + dump_yaml(model_to_dict(model)))
     except OSError as exc:

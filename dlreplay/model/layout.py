@@ -32,27 +32,51 @@ class ArrayMember:
     """
 
     name: str = model_field(doc="NPZ member name (x.npy), HDF5 dataset path (/group/x); NPY: empty")
-    dtype: str = model_field(doc="numpy dtype string (<f4, |u1, |S16); HDF5 variable-length strings: vlen-str")
-    shape: list[int] = model_field(check="nonneg", doc="shape in elements; the sample axis first when there is one")
+    dtype: str = model_field(
+        doc="numpy dtype string (<f4, |u1, |S16); HDF5 variable-length strings: vlen-str"
+    )
+    shape: list[int] = model_field(
+        check="nonneg", doc="shape in elements; the sample axis first when there is one"
+    )
     fortran_order: bool = model_field(False, doc="NPY/NPZ: column-major data")
-    storage: str | None = model_field(None, choices=ARRAY_STORAGE, doc="stored | deflated (NPZ); contiguous | chunked | "
-                                                              "compact (HDF5)")
-    chunks: list[int] | None = model_field(None, check="positive", doc="HDF5 chunk shape in elements")
-    compression: str | None = model_field(None, doc="deflate (NPZ); HDF5 filter gzip | lzf | szip | ...; null = none")
-    compression_level: int | None = model_field(None, check="nonneg", doc="deflate/gzip level 0..9 (estimated for NPZ)")
-    compression_ratio: float | None = model_field(None, check="positive", doc="stored bytes / logical bytes")
+    storage: str | None = model_field(
+        None,
+        choices=ARRAY_STORAGE,
+        doc="stored | deflated (NPZ); contiguous | chunked | compact (HDF5)",
+    )
+    chunks: list[int] | None = model_field(
+        None, check="positive", doc="HDF5 chunk shape in elements"
+    )
+    compression: str | None = model_field(
+        None, doc="deflate (NPZ); HDF5 filter gzip | lzf | szip | ...; null = none"
+    )
+    compression_level: int | None = model_field(
+        None, check="nonneg", doc="deflate/gzip level 0..9 (estimated for NPZ)"
+    )
+    compression_ratio: float | None = model_field(
+        None, check="positive", doc="stored bytes / logical bytes"
+    )
     shuffle: bool = model_field(False, doc="HDF5 byte-shuffle filter")
     fletcher32: bool = model_field(False, doc="HDF5 checksum filter")
     scaleoffset: int | None = model_field(None, doc="HDF5 scale-offset filter parameter")
     fill_value: float | None = model_field(None, doc="HDF5 fill value (numbers only)")
-    chunk_order: str | None = model_field(None, choices=CHUNK_ORDERS, doc="HDF5: chunks in the file in logical order or "
-                                                                 "scattered (written out of order)")
-    chunks_allocated: float | None = model_field(None, check="fraction", doc="HDF5: fraction of chunks written (sparse)")
+    chunk_order: str | None = model_field(
+        None,
+        choices=CHUNK_ORDERS,
+        doc="HDF5: chunks in the file in logical order or scattered (written out of order)",
+    )
+    chunks_allocated: float | None = model_field(
+        None, check="fraction", doc="HDF5: fraction of chunks written (sparse)"
+    )
     track_times: bool = model_field(False, doc="HDF5: object modification times in the header")
-    zip64: bool = model_field(False, doc="NPZ: the local header carries a zip64 extra field (numpy always writes one)")
+    zip64: bool = model_field(
+        False, doc="NPZ: the local header carries a zip64 extra field (numpy always writes one)"
+    )
     attributes: int = model_field(0, check="nonneg", doc="HDF5 attributes on the dataset")
     attribute_bytes: int = model_field(0, check="nonneg", doc="bytes of those attributes' values")
-    vlen_attributes: int = model_field(0, check="nonneg", doc="of those, variable-length (strings: a global heap)")
+    vlen_attributes: int = model_field(
+        0, check="nonneg", doc="of those, variable-length (strings: a global heap)"
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -62,10 +86,16 @@ class ArrayMember:
 class ArrayFile:
     """One structure of an array file (NPZ, NPY, HDF5) and the share of files that have it."""
 
-    weight: float = model_field(1.0, check="fraction", doc="share of the sampled files with this structure")
+    weight: float = model_field(
+        1.0, check="fraction", doc="share of the sampled files with this structure"
+    )
     bytes: int | None = model_field(None, check="nonneg", doc="file size (median of those files)")
-    file_bytes: list[int] | None = model_field(None, check="nonneg", doc="sizes of the sampled files with this structure")
-    samples: int | None = model_field(None, check="positive", doc="samples in such a file (the sample axis' length)")
+    file_bytes: list[int] | None = model_field(
+        None, check="nonneg", doc="sizes of the sampled files with this structure"
+    )
+    samples: int | None = model_field(
+        None, check="positive", doc="samples in such a file (the sample axis' length)"
+    )
     members: list[ArrayMember] = model_field(factory=list, doc="arrays in file order")
     groups: list[str] = model_field(factory=list, doc="HDF5 groups other than the root")
 
@@ -77,18 +107,32 @@ class ArrayFile:
 class Hdf5File:
     """File-level HDF5 settings that move metadata and data in the file."""
 
-    superblock_version: int | None = model_field(None, check="nonneg", doc="0/1: libver earliest; 2: v108; 3: v110+")
+    superblock_version: int | None = model_field(
+        None, check="nonneg", doc="0/1: libver earliest; 2: v108; 3: v110+"
+    )
     userblock_size: int = model_field(0, check="nonneg", doc="bytes before the superblock")
-    alignment_interval: int | None = model_field(None, check="positive",
-                                        doc="data addresses are multiples of this (H5Pset_alignment), bytes")
-    alignment_threshold: int | None = model_field(None, check="nonneg", doc="objects at least this large are aligned, bytes")
-    meta_block_size: int | None = model_field(None, check="positive",
-                                     doc="metadata block size (H5Pset_meta_block_size), bytes; None: HDF5's 2048")
-    file_space_strategy: str | None = model_field(None, doc="fsm_aggr | page | aggr | none (H5Pset_file_space_strategy)")
-    file_space_page_size: int | None = model_field(None, check="positive", doc="page size of paged aggregation, bytes")
+    alignment_interval: int | None = model_field(
+        None, check="positive", doc="data addresses are multiples of this (H5Pset_alignment), bytes"
+    )
+    alignment_threshold: int | None = model_field(
+        None, check="nonneg", doc="objects at least this large are aligned, bytes"
+    )
+    meta_block_size: int | None = model_field(
+        None,
+        check="positive",
+        doc="metadata block size (H5Pset_meta_block_size), bytes; None: HDF5's 2048",
+    )
+    file_space_strategy: str | None = model_field(
+        None, doc="fsm_aggr | page | aggr | none (H5Pset_file_space_strategy)"
+    )
+    file_space_page_size: int | None = model_field(
+        None, check="positive", doc="page size of paged aggregation, bytes"
+    )
     root_attributes: int = model_field(0, check="nonneg")
     root_attribute_bytes: int = model_field(0, check="nonneg")
-    root_vlen_attributes: int = model_field(0, check="nonneg", doc="variable-length (string) root attributes")
+    root_vlen_attributes: int = model_field(
+        0, check="nonneg", doc="variable-length (string) root attributes"
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -100,21 +144,37 @@ class ImageFile:
 
     weight: float = model_field(1.0, check="fraction", doc="share of the sampled files")
     bytes: int | None = model_field(None, check="nonneg", doc="file size (median)")
-    file_bytes: list[int] | None = model_field(None, check="nonneg", doc="sizes of the sampled files of this kind")
+    file_bytes: list[int] | None = model_field(
+        None, check="nonneg", doc="sizes of the sampled files of this kind"
+    )
     width: int = model_field(check="positive", doc="pixels")
     height: int = model_field(check="positive", doc="pixels")
     mode: str = model_field("RGB", doc="Pillow mode: L, LA, RGB, RGBA, P, CMYK, I;16")
-    bits: int | None = model_field(None, check="positive", doc="PNG bit depth per channel (palette images: 1, 2, 4 or 8)")
-    quality: int | None = model_field(None, check="positive", doc="JPEG quality 1..100 (estimated from the tables)")
-    qtables: list[list[int]] | None = model_field(None, check="positive", doc="JPEG quantization tables (64 each)")
+    bits: int | None = model_field(
+        None, check="positive", doc="PNG bit depth per channel (palette images: 1, 2, 4 or 8)"
+    )
+    quality: int | None = model_field(
+        None, check="positive", doc="JPEG quality 1..100 (estimated from the tables)"
+    )
+    qtables: list[list[int]] | None = model_field(
+        None, check="positive", doc="JPEG quantization tables (64 each)"
+    )
     subsampling: str | None = model_field(None, choices=SUBSAMPLINGS, doc="JPEG chroma subsampling")
     progressive: bool = model_field(False, doc="JPEG progressive scans")
     optimize: bool = model_field(False, doc="JPEG optimized (non-standard) Huffman tables")
-    restart_interval: int = model_field(0, check="nonneg", doc="JPEG restart interval (MCUs; 0 = none)")
+    restart_interval: int = model_field(
+        0, check="nonneg", doc="JPEG restart interval (MCUs; 0 = none)"
+    )
     interlaced: bool = model_field(False, doc="PNG Adam7 interlacing")
-    chunk_bytes: int | None = model_field(None, check="positive", doc="PNG: bytes per IDAT chunk (the largest)")
-    compression_ratio: float | None = model_field(None, check="positive", doc="PNG: IDAT bytes / raw pixel bytes")
-    extra_bytes: int = model_field(0, check="nonneg", doc="metadata segments/chunks (EXIF, ICC, text), bytes")
+    chunk_bytes: int | None = model_field(
+        None, check="positive", doc="PNG: bytes per IDAT chunk (the largest)"
+    )
+    compression_ratio: float | None = model_field(
+        None, check="positive", doc="PNG: IDAT bytes / raw pixel bytes"
+    )
+    extra_bytes: int = model_field(
+        0, check="nonneg", doc="metadata segments/chunks (EXIF, ICC, text), bytes"
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -125,10 +185,16 @@ class TableColumn:
     """One column of a Parquet/CSV file."""
 
     name: str = model_field()
-    type: str = model_field(doc="Parquet physical/logical type (e.g. double, int64, binary); CSV: str")
-    compression: str | None = model_field(None, doc="Parquet codec (snappy, zstd, gzip, ...); null = uncompressed")
+    type: str = model_field(
+        doc="Parquet physical/logical type (e.g. double, int64, binary); CSV: str"
+    )
+    compression: str | None = model_field(
+        None, doc="Parquet codec (snappy, zstd, gzip, ...); null = uncompressed"
+    )
     dictionary: bool = model_field(False, doc="Parquet dictionary encoding")
-    row_bytes: float | None = model_field(None, check="nonneg", doc="Parquet: uncompressed bytes per row of this column")
+    row_bytes: float | None = model_field(
+        None, check="nonneg", doc="Parquet: uncompressed bytes per row of this column"
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -140,24 +206,40 @@ class TableFile:
 
     weight: float = model_field(1.0, check="fraction")
     bytes: int | None = model_field(None, check="nonneg")
-    file_bytes: list[int] | None = model_field(None, check="nonneg", doc="sizes of the sampled files with this structure")
+    file_bytes: list[int] | None = model_field(
+        None, check="nonneg", doc="sizes of the sampled files with this structure"
+    )
     rows: int | None = model_field(None, check="nonneg")
     row_groups: int | None = model_field(None, check="positive", doc="Parquet row groups per file")
-    data_page_size: int | None = model_field(None, check="positive",
-                                    doc="Parquet data page size, uncompressed bytes: where the writer cut pages (the "
-                                        "smallest pages of a column with several per chunk)")
-    data_page_values: int | None = model_field(None, check="positive",
-                                      doc="Parquet values per data page of that column (a wide column's page holds at "
-                                          "least the writer's batch of values)")
-    data_page_batch: int | None = model_field(None, check="positive",
-                                     doc="Parquet values the writer added at a time (it checks the page size "
-                                         "after each batch)")
-    data_page_version: int | None = model_field(None, check="positive", doc="Parquet data page format, 1 or 2")
-    compression_ratio: float | None = model_field(None, check="positive", doc="Parquet compressed / uncompressed bytes")
+    data_page_size: int | None = model_field(
+        None,
+        check="positive",
+        doc="Parquet data page size, uncompressed bytes: where the writer cut pages (the "
+        "smallest pages of a column with several per chunk)",
+    )
+    data_page_values: int | None = model_field(
+        None,
+        check="positive",
+        doc="Parquet values per data page of that column (a wide column's page holds at "
+        "least the writer's batch of values)",
+    )
+    data_page_batch: int | None = model_field(
+        None,
+        check="positive",
+        doc="Parquet values the writer added at a time (it checks the page size after each batch)",
+    )
+    data_page_version: int | None = model_field(
+        None, check="positive", doc="Parquet data page format, 1 or 2"
+    )
+    compression_ratio: float | None = model_field(
+        None, check="positive", doc="Parquet compressed / uncompressed bytes"
+    )
     columns: list[TableColumn] = model_field(factory=list)
     header: bool = model_field(False, doc="CSV: the first line names the columns")
     delimiter: str | None = model_field(None, doc="CSV field delimiter")
-    line_bytes: Distribution | None = model_field(None, check="nonneg", doc="CSV bytes per line, newline included")
+    line_bytes: Distribution | None = model_field(
+        None, check="nonneg", doc="CSV bytes per line, newline included"
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
@@ -174,28 +256,51 @@ class Layout:
     with the formats' own libraries; null = unknown (the generator's defaults).
     """
 
-    compressed: bool = model_field(False, doc="npz: members deflate-compressed (np.savez_compressed)")
-    compression_level: int | None = model_field(None, check="nonneg", doc="compressor level (gzip 0..9)")
-    hdf5_chunk_shape: list[int] | None = model_field(None, check="positive", doc="HDF5 chunk shape in elements; null = contiguous")
-    hdf5_chunk_bytes: int | None = model_field(None, check="positive", doc="HDF5 chunk size in bytes (DLIO chunk_size)")
-    hdf5_compression: str | None = model_field(None, doc="HDF5 filter (gzip, lzf, ...); null = none")
-    records_per_file: int | None = model_field(None, check="positive",
-                                      doc="physical records per file when not num_samples_per_file")
-    source: str | None = model_field(None, choices=LAYOUT_SOURCES, doc="where the fields below come from")
-    files_sampled: int | None = model_field(None, check="nonneg", doc="dataset files the fingerprint read")
-    arrays: list[ArrayFile] | None = model_field(None, doc="npz/npy/hdf5: file structures, most common first")
+    compressed: bool = model_field(
+        False, doc="npz: members deflate-compressed (np.savez_compressed)"
+    )
+    compression_level: int | None = model_field(
+        None, check="nonneg", doc="compressor level (gzip 0..9)"
+    )
+    hdf5_chunk_shape: list[int] | None = model_field(
+        None, check="positive", doc="HDF5 chunk shape in elements; null = contiguous"
+    )
+    hdf5_chunk_bytes: int | None = model_field(
+        None, check="positive", doc="HDF5 chunk size in bytes (DLIO chunk_size)"
+    )
+    hdf5_compression: str | None = model_field(
+        None, doc="HDF5 filter (gzip, lzf, ...); null = none"
+    )
+    records_per_file: int | None = model_field(
+        None, check="positive", doc="physical records per file when not num_samples_per_file"
+    )
+    source: str | None = model_field(
+        None, choices=LAYOUT_SOURCES, doc="where the fields below come from"
+    )
+    files_sampled: int | None = model_field(
+        None, check="nonneg", doc="dataset files the fingerprint read"
+    )
+    arrays: list[ArrayFile] | None = model_field(
+        None, doc="npz/npy/hdf5: file structures, most common first"
+    )
     hdf5: Hdf5File | None = model_field(None, doc="HDF5 file-level settings")
-    images: list[ImageFile] | None = model_field(None, doc="jpeg/png: kinds of images, most common first")
+    images: list[ImageFile] | None = model_field(
+        None, doc="jpeg/png: kinds of images, most common first"
+    )
     tables: list[TableFile] | None = model_field(None, doc="parquet/csv: file structures")
-    record_bytes: Distribution | None = model_field(None, check="nonneg", doc="tfrecord: payload bytes per record")
-    index: str | None = model_field(None, choices=INDEX_STYLES,
-                           doc="indexed_binary: the record index; dlreplay: <file>.idx of (offset, length) "
-                               "pairs, read per sample; dlio: DLIO 2.0's <file>.off.idx and <file>.sz.idx "
-                               "(8-byte offsets and sizes), each read whole by every reader when it starts; "
-                               "null = dlreplay")
+    record_bytes: Distribution | None = model_field(
+        None, check="nonneg", doc="tfrecord: payload bytes per record"
+    )
+    index: str | None = model_field(
+        None,
+        choices=INDEX_STYLES,
+        doc="indexed_binary: the record index; dlreplay: <file>.idx of (offset, length) "
+        "pairs, read per sample; dlio: DLIO 2.0's <file>.off.idx and <file>.sz.idx "
+        "(8-byte offsets and sizes), each read whole by every reader when it starts; "
+        "null = dlreplay",
+    )
 
     # Unset fields are not written; their provenance is the one distill records for the
     # layout (``dataset.layout``), not one default per absent field.
     _omit_none: ClassVar[bool] = True
     _track_defaults: ClassVar[bool] = False
-

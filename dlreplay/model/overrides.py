@@ -156,9 +156,19 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
         return model_from_dict(d, source="overrides")
     except ModelError as exc:
         path = getattr(exc, "field_path", "")
-        culprit = next((item for unit, item in touched.items()
-                        if path == unit or path.startswith(unit + ".") or unit.startswith(path + ".")), None)
-        hint = f"from override {culprit!r}" if culprit else f"after overrides {', '.join(map(repr, touched.values()))}"
+        culprit = next(
+            (
+                item
+                for unit, item in touched.items()
+                if path == unit or path.startswith(unit + ".") or unit.startswith(path + ".")
+            ),
+            None,
+        )
+        hint = (
+            f"from override {culprit!r}"
+            if culprit
+            else f"after overrides {', '.join(map(repr, touched.values()))}"
+        )
         err = ModelError(f"{exc} ({hint})")
         err.field_path = path  # type: ignore[attr-defined]
         raise err from None

@@ -35,12 +35,17 @@ class Dataset:
     num_files: int = model_field(check="positive", doc="training files (DLIO num_files_train)")
     num_samples_per_file: int = model_field(check="positive", doc="samples per file")
     record_length: Distribution = model_field(check="nonneg", doc="bytes per sample")
-    file_size: Distribution = model_field(factory=Distribution.unknown, check="nonneg", doc="bytes per file")
+    file_size: Distribution = model_field(
+        factory=Distribution.unknown, check="nonneg", doc="bytes per file"
+    )
     num_files_eval: int = model_field(0, check="nonneg", doc="evaluation files")
-    num_subfolders: int = model_field(0, check="nonneg", doc="subfolders the training files are spread over")
+    num_subfolders: int = model_field(
+        0, check="nonneg", doc="subfolders the training files are spread over"
+    )
     data_folder: str | None = model_field(None, doc="where the dataset lives")
-    record_length_resize: int | None = model_field(None, check="nonneg",
-                                          doc="bytes per sample after the reader's resize (memory, not I/O)")
+    record_length_resize: int | None = model_field(
+        None, check="nonneg", doc="bytes per sample after the reader's resize (memory, not I/O)"
+    )
     layout: Layout = model_field(factory=Layout, doc="format-specific layout")
 
 
@@ -59,11 +64,25 @@ class AccessPattern:
 
     def __post_init__(self) -> None:
         tol = ACCESS_FRACTION_TOLERANCE
-        if self.sequential is not None and self.consecutive is not None and self.consecutive > self.sequential + tol:
-            raise InvalidField("consecutive", f"expected at most sequential ({self.sequential!r}), "
-                                          f"got {self.consecutive!r} (consecutive reads are sequential)")
-        if self.sequential is not None and self.random is not None and self.sequential + self.random > 1 + tol:
-            raise InvalidField("random", f"expected sequential + random <= 1, got {self.sequential!r} + {self.random!r}")
+        if (
+            self.sequential is not None
+            and self.consecutive is not None
+            and self.consecutive > self.sequential + tol
+        ):
+            raise InvalidField(
+                "consecutive",
+                f"expected at most sequential ({self.sequential!r}), "
+                f"got {self.consecutive!r} (consecutive reads are sequential)",
+            )
+        if (
+            self.sequential is not None
+            and self.random is not None
+            and self.sequential + self.random > 1 + tol
+        ):
+            raise InvalidField(
+                "random",
+                f"expected sequential + random <= 1, got {self.sequential!r} + {self.random!r}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,49 +103,88 @@ class Reader:
     worker_kind: str = model_field("process", choices=WORKER_KINDS)
     batch_size: int = model_field(1, check="positive", doc="samples per training batch")
     batch_size_eval: int = model_field(1, check="positive", doc="samples per evaluation batch")
-    read_threads: int = model_field(1, check="nonneg", doc="loader workers per rank (0 = the main process reads)")
-    computation_threads: int = model_field(1, check="positive", doc="preprocessing threads per rank")
-    prefetch_factor: int = model_field(2, check="nonneg", doc="batches prefetched per worker (PyTorch); tf.data buffer")
+    read_threads: int = model_field(
+        1, check="nonneg", doc="loader workers per rank (0 = the main process reads)"
+    )
+    computation_threads: int = model_field(
+        1, check="positive", doc="preprocessing threads per rank"
+    )
+    prefetch_factor: int = model_field(
+        2, check="nonneg", doc="batches prefetched per worker (PyTorch); tf.data buffer"
+    )
     file_shuffle: str = model_field("off", choices=SHUFFLE_MODES)
     sample_shuffle: str = model_field("off", choices=SHUFFLE_MODES)
     shuffle_seed: int | None = model_field(None, doc="seed of seeded shuffling")
-    shuffle_size: int | None = model_field(None, check="positive", doc="shuffle buffer in samples (tf.data)")
-    open_per_sample: bool = model_field(True, doc="open/close the file for every sample (else keep files open)")
-    multiprocessing_context: str = model_field("fork", choices=MP_CONTEXTS,
-                                      doc="how loader worker processes start (PyTorch multiprocessing_context, "
-                                          "DLIO reader.multiprocessing_context): fork, spawn (a new interpreter "
-                                          "per worker, importing the job's modules again at every start) or "
-                                          "forkserver")
-    persistent_workers: bool = model_field(False, doc="keep loader workers across epochs (PyTorch persistent_workers); "
-                                             "false: new workers every epoch, as PyTorch's default")
-    memory_map: bool = model_field(False, doc="indexed_binary: the job's reader maps each file (mmap) and takes its "
-                                      "records from the mapping, without read calls (DLIO's "
-                                      "mmap_indexed_binary reader, whose samples are views it never touches)")
-    file_buffering: str = model_field("buffered", choices=FILE_BUFFERINGS,
-                             doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
-                                 "png): buffered = by path or a default Python file (a few large reads), "
-                                 "unbuffered = an unbuffered file object (every library read is one read call)")
-    batch_tensors: int = model_field(1, check="positive",
-                            doc="tensors in each batch the loader hands over (image, label, mask, ...: PyTorch "
-                                "moves each one from a worker to the training process through shared memory, "
-                                "one file-descriptor handover per tensor); measured by dlreplay capture")
-    pin_memory: bool = model_field(False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)")
-    drop_last: bool = model_field(False, doc="drop each epoch's last batch when it is smaller than batch_size")
-    sample_order: str = model_field("pytorch", choices=SAMPLE_ORDERS,
-                           doc="pytorch: rank r reads files r::N, shuffled anew every epoch as file_shuffle and "
-                               "sample_shuffle say (PyTorch's RandomSampler); dlio: DLIO 2.0's PyTorch sampler "
-                               "(rank r reads a contiguous block of samples, file_shuffle ignored, the seeded "
-                               "sample shuffle re-applied to the previous epoch's order, whole batches only)")
-    transfer_size: Distribution = model_field(factory=Distribution.unknown, check="nonneg",
-                                     doc="bytes per read call on dataset files")
-    preprocess_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                       doc="seconds of preprocessing per sample")
-    preprocess_host_cpu: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                           doc="CPU seconds a loader worker spends per sample, the library's "
-                                               "read and decode included (measured by dlreplay capture): the "
-                                               "replay's worker spends what its own read and decode did not, "
-                                               "inside preprocess_time, which is slept for the rest. 0 = the "
-                                               "preprocessing is a sleep (DLIO)")
+    shuffle_size: int | None = model_field(
+        None, check="positive", doc="shuffle buffer in samples (tf.data)"
+    )
+    open_per_sample: bool = model_field(
+        True, doc="open/close the file for every sample (else keep files open)"
+    )
+    multiprocessing_context: str = model_field(
+        "fork",
+        choices=MP_CONTEXTS,
+        doc="how loader worker processes start (PyTorch multiprocessing_context, "
+        "DLIO reader.multiprocessing_context): fork, spawn (a new interpreter "
+        "per worker, importing the job's modules again at every start) or "
+        "forkserver",
+    )
+    persistent_workers: bool = model_field(
+        False,
+        doc="keep loader workers across epochs (PyTorch persistent_workers); "
+        "false: new workers every epoch, as PyTorch's default",
+    )
+    memory_map: bool = model_field(
+        False,
+        doc="indexed_binary: the job's reader maps each file (mmap) and takes its "
+        "records from the mapping, without read calls (DLIO's "
+        "mmap_indexed_binary reader, whose samples are views it never touches)",
+    )
+    file_buffering: str = model_field(
+        "buffered",
+        choices=FILE_BUFFERINGS,
+        doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
+        "png): buffered = by path or a default Python file (a few large reads), "
+        "unbuffered = an unbuffered file object (every library read is one read call)",
+    )
+    batch_tensors: int = model_field(
+        1,
+        check="positive",
+        doc="tensors in each batch the loader hands over (image, label, mask, ...: PyTorch "
+        "moves each one from a worker to the training process through shared memory, "
+        "one file-descriptor handover per tensor); measured by dlreplay capture",
+    )
+    pin_memory: bool = model_field(
+        False, doc="copy batches into page-locked memory (PyTorch pin_memory; only with a GPU)"
+    )
+    drop_last: bool = model_field(
+        False, doc="drop each epoch's last batch when it is smaller than batch_size"
+    )
+    sample_order: str = model_field(
+        "pytorch",
+        choices=SAMPLE_ORDERS,
+        doc="pytorch: rank r reads files r::N, shuffled anew every epoch as file_shuffle and "
+        "sample_shuffle say (PyTorch's RandomSampler); dlio: DLIO 2.0's PyTorch sampler "
+        "(rank r reads a contiguous block of samples, file_shuffle ignored, the seeded "
+        "sample shuffle re-applied to the previous epoch's order, whole batches only)",
+    )
+    transfer_size: Distribution = model_field(
+        factory=Distribution.unknown, check="nonneg", doc="bytes per read call on dataset files"
+    )
+    preprocess_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds of preprocessing per sample",
+    )
+    preprocess_host_cpu: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="CPU seconds a loader worker spends per sample, the library's "
+        "read and decode included (measured by dlreplay capture): the "
+        "replay's worker spends what its own read and decode did not, "
+        "inside preprocess_time, which is slept for the rest. 0 = the "
+        "preprocessing is a sleep (DLIO)",
+    )
     access_pattern: AccessPattern = model_field(factory=AccessPattern)
     metadata_per_sample: MetadataPerSample = model_field(factory=MetadataPerSample)
 
@@ -136,47 +194,81 @@ class Evaluation:
     """Periodic evaluation passes (DLIO ``evaluation``)."""
 
     every_n_epochs: int = model_field(1, check="positive", doc="DLIO epochs_between_evals")
-    after_epoch: int = model_field(1, check="nonneg", doc="first epoch (1-based) after which to evaluate")
-    steps: int | None = model_field(None, check="positive", doc="steps per evaluation; null = the whole eval set")
-    computation_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                        doc="seconds per evaluation step (DLIO eval_time)")
+    after_epoch: int = model_field(
+        1, check="nonneg", doc="first epoch (1-based) after which to evaluate"
+    )
+    steps: int | None = model_field(
+        None, check="positive", doc="steps per evaluation; null = the whole eval set"
+    )
+    computation_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds per evaluation step (DLIO eval_time)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Train:
     """The training loop (DLIO ``train``)."""
 
-    enabled: bool = model_field(True, doc="false = no training loop (e.g. a checkpoint-only workload)")
+    enabled: bool = model_field(
+        True, doc="false = no training loop (e.g. a checkpoint-only workload)"
+    )
     epochs: int = model_field(1, check="positive")
-    steps_per_epoch: int | None = model_field(None, check="positive", doc="null = as many as the dataset gives")
-    total_training_steps: int | None = model_field(None, check="positive", doc="stop after this many steps in all")
-    computation_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                        doc="seconds of compute per training step (steady state)")
-    computation_host_cpu: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                            doc="CPU seconds the training process spends on the host per "
-                                                "training step, all its threads (steady state; warm-up steps "
-                                                "spend the same share of their compute time): spent inside the "
-                                                "step's computation_time, which is slept for the rest. 0 = the "
-                                                "compute runs on an accelerator and the step is a pure sleep "
-                                                "(DLIO)")
-    computation_host_threads: int = model_field(1, check="positive",
-                                       doc="threads that share computation_host_cpu (torch's intra-op "
-                                           "threads of a CPU-trained model)")
-    warmup_computation_time: list[float] = model_field(factory=list, check="nonneg",
-                                              doc="seconds of compute of the run's first steps, one per step "
-                                                  "(framework warm-up: kernel selection, allocator, CUDA "
-                                                  "context); they replace computation_time for those steps")
-    epoch_warmup_computation_time: list[float] = model_field(factory=list, check="nonneg",
-                                                    doc="seconds of compute of the first steps of every later "
-                                                        "epoch, one per step, where they differ from "
-                                                        "computation_time")
-    epoch_end_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                      doc="seconds the training process spends after an epoch's last batch "
-                                          "before the next epoch, beyond checkpoints and evaluation (logging, "
-                                          "metrics, learning-rate schedules)")
-    au_first_steps: str = model_field("run", choices=AU_FIRST_STEPS,
-                             doc="first steps AU leaves out: run = the run's first step (MLPerf Storage), "
-                                 "epoch = every epoch's first step (DLIO)")
+    steps_per_epoch: int | None = model_field(
+        None, check="positive", doc="null = as many as the dataset gives"
+    )
+    total_training_steps: int | None = model_field(
+        None, check="positive", doc="stop after this many steps in all"
+    )
+    computation_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds of compute per training step (steady state)",
+    )
+    computation_host_cpu: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="CPU seconds the training process spends on the host per "
+        "training step, all its threads (steady state; warm-up steps "
+        "spend the same share of their compute time): spent inside the "
+        "step's computation_time, which is slept for the rest. 0 = the "
+        "compute runs on an accelerator and the step is a pure sleep "
+        "(DLIO)",
+    )
+    computation_host_threads: int = model_field(
+        1,
+        check="positive",
+        doc="threads that share computation_host_cpu (torch's intra-op "
+        "threads of a CPU-trained model)",
+    )
+    warmup_computation_time: list[float] = model_field(
+        factory=list,
+        check="nonneg",
+        doc="seconds of compute of the run's first steps, one per step "
+        "(framework warm-up: kernel selection, allocator, CUDA "
+        "context); they replace computation_time for those steps",
+    )
+    epoch_warmup_computation_time: list[float] = model_field(
+        factory=list,
+        check="nonneg",
+        doc="seconds of compute of the first steps of every later "
+        "epoch, one per step, where they differ from "
+        "computation_time",
+    )
+    epoch_end_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds the training process spends after an epoch's last batch "
+        "before the next epoch, beyond checkpoints and evaluation (logging, "
+        "metrics, learning-rate schedules)",
+    )
+    au_first_steps: str = model_field(
+        "run",
+        choices=AU_FIRST_STEPS,
+        doc="first steps AU leaves out: run = the run's first step (MLPerf Storage), "
+        "epoch = every epoch's first step (DLIO)",
+    )
     evaluation: Evaluation | None = model_field(None, doc="null = no evaluation")
 
 
@@ -187,37 +279,64 @@ class Checkpoint:
 
     enabled: bool = model_field(False)
     checkpoint_folder: str | None = model_field(None)
-    checkpoint_after_epoch: int = model_field(1, check="nonneg", doc="first epoch (1-based) of epoch-based checkpoints")
+    checkpoint_after_epoch: int = model_field(
+        1, check="nonneg", doc="first epoch (1-based) of epoch-based checkpoints"
+    )
     steps_between_checkpoints: int | None = model_field(None, check="positive")
     epochs_between_checkpoints: int | None = model_field(None, check="positive")
     time_between_checkpoints: float | None = model_field(None, check="positive", doc="seconds")
     files_per_checkpoint: int = model_field(1, check="positive")
-    bytes_per_checkpoint: int = model_field(0, check="nonneg", doc="bytes written per checkpoint, all files")
-    write_transfer_size: Distribution = model_field(factory=Distribution.unknown, check="nonneg",
-                                           doc="bytes per write call")
+    bytes_per_checkpoint: int = model_field(
+        0, check="nonneg", doc="bytes written per checkpoint, all files"
+    )
+    write_transfer_size: Distribution = model_field(
+        factory=Distribution.unknown, check="nonneg", doc="bytes per write call"
+    )
     file_writes: list[list[list[int]]] | None = model_field(
-        None, check="nonneg",
+        None,
+        check="nonneg",
         doc="the write calls of each file of one checkpoint, in file order: runs of [bytes per call, calls] "
-            "(torch.save: header, each tensor's storage, trailer); used when they add up to "
-            "files_per_checkpoint and bytes_per_checkpoint, else write_transfer_size")
+        "(torch.save: header, each tensor's storage, trailer); used when they add up to "
+        "files_per_checkpoint and bytes_per_checkpoint, else write_transfer_size",
+    )
     fsync: bool = model_field(False, doc="fsync each checkpoint file")
-    serialization_time: Distribution = model_field(factory=lambda: Distribution.fixed(0.0), check="nonneg",
-                                          doc="seconds per checkpoint outside write calls (serialisation, "
-                                              "device-to-host copies), spent before the writes")
+    serialization_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds per checkpoint outside write calls (serialisation, "
+        "device-to-host copies), spent before the writes",
+    )
     read_at_start: bool = model_field(False, doc="read the latest checkpoint before training")
-    num_checkpoints_write: int | None = model_field(None, check="positive", doc="stop writing after this many")
-    num_checkpoints_read: int | None = model_field(None, check="nonneg", doc="checkpoints read back (DLIO)")
+    num_checkpoints_write: int | None = model_field(
+        None, check="positive", doc="stop writing after this many"
+    )
+    num_checkpoints_read: int | None = model_field(
+        None, check="nonneg", doc="checkpoints read back (DLIO)"
+    )
 
     def __post_init__(self) -> None:
-        given = [n for n in ("steps_between_checkpoints", "epochs_between_checkpoints", "time_between_checkpoints")
-                 if getattr(self, n) is not None]
+        given = [
+            n
+            for n in (
+                "steps_between_checkpoints",
+                "epochs_between_checkpoints",
+                "time_between_checkpoints",
+            )
+            if getattr(self, n) is not None
+        ]
         if len(given) > 1:
-            raise InvalidField(given[1], f"expected at most one of steps/epochs/time_between_checkpoints, "
-                                     f"but {given[0]} is also set")
+            raise InvalidField(
+                given[1],
+                f"expected at most one of steps/epochs/time_between_checkpoints, "
+                f"but {given[0]} is also set",
+            )
         for i, runs in enumerate(self.file_writes or []):
             for j, run in enumerate(runs):
                 if len(run) != 2 or run[1] < 1:
-                    raise InvalidField(f"file_writes.{i}.{j}", f"expected [bytes per call, calls >= 1], got {run!r}")
+                    raise InvalidField(
+                        f"file_writes.{i}.{j}",
+                        f"expected [bytes per call, calls >= 1], got {run!r}",
+                    )
 
     def file_write_plan(self) -> list[list[int]] | None:
         """Each checkpoint file's write calls (bytes), expanded from :attr:`file_writes`, when
@@ -235,7 +354,9 @@ class Processes:
     """How many processes read."""
 
     ranks: int = model_field(1, check="positive", doc="training processes (MPI/torchrun ranks)")
-    workers_per_rank: int = model_field(1, check="nonneg", doc="data-loader workers observed per rank")
+    workers_per_rank: int = model_field(
+        1, check="nonneg", doc="data-loader workers observed per rank"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,7 +370,9 @@ class Parallelism:
 
     def __post_init__(self) -> None:
         if not -1 <= self.zero_stage <= 3:
-            raise InvalidField("zero_stage", f"expected an integer from -1 to 3, got {self.zero_stage!r}")
+            raise InvalidField(
+                "zero_stage", f"expected an integer from -1 to 3, got {self.zero_stage!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,12 +448,18 @@ class WorkloadModel:
 
     def __post_init__(self) -> None:
         if not self.dataset.record_length.is_known:
-            raise InvalidField("dataset.record_length", "expected a known distribution (bytes per sample)")
+            raise InvalidField(
+                "dataset.record_length", "expected a known distribution (bytes per sample)"
+            )
         loader, fw = self.reader.data_loader, self.framework
-        if (loader == "pytorch" and fw != "pytorch") or (loader == "tensorflow" and fw != "tensorflow"):
-            raise InvalidField("reader.data_loader", f"data loader {loader} does not run under framework {fw}; "
-                                                 f"set framework={loader} or another data_loader")
-
+        if (loader == "pytorch" and fw != "pytorch") or (
+            loader == "tensorflow" and fw != "tensorflow"
+        ):
+            raise InvalidField(
+                "reader.data_loader",
+                f"data loader {loader} does not run under framework {fw}; "
+                f"set framework={loader} or another data_loader",
+            )
 
 
 # --------------------------------------------------------------------------- field paths
@@ -374,4 +503,3 @@ def _valid_paths() -> frozenset[str]:
 def default_fields(model: WorkloadModel) -> list[str]:
     """Field paths whose provenance confidence is ``default`` (could not be inferred)."""
     return [k for k, v in model.provenance.fields.items() if v.confidence == "default"]
-

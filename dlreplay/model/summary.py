@@ -40,8 +40,10 @@ def _summary_checkpoint(c: Checkpoint) -> str:
     else:
         when = f"every {c.epochs_between_checkpoints or 1} epoch(s) from epoch {c.checkpoint_after_epoch}"
     limit = f", {c.num_checkpoints_write} in all" if c.num_checkpoints_write else ""
-    return (f"{when}{limit}: {c.files_per_checkpoint} file(s), {_fmt_bytes(c.bytes_per_checkpoint)}, "
-            f"writes {_fmt_dist(c.write_transfer_size, _fmt_bytes)}, fsync {'yes' if c.fsync else 'no'}")
+    return (
+        f"{when}{limit}: {c.files_per_checkpoint} file(s), {_fmt_bytes(c.bytes_per_checkpoint)}, "
+        f"writes {_fmt_dist(c.write_transfer_size, _fmt_bytes)}, fsync {'yes' if c.fsync else 'no'}"
+    )
 
 
 def _summary_member(m: ArrayMember) -> str:
@@ -65,13 +67,22 @@ def _summary_arrays(s: ArrayFile) -> list[str]:
 
 
 def _summary_image(i: ImageFile) -> str:
-    coding = " ".join(x for x in (f"q{i.quality}" if i.quality else "", i.subsampling or "",
-                                  "progressive" if i.progressive else "") if x)
+    coding = " ".join(
+        x
+        for x in (
+            f"q{i.quality}" if i.quality else "",
+            i.subsampling or "",
+            "progressive" if i.progressive else "",
+        )
+        if x
+    )
     return f"{i.width}x{i.height} {i.mode} {coding}".rstrip()
 
 
 def _summary_table(t: TableFile) -> str:
-    return f"{len(t.columns)} column(s)" + (f", {t.row_groups} row group(s)" if t.row_groups else "")
+    return f"{len(t.columns)} column(s)" + (
+        f", {t.row_groups} row group(s)" if t.row_groups else ""
+    )
 
 
 def _summary_chunks(lay: Layout) -> list[str]:
@@ -79,7 +90,14 @@ def _summary_chunks(lay: Layout) -> list[str]:
     if not (lay.hdf5_chunk_bytes or lay.hdf5_chunk_shape or lay.compressed):
         return []
     if lay.hdf5_chunk_bytes or lay.hdf5_chunk_shape:
-        return ["chunks " + (f"{lay.hdf5_chunk_shape}" if lay.hdf5_chunk_shape else _fmt_bytes(lay.hdf5_chunk_bytes))]
+        return [
+            "chunks "
+            + (
+                f"{lay.hdf5_chunk_shape}"
+                if lay.hdf5_chunk_shape
+                else _fmt_bytes(lay.hdf5_chunk_bytes)
+            )
+        ]
     return ["deflated members"]
 
 
@@ -104,36 +122,52 @@ def summarize_model(model: WorkloadModel) -> str:
     """A readable multi-line summary, ending with the fields left at defaults."""
     m, ds, rd, tr, pr = model.model, model.dataset, model.reader, model.train, model.processes
     name = m.name or "(unnamed)"
-    lines = [f"workload {name}" + (f" ({m.type})" if m.type else "") + f", framework {model.framework}"]
+    lines = [
+        f"workload {name}" + (f" ({m.type})" if m.type else "") + f", framework {model.framework}"
+    ]
     per_file = f"{ds.num_samples_per_file} sample(s)/file"
-    lines.append(f"  dataset     {ds.format}, {ds.num_files} files x {per_file}"
-                 + (f", {ds.num_files_eval} eval files" if ds.num_files_eval else "")
-                 + (f", in {ds.data_folder}" if ds.data_folder else ""))
-    lines.append(f"  record      {_fmt_dist(ds.record_length, _fmt_bytes)}; file {_fmt_dist(ds.file_size, _fmt_bytes)}")
+    lines.append(
+        f"  dataset     {ds.format}, {ds.num_files} files x {per_file}"
+        + (f", {ds.num_files_eval} eval files" if ds.num_files_eval else "")
+        + (f", in {ds.data_folder}" if ds.data_folder else "")
+    )
+    lines.append(
+        f"  record      {_fmt_dist(ds.record_length, _fmt_bytes)}; file {_fmt_dist(ds.file_size, _fmt_bytes)}"
+    )
     layout = _summary_layout(ds.layout)
     if layout:
         lines.append(f"  layout      {layout}")
-    lines.append(f"  reader      {rd.data_loader}, {rd.read_threads} {rd.worker_kind} worker(s)/rank, "
-                 f"batch {rd.batch_size}, prefetch {rd.prefetch_factor}, shuffle files={rd.file_shuffle} "
-                 f"samples={rd.sample_shuffle}, {'open per sample' if rd.open_per_sample else 'files kept open'}")
+    lines.append(
+        f"  reader      {rd.data_loader}, {rd.read_threads} {rd.worker_kind} worker(s)/rank, "
+        f"batch {rd.batch_size}, prefetch {rd.prefetch_factor}, shuffle files={rd.file_shuffle} "
+        f"samples={rd.sample_shuffle}, {'open per sample' if rd.open_per_sample else 'files kept open'}"
+    )
     lines.append(f"  reads       {_fmt_dist(rd.transfer_size, _fmt_bytes)} per call")
     if tr.enabled:
         steps = f", {tr.steps_per_epoch} steps/epoch" if tr.steps_per_epoch else ""
-        lines.append(f"  train       {tr.epochs} epoch(s){steps}, compute {_fmt_dist(tr.computation_time, _fmt_seconds)}"
-                     "/step")
+        lines.append(
+            f"  train       {tr.epochs} epoch(s){steps}, compute {_fmt_dist(tr.computation_time, _fmt_seconds)}"
+            "/step"
+        )
         cpu = tr.computation_host_cpu
         if cpu.is_known and (cpu.mean or 0) > 0:
-            lines.append(f"  host CPU    {_fmt_dist(cpu, _fmt_seconds)}/step in {tr.computation_host_threads} "
-                         f"thread(s), spent inside the compute time")
+            lines.append(
+                f"  host CPU    {_fmt_dist(cpu, _fmt_seconds)}/step in {tr.computation_host_threads} "
+                f"thread(s), spent inside the compute time"
+            )
         else:
             lines.append("  host CPU    none: the compute is a pure sleep (an accelerator's)")
         extra = []
         if tr.warmup_computation_time:
-            extra.append(f"{len(tr.warmup_computation_time)} warm-up step(s) "
-                         f"{_fmt_seconds(sum(tr.warmup_computation_time))}")
+            extra.append(
+                f"{len(tr.warmup_computation_time)} warm-up step(s) "
+                f"{_fmt_seconds(sum(tr.warmup_computation_time))}"
+            )
         if tr.epoch_warmup_computation_time:
-            extra.append(f"{len(tr.epoch_warmup_computation_time)} leading step(s) per later epoch "
-                         f"{_fmt_seconds(sum(tr.epoch_warmup_computation_time))}")
+            extra.append(
+                f"{len(tr.epoch_warmup_computation_time)} leading step(s) per later epoch "
+                f"{_fmt_seconds(sum(tr.epoch_warmup_computation_time))}"
+            )
         if tr.epoch_end_time.is_known and (tr.epoch_end_time.mean or 0) > 0:
             extra.append(f"epoch end {_fmt_dist(tr.epoch_end_time, _fmt_seconds)}")
         if extra:
@@ -142,8 +176,10 @@ def summarize_model(model: WorkloadModel) -> str:
         lines.append("  train       off")
     if tr.evaluation is not None:
         ev = tr.evaluation
-        lines.append(f"  evaluation  every {ev.every_n_epochs} epoch(s), compute "
-                     f"{_fmt_dist(ev.computation_time, _fmt_seconds)}/step")
+        lines.append(
+            f"  evaluation  every {ev.every_n_epochs} epoch(s), compute "
+            f"{_fmt_dist(ev.computation_time, _fmt_seconds)}/step"
+        )
     lines.append(f"  checkpoint  {_summary_checkpoint(model.checkpoint)}")
     lines.append(f"  processes   {pr.ranks} rank(s) x {pr.workers_per_rank} worker(s)")
     source = model.provenance.source_trace or model.provenance.source_config
@@ -151,5 +187,7 @@ def summarize_model(model: WorkloadModel) -> str:
         lines.append(f"  source      {source}")
     defaults = default_fields(model)
     if defaults:
-        lines.append(f"  defaults    {len(defaults)} field(s) could not be inferred: {', '.join(defaults)}")
+        lines.append(
+            f"  defaults    {len(defaults)} field(s) could not be inferred: {', '.join(defaults)}"
+        )
     return "\n".join(lines)

@@ -42,22 +42,38 @@ def _expected(tp: Any, md: Mapping[str, Any]) -> str:
     elif inner is bool:
         text = "true or false"
     elif inner is int:
-        text = {"positive": "a positive integer", "nonneg": "a non-negative integer"}.get(check, "an integer")
+        text = {"positive": "a positive integer", "nonneg": "a non-negative integer"}.get(
+            check, "an integer"
+        )
     elif inner is float:
-        text = {"positive": "a positive number", "nonneg": "a non-negative number",
-                "fraction": "a number between 0 and 1"}.get(check, "a number")
+        text = {
+            "positive": "a positive number",
+            "nonneg": "a non-negative number",
+            "fraction": "a number between 0 and 1",
+        }.get(check, "a number")
     elif inner is str:
         text = "a string"
     elif inner is Distribution:
         text = "a distribution (a number, or a mapping with type: fixed|normal|...)"
     elif typing.get_origin(inner) is list:
         (item,) = typing.get_args(inner)
-        text = "a list of " + ("positive integers" if check == "positive" and item is int else
-                               "non-negative integers" if check == "nonneg" and item is int else
-                               "integers" if item is int else
-                               "non-negative numbers" if check == "nonneg" and item is float else
-                               "numbers" if item is float else "lists" if typing.get_origin(item) is list else
-                               "mappings" if is_dataclass(item) else "strings")
+        text = "a list of " + (
+            "positive integers"
+            if check == "positive" and item is int
+            else "non-negative integers"
+            if check == "nonneg" and item is int
+            else "integers"
+            if item is int
+            else "non-negative numbers"
+            if check == "nonneg" and item is float
+            else "numbers"
+            if item is float
+            else "lists"
+            if typing.get_origin(item) is list
+            else "mappings"
+            if is_dataclass(item)
+            else "strings"
+        )
     elif typing.get_origin(inner) is dict or is_dataclass(inner):
         text = "a mapping"
     else:  # pragma: no cover - every field type is covered above
@@ -69,7 +85,6 @@ def _expected(tp: Any, md: Mapping[str, Any]) -> str:
 class _Ctx:
     source: str
     absent: list[str] = field(default_factory=list)
-
 
 
 def as_int(value: numbers.Real) -> int | None:
@@ -97,7 +112,9 @@ def _convert(value: Any, tp: Any, md: Mapping[str, Any], path: str, ctx: _Ctx) -
         if optional:
             return None
         raise model_error(ctx.source, path, f"expected {_expected(tp, md)}, got null")
-    bad = model_error(ctx.source, path, f"expected {_expected(tp, md)}, got {describe_value(value)}")
+    bad = model_error(
+        ctx.source, path, f"expected {_expected(tp, md)}, got {describe_value(value)}"
+    )
     if inner is bool:
         if not isinstance(value, bool):
             raise bad
@@ -110,7 +127,11 @@ def _convert(value: Any, tp: Any, md: Mapping[str, Any], path: str, ctx: _Ctx) -
             raise bad
         return value
     if inner is float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+        ):
             raise bad
         if not _check_number(float(value), md.get("check")):
             raise bad
@@ -148,7 +169,9 @@ def _convert_str(value: Any, md: Mapping[str, Any], bad: ModelError) -> str:
     return value
 
 
-def _convert_list(value: Any, tp: Any, md: Mapping[str, Any], path: str, ctx: _Ctx, bad: ModelError) -> list:
+def _convert_list(
+    value: Any, tp: Any, md: Mapping[str, Any], path: str, ctx: _Ctx, bad: ModelError
+) -> list:
     if not isinstance(value, (list, tuple)):
         raise bad
     (item,) = typing.get_args(tp)
@@ -159,7 +182,9 @@ def _convert_distribution(value: Any, md: Mapping[str, Any], path: str, ctx: _Ct
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = {"type": "fixed", "value": value}
     if not isinstance(value, Mapping):
-        raise model_error(ctx.source, path, f"expected {_expected(Distribution, md)}, got {describe_value(value)}")
+        raise model_error(
+            ctx.source, path, f"expected {_expected(Distribution, md)}, got {describe_value(value)}"
+        )
     dist = _build(Distribution, value, path, ctx)
     if md.get("check") == "nonneg":
         problems = dist.nonneg_problems()
@@ -169,17 +194,21 @@ def _convert_distribution(value: Any, md: Mapping[str, Any], path: str, ctx: _Ct
     return dist
 
 
-
 def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
     """Build dataclass *cls* from mapping *data*, naming *path* in every error."""
     if not isinstance(data, Mapping):
-        raise model_error(ctx.source, path or "(top level)", f"expected a mapping, got {describe_value(data)}")
+        raise model_error(
+            ctx.source, path or "(top level)", f"expected a mapping, got {describe_value(data)}"
+        )
     hints = type_hints(cls)
     known = [f.name for f in fields(cls)]
     for key in data:
         if key not in known:
-            raise model_error(ctx.source, join_path(path, str(key)),
-                         f"unknown field; expected one of: {', '.join(known)}")
+            raise model_error(
+                ctx.source,
+                join_path(path, str(key)),
+                f"unknown field; expected one of: {', '.join(known)}",
+            )
     kwargs: dict[str, Any] = {}
     track = getattr(cls, "_track_defaults", True)
     for f in fields(cls):
@@ -187,7 +216,9 @@ def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
         if f.name in data:
             kwargs[f.name] = _convert(data[f.name], hints[f.name], f.metadata, sub, ctx)
         elif is_required(f):
-            raise model_error(ctx.source, sub, f"missing required field ({_expected(hints[f.name], f.metadata)})")
+            raise model_error(
+                ctx.source, sub, f"missing required field ({_expected(hints[f.name], f.metadata)})"
+            )
         elif track and f.name != "provenance":
             ctx.absent.append(sub)
     try:
@@ -198,24 +229,40 @@ def _build(cls: type, data: Any, path: str, ctx: _Ctx) -> Any:
 
 def _check_header(data: Mapping[str, Any], source: str) -> None:
     if "schema" not in data:
-        raise model_error(source, "schema", f"missing required field (expected {MODEL_SCHEMA_NAME!r}); "
-                                       f"is this a dlreplay workload model?")
+        raise model_error(
+            source,
+            "schema",
+            f"missing required field (expected {MODEL_SCHEMA_NAME!r}); "
+            f"is this a dlreplay workload model?",
+        )
     if data["schema"] != MODEL_SCHEMA_NAME:
-        raise model_error(source, "schema", f"{source} is not a dlreplay workload model (schema is "
-                                       f"{data['schema']!r}, expected {MODEL_SCHEMA_NAME!r}).",
-                     ModelVersionError)
+        raise model_error(
+            source,
+            "schema",
+            f"{source} is not a dlreplay workload model (schema is "
+            f"{data['schema']!r}, expected {MODEL_SCHEMA_NAME!r}).",
+            ModelVersionError,
+        )
     version = data.get("format_version")
     if version is None:
         raise model_error(source, "format_version", "missing required field (a positive integer)")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise model_error(source, "format_version", f"expected a positive integer, got {describe_value(version)}")
+        raise model_error(
+            source, "format_version", f"expected a positive integer, got {describe_value(version)}"
+        )
     if version > MODEL_FORMAT_VERSION:
-        raise model_error(source, "format_version",
-                     f"{source} was written by a newer dlreplay (format_version {version}; this version "
-                     f"reads up to {MODEL_FORMAT_VERSION}). Upgrade dlreplay to read it.", ModelVersionError)
+        raise model_error(
+            source,
+            "format_version",
+            f"{source} was written by a newer dlreplay (format_version {version}; this version "
+            f"reads up to {MODEL_FORMAT_VERSION}). Upgrade dlreplay to read it.",
+            ModelVersionError,
+        )
 
 
-def model_from_dict(d: Any, source: str = "<dict>", default_method: str = _DEFAULT_METHOD) -> WorkloadModel:
+def model_from_dict(
+    d: Any, source: str = "<dict>", default_method: str = _DEFAULT_METHOD
+) -> WorkloadModel:
     """Validate plain data *d* (as :func:`model_to_dict` gives) and build the model.
 
     Errors are :class:`ModelError` naming *source* and the dotted field path.
@@ -224,7 +271,9 @@ def model_from_dict(d: Any, source: str = "<dict>", default_method: str = _DEFAU
     (unless already recorded).
     """
     if not isinstance(d, Mapping):
-        raise model_error(source, "(top level)", f"expected a mapping of sections, got {describe_value(d)}")
+        raise model_error(
+            source, "(top level)", f"expected a mapping of sections, got {describe_value(d)}"
+        )
     _check_header(d, source)
     body = {k: v for k, v in d.items() if k not in ("schema", "format_version")}
     ctx = _Ctx(source)

@@ -66,7 +66,12 @@ __all__ = [
 def tfrecord_frame(payload: bytes) -> bytes:
     """One TFRecord: uint64 length, masked CRC of the length, payload, masked CRC of the payload."""
     length = struct.pack("<Q", len(payload))
-    return length + struct.pack("<I", masked_crc32c(length)) + payload + struct.pack("<I", masked_crc32c(payload))
+    return (
+        length
+        + struct.pack("<I", masked_crc32c(length))
+        + payload
+        + struct.pack("<I", masked_crc32c(payload))
+    )
 
 
 # --------------------------------------------------------------------------- results
@@ -93,7 +98,9 @@ class Written:
 # --------------------------------------------------------------------------- entry point
 
 
-def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: np.random.Generator) -> Written:
+def write_file(
+    fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: np.random.Generator
+) -> Written:
     """Write one dataset file at *path* (via a temporary name, then renamed).
 
     *sizes* are the plan's bytes per sample. Returns a :class:`Written`. OSError
@@ -142,14 +149,20 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
             rec = np.asarray(records, dtype="<u8").reshape(-1, 2)
             # dlreplay's index: (offset, length) pairs in one file; DLIO 2.0's: offsets and
             # sizes in two (its generator's struct 'Q', little-endian here)
-            sides = {".off.idx": rec[:, 0], ".sz.idx": rec[:, 1]} if layout.index == "dlio" else {".idx": rec}
+            sides = (
+                {".off.idx": rec[:, 0], ".sz.idx": rec[:, 1]}
+                if layout.index == "dlio"
+                else {".idx": rec}
+            )
             for suffix, values in sides.items():
                 side = path.with_name(path.name + suffix)
                 side_tmp = side.with_name(f".{side.name}{TMP_SUFFIX}")
                 side_tmp.write_bytes(np.ascontiguousarray(values).tobytes())
                 _fsync_path(side_tmp)
                 os.replace(side_tmp, side)
-            sizes_of = {suffix: path.with_name(path.name + suffix).stat().st_size for suffix in sides}
+            sizes_of = {
+                suffix: path.with_name(path.name + suffix).stat().st_size for suffix in sides
+            }
             out.aux_bytes = sum(sizes_of.values())
             if layout.index == "dlio":
                 out.aux = sizes_of
@@ -158,7 +171,9 @@ def write_file(fmt: str, path: Path, sizes: Sequence[int], layout: Layout, rng: 
         if layout.tables:
             i = choose_structure(layout.tables, target, rng)
             out.structure, t = i, layout.tables[i]
-        out.notes.append(write_csv(tmp, sizes, t, rng) if fmt == "csv" else write_parquet(tmp, sizes, t, rng))
+        out.notes.append(
+            write_csv(tmp, sizes, t, rng) if fmt == "csv" else write_parquet(tmp, sizes, t, rng)
+        )
     else:  # pragma: no cover - validated by the model
         raise ReplayError(f"unsupported dataset format {fmt!r}")
     _fsync_path(tmp)

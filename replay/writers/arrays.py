@@ -26,7 +26,12 @@ def array_dtype(spec: str) -> np.dtype:
 
 def member_shape(m: ArrayMember, samples_from: int | None, samples_to: int) -> tuple[int, ...]:
     shape = list(m.shape)
-    if samples_from is not None and shape and shape[0] == samples_from and samples_from != samples_to:
+    if (
+        samples_from is not None
+        and shape
+        and shape[0] == samples_from
+        and samples_from != samples_to
+    ):
         shape[0] = samples_to
     return tuple(shape)
 
@@ -54,19 +59,27 @@ def choose_structure(structures: Sequence[Any], target: int, rng: np.random.Gene
     """
     if len(structures) == 1:
         return 0
-    files = [(abs(int(b) - target), i) for i, s in enumerate(structures) for b in (s.file_bytes or ())]
+    files = [
+        (abs(int(b) - target), i) for i, s in enumerate(structures) for b in (s.file_bytes or ())
+    ]
     if files:
         best = min(d for d, _ in files)
         tied = sorted({i for d, i in files if d == best})
         return tied[int(rng.integers(len(tied)))] if len(tied) > 1 else tied[0]
-    known = [(abs(int(s.bytes) - target), -s.weight, i) for i, s in enumerate(structures) if s.bytes is not None]
+    known = [
+        (abs(int(s.bytes) - target), -s.weight, i)
+        for i, s in enumerate(structures)
+        if s.bytes is not None
+    ]
     if known:
         return min(known)[2]
     p = np.asarray([s.weight for s in structures], dtype=float)
     return int(rng.choice(len(p), p=p / p.sum()))
 
 
-def array_data(m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator, share: float) -> np.ndarray:
+def array_data(
+    m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator, share: float
+) -> np.ndarray:
     dt = array_dtype(m.dtype)
     n = array_nbytes(shape, dt)
     raw = fill_noise(n, share, rng, block_for(n))
@@ -79,7 +92,9 @@ def _npy_header(m: ArrayMember, shape: tuple[int, ...]) -> bytes:
     from numpy.lib import format as npformat
 
     buf = io.BytesIO()
-    arr = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=array_dtype(m.dtype)), shape=shape, strides=(0,) * len(shape))
+    arr = np.lib.stride_tricks.as_strided(
+        np.zeros(1, dtype=array_dtype(m.dtype)), shape=shape, strides=(0,) * len(shape)
+    )
     header = npformat.header_data_from_array_1_0(arr)
     header["fortran_order"] = m.fortran_order
     try:
@@ -94,8 +109,11 @@ def write_npz(fh: Any, s: ArrayFile, spf: int, rng: np.random.Generator) -> str:
     members = s.members
     storages = {m.storage or "stored" for m in members}
     levels = {m.compression_level for m in members if m.storage == "deflated"}
-    plain = (all(m.name.endswith(".npy") and m.zip64 for m in members) and len(storages) == 1
-             and levels <= {None, 6})
+    plain = (
+        all(m.name.endswith(".npy") and m.zip64 for m in members)
+        and len(storages) == 1
+        and levels <= {None, 6}
+    )
     datas = [_npz_member_data(m, member_shape(m, s.samples, spf), rng) for m in members]
     if plain:
         arrays: dict[str, Any] = {m.name[:-4]: d for m, d in zip(members, datas, strict=True)}
@@ -108,19 +126,29 @@ def write_npz(fh: Any, s: ArrayFile, spf: int, rng: np.random.Generator) -> str:
     return "zipfile + numpy.lib.format.write_array"
 
 
-def _npz_member_data(m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def _npz_member_data(
+    m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator
+) -> np.ndarray:
     """A member's content: an array (``.npy`` members, or unnamed) or raw bytes, compressible
     like the real member when it is deflated."""
     share = 1.0
     if m.storage == "deflated" and m.compression_ratio is not None and m.compression_ratio < 0.98:
-        share = deflate_share(max(array_nbytes(shape, array_dtype(m.dtype)), 1), round(m.compression_ratio, 4),
-                              m.compression_level if m.compression_level is not None else 6,
-                              _npy_header(m, shape) if m.name.endswith(".npy") else b"")
-    return (array_data(m, shape, rng, share) if m.name.endswith(".npy") or not m.name
-            else fill_noise(max(int(np.prod(shape)) if shape else 0, 0), share, rng, 4096))
+        share = deflate_share(
+            max(array_nbytes(shape, array_dtype(m.dtype)), 1),
+            round(m.compression_ratio, 4),
+            m.compression_level if m.compression_level is not None else 6,
+            _npy_header(m, shape) if m.name.endswith(".npy") else b"",
+        )
+    return (
+        array_data(m, shape, rng, share)
+        if m.name.endswith(".npy") or not m.name
+        else fill_noise(max(int(np.prod(shape)) if shape else 0, 0), share, rng, 4096)
+    )
 
 
-def _write_zip_members(fh: Any, members: Sequence[ArrayMember], datas: Sequence[np.ndarray]) -> None:
+def _write_zip_members(
+    fh: Any, members: Sequence[ArrayMember], datas: Sequence[np.ndarray]
+) -> None:
     """The members through :mod:`zipfile`, each stored or deflated at its level, with its zip64
     header as the real file has it (``.npy`` members by ``numpy.lib.format.write_array``)."""
     from numpy.lib import format as npformat
@@ -128,7 +156,9 @@ def _write_zip_members(fh: Any, members: Sequence[ArrayMember], datas: Sequence[
     with zipfile.ZipFile(fh, "w", allowZip64=True) as zf:
         for m, d in zip(members, datas, strict=True):
             info = zipfile.ZipInfo(m.name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED if m.storage == "deflated" else zipfile.ZIP_STORED
+            info.compress_type = (
+                zipfile.ZIP_DEFLATED if m.storage == "deflated" else zipfile.ZIP_STORED
+            )
             level = m.compression_level if m.storage == "deflated" else None
             for attr in ("compress_level", "_compresslevel"):
                 try:
@@ -142,7 +172,9 @@ def _write_zip_members(fh: Any, members: Sequence[ArrayMember], datas: Sequence[
                     out.write(d.tobytes())
 
 
-def write_array_legacy(fmt: str, tmp: Path, sizes: Sequence[int], layout: Layout, rng: np.random.Generator) -> None:
+def write_array_legacy(
+    fmt: str, tmp: Path, sizes: Sequence[int], layout: Layout, rng: np.random.Generator
+) -> None:
     """Files of random bytes shaped (samples, record length): models without a fingerprint."""
     n = len(sizes)
     arr = np.frombuffer(rng.bytes(n * sizes[0]), dtype=np.uint8).reshape(n, sizes[0])
@@ -157,7 +189,9 @@ def write_array_legacy(fmt: str, tmp: Path, sizes: Sequence[int], layout: Layout
 
         kw: dict[str, Any] = {}
         if layout.hdf5_chunk_shape:
-            kw["chunks"] = tuple(max(1, min(c, d)) for c, d in zip(layout.hdf5_chunk_shape, arr.shape, strict=False))
+            kw["chunks"] = tuple(
+                max(1, min(c, d)) for c, d in zip(layout.hdf5_chunk_shape, arr.shape, strict=False)
+            )
             if len(kw["chunks"]) != arr.ndim:
                 kw["chunks"] = (kw["chunks"][0], arr.shape[1])
         elif layout.hdf5_chunk_bytes:

@@ -47,8 +47,14 @@ def _h5_filters(m: ArrayMember) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=256)
-def _h5_share(dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], filters: tuple[tuple[str, Any], ...],
-              fill: float | None, ratio: float) -> float:
+def _h5_share(
+    dtype: str,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    filters: tuple[tuple[str, Any], ...],
+    fill: float | None,
+    ratio: float,
+) -> float:
     """Random share per chunk giving stored/logical bytes = *ratio* through h5py's own filters.
 
     Measured on an in-memory file with the dataset's chunks and edge chunks (the first
@@ -65,21 +71,31 @@ def _h5_share(dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], filte
 
     def measure(share: float) -> float:
         arr = _chunked_fill(probe, chunks, dt, share, rng)
-        with h5py.File(f"dlreplay-calibration-{os.getpid()}.h5", "w", driver="core", backing_store=False) as f:
+        with h5py.File(
+            f"dlreplay-calibration-{os.getpid()}.h5", "w", driver="core", backing_store=False
+        ) as f:
             ds = f.create_dataset("x", data=arr, chunks=chunks, **kw, **dict(filters))
             return ds.id.get_storage_size() / max(arr.nbytes, 1)
 
     return calibrate(measure, ratio)
 
 
-def _chunked_fill(shape: tuple[int, ...], chunks: tuple[int, ...], dt: np.dtype, share: float,
-                  rng: np.random.Generator) -> np.ndarray:
+def _chunked_fill(
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dt: np.dtype,
+    share: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """An array whose every chunk holds the random/constant pattern in chunk-local order."""
     grid = [-(-s // c) for s, c in zip(shape, chunks, strict=True)]
     n_chunk = array_nbytes(chunks, dt)
     count = int(np.prod(grid, dtype=np.int64))
-    flat = np.concatenate([fill_noise(n_chunk, share, rng, block_for(n_chunk)) for _ in range(count)]) \
-        if share < 1.0 else np.frombuffer(rng.bytes(n_chunk * count), dtype=np.uint8)
+    flat = (
+        np.concatenate([fill_noise(n_chunk, share, rng, block_for(n_chunk)) for _ in range(count)])
+        if share < 1.0
+        else np.frombuffer(rng.bytes(n_chunk * count), dtype=np.uint8)
+    )
     blocks = flat.view(dt).reshape(*grid, *chunks)
     nd = len(shape)
     order = [a for i in range(nd) for a in (i, nd + i)]
@@ -91,7 +107,12 @@ def _chunk_slices(shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[tuple
     grid = [range(0, s, c) for s, c in zip(shape, chunks, strict=True)]
     out = []
     for idx in np.ndindex(*[len(g) for g in grid]):
-        out.append(tuple(slice(g[i], min(g[i] + c, s)) for g, i, c, s in zip(grid, idx, chunks, shape, strict=True)))
+        out.append(
+            tuple(
+                slice(g[i], min(g[i] + c, s))
+                for g, i, c, s in zip(grid, idx, chunks, shape, strict=True)
+            )
+        )
     return out
 
 
@@ -120,11 +141,16 @@ def write_hdf5(tmp: Path, s: ArrayFile, layout: Layout, spf: int, rng: np.random
         if h.userblock_size:
             kw["userblock_size"] = h.userblock_size
         if h.alignment_interval:
-            kw.update(alignment_threshold=max(h.alignment_threshold or 1, 1), alignment_interval=h.alignment_interval)
+            kw.update(
+                alignment_threshold=max(h.alignment_threshold or 1, 1),
+                alignment_interval=h.alignment_interval,
+            )
         if h.meta_block_size:
             kw["meta_block_size"] = h.meta_block_size
         if h.file_space_strategy in ("page", "aggr", "none"):  # fsm_aggr is HDF5's default
-            kw["fs_strategy"] = {"page": "page", "aggr": "aggregate", "none": "none"}[h.file_space_strategy]
+            kw["fs_strategy"] = {"page": "page", "aggr": "aggregate", "none": "none"}[
+                h.file_space_strategy
+            ]
             if h.file_space_strategy == "page" and h.file_space_page_size:
                 kw["fs_page_size"] = h.file_space_page_size
     with h5py.File(tmp, "w", **kw) as f:
@@ -137,7 +163,9 @@ def write_hdf5(tmp: Path, s: ArrayFile, layout: Layout, spf: int, rng: np.random
     return f"h5py {h5py.version.version} (HDF5 {h5py.version.hdf5_version})"
 
 
-def _write_h5_dataset(f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.random.Generator) -> None:
+def _write_h5_dataset(
+    f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.random.Generator
+) -> None:
     shape = member_shape(m, s.samples, spf)
     if m.dtype in ("vlen-str", "vlen"):
         _write_h5_strings(f, m, shape, rng)
@@ -154,7 +182,9 @@ def _write_h5_dataset(f: Any, m: ArrayMember, s: ArrayFile, spf: int, rng: np.ra
         _write_h5_chunks(ds, m, shape, chunks, dt, rng)
 
 
-def _write_h5_strings(f: Any, m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator) -> None:
+def _write_h5_strings(
+    f: Any, m: ArrayMember, shape: tuple[int, ...], rng: np.random.Generator
+) -> None:
     """A dataset of variable-length strings (random hex)."""
     import h5py
 
@@ -165,7 +195,9 @@ def _write_h5_strings(f: Any, m: ArrayMember, shape: tuple[int, ...], rng: np.ra
     _attrs(ds, m.attributes, m.attribute_bytes, m.vlen_attributes)
 
 
-def _h5_dataset_kw(m: ArrayMember, shape: tuple[int, ...]) -> tuple[dict[str, Any], tuple[int, ...] | None]:
+def _h5_dataset_kw(
+    m: ArrayMember, shape: tuple[int, ...]
+) -> tuple[dict[str, Any], tuple[int, ...] | None]:
     """(``create_dataset`` keywords for the member's storage, fill value and filters, its chunk
     shape or None when it is not chunked)."""
     import h5py
@@ -186,8 +218,9 @@ def _h5_dataset_kw(m: ArrayMember, shape: tuple[int, ...]) -> tuple[dict[str, An
     return kw, chunks
 
 
-def _write_h5_contiguous(ds: Any, m: ArrayMember, shape: tuple[int, ...], dt: np.dtype,
-                         rng: np.random.Generator) -> None:
+def _write_h5_contiguous(
+    ds: Any, m: ArrayMember, shape: tuple[int, ...], dt: np.dtype, rng: np.random.Generator
+) -> None:
     """A contiguous or compact dataset's values, in slabs of rows."""
     if not shape:  # a scalar
         ds[()] = array_data(m, (), rng, 1.0)
@@ -195,24 +228,32 @@ def _write_h5_contiguous(ds: Any, m: ArrayMember, shape: tuple[int, ...], dt: np
     rows = _slab_rows(shape, dt, 1)
     for r0 in range(0, shape[0], rows):  # bounded memory for large datasets
         part = (min(rows, shape[0] - r0), *shape[1:])
-        ds[r0:r0 + part[0]] = array_data(m, part, rng, 1.0)
+        ds[r0 : r0 + part[0]] = array_data(m, part, rng, 1.0)
 
 
-def _write_h5_chunks(ds: Any, m: ArrayMember, shape: tuple[int, ...], chunks: tuple[int, ...], dt: np.dtype,
-                     rng: np.random.Generator) -> None:
+def _write_h5_chunks(
+    ds: Any,
+    m: ArrayMember,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dt: np.dtype,
+    rng: np.random.Generator,
+) -> None:
     """A chunked dataset's chunks, compressible like the real ones through its filters: in slabs of
     whole chunk rows, or chunk by chunk in the real file's order (scattered, or only the share
     of chunks the real file allocated)."""
     share = 1.0
     filters = tuple(sorted(_h5_filters(m).items()))
     if filters and m.compression_ratio is not None:
-        share = _h5_share(m.dtype, shape, chunks, filters, m.fill_value, round(m.compression_ratio, 4))
+        share = _h5_share(
+            m.dtype, shape, chunks, filters, m.fill_value, round(m.compression_ratio, 4)
+        )
     sparse = m.chunks_allocated is not None and m.chunks_allocated < 1.0
     if not sparse and m.chunk_order != "scattered":
         rows = _slab_rows(shape, dt, chunks[0])  # whole chunk rows, so each chunk holds the pattern
         for r0 in range(0, shape[0], rows):
             part = (min(rows, shape[0] - r0), *shape[1:])
-            ds[r0:r0 + part[0]] = _chunked_fill(part, chunks, dt, share, rng)
+            ds[r0 : r0 + part[0]] = _chunked_fill(part, chunks, dt, share, rng)
         return
     slices = _chunk_slices(shape, chunks)
     if sparse:
@@ -222,5 +263,8 @@ def _write_h5_chunks(ds: Any, m: ArrayMember, shape: tuple[int, ...], chunks: tu
     for i in order:
         sl = slices[i]
         block = tuple(x.stop - x.start for x in sl)
-        ds[sl] = _chunked_fill(block, chunks, dt, share, rng) if block == chunks else \
-            _chunked_fill(chunks, chunks, dt, share, rng)[tuple(slice(0, b) for b in block)]
+        ds[sl] = (
+            _chunked_fill(block, chunks, dt, share, rng)
+            if block == chunks
+            else _chunked_fill(chunks, chunks, dt, share, rng)[tuple(slice(0, b) for b in block)]
+        )

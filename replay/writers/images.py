@@ -14,12 +14,29 @@ import numpy as np
 
 from dlreplay.model import ImageFile
 
-_MODE_CHANNELS = {"1": 1, "L": 1, "P": 1, "I;16": 1, "I": 1, "F": 1, "LA": 2, "RGB": 3, "YCbCr": 3,
-                  "RGBA": 4, "CMYK": 4}
+_MODE_CHANNELS = {
+    "1": 1,
+    "L": 1,
+    "P": 1,
+    "I;16": 1,
+    "I": 1,
+    "F": 1,
+    "LA": 2,
+    "RGB": 3,
+    "YCbCr": 3,
+    "RGBA": 4,
+    "CMYK": 4,
+}
 
 
-def image_pixels(width: int, height: int, mode: str, share: float, rng: np.random.Generator,
-                  bits: int | None = None) -> Any:
+def image_pixels(
+    width: int,
+    height: int,
+    mode: str,
+    share: float,
+    rng: np.random.Generator,
+    bits: int | None = None,
+) -> Any:
     """A Pillow image of noise whose amplitude is *share* (0: flat grey, 1: full-range noise).
 
     The encoded size grows continuously with the amplitude, for any image size (tiles of
@@ -44,7 +61,9 @@ def image_pixels(width: int, height: int, mode: str, share: float, rng: np.rando
         return Image.fromarray(arr > 127)
     if mode == "P":
         colours = 1 << (bits or 8)
-        img = Image.frombytes("P", (width, height), (arr.astype(np.int64) * colours // 256).astype(np.uint8).tobytes())
+        img = Image.frombytes(
+            "P", (width, height), (arr.astype(np.int64) * colours // 256).astype(np.uint8).tobytes()
+        )
         img.putpalette([v for c in range(colours) for v in (c, 255 - c, (c * 7) % 256)])
         return img
     if mode == "CMYK":
@@ -56,15 +75,20 @@ def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
     """The (type, payload) of each chunk of the PNG *data*, in order (the signature skipped)."""
     out, pos = [], 8
     while pos + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        out.append((kind, data[pos + 8:pos + 8 + length]))
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        out.append((kind, data[pos + 8 : pos + 8 + length]))
         pos += 12 + length
     return out
 
 
 def _png_frame(kind: bytes, payload: bytes) -> bytes:
     """One PNG chunk: length, type, payload, CRC."""
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+    return (
+        struct.pack(">I", len(payload))
+        + kind
+        + payload
+        + struct.pack(">I", zlib.crc32(kind + payload))
+    )
 
 
 def png_rechunk(data: bytes, chunk_bytes: int | None, extra_bytes: int) -> bytes:
@@ -79,12 +103,20 @@ def png_rechunk(data: bytes, chunk_bytes: int | None, extra_bytes: int) -> bytes
     if extra_bytes >= 12 + len(b"Comment\0") + 1:
         extras.append((b"tEXt", b"Comment\0" + b"x" * (extra_bytes - 12 - len(b"Comment\0"))))
     size = chunk_bytes or max(len(idat), 1)
-    pieces = [(b"IDAT", idat[i:i + size]) for i in range(0, max(len(idat), 1), size)]
+    pieces = [(b"IDAT", idat[i : i + size]) for i in range(0, max(len(idat), 1), size)]
     return data[:8] + b"".join(_png_frame(k, p) for k, p in [*head, *extras, *pieces, *tail])
 
 
 #: Adam7's seven passes: (first column, first row, column step, row step).
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+_ADAM7 = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
 
 
 def _filter_rows(raw: np.ndarray, bpp: int, adaptive: bool) -> np.ndarray:
@@ -107,7 +139,9 @@ def _filter_rows(raw: np.ndarray, bpp: int, adaptive: bool) -> np.ndarray:
     p = left + up - corner
     pa, pb, pc = np.abs(p - left), np.abs(p - up), np.abs(p - corner)
     paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, corner))
-    cands = (np.stack([r, r - left, r - up, r - (left + up) // 2, r - paeth]) & 0xFF).astype(np.uint8)
+    cands = (np.stack([r, r - left, r - up, r - (left + up) // 2, r - paeth]) & 0xFF).astype(
+        np.uint8
+    )
     best = np.abs(cands.view(np.int8).astype(np.int16)).sum(axis=2).argmin(axis=0)
     out[:, 0] = best
     out[:, 1:] = cands[best, np.arange(h)]
@@ -132,7 +166,9 @@ def png_interlaced(data: bytes, img: Any) -> bytes | None:
         px = px.astype(">u2").view(np.uint8).reshape(height, width, -1)
     elif px.dtype != np.uint8:
         return None
-    bpp = px.shape[2] if depth >= 8 else 1  # bytes per pixel (16-bit samples are two bytes each by now)
+    bpp = (
+        px.shape[2] if depth >= 8 else 1
+    )  # bytes per pixel (16-bit samples are two bytes each by now)
     stream = []
     for x0, y0, dx, dy in _ADAM7:
         sub = px[y0::dy, x0::dx]
@@ -198,8 +234,16 @@ def _size_curve(t: ImageFile, fmt: str) -> tuple[tuple[float, int], ...]:
     if key not in _SIZE_CURVES:
         rng = np.random.default_rng(0x1A6E)
         _SIZE_CURVES[key] = tuple(
-            (share, len(_encode_image(image_pixels(t.width, t.height, t.mode, share, rng, t.bits), fmt, t)))
-            for share in _CURVE_SHARES)
+            (
+                share,
+                len(
+                    _encode_image(
+                        image_pixels(t.width, t.height, t.mode, share, rng, t.bits), fmt, t
+                    )
+                ),
+            )
+            for share in _CURVE_SHARES
+        )
     return _SIZE_CURVES[key]
 
 
@@ -223,7 +267,9 @@ def image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> 
     content = [0]
 
     def encode(share: float) -> bytes:
-        pixels = image_pixels(t.width, t.height, t.mode, share, np.random.default_rng([seed, content[0]]), t.bits)
+        pixels = image_pixels(
+            t.width, t.height, t.mode, share, np.random.default_rng([seed, content[0]]), t.bits
+        )
         out = _encode_image(pixels, fmt, t)
         own.append((share, len(out)))
         return out
@@ -237,7 +283,9 @@ def image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> 
             share = best[0]
         else:
             # this file's own points once they bracket the target; the kind's curve until then
-            pts = sorted(set(own)) if below and above else sorted(set(base + own), key=lambda p: p[0])
+            pts = (
+                sorted(set(own)) if below and above else sorted(set(base + own), key=lambda p: p[0])
+            )
             shares = np.array([p[0] for p in pts])
             sizes = np.array([p[1] for p in pts], dtype=float)
             order = np.argsort(sizes, kind="stable")
@@ -247,7 +295,10 @@ def image_for(t: ImageFile, fmt: str, target: int, rng: np.random.Generator) -> 
             best = (share, out)
         if abs(len(out) - target) <= IMAGE_SIZE_TOLERANCE * target:
             break
-        if attempt < 4 and ((share == 1.0 and len(out) < 0.99 * target) or (share == 0.0 and len(out) > 1.01 * target)):
+        if attempt < 4 and (
+            (share == 1.0 and len(out) < 0.99 * target)
+            or (share == 0.0 and len(out) > 1.01 * target)
+        ):
             break  # the target is out of this kind's reach
     assert best is not None
     return best[1]
@@ -262,7 +313,9 @@ def image_legacy(rng: np.random.Generator, target: int, fmt: str) -> bytes:
     def encode(side: int) -> bytes:
         pixels = rng.integers(0, 256, size=(side, side, 3), dtype=np.uint8)
         bio = io.BytesIO()
-        Image.fromarray(pixels, "RGB").save(bio, format=pil_fmt, **({"quality": 90} if pil_fmt == "JPEG" else {}))
+        Image.fromarray(pixels, "RGB").save(
+            bio, format=pil_fmt, **({"quality": 90} if pil_fmt == "JPEG" else {})
+        )
         return bio.getvalue()
 
     probe = 64

@@ -14,17 +14,28 @@ from dlreplay.model import TableFile
 from .content import block_for, deflate_share, fill_noise
 
 #: Bytes per value of Parquet's fixed-width column types.
-_FIXED_WIDTH = {"int64": 8, "double": 8, "float": 4, "int32": 4, "boolean": 1, "int16": 2, "int8": 1}
+_FIXED_WIDTH = {
+    "int64": 8,
+    "double": 8,
+    "float": 4,
+    "int32": 4,
+    "boolean": 1,
+    "int16": 2,
+    "int8": 1,
+}
 
 
-def write_parquet(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.random.Generator) -> str:
+def write_parquet(
+    tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.random.Generator
+) -> str:
     import polars as pl
 
     rows = len(sizes)
     cols = t.columns if t and t.columns else []
     if not cols:
-        pl.DataFrame({"data": [rng.bytes(s) for s in sizes]}, schema={"data": pl.Binary}).write_parquet(
-            tmp, compression="uncompressed")
+        pl.DataFrame(
+            {"data": [rng.bytes(s) for s in sizes]}, schema={"data": pl.Binary}
+        ).write_parquet(tmp, compression="uncompressed")
         return "polars"
     assert t is not None  # cols come from it
     data, var = _parquet_columns(t, sizes, rng)
@@ -35,18 +46,30 @@ def write_parquet(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.
     except ImportError:
         codecs = {c.compression for c in cols if c.compression}
         codec: Any = next(iter(codecs)) if len(codecs) == 1 else "uncompressed"
-        pl.DataFrame(data).write_parquet(tmp, compression=codec, row_group_size=row_group,
-                                         data_page_size=t.data_page_size)
+        pl.DataFrame(data).write_parquet(
+            tmp, compression=codec, row_group_size=row_group, data_page_size=t.data_page_size
+        )
         return "polars (pyarrow not installed: one codec for all columns, its own page cuts)"
-    table = pa.table({c.name: pa.array(data[c.name], type=pa.binary()) if c in var else pa.array(data[c.name])
-                      for c in cols})
-    pq.write_table(table, tmp, row_group_size=row_group,
-                   compression={c.name: (c.compression or "none") for c in cols},
-                   use_dictionary=[c.name for c in cols if c.dictionary] or False, **_pyarrow_pages(t))
+    table = pa.table(
+        {
+            c.name: pa.array(data[c.name], type=pa.binary()) if c in var else pa.array(data[c.name])
+            for c in cols
+        }
+    )
+    pq.write_table(
+        table,
+        tmp,
+        row_group_size=row_group,
+        compression={c.name: (c.compression or "none") for c in cols},
+        use_dictionary=[c.name for c in cols if c.dictionary] or False,
+        **_pyarrow_pages(t),
+    )
     return f"pyarrow {pa.__version__}"
 
 
-def _parquet_columns(t: TableFile, sizes: Sequence[int], rng: np.random.Generator) -> tuple[dict[str, Any], list[Any]]:
+def _parquet_columns(
+    t: TableFile, sizes: Sequence[int], rng: np.random.Generator
+) -> tuple[dict[str, Any], list[Any]]:
     """(each column's values, the variable-width columns): binary columns of the real widths (or
     sharing the plan's bytes per row), compressible like the real file; numbers at random."""
     rows, cols = len(sizes), t.columns
@@ -63,13 +86,20 @@ def _parquet_columns(t: TableFile, sizes: Sequence[int], rng: np.random.Generato
     data: dict[str, Any] = {}
     for c in cols:
         if c in var:
-            data[c.name] = [fill_noise(n, share, rng, block_for(max(n, 16))).tobytes() for n in per_var_col[c.name]]
+            data[c.name] = [
+                fill_noise(n, share, rng, block_for(max(n, 16))).tobytes()
+                for n in per_var_col[c.name]
+            ]
         elif c.type in ("double", "float"):
-            data[c.name] = rng.standard_normal(rows).astype(np.float64 if c.type == "double" else np.float32)
+            data[c.name] = rng.standard_normal(rows).astype(
+                np.float64 if c.type == "double" else np.float32
+            )
         elif c.type == "boolean":
             data[c.name] = rng.integers(0, 2, rows).astype(bool)
         else:
-            data[c.name] = rng.integers(0, 1 << 30, rows).astype(np.int64 if c.type == "int64" else np.int32)
+            data[c.name] = rng.integers(0, 1 << 30, rows).astype(
+                np.int64 if c.type == "int64" else np.int32
+            )
     return data, var
 
 
@@ -91,7 +121,9 @@ def _pyarrow_pages(t: TableFile) -> dict[str, Any]:
     return pages
 
 
-def write_csv(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.random.Generator) -> str:
+def write_csv(
+    tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.random.Generator
+) -> str:
     import polars as pl
 
     if t is None or not t.columns:
@@ -110,7 +142,7 @@ def write_csv(tmp: Path, sizes: Sequence[int], t: TableFile | None, rng: np.rand
         text = digits.tobytes().decode()
         parts, pos = [], 0
         for w in widths:
-            parts.append(text[pos:pos + w])
+            parts.append(text[pos : pos + w])
             pos += w
         lines.append(delim.join(parts))
     tmp.write_text("\n".join(lines) + "\n")
