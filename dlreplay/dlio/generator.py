@@ -83,87 +83,116 @@ def generated_layout(
     files have no inner structure to speak of (tfrecord, csv, indexed_binary)."""
     d1, d2, spf = int(dims[0]), int(dims[1]), int(samples_per_file)
     if fmt == "npz":
-        storage = "deflated" if compression == "zip" else "stored"
-        comp = "deflate" if storage == "deflated" else None
-        members = [
-            ArrayMember(
-                name="x.npy",
-                dtype="|u1",
-                shape=[d1, d2, spf],
-                storage=storage,
-                compression=comp,
-                zip64=True,
-            ),
-            ArrayMember(
-                name="y.npy",
-                dtype="<i8",
-                shape=[spf],
-                storage=storage,
-                compression=comp,
-                zip64=True,
-            ),
-        ]
-        size = array_file_bytes(fmt, spf, (d1, d2)) if storage == "stored" else None
-        return Layout(
-            compressed=storage == "deflated",
-            source="dlio",
-            arrays=[ArrayFile(bytes=size, samples=spf, members=members)],
-        )
+        return _npz_layout(spf, d1, d2, compression)
     if fmt == "npy":
-        member = ArrayMember(name="", dtype="|u1", shape=[d1, d2, spf])
-        return Layout(
-            source="dlio",
-            arrays=[
-                ArrayFile(bytes=array_file_bytes(fmt, spf, (d1, d2)), samples=spf, members=[member])
-            ],
-        )
+        return _npy_layout(spf, d1, d2)
     if fmt == "hdf5":
-        chunks = None
-        if chunk_size:
-            c = min(int(math.ceil(math.sqrt(chunk_size))), d1)
-            chunks = [1, c, c]
-        filt = None if compression in (None, "none") else compression
-        level = compression_level if filt == "gzip" else None
-        records = ArrayMember(
-            name="/records",
+        return _hdf5_layout(spf, d1, d2, compression, compression_level, chunk_size)
+    if fmt in ("jpeg", "png"):
+        return _image_layout(fmt, d1, d2)
+    return None
+
+
+def _npz_layout(spf: int, d1: int, d2: int, compression: str) -> Layout:
+    """``np.savez`` (``np.savez_compressed`` with ``compression: zip``) of ``x`` (the records,
+    ``(d1, d2, spf)``) and ``y`` (the labels)."""
+    storage = "deflated" if compression == "zip" else "stored"
+    comp = "deflate" if storage == "deflated" else None
+    members = [
+        ArrayMember(
+            name="x.npy",
             dtype="|u1",
-            shape=[spf, d1, d2],
-            storage="chunked" if chunks or filt else "contiguous",
-            chunks=chunks,
-            compression=filt,
-            compression_level=level,
-            fill_value=0.0,
-            track_times=True,
-        )
-        labels = ArrayMember(
-            name="/labels",
+            shape=[d1, d2, spf],
+            storage=storage,
+            compression=comp,
+            zip64=True,
+        ),
+        ArrayMember(
+            name="y.npy",
             dtype="<i8",
             shape=[spf],
-            storage="contiguous",
-            fill_value=0.0,
-            track_times=True,
-        )
-        size = array_file_bytes(fmt, spf, (d1, d2)) if records.storage == "contiguous" else None
-        return Layout(
-            source="dlio",
-            hdf5_compression=filt,
-            compression_level=level,
-            hdf5_chunk_shape=chunks,
-            arrays=[ArrayFile(bytes=size, samples=spf, members=[labels, records])],
-        )
-    if fmt in ("jpeg", "png"):
-        return Layout(
-            source="dlio",
-            images=[
-                ImageFile(
-                    width=d2,
-                    height=d1,
-                    mode="L",
-                    quality=PIL_DEFAULT_JPEG_QUALITY if fmt == "jpeg" else None,
-                )
-            ],
-        )
-    return None
+            storage=storage,
+            compression=comp,
+            zip64=True,
+        ),
+    ]
+    size = array_file_bytes("npz", spf, (d1, d2)) if storage == "stored" else None
+    return Layout(
+        compressed=storage == "deflated",
+        source="dlio",
+        arrays=[ArrayFile(bytes=size, samples=spf, members=members)],
+    )
+
+
+def _npy_layout(spf: int, d1: int, d2: int) -> Layout:
+    """``np.save`` of the records, ``(d1, d2, spf)``."""
+    member = ArrayMember(name="", dtype="|u1", shape=[d1, d2, spf])
+    return Layout(
+        source="dlio",
+        arrays=[
+            ArrayFile(bytes=array_file_bytes("npy", spf, (d1, d2)), samples=spf, members=[member])
+        ],
+    )
+
+
+def _hdf5_layout(
+    spf: int,
+    d1: int,
+    d2: int,
+    compression: str | None,
+    compression_level: int | None,
+    chunk_size: int | None,
+) -> Layout:
+    """``/records`` ``(spf, d1, d2)`` (chunked ``(1, c, c)`` with ``chunk_size``, filtered with
+    ``compression``), then ``/labels``, h5py's defaults otherwise."""
+    chunks = None
+    if chunk_size:
+        c = min(int(math.ceil(math.sqrt(chunk_size))), d1)
+        chunks = [1, c, c]
+    filt = None if compression in (None, "none") else compression
+    level = compression_level if filt == "gzip" else None
+    records = ArrayMember(
+        name="/records",
+        dtype="|u1",
+        shape=[spf, d1, d2],
+        storage="chunked" if chunks or filt else "contiguous",
+        chunks=chunks,
+        compression=filt,
+        compression_level=level,
+        fill_value=0.0,
+        track_times=True,
+    )
+    labels = ArrayMember(
+        name="/labels",
+        dtype="<i8",
+        shape=[spf],
+        storage="contiguous",
+        fill_value=0.0,
+        track_times=True,
+    )
+    size = array_file_bytes("hdf5", spf, (d1, d2)) if records.storage == "contiguous" else None
+    return Layout(
+        source="dlio",
+        hdf5_compression=filt,
+        compression_level=level,
+        hdf5_chunk_shape=chunks,
+        arrays=[ArrayFile(bytes=size, samples=spf, members=[labels, records])],
+    )
+
+
+def _image_layout(fmt: str, d1: int, d2: int) -> Layout:
+    """A ``(d1, d2)`` grayscale image (mode ``L``), JPEG at Pillow's default quality."""
+    return Layout(
+        source="dlio",
+        images=[
+            ImageFile(
+                width=d2,
+                height=d1,
+                mode="L",
+                quality=PIL_DEFAULT_JPEG_QUALITY if fmt == "jpeg" else None,
+            )
+        ],
+    )
 
 
 class _CountingSink(io.RawIOBase):

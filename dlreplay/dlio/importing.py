@@ -335,6 +335,18 @@ def _import_shuffle(imp: Importer, key: str) -> str:
 
 
 def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
+    """The ``reader`` section: loader, threads, order, I/O, and what DLIO's PyTorch loader fixes."""
+    out = _import_data_loader(imp, framework)
+    out.update(_import_reader_threads(imp, out["data_loader"]))
+    out.update(_import_reader_order(imp))
+    out.update(_import_reader_io(imp))
+    if out["data_loader"] == "pytorch":
+        out.update(_dlio_torch_loader(imp, out["read_threads"], out["file_shuffle"]))
+    return out
+
+
+def _import_data_loader(imp: Importer, framework: str) -> dict[str, Any]:
+    """``memory_map`` (the mmap reader's format), ``data_loader`` and its ``worker_kind``."""
     out: dict[str, Any] = {}
     if imp.raw("dataset.format")[0] == "mmap_indexed_binary":  # its reader maps the files
         out["memory_map"] = True
@@ -355,6 +367,12 @@ def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
         None,
         inferred=f"DLIO's {loader} loader uses {out['worker_kind']} workers",
     )
+    return out
+
+
+def _import_reader_threads(imp: Importer, loader: str) -> dict[str, Any]:
+    """Batch sizes, thread counts and the prefetch factor."""
+    out: dict[str, Any] = {}
     for key, kind in (
         ("batch_size", "int>0"),
         ("batch_size_eval", "int>0"),
@@ -371,6 +389,12 @@ def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
         inferred=f"from DLIO reader.prefetch_size={prefetch}"
         + ("" if given else " (DLIO default)"),
     )
+    return out
+
+
+def _import_reader_order(imp: Importer) -> dict[str, Any]:
+    """File and sample shuffles, their seed and the shuffle buffer."""
+    out: dict[str, Any] = {}
     for key in ("file_shuffle", "sample_shuffle"):
         out[key] = _import_shuffle(imp, f"reader.{key}")
     out["shuffle_seed"], given = imp.get("train.seed", "int", DLIO_DEFAULTS["seed"])
@@ -379,6 +403,12 @@ def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
     if given:
         out["shuffle_size"] = size
         imp.mark("reader.shuffle_size", "reader.shuffle_size")
+    return out
+
+
+def _import_reader_io(imp: Importer) -> dict[str, Any]:
+    """Transfer size, preprocessing time and the workers' multiprocessing context."""
+    out: dict[str, Any] = {}
     transfer, given = imp.get("reader.transfer_size", "int>0")
     if given:
         out["transfer_size"] = Distribution.fixed(transfer)
@@ -395,28 +425,32 @@ def _import_reader(imp: Importer, framework: str) -> dict[str, Any]:
         )
     out["multiprocessing_context"] = ctx
     imp.mark("reader.multiprocessing_context", "reader.multiprocessing_context" if given else None)
-    if loader == "pytorch":
-        # DLIO 2.0's TorchDataLoader: DataLoader(persistent_workers=True, pin_memory=True, drop_last=True,
-        # sampler=dlio_sampler); replayed the same way unless overridden (--set)
-        out.update(
-            persistent_workers=out["read_threads"] > 0,
-            pin_memory=True,
-            drop_last=True,
-            sample_order="dlio",
+    return out
+
+
+def _dlio_torch_loader(imp: Importer, read_threads: int, file_shuffle: str) -> dict[str, Any]:
+    """What DLIO 2.0's TorchDataLoader fixes: DataLoader(persistent_workers=True,
+    pin_memory=True, drop_last=True, sampler=dlio_sampler); replayed the same way unless
+    overridden (--set)."""
+    out = {
+        "persistent_workers": read_threads > 0,
+        "pin_memory": True,
+        "drop_last": True,
+        "sample_order": "dlio",
+    }
+    for path in ("persistent_workers", "pin_memory", "drop_last"):
+        imp.mark(f"reader.{path}", None, inferred=f"DLIO's PyTorch loader sets {path}=True")
+    imp.mark(
+        "reader.sample_order",
+        None,
+        inferred="DLIO's PyTorch sampler (contiguous samples per rank, "
+        "seeded shuffle re-applied every epoch, file_shuffle without effect)",
+    )
+    if file_shuffle != "off":
+        imp.notes.append(
+            f"reader.file_shuffle={file_shuffle} has no effect on DLIO's PyTorch loader "
+            "(its index sampler orders samples); replayed the same way (reader.sample_order=dlio)"
         )
-        for path in ("persistent_workers", "pin_memory", "drop_last"):
-            imp.mark(f"reader.{path}", None, inferred=f"DLIO's PyTorch loader sets {path}=True")
-        imp.mark(
-            "reader.sample_order",
-            None,
-            inferred="DLIO's PyTorch sampler (contiguous samples per rank, "
-            "seeded shuffle re-applied every epoch, file_shuffle without effect)",
-        )
-        if out["file_shuffle"] != "off":
-            imp.notes.append(
-                f"reader.file_shuffle={out['file_shuffle']} has no effect on DLIO's PyTorch loader "
-                "(its index sampler orders samples); replayed the same way (reader.sample_order=dlio)"
-            )
     return out
 
 
