@@ -21,8 +21,8 @@ import polars as pl
 
 from dlreplay.errors import UsageError
 
-from .findings import find, load_thresholds
-from .passes import characterize
+from .findings import Finding, Thresholds, find, load_thresholds
+from .passes import Characterization, characterize
 from .report import Report, build_report
 from .trace import load_trace, trace_warnings
 
@@ -75,35 +75,21 @@ def analyze_trace(
             )
     distill_kw = _distill_kw(trace, data_dirs) if verify else {}
     if scheduler is not None or workers is not None:
-        from .distributed import analyze_distributed, cluster
-
-        with cluster(scheduler, workers) as client:
-            remote = analyze_distributed(
-                trace,
-                client,
-                data_dirs=data_dirs,
-                thresholds=thresholds,
-                disabled=disabled,
-                figures=figures,
-                distill_model=verify,
-                distill_kw=distill_kw,
-                echo=echo,
-            )
-        loaded, c, findings, model = (
-            remote.loaded,
-            remote.characterization,
-            remote.findings,
-            remote.model,
+        loaded, c, findings, model = _analyze_on_cluster(
+            trace,
+            scheduler,
+            workers,
+            data_dirs=data_dirs,
+            thresholds=thresholds,
+            disabled=disabled,
+            figures=figures,
+            distill_model=verify,
+            distill_kw=distill_kw,
+            echo=echo,
         )
-        dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
     else:
-        loaded = load_trace(trace, jobs=jobs)
-        dirs = list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
-        c = characterize(
-            loaded.events, manifest=loaded.manifest, data_dirs=dirs, per_process=loaded.per_process
-        )
-        findings = find(c, thresholds, disabled)
-        model = None
+        loaded, c, findings, model = _analyze_here(trace, data_dirs, thresholds, disabled, jobs)
+    dirs = _data_dirs(data_dirs, loaded)
     verified = None
     if verify:
         verified = _verified(
@@ -116,6 +102,18 @@ def analyze_trace(
             echo=echo,
             **distill_kw,
         )
+    return _report(trace, loaded, c, findings, verified, memory_note)
+
+
+def _report(
+    trace: str | Path,
+    loaded: Any,
+    c: Any,
+    findings: list[Finding],
+    verified: dict | None,
+    memory_note: str | None,
+) -> Report:
+    """The report of a loaded trace, with the memory plan's note and the trace's warnings."""
     report = build_report(
         str(trace),
         c,
@@ -130,6 +128,42 @@ def analyze_trace(
         report.notes.append(memory_note)
     report.warnings = trace_warnings(trace, report.file_reports)
     return report
+
+
+def _data_dirs(data_dirs: list[str] | None, loaded: Any) -> list[str] | None:
+    """The dataset directories: ``--data-dir`` when given, else the capture manifest's."""
+    return list(data_dirs or []) or (loaded.manifest or {}).get("data_dirs") or None
+
+
+def _analyze_here(
+    trace: str | Path,
+    data_dirs: list[str] | None,
+    thresholds: Thresholds,
+    disabled: set[str],
+    jobs: int | None,
+) -> tuple[Any, Characterization, list[Finding], None]:
+    """Load the trace into this process, run the passes and the rules: (loaded trace,
+    characterization, findings, no model)."""
+    loaded = load_trace(trace, jobs=jobs)
+    c = characterize(
+        loaded.events,
+        manifest=loaded.manifest,
+        data_dirs=_data_dirs(data_dirs, loaded),
+        per_process=loaded.per_process,
+    )
+    return loaded, c, find(c, thresholds, disabled), None
+
+
+def _analyze_on_cluster(
+    trace: str | Path, scheduler: str | None, workers: int | None, **kw: Any
+) -> tuple[Any, Any, list[Finding], Any]:
+    """Parse the trace and analyse it on a Dask cluster (:func:`.distributed.analyze_distributed`
+    with ``kw``): (loaded trace, characterization, findings, the model for ``--verify``)."""
+    from .distributed import analyze_distributed, cluster
+
+    with cluster(scheduler, workers) as client:
+        remote = analyze_distributed(trace, client, **kw)
+    return remote.loaded, remote.characterization, remote.findings, remote.model
 
 
 def _memory_plan(

@@ -588,6 +588,59 @@ def _table_md(headers: list[str], rows: list[list[str]], right: list[bool]) -> s
     return "\n".join(lines) + "\n"
 
 
+def _finding_md(trace: str, f: Finding) -> list[str]:
+    """One finding's Markdown section: title, root cause, recommendation, the replay command
+    that tries it (when it has one) and its evidence."""
+    t = markdown_text
+    out = [
+        f"### [{f.severity.upper()}] {t(f.title)} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})",
+        "",
+        f"**Root cause.** {t(f.root_cause)}",
+        "",
+        f"**Recommendation.** {t(f.recommendation)}",
+        "",
+    ]
+    cmd = _replay_cmd(trace, f)
+    if cmd:
+        out += [
+            "Try it by replay:",
+            "",
+            "```",
+            printable(cmd).replace("```", "\\`\\`\\`"),
+            "```",
+            "",
+        ]
+    out += [f"Evidence (threshold: {t(f.threshold)}):", ""]
+    out += [f"- `{k}`: {t(_fmt(v))}" for k, v in f.evidence.items()]
+    out.append("")
+    return out
+
+
+def _verify_md(verify: dict) -> list[str]:
+    """The Markdown section of the verified what-if replays (``--verify``)."""
+    out = [
+        "## Verified what-if (replay)",
+        "",
+        _table_md(
+            ["run", "overrides", "AU", "samples/s", "MB/s"],
+            [
+                [
+                    x["label"],
+                    " ".join(x["overrides"]) or "-",
+                    _pct(x.get("au")),
+                    _num(x.get("samples_per_s")),
+                    _num(x.get("mb_per_s")),
+                ]
+                for x in verify.get("runs", [])
+            ],
+            [False, False, True, True, True],
+        ),
+    ]
+    if verify.get("note"):
+        out += [markdown_text(verify["note"]), ""]
+    return out
+
+
 def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     """Markdown text; writes the figures as PNG files into ``figure_dir``."""
     t = markdown_text  # every text here may hold names from the trace (files, paths)
@@ -605,48 +658,9 @@ def render_markdown(r: Report, figure_dir: Path, figure_prefix: str) -> str:
     if not r.findings:
         out.append("No bottleneck found with the current thresholds.")
     for f in r.findings:
-        out += [
-            f"### [{f.severity.upper()}] {t(f.title)} (`{f.id}`{', symptom' if f.kind == 'symptom' else ''})",
-            "",
-            f"**Root cause.** {t(f.root_cause)}",
-            "",
-            f"**Recommendation.** {t(f.recommendation)}",
-            "",
-        ]
-        cmd = _replay_cmd(r.trace, f)
-        if cmd:
-            out += [
-                "Try it by replay:",
-                "",
-                "```",
-                printable(cmd).replace("```", "\\`\\`\\`"),
-                "```",
-                "",
-            ]
-        out += [f"Evidence (threshold: {t(f.threshold)}):", ""]
-        out += [f"- `{k}`: {t(_fmt(v))}" for k, v in f.evidence.items()]
-        out.append("")
+        out += _finding_md(r.trace, f)
     if r.verify:
-        out += [
-            "## Verified what-if (replay)",
-            "",
-            _table_md(
-                ["run", "overrides", "AU", "samples/s", "MB/s"],
-                [
-                    [
-                        x["label"],
-                        " ".join(x["overrides"]) or "-",
-                        _pct(x.get("au")),
-                        _num(x.get("samples_per_s")),
-                        _num(x.get("mb_per_s")),
-                    ]
-                    for x in r.verify.get("runs", [])
-                ],
-                [False, False, True, True, True],
-            ),
-        ]
-        if r.verify.get("note"):
-            out += [markdown_text(r.verify["note"]), ""]
+        out += _verify_md(r.verify)
     out += ["## Figures", ""]
     figure_dir.mkdir(parents=True, exist_ok=True)
     for key, (title, png) in figures(r.characterization).items():

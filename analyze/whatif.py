@@ -36,6 +36,48 @@ def _dirname(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:60]
 
 
+def _changes(findings: list[Finding]) -> list[tuple[str, list[str]]]:
+    """(finding id, overrides) of the first :data:`MAX_CHANGES` findings with a distinct what-if."""
+    changes: list[tuple[str, list[str]]] = []
+    for f in findings:
+        if f.whatif and all(f.whatif != ch for _, ch in changes):
+            changes.append((f.id, list(f.whatif)))
+    return changes[:MAX_CHANGES]
+
+
+def _replay_run(
+    m: WorkloadModel,
+    workdir: Path,
+    out: Path,
+    label: str,
+    overrides: list[str],
+    fid: str | None,
+) -> dict[str, Any]:
+    """Replay ``m`` into ``out`` (its dataset under ``workdir``, shared by equal datasets); the
+    run's row of the comparison."""
+    from dlreplay.replay import ReplayConfig, dataset_digest, run_replay
+
+    data = workdir / f"data-{dataset_digest(m)[:12]}"
+    res = run_replay(ReplayConfig(model=m, data_dir=data, out=out, trace=False), echo=None)
+    if res.metrics.get(
+        "interrupted"
+    ):  # run_replay answers a Ctrl-C with partial metrics: stop here too
+        raise KeyboardInterrupt
+    o = res.metrics.get("overall", {})
+    au = o.get("au_percent")
+    return {
+        "label": label,
+        "overrides": overrides,
+        "finding": fid,
+        "au": round(au / 100, 4) if au is not None else None,
+        "samples_per_s": o.get("samples_per_s"),
+        "mb_per_s": o.get("io_mb_per_s"),
+        "epoch_time_s": o.get("epoch_time_s"),
+        "complete": res.complete,
+        "out": str(out),
+    }
+
+
 def verify(
     events: pl.DataFrame,
     findings: list[Finding],
@@ -59,8 +101,6 @@ def verify(
     dataset ``fingerprint`` it resolved, :func:`~.layout.resolve_fingerprint`), so the
     replays generate the dataset with the same layout.
     """
-    from dlreplay.replay import ReplayConfig, dataset_digest, run_replay
-
     from .distill import distill
 
     say = echo or (lambda s: None)
@@ -74,40 +114,16 @@ def verify(
     )
     if epochs:  # steady state needs steps: may replay more epochs than were traced
         base = replace(base, train=replace(base.train, epochs=epochs))
-    changes: list[tuple[str, list[str]]] = []
-    for f in findings:
-        if f.whatif and all(f.whatif != ch for _, ch in changes):
-            changes.append((f.id, list(f.whatif)))
-    changes = changes[:MAX_CHANGES]
+    changes = _changes(findings)
     runs: list[dict[str, Any]] = []
     workdir.mkdir(parents=True, exist_ok=True)
     plan: list[tuple[str, list[str], str | None]] = [("baseline", [], None)]
     plan += [(fid, ch, fid) for fid, ch in changes]
     for i, (label, overrides, fid) in enumerate(plan):
         m = apply_overrides(base, overrides) if overrides else base
-        data = workdir / f"data-{dataset_digest(m)[:12]}"
         out = workdir / f"run-{i}-{_dirname(label)}"
         say(f"replay {i + 1}/{len(plan)}: {label} {' '.join(overrides)}")
-        res = run_replay(ReplayConfig(model=m, data_dir=data, out=out, trace=False), echo=None)
-        if res.metrics.get(
-            "interrupted"
-        ):  # run_replay answers a Ctrl-C with partial metrics: stop here too
-            raise KeyboardInterrupt
-        o = res.metrics.get("overall", {})
-        au = o.get("au_percent")
-        runs.append(
-            {
-                "label": label,
-                "overrides": overrides,
-                "finding": fid,
-                "au": round(au / 100, 4) if au is not None else None,
-                "samples_per_s": o.get("samples_per_s"),
-                "mb_per_s": o.get("io_mb_per_s"),
-                "epoch_time_s": o.get("epoch_time_s"),
-                "complete": res.complete,
-                "out": str(out),
-            }
-        )
+        runs.append(_replay_run(m, workdir, out, label, overrides, fid))
     note = (
         f"Replays of the distilled model ({base.train.epochs} epoch(s) each, compute as sleep) in {workdir}. "
         "AU excludes each epoch's first step, as MLPerf Storage does."

@@ -151,27 +151,29 @@ def _steady_steps(
     return steady_mask, epoch_warm
 
 
-def _epoch_times(
-    st: pl.DataFrame, ep: pl.DataFrame, probes: pl.DataFrame, saves: pl.DataFrame
-) -> tuple[dict[str, float], float, np.ndarray]:
-    """(the components measured per epoch, the epochs' total time, the gaps between epochs),
-    seconds, from the steps *st*, the epoch spans *ep* (``e_ts``, ``e_end``), the end-of-epoch
-    fetches and the checkpoint saves."""
-    ep = ep.with_columns(pl.col("e_ts").shift(-1).alias("next_ts")).with_row_index("e")
-    stamp = ep.select("e", "e_ts")
-
-    def tag(frame: pl.DataFrame) -> pl.DataFrame:
-        return (
-            frame.sort("ts")
-            .join_asof(
-                stamp, left_on="ts", right_on="e_ts", strategy="backward", check_sortedness=False
-            )
-            .filter(pl.col("e").is_not_null())
+def _in_epoch(frame: pl.DataFrame, stamp: pl.DataFrame) -> pl.DataFrame:
+    """``frame``'s rows tagged with the epoch (``e``) they start in; rows before the first
+    epoch dropped."""
+    return (
+        frame.sort("ts")
+        .join_asof(
+            stamp, left_on="ts", right_on="e_ts", strategy="backward", check_sortedness=False
         )
+        .filter(pl.col("e").is_not_null())
+    )
 
+
+def _epoch_sums(
+    st: pl.DataFrame, ep: pl.DataFrame, probes: pl.DataFrame, saves: pl.DataFrame
+) -> pl.DataFrame:
+    """The epochs ``ep`` (with ``e``, ``next_ts``) with what their steps, end-of-epoch fetches
+    and checkpoint saves add up to (microseconds; 0 where none): the first batch's lead-in and
+    wait, the other waits, compute, in-loop checkpoints, probes, saves after the epoch's end
+    and when the last of them ends."""
+    stamp = ep.select("e", "e_ts")
     first = pl.col("pos") == 0
     per = (
-        tag(st)
+        _in_epoch(st, stamp)
         .group_by("e")
         .agg(
             (pl.col("lead_in_us").fill_null(0) + pl.col("wait_us").fill_null(0))
@@ -184,11 +186,13 @@ def _epoch_times(
         )
     )
     pr = (
-        tag(probes.select("ts", pl.col("dur").fill_null(0)))
+        _in_epoch(probes.select("ts", pl.col("dur").fill_null(0)), stamp)
         .group_by("e")
         .agg(pl.col("dur").sum().alias("probe_us"))
     )
-    sv = tag(saves.select("ts", pl.col("dur").fill_null(0))).join(ep.select("e", "e_end"), on="e")
+    sv = _in_epoch(saves.select("ts", pl.col("dur").fill_null(0)), stamp).join(
+        ep.select("e", "e_end"), on="e"
+    )
     after = (
         sv.filter(pl.col("ts") >= pl.col("e_end"))
         .group_by("e")
@@ -197,7 +201,7 @@ def _epoch_times(
             (pl.col("ts") + pl.col("dur")).max().alias("sv_last"),
         )
     )
-    t = (
+    return (
         ep.join(per, on="e", how="left")
         .join(pr, on="e", how="left")
         .join(after, on="e", how="left")
@@ -207,6 +211,16 @@ def _epoch_times(
             ).fill_null(0)
         )
     )
+
+
+def _epoch_times(
+    st: pl.DataFrame, ep: pl.DataFrame, probes: pl.DataFrame, saves: pl.DataFrame
+) -> tuple[dict[str, float], float, np.ndarray]:
+    """(the components measured per epoch, the epochs' total time, the gaps between epochs),
+    seconds, from the steps *st*, the epoch spans *ep* (``e_ts``, ``e_end``), the end-of-epoch
+    fetches and the checkpoint saves."""
+    ep = ep.with_columns(pl.col("e_ts").shift(-1).alias("next_ts")).with_row_index("e")
+    t = _epoch_sums(st, ep, probes, saves)
     t = t.with_columns(
         # the epoch ends when the next one begins; the last one after its trailing saves
         pl.coalesce("next_ts", pl.max_horizontal("e_end", "sv_last")).alias("stop"),

@@ -67,6 +67,47 @@ def au_dlio(st: pl.DataFrame) -> float | None:
     return rounded(ep.group_by("pid").agg(pl.col("c").mean())["c"].mean(), 4)
 
 
+def _worst_waits(s: pl.DataFrame) -> list[dict]:
+    """The five steps of ``s`` that waited longest for data (earliest first among equals)."""
+    worst = s.sort(["wait_us", "ts"], descending=[True, False]).head(5)
+    return [
+        {
+            "pid": r["pid"],
+            "epoch": r["epoch"],
+            "wait_s": rounded(r["wait_us"] * US),
+            "compute_s": rounded(r["compute_us"] * US),
+        }
+        for r in worst.iter_rows(named=True)
+    ]
+
+
+def _per_epoch(s: pl.DataFrame) -> list[dict]:
+    """Steps, compute, data wait, checkpoint and other time (s) and AU of each epoch of ``s``."""
+    per_epoch = (
+        s.group_by("epoch")
+        .agg(
+            pl.len().alias("steps"),
+            pl.col("compute_us").sum(),
+            pl.col("wait_us").sum(),
+            pl.col("ckpt_us").sum(),
+            pl.col("other_us").sum(),
+        )
+        .sort("epoch")
+    )
+    return [
+        {
+            "epoch": r["epoch"],
+            "steps": r["steps"],
+            "compute_s": rounded(r["compute_us"] * US),
+            "wait_s": rounded(r["wait_us"] * US),
+            "checkpoint_s": rounded(r["ckpt_us"] * US),
+            "other_s": rounded(r["other_us"] * US),
+            "au": _au(pl.DataFrame([r])),
+        }
+        for r in per_epoch.iter_rows(named=True)
+    ]
+
+
 def pass_steps(v: TraceView) -> dict:
     """Data wait vs compute per training step, AU overall and per epoch (from the trace).
 
@@ -90,21 +131,9 @@ def pass_steps(v: TraceView) -> dict:
     if s.is_empty():
         s = st
 
-    per_epoch = (
-        s.group_by("epoch")
-        .agg(
-            pl.len().alias("steps"),
-            pl.col("compute_us").sum(),
-            pl.col("wait_us").sum(),
-            pl.col("ckpt_us").sum(),
-            pl.col("other_us").sum(),
-        )
-        .sort("epoch")
-    )
     waits = s["wait_us"]
     comp_med = num(s["compute_us"].median())
     starved = s.filter(pl.col("wait_us") > pl.col("compute_us"))
-    worst = s.sort(["wait_us", "ts"], descending=[True, False]).head(5)
     steady = s.filter(~pl.col("epoch_first"))
     return {
         "steps": st.height,
@@ -125,27 +154,8 @@ def pass_steps(v: TraceView) -> dict:
         "median_compute_s": rounded(comp_med * US),
         "median_wait_s": rounded(num(waits.median()) * US),
         "steps_waiting_longer_than_compute": starved.height,
-        "worst_waits": [
-            {
-                "pid": r["pid"],
-                "epoch": r["epoch"],
-                "wait_s": rounded(r["wait_us"] * US),
-                "compute_s": rounded(r["compute_us"] * US),
-            }
-            for r in worst.iter_rows(named=True)
-        ],
-        "per_epoch": [
-            {
-                "epoch": r["epoch"],
-                "steps": r["steps"],
-                "compute_s": rounded(r["compute_us"] * US),
-                "wait_s": rounded(r["wait_us"] * US),
-                "checkpoint_s": rounded(r["ckpt_us"] * US),
-                "other_s": rounded(r["other_us"] * US),
-                "au": _au(pl.DataFrame([r])),
-            }
-            for r in per_epoch.iter_rows(named=True)
-        ],
+        "worst_waits": _worst_waits(s),
+        "per_epoch": _per_epoch(s),
         "warmup_factor": WARMUP_FACTOR,
     }
 
