@@ -9,15 +9,15 @@ step (a barrier, like data-parallel training). Metrics (:mod:`.metrics`) go to
 :func:`dlreplay.capture.run_capture`, so ``<out>`` is also a trace directory.
 
 What each accelerator does is planned in :mod:`.plan` (its batches, its steps' compute) and
-:mod:`.checkpoint`; what is settled before the accelerators start (the configuration, the
-dataset, the output directory, the loader) is in :mod:`.prepare`. This module runs them:
-the per-accelerator loop (:func:`run_rank`) and the ranks (local processes, or MPI).
+:mod:`.checkpoint`, and run by :mod:`.accelerator` (the per-accelerator loop, :func:`run_rank`);
+what is settled before the accelerators start (the configuration, the dataset, the output
+directory, the loader) is in :mod:`.prepare`. This module launches them: one accelerator in
+this process, several as local processes, MPI ranks, or the whole replay under a capture.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import multiprocessing
 import os
@@ -29,19 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import save_model
 from dlreplay.osutil import end_with_parent
 
-from .checkpoint import DEFAULT_WRITE_TRANSFER, Checkpointer
+from .accelerator import make_loader, run_rank
+from .checkpoint import DEFAULT_WRITE_TRANSFER
 from .common import ReplayError, check_replay_resources, write_json_atomic
-from .hostcpu import HostCpu
-from .loader import Loader
 from .metrics import render_table
 from .plan import (
     RankPlan,
@@ -74,7 +70,10 @@ from .prepare import (
     worker_spec,
 )
 
-#: The engine's public names (the plan, checkpoint and preparation ones are defined in those modules).
+if TYPE_CHECKING:
+    from dlreplay.capture import CaptureResult
+
+#: The engine's public names (the plan, checkpoint, preparation and accelerator ones are defined in those modules).
 __all__ = [
     "DEFAULT_WRITE_TRANSFER",
     "IO_MODES",
@@ -89,6 +88,7 @@ __all__ = [
     "default_out",
     "epoch_batches",
     "epoch_compute",
+    "evaluation_steps",
     "find_max_accelerators",
     "make_loader",
     "model_accelerators",
@@ -104,359 +104,7 @@ __all__ = [
 BARRIER_TIMEOUT_S = 600.0
 
 
-# --------------------------------------------------------------------------- per accelerator
-
-
-def run_rank(
-    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str = False
-) -> dict[str, Any]:
-    """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync), then each
-    epoch's end (epoch checkpoint, evaluation, the model's epoch-end time).
-
-    Returns ``{"rank", "epochs": [records], "complete", "error", "order"}``. Times in
-    seconds, sizes in bytes. Ctrl-C ends the run early (``complete`` false), at the latest
-    after the step in progress (see :mod:`.interrupt`).
-    """
-    with INTERRUPT.catching():
-        return _run_rank(plan, sync, keep_checkpoints)
-
-
-class _Sleeper:
-    """Sleeps modelled seconds; carries each sleep's overshoot into the next, so the total
-    slept tracks the model (a VM's sleeps run long by tens of microseconds to milliseconds)."""
-
-    def __init__(self) -> None:
-        self.debt = 0.0
-
-    def sleep(self, seconds: float, spent: float = 0.0) -> float:
-        """Make up *seconds* of which *spent* have passed already (the step's host CPU work):
-        sleep about the rest; returns the seconds taken in all (*spent* included). Time taken
-        beyond the model, by a late wake-up or by CPU work that took longer, is carried into
-        the next sleeps."""
-        if seconds <= 0 and spent <= 0:
-            return 0.0
-        t0 = time.perf_counter()
-        if seconds - spent - self.debt > 0:
-            time.sleep(seconds - spent - self.debt)
-        took = spent + time.perf_counter() - t0
-        self.debt += took - seconds
-        return took
-
-
-def make_loader(plan: RankPlan) -> Any:
-    """The run's data loader: PyTorch's DataLoader (``plan.loader == "torch"``) or the builtin one."""
-    rd = plan.model.reader
-    if plan.loader == "torch":
-        from .torchloader import TorchLoader
-
-        return TorchLoader(
-            plan.spec, rd.read_threads, rd.prefetch_factor, rd.persistent_workers, rd.pin_memory
-        )
-    # PyTorch starts new worker processes at every epoch unless persistent_workers (and joins them
-    # in the next() that ends the epoch): one Loader per epoch then.
-    persistent = rd.persistent_workers or rd.read_threads == 0 or rd.worker_kind == "thread"
-    return Loader(
-        plan.spec, rd.read_threads, rd.worker_kind, rd.prefetch_factor, one_epoch=not persistent
-    )
-
-
-def _loader_events_from_hooks(plan: RankPlan) -> bool:
-    """A traced torch replay: the capture hooks emit epoch/fetch/step for the DataLoader."""
-    if plan.loader != "torch":
-        return False
-    from .torchloader import loader_events_from_hooks
-
-    return loader_events_from_hooks()
-
-
-def _new_record(epoch: int) -> dict[str, Any]:
-    return {
-        "epoch": epoch,
-        "steps": 0,
-        "samples": 0,
-        "bytes_read": 0,
-        "compute_s": 0.0,
-        "modelled_compute_s": 0.0,
-        "host_cpu_s": 0.0,
-        "modelled_host_cpu_s": 0.0,
-        "host_cpu_dropped_s": 0.0,
-        "io_wait_s": 0.0,
-        "checkpoint_s": 0.0,
-        "checkpoint_bytes": 0,
-        "evaluation_s": 0.0,
-        "epoch_end_s": 0.0,
-        "window_s": 0.0,
-        "samples_in_window": 0,
-        "bytes_in_window": 0,
-        "epoch_time_s": 0.0,
-        "worker_pids": [],
-    }
-
-
-class _RankRun:
-    """One accelerator's run (see :func:`run_rank`): the state its epochs and steps share."""
-
-    def __init__(self, plan: RankPlan, sync: Callable[[], None]) -> None:
-        m = plan.model
-        self.plan, self.model, self.sync = plan, m, sync
-        self.compute_rng = np.random.default_rng([plan.seed, plan.rank, 0xC0])
-        self.edge_rng = np.random.default_rng([plan.seed, plan.rank, 0xE0])
-        self.epochs: list[dict[str, Any]] = []
-        self.order: dict[str, list[int]] = {}
-        self.result: dict[str, Any] = {
-            "rank": plan.rank,
-            "epochs": self.epochs,
-            "complete": False,
-            "error": None,
-        }
-        self.ckpt = Checkpointer(plan)
-        self.loader: Any = None
-        self.global_step = 0
-        self.sleeper = _Sleeper()
-        # host CPU a step could not spend inside its modelled wall time (the cores were busy), spent
-        # by later steps that have time left; at most one mean step's CPU is carried, so a host
-        # that is slower than the job's does not pile it up
-        self.cpu_debt, self.cpu_debt_max = 0.0, float(m.train.computation_host_cpu.mean or 0.0)
-        self.eval_steps = evaluation_steps(m, plan.size)
-        self.per_epoch_au = m.train.au_first_steps == "epoch"
-        self.host = HostCpu(m.train.computation_host_threads) if spends_host_cpu(m) else None
-        self.own_events = True
-
-    def start(self) -> None:
-        """What a training script does before its first epoch."""
-        # What a training script imports before its first epoch (torch, the format's library) is
-        # imported here, not inside the first epoch; forked workers inherit it.
-        if self.plan.loader == "torch":
-            from . import torchloader  # noqa: F401
-        if self.plan.spec.io == "library":
-            from .formats import prime_library
-
-            prime_library(self.plan.spec.fmt)
-        # The DataLoader's events come from the capture hooks in a traced torch replay; else from here
-        # (the same names and args a captured job has, so a replay trace is analysed like the real one).
-        self.own_events = not _loader_events_from_hooks(self.plan)
-        # the interpreter's objects so far (torch, numpy, the formats' libraries: ~10^5) are left
-        # out of the garbage collector's scans: a full scan of them takes far longer than a young
-        # one, loop overhead a training step of the job did not have in its measured time (collected
-        # first, so no garbage is frozen; unfrozen at the rank's end)
-        gc.collect()
-        gc.freeze()
-
-    def epoch(self, epoch: int) -> bool:
-        """Run *epoch* (1-based): its steps, then its end; False when there is nothing left to run."""
-        INTERRUPT.check()
-        batches = epoch_batches(self.plan, epoch)
-        total_cap = self.model.train.total_training_steps
-        if total_cap is not None:
-            batches = batches[: max(0, total_cap - self.global_step)]
-        if not batches:
-            return False
-        rec = _new_record(epoch)
-        self.epochs.append(rec)
-        ids: list[int] = []
-        pids: set[int] = set()
-        t_start = self._steps(epoch, batches, rec, ids, pids)
-        self._epoch_end(epoch, rec)
-        rec["epoch_time_s"] = time.perf_counter() - t_start
-        rec["worker_pids"] = sorted(pids)
-        if self.plan.record_order:
-            self.order[str(epoch)] = ids
-        return True
-
-    def _steps(
-        self,
-        epoch: int,
-        batches: list[list[tuple[int, int]]],
-        rec: dict[str, Any],
-        ids: list[int],
-        pids: set[int],
-    ) -> float:
-        """The epoch's steps (fetch a batch, its compute, a checkpoint when due, sync); returns the
-        epoch's start time."""
-        own_events, sleeper, record_order = self.own_events, self.sleeper, self.plan.record_order
-        per_epoch_au = self.per_epoch_au
-        modelled_steps, cpu_steps = epoch_compute(
-            self.model, self.compute_rng, len(batches), epoch, self.global_step
-        )
-        t_start = t_prev = time.perf_counter()
-        if self.loader is None or getattr(
-            self.loader, "closed", False
-        ):  # worker start-up is part of the epoch
-            self.loader = make_loader(self.plan)
-        ev_epoch = REGIONS.begin("epoch", "pipeline", epoch=epoch - 1) if own_events else None
-        batch_iter = iter(self.loader.epoch(batches))
-        step = -1
-        while True:
-            step += 1
-            ev_fetch = (
-                REGIONS.begin("fetch", "dataloader", epoch=epoch - 1, step=step)
-                if own_events
-                else None
-            )
-            try:
-                res = next(batch_iter)
-            except StopIteration:
-                REGIONS.end(ev_fetch, batch_size=0, last=1)
-                break
-            REGIONS.end(ev_fetch, batch_size=len(res.samples))
-            ev_step = (
-                REGIONS.begin("step", "compute", epoch=epoch - 1, step=step) if own_events else None
-            )
-            clocks = (time.process_time_ns(), time.thread_time_ns()) if ev_step else (0, 0)
-            INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
-            t_got = time.perf_counter()
-            # the step starts when the loader had the batch (what the loader does after that,
-            # and the interpreter's garbage collections, are the replay's loop overhead)
-            t_recv = min(res.received, t_got) if res.received is not None else t_got
-            sleeper.debt += t_got - t_recv  # taken out of this step's sleep
-            modelled = float(modelled_steps[step])
-            compute, ck = self._compute(epoch, step, modelled, cpu_steps, rec)
-            self.sync()
-            if ev_step:  # the training process's CPU in the step, as the capture hooks measure it
-                cpu_ns, own_ns = (
-                    time.process_time_ns() - clocks[0],
-                    time.thread_time_ns() - clocks[1],
-                )
-                REGIONS.end(
-                    ev_step,
-                    cpu_time=cpu_ns // 1000,
-                    cpu_threads=max(1, round(cpu_ns / own_ns)) if own_ns > 0 else 1,
-                )
-            rec["steps"] += 1
-            rec["samples"] += len(res.samples)
-            rec["bytes_read"] += res.nbytes
-            rec["checkpoint_s"] += ck
-            pids.add(res.worker_pid)
-            if record_order:
-                ids.extend(res.samples)
-            n_samples, n_bytes = len(res.samples), res.nbytes
-            del res  # the batch is let go here, inside the step, as a training loop's is
-            t_end = time.perf_counter()
-            # The model's compute time is the job's whole loop body, its own overhead included;
-            # the replay's (letting go of the batch, bookkeeping) is taken out of the next sleeps
-            over = max((t_end - t_got) - compute - ck, 0.0)
-            sleeper.debt += over
-            compute += over + (t_got - t_recv)
-            # DLIO leaves the run's first step out of AU and throughput (its own runs: every epoch's)
-            if (step > 0) if per_epoch_au else (self.global_step > 1):
-                rec["compute_s"] += compute
-                rec["modelled_compute_s"] += modelled
-                rec["io_wait_s"] += t_recv - t_prev
-                rec["window_s"] += t_end - t_prev
-                rec["samples_in_window"] += n_samples
-                rec["bytes_in_window"] += n_bytes
-            t_prev = t_end
-            rec["epoch_time_s"] = t_end - t_start  # so far (an interrupted epoch keeps it)
-        REGIONS.end(ev_epoch, steps=rec["steps"])
-        return t_start
-
-    def _compute(
-        self, epoch: int, step: int, modelled: float, cpu_steps: np.ndarray, rec: dict[str, Any]
-    ) -> tuple[float, float]:
-        """The step's compute (host CPU, then a sleep for the rest of its modelled time) and the
-        checkpoint due after it; returns (compute seconds, checkpoint seconds)."""
-        m = self.model
-        warm = self.global_step < len(m.train.warmup_computation_time) or (
-            epoch > 1 and step < len(m.train.epoch_warmup_computation_time)
-        )
-        ev_warm = REGIONS.begin("warmup", "compute", epoch=epoch - 1, step=step) if warm else None
-        if self.host is not None:
-            compute = self._host_step(self.host, modelled, float(cpu_steps[step]), rec)
-        else:
-            compute = self.sleeper.sleep(modelled)
-        REGIONS.end(ev_warm)
-        self.global_step += 1
-        ck0 = time.perf_counter()
-        if self.ckpt.due_step(self.global_step):
-            rec["checkpoint_bytes"] += self.ckpt.save()
-        return compute, time.perf_counter() - ck0
-
-    def _host_step(self, host: HostCpu, modelled: float, cpu: float, rec: dict[str, Any]) -> float:
-        """The step's host CPU first (it competes with the loader's workers as the job's did), then a
-        sleep for the rest of its compute time; returns the seconds the step took."""
-        b0 = time.perf_counter()
-        want = cpu + self.cpu_debt
-        # the CPU work ends where the step's time ends, less what earlier steps overran
-        # (sleeper.debt): a step whose CPU fills its time has no sleep to repay that from
-        spent_cpu = host.spend(want, deadline=b0 + max(0.0, modelled - self.sleeper.debt))
-        unspent = max(want - spent_cpu, 0.0)
-        self.cpu_debt = min(unspent, self.cpu_debt_max)
-        rec["host_cpu_s"] += spent_cpu
-        rec["host_cpu_dropped_s"] += unspent - self.cpu_debt  # beyond the one step's carried on
-        rec["modelled_host_cpu_s"] += cpu
-        return self.sleeper.sleep(modelled, spent=time.perf_counter() - b0)
-
-    def _epoch_end(self, epoch: int, rec: dict[str, Any]) -> None:
-        """The epoch's end, after the loop over the loader, as in a training script: an epoch
-        checkpoint, an evaluation, the model's epoch-end time, each when due."""
-        if self.ckpt.due_epoch(epoch):
-            ck0 = time.perf_counter()
-            rec["checkpoint_bytes"] += self.ckpt.save()
-            rec["checkpoint_s"] += time.perf_counter() - ck0
-            self.sync()
-        ev = self.model.train.evaluation
-        if (
-            ev is not None
-            and self.eval_steps
-            and epoch >= ev.after_epoch
-            and (epoch - ev.after_epoch) % ev.every_n_epochs == 0
-        ):
-            e0 = time.perf_counter()
-            ev_eval = REGIONS.begin("evaluate", "pipeline", epoch=epoch - 1, steps=self.eval_steps)
-            for t in ev.computation_time.sample(self.compute_rng, self.eval_steps):
-                INTERRUPT.check()
-                self.sleeper.sleep(max(0.0, float(t)))
-            REGIONS.end(ev_eval)
-            self.sync()
-            rec["evaluation_s"] += time.perf_counter() - e0
-        end_time = self.model.train.epoch_end_time
-        if end_time.is_known and (end_time.mean or 0) > 0:
-            e0 = time.perf_counter()
-            ev_end = REGIONS.begin("epoch_end", "pipeline", epoch=epoch - 1)
-            self.sleeper.sleep(max(0.0, float(end_time.sample(self.edge_rng, 1)[0])))
-            REGIONS.end(ev_end)
-            rec["epoch_end_s"] += time.perf_counter() - e0
-
-    def end(self) -> None:
-        """After the last epoch: host CPU still carried was never spent."""
-        if self.epochs and self.cpu_debt:  # carried past the last step: never spent
-            self.epochs[-1]["host_cpu_dropped_s"] += self.cpu_debt
-        INTERRUPT.check()
-
-    def close(self, keep_checkpoints: bool | str) -> None:
-        """Release the loader, the host CPU threads and (unless kept) the checkpoint files."""
-        gc.unfreeze()
-        if self.loader is not None:
-            self.loader.close()
-        if self.host is not None:
-            self.host.close()
-        ok = self.result.get("error") is None
-        if not (keep_checkpoints is True or (keep_checkpoints == KEEP_ON_SUCCESS and ok)):
-            self.ckpt.cleanup()
-
-
-def _run_rank(
-    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str
-) -> dict[str, Any]:
-    run = _RankRun(plan, sync)
-    result = run.result
-    try:
-        run.start()
-        for epoch in range(1, plan.model.train.epochs + 1):
-            if not run.epoch(epoch):
-                break
-        run.end()
-        result["complete"] = True
-    except KeyboardInterrupt:
-        result["error"] = None
-    except threading.BrokenBarrierError:
-        result["error"] = "another accelerator stopped (barrier broken)"
-    except ReplayError as exc:
-        result["error"] = str(exc)
-    finally:
-        run.close(keep_checkpoints)
-    result["order"] = run.order if plan.record_order else None
-    return result
+# --------------------------------------------------------------------------- local accelerator processes
 
 
 def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool | str) -> None:
@@ -741,6 +389,36 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
     manifest, warnings = ensure_dataset(config, say)
     model_path = out / "model.yaml"
     save_model(config.model, model_path)
+    cmd = _traced_command(config, out, model_path)
+    ckdir = out.resolve() / "checkpoints"
+    started = now_utc()
+    try:
+        INTERRUPT.check()  # a Ctrl-C so far whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
+        say(
+            f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s), "
+            f"{choose_loader(config)[0]} loader; results and trace in {out} (Ctrl-C stops it, partial metrics "
+            f"are kept)"
+        )
+        cap = run_capture(
+            CaptureConfig(
+                command=tuple(cmd),
+                out=out,
+                force=True,
+                data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
+                name=config.model.model.name or "replay",
+            )
+        )
+    except KeyboardInterrupt:
+        return _not_started(config, out, manifest, started, warnings)
+    finally:
+        if not config.keep_checkpoints:
+            shutil.rmtree(ckdir, ignore_errors=True)
+    return _traced_result(config, out, cap, manifest, started, warnings)
+
+
+def _traced_command(config: ReplayConfig, out: Path, model_path: Path) -> list[str]:
+    """The command line of the replay that runs under the capture: this replay's settings, untraced
+    inside, its dataset already generated."""
     cmd = [
         sys.executable,
         "-m",
@@ -770,29 +448,19 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
         cmd.append("--record-order")
     # the replay's checkpoint files are deleted here, after the trace: not the workload's I/O
     cmd.append("--keep-checkpoints" if config.keep_checkpoints else "--_checkpoints-after-trace")
-    ckdir = out.resolve() / "checkpoints"
-    started = now_utc()
-    try:
-        INTERRUPT.check()  # a Ctrl-C so far whose KeyboardInterrupt was swallowed (see dlreplay.interrupt)
-        say(
-            f"replay started (traced): {config.accelerators} accelerator(s), {config.model.train.epochs} epoch(s), "
-            f"{choose_loader(config)[0]} loader; results and trace in {out} (Ctrl-C stops it, partial metrics "
-            f"are kept)"
-        )
-        cap = run_capture(
-            CaptureConfig(
-                command=tuple(cmd),
-                out=out,
-                force=True,
-                data_dirs=(str(config.data_dir.resolve()), str(ckdir)),
-                name=config.model.model.name or "replay",
-            )
-        )
-    except KeyboardInterrupt:
-        return _not_started(config, out, manifest, started, warnings)
-    finally:
-        if not config.keep_checkpoints:
-            shutil.rmtree(ckdir, ignore_errors=True)
+    return cmd
+
+
+def _traced_result(
+    config: ReplayConfig,
+    out: Path,
+    cap: CaptureResult,
+    manifest: dict[str, Any],
+    started: str,
+    warnings: Sequence[str],
+) -> ReplayResult:
+    """The result of a traced replay from the metrics its inner replay wrote and the capture's
+    outcome *cap*; a failure (not a Ctrl-C) raises ReplayError."""
     path = out / METRICS_NAME
     try:
         metrics = json.loads(path.read_text())

@@ -339,28 +339,8 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     if status in ("foreign", "other"):
         status = _replace_other(data_dir, status, config.force)
     if status == "ready":
-        manifest = read_json(data_dir / MANIFEST_NAME) or {}
-        total = int(manifest.get("total_bytes", 0))
-        return GenerateResult(
-            data_dir=data_dir,
-            files=len(plan),
-            total_bytes=total,
-            generated=0,
-            reused=len(plan),
-            seconds=time.perf_counter() - t0,
-            warnings=tuple(cache_warnings(total)),
-            manifest=manifest,
-        )
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReplayError(
-            f"{data_dir}: cannot create the data directory ({exc.strerror or exc})"
-        ) from None
-    if not os.access(data_dir, os.W_OK):
-        raise ReplayError(
-            f"{data_dir}: permission denied (not writable); choose a writable --data-dir"
-        )
+        return _reused(data_dir, len(plan), t0)
+    _make_writable(data_dir)
     done, warnings = _reusable(data_dir, plan, status)
     jobs = config.jobs or min(4, os.cpu_count() or 1)
     check_generate_resources(
@@ -385,6 +365,67 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     todo = [s for s in plan if s.relpath not in done]
     show = sys.stderr.isatty() if config.progress is None else config.progress
     journal = _Journal(journal_path, header, done, _Progress(len(plan), show))
+    _write_journaled(todo, model, data_dir, seed, jobs, journal)
+
+    INTERRUPT.check()  # never mark a dataset complete after a Ctrl-C
+    files = [done[s.relpath] for s in plan]
+    total = sum(int(e["bytes"]) + int(e.get("aux_bytes", 0)) for e in files)
+    manifest = _manifest(header, model, files, total)
+    write_json_atomic(data_dir / MANIFEST_NAME, manifest)
+    journal_path.unlink(missing_ok=True)
+    warnings.extend(cache_warnings(total))
+    return GenerateResult(
+        data_dir=data_dir,
+        files=len(plan),
+        total_bytes=total,
+        generated=len(todo),
+        reused=len(plan) - len(todo),
+        seconds=time.perf_counter() - t0,
+        warnings=tuple(warnings),
+        manifest=manifest,
+    )
+
+
+def _reused(data_dir: Path, files: int, t0: float) -> GenerateResult:
+    """The result for a ready dataset of *files* files in *data_dir*, reused as it is."""
+    manifest = read_json(data_dir / MANIFEST_NAME) or {}
+    total = int(manifest.get("total_bytes", 0))
+    return GenerateResult(
+        data_dir=data_dir,
+        files=files,
+        total_bytes=total,
+        generated=0,
+        reused=files,
+        seconds=time.perf_counter() - t0,
+        warnings=tuple(cache_warnings(total)),
+        manifest=manifest,
+    )
+
+
+def _make_writable(data_dir: Path) -> None:
+    """Create *data_dir* when missing; ReplayError when it cannot be created or written."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReplayError(
+            f"{data_dir}: cannot create the data directory ({exc.strerror or exc})"
+        ) from None
+    if not os.access(data_dir, os.W_OK):
+        raise ReplayError(
+            f"{data_dir}: permission denied (not writable); choose a writable --data-dir"
+        )
+
+
+def _write_journaled(
+    todo: list[FileSpec],
+    model: WorkloadModel,
+    data_dir: Path,
+    seed: int,
+    jobs: int,
+    journal: _Journal,
+) -> None:
+    """Write the files *todo* on *jobs* processes, each recorded in *journal* as it finishes;
+    the journal is written last, also when the writing stops early (for the rerun)."""
     try:
         _write_files(
             todo, model.dataset.format, data_dir, model.dataset.layout, seed, jobs, journal.record
@@ -399,33 +440,23 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     journal.close()
     journal.write()
 
-    INTERRUPT.check()  # never mark a dataset complete after a Ctrl-C
-    files = [done[s.relpath] for s in plan]
-    total = sum(int(e["bytes"]) + int(e.get("aux_bytes", 0)) for e in files)
-    manifest = {
+
+def _manifest(
+    header: dict[str, Any], model: WorkloadModel, files: list[dict[str, Any]], total: int
+) -> dict[str, Any]:
+    """The complete dataset's manifest: *header*, then the dataset's files (their entries in
+    plan order) and what was written."""
+    return {
         **header,
         "dlreplay_version": dlreplay.__version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "num_files": len(plan),
+        "num_files": len(files),
         "num_samples_per_file": model.dataset.num_samples_per_file,
         "total_bytes": total,
         "layout": layout_written(model, files),
         "files": [{k: v for k, v in e.items() if k != "writer"} for e in files],
         "complete": True,
     }
-    write_json_atomic(data_dir / MANIFEST_NAME, manifest)
-    journal_path.unlink(missing_ok=True)
-    warnings.extend(cache_warnings(total))
-    return GenerateResult(
-        data_dir=data_dir,
-        files=len(plan),
-        total_bytes=total,
-        generated=len(todo),
-        reused=len(plan) - len(todo),
-        seconds=time.perf_counter() - t0,
-        warnings=tuple(warnings),
-        manifest=manifest,
-    )
 
 
 def _replace_other(data_dir: Path, status: str, force: bool) -> str:

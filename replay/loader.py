@@ -273,31 +273,7 @@ class SampleReader:
             else None
         )
         busy0 = runnable_seconds()
-        try:
-            if s.io == "posix":
-                if rec is not None:
-                    off, length = rec
-                else:
-                    size, n = s.file_bytes[f], s.samples_per_file
-                    off = size * k // n
-                    length = size * (k + 1) // n - off
-                ts = max(1, int(self.transfer.next()))
-                # storage-level reads into the reader's reused buffer: nothing decoded, so no bytes
-                # are handed to the consumer (a new array per sample cost a page fault per 4 KiB,
-                # and through PyTorch's DataLoader a copy into shared memory)
-                nbytes, decoded = self.reader.read(path, off, length, ts), _NO_BYTES
-            else:
-                nbytes, decoded = self.reader.read_decoded(path, k, rec)
-        except OSError as exc:
-            raise ReplayError(
-                f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})"
-            ) from None
-        except ReplayError:
-            raise
-        except Exception as exc:  # a library failing on a damaged file
-            raise ReplayError(
-                f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})"
-            ) from None
+        nbytes, decoded = self._read(path, f, k, rec)
         pre = None
         settled: float | None = None
         burned = 0.0
@@ -330,6 +306,37 @@ class SampleReader:
             # spent none of it, and without this the replay's workers spent more CPU per sample
             # than the job's.
             self.cpu_debt -= time.thread_time() - settled - burned
+        return nbytes, decoded
+
+    def _read(self, path: str, f: int, k: int, rec: tuple[int, int] | None) -> tuple[int, Decoded]:
+        """Read sample *k* of file *f* at *path* (its byte range *rec*, when the file has records):
+        (bytes read, decoded sample). A failed read raises ReplayError naming the path."""
+        s = self.spec
+        try:
+            if s.io == "posix":
+                if rec is not None:
+                    off, length = rec
+                else:
+                    size, n = s.file_bytes[f], s.samples_per_file
+                    off = size * k // n
+                    length = size * (k + 1) // n - off
+                ts = max(1, int(self.transfer.next()))
+                # storage-level reads into the reader's reused buffer: nothing decoded, so no bytes
+                # are handed to the consumer (a new array per sample cost a page fault per 4 KiB,
+                # and through PyTorch's DataLoader a copy into shared memory)
+                nbytes, decoded = self.reader.read(path, off, length, ts), _NO_BYTES
+            else:
+                nbytes, decoded = self.reader.read_decoded(path, k, rec)
+        except OSError as exc:
+            raise ReplayError(
+                f"{exc.filename or path}: cannot read sample {k} ({exc.strerror or exc})"
+            ) from None
+        except ReplayError:
+            raise
+        except Exception as exc:  # a library failing on a damaged file
+            raise ReplayError(
+                f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})"
+            ) from None
         return nbytes, decoded
 
     def charge(self, seconds: float) -> None:

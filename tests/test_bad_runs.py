@@ -171,13 +171,13 @@ REPLAY_SWALLOWED = """
 import os, signal, sys, time, weakref
 from pathlib import Path
 from dlreplay.model import load_model
-from dlreplay.replay import GenerateConfig, ReplayConfig, engine, generate_dataset, run_replay
+from dlreplay.replay import GenerateConfig, ReplayConfig, accelerator, generate_dataset, run_replay
 
 where, tmp = sys.argv[1], Path(sys.argv[2])
 model = load_model(tmp / "model.yaml")
 generate_dataset(GenerateConfig(model=model, data_dir=tmp / "d", jobs=1))
 calls = {"sleep": 0, "fork": 0}
-real_sleep = engine._Sleeper.sleep
+real_sleep = accelerator._Sleeper.sleep
 
 class Garbage:
     pass
@@ -197,7 +197,7 @@ def after_fork():  # epoch 2: Ctrl-C arrives while a loader worker is being fork
     if where == "fork" and calls["fork"] == 3:
         signal.raise_signal(signal.SIGINT)  # raised inside an at-fork callback: discarded too
 
-engine._Sleeper.sleep = sleep
+accelerator._Sleeper.sleep = sleep
 os.register_at_fork(after_in_parent=after_fork)
 res = run_replay(ReplayConfig(model=model, data_dir=tmp / "d", out=tmp / "o", trace=False))
 print(res.complete, len(res.metrics["epochs"]), res.metrics["interrupted"])

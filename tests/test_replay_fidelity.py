@@ -588,15 +588,15 @@ def test_host_cpu_work_leaves_time_to_repay_earlier_overruns(tmp_path, monkeypat
     """A step whose host CPU fills its compute time has no sleep to take earlier steps'
     overrun (loop overhead, late wake-ups) out of: its CPU work ends that much earlier.
     With an overrun larger than every step (a debt of 10 s), no step spends any CPU."""
-    from dlreplay.replay import engine
+    from dlreplay.replay import accelerator
 
-    real_init = engine._Sleeper.__init__
+    real_init = accelerator._Sleeper.__init__
 
     def indebted(self) -> None:
         real_init(self)
         self.debt = 10.0
 
-    monkeypatch.setattr(engine._Sleeper, "__init__", indebted)
+    monkeypatch.setattr(accelerator._Sleeper, "__init__", indebted)
     model = make_model(
         "train.computation_time=0.02", "train.computation_host_cpu=0.01", "train.epochs=1"
     )

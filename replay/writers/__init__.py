@@ -108,24 +108,9 @@ def write_file(
     """
     tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
     out = Written(bytes=0)
-    spf = len(sizes)
     target = int(sum(sizes))
     if fmt in ("npz", "npy", "hdf5"):
-        if layout.arrays:
-            i = choose_structure(layout.arrays, target, rng)
-            s = layout.arrays[i]
-            out.structure = i
-            if fmt == "npz":
-                with open(tmp, "wb") as fh:
-                    out.notes.append(write_npz(fh, s, spf, rng))
-            elif fmt == "npy":
-                m = s.members[0]
-                with open(tmp, "wb") as fh:
-                    np.save(fh, array_data(m, member_shape(m, s.samples, spf), rng, 1.0))
-            else:
-                out.notes.append(write_hdf5(tmp, s, layout, spf, rng))
-        else:
-            write_array_legacy(fmt, tmp, sizes, layout, rng)
+        _write_arrays(fmt, tmp, sizes, layout, rng, out)
     elif fmt in ("jpeg", "png"):
         if layout.images:
             i = choose_structure(layout.images, target, rng)
@@ -135,37 +120,9 @@ def write_file(
         else:
             tmp.write_bytes(image_legacy(rng, sizes[0], fmt))
     elif fmt in ("raw", "tfrecord", "indexed_binary"):
-        records: list[list[int]] = []
-        pos = 0
-        with open(tmp, "wb") as fh:
-            for sz in sizes:
-                payload = rng.bytes(sz)
-                blob = tfrecord_frame(payload) if fmt == "tfrecord" else payload
-                fh.write(blob)
-                records.append([pos, len(blob)])
-                pos += len(blob)
-        out.records = records
+        out.records = _write_records(fmt, tmp, sizes, rng)
         if fmt == "indexed_binary":
-            rec = np.asarray(records, dtype="<u8").reshape(-1, 2)
-            # dlreplay's index: (offset, length) pairs in one file; DLIO 2.0's: offsets and
-            # sizes in two (its generator's struct 'Q', little-endian here)
-            sides = (
-                {".off.idx": rec[:, 0], ".sz.idx": rec[:, 1]}
-                if layout.index == "dlio"
-                else {".idx": rec}
-            )
-            for suffix, values in sides.items():
-                side = path.with_name(path.name + suffix)
-                side_tmp = side.with_name(f".{side.name}{TMP_SUFFIX}")
-                side_tmp.write_bytes(np.ascontiguousarray(values).tobytes())
-                _fsync_path(side_tmp)
-                os.replace(side_tmp, side)
-            sizes_of = {
-                suffix: path.with_name(path.name + suffix).stat().st_size for suffix in sides
-            }
-            out.aux_bytes = sum(sizes_of.values())
-            if layout.index == "dlio":
-                out.aux = sizes_of
+            _write_index(path, out.records, layout, out)
     elif fmt in ("csv", "parquet"):
         t = None
         if layout.tables:
@@ -180,6 +137,73 @@ def write_file(
     os.replace(tmp, path)
     out.bytes = path.stat().st_size
     return out
+
+
+def _write_arrays(
+    fmt: str,
+    tmp: Path,
+    sizes: Sequence[int],
+    layout: Layout,
+    rng: np.random.Generator,
+    out: Written,
+) -> None:
+    """Write an NPZ, NPY or HDF5 file at *tmp*: with the layout's structure nearest the plan's
+    size when the layout has arrays (noted in *out*), else the plan's sizes of random bytes."""
+    spf = len(sizes)
+    target = int(sum(sizes))
+    if layout.arrays:
+        i = choose_structure(layout.arrays, target, rng)
+        s = layout.arrays[i]
+        out.structure = i
+        if fmt == "npz":
+            with open(tmp, "wb") as fh:
+                out.notes.append(write_npz(fh, s, spf, rng))
+        elif fmt == "npy":
+            m = s.members[0]
+            with open(tmp, "wb") as fh:
+                np.save(fh, array_data(m, member_shape(m, s.samples, spf), rng, 1.0))
+        else:
+            out.notes.append(write_hdf5(tmp, s, layout, spf, rng))
+    else:
+        write_array_legacy(fmt, tmp, sizes, layout, rng)
+
+
+def _write_records(
+    fmt: str, tmp: Path, sizes: Sequence[int], rng: np.random.Generator
+) -> list[list[int]]:
+    """Write a record file (raw, TFRecord, indexed binary) of one record of random bytes per
+    sample at *tmp*; returns each record's [offset, length]."""
+    records: list[list[int]] = []
+    pos = 0
+    with open(tmp, "wb") as fh:
+        for sz in sizes:
+            payload = rng.bytes(sz)
+            blob = tfrecord_frame(payload) if fmt == "tfrecord" else payload
+            fh.write(blob)
+            records.append([pos, len(blob)])
+            pos += len(blob)
+    return records
+
+
+def _write_index(path: Path, records: list[list[int]], layout: Layout, out: Written) -> None:
+    """Write the record index of the indexed binary file *path* beside it (each side file via a
+    temporary name, then renamed); its bytes go into *out*."""
+    rec = np.asarray(records, dtype="<u8").reshape(-1, 2)
+    # dlreplay's index: (offset, length) pairs in one file; DLIO 2.0's: offsets and
+    # sizes in two (its generator's struct 'Q', little-endian here)
+    sides = (
+        {".off.idx": rec[:, 0], ".sz.idx": rec[:, 1]} if layout.index == "dlio" else {".idx": rec}
+    )
+    for suffix, values in sides.items():
+        side = path.with_name(path.name + suffix)
+        side_tmp = side.with_name(f".{side.name}{TMP_SUFFIX}")
+        side_tmp.write_bytes(np.ascontiguousarray(values).tobytes())
+        _fsync_path(side_tmp)
+        os.replace(side_tmp, side)
+    sizes_of = {suffix: path.with_name(path.name + suffix).stat().st_size for suffix in sides}
+    out.aux_bytes = sum(sizes_of.values())
+    if layout.index == "dlio":
+        out.aux = sizes_of
 
 
 def _fsync_path(path: Path) -> None:
