@@ -130,21 +130,11 @@ def _odd_bytes(col: Callable[[str], pl.Expr]) -> pl.Expr:
     ).fill_null(False)
 
 
-def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
-    """The :data:`CHUNK_SCHEMA` columns of raw event rows whose :data:`RAW_SCHEMA` column
-    ``c`` is ``col(c)`` (strings as String or Categorical): the values one row gives,
-    ``size``/``size_requested`` (fread/fwrite: items x item size; checkpoints: their bytes),
-    the file-position inputs ``pos`` and ``parg``, and the ``path`` (else ``fname``)
-    argument. One definition for the Python path (a frame) and the scanner's (its buffers)."""
-    op, ret = col("op"), col("ret")
-    is_xfer = op >= XFER
-    item = _item(col)
-    size = (
-        pl.when(is_xfer)
-        .then(pl.when((ret >= 0) & _call_bytes_ok(ret, item)).then(ret * item))
-        .when(col("cat") == CAT_CHECKPOINT)
-        .then(pl.when(_call_bytes_ok(col("abytes"), 1)).then(col("abytes")))
-    )
+def _pos_flags(col: Callable[[str], pl.Expr]) -> pl.Expr:
+    """The ``pos`` column of :func:`_compact_exprs` (UInt8): the file-position model's
+    flags of a row (``POS_*``: the call succeeded, whence, append mode, an I/O call on a
+    file, STDIO, read-only open, a write)."""
+    ret = col("ret")
     whence = col("whence")
     append = ((col("flags").fill_null(0) & _O_APPEND) != 0) | col("mode").cast(CAT).cat.starts_with(
         "a"
@@ -177,6 +167,25 @@ def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
         | flag(rdonly, POS_RDONLY)
         | flag(col("name").cast(pl.String).is_in(list(WRITE_NAMES)), POS_WRITE)
     )
+    return pos
+
+
+def _compact_exprs(col: Callable[[str], pl.Expr]) -> list[pl.Expr]:
+    """The :data:`CHUNK_SCHEMA` columns of raw event rows whose :data:`RAW_SCHEMA` column
+    ``c`` is ``col(c)`` (strings as String or Categorical): the values one row gives,
+    ``size``/``size_requested`` (fread/fwrite: items x item size; checkpoints: their bytes),
+    the file-position inputs ``pos`` and ``parg``, and the ``path`` (else ``fname``)
+    argument. One definition for the Python path (a frame) and the scanner's (its buffers)."""
+    op, ret = col("op"), col("ret")
+    is_xfer = op >= XFER
+    item = _item(col)
+    size = (
+        pl.when(is_xfer)
+        .then(pl.when((ret >= 0) & _call_bytes_ok(ret, item)).then(ret * item))
+        .when(col("cat") == CAT_CHECKPOINT)
+        .then(pl.when(_call_bytes_ok(col("abytes"), 1)).then(col("abytes")))
+    )
+    pos = _pos_flags(col)
     parg = (
         pl.when(op.is_in((LSEEK, FTELL)))
         .then(ret)

@@ -421,10 +421,10 @@ def _parse_rows(
         kept, meta, starts, hosts = rows.pop()
         return RangePart(
             src=job[0],
-            k=job[4],
+            k=job[4],  # type: ignore[misc]
             rows=kept,
             meta=meta,
-            starts=starts,  # type: ignore[misc]
+            starts=starts,
             hosts=hosts,
             report=files[0][1],
             clean_end=clean_end,

@@ -123,35 +123,51 @@ def file_offsets(
     sorted by (stream, output position). ``release``: return what the inputs' copies held
     to the system before the column is built (see :func:`resolve_part`'s ``alone``).
     """
-    n = ev.height
     if native.NATIVE is not None:  # the whole model in one C pass (file_offsets in _pfwscan.c)
-        values = np.empty(n, dtype=np.int64)
-        valid = np.empty(n, dtype=np.bool_)
-        stray = np.empty(n, dtype=np.bool_)
-        proc = _stream_processes(ev).to_numpy()
-        fcode = ev.select(_file_key()).to_series().to_numpy()
-        native.NATIVE.file_offsets(
-            np.ascontiguousarray(order, dtype=np.int64),
-            np.ascontiguousarray(proc, dtype=np.uint32),
-            np.ascontiguousarray(fcode, dtype=np.uint32),
-            *(
-                np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt)
-                for c, dt in (("op", np.int8), ("pos", np.uint8), ("parg", np.int64))
-            ),
-            values,
-            valid,
-            stray,
-        )
-        del proc, fcode
-        if release:  # the inputs' copies, before the column is built beside the values
-            release_free_memory(keep_large=True)
-        found = bool(stray.any())
-        if found:  # on no file: no offset
-            valid &= ~stray
-        offset = pl.select(
-            pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")
-        )
-        return offset.to_series(), (stray if found else None)
+        return _native_offsets(ev, order, release)
+    return _polars_offsets(ev, order)
+
+
+def _native_offsets(
+    ev: pl.DataFrame, order: np.ndarray, release: bool
+) -> tuple[pl.Series, np.ndarray | None]:
+    """:func:`file_offsets` with the C extension: the rules and the scan in one pass over the
+    rows in output order (``file_offsets`` in ``_pfwscan.c``)."""
+    n = ev.height
+    values = np.empty(n, dtype=np.int64)
+    valid = np.empty(n, dtype=np.bool_)
+    stray = np.empty(n, dtype=np.bool_)
+    proc = _stream_processes(ev).to_numpy()
+    fcode = ev.select(_file_key()).to_series().to_numpy()
+    native.NATIVE.file_offsets(
+        np.ascontiguousarray(order, dtype=np.int64),
+        np.ascontiguousarray(proc, dtype=np.uint32),
+        np.ascontiguousarray(fcode, dtype=np.uint32),
+        *(
+            np.ascontiguousarray(ev[c].rechunk().to_numpy(), dtype=dt)
+            for c, dt in (("op", np.int8), ("pos", np.uint8), ("parg", np.int64))
+        ),
+        values,
+        valid,
+        stray,
+    )
+    del proc, fcode
+    if release:  # the inputs' copies, before the column is built beside the values
+        release_free_memory(keep_large=True)
+    found = bool(stray.any())
+    if found:  # on no file: no offset
+        valid &= ~stray
+    offset = pl.select(
+        pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")
+    )
+    return offset.to_series(), (stray if found else None)
+
+
+def _polars_offsets(ev: pl.DataFrame, order: np.ndarray) -> tuple[pl.Series, np.ndarray | None]:
+    """:func:`file_offsets` without the C extension: polars rule columns
+    (:func:`_position_rules`) and vectorised numpy passes over the I/O rows sorted by
+    (stream, output position)."""
+    n = ev.height
     io = (pl.col("pos") & POS_IO) != 0
     stream = (
         pl.col("__sp").cast(pl.Int64) * 2 + ((pl.col("pos") & POS_STDIO) != 0).cast(pl.Int64)

@@ -83,20 +83,7 @@ def resolve_part(
     """
     rows, meta, starts, hosts = compacted.pop()
     meta = meta.sort("src", "seq")
-    fh = (
-        meta.filter((pl.col("name") == "FH") & pl.col("a_value").is_not_null())
-        .select(
-            pl.col("a_value").alias("hash"),
-            pl.col("a_name").alias("name"),
-            "src",
-            "seq",
-            pl.col("pid").cast(I32, strict=False),
-        )
-        .unique(subset="hash", keep="first", maintain_order=True)
-    )
-    markers = meta.filter(
-        (pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")
-    ).select(list(MARKER_SCHEMA))
+    fh, markers = _file_records(meta)
     if rows.height == 0:
         return (
             pl.DataFrame(schema=PART_SCHEMA),
@@ -139,6 +126,27 @@ def resolve_part(
     events = gather_columns(held, None, [c for c in PART_SCHEMA if c != "offset"])
     events.insert_column(list(PART_SCHEMA).index("offset"), offset.alias("offset"))
     return events, _narrow_order(order), processes, fh, _part_counts(events), markers
+
+
+def _file_records(meta: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(fh, markers) of :func:`resolve_part` from its metadata rows ``meta`` (sorted by file
+    and line): the file-hash records (``FH``: hash, name, src, seq, pid; the first of each
+    hash) and the start/stop markers (``CM`` records ``X.start``/``X.end``)."""
+    fh = (
+        meta.filter((pl.col("name") == "FH") & pl.col("a_value").is_not_null())
+        .select(
+            pl.col("a_value").alias("hash"),
+            pl.col("a_name").alias("name"),
+            "src",
+            "seq",
+            pl.col("pid").cast(I32, strict=False),
+        )
+        .unique(subset="hash", keep="first", maintain_order=True)
+    )
+    markers = meta.filter(
+        (pl.col("name") == "CM") & pl.col("a_name").str.contains(r"\.(start|end)$")
+    ).select(list(MARKER_SCHEMA))
+    return fh, markers
 
 
 def _narrow_order(order: np.ndarray) -> np.ndarray:

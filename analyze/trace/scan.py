@@ -202,14 +202,7 @@ def _scan(
     # with each repeated load), unmapped when the last array viewing it goes.
     need = cap * (ni * 8 + 4 + ns * 4 + 8)
     scratch = buffers.get(need) if buffers is not None else anonymous_map(need)
-    ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
-    imask = np.frombuffer(scratch, dtype=np.uint32, count=cap, offset=ni * cap * 8)
-    strs = np.frombuffer(
-        scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4
-    ).reshape(ns, cap)
-    rows = np.frombuffer(
-        scratch, dtype=np.int64, count=cap, offset=ni * cap * 8 + cap * 4 + ns * cap * 4
-    )
+    ints, imask, strs, rows = _scan_views(scratch, cap, ni, ns)
     assert native.NATIVE is not None
     out = native.NATIVE.scan(text, ints, imask, strs, rows, checked)
     if out is None:
@@ -217,19 +210,7 @@ def _scan(
     nev, nmeta, rejected, uniques, any_mask, fields = out
     rej = np.frombuffer(rejected, dtype=np.int64).reshape(-1, 3)
     values = pl.Series(uniques, dtype=STR)
-    # what the compaction needs of a string, for the strings that were a name, category or
-    # mode (most strings are file hashes and paths)
-    op_of = np.zeros(len(uniques), dtype=np.int8)
-    sflag = np.zeros(len(uniques), dtype=np.uint8)
-    for k in np.flatnonzero(np.frombuffer(fields, dtype=np.uint16) & FLAGGED_FIELDS).tolist():
-        u = uniques[k]
-        op_of[k] = OP_CODE.get(u, 0)
-        sflag[k] = (
-            SFLAG.get(u, 0)
-            | (SF_MODE_A if u[:1] == "a" else 0)
-            | (SF_MODE_R if u[:1] == "r" and "+" not in u else 0)
-            | (SF_WRITE if u in WRITE_NAMES else 0)
-        )
+    op_of, sflag = _string_flags(uniques, fields)
     # events are rows [0, nev), metadata records rows [cap - nmeta, cap)
     frames: list[Any] = []
     per_seg = np.zeros(len(first), dtype=np.int64)
@@ -265,6 +246,41 @@ def _scan(
                 )
             )
     return frames[0], frames[1], per_seg, rej
+
+
+def _scan_views(
+    scratch: mmap.mmap, cap: int, ni: int, ns: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The scanner's output arrays (ints, imask, strs, rows) for ``cap`` rows, ``ni`` integer
+    and ``ns`` string fields, viewing the one mapping ``scratch`` (no copy)."""
+    ints = np.frombuffer(scratch, dtype=np.int64, count=ni * cap).reshape(ni, cap)
+    imask = np.frombuffer(scratch, dtype=np.uint32, count=cap, offset=ni * cap * 8)
+    strs = np.frombuffer(
+        scratch, dtype=np.int32, count=ns * cap, offset=ni * cap * 8 + cap * 4
+    ).reshape(ns, cap)
+    rows = np.frombuffer(
+        scratch, dtype=np.int64, count=cap, offset=ni * cap * 8 + cap * 4 + ns * cap * 4
+    )
+    return ints, imask, strs, rows
+
+
+def _string_flags(uniques: list[str], fields: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(op_of, sflag) of a scan's distinct strings ``uniques``: what the compaction needs of
+    a string (its operation code; its ``SF_*`` flags), for the strings that were a name,
+    category or mode (``fields``: each string's fields, as the scanner returns them; most
+    strings are file hashes and paths, left 0)."""
+    op_of = np.zeros(len(uniques), dtype=np.int8)
+    sflag = np.zeros(len(uniques), dtype=np.uint8)
+    for k in np.flatnonzero(np.frombuffer(fields, dtype=np.uint16) & FLAGGED_FIELDS).tolist():
+        u = uniques[k]
+        op_of[k] = OP_CODE.get(u, 0)
+        sflag[k] = (
+            SFLAG.get(u, 0)
+            | (SF_MODE_A if u[:1] == "a" else 0)
+            | (SF_MODE_R if u[:1] == "r" and "+" not in u else 0)
+            | (SF_WRITE if u in WRITE_NAMES else 0)
+        )
+    return op_of, sflag
 
 
 class MetaRows:

@@ -60,7 +60,14 @@ from . import vocabulary
 from .compact import one_frame
 from .inputs import available_cores, find_inputs
 from .load import parse_parts
-from .merge import canonical, finalize, per_process_from_counts, renumbered, run_tables
+from .merge import (
+    RunTables,
+    canonical,
+    finalize,
+    per_process_from_counts,
+    renumbered,
+    run_tables,
+)
 from .shapes import COUNTS_SCHEMA, PART_SCHEMA, FileDamage, FileReport, int_stat, with_events
 
 __all__ = [
@@ -391,14 +398,13 @@ def _run_threads(
     )
 
 
-def _spill(
-    trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None
-) -> SpilledTrace:
-    files, manifest = find_inputs(trace)
-    names = [p.name for p in files]
-    say = echo or (lambda _s: None)
-    t0 = time.perf_counter()
-    # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
+def _spill_parts(
+    files: list[Path], tmp: Path, target: int, jobs: int | None
+) -> tuple[list[_Kept], bool, int]:
+    """:func:`_spill`'s first stage: the parts (resolved per file, in groups of ``target``
+    stored bytes) written to Parquet in ``tmp`` as they come, their small tables kept (by
+    first file); and what the rank-numbering of DLIO's pids reads of the whole run (some
+    pid is 0; the largest pid or tid)."""
     kept: list[_Kept] = []
     pid0, top = False, 0  # what the rank-numbering of DLIO's pids reads of the whole run
     for part in parse_parts(files, jobs=jobs, group_bytes=target, ordered=True):
@@ -420,13 +426,21 @@ def _spill(
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
     kept.sort(key=lambda k: k.first)
-    t1 = time.perf_counter()
-    say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
-    # stage 2: the run's tables, then each part's EVENT_SCHEMA columns, one part at a time
-    with_rows = [k for k in kept if k.path is not None]
-    tables = run_tables([k.processes for k in with_rows], [k.fh for k in kept], names, top)
+    return kept, pid0, top
+
+
+def _spill_events(
+    with_rows: list[_Kept],
+    tables: RunTables,
+    run: vocabulary.RunThreads,
+    names: list[str],
+    tmp: Path,
+) -> tuple[list[Path], np.ndarray, int, bool, list[pl.DataFrame]]:
+    """:func:`_spill`'s second stage: each part's rows (``with_rows``, in file order) read
+    back, finalised with the run's ``tables`` and given the event vocabulary, written as
+    :data:`EVENT_SCHEMA` Parquet in ``tmp``, one part at a time. Returns (paths, events per
+    trace file, events, processes_changed, the parts' per-process counts)."""
     proc_src = tables.processes["src"].to_numpy()
-    run = _run_threads(with_rows, tables.processes, pid0, top)
     counts = np.zeros(len(names), dtype=np.int64)
     paths: list[Path] = []
     height = base = 0
@@ -455,6 +469,25 @@ def _spill(
         height += table.height
         del table, pidx
         release_free_memory()
+    return paths, counts, height, changed, part_counts
+
+
+def _spill(
+    trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None
+) -> SpilledTrace:
+    files, manifest = find_inputs(trace)
+    names = [p.name for p in files]
+    say = echo or (lambda _s: None)
+    t0 = time.perf_counter()
+    # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
+    kept, pid0, top = _spill_parts(files, tmp, target, jobs)
+    t1 = time.perf_counter()
+    say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
+    # stage 2: the run's tables, then each part's EVENT_SCHEMA columns, one part at a time
+    with_rows = [k for k in kept if k.path is not None]
+    tables = run_tables([k.processes for k in with_rows], [k.fh for k in kept], names, top)
+    run = _run_threads(with_rows, tables.processes, pid0, top)
+    paths, counts, height, changed, part_counts = _spill_events(with_rows, tables, run, names, tmp)
     reports = sorted((rep for k in kept for rep in k.files), key=lambda r: r[0])
     del run
     # the per-process table as the in-memory loader makes it: from the parts' counts (a
