@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import dlreplay
+from dlreplay.capture.inject.hooks import MISSES_ENV, MISSES_PREFIX
 from dlreplay.errors import CaptureError, UsageError
 from dlreplay.osutil import (
     DirectoryClaim,
@@ -79,6 +80,9 @@ class CaptureResult:
     warnings: tuple[str, ...] = ()
     #: what the dataset fingerprint (``dataset-fingerprint.json``) could not read, one line each
     fingerprint_problems: list[str] = field(default_factory=list)
+    #: calls the job's hooks could not record (the job ran them unchanged): one dict per hook
+    #: and reason, ``{"hook", "reason", "count", "processes"}`` (the manifest's ``hook_misses``)
+    hook_misses: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -163,7 +167,11 @@ def _prepare_out_dir(out: Path, force: bool) -> DirectoryClaim:
                 )
             # --force replaces only what a capture writes; anything else stays.
             for child in out.iterdir():
-                if child.name == MANIFEST or child.name.endswith((".pfw", ".pfw.gz")):
+                if (
+                    child.name == MANIFEST
+                    or child.name.endswith((".pfw", ".pfw.gz"))
+                    or (child.name.startswith(MISSES_PREFIX))
+                ):
                     child.unlink()
     except BaseException:
         claim.release()
@@ -224,6 +232,7 @@ def build_env(config: CaptureConfig, out: Path, inject_dir: Path, cwd: Path) -> 
         p for p in (str(inject_dir), env.get("PYTHONPATH", "")) if p
     )
     env["DLREPLAY_CAPTURE"] = "1"
+    env[MISSES_ENV] = str(out.resolve())
     env["DLREPLAY_LOADER_HOOKS"] = "1" if config.loader_hooks else "0"
     return env
 
@@ -277,7 +286,12 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     lingering = wait_for_trace_writers(out, LINGER_S)
 
     exit_code, killed_by, status = _job_status(returncode, interrupted)
-    warnings = _capture_warnings(config, cwd, lingering)
+    misses = collect_hook_misses(out)
+    warnings = _capture_warnings(config, cwd, lingering) + [
+        f"capture hook {m['hook']} could not record {m['count']} call(s) ({m['reason']}) in "
+        f"{m['processes']} process(es); the job's calls ran unchanged"
+        for m in misses
+    ]
     files = _trace_files(out)
     manifest.update(
         {
@@ -290,6 +304,7 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
             "files": files,
             "events": sum(int(f["events"]) for f in files),
             "warnings": warnings,
+            "hook_misses": misses,
         }
     )
     _write_json_atomic(manifest_path, manifest)
@@ -304,6 +319,7 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
         killed_by_signal=killed_by,
         fingerprint_problems=problems,
         warnings=tuple(warnings),
+        hook_misses=misses,
     )
 
 
@@ -426,6 +442,27 @@ def _trace_files(out: Path) -> list[dict[str, Any]]:
             }
         )
     return files
+
+
+def collect_hook_misses(out: Path) -> list[dict[str, Any]]:
+    """The calls the job's hooks could not record, summed over its processes' files
+    (``hook-misses-<pid>.json``, removed once read): ``{"hook", "reason", "count",
+    "processes"}`` per hook and reason, most first. A file that cannot be read is skipped."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for path in sorted(out.glob(f"{MISSES_PREFIX}*.json*")):
+        try:
+            rows = json.loads(path.read_text()).get("misses", []) if path.suffix == ".json" else []
+            for row in rows:
+                tally = counts.setdefault((str(row["hook"]), str(row["reason"])), [0, 0])
+                tally[0] += int(row["count"])
+                tally[1] += 1
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass
+        path.unlink(missing_ok=True)
+    return [
+        {"hook": hook, "reason": reason, "count": n, "processes": procs}
+        for (hook, reason), (n, procs) in sorted(counts.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    ]
 
 
 #: Seconds to wait after the job's end for its processes that still write trace files.

@@ -58,6 +58,7 @@ import ctypes
 import functools
 import importlib.abc
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -183,15 +184,80 @@ class _Regions:
 
 REGIONS = _Regions()
 
+#: Where each process of a capture writes the calls its hooks could not record: a directory
+#: (``dlreplay capture`` sets it to the trace directory), one ``hook-misses-<pid>.json`` each.
+MISSES_ENV = "DLREPLAY_HOOK_MISSES_DIR"
+MISSES_PREFIX = "hook-misses-"
+
+
+class _Misses:
+    """Calls a hook could not record, by (hook, reason). The job's call went on unchanged;
+    only its event (or an arg of it) is missing. Written to this process's file at its end
+    (``atexit``; a multiprocessing child or a SIGTERM after its trace is closed, so that
+    write is not traced). Never raises."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        """A forked child starts with no misses of its own (and a lock nobody holds)."""
+        self.counts = {}
+        self._lock = threading.Lock()
+
+    def add(self, hook: str, reason: str) -> None:
+        try:
+            with self._lock:
+                self.counts[(hook, reason)] = self.counts.get((hook, reason), 0) + 1
+        except Exception:  # counting must never break the job either
+            pass
+
+    def write(self) -> None:
+        """This process's misses as JSON in the capture's directory (atomic; no-op without any)."""
+        folder = os.environ.get(MISSES_ENV)
+        if not folder or not self.counts:
+            return
+        try:
+            with self._lock:
+                rows = [
+                    {"hook": h, "reason": r, "count": n}
+                    for (h, r), n in sorted(self.counts.items())
+                ]
+            path = os.path.join(folder, f"{MISSES_PREFIX}{os.getpid()}.json")
+            with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                fh.write(json.dumps({"pid": os.getpid(), "misses": rows}))
+            os.replace(path + ".tmp", path)
+        except Exception:
+            pass
+
+
+MISSES = _Misses()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=MISSES.after_fork)
+
+
+def _guard(hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (a hook's own bookkeeping), or None, counted as a miss of *hook*, when it
+    raises: whatever goes wrong in recording, the job's own call still runs as it would."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        MISSES.add(hook, f"error in the hook ({type(exc).__name__})")
+        return None
+
 
 @contextmanager
 def region(name: str, cat: str = "user", **args: Any) -> Iterator[Callable[..., None]]:
     """Trace a block as one event; yields ``update(**args)`` to add args before it ends."""
-    handle = REGIONS.begin(name, cat, **args)
+    handle = _guard("region", functools.partial(REGIONS.begin, name, cat, **args))
+
+    def update(**more: Any) -> None:
+        _guard("region", functools.partial(REGIONS.update, handle, **more))
+
     try:
-        yield functools.partial(REGIONS.update, handle)
+        yield update
     finally:
-        REGIONS.end(handle)
+        _guard("region", REGIONS.end, handle)
 
 
 def traced(
@@ -311,6 +377,71 @@ _open_iters: list[_IterState] = []
 _lock = threading.Lock()
 
 
+def _open_epoch(loader: Any) -> _IterState:
+    """Close the loader's previous epoch if still open; open the next (before the workers
+    start: they prefetch at once)."""
+    epoch = loader.__dict__.get("_dlreplay_epoch", -1) + 1
+    loader.__dict__["_dlreplay_epoch"] = epoch
+    prev = loader.__dict__.get("_dlreplay_state")
+    if prev is not None and not prev.done:
+        prev.close()
+    state = _IterState(epoch)
+    state.epoch_handle = REGIONS.begin("epoch", "pipeline", epoch=epoch)
+    return state
+
+
+def _adopt(loader: Any, it: Any, state: _IterState) -> None:
+    """Tie *state* to the new iterator *it* of *loader* (closed at exit if still open)."""
+    try:
+        it.__dict__["_dlreplay_state"] = state
+        loader.__dict__["_dlreplay_state"] = state
+    except BaseException:
+        state.close()
+        raise
+    with _lock:
+        _open_iters.append(state)
+
+
+def _state_of(it: Any) -> _IterState | None:
+    state = it.__dict__.get("_dlreplay_state")
+    return state if isinstance(state, _IterState) and not state.done else None
+
+
+def _before_next(state: _IterState) -> tuple[int | None, Any]:
+    """End the loop body; open the wait, named when it ends (a batch, or the epoch's end)."""
+    state.end_step()
+    return REGIONS.begin_unnamed("dataloader")  # (handle, name buffer)
+
+
+def _after_stop(state: _IterState, t_handle: Any, how: str) -> None:
+    """``next()`` raised: StopIteration (``how`` "last") or another exception ("error")."""
+    if t_handle is not None:
+        args = {how: 1}
+        REGIONS.end_named(
+            t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, **args
+        )
+    state.close()
+
+
+def _after_batch(state: _IterState, t_handle: Any, batch: Any) -> None:
+    """``next()`` returned *batch*: close the wait as ``fetch.iter``, open the loop body."""
+    try:
+        size, tensors = _batch_shape(batch)
+        if t_handle is not None:
+            REGIONS.end_named(
+                t_handle,
+                "fetch.iter",
+                epoch=state.epoch,
+                step=state.step,
+                count=state.step + 1,
+                batch_size=size,
+                tensors=tensors,
+            )
+        state.begin_step(size)
+    finally:  # the next batch is the next step, whatever could not be recorded of this one
+        state.step += 1
+
+
 def _patch_dataloader(mod: Any) -> None:
     loader_cls = mod.DataLoader
     iter_cls = mod._BaseDataLoaderIter
@@ -320,63 +451,48 @@ def _patch_dataloader(mod: Any) -> None:
     orig_next = iter_cls.__next__
 
     def __iter__(self: Any) -> Any:
-        epoch = self.__dict__.get("_dlreplay_epoch", -1) + 1
-        self.__dict__["_dlreplay_epoch"] = epoch
-        prev = self.__dict__.get("_dlreplay_state")
-        if prev is not None and not prev.done:
-            prev.close()
-        state = _IterState(epoch)
-        # Opened before the original __iter__: it starts the workers, which prefetch at once.
-        state.epoch_handle = REGIONS.begin("epoch", "pipeline", epoch=epoch)
+        state = _guard("DataLoader.__iter__", _open_epoch, self)
         try:
             it = orig_iter(self)
         except BaseException:
-            state.close()
+            if state is not None:
+                _guard("DataLoader.__iter__", state.close)
             raise
-        self.__dict__["_dlreplay_state"] = state
-        it.__dict__["_dlreplay_state"] = state
-        with _lock:
-            _open_iters.append(state)
+        if state is not None:
+            _guard("DataLoader.__iter__", _adopt, self, it, state)
         return it
 
     def __next__(self: Any) -> Any:
-        state = self.__dict__.get("_dlreplay_state")
-        if state is None or state.done:
+        state = _guard("DataLoader.__next__", _state_of, self)
+        if state is None:
             return orig_next(self)
-        state.end_step()
-        # named when it ends: a batch (fetch.iter) or the epoch's end (fetch.stop)
-        t_handle = REGIONS.begin_unnamed("dataloader")  # (handle, name buffer)
+        t_handle = _guard("DataLoader.__next__", _before_next, state)
         try:
             batch = orig_next(self)
         except StopIteration:
-            REGIONS.end_named(
-                t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, last=1
-            )
-            state.close()
+            _guard("DataLoader.__next__", _after_stop, state, t_handle, "last")
             raise
         except BaseException:
-            REGIONS.end_named(
-                t_handle, "fetch.stop", epoch=state.epoch, step=state.step, batch_size=0, error=1
-            )
-            state.close()
+            _guard("DataLoader.__next__", _after_stop, state, t_handle, "error")
             raise
-        size, tensors = _batch_shape(batch)
-        REGIONS.end_named(
-            t_handle,
-            "fetch.iter",
-            epoch=state.epoch,
-            step=state.step,
-            count=state.step + 1,
-            batch_size=size,
-            tensors=tensors,
-        )
-        state.begin_step(size)
-        state.step += 1
+        _guard("DataLoader.__next__", _after_batch, state, t_handle, batch)
         return batch
 
     loader_cls.__iter__ = __iter__
     iter_cls.__next__ = __next__
     loader_cls._dlreplay_patched = True
+
+
+def _begin_cpu(name: str, **args: Any) -> tuple[int | None, int]:
+    """Open a ``data`` region; (its handle, the process's CPU ns now)."""
+    handle = REGIONS.begin(name, "data", **args)
+    return handle, (time.process_time_ns() if handle else 0)
+
+
+def _end_cpu(opened: tuple[int | None, int] | None) -> None:
+    """Close a region of :func:`_begin_cpu` with the CPU microseconds spent since."""
+    if opened is not None and opened[0]:
+        REGIONS.end(opened[0], cpu_time=(time.process_time_ns() - opened[1]) // 1000)
 
 
 def _patch_fetch(mod: Any) -> None:
@@ -386,24 +502,27 @@ def _patch_fetch(mod: Any) -> None:
         return
 
     def item(dataset: Any, idx: Any) -> Any:
-        handle = REGIONS.begin("item", "data", image_idx=idx if isinstance(idx, int) else None)
-        cpu0 = time.process_time_ns() if handle else 0
+        opened = _guard(
+            "Dataset.__getitem__",
+            functools.partial(_begin_cpu, "item", image_idx=idx if isinstance(idx, int) else None),
+        )
         try:
             return dataset[idx]
         finally:
-            if handle:
-                REGIONS.end(handle, cpu_time=(time.process_time_ns() - cpu0) // 1000)
+            _guard("Dataset.__getitem__", _end_cpu, opened)
 
+    # torch's own _MapDatasetFetcher.fetch, step for step, with an event per item (or batch)
     def map_fetch(self: Any, possibly_batched_index: Any) -> Any:
         if self.auto_collation:
             if hasattr(self.dataset, "__getitems__") and self.dataset.__getitems__:
-                handle = REGIONS.begin("items", "data", count=len(possibly_batched_index))
-                cpu0 = time.process_time_ns() if handle else 0
+                opened = _guard(
+                    "Dataset.__getitems__",
+                    lambda: _begin_cpu("items", count=len(possibly_batched_index)),
+                )
                 try:
                     data = self.dataset.__getitems__(possibly_batched_index)
                 finally:
-                    if handle:
-                        REGIONS.end(handle, cpu_time=(time.process_time_ns() - cpu0) // 1000)
+                    _guard("Dataset.__getitems__", _end_cpu, opened)
             else:
                 data = [item(self.dataset, idx) for idx in possibly_batched_index]
         else:
@@ -413,65 +532,142 @@ def _patch_fetch(mod: Any) -> None:
     orig_iter_fetch = iter_cls.fetch
 
     def iter_fetch(self: Any, possibly_batched_index: Any) -> Any:
-        with region(
-            "items", "data", count=len(possibly_batched_index) if self.auto_collation else 1
-        ):
+        handle = _guard(
+            "IterableDataset fetch",
+            lambda: REGIONS.begin(
+                "items",
+                "data",
+                count=len(possibly_batched_index) if self.auto_collation else 1,
+            ),
+        )
+        try:
             return orig_iter_fetch(self, possibly_batched_index)
+        finally:
+            _guard("IterableDataset fetch", REGIONS.end, handle)
 
     map_cls.fetch = map_fetch
     iter_cls.fetch = iter_fetch
     map_cls._dlreplay_patched = True
 
 
-def _path_of(f: Any) -> str | None:
-    if isinstance(f, (str, bytes, os.PathLike)):
-        return os.fsdecode(f)
-    name = getattr(f, "name", None)
-    return name if isinstance(name, str) else None
+#: Why a checkpoint event has no ``bytes``: the target's size cannot be known without
+#: touching it in a way the job would notice (a seek), or the target is not a file or stream.
+_UNSEEKABLE = "unseekable stream"
+_UNKNOWN = "unknown target"
 
 
-def _size_of(f: Any, path: str | None, start: int | None) -> int | None:
-    if path is not None and os.path.exists(path):
-        try:
-            return os.path.getsize(path)
-        except OSError:
-            return None
-    if start is not None and hasattr(f, "tell"):
-        try:
-            return int(f.tell()) - start
-        except (OSError, ValueError):
-            return None
+class _Target:
+    """What ``torch.save``/``torch.load`` was given, as far as the hook can tell without
+    changing it: a path (``path`` and ``by_path``), or a stream (``path``: its name when
+    that is a path; ``start``: its position before the call, None with ``reason`` when
+    it has none)."""
+
+    __slots__ = ("path", "by_path", "start", "reason")
+
+    def __init__(self, f: Any) -> None:
+        self.by_path = isinstance(f, (str, bytes, os.PathLike))
+        self.start: int | None = None
+        self.reason: str | None = None
+        if self.by_path:
+            self.path: str | None = os.fsdecode(f)
+            return
+        name = getattr(f, "name", None)
+        self.path = name if isinstance(name, str) else None
+        self.start, self.reason = _position(f)
+
+
+def _position(f: Any) -> tuple[int | None, str | None]:
+    """The stream's position, or (None, why not). Asks ``seekable()`` first where the
+    stream has it, so an unseekable one is never asked to ``tell()``."""
+    if not callable(getattr(f, "tell", None)):
+        return None, _UNKNOWN
+    seekable = getattr(f, "seekable", None)
+    try:
+        if callable(seekable) and not seekable():
+            return None, _UNSEEKABLE
+        return int(f.tell()), None
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return None, _UNSEEKABLE
+
+
+def _file_size(path: str | None) -> int | None:
+    if path and os.path.isfile(path):
+        return os.path.getsize(path)
     return None
+
+
+def _saved_bytes(hook: str, target: _Target, f: Any) -> int | None:
+    """Bytes ``torch.save`` wrote: the file's size, else the stream's advance. A size that
+    cannot be known is a miss of *hook*, counted with its reason."""
+    if target.by_path:
+        size = _file_size(target.path)
+        reason = _UNKNOWN
+    elif target.start is not None:
+        end, reason_or_none = _position(f)
+        size = end - target.start if end is not None else None
+        reason = reason_or_none or _UNSEEKABLE
+    else:
+        size, reason = None, target.reason or _UNKNOWN
+    if size is None:
+        MISSES.add(hook, reason)
+    return size
+
+
+def _loaded_bytes(hook: str, target: _Target, f: Any) -> int | None:
+    """Bytes ``torch.load`` had to read: the file's size (a path, or a stream named by
+    one), or what a ``BytesIO`` holds past its position. Else a miss of *hook*."""
+    size = _file_size(target.path)
+    if size is None and not target.by_path and target.start is not None:
+        getbuffer = getattr(f, "getbuffer", None)
+        if callable(getbuffer):
+            with getbuffer() as view:
+                size = max(0, view.nbytes - target.start)
+    if size is None:
+        MISSES.add(hook, target.reason or _UNKNOWN)
+    return size
+
+
+def _wrap_checkpoint(orig: Callable[..., Any], hook: str, name: str) -> Callable[..., Any]:
+    """``torch.save``/``torch.load`` as a ``checkpoint`` event *name* around the original,
+    called exactly once with the job's arguments; its result or exception is the job's."""
+    measure = _saved_bytes if name == "capture" else _loaded_bytes
+
+    at = 1 if name == "capture" else 0  # torch.save(obj, f, ...), torch.load(f, ...)
+
+    def begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Target, int | None, Any]:
+        f = args[at] if len(args) > at else kwargs["f"]
+        return _Target(f), REGIONS.begin(name, "checkpoint"), f
+
+    def end(opened: tuple[_Target, int | None, Any] | None, ok: bool) -> None:
+        if opened is None:  # begin missed, and was counted
+            return
+        target, handle, f = opened
+        if not ok:  # the job's call raised: nothing was saved or loaded to measure
+            REGIONS.end(handle, path=target.path, error=1)
+            return
+        REGIONS.end(handle, path=target.path, bytes=measure(hook, target, f))
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        opened = _guard(hook, begin, args, kwargs)
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException:
+            _guard(hook, end, opened, False)
+            raise
+        _guard(hook, end, opened, True)
+        return result
+
+    return wrapper
 
 
 def _patch_torch(mod: Any) -> None:
     if getattr(mod, "_dlreplay_patched", False) or not hasattr(mod, "save"):
         return
-    orig_save = mod.save
-    orig_load = mod.load
-
-    @functools.wraps(orig_save)
-    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        path = _path_of(f)
-        start = f.tell() if path is None and hasattr(f, "tell") else None
-        handle = REGIONS.begin("capture", "checkpoint")
-        try:
-            return orig_save(obj, f, *args, **kwargs)
-        finally:
-            REGIONS.end(handle, path=path, bytes=_size_of(f, path, start))
-
-    @functools.wraps(orig_load)
-    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        path = _path_of(f)
-        handle = REGIONS.begin("restart", "checkpoint")
-        try:
-            return orig_load(f, *args, **kwargs)
-        finally:
-            size = os.path.getsize(path) if path and os.path.exists(path) else None
-            REGIONS.end(handle, path=path, bytes=size)
-
-    mod.save = save  # type: ignore[attr-defined]
-    mod.load = load  # type: ignore[attr-defined]
+    save = _wrap_checkpoint(mod.save, "torch.save", "capture")
+    load = _wrap_checkpoint(mod.load, "torch.load", "restart")
+    mod.save = save
+    mod.load = load
     serialization = sys.modules.get("torch.serialization")
     if serialization is not None:
         serialization.save = save  # type: ignore[attr-defined]
@@ -499,6 +695,9 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         self._busy.add(fullname)
         try:
             spec = importlib.util.find_spec(fullname)
+        except Exception:  # the import system's own finders will say it again, as without us
+            MISSES.add(f"import {fullname}", "module spec not found")
+            return None
         finally:
             self._busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -510,6 +709,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             try:
                 patch(module)
             except Exception as exc:  # never break the user's job
+                MISSES.add(f"import {fullname}", f"not instrumented ({type(exc).__name__})")
                 print(f"dlreplay: could not instrument {fullname}: {exc}", file=sys.stderr)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
@@ -527,9 +727,16 @@ def _close_open_iterators() -> None:
         _open_iters.clear()
 
 
+def _at_exit() -> None:
+    """The main process's end: close what is open, name what the hooks missed."""
+    _guard("exit", _close_open_iterators)
+    MISSES.write()
+
+
 def _finalize_process() -> None:
-    _close_open_iterators()
-    REGIONS.finalize()
+    _guard("exit", _close_open_iterators)
+    _guard("exit", REGIONS.finalize)
+    MISSES.write()  # after the trace is closed: this write is not one of the job's
 
 
 def _patch_multiprocessing() -> None:
@@ -574,7 +781,7 @@ def install() -> None:
     _patch_multiprocessing()
     import atexit
 
-    atexit.register(_close_open_iterators)
+    atexit.register(_at_exit)
     if threading.current_thread() is threading.main_thread():
         try:
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):

@@ -1,0 +1,303 @@
+"""Capture is transparent (issue 43, item 1): no hook changes what the job does, sees or
+returns. One job saves and loads through every kind of target torch.save/torch.load are
+given (paths, file objects, BytesIO, a pipe, a stream that cannot seek, DCP's writers and
+readers) and prints a digest of every byte written and every value loaded; run plainly and
+under the real ``dlreplay capture``, the two print the same and exit the same, and what the
+hooks could not record is named in the summary and the manifest."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dlreplay.capture import read_manifest
+from dlreplay.capture.inject import hooks
+
+from .conftest import check_no_traceback
+
+pytest.importorskip("torch")
+
+HAS_DCP = importlib.util.find_spec("torch.distributed.checkpoint") is not None
+
+JOB = r'''
+import hashlib, io, os, pathlib, sys, threading, warnings
+import torch
+
+warnings.filterwarnings("ignore")
+STATE = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(5), "n": 7}
+
+
+def digest(b):
+    return hashlib.sha256(bytes(b)).hexdigest()[:16]
+
+
+def value(v):
+    if isinstance(v, torch.Tensor):
+        return f"{v.dtype}{tuple(v.shape)}:{digest(v.contiguous().numpy().tobytes())}"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}={value(v[k])}" for k in sorted(v)) + "}"
+    return repr(v)
+
+
+def attempt(label, fn):
+    try:
+        print(label, "ok", fn())
+    except Exception as exc:
+        print(label, "raised", type(exc).__name__, str(exc).splitlines()[0][:80])
+
+
+class Unseekable(io.RawIOBase):
+    """A stream that can only be written or read in order (DCP's, a socket's)."""
+
+    def __init__(self, data=b""):
+        self.out, self.src = bytearray(), io.BytesIO(data)
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def tell(self):
+        raise io.UnsupportedOperation("seek")
+
+    def write(self, b):
+        self.out += bytes(b)
+        return len(b)
+
+    def readinto(self, m):
+        return self.src.readinto(m)
+
+
+class Odd:
+    """A batch item whose shape cannot be asked (the loader hook asks every batch)."""
+
+    @property
+    def shape(self):
+        raise RuntimeError("no shape")
+
+
+def through_pipe(save):
+    r, w = os.pipe()
+    rf, wf = os.fdopen(r, "rb"), os.fdopen(w, "wb")
+    got = []
+    t = threading.Thread(target=lambda: got.append(rf.read()))
+    t.start()
+    try:
+        ret = save(wf)
+    finally:
+        wf.close()
+        t.join()
+        rf.close()
+    return ret, got[0]
+
+
+def save_targets(tmp):
+    files = {"str": str(tmp / "a.pt"), "path": tmp / "b.pt"}
+    for label, target in files.items():
+        attempt(f"save {label}", lambda: (torch.save(STATE, target), digest(pathlib.Path(target).read_bytes())))
+    def to_file():
+        with open(tmp / "c.pt", "wb") as fh:
+            ret = torch.save(STATE, fh)
+        return ret, digest((tmp / "c.pt").read_bytes())
+    attempt("save fileobj", to_file)
+    buf = io.BytesIO(b"head")
+    buf.seek(4)
+    attempt("save bytesio", lambda: (torch.save(STATE, buf), digest(buf.getvalue()), buf.tell()))
+    piped = []
+    def pipe():
+        ret, data = through_pipe(lambda wf: torch.save(STATE, wf))
+        piped.append(data)
+        return ret, digest(data)
+    attempt("save pipe", pipe)
+    ns = Unseekable()
+    attempt("save unseekable", lambda: (torch.save(STATE, ns), digest(ns.out)))
+    return buf, piped[0] if piped else b"", bytes(ns.out)
+
+
+def load_targets(tmp, buf, piped, unseekable):
+    attempt("load str", lambda: value(torch.load(str(tmp / "a.pt"))))
+    attempt("load path", lambda: value(torch.load(tmp / "b.pt", weights_only=True)))
+    def from_file():
+        with open(tmp / "c.pt", "rb") as fh:
+            return value(torch.load(fh))
+    attempt("load fileobj", from_file)
+    buf.seek(4)
+    attempt("load bytesio", lambda: (value(torch.load(buf)), buf.tell()))
+    def pipe():
+        r, w = os.pipe()
+        rf = os.fdopen(r, "rb")
+        t = threading.Thread(target=lambda: (os.write(w, piped), os.close(w)))
+        t.start()
+        try:
+            return value(torch.load(rf))
+        finally:
+            t.join()
+            rf.close()
+    attempt("load pipe", pipe)
+    attempt("load unseekable", lambda: value(torch.load(Unseekable(unseekable))))
+    attempt("load missing", lambda: torch.load(str(tmp / "missing.pt")))
+    attempt("load nul name", lambda: torch.load("bad\0name.pt"))
+
+
+def dcp(tmp):
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError as exc:
+        print("dcp skipped", type(exc).__name__)
+        return
+    sd = {"w": STATE["w"].clone(), "b": STATE["b"].clone()}
+    attempt(
+        "dcp save",  # its Metadata names a fresh uuid each run: its type, and the files
+        lambda: (type(dcp.save(sd, checkpoint_id=str(tmp / "dcp"))).__name__, sorted(os.listdir(tmp / "dcp"))),
+    )
+    into = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
+    attempt("dcp load", lambda: (dcp.load(into, checkpoint_id=str(tmp / "dcp")), value(into)))
+
+
+def loader():
+    from torch.utils.data import DataLoader
+    dl = DataLoader([Odd(), Odd(), Odd()], batch_size=2, collate_fn=lambda b: b)
+    attempt("loader", lambda: [len(b) for b in dl])
+
+
+tmp = pathlib.Path(sys.argv[1])
+tmp.mkdir()
+buf, piped, unseekable = save_targets(tmp)
+load_targets(tmp, buf, piped, unseekable)
+dcp(tmp)
+loader()
+'''
+
+
+def test_save_and_load_matrix_is_identical_with_and_without_capture(tmp_path: Path, cli) -> None:
+    import subprocess
+
+    (tmp_path / "job.py").write_text(JOB)
+    for run in ("plain", "captured"):  # each its own cwd: the job's messages name "w/..."
+        (tmp_path / run).mkdir()
+    plain = subprocess.run(
+        [sys.executable, "../job.py", "w"],
+        cwd=tmp_path / "plain",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    check_no_traceback(plain.stdout, plain.stderr, what="(the job, plain)")
+    out = tmp_path / "trace"
+    captured = cli(
+        "capture",
+        "--out",
+        str(out),
+        "--",
+        sys.executable,
+        "../job.py",
+        "w",
+        cwd=tmp_path / "captured",
+    )
+    assert captured.returncode == plain.returncode == 0, captured.stderr
+    assert captured.stdout == plain.stdout  # every byte written, every value loaded
+    lines = {m[1]: m[2] for m in re.finditer(r"(?m)^(.*?) (ok|raised) ", plain.stdout)}
+    assert len(lines) == (17 if HAS_DCP else 15), plain.stdout
+    for target in ("str", "path", "fileobj", "bytesio", "pipe", "unseekable"):
+        assert lines[f"save {target}"] == "ok", plain.stdout
+    for target in ("str", "path", "fileobj", "bytesio"):
+        assert lines[f"load {target}"] == "ok", plain.stdout
+    # what torch itself refuses (a stream it cannot seek), it refuses the same under capture
+    assert lines["load pipe"] == lines["load unseekable"] == "raised"
+    if HAS_DCP:
+        assert lines["dcp save"] == lines["dcp load"] == "ok", plain.stdout
+    assert "loader ok [2, 1]" in plain.stdout
+    # what the hooks could not record is counted, named in the summary and the manifest
+    manifest = read_manifest(out)
+    assert manifest is not None and manifest["status"] == "complete"
+    misses = {(m["hook"], m["reason"]): m["count"] for m in manifest["hook_misses"]}
+    # the pipe and the stream, and each tensor DCP streams through torch.save
+    assert misses.pop(("torch.save", "unseekable stream")) == (4 if HAS_DCP else 2)
+    if HAS_DCP:  # DCP loads each tensor from a view of its file: no path, no size
+        assert misses.pop(("torch.load", "unknown target")) == 2
+    assert misses.pop(("DataLoader.__next__", "error in the hook (RuntimeError)")) == 2
+    assert misses == {}  # a call the job's torch refused is no miss: nothing was written or read
+    assert "capture hook torch.save could not record" in captured.stderr
+    assert "capture hook DataLoader.__next__ could not record 2 call(s)" in captured.stderr
+    assert not list(out.glob("hook-misses-*"))  # summed into the manifest, then removed
+    events = [
+        json.loads(line)
+        for f in out.glob("*.pfw.gz")
+        for line in __import__("gzip").open(f, "rt")
+        if line.startswith("{") and '"checkpoint"' in line
+    ]
+    saves = [e.get("args", {}) for e in events if e.get("name") == "capture"]
+    sizes = {Path(a["path"]).name: a.get("bytes") for a in saves if "path" in a}
+    assert sizes["a.pt"] == (tmp_path / "captured" / "w" / "a.pt").stat().st_size
+    assert sizes["c.pt"] == (tmp_path / "captured" / "w" / "c.pt").stat().st_size
+
+
+class _Boom(Exception):
+    pass
+
+
+def _fake_torch(calls: list, fail: bool) -> types.ModuleType:
+    mod = types.ModuleType("fake_torch")
+
+    def save(obj, f, **kw):
+        calls.append(("save", obj, f, kw))
+        if fail:
+            raise _Boom("disk full")
+        return "saved"
+
+    def load(f, **kw):
+        calls.append(("load", f, kw))
+        if fail:
+            raise _Boom("corrupt")
+        return {"x": 1}
+
+    mod.save, mod.load = save, load
+    hooks._patch_torch(mod)
+    return mod
+
+
+def test_a_hook_passes_the_originals_result_and_exception_through(monkeypatch) -> None:
+    calls: list = []
+    mod = _fake_torch(calls, fail=True)
+    stream = types.SimpleNamespace(name=3)  # a name that is not a path, no tell()
+    with pytest.raises(_Boom) as err:
+        mod.save({"a": 1}, stream, pickle_protocol=2)
+    assert str(err.value) == "disk full" and err.type is _Boom
+    assert calls == [("save", {"a": 1}, stream, {"pickle_protocol": 2})]  # called once
+    with pytest.raises(_Boom, match="corrupt"):
+        mod.load(f=stream)
+    assert len(calls) == 2
+
+    # the hook's own code failing: the original still runs once, its result is the job's
+    calls.clear()
+    mod = _fake_torch(calls, fail=False)
+    monkeypatch.setattr(hooks, "MISSES", hooks._Misses())
+    broken = types.SimpleNamespace(
+        tell=lambda: (_ for _ in ()).throw(io_error()), seekable=lambda: True
+    )
+    assert mod.save(1, broken) == "saved" and mod.load(broken) == {"x": 1}
+    monkeypatch.setattr(hooks, "_Target", lambda f: 1 / 0)
+    assert mod.save(2, "p.pt") == "saved" and mod.load("p.pt") == {"x": 1}
+    assert len(calls) == 4
+    assert hooks.MISSES.counts == {
+        ("torch.save", "unseekable stream"): 1,
+        ("torch.load", "unseekable stream"): 1,
+        ("torch.save", "error in the hook (ZeroDivisionError)"): 1,
+        ("torch.load", "error in the hook (ZeroDivisionError)"): 1,
+    }
+
+
+def io_error() -> OSError:
+    import io
+
+    return io.UnsupportedOperation("seek")
