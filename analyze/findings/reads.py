@@ -7,14 +7,14 @@ import math
 
 from dlreplay.units import human_bytes
 
-from .findings_base import (
+from ..passes import Characterization
+from .base import (
     Finding,
     Thresholds,
     dataset_files,
     reading_library,
     top_extension,
 )
-from .passes import Characterization
 
 
 def rule_small_reads(c: Characterization, t: Thresholds) -> list[Finding]:

@@ -1,8 +1,8 @@
 """What the finding rules share: :class:`Thresholds` (every number they compare against),
 :class:`Finding` (one diagnosed problem), the :data:`Rule` signature and the helpers that read
 the characterization the same way for every rule (the library behind the dataset's reads, the
-loader workers per rank). The rules themselves are in ``findings_loader`` (the input pipeline),
-``findings_reads`` (how the dataset is read) and ``findings_checkpoint``; ``findings`` runs them."""
+loader workers per rank). The rules themselves are in ``loader`` (the input pipeline),
+``reads`` (how the dataset is read) and ``checkpoint``; the package's ``find`` runs them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import polars as pl
 
-from .distill.measure import workers_per_rank
-from .passes import Characterization
+from ..distill.measure import workers_per_rank
+from ..passes import Characterization
 
 SEVERITIES = ("high", "medium", "low", "info")
 

@@ -10,14 +10,14 @@ import polars as pl
 
 from dlreplay.units import human_seconds
 
-from .findings_base import (
+from ..passes import Characterization
+from .base import (
     Finding,
     Thresholds,
     loader_workers,
     median_worker_busy,
     reading_library,
 )
-from .passes import Characterization
 
 
 def rule_data_wait(c: Characterization, t: Thresholds) -> list[Finding]:

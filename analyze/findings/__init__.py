@@ -1,4 +1,4 @@
-"""Bottleneck findings: rules over a :class:`~.passes.Characterization`.
+"""Bottleneck findings: rules over a :class:`~dlreplay.analyze.passes.Characterization`.
 
 A :class:`Finding` says what was seen (``evidence``: the numbers that triggered it and
 the threshold they crossed), why it happens (``root_cause``), what to do
@@ -30,12 +30,14 @@ import yaml
 
 from dlreplay.errors import UsageError
 
-# The rules live by family beside this module (findings_loader, findings_reads,
-# findings_checkpoint); what they share is in findings_base. All stay importable from here.
-from .findings_base import LIBRARY_OF as LIBRARY_OF
-from .findings_base import SEVERITIES, Finding, Rule, Thresholds
-from .findings_checkpoint import rule_checkpoint
-from .findings_loader import (
+from ..passes import Characterization
+
+# The rules live by family in this package (loader, reads, checkpoint); what they share is in
+# base. All stay importable from here.
+from .base import LIBRARY_OF as LIBRARY_OF
+from .base import SEVERITIES, Finding, Rule, Thresholds
+from .checkpoint import rule_checkpoint
+from .loader import (
     rule_data_wait,
     rule_imbalance,
     rule_overlap,
@@ -43,14 +45,13 @@ from .findings_loader import (
     rule_startup,
     rule_workers,
 )
-from .findings_reads import (
+from .reads import (
     rule_metadata,
     rule_page_cache,
     rule_random,
     rule_seeks,
     rule_small_reads,
 )
-from .passes import Characterization
 
 __all__ = ["RULES", "SEVERITIES", "Finding", "Thresholds", "find", "load_thresholds", "top_cause"]
 

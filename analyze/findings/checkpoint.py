@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dlreplay.units import human_bytes
 
-from .findings_base import Finding, Thresholds
-from .passes import Characterization
+from ..passes import Characterization
+from .base import Finding, Thresholds
 
 
 def rule_checkpoint(c: Characterization, t: Thresholds) -> list[Finding]:
