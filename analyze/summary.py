@@ -198,7 +198,8 @@ def _queries(ev: pl.LazyFrame) -> list[pl.LazyFrame]:
             (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("t1"),
         ),
         ev.select("pid", "tid", "host").unique(),  # the threads (a plain unique is the quickest)
-        ev.filter(cat != "dftracer")
+        # (an event without a category is counted: its bytes are in the dataset's and files' totals)
+        ev.filter(cat.ne_missing("dftracer"))
         .group_by("cat", "name")
         .agg(
             pl.len().alias("count"),

@@ -90,10 +90,30 @@ def _epochs_from_loop(
     return n_epochs, steps_per_epoch
 
 
+def _unmeasured(obs: Observed, facts: Facts) -> bool:
+    """True (and said in ``facts``) when the main consumer's loop events have durations the
+    loader read as null: taken as 0 s, they would be written as a measured compute time of 0."""
+    unknown = voc.unmeasured_loop_events(obs.events, obs.main_pid)
+    if unknown:
+        facts.put(
+            "train.computation_time",
+            f"not measured: {unknown} training-loop event(s) of the consumer with a negative "
+            "or impossible duration (read as null)",
+            "default",
+        )
+        facts.notes.append(
+            f"computation_time not measured: {unknown} training-loop event(s) with a negative or "
+            "impossible duration in the trace; set train.computation_time by hand"
+        )
+    return bool(unknown)
+
+
 def _loop_timing(obs: Observed, facts: Facts) -> tuple[Distribution, TimingModel | None]:
     """(compute per step, the timing model) of the main consumer's steps."""
     main_pid = obs.main_pid
     mine_steps = obs.steps.filter(pl.col("pid") == main_pid).sort("ts")
+    if _unmeasured(obs, facts):
+        return Distribution.unknown(), None
     timing = timing_model(
         mine_steps,
         obs.epochs.filter(pl.col("pid") == main_pid),

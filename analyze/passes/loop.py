@@ -127,6 +127,16 @@ def pass_steps(v: TraceView) -> dict:
             "missing": "no training-loop events (fetch, step or compute; capture with `dlreplay capture`, "
             "or annotate with DFTracer's AI conventions)",
         }
+    unknown = voc.unmeasured_loop_events(v.annotations)
+    if unknown:  # taken as 0 s they would make data wait, compute and AU up
+        return {
+            "steps": 0,
+            "unmeasured_steps": st.height,
+            "au": None,
+            "per_epoch": [],
+            "missing": f"{unknown} training-loop event(s) with a negative or impossible duration "
+            "(read as null; see the trace file warnings): data wait, compute and AU not measured",
+        }
     s = st.filter(~pl.col("warm"))
     if s.is_empty():
         s = st

@@ -107,6 +107,7 @@ from .inputs import (
 )
 from .merge import RunTables, add_reports, canonical, finalize, merge_parts, renumbered, run_tables
 from .native import PARSER_ENV, native_parser_available
+from .plausible import check_values
 from .reference import Batch
 from .resolve import resolve_part
 from .scan import NativeBatch
@@ -197,7 +198,8 @@ def load_trace(
     release_free_memory(keep_large=True)  # the parse's buffers, before the merge builds the table
     loaded = _combine_owned(parts, [p.name for p in files])
     release_free_memory()  # the merge's, before the passes
-    return dataclasses.replace(loaded, manifest=manifest)
+    # what no run can have produced is set aside or read as null, and named per file
+    return check_values(dataclasses.replace(loaded, manifest=manifest))
 
 
 def parse_parts(

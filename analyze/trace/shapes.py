@@ -77,6 +77,7 @@ __all__ = [
     "STARTS_SCHEMA",
     "STR",
     "STRAY_IO",
+    "SET_ASIDE",
     "SXFER",
     "TOP_FIELDS",
     "TraceDamageWarning",
@@ -226,12 +227,12 @@ class FileReport:
 
     @property
     def damaged(self) -> bool:
-        """Something was lost: lines, bytes, or values read as null (:data:`BEYOND_32_BITS`,
-        :data:`ODD_BYTES`, :data:`ODD_DUR`)."""
+        """Something was lost: lines, bytes, values read as null (:data:`BEYOND_32_BITS`,
+        :data:`ODD_BYTES`, :data:`ODD_DUR`) or events set aside (:data:`SET_ASIDE`)."""
         return (
             self.dropped_lines > 0
             or self.dropped_bytes > 0
-            or any(READ_AS_NULL in p for p in self.problems)
+            or any(READ_AS_NULL in p or SET_ASIDE in p for p in self.problems)
         )
 
     @property
@@ -526,6 +527,10 @@ NARROW = ("pid", "ppid", "tid")
 
 #: How a file's report names events kept with a value read as null (a loss the plain output names).
 READ_AS_NULL = "(read as null)"
+
+
+#: How a file's report names events left out of the table as impossible (:mod:`.plausible`).
+SET_ASIDE = "(set aside)"
 
 
 BEYOND_32_BITS = f"beyond 32 bits {READ_AS_NULL}"

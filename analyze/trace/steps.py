@@ -18,7 +18,21 @@ __all__ = [
     "evaluation_phase",
     "training_step_count",
     "training_steps",
+    "unmeasured_loop_events",
 ]
+
+
+def unmeasured_loop_events(events: pl.DataFrame, pid: int | None = None) -> int:
+    """Training-loop events (fetch waits, loop bodies, compute; of process ``pid`` alone
+    where given) whose duration is unknown: read as null at load, being negative or
+    impossible (:mod:`.plausible`). The loop's times would take them as 0 s: whatever
+    reports data wait, compute or AU refuses to measure them where this is not 0."""
+    if "role" not in events.columns:
+        return 0
+    loop = pl.col("role").is_in([FETCH, STEP, COMPUTE]) & pl.col("dur").is_null()
+    if pid is not None:
+        loop = loop & (pl.col("pid") == pid)
+    return int(events.select(loop.fill_null(False).sum()).item())
 
 
 def _spans(loop: pl.DataFrame, role: str) -> pl.DataFrame:

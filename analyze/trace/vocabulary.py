@@ -91,6 +91,7 @@ from .roles import TRAIN as TRAIN
 from .steps import STEP_SCHEMA as STEP_SCHEMA
 from .steps import epoch_spans, training_step_count, training_steps
 from .steps import evaluation_phase as evaluation_phase
+from .steps import unmeasured_loop_events as unmeasured_loop_events
 
 __all__ = [
     "CKPT_LOAD",
@@ -112,4 +113,5 @@ __all__ = [
     "training_step_count",
     "training_steps",
     "unknown_annotations",
+    "unmeasured_loop_events",
 ]
