@@ -30,7 +30,8 @@ from dlreplay.errors import TraceError
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
 from .passes import Characterization, characterize, flag_reads
-from .trace import load_trace, trace_warnings
+from .trace import load_trace
+from .trace.inputs import trace_notes
 
 __all__ = [
     "COMPARE_FORMAT_VERSION",
@@ -233,6 +234,21 @@ class Comparison:
     #: what a reader must know first about each trace (:func:`~dlreplay.analyze.trace.load.trace_warnings`)
     warnings_a: list[str] = field(default_factory=list)
     warnings_b: list[str] = field(default_factory=list)
+    #: of those, what says a trace is missing parts (:func:`~dlreplay.analyze.trace.inputs.trace_notes`):
+    #: a similarity with an incomplete side is no evidence, ``--min-similarity`` fails on it
+    incomplete_a: list[str] = field(default_factory=list)
+    incomplete_b: list[str] = field(default_factory=list)
+
+    def incomplete_sides(self) -> list[tuple[str, str, list[str]]]:
+        """(side, trace, what it misses) for each side that is missing parts."""
+        return [
+            (side, path, gaps)
+            for side, path, gaps in (
+                ("A", self.a, self.incomplete_a),
+                ("B", self.b, self.incomplete_b),
+            )
+            if gaps
+        ]
 
     def to_dict(self) -> dict:
         return {
@@ -249,6 +265,7 @@ class Comparison:
             "ks": {"read_sizes": self.ks_read_sizes, "batch_gaps": self.ks_batch_gaps},
             "timing": {"a": self.timing_a, "b": self.timing_b},
             "warnings": {"a": self.warnings_a, "b": self.warnings_b},
+            "incomplete": {"a": bool(self.incomplete_a), "b": bool(self.incomplete_b)},
         }
 
 
@@ -265,10 +282,12 @@ def compare_traces(
     data_dirs_b: list[str] | None = None,
 ) -> Comparison:
     """Load both traces and compare them (see the module doc)."""
-    chars, warned = [], []
+    chars, warned, gaps = [], [], []
     for path, dirs in ((a, data_dirs_a), (b, data_dirs_b)):
         lt = load_trace(path)
-        warned.append(trace_warnings(path, lt.files))
+        notes = trace_notes(path, lt.files)
+        warned.append(notes.warnings)
+        gaps.append(notes.gaps)
         if (
             lt.events.height == 0
         ):  # two empty traces are not "identical" (similarity 1.0): nothing to compare
@@ -307,6 +326,8 @@ def compare_traces(
         (ca, cb),
         warned[0],
         warned[1],
+        gaps[0],
+        gaps[1],
     )
 
 
@@ -438,16 +459,25 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
     import base64
     import html
 
+    from dlreplay.units import markdown_text
+
     from .report import REPORT_CSS, write_report_file, write_with_figures
 
     p = Path(path)
     figs = overlay_figures(cmp)
     text_table = render_comparison(cmp)
+    warned = [  # what a reader must know before the numbers
+        f"{side} ({path}): {w}"
+        for side, path, ws in (("A", cmp.a, cmp.warnings_a), ("B", cmp.b, cmp.warnings_b))
+        for w in ws
+    ]
     if p.suffix.lower() in (".html", ".htm"):
         body = [
             f"<!doctype html><html><head><meta charset='utf-8'><meta name='dlreplay-schema' "
             f"content='{COMPARE_SCHEMA} {COMPARE_FORMAT_VERSION}'><title>dlreplay compare</title>"
-            f"<style>{REPORT_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}</h1>",
+            f"<style>{REPORT_CSS}</style></head><body><h1>Comparison: similarity {cmp.similarity:.4f}"
+            f"{' (incomplete trace)' if cmp.incomplete_sides() else ''}</h1>",
+            *(f"<p class='note'><b>Warning:</b> {html.escape(w)}</p>" for w in warned),
             f"<pre>{html.escape(text_table)}</pre>",
         ]
         for key, png in figs.items():
@@ -462,10 +492,12 @@ def write_comparison_report(cmp: Comparison, path: str | Path) -> Path:
 
         def render(tmp: Path) -> str:  # figures into tmp, moved to fig_dir once the text is written
             md = [
-                f"# Comparison: similarity {cmp.similarity:.4f}",
+                f"# Comparison: similarity {cmp.similarity:.4f}"
+                f"{' (incomplete trace)' if cmp.incomplete_sides() else ''}",
                 "",
                 f"<!-- {COMPARE_SCHEMA} format_version {COMPARE_FORMAT_VERSION} -->",
                 "",
+                *(f"> **Warning:** {markdown_text(w)}\n" for w in warned),
                 "```",
                 text_table,
                 "```",

@@ -43,6 +43,7 @@ __all__ = [
     "infer_dlio_layout",
     "infer_layout",
     "layout_from_fingerprint",
+    "own_files",
     "resolve_fingerprint",
 ]
 
@@ -108,6 +109,35 @@ def find_group(doc: dict[str, Any], fmt: str, paths: Sequence[str]) -> dict[str,
         if best is None or score > best:
             best, chosen = score, same[i]
     return chosen
+
+
+def _inside(path: str, folder: str) -> bool:
+    """*path* is *folder* or under it (``/`` holds everything absolute)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def own_files(group: dict[str, Any], paths: Sequence[str]) -> list[dict[str, Any]]:
+    """The files *group* sampled that belong to the trace's dataset (*paths*, the files it read):
+    those it read, else those in the dataset's folder; where the trace's files lie under the
+    group's root but none of those was sampled, none (a root such as ``/`` or a data dir that
+    holds other datasets: its other files are not this dataset). A dataset moved here (its paths
+    under no root: ``--data-dir`` names where it is now): the files of the same names, else all."""
+    files = [f for f in group.get("files_sampled", []) if f.get("format") == group.get("format")]
+    if not paths:
+        return files
+    root = str(group.get("root", ""))
+    full = [(os.path.normpath(os.path.join(root, str(f.get("path", "")))), f) for f in files]
+    read = set(paths)
+    if mine := [f for p, f in full if p in read]:
+        return mine
+    parents = [str(PurePosixPath(p).parent) for p in paths]
+    folder = os.path.commonpath(parents) if all(q.startswith("/") for q in parents) else ""
+    if folder and (mine := [f for p, f in full if _inside(p, folder)]):
+        return mine
+    if root and any(_inside(p, root) for p in paths):
+        return []
+    names = {PurePosixPath(p).name for p in paths}
+    return [f for f in files if PurePosixPath(str(f.get("path", ""))).name in names] or files
 
 
 # --------------------------------------------------------------------------- fingerprint -> layout
@@ -431,10 +461,13 @@ def layout_from_fingerprint(
     """The layout of the trace's dataset (*paths*, format *fmt*, *spf* samples per file) from
     fingerprint *doc*; None when the fingerprint has no group of that format."""
     group = find_group(doc, fmt, paths)
-    if group is None:
-        return None
-    files = [f for f in group["files_sampled"] if f.get("format") == group.get("format")]
-    if not files:
+    files = own_files(group, paths) if group is not None else []
+    if not files:  # none of the trace's own files sampled: sample them now, where they are here
+        reachable = [p for p in dict.fromkeys(paths) if os.path.isfile(p)]
+        group = find_group(fingerprint_dataset(files=reachable), fmt, paths) if reachable else None
+        files = own_files(group, paths) if group is not None else []
+        where = "fingerprint of the trace's dataset files made by distill"
+    if group is None or not files:
         return None
     sampled = f"{len(files)} of {group.get('files', len(files)):,} files under {group.get('root')}"
     how = f"dataset fingerprint ({where}): {sampled}"

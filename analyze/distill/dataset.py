@@ -394,7 +394,8 @@ def _dataset_layout(
     )
     if fingerprint and result is None:
         facts.notes.append(
-            f"the dataset fingerprint ({where}) has no {fmt} files: layout inferred from the trace"
+            f"the dataset fingerprint ({where}) holds none of the trace's {fmt} dataset files: "
+            "layout inferred from the trace"
         )
     if result is None and dlio_reader is not None:
         result = infer_dlio_layout(fmt, dlio_reader, spf, file_bytes)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dlreplay.errors import TraceError
 from dlreplay.pfw import GZIP_MAGIC
@@ -34,6 +35,9 @@ __all__ = [
     "range_share",
     "split_file",
     "stored_size",
+    "TraceNotes",
+    "trace_gaps",
+    "trace_notes",
     "trace_warnings",
 ]
 
@@ -177,6 +181,8 @@ class TraceInputs:
     files: list[Path]
     manifest: dict | None
     skipped: list[str] = field(default_factory=list)
+    #: the trace directory (None: files given), where its manifest's listed files belong
+    root: Path | None = None
 
 
 def find_trace_inputs(path) -> TraceInputs:
@@ -208,10 +214,7 @@ def find_trace_inputs(path) -> TraceInputs:
         raise TraceError(f"trace path {p} is neither a file nor a directory")
     found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
     if not found:
-        raise TraceError(
-            f"no trace files (*.pfw, *.pfw.gz) under {p}: was the job captured "
-            "with DFTracer, and did it run long enough to write its trace?"
-        )
+        _no_trace_files(p)
     runs = sorted({d for d in (_run_root(f, p) for f in found) if d is not None}, key=str)
     mine = [f for f in found if _run_root(f, p) is None]
     if not mine and len(runs) > 1:
@@ -236,7 +239,21 @@ def find_trace_inputs(path) -> TraceInputs:
             f"{len(dupes)} trace file(s) are byte-identical copies of others (the same process's trace "
             f"twice), left out: {pairs}{'; ...' if len(dupes) > 5 else ''}"
         )
-    return TraceInputs(files, _read_manifest(p / MANIFEST_NAME), skipped)
+    return TraceInputs(files, _read_manifest(p / MANIFEST_NAME), skipped, p)
+
+
+def _no_trace_files(p: Path) -> NoReturn:
+    """Refuse directory *p*, which holds no trace file: why, from its manifest where it has one."""
+    listed = (_read_manifest(p / MANIFEST_NAME) or {}).get("files")
+    if isinstance(listed, list) and listed:  # the capture wrote them: they were removed since
+        raise TraceError(
+            f"no trace files (*.pfw, *.pfw.gz) under {p}, though its {MANIFEST_NAME} lists "
+            f"{len(listed)}: they were moved or deleted after the capture; restore them or capture again"
+        )
+    raise TraceError(
+        f"no trace files (*.pfw, *.pfw.gz) under {p}: was the job captured "
+        "with DFTracer, and did it run long enough to write its trace?"
+    )
 
 
 def _run_root(f: Path, top: Path) -> Path | None:
@@ -294,26 +311,49 @@ def find_inputs(path) -> tuple[list[Path], dict | None]:
     return found.files, found.manifest
 
 
+@dataclass(frozen=True)
+class TraceNotes:
+    """What a reader must know before any number derived from a trace (``warnings``, one
+    sentence each, naming the file), and of those the ones that say the capture is missing
+    parts (``gaps``: it did not end, its job was stopped, killed or failed, a process file is
+    gone, shorter than at capture, cut or damaged). ``gaps`` come first in ``warnings``."""
+
+    warnings: list[str]
+    gaps: list[str]
+
+    @property
+    def incomplete(self) -> bool:
+        return bool(self.gaps)
+
+
 def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
+    """What a reader must know before any number derived from the trace at *path* (see
+    :func:`trace_notes`)."""
+    return trace_notes(path, files).warnings
+
+
+def trace_gaps(path, files: Sequence[FileReport] = ()) -> list[str]:
+    """What is missing from the capture at *path* (see :func:`trace_notes`)."""
+    return trace_notes(path, files).gaps
+
+
+def trace_notes(path, files: Sequence[FileReport] = ()) -> TraceNotes:
     """What a reader must know before any number derived from the trace at *path*: a capture
-    that did not end (manifest ``running``; a process file cut), files left out (another run,
-    duplicates), calls the tracer named after a closed file, and files that hold no events.
-    One sentence each, naming the file."""
+    that did not end, was stopped, or whose job was killed or failed (the manifest's
+    ``status``); trace files the manifest lists that are gone or shorter than it recorded; a
+    process file cut; files left out (another run, duplicates), calls the tracer named after
+    a closed file, and files that hold no events. One sentence each, naming the file."""
     found = find_trace_inputs(path)
-    out = []
-    status = (found.manifest or {}).get("status")
-    if status == "running":
-        out.append(
-            f"the capture did not end: its {MANIFEST_NAME} still says 'running' (its dlreplay process was "
-            f"killed, or it is still running), so the trace may be incomplete"
-        )
+    gaps = _status_gaps(found.manifest or {})
+    listed, short = _listed_gaps(found)
+    gaps += listed
     cut = [f for f in files if f.damaged]
     if cut:
-        out.append(
+        gaps.append(
             f"{len(cut)} process file(s) cut or damaged ({', '.join(f.name for f in cut[:5])}"
             f"{', ...' if len(cut) > 5 else ''}): those processes' traces are incomplete"
         )
-    out += found.skipped
+    out = [*gaps, *found.skipped]
     moved = [p for f in files for p in f.problems if RENUMBERED in p]
     if moved:
         said = "; ".join(m.split(": it ")[0] for m in moved[:3])
@@ -335,14 +375,100 @@ def trace_warnings(path, files: Sequence[FileReport] = ()) -> list[str]:
             f"DFTracer forgets a descriptor's file only after closing it, and another thread's socket or "
             f"pipe got the number in between. They are kept without a file, outside every file's bytes"
         )
-    empty = [f for f in files if f.events == 0]
+    empty = [
+        f for f in files if f.events == 0 and f.name not in short
+    ]  # a shrunk one is said above
     if empty:
         why = "; ".join(f"{f.name} ({'; '.join(f.problems) or 'no events'})" for f in empty[:5])
         out.append(
             f"{len(empty)} of {len(files)} trace file(s) hold no events: {why}"
             f"{'; ...' if len(empty) > 5 else ''}"
         )
-    return out
+    return TraceNotes(out, gaps)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _count(value: Any) -> int | None:
+    """*value* as a count (a non-negative int, never a bool), else None: manifests are input."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _status_gaps(manifest: dict) -> list[str]:
+    """How the captured job ended, where that leaves the trace short of a whole run."""
+    status = manifest.get("status")
+    sig = _count(manifest.get("killed_by_signal"))
+    code = _count(manifest.get("exit_code"))
+    by = f" by {_signal_name(sig)}" if sig else ""
+    if status == "running":
+        return [
+            f"the capture did not end: its {MANIFEST_NAME} still says 'running' (its dlreplay process was "
+            f"killed, or it is still running), so the trace may be incomplete"
+        ]
+    if status == "interrupted":
+        return [
+            f"the capture was interrupted: its {MANIFEST_NAME} says 'interrupted' (the job was stopped{by} "
+            f"before its end), so the trace holds only the part of the run before that"
+        ]
+    if sig:
+        return [
+            f"the captured job was killed{by} (its {MANIFEST_NAME} says so): a process killed that way "
+            f"cannot write the trace events DFTracer still held in memory, so the trace is incomplete"
+        ]
+    if status == "failed":
+        return [
+            f"the captured job failed (exit code {code if code is not None else 'unknown'}; its "
+            f"{MANIFEST_NAME} says 'failed'): the trace holds the run up to its failure, not a whole run"
+        ]
+    if isinstance(status, str) and status != "complete":
+        return [
+            f"its {MANIFEST_NAME} says the capture's status is {status[:40]!r}, not 'complete': the "
+            f"trace may be incomplete"
+        ]
+    return []
+
+
+def _listed_gaps(found: TraceInputs) -> tuple[list[str], set[str]]:
+    """Trace files the manifest lists that are gone or shorter than it recorded (one sentence
+    each kind), and the names of the shorter ones."""
+    if found.root is None or not isinstance(found.manifest, dict):
+        return [], set()
+    entries = found.manifest.get("files")
+    gone: list[tuple[str, int | None]] = []
+    short: list[tuple[str, int, int]] = []
+    for e in entries if isinstance(entries, list) else []:
+        name = e.get("name") if isinstance(e, dict) else None
+        # a plain file name of the capture's own directory, nothing a manifest could point elsewhere
+        if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
+            continue
+        f = found.root / name
+        if not f.is_file():
+            gone.append((name, _count(e.get("events"))))
+        elif (recorded := _count(e.get("bytes"))) is not None and stored_size(f) < recorded:
+            short.append((name, stored_size(f), recorded))
+    out = []
+    if gone:
+        lost = sum(n or 0 for _, n in gone)
+        out.append(
+            f"{len(gone)} trace file(s) that the {MANIFEST_NAME} lists are gone "
+            f"({', '.join(n for n, _ in gone[:5])}{', ...' if len(gone) > 5 else ''}): the "
+            f"{lost:,} event(s) they held at capture are missing, so the trace is incomplete"
+        )
+    if short:
+        said = "; ".join(
+            f"{n}: {'emptied' if now == 0 else f'{now:,} of {was:,} bytes'}"
+            for n, now, was in short[:5]
+        )
+        out.append(
+            f"{len(short)} trace file(s) are shorter than the {MANIFEST_NAME} recorded at capture ({said}"
+            f"{'; ...' if len(short) > 5 else ''}): those processes' events are partly or wholly missing"
+        )
+    return out, {n for n, _, _ in short}
 
 
 def _read_manifest(path: Path) -> dict | None:

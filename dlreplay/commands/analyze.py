@@ -167,6 +167,8 @@ def analyze(
         with Status(f"writing {report_path}"):
             write_report(report, report_path)
     if as_json:
+        for w in report.warnings:  # stdout stays JSON (its "warnings"); said first all the same
+            echo(f"warning: {w}", err=True)
         echo(json.dumps(_json_payload(report, trace), indent=2, default=str))
         return
     _print_analysis(report, trace, report_path)

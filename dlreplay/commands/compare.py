@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from dlreplay.commands.common import FiniteFloat, Status, echo, refuse_overwrite
+from dlreplay.commands.common import FiniteFloat, Status, echo, fail, refuse_overwrite
 
 
 @click.command(short_help="Compare the I/O of two traces (real vs replay, storage A vs B).")
@@ -25,7 +25,8 @@ from dlreplay.commands.common import FiniteFloat, Status, echo, refuse_overwrite
     "--min-similarity",
     type=FiniteFloat(0, 1),
     default=None,
-    help="Exit with code 1 when the similarity is below this (0..1).",
+    help="Exit with code 1 when the similarity is below this (0..1), or when either trace is "
+    "incomplete (a capture that did not end, a killed job, a process file gone or cut).",
 )
 @click.option(
     "--report",
@@ -58,9 +59,18 @@ def compare(
     if report_path is not None:
         write_comparison_report(cmp, report_path)
     if as_json:
+        # stdout stays JSON (its "warnings"); the warnings are said first all the same
+        _warn(cmp, trace_a, trace_b, err=True)
         echo(json.dumps(cmp.to_dict(), indent=2))
     else:
         _print_comparison(cmp, trace_a, trace_b, report_path)
+    if min_similarity is not None and cmp.incomplete_sides():
+        side, path, gaps = cmp.incomplete_sides()[0]
+        fail(
+            f"--min-similarity: trace {side} ({path}) is incomplete ({gaps[0]}), so its similarity "
+            f"proves nothing; capture the job again and compare the complete trace",
+            1,
+        )
     if min_similarity is not None and cmp.similarity < min_similarity:
         echo(
             f"dlreplay: similarity {cmp.similarity:.4f} is below --min-similarity {min_similarity}",
@@ -73,9 +83,14 @@ def _print_comparison(cmp: Any, trace_a: Path, trace_b: Path, report_path: Path 
     """Each side's warnings, then the comparison table, then where the report is."""
     from dlreplay.analyze.compare import render_comparison
 
-    for side, path, warnings in (("A", trace_a, cmp.warnings_a), ("B", trace_b, cmp.warnings_b)):
-        for w in warnings:  # before the numbers derived from them
-            echo(f"warning: {side} ({path}): {w}")
+    _warn(cmp, trace_a, trace_b)
     echo(render_comparison(cmp))
     if report_path is not None:
         echo(f"report: {report_path}")
+
+
+def _warn(cmp: Any, trace_a: Path, trace_b: Path, err: bool = False) -> None:
+    """Each side's warnings: before the numbers derived from them."""
+    for side, path, warnings in (("A", trace_a, cmp.warnings_a), ("B", trace_b, cmp.warnings_b)):
+        for w in warnings:
+            echo(f"warning: {side} ({path}): {w}", err=err)

@@ -41,14 +41,14 @@ def distill(
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.distill import distill as run_distill
     from dlreplay.analyze.layout import resolve_fingerprint
-    from dlreplay.analyze.trace import trace_warnings
+    from dlreplay.analyze.trace.inputs import trace_notes
     from dlreplay.model import save_model
 
     refuse_overwrite(output, force)
     with Status(f"loading {trace}"):
         loaded = load_trace(trace)
-    warnings = trace_warnings(trace, loaded.files)
-    for w in warnings:  # before the model: it is derived from what the trace holds
+    notes = trace_notes(trace, loaded.files)
+    for w in notes.warnings:  # before the model: it is derived from what the trace holds
         echo(f"warning: {w}")
     with Status("reading the dataset fingerprint"):
         fingerprint, where = resolve_fingerprint(trace, data_dirs)
@@ -60,14 +60,15 @@ def distill(
         fingerprint=fingerprint,
         fingerprint_origin=where,
     )
-    if warnings:  # the model file says so too
+    if notes.warnings:  # the model file says so too
         model = dataclasses.replace(
             model,
             provenance=dataclasses.replace(
                 model.provenance,
                 notes=[
+                    *(f"distilled from an incomplete trace: {w}" for w in notes.gaps),
+                    *(f"trace warning: {w}" for w in notes.warnings if w not in notes.gaps),
                     *model.provenance.notes,
-                    *(f"distilled from an incomplete trace: {w}" for w in warnings),
                 ],
             ),
         )
