@@ -259,7 +259,11 @@ def _under(dirs: Iterable[str]) -> pl.Expr:
     """True for files inside any of ``dirs`` (absolute prefixes; relative ones match anywhere)."""
     expr = pl.lit(False)
     for d in dirs:
-        d = os.path.normpath(str(d)).rstrip("/")
+        d = os.path.normpath(str(d))
+        if d.startswith("/") and not d.strip("/"):  # a filesystem root holds every absolute path
+            expr = expr | pl.col("file").str.starts_with("/")
+            continue
+        d = d.rstrip("/")
         if not d or d == ".":
             continue
         if d.startswith("/"):

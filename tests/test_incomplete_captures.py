@@ -168,3 +168,14 @@ def test_distill_samples_only_the_traces_own_dataset(cli, tmp_path: Path) -> Non
     m = load_model(model)
     assert "z.npy" not in str(m.dataset.layout)
     assert any("holds none of the trace's npz dataset files" in n for n in m.provenance.notes)
+
+
+@pytest.mark.parametrize("root", ["/", "//", "/tmp/", "/tmp/dlreplay-corpus/npz_fork/"])
+def test_a_data_dir_that_ends_at_a_separator_holds_what_is_under_it(root: str, cli) -> None:
+    """``--data-dir /`` (or any prefix ending at a separator) finds the dataset reads under it:
+    the same bytes as the capture's own, narrower data dirs (it once found none under ``/``)."""
+    own = cli("analyze", "--json", str(TRACES / "npz_fork"), check=True)
+    wide = cli("analyze", "--json", str(TRACES / "npz_fork"), "--data-dir", root, check=True)
+    own_bytes = json.loads(own.stdout)["dataset_bytes_read"]
+    wide_bytes = json.loads(wide.stdout)["dataset_bytes_read"]
+    assert own_bytes > 0 and wide_bytes >= own_bytes
