@@ -47,7 +47,9 @@ __all__ = [
     "REPORT_SCHEMA",
     "Report",
     "build_report",
+    "check_figures_dir",
     "figures",
+    "figures_dir",
     "new_figure",
     "png_bytes",
     "write_report",
@@ -703,9 +705,39 @@ def write_report(r: Report, path: str | Path) -> Path:
     return write_with_figures(p, fig_dir, lambda tmp: render_markdown(r, tmp, fig_dir.name))
 
 
+def figures_dir(path: str | Path) -> Path | None:
+    """The folder a Markdown report at *path* writes its figures to (``<stem>.figures``
+    beside it); None for any other report (HTML embeds them)."""
+    p = Path(path)
+    return p.with_name(p.stem + ".figures") if p.suffix.lower() in (".md", ".markdown") else None
+
+
+def check_figures_dir(fig_dir: Path) -> None:
+    """Refuse a figures folder that a report would replace but that holds more than a
+    report's figures (PNG files): it is not dlreplay's to delete. Missing is fine."""
+    if not os.path.lexists(fig_dir):
+        return
+    if fig_dir.is_symlink() or not fig_dir.is_dir():
+        raise DlreplayError(
+            f"{fig_dir} (where the report's figures go) is not a folder of figures dlreplay wrote; "
+            f"nothing was written: move it or choose another report name."
+        )
+    other = sorted(
+        c.name for c in fig_dir.iterdir() if c.is_symlink() or not c.is_file() or c.suffix != ".png"
+    )
+    if other:
+        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+        raise DlreplayError(
+            f"{fig_dir} (where the report's figures go) holds {shown}, which dlreplay did not "
+            f"write; nothing was written: move them or choose another report name."
+        )
+
+
 def write_with_figures(p: Path, fig_dir: Path, render: Callable[[Path], str]) -> Path:
     """Write the text ``render(tmp)`` to *p*, whose figures ``render`` writes into ``tmp``; the
-    figures become *fig_dir* (replacing an old one) only once the text is written."""
+    figures become *fig_dir* (replacing an old one: only one of figures) only once the text
+    is written."""
+    check_figures_dir(fig_dir)
     _mkdir(p.parent, p)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{fig_dir.name}.", dir=p.parent))

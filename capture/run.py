@@ -26,15 +26,30 @@ from dlreplay.errors import CaptureError, UsageError
 from dlreplay.osutil import (
     DirectoryClaim,
     atomic_write_text,
+    check_plain_name,
     claim_directory,
+    claimed_here,
     host_memory_bytes,
     is_empty_dir,
+    remove_owned,
 )
 from dlreplay.pfw import count_events
 from dlreplay.schema import TRACE_FORMAT_VERSION, TRACE_SCHEMA_NAME
 
 MANIFEST = "manifest.json"
 TRACE_PREFIX = "trace"
+#: The file every capture writes first in its directory: with a manifest of the trace schema,
+#: what tells a capture ``--force`` may replace from a directory it must never touch.
+CAPTURE_MARKER = ".dlreplay-capture"
+#: Globs of the files a capture writes in its directory (and ``--force`` deletes): nothing else.
+CAPTURE_FILES = (
+    MANIFEST,
+    CAPTURE_MARKER,
+    "dataset-fingerprint.json",
+    f"{TRACE_PREFIX}-*.pfw",
+    f"{TRACE_PREFIX}-*.pfw.gz",
+    f"{MISSES_PREFIX}*.json*",
+)
 _INJECT_DIR = Path(__file__).resolve().parent / "inject"
 #: The files of ``inject/`` the job's PYTHONPATH gets, and their names there: the hooks are the
 #: top-level module ``_dlreplay_hooks`` in the job (``sitecustomize`` imports it by that name).
@@ -147,10 +162,31 @@ def default_out_dir(name: str) -> Path:
     return Path("traces") / f"{name}-{stamp}"
 
 
+def is_capture_dir(path: Path) -> bool:
+    """Whether *path* holds a capture dlreplay wrote: its marker file, and a manifest of the
+    trace schema in a format_version this dlreplay knows."""
+    marker = path / CAPTURE_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return False
+    try:
+        doc = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        version = doc.get("format_version")
+        return (
+            doc.get("schema") == TRACE_SCHEMA_NAME
+            and isinstance(version, int)
+            and 1 <= version <= TRACE_FORMAT_VERSION
+        )
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _prepare_out_dir(out: Path, force: bool) -> DirectoryClaim:
-    """Claim *out* for this capture (one writer per directory), then refuse it unless empty or ``force``."""
+    """Claim *out* for this capture (one writer per directory), then refuse it unless empty, or
+    ``force`` and a previous capture (whose own files are deleted, nothing else), or a
+    directory this process claimed before (its caller's output, e.g. a traced replay's)."""
     if out.exists() and not out.is_dir():
         raise CaptureError(f"{out} exists and is not a directory; choose another --out.")
+    callers = claimed_here(out)
     try:
         claim = claim_directory(out, "--out")
     except OSError as exc:
@@ -165,14 +201,14 @@ def _prepare_out_dir(out: Path, force: bool) -> DirectoryClaim:
                     f"{out} is not empty; pass --force to replace a previous capture there, or "
                     f"choose another --out."
                 )
-            # --force replaces only what a capture writes; anything else stays.
-            for child in out.iterdir():
-                if (
-                    child.name == MANIFEST
-                    or child.name.endswith((".pfw", ".pfw.gz"))
-                    or (child.name.startswith(MISSES_PREFIX))
-                ):
-                    child.unlink()
+            if is_capture_dir(out):
+                remove_owned(out, CAPTURE_FILES)  # the capture's own files; anything else stays
+            elif not callers:
+                raise CaptureError(
+                    f"{out} is not empty and holds no dlreplay capture (its {CAPTURE_MARKER} and a "
+                    f"{MANIFEST} of schema {TRACE_SCHEMA_NAME}); --force only replaces a previous "
+                    f"capture, so nothing was changed: choose an empty or new --out."
+                )
     except BaseException:
         claim.release()
         raise
@@ -250,6 +286,8 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
         )
     cwd = (config.cwd or Path.cwd()).resolve()
     name = config.name or Path(config.command[0]).stem or "job"
+    if config.name is not None and config.out is None:  # it names the directory: never a path
+        check_plain_name(config.name, "--name")
     out = config.out or default_out_dir(name)
     if not out.is_absolute():
         out = Path.cwd() / out
@@ -277,6 +315,7 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     env = build_env(config, out, inject_dir, cwd)
     manifest = _started_manifest(config, env, cwd, name)
     manifest_path = out / MANIFEST
+    atomic_write_text(out / CAPTURE_MARKER, f"made by dlreplay capture ({TRACE_SCHEMA_NAME})\n")
     _write_json_atomic(manifest_path, manifest)
 
     returncode, interrupted, wall = _run_job(config, env, cwd, inject_dir)

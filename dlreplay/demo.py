@@ -6,7 +6,7 @@ Like the CLI, this is an application layer over the stages; no stage imports it.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 import time
@@ -19,6 +19,7 @@ from dlreplay.errors import DlreplayError, UsageError
 from dlreplay.interrupt import INTERRUPT
 
 _MARKER = ".dlreplay-demo"
+_MARKER_TEXT = "made by dlreplay demo"
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,57 @@ def examples_dir() -> Path:
     return here
 
 
+def _made_by_demo(out: Path) -> bool:
+    """Whether *out* is a directory an earlier ``dlreplay demo`` made (its marker file)."""
+    marker = out / _MARKER
+    try:
+        return not marker.is_symlink() and marker.read_text().startswith(_MARKER_TEXT)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _prepare(out: Path, force: bool) -> None:
-    if out.exists() and any(out.iterdir()) and not (out / _MARKER).exists():
-        if not force:
+    """Make *out* the demo's: new or empty, or made by an earlier demo, whose trace and replay
+    are then cleared of their own files (anything else there refuses the run, nothing
+    deleted). A directory the demo did not make is refused, ``force`` or not."""
+    from dlreplay.osutil import is_empty_dir
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory; choose another --out.")
+    if not is_empty_dir(out):
+        if not _made_by_demo(out):
             raise UsageError(
-                f"{out} is not empty and was not made by `dlreplay demo`; choose another --out."
+                f"{out} is not empty and was not made by `dlreplay demo` (no {_MARKER}); the demo "
+                f"writes only into a new or empty directory or one it made, with or without --force, "
+                f"and nothing was changed: choose another --out."
             )
+        _clear_previous(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / _MARKER).write_text("made by dlreplay demo\n")
+    (out / _MARKER).write_text(_MARKER_TEXT + "\n")
+
+
+def _clear_previous(out: Path) -> None:
+    """Delete an earlier demo run's trace and replay files (those a capture and a replay write),
+    after checking that their directories hold nothing else."""
+    from dlreplay.capture.run import CAPTURE_FILES
+    from dlreplay.osutil import not_owned, remove_owned
+    from dlreplay.replay.prepare import REPLAY_FILES
+
+    owned = {"trace": CAPTURE_FILES, "replay": CAPTURE_FILES + REPLAY_FILES}
+    for sub, globs in owned.items():
+        d = out / sub
+        if not os.path.lexists(d):
+            continue
+        other = [d.name] if d.is_symlink() or not d.is_dir() else not_owned(d, globs)
+        if other:
+            shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+            raise UsageError(
+                f"{d} holds {shown}, which `dlreplay demo` did not write; the demo replaces only its "
+                f"own files, and nothing was changed: move them or choose another --out."
+            )
+    for sub, globs in owned.items():
+        if (out / sub).is_dir():
+            remove_owned(out / sub, globs)
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -214,9 +258,7 @@ def _replay(model: Any, out: Path, echo: Callable[[str], None]) -> Path:
     from dlreplay.replay import ReplayConfig, render_result, run_replay
 
     echo("\n[5/6] replaying the model (compute replaced by sleep) under DFTracer …")
-    replay_dir = out / "replay"
-    if replay_dir.exists():
-        shutil.rmtree(replay_dir)  # made by an earlier demo run (the demo owns --out)
+    replay_dir = out / "replay"  # an earlier run's: emptied of its own files by _prepare
     replayed = run_replay(
         ReplayConfig(model=model, data_dir=out / "replay-data", out=replay_dir, trace=True),
         echo=lambda s: None,

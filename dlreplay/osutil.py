@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import fcntl
+import fnmatch
 import json
 import os
 import signal
@@ -15,19 +16,23 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import InUseError, UnsafePathError
+from .errors import InUseError, UnsafePathError, UsageError
 
 __all__ = [
     "CLAIM_NAME",
     "DirectoryClaim",
     "atomic_write_text",
+    "check_plain_name",
     "claim_directory",
+    "claimed_here",
     "confined_path",
     "share_directory",
     "end_with_parent",
     "host_memory_bytes",
     "is_empty_dir",
+    "not_owned",
     "process_limit",
+    "remove_owned",
 ]
 
 #: The claim file a dlreplay command holds (``flock``) in a directory it writes; never counts as content.
@@ -357,3 +362,78 @@ def is_empty_dir(path: str | os.PathLike[str]) -> bool:
     if not p.exists():
         return True
     return p.is_dir() and all(c.name == CLAIM_NAME for c in p.iterdir())
+
+
+def claimed_here(path: str | os.PathLike[str]) -> bool:
+    """Whether this process already holds the exclusive claim on *path*: a caller that claimed
+    an output directory and wrote its own files there (a traced replay's ``model.yaml``) before
+    it asks a stage to write beside them."""
+    mine = DirectoryClaim._held.get(str(Path(path).resolve()))
+    return mine is not None and not mine.shared
+
+
+def _owned_files(root: Path) -> list[tuple[str, Path]]:
+    """(relative POSIX path, path) of every entry under *root* that is not a directory of
+    its own (files, symbolic links, a link to a directory too: never followed), claim
+    file excluded."""
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        links = [d for d in dirnames if (here / d).is_symlink()]
+        dirnames[:] = [d for d in dirnames if d not in links]
+        for name in (*filenames, *links):
+            path = here / name
+            rel = path.relative_to(root).as_posix()
+            if rel != CLAIM_NAME:
+                found.append((rel, path))
+    return found
+
+
+def not_owned(root: str | os.PathLike[str], owned: tuple[str, ...]) -> list[str]:
+    """The files under *root* (relative POSIX paths, sorted) that match none of the globs
+    *owned*: what a dlreplay stage did not write there, which no ``--force`` may delete."""
+    return sorted(
+        rel
+        for rel, _ in _owned_files(Path(root))
+        if not any(fnmatch.fnmatchcase(rel, g) for g in owned)
+    )
+
+
+def remove_owned(root: str | os.PathLike[str], owned: tuple[str, ...]) -> None:
+    """Delete the files under *root* that match one of the globs *owned* (a link itself, never
+    what it points to), then the folders below *root* this left empty. Nothing else."""
+    root = Path(root)
+    for rel, path in _owned_files(root):
+        if any(fnmatch.fnmatchcase(rel, g) for g in owned):
+            path.unlink(missing_ok=True)
+    for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
+        if Path(dirpath) != root:
+            try:
+                os.rmdir(dirpath)  # only an empty one: a user's file keeps its folder
+            except OSError:
+                pass
+
+
+#: Longest name a name option takes (it becomes part of a directory name).
+MAX_NAME = 200
+
+
+def check_plain_name(name: str, option: str) -> str:
+    """*name* when it is a name, not a path: no ``/``, no control character or NUL, not ``.``
+    or ``..``, 1 to :data:`MAX_NAME` characters. Else :class:`UsageError` naming *option*:
+    a name never places an output outside the directory it is made in."""
+    why = None
+    if not name:
+        why = "it is empty"
+    elif "/" in name or os.sep in name:
+        why = "it holds a '/' (a name, not a path; choose the directory with --out)"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        why = "it holds a control character"
+    elif name in (".", ".."):
+        why = "it names a directory"
+    elif len(name) > MAX_NAME:
+        why = f"it is longer than {MAX_NAME} characters"
+    if why is None:
+        return name
+    shown = name if len(name) <= 60 else name[:60] + "…"
+    raise UsageError(f"{option} {shown!r} is not a plain name: {why}.")

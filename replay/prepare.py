@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,15 @@ from .plan import spends_host_cpu
 
 METRICS_NAME = "metrics.json"
 ORDER_NAME = "sample-order.json"
+#: Globs of the files a replay writes in its ``--out`` besides a traced replay's capture (the
+#: capture's :data:`~dlreplay.capture.run.CAPTURE_FILES`): its metrics, sample order, the model
+#: it ran, and the checkpoint files it kept.
+REPLAY_FILES = (
+    METRICS_NAME,
+    ORDER_NAME,
+    "model.yaml",
+    "checkpoints/checkpoint-*/part-*-of-*.bin",
+)
 IO_MODES = ("library", "posix")
 #: --loader choices: auto = PyTorch's DataLoader when the model's loader is PyTorch's and torch is installed.
 LOADERS = ("auto", "torch", "builtin")
@@ -101,7 +111,8 @@ def mpi_world() -> Any | None:
 def default_out(model: WorkloadModel) -> Path:
     """``replays/<model name>-<UTC time>``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    name = (model.model.name or model.dataset.format).replace("/", "_")
+    # a name, never a path: no '/' (outside replays/), NUL or control character (no such file)
+    name = re.sub(r"[/\x00-\x1f\x7f]", "_", model.model.name or model.dataset.format)[:200]
     return Path("replays") / f"{name}-{stamp}"
 
 

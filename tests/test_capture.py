@@ -123,6 +123,15 @@ def test_refuses_non_empty_out_without_force(job_dir: Path) -> None:
     (out / "notes.txt").write_text("mine")
     with pytest.raises(CaptureError, match="not empty"):
         run_capture(CaptureConfig(command=(sys.executable, "job.py"), out=out, cwd=job_dir))
+    # --force replaces a previous capture only (issue #45): never a directory that holds none
+    with pytest.raises(CaptureError, match="holds no dlreplay capture"):
+        run_capture(
+            CaptureConfig(command=(sys.executable, "job.py"), out=out, cwd=job_dir, force=True)
+        )
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    run_capture(CaptureConfig(command=(sys.executable, "job.py"), out=out, cwd=job_dir))
+    (out / "notes.txt").write_text("mine")
     # --force replaces capture files only; the user's file stays.
     run_capture(CaptureConfig(command=(sys.executable, "job.py"), out=out, cwd=job_dir, force=True))
     assert (out / "notes.txt").read_text() == "mine"

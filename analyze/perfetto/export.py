@@ -39,6 +39,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -136,23 +137,30 @@ def _write(
     stats: ExportStats,
     flow_table: pl.DataFrame | None,
 ) -> None:
-    """Write through ``<out>.part``, renamed to ``out`` once complete."""
+    """Write through a new temporary file beside *out* (never a file of the user's, such as an
+    ``<out>.part``), renamed to ``out`` once complete."""
+    tmp: Path | None = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".part")
+        fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+        tmp = Path(name)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # the usual mode, not mkstemp's 0600
         if fmt == "perfetto":
             from .proto_writer import write_proto  # the protobuf classes load only when needed
 
-            with open(tmp, "wb") as fh:
+            with open(fd, "wb") as fh:
                 write_proto(fh, events, layout, stats, flow_table)
         else:
-            opener = gzip.open if out.name.lower().endswith(".gz") else open
-            with opener(tmp, "wb") as raw:  # type: ignore[operator]
-                with io.TextIOWrapper(raw, encoding="utf-8", write_through=False) as fh:
+            gz = out.name.lower().endswith(".gz")
+            with open(fd, "wb") as raw, gzip.open(raw, "wb") if gz else raw as stream:
+                with io.TextIOWrapper(stream, encoding="utf-8", write_through=False) as fh:
                     write_json(fh, events, layout, stats, flow_table)
         os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)  # never leave a partial timeline (a full disk)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)  # never leave a partial timeline (a full disk)
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from dlreplay.commands.common import Processes, Status, echo, refuse_overwrite, why_no_events
+from dlreplay.commands.common import Processes, Status, check_report, echo, why_no_events
 
 
 def _scheduler_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -144,7 +144,7 @@ def analyze(
     from dlreplay.analyze.report import write_report
 
     if report_path is not None:
-        refuse_overwrite(report_path, force)
+        check_report(report_path, force, inputs=(trace,))
     limit = _memory_limit(memory_limit)
     say = (lambda s: echo(s, err=True)) if not as_json else None
     with Status(f"analysing {trace}"):

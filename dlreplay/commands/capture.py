@@ -27,8 +27,17 @@ from dlreplay.commands.common import echo, signal_name, why_no_events
     multiple=True,
     help="Trace only files under this path (repeatable). Default: every file.",
 )
-@click.option("--name", help="Name of the capture (default: the command's name).")
-@click.option("--force", is_flag=True, help="Replace a previous capture in a non-empty --out.")
+@click.option(
+    "--name",
+    callback=lambda ctx, param, value: _plain_name(value),
+    help="Name of the capture (default: the command's name): a name, not a path.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a previous capture in --out (only its own files; a directory that holds no "
+    "capture is never written).",
+)
 @click.option(
     "--no-loader-hooks",
     is_flag=True,
@@ -78,6 +87,19 @@ def capture(
         for w in result.warnings:
             echo(f"dlreplay: warning: {w}", err=True)
     sys.exit(result.exit_code)
+
+
+def _plain_name(value: str | None) -> str | None:
+    """``--name``: a name, never a path (a usage error naming the option otherwise)."""
+    if value is None:
+        return None
+    from dlreplay.errors import UsageError
+    from dlreplay.osutil import check_plain_name
+
+    try:
+        return check_plain_name(value, "--name")
+    except UsageError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--name "), param_hint="--name") from None
 
 
 def print_capture_summary(result: Any) -> None:

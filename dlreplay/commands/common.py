@@ -7,7 +7,10 @@ Nothing here imports polars or numpy: the command line sets their environment
 from __future__ import annotations
 
 import math
+import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -66,10 +69,66 @@ SEED = click.IntRange(min=0, max=2**63 - 1)
 
 def refuse_overwrite(path: Any, force: bool) -> None:
     """Never overwrite a user's file without --force (usage error, exit 2)."""
+    check_output(path, force)
+
+
+#: Names of the files a trace directory is made of (its manifest, marker, fingerprint, trace
+#: files): no command's output may take one of them inside a trace it reads.
+_TRACE_FILE_NAMES = ("manifest.json", "dataset-fingerprint.json", ".dlreplay-capture")
+_TRACE_FILE_SUFFIXES = (".pfw", ".pfw.gz")
+
+
+def check_output(path: Path, force: bool, inputs: Sequence[Path] = (), option: str = "-o") -> None:
+    """Refuse (usage error, exit 2) an output file that is one of the command's *inputs* or a
+    file of an input trace directory (with or without --force), a directory, or one that
+    exists (a dangling link too) without *force*."""
     from dlreplay.errors import UsageError
 
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it or choose another -o.")
+    clash = _input_clash(path, inputs)
+    if clash:
+        raise UsageError(
+            f"{path} is {clash}; a command never writes over what it reads, with or without "
+            f"--force: choose another {option}."
+        )
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; name a file with {option}.")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it or choose another {option}.")
+
+
+def _input_clash(path: Path, inputs: Sequence[Path]) -> str | None:
+    """What *path* is among *inputs* (``the input X``, ``a file of the input trace X``), or None."""
+    out = path.resolve()
+    for inp in inputs:
+        where = inp.resolve()
+        if out == where or (path.exists() and inp.exists() and os.path.samefile(path, inp)):
+            return f"the input {inp}"
+        if (
+            where.is_dir()
+            and out.is_relative_to(where)
+            and (out.name in _TRACE_FILE_NAMES or out.name.endswith(_TRACE_FILE_SUFFIXES))
+        ):
+            return f"a file of the input trace {inp}"
+    return None
+
+
+def check_report(path: Path, force: bool, inputs: Sequence[Path]) -> None:
+    """``--report``: :func:`check_output`, and a Markdown report's figures folder
+    (``<stem>.figures``) replaced only when it holds nothing but dlreplay's figures, and only
+    with --force."""
+    from dlreplay.analyze.report import check_figures_dir, figures_dir
+    from dlreplay.errors import UsageError
+
+    check_output(path, force, inputs, "--report")
+    figs = figures_dir(path)
+    if figs is None or not os.path.lexists(figs):
+        return
+    check_figures_dir(figs)
+    if not force:
+        raise UsageError(
+            f"{figs} (the report's figures) exists; pass --force to replace it or choose another "
+            f"--report."
+        )
 
 
 class Status:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from dlreplay.commands.common import FiniteFloat, Status, echo, fail, refuse_overwrite
+from dlreplay.commands.common import FiniteFloat, Status, check_report, echo, fail
 
 
 @click.command(short_help="Compare the I/O of two traces (real vs replay, storage A vs B).")
@@ -53,7 +53,7 @@ def compare(
     from dlreplay.analyze.compare import compare_traces, write_comparison_report
 
     if report_path is not None:
-        refuse_overwrite(report_path, force)
+        check_report(report_path, force, inputs=(trace_a, trace_b))
     with Status(f"comparing {trace_a} and {trace_b}"):
         cmp = compare_traces(trace_a, trace_b)
     if report_path is not None:

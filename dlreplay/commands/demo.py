@@ -18,7 +18,12 @@ from dlreplay.commands.common import echo
     show_default=True,
     help="Directory for the demo's dataset, trace and reports.",
 )
-@click.option("--force", is_flag=True, help="Replace a previous demo run in --out.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Kept for old scripts: a previous demo run in --out is replaced without it (only the "
+    "demo's own files), and a directory the demo did not make is refused even with it.",
+)
 def demo(out: Path, force: bool) -> None:
     """Run the whole pipeline on the bundled NPZ example job; print where everything is.
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from dlreplay.commands.common import Status, echo, refuse_overwrite
+from dlreplay.commands.common import Status, check_output, echo
 
 
 @click.command(short_help="Infer a workload model (YAML, DLIO-compatible) from a trace.")
@@ -44,7 +44,7 @@ def distill(
     from dlreplay.analyze.trace.inputs import trace_notes
     from dlreplay.model import save_model
 
-    refuse_overwrite(output, force)
+    check_output(output, force, inputs=(trace,))
     with Status(f"loading {trace}"):
         loaded = load_trace(trace)
     notes = trace_notes(trace, loaded.files)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from dlreplay.commands.common import Status, echo
+from dlreplay.commands.common import Status, check_output, echo
 
 
 @click.command(short_help="Write a trace as a Perfetto timeline.")
@@ -18,7 +18,8 @@ from dlreplay.commands.common import Status, echo
     help="Timeline file: *.perfetto-trace (native, default) / *.pftrace, or *.json / *.json.gz.",
 )
 @click.option("--no-flows", is_flag=True, help="Do not draw item -> fetch hand-over arrows.")
-def export(trace: Path, output: Path | None, no_flows: bool) -> None:
+@click.option("--force", is_flag=True, help="Overwrite an existing timeline file.")
+def export(trace: Path, output: Path | None, no_flows: bool, force: bool) -> None:
     """Write the trace at TRACE as a Perfetto timeline (one track per process and thread).
 
     \b
@@ -30,6 +31,7 @@ def export(trace: Path, output: Path | None, no_flows: bool) -> None:
 
     out = output or Path(f"{trace.resolve().name}.perfetto-trace")
     format_for(out)
+    check_output(out, force, inputs=(trace,))
     with Status(f"loading {trace}"):
         loaded = load_trace(trace)
     with Status(f"writing {out}"):

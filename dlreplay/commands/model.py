@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from dlreplay.commands.common import echo, refuse_overwrite
+from dlreplay.commands.common import check_output, echo
 
 
 @click.group(short_help="Import/export DLIO workload configs; validate and show a model.")
@@ -37,7 +37,7 @@ def model_import_dlio(workload: Path, output: Path, force: bool, dlio_version: s
     from dlreplay.dlio import import_dlio
     from dlreplay.model import save_model
 
-    refuse_overwrite(output, force)
+    check_output(output, force, inputs=(workload,))
     m = import_dlio(workload, dlio_version=dlio_version)
     save_model(m, output)
     echo(
@@ -62,7 +62,7 @@ def model_export_dlio(model_file: Path, output: Path, force: bool) -> None:
     from dlreplay.dlio import export_dlio
     from dlreplay.model import load_model
 
-    refuse_overwrite(output, force)
+    check_output(output, force, inputs=(model_file,))
     warnings = export_dlio(load_model(model_file), output)
     for w in warnings:
         echo(f"lossy: {w}")
