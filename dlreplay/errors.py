@@ -42,3 +42,41 @@ class InUseError(DlreplayError):
 
 class UnsafePathError(DlreplayError):
     """A file lists a path outside the directory it belongs to (absolute, ``..``, a symlink out)."""
+
+
+#: Characters of a value an error message shows: a config's value can be megabytes long, and
+#: a one-line message that echoes it whole is no longer one line nor readable.
+SHOWN_CHARS = 80
+
+
+def clipped(text: str, limit: int = SHOWN_CHARS) -> str:
+    """*text* as it is, or its first *limit* characters and how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """How a value is quoted in an error message: its ``repr``, cut to about *limit* characters
+    (a long string says how long it was, a container how many items it held)."""
+    import reprlib
+
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        # int's repr refuses more than 4,300 digits, and a number that long is no count of anything
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, limit, limit
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = 8
+    try:
+        text = short.repr(value)
+    except (RecursionError, ValueError):
+        text = f"a {type(value).__name__}"
+    size = len(value) if isinstance(value, (list, tuple, dict, set)) else None
+    if len(text) > limit or (size is not None and size > 8):
+        text = text[:limit] + ("..." if len(text) > limit else "")
+        text += f" ({size:,} items)" if size is not None else ""
+    return text

@@ -58,13 +58,19 @@ def parse_bytes(text: str) -> int:
     """
     import re
 
+    from dlreplay.errors import shown
+
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"{text!r} is not a size: use e.g. 2GiB, 500MB, 1.5G or a number of bytes")
+        raise ValueError(
+            f"{shown(text)} is not a size: use e.g. 2GiB, 500MB, 1.5G or a number of bytes"
+        )
     value = float(m.group(1)) * _SIZE_UNITS[unit or ""]
     if value < 1:
-        raise ValueError(f"{text!r} is not a positive size")
+        raise ValueError(f"{shown(text)} is not a positive size")
+    if value >= 2**63:  # no byte count of this machine's (and float's infinity has no int)
+        raise ValueError(f"{shown(text)} is too large a size (at most 8 EiB)")
     return int(value)
 
 

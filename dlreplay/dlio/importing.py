@@ -34,7 +34,7 @@ from dlreplay.dlio.keys import (
     NO_DLIO_KEY,
 )
 from dlreplay.dlio.reading import Importer, dlio_distribution, parse_sections
-from dlreplay.errors import ModelError
+from dlreplay.errors import ModelError, clipped, shown
 from dlreplay.model import (
     MP_CONTEXTS,
     Distribution,
@@ -168,7 +168,9 @@ _FORMAT_MAP = {"hdf5_opt": "hdf5", "mmap_indexed_binary": "indexed_binary"}
 def _import_format(imp: Importer) -> str:
     fmt, given = imp.get("dataset.format", "str", DLIO_DEFAULTS["format"])
     if fmt not in DLIO_FORMATS:
-        raise imp.fail("dataset.format", f"expected one of {', '.join(DLIO_FORMATS)}, got {fmt!r}")
+        raise imp.fail(
+            "dataset.format", f"expected one of {', '.join(DLIO_FORMATS)}, got {shown(fmt)}"
+        )
     if fmt == "synthetic":
         raise imp.fail(
             "dataset.format", "synthetic data has no files to replay; give the real format"
@@ -184,7 +186,8 @@ def _import_layout(imp: Importer, fmt: str) -> dict[str, Any]:
     comp, comp_given = imp.get("dataset.compression", "str", "none")
     if comp not in DLIO_COMPRESSIONS:
         raise imp.fail(
-            "dataset.compression", f"expected one of {', '.join(DLIO_COMPRESSIONS)}, got {comp!r}"
+            "dataset.compression",
+            f"expected one of {', '.join(DLIO_COMPRESSIONS)}, got {shown(comp)}",
         )
     if comp_given and comp != "none":
         if fmt == "npz":
@@ -329,7 +332,7 @@ def _import_shuffle(imp: Importer, key: str) -> str:
         imp.mark(key, key if present else None)
         return "off"
     if value not in DLIO_SHUFFLES:
-        raise imp.fail(key, f"expected one of {', '.join(DLIO_SHUFFLES)}, got {value!r}")
+        raise imp.fail(key, f"expected one of {', '.join(DLIO_SHUFFLES)}, got {shown(value)}")
     imp.mark(key, key)
     return value
 
@@ -354,7 +357,8 @@ def _import_data_loader(imp: Importer, framework: str) -> dict[str, Any]:
     loader, given = imp.get("reader.data_loader", "str", framework)
     if loader not in DLIO_DATA_LOADERS:
         raise imp.fail(
-            "reader.data_loader", f"expected one of {', '.join(DLIO_DATA_LOADERS)}, got {loader!r}"
+            "reader.data_loader",
+            f"expected one of {', '.join(DLIO_DATA_LOADERS)}, got {shown(loader)}",
         )
     if loader == "native_dali":
         imp.notes.append("reader.data_loader native_dali imported as dali")
@@ -421,7 +425,7 @@ def _import_reader_io(imp: Importer) -> dict[str, Any]:
     if ctx not in MP_CONTEXTS:
         raise imp.fail(
             "reader.multiprocessing_context",
-            f"expected one of {', '.join(MP_CONTEXTS)}, got {ctx!r}",
+            f"expected one of {', '.join(MP_CONTEXTS)}, got {shown(ctx)}",
         )
     out["multiprocessing_context"] = ctx
     imp.mark("reader.multiprocessing_context", "reader.multiprocessing_context" if given else None)
@@ -564,7 +568,10 @@ def _note_unused(imp: Importer) -> None:
                 continue
             unused.append(dotted)
     if unused:
-        imp.notes.append("DLIO keys without effect on the model: " + ", ".join(sorted(unused)))
+        imp.notes.append(
+            "DLIO keys without effect on the model: "
+            + ", ".join(clipped(k) for k in sorted(unused))
+        )
 
 
 def dlio_to_model(config: Any, source: str = "<dict>", dlio_version: str = "auto") -> WorkloadModel:
@@ -578,7 +585,7 @@ def dlio_to_model(config: Any, source: str = "<dict>", dlio_version: str = "auto
     framework, given = imp.get("framework", "str", DLIO_DEFAULTS["framework"])
     if framework not in DLIO_FRAMEWORKS:
         raise imp.fail(
-            "framework", f"expected one of {', '.join(DLIO_FRAMEWORKS)}, got {framework!r}"
+            "framework", f"expected one of {', '.join(DLIO_FRAMEWORKS)}, got {shown(framework)}"
         )
     imp.mark("framework", "framework" if given else None)
     info = _import_model_info(imp)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dlreplay.errors import shown
+
 # --------------------------------------------------------------------------- DLIO vocabulary
 
 DLIO_FRAMEWORKS = ("pytorch", "tensorflow")
@@ -219,7 +221,7 @@ def dlio_key_problems(config: Mapping[str, Any]) -> list[str]:
             problems.append(f"{section}: not a DLIO section")
         elif section == "framework":
             if body not in DLIO_FRAMEWORKS:
-                problems.append(f"framework: {body!r} not one of {DLIO_FRAMEWORKS}")
+                problems.append(f"framework: {shown(body)} not one of {DLIO_FRAMEWORKS}")
         elif not isinstance(body, Mapping):
             problems.append(f"{section}: expected a mapping")
         else:
@@ -242,12 +244,12 @@ def _section_problems(prefix: str, body: Mapping[str, Any], allowed: frozenset[s
             kind = value.get("type")
             if kind not in DLIO_DISTRIBUTION_KEYS:
                 problems.append(
-                    f"{dotted}.type: {kind!r} not one of {sorted(DLIO_DISTRIBUTION_KEYS)}"
+                    f"{dotted}.type: {shown(kind)} not one of {sorted(DLIO_DISTRIBUTION_KEYS)}"
                 )
             elif set(value) != DLIO_DISTRIBUTION_KEYS[kind]:
                 problems.append(
                     f"{dotted}: keys {sorted(value)} != {sorted(DLIO_DISTRIBUTION_KEYS[kind])}"
                 )
         elif dotted in DLIO_ENUM_VALUES and value not in DLIO_ENUM_VALUES[dotted]:
-            problems.append(f"{dotted}: {value!r} not one of {DLIO_ENUM_VALUES[dotted]}")
+            problems.append(f"{dotted}: {shown(value)} not one of {DLIO_ENUM_VALUES[dotted]}")
     return problems

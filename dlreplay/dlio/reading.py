@@ -9,11 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from dlreplay.dlio.keys import DLIO_DISTRIBUTION_KEYS
-from dlreplay.errors import ModelError
-from dlreplay.model import Distribution, as_int
+from dlreplay.errors import ModelError, clipped, shown
+from dlreplay.model import Distribution, as_int, parse_yaml
 
 # --------------------------------------------------------------------------- import
 
@@ -99,7 +97,7 @@ _KIND_TEXT = {
 
 def check_kind(value: Any, kind: str, fail: Any) -> Any:
     """Check one DLIO value; *fail(message)* builds the error."""
-    bad = fail(f"expected {_KIND_TEXT[kind]}, got {value!r}")
+    bad = fail(f"expected {_KIND_TEXT[kind]}, got {shown(value)}")
     if kind == "bool":
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
@@ -145,17 +143,18 @@ def parse_sections(config: Any, source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in config.items():
         if isinstance(value, str) and name != "framework":
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError as exc:
-                raise ModelError(
-                    f"{source}: {name}: not valid YAML inside the block string ({exc})"
-                ) from None
+            parsed = parse_yaml(
+                value,
+                f"{source}: {clipped(str(name))}",
+                what="not valid YAML inside the block string",
+            )
             value = {"name": parsed} if name == "model" and isinstance(parsed, str) else parsed
         if value is None:
             value = {}
         if name != "framework" and not isinstance(value, Mapping):
-            raise ModelError(f"{source}: {name}: expected a mapping, got {value!r}")
+            raise ModelError(
+                f"{source}: {clipped(str(name))}: expected a mapping, got {shown(value)}"
+            )
         out[str(name)] = value
     return out
 
@@ -171,7 +170,9 @@ def dlio_distribution(
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = {"mean": value}
     if not isinstance(value, Mapping):
-        raise imp.fail(key, f"expected a number of seconds or a mapping with type, got {value!r}")
+        raise imp.fail(
+            key, f"expected a number of seconds or a mapping with type, got {shown(value)}"
+        )
     spec = dict(value)
     if has_stdev and "type" not in spec:
         spec["stdev"] = stdev
@@ -216,4 +217,4 @@ def _distribution_from_spec(spec: dict[str, Any], fail: Any) -> Distribution:
             type="poisson", lam=num("lambda" if "lam" not in spec and "lambda" in spec else "lam")
         )
     types_ = ", ".join((*DLIO_DISTRIBUTION_KEYS, "fixed"))
-    raise fail("type", f"expected one of {types_} (or a plain number), got {kind!r}")
+    raise fail("type", f"expected one of {types_} (or a plain number), got {shown(kind)}")

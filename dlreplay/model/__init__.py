@@ -65,6 +65,8 @@ from dlreplay.model.files import (
     dump_yaml,  # noqa: F401 (importable from here, not in __all__)
     load_model,
     load_yaml_file,
+    parse_yaml,  # noqa: F401 (importable from here, not in __all__)
+    read_bounded,  # noqa: F401 (importable from here, not in __all__)
     save_model,
 )
 from dlreplay.model.layout import (

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, field
 from typing import Any, Union
 
-from dlreplay.errors import ArtifactVersionError, ModelError
+from dlreplay.errors import SHOWN_CHARS, ArtifactVersionError, ModelError, clipped, shown
 
 MODEL_SCHEMA_NAME = "dlreplay.workload"
 MODEL_FORMAT_VERSION = 1
@@ -83,7 +83,8 @@ class InvalidField(ModelError):
 def model_error(
     source: str, path: str, message: str, cls: type[ModelError] = ModelError
 ) -> ModelError:
-    err = cls(f"{source}: {path}: {message}")
+    path = clipped(path)  # a key of a config can be megabytes long
+    err = cls(f"{clipped(source, 4 * SHOWN_CHARS)}: {path}: {message}")
     err.source = source  # type: ignore[attr-defined]
     err.field_path = path  # type: ignore[attr-defined]
     return err
@@ -96,7 +97,7 @@ def describe_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (str, int, float)):
-        return repr(value)
+        return shown(value)
     if isinstance(value, Mapping):
         return "a mapping"
     if isinstance(value, (list, tuple)):

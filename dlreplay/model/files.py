@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import typing
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dlreplay.errors import ModelError
+from dlreplay.errors import SHOWN_CHARS, ModelError, clipped, shown
 from dlreplay.model.base import MODEL_FORMAT_VERSION, MODEL_SCHEMA_NAME
 from dlreplay.model.plain import model_to_dict
 from dlreplay.model.sections import WorkloadModel
@@ -32,7 +31,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, typing.Hashable) and key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
+                None, None, f"duplicate key {shown(key)}", key_node.start_mark
             )
         seen.add(key)
     return loader.construct_mapping(node, deep)
@@ -41,14 +40,37 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_yaml_file(path: str | os.PathLike[str], error: type[ModelError] = ModelError) -> Any:
-    """Parse a YAML file safely (no python tags, no duplicate keys); errors name the file."""
-    source = str(path)
+#: The most bytes of a model or config file read: real ones are kilobytes (a few hundred with
+#: a fingerprinted layout); a file larger than this is not one, and parsing it whole would need
+#: many times its size in memory (``model show /dev/zero`` would read forever).
+MAX_YAML_BYTES = 16 * 2**20
+
+
+def read_bounded(
+    path: str | os.PathLike[str],
+    limit: int = MAX_YAML_BYTES,
+    error: type[ModelError] = ModelError,
+    what: str = "a model or config file",
+) -> bytes:
+    """The bytes of *path*, refused (an *error* naming the file and the limit) past *limit*."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise error(f"{source}: cannot read the file ({reason})") from None
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise error(
+            f"{path}: larger than {limit // 2**20} MiB, the most dlreplay reads of {what}; "
+            f"is it the right file?"
+        )
+    return data
+
+
+def parse_yaml(
+    text: str, source: str, error: type[ModelError] = ModelError, what: str = "not valid YAML"
+) -> Any:
+    """Parse YAML *text* safely (no python tags, no duplicate keys, nesting bounded);
+    errors (``{source}: {what}: ...``) name *source*, the line and the column."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a safe loader: no python tags
     except yaml.YAMLError as exc:
@@ -57,7 +79,22 @@ def load_yaml_file(path: str | os.PathLike[str], error: type[ModelError] = Model
         if isinstance(exc, yaml.reader.ReaderError):  # e.g. binary data: no line/column, a position
             where = f" (character {exc.position + 1})"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]  # one line
-        raise error(f"{source}: not valid YAML: {problem}{where}") from None
+        raise error(f"{source}: {what}: {clipped(problem)}{where}") from None
+    except RecursionError:  # the pure-Python loader (no libyaml) has no nesting limit of its own
+        raise error(f"{source}: {what}: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits (int() refuses it)
+        raise error(f"{source}: {what}: {clipped(str(exc), 2 * SHOWN_CHARS)}") from None
+
+
+def load_yaml_file(path: str | os.PathLike[str], error: type[ModelError] = ModelError) -> Any:
+    """Parse a YAML file safely (no python tags, no duplicate keys, at most
+    :data:`MAX_YAML_BYTES`); errors name the file."""
+    source = str(path)
+    try:
+        text = read_bounded(path, error=error).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{source}: cannot read the file ({exc})") from None
+    return parse_yaml(text, source, error)
 
 
 def load_model(path: str | os.PathLike[str]) -> WorkloadModel:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from dlreplay.errors import ModelError
+from dlreplay.errors import ModelError, shown
 from dlreplay.model.base import model_error, strip_optional, type_hints
 from dlreplay.model.distribution import DISTRIBUTION_PARAMS, Distribution
 from dlreplay.model.plain import model_to_dict
@@ -70,7 +70,7 @@ def _dist_set_type(node: dict[str, Any], new: Any) -> None:
 
 
 def _override_error(item: str, path: str, message: str) -> ModelError:
-    return model_error(f"override {item!r}", path, message)
+    return model_error(f"override {shown(item)}", path, message)
 
 
 def _set_override(d: dict[str, Any], keys: list[str], value: Any, item: str) -> str:
@@ -113,8 +113,11 @@ def _set_override(d: dict[str, Any], keys: list[str], value: Any, item: str) -> 
     return unit
 
 
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: faster
+
 #: A number in exponent notation without a dot (``1e9``, ``4E-3``), which YAML 1.1 leaves a string.
-_EXP_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+#: (``\d+(\.\d*)?``, not ``\d+\.?\d*``: the latter backtracks quadratically on a long row of digits)
+_EXP_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)[eE][+-]?\d+$")
 
 
 def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadModel:
@@ -135,10 +138,12 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ModelError(f"override {item!r}: expected KEY=VALUE, e.g. reader.read_threads=4")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
+            raise ModelError(
+                f"override {shown(item)}: expected KEY=VALUE, e.g. reader.read_threads=4"
+            )
+        try:  # libyaml when available: its nesting limit keeps a deep value from recursing
+            value = yaml.load(raw, Loader=_SafeLoader) if raw.strip() else None
+        except (yaml.YAMLError, RecursionError, ValueError):
             value = raw.strip()
         if isinstance(value, str) and _EXP_NUMBER.match(value):  # YAML 1.1 reads 1e9 as a string
             number = float(value)
@@ -165,9 +170,11 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
             None,
         )
         hint = (
-            f"from override {culprit!r}"
+            f"from override {shown(culprit)}"
             if culprit
-            else f"after overrides {', '.join(map(repr, touched.values()))}"
+            else f"after overrides {', '.join(map(shown, touched.values()))}"
+            if touched
+            else "after the overrides"
         )
         err = ModelError(f"{exc} ({hint})")
         err.field_path = path  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass
 from typing import ClassVar
 
+from dlreplay.errors import shown
 from dlreplay.model.base import (
     ACCESS_FRACTION_TOLERANCE,
     AU_FIRST_STEPS,
@@ -335,7 +336,7 @@ class Checkpoint:
                 if len(run) != 2 or run[1] < 1:
                     raise InvalidField(
                         f"file_writes.{i}.{j}",
-                        f"expected [bytes per call, calls >= 1], got {run!r}",
+                        f"expected [bytes per call, calls >= 1], got {shown(run)}",
                     )
 
     def file_write_plan(self) -> list[list[int]] | None:
@@ -371,7 +372,7 @@ class Parallelism:
     def __post_init__(self) -> None:
         if not -1 <= self.zero_stage <= 3:
             raise InvalidField(
-                "zero_stage", f"expected an integer from -1 to 3, got {self.zero_stage!r}"
+                "zero_stage", f"expected an integer from -1 to 3, got {shown(self.zero_stage)}"
             )
 
 

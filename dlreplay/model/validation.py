@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from dlreplay.errors import ModelError
+from dlreplay.errors import ModelError, shown
 from dlreplay.model.base import (
     MODEL_FORMAT_VERSION,
     MODEL_SCHEMA_NAME,
@@ -240,7 +240,7 @@ def _check_header(data: Mapping[str, Any], source: str) -> None:
             source,
             "schema",
             f"{source} is not a dlreplay workload model (schema is "
-            f"{data['schema']!r}, expected {MODEL_SCHEMA_NAME!r}).",
+            f"{shown(data['schema'])}, expected {MODEL_SCHEMA_NAME!r}).",
             ModelVersionError,
         )
     version = data.get("format_version")

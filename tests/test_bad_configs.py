@@ -1,0 +1,132 @@
+"""Bad model and DLIO config files, and overrides that cannot take effect (issue #45, items 4, 5
+and 7, the parts in the core's model and DLIO code).
+
+Through the real CLI: each case ends in one line naming the file (or the override) and what to
+do, exit 1, quickly and in bounded memory, never a traceback; an error quotes at most a short
+cut of a bad value and says how long it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import TRACES
+
+#: A small DLIO workload; each test adds or replaces keys.
+DLIO = """\
+framework: pytorch
+workflow: {{generate_data: false, train: true}}
+dataset:
+  data_folder: data/x
+  format: {fmt}
+  num_files_train: {files}
+  num_samples_per_file: {spf}
+  record_length_bytes: {length}
+reader: {{batch_size: 2, read_threads: 1}}
+train: {{epochs: 1, computation_time: 0.01}}
+"""
+
+
+def dlio(tmp_path: Path, name: str = "workload.yaml", **kw: object) -> Path:
+    values = {"fmt": "npz", "files": 4, "spf": 2, "length": 4096, **kw}
+    path = tmp_path / name
+    path.write_text(DLIO.format(**values))
+    return path
+
+
+def error_line(proc) -> str:
+    """The one error line of a failed run (exit 1)."""
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("dlreplay: error:")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    return lines[0]
+
+
+def imported(cli, tmp_path: Path, **kw: object) -> Path:
+    """A model imported from :func:`dlio`'s workload."""
+    out = tmp_path / "model.yaml"
+    cli("model", "import-dlio", str(dlio(tmp_path, **kw)), "-o", str(out), check=True)
+    return out
+
+
+# --------------------------------------------------------------------------- sizes read (5)
+
+
+def test_model_show_of_an_endless_file_stops_at_the_limit(cli) -> None:
+    """``model show /dev/zero`` read 4 GB before it said anything; now it reads 16 MiB at most."""
+    line = error_line(cli("model", "show", "/dev/zero", timeout=60))
+    assert "/dev/zero: larger than 16 MiB, the most dlreplay reads" in line
+
+
+def test_a_config_over_the_limit_is_refused_before_parsing(cli, tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    with open(big, "w") as fh:  # valid YAML, all of it: a comment line repeated
+        fh.write("framework: pytorch\n" + ("# " + "x" * 1021 + "\n") * (17 * 1024))
+    line = error_line(cli("model", "import-dlio", str(big), "-o", str(tmp_path / "m.yaml")))
+    assert f"{big}: larger than 16 MiB" in line
+    assert not (tmp_path / "m.yaml").exists()
+
+
+# --------------------------------------------------------------------------- values echoed (5)
+
+
+def test_a_megabyte_value_is_cut_in_the_message(cli, tmp_path: Path) -> None:
+    path = dlio(tmp_path, fmt="x" * 2_000_000)
+    line = error_line(cli("model", "import-dlio", str(path), "-o", str(tmp_path / "m.yaml")))
+    assert "dataset.format: expected one of" in line
+    assert "... (2,000,000 characters)" in line
+    assert len(line) < 1000
+
+
+def test_a_megabyte_key_and_override_are_cut(cli, tmp_path: Path) -> None:
+    good = imported(cli, tmp_path)
+    model = tmp_path / "long-key.yaml"
+    key = "k" * 1_000_000  # an explicit key (``? KEY``): a plain one ends at 1,024 characters
+    text = good.read_text().replace("reader:\n", f"reader:\n  ? {key}\n  : 1\n", 1)
+    model.write_text(text)
+    line = error_line(cli("model", "show", str(model)))
+    assert "reader.kkkk" in line and "... (1,000,007 characters): unknown field" in line
+    assert len(line) < 1000
+    long_set = "dataset.num_files=" + "9" * 100_000
+    # the exponent-notation pattern backtracked quadratically on 100,000 digits (a minute)
+    proc = cli("generate", str(good), "--data-dir", str(tmp_path / "d"),
+               "--set", long_set, timeout=20)  # fmt: skip
+    line = error_line(proc)
+    assert "characters)" in line and len(line) < 1000
+
+
+# --------------------------------------------------------------------------- nesting (4)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["block string", "override"],
+)
+def test_deep_nesting_is_an_error_not_a_recursion(cli, tmp_path: Path, where: str) -> None:
+    deep = "[" * 20_000 + "]" * 20_000
+    if where == "block string":  # DLIO's sections may be YAML inside a string
+        path = tmp_path / "deep.yaml"
+        path.write_text(f'framework: pytorch\ndataset: "{deep}"\n')
+        line = error_line(cli("model", "import-dlio", str(path), "-o", str(tmp_path / "m.yaml")))
+        assert f"{path}: dataset: not valid YAML inside the block string: exceeded" in line
+    else:
+        model = imported(cli, tmp_path)
+        proc = cli("generate", str(model), "--data-dir", str(tmp_path / "d"),
+                   "--set", f"dataset.layout={deep}")  # fmt: skip
+        line = error_line(proc)
+        assert "dataset.layout: expected a mapping" in line and "(40,000 characters)" in line
+
+
+def test_an_integer_longer_than_python_converts_is_an_error(cli, tmp_path: Path) -> None:
+    path = dlio(tmp_path, files="9" * 5000)
+    line = error_line(cli("model", "import-dlio", str(path), "-o", str(tmp_path / "m.yaml")))
+    assert f"{path}: not valid YAML: Exceeds the limit (4300 digits)" in line
+
+
+def test_a_size_beyond_any_byte_count_is_a_usage_error(cli) -> None:
+    """``--memory-limit 9...9`` (400 digits) overflowed float into a traceback."""
+    proc = cli("analyze", str(TRACES / "dlio_npz_2ranks"), "--memory-limit", "9" * 400)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "(400 characters) is too large a size (at most 8 EiB)" in proc.stderr
