@@ -8,9 +8,11 @@ cut of a bad value and says how long it was.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .conftest import TRACES
 
@@ -130,3 +132,95 @@ def test_a_size_beyond_any_byte_count_is_a_usage_error(cli) -> None:
     proc = cli("analyze", str(TRACES / "dlio_npz_2ranks"), "--memory-limit", "9" * 400)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "(400 characters) is too large a size (at most 8 EiB)" in proc.stderr
+
+
+# --------------------------------------------------------------------------- DLIO import (4, 5)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "spf", "length"),
+    [
+        ("npz", 10**12, 4096),  # np.savez of [0] * 10**12 labels: MemoryError
+        ("npy", 10**12, 4096),  # np.save of 4 PB to a counting sink: hours
+        ("npz", 1, 10**15),  # a record of 1 PB: the same
+        ("hdf5", 10**8, 4096),  # an HDF5 probe file of 10**8 samples: minutes
+    ],
+)
+def test_import_of_huge_dlio_files_is_computed_not_written(
+    cli, tmp_path: Path, fmt: str, spf: int, length: int
+) -> None:
+    """The file DLIO would write is sized by its structure, at once, whatever its size."""
+    out = tmp_path / "m.yaml"
+    path = dlio(tmp_path, fmt=fmt, spf=spf, length=length)
+    cli("model", "import-dlio", str(path), "-o", str(out), check=True, timeout=30)
+    model = yaml.safe_load(out.read_text())
+    side = math.isqrt(length)
+    data = side * side * spf
+    assert data < model["dataset"]["file_size"]["value"] < data + 9 * spf + 4096
+
+
+@pytest.mark.parametrize(
+    ("fmt", "spf", "length", "message"),
+    [
+        (
+            "tfrecord",
+            10**26,
+            4096,
+            "dataset.num_samples_per_file: num_samples_per_file x record length = "
+            "100000000000000000000000000 x 4,096 bytes: files larger than any file can be (8 EiB)",
+        ),
+        (
+            "npz",
+            "9" * 4000,  # Python's float() of it overflowed
+            1,
+            "x 1 bytes: files larger than any file can be",
+        ),
+        (
+            "jpeg",
+            1,
+            10**11,
+            "dataset.record_length_bytes: 100,000,000,000 bytes: a JPEG of 316,227 x 316,227 pixels",
+        ),
+    ],
+)
+def test_import_refuses_files_that_cannot_exist(
+    cli, tmp_path: Path, fmt: str, spf: object, length: int, message: str
+) -> None:
+    path = dlio(tmp_path, fmt=fmt, spf=spf, length=length)
+    line = error_line(cli("model", "import-dlio", str(path), "-o", str(tmp_path / "m.yaml")))
+    assert f"{path}: " in line and message in line
+
+
+def test_a_count_past_int64_is_refused_in_config_model_and_override(cli, tmp_path: Path) -> None:
+    huge = "9" * 4000  # below Python's 4,300 digits: it parses, then overflowed a float
+    path = dlio(tmp_path, files=huge)
+    line = error_line(cli("model", "import-dlio", str(path), "-o", str(tmp_path / "m.yaml")))
+    assert (
+        "dataset.num_files: expected at most 2^63 - 1, got an integer of about 4,000 digits" in line
+    )
+    model = imported(cli, tmp_path)
+    proc = cli("generate", str(model), "--data-dir", str(tmp_path / "d"),
+               "--set", f"dataset.record_length.mean={huge}")  # fmt: skip
+    assert "dataset.record_length.mean: expected a number or null, got an integer of about" in (
+        error_line(proc)
+    )
+
+
+@pytest.mark.parametrize(("side", "spf"), [(1, 1), (64, 2), (317, 9), (1000, 17)])
+def test_computed_dlio_file_sizes_are_numpys(side: int, spf: int) -> None:
+    """The sizes computed past 16 MiB are what np.save / np.savez write (checked small here,
+    and once at 2 and 4 GiB where zip64 fields appear)."""
+    import io
+
+    import numpy as np
+
+    from dlreplay.dlio.generator import npy_file_bytes, zip_file_bytes
+
+    records = np.zeros((side, side, spf), dtype=np.uint8)
+    npy, npz = io.BytesIO(), io.BytesIO()
+    np.save(npy, records)
+    np.savez(npz, x=records, y=[0] * spf)
+    x = npy_file_bytes((side, side, spf), "|u1", 1)
+    assert x == len(npy.getvalue())
+    y = npy_file_bytes((spf,), "<i8", 8)
+    assert zip_file_bytes([("x.npy", x), ("y.npy", y)]) == len(npz.getvalue())

@@ -27,6 +27,7 @@ given dimensions, so the dimensions can be found from a trace's file sizes
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -231,29 +232,82 @@ def _zeros(shape: tuple[int, ...]) -> np.ndarray:
     )
 
 
+#: Bytes of sample data up to which :func:`array_file_bytes` writes the file to a counting sink
+#: (numpy's own writer, exact by construction); past it the size is computed from the formats'
+#: structure (:func:`npy_file_bytes`, :func:`zip_file_bytes`), which takes no time for a file of
+#: any size (writing a 1 TB file to the sink took minutes before anything was said).
+MEASURED_BYTES = 16 * 2**20
+
+
+def npy_header_bytes(shape: tuple[int, ...], descr: str) -> int:
+    """Bytes of the header ``np.save`` writes for an array of *shape* and dtype *descr*."""
+    sink = io.BytesIO()
+    header = {"descr": descr, "fortran_order": False, "shape": tuple(int(n) for n in shape)}
+    try:
+        np.lib.format.write_array_header_1_0(sink, header)
+    except ValueError:  # a header over 64 KiB: numpy's format 2.0, as np.save chooses
+        sink = io.BytesIO()
+        np.lib.format.write_array_header_2_0(sink, header)
+    return sink.tell()
+
+
+def npy_file_bytes(shape: tuple[int, ...], descr: str, itemsize: int) -> int:
+    """Bytes of the file ``np.save`` writes for a C-ordered array of *shape*."""
+    return npy_header_bytes(shape, descr) + math.prod(int(n) for n in shape) * itemsize
+
+
+#: What Python's :mod:`zipfile` writes past 2 GiB - 1 as zip64 (``zipfile.ZIP64_LIMIT``).
+_ZIP64_LIMIT = (1 << 31) - 1
+
+
+def zip_file_bytes(members: list[tuple[str, int]]) -> int:
+    """Bytes of the zip :mod:`zipfile` writes (uncompressed, ``force_zip64`` as ``np.savez`` opens
+    each member, to a seekable file) of *members* (name, bytes): each member's local header with
+    its zip64 extra field and data, the central directory (zip64 fields for the sizes and
+    offsets past the limit), and the end records (zip64 ones past the limit)."""
+    offset = 0
+    central = 0
+    for name, size in members:
+        over = 2 * (size > _ZIP64_LIMIT) + (offset > _ZIP64_LIMIT)
+        central += 46 + len(name.encode()) + (4 + 8 * over if over else 0)
+        offset += 30 + len(name.encode()) + 20 + size  # 20: the zip64 extra field
+    end = 22 + (56 + 20 if offset > _ZIP64_LIMIT or central > _ZIP64_LIMIT else 0)
+    return offset + central + end
+
+
 def array_file_bytes(fmt: str, samples_per_file: int, dims: tuple[int, int]) -> int | None:
     """Bytes of the file DLIO 2.0.0 writes (uncompressed npz, npy, contiguous hdf5) for samples of
-    ``dims`` elements; None for other formats."""
+    ``dims`` elements; None for other formats. Computed, not written, past :data:`MEASURED_BYTES`."""
     d1, d2, spf = int(dims[0]), int(dims[1]), int(samples_per_file)
-    if fmt == "npz":
-        sink = _CountingSink()
-        np.savez(sink, x=_zeros((d1, d2, spf)), y=[0] * spf)
-        return sink.size
-    if fmt == "npy":
-        sink = _CountingSink()
-        np.save(sink, _zeros((d1, d2, spf)))
-        return sink.size
     if fmt == "hdf5":
         return _hdf5_overhead(spf) + d1 * d2 * spf
-    return None
+    if fmt not in ("npz", "npy"):
+        return None
+    if d1 * d2 * spf + 8 * spf > MEASURED_BYTES:
+        x = npy_file_bytes((d1, d2, spf), "|u1", 1)
+        if fmt == "npy":
+            return x
+        return zip_file_bytes([("x.npy", x), ("y.npy", npy_file_bytes((spf,), "<i8", 8))])
+    sink = _CountingSink()
+    if fmt == "npz":
+        np.savez(sink, x=_zeros((d1, d2, spf)), y=[0] * spf)
+    else:
+        np.save(sink, _zeros((d1, d2, spf)))
+    return sink.size
 
 
 _H5_OVERHEAD: dict[int, int] = {}
+#: Samples per file up to which :func:`_hdf5_overhead` writes a probe file; past it, each sample
+#: more adds its int64 label (8 bytes) to the probe's overhead: the records and labels are each
+#: one contiguous block, their headers of a fixed size.
+_H5_PROBED_SAMPLES = 4096
 
 
 def _hdf5_overhead(spf: int) -> int:
     """Bytes of a DLIO HDF5 file besides the records' data (contiguous storage keeps its
     data in one block, so this does not depend on the sample's size)."""
+    if spf > _H5_PROBED_SAMPLES:
+        return _hdf5_overhead(_H5_PROBED_SAMPLES) + 8 * (spf - _H5_PROBED_SAMPLES)
     if spf not in _H5_OVERHEAD:
         import tempfile
 
@@ -288,14 +342,30 @@ def dims_from_file_bytes(
     return None
 
 
+#: Pixels of the largest image :func:`image_file_bytes` encodes; a larger one's size is that
+#: image's bytes per pixel times its pixels (noise codes to the same bytes per pixel at any size,
+#: within 0.1 % past 1024 x 1024), so a config's huge record length costs no minutes of encoding.
+IMAGE_PROBE_PIXELS = 4096 * 4096
+#: The largest side a JPEG may have (libjpeg's JPEG_MAX_DIMENSION).
+JPEG_MAX_SIDE = 65500
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_bytes_per_pixel(fmt: str) -> float:
+    side = math.isqrt(IMAGE_PROBE_PIXELS)
+    return image_file_bytes(fmt, (side, side)) / (side * side)
+
+
 def image_file_bytes(fmt: str, dims: tuple[int, int]) -> int:
     """Bytes of one image DLIO 2.0.0 writes for *dims* ``(d1, d2)``: its noise (seeded as its
-    generator seeds it), grayscale, saved by Pillow with DLIO's arguments."""
+    generator seeds it), grayscale, saved by Pillow with DLIO's arguments; past
+    :data:`IMAGE_PROBE_PIXELS`, estimated from an image of that many pixels."""
     from PIL import Image
 
-    records = np.random.RandomState(10).randint(
-        255, size=(int(dims[0]), int(dims[1])), dtype=np.uint8
-    )
+    d1, d2 = int(dims[0]), int(dims[1])
+    if d1 * d2 > IMAGE_PROBE_PIXELS:
+        return round(_probe_bytes_per_pixel(fmt) * d1 * d2)
+    records = np.random.RandomState(10).randint(255, size=(d1, d2), dtype=np.uint8)
     bio = io.BytesIO()
     Image.fromarray(records).save(bio, format="JPEG" if fmt == "jpeg" else "PNG", bits=8)
     return len(bio.getvalue())

@@ -17,6 +17,8 @@ from dlreplay.dlio.checkpoint import (
     dlio_checkpoint_estimate,
 )
 from dlreplay.dlio.generator import (
+    IMAGE_PROBE_PIXELS,
+    JPEG_MAX_SIDE,
     array_file_bytes,
     dlio_dimension,
     generated_layout,
@@ -240,6 +242,7 @@ def _import_dataset(imp: Importer) -> dict[str, Any]:
     )
     out["record_length"] = record
     imp.mark("dataset.record_length", "/".join(k for k in (length_key, stdev_key) if k) or None)
+    _check_file_bytes(imp, out["num_samples_per_file"], length, length_key)
     resize, resize_key = imp.first(
         ("dataset.record_length_bytes_resize", "dataset.record_length_resize"), "int>=0"
     )
@@ -266,6 +269,29 @@ def _import_dataset(imp: Importer) -> dict[str, Any]:
     return out
 
 
+#: The most bytes a file can hold (the largest file offset, 8 EiB).
+MAX_FILE_BYTES = 2**63 - 1
+
+
+def _check_file_bytes(imp: Importer, spf: int, length: float, length_key: str | None) -> None:
+    """Refuse a file no file system holds: *spf* samples of *length* bytes past
+    :data:`MAX_FILE_BYTES` (integers: a count of thousands of digits overflows a float)."""
+    if max(int(length), 1) * spf <= MAX_FILE_BYTES:  # a sample takes a byte at least
+        return
+    too_long = length > MAX_FILE_BYTES
+    key = (
+        (length_key or "dataset.record_length_bytes")
+        if too_long
+        else "dataset.num_samples_per_file"
+    )
+    bytes_ = f"{length:.3g}" if too_long else f"{length:,.0f}"
+    raise imp.fail(
+        key,
+        f"num_samples_per_file x record length = {shown(spf)} x {bytes_} bytes: files larger "
+        f"than any file can be (8 EiB); lower num_samples_per_file or the record length",
+    )
+
+
 def _import_generated(
     imp: Importer,
     fmt: str,
@@ -279,6 +305,12 @@ def _import_generated(
     their encoded size on disk (``record_length`` is DLIO's decoded bytes); the sample a reader
     hands over is DLIO's ``resized_image`` unless the config resizes it."""
     side = dlio_dimension(length)
+    if fmt == "jpeg" and side > JPEG_MAX_SIDE:
+        raise imp.fail(
+            "dataset.record_length_bytes",
+            f"{length:,.0f} bytes: a JPEG of {side:,} x {side:,} pixels (DLIO's side, "
+            f"int(sqrt(record_length))), more than JPEG allows ({JPEG_MAX_SIDE:,} a side); lower it",
+        )
     chunking, _ = imp.get("dataset.enable_chunking", "bool", False)
     gen = generated_layout(
         fmt,
@@ -301,11 +333,15 @@ def _import_generated(
         encoded = image_file_bytes(fmt, (side, side))
         out["record_length"] = Distribution.fixed(encoded)
         out["file_size"] = Distribution.fixed(encoded)
+        saved = (
+            f"saved by Pillow: {encoded:,} B on disk"
+            if side * side <= IMAGE_PROBE_PIXELS
+            else f"~{encoded:,} B on disk (estimated from a smaller image's bytes per pixel)"
+        )
         imp.mark(
             "dataset.record_length",
             None,
-            inferred=f"{how}, saved by Pillow: {encoded:,} B on disk "
-            f"(DLIO's record_length {int(length):,} B is the decoded image)",
+            inferred=f"{how}, {saved} (DLIO's record_length {int(length):,} B is the decoded image)",
         )
         imp.mark("dataset.file_size", None, inferred="the encoded image")
     else:

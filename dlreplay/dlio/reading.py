@@ -115,8 +115,15 @@ def check_kind(value: Any, kind: str, fail: Any) -> Any:
         ):
             raise bad
         return [int(v) for v in value]
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    return _check_number(value, kind, bad)
+
+
+def _check_number(value: Any, kind: str, bad: ModelError) -> Any:
+    """:func:`check_kind` of the number kinds (``int>0``, ``num>=0``, ...); raises *bad*."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise bad
+    if not isinstance(value, numbers.Integral) and not math.isfinite(value):
+        raise bad  # (an int is finite: math.isfinite overflows on one of thousands of digits)
     if kind.startswith("int"):
         value = as_int(value)
         if value is None:

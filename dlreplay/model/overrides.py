@@ -24,7 +24,11 @@ def _dist_set_mean(node: dict[str, Any], new: Any) -> None:
     if isinstance(new, bool) or not isinstance(new, numbers.Real):
         node["mean"] = new  # let validation report it
         return
-    new = float(new)
+    try:
+        new = float(new)
+    except OverflowError:  # an integer of hundreds of digits: validation reports it
+        node["mean"] = new
+        return
     t, old = node.get("type"), node.get("mean")
     if t == "fixed" or t == "unknown":
         node.clear()

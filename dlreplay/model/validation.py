@@ -87,6 +87,18 @@ class _Ctx:
     absent: list[str] = field(default_factory=list)
 
 
+#: The largest integer a model holds (a count or a size; numpy's int64).
+INT64_MAX = 2**63 - 1
+
+
+def _finite(value: numbers.Real) -> bool:
+    """Whether *value* is a finite float (an int of thousands of digits is not: float() overflows)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def as_int(value: numbers.Real) -> int | None:
     """*value* as an int if it is a whole number (ints exactly, floats like 4.0), else None."""
     if isinstance(value, numbers.Integral):
@@ -125,13 +137,13 @@ def _convert(value: Any, tp: Any, md: Mapping[str, Any], path: str, ctx: _Ctx) -
         value = as_int(value)
         if value is None or not _check_number(value, md.get("check")):
             raise bad
+        if abs(value) > INT64_MAX:  # no count or size of a real job, and numpy's plan is int64
+            raise model_error(
+                ctx.source, path, f"expected at most 2^63 - 1, got {describe_value(value)}"
+            )
         return value
     if inner is float:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Real)
-            or not math.isfinite(value)
-        ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not _finite(value):
             raise bad
         if not _check_number(float(value), md.get("check")):
             raise bad
