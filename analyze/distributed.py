@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from dlreplay.errors import UsageError
-from dlreplay.interrupt import hold_point
+from dlreplay.interrupt import hold_point, wait_interruptibly
 
 from .findings import Finding, Thresholds, find
 from .passes import Characterization, characterize
@@ -73,9 +74,9 @@ class ClusterInfo:
     seconds: float
 
 
-#: Seconds ``--scheduler`` waits for the scheduler to answer (Dask retries a refused
-#: connection until then: a scheduler still starting is waited for), unless Dask's own
-#: ``distributed.comm.timeouts.connect`` is set in the environment.
+#: Seconds ``--scheduler`` waits for the scheduler to answer, the whole handshake included
+#: (Dask retries a refused connection until then: a scheduler still starting is waited
+#: for), unless Dask's own ``distributed.comm.timeouts.connect`` is set in the environment.
 CONNECT_TIMEOUT_S = 10.0
 _CONNECT_ENV = "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT"
 
@@ -144,8 +145,10 @@ def cluster(
         raise UsageError("give either --scheduler ADDRESS or --workers N")
     timeout = connect_timeout()  # (a bad setting of it is named before anything starts)
     if scheduler is not None:
+        started = time.monotonic()
+        _handshake(scheduler, timeout)
         try:
-            client = Client(scheduler, timeout=timeout)
+            client = Client(scheduler, timeout=max(1.0, timeout - (time.monotonic() - started)))
         except (OSError, TimeoutError) as exc:
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
         except _CONFIG_ERRORS as exc:
@@ -205,6 +208,60 @@ def cluster(
         local.close()
         if levels is not None:
             _restore(levels)
+
+
+def _handshake(scheduler: str, timeout: float) -> None:
+    """Connect to ``scheduler`` and complete Dask's handshake within ``timeout`` seconds,
+    or raise a :class:`UsageError` saying which step failed.
+
+    Dask bounds only the TCP connect by its connect timeout: its handshake then waits for
+    the peer's first message for ever, so an address where something accepts connections
+    and never answers (a stopped process, another service, a firewall that accepts) held
+    ``--scheduler`` for good. Here the whole of it runs under one deadline, in a thread of
+    its own with its own event loop (the caller may be running one: a notebook), while
+    this thread waits in slices (Ctrl-C is answered)."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    outcome: dict[str, BaseException | None] = {}
+    done = threading.Event()
+
+    async def probe() -> None:
+        comm = await asyncio.wait_for(connect(scheduler, timeout=timeout), timeout)
+        await comm.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(probe())
+            outcome["error"] = None
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="dlreplay-dask-handshake").start()
+    # a little longer than the probe's own deadline: its timeout is the better message
+    if not wait_interruptibly(done, timeout + 5):
+        outcome["error"] = asyncio.TimeoutError()
+    exc = outcome.get("error")
+    if exc is None:
+        return
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError) and not str(exc):
+        raise UsageError(
+            f"cannot reach the Dask scheduler at {scheduler}: something accepts connections "
+            f"there but did not complete Dask's handshake within {timeout:g} s (is it a Dask "
+            "scheduler? is the address or port right?)"
+        ) from None
+    text = str(exc).strip()[:300] or type(exc).__name__
+    if isinstance(exc, OSError | TimeoutError):
+        raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {text}") from None
+    # anything else came from decoding what the peer sent (or from a DASK_* setting)
+    raise _config_error(
+        exc,
+        f"cannot use {scheduler} as a Dask scheduler: what answered there is not Dask's "
+        f"handshake ({type(exc).__name__})",
+    ) from None
 
 
 #: The loggers a closing cluster fills with tracebacks.

@@ -202,3 +202,58 @@ def hold_point(point: str) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.05)
         INTERRUPT.check()
+
+
+def reached_point(point: str) -> None:
+    """Test-only marker: when ``DLREPLAY_TEST_HOLD`` names *point*, print ``at POINT`` on
+    stderr and go on (no waiting, unlike :func:`hold_point`): the code under test must then
+    answer a Ctrl-C by itself (e.g. ``dlreplay sql``, while the trace processor runs an
+    endless query). A no-op otherwise."""
+    if os.environ.get(HOLD_ENV) != point:
+        return
+    sys.stderr.write(f"at {point} ({HOLD_ENV})\n")
+    sys.stderr.flush()
+
+
+def wait_interruptibly(done: threading.Event, timeout: float | None = None) -> bool:
+    """Wait for ``done`` (at most ``timeout`` seconds; None: for ever) in short slices.
+
+    A process-directed signal may be delivered to any thread; when it lands on another
+    thread while the main thread is blocked in one long C call (a socket ``recv``), Python
+    runs its handler only when that call returns, maybe never. Waiting in slices, the main
+    thread runs the Ctrl-C handler within a tenth of a second (and a Ctrl-C whose
+    KeyboardInterrupt was swallowed raises here too, :meth:`Interrupt.check`). True when
+    ``done`` is set."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+        if left <= 0:
+            return done.is_set()
+        if done.wait(left):
+            return True
+        INTERRUPT.check()
+
+
+@contextmanager
+def sigterm_as_exit(signals: tuple[int, ...] | None = None) -> Iterator[None]:
+    """While inside, SIGTERM (and SIGHUP: the terminal closed) raise ``SystemExit(128 +
+    signal)`` in the main thread, so that ``finally`` blocks and context managers remove
+    what the command made (a temporary copy of a trace) before the process ends; their
+    default action ends it at once. A signal that is ignored (``nohup``) stays ignored.
+    Outside the main thread: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = signals if signals is not None else (signal.SIGTERM, signal.SIGHUP)
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {
+        s: signal.signal(s, handler) for s in wanted if signal.getsignal(s) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old if old is not None else signal.SIG_DFL)

