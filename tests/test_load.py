@@ -352,8 +352,10 @@ def test_single_file_list_and_plain_pfw(tmp_path: Path) -> None:
     gz = write_gz(tmp_path / "one.pfw.gz", p.lines())
     plain = tmp_path / "one.pfw"
     plain.write_bytes(b"\n".join(p.lines()))  # no trailing newline: last line is still kept
-    a, b, c = load(gz), load(plain), load([gz, plain])
-    assert a.height == b.height == 4 and c.height == 8
+    a, b = load(gz), load(plain)
+    with pytest.warns(TraceDamageWarning, match="set aside"):
+        c = load([gz, plain])  # the same events twice: the second copy set aside (issue #45)
+    assert a.height == b.height == c.height == 4
     assert a.drop("source").equals(b.drop("source"))
 
 
@@ -378,7 +380,9 @@ def test_relative_paths_use_the_process_cwd(tmp_path: Path) -> None:
 
 def test_time_metric_ns_is_converted(tmp_path: Path) -> None:
     p = Proc(pid=3)
-    p.records = [r for r in p.records if r["name"] != "CM"]
+    # (no start record: its µs timestamp read as ns would put the read before the process
+    # began, which the loader sets aside since issue #45)
+    p.records = [r for r in p.records if r["name"] not in ("CM", "start")]
     p.meta("CM", "time_metric", "NS")
     p.event("read", "POSIX", {"ret": 1, "count": 1, "fhash": "ab"}, ts=5_000_000, dur=7_000)
     write_gz(tmp_path / "t.pfw.gz", p.lines())
@@ -1007,11 +1011,17 @@ def test_unpacked_sort_paths_agree(tmp_path: Path, monkeypatch) -> None:
         p.read("/d/far", k + 1, ts=(1 << 61) + k * 10)
     p.finish()
     write_gz(d / "trace-400.pfw.gz", p.lines())
+    # (the far-off process's file is set aside as hours away from the run since issue #45: its
+    # table is checked before that step)
+    monkeypatch.setattr(LOAD, "check_values", lambda loaded: loaded)
     wide = load(d)
     assert wide["ts"].is_sorted() and wide.height == packed.height + 33
     assert wide.filter(pl.col("pid") == 400, pl.col("name") == "read")["offset"].to_list() == [
         sum(range(1, k + 1)) for k in range(30)
     ]
+    monkeypatch.undo()
+    (far,) = [f for f in load_trace(d).files if f.name == "trace-400.pfw.gz"]
+    assert far.events == 2 and "outside its process's lifetime" in far.problems[0]  # (start, end)
 
 
 @pytest.mark.parametrize("chunk", [1 << 12, 32 << 20])
@@ -1149,6 +1159,11 @@ def _parallel_trace(tmp_path: Path) -> Path:
 def _assert_same_load(a: LoadedTrace, b: LoadedTrace) -> None:
     assert_frame_equal(a.events, b.events, check_exact=True)
     assert a.files == b.files
+    if a.per_process is None and b.per_process is None:
+        # events set aside (the fixtures' files hold their lines several times: issue #45): the
+        # per-process table is counted again where it is used
+        assert any("set aside" in p for f in a.files for p in f.problems)
+        return
     assert a.per_process is not None and b.per_process is not None
     keys = ["file", "host", "pid"]
     assert_frame_equal(a.per_process.sort(keys), b.per_process.sort(keys))
@@ -1239,7 +1254,8 @@ def test_a_wrong_cut_falls_back_to_the_whole_file(tmp_path: Path, monkeypatch) -
         + gzip.compress(text[half + 7 :], mtime=0)
     )
     one = load_trace(d, jobs=1)
-    assert not one.damaged
+    # (the lines twice: the second copy set aside since issue #45, nothing dropped)
+    assert not one.dropped_lines and not one.dropped_bytes
     data = (d / "a.pfw.gz").read_bytes()
     starts = member_offsets(data)
     for cuts in ([0, starts[1] + 100], [0, starts[2]]):  # inside a member; after the odd member

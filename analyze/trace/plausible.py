@@ -32,7 +32,7 @@ import polars as pl
 
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
-from .shapes import READ_AS_NULL, SET_ASIDE, FileReport, LoadedTrace
+from .shapes import READ_AS_NULL, SET_ASIDE, FileReport, LoadedTrace, int_stat
 
 __all__ = ["WINDOW_SLACK_US", "capture_window", "check_values"]
 
@@ -84,12 +84,10 @@ def check_values(loaded: LoadedTrace) -> LoadedTrace:
     if not notes:
         return loaded
     files = [_noted(f, notes.get(f.name, []), ev) for f in loaded.files]
-    return dataclasses.replace(
-        loaded,
-        events=ev,
-        files=files,
-        per_process=None if aside is not None else loaded.per_process,
-    )
+    # the loader's per-process counts included the rows set aside: counted again from the
+    # table where it is used (TraceView.per_process, summarize), as after a changed role
+    per_process = None if aside is not None else loaded.per_process
+    return dataclasses.replace(loaded, events=ev, files=files, per_process=per_process)
 
 
 def capture_window(manifest: dict | None) -> tuple[int, int] | None:
@@ -129,11 +127,18 @@ def _aside_mask(
     numbers = _number_names(ev)
     if numbers:
         checks.append((pl.col("name").is_in(numbers), NUMBER_NAME))
-    reason = pl.lit(0, dtype=pl.Int8)
-    for k, (cond, _) in reversed(list(enumerate(checks, 1))):
-        reason = pl.when(cond.fill_null(False)).then(pl.lit(k, dtype=pl.Int8)).otherwise(reason)
-    code = ev.select(reason.alias("__why")).to_series()
-    repeat = _repeats(ev, code == 0)
+    held = ev.select(pl.any_horizontal(c.fill_null(False) for c, _ in checks).any()).item()
+    if held:
+        reason = pl.lit(0, dtype=pl.Int8)
+        for k, (cond, _) in reversed(list(enumerate(checks, 1))):
+            reason = pl.when(cond.fill_null(False)).then(pl.lit(k, dtype=pl.Int8)).otherwise(reason)
+        code = ev.select(reason.alias("__why")).to_series()
+        repeat = _repeats(ev, code == 0)
+    else:  # (the common case: one pass of comparisons, no column of reasons)
+        repeat = _repeats(ev, None)
+        if repeat is None:
+            return None
+        code = pl.Series("__why", np.zeros(ev.height, dtype=np.int8))
     if repeat is not None:
         k = len(checks) + 1
         code = pl.select(pl.when(repeat).then(pl.lit(k, dtype=pl.Int8)).otherwise(code)).to_series()
@@ -156,7 +161,8 @@ def _far_files(ev: pl.DataFrame, ok: pl.Expr) -> dict[str, tuple[int, int]]:
     """Without a manifest: the files (``source``) whose events lie more than
     :data:`RUN_GAP_US` from the group of files holding most events: (first, last) µs."""
     spans = (
-        ev.filter(ok)
+        ev.select("source", "ts")  # (the columns first: a filter of the table copies every column)
+        .filter(ok)
         .group_by("source")
         .agg(pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi"), pl.len().alias("n"))
         .sort("lo")
@@ -178,7 +184,9 @@ def _outside_life(ev: pl.DataFrame) -> pl.Expr | None:
     trace file), None when no process has such records or every row lies within them."""
     marks = pl.col("name").cast(pl.String)
     life = (
-        ev.filter((pl.col("cat") == "dftracer") & marks.is_in(["start", "end"]))
+        # (on the Categorical codes first: a cast of every row's name to text costs 5x the pass)
+        ev.select("source", "pid", "ts", "cat", "name")
+        .filter((pl.col("cat") == "dftracer") & pl.col("name").is_in(["start", "end"]))
         .group_by("source", "pid")
         .agg(
             pl.col("ts").filter(marks == "start").min().alias("__born"),
@@ -188,7 +196,8 @@ def _outside_life(ev: pl.DataFrame) -> pl.Expr | None:
     if life.is_empty():
         return None
     seen = (
-        ev.group_by("source", "pid")
+        ev.select("source", "pid", "ts")
+        .group_by("source", "pid")
         .agg(pl.col("ts").min().alias("__lo"), pl.col("ts").max().alias("__hi"))
         .join(life, on=["source", "pid"], how="inner")
         .filter(
@@ -216,30 +225,100 @@ def _number_names(ev: pl.DataFrame) -> list[str]:
     return names.filter(names.str.contains(r"^[-+]?[0-9][0-9.eE+-]*$")).to_list()
 
 
-#: The columns that make two events the same event (with ``ts``).
-#: (Not ``offset``: the loader's position model runs on through a repeated block, so the
-#: repeats of reads and seeks get other offsets than the events they repeat.)
-_SAME = ("pid", "tid", "dur", "cat", "name", "fhash", "size_requested", "size", "ret")
+#: Columns that do not make two events different: where the loader's position model ran on
+#: through a repeated block (``offset``: the repeats of reads and seeks get other offsets than
+#: the events they repeat), and which file held them (a copy of a file is another file).
+_NOT_COMPARED = ("offset", "source")
+
+#: A file's exact repeats are set aside when there are at least this many and this share of
+#: its events: a block written twice. Fewer are kept, as two calls of one thread in the same
+#: microsecond with the same arguments and result can be real (so a repeated block under a
+#: tenth of its file is not found: the table keeps no line numbers to tell it from those).
+REPEATS_AT_LEAST, REPEATS_SHARE = 8, 0.1
+
+#: A file whose events repeat another file's is a copy when at least this share of them do
+#: (a copy repeats all; a process of a reused pid may share its ``start`` record's values).
+COPY_SHARE = 0.5
 
 
-def _repeats(ev: pl.DataFrame, open_rows: pl.Series) -> pl.Series | None:
-    """Rows (among ``open_rows``) that repeat an earlier row exactly (:data:`_SAME` and
-    ``ts``); None when none does. The table is in time order, so a repeat has the
-    timestamp of the row before it or after it: only such rows are compared."""
-    ts = pl.col("ts")
-    near = ev.select(
-        ((ts == ts.shift(1)) | (ts == ts.shift(-1))).fill_null(False) & open_rows
-    ).to_series()
-    if not near.any():
+#: Columns hashed together to find the rows worth comparing whole (:func:`_repeats`), with
+#: their odd multipliers (a repeat hashes alike; others rarely, and are then compared whole).
+_MIXED = {
+    "ts": 0x9E3779B97F4A7C15,
+    "pid": 0xC2B2AE3D27D4EB4F,
+    "tid": 0x165667B19E3779F9,
+    "dur": 0xD6E8FEB86659FD93,
+    "name": 0xFF51AFD7ED558CCD,
+}
+
+
+def _mixed(few: pl.DataFrame) -> pl.Series:
+    """One UInt64 per row of ``few`` (the :data:`_MIXED` columns; Categorical by its codes)."""
+    h = np.zeros(few.height, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for c, k in _MIXED.items():
+            col = few[c].to_physical() if few[c].dtype == pl.Categorical else few[c]
+            h ^= col.fill_null(-1).cast(pl.Int64).to_numpy().astype(np.uint64) * np.uint64(k)
+    return pl.Series(h)
+
+
+def _repeats(ev: pl.DataFrame, open_rows: pl.Series | None) -> pl.Series | None:
+    """Rows (among ``open_rows``) that repeat an earlier row exactly (every column but
+    :data:`_NOT_COMPARED`): repeats of another file's rows in a file made mostly of them (a
+    copy, :data:`COPY_SHARE`), and a file's repeats of its own rows where it holds enough
+    (:data:`REPEATS_AT_LEAST`); None when none is.
+    The table is in time order, so a repeat has the timestamp of the row before it or
+    after it: only such rows are compared."""
+    t = ev["ts"]
+    if t.len() < 2:
         return None
-    idx = near.arg_true()
-    sub = ev.select("ts", *_SAME)[idx]
-    again = ~sub.select(pl.struct(pl.all()).is_first_distinct()).to_series()
-    if not again.any():
+    # (numpy over the one Int64 column: a third of polars' shifted comparisons; a null ts,
+    # last in the table, is filled with a value that equals nothing before it)
+    tv = t.fill_null((int_stat(t.max()) or 0) + 1).to_numpy() if t.null_count() else t.to_numpy()
+    same = tv[1:] == tv[:-1]
+    near = np.zeros(len(tv), dtype=bool)
+    near[1:] |= same
+    near[:-1] |= same
+    if open_rows is not None:
+        near &= open_rows.to_numpy()
+    idx = pl.Series(np.flatnonzero(near).astype(np.uint32, copy=False))
+    if idx.is_empty():
+        return None
+    # a hash of a few columns first (numpy: half the time of polars' struct key), every
+    # column only where those repeat (far fewer rows)
+    idx = idx.filter(_mixed(ev.select(*_MIXED)[idx]).is_duplicated())
+    if idx.is_empty():
+        return None
+    sub = ev.select(pl.exclude(_NOT_COMPARED[0]))[idx]
+    again = sub.select(
+        ~pl.struct(pl.exclude("source")).is_first_distinct().alias("any"),
+        ~pl.struct(pl.all()).is_first_distinct().alias("own"),
+    )
+    if not again["any"].any():
+        return None
+    sizes = ev.group_by("source").len().rename({"len": "__all"})
+    copied = _enough(ev, idx.filter(again["any"] & ~again["own"]), sizes, 1, COPY_SHARE)
+    own = _enough(ev, idx.filter(again["own"]), sizes, REPEATS_AT_LEAST, REPEATS_SHARE)
+    if copied.is_empty() and own.is_empty():
         return None
     out = np.zeros(ev.height, dtype=bool)
-    out[idx.filter(again).to_numpy()] = True
+    out[copied.to_numpy()] = True
+    out[own.to_numpy()] = True
     return pl.Series(out)
+
+
+def _enough(
+    ev: pl.DataFrame, rows: pl.Series, sizes: pl.DataFrame, least: int, share: float
+) -> pl.Series:
+    """The ``rows`` of files holding at least ``least`` of them and ``share`` of their events
+    (``sizes``: events per ``source``)."""
+    if rows.is_empty():
+        return rows
+    per_file = ev.select("source")[rows].group_by("source").len()
+    many = per_file.join(sizes, on="source").filter(
+        (pl.col("len") >= least) & (pl.col("len") >= share * pl.col("__all"))
+    )["source"]
+    return rows.filter(ev["source"].gather(rows).is_in(many.implode()))
 
 
 def _null_durations(
@@ -262,14 +341,20 @@ def _null_durations(
 def _no_ret() -> pl.Expr:
     return (
         pl.col("ret").is_null()
-        & pl.col("name").cast(pl.String).is_in(_TRANSFERS)
+        & pl.col("name").is_in(_TRANSFERS)
         & (pl.col("cat").is_in(["POSIX", "STDIO"]) | pl.col("cat").is_null())
     )
 
 
 def _count(ev: pl.DataFrame, cond: pl.Expr, what: str, notes: dict[str, list[str]]) -> None:
     """Add "N event(s) with ``what``" to ``notes`` for each file holding rows where ``cond``."""
-    counted = ev.filter(cond.fill_null(False)).group_by("source").len().sort("source")
+    counted = (
+        ev.select("source", cond.fill_null(False).alias("__c"))
+        .filter(pl.col("__c"))
+        .group_by("source")
+        .len()
+        .sort("source")
+    )
     for source, n in counted.iter_rows():
         notes.setdefault(str(source), []).append(f"{n} event(s) with {what}")
 
