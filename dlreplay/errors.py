@@ -36,6 +36,11 @@ class ModelError(DlreplayError):
     """A workload model is invalid; the message names the file and the field path."""
 
 
+class IneffectiveOverride(ModelError):
+    """An override (``--set``) that cannot take effect: another field of the model decides the
+    value it sets (the message names that field)."""
+
+
 class InUseError(DlreplayError):
     """An output directory is claimed by another running dlreplay command (one writer per directory)."""
 

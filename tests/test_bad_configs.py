@@ -224,3 +224,88 @@ def test_computed_dlio_file_sizes_are_numpys(side: int, spf: int) -> None:
     assert x == len(npy.getvalue())
     y = npy_file_bytes((spf,), "<i8", 8)
     assert zip_file_bytes([("x.npy", x), ("y.npy", y)]) == len(npz.getvalue())
+
+
+# --------------------------------------------------------------------------- overrides (7)
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (  # the issue's case: DLIO's npz layout lists the arrays, 64 x 64 x 2 bytes of samples
+            ("dataset.record_length=65536",),
+            "override 'dataset.record_length=65536': dataset.record_length: cannot take effect: "
+            "dataset.layout.arrays decides (each npz file holds the arrays it lists (x.npy "
+            "[64, 64, 2] |u1, y.npy [2] <i8: 8,698 bytes a file) whatever the record length",
+        ),
+        (  # DLIO's npz holds its samples on the last axis, which generate does not resize
+            ("dataset.num_samples_per_file=4",),
+            "dataset.num_samples_per_file: cannot take effect: "
+            "dataset.layout.arrays[0].members[0].shape decides",
+        ),
+        (
+            ("dataset.layout.compressed=true",),
+            "dataset.layout.compressed: cannot take effect: dataset.layout.arrays decides",
+        ),
+        (
+            ("dataset.layout.hdf5_chunk_shape=[1, 64]",),
+            "cannot take effect: dataset.format decides (npz files have no hdf5_chunk_shape",
+        ),
+        (
+            ("dataset.file_size=100000",),
+            "dataset.file_size: cannot take effect: dataset.record_length x "
+            "dataset.num_samples_per_file decides",
+        ),
+        (
+            ("checkpoint.bytes_per_checkpoint=1000000",),
+            "cannot take effect: checkpoint.enabled decides (false: no checkpoint is written)",
+        ),
+        (
+            (
+                "checkpoint.enabled=true",
+                "checkpoint.steps_between_checkpoints=4",
+                "checkpoint.checkpoint_after_epoch=2",
+            ),  # fmt: skip
+            "checkpoint.checkpoint_after_epoch: cannot take effect: "
+            "checkpoint.steps_between_checkpoints decides",
+        ),
+        (
+            ("reader.file_shuffle=seed",),
+            "reader.file_shuffle: cannot take effect: reader.sample_order decides",
+        ),
+        (
+            ("reader.read_threads=0", "reader.prefetch_factor=8"),
+            "reader.prefetch_factor: cannot take effect: reader.read_threads decides",
+        ),
+    ],
+)
+def test_an_override_that_cannot_take_effect_names_the_field_that_wins(
+    cli, tmp_path: Path, sets: tuple[str, ...], message: str
+) -> None:
+    model = imported(cli, tmp_path)
+    data = tmp_path / "d"
+    args = [x for s in sets for x in ("--set", s)]
+    line = error_line(cli("generate", str(model), "--data-dir", str(data), *args))
+    assert message in line
+    assert not data.exists()  # refused before anything was written
+
+
+def test_an_image_size_the_layout_cannot_reach_is_refused(cli, tmp_path: Path) -> None:
+    model = imported(cli, tmp_path, fmt="jpeg", spf=1)  # a 64 x 64 grayscale JPEG
+    proc = cli("generate", str(model), "--data-dir", str(tmp_path / "d"),
+               "--set", "dataset.record_length=65536")  # fmt: skip
+    assert "cannot take effect: dataset.layout.images decides (a 64 x 64 L image codes to at " in (
+        error_line(proc)
+    )
+
+
+def test_an_override_with_the_layout_cleared_takes_effect(cli, tmp_path: Path) -> None:
+    """The way out the message names: files of the plan's sizes once the arrays are cleared;
+    and an override that keeps a value is no conflict."""
+    model = imported(cli, tmp_path, files=2)
+    data = tmp_path / "d"
+    sets = ("dataset.record_length=65536", "dataset.layout.arrays=null", "dataset.format=npz")
+    cli("generate", str(model), "--data-dir", str(data), "--jobs", "1",
+        *[x for s in sets for x in ("--set", s)], check=True)  # fmt: skip
+    sizes = [p.stat().st_size for p in (data / "train").iterdir()]
+    assert len(sizes) == 2 and all(s > 2 * 65536 for s in sizes)

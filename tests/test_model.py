@@ -501,7 +501,7 @@ def test_overrides_apply_and_validate() -> None:
         model,
         [
             "reader.read_threads=4",
-            "dataset.format=npz",
+            "dataset.format=hdf5",  # (npz: an HDF5 chunk shape below could not take effect)
             "train.computation_time.mean=0.2",
             "checkpoint.fsync=false",
             "dataset.data_folder=null",
@@ -509,7 +509,7 @@ def test_overrides_apply_and_validate() -> None:
         ],
     )
     assert out.reader.read_threads == 4
-    assert out.dataset.format == "npz"
+    assert out.dataset.format == "hdf5"
     assert out.train.computation_time.type == "gamma"
     assert out.train.computation_time.mean == pytest.approx(0.2)
     assert out.train.computation_time.shape == 2.0  # shape kept, scale rescaled

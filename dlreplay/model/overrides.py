@@ -14,6 +14,7 @@ import yaml
 from dlreplay.errors import ModelError, shown
 from dlreplay.model.base import model_error, strip_optional, type_hints
 from dlreplay.model.distribution import DISTRIBUTION_PARAMS, Distribution
+from dlreplay.model.effect import check_effect
 from dlreplay.model.plain import model_to_dict
 from dlreplay.model.sections import WorkloadModel
 from dlreplay.model.validation import model_from_dict
@@ -97,7 +98,9 @@ def _set_override(d: dict[str, Any], keys: list[str], value: Any, item: str) -> 
             unit = path
         tp, _ = strip_optional(type_hints(cls)[key])
         if last:
-            if cls is Distribution and key == "mean":
+            if cls is Distribution and (
+                key == "mean" or (key == "value" and node.get("type") == "fixed")
+            ):  # a fixed distribution's mean is its value: both move together
                 _dist_set_mean(node, value)
             elif cls is Distribution and key == "type":
                 _dist_set_type(node, value)
@@ -134,7 +137,10 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
     set their parameter, ``empirical`` scales every quantile, ``unknown`` becomes
     ``fixed``. Setting ``type`` drops parameters the new family does not take.
     Each overridden field is recorded in provenance (method ``override``,
-    confidence ``measured``: stated explicitly). Errors name the key.
+    confidence ``measured``: stated explicitly). Errors name the key. An override that
+    cannot take effect, because another field decides (the dataset layout's arrays fix the
+    record length, a disabled checkpoint its size, ...), is an error naming that field
+    (:func:`~dlreplay.model.effect.check_effect`).
     """
     d = model_to_dict(model)
     touched: dict[str, str] = {}
@@ -162,7 +168,7 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
     for unit, item in touched.items():
         fields_[unit] = {"method": f"override {item}", "confidence": "measured"}
     try:
-        return model_from_dict(d, source="overrides")
+        result = model_from_dict(d, source="overrides")
     except ModelError as exc:
         path = getattr(exc, "field_path", "")
         culprit = next(
@@ -183,3 +189,5 @@ def apply_overrides(model: WorkloadModel, overrides: Iterable[str]) -> WorkloadM
         err = ModelError(f"{exc} ({hint})")
         err.field_path = path  # type: ignore[attr-defined]
         raise err from None
+    check_effect(model, result, touched)  # an override nothing would honour is an error
+    return result
