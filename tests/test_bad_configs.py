@@ -299,13 +299,16 @@ def test_an_image_size_the_layout_cannot_reach_is_refused(cli, tmp_path: Path) -
     )
 
 
-def test_an_override_with_the_layout_cleared_takes_effect(cli, tmp_path: Path) -> None:
-    """The way out the message names: files of the plan's sizes once the arrays are cleared;
-    and an override that keeps a value is no conflict."""
+def test_the_issues_override_is_refused_and_the_way_out_takes_effect(cli, tmp_path: Path) -> None:
+    """``--set dataset.record_length=65536`` wrote DLIO's 8,698-byte files silently; now it is
+    refused, and the way out its message names (the arrays cleared) writes files of that size."""
     model = imported(cli, tmp_path, files=2)
     data = tmp_path / "d"
-    sets = ("dataset.record_length=65536", "dataset.layout.arrays=null", "dataset.format=npz")
-    cli("generate", str(model), "--data-dir", str(data), "--jobs", "1",
-        *[x for s in sets for x in ("--set", s)], check=True)  # fmt: skip
+    sets = ["dataset.record_length=65536"]
+    args = ["generate", str(model), "--data-dir", str(data), "--jobs", "1"]
+    line = error_line(cli(*args, *[x for s in sets for x in ("--set", s)]))
+    assert "set dataset.layout.arrays=null as well for files of the plan's sizes" in line
+    sets.append("dataset.layout.arrays=null")
+    cli(*args, *[x for s in sets for x in ("--set", s)], check=True)
     sizes = [p.stat().st_size for p in (data / "train").iterdir()]
     assert len(sizes) == 2 and all(s > 2 * 65536 for s in sizes)

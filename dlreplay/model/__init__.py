@@ -31,7 +31,8 @@ metadata), :mod:`~dlreplay.model.distribution`, :mod:`~dlreplay.model.layout` (t
 inside), :mod:`~dlreplay.model.sections` (the dataclasses), :mod:`~dlreplay.model.validation`
 (plain data into a model), :mod:`~dlreplay.model.plain` (a model into plain data),
 :mod:`~dlreplay.model.files` (YAML), :mod:`~dlreplay.model.overrides` (``--set``),
-:mod:`~dlreplay.model.summary` (text).
+:mod:`~dlreplay.model.effect` (overrides that another field decides), :mod:`~dlreplay.model.summary`
+(text).
 
 Public API: :class:`WorkloadModel` and its sections, :class:`Distribution`,
 :func:`load_model`, :func:`save_model`, :func:`model_to_dict`,
