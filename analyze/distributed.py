@@ -44,7 +44,7 @@ from dlreplay.interrupt import hold_point, wait_interruptibly
 from .findings import Finding, Thresholds, find
 from .passes import Characterization, characterize
 from .summary import Summary
-from .trace.inputs import file_groups, find_inputs
+from .trace.inputs import file_groups, find_inputs, source_name
 from .trace.load import (
     FileReport,
     LoadedTrace,
@@ -228,7 +228,9 @@ def _handshake(scheduler: str, timeout: float) -> None:
     done = threading.Event()
 
     async def probe() -> None:
-        comm = await asyncio.wait_for(connect(scheduler, timeout=timeout), timeout)
+        # a second past Dask's own connect deadline: a refused or unreachable address gets
+        # Dask's message (it retries until then); only a silent peer reaches this one
+        comm = await asyncio.wait_for(connect(scheduler, timeout=timeout), timeout + 1)
         await comm.close()
 
     def run() -> None:
@@ -242,7 +244,7 @@ def _handshake(scheduler: str, timeout: float) -> None:
 
     threading.Thread(target=run, daemon=True, name="dlreplay-dask-handshake").start()
     # a little longer than the probe's own deadline: its timeout is the better message
-    if not wait_interruptibly(done, timeout + 5):
+    if not wait_interruptibly(done, timeout + 6):
         outcome["error"] = asyncio.TimeoutError()
     exc = outcome.get("error")
     if exc is None:
@@ -350,7 +352,7 @@ def load_trace_distributed(
     t0 = time.perf_counter()
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     parts = client.gather(futures)
-    loaded = dataclasses.replace(combine(parts, [p.name for p in files]), manifest=manifest)
+    loaded = dataclasses.replace(combine(parts, [source_name(p) for p in files]), manifest=manifest)
     info = ClusterInfo(
         str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0
     )
@@ -471,7 +473,9 @@ def analyze_distributed(
     t0 = time.perf_counter()
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     dirs = list(data_dirs or []) or (manifest or {}).get("data_dirs") or None
-    combined = client.submit(_combine_on_worker, futures, [p.name for p in files], pure=False)
+    combined = client.submit(
+        _combine_on_worker, futures, [source_name(p) for p in files], pure=False
+    )
     events = client.submit(_events_of, combined, pure=False)
     reports = client.submit(_reports_of, combined, pure=False)
     if echo:

@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 
+from dlreplay.errors import IneffectiveOverride
 from dlreplay.model import WorkloadModel, apply_overrides
 
 from .findings import Finding
@@ -119,8 +120,14 @@ def verify(
     workdir.mkdir(parents=True, exist_ok=True)
     plan: list[tuple[str, list[str], str | None]] = [("baseline", [], None)]
     plan += [(fid, ch, fid) for fid, ch in changes]
+    skipped: list[str] = []
     for i, (label, overrides, fid) in enumerate(plan):
-        m = apply_overrides(base, overrides) if overrides else base
+        try:
+            m = apply_overrides(base, overrides) if overrides else base
+        except IneffectiveOverride as exc:  # the model decides it another way: nothing to try
+            say(f"replay {i + 1}/{len(plan)}: {label} skipped: {exc}")
+            skipped.append(f"{label} ({exc})")
+            continue
         out = workdir / f"run-{i}-{_dirname(label)}"
         say(f"replay {i + 1}/{len(plan)}: {label} {' '.join(overrides)}")
         runs.append(_replay_run(m, workdir, out, label, overrides, fid))
@@ -133,4 +140,10 @@ def verify(
         note += f" Dataset layout: {layout.method}."
     if not changes:
         note += " No finding maps to a model change, so only the baseline ran."
+    if skipped:
+        note += (
+            " Not replayed, their change cannot take effect on this model: "
+            + "; ".join(skipped)
+            + "."
+        )
     return {"runs": runs, "workdir": str(workdir), "note": note}

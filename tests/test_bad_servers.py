@@ -401,3 +401,26 @@ def test_scheduler_that_never_answers(cli, monkeypatch) -> None:
             timeout=60,
         )
     assert r.returncode == 2 and "is not Dask's handshake" in r.stderr, r.stderr
+
+
+def test_a_trace_file_name_that_is_not_utf8(cli, tmp_path: Path) -> None:
+    """A trace file whose name is not UTF-8 (bytes 0xff 0xfe) is read like any other: analyze,
+    distill and export name it with its bytes escaped (a surrogate in polars' ``source`` column
+    was a UnicodeEncodeError traceback in every command)."""
+    trace = tmp_path / "t"
+    shutil.copytree(TRACES / "npz_fork", trace)
+    first = sorted(trace.glob("trace-*-fork.pfw.gz"))[0]
+    odd = os.fsencode(trace) + b"/trace-\xff\xfe-fork.pfw.gz"
+    os.rename(first, odd)
+    plain = cli("analyze", "--json", str(TRACES / "npz_fork"), check=True)
+    proc = cli("analyze", "--json", str(trace), check=True)
+    import json
+
+    got, want = json.loads(proc.stdout), json.loads(plain.stdout)
+    assert (
+        got["events"] == want["events"] and got["dataset_bytes_read"] == want["dataset_bytes_read"]
+    )
+    names = [str(f.get("name")) for f in got["files"]]
+    assert any("\udcff\udcfe" in n for n in names), names
+    cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"), check=True)
+    cli("export", str(trace), "-o", str(tmp_path / "x.json"), check=True)

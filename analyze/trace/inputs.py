@@ -33,6 +33,7 @@ __all__ = [
     "groups_of",
     "member_ranges",
     "range_share",
+    "source_name",
     "split_file",
     "stored_size",
     "TraceNotes",
@@ -42,6 +43,13 @@ __all__ = [
 ]
 
 TRACE_SUFFIXES = (".pfw", ".pfw.gz")
+
+
+def source_name(path: Path) -> str:
+    """The file's name as the table's ``source`` holds it: text that can be printed and
+    written anywhere. A name that is not UTF-8 (Python keeps its bytes as surrogates, which
+    polars and every output refuse) shows its undecodable bytes as ``\\xNN``."""
+    return os.fsencode(path.name).decode("utf-8", "backslashreplace")
 
 
 MANIFEST_NAME = "manifest.json"
@@ -345,7 +353,7 @@ def trace_notes(path, files: Sequence[FileReport] = ()) -> TraceNotes:
     a closed file, and files that hold no events. One sentence each, naming the file."""
     found = find_trace_inputs(path)
     gaps = _status_gaps(found.manifest or {})
-    listed, short = _listed_gaps(found)
+    listed, short = _listed_gaps(found, {f.name: f.events for f in files})
     gaps += listed
     cut = [f for f in files if f.damaged]
     if cut:
@@ -433,14 +441,18 @@ def _status_gaps(manifest: dict) -> list[str]:
     return []
 
 
-def _listed_gaps(found: TraceInputs) -> tuple[list[str], set[str]]:
+def _listed_gaps(found: TraceInputs, events: dict[str, int]) -> tuple[list[str], set[str]]:
     """Trace files the manifest lists that are gone or shorter than it recorded (one sentence
-    each kind), and the names of the shorter ones."""
+    each kind), and the names of the shorter ones.
+
+    Where the file was read (``events``: its events now) and the manifest counted its
+    events, fewer events is what makes it short: a file compressed again (more gzip
+    members, another level) has other bytes and the same events. Otherwise its bytes."""
     if found.root is None or not isinstance(found.manifest, dict):
         return [], set()
     entries = found.manifest.get("files")
     gone: list[tuple[str, int | None]] = []
-    short: list[tuple[str, int, int]] = []
+    short: list[tuple[str, int, int, str]] = []
     for e in entries if isinstance(entries, list) else []:
         name = e.get("name") if isinstance(e, dict) else None
         # a plain file name of the capture's own directory, nothing a manifest could point elsewhere
@@ -449,8 +461,11 @@ def _listed_gaps(found: TraceInputs) -> tuple[list[str], set[str]]:
         f = found.root / name
         if not f.is_file():
             gone.append((name, _count(e.get("events"))))
+        elif name in events and (had := _count(e.get("events"))) is not None:
+            if events[name] < had:
+                short.append((name, events[name], had, "events"))
         elif (recorded := _count(e.get("bytes"))) is not None and stored_size(f) < recorded:
-            short.append((name, stored_size(f), recorded))
+            short.append((name, stored_size(f), recorded, "bytes"))
     out = []
     if gone:
         lost = sum(n or 0 for _, n in gone)
@@ -461,14 +476,14 @@ def _listed_gaps(found: TraceInputs) -> tuple[list[str], set[str]]:
         )
     if short:
         said = "; ".join(
-            f"{n}: {'emptied' if now == 0 else f'{now:,} of {was:,} bytes'}"
-            for n, now, was in short[:5]
+            f"{n}: {'emptied' if now == 0 else f'{now:,} of {was:,} {unit}'}"
+            for n, now, was, unit in short[:5]
         )
         out.append(
             f"{len(short)} trace file(s) are shorter than the {MANIFEST_NAME} recorded at capture ({said}"
             f"{'; ...' if len(short) > 5 else ''}): those processes' events are partly or wholly missing"
         )
-    return out, {n for n, _, _ in short}
+    return out, {n for n, _, _, _ in short}
 
 
 def _read_manifest(path: Path) -> dict | None:

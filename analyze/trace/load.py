@@ -101,6 +101,7 @@ from .inputs import (
     groups_of,
     member_ranges,
     range_share,
+    source_name,
     split_file,
     stored_size,
     trace_warnings,
@@ -196,7 +197,7 @@ def load_trace(
     files, manifest = find_inputs(path)
     parts: list[TracePart | RangePart] = list(parse_parts(files, jobs=jobs))
     release_free_memory(keep_large=True)  # the parse's buffers, before the merge builds the table
-    loaded = _combine_owned(parts, [p.name for p in files])
+    loaded = _combine_owned(parts, [source_name(p) for p in files])
     release_free_memory()  # the merge's, before the passes
     # what no run can have produced is set aside or read as null, and named per file
     return check_values(dataclasses.replace(loaded, manifest=manifest))

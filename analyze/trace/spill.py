@@ -58,7 +58,7 @@ from dlreplay.units import human_bytes
 
 from . import vocabulary
 from .compact import one_frame
-from .inputs import available_cores, find_inputs
+from .inputs import available_cores, find_inputs, source_name
 from .load import parse_parts
 from .merge import (
     RunTables,
@@ -476,7 +476,7 @@ def _spill(
     trace, tmp: Path, target: int, echo: Callable[[str], None] | None, jobs: int | None
 ) -> SpilledTrace:
     files, manifest = find_inputs(trace)
-    names = [p.name for p in files]
+    names = [source_name(p) for p in files]
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
     # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
