@@ -169,7 +169,7 @@ def _metrics_json(trace: Path) -> dict | None:
         return None
     try:
         return json.loads(p.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -176,7 +176,7 @@ def is_capture_dir(path: Path) -> bool:
             and isinstance(version, int)
             and 1 <= version <= TRACE_FORMAT_VERSION
         )
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -595,7 +595,7 @@ def read_manifest(trace_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # (RecursionError: nested too deep)
         raise ArtifactVersionError(
             f"{path} is not valid JSON ({exc}); recapture or delete it."
         ) from exc

@@ -179,3 +179,18 @@ def test_a_data_dir_that_ends_at_a_separator_holds_what_is_under_it(root: str, c
     own_bytes = json.loads(own.stdout)["dataset_bytes_read"]
     wide_bytes = json.loads(wide.stdout)["dataset_bytes_read"]
     assert own_bytes > 0 and wide_bytes >= own_bytes
+
+
+def test_a_manifest_nested_too_deep_is_set_aside_not_a_traceback(cli, tmp_path: Path) -> None:
+    """A manifest.json of 200,000 nested arrays (json's RecursionError was a traceback in
+    analyze, distill and compare): warned about by name, the trace read without it."""
+    trace = _copy(tmp_path)
+    (trace / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    for args in (
+        ("analyze", str(trace)),
+        ("distill", str(trace), "-o", str(tmp_path / "m.yaml")),
+        ("compare", str(trace), str(TRACES / "npz_spawn")),
+    ):
+        proc = cli(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert "manifest.json is unreadable" in proc.stderr

@@ -492,7 +492,7 @@ def _read_manifest(path: Path) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # (RecursionError: nested too deep)
         warnings.warn(
             TraceDamageWarning(f"{path} is unreadable ({exc}); loading without it"), stacklevel=3
         )

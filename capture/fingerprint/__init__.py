@@ -253,7 +253,7 @@ def read_fingerprint(trace_dir: str | os.PathLike[str]) -> dict[str, Any] | None
         return None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ArtifactVersionError(
             f"{path}: not a readable dataset fingerprint ({exc}); delete it or "
             f"pass --data-dir to fingerprint the dataset again"
