@@ -53,6 +53,7 @@ from .trace.load import (
     member_ranges,
     parse_part,
 )
+from .trace.plausible import check_values
 
 __all__ = [
     "ClusterInfo",
@@ -352,7 +353,9 @@ def load_trace_distributed(
     t0 = time.perf_counter()
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     parts = client.gather(futures)
-    loaded = dataclasses.replace(combine(parts, [source_name(p) for p in files]), manifest=manifest)
+    loaded = check_values(
+        dataclasses.replace(combine(parts, [source_name(p) for p in files]), manifest=manifest)
+    )
     info = ClusterInfo(
         str(client.scheduler.address), nworkers, len(futures), time.perf_counter() - t0
     )
@@ -400,8 +403,14 @@ def _empty_events() -> Any:
     return pl.DataFrame(schema=EVENT_SCHEMA)
 
 
-def _combine_on_worker(parts: list[Any], names: list[str]) -> tuple[Any, list[FileReport]]:
-    return combine_parts(parts, names)
+def _combine_on_worker(
+    parts: list[Any], names: list[str], manifest: dict | None
+) -> tuple[Any, list[FileReport]]:
+    """The combined table and file reports, impossible values set aside as the local load
+    does (:func:`~.trace.plausible.check_values`)."""
+    events, reports = combine_parts(parts, names)
+    checked = check_values(LoadedTrace(events=events, files=list(reports), manifest=manifest))
+    return checked.events, checked.files
 
 
 def _events_of(combined: tuple[Any, list[FileReport]]) -> Any:
@@ -474,7 +483,7 @@ def analyze_distributed(
     futures, files, manifest, nworkers = _submit_parse(path, client, split_bytes, range_bytes, echo)
     dirs = list(data_dirs or []) or (manifest or {}).get("data_dirs") or None
     combined = client.submit(
-        _combine_on_worker, futures, [source_name(p) for p in files], pure=False
+        _combine_on_worker, futures, [source_name(p) for p in files], manifest, pure=False
     )
     events = client.submit(_events_of, combined, pure=False)
     reports = client.submit(_reports_of, combined, pure=False)

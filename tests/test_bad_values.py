@@ -253,3 +253,17 @@ def test_the_same_events_twice_are_counted_once(
     assert payload["item_events"] == clean["item_events"]
     assert any("the same events twice" in p for p in report(payload, named)["problems"])
     same_in_both_parsers(trace, monkeypatch)
+
+
+def test_a_cluster_load_sets_aside_what_a_local_load_does(tmp_path: Path, cli) -> None:
+    """``analyze --workers`` (the parse on a Dask LocalCluster, combined on a worker) applies
+    the same value checks as the local load: one file's negated timestamps set aside and
+    named, the same totals."""
+    trace = changed(tmp_path, WORKER, _ts(lambda t: -t))
+    local = analyze_json(cli, trace)
+    proc = cli("analyze", "--json", str(trace), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    remote = json.loads(proc.stdout)
+    for key in ("events", "bytes_read", "dataset_bytes_read", "duration_s"):
+        assert remote[key] == local[key], key
+    assert report(remote, WORKER)["problems"] == report(local, WORKER)["problems"]

@@ -441,6 +441,18 @@ def _status_gaps(manifest: dict) -> list[str]:
     return []
 
 
+def _shorter(f: Path, entry: dict, events_now: int | None) -> tuple[int, int, str] | None:
+    """(now, at capture, unit) when the listed file ``f`` holds less than its manifest
+    ``entry`` recorded: fewer events where both counts are known, else fewer bytes."""
+    had = _count(entry.get("events"))
+    if events_now is not None and had is not None:
+        return (events_now, had, "events") if events_now < had else None
+    recorded = _count(entry.get("bytes"))
+    if recorded is not None and (now := stored_size(f)) < recorded:
+        return now, recorded, "bytes"
+    return None
+
+
 def _listed_gaps(found: TraceInputs, events: dict[str, int]) -> tuple[list[str], set[str]]:
     """Trace files the manifest lists that are gone or shorter than it recorded (one sentence
     each kind), and the names of the shorter ones.
@@ -461,11 +473,8 @@ def _listed_gaps(found: TraceInputs, events: dict[str, int]) -> tuple[list[str],
         f = found.root / name
         if not f.is_file():
             gone.append((name, _count(e.get("events"))))
-        elif name in events and (had := _count(e.get("events"))) is not None:
-            if events[name] < had:
-                short.append((name, events[name], had, "events"))
-        elif (recorded := _count(e.get("bytes"))) is not None and stored_size(f) < recorded:
-            short.append((name, stored_size(f), recorded, "bytes"))
+        elif (shorter := _shorter(f, e, events.get(name))) is not None:
+            short.append((name, *shorter))
     out = []
     if gone:
         lost = sum(n or 0 for _, n in gone)
