@@ -578,12 +578,12 @@ def _itemsize(dtype: str) -> int:
 def infer_dlio_layout(
     fmt: str, reader_class: str, spf: int, file_sizes: Sequence[float]
 ) -> LayoutResult | None:
-    """The layout DLIO 2.0.0's generator wrote (:mod:`dlreplay.dliogen`), for a DLIO trace
+    """The layout DLIO 2.0.0's generator wrote (:mod:`dlreplay.dlio.generator`), for a DLIO trace
     (its reader events name *reader_class*) whose dataset cannot be fingerprinted: the
     sample's sides are those whose generated file has the trace's file sizes (bytes: the
     largest position read or seeked, or the bytes read between an open and its close).
     None when the sizes match no file DLIO generates (compressed, chunked, other sides)."""
-    from dlreplay.dliogen import (
+    from dlreplay.dlio.generator import (
         DLIO_READER_FORMATS,
         dims_from_file_bytes,
         dims_from_image_bytes,

@@ -1,7 +1,7 @@
 """DLIO traces replay as DLIO ran: its generator's layout, its readers' samples, its checkpoint files.
 
 What DLIO 2.0.0 writes is reproduced here with DLIO's own calls (``dlio_benchmark/data_generator``,
-quoted in :mod:`dlreplay.dliogen`), so the tests hold without DLIO installed. No timing is asserted.
+quoted in :mod:`dlreplay.dlio.generator`), so the tests hold without DLIO installed. No timing is asserted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dlreplay.analyze.distill import distill
 from dlreplay.analyze.layout import layout_from_fingerprint
 from dlreplay.capture.fingerprint import fingerprint_dataset
 from dlreplay.dlio import dlio_to_model, model_to_dlio
-from dlreplay.dliogen import (
+from dlreplay.dlio.generator import (
     array_file_bytes,
     dims_from_file_bytes,
     dims_from_image_bytes,

@@ -209,7 +209,7 @@ def infer_format(paths: list[str], reads: pl.DataFrame) -> tuple[str, str, str]:
 
 def dlio_reader(annotated: pl.DataFrame) -> str | None:
     """DLIO's reader class when the trace's sample reads are DLIO's (``reader/NPZReader.read_index``)."""
-    from dlreplay.dliogen import DLIO_READER_FORMATS
+    from dlreplay.dlio.generator import DLIO_READER_FORMATS
 
     reads = annotated.filter((pl.col("role") == voc.SAMPLE_READ) & (pl.col("cat") == "reader"))
     classes = {str(n).split(".")[0] for n in reads["name"].unique().to_list()}
@@ -327,7 +327,7 @@ def _with_layout_details(
     if obs.dlio_reader is not None and (
         dataset.layout.source == "inferred" or fingerprint is not None
     ):
-        from dlreplay.dliogen import resized_sample_bytes
+        from dlreplay.dlio.generator import resized_sample_bytes
 
         resized = resized_sample_bytes(fmt, dataset.layout)
         if resized:

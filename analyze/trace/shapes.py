@@ -90,13 +90,13 @@ __all__ = [
     "with_events",
 ]
 
+#: The dtypes the tables use, by short name.
 INT = pl.Int64()
-
-
 STR = pl.String()
-
-
 SRC = pl.UInt32()
+CAT = pl.Categorical()
+I32 = pl.Int32()
+I16 = pl.Int16()
 
 
 #: Top-level keys kept, with their raw type.
@@ -400,15 +400,6 @@ NATIVE_STRS = (
     "path",
     "fname",
 )
-
-
-CAT = pl.Categorical()
-
-
-I32 = pl.Int32()
-
-
-I16 = pl.Int16()
 
 
 #: Columns of a parsed batch's event rows as a part keeps them until its files are

@@ -40,7 +40,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ import polars as pl
 
 from dlreplay.allocator import release_free_memory
 from dlreplay.errors import TraceError
+from dlreplay.interrupt import sigterm_as_exit
 from dlreplay.pfw import zlib_compatible_inflate
 from dlreplay.schema import EVENT_SCHEMA
 from dlreplay.units import human_bytes
@@ -257,23 +257,6 @@ class SpilledTrace(FileDamage):
 
 
 @contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) while the spill exists (so it is removed); main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise SystemExit(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
 def spilled_trace(
     trace: str | os.PathLike | Sequence[str | os.PathLike],
     *,
@@ -295,7 +278,7 @@ def spilled_trace(
             raise TraceError(
                 f"cannot use the spill directory {base}: {exc.strerror or exc}"
             ) from exc
-    with _sigterm_as_exit():
+    with sigterm_as_exit((signal.SIGTERM,)):
         tmp = Path(tempfile.mkdtemp(prefix="dlreplay-spill-", dir=base))
 
         def at_exit() -> None:  # a second interrupt can land before the finally removes it

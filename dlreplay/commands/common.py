@@ -10,6 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -67,17 +68,6 @@ class Processes(click.IntRange):
 SEED = click.IntRange(min=0, max=2**63 - 1)
 
 
-def refuse_overwrite(path: Any, force: bool) -> None:
-    """Never overwrite a user's file without --force (usage error, exit 2)."""
-    check_output(path, force)
-
-
-#: Names of the files a trace directory is made of (its manifest, marker, fingerprint, trace
-#: files): no command's output may take one of them inside a trace it reads.
-_TRACE_FILE_NAMES = ("manifest.json", "dataset-fingerprint.json", ".dlreplay-capture")
-_TRACE_FILE_SUFFIXES = (".pfw", ".pfw.gz")
-
-
 def check_output(path: Path, force: bool, inputs: Sequence[Path] = (), option: str = "-o") -> None:
     """Refuse (usage error, exit 2) an output file that is one of the command's *inputs* or a
     file of an input trace directory (with or without --force), a directory, or one that
@@ -98,16 +88,18 @@ def check_output(path: Path, force: bool, inputs: Sequence[Path] = (), option: s
 
 def _input_clash(path: Path, inputs: Sequence[Path]) -> str | None:
     """What *path* is among *inputs* (``the input X``, ``a file of the input trace X``), or None."""
+    from dlreplay.analyze.trace.inputs import TRACE_SUFFIXES
+    from dlreplay.capture.run import CAPTURE_FILES
+
+    def of_a_trace(name: str) -> bool:  # what a capture writes, or any DFTracer trace file
+        return name.endswith(TRACE_SUFFIXES) or any(fnmatch(name, g) for g in CAPTURE_FILES)
+
     out = path.resolve()
     for inp in inputs:
         where = inp.resolve()
         if out == where or (path.exists() and inp.exists() and os.path.samefile(path, inp)):
             return f"the input {inp}"
-        if (
-            where.is_dir()
-            and out.is_relative_to(where)
-            and (out.name in _TRACE_FILE_NAMES or out.name.endswith(_TRACE_FILE_SUFFIXES))
-        ):
+        if where.is_dir() and out.is_relative_to(where) and of_a_trace(out.name):
             return f"a file of the input trace {inp}"
     return None
 
