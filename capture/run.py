@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import dlreplay
-from dlreplay.capture.inject.hooks import MISSES_ENV, MISSES_PREFIX
+from dlreplay.capture.inject.hooks import EXTENSIONS, MISSES_ENV, MISSES_PREFIX
 from dlreplay.errors import CaptureError, UsageError
 from dlreplay.osutil import (
     DirectoryClaim,
@@ -53,7 +53,11 @@ CAPTURE_FILES = (
 _INJECT_DIR = Path(__file__).resolve().parent / "inject"
 #: The files of ``inject/`` the job's PYTHONPATH gets, and their names there: the hooks are the
 #: top-level module ``_dlreplay_hooks`` in the job (``sitecustomize`` imports it by that name).
-_INJECT_FILES = {"sitecustomize.py": "sitecustomize.py", "hooks.py": "_dlreplay_hooks.py"}
+_INJECT_FILES = {
+    "sitecustomize.py": "sitecustomize.py",
+    "hooks.py": "_dlreplay_hooks.py",
+    **{f"{name}.py": f"_dlreplay_{name}.py" for name in EXTENSIONS},
+}
 #: Environment variables recorded in the manifest (values that change I/O behaviour).
 _RECORDED_ENV_PREFIXES = ("DFTRACER_", "OMP_", "MKL_", "SLURM_", "PMI_", "OMPI_", "CUDA_", "TORCH")
 _RECORDED_ENV = ("PYTHONHASHSEED", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")

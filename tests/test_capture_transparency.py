@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlreplay.capture import read_manifest
-from dlreplay.capture.inject import hooks
+from dlreplay.capture.inject import checkpoint, hooks
 
 from .conftest import check_no_traceback
 
@@ -262,7 +262,7 @@ def _fake_torch(calls: list, fail: bool) -> types.ModuleType:
         return {"x": 1}
 
     mod.save, mod.load = save, load
-    hooks._patch_torch(mod)
+    checkpoint._patch_torch(mod)
     return mod
 
 
@@ -286,7 +286,7 @@ def test_a_hook_passes_the_originals_result_and_exception_through(monkeypatch) -
         tell=lambda: (_ for _ in ()).throw(io_error()), seekable=lambda: True
     )
     assert mod.save(1, broken) == "saved" and mod.load(broken) == {"x": 1}
-    monkeypatch.setattr(hooks, "_Target", lambda f: 1 / 0)
+    monkeypatch.setattr(checkpoint, "_Target", lambda f: 1 / 0)
     assert mod.save(2, "p.pt") == "saved" and mod.load("p.pt") == {"x": 1}
     assert len(calls) == 4
     assert hooks.MISSES.counts == {

@@ -236,7 +236,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=MISSES.after_fork)
 
 
-def _guard(hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+def guard(hook: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` (a hook's own bookkeeping), or None, counted as a miss of *hook*, when it
     raises: whatever goes wrong in recording, the job's own call still runs as it would."""
     try:
@@ -249,15 +249,15 @@ def _guard(hook: str, fn: Callable[..., Any], *args: Any) -> Any:
 @contextmanager
 def region(name: str, cat: str = "user", **args: Any) -> Iterator[Callable[..., None]]:
     """Trace a block as one event; yields ``update(**args)`` to add args before it ends."""
-    handle = _guard("region", functools.partial(REGIONS.begin, name, cat, **args))
+    handle = guard("region", functools.partial(REGIONS.begin, name, cat, **args))
 
     def update(**more: Any) -> None:
-        _guard("region", functools.partial(REGIONS.update, handle, **more))
+        guard("region", functools.partial(REGIONS.update, handle, **more))
 
     try:
         yield update
     finally:
-        _guard("region", REGIONS.end, handle)
+        guard("region", REGIONS.end, handle)
 
 
 def traced(
@@ -451,31 +451,31 @@ def _patch_dataloader(mod: Any) -> None:
     orig_next = iter_cls.__next__
 
     def __iter__(self: Any) -> Any:
-        state = _guard("DataLoader.__iter__", _open_epoch, self)
+        state = guard("DataLoader.__iter__", _open_epoch, self)
         try:
             it = orig_iter(self)
         except BaseException:
             if state is not None:
-                _guard("DataLoader.__iter__", state.close)
+                guard("DataLoader.__iter__", state.close)
             raise
         if state is not None:
-            _guard("DataLoader.__iter__", _adopt, self, it, state)
+            guard("DataLoader.__iter__", _adopt, self, it, state)
         return it
 
     def __next__(self: Any) -> Any:
-        state = _guard("DataLoader.__next__", _state_of, self)
+        state = guard("DataLoader.__next__", _state_of, self)
         if state is None:
             return orig_next(self)
-        t_handle = _guard("DataLoader.__next__", _before_next, state)
+        t_handle = guard("DataLoader.__next__", _before_next, state)
         try:
             batch = orig_next(self)
         except StopIteration:
-            _guard("DataLoader.__next__", _after_stop, state, t_handle, "last")
+            guard("DataLoader.__next__", _after_stop, state, t_handle, "last")
             raise
         except BaseException:
-            _guard("DataLoader.__next__", _after_stop, state, t_handle, "error")
+            guard("DataLoader.__next__", _after_stop, state, t_handle, "error")
             raise
-        _guard("DataLoader.__next__", _after_batch, state, t_handle, batch)
+        guard("DataLoader.__next__", _after_batch, state, t_handle, batch)
         return batch
 
     loader_cls.__iter__ = __iter__
@@ -502,27 +502,27 @@ def _patch_fetch(mod: Any) -> None:
         return
 
     def item(dataset: Any, idx: Any) -> Any:
-        opened = _guard(
+        opened = guard(
             "Dataset.__getitem__",
             functools.partial(_begin_cpu, "item", image_idx=idx if isinstance(idx, int) else None),
         )
         try:
             return dataset[idx]
         finally:
-            _guard("Dataset.__getitem__", _end_cpu, opened)
+            guard("Dataset.__getitem__", _end_cpu, opened)
 
     # torch's own _MapDatasetFetcher.fetch, step for step, with an event per item (or batch)
     def map_fetch(self: Any, possibly_batched_index: Any) -> Any:
         if self.auto_collation:
             if hasattr(self.dataset, "__getitems__") and self.dataset.__getitems__:
-                opened = _guard(
+                opened = guard(
                     "Dataset.__getitems__",
                     lambda: _begin_cpu("items", count=len(possibly_batched_index)),
                 )
                 try:
                     data = self.dataset.__getitems__(possibly_batched_index)
                 finally:
-                    _guard("Dataset.__getitems__", _end_cpu, opened)
+                    guard("Dataset.__getitems__", _end_cpu, opened)
             else:
                 data = [item(self.dataset, idx) for idx in possibly_batched_index]
         else:
@@ -532,7 +532,7 @@ def _patch_fetch(mod: Any) -> None:
     orig_iter_fetch = iter_cls.fetch
 
     def iter_fetch(self: Any, possibly_batched_index: Any) -> Any:
-        handle = _guard(
+        handle = guard(
             "IterableDataset fetch",
             lambda: REGIONS.begin(
                 "items",
@@ -543,143 +543,42 @@ def _patch_fetch(mod: Any) -> None:
         try:
             return orig_iter_fetch(self, possibly_batched_index)
         finally:
-            _guard("IterableDataset fetch", REGIONS.end, handle)
+            guard("IterableDataset fetch", REGIONS.end, handle)
 
     map_cls.fetch = map_fetch
     iter_cls.fetch = iter_fetch
     map_cls._dlreplay_patched = True
 
 
-#: Why a checkpoint event has no ``bytes``: the target's size cannot be known without
-#: touching it in a way the job would notice (a seek), or the target is not a file or stream.
-_UNSEEKABLE = "unseekable stream"
-_UNKNOWN = "unknown target"
-
-
-class _Target:
-    """What ``torch.save``/``torch.load`` was given, as far as the hook can tell without
-    changing it: a path (``path`` and ``by_path``), or a stream (``path``: its name when
-    that is a path; ``start``: its position before the call, None with ``reason`` when
-    it has none)."""
-
-    __slots__ = ("path", "by_path", "start", "reason")
-
-    def __init__(self, f: Any) -> None:
-        self.by_path = isinstance(f, (str, bytes, os.PathLike))
-        self.start: int | None = None
-        self.reason: str | None = None
-        if self.by_path:
-            self.path: str | None = os.fsdecode(f)
-            return
-        name = getattr(f, "name", None)
-        self.path = name if isinstance(name, str) else None
-        self.start, self.reason = _position(f)
-
-
-def _position(f: Any) -> tuple[int | None, str | None]:
-    """The stream's position, or (None, why not). Asks ``seekable()`` first where the
-    stream has it, so an unseekable one is never asked to ``tell()``."""
-    if not callable(getattr(f, "tell", None)):
-        return None, _UNKNOWN
-    seekable = getattr(f, "seekable", None)
-    try:
-        if callable(seekable) and not seekable():
-            return None, _UNSEEKABLE
-        return int(f.tell()), None
-    except (OSError, ValueError):  # io.UnsupportedOperation is both
-        return None, _UNSEEKABLE
-
-
-def _file_size(path: str | None) -> int | None:
-    if path and os.path.isfile(path):
-        return os.path.getsize(path)
-    return None
-
-
-def _saved_bytes(hook: str, target: _Target, f: Any) -> int | None:
-    """Bytes ``torch.save`` wrote: the file's size, else the stream's advance. A size that
-    cannot be known is a miss of *hook*, counted with its reason."""
-    if target.by_path:
-        size = _file_size(target.path)
-        reason = _UNKNOWN
-    elif target.start is not None:
-        end, reason_or_none = _position(f)
-        size = end - target.start if end is not None else None
-        reason = reason_or_none or _UNSEEKABLE
-    else:
-        size, reason = None, target.reason or _UNKNOWN
-    if size is None:
-        MISSES.add(hook, reason)
-    return size
-
-
-def _loaded_bytes(hook: str, target: _Target, f: Any) -> int | None:
-    """Bytes ``torch.load`` had to read: the file's size (a path, or a stream named by
-    one), or what a ``BytesIO`` holds past its position. Else a miss of *hook*."""
-    size = _file_size(target.path)
-    if size is None and not target.by_path and target.start is not None:
-        getbuffer = getattr(f, "getbuffer", None)
-        if callable(getbuffer):
-            with getbuffer() as view:
-                size = max(0, view.nbytes - target.start)
-    if size is None:
-        MISSES.add(hook, target.reason or _UNKNOWN)
-    return size
-
-
-def _wrap_checkpoint(orig: Callable[..., Any], hook: str, name: str) -> Callable[..., Any]:
-    """``torch.save``/``torch.load`` as a ``checkpoint`` event *name* around the original,
-    called exactly once with the job's arguments; its result or exception is the job's."""
-    measure = _saved_bytes if name == "capture" else _loaded_bytes
-
-    at = 1 if name == "capture" else 0  # torch.save(obj, f, ...), torch.load(f, ...)
-
-    def begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Target, int | None, Any]:
-        f = args[at] if len(args) > at else kwargs["f"]
-        return _Target(f), REGIONS.begin(name, "checkpoint"), f
-
-    def end(opened: tuple[_Target, int | None, Any] | None, ok: bool) -> None:
-        if opened is None:  # begin missed, and was counted
-            return
-        target, handle, f = opened
-        if not ok:  # the job's call raised: nothing was saved or loaded to measure
-            REGIONS.end(handle, path=target.path, error=1)
-            return
-        REGIONS.end(handle, path=target.path, bytes=measure(hook, target, f))
-
-    @functools.wraps(orig)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        opened = _guard(hook, begin, args, kwargs)
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException:
-            _guard(hook, end, opened, False)
-            raise
-        _guard(hook, end, opened, True)
-        return result
-
-    return wrapper
-
-
-def _patch_torch(mod: Any) -> None:
-    if getattr(mod, "_dlreplay_patched", False) or not hasattr(mod, "save"):
-        return
-    save = _wrap_checkpoint(mod.save, "torch.save", "capture")
-    load = _wrap_checkpoint(mod.load, "torch.load", "restart")
-    mod.save = save
-    mod.load = load
-    serialization = sys.modules.get("torch.serialization")
-    if serialization is not None:
-        serialization.save = save  # type: ignore[attr-defined]
-        serialization.load = load  # type: ignore[attr-defined]
-    mod._dlreplay_patched = True
-
-
-_PATCHES: dict[str, Callable[[Any], None]] = {
-    "torch": _patch_torch,
-    "torch.utils.data.dataloader": _patch_dataloader,
-    "torch.utils.data._utils.fetch": _patch_fetch,
+#: What to patch in each module once it is imported: a module name, the patches to run on it in
+#: order. Extensions (below) add theirs with :func:`add_patch` when they are imported.
+PATCHES: dict[str, list[Callable[[Any], None]]] = {
+    "torch.utils.data.dataloader": [_patch_dataloader],
+    "torch.utils.data._utils.fetch": [_patch_fetch],
 }
+
+#: The hook modules beside this one, each one family of hooks (``capture/inject/<name>.py``,
+#: the top-level module ``_dlreplay_<name>`` in the job). Each imports this module for the
+#: region API, the miss counter and :func:`guard`, and registers its patches with
+#: :func:`add_patch`; :func:`install` imports them.
+EXTENSIONS = ("checkpoint",)
+
+
+def add_patch(module: str, patch: Callable[[Any], None]) -> None:
+    """Run *patch* on *module* once it is imported (now, in :func:`install`, if it already is).
+    A patch must be idempotent and must never change what the module does for the job."""
+    PATCHES.setdefault(module, [])
+    if patch not in PATCHES[module]:
+        PATCHES[module].append(patch)
+
+
+def _run_patches(fullname: str, module: Any) -> None:
+    for patch in PATCHES.get(fullname, ()):
+        try:
+            patch(module)
+        except Exception as exc:  # never break the user's job
+            MISSES.add(f"import {fullname}", f"not instrumented ({type(exc).__name__})")
+            print(f"dlreplay: could not instrument {fullname}: {exc}", file=sys.stderr)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
@@ -689,8 +588,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         self._busy: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        patch = _PATCHES.get(fullname)
-        if patch is None or fullname in self._busy:
+        if fullname not in PATCHES or fullname in self._busy:
             return None
         self._busy.add(fullname)
         try:
@@ -706,11 +604,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             orig_exec(module)
-            try:
-                patch(module)
-            except Exception as exc:  # never break the user's job
-                MISSES.add(f"import {fullname}", f"not instrumented ({type(exc).__name__})")
-                print(f"dlreplay: could not instrument {fullname}: {exc}", file=sys.stderr)
+            _run_patches(fullname, module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -729,13 +623,13 @@ def _close_open_iterators() -> None:
 
 def _at_exit() -> None:
     """The main process's end: close what is open, name what the hooks missed."""
-    _guard("exit", _close_open_iterators)
+    guard("exit", _close_open_iterators)
     MISSES.write()
 
 
 def _finalize_process() -> None:
-    _guard("exit", _close_open_iterators)
-    _guard("exit", REGIONS.finalize)
+    guard("exit", _close_open_iterators)
+    guard("exit", REGIONS.finalize)
     MISSES.write()  # after the trace is closed: this write is not one of the job's
 
 
@@ -773,10 +667,15 @@ def install() -> None:
     # DLREPLAY_LOADER_HOOKS=0 (capture --no-loader-hooks): POSIX/STDIO only, as DFTracer's preload
     # alone records; children are still flushed at exit, or their events would be lost
     if os.environ.get("DLREPLAY_LOADER_HOOKS", "1") != "0":
-        for name, patch in _PATCHES.items():
+        for extension in EXTENSIONS:
+            try:
+                importlib.import_module(f"_dlreplay_{extension}")
+            except Exception as exc:  # never break the user's job: that family goes unrecorded
+                MISSES.add(f"extension {extension}", f"not loaded ({type(exc).__name__})")
+        for name in list(PATCHES):
             mod = sys.modules.get(name)
             if mod is not None:
-                patch(mod)
+                _run_patches(name, mod)
         sys.meta_path.insert(0, _PostImportFinder())
     _patch_multiprocessing()
     import atexit
