@@ -72,6 +72,8 @@ class Job:
     script: str
     args: tuple[str, ...]
     what: str
+    #: interpreter arguments before the script: a launcher module (``-m torch.distributed.run ...``)
+    launcher: tuple[str, ...] = ()
 
 
 #: The benchmark jobs (replay-fidelity issue): each stresses one part of the timing model.
@@ -159,6 +161,47 @@ JOBS: dict[str, Job] = {
             "1",
         ),
         "compressed NPZ, decode-bound: 2 workers starve a tiny model",
+    ),
+    "ddp_2rank": Job(
+        "ddp_torchrun",
+        (
+            "--num-files",
+            "64",
+            "--volume",
+            "48",
+            "--batch-size",
+            "4",
+            "--workers",
+            "2",
+            "--epochs",
+            "4",
+            "--by-path",
+            "--checkpoint-every-epoch",
+            "--threads",
+            "1",
+        ),
+        "torchrun, 2 ranks (gloo DDP), DistributedSampler, 2 workers per rank, rank-0 torch.save",
+        ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+    ),
+    "ddp_3rank": Job(
+        "ddp_torchrun",
+        (
+            "--num-files",
+            "90",
+            "--volume",
+            "32",
+            "--batch-size",
+            "3",
+            "--workers",
+            "1",
+            "--epochs",
+            "4",
+            "--by-path",
+            "--threads",
+            "1",
+        ),
+        "torchrun, 3 ranks (gloo DDP), DistributedSampler, 1 worker per rank, batch 3",
+        ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"),
     ),
 }
 
@@ -335,6 +378,7 @@ def run_once(
     data = work / "data"
     cmd = [
         sys.executable,
+        *job.launcher,
         str(REPO / "examples" / f"{job.script}.py"),
         "--data-dir",
         str(data),
