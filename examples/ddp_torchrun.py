@@ -18,6 +18,7 @@ processes read, summed over ranks.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
@@ -44,6 +45,13 @@ def parse_args(argv=None):
         "--drop-last",
         action="store_true",
         help="DistributedSampler(drop_last=True): drop the tail instead of padding ranks",
+    )
+    g.add_argument(
+        "--all-reduce-loss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="all-reduce each step's loss (dist.all_reduce, for the epoch's mean loss over ranks), "
+        "as training scripts that log a global loss do",
     )
     args = p.parse_args(argv)
     if args.volume % 4:
@@ -138,6 +146,7 @@ def train(args, files: list[str], rank: int, world: int, dist) -> dict:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         t_epoch = time.perf_counter()
+        epoch_loss = 0.0
         it = iter(loader)
         while True:
             t_ask = time.perf_counter()
@@ -150,7 +159,12 @@ def train(args, files: list[str], rank: int, world: int, dist) -> dict:
             loss = bce(model(x), y.float())
             loss.backward()  # DDP all-reduces the gradients here
             opt.step()
-            float(loss.detach())
+            if args.all_reduce_loss:
+                value = loss.detach().clone()
+                dist.all_reduce(value)
+                epoch_loss += float(value) / world
+            else:
+                epoch_loss += float(loss.detach())
             step_wait.append(t_recv - t_ask)
             step_compute.append(time.perf_counter() - t_recv)
             nbytes += int(b.sum())
@@ -163,7 +177,8 @@ def train(args, files: list[str], rank: int, world: int, dist) -> dict:
         epoch_times.append(time.perf_counter() - t_epoch)
         if rank == 0 and not args.quiet:
             print(
-                f"[{JOB}] epoch {epoch + 1}/{args.epochs}: {step} steps, {epoch_times[-1]:.2f}s",
+                f"[{JOB}] epoch {epoch + 1}/{args.epochs}: {step} steps, loss "
+                f"{epoch_loss / max(1, len(loader)):.4f}, {epoch_times[-1]:.2f}s",
                 flush=True,
             )
         if args.fail_with is not None and epoch == 0:
