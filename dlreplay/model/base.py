@@ -14,7 +14,8 @@ from dlreplay.errors import SHOWN_CHARS, ArtifactVersionError, ModelError, clipp
 MODEL_SCHEMA_NAME = "dlreplay.workload"
 MODEL_FORMAT_VERSION = 1
 
-#: Dataset file formats (DLIO's names; ``raw`` = headerless binary records).
+#: Dataset file formats (DLIO's names; ``raw`` = headerless binary records; ``tar``/``arrow`` =
+#: shards streamed whole by an IterableDataset: WebDataset tar, Arrow IPC stream).
 FORMATS = (
     "npz",
     "npy",
@@ -26,6 +27,8 @@ FORMATS = (
     "indexed_binary",
     "parquet",
     "raw",
+    "tar",
+    "arrow",
 )
 #: Data loaders: the framework's loader, DALI, or ``native`` (the job reads files itself).
 DATA_LOADERS = ("pytorch", "tensorflow", "dali", "native")

@@ -246,6 +246,17 @@ class TableFile:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ShardMember:
+    """One part of every sample of a shard (tar, arrow): a tar member's suffix (``npy``,
+    ``jpg``, ``cls``: WebDataset's ``<key>.<suffix>`` members) or an Arrow column's name."""
+
+    name: str = model_field(doc="tar member suffix or Arrow column name")
+    bytes: Distribution = model_field(check="nonneg", doc="bytes of this part per sample")
+
+    _track_defaults: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """Per-format facts about how samples sit in files, that shape the I/O.
 
@@ -298,6 +309,14 @@ class Layout:
         "pairs, read per sample; dlio: DLIO 2.0's <file>.off.idx and <file>.sz.idx "
         "(8-byte offsets and sizes), each read whole by every reader when it starts; "
         "null = dlreplay",
+    )
+    shard_members: list[ShardMember] | None = model_field(
+        None,
+        doc="tar/arrow shards: each sample's parts in order (tar members sharing a key, "
+        "Arrow columns) and their bytes",
+    )
+    rows_per_batch: int | None = model_field(
+        None, check="positive", doc="arrow: rows per record batch of an IPC stream shard"
     )
 
     # Unset fields are not written; their provenance is the one distill records for the

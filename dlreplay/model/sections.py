@@ -96,6 +96,30 @@ class MetadataPerSample:
     lseeks: float | None = model_field(None, check="nonneg")
 
 
+#: Libraries that stream shards (``reader.streaming.library``).
+SHARD_LIBRARIES = ("tarfile", "webdataset", "pyarrow")
+#: How an IterableDataset splits its shards over ranks, then over each rank's workers:
+#: ``interleaved`` (rank r takes shards r::R, worker w of those w::W, as webdataset's
+#: split_by_node/split_by_worker) or ``contiguous`` (blocks).
+SHARD_SPLITS = ("interleaved", "contiguous")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Streaming:
+    """An IterableDataset that streams whole shards (tar, arrow): each loader worker opens its
+    shards one after the other and reads each through once per epoch, yielding its samples."""
+
+    library: str = model_field(
+        "tarfile",
+        choices=SHARD_LIBRARIES,
+        doc="what reads the shards: tarfile (stream mode r|), webdataset, pyarrow (IPC stream)",
+    )
+    split: str = model_field("interleaved", choices=SHARD_SPLITS, doc="shards over ranks, workers")
+    shuffle_buffer: int = model_field(
+        0, check="nonneg", doc="samples in each worker's shuffle buffer (0 = in shard order)"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Reader:
     """How the data loader reads the dataset (DLIO ``reader``)."""
@@ -188,6 +212,9 @@ class Reader:
     )
     access_pattern: AccessPattern = model_field(factory=AccessPattern)
     metadata_per_sample: MetadataPerSample = model_field(factory=MetadataPerSample)
+    streaming: Streaming | None = model_field(
+        None, doc="shards streamed by an IterableDataset (tar, arrow); null = map-style reads"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
