@@ -79,9 +79,7 @@ def ranks_of(events: pl.DataFrame | pl.LazyFrame, consumers: list[int]) -> tuple
 def _count(rt: pl.DataFrame, consumers: list[int]) -> tuple[int, str]:
     """:func:`ranks_of` over a :func:`rank_table`."""
     if rt.height:
-        world = int(
-            rt["world_size"].to_list()[0] if rt.height == 1 else max(rt["world_size"].to_list())
-        )
+        world = max(int(w) for w in rt["world_size"].to_list())
         seen = rt["rank"].n_unique()
         if seen < world:  # a rank whose events are lost (killed, or on another host's capture)
             return world, f"world size of {seen} rank(s)' init_process_group records"
