@@ -29,6 +29,7 @@ import polars as pl
 import dlreplay
 from dlreplay.model import Processes, Provenance, WorkloadModel
 
+from ..passes.ranks import ranks_of
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed
 from .checkpoint import MAX_CHECKPOINT_WRITE_RUNS, checkpoint_section
@@ -126,9 +127,9 @@ def distill(
 
 def _processes(obs: Observed, read_threads: int, facts: Facts) -> Processes:
     """``processes``: one rank per consumer (or per process whose workers read the samples)."""
-    ranks = max(len(obs.consumers), 1)
-    if obs.consumers:
-        facts.put("processes.ranks", "processes with fetch events", "measured")
+    ranks, how = ranks_of(obs.annotated, obs.consumers)
+    if obs.consumers or how != "processes with fetch events":
+        facts.put("processes.ranks", how, "measured")
     elif obs.posix is not None and obs.posix.consumers > 1:
         ranks = obs.posix.consumers
         facts.put(
