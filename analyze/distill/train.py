@@ -13,6 +13,7 @@ import polars as pl
 from dlreplay.model import Dataset, Distribution, Evaluation, Reader, Train
 from dlreplay.schema import READ_OPS
 
+from ..passes.ranks import own_compute_steps
 from ..trace import vocabulary as voc
 from .base import US, Facts, Observed, num
 from .measure import WARMUP_FACTOR, file_sizes
@@ -111,7 +112,8 @@ def _unmeasured(obs: Observed, facts: Facts) -> bool:
 def _loop_timing(obs: Observed, facts: Facts) -> tuple[Distribution, TimingModel | None]:
     """(compute per step, the timing model) of the main consumer's steps."""
     main_pid = obs.main_pid
-    mine_steps = obs.steps.filter(pl.col("pid") == main_pid).sort("ts")
+    # each step's own compute: a rank's wait for the other ranks is made anew by the replay
+    mine_steps = own_compute_steps(obs.steps, main_pid).sort("ts")
     if _unmeasured(obs, facts):
         return Distribution.unknown(), None
     timing = timing_model(
