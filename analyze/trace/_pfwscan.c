@@ -32,7 +32,8 @@
  *   int fields:    a JSON integer in int64, or a string holding one (1.x), or null
  *   string fields: a string, or a JSON integer (kept as written, e.g. "ph":1 -> "1"), or null
  * and "args" an object; other keys may hold any JSON value (validated, skipped). A line must
- * be a metadata record (ph "4" or "M") or have integer ts and pid and a name. Empty lines and
+ * be a metadata record (ph "4" or "M") or have integer ts and pid and a name, and not be an
+ * aggregated or counter record (ph "3", "A", "2", "C": the Python path reads those). Empty lines and
  * the bare "[" / "]" lines of the 1.x array form are skipped (not rows, not rejected).
  *
  * text_info(text) -> (newlines, valid): the number of "\n" bytes of text and whether it is
@@ -592,6 +593,11 @@ static inline int str_is(const Row *row, int f, const char *lit, Py_ssize_t n)
 static inline int line_kind(const Row *row)
 {
     int meta = str_is(row, S_PH, "4", 1) || str_is(row, S_PH, "M", 1);
+    /* aggregated records (ph 3/"A"; 2/"C" before DFTracer 2.2, counters too): each is read
+     * as its calls by the Python path, which splits their sums (reference.py) */
+    if (str_is(row, S_PH, "3", 1) || str_is(row, S_PH, "A", 1) || str_is(row, S_PH, "2", 1) ||
+        str_is(row, S_PH, "C", 1))
+        return 0;
     if (!meta && !((row->imask >> I_TS & 1) && (row->imask >> I_PID & 1) && (row->smask >> S_NAME & 1)))
         return 0;
     return meta ? 2 : 1;

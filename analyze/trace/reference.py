@@ -39,7 +39,18 @@ import polars as pl
 from dlreplay.pfw import DecodeStats as _Stats
 
 from .decompress import Piece, joined
-from .shapes import ARG_FIELDS, INT, META_PH, OP_CODE, SRC, TOP_FIELDS, concat_raw
+from .shapes import (
+    AGGREGATED_PH,
+    ARG_FIELDS,
+    INT,
+    MAX_CALLS,
+    META_PH,
+    OP_CODE,
+    SRC,
+    SUMMED_ARGS,
+    TOP_FIELDS,
+    concat_raw,
+)
 
 __all__ = ["Batch", "cast_loose", "drop_malformed"]
 
@@ -49,6 +60,8 @@ _RECORD_FIRST = frozenset(b"{[] \t\r")
 #: Raw column of each kept key: top-level keys by name, ``args`` keys by their column.
 _ARG_COLUMNS = {key: col for key, (col, _) in ARG_FIELDS.items()}
 _TEXT_COLUMNS = [*TOP_FIELDS, *_ARG_COLUMNS.values()]
+#: Text columns of an aggregated record: its calls, and the columns read from sums.
+_CALLS, _SUMS = "__calls", "__sums"
 
 
 class Batch:
@@ -142,9 +155,31 @@ def _json_record(text: str) -> dict[str, Any] | None:
     out = {key: _text(obj.get(key)) for key in TOP_FIELDS}
     for key, col in _ARG_COLUMNS.items():
         out[col] = _text(args.get(key)) if args else None
+    out[_CALLS] = out[_SUMS] = None
+    if args and "dft_cnt" in args and out["ph"] in AGGREGATED_PH:
+        _aggregated(out, args)
     if any(isinstance(v, str) and not _encodable(v) for v in out.values()):
         return None  # a lone surrogate escape: no text
     return out
+
+
+def _aggregated(out: dict[str, Any], args: dict[str, Any]) -> None:
+    """Read an aggregated record's ``args`` into ``out`` (see :data:`AGGREGATED_PH`): its calls
+    (``dft_cnt``), and each summed field's total (``<key>_sum``) where no plain value is given,
+    the fields so read listed in ``out[_SUMS]``; a fread/fwrite item size that varied
+    (``size_sum``) is read as its mean. Minima and maxima are not kept."""
+    out[_CALLS] = _text(args["dft_cnt"])
+    summed = []
+    for key, col in (("dur", "dur"), *((k, _ARG_COLUMNS[k]) for k in SUMMED_ARGS)):
+        if key not in args and f"{key}_sum" in args:
+            out[col] = _text(args[f"{key}_sum"])
+            summed.append(col)
+        elif key == "dur":
+            out[col] = _text(args.get(key))
+    if "size" not in args and "size_sum" in args:
+        out["isize"] = _text(args["size_sum"])
+        summed.append("isize")
+    out[_SUMS] = "|" + "|".join(summed) + "|"
 
 
 def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -206,10 +241,11 @@ def _to_raw(
 ) -> pl.DataFrame | None:
     """The raw frame (:data:`~.shapes.RAW_SCHEMA`) of the records; those that are no
     record (see the module) dropped and counted. None when none is left."""
+    cols = [*_TEXT_COLUMNS, _CALLS, _SUMS]
     texts = pl.DataFrame(
-        {c: [v[c] for v in values] for c in _TEXT_COLUMNS},
-        schema=dict.fromkeys(_TEXT_COLUMNS, pl.String()),
+        {c: [v[c] for v in values] for c in cols}, schema=dict.fromkeys(cols, pl.String())
     )
+    calls = cast_loose(pl.col(_CALLS), INT)
     ok = (
         texts.select(
             pl.col("ph").is_in(META_PH).fill_null(False)
@@ -217,6 +253,7 @@ def _to_raw(
                 cast_loose(pl.col("ts"), INT).is_not_null()
                 & cast_loose(pl.col("pid"), INT).is_not_null()
                 & pl.col("name").is_not_null()
+                & (pl.col(_CALLS).is_null() | calls.is_between(1, MAX_CALLS)).fill_null(False)
             )
         )
         .to_series()
@@ -234,8 +271,44 @@ def _to_raw(
         *(cast_loose(pl.col(k), dt).alias(k) for k, dt in TOP_FIELDS.items()),
         *(cast_loose(pl.col(col), dt).alias(col) for col, dt in ARG_FIELDS.values()),
         pl.col("name").replace_strict(OP_CODE, default=0, return_dtype=pl.Int8).alias("op"),
+        calls.alias(_CALLS),
+        _SUMS,
     )
-    return concat_raw([raw])
+    if raw[_CALLS].is_not_null().any():
+        raw = _unfold(raw)
+    return concat_raw([raw.drop(_CALLS, _SUMS)])
+
+
+def _unfold(raw: pl.DataFrame) -> pl.DataFrame:
+    """``raw`` with each aggregated record (``__calls`` not null) as that many rows of one
+    call each, so that every total counts its calls, bytes and time: a field read from its
+    sum (``__sums``) split over the calls (as even as integers are: the totals stay exact),
+    a fread/fwrite item size read from its sum taken as the mean, a plain value (one every
+    call had) repeated. The calls lie one after another from the record's ``ts`` (the start
+    of its interval) over its summed duration, at least one time unit apart (a record
+    carries no call's own time: these are placed, not measured)."""
+    n = pl.col(_CALLS).fill_null(1)
+    i = pl.col("__i")
+
+    def summed(col: str) -> pl.Expr:
+        return pl.col(_SUMS).str.contains(f"|{col}|", literal=True).fill_null(False)
+
+    whole = pl.max_horizontal(pl.col("dur").fill_null(0), n).cast(pl.Float64)
+    out = raw.with_columns(pl.int_ranges(0, n, dtype=pl.Int64).alias("__i")).explode("__i")
+    return out.with_columns(
+        *(
+            pl.when(summed(col))
+            .then(pl.col(col) // n + (i < pl.col(col) % n).cast(pl.Int64))
+            .otherwise(pl.col(col))
+            .alias(col)
+            for col in ("dur", *(ARG_FIELDS[k][0] for k in SUMMED_ARGS))
+        ),
+        pl.when(summed("isize"))
+        .then(pl.col("isize") // n)
+        .otherwise(pl.col("isize"))
+        .alias("isize"),
+        (pl.col("ts") + (i.cast(pl.Float64) * whole / n).cast(pl.Int64)).alias("ts"),
+    ).drop("__i")
 
 
 def cast_loose(e: pl.Expr, dt: pl.DataType) -> pl.Expr:

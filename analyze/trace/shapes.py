@@ -23,6 +23,7 @@ from dlreplay.schema import (
 )
 
 __all__ = [
+    "AGGREGATED_PH",
     "ARG_FIELDS",
     "BEYOND_32_BITS",
     "CAT",
@@ -42,6 +43,7 @@ __all__ = [
     "LSEEK",
     "LoadedTrace",
     "MARKER_SCHEMA",
+    "MAX_CALLS",
     "META_PH",
     "NARROW",
     "NATIVE_INTS",
@@ -77,6 +79,7 @@ __all__ = [
     "STARTS_SCHEMA",
     "STR",
     "STRAY_IO",
+    "SUMMED_ARGS",
     "SET_ASIDE",
     "SXFER",
     "TOP_FIELDS",
@@ -199,6 +202,24 @@ PACK_BITS = 63
 
 
 META_PH = ("4", "M")  # metadata records: consumed, not rows
+
+
+#: ``ph`` of DFTracer's aggregated records (``DFTRACER_ENABLE_AGGREGATION=1``): ``3`` since
+#: DFTracer 2.2 (docs/trace_format.rst, "Record Phases"), the counter phase ``2``/``C``
+#: before it; a record of these phases is aggregated when its ``args`` hold ``dft_cnt`` (the
+#: calls folded into it). Each is read as ``dft_cnt`` calls (:mod:`.reference`).
+AGGREGATED_PH = ("3", "A", "2", "C")
+
+
+#: ``args`` keys of an aggregated record whose ``<key>_sum`` is split over its calls when no
+#: plain value is given (``dur`` too, at the top level of other records): bytes returned and
+#: requested, a checkpoint's bytes.
+SUMMED_ARGS = ("ret", "count", "bytes")
+
+
+#: The most calls one aggregated record may fold (``dft_cnt``): more is no count DFTracer
+#: writes (one interval of one thread), and the record is dropped as malformed.
+MAX_CALLS = 10_000_000
 
 
 class TraceDamageWarning(UserWarning):
