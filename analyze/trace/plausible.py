@@ -34,7 +34,14 @@ from dlreplay.schema import READ_OPS, WRITE_OPS
 
 from .shapes import READ_AS_NULL, SET_ASIDE, FileReport, LoadedTrace, int_stat
 
-__all__ = ["WINDOW_SLACK_US", "capture_window", "check_values"]
+__all__ = [
+    "WINDOW_SLACK_US",
+    "capture_window",
+    "check_table",
+    "check_values",
+    "file_spans",
+    "noted_reports",
+]
 
 #: Seconds (in µs) an event may lie outside the capture's start and end as the manifest
 #: records them (the clocks of other nodes of a multi-node job may differ a little).
@@ -70,24 +77,51 @@ def check_values(loaded: LoadedTrace) -> LoadedTrace:
     """``loaded`` with the implausible values of its table set aside or read as null and
     each file's report saying what and why (see the module); the same object when all
     values are plausible."""
-    ev = loaded.events
-    if ev.height == 0:
+    if loaded.events.height == 0:
         return loaded
-    window = capture_window(loaded.manifest)
+    ev, notes, aside = check_table(loaded.events, loaded.manifest)
+    if not notes:
+        return loaded
+    files = noted_reports(loaded.files, notes)
+    # the loader's per-process counts included the rows set aside: counted again from the
+    # table where it is used (TraceView.per_process, summarize), as after a changed role
+    per_process = None if aside else loaded.per_process
+    return dataclasses.replace(loaded, events=ev, files=files, per_process=per_process)
+
+
+def check_table(
+    ev: pl.DataFrame, manifest: dict | None, spans: pl.DataFrame | None = None
+) -> tuple[pl.DataFrame, dict[str, list[str]], bool]:
+    """:func:`check_values` of an event table (or of the files wholly in it): (the table with
+    the implausible values set aside or read as null, each file's notes by name, whether rows
+    were set aside). ``spans``: :func:`file_spans` of the whole run where ``ev`` holds only
+    some of its files (a spilled part), to find the files far from the rest of the run."""
+    window = capture_window(manifest)
     notes: dict[str, list[str]] = {}
-    aside = _aside_mask(ev, window, notes)
+    aside = _aside_mask(ev, window, notes, spans) if ev.height else None
     if aside is not None:
         ev = ev.filter(~aside)
     ev = _null_durations(ev, window, notes)
     _count(ev, _no_ret(), NO_RET, notes)
     _count(ev, pl.col("cat").is_null(), NO_CAT, notes)
-    if not notes:
-        return loaded
-    files = [_noted(f, notes.get(f.name, []), ev) for f in loaded.files]
-    # the loader's per-process counts included the rows set aside: counted again from the
-    # table where it is used (TraceView.per_process, summarize), as after a changed role
-    per_process = None if aside is not None else loaded.per_process
-    return dataclasses.replace(loaded, events=ev, files=files, per_process=per_process)
+    return ev, notes, aside is not None
+
+
+def noted_reports(files: Sequence[FileReport], notes: dict[str, list[str]]) -> list[FileReport]:
+    """``files`` with :func:`check_table`'s ``notes`` among their problems, their events counted
+    again where some were set aside."""
+    return [_noted(f, notes.get(f.name, [])) for f in files]
+
+
+def file_spans(ev: pl.DataFrame) -> pl.DataFrame:
+    """Per file (``source``): the first and last timestamp (µs) of its events with a
+    non-negative one (``lo``, ``hi``) and their number (``n``)."""
+    return (
+        ev.select("source", "ts")  # (the columns first: a filter of the table copies every column)
+        .filter(pl.col("ts") >= 0)
+        .group_by("source")
+        .agg(pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi"), pl.len().alias("n"))
+    )
 
 
 def capture_window(manifest: dict | None) -> tuple[int, int] | None:
@@ -104,7 +138,10 @@ def _when(us: int) -> str:
 
 
 def _aside_mask(
-    ev: pl.DataFrame, window: tuple[int, int] | None, notes: dict[str, list[str]]
+    ev: pl.DataFrame,
+    window: tuple[int, int] | None,
+    notes: dict[str, list[str]],
+    spans: pl.DataFrame | None = None,
 ) -> pl.Series | None:
     """The rows to set aside (None: none), their counts per file and reason in ``notes``.
     The first reason that holds names a row."""
@@ -118,7 +155,7 @@ def _aside_mask(
         )
         checks.append((~ts.is_between(lo, hi), what))
     else:
-        far = _far_files(ev, ts >= 0)
+        far = _far_files(file_spans(ev) if spans is None else spans)
         if far:
             checks.append((pl.col("source").cast(pl.String).is_in(list(far)), FAR_FROM_RUN))
     life = _outside_life(ev)
@@ -157,16 +194,11 @@ def _aside_mask(
     return code > 0
 
 
-def _far_files(ev: pl.DataFrame, ok: pl.Expr) -> dict[str, tuple[int, int]]:
+def _far_files(spans: pl.DataFrame) -> dict[str, tuple[int, int]]:
     """Without a manifest: the files (``source``) whose events lie more than
-    :data:`RUN_GAP_US` from the group of files holding most events: (first, last) µs."""
-    spans = (
-        ev.select("source", "ts")  # (the columns first: a filter of the table copies every column)
-        .filter(ok)
-        .group_by("source")
-        .agg(pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi"), pl.len().alias("n"))
-        .sort("lo")
-    )
+    :data:`RUN_GAP_US` from the group of files holding most events: (first, last) µs
+    (``spans``: :func:`file_spans`)."""
+    spans = spans.sort("lo")
     if spans.height < 2:
         return {}
     lo, hi, n = (spans[c].to_numpy() for c in ("lo", "hi", "n"))
@@ -359,7 +391,7 @@ def _count(ev: pl.DataFrame, cond: pl.Expr, what: str, notes: dict[str, list[str
         notes.setdefault(str(source), []).append(f"{n} event(s) with {what}")
 
 
-def _noted(rep: FileReport, notes: Sequence[str], ev: pl.DataFrame) -> FileReport:
+def _noted(rep: FileReport, notes: Sequence[str]) -> FileReport:
     """``rep`` with ``notes`` among its problems and its events counted again where some
     were set aside."""
     if not notes:

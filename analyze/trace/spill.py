@@ -68,6 +68,7 @@ from .merge import (
     renumbered,
     run_tables,
 )
+from .plausible import check_table, file_spans, noted_reports
 from .shapes import COUNTS_SCHEMA, PART_SCHEMA, FileDamage, FileReport, int_stat, with_events
 
 __all__ = [
@@ -382,13 +383,14 @@ def _run_threads(
 
 
 def _spill_parts(
-    files: list[Path], tmp: Path, target: int, jobs: int | None
-) -> tuple[list[_Kept], bool, int]:
+    files: list[Path], tmp: Path, target: int, jobs: int | None, names: list[str]
+) -> tuple[list[_Kept], bool, int, pl.DataFrame]:
     """:func:`_spill`'s first stage: the parts (resolved per file, in groups of ``target``
     stored bytes) written to Parquet in ``tmp`` as they come, their small tables kept (by
-    first file); and what the rank-numbering of DLIO's pids reads of the whole run (some
-    pid is 0; the largest pid or tid)."""
+    first file); what the rank-numbering of DLIO's pids reads of the whole run (some
+    pid is 0; the largest pid or tid); and each file's :func:`~.plausible.file_spans`."""
     kept: list[_Kept] = []
+    spans: list[pl.DataFrame] = []
     pid0, top = False, 0  # what the rank-numbering of DLIO's pids reads of the whole run
     for part in parse_parts(files, jobs=jobs, group_bytes=target, ordered=True):
         first = min(src for src, _ in part.files)
@@ -397,6 +399,12 @@ def _spill_parts(
             path = tmp / f"part-{first:09d}.parquet"
             events = part.events  # (in (ts, file, line) order: parsed with ordered=True)
             _write_spill(events, path)
+            source = pl.Series([names[s] for s in part.processes["src"].to_list()], dtype=pl.String)
+            spans.append(
+                file_spans(
+                    events.select(pl.lit(source).gather(pl.col("__p")).alias("source"), "ts")
+                )
+            )
             firsts = vocabulary.thread_firsts(events, host="__p")
             pid0 = pid0 or bool((events["pid"] == 0).any())
             top = max(top, *(int_stat(events[c].max()) or 0 for c in ("pid", "tid")))
@@ -409,7 +417,9 @@ def _spill_parts(
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
     kept.sort(key=lambda k: k.first)
-    return kept, pid0, top
+    schema = {"source": pl.String(), "lo": pl.Int64(), "hi": pl.Int64(), "n": pl.UInt32()}
+    run_spans = pl.concat(spans, how="vertical_relaxed") if spans else pl.DataFrame(schema=schema)
+    return kept, pid0, top, run_spans
 
 
 def _spill_events(
@@ -418,11 +428,15 @@ def _spill_events(
     run: vocabulary.RunThreads,
     names: list[str],
     tmp: Path,
+    checks: tuple[dict | None, pl.DataFrame, dict[str, list[str]]],
 ) -> tuple[list[Path], np.ndarray, int, bool, list[pl.DataFrame]]:
     """:func:`_spill`'s second stage: each part's rows (``with_rows``, in file order) read
-    back, finalised with the run's ``tables`` and given the event vocabulary, written as
-    :data:`EVENT_SCHEMA` Parquet in ``tmp``, one part at a time. Returns (paths, events per
-    trace file, events, processes_changed, the parts' per-process counts)."""
+    back, finalised with the run's ``tables`` and given the event vocabulary, its implausible
+    values set aside or read as null as in memory (:func:`~.plausible.check_table` with
+    ``checks``' manifest and run's file spans; each file's notes into its third item), written
+    as :data:`EVENT_SCHEMA` Parquet in ``tmp``, one part at a time. Returns (paths, events per
+    trace file, events, processes or their rows changed, the parts' per-process counts)."""
+    manifest, spans, notes = checks
     proc_src = tables.processes["src"].to_numpy()
     counts = np.zeros(len(names), dtype=np.int64)
     paths: list[Path] = []
@@ -442,7 +456,11 @@ def _spill_events(
         # lies in the process's own file (its markers, a consumer's loop), or is the run's
         # (which pids are DLIO's ranks: rank 0's pid 0 is in rank 0's file)
         table, moved = canonical(table, markers, names, run)
-        changed = changed or moved
+        # (a file's events all lie in one part: its lifetime, repeats and counts are whole here)
+        table, found, aside = check_table(table, manifest, spans)
+        for name, said in found.items():
+            notes.setdefault(name, []).extend(said)
+        changed = changed or moved or aside
         table = table.with_columns(
             (pl.int_range(pl.len(), dtype=pl.Int64) + (g << _ROW_BITS)).alias(ORDER_COL)
         )
@@ -463,14 +481,17 @@ def _spill(
     say = echo or (lambda _s: None)
     t0 = time.perf_counter()
     # stage 1: parts (resolved per file) straight to Parquet; their small tables kept
-    kept, pid0, top = _spill_parts(files, tmp, target, jobs)
+    kept, pid0, top, spans = _spill_parts(files, tmp, target, jobs, names)
     t1 = time.perf_counter()
     say(f"spill: parsed {len(files)} file(s) in {len(kept)} part(s) in {t1 - t0:.1f} s; combining")
     # stage 2: the run's tables, then each part's EVENT_SCHEMA columns, one part at a time
     with_rows = [k for k in kept if k.path is not None]
     tables = run_tables([k.processes for k in with_rows], [k.fh for k in kept], names, top)
     run = _run_threads(with_rows, tables.processes, pid0, top)
-    paths, counts, height, changed, part_counts = _spill_events(with_rows, tables, run, names, tmp)
+    found: dict[str, list[str]] = {}
+    paths, counts, height, changed, part_counts = _spill_events(
+        with_rows, tables, run, names, tmp, (manifest, spans, found)
+    )
     reports = sorted((rep for k in kept for rep in k.files), key=lambda r: r[0])
     del run
     # the per-process table as the in-memory loader makes it: from the parts' counts (a
@@ -480,7 +501,9 @@ def _spill(
     )
     del part_counts
     notes = renumbered(tables.processes)
-    out_files = [with_events(rep, int(counts[src]), notes.get(src, [])) for src, rep in reports]
+    out_files = noted_reports(
+        [with_events(rep, int(counts[src]), notes.get(src, [])) for src, rep in reports], found
+    )
     t2 = time.perf_counter()
     nbytes = sum(p.stat().st_size for p in paths)
     say(
