@@ -162,6 +162,40 @@ def dcp(tmp):
     )
     into = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
     attempt("dcp load", lambda: (dcp.load(into, checkpoint_id=str(tmp / "dcp")), value(into)))
+    writer = dcp.FileSystemWriter(str(tmp / "dcp2"), sync_files=True, thread_count=2)
+    attempt("dcp writer", lambda: (type(dcp.save(sd, storage_writer=writer)).__name__, sorted(os.listdir(tmp / "dcp2"))))
+    into2 = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
+    reader = dcp.FileSystemReader(str(tmp / "dcp2"))
+    attempt("dcp reader", lambda: (dcp.load(into2, storage_reader=reader), value(into2)))
+
+
+def numpy_pickle(tmp):
+    """np.save/np.load and pickle.dump/pickle.load through every kind of target."""
+    import pickle
+    import numpy as np
+    arr = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for mod, save, load in (
+        ("np", lambda o, f: np.save(f, o), lambda f: np.load(f)),
+        ("pickle", lambda o, f: pickle.dump(o, f), lambda f: pickle.load(f)),
+    ):
+        path = tmp / f"{mod}.bin"
+        def by_path():
+            if mod == "np":
+                np.save(str(path), arr)
+                return digest((tmp / f"{mod}.bin.npy").read_bytes()), value(torch.from_numpy(np.load(str(path) + ".npy")))
+            with open(path, "wb") as fh:
+                pickle.dump(arr, fh)
+            with open(path, "rb") as fh:
+                return digest(path.read_bytes()), value(torch.from_numpy(pickle.load(fh)))
+        attempt(f"{mod} path", by_path)
+        buf = io.BytesIO()
+        attempt(f"{mod} bytesio", lambda: (save(arr, buf), buf.seek(0), value(torch.from_numpy(load(buf))), buf.tell()))
+        def pipe():
+            ret, data = through_pipe(lambda wf: save(arr, wf))
+            return ret, digest(data), value(torch.from_numpy(load(io.BytesIO(data))))
+        attempt(f"{mod} pipe", pipe)
+        ns = Unseekable()
+        attempt(f"{mod} unseekable", lambda: (save(arr, ns), value(torch.from_numpy(load(Unseekable(bytes(ns.out)))))))
 
 
 def loader():
@@ -175,6 +209,7 @@ tmp.mkdir()
 buf, piped, unseekable = save_targets(tmp)
 load_targets(tmp, buf, piped, unseekable)
 dcp(tmp)
+numpy_pickle(tmp)
 loader()
 '''
 
@@ -207,24 +242,26 @@ def test_save_and_load_matrix_is_identical_with_and_without_capture(tmp_path: Pa
     assert captured.returncode == plain.returncode == 0, captured.stderr
     assert captured.stdout == plain.stdout  # every byte written, every value loaded
     lines = {m[1]: m[2] for m in re.finditer(r"(?m)^(.*?) (ok|raised) ", plain.stdout)}
-    assert len(lines) == (17 if HAS_DCP else 15), plain.stdout
+    assert len(lines) == (27 if HAS_DCP else 23), plain.stdout
     for target in ("str", "path", "fileobj", "bytesio", "pipe", "unseekable"):
         assert lines[f"save {target}"] == "ok", plain.stdout
     for target in ("str", "path", "fileobj", "bytesio"):
         assert lines[f"load {target}"] == "ok", plain.stdout
-    # what torch itself refuses (a stream it cannot seek), it refuses the same under capture
+    for target in ("path", "bytesio", "pipe", "unseekable"):
+        assert lines[f"pickle {target}"] == "ok", plain.stdout
+    # what torch or numpy itself refuses (a stream it cannot seek), it refuses the same under capture
     assert lines["load pipe"] == lines["load unseekable"] == "raised"
+    assert lines["np pipe"] == lines["np unseekable"] == "raised"
     if HAS_DCP:
-        assert lines["dcp save"] == lines["dcp load"] == "ok", plain.stdout
+        for case in ("save", "load", "writer", "reader"):
+            assert lines[f"dcp {case}"] == "ok", plain.stdout
     assert "loader ok [2, 1]" in plain.stdout
     # what the hooks could not record is counted, named in the summary and the manifest
     manifest = read_manifest(out)
     assert manifest is not None and manifest["status"] == "complete"
     misses = {(m["hook"], m["reason"]): m["count"] for m in manifest["hook_misses"]}
-    # the pipe and the stream, and each tensor DCP streams through torch.save
-    assert misses.pop(("torch.save", "unseekable stream")) == (4 if HAS_DCP else 2)
-    if HAS_DCP:  # DCP loads each tensor from a view of its file: no path, no size
-        assert misses.pop(("torch.load", "unknown target")) == 2
+    # the pipe and the stream; DCP's own torch.save/torch.load calls are parts of its event
+    assert misses.pop(("torch.save", "unseekable stream")) == 2
     assert misses.pop(("DataLoader.__next__", "error in the hook (RuntimeError)")) == 2
     assert misses == {}  # a call the job's torch refused is no miss: nothing was written or read
     assert "capture hook torch.save could not record" in captured.stderr
@@ -236,10 +273,24 @@ def test_save_and_load_matrix_is_identical_with_and_without_capture(tmp_path: Pa
         for line in __import__("gzip").open(f, "rt")
         if line.startswith("{") and '"checkpoint"' in line
     ]
+    work = tmp_path / "captured" / "w"
     saves = [e.get("args", {}) for e in events if e.get("name") == "capture"]
     sizes = {Path(a["path"]).name: a.get("bytes") for a in saves if "path" in a}
-    assert sizes["a.pt"] == (tmp_path / "captured" / "w" / "a.pt").stat().st_size
-    assert sizes["c.pt"] == (tmp_path / "captured" / "w" / "c.pt").stat().st_size
+    assert sizes["a.pt"] == (work / "a.pt").stat().st_size
+    assert sizes["c.pt"] == (work / "c.pt").stat().st_size
+    # numpy and pickle are no checkpoint events (np.load is how datasets are read)
+    named = {Path(e["args"]["path"]).name for e in events if "path" in e.get("args", {})}
+    assert not named & {"np.bin.npy", "np.bin", "pickle.bin"}
+    if HAS_DCP:  # one event per DCP call: the directory, and the bytes of every file in it
+        for folder in ("dcp", "dcp2"):
+            on_disk = sum(f.stat().st_size for f in (work / folder).iterdir())
+            for kind in ("capture", "restart"):
+                got = [
+                    e["args"]
+                    for e in events
+                    if e["name"] == kind and e.get("args", {}).get("path") == str(work / folder)
+                ]
+                assert len(got) == 1 and got[0]["bytes"] == on_disk, (kind, folder, got)
 
 
 class _Boom(Exception):
@@ -301,3 +352,31 @@ def io_error() -> OSError:
     import io
 
     return io.UnsupportedOperation("seek")
+
+
+def test_a_dcp_hook_passes_results_and_exceptions_through(monkeypatch) -> None:
+    """DCP's save/load hooks call the original once with the job's arguments; its result or its
+    exception (DCP's CheckpointException is a BaseException) is the job's; torch.save calls made
+    inside a DCP call are parts of its event, never misses of their own."""
+    monkeypatch.setattr(hooks, "MISSES", hooks._Misses())
+    calls: list = []
+
+    class Stop(BaseException):
+        pass
+
+    def save(state, *, checkpoint_id=None, storage_writer=None):
+        calls.append((state, checkpoint_id, storage_writer))
+        inner_save({"t": 1}, types.SimpleNamespace(tell=lambda: 1 / 0))  # DCP's own stream
+        if state == "bad":
+            raise Stop("ranks failed")
+        return "metadata"
+
+    inner_save = checkpoint._wrap_checkpoint(lambda obj, f: None, "torch.save", "capture")
+    wrapped = checkpoint._wrap_dcp(save, "dcp.save", "capture")
+    assert wrapped("sd", checkpoint_id="ck") == "metadata"
+    with pytest.raises(Stop, match="ranks failed"):
+        wrapped("bad", storage_writer=types.SimpleNamespace(path="ck2"))
+    assert [c[0] for c in calls] == ["sd", "bad"]
+    # no FileSystemWriter reported bytes: the event has none (a miss); the inner save is none
+    assert hooks.MISSES.counts == {("dcp.save", "unknown target"): 1}
+    assert checkpoint._DCP.depth == 0

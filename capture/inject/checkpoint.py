@@ -1,11 +1,37 @@
-"""Checkpoint hooks injected into a captured job: ``torch.save`` / ``torch.load`` as DFTracer
-``checkpoint`` events (``capture`` / ``restart``; ``path``, ``bytes``).
+"""Checkpoint hooks injected into a captured job: DFTracer ``checkpoint`` events
+(``capture`` for a save, ``restart`` for a load; args ``path``, ``bytes``).
 
 A hook family of :mod:`capture.inject.hooks` (see its ``EXTENSIONS``): in the job this file is
 the top-level module ``_dlreplay_checkpoint``, in dlreplay's own process
 ``dlreplay.capture.inject.checkpoint``. Self-contained like the core: imports nothing of
 dlreplay but the core hooks module. Every hook calls the original exactly once with the job's
 arguments and returns its result or raises its exception; what it cannot measure is a miss.
+
+What is recorded:
+
+* ``torch.save`` / ``torch.load`` (``torch.serialization`` too): one event per call; ``path``
+  the file (or the stream's name when it is one); ``bytes`` the file's size, a stream's
+  advance, what a ``BytesIO`` holds past its position. A pipe or another stream that cannot
+  seek is never asked to (``tell()`` raises on DCP's streams and sockets): its event has no
+  ``bytes`` and the call is a miss ("unseekable stream").
+* ``torch.distributed.checkpoint`` (DCP) ``save`` / ``load`` (and the deprecated
+  ``save_state_dict`` / ``load_state_dict``): one event per call and rank, ``path`` the
+  checkpoint directory (absolute), ``bytes`` what this rank's ``FileSystemWriter`` wrote
+  (its shard files ``__<rank>_<n>.distcp``, plus ``.metadata`` on the coordinator, from
+  DCP's own write results: no extra I/O) or what its ``FileSystemReader`` read (the
+  lengths of the items of its load plan, plus ``.metadata``). The POSIX events under the
+  event carry each file, its write calls and fsync. Another storage writer or reader has no
+  ``bytes`` (a miss, "unknown target"); analyze then takes the POSIX transfers inside the
+  event. ``async_save`` is not an event: its writes run on a background thread after the
+  call returns; its POSIX events are in the trace.
+* Inside a DCP call, the ``torch.save`` / ``torch.load`` / ``pickle`` calls DCP makes for each
+  tensor and for ``.metadata`` are parts of the DCP event, not events (nor misses) of their own.
+* ``pickle`` and ``numpy`` (``pickle.dump``/``load``, ``np.save``/``savez``/``load``) are
+  not checkpoint events: ``np.load`` and ``pickle.load`` are how datasets are read, and
+  ``np.save``/``np.savez`` how jobs write their datasets before training, so neither call
+  says "checkpoint". They are left unpatched (transparent by construction); their POSIX calls
+  are in the trace and analyze classifies each file by its use (read as samples: dataset;
+  written and not sampled: checkpoint).
 """
 
 from __future__ import annotations
@@ -25,6 +51,27 @@ except ImportError:  # in the job: top-level modules beside each other
 #: touching it in a way the job would notice (a seek), or the target is not a file or stream.
 _UNSEEKABLE = "unseekable stream"
 _UNKNOWN = "unknown target"
+
+
+class _DcpState:
+    """The DCP call in progress in this process (any thread: DCP's writer threads too):
+    ``depth`` of nested DCP calls, the bytes its storage has reported and whether a
+    ``FileSystemWriter``/``FileSystemReader`` reported any."""
+
+    __slots__ = ("depth", "nbytes", "measured")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.nbytes = 0
+        self.measured = False
+
+    def add(self, nbytes: int) -> None:
+        if self.depth:
+            self.nbytes += int(nbytes)
+            self.measured = True
+
+
+_DCP = _DcpState()
 
 
 class _Target:
@@ -120,6 +167,8 @@ def _wrap_checkpoint(orig: Callable[..., Any], hook: str, name: str) -> Callable
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _DCP.depth:  # one of DCP's own tensors or its metadata: part of the DCP event
+            return orig(*args, **kwargs)
         opened = core.guard(hook, begin, args, kwargs)
         try:
             result = orig(*args, **kwargs)
@@ -146,4 +195,139 @@ def _patch_torch(mod: Any) -> None:
     mod._dlreplay_patched = True
 
 
+def _dcp_path(kwargs: dict[str, Any], storage: str) -> str | None:
+    """The checkpoint directory of a DCP call: ``checkpoint_id``, else its storage writer's or
+    reader's ``checkpoint_id``/``path`` (absolute; no I/O)."""
+    target = kwargs.get("checkpoint_id")
+    if target is None and kwargs.get(storage) is not None:
+        target = getattr(kwargs[storage], "path", None)
+    if isinstance(target, (str, bytes, os.PathLike)):
+        return os.path.abspath(os.fsdecode(target))
+    return None
+
+
+def _wrap_dcp(orig: Callable[..., Any], hook: str, name: str) -> Callable[..., Any]:
+    """DCP's ``save``/``load`` as one ``checkpoint`` event *name* of this rank around the
+    original (called exactly once; its result or exception is the job's)."""
+    storage = "storage_writer" if name == "capture" else "storage_reader"
+
+    def begin(kwargs: dict[str, Any]) -> tuple[str | None, int | None]:
+        path = _dcp_path(kwargs, storage)
+        return path, core.REGIONS.begin(name, "checkpoint")
+
+    def end(opened: tuple[str | None, int | None] | None, ok: bool, nbytes: int | None) -> None:
+        if opened is None:
+            return
+        path, handle = opened
+        if not ok:
+            core.REGIONS.end(handle, path=path, error=1)
+            return
+        if nbytes is None:  # not a FileSystemWriter/Reader: analyze takes the POSIX transfers
+            core.MISSES.add(hook, _UNKNOWN)
+        core.REGIONS.end(handle, path=path, bytes=nbytes)
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _DCP.depth:  # a DCP call inside another: the outer one is the event
+            return orig(*args, **kwargs)
+        opened = core.guard(hook, begin, kwargs)
+        _DCP.depth, _DCP.nbytes, _DCP.measured = 1, 0, False
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException:
+            _DCP.depth = 0
+            core.guard(hook, end, opened, False, None)
+            raise
+        _DCP.depth = 0
+        core.guard(hook, end, opened, True, _DCP.nbytes if _DCP.measured else None)
+        return result
+
+    return wrapper
+
+
+def _written(results: Any) -> int:
+    """Bytes of DCP ``WriteResult``s (each item's length in its shard file)."""
+    return sum(int(r.storage_data.length) for r in results)
+
+
+def _metadata_size(storage: Any, rank: int | None) -> int:
+    """The size of a DCP ``.metadata`` file (``__<rank>.metadata`` without collectives)."""
+    return os.path.getsize(os.fspath(storage._get_metadata_path(rank)))
+
+
+def _patch_dcp_storage(fs: Any) -> None:
+    """Report what DCP's ``FileSystemWriter`` wrote and its ``FileSystemReader`` read to the
+    DCP call in progress (from DCP's own plans and results: no extra I/O but a ``stat`` of
+    ``.metadata``). Each wrapper calls the original once and returns what it returns."""
+    writer, reader = fs._FileSystemWriter, fs.FileSystemReader
+    if getattr(writer, "_dlreplay_patched", False):
+        return
+    write_data, finish = writer.write_data, writer.finish
+    read_data, read_metadata = reader.read_data, reader.read_metadata
+
+    def on_written(fut: Any) -> None:
+        core.guard("dcp.FileSystemWriter", lambda: _DCP.add(_written(fut.value())))
+
+    def write_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fut = write_data(self, *args, **kwargs)
+        core.guard("dcp.FileSystemWriter", fut.add_done_callback, on_written)
+        return fut
+
+    def finish_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = finish(self, *args, **kwargs)
+        local = not getattr(self, "use_collectives", True) and self.rank is not None
+        rank = self.rank if local else None
+        core.guard("dcp.FileSystemWriter", lambda: _DCP.add(_metadata_size(self, rank)))
+        return result
+
+    def read_wrapper(self: Any, plan: Any, *args: Any, **kwargs: Any) -> Any:
+        def planned() -> None:
+            data = self.storage_data
+            _DCP.add(sum(int(data[item.storage_index].length) for item in plan.items))
+
+        core.guard("dcp.FileSystemReader", planned)
+        return read_data(self, plan, *args, **kwargs)
+
+    def metadata_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = read_metadata(self, *args, **kwargs)
+        rank = kwargs.get("rank")
+        core.guard("dcp.FileSystemReader", lambda: _DCP.add(_metadata_size(self, rank)))
+        return result
+
+    for cls, attr, fn, orig in (
+        (writer, "write_data", write_wrapper, write_data),
+        (writer, "finish", finish_wrapper, finish),
+        (reader, "read_data", read_wrapper, read_data),
+        (reader, "read_metadata", metadata_wrapper, read_metadata),
+    ):
+        setattr(cls, attr, functools.wraps(orig)(fn))
+    writer._dlreplay_patched = True
+
+
+def _patch_dcp(mod: Any) -> None:
+    """``torch.distributed.checkpoint``: save/load (and the deprecated *_state_dict) as events,
+    wherever the job's import finds them (the package and its saver/loader modules)."""
+    if getattr(mod, "_dlreplay_patched", False) or not hasattr(mod, "save"):
+        return
+    saver, loader = mod.state_dict_saver, mod.state_dict_loader
+    wrapped: dict[str, Callable[..., Any]] = {}
+    for attr, name in (
+        ("save", "capture"),
+        ("save_state_dict", "capture"),
+        ("load", "restart"),
+        ("load_state_dict", "restart"),
+    ):
+        orig = getattr(mod, attr, None)
+        if orig is None:
+            continue
+        wrapped[attr] = _wrap_dcp(orig, f"dcp.{attr}", name)
+        setattr(mod, attr, wrapped[attr])
+        for sub in (saver, loader):
+            if getattr(sub, attr, None) is orig:
+                setattr(sub, attr, wrapped[attr])
+    _patch_dcp_storage(mod.filesystem)
+    mod._dlreplay_patched = True
+
+
 core.add_patch("torch", _patch_torch)
+core.add_patch("torch.distributed.checkpoint", _patch_dcp)
