@@ -46,11 +46,15 @@ EXTENSIONS = {
     "indexed_binary": "bin",
     "parquet": "parquet",
     "raw": "raw",
+    "tar": "tar",
+    "arrow": "arrow",
 }
 #: Formats whose samples are byte ranges recorded in the manifest (``offsets``).
 RECORD_FORMATS = ("raw", "tfrecord", "indexed_binary")
 #: Formats that store one sample per file.
 ONE_SAMPLE_FORMATS = ("jpeg", "png")
+#: Formats whose shards an IterableDataset streams whole (:mod:`.streaming`).
+SHARD_FORMATS = ("tar", "arrow")
 #: Formats whose samples are rows of a rectangular array (one record length per file).
 ARRAY_FORMATS = ("npz", "npy", "hdf5")
 

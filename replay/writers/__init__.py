@@ -50,6 +50,7 @@ from ..common import TMP_SUFFIX, ReplayError
 from .arrays import array_data, choose_structure, member_shape, write_array_legacy, write_npz
 from .hdf5 import write_hdf5
 from .images import image_for, image_legacy
+from .shards import write_arrow, write_tar
 from .tables import write_csv, write_parquet
 
 __all__ = [
@@ -123,6 +124,8 @@ def write_file(
         out.records = _write_records(fmt, tmp, sizes, rng)
         if fmt == "indexed_binary":
             _write_index(path, out.records, layout, out)
+    elif fmt in ("tar", "arrow"):  # shards streamed whole (see .shards)
+        out.notes.append((write_tar if fmt == "tar" else write_arrow)(tmp, sizes, layout, rng))
     elif fmt in ("csv", "parquet"):
         t = None
         if layout.tables:

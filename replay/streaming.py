@@ -1,0 +1,318 @@
+"""Replay of a job that streams shards (``dataset.format`` tar or arrow) through an
+``IterableDataset``: each loader worker opens its shards one after the other and reads each
+through, once per epoch, with the job's library (``reader.streaming.library``: ``tarfile`` in
+stream mode ``r|``, ``webdataset``, ``pyarrow``'s IPC stream reader), so the storage sees the
+job's opens, read sizes and order.
+
+* :func:`split_shards`: the shards of one worker of one rank, split as the job split them
+  (``interleaved``: rank r takes shards r::R, worker w of those w::W, as webdataset's
+  ``split_by_node``/``split_by_worker``; ``contiguous``: blocks);
+* :class:`ShardStream`: the IterableDataset; a shuffle buffer of ``shuffle_buffer`` samples per
+  worker (webdataset's ``.shuffle(n)``) when the job had one;
+* :func:`streamed_batches`: the epoch's batches as the DataLoader hands them over (each worker
+  batches its own samples, so a worker's last batch may be short; batches come round-robin);
+* :class:`StreamingLoader`: a ``torch.utils.data.DataLoader`` over the stream, with the
+  model's workers, prefetch factor, persistent workers and start method; ``epoch`` yields
+  :class:`~.loader.BatchResult` as the other loaders do.
+
+Bytes read are counted on the shard's file (tar; an Arrow stream is read through: its file's bytes).
+Compute stays the accelerator's sleep (:mod:`.accelerator`). Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import os
+import random
+import signal
+import tarfile
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from dlreplay.model import Streaming, WorkloadModel
+from dlreplay.osutil import end_with_parent
+
+from .common import ReplayError
+from .loader import BatchResult, WorkerSpec, worker_context
+from .plan import RankPlan
+from .torchloader import collate
+
+__all__ = ["ShardStream", "StreamingLoader", "split_shards", "streamed_batches", "streaming_of"]
+
+#: The library each shard format is read with when the model names none.
+DEFAULT_LIBRARY = {"tar": "tarfile", "arrow": "pyarrow"}
+#: The formats each library reads.
+LIBRARY_FORMATS = {"tarfile": "tar", "webdataset": "tar", "pyarrow": "arrow"}
+
+
+def streaming_of(model: WorkloadModel) -> Streaming:
+    """The model's ``reader.streaming`` (the format's default library when it has none); raises
+    :class:`ReplayError` when the library does not read the dataset's format."""
+    fmt = model.dataset.format
+    st = model.reader.streaming or Streaming(library=DEFAULT_LIBRARY.get(fmt, "tarfile"))
+    if LIBRARY_FORMATS[st.library] != fmt:
+        raise ReplayError(
+            f"reader.streaming.library: {st.library} reads {LIBRARY_FORMATS[st.library]} shards, "
+            f"not dataset.format {fmt}; set one of them to match"
+        )
+    return st
+
+
+def split_shards(
+    shards: int, rank: int, ranks: int, worker: int, workers: int, how: str
+) -> list[int]:
+    """The shard indices (of *shards*) that *worker* of *workers* on *rank* of *ranks* streams."""
+    if how == "interleaved":
+        return list(range(shards))[rank::ranks][worker::workers]
+    mine = np.array_split(np.arange(shards), ranks)[rank]
+    return [int(i) for i in np.array_split(mine, workers)[worker]]
+
+
+def _workers(model: WorkloadModel) -> int:
+    return max(1, model.reader.read_threads)
+
+
+def streamed_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
+    """The batches (lists of (shard, sample in shard)) this rank's DataLoader hands over in
+    *epoch*: each worker's samples in shard order (a shuffle buffer reorders them, not their
+    count) cut into batches, a short last one unless ``drop_last``, taken round-robin over
+    the workers. ``train.steps_per_epoch`` caps them."""
+    m = plan.model
+    st, spf, b = streaming_of(m), m.dataset.num_samples_per_file, m.reader.batch_size
+    per_worker = []
+    for w in range(_workers(m)):
+        shards = split_shards(m.dataset.num_files, plan.rank, plan.size, w, _workers(m), st.split)
+        samples = [(s, k) for s in shards for k in range(spf)]
+        cut = len(samples) // b if m.reader.drop_last else math.ceil(len(samples) / b)
+        per_worker.append([samples[i * b : (i + 1) * b] for i in range(cut)])
+    out: list[list[tuple[int, int]]] = []
+    for i in range(max((len(p) for p in per_worker), default=0)):
+        out.extend(p[i] for p in per_worker if i < len(p))
+    if m.train.steps_per_epoch:
+        out = out[: m.train.steps_per_epoch]
+    return out
+
+
+class _CountingFile(io.FileIO):
+    """An unbuffered file (``read(2)`` per read) that counts the bytes its reads return."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "rb")
+        self.nbytes = 0
+
+    def read(self, size: int | None = -1) -> bytes | None:  # type: ignore[override]
+        data = super().read(size)
+        self.nbytes += len(data or b"")
+        return data
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = super().readinto(buffer)
+        self.nbytes += n or 0
+        return n
+
+
+def _counted(
+    samples: Iterator[tuple[int, bytes]], read: Callable[[], int]
+) -> Iterator[tuple[int, bytes, int]]:
+    """(sample, bytes, bytes read for it) of one shard: the bytes read since the previous sample
+    (*read*: bytes read from the shard so far), the shard's last reads with its last sample
+    (each sample is handed on when the next one is in, or the shard has ended)."""
+    held: list[Any] | None = None
+    last = 0
+    for k, data in samples:
+        now = read()
+        if held is not None:
+            yield held[0], held[1], held[2]
+        held, last = [k, data, now - last], now
+    if held is not None:
+        yield held[0], held[1], held[2] + read() - last
+
+
+class ShardStream(IterableDataset):  # type: ignore[type-arg]
+    """The replay's shards streamed by each loader worker: yields ``(sample id, bytes read
+    since the last sample, reader pid, the sample's first part as a uint8 tensor, *others)``
+    (``others``: scalars up to the job's ``batch_tensors``)."""
+
+    def __init__(self, spec: WorkerSpec, st: Streaming, rank: int, ranks: int, seed: int) -> None:
+        self.spec, self.st, self.rank, self.ranks, self.seed = spec, st, rank, ranks, seed
+        self.epoch = 0
+        self._others = tuple(
+            torch.zeros((), dtype=torch.int64) for _ in range(max(0, spec.batch_tensors - 1))
+        )
+
+    def _paths(self, worker: int, workers: int) -> list[tuple[int, str]]:
+        idx = split_shards(
+            len(self.spec.paths), self.rank, self.ranks, worker, workers, self.st.split
+        )
+        return [(i, os.path.join(self.spec.data_dir, self.spec.paths[i])) for i in idx]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        info = get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        shards = self._paths(w, nw)
+        raw = {"tarfile": _tar_samples, "webdataset": _wds_samples, "pyarrow": _arrow_samples}[
+            self.st.library
+        ](shards, self.spec.file_bytes)
+        rng = random.Random(hash((self.seed, self.epoch, self.rank, w)))
+        spf = self.spec.samples_per_file
+        for sid, k, data, nbytes in _buffered(raw, self.st.shuffle_buffer, rng):
+            payload = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
+            yield (sid * spf + k, nbytes, os.getpid(), payload, *self._others)
+
+
+def _buffered(samples: Iterator[Any], buffer: int, rng: random.Random) -> Iterator[Any]:
+    """webdataset's ``.shuffle(buffer)``: fill a buffer, hand out a random one as each comes in."""
+    if buffer <= 1:
+        yield from samples
+        return
+    buf: list[Any] = []
+    for s in samples:
+        buf.append(s)
+        if len(buf) >= buffer:
+            yield buf.pop(rng.randrange(len(buf)))
+    while buf:
+        yield buf.pop(rng.randrange(len(buf)))
+
+
+def _tar_samples(
+    shards: Sequence[tuple[int, str]], sizes: Sequence[int]
+) -> Iterator[tuple[int, int, bytes, int]]:
+    """(shard, sample, first part's bytes, bytes read) of tar shards read with ``tarfile`` in
+    stream mode on an unbuffered file (its reads of 10 KiB records, as the job's)."""
+    for i, path in shards:
+        with _CountingFile(path) as fh, tarfile.open(fileobj=fh, mode="r|") as tf:  # type: ignore[call-overload]
+            for k, data, n in _counted(_tar_groups(tf), functools.partial(getattr, fh, "nbytes")):
+                yield i, k, data, n
+
+
+def _tar_groups(tf: tarfile.TarFile) -> Iterator[tuple[int, bytes]]:
+    """(sample, first member's bytes) of a tar stream whose samples are members sharing a key."""
+    key, first, k = None, b"", 0
+    for member in tf:
+        name = member.name.rsplit("/", 1)[-1].partition(".")[0]
+        f = tf.extractfile(member)
+        data = f.read() if f is not None else b""
+        if key is not None and name != key:
+            yield k, first
+            k += 1
+        if name != key:
+            key, first = name, data
+    if key is not None:
+        yield k, first
+
+
+def _wds_samples(
+    shards: Sequence[tuple[int, str]], sizes: Sequence[int]
+) -> Iterator[tuple[int, int, bytes, int]]:
+    """(shard, sample, first part's bytes, bytes read) of tar shards read through
+    ``webdataset``'s own tar expander and key grouping, on the buffered file its ``gopen``
+    opens (``open(path, "rb")``: a buffer of the file system's block size)."""
+    try:
+        from webdataset.tariterators import group_by_keys, tar_file_expander
+    except ImportError:
+        raise ReplayError(
+            "reader.streaming.library is webdataset, which is not installed here: "
+            "pip install 'dlreplay[streaming]'"
+        ) from None
+    for i, path in shards:
+        raw = _CountingFile(path)
+        blksize = os.fstat(raw.fileno()).st_blksize
+        with io.BufferedReader(raw, blksize if blksize > 1 else io.DEFAULT_BUFFER_SIZE) as fh:  # type: ignore[type-var]
+            grouped = group_by_keys(tar_file_expander([{"url": path, "stream": fh}]))
+            parts = (
+                (k, next((v for key, v in s.items() if not key.startswith("__")), b""))
+                for k, s in enumerate(grouped)
+            )
+            for k, data, n in _counted(parts, functools.partial(getattr, raw, "nbytes")):
+                yield i, k, data if isinstance(data, bytes) else b"", n
+
+
+def _arrow_samples(
+    shards: Sequence[tuple[int, str]], sizes: Sequence[int]
+) -> Iterator[tuple[int, int, bytes, int]]:
+    """(shard, row, first binary column's bytes, bytes read) of Arrow IPC stream shards read with
+    ``pyarrow`` (a stream is read through: its bytes are the file's, shared over its rows)."""
+    import pyarrow as pa
+
+    for i, path in shards:
+        with pa.OSFile(path, "rb") as f:
+            rows: list[bytes] = []
+            for batch in pa.ipc.open_stream(f):
+                binary = [c for c in batch.columns if pa.types.is_binary(c.type)]
+                rows.extend(binary[0].to_pylist() if binary else [b""] * batch.num_rows)
+        share = sizes[i] // max(1, len(rows))
+        for k, v in enumerate(rows):
+            extra = sizes[i] - share * len(rows) if k == len(rows) - 1 else 0
+            yield i, k, v or b"", share + extra
+
+
+def _collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """(sample ids, bytes per sample, pids, *tensors) of a batch (see torchloader.collate)."""
+    return ([int(s[0]) for s in samples], *collate([s[1:] for s in samples]))
+
+
+def _worker_init(worker_id: int) -> None:
+    """A worker ignores Ctrl-C (the training process stops it) and ends with its parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end_with_parent()
+
+
+class StreamingLoader:
+    """The replay's batches of streamed shards through ``torch.utils.data.DataLoader``."""
+
+    name = "torch"
+
+    def __init__(self, plan: RankPlan) -> None:
+        m, rd = plan.model, plan.model.reader
+        self.stream = ShardStream(plan.spec, streaming_of(m), plan.rank, plan.size, plan.seed)
+        kwargs: dict[str, Any] = {}
+        if rd.read_threads > 0:
+            kwargs = {
+                "prefetch_factor": max(1, rd.prefetch_factor),
+                "persistent_workers": rd.persistent_workers,
+                "multiprocessing_context": worker_context(plan.spec),
+                "worker_init_fn": _worker_init,
+            }
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*suggested max number of worker")
+            self.loader = DataLoader(
+                self.stream,
+                batch_size=rd.batch_size,
+                drop_last=rd.drop_last,
+                num_workers=rd.read_threads,
+                collate_fn=_collate,
+                **kwargs,
+            )
+        self._iter: Any = None
+
+    def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
+        """Yield the epoch's batches as the workers stream them (at most ``len(batches)``)."""
+        self.stream.epoch += 1
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*suggested max number of worker")
+                self._iter = iter(self.loader)
+            for i, (ids, nbytes, pids, *tensors) in enumerate(self._iter):
+                if i >= len(batches):
+                    break
+                box = [tensors]
+                del tensors
+                yield BatchResult(i, sum(nbytes), tuple(ids), 0.0, pids[0], box.pop())
+        except ReplayError:
+            raise
+        except (OSError, tarfile.TarError, RuntimeError) as exc:
+            raise ReplayError(f"streaming shards: {exc}") from None
+
+    def close(self) -> None:
+        """Stop persistent workers."""
+        for it in (self._iter, getattr(self.loader, "_iterator", None)):
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()
+        self._iter = None
