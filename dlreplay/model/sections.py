@@ -120,6 +120,45 @@ class Streaming:
     )
 
 
+#: How a mapped-access loop picks its windows' offsets (``reader.mapped_access.offsets``).
+MAPPED_OFFSETS = ("uniform", "sequential")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MappedAccess:
+    """A loop without a DataLoader that takes windows of a memory-mapped file (nanoGPT's
+    ``get_batch``): each step maps the file, takes ``windows_per_step`` windows of
+    ``window_bytes`` and touches them (page faults, no read calls). Bytes, seconds."""
+
+    file_bytes: int = model_field(0, check="nonneg", doc="bytes of the mapped training file")
+    window_bytes: int = model_field(
+        0, check="nonneg", doc="bytes of one window (overlapping slices of a step merged)"
+    )
+    windows_per_step: int = model_field(1, check="positive", doc="windows taken per step")
+    slices_per_window: int = model_field(
+        1, check="positive", doc="slices the job takes of each window (input, target: 2)"
+    )
+    slice_bytes: int = model_field(0, check="nonneg", doc="bytes of one slice")
+    offsets: str = model_field(
+        "uniform", choices=MAPPED_OFFSETS, doc="window offsets: uniform random, sequential"
+    )
+    map_per_step: bool = model_field(True, doc="a new mapping every step (else one per run)")
+    data_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds per step from the previous step's end to the compute (taking the windows)",
+    )
+    eval_file_bytes: int = model_field(0, check="nonneg", doc="bytes of the validation file")
+    eval_every_steps: int = model_field(0, check="nonneg", doc="steps between validations")
+    eval_steps: int = model_field(0, check="nonneg", doc="batches per validation pass")
+    eval_windows_per_step: int = model_field(0, check="nonneg", doc="windows per eval batch")
+    eval_step_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds per validation batch (windows and forward)",
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Reader:
     """How the data loader reads the dataset (DLIO ``reader``)."""
@@ -214,6 +253,9 @@ class Reader:
     metadata_per_sample: MetadataPerSample = model_field(factory=MetadataPerSample)
     streaming: Streaming | None = model_field(
         None, doc="shards streamed by an IterableDataset (tar, arrow); null = map-style reads"
+    )
+    mapped_access: MappedAccess | None = model_field(
+        None, doc="windows of a memory-mapped file taken by a loop without a DataLoader"
     )
 
 
