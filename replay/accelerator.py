@@ -22,11 +22,12 @@ from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 
 from .checkpoint import Checkpointer
-from .common import SHARD_FORMATS, ReplayError
+from .common import ReplayError
 from .hostcpu import HostCpu
 from .loader import Loader
 from .plan import RankPlan, epoch_batches, epoch_compute, evaluation_steps, spends_host_cpu
 from .prepare import KEEP_ON_SUCCESS
+from .served import EpochProbe, cold_epoch, count_served
 
 __all__ = ["make_loader", "run_rank"]
 
@@ -70,10 +71,6 @@ class _Sleeper:
 def make_loader(plan: RankPlan) -> Any:
     """The run's data loader: PyTorch's DataLoader (``plan.loader == "torch"``) or the builtin one."""
     rd = plan.model.reader
-    if plan.model.dataset.format in SHARD_FORMATS:  # an IterableDataset streaming whole shards
-        from .streaming import StreamingLoader
-
-        return StreamingLoader(plan)
     if plan.loader == "torch":
         from .torchloader import TorchLoader
 
@@ -142,6 +139,7 @@ def _count_batch(
     rec["samples"] += len(res.samples)
     rec["bytes_read"] += res.nbytes
     rec["checkpoint_s"] += ck
+    count_served(rec, getattr(res, "served", None))
     pids.add(res.worker_pid)
     if order is not None:
         order.extend(res.samples)
@@ -200,12 +198,7 @@ class _RankRun:
     def epoch(self, epoch: int) -> bool:
         """Run *epoch* (1-based): its steps, then its end; False when there is nothing left to run."""
         INTERRUPT.check()
-        if self.model.dataset.format in SHARD_FORMATS:
-            from .streaming import streamed_batches
-
-            batches = streamed_batches(self.plan, epoch)
-        else:
-            batches = epoch_batches(self.plan, epoch)
+        batches = epoch_batches(self.plan, epoch)
         total_cap = self.model.train.total_training_steps
         if total_cap is not None:
             batches = batches[: max(0, total_cap - self.global_step)]
@@ -215,9 +208,12 @@ class _RankRun:
         self.epochs.append(rec)
         ids: list[int] = []
         pids: set[int] = set()
+        cold = cold_epoch(self.plan.spec, self.plan.rank, self.sync)  # --cold: before the epoch
+        probe = EpochProbe(self.plan.spec.data_dir, device=self.plan.rank == 0)
         t_start = self._steps(epoch, batches, rec, ids, pids)
         self._epoch_end(epoch, rec)
         rec["epoch_time_s"] = time.perf_counter() - t_start
+        probe.finish(rec, cold)
         rec["worker_pids"] = sorted(pids)
         if self.plan.record_order:
             self.order[str(epoch)] = ids

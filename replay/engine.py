@@ -446,6 +446,8 @@ def _traced_command(config: ReplayConfig, out: Path, model_path: Path) -> list[s
     ]
     if config.record_order:
         cmd.append("--record-order")
+    if config.cold:
+        cmd += ["--cold", "--cold-method", config.cold]
     # the replay's checkpoint files are deleted here, after the trace: not the workload's I/O
     cmd.append("--keep-checkpoints" if config.keep_checkpoints else "--_checkpoints-after-trace")
     return cmd

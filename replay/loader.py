@@ -32,6 +32,7 @@ from dlreplay.osutil import end_with_parent
 from .common import ReplayError
 from .formats import TEXT_CHUNK_BYTES, Decoded, LibraryReader, PosixReader
 from .hostcpu import burn
+from .served import ReadMeter
 
 #: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
 DEFAULT_TRANSFER = 262144
@@ -71,6 +72,8 @@ class WorkerSpec:
     index_style: str | None = None
     #: indexed_binary: the files are mapped, not read (the model's ``reader.memory_map``)
     memory_map: bool = False
+    #: drop the dataset's pages before each epoch (``--cold``: a :data:`.served.COLD_METHODS`); "" = no
+    cold: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class BatchResult:
     #: ``time.perf_counter()`` when the loader had the batch in hand (the end of the job's wait for
     #: it); None: when it was handed to the training loop
     received: float | None = field(default=None, compare=False, repr=False)
+    #: bytes the block layer read for the batch (its reader's ``/proc`` counters, see
+    #: :mod:`.served`); None: not measured
+    served: int | None = field(default=None, compare=False, repr=False)
 
 
 #: Open ``/proc/thread-self/schedstat`` per thread (by native thread id; a forked child's
@@ -199,6 +205,9 @@ class SampleReader:
     holds its decode, and its waits for a CPU)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
+        self.meter = (
+            ReadMeter()
+        )  # the storage's reads for this reader, from its start (index files)
         self.item_events = item_events
         self.preprocess_debt = (
             0.0  # seconds of modelled preprocessing not yet spent (negative: overspent)
@@ -353,7 +362,9 @@ class SampleReader:
         for f, k in samples:
             total += self.read_sample(f, k)[0]
         ids = tuple(f * s.samples_per_file + k for f, k in samples)
-        return BatchResult(index, total, ids, time.perf_counter() - t0, os.getpid())
+        return BatchResult(
+            index, total, ids, time.perf_counter() - t0, os.getpid(), served=self.meter.take()
+        )
 
     def close(self) -> None:
         self.reader.close()

@@ -21,6 +21,17 @@ Vocabulary and definitions follow MLPerf Storage / DLIO:
   at the run's end): spent + dropped is at least the modelled CPU, and dropped is 0 where
   the steps' time sufficed for their CPU.
 * pass/fail: AU >= the threshold (MLPerf Storage: 90 % for unet3d and resnet50).
+* served by the storage (format_version 2; see :mod:`.served`), per epoch and overall:
+  ``bytes_asked`` (= ``bytes_read``: what the replay's reads asked for), ``served_bytes``
+  (what the block layer read for the replay's reading processes, each measuring its own;
+  None where it could not be counted, ``served_unmeasured_batches`` batches), and
+  ``cache_served_percent`` (the share of the bytes asked that no storage read served:
+  100 * (1 - served / asked), at least 0; readahead can make served exceed asked);
+  ``written_bytes`` (dirtied for the storage by the accelerator processes: checkpoints, a
+  traced replay's trace), ``write_call_bytes``; ``device``, ``device_read_bytes``,
+  ``device_write_bytes`` (the dataset's block device, every process on the host); ``cold``
+  (what ``--cold`` did before the epoch). ``served_notes``: plain sentences, e.g. when most
+  of an epoch's bytes came from the page cache. A version 1 document has none of these.
 """
 
 from __future__ import annotations
@@ -30,7 +41,10 @@ from collections.abc import Sequence
 from typing import Any
 
 METRICS_SCHEMA = "dlreplay.metrics"
-METRICS_FORMAT_VERSION = 1
+#: 2: the served-by-the-storage fields (version 1 documents are still read: they have none)
+METRICS_FORMAT_VERSION = 2
+#: An epoch whose bytes came from the page cache at least this much (percent) is said so
+CACHE_NOTE_PERCENT = 50.0
 MB = 1_000_000
 MIB = 1 << 20
 
@@ -110,6 +124,7 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
             {
                 "epoch": recs[0]["epoch"],
                 **_combine(recs),
+                **served_totals(recs),
                 "evaluation_s": max((r.get("evaluation_s", 0.0) for r in recs), default=0.0),
                 "epoch_end_s": max((r.get("epoch_end_s", 0.0) for r in recs), default=0.0),
                 "worker_pids": pids,
@@ -121,6 +136,8 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
         tot["steps"] = sum(e["steps"] for e in r["epochs"])
         totals.append(tot)
     overall = _combine(totals) if totals else {}
+    if overall:
+        overall.update(served_totals([e for r in ranks for e in r["epochs"]]))
     summary = {}
     for key in ("au_percent", "samples_per_s", "io_mb_per_s", "io_mib_per_s", "epoch_time_s"):
         m, s = _mean_std([e[key] for e in epochs])
@@ -132,6 +149,7 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
         "across_epochs": summary,
         "au_threshold_percent": au_threshold,
         "pass": bool(au is not None and au >= au_threshold),
+        "served_notes": served_notes(epochs, overall),
         "ranks": [
             {
                 "rank": r["rank"],
@@ -143,6 +161,123 @@ def aggregate(ranks: Sequence[dict[str, Any]], au_threshold: float) -> dict[str,
             for r, t in zip(ranks, totals, strict=True)
         ],
     }
+
+
+def _sum_of(recs: Sequence[dict[str, Any]], key: str) -> int | None:
+    vals = [int(r[key]) for r in recs if r.get(key) is not None]
+    return sum(vals) if vals else None
+
+
+def served_totals(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The served-by-the-storage fields (see the module doc) of epoch records *recs* (one epoch's
+    ranks, or every epoch of every rank): bytes summed; ``cold`` from the first that has it."""
+    asked = sum(int(r.get("bytes_read", 0)) for r in recs)
+    unmeasured = sum(int(r.get("served_unmeasured_batches", 0)) for r in recs)
+    steps = sum(int(r.get("steps", 0)) for r in recs)
+    served = _sum_of(recs, "served_bytes") if unmeasured < steps or steps == 0 else None
+    cache = None
+    if served is not None and asked > 0 and not unmeasured:
+        cache = 100.0 * max(0.0, 1.0 - served / asked)
+    dev = next((r for r in recs if r.get("device")), None)
+    cold = next((r["cold"] for r in recs if r.get("cold")), None)
+    return {
+        "bytes_asked": asked,
+        "served_bytes": served,
+        "served_unmeasured_batches": unmeasured,
+        "cache_served_percent": cache,
+        "written_bytes": _sum_of(recs, "written_bytes"),
+        "write_call_bytes": _sum_of(recs, "write_call_bytes"),
+        "device": dev.get("device") if dev else None,
+        "device_read_bytes": _sum_of(recs, "device_read_bytes"),
+        "device_write_bytes": _sum_of(recs, "device_write_bytes"),
+        "cold": cold,
+    }
+
+
+def served_notes(epochs: Sequence[dict[str, Any]], overall: dict[str, Any]) -> list[str]:
+    """Plain sentences on where the bytes came from: each epoch most of whose bytes the page
+    cache served, epochs whose storage reads could not be counted, what ``--cold`` could not do."""
+    notes = []
+    for e in epochs:
+        cache = e.get("cache_served_percent")
+        if cache is not None and cache >= CACHE_NOTE_PERCENT:
+            notes.append(
+                f"{cache:.0f} % of epoch {e['epoch']}'s bytes came from the page cache: this AU "
+                f"says little about the storage"
+            )
+        if e.get("served_bytes") is None and e.get("steps"):
+            notes.append(
+                f"epoch {e['epoch']}: the storage's reads could not be counted (no per-process I/O "
+                f"accounting readable here): its bytes may have come from memory"
+            )
+        elif e.get("served_unmeasured_batches"):
+            notes.append(
+                f"epoch {e['epoch']}: {e['served_unmeasured_batches']} batch(es) read where the "
+                f"storage's reads could not be counted; its served bytes leave them out"
+            )
+        note = (e.get("cold") or {}).get("note")
+        if note and note not in notes:
+            notes.append(note)
+    cache = overall.get("cache_served_percent")
+    if len(epochs) > 1 and cache is not None and cache >= CACHE_NOTE_PERCENT:
+        notes.append(
+            f"overall, {cache:.0f} % of the replay's bytes came from the page cache, not the "
+            f"storage (dlreplay replay --cold drops the dataset's pages before each epoch)"
+        )
+    return notes
+
+
+def served_summary(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The served-by-the-storage figures of a metrics document (overall, and per epoch:
+    ``bytes_asked``, ``served_bytes``, ``cache_served_percent``, ``cold`` method); None for a
+    version 1 document, which has none."""
+    o = doc.get("overall") or {}
+    if "served_bytes" not in o:
+        return None
+    keys = ("bytes_asked", "served_bytes", "cache_served_percent")
+    return {
+        **{k: o.get(k) for k in keys},
+        "cold": doc.get("cold"),
+        "epochs": [
+            {"epoch": e.get("epoch"), **{k: e.get(k) for k in keys}} for e in doc.get("epochs", [])
+        ],
+        "notes": list(doc.get("served_notes") or []),
+    }
+
+
+def _served_lines(metrics: dict[str, Any]) -> list[str]:
+    """The summary's lines on what the storage served (none for a version 1 document)."""
+    from dlreplay.units import human_bytes
+
+    o = metrics.get("overall") or {}
+    if "served_bytes" not in o:
+        return []
+
+    def hb(v: int | None) -> str:
+        return "-" if v is None else human_bytes(v)
+
+    lines = [
+        f"{'epoch':>5} {'asked':>12} {'served':>12} {'cache %':>8} {'written':>12} {'device read':>12}"
+    ]
+    for e in [*metrics.get("epochs", []), {**o, "epoch": "all"}]:
+        lines.append(
+            f"{e['epoch']:>5} {hb(e.get('bytes_asked')):>12} {hb(e.get('served_bytes')):>12} "
+            f"{_f(e.get('cache_served_percent'), '.1f'):>8} {hb(e.get('written_bytes')):>12} "
+            f"{hb(e.get('device_read_bytes')):>12}"
+        )
+    cold = next((e["cold"] for e in metrics.get("epochs", []) if e.get("cold")), None)
+    if cold:
+        lines.append(
+            f"cold: {cold['method']} before each epoch ({cold['files']} file(s) on {cold['filesystem']}"
+            + (
+                f", {cold['resident_after_percent']:.0f} % of the checked pages resident after"
+                if cold.get("resident_after_percent") is not None
+                else ""
+            )
+            + ")"
+        )
+    lines += [f"note: {n}" for n in metrics.get("served_notes") or []]
+    return lines
 
 
 def _f(v: float | None, fmt: str) -> str:
@@ -190,6 +325,7 @@ def render_table(metrics: dict[str, Any]) -> str:
         lines.append("host CPU: none, the steps' compute slept (an accelerator's)")
     if metrics.get("loader"):
         lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
+    lines += _served_lines(metrics)
     verdict = "PASS" if metrics.get("pass") else "FAIL"
     lines.append(
         f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"

@@ -75,6 +75,8 @@ class ReplayConfig:
     traced: bool = False  # internal: this process is the captured child
     jobs: int | None = None
     loader: str = "auto"
+    #: drop the dataset's pages before each epoch: "" (no), or a :data:`.served.COLD_METHODS`
+    cold: str = ""
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         batch_tensors=m.reader.batch_tensors,
         index_style=m.dataset.layout.index,
         memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary",
+        cold=config.cold,
     )
 
 
@@ -320,6 +323,7 @@ def metrics_doc(
         "host_cpu_per_step_s": m.train.computation_host_cpu.mean if spends_host_cpu(m) else 0.0,
         "host_cpu_threads": m.train.computation_host_threads if spends_host_cpu(m) else 0,
         "epochs_planned": m.train.epochs,
+        "cold": config.cold or None,
         "dlreplay_version": dlreplay.__version__,
         "started": started,
         "wall_time_s": wall,

@@ -102,6 +102,7 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
             self._reader = SampleReader(
                 self.spec, info.id if info is not None else 0, item_events=not items_hooked
             )
+            _SERVED[:] = [0, True]  # (a forked worker's copy of its parent's count is not its own)
             self._pid = pid
         assert self._reader is not None
         return self._reader
@@ -113,6 +114,7 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         cpu0 = time.thread_time()
         f, k = divmod(int(sample), self.spec.samples_per_file)
         nbytes, decoded = reader.read_sample(f, k, cpu0)
+        _count_served(reader.meter.take())  # the storage's reads for it, handed over by collate
         after = time.thread_time()
         if self.spec.resize_bytes:
             # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
@@ -146,8 +148,11 @@ def collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     job's batches) where it has one shape in every sample, else concatenated flat (images
     of varying sizes before a resize the model does not know): every tensor of a batch is
     one more worker -> main handover. The counts stay Python lists: pickled with the batch,
-    they add no shared-memory tensor the job's batch does not have."""
-    nbytes = [int(s[0]) for s in samples]
+    they add no shared-memory tensor the job's batch does not have; the bytes list carries
+    the bytes the storage served for the batch (``served``, see :mod:`.served`; None: not
+    measured)."""
+    nbytes = _Counts(int(s[0]) for s in samples)
+    nbytes.served, _SERVED[:] = (_SERVED[0] if _SERVED[1] else None), [0, True]
     pids = [int(s[1]) for s in samples]
     stacked = []
     for j in range(2, len(samples[0]) if samples else 2):
@@ -155,6 +160,25 @@ def collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
         same = len({(t.shape, t.dtype) for t in column}) == 1
         stacked.append(default_collate(column) if same else _concat_flat(column))
     return (nbytes, pids, *stacked)
+
+
+class _Counts(list):  # type: ignore[type-arg]
+    """A batch's bytes per sample, with the bytes the storage served for it (``served``)."""
+
+    served: int | None = None
+
+
+#: bytes the storage served for this process's samples since its last batch was collated, and
+#: whether every one of them was measured
+_SERVED: list[Any] = [0, True]
+
+
+def _count_served(served: int | None) -> None:
+    """Add a sample's served bytes (None: not measured) to this process's coming batch."""
+    if served is None:
+        _SERVED[1] = False
+    else:
+        _SERVED[0] += served
 
 
 def _concat_flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -336,6 +360,7 @@ class TorchLoader:
                 self._iter = iter(self.loader)
             arrived = arrival_stamps(self._iter)
             for i, (nbytes, pids, *tensors) in enumerate(self._iter):
+                served = getattr(nbytes, "served", None)
                 # traced by dlreplay's capture hooks, the step begins where they begin the job's
                 # loop body: after their own fetch bookkeeping (and a trace buffer's flush)
                 hooked = getattr(self._iter.__dict__.get("_dlreplay_state"), "step_t0", 0.0)
@@ -346,7 +371,14 @@ class TorchLoader:
                 box = [tensors]
                 del tensors
                 yield BatchResult(
-                    i, sum(nbytes), tuple(self.sampler.batches[i]), 0.0, pids[0], box.pop(), got
+                    i,
+                    sum(nbytes),
+                    tuple(self.sampler.batches[i]),
+                    0.0,
+                    pids[0],
+                    box.pop(),
+                    got,
+                    served=served,
                 )
         except ReplayError as exc:
             raise ReplayError(_worker_message(exc)) from None

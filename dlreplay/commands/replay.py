@@ -83,6 +83,21 @@ from dlreplay.commands.common import SEED, FiniteFloat, Processes, echo
 @click.option(
     "--keep-checkpoints", is_flag=True, help="Keep the checkpoint files the replay wrote."
 )
+@click.option(
+    "--cold",
+    is_flag=True,
+    help="Drop the dataset's pages from the page cache before each epoch (each file flushed, then "
+    "posix_fadvise DONTNEED; with --cold-method auto also /proc/sys/vm/drop_caches when writable), so "
+    "the storage serves every epoch; what was done is printed and kept in metrics.json.",
+)
+@click.option(
+    "--cold-method",
+    type=click.Choice(["auto", "fadvise"]),
+    default="auto",
+    show_default=True,
+    help="--cold: auto (per-file fadvise, and drop_caches when writable: the whole host's cache) or "
+    "fadvise (the dataset's files only).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result line.")
 @click.option("--_traced", "traced", is_flag=True, hidden=True)
 @click.option("--_checkpoints-after-trace", "ckpt_after_trace", is_flag=True, hidden=True)
@@ -102,6 +117,8 @@ def replay(
     find_max_accelerators: bool,
     record_order: bool,
     keep_checkpoints: bool,
+    cold: bool,
+    cold_method: str,
     quiet: bool,
     traced: bool,
     ckpt_after_trace: bool,
@@ -127,6 +144,7 @@ def replay(
         record_order=record_order,
         traced=traced,
         loader=loader,
+        cold=cold_method if cold else "",
         keep_checkpoints=keep_checkpoints or (KEEP_ON_SUCCESS if ckpt_after_trace else False),
     )
     say = (lambda s: None) if quiet else (lambda s: echo(s, err=True))
