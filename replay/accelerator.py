@@ -22,7 +22,7 @@ from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 
 from .checkpoint import Checkpointer
-from .common import ReplayError
+from .common import SHARD_FORMATS, ReplayError
 from .hostcpu import HostCpu
 from .loader import Loader
 from .plan import RankPlan, epoch_batches, epoch_compute, evaluation_steps, spends_host_cpu
@@ -71,6 +71,10 @@ class _Sleeper:
 def make_loader(plan: RankPlan) -> Any:
     """The run's data loader: PyTorch's DataLoader (``plan.loader == "torch"``) or the builtin one."""
     rd = plan.model.reader
+    if plan.model.dataset.format in SHARD_FORMATS:  # an IterableDataset streaming whole shards
+        from .streaming import StreamingLoader
+
+        return StreamingLoader(plan)
     if plan.loader == "torch":
         from .torchloader import TorchLoader
 
@@ -198,7 +202,12 @@ class _RankRun:
     def epoch(self, epoch: int) -> bool:
         """Run *epoch* (1-based): its steps, then its end; False when there is nothing left to run."""
         INTERRUPT.check()
-        batches = epoch_batches(self.plan, epoch)
+        if self.model.dataset.format in SHARD_FORMATS:
+            from .streaming import streamed_batches
+
+            batches = streamed_batches(self.plan, epoch)
+        else:
+            batches = epoch_batches(self.plan, epoch)
         total_cap = self.model.train.total_training_steps
         if total_cap is not None:
             batches = batches[: max(0, total_cap - self.global_step)]
