@@ -74,6 +74,11 @@ class PosixLoop:
     sample_files: list[str] = field(default_factory=list)
     #: processes whose workers read the samples (a multi-rank job's ranks); 1 when no worker reads
     consumers: int = 1
+    #: whether the workers live across epochs: False when a new pool is forked for every epoch
+    persistent: Inferred = field(default_factory=lambda: Inferred(None, "no worker processes"))
+    #: every visit read its file whole: E passes of k visits per file look the same as E/d
+    #: passes of k*d samples each read with its whole file (DLIO's NPZ reader): a guess
+    whole_file_visits: bool = False
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {
@@ -310,12 +315,16 @@ def infer_posix_loop(
     read_threads: int | None = None,
     traced_pids: set[int] | None = None,
     pauses: pl.DataFrame | None = None,
+    held_open_regions: bool = False,
+    lifetimes: pl.DataFrame | None = None,
 ) -> PosixLoop:
     """Infer the loop from ``io``: POSIX/STDIO events on the dataset files (pid, ppid, ts,
     dur, name, file, size, offset). ``read_threads`` overrides the concurrency count;
     ``traced_pids`` (every process of the trace) tells a lone reading worker from a consumer;
     ``pauses`` (``ts``, ``end`` µs: checkpoint writes) are time the loop did not compute,
-    taken out of the intervals they fall in."""
+    taken out of the intervals they fall in; ``held_open_regions`` (a format whose samples are
+    regions of a file, HDF5): a file each process opens once is visited per sample-sized read;
+    ``lifetimes`` (pid, a, b µs: each process's first and last event) tell worker pools apart."""
     visits = _visits(io)
     basis = "opens"
     if visits.is_empty() or visits.group_by("file").len()["len"].max() is None:
@@ -323,7 +332,11 @@ def infer_posix_loop(
     if visits.is_empty():
         none = Inferred(None, "no dataset I/O")
         return PosixLoop(none, none, none, none, none)
-    epochs, visits, epoch_spans = _epochs(io, _dataset_visits(visits), basis)
+    regions = _sample_regions(io, visits) if held_open_regions else None
+    if regions is not None:
+        visits, basis = regions
+    pools = _worker_pools(io, traced_pids, lifetimes)
+    epochs, visits, epoch_spans = _epochs(io, _dataset_visits(visits), basis, pools)
     threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)
     batch, ev_batch = _batch_size(visits)
@@ -338,14 +351,20 @@ def infer_posix_loop(
         epoch_spans=epoch_spans,
         sample_files=sorted(visits["file"].unique().to_list()),
         consumers=consumers,
+        persistent=_persistent(pools, epochs),
+        whole_file_visits=_whole_file_visits(io, visits),
     )
 
 
 def _epochs(
-    io: pl.DataFrame, visits: pl.DataFrame, basis: str
+    io: pl.DataFrame, visits: pl.DataFrame, basis: str, pools: pl.DataFrame | None = None
 ) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]]:
-    """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each): the passes the
-    visits split into (see :func:`_epochs_from_visits`), else one."""
+    """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each): one per pool of
+    worker processes when a new pool was forked for every epoch (:func:`_worker_pools`), else
+    the passes the visits split into (see :func:`_epochs_from_visits`), else one."""
+    by_pool = _epochs_from_pools(visits, pools)
+    if by_pool is not None:
+        return by_pool
     reads = io.filter(
         pl.col("name").is_in(READ_OPS)
         & (pl.col("size") > 0)
@@ -420,8 +439,8 @@ def _samples_per_file(visits: pl.DataFrame, basis: str) -> Inferred:
     spf = int(_num(per.median()) or 1)
     return Inferred(
         spf,
-        f"median {basis} per file per epoch: {spf} ({per.len()} file-epochs, "
-        f"{int(_num(per.min()))}-{int(_num(per.max()))})",
+        f"median visits per file per epoch: {spf} ({per.len()} file-epochs, "
+        f"{int(_num(per.min()))}-{int(_num(per.max()))}; visits: {basis})",
     )
 
 
@@ -497,3 +516,147 @@ def _worker_intervals(
         else ""
     )
     return vals, what
+
+
+def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame, str] | None:
+    """(visits, basis) when each process opens a file once and reads its samples as regions of
+    it (an HDF5 file of small chunks, opened once per worker): every read of the size that
+    carries the most bytes is one sample's visit. None when files are opened per sample (the
+    opens already count them) or the reads show no such regions."""
+    reads = io.filter(
+        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
+    )
+    if reads.is_empty() or visits.is_empty():
+        return None
+    per_proc = _num(visits.group_by("pid", "file").len()["len"].median())
+    if per_proc > 1:
+        return None  # opened per sample (or per batch): the opens are the visits
+    size = int(
+        reads.group_by("size")
+        .agg(pl.col("size").sum().alias("b"))
+        .sort(["b", "size"], descending=True)["size"][0]
+    )
+    own = reads.filter(pl.col("size") == size)
+    regions = _num(own.group_by("file").agg(pl.col("offset").n_unique())["offset"].median())
+    opens = _num(visits.group_by("file").len()["len"].median())
+    if regions < 2 or regions <= 2 * opens:
+        return None
+    out = own.select(
+        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")
+    ).sort("ts")
+    return out, (
+        f"reads of {size:,} B, the read size carrying the most bytes: each process opens a file "
+        f"once ({opens:.0f} opens per file) and reads {regions:.0f} distinct regions of it"
+    )
+
+
+def _worker_pools(
+    io: pl.DataFrame, traced_pids: set[int] | None, lifetimes: pl.DataFrame | None = None
+) -> pl.DataFrame | None:
+    """The reading worker processes (children of a traced process) with their pool: per parent,
+    workers alive at the same time are one pool, and a pool forked after the previous one
+    ended is a new one (non-persistent workers: a new pool every epoch). Columns pid, ppid,
+    a, b (first and last event, µs: of any kind where ``lifetimes`` (pid, a, b) gives them, else
+    of the reads), pool (0, 1, ... per parent); None without workers."""
+    if traced_pids is None:
+        return None
+    reads = io.filter(
+        pl.col("name").is_in(READ_OPS)
+        & (pl.col("size") > 0)
+        & pl.col("ppid").is_in(list(traced_pids))
+    )
+    if reads.is_empty():
+        return None
+    procs = reads.group_by("pid", "ppid").agg(
+        pl.len().alias("n"),
+        pl.col("ts").min().alias("a"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
+    )
+    if lifetimes is not None:  # a worker lives from its start to its last event of any kind
+        procs = procs.drop("a", "b").join(lifetimes.select("pid", "a", "b"), on="pid")
+    # a process reading a small share (the consumer's look at a file) is no worker
+    procs = procs.filter(pl.col("n") >= 0.25 * pl.col("n").median()).sort("ppid", "a")
+    if procs.height < 2:
+        return None
+    new = (pl.col("a") > pl.col("b").cum_max().shift(1).over("ppid")).fill_null(False)
+    return procs.with_columns(new.cast(pl.Int64).cum_sum().over("ppid").alias("pool"))
+
+
+def _epochs_from_pools(
+    visits: pl.DataFrame, pools: pl.DataFrame | None
+) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]] | None:
+    """(epochs, the pools' visits with ``epoch``, spans) when every parent forked two or more
+    pools of workers one after another, each pool as many workers, a like share of the visits
+    (within half the median) and nearly every file: each pool is one epoch, its workers'
+    visits; else None."""
+    if pools is None:
+        return None
+    per_parent = pools.group_by("ppid").agg(pl.col("pool").max() + 1)
+    n_pools = int(_num(per_parent["pool"].max()))
+    if n_pools < 2 or per_parent["pool"].n_unique() != 1:
+        return None
+    sizes = pools.group_by("ppid", "pool").len()["len"]
+    if sizes.min() != sizes.max():
+        return None
+    # a visit belongs to the epoch of the pool its process is one of
+    tagged = (
+        visits.drop("epoch", strict=False)
+        .join(pools.select("pid", pl.col("pool").alias("epoch")), on="pid")
+        .sort("ts")
+    )
+    share = tagged.group_by("epoch").len()["len"]
+    med = _num(share.median())
+    if share.len() != n_pools or _num(share.min()) < 0.5 * med or _num(share.max()) > 1.5 * med:
+        return None
+    # a pool is a pass: it visits (nearly) every file (workers that started one after the
+    # other, each reading its part, are one pool seen apart)
+    covered = tagged.group_by("epoch").agg(pl.col("file").n_unique())["file"]
+    if _num(covered.min()) < EPOCH_AGREEMENT * visits["file"].n_unique():
+        return None
+    spans = (
+        tagged.group_by("epoch")
+        .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
+        .sort("epoch")
+    )
+    workers = int(_num(sizes.max()))
+    ev = (
+        f"{n_pools} pools of {workers} worker process(es) per consumer, each forked after the "
+        f"previous one ended (non-persistent workers: a new pool every epoch); each pool read "
+        f"{int(_num(share.min()))}-{int(_num(share.max()))} sample visits"
+    )
+    return (
+        Inferred(n_pools, ev),
+        tagged,
+        [(int(e), int(a), int(b)) for e, a, b in spans.iter_rows()],
+    )
+
+
+def _persistent(pools: pl.DataFrame | None, epochs: Inferred) -> Inferred:
+    """Whether the workers live across epochs: a pool per epoch (False), or one pool reading
+    in every one of two or more epochs (True)."""
+    if pools is None:
+        return Inferred(None, "no worker processes read the samples")
+    n = int(_num(pools["pool"].max())) + 1
+    if n >= 2:
+        return Inferred(False, f"a new pool of worker processes for every epoch ({n} pools)")
+    if int(epochs.value or 0) >= 2:
+        return Inferred(True, f"the same worker processes read in all {epochs.value} epochs")
+    return Inferred(None, "one epoch: persistence not visible")
+
+
+def _whole_file_visits(io: pl.DataFrame, visits: pl.DataFrame) -> bool:
+    """True when the sample files' reads add up to a whole file per visit (90 % or more): each
+    visit then reads its file whole, whatever the samples in it."""
+    reads = io.filter(
+        pl.col("name").is_in(READ_OPS)
+        & (pl.col("size") > 0)
+        & pl.col("file").is_in(visits["file"].unique().implode())
+    )
+    if reads.is_empty() or visits.is_empty():
+        return False
+    sizes = reads.group_by("file").agg(
+        (pl.col("offset") + pl.col("size")).max().alias("fsize"), pl.col("size").sum().alias("b")
+    )
+    per = sizes.join(visits.group_by("file").len(), on="file")
+    ratio = per.select((pl.col("b") / (pl.col("fsize") * pl.col("len"))).median()).item()
+    return _num(ratio) >= 0.9

@@ -24,7 +24,13 @@ CAPTURES = sorted(p.parent for p in TRACES.glob("*/manifest.json"))
 DLIO = sorted(p.parent for p in TRACES.glob("dlio_*/dlio_config.yaml"))
 #: Runs where a worker's batches leave no period in its gaps (it reads continuously, or
 #: has too few batches per epoch): the batch size is reported unknown, never wrong.
-NO_BATCH_PERIOD = {"h5_shuffle", "h5_tiny_chunks", "jpeg_small", "npz_spawn", "npz_checkpoint"}
+NO_BATCH_PERIOD = {
+    "h5_shuffle",
+    "h5_tiny_chunks",
+    "jpeg_small",
+    "npz_spawn",
+    "npz_checkpoint",
+}
 
 
 def posix_only(events: pl.DataFrame) -> pl.DataFrame:

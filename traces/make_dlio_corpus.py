@@ -202,6 +202,33 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         },
         "train": {"epochs": 2, "computation_time": 0.02},
     },
+    # #44's classes: HDF5 files of 8 and 2 samples, NPZ files of 4 and 2 samples (DLIO's NPZReader reads
+    # the whole file for every sample), each read by 2 workers: samples per file is the parameter.
+    # Under traces/sweep/ (tests/test_inference_sweep.py), apart from the corpus the other tests run
+    # over
+    **{
+        f"sweep/dlio_{fmt}_{spf}spf": {
+            "model": {"name": f"{fmt}_{spf}spf"},
+            "framework": "pytorch",
+            "dataset": {
+                "format": fmt,
+                "num_files_train": 32 // spf,
+                "num_samples_per_file": spf,
+                "record_length": 64 << 10,
+                "record_length_stdev": 0,
+                "record_length_resize": 0,
+            },
+            "reader": {
+                "data_loader": "pytorch",
+                "batch_size": 4,
+                "read_threads": 2,
+                "file_shuffle": "seed",
+                "sample_shuffle": "seed",
+            },
+            "train": {"epochs": 2, "computation_time": 0.01},
+        }
+        for fmt, spf in (("hdf5", 8), ("hdf5", 2), ("npz", 4), ("npz", 2))
+    },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
 RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
@@ -308,7 +335,7 @@ def make(name: str, venv: Path, work: Path) -> None:
     dest = HERE / name
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir()
+    dest.mkdir(parents=True)
     traces = sorted(out.glob("*.pfw"))
     if not traces:
         raise SystemExit(f"{name}: DLIO wrote no trace in {out}")

@@ -290,8 +290,17 @@ def _samples_per_file(obs: Observed, facts: Facts) -> int:
         )
         return int(num(per_file["samples"].median(), 1))
     if obs.posix is not None and obs.posix.samples_per_file.value:
+        spf = int(obs.posix.samples_per_file.value)
+        if obs.posix.whole_file_visits and obs.posix.persistent.value is not False:
+            facts.notes.append(
+                f"guess: dataset.num_samples_per_file {spf} and train.epochs "
+                f"{obs.posix.epochs.value}: every visit read its file whole, so E epochs of k "
+                "samples per file look like E/d epochs of k*d samples each read with its whole "
+                "file (as DLIO's NPZ reader does); one visit per sample assumed. The trace "
+                "cannot tell: capture with the loader hooks, or set both with --set"
+            )
         facts.put("dataset.num_samples_per_file", obs.posix.samples_per_file.evidence, "inferred")
-        return int(obs.posix.samples_per_file.value)
+        return spf
     facts.put(
         "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
     )

@@ -15,7 +15,7 @@ from ..infer import infer_posix_loop
 from ..trace import vocabulary as voc
 from .base import Facts, Observed, mode, role_events
 from .checkpoint import checkpoint_writes
-from .dataset import dlio_reader, find_dataset
+from .dataset import dlio_reader, find_dataset, infer_format
 
 __all__ = ["assign_items", "observe", "split_evaluation"]
 
@@ -55,6 +55,11 @@ def observe(
             io,
             traced_pids=set(events["pid"].unique().to_list()),
             pauses=checkpoint_writes(events, data_dirs),
+            held_open_regions=infer_format(paths, reads)[0] == "hdf5",
+            lifetimes=events.group_by("pid").agg(
+                pl.col("ts").min().alias("a"),
+                (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
+            ),
         )
     )
     if posix is not None and posix.sample_files and len(posix.sample_files) < len(paths):

@@ -135,7 +135,8 @@ def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | N
 
 
 def _loader_from_posix(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:
-    """(batch size, workers per rank, None, None) as the POSIX inference found them."""
+    """(batch size, workers per rank, persistent workers or None, None) as the POSIX inference
+    found them."""
     posix = obs.posix
     assert posix is not None
     batch_size = int(posix.batch_size.value or 1)
@@ -148,7 +149,10 @@ def _loader_from_posix(obs: Observed, facts: Facts) -> tuple[int, int, bool | No
     )
     read_threads = int(posix.read_threads.value or 0)
     facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
-    return batch_size, read_threads, None, None
+    persistent = posix.persistent.value if read_threads else None
+    if persistent is not None:
+        facts.put("reader.persistent_workers", posix.persistent.evidence, "inferred")
+    return batch_size, read_threads, None if persistent is None else bool(persistent), None
 
 
 def _metadata(obs: Observed, facts: Facts) -> tuple[MetadataPerSample, bool]:
