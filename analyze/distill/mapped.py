@@ -1,0 +1,251 @@
+"""Mapped access: the windows a loop without a DataLoader takes of a memory-mapped file
+(``reader.mapped_access``), from the ``data/io.mmap`` and ``data/io.window`` events of
+``dlreplay capture``'s ``mapped`` hooks.
+
+The event table keeps no ``offset``/``bytes`` of annotation events, so these events are read
+from the trace files themselves (:func:`mapped_events`: the matching lines only, decoded as
+NDJSON by polars). Each window is put in the step whose compute follows it (the steps of
+:func:`~dlreplay.analyze.trace.vocabulary.training_steps`); a step's overlapping slices (an
+input and its target shifted by one token) merge into one window. Offsets, bytes; seconds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from dlreplay.model import Distribution, Reader
+from dlreplay.model.sections import MappedAccess
+
+from ..trace import vocabulary as voc
+from ..trace.inputs import TRACE_SUFFIXES
+from .base import US, Facts
+
+__all__ = ["MAPPED_SCHEMA", "mapped_access", "mapped_events", "with_mapped_access"]
+
+#: Columns of :func:`mapped_events` (µs, bytes; ``cold``: pages not resident at the slice).
+MAPPED_SCHEMA = {
+    "pid": pl.Int64,
+    "ts": pl.Int64,
+    "name": pl.String,
+    "path": pl.String,
+    "offset": pl.Int64,
+    "bytes": pl.Int64,
+    "cold": pl.Int64,
+}
+_LINE = re.compile(rb'^\{[^\n]*"name":"io\.(?:window|mmap)","cat":"data"[^\n]*$', re.M)
+_MAX_TRACE_BYTES = 1 << 31
+
+
+def _trace_files(source: str | Path) -> list[Path]:
+    p = Path(source)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        return []
+    return sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+
+
+def _lines(path: Path) -> list[bytes]:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read(_MAX_TRACE_BYTES)
+        else:
+            raw = path.read_bytes()[:_MAX_TRACE_BYTES]
+    except (OSError, EOFError, gzip.BadGzipFile):  # a damaged file: its readable events only
+        return []
+    return _LINE.findall(raw)
+
+
+def mapped_events(source: str | Path | None) -> pl.DataFrame:
+    """The ``io.mmap``/``io.window`` events of the trace at *source* (a capture directory or
+    a trace file): :data:`MAPPED_SCHEMA`, by time. Empty without any."""
+    lines: list[bytes] = []
+    for f in _trace_files(source) if source else []:
+        lines.extend(_lines(f))
+    if not lines:
+        return pl.DataFrame(schema=MAPPED_SCHEMA)
+    raw = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), infer_schema_length=None)
+    args = raw["args"].struct
+    fields = {f.name for f in raw.schema["args"].fields}  # type: ignore[attr-defined]
+    out = pl.DataFrame(
+        {
+            "pid": raw["pid"],
+            "ts": raw["ts"],
+            "name": raw["name"],
+            **{
+                k: (args.field(k) if k in fields else pl.Series(k, [None] * raw.height))
+                for k in ("path", "offset", "bytes", "cold")
+            },
+        }
+    )
+    return out.cast(MAPPED_SCHEMA).drop_nulls(["ts", "path"]).sort("ts")  # type: ignore[arg-type]
+
+
+def _step_of(windows: pl.DataFrame, starts: np.ndarray) -> pl.DataFrame:
+    """*windows* with ``step``: the index of the first compute starting after each."""
+    idx = np.searchsorted(starts, windows["ts"].to_numpy(), side="left")
+    return windows.with_columns(pl.Series("step", idx, dtype=pl.Int64))
+
+
+def _merged(windows: pl.DataFrame) -> pl.DataFrame:
+    """One row per window (a step's overlapping slices merged): step, offset, bytes, slices."""
+    w = windows.with_columns((pl.col("offset") + pl.col("bytes")).alias("end")).sort(
+        "step", "offset"
+    )
+    w = w.with_columns(pl.col("end").cum_max().shift(1).over("step").alias("__reach"))
+    w = w.with_columns(
+        (pl.col("__reach").is_null() | (pl.col("offset") >= pl.col("__reach")))
+        .cast(pl.Int64)
+        .cum_sum()
+        .over("step")
+        .alias("__w")
+    )
+    return (
+        w.group_by("step", "__w")
+        .agg(
+            pl.col("offset").min(),
+            (pl.col("end").max() - pl.col("offset").min()).alias("bytes"),
+            pl.len().alias("slices"),
+            pl.col("bytes").median().alias("slice_bytes"),
+        )
+        .sort("step", "offset")
+    )
+
+
+def _offsets(merged: pl.DataFrame) -> str:
+    """``sequential`` when most windows start where the one before ended, else ``uniform``."""
+    if merged.height < 3:
+        return "uniform"
+    m = merged.sort("step", "offset")
+    follows = (m["offset"].shift(-1) == m["offset"] + m["bytes"]).drop_nulls()
+    return "sequential" if follows.mean() >= 0.9 else "uniform"  # type: ignore[operator]
+
+
+def _median_int(s: pl.Series) -> int:
+    return int(round(float(s.median() or 0)))  # type: ignore[arg-type]
+
+
+def _evaluation(
+    windows: pl.DataFrame, maps: pl.DataFrame, events: pl.DataFrame, starts: np.ndarray
+) -> dict[str, object]:
+    """The validation passes' fields of :class:`MappedAccess` from the ``evaluate`` spans."""
+    spans = events.filter(pl.col("role") == voc.EVALUATE).select(
+        pl.col("ts").cast(pl.Int64),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).cast(pl.Int64).alias("end"),
+    )
+    if spans.is_empty() or windows.is_empty():
+        return {}
+    sp = spans.sort("ts").with_row_index("pass")
+    inside = (
+        windows.sort("ts")
+        .join_asof(sp, on="ts", strategy="backward")
+        .filter(pl.col("end").is_not_null() & (pl.col("ts") < pl.col("end")))
+    )
+    if inside.is_empty():
+        return {}
+    per = _merged(
+        inside.rename({"pass": "step"}).drop("end").with_columns(pl.col("step").cast(pl.Int64))
+    )
+    eval_maps = maps.filter(pl.col("path").is_in(inside["path"].unique().implode()))
+    per_pass = per.group_by("step").len()["len"]
+    batches = max(
+        1,
+        _median_int(
+            eval_maps.join_asof(sp, on="ts", strategy="backward")
+            .filter(pl.col("ts") < pl.col("end"))
+            .group_by("pass")
+            .len()["len"]
+        )
+        if eval_maps.height
+        else 1,
+    )
+    before = np.searchsorted(starts, sp["ts"].to_numpy(), side="left")
+    every = int(np.median(np.diff(np.concatenate([[0], before])))) if before.size else 0
+    durs = (sp["end"] - sp["ts"]).to_numpy() * US
+    return {
+        "eval_file_bytes": int(eval_maps["bytes"].max() or 0) if eval_maps.height else 0,  # type: ignore[arg-type]
+        "eval_every_steps": max(0, every),
+        "eval_steps": batches,
+        "eval_windows_per_step": max(1, round(_median_int(per_pass) / batches)),
+        "eval_step_time": Distribution.from_values(durs / batches),
+    }
+
+
+def mapped_access(mapped: pl.DataFrame, events: pl.DataFrame) -> MappedAccess | None:
+    """The :class:`MappedAccess` of a loop whose steps (*events*, with roles) took the
+    windows in *mapped* (:func:`mapped_events`); None without windows or steps."""
+    windows = mapped.filter(pl.col("name") == "io.window").drop_nulls(["offset", "bytes"])
+    maps = mapped.filter(pl.col("name") == "io.mmap")
+    steps = voc.training_steps(events)
+    if windows.is_empty() or steps.height == 0:
+        return None
+    starts = np.sort(steps["ts"].to_numpy())
+    spans = (
+        events.filter(pl.col("role") == voc.EVALUATE)
+        .select(
+            pl.col("ts").cast(pl.Int64),
+            (pl.col("ts") + pl.col("dur").fill_null(0)).cast(pl.Int64).alias("end"),
+        )
+        .sort("ts")
+    )
+    in_eval = (
+        windows.sort("ts").join_asof(spans, on="ts", strategy="backward")["end"]
+        > windows.sort("ts")["ts"]
+    ).fill_null(False)
+    train_w = windows.sort("ts").filter(~in_eval)
+    if train_w.is_empty():
+        return None
+    path = train_w["path"].mode().sort()[0]
+    train_w = train_w.filter(pl.col("path") == path)
+    merged = _merged(_step_of(train_w, starts))
+    per_step = merged.group_by("step").len()["len"]
+    train_maps = maps.filter(pl.col("path") == path)
+    gap = (steps.sort("ts")["wait_us"] + steps.sort("ts")["other_us"]).to_numpy() * US
+    # the first step's gap is the loop's start; a step after a validation pass waited for it too
+    keep = np.ones(gap.size, dtype=bool)
+    keep[0] = False
+    keep[np.searchsorted(starts, spans["ts"].to_numpy(), side="left").clip(0, gap.size - 1)] = False
+    gaps = gap[keep]
+    return MappedAccess(
+        file_bytes=int(train_maps["bytes"].max() or 0) if train_maps.height else 0,  # type: ignore[arg-type]
+        window_bytes=_median_int(merged["bytes"]),
+        windows_per_step=max(1, _median_int(per_step)),
+        slices_per_window=max(1, _median_int(merged["slices"])),
+        slice_bytes=_median_int(merged["slice_bytes"]),
+        offsets=_offsets(merged),
+        map_per_step=train_maps.height >= steps.height,
+        data_time=Distribution.from_values(gaps) if gaps.size else Distribution.fixed(0.0),
+        **_evaluation(windows.sort("ts").filter(in_eval), maps, events, starts),  # type: ignore[arg-type]
+    )
+
+
+def with_mapped_access(
+    reader: Reader, events: pl.DataFrame, source: str | None, facts: Facts
+) -> Reader:
+    """*reader* with ``mapped_access`` where the trace at *source* holds mapped windows taken
+    by a loop without a DataLoader (*events*: the whole trace, with roles)."""
+    mapped = mapped_events(source)
+    if mapped.is_empty() or (events["role"] == voc.FETCH).any():
+        return reader
+    access = mapped_access(mapped, events)
+    if access is None:
+        return reader
+    facts.put(
+        "reader.mapped_access",
+        "io.window/io.mmap events of the mapped hooks, windows per step between compute events",
+        "measured",
+    )
+    facts.notes.append(
+        f"mapped access: {access.windows_per_step} window(s) of {access.window_bytes} B per step "
+        f"({access.slices_per_window} slice(s) each), offsets {access.offsets}, of a "
+        f"{access.file_bytes} B file; data time {access.data_time.mean or 0:.4f} s/step"
+    )
+    return replace(reader, mapped_access=access)
