@@ -41,6 +41,7 @@ from .dataset import (
     dataset_section,
     infer_format,
 )
+from .mapped import with_mapped_access
 from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
@@ -87,11 +88,13 @@ def distill(
         )
     facts = Facts()
     # the rest of distill sees the training phase only
-    events, eval_events = split_evaluation(voc.ensure_roles(events))
+    every = voc.ensure_roles(events)
+    events, eval_events = split_evaluation(every)
     data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
     obs = observe(events, data_dirs, fingerprint, source, facts)
     dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
     reader = reader_section(obs, dataset, facts)
+    reader = with_mapped_access(reader, every, source, facts)
     train, timing = train_section(obs, dataset, reader, facts)
     if eval_events is not None:
         evaluation, eval_files, eval_batch = evaluation_section(eval_events, obs, facts)
