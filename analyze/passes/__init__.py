@@ -28,6 +28,7 @@ from dlreplay.allocator import release_free_memory
 
 from .loop import au_dlio, pass_checkpoints, pass_epochs, pass_overlap, pass_steps
 from .processes import pass_balance, pass_preprocess, pass_processes
+from .ranks import pass_ranks
 from .reads import (
     META_OPS,
     TIMELINE_BINS,
@@ -71,6 +72,7 @@ __all__ = [
     "pass_page_cache",
     "pass_preprocess",
     "pass_processes",
+    "pass_ranks",
     "pass_steps",
     "pass_transfer",
     "sessions",
@@ -90,6 +92,7 @@ PASSES: dict[str, PassFn] = {
     "metadata": pass_metadata,
     "checkpoints": pass_checkpoints,
     "balance": pass_balance,
+    "ranks": pass_ranks,
     "preprocess": pass_preprocess,
     "page_cache": pass_page_cache,
 }
