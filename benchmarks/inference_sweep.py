@@ -1,0 +1,438 @@
+"""How often distill infers each field right, over a grid of real runs (#44).
+
+Two kinds of real runs, each distilled without its configuration:
+
+* the example jobs (``examples/*.py``) captured with ``dlreplay capture --no-loader-hooks``:
+  DFTracer's preload alone, POSIX events only (what a user without the hooks has);
+* DLIO 2.0.0 runs traced by DLIO itself (``DFTRACER_ENABLE=1``), distilled twice: the whole
+  trace (DLIO's own annotations) and its POSIX/STDIO events alone.
+
+The grid: workers 0, 1, 2, 4, 8; persistent workers on/off; samples per file 1, 2, 4, 8, 16;
+batch 1..64; shuffle on/off; 1 and 2 ranks (DLIO under mpiexec); checkpoints on/off; the
+formats the examples write (npz, hdf5 per sample and one HDF5 file of tiles, jpeg, png) and
+DLIO's npz, hdf5, jpeg and indexed_binary. The design is fractional and balanced: for each
+source its factors' levels are dealt out in seeded permutations, so every level of every
+factor appears about equally often; interactions are sampled, not crossed. Levels a source
+cannot take are mapped to the nearest it can (the examples' npz/jpeg files hold one sample,
+DLIO's loader always keeps its workers, examples run one rank).
+
+Runs are cached under ``bench-data/inference_sweep/<config>/`` (``result.json``: the
+distilled fields with their confidence and evidence, and the truth); a cached configuration
+is not run again. For each field it prints how often the value is exact (counts, formats,
+booleans) or within 5 % (times), per confidence (measured: high, inferred: medium, default:
+a guess), every miss with its configuration, and the high-confidence fields that were wrong.
+
+    python benchmarks/inference_sweep.py [--limit N] [--subset examples|dlio|NAME-PREFIX]
+        [--dlio-venv /work/dlio-venv] [--dir bench-data/inference_sweep] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "traces"))
+
+SCHEMA = {"schema": "dlreplay.inference_sweep.result", "format_version": 1}
+
+WORKERS = (0, 1, 2, 4, 8)
+SPF = (1, 2, 4, 8, 16)
+BATCH = (1, 2, 4, 8, 16, 32, 64)
+#: source -> (how many configurations, the factors it varies)
+SOURCES: dict[str, int] = {
+    "unet3d_npz": 24,
+    "cosmoflow_h5": 24,
+    "tiles_h5": 24,
+    "resnet_jpeg": 16,
+    "resnet_png": 8,
+    "dlio_npz": 16,
+    "dlio_hdf5": 16,
+    "dlio_jpeg": 16,
+    "dlio_indexed_binary": 16,
+}
+#: fields compared: model path -> kind (exact or within 5 %)
+FIELDS = {
+    "train.epochs": "exact",
+    "reader.read_threads": "exact",
+    "dataset.num_samples_per_file": "exact",
+    "dataset.num_files": "exact",
+    "reader.batch_size": "exact",
+    "dataset.format": "exact",
+    "reader.persistent_workers": "exact",
+    "processes.ranks": "exact",
+    "train.computation_time": "5%",
+}
+
+
+def grid(seed: int = 44) -> list[dict[str, Any]]:
+    """Every configuration of the fractional design, in a fixed order (see the module doc)."""
+    out = []
+    for source, n in SOURCES.items():
+        rng = random.Random(f"{seed}-{source}")
+
+        def deal(levels: tuple, n: int = n, rng: random.Random = rng) -> list:
+            order = list(levels) * (n // len(levels) + 1)
+            rng.shuffle(order)
+            return order[:n]
+
+        cols = {
+            "workers": deal(WORKERS),
+            "persistent": deal((True, False)),
+            "spf": deal(SPF),
+            "batch": deal(BATCH),
+            "shuffle": deal((True, False)),
+            "ranks": deal((1, 2)),
+            "checkpoint": deal((True, False)),
+        }
+        for i in range(n):
+            c = {k: v[i] for k, v in cols.items()}
+            c["source"] = source
+            out.append(_feasible(c))
+    for c in out:
+        c["name"] = _name(c)
+    # sources interleaved, so that any --limit N runs a varied part
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for c in out:
+        by_source.setdefault(c["source"], []).append(c)
+    rounds = max(len(v) for v in by_source.values())
+    return [v[i] for i in range(rounds) for v in by_source.values() if i < len(v)]
+
+
+def _feasible(c: dict[str, Any]) -> dict[str, Any]:
+    """The configuration a source can run: its fixed factors set."""
+    s = c["source"]
+    if s.startswith("dlio_"):
+        c["persistent"] = True  # DLIO 2.0's TorchDataLoader keeps its workers
+        c["workers"] = max(c["workers"], 1)  # DLIO 2.0 with read_threads 0 reads in the consumer
+        c["batch"] = min(c["batch"], 16)
+    else:
+        c["ranks"] = 1
+        if s in ("unet3d_npz", "resnet_jpeg", "resnet_png"):
+            c["spf"] = 1
+    if c["workers"] == 0:
+        c["persistent"] = False
+    return c
+
+
+def _name(c: dict[str, Any]) -> str:
+    return (
+        f"{c['source']}-w{c['workers']}{'p' if c['persistent'] else ''}-s{c['spf']}-b{c['batch']}"
+        f"-{'sh' if c['shuffle'] else 'ns'}-r{c['ranks']}{'-ck' if c['checkpoint'] else ''}"
+    )
+
+
+def _files(c: dict[str, Any]) -> int:
+    """Files so that an epoch has 4 batches per rank (at least 2 files)."""
+    samples = 4 * c["batch"] * c["ranks"]
+    return max(2, -(-samples // c["spf"]))
+
+
+# ---------------------------------------------------------------------------- examples
+
+
+def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
+    """Capture the example job POSIX-only; returns the truth from its report."""
+    from dlreplay.capture import CaptureConfig, run_capture
+
+    s = c["source"]
+    script = {"resnet_png": "resnet_jpeg"}.get(s, s)
+    data = job / "data"
+    files = _files(c)
+    args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
+    args += ["--shuffle" if c["shuffle"] else "--no-shuffle", "--num-files"]
+    if s == "tiles_h5":
+        args += [str(files * c["spf"]), "--tile", "16"]
+    else:
+        args += [str(files)]
+    if s == "cosmoflow_h5":
+        args += ["--samples-per-file", str(c["spf"]), "--volume", "16"]
+    if s == "unet3d_npz":
+        args += ["--volume", "16"]
+    if s.startswith("resnet"):
+        args += ["--format", "png" if s == "resnet_png" else "jpeg", "--image-size", "32"]
+    if c["persistent"] and c["workers"]:
+        args.append("--persistent-workers")
+    if c["checkpoint"]:
+        args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
+    report = job / "report.json"
+    base = [sys.executable, str(REPO / "examples" / f"{script}.py"), "--data-dir", str(data)]
+    base += [*args, "--quiet"]
+    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
+    res = run_capture(
+        CaptureConfig(
+            command=(*base, "--report", str(report)),
+            out=job / "trace",
+            data_dirs=(str(data),),
+            name=c["name"],
+            loader_hooks=False,
+        )
+    )
+    if res.exit_code != 0:
+        raise RuntimeError(f"job failed ({res.exit_code})")
+    rep = json.loads(report.read_text())
+    steps = rep.get("step_compute_s") or []
+    tail = sorted(steps[1:] or steps)
+    return {
+        "train.epochs": rep["epochs"],
+        "reader.read_threads": c["workers"],
+        "dataset.num_samples_per_file": files * c["spf"] if s == "tiles_h5" else c["spf"],
+        "dataset.num_files": 1 if s == "tiles_h5" else files,
+        "reader.batch_size": c["batch"],
+        "dataset.format": {"resnet_jpeg": "jpeg", "resnet_png": "png", "unet3d_npz": "npz"}.get(
+            s, "hdf5"
+        ),
+        "reader.persistent_workers": c["persistent"] if c["workers"] else None,
+        "processes.ranks": 1,
+        "train.computation_time": tail[len(tail) // 2] if tail else None,
+    }
+
+
+# ---------------------------------------------------------------------------- DLIO
+
+
+def run_dlio_job(c: dict[str, Any], job: Path, venv: Path) -> dict[str, Any]:
+    """A DLIO 2.0.0 run traced by DLIO (make_dlio_corpus.run_dlio); returns its truth."""
+    import make_dlio_corpus as mdc
+
+    fmt = c["source"][len("dlio_") :]
+    files = _files(c)
+    workload: dict[str, Any] = {
+        "model": {"name": c["name"].replace("-", "_")},
+        "framework": "pytorch",
+        "workflow": {"checkpoint": c["checkpoint"]},
+        "dataset": {
+            "format": fmt,
+            "num_files_train": files,
+            "num_samples_per_file": c["spf"],
+            "record_length": 16 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": c["batch"],
+            "read_threads": c["workers"],
+            "file_shuffle": "seed" if c["shuffle"] else "off",
+            "sample_shuffle": "seed" if c["shuffle"] else "off",
+        },
+        "train": {"epochs": 2, "computation_time": 0.01},
+    }
+    if c["checkpoint"]:
+        workload["checkpoint"] = {"steps_between_checkpoints": 2}
+        workload["model"]["model_size"] = 1 << 20
+    data, out = job / "data", job / "out"
+
+    def config(generate: bool) -> dict[str, Any]:
+        w = json.loads(json.dumps(workload))
+        w["workflow"].update({"generate_data": generate, "train": not generate})
+        if generate:
+            w["workflow"]["checkpoint"] = False
+        w["dataset"]["data_folder"] = str(data)
+        w["output"] = {"folder": str(job / ("gen-out" if generate else "out"))}
+        if w["workflow"].get("checkpoint"):
+            w["checkpoint"]["checkpoint_folder"] = str(job / "ckpt")
+        return w
+
+    mdc.run_dlio(venv, config(True), job / "conf-gen", job, trace=False, ranks=c["ranks"])
+    mdc.run_dlio(venv, config(False), job / "conf", job, trace=True, ranks=c["ranks"])
+    (job / "trace").mkdir()
+    for t in sorted(out.glob("*.pfw")):
+        shutil.move(str(t), job / "trace" / t.name)
+    return {
+        "train.epochs": 2,
+        "reader.read_threads": c["workers"],
+        "dataset.num_samples_per_file": c["spf"],
+        "dataset.num_files": files,
+        "reader.batch_size": c["batch"],
+        "dataset.format": fmt,
+        "reader.persistent_workers": True,
+        "processes.ranks": c["ranks"],
+        "train.computation_time": 0.01,
+    }
+
+
+# ---------------------------------------------------------------------------- distill
+
+
+def _value(model: Any, path: str) -> Any:
+    if path == "train.computation_time":
+        d = model.train.computation_time
+        return d.quantiles.get("p50") if d.is_known and d.quantiles else d.mean
+    obj = model
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def distilled(trace: Path, posix_only: bool) -> dict[str, Any]:
+    """Each compared field's value, confidence and evidence, and distill's notes."""
+    import polars as pl
+
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill
+
+    lt = load_trace(trace)
+    ev = lt.events
+    if posix_only:
+        ev = ev.filter(pl.col("cat").is_in(["POSIX", "STDIO"])).with_columns(
+            pl.lit(None, pl.String).alias("role")
+        )
+    model = distill(ev, manifest=lt.manifest)
+    f = model.provenance.fields
+    out = {}
+    for path in FIELDS:
+        p = f.get(path)
+        out[path] = {
+            "value": _value(model, path),
+            "confidence": p.confidence if p else "default",
+            "evidence": p.method if p else "",
+        }
+    guesses = [n for n in model.provenance.notes if n.startswith("guess:")]
+    return {"fields": out, "guesses": guesses}
+
+
+def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
+    """The cached result of configuration ``c``, running it when not cached."""
+    job = root / c["name"]
+    cached = job / "result.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    if job.exists():
+        shutil.rmtree(job)
+    job.mkdir(parents=True)
+    t0 = time.monotonic()
+    if c["source"].startswith("dlio_"):
+        truth = run_dlio_job(c, job, venv)
+        views = {"dlio": distilled(job / "trace", False), "posix": distilled(job / "trace", True)}
+    else:
+        truth = run_example(c, job)
+        views = {"posix": distilled(job / "trace", False)}
+    result = {
+        **SCHEMA,
+        "config": c,
+        "truth": truth,
+        "views": views,
+        "run_s": round(time.monotonic() - t0, 1),
+    }
+    cached.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    shutil.rmtree(job / "data", ignore_errors=True)  # the trace stays; the dataset is rebuilt
+    return result
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def right(kind: str, got: Any, want: Any) -> bool:
+    if kind == "5%":
+        return got is not None and want not in (None, 0) and abs(got - want) <= 0.05 * abs(want)
+    return got == want
+
+
+def report(results: list[dict[str, Any]]) -> int:
+    """Print the per-field table, the misses and the wrong high-confidence fields; returns how
+    many high-confidence fields were wrong."""
+    stats: dict[tuple[str, str], dict[str, list[int]]] = {}
+    misses, high_wrong = [], []
+    for r in results:
+        for view, got in r["views"].items():
+            for path, kind in FIELDS.items():
+                want = r["truth"].get(path)
+                if want is None:
+                    continue
+                g = got["fields"][path]
+                ok = right(kind, g["value"], want)
+                s = stats.setdefault((view, path), {})
+                s.setdefault(g["confidence"], [0, 0])
+                s[g["confidence"]][0] += ok
+                s[g["confidence"]][1] += 1
+                if not ok:
+                    misses.append((r["config"]["name"], view, path, g, want))
+                    if g["confidence"] == "measured":
+                        high_wrong.append((r["config"]["name"], view, path))
+    print(f"{len(results)} configurations\n")
+    print("| view | field | right / all | measured (high) | inferred | default (guess) |")
+    print("|---|---|---|---|---|---|")
+    for (view, path), s in sorted(stats.items()):
+        ok = sum(v[0] for v in s.values())
+        n = sum(v[1] for v in s.values())
+        cells = [
+            f"{s[c][0]}/{s[c][1]}" if c in s else "-" for c in ("measured", "inferred", "default")
+        ]
+        print(f"| {view} | {path} | {ok}/{n} ({ok / n:.0%}) | " + " | ".join(cells) + " |")
+    print(f"\nmisses ({len(misses)}):")
+    for name, view, path, g, want in misses:
+        val = g["value"]
+        shown = f"{val:.4g}" if isinstance(val, float) else val
+        print(
+            f"  {name} [{view}] {path}: {shown} (truth {want}; {g['confidence']}: {g['evidence'][:110]})"
+        )
+    print(f"\nhigh-confidence (measured) fields wrong: {len(high_wrong)}")
+    for h in high_wrong:
+        print("  ", *h)
+    return len(high_wrong)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--limit", type=int, default=None, help="run at most N configurations")
+    ap.add_argument(
+        "--subset", default=None, help="'examples', 'dlio', or a configuration name prefix"
+    )
+    ap.add_argument("--dir", type=Path, default=REPO / "bench-data" / "inference_sweep")
+    ap.add_argument(
+        "--dlio-venv", type=Path, default=Path(os.environ.get("DLIO_VENV", "/work/dlio-venv"))
+    )
+    ap.add_argument("--list", action="store_true", help="list the configurations and exit")
+    ap.add_argument(
+        "--cached-only", action="store_true", help="report the cached results, run nothing"
+    )
+    args = ap.parse_args()
+    configs = grid()
+    if args.subset == "examples":
+        configs = [c for c in configs if not c["source"].startswith("dlio_")]
+    elif args.subset == "dlio":
+        configs = [c for c in configs if c["source"].startswith("dlio_")]
+    elif args.subset:
+        configs = [c for c in configs if c["name"].startswith(args.subset)]
+    if args.list:
+        for c in configs:
+            print(c["name"])
+        print(f"{len(configs)} configurations")
+        return
+    if args.limit is not None:
+        configs = configs[: args.limit]
+    results = []
+    for c in configs:
+        cached = (args.dir / c["name"] / "result.json").exists()
+        if args.cached_only and not cached:
+            continue
+        if (
+            c["source"].startswith("dlio_")
+            and not (args.dlio_venv / "bin" / "dlio_benchmark").exists()
+        ):
+            print(f"skip {c['name']}: no DLIO in {args.dlio_venv}", file=sys.stderr)
+            continue
+        try:
+            results.append(run_one(c, args.dir, args.dlio_venv))
+        except (RuntimeError, SystemExit, subprocess.CalledProcessError) as exc:
+            print(f"failed {c['name']}: {str(exc)[-300:]}", file=sys.stderr)
+            continue
+        if not cached:
+            print(f"ran {c['name']} ({results[-1]['run_s']} s)", file=sys.stderr, flush=True)
+    sys.exit(1 if report(results) else 0)
+
+
+if __name__ == "__main__":
+    main()
