@@ -45,6 +45,7 @@ from .mapped import with_mapped_access
 from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
+from .shards import streamed_shards
 from .timing import TimingModel, timing_model
 from .train import evaluation_section, train_section, with_timing
 
@@ -94,6 +95,7 @@ def distill(
     obs = observe(events, data_dirs, fingerprint, source, facts)
     dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
     reader = reader_section(obs, dataset, facts)
+    dataset, reader = streamed_shards(obs, dataset, reader, facts)  # IterableDataset over shards
     reader = with_mapped_access(reader, every, source, facts)
     train, timing = train_section(obs, dataset, reader, facts)
     if eval_events is not None:

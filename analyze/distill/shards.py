@@ -1,0 +1,308 @@
+"""Shards streamed by an ``IterableDataset`` (WebDataset tar shards, Arrow IPC stream files):
+recognised from the trace and modelled.
+
+A streaming job's loader workers each open a shard, read it through in the library's read
+size, and yield many samples from that one open; the map-style reading of the other sections
+("one item = one file read") would model each shard as one sample. :func:`streamed_shards`
+recognises it: the dataset's files are tar or Arrow shards (their first bytes, else their
+extension) and the loader yields more samples per epoch than it opens shards. It then says:
+
+* ``dataset``: format ``tar``/``arrow``, samples and bytes per shard, and the members of each
+  sample (``layout.shard_members``: tar members sharing a key, or Arrow columns; the Arrow
+  record batch rows), read from the shards' headers where the files are at hand, else from
+  the trace (samples per epoch over shards opened per epoch; one part per sample);
+* ``reader.streaming``: the library (tar: ``tarfile`` reads 10 KiB records in stream mode;
+  ``webdataset`` reads through a buffered file), the split of shards over ranks and workers
+  (``interleaved``: a worker's shards are R*W apart; ``contiguous``: adjacent), the shuffle
+  buffer (samples a worker read before its first batch was complete, beyond the batch);
+* ``reader.read_threads`` (worker processes reading shards per epoch and rank),
+  ``persistent_workers``, ``open_per_sample`` false and opens/closes per sample.
+
+Units: bytes, samples.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import polars as pl
+
+from dlreplay.model import Dataset, Layout, Reader, ShardMember, Streaming
+from dlreplay.schema import CLOSE_OPS, OPEN_OPS
+
+from .base import Facts, Observed, num, observed
+
+__all__ = ["SHARD_EXTENSIONS", "TAR_RECORD", "shard_format", "streamed_shards"]
+
+#: Shard file extensions and their format.
+SHARD_EXTENSIONS = {".tar": "tar", ".arrow": "arrow"}
+#: tarfile's stream-mode read size (``tarfile.RECORDSIZE``, 20 blocks of 512 bytes).
+TAR_RECORD = tarfile.RECORDSIZE
+#: Shards whose headers distill reads for the member layout (a bounded sample).
+SHARDS_SAMPLED = 4
+#: Arrow IPC: the continuation marker that starts a stream's messages; a file's magic.
+_ARROW_STREAM, _ARROW_FILE = b"\xff\xff\xff\xff", b"ARROW1"
+
+
+def shard_format(paths: list[str]) -> str | None:
+    """``tar`` or ``arrow`` when the files are such shards (the first readable file's magic:
+    ``ustar`` at byte 257, an Arrow stream's continuation marker or file magic), else by their
+    extension when none is readable; None otherwise."""
+    for p in paths[:SHARDS_SAMPLED]:
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(264)
+        except OSError:
+            continue
+        if head[257:262] == b"ustar":
+            return "tar"
+        if head.startswith((_ARROW_STREAM, _ARROW_FILE)):
+            return "arrow"
+        return None
+    exts = {PurePosixPath(p).suffix for p in paths}
+    return SHARD_EXTENSIONS.get(exts.pop()) if len(exts) == 1 else None
+
+
+def streamed_shards(
+    obs: Observed, dataset: Dataset, reader: Reader, facts: Facts
+) -> tuple[Dataset, Reader]:
+    """(dataset, reader) modelling streamed shards when the trace shows them (see module doc);
+    unchanged otherwise."""
+    fmt = shard_format(obs.paths)
+    if fmt is None or not obs.has_loader or obs.reads.is_empty():
+        return dataset, reader
+    files = pl.DataFrame({"file": obs.paths, "shard": range(len(obs.paths))})
+    io = obs.io.with_columns(pl.col("file").cast(pl.String)).join(files, on="file")
+    opens = io.filter(pl.col("name").is_in(OPEN_OPS))
+    epochs = max(1, int(obs.steps["epoch"].n_unique()))
+    samples = _samples_per_epoch(obs, epochs)
+    opens_per_epoch = opens.height / epochs
+    if not opens.height or samples <= opens_per_epoch:
+        return dataset, reader  # one open per sample: map-style reads of whole files
+    spf_trace = max(1, round(samples / opens_per_epoch))
+    inside = _inside(obs.paths, fmt)
+    spf = inside[0] if inside else spf_trace
+    facts.put("dataset.format", f"{fmt} shards (the files' magic or extension)", "measured")
+    facts.put(
+        "dataset.num_samples_per_file",
+        f"samples per shard read from {len(obs.paths[:SHARDS_SAMPLED])} shard(s)' headers"
+        if inside
+        else f"{samples:.0f} samples per epoch over {opens_per_epoch:.0f} shard opens per epoch",
+        "measured" if inside else "inferred",
+    )
+    sizes = np.asarray([_size(p) or num(dataset.file_size.mean) for p in obs.paths], dtype=float)
+    layout = Layout(
+        source="fingerprint" if inside else "inferred",
+        files_sampled=len(obs.paths[:SHARDS_SAMPLED]) if inside else None,
+        shard_members=inside[1] if inside else None,
+        rows_per_batch=inside[2] if inside else None,
+    )
+    facts.put(
+        "dataset.layout",
+        "members per sample read from the shards' headers"
+        if inside
+        else "the shards were not at hand: one part per sample",
+        "measured" if inside else "default",
+    )
+    dataset = replace(
+        dataset,
+        format=fmt,
+        num_files=len(obs.paths),
+        num_samples_per_file=spf,
+        record_length=observed(sizes / spf),
+        layout=layout,
+    )
+    facts.put("dataset.record_length", "shard bytes over samples per shard", "measured")
+    return dataset, _reader(obs, io, opens, reader, fmt, epochs, samples, facts)
+
+
+def _samples_per_epoch(obs: Observed, epochs: int) -> float:
+    """Samples the consumers received per epoch (their batches' sizes)."""
+    got = obs.fetch.filter(pl.col("batch_size") > 0)
+    return num(got["batch_size"].sum()) / epochs
+
+
+def _size(path: str) -> int | None:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return None
+
+
+def _inside(paths: list[str], fmt: str) -> tuple[int, list[ShardMember], int | None] | None:
+    """(samples per shard, each sample's parts, Arrow rows per record batch) read from the first
+    readable shards' headers (tar: members grouped by key; Arrow: columns, rows); None when
+    none is readable."""
+    counts: list[int] = []
+    parts: dict[str, list[int]] = {}
+    rows: list[int] = []
+    for p in paths[:SHARDS_SAMPLED]:
+        try:
+            got = _tar_parts(p) if fmt == "tar" else _arrow_parts(p, rows)
+        except (OSError, tarfile.TarError, ValueError):
+            continue
+        counts.append(got[0])
+        for name, sizes in got[1].items():
+            parts.setdefault(name, []).extend(sizes)
+    if not counts:
+        return None
+    spf = int(np.bincount(counts).argmax())
+    members = [ShardMember(name=n, bytes=observed(np.asarray(s))) for n, s in parts.items()]
+    return spf, members, (int(np.bincount(rows).argmax()) if rows else None)
+
+
+def _tar_parts(path: str) -> tuple[int, dict[str, list[int]]]:
+    """(samples, part name -> bytes of each) of a tar shard, from its headers (seeking past data)."""
+    parts: dict[str, list[int]] = {}
+    keys: set[str] = set()
+    with tarfile.open(path, "r:") as tf:
+        for m in tf:
+            if not m.isreg():
+                continue
+            key, _, ext = PurePosixPath(m.name).name.partition(".")
+            keys.add(str(PurePosixPath(m.name).parent / key))
+            parts.setdefault(ext, []).append(m.size)
+    return len(keys), parts
+
+
+def _arrow_parts(path: str, rows: list[int]) -> tuple[int, dict[str, list[int]]]:
+    """(rows, column -> bytes per row of each record batch) of an Arrow IPC stream shard; each
+    batch's rows go into *rows*."""
+    import pyarrow as pa
+
+    parts: dict[str, list[int]] = {}
+    n = 0
+    with pa.OSFile(path, "rb") as f:
+        for batch in pa.ipc.open_stream(f):
+            rows.append(batch.num_rows)
+            n += batch.num_rows
+            for name, col in zip(batch.schema.names, batch.columns, strict=True):
+                if pa.types.is_binary(col.type) or pa.types.is_string(col.type):
+                    per = np.asarray(pa.compute.binary_length(col).to_numpy(zero_copy_only=False))
+                else:
+                    per = np.full(batch.num_rows, max(1, col.type.bit_width // 8))
+                parts.setdefault(name, []).extend(int(v) for v in per)
+    return n, parts
+
+
+def _reader(
+    obs: Observed,
+    io: pl.DataFrame,
+    opens: pl.DataFrame,
+    reader: Reader,
+    fmt: str,
+    epochs: int,
+    samples: float,
+    facts: Facts,
+) -> Reader:
+    """The reader of streamed shards: library, split, shuffle buffer, workers (see module doc)."""
+    reads = obs.reads.with_columns(pl.col("file").cast(pl.String))
+    workers = reads.filter(~pl.col("pid").is_in(obs.consumers))
+    per_rank = (
+        workers.group_by("ppid").agg(pl.col("pid").n_unique().alias("n"))["n"]
+        if workers.height
+        else pl.Series([0])
+    )
+    distinct = int(num(per_rank.max()))
+    # non-persistent workers are new every epoch: each epoch's share of the distinct pids
+    read_threads = distinct
+    persistent = reader.persistent_workers
+    if distinct and epochs >= 2:
+        persistent = distinct < 2 * max(1, distinct // epochs)
+        read_threads = distinct if persistent else max(1, distinct // epochs)
+        facts.put(
+            "reader.persistent_workers",
+            "shard-reading worker pids reused across epochs"
+            if persistent
+            else "new shard-reading worker pids every epoch",
+            "measured",
+        )
+    facts.put("reader.read_threads", "processes reading shards per rank and epoch", "measured")
+    library = "pyarrow"
+    if fmt == "tar":
+        records = bool(((reads["size"] % TAR_RECORD) == 0).all())
+        library = "tarfile" if records else "webdataset"
+        facts.put(
+            "reader.streaming.library",
+            f"tar reads {'all' if records else 'not all'} multiples of tarfile's "
+            f"{TAR_RECORD} B records",
+            "inferred",
+        )
+    else:
+        facts.put("reader.streaming.library", "Arrow IPC stream shards", "inferred")
+    split = _split(reads, obs.paths)
+    buffer = _shuffle_buffer(obs, reads, reader.batch_size, samples, opens.height / epochs)
+    facts.put(
+        "reader.streaming.shuffle_buffer",
+        "samples read by a worker before its first batch was complete, beyond the batch",
+        "inferred",
+    )
+    facts.put("reader.streaming.split", split[1], split[2])
+    facts.put("reader.open_per_sample", "each shard opened once for many samples", "measured")
+    n_opens = opens.height
+    return replace(
+        reader,
+        read_threads=read_threads,
+        persistent_workers=persistent,
+        open_per_sample=False,
+        streaming=Streaming(library=library, split=split[0], shuffle_buffer=buffer),
+        metadata_per_sample=replace(
+            reader.metadata_per_sample,
+            opens=n_opens / max(samples * epochs, 1),
+            closes=io.filter(pl.col("name").is_in(CLOSE_OPS)).height / max(samples * epochs, 1),
+        ),
+    )
+
+
+def _split(reads: pl.DataFrame, paths: list[str]) -> tuple[str, str, str]:
+    """(split, how it was found, confidence): each reading process's shards (indices in the
+    sorted shard list) are R*W apart (interleaved) or adjacent (contiguous)."""
+    index = pl.DataFrame({"file": sorted(paths), "shard": range(len(paths))})
+    per = (
+        reads.join(index, on="file")
+        .group_by("pid")
+        .agg(pl.col("shard").unique().sort().diff().drop_nulls().alias("gaps"))
+        .explode("gaps")
+        .drop_nulls("gaps")
+    )
+    if per.is_empty():
+        return "interleaved", "every process read one shard: the split does not show", "default"
+    readers = reads["pid"].n_unique()
+    gaps = per["gaps"]
+    if bool((gaps == 1).all()):
+        return "contiguous", "each process read adjacent shards", "measured"
+    if bool((gaps == gaps[0]).all()):
+        return (
+            "interleaved",
+            f"each process read every {int(gaps[0])}th shard ({readers} reading processes)",
+            "measured",
+        )
+    return "interleaved", "shards read in no regular split; interleaved assumed", "default"
+
+
+def _shuffle_buffer(
+    obs: Observed, reads: pl.DataFrame, batch: int, samples: float, opens: float
+) -> int:
+    """Samples of a worker's shuffle buffer: the bytes it read until its first batch was complete,
+    in samples, less the batch (median over workers); 0 below the read size's granularity."""
+    items = obs.annotated.filter(pl.col("name") == "items")
+    if items.is_empty() or reads.is_empty() or opens <= 0:
+        return 0
+    first = items.group_by("pid").agg((pl.col("ts") + pl.col("dur")).min().alias("ready"))
+    before = (
+        reads.join(first, on="pid")
+        .filter(pl.col("ts") < pl.col("ready"))
+        .group_by("pid")
+        .agg(pl.col("size").sum().alias("bytes"))
+    )
+    if before.is_empty():
+        return 0
+    per_sample = num(reads["size"].sum()) / max(samples * max(1, obs.steps["epoch"].n_unique()), 1)
+    read_size = num(reads["size"].median())
+    slack = int(np.ceil(read_size / max(per_sample, 1))) + 1
+    got = num((before["bytes"] / max(per_sample, 1)).median())
+    extra = int(round(got)) - batch
+    return extra + 1 if extra > slack else 0
