@@ -342,6 +342,10 @@ class Train:
     evaluation: Evaluation | None = model_field(None, doc="null = no evaluation")
 
 
+#: Checkpoint file names (``Checkpoint.layout``).
+CHECKPOINT_LAYOUTS = ("parts", "dcp")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """Checkpoint writes (DLIO ``checkpoint``). At most one ``*_between_checkpoints`` is set;
@@ -383,6 +387,27 @@ class Checkpoint:
     num_checkpoints_read: int | None = model_field(
         None, check="nonneg", doc="checkpoints read back (DLIO)"
     )
+    layout: str = model_field(
+        "parts",
+        choices=CHECKPOINT_LAYOUTS,
+        doc="file names: parts (part-<j>-of-<n>.bin), dcp (torch.distributed.checkpoint: each "
+        "rank's __<rank>_<n>.distcp, rank 0's .metadata last)",
+    )
+    file_ranks: list[int] | None = model_field(
+        None,
+        check="nonneg",
+        doc="the rank that writes each file of one checkpoint (the order of file_writes); "
+        "none: file j by rank j % ranks",
+    )
+    read_bytes_per_rank: int | None = model_field(
+        None,
+        check="nonneg",
+        doc="bytes each rank reads from the latest checkpoint when it restores (read_at_start, "
+        "num_checkpoints_read); none: its own files, whole",
+    )
+    read_transfer_size: Distribution = model_field(
+        factory=Distribution.unknown, check="nonneg", doc="bytes per read call of a restore"
+    )
 
     def __post_init__(self) -> None:
         given = [
@@ -400,6 +425,12 @@ class Checkpoint:
                 f"expected at most one of steps/epochs/time_between_checkpoints, "
                 f"but {given[0]} is also set",
             )
+        if self.file_ranks is not None and len(self.file_ranks) != self.files_per_checkpoint:
+            raise InvalidField(
+                "file_ranks",
+                f"expected one rank per file ({self.files_per_checkpoint}), "
+                f"got {len(self.file_ranks)}",
+            )
         for i, runs in enumerate(self.file_writes or []):
             for j, run in enumerate(runs):
                 if len(run) != 2 or run[1] < 1:
@@ -407,6 +438,11 @@ class Checkpoint:
                         f"file_writes.{i}.{j}",
                         f"expected [bytes per call, calls >= 1], got {shown(run)}",
                     )
+
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks whose shards make one checkpoint (``file_ranks``), 0 when not given."""
+        return max(self.file_ranks) + 1 if self.file_ranks else 0
 
     def file_write_plan(self) -> list[list[int]] | None:
         """Each checkpoint file's write calls (bytes), expanded from :attr:`file_writes`, when
