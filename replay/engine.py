@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import save_model
 from dlreplay.osutil import end_with_parent
@@ -107,8 +108,23 @@ BARRIER_TIMEOUT_S = 600.0
 # --------------------------------------------------------------------------- local accelerator processes
 
 
-def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool | str) -> None:
+def traced_sync(wait: Callable[[], Any]) -> Callable[[], None]:
+    """*wait* (the accelerators' meeting after each step) as a DFTracer ``comm``/``barrier``
+    event inside the step, where a data-parallel job's collectives are (its all-reduce): the
+    replay's trace shows its ranks' waits for each other as the job's capture shows its own."""
+
     def sync() -> None:
+        ev = REGIONS.begin("barrier", "comm")
+        try:
+            wait()
+        finally:
+            REGIONS.end(ev)
+
+    return sync
+
+
+def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool | str) -> None:
+    def wait() -> None:
         # A KeyboardInterrupt raised inside the barrier's own locks leaves them half released
         # ("lock is not owned" tracebacks from the rank): while waiting, Ctrl-C only sets the
         # flag, and it is raised here, after the wait, at a safe point.
@@ -120,6 +136,8 @@ def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: 
                     raise KeyboardInterrupt from None
                 raise
         INTERRUPT.check()
+
+    sync = traced_sync(wait)
 
     # Forked from the parent: its flag (set if a Ctrl-C came before the fork) carries over.
     # The handler stays until the process ends: a second SIGINT must not cut the partial result.
@@ -358,7 +376,7 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
     )
     comm.Barrier()
     started, t0 = now_utc(), time.perf_counter()
-    res = run_rank(plan, comm.Barrier, config.keep_checkpoints)
+    res = run_rank(plan, traced_sync(comm.Barrier), config.keep_checkpoints)
     wall = time.perf_counter() - t0
     ranks = comm.gather(res, root=0)
     if rank != 0:
