@@ -97,3 +97,66 @@ def test_spilled_table_is_the_checked_local_table(tmp_path: Path) -> None:
         files = sp.files
     assert_frame_equal(table, local.events, check_exact=True)
     assert files == local.files
+
+
+def _twice(line: str, k: int) -> str:
+    """``line`` (a complete event) with a kept key given twice, three ways in turn: a wrong
+    value before the right one (``name``, ``ts``), a key twice inside ``args``, ``args`` twice."""
+    if k % 3 == 0:
+        return line.replace('"name":', '"name":"open","name":', 1).replace(
+            '"ts":', '"ts":"x","ts":', 1
+        )
+    if k % 3 == 1:
+        return line.replace('"args":{', '"args":{"ret":"bad","fhash":null,"hhash":7,', 1)
+    return line.replace('"ph":', '"args":{"ret":-1},"ph":', 1)
+
+
+def test_thousands_of_lines_with_a_key_given_twice(tmp_path: Path, cli, monkeypatch) -> None:
+    """Every event line of a real trace (3,300 lines) with a key given twice: read as JSON
+    readers read it (the last value), the same in both parsers, counted per file as
+    "N event(s) with a key given twice" (not damage); analyze, distill and export run and
+    give the clean trace's totals. **Was**: the first value won in the loader while JSON
+    readers take the last (every event renamed "open", a trace of "no events" when the first
+    ``ts`` was text), nothing said."""
+    import gzip
+
+    from polars.testing import assert_frame_equal
+
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.trace.native import PARSER_ENV
+
+    trace = tmp_path / "trace"
+    shutil.copytree(SRC, trace)
+    for f in trace.glob("*.pfw.gz"):
+        lines = gzip.decompress(f.read_bytes()).decode().splitlines()
+        out = [_twice(ln, k) if '"id":' in ln else ln for k, ln in enumerate(lines)]
+        f.write_bytes(gzip.compress(("\n".join(out) + "\n").encode(), mtime=0))
+    clean = json.loads(cli("analyze", str(SRC), "--json").stdout)
+    payload = json.loads(cli("analyze", str(trace), "--json", check=True).stdout)
+    for key in ("events", "bytes_read", "dataset_bytes_read", "duration_s", "item_events"):
+        assert payload[key] == clean[key], key
+    assert not payload["incomplete"] and payload["dropped_lines"] == 0
+    for rep in payload["files"]:
+        (said,) = [p for p in rep["problems"] if "given twice" in p]
+        assert int(said.split()[0]) == sum(
+            b'"id":' in ln for ln in gzip.decompress((SRC / rep["name"]).read_bytes()).splitlines()
+        )
+    model = tmp_path / "m.yaml"
+    assert cli("distill", str(trace), "-o", str(model)).returncode == 0
+    assert cli("distill", str(SRC), "-o", str(tmp_path / "c.yaml")).returncode == 0
+
+    def strip(p: Path) -> list[str]:  # (the lines naming the trace or the date differ)
+        return [
+            x
+            for x in p.read_text().splitlines()
+            if not any(w in x for w in ("trace", "date", "created"))
+        ]
+
+    assert strip(model) == strip(tmp_path / "c.yaml")
+    assert cli("export", str(trace), "-o", str(tmp_path / "t.json")).returncode == 0
+    monkeypatch.delenv(PARSER_ENV, raising=False)
+    native = load_trace(trace)
+    monkeypatch.setenv(PARSER_ENV, "python")
+    python = load_trace(trace)
+    assert_frame_equal(native.events, python.events, check_exact=True)
+    assert native.files == python.files

@@ -21,7 +21,9 @@ One line at a time:
 
 The kept values (:data:`~.shapes.TOP_FIELDS`, :data:`~.shapes.ARG_FIELDS`) are read as
 text, as polars' JSON reader reads them into a String column (the loader's first JSON
-path; the scanner keeps its results): the first of duplicated keys, numbers as written
+path; the scanner keeps its results): the last of duplicated keys (as Python's json, jq
+and JavaScript read them; each record holding a kept key twice counted in its file's
+report, :data:`~.shapes.DUP_KEY`), numbers as written
 in plain decimal notation, ``true``/``false``, nested values as JSON text. Integer fields
 are then cast from that text, strings holding integers or floats included
 (:func:`cast_loose`).
@@ -42,6 +44,7 @@ from .decompress import Piece, joined
 from .shapes import (
     AGGREGATED_PH,
     ARG_FIELDS,
+    DUP_KEY,
     INT,
     MAX_CALLS,
     META_PH,
@@ -50,6 +53,7 @@ from .shapes import (
     SUMMED_ARGS,
     TOP_FIELDS,
     concat_raw,
+    count_problem,
 )
 
 __all__ = ["Batch", "cast_loose", "drop_malformed"]
@@ -62,6 +66,10 @@ _ARG_COLUMNS = {key: col for key, (col, _) in ARG_FIELDS.items()}
 _TEXT_COLUMNS = [*TOP_FIELDS, *_ARG_COLUMNS.values()]
 #: Text columns of an aggregated record: its calls, and the columns read from sums.
 _CALLS, _SUMS = "__calls", "__sums"
+#: A record's flag: it held a kept key twice (those the scanner hands to this module).
+_TWICE = "__twice"
+_KEPT_TOP = frozenset([*TOP_FIELDS, "args"])
+_KEPT_ARGS = frozenset(ARG_FIELDS)
 
 
 class Batch:
@@ -136,6 +144,8 @@ def _read_line(line: bytes, stats: _Stats, newline: bool = True) -> dict[str, An
         drop_malformed(stats, 1, len(line) + 1)
         return None
     record["__size"] = len(line) + 1
+    if record.pop(_TWICE):
+        count_problem(stats.problems, 1, DUP_KEY)
     return record
 
 
@@ -143,16 +153,19 @@ def _json_record(text: str) -> dict[str, Any] | None:
     """The kept keys of a JSON object line as text (None: not a JSON object, or ``args`` no object)."""
     try:
         obj = json.loads(
-            text, object_pairs_hook=_first_wins, parse_constant=_refuse, parse_float=_finite
+            text, object_pairs_hook=_Object, parse_constant=_refuse, parse_float=_finite
         )
     except (ValueError, RecursionError):
         return None
-    if not isinstance(obj, dict):
+    if not isinstance(obj, _Object):
         return None
     args = obj.get("args")
     if args is not None and not isinstance(args, dict):
         return None
-    out = {key: _text(obj.get(key)) for key in TOP_FIELDS}
+    twice = bool(obj.twice & _KEPT_TOP) or (
+        isinstance(args, _Object) and bool(args.twice & _KEPT_ARGS)
+    )
+    out: dict[str, Any] = {key: _text(obj.get(key)) for key in TOP_FIELDS}
     for key, col in _ARG_COLUMNS.items():
         out[col] = _text(args.get(key)) if args else None
     out[_CALLS] = out[_SUMS] = None
@@ -160,6 +173,7 @@ def _json_record(text: str) -> dict[str, Any] | None:
         _aggregated(out, args)
     if any(isinstance(v, str) and not _encodable(v) for v in out.values()):
         return None  # a lone surrogate escape: no text
+    out[_TWICE] = twice
     return out
 
 
@@ -182,11 +196,17 @@ def _aggregated(out: dict[str, Any], args: dict[str, Any]) -> None:
     out[_SUMS] = "|" + "|".join(summed) + "|"
 
 
-def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        out.setdefault(key, value)
-    return out
+class _Object(dict):
+    """A JSON object as :func:`json.loads` makes it (the last of duplicated keys wins), with
+    the keys it held more than once (:attr:`twice`)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.twice: set[str] = (
+            {k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1}
+            if len(self) < len(pairs)
+            else set()
+        )
 
 
 def _refuse(name: str) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "CHUNK_SCHEMA",
     "CLOSE",
     "COUNTS_SCHEMA",
+    "DUP_KEY",
     "FH_SCHEMA",
     "FSEEK",
     "FTELL",
@@ -601,10 +602,17 @@ STRAY_IO = (
 )
 
 
+#: How a file's report counts the records holding a kept key twice (``{"name":"read","name":
+#: "open"}``, twice ``args``, a key twice in ``args``): read as JSON readers (Python's, jq,
+#: JavaScript) read them, the last value winning; not damage. Both parsers alike (the scanner
+#: hands such lines to :mod:`.reference`).
+DUP_KEY = "a key given twice (the last value read, as JSON readers do)"
+
+
 def counted_problem(problem: str) -> tuple[int, str] | None:
     """(events, what) of a problem "N event(s) with WHAT" (values read as null, stray
-    transfers), else None."""
-    for what in (NULL_IDS, NULL_BYTES, NULL_DUR, STRAY_IO):
+    transfers, duplicated keys), else None."""
+    for what in (NULL_IDS, NULL_BYTES, NULL_DUR, STRAY_IO, DUP_KEY):
         n = problem.removesuffix(f" event(s) with {what}")
         if n != problem and n.isdigit():
             return int(n), what
