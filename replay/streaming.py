@@ -245,8 +245,10 @@ def _arrow_samples(
         with pa.OSFile(path, "rb") as f:
             rows: list[bytes] = []
             for batch in pa.ipc.open_stream(f):
-                binary = [c for c in batch.columns if pa.types.is_binary(c.type)]
-                rows.extend(binary[0].to_pylist() if binary else [b""] * batch.num_rows)
+                binary = sorted(
+                    (c for c in batch.columns if pa.types.is_binary(c.type)), key=lambda c: c.nbytes
+                )  # the sample's payload: its largest column
+                rows.extend(binary[-1].to_pylist() if binary else [b""] * batch.num_rows)
         share = sizes[i] // max(1, len(rows))
         for k, v in enumerate(rows):
             extra = sizes[i] - share * len(rows) if k == len(rows) - 1 else 0

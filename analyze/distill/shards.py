@@ -142,7 +142,7 @@ def _inside(paths: list[str], fmt: str) -> tuple[int, list[ShardMember], int | N
     for p in paths[:SHARDS_SAMPLED]:
         try:
             got = _tar_parts(p) if fmt == "tar" else _arrow_parts(p, rows)
-        except (OSError, tarfile.TarError, ValueError):
+        except (OSError, tarfile.TarError, ValueError, ImportError):
             continue
         counts.append(got[0])
         for name, sizes in got[1].items():
@@ -172,6 +172,7 @@ def _arrow_parts(path: str, rows: list[int]) -> tuple[int, dict[str, list[int]]]
     """(rows, column -> bytes per row of each record batch) of an Arrow IPC stream shard; each
     batch's rows go into *rows*."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     parts: dict[str, list[int]] = {}
     n = 0
@@ -181,7 +182,7 @@ def _arrow_parts(path: str, rows: list[int]) -> tuple[int, dict[str, list[int]]]
             n += batch.num_rows
             for name, col in zip(batch.schema.names, batch.columns, strict=True):
                 if pa.types.is_binary(col.type) or pa.types.is_string(col.type):
-                    per = np.asarray(pa.compute.binary_length(col).to_numpy(zero_copy_only=False))
+                    per = np.asarray(pc.binary_length(col).to_numpy(zero_copy_only=False))
                 else:
                     per = np.full(batch.num_rows, max(1, col.type.bit_width // 8))
                 parts.setdefault(name, []).extend(int(v) for v in per)
@@ -305,4 +306,4 @@ def _shuffle_buffer(
     slack = int(np.ceil(read_size / max(per_sample, 1))) + 1
     got = num((before["bytes"] / max(per_sample, 1)).median())
     extra = int(round(got)) - batch
-    return extra + 1 if extra > slack else 0
+    return extra if extra > slack else 0
