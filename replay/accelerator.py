@@ -219,7 +219,14 @@ class _RankRun:
         pids: set[int] = set()
         cold = cold_epoch(self.plan.spec, self.plan.rank, self.sync)  # --cold: before the epoch
         probe = EpochProbe(self.plan.spec.data_dir, device=self.plan.rank == 0)
-        t_start = self._steps(epoch, batches, rec, ids, pids)
+        if self.model.reader.mapped_access is not None:  # a loop without a DataLoader
+            from .mapped import mapped_step_count, mapped_steps
+
+            t_start = mapped_steps(
+                self, epoch, rec, mapped_step_count(self.model, self.global_step)
+            )
+        else:
+            t_start = self._steps(epoch, batches, rec, ids, pids)
         self._epoch_end(epoch, rec)
         rec["epoch_time_s"] = time.perf_counter() - t_start
         probe.finish(rec, cold)
