@@ -29,6 +29,7 @@ import polars as pl
 from dlreplay.errors import TraceError
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
+from .distill.mapped import mapped_events, with_mapped_reads
 from .passes import Characterization, characterize, flag_reads
 from .trace import load_trace
 from .trace.inputs import trace_notes
@@ -213,6 +214,8 @@ def _timing(c: Characterization, trace: Path) -> dict[str, Any]:
         "epochs_basis": c["epochs"].get("basis"),
         "loop_basis": st.get("basis"),
         "source": source if epochs or au is not None else None,
+        # a replay's: what the storage served (metrics.json format_version 2; None before, or a trace)
+        "served": _served_summary(m) if m else None,
     }
 
 
@@ -305,7 +308,9 @@ def compare_traces(
             )
         )
     ca, cb = chars
-    fa, fb = features(ca), features(cb)
+    # mapped files have no read calls: their windows are the reads (analyze.distill.mapped)
+    fa, sa = with_mapped_reads(features(ca), _dataset_read_sizes(ca), mapped_events(a))
+    fb, sb = with_mapped_reads(features(cb), _dataset_read_sizes(cb), mapped_events(b))
     if _writes_invisible(fa) or _writes_invisible(fb):
         # A checkpoint written where the tracer cannot see the calls (torch.save's C++ writer) has
         # bytes but no write time: the I/O time compares what both sides measured, reads and metadata
@@ -319,7 +324,7 @@ def compare_traces(
         fa,
         fb,
         skipped,
-        ks_distance(_dataset_read_sizes(ca), _dataset_read_sizes(cb)),
+        ks_distance(sa, sb),
         ks_distance(_batch_gaps(ca), _batch_gaps(cb)),
         _timing(ca, Path(a)),
         _timing(cb, Path(b)),
@@ -379,12 +384,44 @@ def render_comparison(cmp: Comparison) -> str:
         x = ta["epoch_times_s"][i] if i < len(ta["epoch_times_s"]) else None
         y = tb["epoch_times_s"][i] if i < len(tb["epoch_times_s"]) else None
         lines.append(f"  {'epoch ' + str(i) + ' time':<18} {_sec(x):>14} {_sec(y):>14}")
+    lines += _served_lines(ta.get("served"), tb.get("served"))
     lines.append("")
     lines.append(f"similarity (cosine, DLIO features): {cmp.similarity:.4f}")
     lines.append(
         f"KS distance, read sizes: {_opt(cmp.ks_read_sizes)}   inter-batch gaps: {_opt(cmp.ks_batch_gaps)}"
     )
     return "\n".join(lines)
+
+
+def _served_summary(m: dict) -> dict | None:
+    from dlreplay.replay.metrics import served_summary
+
+    return served_summary(m)
+
+
+def _served_lines(sa: dict | None, sb: dict | None) -> list[str]:
+    """Side by side: bytes a replay asked for, what the storage served, the page cache's share,
+    and the sentences its metrics.json says about it (none when neither side is such a replay)."""
+    if sa is None and sb is None:
+        return []
+    from dlreplay.units import human_bytes
+
+    def hb(s: dict | None, k: str) -> str:
+        v = s.get(k) if s else None
+        return "-" if v is None else human_bytes(v)
+
+    def pc(s: dict | None) -> str:
+        v = s.get("cache_served_percent") if s else None
+        return "-" if v is None else f"{v:.1f} %"
+
+    lines = [
+        f"  {'bytes asked':<18} {hb(sa, 'bytes_asked'):>14} {hb(sb, 'bytes_asked'):>14}",
+        f"  {'served by storage':<18} {hb(sa, 'served_bytes'):>14} {hb(sb, 'served_bytes'):>14}",
+        f"  {'from page cache':<18} {pc(sa):>14} {pc(sb):>14}",
+    ]
+    for side, s in (("A", sa), ("B", sb)):
+        lines += [f"  {side}: {n}" for n in (s or {}).get("notes", [])]
+    return lines
 
 
 def _pct(x: float | None) -> str:

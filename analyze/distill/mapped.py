@@ -27,7 +27,13 @@ from ..trace import vocabulary as voc
 from ..trace.inputs import TRACE_SUFFIXES
 from .base import US, Facts
 
-__all__ = ["MAPPED_SCHEMA", "mapped_access", "mapped_events", "with_mapped_access"]
+__all__ = [
+    "MAPPED_SCHEMA",
+    "mapped_access",
+    "mapped_events",
+    "with_mapped_access",
+    "with_mapped_reads",
+]
 
 #: Columns of :func:`mapped_events` (µs, bytes; ``cold``: pages not resident at the slice).
 MAPPED_SCHEMA = {
@@ -249,3 +255,27 @@ def with_mapped_access(
         f"{access.file_bytes} B file; data time {access.data_time.mean or 0:.4f} s/step"
     )
     return replace(reader, mapped_access=access)
+
+
+def with_mapped_reads(
+    features: dict[str, float | None], sizes: np.ndarray, mapped: pl.DataFrame
+) -> tuple[dict[str, float | None], np.ndarray]:
+    """A trace's compare features and dataset read sizes with its mapped windows counted as
+    reads (*mapped*: :func:`mapped_events`): each slice taken of a mapping is one read of its
+    bytes (a mapped file has no read calls to count; the pages its slices cover are what
+    storage serves); ``io_time_s`` is then not compared (page faults are not timed).
+    Unchanged without windows."""
+    windows = mapped.filter(pl.col("name") == "io.window").drop_nulls("bytes")
+    if windows.is_empty():
+        return features, sizes
+    all_sizes = np.concatenate([np.asarray(sizes, dtype=float), windows["bytes"].to_numpy()])
+    out = dict(features)
+    out["bytes_read"] = float(out.get("bytes_read") or 0.0) + float(windows["bytes"].sum())
+    out["io_time_s"] = None  # a page fault is not timed: the I/O time of mapped reads is unknown
+    out["read_size_min"] = float(all_sizes.min())
+    out["read_size_max"] = float(all_sizes.max())
+    out["read_size_mean"] = float(all_sizes.mean())
+    out["read_size_median"] = float(np.median(all_sizes))
+    # the mapped files are dataset files (the same ones, where the trace also read them)
+    out["files"] = max(float(out.get("files") or 0.0), float(windows["path"].n_unique()))
+    return out, all_sizes
