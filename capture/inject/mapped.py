@@ -92,6 +92,8 @@ def _record_map(arr: Any) -> None:
     mode = getattr(arr, "mode", None)
     name = getattr(arr, "filename", None)
     mm = getattr(arr, "_mmap", None)
+    if isinstance(name, os.PathLike):  # numpy keeps a pathlib.Path as it was given
+        name = os.fspath(name)
     if mm is None or mode not in _READ_MODES or not isinstance(name, str):
         return
     if len(_ROOTS) >= _MAX_ROOTS:
