@@ -31,6 +31,7 @@ __all__ = [
     "MAPPED_SCHEMA",
     "mapped_access",
     "mapped_events",
+    "mapped_summary",
     "with_mapped_access",
     "with_mapped_reads",
 ]
@@ -279,3 +280,25 @@ def with_mapped_reads(
     # the mapped files are dataset files (the same ones, where the trace also read them)
     out["files"] = max(float(out.get("files") or 0.0), float(windows["path"].n_unique()))
     return out, all_sizes
+
+
+def mapped_summary(source: str | Path | None) -> dict[str, int] | None:
+    """What a trace's mapped hooks saw: ``files`` mapped, ``windows`` taken, their ``bytes``,
+    and ``cold_bytes`` (their pages not in the page cache when taken: what storage served at
+    most); None without mapped files."""
+    mapped = mapped_events(source)
+    if mapped.is_empty():
+        return None
+    windows = mapped.filter(pl.col("name") == "io.window")
+    return {
+        "files": int(mapped["path"].n_unique()),
+        "windows": windows.height,
+        "bytes": int(windows["bytes"].sum() or 0),
+        "cold_bytes": int(windows["cold"].sum() or 0) * _page_size(),
+    }
+
+
+def _page_size() -> int:
+    import mmap
+
+    return mmap.PAGESIZE
