@@ -105,6 +105,7 @@ def _plain_name(value: str | None) -> str | None:
 def print_capture_summary(result: Any) -> None:
     """How the capture ended and what the trace holds, on stderr (stdout is the job's)."""
     from dlreplay.analyze import load_trace, summarize
+    from dlreplay.analyze.distill.mapped import mapped_summary
     from dlreplay.errors import DlreplayError
     from dlreplay.units import human_bytes
 
@@ -125,6 +126,14 @@ def print_capture_summary(result: Any) -> None:
             f"dataset files: {s.dataset_files}   dataset bytes read: {human_bytes(s.dataset_bytes_read)}",
             err=True,
         )
+        mapped = mapped_summary(result.trace_dir)  # page faults: no reads the tracer sees
+        if mapped:
+            echo(
+                f"  mapped files: {mapped['files']}   windows taken: {mapped['windows']:,} "
+                f"({human_bytes(mapped['bytes'])}; not in the page cache when taken: "
+                f"{human_bytes(mapped['cold_bytes'])})",
+                err=True,
+            )
         if loaded.damaged:
             echo(f"  warning: {loaded.describe_damage()}", err=True)
         if loaded.events.height == 0:
