@@ -520,8 +520,8 @@ def _worker_intervals(
 
 def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame, str] | None:
     """(visits, basis) when each process opens a file once and reads its samples as regions of
-    it (an HDF5 file of small chunks, opened once per worker): every read of the size that
-    carries the most bytes is one sample's visit. None when files are opened per sample (the
+    it (an HDF5 file of small chunks, opened once per worker): every read of the sample's size
+    (the largest of the sizes read at the most places) is one sample's visit. None when files are opened per sample (the
     opens already count them) or the reads show no such regions."""
     reads = io.filter(
         pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
@@ -531,11 +531,11 @@ def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFram
     per_proc = _num(visits.group_by("pid", "file").len()["len"].median())
     if per_proc > 1:
         return None  # opened per sample (or per batch): the opens are the visits
-    size = int(
-        reads.group_by("size")
-        .agg(pl.col("size").sum().alias("b"))
-        .sort(["b", "size"], descending=True)["size"][0]
-    )
+    # the sample's read: of the sizes read at the most distinct places (a per-sample label or
+    # index entry is read as often, in a few bytes), the largest
+    per_size = reads.group_by("size").agg(pl.struct("file", "offset").n_unique().alias("places"))
+    most = _num(per_size["places"].max())
+    size = int(_num(per_size.filter(pl.col("places") >= 0.5 * most)["size"].max()))
     own = reads.filter(pl.col("size") == size)
     regions = _num(own.group_by("file").agg(pl.col("offset").n_unique())["offset"].median())
     opens = _num(visits.group_by("file").len()["len"].median())
@@ -545,7 +545,7 @@ def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFram
         "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")
     ).sort("ts")
     return out, (
-        f"reads of {size:,} B, the read size carrying the most bytes: each process opens a file "
+        f"reads of {size:,} B, the largest size read at the most places: each process opens a file "
         f"once ({opens:.0f} opens per file) and reads {regions:.0f} distinct regions of it"
     )
 

@@ -1,0 +1,130 @@
+"""#44's classes of traces distill got wrong, each on two real variants that differ in the
+parameter it infers (traces/sweep/: made by traces/make_sweep_traces.py and
+traces/make_dlio_corpus.py; the whole grid is benchmarks/inference_sweep.py).
+
+* a POSIX-only capture of a job whose non-persistent workers are forked anew every epoch and
+  read one shared HDF5 file of small chunks (examples/tiles_h5.py);
+* DLIO 2.0.0 runs of HDF5 files of 8 and 2 samples;
+* DLIO 2.0.0 runs of NPZ files of 4 and 2 samples, each read whole for every sample.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.distill import distill
+from dlreplay.model import WorkloadModel
+
+from .conftest import TRACES
+
+SWEEP = TRACES / "sweep"
+
+
+@cache
+def _model(name: str, posix_only: bool) -> WorkloadModel:
+    lt = load_trace(SWEEP / name)
+    ev = lt.events
+    if posix_only:  # what DFTracer's preload alone records of the same run
+        ev = ev.filter(pl.col("cat").is_in(["POSIX", "STDIO"])).with_columns(
+            pl.lit(None, pl.String).alias("role")
+        )
+    return distill(ev, manifest=lt.manifest)
+
+
+def _truth(name: str) -> dict:
+    return json.loads((SWEEP / name / "expected.json").read_text())["model"]
+
+
+@pytest.mark.parametrize("name", ["tiles_w2_t128", "tiles_w3_t96"])
+def test_reforked_workers_on_one_shared_hdf5_file(name: str) -> None:
+    """A new pool of workers every epoch is one epoch's readers (not more readers), its forks
+    mark the epochs; the file's k chunk-sized regions are k samples; batches from the gaps."""
+    want = _truth(name)
+    assert want["persistent_workers"] is False
+    m = _model(name, posix_only=False)  # captured with --no-loader-hooks: POSIX only
+    f = m.provenance.fields
+    assert m.train.epochs == want["epochs"]
+    assert m.reader.read_threads == want["read_threads"]
+    assert m.dataset.num_files == 1
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"]
+    assert m.reader.batch_size == want["batch_size"]
+    assert m.reader.persistent_workers is False
+    assert "pools" in f["train.epochs"].method
+    assert "distinct regions" in f["dataset.num_samples_per_file"].method
+    for field in (
+        "train.epochs",
+        "reader.read_threads",
+        "dataset.num_samples_per_file",
+        "reader.batch_size",
+        "reader.persistent_workers",
+    ):
+        assert f[field].confidence == "inferred", field
+    assert not [n for n in m.provenance.notes if n.startswith("guess:")]
+
+
+@pytest.mark.parametrize("name", ["dlio_hdf5_8spf", "dlio_hdf5_2spf"])
+@pytest.mark.parametrize("posix_only", [False, True], ids=["dlio-events", "posix-only"])
+def test_dlio_hdf5_samples_per_file(name: str, posix_only: bool) -> None:
+    want = _truth(name)
+    m = _model(name, posix_only)
+    f = m.provenance.fields
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"]
+    assert m.dataset.num_files == want["num_files"]
+    assert m.train.epochs == want["epochs"]
+    assert m.reader.read_threads == want["read_threads"]
+    assert f["dataset.num_samples_per_file"].confidence == (
+        "inferred" if posix_only else "measured"
+    )
+
+
+@pytest.mark.parametrize("name", ["dlio_npz_4spf", "dlio_npz_2spf"])
+def test_dlio_npz_read_whole_per_sample(name: str) -> None:
+    """With DLIO's item events the distinct sample indices per file are measured; from the
+    POSIX events alone E epochs of k samples (each read with its whole file) look like E/d
+    epochs of k*d: distill says that both fields are a guess, and is never wrong silently."""
+    want = _truth(name)
+    m = _model(name, posix_only=False)
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"]
+    assert m.provenance.fields["dataset.num_samples_per_file"].confidence == "measured"
+    assert m.train.epochs == want["epochs"]
+    p = _model(name, posix_only=True)
+    guess = [n for n in p.provenance.notes if n.startswith("guess:")]
+    assert guess and "dataset.num_samples_per_file" in guess[0] and "train.epochs" in guess[0]
+    assert p.dataset.num_samples_per_file * p.train.epochs == (
+        want["num_samples_per_file"] * want["epochs"]
+    )
+    assert p.provenance.fields["dataset.num_samples_per_file"].confidence != "measured"
+
+
+def test_sweep_traces_are_small() -> None:
+    for d in SWEEP.iterdir():
+        assert sum(f.stat().st_size for f in d.iterdir()) < 200_000, d.name
+
+
+def test_sweep_grid_reaches_the_design() -> None:
+    """The sweep's design: >= 150 configurations, every level of every factor present."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "inference_sweep.py"
+    spec = importlib.util.spec_from_file_location("inference_sweep", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = mod.grid()
+    assert len(g) >= 150 and len({c["name"] for c in g}) == len(g)
+    for factor, levels in (
+        ("workers", (0, 1, 2, 4, 8)),
+        ("spf", (1, 2, 4, 8, 16)),
+        ("batch", (1, 2, 4, 8, 16, 32, 64)),
+        ("shuffle", (True, False)),
+        ("persistent", (True, False)),
+        ("ranks", (1, 2)),
+        ("checkpoint", (True, False)),
+    ):
+        assert {c[factor] for c in g} == set(levels), factor

@@ -1,0 +1,101 @@
+"""Regenerate ``traces/sweep/tiles_*``: POSIX-only captures (``--no-loader-hooks``) of
+examples/tiles_h5.py for tests/test_inference_sweep.py (#44's first class).
+
+One shared HDF5 file of small tiles (one chunk each), read in shuffled order by DataLoader
+workers that are NOT persistent (a new pool forked every epoch). The two variants differ in
+every parameter the fixes infer: tiles in the file (samples per file), workers, epochs and
+batch size. ``expected.json`` holds the job's own report (its true parameters).
+
+    python traces/make_sweep_traces.py [--only NAME] [--work /tmp/dlreplay-sweep-traces]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+
+#: name -> tiles_h5.py arguments (no --persistent-workers: a new pool every epoch)
+TRACES: dict[str, list[str]] = {
+    "tiles_w2_t128": [
+        *("--num-files", "128", "--tile", "8", "--batch-size", "8"),
+        *("--workers", "2", "--epochs", "2"),
+    ],
+    "tiles_w3_t96": [
+        *("--num-files", "96", "--tile", "8", "--batch-size", "4"),
+        *("--workers", "3", "--epochs", "3"),
+    ],
+}
+
+
+def make(name: str, work: Path) -> None:
+    job = work / name
+    if job.exists():
+        shutil.rmtree(job)
+    data, out, report = job / "data", job / "trace", job / "report.json"
+    base = [sys.executable, str(REPO / "examples" / "tiles_h5.py"), "--data-dir", str(data)]
+    base += [*TRACES[name], "--quiet"]
+    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
+    res = run_capture(
+        CaptureConfig(
+            command=(*base, "--report", str(report)),
+            out=out,
+            data_dirs=(str(data),),
+            name=name,
+            loader_hooks=False,
+        )
+    )
+    if res.exit_code != 0:
+        raise SystemExit(f"{name}: job failed ({res.exit_code})")
+    dest = HERE / "sweep" / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in sorted(out.iterdir()):
+        if f.name.endswith(".pfw"):
+            with open(f, "rb") as src, gzip.open(dest / (f.name + ".gz"), "wb", 9) as dst:
+                shutil.copyfileobj(src, dst)
+        elif f.is_file():
+            shutil.copy(f, dest / f.name)
+    rep = json.loads(report.read_text())
+    args = rep["args"]
+    expected = {
+        "source": "examples/tiles_h5.py captured with dlreplay capture --no-loader-hooks",
+        "model": {
+            "format": "hdf5",
+            "num_files": 1,
+            "num_samples_per_file": args["num_files"],
+            "batch_size": args["batch_size"],
+            "read_threads": args["workers"],
+            "persistent_workers": args["persistent_workers"],
+            "epochs": rep["epochs"],
+        },
+    }
+    (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    print(f"{name}: {size / 1024:.0f} KiB -> {dest}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", action="append", choices=sorted(TRACES))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-sweep-traces"))
+    args = ap.parse_args()
+    for name in args.only or sorted(TRACES):
+        make(name, args.work)
+
+
+if __name__ == "__main__":
+    main()
