@@ -9,6 +9,7 @@ group of its own) must give the local load's totals and per-file reports, word f
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -68,15 +69,21 @@ def test_the_spilled_load_sets_aside_what_the_local_load_does(
     assert any("(set aside)" in p or "(read as null)" in p for p in said), said
 
 
-def test_a_gzip_member_twice_is_counted_once_when_spilled(tmp_path: Path, cli) -> None:
-    """A file's gzip member appended to it again: its repeats set aside in the spill as in
-    memory (the events and bytes of the clean trace)."""
+@pytest.mark.parametrize("how", ["member-appended", "recompressed-copy"])
+def test_a_gzip_member_twice_is_counted_once_when_spilled(tmp_path: Path, cli, how: str) -> None:
+    """A file's gzip member appended to it again; a copy of a file compressed anew, in another
+    spill group than its original: set aside in the spill as in memory (the events and bytes
+    of the clean trace). **Was**: the copy summed (+530 events) when spilled."""
     trace = changed(tmp_path, WORKER, lambda r: None)
     data = (SRC / WORKER).read_bytes()
-    (trace / WORKER).write_bytes(data + data)
+    named = WORKER if how == "member-appended" else "trace-again-fork.pfw.gz"
+    if how == "member-appended":
+        (trace / WORKER).write_bytes(data + data)
+    else:
+        (trace / named).write_bytes(gzip.compress(gzip.decompress(data), compresslevel=1))
     local, spilled = both(cli, trace, tmp_path / "sp")
     same(local, spilled)
-    (rep,) = [f for f in spilled["files"] if f["name"] == WORKER]
+    (rep,) = [f for f in spilled["files"] if f["name"] == named]
     assert any("the same events twice" in p for p in rep["problems"])
     clean = json.loads(cli("analyze", str(SRC), "--json").stdout)
     assert spilled["events"] == clean["events"]
@@ -118,8 +125,6 @@ def test_thousands_of_lines_with_a_key_given_twice(tmp_path: Path, cli, monkeypa
     give the clean trace's totals. **Was**: the first value won in the loader while JSON
     readers take the last (every event renamed "open", a trace of "no events" when the first
     ``ts`` was text), nothing said."""
-    import gzip
-
     from polars.testing import assert_frame_equal
 
     from dlreplay.analyze import load_trace

@@ -39,8 +39,10 @@ __all__ = [
     "capture_window",
     "check_table",
     "check_values",
+    "copied_files",
     "file_spans",
     "noted_reports",
+    "set_aside_copies",
 ]
 
 #: Seconds (in µs) an event may lie outside the capture's start and end as the manifest
@@ -113,15 +115,50 @@ def noted_reports(files: Sequence[FileReport], notes: dict[str, list[str]]) -> l
     return [_noted(f, notes.get(f.name, [])) for f in files]
 
 
-def file_spans(ev: pl.DataFrame) -> pl.DataFrame:
+def file_spans(ev: pl.DataFrame, signed: bool = False) -> pl.DataFrame:
     """Per file (``source``): the first and last timestamp (µs) of its events with a
-    non-negative one (``lo``, ``hi``) and their number (``n``)."""
+    non-negative one (``lo``, ``hi``) and their number (``n``); with ``signed``, ``sig``: a
+    sum of its rows' hashes (process, thread, time, call, duration, result), the same for a
+    file holding the same events (:func:`copied_files`)."""
+    row = pl.struct("ts", "pid", "tid", "dur", pl.col("name").cast(pl.String), pl.col("ret")).hash()
     return (
-        ev.select("source", "ts")  # (the columns first: a filter of the table copies every column)
+        ev.select("source", "ts", *((row.alias("__h"),) if signed else ()))
         .filter(pl.col("ts") >= 0)
         .group_by("source")
-        .agg(pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi"), pl.len().alias("n"))
+        .agg(
+            pl.col("ts").min().alias("lo"),
+            pl.col("ts").max().alias("hi"),
+            pl.len().alias("n"),
+            *((pl.col("__h").sum().alias("sig"),) if signed else ()),
+        )
     )
+
+
+def copied_files(spans: pl.DataFrame, order: Sequence[str]) -> dict[str, int]:
+    """The files of signed ``spans`` holding the same events as a file before them in
+    ``order`` (the trace's files): their events by name (a whole copy of a file)."""
+    rank = {name: k for k, name in enumerate(order)}
+    out: dict[str, int] = {}
+    seen: set[tuple[int, int]] = set()
+    rows = sorted(spans.select("source", "sig", "n").iter_rows(), key=lambda r: rank.get(r[0], 0))
+    for source, sig, n in rows:
+        if (sig, n) in seen:
+            out[source] = n
+        seen.add((sig, n))
+    return out
+
+
+def set_aside_copies(
+    ev: pl.DataFrame, copies: dict[str, int], notes: dict[str, list[str]]
+) -> pl.DataFrame:
+    """``ev`` without the rows of the files in ``copies`` (:func:`copied_files`) it still
+    holds, each counted in ``notes`` as a repeat."""
+    held = [s for s in copies if s in set(ev["source"].cast(pl.String).unique().to_list())]
+    if not held:
+        return ev
+    gone = pl.col("source").cast(pl.String).is_in(held)
+    _count(ev, gone, REPEAT, notes)
+    return ev.filter(~gone)
 
 
 def capture_window(manifest: dict | None) -> tuple[int, int] | None:

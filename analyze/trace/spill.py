@@ -68,7 +68,7 @@ from .merge import (
     renumbered,
     run_tables,
 )
-from .plausible import check_table, file_spans, noted_reports
+from .plausible import check_table, copied_files, file_spans, noted_reports, set_aside_copies
 from .shapes import COUNTS_SCHEMA, PART_SCHEMA, FileDamage, FileReport, int_stat, with_events
 
 __all__ = [
@@ -402,7 +402,16 @@ def _spill_parts(
             source = pl.Series([names[s] for s in part.processes["src"].to_list()], dtype=pl.String)
             spans.append(
                 file_spans(
-                    events.select(pl.lit(source).gather(pl.col("__p")).alias("source"), "ts")
+                    events.select(
+                        pl.lit(source).gather(pl.col("__p")).alias("source"),
+                        "ts",
+                        "pid",
+                        "tid",
+                        "dur",
+                        "name",
+                        "ret",
+                    ),
+                    signed=True,
                 )
             )
             firsts = vocabulary.thread_firsts(events, host="__p")
@@ -417,7 +426,13 @@ def _spill_parts(
         del part
         release_free_memory()  # the part's rows, before the next group's are built in another arena
     kept.sort(key=lambda k: k.first)
-    schema = {"source": pl.String(), "lo": pl.Int64(), "hi": pl.Int64(), "n": pl.UInt32()}
+    schema = {
+        "source": pl.String(),
+        "lo": pl.Int64(),
+        "hi": pl.Int64(),
+        "n": pl.UInt32(),
+        "sig": pl.UInt64(),
+    }
     run_spans = pl.concat(spans, how="vertical_relaxed") if spans else pl.DataFrame(schema=schema)
     return kept, pid0, top, run_spans
 
@@ -437,6 +452,7 @@ def _spill_events(
     as :data:`EVENT_SCHEMA` Parquet in ``tmp``, one part at a time. Returns (paths, events per
     trace file, events, processes or their rows changed, the parts' per-process counts)."""
     manifest, spans, notes = checks
+    copies = copied_files(spans, names)  # (a copy in another part than its original)
     proc_src = tables.processes["src"].to_numpy()
     counts = np.zeros(len(names), dtype=np.int64)
     paths: list[Path] = []
@@ -458,6 +474,10 @@ def _spill_events(
         table, moved = canonical(table, markers, names, run)
         # (a file's events all lie in one part: its lifetime, repeats and counts are whole here)
         table, found, aside = check_table(table, manifest, spans)
+        if copies:
+            before = table.height
+            table = set_aside_copies(table, copies, found)
+            aside = aside or table.height < before
         for name, said in found.items():
             notes.setdefault(name, []).extend(said)
         changed = changed or moved or aside
