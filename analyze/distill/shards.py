@@ -76,7 +76,9 @@ def streamed_shards(
         return dataset, reader
     files = pl.DataFrame({"file": obs.paths, "shard": range(len(obs.paths))})
     io = obs.io.with_columns(pl.col("file").cast(pl.String)).join(files, on="file")
-    opens = io.filter(pl.col("name").is_in(OPEN_OPS))
+    # the opens of processes that read shards (not those that wrote them: a job making its data)
+    readers = obs.reads.select("pid", pl.col("file").cast(pl.String)).unique()
+    opens = io.filter(pl.col("name").is_in(OPEN_OPS)).join(readers, on=["pid", "file"], how="semi")
     epochs = max(1, int(obs.steps["epoch"].n_unique()))
     samples = _samples_per_epoch(obs, epochs)
     opens_per_epoch = opens.height / epochs

@@ -1,0 +1,254 @@
+"""Streaming shards (#43 item 4): real captures of ``examples/shards_tar.py`` (an IterableDataset
+over WebDataset-style tar shards read with ``tarfile`` and with ``webdataset``, and over Arrow
+IPC stream shards read with ``pyarrow``) distil to their shards, samples and bytes per shard,
+members, library, split over workers and shuffle buffer; ``generate`` writes shards with the
+same inside; a replay streams each shard whole, once per epoch, split over workers as the job.
+
+The two tar jobs differ in every parameter the distill infers (shards, samples per shard,
+member bytes, library, workers, split, shuffle buffer, batch size).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.distill import distill
+from dlreplay.capture import CaptureConfig, run_capture
+from dlreplay.replay import ReplayConfig, run_replay
+from dlreplay.replay.generate import GenerateConfig, generate_dataset
+from dlreplay.schema import OPEN_OPS, READ_OPS
+
+pytest.importorskip("torch")
+pytest.importorskip("webdataset")
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "shards_tar.py"
+
+#: name -> (the job's arguments, what distill must find)
+JOBS = {
+    "tarfile": (
+        ("--num-files", "6", "--samples-per-shard", "8", "--sample-bytes", "4096",
+         "--workers", "2", "--batch-size", "4", "--split", "interleaved"),
+        {"shards": 6, "spf": 8, "npy": 128 + 4096, "library": "tarfile", "workers": 2,
+         "split": "interleaved", "buffer": (0, 0), "batch": 4, "steps": 12},
+    ),
+    "webdataset": (
+        ("--num-files", "6", "--samples-per-shard", "12", "--sample-bytes", "2048",
+         "--workers", "3", "--batch-size", "6", "--split", "contiguous",
+         "--reader", "webdataset", "--shuffle-buffer", "12"),
+        {"shards": 6, "spf": 12, "npy": 128 + 2048, "library": "webdataset", "workers": 3,
+         "split": "contiguous", "buffer": (8, 16), "batch": 6, "steps": 12},
+    ),
+    "arrow": (
+        ("--format", "arrow", "--num-files", "4", "--samples-per-shard", "10",
+         "--sample-bytes", "1024", "--rows-per-batch", "5", "--workers", "1",
+         "--batch-size", "5"),
+        {"shards": 4, "spf": 10, "library": "pyarrow", "workers": 1, "rows": 5, "batch": 5},
+    ),
+}  # fmt: skip
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("_dlreplay_shards_example", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    return mod
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """name -> (data dir, the job's report, the trace's events, the distilled model)."""
+    out = {}
+    for name, (args, _) in JOBS.items():
+        root = tmp_path_factory.mktemp(name)
+        data = root / "data"
+        cmd = [sys.executable, str(EXAMPLE), "--data-dir", str(data), "--epochs", "2",
+               "--threads", "1", "--compute-scale", "0.25", "--quiet",
+               "--report", str(root / "report.json"), *args]  # fmt: skip
+        got = run_capture(
+            CaptureConfig(
+                command=tuple(cmd),
+                out=root / "trace",
+                data_dirs=(str(data),),
+                job_output=root / "job.log",
+            )  # fmt: skip
+        )
+        assert got.exit_code == 0, (root / "job.log").read_text()
+        loaded = load_trace(root / "trace")
+        model = distill(loaded.events, manifest=loaded.manifest, source=str(root / "trace"))
+        report = json.loads((root / "report.json").read_text())
+        out[name] = (data, report, loaded.events, model)
+    return out
+
+
+def _shards(data: Path) -> list[Path]:
+    return sorted(p for p in data.iterdir() if p.suffix in (".tar", ".arrow"))
+
+
+def _members(path: Path) -> list[tuple[str, int]]:
+    """(suffix, bytes) of a tar shard's members, in order (the obvious reference)."""
+    with tarfile.open(path) as tf:
+        return [(m.name.partition(".")[2], m.size) for m in tf]
+
+
+@pytest.mark.parametrize("name", ["tarfile", "webdataset"])
+def test_tar_shards_distil_to_their_layout(captured, name):
+    data, report, _, model = captured[name]
+    want = JOBS[name][1]
+    ds, rd = model.dataset, model.reader
+    assert ds.format == "tar" and ds.num_files == want["shards"]
+    assert ds.num_samples_per_file == want["spf"]
+    members = {m.name: m.bytes for m in ds.layout.shard_members}
+    assert list(members) == ["npy", "cls"]
+    assert members["npy"].mean == want["npy"] and members["cls"].mean == 1
+    sizes = [p.stat().st_size for p in _shards(data)]
+    assert ds.record_length.mean == pytest.approx(np.mean(sizes) / want["spf"])
+    assert rd.streaming is not None and rd.streaming.library == want["library"]
+    assert rd.streaming.split == want["split"]
+    lo, hi = want["buffer"]
+    assert lo <= rd.streaming.shuffle_buffer <= hi
+    assert rd.read_threads == want["workers"] and rd.batch_size == want["batch"]
+    assert rd.open_per_sample is False
+    # the job's own count: every sample of every shard, once per epoch
+    assert report["samples"] == 2 * want["shards"] * want["spf"]
+
+
+def test_arrow_shards_distil_to_their_layout(captured):
+    data, _, _, model = captured["arrow"]
+    want = JOBS["arrow"][1]
+    ds = model.dataset
+    assert ds.format == "arrow" and ds.num_files == want["shards"]
+    assert ds.num_samples_per_file == want["spf"] and ds.layout.rows_per_batch == want["rows"]
+    members = {m.name: m.bytes.mean for m in ds.layout.shard_members}
+    assert members["label"] == 8 and members["data"] == 128 + 1024
+    assert model.reader.streaming.library == "pyarrow"
+    assert model.reader.read_threads == 1
+
+
+@pytest.mark.parametrize("name", ["tarfile", "webdataset"])
+def test_each_worker_streams_its_split_of_whole_shards(captured, name):
+    """Per worker process: the shards it opened are those the job's split gives one worker, each
+    opened once per epoch and read through (tarfile to the file's end; webdataset to the
+    archive's end marker)."""
+    data, _, events, _ = captured[name]
+    want = JOBS[name][1]
+    ex = _example()
+    shards = [str(p) for p in _shards(data)]
+    io = events.filter(pl.col("file").cast(pl.String).is_in(shards)).with_columns(
+        pl.col("file").cast(pl.String)
+    )
+    reads = io.filter(pl.col("name").is_in(READ_OPS))
+    # the loader's workers (the job's main process wrote the shards first, inside the capture)
+    per_pid = (
+        io.filter(
+            pl.col("name").is_in(OPEN_OPS) & pl.col("pid").is_in(reads["pid"].unique().to_list())
+        )
+        .group_by("pid")
+        .agg(pl.col("file"))
+    )
+    splits = [
+        sorted(ex.split_shards(shards, 0, 1, w, want["workers"], want["split"]))
+        for w in range(want["workers"])
+    ]
+    got = sorted(sorted(f) for f in per_pid["file"].to_list())
+    assert got == sorted(splits * 2)  # 2 epochs, new workers each
+    per_open = reads.group_by("pid", "file").agg(pl.col("size").sum())
+    size = {s: Path(s).stat().st_size for s in shards}
+    for f, n in per_open.select("file", "size").iter_rows():
+        assert size[f] - 2 * tarfile.RECORDSIZE <= n <= size[f]
+
+
+def test_replay_split_matches_the_jobs_over_ranks_and_workers():
+    """The replay's split (replay.streaming) is the example's for any ranks x workers."""
+    from dlreplay.replay.streaming import split_shards
+
+    ex = _example()
+    names = [f"s{i}" for i in range(11)]
+    for how in ("interleaved", "contiguous"):
+        for ranks in (1, 2, 3):
+            for workers in (1, 2, 4):
+                for r in range(ranks):
+                    for w in range(workers):
+                        job = ex.split_shards(names, r, ranks, w, workers, how)
+                        mine = [names[i] for i in split_shards(11, r, ranks, w, workers, how)]
+                        assert mine == job, (how, ranks, workers, r, w)
+
+
+def test_generate_writes_the_same_inside(captured, tmp_path):
+    data, _, _, model = captured["tarfile"]
+    generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "gen", seed=1, jobs=1))
+    real = _shards(data)
+    made = sorted((tmp_path / "gen" / "train").glob("*.tar"))
+    assert len(made) == len(real)
+    for r, g in zip(real, made, strict=True):
+        assert [s for _, s in _members(g)] == [s for _, s in _members(r)]
+        assert [e for e, _ in _members(g)] == [e for e, _ in _members(r)]
+        assert g.stat().st_size == r.stat().st_size
+
+
+@pytest.mark.parametrize("name", ["tarfile", "arrow"])
+def test_replay_streams_each_shard_whole_once_per_epoch(captured, tmp_path, name):
+    _, report, _, model = captured[name]
+    want = JOBS[name][1]
+    traced = name == "tarfile"  # (the Arrow replay's reads are counted by its metrics only)
+    res = run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "out", trace=traced)
+    )
+    assert res.complete
+    made = sorted(
+        str(p) for p in (tmp_path / "data" / "train").iterdir() if p.suffix in (".tar", ".arrow")
+    )
+    total = sum(Path(p).stat().st_size for p in made)
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["overall"]["bytes_read"] == 2 * total
+    assert m["overall"]["samples"] == report["samples"]
+    assert [e["steps"] for e in m["epochs"]] == _steps(report)  # each worker's last batch short
+    if not traced:
+        return
+    events = load_trace(tmp_path / "out").events
+    io = events.filter(pl.col("file").cast(pl.String).is_in(made)).with_columns(
+        pl.col("file").cast(pl.String)
+    )
+    opens = io.filter(pl.col("name").is_in(OPEN_OPS)).group_by("file").len()
+    assert sorted(opens["len"].to_list()) == [2] * len(made)  # once per epoch
+    per_pid = io.filter(pl.col("name").is_in(OPEN_OPS)).group_by("pid").agg(pl.col("file"))
+    assert per_pid.height == 2 * want["workers"]  # new workers each epoch, as the job's
+    reads = io.filter(pl.col("name").is_in(READ_OPS))
+    assert int(reads["size"].sum()) == 2 * total
+
+
+def _steps(report: dict) -> list[int]:
+    """The job's steps in each epoch (its report counts them all)."""
+    per = report["steps"] // report["epochs"]
+    return [per] * report["epochs"]
+
+
+def test_unknown_member_layout_still_streams(tmp_path, captured):
+    """A model without shard_members (a trace whose shards were not at hand): one part per
+    sample of the record length; the replay reads every shard whole."""
+    from dataclasses import replace
+
+    from dlreplay.model import Layout
+
+    _, _, _, model = captured["tarfile"]
+    bare = replace(model, dataset=replace(model.dataset, layout=Layout()))
+    generate_dataset(GenerateConfig(model=bare, data_dir=tmp_path / "gen", seed=2, jobs=1))
+    made = sorted((tmp_path / "gen" / "train").glob("*.tar"))
+    assert len(made) == model.dataset.num_files
+    with tarfile.open(made[0]) as tf:
+        names = tf.getnames()
+    assert len(names) == model.dataset.num_samples_per_file
+    assert all(n.endswith(".bin") for n in names)
