@@ -76,9 +76,10 @@ class PosixLoop:
     consumers: int = 1
     #: whether the workers live across epochs: False when a new pool is forked for every epoch
     persistent: Inferred = field(default_factory=lambda: Inferred(None, "no worker processes"))
-    #: every visit read its file whole: E passes of k visits per file look the same as E/d
-    #: passes of k*d samples each read with its whole file (DLIO's NPZ reader): a guess
-    whole_file_visits: bool = False
+    #: every visit read its file whole, and nothing in the trace told E passes of k visits per
+    #: file from E/d passes of k*d samples each read with its whole file (DLIO's NPZ reader):
+    #: the epochs and samples per file are a guess
+    passes_guessed: bool = False
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {
@@ -128,12 +129,74 @@ def _read_runs(io: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _even_pass(
+    chunk: pl.DataFrame,
+    per_file: pl.DataFrame,
+    e: int,
+    reads: pl.DataFrame,
+    sizes: pl.DataFrame,
+) -> bool:
+    """Whether the visits cut into ``e`` passes in time order (``chunk``'s ``epoch``) visit
+    every file as often in each pass, and read every file whole in each."""
+    if e == 1:
+        return True
+    got = chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
+    even = got.filter(pl.col("len") * e == pl.col("total"))["file"].n_unique()
+    if even < EPOCH_AGREEMENT * per_file.height:
+        return False
+    if not reads.height:
+        return True
+    # every read belongs to the pass of its process's latest visit of that file
+    vis = chunk.select("pid", "file", pl.col("ts").alias("v_ts"), "epoch").sort("v_ts")
+    tagged = reads.sort("ts").join_asof(
+        vis,
+        left_on="ts",
+        right_on="v_ts",
+        by=["pid", "file"],
+        strategy="backward",
+        check_sortedness=False,
+    )
+    per = (
+        tagged.group_by("file", "epoch").agg(pl.col("size").sum().alias("b")).join(sizes, on="file")
+    )
+    whole = per.filter(pl.col("b") >= 0.9 * pl.col("fsize"))["file"].n_unique()
+    return whole >= EPOCH_AGREEMENT * per_file.height
+
+
+#: A cut between passes falls in an idle gap when the gap is this many times the 90th
+#: percentile of the other gaps between visits (an epoch ends with the loader idle while the
+#: consumer takes its prefetched batches, and the next begins with a burst).
+CUT_GAP_FACTOR = 2.0
+
+
+def _cuts_in_gaps(ranked: pl.DataFrame, e: int) -> float:
+    """The shortest gap (µs) at the cuts between ``e`` passes (visits in time order, with
+    ``__k``) over the 90th percentile of the other gaps: >= CUT_GAP_FACTOR when every cut
+    falls where the loader idled."""
+    n = ranked.height
+    gaps = ranked.select(
+        "__k",
+        (pl.col("ts") - pl.col("end").cum_max().shift(1)).clip(lower_bound=0).alias("gap"),
+    ).drop_nulls()
+    cuts = {k * n // e for k in range(1, e)}
+    at = gaps.filter(pl.col("__k").is_in(list(cuts)))["gap"]
+    rest = gaps.filter(~pl.col("__k").is_in(list(cuts)))["gap"]
+    if at.is_empty() or rest.is_empty():
+        return 0.0
+    return _num(at.min()) / max(_num(rest.quantile(0.9)), 1.0)
+
+
 def _epochs_from_visits(
     v: pl.DataFrame, reads: pl.DataFrame
-) -> tuple[int, str, pl.DataFrame] | None:
-    """(E, evidence, visits with ``epoch``) for the most passes E into which the visits split
-    evenly (every file as often in each, in time order) with every file read whole in each
-    pass (its bytes read at least 90 % of its size), else None."""
+) -> tuple[int, str, pl.DataFrame, bool] | None:
+    """(E, evidence, visits with ``epoch``, guessed) for the most passes E into which the visits
+    split evenly (every file as often in each, in time order) with every file read whole in
+    each pass (its bytes read at least 90 % of its size), else None.
+
+    Where every visit reads its file whole (a reader that reads a file whole for every sample),
+    E passes of k visits per file read like E/d passes of k*d: the most passes whose cuts all
+    fall in idle gaps of the loader (:func:`_cuts_in_gaps`) win, else the most passes, a guess
+    (``guessed``)."""
     per_file = v.group_by("file").len()
     counts = per_file["len"].to_list()
     if not counts:
@@ -141,40 +204,37 @@ def _epochs_from_visits(
     n = v.height
     g = reduce(math.gcd, counts)
     sizes = reads.group_by("file").agg((pl.col("offset") + pl.col("size")).max().alias("fsize"))
+    whole_visits = _whole_file_visits(reads, v)
     ranked = v.with_row_index("__k")
+    passing: list[tuple[int, pl.DataFrame]] = []
     for e in sorted((d for d in range(1, g + 1) if g % d == 0), reverse=True):
         chunk = ranked.with_columns((pl.col("__k") * e // n).alias("epoch"))
-        got = (
-            chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
-        )
-        even = got.filter(pl.col("len") * e == pl.col("total"))["file"].n_unique()
-        if e > 1 and even < EPOCH_AGREEMENT * per_file.height:
-            continue
-        if e > 1 and reads.height:
-            # every read belongs to the pass of its process's latest visit of that file
-            vis = chunk.select("pid", "file", pl.col("ts").alias("v_ts"), "epoch").sort("v_ts")
-            tagged = reads.sort("ts").join_asof(
-                vis,
-                left_on="ts",
-                right_on="v_ts",
-                by=["pid", "file"],
-                strategy="backward",
-                check_sortedness=False,
+        if _even_pass(chunk, per_file, e, reads, sizes):
+            passing.append((e, chunk))
+            if not whole_visits:
+                break
+    if not passing:
+        return None
+    e, chunk = passing[0]
+    guessed, how = False, ""
+    if whole_visits and len(passing) > 1:
+        in_gaps = [
+            (x, c) for x, c in passing if x > 1 and _cuts_in_gaps(ranked, x) >= CUT_GAP_FACTOR
+        ]
+        if in_gaps:
+            e, chunk = in_gaps[0]
+            how = "; every visit reads its file whole: the most passes whose cuts fall in the loader's idle gaps"
+        else:
+            guessed = True
+            how = (
+                f"; every visit reads its file whole and no cut into fewer passes falls in an idle "
+                f"gap: one visit per sample assumed (a guess: {', '.join(str(x) for x, _ in passing)} passes fit)"
             )
-            per = (
-                tagged.group_by("file", "epoch")
-                .agg(pl.col("size").sum().alias("b"))
-                .join(sizes, on="file")
-            )
-            whole = per.filter(pl.col("b") >= 0.9 * pl.col("fsize"))["file"].n_unique()
-            if whole < EPOCH_AGREEMENT * per_file.height:
-                continue
-        ev = (
-            f"{n} visits of {per_file.height} files ({min(counts)}-{max(counts)} per file) split into "
-            f"{e} passes in time order, each file visited {g // e}x and read whole in every pass"
-        )
-        return e, ev, chunk.drop("__k")
-    return None
+    ev = (
+        f"{n} visits of {per_file.height} files ({min(counts)}-{max(counts)} per file) split into "
+        f"{e} passes in time order, each file visited {g // e}x and read whole in every pass{how}"
+    )
+    return e, ev, chunk.drop("__k"), guessed
 
 
 def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
@@ -336,7 +396,7 @@ def infer_posix_loop(
     if regions is not None:
         visits, basis = regions
     pools = _worker_pools(io, traced_pids, lifetimes)
-    epochs, visits, epoch_spans = _epochs(io, _dataset_visits(visits), basis, pools)
+    epochs, visits, epoch_spans, guessed = _epochs(io, _dataset_visits(visits), basis, pools)
     threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)
     batch, ev_batch = _batch_size(visits)
@@ -352,19 +412,20 @@ def infer_posix_loop(
         sample_files=sorted(visits["file"].unique().to_list()),
         consumers=consumers,
         persistent=_persistent(pools, epochs),
-        whole_file_visits=_whole_file_visits(io, visits),
+        passes_guessed=guessed,
     )
 
 
 def _epochs(
     io: pl.DataFrame, visits: pl.DataFrame, basis: str, pools: pl.DataFrame | None = None
-) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]]:
-    """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each): one per pool of
-    worker processes when a new pool was forked for every epoch (:func:`_worker_pools`), else
-    the passes the visits split into (see :func:`_epochs_from_visits`), else one."""
+) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]], bool]:
+    """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each, whether the
+    passes are a guess): one per pool of worker processes when a new pool was forked for every
+    epoch (:func:`_worker_pools`), else the passes the visits split into (see
+    :func:`_epochs_from_visits`), else one."""
     by_pool = _epochs_from_pools(visits, pools)
     if by_pool is not None:
-        return by_pool
+        return (*by_pool, False)
     reads = io.filter(
         pl.col("name").is_in(READ_OPS)
         & (pl.col("size") > 0)
@@ -372,8 +433,9 @@ def _epochs(
         & pl.col("file").is_in(visits["file"].unique().implode())
     )
     split = _epochs_from_visits(visits, reads.select("pid", "file", "ts", "offset", "size"))
+    guessed = False
     if split is not None:
-        n_epochs, ev_epochs, visits = split
+        n_epochs, ev_epochs, visits, guessed = split
         ev_epochs = f"{ev_epochs} ({basis})"
     else:
         n_epochs, ev_epochs = 1, "visits do not split into even passes"
@@ -384,7 +446,7 @@ def _epochs(
         .sort("epoch")
     )
     epoch_spans = [(int(e), int(a), int(b)) for e, a, b in spans.iter_rows()]
-    return Inferred(n_epochs, ev_epochs), visits, epoch_spans
+    return Inferred(n_epochs, ev_epochs), visits, epoch_spans, guessed
 
 
 def _read_threads(
@@ -644,14 +706,9 @@ def _persistent(pools: pl.DataFrame | None, epochs: Inferred) -> Inferred:
     return Inferred(None, "one epoch: persistence not visible")
 
 
-def _whole_file_visits(io: pl.DataFrame, visits: pl.DataFrame) -> bool:
-    """True when the sample files' reads add up to a whole file per visit (90 % or more): each
-    visit then reads its file whole, whatever the samples in it."""
-    reads = io.filter(
-        pl.col("name").is_in(READ_OPS)
-        & (pl.col("size") > 0)
-        & pl.col("file").is_in(visits["file"].unique().implode())
-    )
+def _whole_file_visits(reads: pl.DataFrame, visits: pl.DataFrame) -> bool:
+    """True when the sample files' ``reads`` (file, offset, size) add up to a whole file per
+    visit (90 % or more): each visit then reads its file whole, whatever the samples in it."""
     if reads.is_empty() or visits.is_empty():
         return False
     sizes = reads.group_by("file").agg(

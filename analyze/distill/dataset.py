@@ -291,7 +291,7 @@ def _samples_per_file(obs: Observed, facts: Facts) -> int:
         return int(num(per_file["samples"].median(), 1))
     if obs.posix is not None and obs.posix.samples_per_file.value:
         spf = int(obs.posix.samples_per_file.value)
-        if obs.posix.whole_file_visits and obs.posix.persistent.value is not False:
+        if obs.posix.passes_guessed:
             facts.notes.append(
                 f"guess: dataset.num_samples_per_file {spf} and train.epochs "
                 f"{obs.posix.epochs.value}: every visit read its file whole, so E epochs of k "
