@@ -157,9 +157,11 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         info = get_worker_info()
         w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         shards = self._paths(w, nw)
-        raw = {"tarfile": _tar_samples, "webdataset": _wds_samples, "pyarrow": _arrow_samples}[
-            self.st.library
-        ](shards, self.spec.file_bytes)
+        if self.spec.io == "posix":  # --io posix: the shards' bytes, without their library
+            raw = _posix_samples(shards, self.spec)
+        else:
+            read = {"tarfile": _tar_samples, "webdataset": _wds_samples, "pyarrow": _arrow_samples}
+            raw = read[self.st.library](shards, self.spec.file_bytes)
         rng = random.Random(hash((self.seed, self.epoch, self.rank, w)))
         spf = self.spec.samples_per_file
         for sid, k, data, nbytes in _buffered(raw, self.st.shuffle_buffer, rng):
@@ -253,6 +255,27 @@ def _arrow_samples(
         for k, v in enumerate(rows):
             extra = sizes[i] - share * len(rows) if k == len(rows) - 1 else 0
             yield i, k, v or b"", share + extra
+
+
+def _posix_samples(
+    shards: Sequence[tuple[int, str]], spec: WorkerSpec
+) -> Iterator[tuple[int, int, bytes, int]]:
+    """(shard, sample, b"", bytes read) of shards read through with ``read(2)`` calls of the
+    model's transfer size (``--io posix``), their bytes shared over the samples."""
+    size = int(spec.transfer_size.mean or 0) if spec.transfer_size.is_known else 0
+    size = max(size, 4096) if size > 0 else 1 << 20
+    spf = max(1, spec.samples_per_file)
+    for i, path in shards:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = 0
+            while chunk := os.read(fd, size):
+                got += len(chunk)
+        finally:
+            os.close(fd)
+        share = got // spf
+        for k in range(spf):
+            yield i, k, b"", share + (got - share * spf if k == spf - 1 else 0)
 
 
 def _collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
