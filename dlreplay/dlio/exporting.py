@@ -70,6 +70,12 @@ def _export_format(model: WorkloadModel, warnings: list[str]) -> str:
     ds = model.dataset
     if ds.format == "indexed_binary" and model.reader.memory_map:
         return "mmap_indexed_binary"
+    if ds.format in ("tar", "arrow"):
+        warnings.append(
+            f"dataset.format {ds.format} exported as indexed_binary (DLIO has no shards streamed "
+            "by an IterableDataset: it reads each sample by its offset, not each shard through)"
+        )
+        return "indexed_binary"
     if ds.format != "raw":
         return ds.format
     fmt = "npy" if ds.num_samples_per_file == 1 else "indexed_binary"
