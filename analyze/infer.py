@@ -432,14 +432,30 @@ def _epochs(
         & pl.col("offset").is_not_null()
         & pl.col("file").is_in(visits["file"].unique().implode())
     )
-    split = _epochs_from_visits(visits, reads.select("pid", "file", "ts", "offset", "size"))
+    reads = reads.select("pid", "file", "ts", "offset", "size")
+    regions = "offset" in visits.columns
+    if regions:  # a sample is a region of its file: each region read once per pass
+        visits = visits.with_columns(
+            pl.col("file").alias("__file"),
+            pl.concat_str(pl.col("file"), pl.lit("@"), pl.col("offset").cast(pl.String)).alias(
+                "file"
+            ),
+        )
+        reads = reads.clear()
+    split = _epochs_from_visits(visits, reads)
     guessed = False
     if split is not None:
         n_epochs, ev_epochs, visits, guessed = split
+        if regions:
+            ev_epochs = ev_epochs.replace(" files (", " file regions (", 1).replace(
+                "each file visited", "each region visited", 1
+            )
         ev_epochs = f"{ev_epochs} ({basis})"
     else:
         n_epochs, ev_epochs = 1, "visits do not split into even passes"
         visits = visits.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    if regions:
+        visits = visits.with_columns(pl.col("__file").alias("file")).drop("__file", "offset")
     spans = (
         visits.group_by("epoch")
         .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
@@ -590,9 +606,13 @@ def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFram
     )
     if reads.is_empty() or visits.is_empty():
         return None
-    per_proc = _num(visits.group_by("pid", "file").len()["len"].median())
-    if per_proc > 1:
-        return None  # opened per sample (or per batch): the opens are the visits
+    # held open: a file opened about once by each process that reads it (the consumer may look
+    # at it once more, before it reads); opened per sample (or batch), the opens are the visits
+    opens_per_file = visits.group_by("file").len()
+    readers = reads.group_by("file").agg(pl.col("pid").n_unique().alias("procs"))
+    held = opens_per_file.join(readers, on="file").filter(pl.col("len") <= pl.col("procs") + 1)
+    if held.height < 0.5 * opens_per_file.height:
+        return None
     # the sample's read: of the sizes read at the most distinct places (a per-sample label or
     # index entry is read as often, in a few bytes), the largest
     per_size = reads.group_by("size").agg(pl.struct("file", "offset").n_unique().alias("places"))
@@ -604,7 +624,7 @@ def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFram
     if regions < 2 or regions <= 2 * opens:
         return None
     out = own.select(
-        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end")
+        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"), "offset"
     ).sort("ts")
     return out, (
         f"reads of {size:,} B, the largest size read at the most places: each process opens a file "
@@ -638,7 +658,7 @@ def _worker_pools(
         procs = procs.drop("a", "b").join(lifetimes.select("pid", "a", "b"), on="pid")
     # a process reading a small share (the consumer's look at a file) is no worker
     procs = procs.filter(pl.col("n") >= 0.25 * pl.col("n").median()).sort("ppid", "a")
-    if procs.height < 2:
+    if procs.is_empty():
         return None
     new = (pl.col("a") > pl.col("b").cum_max().shift(1).over("ppid")).fill_null(False)
     return procs.with_columns(new.cast(pl.Int64).cum_sum().over("ppid").alias("pool"))

@@ -16,9 +16,9 @@ factor appears about equally often; interactions are sampled, not crossed. Level
 cannot take are mapped to the nearest it can (the examples' npz/jpeg files hold one sample,
 DLIO's loader always keeps its workers, examples run one rank).
 
-Runs are cached under ``bench-data/inference_sweep/<config>/`` (``result.json``: the
-distilled fields with their confidence and evidence, and the truth); a cached configuration
-is not run again. For each field it prints how often the value is exact (counts, formats,
+Runs are cached under ``bench-data/inference_sweep/<config>/`` (the trace, and
+``result.json``: the truth, and the distilled fields with their confidence and evidence); a
+cached configuration is not run again, only distilled again with the code as it is. For each field it prints how often the value is exact (counts, formats,
 booleans) or within 5 % (times), per confidence (measured: high, inferred: medium, default:
 a guess), every miss with its configuration, and the high-confidence fields that were wrong.
 
@@ -302,30 +302,29 @@ def distilled(trace: Path, posix_only: bool) -> dict[str, Any]:
 
 
 def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
-    """The cached result of configuration ``c``, running it when not cached."""
+    """The cached run of configuration ``c`` (its trace and truth), running it when not
+    cached, distilled with the code as it is now (a cached run is distilled again)."""
     job = root / c["name"]
     cached = job / "result.json"
     if cached.exists():
-        return json.loads(cached.read_text())
-    if job.exists():
-        shutil.rmtree(job)
-    job.mkdir(parents=True)
-    t0 = time.monotonic()
+        result = json.loads(cached.read_text())
+    else:
+        if job.exists():
+            shutil.rmtree(job)
+        job.mkdir(parents=True)
+        t0 = time.monotonic()
+        if c["source"].startswith("dlio_"):
+            truth = run_dlio_job(c, job, venv)
+        else:
+            truth = run_example(c, job)
+        result = {**SCHEMA, "config": c, "truth": truth, "run_s": round(time.monotonic() - t0, 1)}
+        shutil.rmtree(job / "data", ignore_errors=True)  # the trace stays
     if c["source"].startswith("dlio_"):
-        truth = run_dlio_job(c, job, venv)
         views = {"dlio": distilled(job / "trace", False), "posix": distilled(job / "trace", True)}
     else:
-        truth = run_example(c, job)
         views = {"posix": distilled(job / "trace", False)}
-    result = {
-        **SCHEMA,
-        "config": c,
-        "truth": truth,
-        "views": views,
-        "run_s": round(time.monotonic() - t0, 1),
-    }
+    result["views"] = views
     cached.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    shutil.rmtree(job / "data", ignore_errors=True)  # the trace stays; the dataset is rebuilt
     return result
 
 

@@ -110,11 +110,24 @@ def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | N
         )
         return batch_size, 0, None, None
     read_threads = workers_per_rank(worker_items, obs.epochs, obs.consumers)
-    facts.put(
-        "reader.read_threads",
-        "most worker processes (with item events) in one epoch",
-        "measured",
-    )
+    mine = obs.steps.filter(pl.col("pid") == obs.main_pid)
+    batches = int(num(mine.group_by("epoch").len()["len"].max())) if mine.height else 0
+    if batches and batches <= read_threads:
+        # a worker builds whole batches: with no more batches per epoch than workers, every
+        # batch had a worker of its own and more workers may have idled, unseen
+        facts.put(
+            "reader.read_threads",
+            f"at least {read_threads}: worker processes (with item events) in one epoch, but an "
+            f"epoch has only {batches} batch(es) per rank, one per worker: more workers may have "
+            "idled",
+            "inferred",
+        )
+    else:
+        facts.put(
+            "reader.read_threads",
+            "most worker processes (with item events) in one epoch",
+            "measured",
+        )
     persistent = None
     n_epochs_seen = int(obs.steps.filter(pl.col("pid") == obs.main_pid)["epoch"].n_unique())
     if n_epochs_seen >= 2:
