@@ -68,6 +68,39 @@ def test_reforked_workers_on_one_shared_hdf5_file(name: str) -> None:
     assert not [n for n in m.provenance.notes if n.startswith("guess:")]
 
 
+@pytest.mark.parametrize("name", ["tiles_w0_t64", "tiles_w1p_t48"])
+def test_held_open_hdf5_file_without_a_pool_per_epoch(name: str) -> None:
+    """The consumer (or one persistent worker) holds the shared file open for the whole run:
+    the passes are cut where every region of the file has been read once."""
+    want = _truth(name)
+    m = _model(name, posix_only=False)
+    f = m.provenance.fields
+    assert m.train.epochs == want["epochs"]
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"]
+    assert m.reader.read_threads == want["read_threads"]
+    assert m.reader.batch_size == want["batch_size"]
+    assert "region" in f["train.epochs"].method
+    if want["read_threads"]:
+        assert m.reader.persistent_workers is True
+        assert f["reader.persistent_workers"].confidence == "inferred"
+
+
+@pytest.mark.parametrize("name", ["dlio_npz_w4_b2", "dlio_npz_w3_b3"])
+def test_no_more_batches_than_workers_is_a_lower_bound(name: str) -> None:
+    """With no more batches per epoch than workers, only as many workers read as there are
+    batches: the count is 'at least', inferred, never a measured value that may be short."""
+    want = _truth(name)
+    m = _model(name, posix_only=False)
+    f = m.provenance.fields["reader.read_threads"]
+    assert f.confidence == "inferred" and f.method.startswith("at least")
+    batches = want["num_files"] * want["num_samples_per_file"] // want["batch_size"]
+    assert m.reader.read_threads == min(batches, want["read_threads"])
+    # many batches per worker (the corpus's 2-worker HDF5 run): measured
+    lt = load_trace(TRACES / "dlio_h5_multi")
+    hm = distill(lt.events, manifest=lt.manifest)
+    assert hm.provenance.fields["reader.read_threads"].confidence == "measured"
+
+
 @pytest.mark.parametrize("name", ["dlio_hdf5_8spf", "dlio_hdf5_2spf"])
 @pytest.mark.parametrize("posix_only", [False, True], ids=["dlio-events", "posix-only"])
 def test_dlio_hdf5_samples_per_file(name: str, posix_only: bool) -> None:

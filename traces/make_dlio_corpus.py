@@ -229,6 +229,31 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         }
         for fmt, spf in (("hdf5", 8), ("hdf5", 2), ("npz", 4), ("npz", 2))
     },
+    # no more batches per epoch than workers (4 workers, 2 batches; 3 workers, 3 batches): only
+    # as many workers read as there are batches, and the trace cannot show the idle ones
+    **{
+        f"sweep/dlio_npz_w{workers}_b{batches}": {
+            "model": {"name": f"npz_w{workers}_b{batches}"},
+            "framework": "pytorch",
+            "dataset": {
+                "format": "npz",
+                "num_files_train": 4 * batches,
+                "num_samples_per_file": 1,
+                "record_length": 16 << 10,
+                "record_length_stdev": 0,
+                "record_length_resize": 0,
+            },
+            "reader": {
+                "data_loader": "pytorch",
+                "batch_size": 4,
+                "read_threads": workers,
+                "file_shuffle": "seed",
+                "sample_shuffle": "seed",
+            },
+            "train": {"epochs": 2, "computation_time": 0.01},
+        }
+        for workers, batches in ((4, 2), (3, 3))
+    },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
 RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}

@@ -2,9 +2,10 @@
 examples/tiles_h5.py for tests/test_inference_sweep.py (#44's first class).
 
 One shared HDF5 file of small tiles (one chunk each), read in shuffled order by DataLoader
-workers that are NOT persistent (a new pool forked every epoch). The two variants differ in
-every parameter the fixes infer: tiles in the file (samples per file), workers, epochs and
-batch size. ``expected.json`` holds the job's own report (its true parameters).
+workers that are NOT persistent (a new pool forked every epoch: tiles_w2_*, tiles_w3_*), or
+by the consumer itself or one persistent worker (tiles_w0_*, tiles_w1p_*). The variants
+differ in every parameter the fixes infer: tiles in the file (samples per file), workers,
+persistence, epochs and batch size. ``expected.json`` holds the job's own report (its true parameters).
 
     python traces/make_sweep_traces.py [--only NAME] [--work /tmp/dlreplay-sweep-traces]
 """
@@ -34,6 +35,16 @@ TRACES: dict[str, list[str]] = {
     "tiles_w3_t96": [
         *("--num-files", "96", "--tile", "8", "--batch-size", "4"),
         *("--workers", "3", "--epochs", "3"),
+    ],
+    # the file held open without a pool per epoch: the consumer reads itself, or one persistent
+    # worker reads (the passes split per region of the file)
+    "tiles_w0_t64": [
+        *("--num-files", "64", "--tile", "8", "--batch-size", "4"),
+        *("--workers", "0", "--epochs", "2"),
+    ],
+    "tiles_w1p_t48": [
+        *("--num-files", "48", "--tile", "8", "--batch-size", "4"),
+        *("--workers", "1", "--epochs", "3", "--persistent-workers"),
     ],
 }
 
