@@ -159,8 +159,9 @@ def _even_pass(
     per = (
         tagged.group_by("file", "epoch").agg(pl.col("size").sum().alias("b")).join(sizes, on="file")
     )
-    whole = per.filter(pl.col("b") >= 0.9 * pl.col("fsize"))["file"].n_unique()
-    return whole >= EPOCH_AGREEMENT * per_file.height
+    # a file counts when it is read whole in every pass (not in one of them)
+    whole = per.group_by("file").agg((pl.col("b") >= 0.9 * pl.col("fsize")).all().alias("w"))
+    return int(whole["w"].sum()) >= EPOCH_AGREEMENT * per_file.height
 
 
 #: A cut between passes falls in an idle gap when the gap is this many times the 90th
