@@ -16,7 +16,8 @@ job's opens, read sizes and order.
   :class:`~.loader.BatchResult` as the other loaders do.
 
 Bytes read are counted on the shard's file (tar; an Arrow stream is read through: its file's bytes).
-Compute stays the accelerator's sleep (:mod:`.accelerator`). Importing this module imports torch.
+Each sample's work beyond its reads (``reader.preprocess_time``: the job's decode) is spent
+busy on the CPU in the worker (the job's decode competed with its training step for the CPU); compute stays the accelerator's sleep (:mod:`.accelerator`). Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import random
 import signal
 import tarfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -164,8 +166,19 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
             raw = read[self.st.library](shards, self.spec.file_bytes)
         rng = random.Random(hash((self.seed, self.epoch, self.rank, w)))
         spf = self.spec.samples_per_file
+        # the job's work on each sample beyond its reads (decode, its Dataset's steps): that long on
+        # the CPU (each overshoot carried into the next), drawn per sample
+        pre = self.spec.preprocess_time
+        draw = np.random.default_rng([self.seed, self.epoch, self.rank, w, 0x5A])
+        debt = 0.0
         for sid, k, data, nbytes in _buffered(raw, self.st.shuffle_buffer, rng):
             payload = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
+            want = float(pre.sample(draw, 1)[0]) if pre.is_known else 0.0
+            if want > 0:
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < want - debt:
+                    pass  # on the CPU, as the job's decode was: it competes with the training step
+                debt += time.perf_counter() - t0 - want
             yield (sid * spf + k, nbytes, os.getpid(), payload, *self._others)
 
 

@@ -30,10 +30,10 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import polars as pl
 
-from dlreplay.model import Dataset, Layout, Reader, ShardMember, Streaming
+from dlreplay.model import Dataset, Distribution, Layout, Reader, ShardMember, Streaming
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS
 
-from .base import Facts, Observed, num, observed
+from .base import US, Facts, Observed, num, observed
 
 __all__ = ["SHARD_EXTENSIONS", "TAR_RECORD", "shard_format", "streamed_shards"]
 
@@ -245,9 +245,17 @@ def _reader(
     )
     facts.put("reader.streaming.split", split[1], split[2])
     facts.put("reader.open_per_sample", "each shard opened once for many samples", "measured")
+    preprocess = _worker_time(obs, reads, samples * epochs)
+    if preprocess is not None:
+        facts.put(
+            "reader.preprocess_time",
+            "the workers' batch fetches (items) less their shard reads, per sample",
+            "measured",
+        )
     n_opens = opens.height
     return replace(
         reader,
+        preprocess_time=preprocess if preprocess is not None else reader.preprocess_time,
         read_threads=read_threads,
         persistent_workers=persistent,
         open_per_sample=False,
@@ -284,6 +292,18 @@ def _split(reads: pl.DataFrame, paths: list[str]) -> tuple[str, str, str]:
             "measured",
         )
     return "interleaved", "shards read in no regular split; interleaved assumed", "default"
+
+
+def _worker_time(obs: Observed, reads: pl.DataFrame, samples: float) -> Distribution | None:
+    """Seconds a worker spent per sample outside its shard reads (decoding, its Dataset's own
+    steps, the library's parsing): its batch fetches' (``items``) time less its reads' time,
+    over the samples; None without item events in the workers."""
+    items = obs.annotated.filter((pl.col("name") == "items") & ~pl.col("pid").is_in(obs.consumers))
+    if items.is_empty() or samples <= 0:
+        return None
+    fetch_s = num(items["dur"].sum()) * US
+    read_s = num(reads.filter(pl.col("pid").is_in(items["pid"].unique().to_list()))["dur"].sum())
+    return Distribution.fixed(max(0.0, fetch_s - read_s * US) / samples)
 
 
 def _shuffle_buffer(
