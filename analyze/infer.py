@@ -137,7 +137,8 @@ def _even_pass(
     sizes: pl.DataFrame,
 ) -> bool:
     """Whether the visits cut into ``e`` passes in time order (``chunk``'s ``epoch``) visit
-    every file as often in each pass, and read every file whole in each."""
+    every file as often in each pass, and read every file whole in each (90 % of its bytes,
+    the union of its reads)."""
     if e == 1:
         return True
     got = chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
@@ -156,9 +157,14 @@ def _even_pass(
         strategy="backward",
         check_sortedness=False,
     )
-    per = (
-        tagged.group_by("file", "epoch").agg(pl.col("size").sum().alias("b")).join(sizes, on="file")
+    # distinct bytes (the union of the reads): a chunk or sieve window read again for each of
+    # its samples counts once per pass
+    end = pl.col("offset") + pl.col("size")
+    covered = tagged.sort("file", "epoch", "offset").with_columns(
+        end.cum_max().shift(1).over("file", "epoch").alias("__seen")
     )
+    new_bytes = (end - pl.max_horizontal("offset", pl.col("__seen").fill_null(0))).clip(0)
+    per = covered.group_by("file", "epoch").agg(new_bytes.sum().alias("b")).join(sizes, on="file")
     # a file counts when it is read whole in every pass (not in one of them)
     whole = per.group_by("file").agg((pl.col("b") >= 0.9 * pl.col("fsize")).all().alias("w"))
     return int(whole["w"].sum()) >= EPOCH_AGREEMENT * per_file.height

@@ -132,8 +132,9 @@ def _name(c: dict[str, Any]) -> str:
 
 
 def _files(c: dict[str, Any]) -> int:
-    """Files so that an epoch has 4 batches per rank (at least 2 files)."""
-    samples = 4 * c["batch"] * c["ranks"]
+    """Files so that an epoch has 4 batches per rank and 2 per worker (at least 2 files): a
+    worker without a batch reads nothing, and no trace can show it."""
+    samples = max(4, 2 * c["workers"]) * c["batch"] * c["ranks"]
     return max(2, -(-samples // c["spf"]))
 
 

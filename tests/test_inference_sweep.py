@@ -101,7 +101,9 @@ def test_no_more_batches_than_workers_is_a_lower_bound(name: str) -> None:
     assert hm.provenance.fields["reader.read_threads"].confidence == "measured"
 
 
-@pytest.mark.parametrize("name", ["dlio_hdf5_8spf", "dlio_hdf5_2spf"])
+@pytest.mark.parametrize(
+    "name", ["dlio_hdf5_8spf", "dlio_hdf5_2spf", "dlio_hdf5_8spf_16k", "dlio_hdf5_16spf_16k"]
+)
 @pytest.mark.parametrize("posix_only", [False, True], ids=["dlio-events", "posix-only"])
 def test_dlio_hdf5_samples_per_file(name: str, posix_only: bool) -> None:
     want = _truth(name)

@@ -229,6 +229,32 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         }
         for fmt, spf in (("hdf5", 8), ("hdf5", 2), ("npz", 4), ("npz", 2))
     },
+    # HDF5 files of 16 KiB samples, 8 and 16 of them: h5py reads a 64 KiB chunk (4 samples) for
+    # each sample, more than its share and less than the file (POSIX-only passes were cut where
+    # one pass read some file whole, not all of them: 16 epochs of 1 sample per file)
+    **{
+        f"sweep/dlio_hdf5_{spf}spf_16k": {
+            "model": {"name": f"hdf5_{spf}spf_16k"},
+            "framework": "pytorch",
+            "dataset": {
+                "format": "hdf5",
+                "num_files_train": 64 // spf,
+                "num_samples_per_file": spf,
+                "record_length": 16 << 10,
+                "record_length_stdev": 0,
+                "record_length_resize": 0,
+            },
+            "reader": {
+                "data_loader": "pytorch",
+                "batch_size": 8,
+                "read_threads": 2,
+                "file_shuffle": "seed",
+                "sample_shuffle": "seed",
+            },
+            "train": {"epochs": 2, "computation_time": 0.01},
+        }
+        for spf in (8, 16)
+    },
     # no more batches per epoch than workers (4 workers, 2 batches; 3 workers, 3 batches): only
     # as many workers read as there are batches, and the trace cannot show the idle ones
     **{
