@@ -142,8 +142,11 @@ def _even_pass(
     if e == 1:
         return True
     got = chunk.group_by("file", "epoch").len().join(per_file.rename({"len": "total"}), on="file")
-    even = got.filter(pl.col("len") * e == pl.col("total"))["file"].n_unique()
-    if even < EPOCH_AGREEMENT * per_file.height:
+    # a file counts when it is visited as often in every pass (a pass missing it: not even)
+    even = got.group_by("file").agg(
+        ((pl.col("len") * e == pl.col("total")).all() & (pl.len() == e)).alias("ok")
+    )
+    if int(even["ok"].sum()) < EPOCH_AGREEMENT * per_file.height:
         return False
     if not reads.height:
         return True
@@ -404,7 +407,10 @@ def infer_posix_loop(
         visits, basis = regions
     pools = _worker_pools(io, traced_pids, lifetimes)
     epochs, visits, epoch_spans, guessed = _epochs(io, _dataset_visits(visits), basis, pools)
-    threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
+    if read_threads is None and "pools" in str(epochs.evidence) and pools is not None:
+        threads, consumers = _pool_threads(pools)
+    else:
+        threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)
     batch, ev_batch = _batch_size(visits)
     computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses)
@@ -628,7 +634,15 @@ def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFram
     own = reads.filter(pl.col("size") == size)
     regions = _num(own.group_by("file").agg(pl.col("offset").n_unique())["offset"].median())
     opens = _num(visits.group_by("file").len()["len"].median())
-    if regions < 2 or regions <= 2 * opens:
+    # a process reads several regions for each open of the file
+    per_open = (
+        own.group_by("pid", "file")
+        .agg(pl.col("offset").n_unique().alias("r"))
+        .join(visits.group_by("pid", "file").len(), on=["pid", "file"])
+        .select((pl.col("r") / pl.col("len")).median())
+        .item()
+    )
+    if regions < 2 or _num(per_open) < 2:
         return None
     out = own.select(
         "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"), "offset"
@@ -744,3 +758,16 @@ def _whole_file_visits(reads: pl.DataFrame, visits: pl.DataFrame) -> bool:
     per = sizes.join(visits.group_by("file").len(), on="file")
     ratio = per.select((pl.col("b") / (pl.col("fsize") * pl.col("len"))).median()).item()
     return _num(ratio) >= 0.9
+
+
+def _pool_threads(pools: pl.DataFrame) -> tuple[Inferred, int]:
+    """(read threads, consumers) from the pools forked for every epoch: the most workers in
+    one pool of one consumer, and the consumers (the pools' parents)."""
+    per = pools.group_by("ppid", "pool").len()["len"]
+    threads = int(_num(per.max()))
+    parents = pools["ppid"].n_unique()
+    return Inferred(
+        threads,
+        f"{threads} worker processes in each pool forked for an epoch"
+        + (f", for each of {parents} consumers" if parents > 1 else ""),
+    ), parents
