@@ -39,22 +39,23 @@ import polars as pl
 
 from dlreplay.schema import OPEN_OPS, READ_OPS
 
+from .infer_pools import (
+    EPOCH_AGREEMENT,
+    Inferred,
+    epochs_from_pools,
+    persistent_workers,
+    pool_threads,
+    sample_regions,
+    whole_file_visits,
+    worker_pools,
+)
+
 __all__ = ["Inferred", "PosixLoop", "infer_posix_loop"]
 
 _US = 1e-6
 #: A gap between two of a worker's samples is idle time when it exceeds this many times
 #: the worker's median gap (within a batch, samples follow each other closely).
 IDLE_FACTOR = 4.0
-#: Share of files whose visits must split evenly into the candidate epochs.
-EPOCH_AGREEMENT = 0.95
-
-
-@dataclass(frozen=True)
-class Inferred:
-    """One inferred value and the evidence it rests on (plain words with the numbers)."""
-
-    value: float | int | None
-    evidence: str
 
 
 @dataclass
@@ -214,7 +215,7 @@ def _epochs_from_visits(
     n = v.height
     g = reduce(math.gcd, counts)
     sizes = reads.group_by("file").agg((pl.col("offset") + pl.col("size")).max().alias("fsize"))
-    whole_visits = _whole_file_visits(reads, v)
+    whole_visits = whole_file_visits(reads, v)
     ranked = v.with_row_index("__k")
     passing: list[tuple[int, pl.DataFrame]] = []
     for e in sorted((d for d in range(1, g + 1) if g % d == 0), reverse=True):
@@ -402,13 +403,13 @@ def infer_posix_loop(
     if visits.is_empty():
         none = Inferred(None, "no dataset I/O")
         return PosixLoop(none, none, none, none, none)
-    regions = _sample_regions(io, visits) if held_open_regions else None
+    regions = sample_regions(io, visits) if held_open_regions else None
     if regions is not None:
         visits, basis = regions
-    pools = _worker_pools(io, traced_pids, lifetimes)
+    pools = worker_pools(io, traced_pids, lifetimes)
     epochs, visits, epoch_spans, guessed = _epochs(io, _dataset_visits(visits), basis, pools)
     if read_threads is None and "pools" in str(epochs.evidence) and pools is not None:
-        threads, consumers = _pool_threads(pools)
+        threads, consumers = pool_threads(pools)
     else:
         threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)
@@ -424,7 +425,7 @@ def infer_posix_loop(
         epoch_spans=epoch_spans,
         sample_files=sorted(visits["file"].unique().to_list()),
         consumers=consumers,
-        persistent=_persistent(pools, epochs),
+        persistent=persistent_workers(pools, epochs),
         passes_guessed=guessed,
     )
 
@@ -434,9 +435,9 @@ def _epochs(
 ) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]], bool]:
     """(epochs, the visits with ``epoch``, (epoch, start µs, end µs) of each, whether the
     passes are a guess): one per pool of worker processes when a new pool was forked for every
-    epoch (:func:`_worker_pools`), else the passes the visits split into (see
+    epoch (:func:`worker_pools`), else the passes the visits split into (see
     :func:`_epochs_from_visits`), else one."""
-    by_pool = _epochs_from_pools(visits, pools)
+    by_pool = epochs_from_pools(visits, pools)
     if by_pool is not None:
         return (*by_pool, False)
     reads = io.filter(
@@ -607,167 +608,3 @@ def _worker_intervals(
         else ""
     )
     return vals, what
-
-
-def _sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame, str] | None:
-    """(visits, basis) when each process opens a file once and reads its samples as regions of
-    it (an HDF5 file of small chunks, opened once per worker): every read of the sample's size
-    (the largest of the sizes read at the most places) is one sample's visit. None when files are opened per sample (the
-    opens already count them) or the reads show no such regions."""
-    reads = io.filter(
-        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
-    )
-    if reads.is_empty() or visits.is_empty():
-        return None
-    # held open: a file opened about once by each process that reads it (the consumer may look
-    # at it once more, before it reads); opened per sample (or batch), the opens are the visits
-    opens_per_file = visits.group_by("file").len()
-    readers = reads.group_by("file").agg(pl.col("pid").n_unique().alias("procs"))
-    held = opens_per_file.join(readers, on="file").filter(pl.col("len") <= pl.col("procs") + 1)
-    if held.height < 0.5 * opens_per_file.height:
-        return None
-    # the sample's read: of the sizes read at the most distinct places (a per-sample label or
-    # index entry is read as often, in a few bytes), the largest
-    per_size = reads.group_by("size").agg(pl.struct("file", "offset").n_unique().alias("places"))
-    most = _num(per_size["places"].max())
-    size = int(_num(per_size.filter(pl.col("places") >= 0.5 * most)["size"].max()))
-    own = reads.filter(pl.col("size") == size)
-    regions = _num(own.group_by("file").agg(pl.col("offset").n_unique())["offset"].median())
-    opens = _num(visits.group_by("file").len()["len"].median())
-    # a process reads several regions for each open of the file
-    per_open = (
-        own.group_by("pid", "file")
-        .agg(pl.col("offset").n_unique().alias("r"))
-        .join(visits.group_by("pid", "file").len(), on=["pid", "file"])
-        .select((pl.col("r") / pl.col("len")).median())
-        .item()
-    )
-    if regions < 2 or _num(per_open) < 2:
-        return None
-    out = own.select(
-        "pid", "file", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"), "offset"
-    ).sort("ts")
-    return out, (
-        f"reads of {size:,} B, the largest size read at the most places: each process opens a file "
-        f"once ({opens:.0f} opens per file) and reads {regions:.0f} distinct regions of it"
-    )
-
-
-def _worker_pools(
-    io: pl.DataFrame, traced_pids: set[int] | None, lifetimes: pl.DataFrame | None = None
-) -> pl.DataFrame | None:
-    """The reading worker processes (children of a traced process) with their pool: per parent,
-    workers alive at the same time are one pool, and a pool forked after the previous one
-    ended is a new one (non-persistent workers: a new pool every epoch). Columns pid, ppid,
-    a, b (first and last event, µs: of any kind where ``lifetimes`` (pid, a, b) gives them, else
-    of the reads), pool (0, 1, ... per parent); None without workers."""
-    if traced_pids is None:
-        return None
-    reads = io.filter(
-        pl.col("name").is_in(READ_OPS)
-        & (pl.col("size") > 0)
-        & pl.col("ppid").is_in(list(traced_pids))
-    )
-    if reads.is_empty():
-        return None
-    procs = reads.group_by("pid", "ppid").agg(
-        pl.len().alias("n"),
-        pl.col("ts").min().alias("a"),
-        (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
-    )
-    if lifetimes is not None:  # a worker lives from its start to its last event of any kind
-        procs = procs.drop("a", "b").join(lifetimes.select("pid", "a", "b"), on="pid")
-    # a process reading a small share (the consumer's look at a file) is no worker
-    procs = procs.filter(pl.col("n") >= 0.25 * pl.col("n").median()).sort("ppid", "a")
-    if procs.is_empty():
-        return None
-    new = (pl.col("a") > pl.col("b").cum_max().shift(1).over("ppid")).fill_null(False)
-    return procs.with_columns(new.cast(pl.Int64).cum_sum().over("ppid").alias("pool"))
-
-
-def _epochs_from_pools(
-    visits: pl.DataFrame, pools: pl.DataFrame | None
-) -> tuple[Inferred, pl.DataFrame, list[tuple[int, int, int]]] | None:
-    """(epochs, the pools' visits with ``epoch``, spans) when every parent forked two or more
-    pools of workers one after another, each pool as many workers, a like share of the visits
-    (within half the median) and nearly every file: each pool is one epoch, its workers'
-    visits; else None."""
-    if pools is None:
-        return None
-    per_parent = pools.group_by("ppid").agg(pl.col("pool").max() + 1)
-    n_pools = int(_num(per_parent["pool"].max()))
-    if n_pools < 2 or per_parent["pool"].n_unique() != 1:
-        return None
-    sizes = pools.group_by("ppid", "pool").len()["len"]
-    if sizes.min() != sizes.max():
-        return None
-    # a visit belongs to the epoch of the pool its process is one of
-    tagged = (
-        visits.drop("epoch", strict=False)
-        .join(pools.select("pid", pl.col("pool").alias("epoch")), on="pid")
-        .sort("ts")
-    )
-    share = tagged.group_by("epoch").len()["len"]
-    med = _num(share.median())
-    if share.len() != n_pools or _num(share.min()) < 0.5 * med or _num(share.max()) > 1.5 * med:
-        return None
-    # a pool is a pass: it visits (nearly) every file (workers that started one after the
-    # other, each reading its part, are one pool seen apart)
-    covered = tagged.group_by("epoch").agg(pl.col("file").n_unique())["file"]
-    if _num(covered.min()) < EPOCH_AGREEMENT * visits["file"].n_unique():
-        return None
-    spans = (
-        tagged.group_by("epoch")
-        .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
-        .sort("epoch")
-    )
-    workers = int(_num(sizes.max()))
-    ev = (
-        f"{n_pools} pools of {workers} worker process(es) per consumer, each forked after the "
-        f"previous one ended (non-persistent workers: a new pool every epoch); each pool read "
-        f"{int(_num(share.min()))}-{int(_num(share.max()))} sample visits"
-    )
-    return (
-        Inferred(n_pools, ev),
-        tagged,
-        [(int(e), int(a), int(b)) for e, a, b in spans.iter_rows()],
-    )
-
-
-def _persistent(pools: pl.DataFrame | None, epochs: Inferred) -> Inferred:
-    """Whether the workers live across epochs: a pool per epoch (False), or one pool reading
-    in every one of two or more epochs (True)."""
-    if pools is None:
-        return Inferred(None, "no worker processes read the samples")
-    n = int(_num(pools["pool"].max())) + 1
-    if n >= 2:
-        return Inferred(False, f"a new pool of worker processes for every epoch ({n} pools)")
-    if int(epochs.value or 0) >= 2:
-        return Inferred(True, f"the same worker processes read in all {epochs.value} epochs")
-    return Inferred(None, "one epoch: persistence not visible")
-
-
-def _whole_file_visits(reads: pl.DataFrame, visits: pl.DataFrame) -> bool:
-    """True when the sample files' ``reads`` (file, offset, size) add up to a whole file per
-    visit (90 % or more): each visit then reads its file whole, whatever the samples in it."""
-    if reads.is_empty() or visits.is_empty():
-        return False
-    sizes = reads.group_by("file").agg(
-        (pl.col("offset") + pl.col("size")).max().alias("fsize"), pl.col("size").sum().alias("b")
-    )
-    per = sizes.join(visits.group_by("file").len(), on="file")
-    ratio = per.select((pl.col("b") / (pl.col("fsize") * pl.col("len"))).median()).item()
-    return _num(ratio) >= 0.9
-
-
-def _pool_threads(pools: pl.DataFrame) -> tuple[Inferred, int]:
-    """(read threads, consumers) from the pools forked for every epoch: the most workers in
-    one pool of one consumer, and the consumers (the pools' parents)."""
-    per = pools.group_by("ppid", "pool").len()["len"]
-    threads = int(_num(per.max()))
-    parents = pools["ppid"].n_unique()
-    return Inferred(
-        threads,
-        f"{threads} worker processes in each pool forked for an epoch"
-        + (f", for each of {parents} consumers" if parents > 1 else ""),
-    ), parents
