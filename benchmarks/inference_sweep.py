@@ -376,6 +376,19 @@ def report(results: list[dict[str, Any]]) -> int:
         print(
             f"  {name} [{view}] {path}: {shown} (truth {want}; {g['confidence']}: {g['evidence'][:110]})"
         )
+    tot = {c: [0, 0] for c in ("measured", "inferred", "default")}
+    for st in stats.values():
+        for c, (ok, n) in st.items():
+            tot[c][0] += ok
+            tot[c][1] += n
+    ok_all, n_all = sum(v[0] for v in tot.values()), sum(v[1] for v in tot.values())
+    print(
+        f"\nall fields: {ok_all}/{n_all} right ({ok_all / max(n_all, 1):.1%}); "
+        + "; ".join(
+            f"{c}: {v[0]}/{v[1]} ({v[0] / max(v[1], 1):.1%})" for c, v in tot.items() if v[1]
+        )
+        + " (default = distill says it could not infer the field: a guess)"
+    )
     print(f"\nhigh-confidence (measured) fields wrong: {len(high_wrong)}")
     for h in high_wrong:
         print("  ", *h)

@@ -160,6 +160,12 @@ def _loader_from_posix(obs: Observed, facts: Facts) -> tuple[int, int, bool | No
         else f"no fetch events (POSIX-only trace), and {posix.batch_size.evidence}",
         "inferred" if posix.batch_size.value else "default",
     )
+    if not posix.batch_size.value:
+        facts.notes.append(
+            f"guess: reader.batch_size 1, and no compute time per step: the trace cannot tell the "
+            f"batch size ({posix.batch_size.evidence}); set it with --set reader.batch_size=N, or "
+            "capture with the loader hooks"
+        )
     read_threads = int(posix.read_threads.value or 0)
     facts.put("reader.read_threads", posix.read_threads.evidence, "inferred")
     persistent = posix.persistent.value if read_threads else None
