@@ -24,6 +24,9 @@ __all__ = [
 
 #: Share of files whose visits must split evenly into the candidate epochs.
 EPOCH_AGREEMENT = 0.95
+#: Share of a file the distinct regions of the sample's read size must cover (the rest is the
+#: format's own: HDF5's superblock, B-trees and heaps, a few KiB in any file).
+REGION_COVERAGE = 0.4
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,22 @@ def sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame
         return None
     # the sample's read: of the sizes read at the most distinct places (a per-sample label or
     # index entry is read as often, in a few bytes), the largest
-    per_size = reads.group_by("size").agg(pl.struct("file", "offset").n_unique().alias("places"))
+    # the samples are the data: a size whose regions cover less than REGION_COVERAGE of the
+    # files is the format's metadata read at each open (HDF5's B-tree nodes and heaps)
+    fsize = reads.group_by("file").agg((pl.col("offset") + pl.col("size")).max().alias("f"))
+    per_size = (
+        reads.group_by("file", "size")
+        .agg(pl.col("offset").n_unique().alias("n"))
+        .join(fsize, on="file")
+        .group_by("size")
+        .agg(
+            pl.col("n").sum().alias("places"),
+            (pl.col("n") * pl.col("size") / pl.col("f")).median().alias("cover"),
+        )
+        .filter(pl.col("cover") >= REGION_COVERAGE)
+    )
+    if per_size.is_empty():
+        return None
     most = as_float(per_size["places"].max())
     size = int(as_float(per_size.filter(pl.col("places") >= 0.5 * most)["size"].max()))
     own = reads.filter(pl.col("size") == size)

@@ -85,6 +85,20 @@ def test_held_open_hdf5_file_without_a_pool_per_epoch(name: str) -> None:
         assert f["reader.persistent_workers"].confidence == "inferred"
 
 
+@pytest.mark.parametrize("name", ["cosmo_w0_s1", "cosmo_w2_s1"])
+def test_hdf5_metadata_read_at_each_open_is_no_sample(name: str) -> None:
+    """HDF5 files of one sample, each opened for its sample: the few KiB of metadata read at
+    every open are no sample regions (they cover a few % of the file)."""
+    want = _truth(name)
+    m = _model(name, posix_only=False)
+    f = m.provenance.fields
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"] == 1
+    assert m.dataset.num_files == want["num_files"]
+    assert m.train.epochs == want["epochs"]
+    assert m.reader.read_threads == want["read_threads"]
+    assert "visits: opens" in f["dataset.num_samples_per_file"].method
+
+
 @pytest.mark.parametrize("name", ["dlio_npz_w4_b2", "dlio_npz_w3_b3"])
 def test_no_more_batches_than_workers_is_a_lower_bound(name: str) -> None:
     """With no more batches per epoch than workers, only as many workers read as there are

@@ -5,7 +5,8 @@ One shared HDF5 file of small tiles (one chunk each), read in shuffled order by 
 workers that are NOT persistent (a new pool forked every epoch: tiles_w2_*, tiles_w3_*), or
 by the consumer itself or one persistent worker (tiles_w0_*, tiles_w1p_*). The variants
 differ in every parameter the fixes infer: tiles in the file (samples per file), workers,
-persistence, epochs and batch size. ``expected.json`` holds the job's own report (its true parameters).
+persistence, epochs and batch size. ``cosmo_*``: examples/cosmoflow_h5.py, HDF5 files of one
+sample opened for every sample (whose metadata reads are no sample regions). ``expected.json`` holds the job's own report (its true parameters).
 
     python traces/make_sweep_traces.py [--only NAME] [--work /tmp/dlreplay-sweep-traces]
 """
@@ -46,6 +47,16 @@ TRACES: dict[str, list[str]] = {
         *("--num-files", "48", "--tile", "8", "--batch-size", "4"),
         *("--workers", "1", "--epochs", "3", "--persistent-workers"),
     ],
+    # examples/cosmoflow_h5.py: HDF5 files of one sample, opened for every sample; the metadata
+    # read at each open (a few KiB) is no sample region
+    "cosmo_w0_s1": [
+        *("--num-files", "16", "--samples-per-file", "1", "--volume", "16", "--batch-size", "4"),
+        *("--workers", "0", "--epochs", "2"),
+    ],
+    "cosmo_w2_s1": [
+        *("--num-files", "24", "--samples-per-file", "1", "--volume", "16", "--batch-size", "4"),
+        *("--workers", "2", "--epochs", "3"),
+    ],
 }
 
 
@@ -54,7 +65,8 @@ def make(name: str, work: Path) -> None:
     if job.exists():
         shutil.rmtree(job)
     data, out, report = job / "data", job / "trace", job / "report.json"
-    base = [sys.executable, str(REPO / "examples" / "tiles_h5.py"), "--data-dir", str(data)]
+    script = "tiles_h5.py" if name.startswith("tiles") else "cosmoflow_h5.py"
+    base = [sys.executable, str(REPO / "examples" / script), "--data-dir", str(data)]
     base += [*TRACES[name], "--quiet"]
     subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
     res = run_capture(
@@ -81,11 +93,13 @@ def make(name: str, work: Path) -> None:
     rep = json.loads(report.read_text())
     args = rep["args"]
     expected = {
-        "source": "examples/tiles_h5.py captured with dlreplay capture --no-loader-hooks",
+        "source": f"examples/{script} captured with dlreplay capture --no-loader-hooks",
         "model": {
             "format": "hdf5",
-            "num_files": 1,
-            "num_samples_per_file": args["num_files"],
+            "num_files": 1 if script == "tiles_h5.py" else args["num_files"],
+            "num_samples_per_file": args["num_files"]
+            if script == "tiles_h5.py"
+            else args["samples_per_file"],
             "batch_size": args["batch_size"],
             "read_threads": args["workers"],
             "persistent_workers": args["persistent_workers"],
