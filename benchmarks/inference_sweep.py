@@ -24,6 +24,7 @@ a guess), every miss with its configuration, and the high-confidence fields that
 
     python benchmarks/inference_sweep.py [--limit N] [--subset examples|dlio|NAME-PREFIX]
         [--dlio-venv /work/dlio-venv] [--dir bench-data/inference_sweep] [--list]
+    python benchmarks/inference_sweep.py --versus   # against dftracer_gen_dlio_config
 """
 
 from __future__ import annotations
@@ -395,6 +396,95 @@ def report(results: list[dict[str, Any]]) -> int:
     return len(high_wrong)
 
 
+#: DLIO 2.0.0's own event names for dftracer_gen_dlio_config's components (its defaults are
+#: the AI conventions' dataloader/fetch.block, data/preprocess, ...)
+DLIO2_EVENT_MAP = """fetch_block: {cat: ai_framework, name: TorchFramework.compute}
+fetch_iter: {cat: dlio_benchmark, name: "<module>.iter"}
+preprocess: {cat: reader, name: FormatReader.preprocess}
+item: {cat: data_loader, name: TorchDataset.__getitem__}
+"""
+#: committed traces for the head-to-head (truth in each one's expected.json)
+VERSUS = (
+    "ai_annotated",
+    "dlio_h5_multi",
+    "dlio_npz_starved",
+    "dlio_jpeg_ckpt",
+    "sweep/dlio_hdf5_8spf",
+    "sweep/dlio_npz_4spf",
+)
+
+
+def _mixture_mean(d: dict[str, Any] | None) -> float | None:
+    """The mean of dftracer_gen_dlio_config's distribution (a mixture of normals, or one)."""
+    if not isinstance(d, dict):
+        return None
+    if d.get("type") == "mixture":
+        return sum(c["weight"] * c["params"]["mean"] for c in d.get("components", []))
+    return d.get("mean")
+
+
+def versus(work: Path) -> None:
+    """dftracer_gen_dlio_config (dftracer-utils) against distill on the same committed traces:
+    which of the compared fields each recovers, and how close (a markdown table)."""
+    tool = shutil.which("dftracer_gen_dlio_config") or str(
+        Path(sys.executable).parent / "dftracer_gen_dlio_config"
+    )
+    (work / "versus").mkdir(parents=True, exist_ok=True)
+    emap = work / "versus" / "dlio2-event-map.yaml"
+    emap.write_text(DLIO2_EVENT_MAP)
+    keys = {
+        "train.epochs": "epochs",
+        "reader.read_threads": "read_threads",
+        "dataset.num_samples_per_file": "num_samples_per_file",
+        "dataset.num_files": "num_files",
+        "reader.batch_size": "batch_size",
+        "dataset.format": "format",
+        "train.computation_time": "computation_time",
+    }
+    print(
+        "| trace | truth: epochs / workers / samples per file / files / batch / format / "
+        "compute s | distill: right (confidence) | distill, POSIX events only | "
+        "dftracer_gen_dlio_config: recovered, right |"
+    )
+    print("|---|---|---|---|---|")
+    for name in VERSUS:
+        trace = REPO / "traces" / name
+        truth = json.loads((trace / "expected.json").read_text())["model"]
+        d = distilled(trace, False)["fields"]
+        out = _gen_dlio_config(tool, trace, work / "versus" / name.replace("/", "_"), emap, truth)
+        want = [truth[k] for k in keys.values()]
+        mine = [right(FIELDS[p], d[p]["value"], truth[k]) for p, k in keys.items()]
+        confs = sorted({d[p]["confidence"] for p in keys})
+        px = distilled(trace, True)["fields"]
+        px_ok = sum(right(FIELDS[p], px[p]["value"], truth[k]) for p, k in keys.items())
+        theirs = _mixture_mean(((out or {}).get("train") or {}).get("computation_time"))
+        got = f"1 of {len(keys)} (compute {theirs:.4g} s)" if theirs is not None else "0"
+        ok = theirs is not None and right("5%", theirs, truth["computation_time"])
+        print(
+            f"| {name} | {' / '.join(f'{w:.3g}' if isinstance(w, float) else str(w) for w in want)} "
+            f"| {sum(mine)} of {len(keys)} ({', '.join(confs)}) | {px_ok} of {len(keys)} "
+            f"| {got}, {int(ok)} right |"
+        )
+
+
+def _gen_dlio_config(
+    tool: str, trace: Path, job: Path, emap: Path, truth: dict[str, Any]
+) -> dict[str, Any] | None:
+    """dftracer_gen_dlio_config's YAML for ``trace`` (None when it wrote none)."""
+    import yaml
+
+    shutil.rmtree(job, ignore_errors=True)
+    (job / "in").mkdir(parents=True)
+    for f in trace.glob("*.pfw.gz"):
+        shutil.copy(f, job / "in" / f.name)
+    cmd = [tool, "-d", str(job / "in"), "-o", str(job / "out.yaml"), "--index-dir"]
+    cmd += [str(job / "idx"), "--num-workers", str(truth["read_threads"]), "-t", "100"]
+    if trace.name != "ai_annotated":  # DLIO 2.0's own event names
+        cmd += ["--event-map", str(emap)]
+    subprocess.run(cmd, capture_output=True, text=True)
+    return yaml.safe_load((job / "out.yaml").read_text()) if (job / "out.yaml").exists() else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -409,9 +499,17 @@ def main() -> None:
     )
     ap.add_argument("--list", action="store_true", help="list the configurations and exit")
     ap.add_argument(
+        "--versus",
+        action="store_true",
+        help="only the head-to-head with dftracer_gen_dlio_config on committed traces",
+    )
+    ap.add_argument(
         "--cached-only", action="store_true", help="report the cached results, run nothing"
     )
     args = ap.parse_args()
+    if args.versus:
+        versus(args.dir)
+        return
     configs = grid()
     if args.subset == "examples":
         configs = [c for c in configs if not c["source"].startswith("dlio_")]
