@@ -351,7 +351,7 @@ def report(results: list[dict[str, Any]]) -> int:
                 if want is None:
                     continue
                 g = got["fields"][path]
-                ok = right(kind, g["value"], want)
+                ok = int(right(kind, g["value"], want))
                 s = stats.setdefault((view, path), {})
                 s.setdefault(g["confidence"], [0, 0])
                 s[g["confidence"]][0] += ok
@@ -364,12 +364,12 @@ def report(results: list[dict[str, Any]]) -> int:
     print("| view | field | right / all | measured (high) | inferred | default (guess) |")
     print("|---|---|---|---|---|---|")
     for (view, path), s in sorted(stats.items()):
-        ok = sum(v[0] for v in s.values())
+        good = sum(v[0] for v in s.values())
         n = sum(v[1] for v in s.values())
         cells = [
             f"{s[c][0]}/{s[c][1]}" if c in s else "-" for c in ("measured", "inferred", "default")
         ]
-        print(f"| {view} | {path} | {ok}/{n} ({ok / n:.0%}) | " + " | ".join(cells) + " |")
+        print(f"| {view} | {path} | {good}/{n} ({good / n:.0%}) | " + " | ".join(cells) + " |")
     print(f"\nmisses ({len(misses)}):")
     for name, view, path, g, want in misses:
         val = g["value"]
@@ -379,8 +379,8 @@ def report(results: list[dict[str, Any]]) -> int:
         )
     tot = {c: [0, 0] for c in ("measured", "inferred", "default")}
     for st in stats.values():
-        for c, (ok, n) in st.items():
-            tot[c][0] += ok
+        for c, (k, n) in st.items():
+            tot[c][0] += k
             tot[c][1] += n
     ok_all, n_all = sum(v[0] for v in tot.values()), sum(v[1] for v in tot.values())
     print(
@@ -456,7 +456,7 @@ def versus(work: Path) -> None:
         mine = [right(FIELDS[p], d[p]["value"], truth[k]) for p, k in keys.items()]
         confs = sorted({d[p]["confidence"] for p in keys})
         px = distilled(trace, True)["fields"]
-        px_ok = sum(right(FIELDS[p], px[p]["value"], truth[k]) for p, k in keys.items())
+        px_ok = sum(int(right(FIELDS[p], px[p]["value"], truth[k])) for p, k in keys.items())
         theirs = _mixture_mean(((out or {}).get("train") or {}).get("computation_time"))
         got = f"1 of {len(keys)} (compute {theirs:.4g} s)" if theirs is not None else "0"
         ok = theirs is not None and right("5%", theirs, truth["computation_time"])
