@@ -105,17 +105,24 @@ def streamed_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
 class _CountingFile(io.FileIO):
     """An unbuffered file (``read(2)`` per read) that counts the bytes its reads return."""
 
+    #: seconds this process spent in the reads of such files (the sample's work is the rest)
+    read_seconds = 0.0
+
     def __init__(self, path: str) -> None:
         super().__init__(path, "rb")
         self.nbytes = 0
 
     def read(self, size: int | None = -1) -> bytes | None:  # type: ignore[override]
+        t0 = time.perf_counter()
         data = super().read(size)
+        _CountingFile.read_seconds += time.perf_counter() - t0
         self.nbytes += len(data or b"")
         return data
 
     def readinto(self, buffer: Any) -> int | None:
+        t0 = time.perf_counter()
         n = super().readinto(buffer)
+        _CountingFile.read_seconds += time.perf_counter() - t0
         self.nbytes += n or 0
         return n
 
@@ -171,15 +178,20 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
         pre = self.spec.preprocess_time
         draw = np.random.default_rng([self.seed, self.epoch, self.rank, w, 0x5A])
         debt = 0.0
+        t_resume, r_resume = time.perf_counter(), _CountingFile.read_seconds
         for sid, k, data, nbytes in _buffered(raw, self.st.shuffle_buffer, rng):
             payload = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
             want = float(pre.sample(draw, 1)[0]) if pre.is_known else 0.0
             if want > 0:
+                # the library's own work on the sample (its parsing, outside the reads) is part
+                # of the job's too: only the rest is spent
                 t0 = time.perf_counter()
-                while time.perf_counter() - t0 < want - debt:
+                own = (t0 - t_resume) - (_CountingFile.read_seconds - r_resume)
+                while time.perf_counter() - t0 < want - own - debt:
                     pass  # on the CPU, as the job's decode was: it competes with the training step
-                debt += time.perf_counter() - t0 - want
+                debt += own + time.perf_counter() - t0 - want
             yield (sid * spf + k, nbytes, os.getpid(), payload, *self._others)
+            t_resume, r_resume = time.perf_counter(), _CountingFile.read_seconds
 
 
 def _buffered(samples: Iterator[Any], buffer: int, rng: random.Random) -> Iterator[Any]:
@@ -252,22 +264,30 @@ def _wds_samples(
 def _arrow_samples(
     shards: Sequence[tuple[int, str]], sizes: Sequence[int]
 ) -> Iterator[tuple[int, int, bytes, int]]:
-    """(shard, row, first binary column's bytes, bytes read) of Arrow IPC stream shards read with
-    ``pyarrow`` (a stream is read through: its bytes are the file's, shared over its rows)."""
+    """(shard, row, largest binary column's bytes, bytes read) of Arrow IPC stream shards read
+    record batch by record batch with ``pyarrow``, through a Python file (pyarrow calls its
+    ``read(n)`` where it would its own OSFile's; timed and counted)."""
     import pyarrow as pa
 
     for i, path in shards:
-        with pa.OSFile(path, "rb") as f:
-            rows: list[bytes] = []
-            for batch in pa.ipc.open_stream(f):
-                binary = sorted(
-                    (c for c in batch.columns if pa.types.is_binary(c.type)), key=lambda c: c.nbytes
-                )  # the sample's payload: its largest column
-                rows.extend(binary[-1].to_pylist() if binary else [b""] * batch.num_rows)
-        share = sizes[i] // max(1, len(rows))
-        for k, v in enumerate(rows):
-            extra = sizes[i] - share * len(rows) if k == len(rows) - 1 else 0
-            yield i, k, v or b"", share + extra
+        with _CountingFile(path) as raw, pa.PythonFile(raw, mode="r") as f:
+            rows = _arrow_rows(pa.ipc.open_stream(f))
+            for k, data, n in _counted(rows, functools.partial(getattr, raw, "nbytes")):
+                yield i, k, data, n
+
+
+def _arrow_rows(stream: Any) -> Iterator[tuple[int, bytes]]:
+    """(row, its largest binary column's bytes: the sample's payload) of an Arrow IPC stream."""
+    import pyarrow as pa
+
+    k = 0
+    for batch in stream:
+        binary = sorted(
+            (c for c in batch.columns if pa.types.is_binary(c.type)), key=lambda c: c.nbytes
+        )
+        for v in binary[-1].to_pylist() if binary else [b""] * batch.num_rows:
+            yield k, v or b""
+            k += 1
 
 
 def _posix_samples(
