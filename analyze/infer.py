@@ -31,6 +31,7 @@ Times are seconds; the frame's ``ts``/``dur`` are µs.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -77,6 +78,8 @@ class PosixLoop:
     consumers: int = 1
     #: whether the workers live across epochs: False when a new pool is forked for every epoch
     persistent: Inferred = field(default_factory=lambda: Inferred(None, "no worker processes"))
+    #: whether samples were read out of order (shuffled), from the order of each process's visits
+    shuffled: Inferred = field(default_factory=lambda: Inferred(None, "no visits"))
     #: every visit read its file whole, and nothing in the trace told E passes of k visits per
     #: file from E/d passes of k*d samples each read with its whole file (DLIO's NPZ reader):
     #: the epochs and samples per file are a guess
@@ -413,6 +416,7 @@ def infer_posix_loop(
     else:
         threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)
+    order = _shuffled(visits)
     batch, ev_batch = _batch_size(visits)
     computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses)
     return PosixLoop(
@@ -427,6 +431,7 @@ def infer_posix_loop(
         consumers=consumers,
         persistent=persistent_workers(pools, epochs),
         passes_guessed=guessed,
+        shuffled=order,
     )
 
 
@@ -469,7 +474,7 @@ def _epochs(
         n_epochs, ev_epochs = 1, "visits do not split into even passes"
         visits = visits.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
     if regions:
-        visits = visits.with_columns(pl.col("__file").alias("file")).drop("__file", "offset")
+        visits = visits.with_columns(pl.col("__file").alias("file")).drop("__file")
     spans = (
         visits.group_by("epoch")
         .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
@@ -608,3 +613,36 @@ def _worker_intervals(
         else ""
     )
     return vals, what
+
+
+def _natural(name: str) -> tuple:
+    """Sort key of a file name with its numbers as numbers (img_10 after img_9)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _shuffled(visits: pl.DataFrame) -> Inferred:
+    """Whether samples were read out of order: each process's visits in an epoch, in time
+    order, by file (in natural name order) and region; shuffled when under 75 % of the
+    changes go forward (an unshuffled loader's workers each read their batches in order)."""
+    files = sorted(visits["file"].cast(pl.String).unique().to_list(), key=_natural)
+    ranks = pl.DataFrame({"file": files, "__rank": range(len(files))})
+    v = visits.with_columns(pl.col("file").cast(pl.String)).join(ranks, on="file")
+    key = (
+        pl.col("__rank") * (1 << 40) + pl.col("offset").fill_null(0)
+        if "offset" in v.columns
+        else pl.col("__rank")
+    )
+    by = ["pid", "epoch"] if "epoch" in v.columns else ["pid"]
+    moves = (
+        v.sort("ts")
+        .select(key.diff().over(by).alias("d"))
+        .filter(pl.col("d").is_not_null() & (pl.col("d") != 0))
+    )
+    if moves.height < 3:
+        return Inferred(None, "too few changes of file or region per process")
+    fwd = _num(moves.select((pl.col("d") > 0).mean()).item())
+    return Inferred(
+        fwd < 0.75,
+        f"{fwd:.0%} of {moves.height} changes of file{' or region' if 'offset' in v.columns else ''} "
+        f"in each process's visits go forward (shuffled under 75 %)",
+    )

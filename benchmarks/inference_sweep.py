@@ -71,6 +71,7 @@ FIELDS = {
     "dataset.format": "exact",
     "reader.persistent_workers": "exact",
     "processes.ranks": "exact",
+    "reader.sample_shuffle": "exact",
     "train.computation_time": "5%",
 }
 
@@ -195,6 +196,7 @@ def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
         ),
         "reader.persistent_workers": c["persistent"] if c["workers"] else None,
         "processes.ranks": 1,
+        "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
         "train.computation_time": tail[len(tail) // 2] if tail else None,
     }
 
@@ -259,6 +261,7 @@ def run_dlio_job(c: dict[str, Any], job: Path, venv: Path) -> dict[str, Any]:
         "dataset.format": fmt,
         "reader.persistent_workers": True,
         "processes.ranks": c["ranks"],
+        "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
         "train.computation_time": 0.01,
     }
 
@@ -310,6 +313,7 @@ def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
     cached = job / "result.json"
     if cached.exists():
         result = json.loads(cached.read_text())
+        result["truth"].setdefault("reader.sample_shuffle", "seed" if c["shuffle"] else "off")
     else:
         if job.exists():
             shutil.rmtree(job)

@@ -151,6 +151,28 @@ def test_dlio_npz_read_whole_per_sample(name: str) -> None:
     assert not [n for n in p.provenance.notes if n.startswith("guess:")]
 
 
+@pytest.mark.parametrize(
+    ("name", "order"),
+    [
+        ("dlio_npz_noshuffle_r2", "off"),
+        ("dlio_npz_noshuffle_w4", "off"),
+        ("dlio_npz_4spf", "seed"),
+        ("tiles_w2_t128", "seed"),
+    ],
+)
+@pytest.mark.parametrize("posix_only", [False, True], ids=["all-events", "posix-only"])
+def test_sample_order_per_process(name: str, order: str, posix_only: bool) -> None:
+    """Samples in order read by 2 ranks or 4 workers interleave in time (the merged order of
+    sample indices read as shuffled, 'measured'); each process's own order tells. From the
+    POSIX events alone: the order of each process's files (or regions), inferred."""
+    m = _model(name, posix_only)
+    f = m.provenance.fields["reader.sample_shuffle"]
+    assert m.reader.sample_shuffle == order
+    has_items = not posix_only and name.startswith("dlio")
+    assert f.confidence == ("measured" if has_items else "inferred")
+    assert "per process" in f.method or "each process" in f.method
+
+
 def test_sweep_traces_are_small() -> None:
     for d in SWEEP.iterdir():
         assert sum(f.stat().st_size for f in d.iterdir()) < 200_000, d.name

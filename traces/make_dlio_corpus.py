@@ -255,6 +255,31 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         }
         for spf in (8, 16)
     },
+    # samples in order (file_shuffle and sample_shuffle off) read by 2 ranks, or by 4 workers: the
+    # merged stream of sample indices is out of order, each process's is not
+    **{
+        f"sweep/dlio_npz_noshuffle_{how}": {
+            "model": {"name": f"npz_noshuffle_{how}"},
+            "framework": "pytorch",
+            "dataset": {
+                "format": "npz",
+                "num_files_train": 32,
+                "num_samples_per_file": 1,
+                "record_length": 16 << 10,
+                "record_length_stdev": 0,
+                "record_length_resize": 0,
+            },
+            "reader": {
+                "data_loader": "pytorch",
+                "batch_size": 2,
+                "read_threads": workers,
+                "file_shuffle": "off",
+                "sample_shuffle": "off",
+            },
+            "train": {"epochs": 2, "computation_time": 0.01},
+        }
+        for how, workers in (("r2", 1), ("w4", 4))
+    },
     # no more batches per epoch than workers (4 workers, 2 batches; 3 workers, 3 batches): only
     # as many workers read as there are batches, and the trace cannot show the idle ones
     **{
@@ -282,7 +307,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
-RANKS: dict[str, int] = {"dlio_npz_2ranks": 2}
+RANKS: dict[str, int] = {"dlio_npz_2ranks": 2, "sweep/dlio_npz_noshuffle_r2": 2}
 
 _METRIC = re.compile(r"\[METRIC\] (.+?): ([-\d.]+)(?: \(([-\d.]+)\))?\s*$")
 

@@ -44,6 +44,9 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         )
     items = obs.items
     shuffled = _shuffled(items) if items.height else None
+    order_how = "order of sample indices in item events, per process"
+    if shuffled is None and obs.posix is not None and obs.posix.shuffled.value is not None:
+        shuffled, order_how = bool(obs.posix.shuffled.value), obs.posix.shuffled.evidence
     if persistent is None:
         persistent = False
         facts.put(
@@ -54,8 +57,8 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     shuffle_mode = "seed" if shuffled else "off"
     facts.put(
         "reader.sample_shuffle",
-        "order of sample indices in item events" if shuffled is not None else "no item events",
-        "measured" if shuffled is not None else "default",
+        order_how if shuffled is not None else "no item events",
+        ("measured" if items.height else "inferred") if shuffled is not None else "default",
     )
     facts.put(
         "reader.file_shuffle",
@@ -353,14 +356,18 @@ def _dlio_torch(annotated: pl.DataFrame) -> bool:
 def _shuffled(items: pl.DataFrame) -> bool | None:
     """True when samples are visited out of index order within epochs.
 
-    Workers interleave batches, so even an unshuffled loader is not perfectly
-    ordered in time: call it shuffled when under 75 % of successive samples
-    (by start time) increase.
+    Each process's samples in time order (workers and ranks interleave, so the merged stream
+    of an unshuffled loader is out of order: 2 ranks, or 8 workers, read as shuffled): call it
+    shuffled when under 75 % of a process's changes of sample index are increases.
     """
     s = items.filter(pl.col("sample_index").is_not_null()).sort("ts")
     if s.height < 4:
         return None
-    inc = s.select((pl.col("sample_index").diff() > 0).mean()).item()
+    step = pl.col("sample_index").diff().over("pid")
+    moves = s.select(step.alias("d")).filter(pl.col("d").is_not_null() & (pl.col("d") != 0))
+    if moves.height < 3:
+        return None
+    inc = moves.select((pl.col("d") > 0).mean()).item()
     return bool(inc is not None and inc < 0.75)
 
 
