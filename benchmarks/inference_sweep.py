@@ -72,6 +72,7 @@ FIELDS = {
     "reader.persistent_workers": "exact",
     "processes.ranks": "exact",
     "reader.sample_shuffle": "exact",
+    "checkpoint.enabled": "exact",
     "train.computation_time": "5%",
 }
 
@@ -197,6 +198,7 @@ def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
         "reader.persistent_workers": c["persistent"] if c["workers"] else None,
         "processes.ranks": 1,
         "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
+        "checkpoint.enabled": c["checkpoint"],
         "train.computation_time": tail[len(tail) // 2] if tail else None,
     }
 
@@ -262,6 +264,7 @@ def run_dlio_job(c: dict[str, Any], job: Path, venv: Path) -> dict[str, Any]:
         "reader.persistent_workers": True,
         "processes.ranks": c["ranks"],
         "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
+        "checkpoint.enabled": c["checkpoint"],
         "train.computation_time": 0.01,
     }
 
@@ -314,6 +317,7 @@ def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
     if cached.exists():
         result = json.loads(cached.read_text())
         result["truth"].setdefault("reader.sample_shuffle", "seed" if c["shuffle"] else "off")
+        result["truth"].setdefault("checkpoint.enabled", c["checkpoint"])
     else:
         if job.exists():
             shutil.rmtree(job)
@@ -395,6 +399,11 @@ def report(results: list[dict[str, Any]]) -> int:
         + " (default = distill says it could not infer the field: a guess)"
     )
     print(f"\nhigh-confidence (measured) fields wrong: {len(high_wrong)}")
+    by_field: dict[str, int] = {}
+    for _, view, path in high_wrong:
+        by_field[f"{path} [{view}]"] = by_field.get(f"{path} [{view}]", 0) + 1
+    for key, n in sorted(by_field.items()):
+        print(f"   {key}: {n}")
     for h in high_wrong:
         print("  ", *h)
     return len(high_wrong)
