@@ -36,6 +36,7 @@ __all__ = [
     "mapped_step_count",
     "mapped_steps",
     "take_windows",
+    "window_offsets",
 ]
 
 #: The validation file a mapped replay maps (in the data directory).
@@ -73,32 +74,42 @@ def ensure_eval_file(data_dir: Path, nbytes: int, seed: int) -> Path | None:
     return path
 
 
-def _starts(
-    access: MappedAccess, size: int, n: int, rng: np.random.Generator, at: int
+def window_offsets(
+    access: MappedAccess, size: int, n: int, rng: np.random.Generator, at: int = 0
 ) -> np.ndarray:
-    """*n* window offsets in a file of *size* bytes (sequential ones from *at*)."""
+    """*n* window offsets (bytes) in a file of *size* bytes: uniform random draws from *rng*, or
+    for sequential ones the windows after the *at*-th."""
     span = max(size - access.window_bytes, 0)
     if access.offsets == "sequential":
-        return (at + np.arange(n, dtype=np.int64) * access.window_bytes) % max(span, 1)
+        return (at * n + np.arange(n, dtype=np.int64)) * access.window_bytes % max(span, 1)
     return rng.integers(0, span + 1, size=n, dtype=np.int64)
 
 
 def take_windows(
-    path: Path, access: MappedAccess, n: int, rng: np.random.Generator, at: int = 0
+    mm: np.ndarray, access: MappedAccess, n: int, rng: np.random.Generator, at: int = 0
 ) -> int:
-    """Map *path*, take *n* windows of it as the job's slices and copy each out (its pages are
-    faulted in); returns the bytes of the slices taken."""
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    """Take *n* windows of the mapping *mm* (``np.memmap`` of bytes) as the job's slices and copy
+    each out (its pages are faulted in); returns the bytes of the slices taken."""
     slices = max(access.slices_per_window, 1)
     piece = min(access.slice_bytes or access.window_bytes, access.window_bytes)
     stride = (access.window_bytes - piece) // (slices - 1) if slices > 1 else 0
     total = 0
-    for start in _starts(access, mm.shape[0], n, rng, at):
+    for start in window_offsets(access, mm.shape[0], n, rng, at):
         for j in range(slices):
             lo = int(start) + j * stride
             total += mm[lo : lo + piece].copy().nbytes
-    del mm
     return total
+
+
+def _mapped_windows(
+    path: Path, access: MappedAccess, n: int, rng: np.random.Generator, at: int = 0
+) -> int:
+    """Map *path* (a new mapping, as the job made one per batch) and take *n* windows of it."""
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    try:
+        return take_windows(mm, access, n, rng, at)
+    finally:
+        del mm
 
 
 def _evaluate(run: Any, path: Path | None, access: MappedAccess, rng: np.random.Generator) -> int:
@@ -109,7 +120,7 @@ def _evaluate(run: Any, path: Path | None, access: MappedAccess, rng: np.random.
     taken = 0
     for t in access.eval_step_time.sample(rng, access.eval_steps):
         t0 = time.perf_counter()
-        taken += take_windows(path, access, access.eval_windows_per_step, rng)
+        taken += _mapped_windows(path, access, access.eval_windows_per_step, rng)
         run.sleeper.sleep(max(0.0, float(t)), spent=time.perf_counter() - t0)
     REGIONS.end(ev)
     return taken
@@ -129,7 +140,7 @@ def mapped_steps(run: Any, epoch: int, rec: dict[str, Any], steps: int) -> float
     for step in range(steps):
         INTERRUPT.check()
         t0 = time.perf_counter()
-        taken = take_windows(path, access, access.windows_per_step, rng, at=step)
+        taken = _mapped_windows(path, access, access.windows_per_step, rng, at=step)
         run.sleeper.sleep(
             max(0.0, float(data[step])) if step else 0.0, spent=time.perf_counter() - t0
         )
