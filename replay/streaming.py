@@ -183,10 +183,11 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
             payload = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
             want = float(pre.sample(draw, 1)[0]) if pre.is_known else 0.0
             if want > 0:
-                # the library's own work on the sample (its parsing, outside the reads) is part
-                # of the job's too: only the rest is spent
+                # the library's own work on the sample (its parsing, outside the reads) and its
+                # share of the batch's collation are part of the job's too: only the rest is spent
                 t0 = time.perf_counter()
                 own = (t0 - t_resume) - (_CountingFile.read_seconds - r_resume)
+                own += _COLLATE_PER_SAMPLE[0]
                 while time.perf_counter() - t0 < want - own - debt:
                     pass  # on the CPU, as the job's decode was: it competes with the training step
                 debt += own + time.perf_counter() - t0 - want
@@ -311,9 +312,18 @@ def _posix_samples(
             yield i, k, b"", share + (got - share * spf if k == spf - 1 else 0)
 
 
+#: seconds per sample of this process's last batch collation: the job's batch fetch (whose time
+#: per sample the model's ``preprocess_time`` is) held its collation too, so a worker spends that
+#: much less per sample
+_COLLATE_PER_SAMPLE = [0.0]
+
+
 def _collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     """(sample ids, bytes per sample, pids, *tensors) of a batch (see torchloader.collate)."""
-    return ([int(s[0]) for s in samples], *collate([s[1:] for s in samples]))
+    t0 = time.perf_counter()
+    out = ([int(s[0]) for s in samples], *collate([s[1:] for s in samples]))
+    _COLLATE_PER_SAMPLE[0] = (time.perf_counter() - t0) / max(1, len(samples))
+    return out
 
 
 def _worker_init(worker_id: int) -> None:
