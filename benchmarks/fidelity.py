@@ -277,6 +277,48 @@ JOBS: dict[str, Job] = {
         ),
         "Arrow IPC stream shards (HF datasets' format) read with pyarrow, 2 workers",
     ),
+    "tokens_block128": Job(
+        "tokens_memmap",
+        (
+            "--tokens",
+            "4000000",
+            "--block",
+            "128",
+            "--batch",
+            "8",
+            "--steps",
+            "120",
+            "--eval-interval",
+            "40",
+            "--eval-iters",
+            "4",
+            "--threads",
+            "1",
+        ),
+        "no DataLoader: np.memmap of a uint16 token file anew every batch, 8 random windows of "
+        "128 tokens, validation every 40 steps",
+    ),
+    "tokens_block1024": Job(
+        "tokens_memmap",
+        (
+            "--tokens",
+            "8000000",
+            "--block",
+            "1024",
+            "--batch",
+            "2",
+            "--steps",
+            "60",
+            "--eval-interval",
+            "20",
+            "--eval-iters",
+            "2",
+            "--threads",
+            "1",
+        ),
+        "no DataLoader: np.memmap of a uint16 token file anew every batch, 2 random windows of "
+        "1024 tokens, validation every 20 steps",
+    ),
 }
 
 TARGETS = {"steady_pct": 5.0, "first_pct": 10.0, "au_points": 3.0}
