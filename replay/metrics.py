@@ -201,9 +201,15 @@ def served_notes(epochs: Sequence[dict[str, Any]], overall: dict[str, Any]) -> l
     for e in epochs:
         cache = e.get("cache_served_percent")
         if cache is not None and cache >= CACHE_NOTE_PERCENT:
+            dropped = (e.get("cold") or {}).get("method", "none") != "none"
             notes.append(
-                f"{cache:.0f} % of epoch {e['epoch']}'s bytes came from the page cache: this AU "
-                f"says little about the storage"
+                f"{cache:.0f} % of epoch {e['epoch']}'s bytes came from the page cache"
+                + (
+                    " (the dataset's pages were dropped before it: the epoch read bytes again "
+                    "that it had read already)"
+                    if dropped
+                    else ": this AU says little about the storage"
+                )
             )
         if e.get("served_bytes") is None and e.get("steps"):
             notes.append(
