@@ -1,16 +1,26 @@
 """The checkpoint section of the model: when the job saved (every N steps or epochs), how many
-files and bytes a save wrote and in which calls, fsync, and the time a save spends outside
-its writes."""
+files and bytes a checkpoint wrote and in which calls, which rank wrote each file, fsync, the
+time a save spends outside its writes, and the restore (the checkpoint read back).
+
+A checkpoint is the k-th save of every process that saves: the ranks of a sharded checkpoint
+(DCP's ``dcp.save``, or each rank's own ``torch.save``) each save at the same steps, so their
+k-th saves are one checkpoint, its files the union of theirs. The rank of a saving process is
+the one its DCP shard files name (``__<rank>_<n>.distcp``); without them, processes are
+ranked by the first file each wrote (``ckpt_rank0.pt`` before ``ckpt_rank1.pt``). A load before
+the training process's first step is a restore at start (``read_at_start``; bytes per rank,
+read sizes); loads after it are checkpoints read back (``num_checkpoints_read``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 
 import polars as pl
 
 from dlreplay.model import Checkpoint, Distribution
-from dlreplay.schema import SYNC_OPS, WRITE_OPS
+from dlreplay.schema import READ_OPS, SYNC_OPS, WRITE_OPS
 
+from ..trace import vocabulary as voc
 from .base import US, Facts, mode, num, observed
 
 __all__ = ["MAX_CHECKPOINT_WRITE_RUNS", "checkpoint_section", "checkpoint_writes"]
@@ -45,9 +55,19 @@ def checkpoint_section(
             "training steps between checkpoint saves",
             "measured",
         )
-    nbytes = int(num(saves["size"].drop_nulls().mean()))
-    facts.put("checkpoint.bytes_per_checkpoint", "bytes of each checkpoint save", "measured")
-    ckpt_files, files_per = _saved_files(events, saves)
+    saves = _numbered(saves)
+    # a checkpoint's bytes: its ranks' saves' (a rank's save of unknown size wrote nothing seen)
+    per_ckpt = saves.group_by("ckpt").agg(
+        pl.col("size").sum().alias("total"), pl.col("size").is_not_null().any().alias("known")
+    )
+    nbytes = int(num(per_ckpt.filter(pl.col("known"))["total"].mean()))
+    facts.put(
+        "checkpoint.bytes_per_checkpoint",
+        "bytes of each checkpoint (the saves of every rank)",
+        "measured",
+    )
+    inside = _save_writes(events, saves)
+    ckpt_files, files_per = _saved_files(inside, saves)
     fsync = (
         events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
     )
@@ -65,9 +85,15 @@ def checkpoint_section(
     )
     serialization = _serialization(events, saves, ckpt_files, writes.height > 0, nbytes, facts)
     folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
-    file_writes = _file_writes(events, saves, max(files_per, 1))
+    file_writes, file_ranks = _file_writes(inside, max(files_per, 1))
     if file_writes is not None:
         nbytes = sum(size * calls for runs in file_writes for size, calls in runs)
+        facts.put(
+            "checkpoint.file_ranks",
+            "the rank of the process that wrote each file (DCP's __<rank>_<n>.distcp names, "
+            "else the processes in the order of their first file's name)",
+            "inferred",
+        )
         facts.put(
             "checkpoint.file_writes",
             "write calls per file of the first save of the most common size "
@@ -77,7 +103,13 @@ def checkpoint_section(
         facts.put(
             "checkpoint.bytes_per_checkpoint", "bytes written by the most common save", "measured"
         )
+    layout = "dcp" if any(str(f).endswith(".distcp") for f in ckpt_files) else "parts"
+    facts.put("checkpoint.layout", f"file names of the saves ({layout})", "measured")
+    restore = _restore(events, batches, facts)
     return Checkpoint(
+        **restore,
+        layout=layout,
+        file_ranks=file_ranks,
         enabled=True,
         steps_between_checkpoints=interval,
         epochs_between_checkpoints=every_epochs,
@@ -131,17 +163,23 @@ def _schedule(
     return interval, every_epochs, after_epoch
 
 
-def _saved_files(events: pl.DataFrame, saves: pl.DataFrame) -> tuple[list[str], int]:
-    """(the checkpoint files, files per save): those the saves name, and those written inside
-    saves that name none (DLIO's, ``ai.checkpoint.capture``)."""
+def _numbered(saves: pl.DataFrame) -> pl.DataFrame:
+    """*saves* with ``ckpt``: the checkpoint each is part of (its process's k-th save)."""
+    return saves.sort("ts").with_columns(
+        (pl.col("ts").rank("ordinal").over("pid") - 1).cast(pl.Int64).alias("ckpt")
+    )
+
+
+def _saved_files(inside: pl.DataFrame, saves: pl.DataFrame) -> tuple[list[str], int]:
+    """(the checkpoint files, files per checkpoint): those the saves name, and those written
+    inside them (DCP's shards, DLIO's ``ai.checkpoint.capture``); a checkpoint's files are the
+    union of its ranks' saves'."""
     ckpt_files = saves["file"].drop_nulls().unique().to_list()
-    per_save = _written_inside(events, saves)
     files_per = 1
-    if per_save.height:
-        # saves that name no file (DLIO's, ai.checkpoint.capture): the files written inside them
-        ckpt_files = sorted(set(ckpt_files) | set(per_save["file"].unique().to_list()))
+    if inside.height:
+        ckpt_files = sorted(set(ckpt_files) | set(inside["file"].unique().to_list()))
         files_per = int(
-            num(per_save.unique(["save", "file"]).group_by("save").len()["len"].median(), 1)
+            num(inside.group_by("ckpt").agg(pl.col("file").n_unique())["file"].median(), 1)
         )
     return ckpt_files, files_per
 
@@ -228,50 +266,29 @@ MAX_CHECKPOINT_WRITE_RUNS = 1024
 
 
 def _file_writes(
-    events: pl.DataFrame, saves: pl.DataFrame, files_per: int
-) -> list[list[list[int]]] | None:
-    """The write calls of each file of one checkpoint, as runs of ``[bytes, calls]``: those of the
-    first save that wrote the most common total in *files_per* files (files in the order of their
-    first write). None when no save's writes are visible or they take too many runs."""
-    w = events.filter(
-        pl.col("name").is_in(WRITE_OPS)
-        & pl.col("file").is_not_null()
-        & (pl.col("size") > 0)
-        & pl.col("pid").is_in(saves["pid"].unique().implode())
-    ).select("pid", "ts", "file", "size")
-    if w.is_empty():
-        return None
-    sv = (
-        saves.sort("ts")
-        .with_row_index("save")
-        .select(
-            "save",
-            "pid",
-            pl.col("ts").alias("s_ts"),
-            (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"),
-        )
-    )
-    got = (
-        w.sort("ts")
-        .join_asof(
-            sv, left_on="ts", right_on="s_ts", by="pid", strategy="backward", check_sortedness=False
-        )
-        .filter(pl.col("save").is_not_null() & (pl.col("ts") <= pl.col("s_end")))
-    )
-    totals = got.group_by("save").agg(
+    inside: pl.DataFrame, files_per: int
+) -> tuple[list[list[list[int]]] | None, list[int] | None]:
+    """(the write calls of each file of one checkpoint as runs of ``[bytes, calls]``, the rank
+    that wrote each file): those of the first checkpoint that wrote the most common total in
+    *files_per* files, files by rank then first write. (None, None) when no save's writes are
+    visible or they take too many runs."""
+    if inside.is_empty():
+        return None, None
+    totals = inside.group_by("ckpt").agg(
         pl.col("size").sum().alias("total"), pl.col("file").n_unique().alias("files")
     )
     totals = totals.filter(pl.col("files") == files_per)
     if totals.is_empty():
-        return None
+        return None, None
     common = totals["total"].mode().sort()[0]
-    first = totals.filter(pl.col("total") == common)["save"].min()
+    first = totals.filter(pl.col("total") == common)["ckpt"].min()
     mine = (
-        got.filter(pl.col("save") == first)
+        inside.filter(pl.col("ckpt") == first)
+        .join(_pid_ranks(inside), on="pid", how="left")
         .sort("ts")
         .with_columns(pl.col("ts").min().over("file").alias("f_ts"))
     )
-    # runs of equal sizes per file, files in order of their first write
+    # runs of equal sizes per file, files by rank, then in order of their first write
     runs = (
         mine.with_columns(
             (pl.col("size") != pl.col("size").shift(1).over("file"))
@@ -280,20 +297,48 @@ def _file_writes(
             .over("file")
             .alias("run")
         )
-        .group_by("f_ts", "file", "run", maintain_order=True)
+        .group_by("rank", "f_ts", "file", "run", maintain_order=True)
         .agg(pl.col("size").first(), pl.len().alias("calls"))
-        .sort("f_ts", "run")
+        .sort("rank", "f_ts", "run")
     )
     if runs.height > MAX_CHECKPOINT_WRITE_RUNS:
-        return None
+        return None, None
     out: list[list[list[int]]] = []
-    for part in runs.partition_by("f_ts", maintain_order=True):
+    ranks: list[int] = []
+    for part in runs.partition_by("rank", "f_ts", maintain_order=True):
         out.append([[int(a), int(b)] for a, b in zip(part["size"], part["calls"], strict=True)])
-    return out
+        ranks.append(int(part["rank"][0]))
+    return out, ranks
 
 
-def _written_inside(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
-    """(save, file): files written by a save's process while the save runs."""
+_DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
+
+
+def _pid_ranks(inside: pl.DataFrame) -> pl.DataFrame:
+    """(pid, rank) of the processes that wrote checkpoint files: the rank their DCP shard
+    files name, else the next free rank in the order of the first file each wrote."""
+    first = (
+        inside.sort("ts")
+        .group_by("pid", maintain_order=True)
+        .agg(pl.col("file").sort().first().alias("first"), pl.col("file").unique().alias("files"))
+        .sort("first")
+    )
+    named: dict[int, int] = {}
+    for pid, files in zip(first["pid"], first["files"], strict=True):
+        for f in files:
+            m = _DCP_SHARD.search(str(f))
+            if m:
+                named[int(pid)] = int(m.group(1))
+                break
+    free = (r for r in range(len(first) + len(named) + 1) if r not in named.values())
+    ranks = [named[int(pid)] if int(pid) in named else next(free) for pid in first["pid"]]
+    return pl.DataFrame(
+        {"pid": first["pid"], "rank": pl.Series(ranks, dtype=pl.Int64)},
+    )
+
+
+def _save_writes(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
+    """(pid, ts, file, size, ckpt): the writes of a save's process while the save runs."""
     w = (
         events.filter(
             pl.col("name").is_in(WRITE_OPS)
@@ -301,24 +346,73 @@ def _written_inside(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
             & (pl.col("size") > 0)
             & pl.col("pid").is_in(saves["pid"].unique().implode())
         )
-        .select("pid", "ts", "file")
+        .select("pid", "ts", pl.col("file").cast(pl.String), "size")
         .sort("ts")
     )
+    schema = {"pid": pl.Int32, "ts": pl.Int64, "file": pl.String, "size": pl.Int64}
     if w.is_empty():
-        return pl.DataFrame(schema={"save": pl.UInt32, "file": pl.String})
-    sv = (
-        saves.sort("ts")
-        .with_row_index("save")
-        .select(
-            "save",
-            "pid",
-            pl.col("ts").alias("s_ts"),
-            (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"),
-        )
+        return pl.DataFrame(schema={**schema, "ckpt": pl.Int64})
+    sv = saves.sort("ts").select(
+        "ckpt",
+        "pid",
+        pl.col("ts").alias("s_ts"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("s_end"),
     )
     got = w.join_asof(
         sv, left_on="ts", right_on="s_ts", by="pid", strategy="backward", check_sortedness=False
     )
-    return got.filter(pl.col("save").is_not_null() & (pl.col("ts") <= pl.col("s_end"))).select(
-        "save", "file"
+    return got.filter(pl.col("ckpt").is_not_null() & (pl.col("ts") <= pl.col("s_end"))).select(
+        "pid", "ts", "file", "size", "ckpt"
     )
+
+
+def _restore(events: pl.DataFrame, batches: pl.DataFrame, facts: Facts) -> dict:
+    """The checkpoint fields of the loads: a load before the training process's first step
+    is a restore at start (``read_at_start``, ``read_bytes_per_rank``, ``read_transfer_size``:
+    the POSIX reads inside it); loads after it, checkpoints read back."""
+    loads = events.filter(pl.col("role") == voc.CKPT_LOAD) if "role" in events.columns else None
+    if loads is None or loads.is_empty():
+        facts.put("checkpoint.read_at_start", "no checkpoint loads", "measured")
+        return {}
+    start = batches["ts"].min() if batches.height else None
+    early = loads if start is None else loads.filter(pl.col("ts") < start)
+    late = loads.filter(pl.col("ts") >= start) if start is not None else loads.clear()
+    out: dict = {"read_at_start": early.height > 0}
+    facts.put("checkpoint.read_at_start", "checkpoint loads before the first step", "measured")
+    if early.height:
+        out["read_bytes_per_rank"] = int(num(early["size"].drop_nulls().median()))
+        facts.put("checkpoint.read_bytes_per_rank", "bytes of each process's restore", "measured")
+        reads = _reads_inside(events, early)
+        if reads.len():
+            out["read_transfer_size"] = observed(reads)
+            facts.put("checkpoint.read_transfer_size", "POSIX reads inside restores", "measured")
+    if late.height:
+        out["num_checkpoints_read"] = int(late.group_by("pid").len()["len"].max())
+        facts.put(
+            "checkpoint.num_checkpoints_read", "checkpoint loads after the first step", "measured"
+        )
+    return out
+
+
+def _reads_inside(events: pl.DataFrame, loads: pl.DataFrame) -> pl.Series:
+    """Bytes of the POSIX reads a process made while one of its *loads* ran."""
+    r = (
+        events.filter(
+            pl.col("name").is_in(READ_OPS)
+            & (pl.col("size") > 0)
+            & pl.col("pid").is_in(loads["pid"].unique().implode())
+        )
+        .select("pid", "ts", "size")
+        .sort("ts")
+    )
+    if r.is_empty():
+        return pl.Series("size", [], dtype=pl.Int64)
+    spans = loads.sort("ts").select(
+        "pid",
+        pl.col("ts").alias("l_ts"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("l_end"),
+    )
+    got = r.join_asof(
+        spans, left_on="ts", right_on="l_ts", by="pid", strategy="backward", check_sortedness=False
+    )
+    return got.filter(pl.col("l_ts").is_not_null() & (pl.col("ts") <= pl.col("l_end")))["size"]
