@@ -387,7 +387,7 @@ def _restore(events: pl.DataFrame, batches: pl.DataFrame, facts: Facts) -> dict:
             out["read_transfer_size"] = observed(reads)
             facts.put("checkpoint.read_transfer_size", "POSIX reads inside restores", "measured")
     if late.height:
-        out["num_checkpoints_read"] = int(late.group_by("pid").len()["len"].max())
+        out["num_checkpoints_read"] = int(num(late.group_by("pid").len()["len"].max()))
         facts.put(
             "checkpoint.num_checkpoints_read", "checkpoint loads after the first step", "measured"
         )
