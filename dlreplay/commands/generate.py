@@ -35,6 +35,14 @@ from dlreplay.commands.common import SEED, Processes, echo, fail
     metavar="KEY=VALUE",
     help="Override a model field (repeatable).",
 )
+@click.option(
+    "--scale-to",
+    metavar="SIZE",
+    default=None,
+    help="Write as many files of the model's layout as hold SIZE (e.g. 5x-memory: five times this "
+    "host's memory, MLPerf Storage's rule; or 200GB): dataset.num_files is raised, never lowered "
+    "(replay with the --set dataset.num_files=N it prints).",
+)
 def generate(
     model_file: Path,
     data_dir: Path,
@@ -42,6 +50,7 @@ def generate(
     jobs: int | None,
     force: bool,
     overrides: tuple[str, ...],
+    scale_to: str | None,
 ) -> None:
     """Write a dataset with MODEL_FILE's shape into --data-dir (resumable, reproducible).
 
@@ -53,6 +62,16 @@ def generate(
     from dlreplay.replay import GenerateConfig, generate_dataset
 
     m = apply_overrides(load_model(model_file), overrides)
+    if scale_to:
+        from dlreplay.replay.mlperf import files_for_bytes, scale_target
+
+        files = files_for_bytes(m, scale_target(scale_to))
+        m = apply_overrides(m, [f"dataset.num_files={files}"])
+        echo(
+            f"--scale-to {scale_to}: dataset.num_files={files} (replay with --set "
+            f"dataset.num_files={files})",
+            err=True,
+        )
     try:
         res = generate_dataset(
             GenerateConfig(model=m, data_dir=data_dir, seed=seed, jobs=jobs, force=force)
@@ -69,4 +88,5 @@ def generate(
     )
     for w in res.warnings:
         echo(f"warning: {w}", err=True)
-    echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}")
+    scaled = f" --set dataset.num_files={m.dataset.num_files}" if scale_to else ""
+    echo(f"next: dlreplay replay {model_file} --data-dir {data_dir}{scaled}")

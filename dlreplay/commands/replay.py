@@ -98,6 +98,18 @@ from dlreplay.commands.common import SEED, FiniteFloat, Processes, echo
     help="--cold: auto (per-file fadvise, and drop_caches when writable: the whole host's cache) or "
     "fadvise (the dataset's files only).",
 )
+@click.option(
+    "--mlperf",
+    is_flag=True,
+    help="MLPerf Storage rules: refuse unless the dataset is >= 5x host memory and every accelerator "
+    "takes >= 500 steps per epoch; then a warm-up run and 5 measured runs (untraced) in --out, AU per "
+    "run as MLPerf computes it, mlperf.json and provenance.json.",
+)
+@click.option(
+    "--mlperf-check-only",
+    is_flag=True,
+    help="Only check the MLPerf Storage rules (dataset size, steps per epoch) and say what is short.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result line.")
 @click.option("--_traced", "traced", is_flag=True, hidden=True)
 @click.option("--_checkpoints-after-trace", "ckpt_after_trace", is_flag=True, hidden=True)
@@ -119,6 +131,8 @@ def replay(
     keep_checkpoints: bool,
     cold: bool,
     cold_method: str,
+    mlperf: bool,
+    mlperf_check_only: bool,
     quiet: bool,
     traced: bool,
     ckpt_after_trace: bool,
@@ -148,6 +162,9 @@ def replay(
         keep_checkpoints=keep_checkpoints or (KEEP_ON_SUCCESS if ckpt_after_trace else False),
     )
     say = (lambda s: None) if quiet else (lambda s: echo(s, err=True))
+    if mlperf or mlperf_check_only:
+        _mlperf(config, mlperf_check_only, say)
+        return
     if find_max_accelerators:
         for n, au in find_max(config, echo=say):
             echo(f"accelerators {n:>4}  AU {'-' if au is None else f'{au:.2f}'} %")
@@ -155,9 +172,45 @@ def replay(
     result = run_replay(config, echo=say)
     if traced:
         sys.exit(0 if result.complete else 130)
+    from dlreplay.replay.mlperf import write_provenance
+
+    write_provenance(result.out, m, data_dir, sys.argv, result.metrics)
     _print_result(result, quiet)
     if not result.complete:
         sys.exit(130)
+
+
+def _mlperf(config: Any, check_only: bool, say: Any) -> None:
+    """``--mlperf`` / ``--mlperf-check-only`` (see :mod:`dlreplay.replay.mlperf`)."""
+    import dataclasses
+
+    from dlreplay.replay import ReplayError, run_replay
+    from dlreplay.replay.mlperf import (
+        mlperf_shortfalls,
+        render_mlperf,
+        run_mlperf,
+        shortfalls_text,
+    )
+    from dlreplay.replay.plan import model_accelerators
+    from dlreplay.replay.prepare import default_out
+
+    n = config.accelerators or model_accelerators(config.model)
+    config = dataclasses.replace(
+        config, accelerators=n, out=config.out or default_out(config.model)
+    )
+    if check_only:
+        short = mlperf_shortfalls(config.model, n, config.data_dir)
+        if short:
+            raise ReplayError(shortfalls_text(short))
+        echo(shortfalls_text(short))
+        return
+    try:
+        doc = run_mlperf(config, sys.argv, lambda c: run_replay(c, echo=say), say)
+    except KeyboardInterrupt:
+        echo(f"MLPerf mode interrupted; the runs so far are in {config.out}", err=True)
+        sys.exit(130)
+    echo(render_mlperf(doc))
+    echo(f"mlperf: {config.out / 'mlperf.json'}")
 
 
 def _print_result(result: Any, quiet: bool) -> None:
