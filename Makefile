@@ -8,7 +8,7 @@ VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.dlreplay-installed
-EXTRAS  ?= torch,mpi,parquet,streaming,dev
+EXTRAS  ?= torch,mpi,parquet,streaming,s3,dev
 
 # The source tree's bytecode, written even where PYTHONDONTWRITEBYTECODE is set (CI images often
 # set it): without it every dlreplay process a test or the demo starts compiles the package anew,
