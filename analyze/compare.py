@@ -76,8 +76,10 @@ def features(c: Characterization) -> dict[str, float | None]:
     saves = v.saves
     # bytes written per file: the write calls, or the checkpoint event where writes are invisible
     per_file = writes.group_by("file").agg(pl.col("size").sum().alias("w"))
+    # a save naming the directory its writes went to (DCP's checkpoint_id) counts by its writes
+    dirs = per_file["file"].cast(pl.String).str.replace(r"/[^/]*$", "").unique().implode()
     ck = (
-        saves.filter(pl.col("file").is_not_null())
+        saves.filter(pl.col("file").is_not_null() & ~pl.col("file").cast(pl.String).is_in(dirs))
         .group_by("file")
         .agg(pl.col("size").sum().alias("s"))
     )
