@@ -18,6 +18,7 @@ from dlreplay.analyze.passes import TraceView
 from dlreplay.analyze.passes.ranks import own_compute_steps, pass_ranks, rank_table
 from dlreplay.analyze.trace import vocabulary as voc
 from dlreplay.capture import CaptureConfig, run_capture
+from dlreplay.replay import ReplayConfig, run_replay
 from dlreplay.replay.plan import model_accelerators, steps_per_epoch
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_torchrun.py"
@@ -162,3 +163,16 @@ def test_own_compute_is_the_last_arrivals(job: dict) -> None:
         .agg(pl.col("own").sort_by("ts").last(), pl.col("compute_us").sort_by("ts").last())
     )
     assert (late["own"] == late["compute_us"]).all()
+
+
+def test_replay_runs_the_ranks_with_their_share(job: dict, tmp_path: Path) -> None:
+    """The model's replay runs as many accelerators as the job's ranks, each loading the rank's
+    share per epoch."""
+    n = job["ranks"]
+    model = job["model"]
+    result = run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "out", trace=False)
+    )
+    assert result.complete and result.metrics["accelerators"] == n
+    shares = [r["samples"] for r in sorted(result.metrics["ranks"], key=lambda r: r["rank"])]
+    assert shares == job["report"]["samples_per_rank"]
