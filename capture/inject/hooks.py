@@ -561,7 +561,7 @@ PATCHES: dict[str, list[Callable[[Any], None]]] = {
 #: the top-level module ``_dlreplay_<name>`` in the job). Each imports this module for the
 #: region API, the miss counter and :func:`guard`, and registers its patches with
 #: :func:`add_patch`; :func:`install` imports them.
-EXTENSIONS = ("checkpoint", "distributed", "steps", "mapped")
+EXTENSIONS = ("checkpoint", "distributed", "steps", "mapped", "s3")
 
 
 def add_patch(module: str, patch: Callable[[Any], None]) -> None:
