@@ -73,6 +73,7 @@ FIELDS = {
     "processes.ranks": "exact",
     "reader.sample_shuffle": "exact",
     "checkpoint.enabled": "exact",
+    "dataset.record_length": "5%",
     "train.computation_time": "5%",
 }
 
@@ -265,6 +266,8 @@ def run_dlio_job(c: dict[str, Any], job: Path, venv: Path) -> dict[str, Any]:
         "processes.ranks": c["ranks"],
         "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
         "checkpoint.enabled": c["checkpoint"],
+        # a JPEG's record_length is DLIO's pixels, not the compressed file's bytes: not compared
+        "dataset.record_length": None if fmt == "jpeg" else 16 << 10,
         "train.computation_time": 0.01,
     }
 
@@ -276,6 +279,8 @@ def _value(model: Any, path: str) -> Any:
     if path == "train.computation_time":
         d = model.train.computation_time
         return d.quantiles.get("p50") if d.is_known and d.quantiles else d.mean
+    if path == "dataset.record_length":
+        return model.dataset.record_length.mean
     obj = model
     for part in path.split("."):
         obj = getattr(obj, part)
@@ -318,6 +323,10 @@ def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
         result = json.loads(cached.read_text())
         result["truth"].setdefault("reader.sample_shuffle", "seed" if c["shuffle"] else "off")
         result["truth"].setdefault("checkpoint.enabled", c["checkpoint"])
+        if c["source"].startswith("dlio_"):
+            result["truth"]["dataset.record_length"] = (
+                None if c["source"] == "dlio_jpeg" else 16 << 10
+            )
     else:
         if job.exists():
             shutil.rmtree(job)
