@@ -21,7 +21,7 @@ import numpy as np
 from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 
-from .checkpoint import Checkpointer
+from .checkpoint import Checkpointer, run_checkpoint_workload
 from .common import SHARD_FORMATS, ReplayError
 from .hostcpu import HostCpu
 from .loader import Loader
@@ -43,7 +43,21 @@ def run_rank(
     after the step in progress (see :mod:`.interrupt`).
     """
     with INTERRUPT.catching():
+        if not plan.model.train.enabled and plan.model.checkpoint.enabled:
+            return _checkpoint_rank(plan, sync, keep_checkpoints)
         return _run_rank(plan, sync, keep_checkpoints)
+
+
+def _checkpoint_rank(
+    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str
+) -> dict[str, Any]:
+    """A checkpoint-only workload (no training): replay/checkpoint.py's writes then reads."""
+    done = run_checkpoint_workload(plan, sync)
+    rec = {**_new_record(1), **done["record"]}
+    rec["epoch_time_s"] = rec["checkpoint_s"]
+    if keep_checkpoints is not True:
+        done["ck"].cleanup()
+    return {"rank": plan.rank, "epochs": [rec], "complete": True, "error": None, "order": None}
 
 
 class _Sleeper:

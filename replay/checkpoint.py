@@ -1,17 +1,34 @@
 """Checkpoints as the workload model says: when (steps, time or epochs between them), how
-many files and bytes, in which write calls, and the serialisation time before the writes.
-Rank r of N writes the files j with j % N == r of each checkpoint."""
+many files and bytes, in which write calls, the serialisation time before the writes, and
+the restore.
+
+Each file of a checkpoint belongs to one rank of the job that wrote it: ``file_ranks`` (a
+sharded checkpoint: DCP's ``__<rank>_<n>.distcp`` and rank 0's ``.metadata``, or each rank's
+``torch.save``), else file j to rank ``j % R`` (R: the job's ``processes.ranks``). Replay rank
+r writes the files of rank r, so each rank's shard keeps its size at any replay size: fewer
+replay ranks than R write fewer shards (scaled; :func:`scaling` says how, and what the
+full-size run writes), more write nothing more. A restore (``read_at_start``) reads the
+latest checkpoint before training: :func:`prepare_restore` writes it before the replay (and
+its trace) starts, and each rank reads ``read_bytes_per_rank`` of it (its own files first),
+in calls of ``read_transfer_size``. A checkpoint-only workload (DLIO's ``workflow.train``
+false: the MLPerf Storage checkpointing workloads) is :func:`run_checkpoint_workload`:
+``num_checkpoints_write`` checkpoints written (fsync'd, then dropped from the page cache), then
+``num_checkpoints_read`` read back."""
 
 from __future__ import annotations
 
 import errno
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dlreplay.capture import REGIONS
+from dlreplay.model import Checkpoint, WorkloadModel
+from dlreplay.units import human_bytes
 
 from .common import ReplayError
 from .plan import RankPlan
@@ -20,8 +37,125 @@ from .plan import RankPlan
 DEFAULT_WRITE_TRANSFER = 4 << 20
 
 
+def checkpoint_ranks(model: WorkloadModel) -> int:
+    """The ranks whose files make one checkpoint: ``file_ranks``' or the job's."""
+    return model.checkpoint.shard_ranks or model.processes.ranks
+
+
+def file_owners(model: WorkloadModel) -> list[int]:
+    """The job's rank that writes each file of a checkpoint."""
+    c = model.checkpoint
+    if c.file_ranks is not None and len(c.file_ranks) == c.files_per_checkpoint:
+        return list(c.file_ranks)
+    ranks = checkpoint_ranks(model)
+    return [j % ranks for j in range(c.files_per_checkpoint)]
+
+
+def file_names(model: WorkloadModel) -> list[str]:
+    """Each file's name in a checkpoint folder: DCP's (rank r's n-th shard ``__<r>_<n>.distcp``;
+    rank 0's last file its ``.metadata``), else ``part-<j>-of-<n>.bin``."""
+    c, owners = model.checkpoint, file_owners(model)
+    if c.layout != "dcp":
+        return [f"part-{j:04d}-of-{c.files_per_checkpoint}.bin" for j in range(len(owners))]
+    names, seen = [], dict.fromkeys(owners, 0)
+    last0 = max((j for j, r in enumerate(owners) if r == 0), default=-1)
+    for j, r in enumerate(owners):
+        names.append(".metadata" if j == last0 else f"__{r}_{seen[r]}.distcp")
+        seen[r] += 1
+    return names
+
+
+def file_bytes(c: Checkpoint) -> list[list[int] | None]:
+    """Each file's write calls (from ``file_writes``), or None each (even shares of the bytes)."""
+    plan = c.file_write_plan()
+    return list(plan) if plan is not None else [None] * c.files_per_checkpoint
+
+
+def _file_size(c: Checkpoint, j: int, calls: list[int] | None) -> int:
+    if calls is not None:
+        return sum(calls)
+    n = c.files_per_checkpoint
+    return c.bytes_per_checkpoint // n + (c.bytes_per_checkpoint % n if j == n - 1 else 0)
+
+
+def scaling(model: WorkloadModel, size: int) -> str | None:
+    """How a replay of *size* ranks scales the model's checkpoints (None when it does not)."""
+    c = model.checkpoint
+    ranks = checkpoint_ranks(model)
+    if not c.enabled or c.bytes_per_checkpoint <= 0 or size >= ranks:
+        return None
+    owners, plan = file_owners(model), file_bytes(c)
+    sizes = [_file_size(c, j, calls) for j, calls in enumerate(plan)]
+    mine = sum(s for s, r in zip(sizes, owners, strict=True) if r < size)
+    return (
+        f"checkpoints scaled from {ranks} to {size} rank(s), each rank's shard kept: "
+        f"{size} rank(s) write {human_bytes(mine)} per checkpoint "
+        f"({sum(1 for r in owners if r < size)} of {len(owners)} files); the full-size run "
+        f"writes {human_bytes(c.bytes_per_checkpoint)} per checkpoint in "
+        f"{c.files_per_checkpoint} files from {ranks} ranks"
+    )
+
+
+def restore_reads(model: WorkloadModel, rank: int) -> list[tuple[int, int]]:
+    """(file j, bytes) that *rank* reads at a restore: ``read_bytes_per_rank`` of the
+    checkpoint, its own files first, then the others in order (its own files whole when the
+    model does not say)."""
+    c = model.checkpoint
+    owners, plan = file_owners(model), file_bytes(c)
+    sizes = [_file_size(c, j, calls) for j, calls in enumerate(plan)]
+    order = [j for j, r in enumerate(owners) if r == rank]
+    order += [j for j, r in enumerate(owners) if r != rank]
+    want = c.read_bytes_per_rank
+    if want is None:
+        return [(j, sizes[j]) for j in order if owners[j] == rank]
+    out = []
+    for j in order:
+        if want <= 0:
+            break
+        take = min(sizes[j], want)
+        out.append((j, take))
+        want -= take
+    return out
+
+
+def restore_dir(checkpoint_dir: str) -> Path:
+    return Path(checkpoint_dir) / "restore"
+
+
+def prepare_restore(model: WorkloadModel, checkpoint_dir: str, size: int, seed: int) -> int:
+    """Write the checkpoint a replay of *size* ranks restores at start (``read_at_start``):
+    the files its ranks read, before the replay and its trace start. Returns bytes written."""
+    c = model.checkpoint
+    if not (c.enabled and c.read_at_start and c.bytes_per_checkpoint > 0):
+        return 0
+    names, rng = file_names(model), np.random.default_rng([seed, 0xC5])
+    need: dict[int, int] = {}
+    for rank in range(size):
+        for j, nbytes in restore_reads(model, rank):
+            need[j] = max(need.get(j, 0), nbytes)
+    folder = restore_dir(checkpoint_dir)
+    total = 0
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for j, nbytes in sorted(need.items()):
+            with open(folder / names[j], "wb") as fh:
+                left = nbytes
+                while left > 0:
+                    chunk = rng.bytes(min(left, 4 << 20))
+                    fh.write(chunk)
+                    left -= len(chunk)
+            total += nbytes
+    except OSError as exc:
+        raise ReplayError(
+            f"{exc.filename or folder}: cannot write the checkpoint to restore "
+            f"({exc.strerror or exc})"
+        ) from None
+    return total
+
+
 class Checkpointer:
-    """Writes checkpoints as the model says; this rank writes files j with j % N == rank."""
+    """Writes checkpoints as the model says (this rank: its job rank's files, see the module),
+    and restores the latest at start when the model says so."""
 
     def __init__(self, plan: RankPlan) -> None:
         self.plan = plan
@@ -36,6 +170,10 @@ class Checkpointer:
         wts = self.c.write_transfer_size
         self.transfer = wts if wts.is_known else None
         self.file_plan = self.c.file_write_plan()  # each file's write calls as the job made them
+        self.owners = file_owners(plan.model)
+        self.names = file_names(plan.model)
+        self.restored = 0
+        self.drop_cache = False  # a checkpoint-only workload reads back from storage
         # the bytes to write are made now, not inside the first save (24 MiB of random bytes take
         # tens of milliseconds: time the job's saves did not spend)
         self._buf = b""
@@ -51,6 +189,8 @@ class Checkpointer:
                 )
             )
             self._buf = self.rng.bytes(max(largest, 0))
+        if self.c.enabled and self.c.read_at_start and self.c.bytes_per_checkpoint > 0:
+            self.restored = self.restore()
 
     def _enabled(self) -> bool:
         c = self.c
@@ -109,7 +249,7 @@ class Checkpointer:
         self.last_time = time.monotonic()
         folder = Path(p.checkpoint_dir) / f"checkpoint-{self.count:04d}"
         nfiles = c.files_per_checkpoint
-        mine = range(p.rank, nfiles, p.size)
+        mine = [j for j, r in enumerate(self.owners) if r == p.rank]
         # the save event names its file only when there is one: with several, each file's bytes
         # are its writes (a path would credit the save's bytes to one of them)
         self.last_path = None
@@ -122,12 +262,16 @@ class Checkpointer:
                 else c.bytes_per_checkpoint // nfiles
                 + (c.bytes_per_checkpoint % nfiles if j == nfiles - 1 else 0)
             )
-            path = folder / f"part-{j:04d}-of-{nfiles}.bin"
+            path = folder / self.names[j]
+            # DCP writes its .metadata as .metadata.tmp, renamed when complete
+            temp = path.with_name(path.name + ".tmp") if path.name == ".metadata" else path
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 self.created.append(path)
-                if len(mine) == 1:
+                if c.layout == "dcp":  # DCP's event names its checkpoint directory
+                    self.last_path = str(folder.resolve())
+                elif len(mine) == 1:
                     self.last_path = str(path.resolve())
                 try:
                     left = nbytes
@@ -149,8 +293,12 @@ class Checkpointer:
                         total += n
                     if c.fsync:
                         os.fsync(fd)
+                        if self.drop_cache and hasattr(os, "posix_fadvise"):
+                            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 finally:
                     os.close(fd)
+                if temp != path:
+                    os.replace(temp, path)
             except OSError as exc:
                 hint = "; free space or choose another --out" if exc.errno == errno.ENOSPC else ""
                 raise ReplayError(
@@ -159,10 +307,95 @@ class Checkpointer:
         return total
 
     def cleanup(self) -> None:
-        """Delete the checkpoint files this run created (and their folders if empty)."""
+        """Delete the checkpoint files this run created (and their folders if empty); rank 0 the
+        checkpoint it restored."""
         for path in self.created:
             try:
                 path.unlink()
                 path.parent.rmdir()
             except OSError:
                 pass
+        if self.plan.rank == 0 and self.restored:
+            folder = restore_dir(self.plan.checkpoint_dir)
+            for name in set(self.names):
+                (folder / name).unlink(missing_ok=True)
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+    def restore(self, folder: Path | None = None) -> int:
+        """Read this rank's share of a checkpoint (the one to restore at start, else *folder*)
+        as a ``checkpoint/restart`` event; returns bytes read."""
+        folder = folder or restore_dir(self.plan.checkpoint_dir)
+        rts = self.c.read_transfer_size
+        ev = REGIONS.begin("restart", "checkpoint")
+        total = 0
+        try:
+            for j, nbytes in restore_reads(self.plan.model, self.plan.rank):
+                total += self._read(folder / self.names[j], nbytes, rts)
+        finally:
+            REGIONS.end(ev, path=str(folder.resolve()), bytes=total)
+        return total
+
+    def _read(self, path: Path, nbytes: int, rts: Any) -> int:
+        got = 0
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise ReplayError(
+                f"{path}: cannot read the checkpoint ({exc.strerror or exc})"
+            ) from None
+        try:
+            while got < nbytes:
+                ts = int(rts.sample(self.rng, 1)[0]) if rts.is_known else DEFAULT_WRITE_TRANSFER
+                n = len(os.read(fd, max(1, min(ts, nbytes - got))))
+                if n == 0:
+                    break
+                got += n
+        finally:
+            os.close(fd)
+        return got
+
+
+def run_checkpoint_workload(plan: RankPlan, sync: Callable[[], None]) -> dict[str, Any]:
+    """A checkpoint-only workload (no training: DLIO's ``workflow.train`` false, the MLPerf
+    Storage checkpointing workloads): ``num_checkpoints_write`` checkpoints of this rank's
+    shards (fsync'd as the model says, then dropped from the page cache, so the reads come from
+    storage), then ``num_checkpoints_read`` read back, newest first (again from the newest when more reads than writes), each rank its own. Returns
+    one record like an epoch's (``checkpoint_s``, ``checkpoint_bytes``; ``checkpoint_write_s``,
+    ``checkpoint_read_s``, ``checkpoint_read_bytes``)."""
+    from dataclasses import replace
+
+    c = plan.model.checkpoint
+    # the reads are of what this run wrote: no restore at start
+    ck = Checkpointer(
+        replace(plan, model=replace(plan.model, checkpoint=replace(c, read_at_start=False)))
+    )
+    ck.drop_cache = c.fsync
+    writes = c.num_checkpoints_write or 1
+    t0 = time.perf_counter()
+    written = 0
+    for _ in range(writes):
+        written += ck.save()
+        sync()
+    t_write = time.perf_counter() - t0
+    folders = sorted({p.parent for p in ck.created}, reverse=True)
+    t1 = time.perf_counter()
+    read = 0
+    for i in range(c.num_checkpoints_read or 0 if folders else 0):
+        read += ck.restore(folders[i % len(folders)])
+        sync()
+    t_read = time.perf_counter() - t1
+    return {
+        "ck": ck,
+        "record": {
+            "checkpoint_s": t_write + t_read,
+            "checkpoint_bytes": written,
+            "checkpoint_write_s": t_write,
+            "checkpoint_read_s": t_read,
+            "checkpoint_read_bytes": read,
+            "checkpoints_written": writes,
+            "checkpoints_read": c.num_checkpoints_read or 0 if folders else 0,
+        },
+    }

@@ -37,7 +37,7 @@ from dlreplay.model import save_model
 from dlreplay.osutil import end_with_parent
 
 from .accelerator import make_loader, run_rank
-from .checkpoint import DEFAULT_WRITE_TRANSFER
+from .checkpoint import DEFAULT_WRITE_TRANSFER, prepare_restore, scaling
 from .common import ReplayError, check_replay_resources, write_json_atomic
 from .metrics import render_table
 from .plan import (
@@ -203,6 +203,10 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     size = config.accelerators
     steps_per_epoch(config.model, size)  # validate early
     ckdir = str((out / "checkpoints").resolve())
+    if not config.traced:  # a traced replay's restore was written before its trace
+        prepare_restore(config.model, ckdir, size, config.seed)
+    if note := scaling(config.model, size):
+        say(note)
     loader, why = choose_loader(config)
     import_loader(loader)
     plans = [
@@ -353,6 +357,10 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
             check_out(out, allow_existing=config.traced)
             manifest, warnings = ensure_dataset(config, say)
             steps_per_epoch(config.model, size)
+            if not config.traced:
+                prepare_restore(
+                    config.model, str((out / "checkpoints").resolve()), size, config.seed
+                )
         except ReplayError as exc:
             err = str(exc)
     err = comm.bcast(err, root=0)
@@ -405,6 +413,10 @@ def _run_traced(config: ReplayConfig, out: Path, say: Callable[[str], None]) -> 
 
     check_out(out, allow_existing=False)
     manifest, warnings = ensure_dataset(config, say)
+    assert config.accelerators is not None
+    prepare_restore(
+        config.model, str(out.resolve() / "checkpoints"), config.accelerators, config.seed
+    )
     model_path = out / "model.yaml"
     save_model(config.model, model_path)
     cmd = _traced_command(config, out, model_path)

@@ -253,10 +253,6 @@ def model_warnings(model: WorkloadModel) -> list[str]:
             "evaluation phases (train.evaluation) are replayed as their compute time per step; the "
             "reads of the evaluation files are not (no evaluation files are generated)"
         )
-    if model.checkpoint.read_at_start:
-        out.append(
-            "checkpoint.read_at_start is not replayed (no checkpoint is read before training)"
-        )
     return out
 
 
