@@ -33,6 +33,7 @@ REPLAY_FILES = (
     METRICS_NAME,
     ORDER_NAME,
     "model.yaml",
+    "provenance.json",
     "checkpoints/checkpoint-*/part-*-of-*.bin",
 )
 IO_MODES = ("library", "posix")
