@@ -399,3 +399,50 @@ def run_checkpoint_workload(plan: RankPlan, sync: Callable[[], None]) -> dict[st
             "checkpoints_read": c.num_checkpoints_read or 0 if folders else 0,
         },
     }
+
+
+def checkpoint_workload_doc(
+    model: WorkloadModel, ranks: list[dict[str, Any]], size: int
+) -> dict[str, Any] | None:
+    """The metrics of a checkpoint-only workload (:func:`run_checkpoint_workload`) over its
+    *ranks*' records: bytes and seconds written and read (the slowest rank's time: the ranks
+    meet after each checkpoint), bandwidths, the scaling and the full-size run's bytes; its
+    ``summary``: lines for the replay's output. None for a training workload."""
+    c = model.checkpoint
+    if model.train.enabled or not c.enabled:
+        return None
+    recs = [r["epochs"][0] for r in ranks if r.get("epochs")]
+    if not recs:
+        return None
+    written = sum(r.get("checkpoint_bytes", 0) for r in recs)
+    read = sum(r.get("checkpoint_read_bytes", 0) for r in recs)
+    w_s = max(r.get("checkpoint_write_s", 0.0) for r in recs)
+    r_s = max(r.get("checkpoint_read_s", 0.0) for r in recs)
+    writes = recs[0].get("checkpoints_written", 0)
+    reads = recs[0].get("checkpoints_read", 0)
+    note = scaling(model, size)
+    doc: dict[str, Any] = {
+        "ranks": size,
+        "checkpoint_ranks": checkpoint_ranks(model),
+        "checkpoints_written": writes,
+        "checkpoints_read": reads,
+        "bytes_written": written,
+        "bytes_read": read,
+        "write_s": w_s,
+        "read_s": r_s,
+        "write_bytes_per_s": written / w_s if w_s > 0 else None,
+        "read_bytes_per_s": read / r_s if r_s > 0 else None,
+        "full_bytes_per_checkpoint": c.bytes_per_checkpoint,
+        "fsync": c.fsync,
+        "scaling": note,
+    }
+    lines = [
+        f"checkpoints: {writes} written by {size} rank(s), {human_bytes(written)} in {w_s:.2f} s "
+        f"({human_bytes(doc['write_bytes_per_s'] or 0)}/s{', fsync' if c.fsync else ''}); "
+        f"{reads} read back, {human_bytes(read)} in {r_s:.2f} s "
+        f"({human_bytes(doc['read_bytes_per_s'] or 0)}/s)",
+    ]
+    if note:
+        lines.append(note)
+    doc["summary"] = lines
+    return doc

@@ -37,7 +37,12 @@ from dlreplay.model import save_model
 from dlreplay.osutil import end_with_parent
 
 from .accelerator import make_loader, run_rank
-from .checkpoint import DEFAULT_WRITE_TRANSFER, prepare_restore, scaling
+from .checkpoint import (
+    DEFAULT_WRITE_TRANSFER,
+    checkpoint_workload_doc,
+    prepare_restore,
+    scaling,
+)
 from .common import ReplayError, check_replay_resources, write_json_atomic
 from .metrics import render_table
 from .plan import (
@@ -195,6 +200,8 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     if comm is not None:
         return _run_mpi(config, comm, say)
     out = config.out or default_out(config.model)
+    if not config.traced and (note := scaling(config.model, config.accelerators)):
+        say(note)
     if config.trace and not config.traced:
         return _run_traced(config, out, say)
     check_out(out, allow_existing=config.traced)
@@ -205,8 +212,6 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     ckdir = str((out / "checkpoints").resolve())
     if not config.traced:  # a traced replay's restore was written before its trace
         prepare_restore(config.model, ckdir, size, config.seed)
-    if note := scaling(config.model, size):
-        say(note)
     loader, why = choose_loader(config)
     import_loader(loader)
     plans = [
@@ -250,6 +255,8 @@ def _finish(
     say: Callable[[str], None],
 ) -> ReplayResult:
     doc = metrics_doc(config, ranks, manifest, started, wall, interrupted, warnings, size, mpi)
+    if (ck := checkpoint_workload_doc(config.model, ranks, size)) is not None:
+        doc["checkpoint_workload"] = ck
     write_json_atomic(out / METRICS_NAME, doc)
     if config.record_order:
         write_json_atomic(out / ORDER_NAME, {str(r["rank"]): r.get("order") for r in ranks})

@@ -332,6 +332,7 @@ def render_table(metrics: dict[str, Any]) -> str:
     if metrics.get("loader"):
         lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
     lines += _served_lines(metrics)
+    lines += (metrics.get("checkpoint_workload") or {}).get("summary", [])
     verdict = "PASS" if metrics.get("pass") else "FAIL"
     lines.append(
         f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
