@@ -105,7 +105,8 @@ def _mapped_windows(
     path: Path, access: MappedAccess, n: int, rng: np.random.Generator, at: int = 0
 ) -> int:
     """Map *path* (a new mapping, as the job made one per batch) and take *n* windows of it."""
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    # by its name, as a job passes it (numpy resolves a pathlib.Path: a stat per path component)
+    mm = np.memmap(os.fspath(path), dtype=np.uint8, mode="r")
     try:
         return take_windows(mm, access, n, rng, at)
     finally:
@@ -118,7 +119,7 @@ def _evaluate(run: Any, path: Path | None, access: MappedAccess, rng: np.random.
         return 0
     ev = REGIONS.begin("evaluate", "pipeline", epoch=0, step=run.global_step)
     taken = 0
-    for t in access.eval_step_time.sample(rng, access.eval_steps):
+    for t in access.eval_step_time.sample(rng, access.eval_steps, stratified=True):
         t0 = time.perf_counter()
         taken += _mapped_windows(path, access, access.eval_windows_per_step, rng)
         run.sleeper.sleep(max(0.0, float(t)), spent=time.perf_counter() - t0)
@@ -135,7 +136,7 @@ def mapped_steps(run: Any, epoch: int, rec: dict[str, Any], steps: int) -> float
     eval_path = ensure_eval_file(path.parent, access.eval_file_bytes, run.plan.seed)
     rng = np.random.default_rng([run.plan.seed, run.plan.rank, 0x3A9])
     modelled, _ = epoch_compute(run.model, run.compute_rng, steps, epoch, run.global_step)
-    data = access.data_time.sample(rng, steps)
+    data = access.data_time.sample(rng, steps, stratified=True)
     t_start = time.perf_counter()
     for step in range(steps):
         INTERRUPT.check()
