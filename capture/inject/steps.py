@@ -70,8 +70,9 @@ if hasattr(os, "register_at_fork"):
 def _loader_open() -> bool:
     """Whether a DataLoader epoch is open in this process: its hooks mark the steps then."""
     # the core's list of DataLoader iterations (its own state; read, never changed)
+    # (newest last: an open epoch is found at once, however many epochs came before)
     states = getattr(core, "_open_iters", ())
-    return any(not getattr(s, "done", True) for s in states)
+    return any(not getattr(s, "done", True) for s in reversed(states))
 
 
 def _followed() -> bool:
@@ -86,10 +87,10 @@ def _ensure_exit() -> None:
 
 def _begin_step() -> None:
     """A forward with autograd on: the step's compute begins (unless one is open)."""
-    if LOOP.compute is not None or LOOP.evaluate is not None or not _followed():
+    if LOOP.compute is not None or LOOP.evaluate is not None:
         return
     torch = sys.modules.get("torch")
-    if torch is None or not torch.is_grad_enabled():
+    if torch is None or not torch.is_grad_enabled() or not _followed():
         return
     _ensure_exit()
     LOOP.compute = core.REGIONS.begin(
