@@ -87,13 +87,13 @@ def _count(rt: pl.DataFrame, consumers: list[int]) -> tuple[int, str]:
     return max(len(consumers), 1), "processes with fetch events"
 
 
-def own_compute_steps(steps: pl.DataFrame, pid: int) -> pl.DataFrame:
+def own_compute_steps(steps: pl.DataFrame, pid: int | None) -> pl.DataFrame:
     """*pid*'s training steps (rows of :func:`~..trace.vocabulary.training_steps`) with each
     step's ``compute_us`` the step's own compute: that of the rank whose batch arrived last at
     the same step (epoch and position in it), which waited for no other rank. Steps that not
     every rank took keep their own time; a job of one consumer is returned unchanged."""
     consumers = steps["pid"].n_unique()
-    mine = steps.filter(pl.col("pid") == pid)
+    mine = steps.filter(pl.col("pid") == pid)  # none when pid is None
     if consumers < 2 or mine.is_empty():
         return mine
     pos = pl.int_range(pl.len()).over("pid", "epoch").alias("__pos")
