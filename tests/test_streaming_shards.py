@@ -252,3 +252,29 @@ def test_unknown_member_layout_still_streams(tmp_path, captured):
         names = tf.getnames()
     assert len(names) == model.dataset.num_samples_per_file
     assert all(n.endswith(".bin") for n in names)
+
+
+def test_two_rank_replay_streams_each_ranks_split(captured, tmp_path):
+    """Two accelerators (ranks): rank r's workers stream shards r::2, each worker its w::W of
+    those (the job's split_by_node then split_by_worker); every shard once per epoch in all."""
+    from dlreplay.replay.prepare import ORDER_NAME
+
+    _, _, _, model = captured["tarfile"]
+    res = run_replay(
+        ReplayConfig(
+            model=model,
+            data_dir=tmp_path / "data",
+            out=tmp_path / "out",
+            trace=False,
+            accelerators=2,
+            record_order=True,
+        )  # fmt: skip
+    )
+    assert res.complete
+    order = json.loads((tmp_path / "out" / ORDER_NAME).read_text())
+    spf, shards = model.dataset.num_samples_per_file, model.dataset.num_files
+    for rank in ("0", "1"):
+        for epoch, ids in order[rank].items():
+            got = sorted({i // spf for i in ids})
+            assert got == list(range(int(rank), shards, 2)), (rank, epoch)
+            assert len(ids) == len(got) * spf  # each of its shards streamed whole
