@@ -143,6 +143,12 @@ def summarize_model(model: WorkloadModel) -> str:
         f"samples={rd.sample_shuffle}, {'open per sample' if rd.open_per_sample else 'files kept open'}"
     )
     lines.append(f"  reads       {_fmt_dist(rd.transfer_size, _fmt_bytes)} per call")
+    if rd.streaming is not None:
+        st = rd.streaming
+        lines.append(
+            f"  streaming   whole shards through {st.library}, split {st.split} over ranks then "
+            f"workers, shuffle buffer {st.shuffle_buffer or 'none'}"
+        )
     if tr.enabled:
         steps = f", {tr.steps_per_epoch} steps/epoch" if tr.steps_per_epoch else ""
         lines.append(
