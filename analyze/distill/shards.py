@@ -88,6 +88,12 @@ def streamed_shards(
     inside = _inside(obs.paths, fmt)
     spf = inside[0] if inside else spf_trace
     facts.put("dataset.format", f"{fmt} shards (the files' magic or extension)", "measured")
+    # the map-style sections' word on the layout is superseded: say where the shards' comes from
+    facts.notes[:] = [n for n in facts.notes if "layout inferred from the trace" not in n]
+    facts.notes.append(
+        f"{fmt} shards streamed whole by an IterableDataset: {len(obs.paths)} shards, "
+        f"{samples:.0f} samples per epoch from {opens_per_epoch:.0f} shard opens per epoch"
+    )
     facts.put(
         "dataset.num_samples_per_file",
         f"samples per shard read from {len(obs.paths[:SHARDS_SAMPLED])} shard(s)' headers"
