@@ -60,10 +60,18 @@ def sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame
     if held.height < 0.5 * opens_per_file.height:
         return None
     # the sample's read: of the sizes read at the most distinct places (a per-sample label or
-    # index entry is read as often, in a few bytes), the largest
-    # the samples are the data: a size whose regions cover less than REGION_COVERAGE of the
-    # files is the format's metadata read at each open (HDF5's B-tree nodes and heaps)
+    # index entry is read as often, in a few bytes), the largest; and the samples are the data,
+    # not the format's metadata that every process reads at each open (HDF5's B-tree nodes and
+    # heaps): a size's regions cover REGION_COVERAGE of the file, or each region is read by at
+    # most half the processes that read the file (the workers share the samples out)
     fsize = reads.group_by("file").agg((pl.col("offset") + pl.col("size")).max().alias("f"))
+    share = (
+        reads.group_by("file", "size", "offset")
+        .agg(pl.col("pid").n_unique().alias("p"))
+        .join(readers, on="file")
+        .group_by("size")
+        .agg((pl.col("p") / pl.col("procs")).median().alias("share"))
+    )
     per_size = (
         reads.group_by("file", "size")
         .agg(pl.col("offset").n_unique().alias("n"))
@@ -73,7 +81,8 @@ def sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame
             pl.col("n").sum().alias("places"),
             (pl.col("n") * pl.col("size") / pl.col("f")).median().alias("cover"),
         )
-        .filter(pl.col("cover") >= REGION_COVERAGE)
+        .join(share, on="size")
+        .filter((pl.col("cover") >= REGION_COVERAGE) | (pl.col("share") <= 0.5))
     )
     if per_size.is_empty():
         return None

@@ -37,6 +37,15 @@ TRACES: dict[str, list[str]] = {
         *("--num-files", "96", "--tile", "8", "--batch-size", "4"),
         *("--workers", "3", "--epochs", "3"),
     ],
+    # many re-forked workers over few tiles: more opens of the file than twice its regions
+    "tiles_w4_t16": [
+        *("--num-files", "16", "--tile", "8", "--batch-size", "4"),
+        *("--workers", "4", "--epochs", "2"),
+    ],
+    "tiles_w4_t24": [
+        *("--num-files", "24", "--tile", "8", "--batch-size", "2"),
+        *("--workers", "4", "--epochs", "3"),
+    ],
     # the file held open without a pool per epoch: the consumer reads itself, or one persistent
     # worker reads (the passes split per region of the file)
     "tiles_w0_t64": [
