@@ -209,6 +209,7 @@ def test_save_is_stable_and_atomic(tmp_path: Path) -> None:
         "train",
         "checkpoint",
         "processes",
+        "storage",
         "provenance",
     ]
 

@@ -539,6 +539,30 @@ class Provenance:
         object.__setattr__(self, "fields", dict(sorted(self.fields.items())))
 
 
+#: Storage back ends of a model's ``storage`` section (DLIO's ``storage_type`` values).
+STORAGE_TYPES = ("local_fs", "s3")
+#: Client libraries a replay can read S3 objects with.
+S3_CLIENTS = ("boto3", "s3torchconnector")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Storage:
+    """Where the dataset lives (DLIO ``storage``): a POSIX path, or objects in an S3 bucket.
+
+    Never holds an endpoint or a credential: those come from the replaying host's usual
+    environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``~/.aws``, ...)."""
+
+    storage_type: str = model_field("local_fs", choices=STORAGE_TYPES)
+    storage_root: str | None = model_field(None, doc="the bucket (s3) or a directory (local_fs)")
+    prefix: str | None = model_field(None, doc="key prefix of the dataset's objects (s3)")
+    client: str | None = model_field(None, choices=S3_CLIENTS, doc="the job's S3 client library")
+    object_bytes: int | None = model_field(None, check="nonneg", doc="median object size, bytes")
+    request_bytes: int | None = model_field(
+        None, check="positive", doc="median bytes one GET asks for (the object's size: whole GETs)"
+    )
+    ranged: bool = model_field(False, doc="objects read in ranged GETs (Range: bytes=a-b)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadModel:
     """A workload: dataset, reader, training loop, checkpoints, processes, provenance."""
@@ -550,6 +574,7 @@ class WorkloadModel:
     train: Train = model_field(factory=Train)
     checkpoint: Checkpoint = model_field(factory=Checkpoint)
     processes: Processes = model_field(factory=Processes)
+    storage: Storage | None = model_field(None)
     provenance: Provenance = model_field(factory=Provenance)
 
     def __post_init__(self) -> None:
