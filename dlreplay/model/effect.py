@@ -37,6 +37,8 @@ _LAYOUT_FORMATS: dict[str, tuple[str, ...]] = {
     "tables": ("csv", "parquet"),
     "index": ("indexed_binary",),
     "record_bytes": ("tfrecord",),
+    "shard_members": ("tar", "arrow"),
+    "rows_per_batch": ("arrow",),
 }
 #: Layout fields the writers read only for files without ``layout.arrays`` (random bytes of the
 #: plan's sizes, shaped (samples, record length)); with arrays, the members' own storage,
