@@ -11,6 +11,7 @@ from dlreplay import __version__
 from dlreplay.dlio.checkpoint import DLIO_2_0_LAYER_PARAMETERS, dlio_checkpoint_estimate
 from dlreplay.dlio.generator import generated_dims
 from dlreplay.dlio.keys import DLIO_COMPRESSIONS, DLIO_DISTRIBUTION_KEYS, dlio_key_problems
+from dlreplay.dlio.storage import export_storage
 from dlreplay.errors import ModelError
 from dlreplay.model import (
     AccessPattern,
@@ -470,6 +471,8 @@ def model_to_dlio(model: WorkloadModel) -> tuple[dict[str, Any], list[str]]:
     ck = _export_checkpoint(model, warnings)
     if ck is not None:
         cfg["checkpoint"] = ck
+    if (storage := export_storage(model.storage)) is not None:
+        cfg["storage"] = storage
     warnings.extend(_inexpressible(model))
     problems = dlio_key_problems(cfg)
     if problems:  # a bug in this module, not in the model

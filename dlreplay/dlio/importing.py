@@ -36,6 +36,7 @@ from dlreplay.dlio.keys import (
     NO_DLIO_KEY,
 )
 from dlreplay.dlio.reading import Importer, dlio_distribution, parse_sections
+from dlreplay.dlio.storage import import_storage
 from dlreplay.errors import ModelError, clipped, shown
 from dlreplay.model import (
     MP_CONTEXTS,
@@ -635,6 +636,8 @@ def dlio_to_model(config: Any, source: str = "<dict>", dlio_version: str = "auto
         "checkpoint": _import_checkpoint(imp, info),
         "processes": _import_processes(imp, info, reader["read_threads"]),
     }
+    if (storage := import_storage(imp)) is not None:
+        model["storage"] = storage
     imp.get("workflow.generate_data", "bool")
     _note_unused(imp)
     for path in NO_DLIO_KEY:

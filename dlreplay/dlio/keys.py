@@ -199,7 +199,7 @@ DLIO_DEFAULTS: dict[str, Any] = {
     "eval_after_epoch": 1,
     "epochs_between_evals": 1,
 }
-IGNORED_SECTIONS = ("output", "profiling", "metric", "storage")
+IGNORED_SECTIONS = ("output", "profiling", "metric")
 #: Model fields DLIO has no key for (import leaves them at dlreplay's defaults).
 NO_DLIO_KEY = (
     "reader.open_per_sample",
