@@ -13,7 +13,7 @@ operation, ``GetObject``), with DFTracer's timestamps (microseconds) and these a
 ==============  =================================================================
 arg             meaning
 ==============  =================================================================
-``path``        ``s3://<bucket>/<key>``
+``url``         ``s3://<bucket>/<key>`` (not ``path``: no file of the job's)
 ``bucket``      the bucket
 ``key``         the object's key
 ``offset``      first byte asked for (``Range: bytes=<offset>-...``; 0 without a
@@ -91,7 +91,7 @@ def _begin(params: Any) -> tuple[int | None, dict[str, Any]]:
     bucket, key = params.get("Bucket"), params.get("Key")
     offset, length = parse_range(params.get("Range"))
     args = {
-        "path": f"s3://{bucket}/{key}",
+        "url": f"s3://{bucket}/{key}",
         "bucket": bucket,
         "key": key,
         "offset": offset,
