@@ -46,6 +46,7 @@ from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
 from .shards import streamed_shards
+from .storage import object_reads, storage_section, with_object_reads
 from .timing import TimingModel, timing_model
 from .train import evaluation_section, train_section, with_timing
 
@@ -88,6 +89,8 @@ def distill(
             f"{source or 'the trace'} has no events; capture the job again (`dlreplay capture`)."
         )
     facts = Facts()
+    objects = object_reads(source)  # S3 GETs: reads of files s3://bucket/key from here on
+    events = with_object_reads(events, objects)
     # the rest of distill sees the training phase only
     every = voc.ensure_roles(events)
     events, eval_events = split_evaluation(every)
@@ -119,6 +122,7 @@ def distill(
         train=train,
         checkpoint=checkpoint,
         processes=_processes(obs, reader.read_threads, facts),
+        storage=storage_section(objects),
         provenance=Provenance(
             source_trace=source,
             capture_host=(manifest or {}).get("host"),
