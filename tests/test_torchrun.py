@@ -176,3 +176,37 @@ def test_replay_runs_the_ranks_with_their_share(job: dict, tmp_path: Path) -> No
     assert result.complete and result.metrics["accelerators"] == n
     shares = [r["samples"] for r in sorted(result.metrics["ranks"], key=lambda r: r["rank"])]
     assert shares == job["report"]["samples_per_rank"]
+
+
+def test_distributed_hooks_are_transparent(tmp_path: Path) -> None:
+    """The wrappers call the original once with the job's arguments: same results, same
+    exceptions, a failure of the hook's own bookkeeping a counted miss (a gloo group of one)."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from dlreplay.capture.inject import distributed as hooks
+    from dlreplay.capture.inject.hooks import MISSES
+
+    init = hooks._wrap_init(c10d.init_process_group, c10d)
+    reduce = hooks._wrap_collective(c10d.all_reduce, "all_reduce")
+    gather = hooks._wrap_collective(c10d.all_gather_object, "all_gather")
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    assert init("gloo", store=store, rank=0, world_size=1) is None
+    try:
+        t = torch.arange(4.0)
+        assert reduce(t) is None and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+        work = reduce(t, async_op=True)
+        work.wait()
+        out: list = [None]
+        assert gather(out, {"a": 1}) is None and out == [{"a": 1}]
+        for fn in (reduce, c10d.all_reduce):  # the job's error, unchanged
+            with pytest.raises(TypeError):
+                fn("not a tensor")
+        assert getattr(hooks._depth, "n", 0) == 0
+        before = dict(MISSES.counts)
+        broken = hooks._wrap_init(lambda: None, object())  # get_rank() fails in the hook
+        assert broken() is None
+        key = ("torch.distributed.init_process_group", "error in the hook (AttributeError)")
+        assert MISSES.counts.get(key, 0) == before.get(key, 0) + 1
+    finally:
+        c10d.destroy_process_group()
