@@ -1,0 +1,285 @@
+"""Sharded checkpoints, save and restore (issue 43, item 6).
+
+One real job (examples/dcp_sharded.py: 2 ranks under torchrun, gloo, DDP, ``dcp.save`` every N
+steps, ``dcp.load`` of the latest checkpoint at start) is captured with ``dlreplay capture``,
+distilled and replayed: the model holds each rank's shard files, rank 0's metadata, their
+write calls and the restore; the replay writes the same files with the same bytes per rank
+and reads the restore back. The distill rules are also checked on event tables of other
+shapes (3 ranks of per-rank ``torch.save`` shards, another interval and other sizes), and a
+DLIO checkpoint-only workload (MLPerf Storage's) replays writes then reads at fewer ranks
+with each rank's shard kept.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from dlreplay.analyze.distill.base import Facts
+from dlreplay.analyze.distill.checkpoint import checkpoint_section
+from dlreplay.analyze.trace import load_trace
+from dlreplay.model import load_model
+from dlreplay.replay.checkpoint import file_names, restore_reads, scaling
+from dlreplay.schema import EVENT_SCHEMA
+
+from .conftest import REPO
+
+pytest.importorskip("torch.distributed.checkpoint")
+
+EXAMPLE = REPO / "examples" / "dcp_sharded.py"
+ARGS = ["--volume", "8", "--num-files", "8", "--hidden", "16", "--batch-size", "2"]
+
+
+@pytest.fixture(scope="module")
+def job(
+    tmp_path_factory,
+) -> dict:
+    """A first run (one rank) leaves a checkpoint; the captured run (2 ranks) restores it,
+    then saves every 2 steps; its model, distilled."""
+    import subprocess
+
+    from .conftest import run_cli
+
+    tmp = tmp_path_factory.mktemp("dcp")
+    common = [*ARGS, "--data-dir", str(tmp / "data"), "--checkpoint-dir", str(tmp / "ck")]
+    first = subprocess.run(
+        [sys.executable, str(EXAMPLE), *common, "--epochs", "1", "--checkpoint-every", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    report = tmp / "report.json"
+    cap = run_cli(
+        "capture",
+        "--out",
+        str(tmp / "trace"),
+        "--",
+        *cmd,
+        str(EXAMPLE),
+        *common,
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--fsync",
+        "--keep",
+        "0",
+        "--report",
+        str(report),
+        cwd=tmp,
+    )
+    assert cap.returncode == 0, cap.stderr
+    run_cli("distill", str(tmp / "trace"), "-o", str(tmp / "model.yaml"), "-q", check=True)
+    return {
+        "tmp": tmp,
+        "report": json.loads(report.read_text()),
+        "model": load_model(tmp / "model.yaml"),
+        "trace": tmp / "trace",
+    }
+
+
+def test_dcp_under_capture_records_each_ranks_save_and_restore(job: dict) -> None:
+    report = job["report"]
+    assert report["world_size"] == 2 and report["restored"]["step"] == 4
+    ev = load_trace(job["trace"]).events
+    ck = ev.filter(pl.col("cat") == "checkpoint").select(
+        pl.col("name").cast(pl.String), pl.col("file").cast(pl.String), "size", "pid"
+    )
+    saves = ck.filter(pl.col("name") == "capture")
+    restores = ck.filter(pl.col("name") == "restart")
+    # one event per rank and checkpoint, named by the checkpoint directory
+    assert saves.height == 2 * len(report["checkpoints"]) and restores.height == 2
+    for c in report["checkpoints"]:
+        mine = saves.filter(pl.col("file") == c["path"])
+        assert mine["pid"].n_unique() == 2
+        assert int(mine["size"].sum()) == sum(c["files"].values())  # shards and .metadata
+    assert set(restores["file"]) == {report["restored"]["path"]}
+    # DDP's state is whole on each rank: each rank reads the shards and .metadata of both
+    assert restores["size"].to_list() == [report["restored"]["bytes"]] * 2
+
+
+def test_distill_models_per_rank_shards_and_the_restore(job: dict) -> None:
+    c = job["model"].checkpoint
+    assert job["model"].processes.ranks == 2
+    files = job["report"]["checkpoints"][0]["files"]
+    assert c.enabled and c.layout == "dcp" and c.fsync and c.read_at_start
+    assert c.steps_between_checkpoints == 2
+    assert c.files_per_checkpoint == 3 and c.file_ranks == [0, 0, 1]
+    assert c.bytes_per_checkpoint == sum(files.values())
+    assert c.read_bytes_per_rank == job["report"]["restored"]["bytes"]
+    plan = c.file_write_plan()
+    assert plan is not None
+    sizes = [sum(calls) for calls in plan]
+    assert sizes == [files["__0_0.distcp"], files[".metadata"], files["__1_0.distcp"]]
+    assert file_names(job["model"]) == ["__0_0.distcp", ".metadata", "__1_0.distcp"]
+
+
+def test_replay_writes_each_ranks_shards_and_reads_the_restore(job: dict) -> None:
+    from .conftest import run_cli
+
+    tmp, model = job["tmp"], job["model"]
+    out = tmp / "replay"
+    res = run_cli(
+        "replay",
+        str(tmp / "model.yaml"),
+        "--data-dir",
+        str(tmp / "rdata"),
+        "--out",
+        str(out),
+        "--keep-checkpoints",
+        check=True,
+    )
+    assert "scaled" not in res.stdout  # as many ranks as the job
+    files = job["report"]["checkpoints"][0]["files"]
+    written = sorted((out / "checkpoints").glob("checkpoint-*"))
+    assert len(written) == len(job["report"]["checkpoints"])
+    for folder in written:
+        got = {f.name: f.stat().st_size for f in folder.iterdir()}
+        assert got == files  # the same files, the same bytes, each by its rank
+    ev = load_trace(out).events.filter(pl.col("cat") == "checkpoint")
+    restarts = ev.filter(pl.col("name") == "restart")
+    assert restarts["size"].to_list() == [model.checkpoint.read_bytes_per_rank] * 2
+    shutil.rmtree(out / "checkpoints")
+
+
+def _table(rows: list[dict]) -> pl.DataFrame:
+    cols = {
+        k: [r.get(k) for r in rows] for k in ("pid", "ts", "dur", "cat", "name", "file", "size")
+    }
+    df = pl.DataFrame(cols).with_columns(
+        [pl.col(k).cast(EVENT_SCHEMA[k]) for k in cols if k in EVENT_SCHEMA]
+    )
+    role = (
+        pl.when((pl.col("cat") == "checkpoint") & (pl.col("name") == "capture"))
+        .then(pl.lit("checkpoint.save"))
+        .when((pl.col("cat") == "checkpoint") & (pl.col("name") == "restart"))
+        .then(pl.lit("checkpoint.load"))
+    )
+    return df.with_columns(role.alias("role"))
+
+
+@pytest.mark.parametrize(
+    ("ranks", "every", "shard", "restore"),
+    [(3, 5, 3000, True), (2, 3, 1200, False)],
+)
+def test_distill_per_rank_torch_save_shards(ranks: int, every: int, shard: int, restore: bool):
+    """Each rank torch.saves its own shard (ckpt_rank<r>.pt, rank r's shard r*shard + shard
+    bytes in two writes) every *every* steps; rank 1 loads its shard at start when *restore*."""
+    rows: list[dict] = []
+    steps = pl.DataFrame({"pid": [100] * 20, "ts": [1000 + 100 * i for i in range(20)]})
+    for k, step in enumerate(range(every, 20, every)):
+        for r in range(ranks):
+            ts = 1000 + 100 * (step - 1) + 50 + r
+            size = shard * (r + 1)
+            path = f"/ck/step{k}/ckpt_rank{r}.pt"
+            pid = 100 + (ranks - 1 - r)  # pids in another order than ranks
+            rows.append(
+                dict(pid=pid, ts=ts, dur=20, cat="checkpoint", name="capture", file=path, size=size)
+            )
+            rows.append(
+                dict(pid=pid, ts=ts + 1, dur=1, cat="POSIX", name="write", file=path, size=64)
+            )
+            rows.append(
+                dict(
+                    pid=pid, ts=ts + 2, dur=1, cat="POSIX", name="write", file=path, size=size - 64
+                )
+            )
+    if restore:
+        rows.append(
+            dict(
+                pid=101, ts=500, dur=30, cat="checkpoint", name="restart", file="/ck/x.pt", size=777
+            )
+        )
+        rows.append(
+            dict(pid=101, ts=505, dur=1, cat="POSIX", name="read", file="/ck/x.pt", size=777)
+        )
+    ev = _table(rows).sort("ts")
+    saves = ev.filter(pl.col("role") == "checkpoint.save")
+    ck = checkpoint_section(ev, saves, steps.with_columns(pl.col("pid").cast(pl.Int32)), Facts())
+    assert ck.steps_between_checkpoints == every
+    assert ck.files_per_checkpoint == ranks and ck.layout == "parts"
+    assert ck.bytes_per_checkpoint == shard * ranks * (ranks + 1) // 2
+    # files by rank: rank r's file is r's (its name sorts r-th), whatever the pids
+    assert ck.file_ranks == list(range(ranks))
+    assert ck.file_writes == [[[64, 1], [shard * (r + 1) - 64, 1]] for r in range(ranks)]
+    assert ck.read_at_start is restore
+    assert ck.read_bytes_per_rank == (777 if restore else None)
+
+
+LLAMA = """\
+model:
+  name: llama_like
+  type: transformer
+  num_layers: {layers}
+  parallelism: {{tensor: 1, pipeline: 1, data: {ranks}, zero_stage: 3}}
+  transformer: {{vocab_size: 512, hidden_size: {hidden}, ffn_hidden_size: 256}}
+framework: pytorch
+workflow: {{generate_data: False, train: False, checkpoint: True}}
+checkpoint:
+  checkpoint_folder: checkpoints/llama_like
+  num_checkpoints_write: {writes}
+  num_checkpoints_read: {reads}
+  fsync: True
+"""
+
+
+@pytest.mark.parametrize(
+    ("ranks", "layers", "hidden", "writes", "reads", "replay_ranks", "run"),
+    [(8, 2, 128, 3, 2, 2, True), (4, 3, 96, 2, 3, 1, False)],
+)
+def test_dlio_checkpoint_workload_writes_then_reads_scaled(
+    tmp_path: Path, cli, ranks, layers, hidden, writes, reads, replay_ranks, run
+) -> None:
+    """An MLPerf Storage-like checkpoint workload (DLIO: no training, num_checkpoints_write
+    then _read, fsync) of *ranks* ranks replayed at fewer: each replay rank writes the files
+    of the job's rank of its number (the shard kept), then reads its own back; the output
+    says how it was scaled and what the full run writes (one variant is run, both checked)."""
+    config = tmp_path / "llama.yaml"
+    config.write_text(
+        LLAMA.format(ranks=ranks, layers=layers, hidden=hidden, writes=writes, reads=reads)
+    )
+    cli("model", "import-dlio", str(config), "-o", str(tmp_path / "m.yaml"), check=True)
+    model = load_model(tmp_path / "m.yaml")
+    c = model.checkpoint
+    assert model.processes.ranks == ranks and not model.train.enabled
+    share = c.bytes_per_checkpoint // c.files_per_checkpoint
+    per_rank = share * (c.files_per_checkpoint // ranks)
+    note = scaling(model, replay_ranks)
+    assert note is not None and f"scaled from {ranks} to {replay_ranks} rank(s)" in note
+    assert f"in {c.files_per_checkpoint} files from {ranks} ranks" in note
+    assert scaling(model, ranks) is None
+    # each rank reads its own files back, whole
+    for r in range(replay_ranks):
+        assert abs(sum(n for _j, n in restore_reads(model, r)) - per_rank) < ranks
+    if not run:
+        return
+    res = cli(
+        "replay",
+        str(tmp_path / "m.yaml"),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--accelerators",
+        str(replay_ranks),
+        "--no-trace",
+        "--out",
+        str(tmp_path / "r"),
+        check=True,
+    )
+    assert note in res.stdout
+    doc = json.loads((tmp_path / "r" / "metrics.json").read_text())["checkpoint_workload"]
+    assert abs(doc["bytes_written"] - writes * replay_ranks * per_rank) <= writes * ranks
+    assert doc["bytes_read"] == reads * sum(
+        n for r in range(replay_ranks) for _j, n in restore_reads(model, r)
+    )
+    assert doc["checkpoints_written"] == writes and doc["checkpoints_read"] == reads
+    assert doc["full_bytes_per_checkpoint"] == c.bytes_per_checkpoint
+    assert f"checkpoints: {writes} written by {replay_ranks} rank(s)" in res.stdout
+    left = tmp_path / "r" / "checkpoints"
+    assert not left.exists() or not any(f.is_file() for f in left.rglob("*"))
