@@ -93,6 +93,12 @@ def scaling(model: WorkloadModel, size: int) -> str | None:
         f"({sum(1 for r in owners if r < size)} of {len(owners)} files); the full-size run "
         f"writes {human_bytes(c.bytes_per_checkpoint)} per checkpoint in "
         f"{c.files_per_checkpoint} files from {ranks} ranks"
+        + (
+            f", {human_bytes(c.bytes_per_checkpoint * c.num_checkpoints_write)} in its "
+            f"{c.num_checkpoints_write} checkpoints"
+            if c.num_checkpoints_write
+            else ""
+        )
     )
 
 
