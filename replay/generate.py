@@ -64,6 +64,7 @@ from .common import (
     read_json,
     write_json_atomic,
 )
+from .s3 import uploaded
 from .writers import AUX_SUFFIXES, write_file
 
 #: Test-only: the environment variable that holds generation after N files (see the module docstring).
@@ -314,14 +315,14 @@ def generate_dataset(
         config.model, config.seed
     )  # a model without a dataset plan fails before anything is created
     if dataset_status(config.model, Path(config.data_dir), config.seed) == "ready":
-        return _generate(config, t0)  # reuse only reads: no claim, so read-only storage works
+        return uploaded(_generate(config, t0), config.model)  # reuse only reads: no claim
     data_dir = Path(config.data_dir)
     created = not data_dir.exists()
     try:
         with _claim(
             data_dir
         ):  # status again under the claim: another writer may just have finished
-            return _generate(config, t0)
+            return uploaded(_generate(config, t0), config.model)
     except BaseException:
         if created:  # refused before writing anything: leave no empty directory behind
             try:

@@ -32,6 +32,7 @@ from dlreplay.osutil import end_with_parent
 from .common import ReplayError
 from .formats import TEXT_CHUNK_BYTES, Decoded, LibraryReader, PosixReader
 from .hostcpu import burn
+from .s3 import S3Reader, S3Target
 from .served import ReadMeter
 
 #: Bytes per read call in ``--io posix`` when the model does not know its transfer size.
@@ -74,6 +75,8 @@ class WorkerSpec:
     memory_map: bool = False
     #: drop the dataset's pages before each epoch (``--cold``: a :data:`.served.COLD_METHODS`); "" = no
     cold: str = ""
+    #: the model's storage is s3: samples are read from these objects (:mod:`.s3`), not the files
+    s3: S3Target | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,9 @@ class SampleReader:
                 text_chunk=_text_chunk(spec.transfer_size),
                 memory_map=spec.memory_map,
             )
+        if spec.s3 is not None:
+            sizes = dict(zip(spec.paths, spec.file_bytes, strict=True))
+            self.reader = S3Reader(spec.s3, spec.data_dir, sizes, spec.samples_per_file)
         #: DLIO 2.0's record index of every file (offsets, sizes), loaded as its reader does when it starts
         self.index = (
             _dlio_index(spec)

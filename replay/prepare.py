@@ -23,6 +23,7 @@ from .generate import GenerateConfig, cache_warnings, dataset_status, generate_d
 from .loader import WorkerSpec
 from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate
 from .plan import spends_host_cpu
+from .s3 import s3_target
 
 METRICS_NAME = "metrics.json"
 ORDER_NAME = "sample-order.json"
@@ -189,6 +190,7 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         index_style=m.dataset.layout.index,
         memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary",
         cold=config.cold,
+        s3=s3_target(m.storage),
     )
 
 

@@ -1,0 +1,187 @@
+"""S3 object storage for a replay: ``generate`` uploads the dataset to the model's bucket with its
+layout (one object per file, key ``<storage.prefix><relative path>``), and the replay's workers
+read samples through the job's client library (:class:`S3Reader`) with the model's request size
+(``storage.request_bytes``: one ranged GET per request, a whole-object GET when the request
+covers the object) and the model's workers (each its own client).
+
+The endpoint and credentials come from the usual environment and files that boto3 reads
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
+``~/.aws``), never from the model or a trace; nothing here writes them anywhere.
+
+The client: boto3 (s3torchconnector where the model names it is not supported yet: boto3 reads
+with the same requests, and the replay says so). Each GET is a DFTracer ``S3``/``GetObject``
+event with the args :mod:`dlreplay.capture.inject.s3` records, so a traced replay distills and
+compares as the job's capture does. Bytes; seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlreplay.capture import REGIONS
+from dlreplay.model.sections import Storage, WorkloadModel
+
+from .common import ReplayError
+
+__all__ = ["S3Reader", "S3Target", "s3_target", "upload_dataset", "uploaded"]
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """Where a replay's objects are and how to read them (picklable, no credentials)."""
+
+    bucket: str
+    prefix: str
+    request_bytes: int | None
+    client: str = "boto3"
+
+    def key(self, relpath: str) -> str:
+        """The object of a generated file: the prefix, then its relative path, less a first
+        folder that the prefix already ends with (``train/`` + ``train/img_1_of_8.npy`` is
+        ``train/img_1_of_8.npy``: DLIO's generator puts the samples in ``train/``)."""
+        rel = relpath.replace(os.sep, "/")
+        first, _, rest = rel.partition("/")
+        if rest and self.prefix.rstrip("/").rpartition("/")[2] == first:
+            rel = rest
+        return self.prefix + rel
+
+
+def s3_target(storage: Storage | None) -> S3Target | None:
+    """The target of a model's ``storage`` section (None unless ``storage_type: s3``).
+    Raises ReplayError for an s3 section without a bucket (``storage_root``)."""
+    if storage is None or storage.storage_type != "s3":
+        return None
+    if not storage.storage_root:
+        raise ReplayError("storage.storage_type is s3 but storage.storage_root names no bucket")
+    return S3Target(storage.storage_root, storage.prefix or "", storage.request_bytes)
+
+
+def client() -> Any:
+    """A boto3 S3 client from the environment and ~/.aws (a new session: fork-safe)."""
+    try:
+        import boto3
+    except ImportError:
+        raise ReplayError(
+            "the model's storage is s3: install boto3 (pip install 'dlreplay[s3]')"
+        ) from None
+    return boto3.session.Session().client("s3")
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return (BotoCoreError, ClientError)
+
+
+def upload_dataset(model: WorkloadModel, data_dir: Path, files: Sequence[dict[str, Any]]) -> int:
+    """Put each file of the generated dataset (the manifest's ``files``: ``path``, ``bytes``) into
+    the model's bucket (created when missing) unless an object of the same size is there.
+    Returns how many objects were uploaded; nothing for a model whose storage is not s3."""
+    target = s3_target(model.storage)
+    if target is None:
+        return 0
+    s3 = client()
+    try:
+        if target.bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", ())}:
+            s3.create_bucket(Bucket=target.bucket)
+        have: dict[str, int] = {}
+        pages = s3.get_paginator("list_objects_v2").paginate(
+            Bucket=target.bucket, Prefix=target.prefix
+        )
+        for page in pages:
+            have.update((o["Key"], int(o["Size"])) for o in page.get("Contents", ()))
+        sent = 0
+        for f in files:
+            key = target.key(f["path"])
+            if have.get(key) == int(f["bytes"]):
+                continue
+            with open(data_dir / f["path"], "rb") as fh:
+                s3.put_object(Bucket=target.bucket, Key=key, Body=fh)
+            sent += 1
+        return sent
+    except _errors() as exc:
+        raise ReplayError(f"s3://{target.bucket}/{target.prefix}: upload failed ({exc})") from None
+
+
+def uploaded(result: Any, model: WorkloadModel) -> Any:
+    """A generate result (``data_dir``, ``manifest``), after :func:`upload_dataset` of its files."""
+    upload_dataset(model, Path(result.data_dir), result.manifest.get("files", ()))
+    return result
+
+
+class S3Reader:
+    """A worker's reader of samples from objects (the interface of the replay's file readers:
+    :meth:`read` for ``--io posix``, :meth:`read_decoded` for ``--io library``)."""
+
+    def __init__(self, target: S3Target, data_dir: str, sizes: dict[str, int], per_file: int):
+        self.target, self.data_dir, self.sizes, self.per_file = target, data_dir, sizes, per_file
+        self._client: Any = None
+        self._pid = 0
+
+    def _s3(self) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = client(), os.getpid()
+        return self._client
+
+    def _get(self, key: str, offset: int, length: int, size: int) -> bytes:
+        """One GET (a whole-object GET when the request is the whole object), traced."""
+        whole = offset == 0 and length >= size
+        params: dict[str, Any] = {"Bucket": self.target.bucket, "Key": key}
+        if not whole:
+            params["Range"] = f"bytes={offset}-{offset + length - 1}"
+        s3 = self._s3()
+        # in a traced replay the capture's botocore hook records the GET itself
+        hooked = getattr(type(s3)._make_api_call, "_dlreplay_wrapped", False)
+        handle = None if hooked else REGIONS.begin("GetObject", "S3")
+        try:
+            resp = s3.get_object(**params)
+        except _errors() as exc:
+            REGIONS.end(handle, error=1)
+            raise ReplayError(f"s3://{self.target.bucket}/{key}: GET failed ({exc})") from None
+        REGIONS.end(
+            handle,
+            url=f"s3://{self.target.bucket}/{key}",
+            bucket=self.target.bucket,
+            key=key,
+            offset=offset,
+            length=None if whole else length,
+            bytes=resp.get("ContentLength"),
+            object_size=size,
+            client="boto3",
+        )
+        return resp["Body"].read()
+
+    def _read(self, path: str, offset: int, length: int, transfer: int) -> bytes:
+        rel = os.path.relpath(path, self.data_dir)
+        size = self.sizes[rel]
+        step = max(1, int(self.target.request_bytes or transfer or length))
+        key = self.target.key(rel)
+        return b"".join(
+            self._get(key, pos, min(step, offset + length - pos), size)
+            for pos in range(offset, offset + length, step)
+        )
+
+    def read(self, path: str, offset: int, length: int, transfer: int) -> int:
+        """Bytes [offset, offset+length) of *path*'s object in GETs; returns bytes read."""
+        return len(self._read(path, offset, length, transfer))
+
+    def read_decoded(self, path: str, k: int, rec: Sequence[int] | None) -> tuple[int, np.ndarray]:
+        """Sample *k* of *path*'s object (its record *rec*, else its share of the object): (bytes
+        read, the bytes as stored, uint8)."""
+        size = self.sizes[os.path.relpath(path, self.data_dir)]
+        if rec is not None:
+            offset, length = int(rec[0]), int(rec[1])
+        else:
+            offset = size * k // self.per_file
+            length = size * (k + 1) // self.per_file - offset
+        data = self._read(path, offset, length, 0)
+        return len(data), np.frombuffer(data, dtype=np.uint8)
+
+    def close(self) -> None:
+        self._client = None
