@@ -30,6 +30,12 @@ from dlreplay.errors import TraceError
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
 from .distill.mapped import mapped_events, with_mapped_reads
+from .distill.storage import (
+    object_reads,
+    with_object_dirs,
+    with_object_reads,
+    without_object_dirs,
+)
 from .passes import Characterization, characterize, flag_reads
 from .trace import load_trace
 from .trace.inputs import trace_notes
@@ -300,13 +306,14 @@ def compare_traces(
                 f"{path}: the trace holds no events, so there is nothing to compare ("
                 f"{'; '.join(warned[-1]) or 'no event lines'}); capture the job again"
             )
+        objects = object_reads(path)  # S3 GETs are reads of files s3://bucket/key (distill.storage)
         chars.append(
             characterize(
-                lt.events,
-                manifest=lt.manifest,
-                data_dirs=dirs,
+                with_object_reads(lt.events, objects),
+                manifest=without_object_dirs(lt.manifest, objects),
+                data_dirs=with_object_dirs(dirs, objects),
                 passes=["overview", "steps", "epochs", "access"],
-                per_process=lt.per_process,
+                per_process=lt.per_process if objects.is_empty() else None,
             )
         )
     ca, cb = chars

@@ -46,7 +46,7 @@ from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
 from .shards import streamed_shards
-from .storage import object_reads, storage_section, with_object_reads
+from .storage import object_reads, storage_section, with_object_dirs, with_object_reads
 from .timing import TimingModel, timing_model
 from .train import evaluation_section, train_section, with_timing
 
@@ -94,7 +94,7 @@ def distill(
     # the rest of distill sees the training phase only
     every = voc.ensure_roles(events)
     events, eval_events = split_evaluation(every)
-    data_dirs = data_dirs or (manifest or {}).get("data_dirs") or None
+    data_dirs = with_object_dirs(data_dirs or (manifest or {}).get("data_dirs") or None, objects)
     obs = observe(events, data_dirs, fingerprint, source, facts)
     dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
     reader = reader_section(obs, dataset, facts)

@@ -24,7 +24,14 @@ from dlreplay.model.sections import Storage
 
 from ..trace.inputs import TRACE_SUFFIXES
 
-__all__ = ["OBJECT_SCHEMA", "object_reads", "storage_section", "with_object_reads"]
+__all__ = [
+    "OBJECT_SCHEMA",
+    "object_reads",
+    "storage_section",
+    "with_object_dirs",
+    "with_object_reads",
+    "without_object_dirs",
+]
 
 #: Columns of :func:`object_reads`: µs (``ts``, ``dur``), bytes (``offset`` and ``length``
 #: asked for, ``bytes`` answered, ``object_size``); ``error`` 1 when the call raised.
@@ -122,6 +129,21 @@ def with_object_reads(events: pl.DataFrame, objects: pl.DataFrame) -> pl.DataFra
         [events, rows.cast(events.schema)],  # type: ignore[arg-type]
         how="vertical",
     ).sort("ts", maintain_order=True)
+
+
+def with_object_dirs(data_dirs: list[str] | None, objects: pl.DataFrame) -> list[str] | None:
+    """The dataset's directories for the rest of the analysis: *data_dirs*, or None (the dataset
+    is what the loader's workers read) when the job read objects: ``s3://`` names are under no
+    directory (a replay's manifest names its local copy of the dataset, which it does not read)."""
+    return data_dirs if objects.is_empty() else None
+
+
+def without_object_dirs(manifest: dict | None, objects: pl.DataFrame) -> dict | None:
+    """A capture's manifest, without its ``data_dirs`` when the job read objects (see
+    :func:`with_object_dirs`; the analysis passes take the manifest's when given none)."""
+    if objects.is_empty() or not manifest:
+        return manifest
+    return {**manifest, "data_dirs": []}
 
 
 def storage_section(objects: pl.DataFrame) -> Storage | None:
