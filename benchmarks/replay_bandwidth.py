@@ -15,9 +15,10 @@ bytes (``--io posix``, buffered). Measured, every pass with the dataset's pages 
   against the dataset device's own sectors read in the epoch (``/sys/dev/block``, every
   process on the host: other traffic there counts too);
 - **the client's ceiling**: the same replay and fio on a copy in ``--shm-dir`` (tmpfs: no
-  storage at all), in GB/s and in GB/s per core (bytes / CPU seconds of the reading
-  processes: the replay's by ``getrusage`` of this process and its reaped children, fio's by
-  its own usr+sys CPU).
+  storage at all), in GB/s and in GB/s per core (bytes / CPU seconds: the replay's by
+  ``getrusage`` of this process and its reaped children over the whole call, its set-up
+  included; fio's by its own usr+sys CPU over its run); and the replay's read primitive alone
+  (one thread) against one fio job, which tells the reads from the loader around them.
 
 Direct I/O (``direct=1``) is not compared: the replay's ``--io posix`` reads are buffered.
 MB = 10^6 bytes, GB = 10^9 bytes.
@@ -46,6 +47,7 @@ dlreplay.prepare_process()  # polars' allocator and one BLAS thread, as the CLI 
 
 from dlreplay.model import apply_overrides, model_from_dict  # noqa: E402
 from dlreplay.replay import GenerateConfig, ReplayConfig, generate_dataset, run_replay  # noqa: E402
+from dlreplay.replay.formats import PosixReader  # noqa: E402
 from dlreplay.replay.served import drop_pages  # noqa: E402
 
 
@@ -105,6 +107,19 @@ def fio(files: list[Path], data: Path, jobs: int, transfer: int) -> tuple[float,
     secs = rd["runtime"] / 1000.0
     cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * secs  # percent of one CPU over the run
     return rd["io_bytes"] / secs / 1e6 if secs else float("nan"), cpu
+
+
+def primitive(files: list[Path], transfer: int) -> tuple[float, float]:
+    """(GB/s, GB/s per core) of the replay's read primitive alone (PosixReader into its reused
+    buffer), one thread, the files one after the other."""
+    r = PosixReader("raw", open_per_sample=True)
+    c0, t0 = time.process_time(), time.perf_counter()
+    try:
+        n = sum(r.read(str(p), 0, p.stat().st_size, transfer) for p in files)
+    finally:
+        r.close()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return n / wall / 1e9, n / cpu / 1e9 if cpu > 0 else float("nan")
 
 
 def replay(model, data: Path, out: Path, loader: str, cold: bool) -> dict:
@@ -187,6 +202,12 @@ def main() -> int:
                 total = sum(p.stat().st_size for p in shm_files)
                 ceiling.setdefault("fio GB/s", []).append(mbps / 1e3)
                 ceiling.setdefault("fio GB/s per core", []).append(total / cpu / 1e9)
+                mbps, cpu = fio(shm_files, shm, 1, args.transfer)
+                ceiling.setdefault("fio 1 job GB/s", []).append(mbps / 1e3)
+                ceiling.setdefault("fio 1 job GB/s per core", []).append(total / cpu / 1e9)
+                gbps, per_core = primitive(shm_files, args.transfer)
+                ceiling.setdefault("replay's reader, 1 thread GB/s", []).append(gbps)
+                ceiling.setdefault("replay's reader, 1 thread GB/s per core", []).append(per_core)
                 for loader in loaders:
                     r = replay(model, shm, Path(tmp) / f"shm{i}-{loader}", loader, False)
                     ceiling.setdefault(f"replay {loader} GB/s", []).append(r["epoch_mbps"] / 1e3)
