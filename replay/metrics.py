@@ -225,10 +225,15 @@ def served_notes(epochs: Sequence[dict[str, Any]], overall: dict[str, Any]) -> l
         if note and note not in notes:
             notes.append(note)
     cache = overall.get("cache_served_percent")
+    cold = any((e.get("cold") or {}).get("method", "none") != "none" for e in epochs)
     if len(epochs) > 1 and cache is not None and cache >= CACHE_NOTE_PERCENT:
         notes.append(
             f"overall, {cache:.0f} % of the replay's bytes came from the page cache, not the "
-            f"storage (dlreplay replay --cold drops the dataset's pages before each epoch)"
+            + (
+                "storage: re-reads within each epoch (its pages were dropped before it)"
+                if cold
+                else "storage (dlreplay replay --cold drops the dataset's pages before each epoch)"
+            )
         )
     return notes
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dlreplay.analyze.compare import _served_lines
 from dlreplay.model import apply_overrides, model_from_dict, save_model
 from dlreplay.replay import (
     GenerateConfig,
@@ -137,6 +138,11 @@ def test_cold_replay_drops_pages_before_each_epoch_and_writes_provenance(
         assert e["cold"]["resident_after_percent"] == 0.0
         assert _close(e["served_bytes"], e["bytes_asked"]), (e["served_bytes"], e["bytes_asked"])
     assert m["cold"] == "fadvise" and not any("page cache" in n for n in m["served_notes"])
+    # compare's lines for a replay directory, beside a side that has none (a captured job's trace)
+    lines = _served_lines(served_summary(m), None)
+    assert any(
+        ln.split()[:3] == ["served", "by", "storage"] and ln.split()[-1] == "-" for ln in lines
+    )
     served.drop_pages(str(data), [os.path.relpath(p, data) for p in _files(data)], "fadvise")
     assert all(served.residency(p) == 0.0 for p in _files(data))
     prov = json.loads((out / "provenance.json").read_text())
