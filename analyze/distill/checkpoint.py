@@ -38,23 +38,7 @@ def checkpoint_section(
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
         return Checkpoint(enabled=False)
-    interval, every_epochs, after_epoch = _schedule(saves, batches, epochs)
-    if every_epochs is not None:
-        interval = None
-        facts.put(
-            "checkpoint.epochs_between_checkpoints",
-            "torch.save events after epochs end",
-            "measured",
-        )
-        facts.put(
-            "checkpoint.checkpoint_after_epoch", "first epoch followed by a torch.save", "measured"
-        )
-    else:
-        facts.put(
-            "checkpoint.steps_between_checkpoints",
-            "training steps between checkpoint saves",
-            "measured",
-        )
+    interval, every_epochs, after_epoch = _schedule_facts(saves, batches, epochs, facts)
     saves = _numbered(saves)
     # a checkpoint's bytes: its ranks' saves' (a rank's save of unknown size wrote nothing seen)
     per_ckpt = saves.group_by("ckpt").agg(
@@ -122,6 +106,29 @@ def checkpoint_section(
         serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
+
+
+def _schedule_facts(
+    saves: pl.DataFrame, batches: pl.DataFrame, epochs: pl.DataFrame | None, facts: Facts
+) -> tuple[int | None, int | None, int]:
+    """:func:`_schedule`, its facts put (a step interval only without an epoch one)."""
+    interval, every_epochs, after_epoch = _schedule(saves, batches, epochs)
+    if every_epochs is not None:
+        facts.put(
+            "checkpoint.epochs_between_checkpoints",
+            "torch.save events after epochs end",
+            "measured",
+        )
+        facts.put(
+            "checkpoint.checkpoint_after_epoch", "first epoch followed by a torch.save", "measured"
+        )
+        return None, every_epochs, after_epoch
+    facts.put(
+        "checkpoint.steps_between_checkpoints",
+        "training steps between checkpoint saves",
+        "measured",
+    )
+    return interval, every_epochs, after_epoch
 
 
 def _schedule(
