@@ -389,6 +389,10 @@ def _io_inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("checkpoint.write_transfer_size")
     if ck.read_at_start:
         lost.append("checkpoint.read_at_start=true")
+    if ck.layout != "parts":
+        lost.append(f"checkpoint.layout={ck.layout}")
+    if ck.file_ranks is not None:
+        lost.append("checkpoint.file_ranks")
     if pr.workers_per_rank != rd.read_threads:
         lost.append(f"processes.workers_per_rank={pr.workers_per_rank}")
     return lost
