@@ -219,7 +219,14 @@ def test_generate_uploads_and_replay_reads_through_s3(
         "--data-dir",
         str(runs / "gen"),
     ]
-    cmd += ["-o", str(out), "--set", "storage.storage_root=dlreplay-replayed"]
+    cmd += [
+        "-o",
+        str(out),
+        "--set",
+        "storage.storage_root=dlreplay-replayed",
+        "--loader",
+        "builtin",
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     check_no_traceback(p.stdout, p.stderr, what="replay")
     assert p.returncode in (0, 1), p.stdout + p.stderr  # 1: the AU threshold failed
