@@ -243,7 +243,8 @@ def ensure_dataset(
             f"{config.data_dir}: dataset manifest missing or for another model; regenerate it"
         )
     return manifest, [
-        *cache_warnings(int(manifest.get("total_bytes", 0))),
+        # (a --cold replay drops the dataset's pages before each epoch: no page-cache warning)
+        *(cache_warnings(int(manifest.get("total_bytes", 0))) if not config.cold else []),
         *model_warnings(config.model),
     ]
 
