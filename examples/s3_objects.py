@@ -5,7 +5,8 @@ A map-style ``torch.utils.data.Dataset`` over the objects under ``s3://<bucket>/
 (one sample per object: ``.npy`` float32 arrays, or ``.jpg`` images decoded with Pillow), read
 with ``get_object``: the whole object in one GET (default), or in ranged GETs of
 ``--range-bytes`` each (``Range: bytes=a-b``, as chunked readers and s3torchconnector's
-range-based reader do). A ``DataLoader`` with ``--workers`` worker processes (each its own
+range-based reader do); ``--client s3torchconnector`` reads through s3torchconnector's
+``S3MapDataset`` instead. A ``DataLoader`` with ``--workers`` worker processes (each its own
 boto3 client) feeds a tiny model.
 
 The endpoint and credentials come from the usual places boto3 reads (``AWS_ENDPOINT_URL``,
@@ -43,6 +44,13 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--range-bytes", type=int, default=0, help="ranged GETs of this many bytes (0: whole)"
+    )
+    p.add_argument(
+        "--client",
+        choices=("boto3", "s3torchconnector"),
+        default="boto3",
+        help="s3torchconnector: its S3MapDataset's readers (sequential; range-based, unbuffered, "
+        "with --range-bytes)",
     )
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
@@ -100,8 +108,16 @@ class S3Objects:
     """Map-style dataset: index -> (tensor, bytes read, GETs). Keys and sizes are listed once
     (in the main process); each worker process opens its own client on first use."""
 
-    def __init__(self, bucket: str, objects: list[tuple[str, int]], fmt: str, range_bytes: int):
+    def __init__(
+        self,
+        bucket: str,
+        objects: list[tuple[str, int]],
+        fmt: str,
+        range_bytes: int,
+        library: str = "boto3",
+    ):
         self.bucket, self.objects, self.fmt, self.range_bytes = bucket, objects, fmt, range_bytes
+        self.library = library
         self._client = None
         self._pid = None
 
@@ -110,11 +126,45 @@ class S3Objects:
 
     def _s3(self):
         if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = client(), os.getpid()
+            make = client if self.library == "boto3" else self._torch_dataset
+            self._client, self._pid = make(), os.getpid()
         return self._client
+
+    def _torch_dataset(self):
+        """s3torchconnector's map dataset over the objects (endpoint and region from the
+        environment; path-style addressing when an endpoint is given)."""
+        from s3torchconnector import S3ClientConfig, S3MapDataset, S3ReaderConstructor
+
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+        readers = (
+            S3ReaderConstructor.range_based(buffer_size=0)
+            if self.range_bytes
+            else S3ReaderConstructor.sequential()
+        )
+        return S3MapDataset.from_objects(
+            [f"s3://{self.bucket}/{key}" for key, _ in self.objects],
+            region=region,
+            endpoint=endpoint,
+            s3client_config=S3ClientConfig(force_path_style=bool(endpoint)),
+            reader_constructor=readers,
+        )
+
+    def _fetch_torch(self, idx: int) -> tuple[bytes, int]:
+        _, size = self.objects[idx]
+        reader = self._s3()[idx]
+        if not self.range_bytes:
+            return reader.read(), 1
+        parts = []
+        for off in range(0, size, self.range_bytes):
+            reader.seek(off)
+            parts.append(reader.read(min(self.range_bytes, size - off)))
+        return b"".join(parts), len(parts)
 
     def fetch(self, idx: int) -> tuple[bytes, int]:
         """The object's bytes and how many GETs read them."""
+        if self.library != "boto3":
+            return self._fetch_torch(idx)
         key, size = self.objects[idx]
         s3 = self._s3()
         if not self.range_bytes:
@@ -163,7 +213,7 @@ def train(args) -> dict:
     objects = list_objects(args.bucket, args.prefix)
     if not objects:
         raise SystemExit(f"{JOB}: no objects under s3://{args.bucket}/{args.prefix} (--populate)")
-    ds = S3Objects(args.bucket, objects, args.format, args.range_bytes)
+    ds = S3Objects(args.bucket, objects, args.format, args.range_bytes, args.client)
     loader = DataLoader(
         ds,
         batch_size=args.batch_size,

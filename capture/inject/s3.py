@@ -143,4 +143,99 @@ def _patch_botocore(mod: Any) -> None:
     cls._make_api_call = wrap_make_api_call(orig)  # type: ignore[union-attr]
 
 
+HOOK_TC = "s3torchconnector.GetObject"
+
+
+class CountedStream:
+    """s3torchconnector's ``GetObjectStream`` (an iterator of byte chunks), the same to the job:
+    each chunk handed over as it comes, attributes and exceptions its own; the GET's event ends
+    when a range's bytes have come, the stream ends (``bytes``: what it yielded) or it raises
+    (``error``). A stream the job leaves unfinished short of its range has no event."""
+
+    def __init__(self, stream: Any, opened: tuple[int | None, dict[str, Any]]) -> None:
+        self._dlreplay_stream = stream
+        self._dlreplay_opened: tuple[int | None, dict[str, Any]] | None = opened
+        self._dlreplay_bytes = 0
+
+    def __iter__(self) -> CountedStream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            chunk = next(self._dlreplay_stream)
+        except StopIteration:
+            core.guard(HOOK_TC, self._dlreplay_end, False)
+            raise
+        except BaseException:
+            core.guard(HOOK_TC, self._dlreplay_end, True)
+            raise
+        core.guard(HOOK_TC, self._dlreplay_count, chunk)
+        return chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dlreplay_stream, name)
+
+    def _dlreplay_count(self, chunk: Any) -> None:
+        """Count a chunk; a range's last chunk ends the event (readers stop iterating there)."""
+        self._dlreplay_bytes += len(chunk)
+        opened = self._dlreplay_opened
+        length = opened[1].get("length") if opened is not None else None
+        if length is not None and self._dlreplay_bytes >= length:
+            self._dlreplay_end(False)
+
+    def _dlreplay_end(self, error: bool) -> None:
+        opened, self._dlreplay_opened = self._dlreplay_opened, None
+        if opened is None:
+            return
+        handle, args = opened
+        if error:
+            core.REGIONS.end(handle, error=1, **args)
+        else:
+            core.REGIONS.end(handle, bytes=self._dlreplay_bytes, **args)
+
+
+def _begin_stream(bucket: Any, key: Any, start: Any, end: Any) -> tuple[int | None, dict[str, Any]]:
+    ranged = start is not None or end is not None
+    offset = int(start or 0)
+    args = {
+        "url": f"s3://{bucket}/{key}",
+        "bucket": bucket,
+        "key": key,
+        "offset": offset,
+        "length": int(end) - offset if ranged and end is not None else None,
+        "client": "s3torchconnector",
+    }
+    return core.REGIONS.begin(GET, CATEGORY), args
+
+
+def wrap_get_object_stream(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """s3torchconnector's ``S3Client._get_object_stream(bucket, key, start, end)`` (every GET of
+    its map and iterable datasets' readers, sequential or range-based) with each GET traced:
+    the event spans the request and the stream's transfer (the chunks arrive as the job
+    iterates them)."""
+
+    @functools.wraps(orig)
+    def wrapper(self: Any, bucket: Any, key: Any, start: Any = None, end: Any = None) -> Any:
+        opened = core.guard(HOOK_TC, _begin_stream, bucket, key, start, end)
+        try:
+            stream = orig(self, bucket, key, start, end)
+        except BaseException:
+            if opened is not None:
+                core.guard(HOOK_TC, core.REGIONS.end, opened[0])
+            raise
+        return stream if opened is None else CountedStream(stream, opened)
+
+    wrapper._dlreplay_wrapped = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _patch_s3torch(mod: Any) -> None:
+    cls = getattr(mod, "S3Client", None)
+    orig = getattr(cls, "_get_object_stream", None) if cls is not None else None
+    if orig is None or getattr(orig, "_dlreplay_wrapped", False):
+        return
+    cls._get_object_stream = wrap_get_object_stream(orig)  # type: ignore[union-attr]
+
+
 core.add_patch("botocore.client", _patch_botocore)
+core.add_patch("s3torchconnector._s3client._s3client", _patch_s3torch)
