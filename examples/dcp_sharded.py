@@ -13,8 +13,10 @@ optimizer state into ``<checkpoint-dir>/step_<SSSSSS>/``: each rank writes its s
 ``.metadata``; ``--fsync`` makes DCP fsync each file. At start, when the checkpoint directory
 holds a complete checkpoint (a ``.metadata``), every rank ``dcp.load``\\ s the latest into its
 model and optimizer first and training goes on from its step (``--no-resume``: never).
-``--keep K``: rank 0 deletes all but the newest K checkpoints after each save. Run without
-``torchrun`` it is one rank (a gloo group of one).
+``--keep K``: rank 0 deletes all but the newest K checkpoints after each save.
+``--writer torch``: plain per-rank shards instead, each rank ``torch.save``\\ s its own
+``rank<r>.pt`` (fsync'd with ``--fsync``) and restores it with ``torch.load`` (rank 0's when it
+has none). Run without ``torchrun`` it is one rank (a gloo group of one).
 
 The report (``--report``, by rank 0) holds the epoch times, the steps, the checkpoints written
 (step, directory, every file's bytes) and the one restored, with its bytes.
@@ -54,7 +56,13 @@ def parse_args(argv=None):
         default=True,
         help="dcp.load the latest checkpoint of --checkpoint-dir at start when there is one",
     )
-    g.add_argument("--fsync", action="store_true", help="FileSystemWriter(sync_files=True)")
+    g.add_argument("--fsync", action="store_true", help="fsync each checkpoint file")
+    g.add_argument(
+        "--writer",
+        choices=("dcp", "torch"),
+        default="dcp",
+        help="dcp: dcp.save/dcp.load; torch: each rank torch.save/torch.load its own rank<r>.pt",
+    )
     g.add_argument(
         "--keep", type=C.nonneg_int, default=2, help="checkpoints kept (0: all); rank 0 deletes"
     )
@@ -87,7 +95,8 @@ def _checkpoints(folder: str) -> list[tuple[int, str]]:
     out = []
     for name in names:
         path = os.path.join(folder, name)
-        if name.startswith("step_") and os.path.isfile(os.path.join(path, ".metadata")):
+        done = (os.path.join(path, m) for m in (".metadata", "rank0.pt"))
+        if name.startswith("step_") and any(os.path.isfile(m) for m in done):
             out.append((int(name[5:]), path))
     return sorted(out)
 
@@ -113,16 +122,25 @@ def _restore(args, model, opt, dist) -> dict | None:
     if not found:
         return None
     step, path = found[-1]
-    state = _state(model, opt, 0)
-    state["progress"]["step"] = torch.tensor(0)
     t0 = time.perf_counter()
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if args.writer == "torch":
+        mine = os.path.join(path, f"rank{dist.get_rank()}.pt")
+        mine = mine if os.path.isfile(mine) else os.path.join(path, "rank0.pt")
+        state = torch.load(mine, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        nbytes = os.path.getsize(mine)
+    else:
+        state = _state(model, opt, 0)
+        state["progress"]["step"] = torch.tensor(0)
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        nbytes = sum(_files(path).values())
     dist.barrier()
     return {
         "step": int(state["progress"]["step"]),
         "path": path,
-        "bytes": sum(_files(path).values()),
+        "bytes": nbytes,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -135,8 +153,21 @@ def _save(args, model, opt, step: int, rank: int, dist) -> dict:
     state = _state(model, opt, step)
     state["progress"]["step"] = torch.tensor(step)
     t0 = time.perf_counter()
-    writer = dcp.FileSystemWriter(path, sync_files=args.fsync)
-    dcp.save(state, storage_writer=writer)
+    if args.writer == "torch":
+        os.makedirs(path, exist_ok=True)
+        plain = {
+            "model": model.module.state_dict(),
+            "optim": opt.state_dict(),
+            "progress": {"step": step},
+        }
+        with open(os.path.join(path, f"rank{rank}.pt"), "wb") as fh:
+            torch.save(plain, fh)
+            if args.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+    else:
+        writer = dcp.FileSystemWriter(path, sync_files=args.fsync)
+        dcp.save(state, storage_writer=writer)
     dist.barrier()  # every rank's shard is written before rank 0 prunes or reports
     seconds = time.perf_counter() - t0
     files = _files(path) if rank == 0 else {}

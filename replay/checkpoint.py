@@ -337,11 +337,18 @@ class Checkpointer:
         rts = self.c.read_transfer_size
         ev = REGIONS.begin("restart", "checkpoint")
         total = 0
+        reads = restore_reads(self.plan.model, self.plan.rank)
+        # named as the job's load names it: DCP its directory, torch.load its one file
+        named = (
+            folder
+            if self.c.layout == "dcp" or len(reads) != 1
+            else folder / self.names[reads[0][0]]
+        )
         try:
-            for j, nbytes in restore_reads(self.plan.model, self.plan.rank):
+            for j, nbytes in reads:
                 total += self._read(folder / self.names[j], nbytes, rts)
         finally:
-            REGIONS.end(ev, path=str(folder.resolve()), bytes=total)
+            REGIONS.end(ev, path=str(named.resolve()), bytes=total)
         return total
 
     def _read(self, path: Path, nbytes: int, rts: Any) -> int:
