@@ -8,8 +8,9 @@ The endpoint and credentials come from the usual environment and files that boto
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
 ``~/.aws``), never from the model or a trace; nothing here writes them anywhere.
 
-The client: boto3 (s3torchconnector where the model names it is not supported yet: boto3 reads
-with the same requests, and the replay says so). Each GET is a DFTracer ``S3``/``GetObject``
+The client: the model's (``storage.client``): s3torchconnector (its map dataset's sequential
+reader for whole GETs, its unbuffered range-based reader for ranges) where the model names it and
+it is installed, else boto3. Each GET is a DFTracer ``S3``/``GetObject``
 event with the args :mod:`dlreplay.capture.inject.s3` records, so a traced replay distills and
 compares as the job's capture does. Bytes; seconds.
 """
@@ -17,6 +18,7 @@ compares as the job's capture does. Bytes; seconds.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +61,9 @@ def s3_target(storage: Storage | None) -> S3Target | None:
         return None
     if not storage.storage_root:
         raise ReplayError("storage.storage_type is s3 but storage.storage_root names no bucket")
-    return S3Target(storage.storage_root, storage.prefix or "", storage.request_bytes)
+    return S3Target(
+        storage.storage_root, storage.prefix or "", storage.request_bytes, storage.client or "boto3"
+    )
 
 
 def client() -> Any:
@@ -115,35 +119,96 @@ def uploaded(result: Any, model: WorkloadModel) -> Any:
     return result
 
 
+class _TorchObjects:
+    """s3torchconnector's map datasets over the replay's objects: sequential readers for whole
+    GETs, unbuffered range-based readers for ranges (one GET per read)."""
+
+    def __init__(self, target: S3Target, keys: Sequence[str]) -> None:
+        from s3torchconnector import S3ClientConfig, S3MapDataset, S3ReaderConstructor
+
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+        uris = [f"s3://{target.bucket}/{k}" for k in keys]
+        self.index = {k: i for i, k in enumerate(keys)}
+        self.whole, self.ranged = (
+            S3MapDataset.from_objects(
+                uris,
+                region=region,
+                endpoint=endpoint,
+                s3client_config=S3ClientConfig(force_path_style=bool(endpoint)),
+                reader_constructor=readers,
+            )
+            for readers in (
+                S3ReaderConstructor.sequential(),
+                S3ReaderConstructor.range_based(buffer_size=0),
+            )
+        )
+
+    def get(self, key: str, offset: int, length: int, whole: bool) -> bytes:
+        if whole:
+            return bytes(self.whole[self.index[key]].read())
+        reader = self.ranged[self.index[key]]
+        reader.seek(offset)
+        return bytes(reader.read(length))
+
+
+def torch_client_available() -> bool:
+    """Whether s3torchconnector can be imported here."""
+    import importlib.util
+
+    return importlib.util.find_spec("s3torchconnector") is not None
+
+
 class S3Reader:
     """A worker's reader of samples from objects (the interface of the replay's file readers:
-    :meth:`read` for ``--io posix``, :meth:`read_decoded` for ``--io library``)."""
+    :meth:`read` for ``--io posix``, :meth:`read_decoded` for ``--io library``). The client is
+    the model's (``storage.client``): s3torchconnector where the model names it and it is
+    installed, else boto3."""
 
     def __init__(self, target: S3Target, data_dir: str, sizes: dict[str, int], per_file: int):
         self.target, self.data_dir, self.sizes, self.per_file = target, data_dir, sizes, per_file
+        self.library = (
+            "s3torchconnector"
+            if target.client == "s3torchconnector" and torch_client_available()
+            else "boto3"
+        )
         self._client: Any = None
         self._pid = 0
 
     def _s3(self) -> Any:
         if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = client(), os.getpid()
+            if self.library == "boto3":
+                self._client = client()
+            else:
+                self._client = _TorchObjects(self.target, [self.target.key(p) for p in self.sizes])
+            self._pid = os.getpid()
         return self._client
 
-    def _get(self, key: str, offset: int, length: int, size: int) -> bytes:
-        """One GET (a whole-object GET when the request is the whole object), traced."""
-        whole = offset == 0 and length >= size
+    def _fetch(self, key: str, offset: int, length: int, whole: bool) -> tuple[bytes, int | None]:
+        """(the bytes, ContentLength when the client says it) of one GET."""
+        s3 = self._s3()
+        if self.library != "boto3":
+            data = s3.get(key, offset, length, whole)
+            return data, len(data)
         params: dict[str, Any] = {"Bucket": self.target.bucket, "Key": key}
         if not whole:
             params["Range"] = f"bytes={offset}-{offset + length - 1}"
-        s3 = self._s3()
-        # in a traced replay the capture's botocore hook records the GET itself
-        hooked = getattr(type(s3)._make_api_call, "_dlreplay_wrapped", False)
+        resp = s3.get_object(**params)
+        return resp["Body"].read(), resp.get("ContentLength")
+
+    def _get(self, key: str, offset: int, length: int, size: int) -> bytes:
+        """One GET (a whole-object GET when the request is the whole object), traced: by the
+        capture's hooks where the replay runs under them (``_dlreplay_s3`` loaded), else here."""
+        whole = offset == 0 and length >= size
+        hooked = "_dlreplay_s3" in sys.modules
         handle = None if hooked else REGIONS.begin("GetObject", "S3")
         try:
-            resp = s3.get_object(**params)
-        except _errors() as exc:
+            data, nbytes = self._fetch(key, offset, length, whole)
+        except Exception as exc:  # the client's own errors (botocore's, S3Exception)
             REGIONS.end(handle, error=1)
-            raise ReplayError(f"s3://{self.target.bucket}/{key}: GET failed ({exc})") from None
+            raise ReplayError(
+                f"s3://{self.target.bucket}/{key}: GET failed ({type(exc).__name__}: {exc})"
+            ) from None
         REGIONS.end(
             handle,
             url=f"s3://{self.target.bucket}/{key}",
@@ -151,11 +216,11 @@ class S3Reader:
             key=key,
             offset=offset,
             length=None if whole else length,
-            bytes=resp.get("ContentLength"),
+            bytes=nbytes,
             object_size=size,
-            client="boto3",
+            client=self.library,
         )
-        return resp["Body"].read()
+        return data
 
     def _read(self, path: str, offset: int, length: int, transfer: int) -> bytes:
         rel = os.path.relpath(path, self.data_dir)
