@@ -96,6 +96,12 @@ class MetadataPerSample:
     lseeks: float | None = model_field(None, check="nonneg")
 
 
+#: How reads of dataset files bypass the page cache (``reader.direct_io``).
+DIRECT_IO_MODES = ("off", "on", "hybrid")
+#: Default ``reader.direct_io_threshold`` (bytes): Lustre's default hybrid read threshold.
+DIRECT_IO_THRESHOLD = 8 << 20
+
+
 #: Libraries that stream shards (``reader.streaming.library``).
 SHARD_LIBRARIES = ("tarfile", "webdataset", "pyarrow")
 #: How an IterableDataset splits its shards over ranks, then over each rank's workers:
@@ -210,6 +216,19 @@ class Reader:
         doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
         "png): buffered = by path or a default Python file (a few large reads), "
         "unbuffered = an unbuffered file object (every library read is one read call)",
+    )
+    direct_io: str = model_field(
+        "off",
+        choices=DIRECT_IO_MODES,
+        doc="how the job's reads of dataset files bypass the page cache: off (buffered), on "
+        "(every file opened with O_DIRECT, DLIO reader.odirect), hybrid (a read call of at "
+        "least direct_io_threshold bytes goes direct, smaller ones buffered, as Lustre's "
+        "hybrid_io_read_threshold_bytes in MLPerf Storage)",
+    )
+    direct_io_threshold: int = model_field(
+        DIRECT_IO_THRESHOLD,
+        check="positive",
+        doc="hybrid: bytes from which a read call goes direct (ignored unless direct_io is hybrid)",
     )
     batch_tensors: int = model_field(
         1,
