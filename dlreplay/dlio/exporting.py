@@ -267,6 +267,12 @@ def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
         out["shuffle_size"] = rd.shuffle_size
     if rd.multiprocessing_context != "fork":
         out["multiprocessing_context"] = rd.multiprocessing_context
+    if rd.direct_io == "on":
+        out["odirect"] = True
+        if model.dataset.format not in ("npy", "npz"):
+            warnings.append(
+                "DLIO's reader.odirect reads npy and npz only; it will refuse this config"
+            )
     ts = rd.transfer_size
     if ts.is_known:
         size = ts.value if ts.type == "fixed" else ts.mean
@@ -381,6 +387,8 @@ def _io_inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("reader.open_per_sample=false")
     if rd.file_buffering != "buffered":
         lost.append(f"reader.file_buffering={rd.file_buffering}")
+    if rd.direct_io == "hybrid":
+        lost.append(f"reader.direct_io=hybrid (threshold {rd.direct_io_threshold} bytes)")
     if rd.access_pattern != AccessPattern():
         lost.append("reader.access_pattern")
     if rd.metadata_per_sample != MetadataPerSample():

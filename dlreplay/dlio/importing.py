@@ -466,6 +466,9 @@ def _import_reader_io(imp: Importer) -> dict[str, Any]:
         )
     out["multiprocessing_context"] = ctx
     imp.mark("reader.multiprocessing_context", "reader.multiprocessing_context" if given else None)
+    odirect, given = imp.get("reader.odirect", "bool", False)
+    out["direct_io"] = "on" if odirect else "off"
+    imp.mark("reader.direct_io", "reader.odirect" if given else None)
     return out
 
 
