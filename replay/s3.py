@@ -42,6 +42,8 @@ class S3Target:
     prefix: str
     request_bytes: int | None
     client: str = "boto3"
+    #: the job read its objects in ranged GETs (else whole: one GET per sample, whatever its size)
+    ranged: bool = True
 
     def key(self, relpath: str) -> str:
         """The object of a generated file: the prefix, then its relative path, less a first
@@ -62,7 +64,11 @@ def s3_target(storage: Storage | None) -> S3Target | None:
     if not storage.storage_root:
         raise ReplayError("storage.storage_type is s3 but storage.storage_root names no bucket")
     return S3Target(
-        storage.storage_root, storage.prefix or "", storage.request_bytes, storage.client or "boto3"
+        storage.storage_root,
+        storage.prefix or "",
+        storage.request_bytes,
+        storage.client or "boto3",
+        storage.ranged,
     )
 
 
@@ -226,6 +232,8 @@ class S3Reader:
         rel = os.path.relpath(path, self.data_dir)
         size = self.sizes[rel]
         step = max(1, int(self.target.request_bytes or transfer or length))
+        if not self.target.ranged:  # whole GETs (a generated object may be a header longer)
+            step = max(1, length)
         key = self.target.key(rel)
         return b"".join(
             self._get(key, pos, min(step, offset + length - pos), size)

@@ -9,6 +9,7 @@ output."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,9 +39,16 @@ EXAMPLE = EXAMPLES / "s3_objects.py"
 BUCKET = "dlreplay-test-objects"
 COMMON = ["--bucket", BUCKET, "--num-objects", "8", "--workers", "1", "--epochs", "2"]
 COMMON += ["--batch-size", "4", "--compute-ms", "2"]
+#: the whole-object variant reads through s3torchconnector where it is installed (extra s3torch)
+WHOLE_CLIENT = "s3torchconnector" if importlib.util.find_spec("s3torchconnector") else "boto3"
+CLIENTS = {"whole": WHOLE_CLIENT, "ranged": "boto3"}
 #: variant -> (example args, object payload bytes, bytes per GET: None = whole objects)
 VARIANTS: dict[str, tuple[list[str], int, int | None]] = {
-    "whole": (["--prefix", "whole/", "--sample-bytes", "32768"], 32768, None),
+    "whole": (
+        ["--prefix", "whole/", "--sample-bytes", "32768", "--client", WHOLE_CLIENT],
+        32768,
+        None,
+    ),
     "ranged": (
         ["--prefix", "ranged/", "--sample-bytes", "98304", "--range-bytes", "16384"],
         98304,
@@ -114,8 +122,9 @@ def test_capture_records_each_get(runs: Path, name: str) -> None:
     assert gets.height == 8 * per_object * 2  # objects x GETs each x epochs
     assert set(gets["bucket"]) == {BUCKET}
     assert gets["key"].str.starts_with(f"{name}/").all()
-    assert set(gets["object_size"]) == {size}
-    assert set(gets["client"]) == {"boto3"}
+    assert set(gets["client"]) == {CLIENTS[name]}
+    if CLIENTS[name] == "boto3":  # s3torchconnector's stream does not say the object's size
+        assert set(gets["object_size"]) == {size}
     assert gets["error"].is_null().all()
     report = _report(runs, name)
     assert gets["bytes"].sum() == sum(e["bytes"] for e in report["epochs"])
@@ -179,7 +188,7 @@ def test_distill_storage_s3(models: dict[str, Any], name: str) -> None:
         "s3",
         BUCKET,
         f"{name}/",
-        "boto3",
+        CLIENTS[name],
     )
     assert st.object_bytes == size
     assert st.request_bytes == (size if step is None else step)
@@ -203,33 +212,30 @@ def test_dlio_keeps_storage(models: dict[str, Any]) -> None:
     assert dlio_to_model({k: v for k, v in cfg.items() if k != "storage"}).storage is None
 
 
+@pytest.fixture(scope="module")
+def replays(runs: Path, models: dict[str, Any], env: dict[str, str]) -> dict[str, Path]:
+    """Both models replayed at once, each into a bucket of its own (generate uploads first)."""
+    procs = {}
+    for name in VARIANTS:
+        cmd = [sys.executable, "-m", "dlreplay", "replay", str(runs / f"m_{name}.yaml")]
+        cmd += ["--data-dir", str(runs / f"gen_{name}"), "-o", str(runs / f"replay_{name}")]
+        cmd += ["--set", f"storage.storage_root=replayed-{name}", "--loader", "builtin"]
+        procs[name] = _run(cmd, env)
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=300)
+        check_no_traceback(out, what=f"replay {name}")
+        assert p.returncode in (0, 1), out  # 1: the AU threshold failed
+    return {name: runs / f"replay_{name}" for name in VARIANTS}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_generate_uploads_and_replay_reads_through_s3(
-    runs: Path, models: dict[str, Any], env: dict[str, str]
+    runs: Path, replays: dict[str, Path], env: dict[str, str], name: str
 ) -> None:
-    """The ranged model replayed into another bucket: generate uploads the 8 objects with its
-    layout, the replay GETs them in 16 KiB ranges; the bytes match the capture's within 2 %."""
-    model_file = runs / "m_ranged.yaml"
-    out = runs / "replay"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlreplay",
-        "replay",
-        str(model_file),
-        "--data-dir",
-        str(runs / "gen"),
-    ]
-    cmd += [
-        "-o",
-        str(out),
-        "--set",
-        "storage.storage_root=dlreplay-replayed",
-        "--loader",
-        "builtin",
-    ]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    check_no_traceback(p.stdout, p.stderr, what="replay")
-    assert p.returncode in (0, 1), p.stdout + p.stderr  # 1: the AU threshold failed
+    """Each model replayed into another bucket: generate uploads the 8 objects with their layout,
+    the replay GETs them through the job's client with the job's request size (16 KiB ranges, or
+    whole objects); the bytes match the capture's within 2 %."""
+    _, _, step = VARIANTS[name]
     s3 = boto3.session.Session().client(
         "s3",
         endpoint_url=env["AWS_ENDPOINT_URL"],
@@ -237,23 +243,29 @@ def test_generate_uploads_and_replay_reads_through_s3(
         aws_secret_access_key=SECRET_KEY,
         region_name="us-east-1",
     )
-    listed = s3.list_objects_v2(Bucket="dlreplay-replayed", Prefix="ranged/")["Contents"]
+    listed = s3.list_objects_v2(Bucket=f"replayed-{name}", Prefix=f"{name}/")["Contents"]
     assert len(listed) == 8
-    gets = object_reads(out)
-    assert set(gets["bucket"]) == {"dlreplay-replayed"}
-    assert gets["length"].drop_nulls().max() == 16384
-    real = object_reads(runs / "t_ranged")["bytes"].sum()
+    gets = object_reads(replays[name])
+    assert set(gets["bucket"]) == {f"replayed-{name}"}
+    assert set(gets["client"]) == {CLIENTS[name]}
+    if step is None:
+        assert gets["length"].is_null().all() and gets.height == 8 * 2
+    else:
+        assert gets["length"].drop_nulls().max() == step
+    real = object_reads(runs / f"t_{name}")["bytes"].sum()
     assert abs(gets["bytes"].sum() - real) <= 0.02 * real
-    cmp = compare_traces(runs / "t_ranged", out)
+    cmp = compare_traces(runs / f"t_{name}", replays[name])
     assert cmp.features_a["bytes_read"] == real
     assert abs((cmp.features_b["bytes_read"] or 0) - real) <= 0.02 * real
     print(
-        f"S3 job capture->distill->replay: similarity {cmp.similarity:.4f}, "
-        f"bytes {real} -> {cmp.features_b['bytes_read']}"
+        f"S3 job ({name}, {CLIENTS[name]}) capture->distill->replay: similarity "
+        f"{cmp.similarity:.4f}, bytes {real} -> {cmp.features_b['bytes_read']}"
     )
 
 
-def test_credentials_never_in_outputs(runs: Path, models: dict[str, Any]) -> None:
+def test_credentials_never_in_outputs(
+    runs: Path, models: dict[str, Any], replays: dict[str, Path]
+) -> None:
     """No file a capture, distill, export or replay wrote holds the access key or the secret."""
     save = runs / "dlio.yaml"
     save.write_text(json.dumps(model_to_dlio(models["ranged"])[0]))
