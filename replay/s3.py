@@ -17,6 +17,8 @@ compares as the job's capture does. Bytes; seconds.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -63,6 +65,12 @@ def s3_target(storage: Storage | None) -> S3Target | None:
         return None
     if not storage.storage_root:
         raise ReplayError("storage.storage_type is s3 but storage.storage_root names no bucket")
+    # the client library imported here, before the workers fork, as the job's main process had
+    # it (s3torchconnector imports torch: seconds in each worker of each epoch otherwise)
+    if storage.client == "s3torchconnector" and torch_client_available():
+        importlib.import_module("s3torchconnector")
+    else:
+        client()
     return S3Target(
         storage.storage_root,
         storage.prefix or "",
@@ -126,42 +134,38 @@ def uploaded(result: Any, model: WorkloadModel) -> Any:
 
 
 class _TorchObjects:
-    """s3torchconnector's map datasets over the replay's objects: sequential readers for whole
-    GETs, unbuffered range-based readers for ranges (one GET per read)."""
+    """s3torchconnector's map dataset over the replay's objects: its sequential reader for a job
+    of whole GETs, its unbuffered range-based reader (one GET per read) for a job of ranges."""
 
     def __init__(self, target: S3Target, keys: Sequence[str]) -> None:
         from s3torchconnector import S3ClientConfig, S3MapDataset, S3ReaderConstructor
 
         endpoint = os.environ.get("AWS_ENDPOINT_URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-        uris = [f"s3://{target.bucket}/{k}" for k in keys]
         self.index = {k: i for i, k in enumerate(keys)}
-        self.whole, self.ranged = (
-            S3MapDataset.from_objects(
-                uris,
-                region=region,
-                endpoint=endpoint,
-                s3client_config=S3ClientConfig(force_path_style=bool(endpoint)),
-                reader_constructor=readers,
-            )
-            for readers in (
-                S3ReaderConstructor.sequential(),
-                S3ReaderConstructor.range_based(buffer_size=0),
-            )
+        self.ranged = target.ranged
+        self.objects = S3MapDataset.from_objects(
+            [f"s3://{target.bucket}/{k}" for k in keys],
+            region=region,
+            endpoint=endpoint,
+            s3client_config=S3ClientConfig(force_path_style=bool(endpoint)),
+            reader_constructor=(
+                S3ReaderConstructor.range_based(buffer_size=0)
+                if target.ranged
+                else S3ReaderConstructor.sequential()
+            ),
         )
 
     def get(self, key: str, offset: int, length: int, whole: bool) -> bytes:
-        if whole:
-            return bytes(self.whole[self.index[key]].read())
-        reader = self.ranged[self.index[key]]
+        reader = self.objects[self.index[key]]
+        if not self.ranged:
+            return bytes(reader.read())
         reader.seek(offset)
         return bytes(reader.read(length))
 
 
 def torch_client_available() -> bool:
     """Whether s3torchconnector can be imported here."""
-    import importlib.util
-
     return importlib.util.find_spec("s3torchconnector") is not None
 
 
