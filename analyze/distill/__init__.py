@@ -41,6 +41,7 @@ from .dataset import (
     dataset_section,
     infer_format,
 )
+from .direct import with_direct_io
 from .mapped import with_mapped_access
 from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
@@ -100,6 +101,7 @@ def distill(
     reader = reader_section(obs, dataset, facts)
     dataset, reader = streamed_shards(obs, dataset, reader, facts)  # IterableDataset over shards
     reader = with_mapped_access(reader, every, source, facts)
+    reader = with_direct_io(reader, obs, source, facts)  # O_DIRECT in the open flags
     train, timing = train_section(obs, dataset, reader, facts)
     if eval_events is not None:
         evaluation, eval_files, eval_batch = evaluation_section(eval_events, obs, facts)
