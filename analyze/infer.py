@@ -78,6 +78,8 @@ class PosixLoop:
     consumers: int = 1
     #: whether the workers live across epochs: False when a new pool is forked for every epoch
     persistent: Inferred = field(default_factory=lambda: Inferred(None, "no worker processes"))
+    #: sample visits in the whole trace (opens, or reads of a held-open file's sample regions)
+    visits: int = 0
     #: whether samples were read out of order (shuffled), from the order of each process's visits
     shuffled: Inferred = field(default_factory=lambda: Inferred(None, "no visits"))
     #: every visit read its file whole, and nothing in the trace told E passes of k visits per
@@ -432,6 +434,7 @@ def infer_posix_loop(
         persistent=persistent_workers(pools, epochs),
         passes_guessed=guessed,
         shuffled=order,
+        visits=visits.height,
     )
 
 

@@ -59,6 +59,9 @@ def test_reforked_workers_on_one_shared_hdf5_file(name: str) -> None:
         assert name == "tiles_w4_t16" and f["reader.batch_size"].confidence == "default"
         assert any(n.startswith("guess: reader.batch_size") for n in m.provenance.notes)
     assert m.reader.persistent_workers is False
+    # a worker's one open serves all its samples: no open per sample in the replay
+    assert m.reader.open_per_sample is False
+    assert (m.reader.metadata_per_sample.opens or 0) < 0.2
     assert "pools" in f["train.epochs"].method
     assert "distinct regions" in f["dataset.num_samples_per_file"].method
     for field in (
@@ -100,6 +103,7 @@ def test_hdf5_metadata_read_at_each_open_is_no_sample(name: str) -> None:
     assert m.train.epochs == want["epochs"]
     assert m.reader.read_threads == want["read_threads"]
     assert "visits: opens" in f["dataset.num_samples_per_file"].method
+    assert m.reader.open_per_sample is True
 
 
 @pytest.mark.parametrize("name", ["dlio_npz_w4_b2", "dlio_npz_w3_b3"])

@@ -181,8 +181,14 @@ def _metadata(obs: Observed, facts: Facts) -> tuple[MetadataPerSample, bool]:
     """(metadata calls per sample, whether each sample opens its file) from the calls on the
     dataset files."""
     io, items = obs.io, obs.items
+    # samples read: the item events, else the POSIX inference's visits (a held-open HDF5 file's
+    # sample regions: its few opens are no open per sample), else the opens
     samples_read = (
-        items.height if items.height else max(io.filter(pl.col("name").is_in(OPEN_OPS)).height, 1)
+        items.height
+        if items.height
+        else obs.posix.visits
+        if obs.posix is not None and obs.posix.visits
+        else max(io.filter(pl.col("name").is_in(OPEN_OPS)).height, 1)
     )
 
     def per_sample(ops: tuple[str, ...]) -> float:
