@@ -61,7 +61,7 @@ def test_reforked_workers_on_one_shared_hdf5_file(name: str) -> None:
     assert m.reader.persistent_workers is False
     # a worker's one open serves all its samples: no open per sample in the replay
     assert m.reader.open_per_sample is False
-    assert (m.reader.metadata_per_sample.opens or 0) < 0.2
+    assert (m.reader.metadata_per_sample.opens or 0) < 0.5
     assert "pools" in f["train.epochs"].method
     assert "distinct regions" in f["dataset.num_samples_per_file"].method
     for field in (
