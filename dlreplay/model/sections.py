@@ -559,7 +559,7 @@ class Provenance:
 
 
 #: Storage back ends of a model's ``storage`` section (DLIO's ``storage_type`` values).
-STORAGE_TYPES = ("local_fs", "s3")
+STORAGE_TYPES = ("local_fs", "parallel_fs", "s3")
 #: Client libraries a replay can read S3 objects with.
 S3_CLIENTS = ("boto3", "s3torchconnector")
 
