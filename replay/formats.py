@@ -508,9 +508,10 @@ class PosixReader(_Reader):
         if self.open_per_sample:
             fd = self._open_fd(path, direct)
         else:
-            fd = self._open.get(path)
+            key = path + "\0direct" if direct and self.direct else path  # hybrid: one fd of each
+            fd = self._open.get(key)
             if fd is None:
-                fd = self._open[path] = self._open_fd(path, direct)
+                fd = self._open[key] = self._open_fd(path, direct)
         self._lseek_debt += self.lseeks_per_sample
         while self._lseek_debt >= 1.0:
             os.lseek(fd, offset, os.SEEK_SET)
@@ -522,9 +523,10 @@ class PosixReader(_Reader):
             self._direct_fds.discard(fd)
             os.close(fd)
 
-    def read(self, path: str, offset: int, length: int, transfer: int) -> int:
-        """Read bytes [offset, offset+length) of *path* in *transfer*-byte preads; returns bytes read."""
-        fd = self._begin(path, offset, True)
+    def read(self, path: str, offset: int, length: int, transfer: int, direct: bool = True) -> int:
+        """Read bytes [offset, offset+length) of *path* in *transfer*-byte preads; returns bytes
+        read. *direct*: through ``O_DIRECT`` when the reader was made ``direct``."""
+        fd = self._begin(path, offset, direct)
         try:
             if fd in self._direct_fds:
                 return pread_direct(fd, self.buffer(), offset, length, transfer)

@@ -30,6 +30,7 @@ from dlreplay.model import Distribution
 from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
+from .direct import direct_call
 from .formats import TEXT_CHUNK_BYTES, Decoded, LibraryReader, PosixReader
 from .hostcpu import burn
 from .s3 import S3Reader, S3Target
@@ -77,6 +78,10 @@ class WorkerSpec:
     cold: str = ""
     #: the model's storage is s3: samples are read from these objects (:mod:`.s3`), not the files
     s3: S3Target | None = None
+    #: ``--io posix``: reads through O_DIRECT, all (on) or calls of at least
+    #: ``direct_io_threshold`` bytes (hybrid) (:mod:`.direct`); off = buffered
+    direct_io: str = "off"
+    direct_io_threshold: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,7 +224,11 @@ class SampleReader:
         self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
         if spec.io == "posix":
             self.reader: Any = PosixReader(
-                spec.fmt, spec.open_per_sample, spec.stats_per_sample, spec.lseeks_per_sample
+                spec.fmt,
+                spec.open_per_sample,
+                spec.stats_per_sample,
+                spec.lseeks_per_sample,
+                direct=spec.direct_io != "off",
             )
         else:
             self.reader = LibraryReader(
@@ -339,7 +348,8 @@ class SampleReader:
                 # storage-level reads into the reader's reused buffer: nothing decoded, so no bytes
                 # are handed to the consumer (a new array per sample cost a page fault per 4 KiB,
                 # and through PyTorch's DataLoader a copy into shared memory)
-                nbytes, decoded = self.reader.read(path, off, length, ts), _NO_BYTES
+                direct = direct_call(s.direct_io, s.direct_io_threshold, min(ts, length))
+                nbytes, decoded = self.reader.read(path, off, length, ts, direct), _NO_BYTES
             else:
                 nbytes, decoded = self.reader.read_decoded(path, k, rec)
         except OSError as exc:

@@ -19,6 +19,7 @@ from dlreplay.model import WorkloadModel
 from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir, share_directory
 
 from .common import ReplayError, dataset_digest, read_dataset_manifest
+from .direct import direct_plan
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
 from .loader import WorkerSpec
 from .metrics import METRICS_FORMAT_VERSION, METRICS_SCHEMA, aggregate
@@ -191,7 +192,14 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary",
         cold=config.cold,
         s3=s3_target(m.storage),
+        direct_io=direct_plan(m, config.io, _first_file(config, files))[0],
+        direct_io_threshold=m.reader.direct_io_threshold,
     )
+
+
+def _first_file(config: ReplayConfig, files: list[dict[str, Any]]) -> Path | None:
+    """The dataset's first file (where ``O_DIRECT`` is tried), None without files."""
+    return config.data_dir / files[0]["path"] if files else None
 
 
 def ensure_dataset(
@@ -246,6 +254,7 @@ def ensure_dataset(
         # (a --cold replay drops the dataset's pages before each epoch: no page-cache warning)
         *(cache_warnings(int(manifest.get("total_bytes", 0))) if not config.cold else []),
         *model_warnings(config.model),
+        *direct_plan(config.model, config.io, _first_file(config, manifest.get("files") or []))[1],
     ]
 
 
