@@ -29,7 +29,7 @@ import polars as pl
 from dlreplay.errors import TraceError
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
-from .distill.mapped import mapped_events, with_mapped_reads
+from .distill.mapped import MAPPED_SCHEMA, mapped_events, with_mapped_reads
 from .distill.storage import (
     object_reads,
     with_object_dirs,
@@ -318,8 +318,9 @@ def compare_traces(
         )
     ca, cb = chars
     # mapped files have no read calls: their windows are the reads (analyze.distill.mapped)
-    fa, sa = with_mapped_reads(features(ca), _dataset_read_sizes(ca), mapped_events(a))
-    fb, sb = with_mapped_reads(features(cb), _dataset_read_sizes(cb), mapped_events(b))
+    ma, mb = _mapped_pair(a, b, warned)
+    fa, sa = with_mapped_reads(features(ca), _dataset_read_sizes(ca), ma)
+    fb, sb = with_mapped_reads(features(cb), _dataset_read_sizes(cb), mb)
     if _writes_invisible(fa) or _writes_invisible(fb):
         # A checkpoint written where the tracer cannot see the calls (torch.save's C++ writer) has
         # bytes but no write time: the I/O time compares what both sides measured, reads and metadata
@@ -343,6 +344,25 @@ def compare_traces(
         gaps[0],
         gaps[1],
     )
+
+
+def _mapped_pair(
+    a: str | Path, b: str | Path, warned: list[list[str]]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Both traces' mapped hooks' events, or none of either: a trace without any (a DLIO run
+    traced by DLIO's own DFTracer, which has no such hooks) cannot show the windows the other
+    counts, so windows count as reads only where both traces have them; a note on the side
+    whose windows are left out."""
+    ma, mb = mapped_events(a), mapped_events(b)
+    if ma.is_empty() == mb.is_empty():
+        return ma, mb
+    side = 0 if mb.is_empty() else 1
+    warned[side].append(
+        "its mapped windows are not counted as reads: the other trace has no mapped-file "
+        "events (no mapping, or not traced with dlreplay capture's mapped hooks: DLIO's own)"
+    )
+    empty = pl.DataFrame(schema=MAPPED_SCHEMA)
+    return empty, empty
 
 
 def render_comparison(cmp: Comparison) -> str:
