@@ -250,11 +250,19 @@ def ensure_dataset(
         raise ReplayError(
             f"{config.data_dir}: dataset manifest missing or for another model; regenerate it"
         )
+    direct, direct_lines = direct_plan(
+        config.model, config.io, _first_file(config, manifest.get("files") or [])
+    )
     return manifest, [
-        # (a --cold replay drops the dataset's pages before each epoch: no page-cache warning)
-        *(cache_warnings(int(manifest.get("total_bytes", 0))) if not config.cold else []),
+        # (a --cold replay drops the dataset's pages before each epoch, and O_DIRECT reads
+        # bypass them: no page-cache warning)
+        *(
+            cache_warnings(int(manifest.get("total_bytes", 0)))
+            if not config.cold and direct != "on"
+            else []
+        ),
         *model_warnings(config.model),
-        *direct_plan(config.model, config.io, _first_file(config, manifest.get("files") or []))[1],
+        *direct_lines,
     ]
 
 

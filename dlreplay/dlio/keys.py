@@ -204,6 +204,7 @@ IGNORED_SECTIONS = ("output", "profiling", "metric")
 NO_DLIO_KEY = (
     "reader.open_per_sample",
     "reader.file_buffering",
+    "reader.direct_io_threshold",
     "reader.access_pattern",
     "reader.metadata_per_sample",
     "train.steps_per_epoch",
