@@ -24,6 +24,7 @@ from dlreplay.analyze.distill import distill
 from dlreplay.analyze.distill.direct import O_DIRECT, open_flags
 from dlreplay.dlio.exporting import model_to_dlio
 from dlreplay.dlio.importing import dlio_to_model
+from dlreplay.errors import ModelError
 from dlreplay.model import model_from_dict
 from dlreplay.replay.direct import direct_plan, fd_is_direct
 from dlreplay.replay.formats import DIRECT_ALIGN, PosixReader, ReadBuffer, pread_direct
@@ -139,7 +140,7 @@ def test_capture_detects_direct_buffered_and_hybrid_reads(captured: tuple[Path, 
     assert "reader.direct_io_threshold" in h64.provenance.fields
 
 
-def _model_dict(direct_io: str, threshold: int = 1 << 20) -> dict:
+def _model_dict(direct_io: str | bool, threshold: int = 1 << 20) -> dict:
     return {
         "schema": "dlreplay.workload",
         "format_version": 1,
@@ -234,3 +235,12 @@ def test_dlio_odirect_round_trip() -> None:
     config, warnings = model_to_dlio(model_from_dict(_model_dict("hybrid")))
     assert "odirect" not in config["reader"]
     assert any("reader.direct_io=hybrid" in w for w in warnings)
+
+
+def test_yaml_on_and_off_read_as_the_modes() -> None:
+    # YAML 1.1 reads a bare `on` as true and `off` as false (as `--set reader.direct_io=on` does)
+    d = yaml.safe_load("direct_io: on\nfile_shuffle: off\n")
+    assert model_from_dict(_model_dict(d["direct_io"])).reader.direct_io == "on"
+    assert model_from_dict(_model_dict(False)).reader.direct_io == "off"  # type: ignore[arg-type]
+    with pytest.raises(ModelError, match="direct_io"):
+        model_from_dict(_model_dict("sometimes"))

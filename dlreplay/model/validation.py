@@ -174,6 +174,8 @@ def _convert_str(value: Any, md: Mapping[str, Any], bad: ModelError) -> str:
     choices = md.get("choices")
     if choices and value is False and "off" in choices:
         return "off"  # YAML 1.1 reads a bare `off` as false
+    if choices and value is True and "on" in choices:
+        return "on"  # and a bare `on` as true
     if isinstance(value, (_dt.datetime, _dt.date)) and not choices:
         return value.isoformat()
     if not isinstance(value, str) or (choices and value not in choices):
