@@ -9,8 +9,10 @@ buffer from an anonymous mapping (page-aligned), the sample's byte range widened
 a multiple of every common logical block size, as DLIO's odirect reader aligns to 4096) and
 read in transfers rounded up to it; only the sample's own bytes are counted.
 
-It applies to ``--io posix`` (the format's libraries read through their own buffered files):
-``--io library`` with a direct model says so in a plain line. Where the file system refuses
+It applies to ``--io posix``, and with ``--io library`` to npz and npy files, which are read
+whole through ``O_DIRECT`` into that buffer then parsed from memory, as DLIO's odirect reader
+does (hybrid: a file of at least the threshold); the other formats' libraries read through
+their own buffered files, and a replay of them with ``--io library`` says so in a plain line. Where the file system refuses
 ``O_DIRECT`` (``EINVAL`` at open), the replay reads buffered and says so in a plain line
 (:func:`direct_plan`); it never fails for it. Bytes.
 """
@@ -61,10 +63,10 @@ def direct_plan(
     )
     if model.storage is not None and model.storage.storage_type == "s3":
         return "off", [f"{what}: the replay reads S3 objects, where O_DIRECT has no meaning"]
-    if io != "posix":
+    if io != "posix" and model.dataset.format not in ("npz", "npy"):
         return "off", [
-            f"{what}: replayed by --io posix only (O_DIRECT preads into aligned buffers); "
-            "--io library reads through the format's library, buffered"
+            f"{what}: replayed by --io posix (O_DIRECT preads into aligned buffers), and for "
+            f"npz/npy files; --io library reads {model.dataset.format} through its library, buffered"
         ]
     why = direct_refused(first_file) if first_file is not None else None
     if why is not None:

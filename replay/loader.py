@@ -78,8 +78,8 @@ class WorkerSpec:
     cold: str = ""
     #: the model's storage is s3: samples are read from these objects (:mod:`.s3`), not the files
     s3: S3Target | None = None
-    #: ``--io posix``: reads through O_DIRECT, all (on) or calls of at least
-    #: ``direct_io_threshold`` bytes (hybrid) (:mod:`.direct`); off = buffered
+    #: reads through O_DIRECT, all (on) or calls of at least ``direct_io_threshold`` bytes
+    #: (hybrid) (:mod:`.direct`: --io posix, and npz/npy files whole); off = buffered
     direct_io: str = "off"
     direct_io_threshold: int = 0
 
@@ -238,6 +238,8 @@ class SampleReader:
                 index_style=spec.index_style,
                 text_chunk=_text_chunk(spec.transfer_size),
                 memory_map=spec.memory_map,
+                direct_io=spec.direct_io,
+                direct_io_threshold=spec.direct_io_threshold,
             )
         if spec.s3 is not None:
             sizes = dict(zip(spec.paths, spec.file_bytes, strict=True))

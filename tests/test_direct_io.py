@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import yaml
@@ -27,7 +28,13 @@ from dlreplay.dlio.importing import dlio_to_model
 from dlreplay.errors import ModelError
 from dlreplay.model import model_from_dict
 from dlreplay.replay.direct import direct_plan, fd_is_direct
-from dlreplay.replay.formats import DIRECT_ALIGN, PosixReader, ReadBuffer, pread_direct
+from dlreplay.replay.formats import (
+    DIRECT_ALIGN,
+    LibraryReader,
+    PosixReader,
+    ReadBuffer,
+    pread_direct,
+)
 
 from .conftest import run_cli
 
@@ -184,9 +191,45 @@ def test_replay_with_direct_io_on_opens_the_dataset_with_o_direct(
     samples = flags.filter(pl.col("file").cast(pl.String).str.contains(str(data / "train")))
     assert samples.height >= 8  # one open per sample read
     assert ((samples["flags"] & O_DIRECT) != 0).all()
-    # and a library replay says that it reads buffered
-    plan = direct_plan(model_from_dict(_model_dict("on")), "library", None)
+    # npz through its library is read whole through O_DIRECT; hdf5 through h5py is not, and says so
+    assert direct_plan(model_from_dict(_model_dict("on")), "library", None) == ("on", [])
+    h5 = _model_dict("on")
+    h5["dataset"]["format"] = "hdf5"
+    plan = direct_plan(model_from_dict(h5), "library", None)
     assert plan[0] == "off" and "--io posix" in plan[1][0]
+
+
+def _storage_read_bytes() -> int:
+    """Bytes this thread has had read from storage (``/proc/thread-self/io`` ``read_bytes``)."""
+    for line in Path("/proc/thread-self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/thread-self/io")
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_library_npz_reads_whole_files_through_o_direct(work: Path, mode: str) -> None:
+    f = work / f"sample-{mode}.npz"
+    arrays = {"x": np.arange(50_000, dtype=np.int32), "y": np.ones(3)}
+    np.savez(f, **arrays)
+    reader = LibraryReader("npz", open_per_sample=True, direct_io=mode, direct_io_threshold=1)
+    try:
+        first = reader.read_decoded(str(f), 0, None)[1]
+        before = _storage_read_bytes()
+        reader.read_decoded(str(f), 0, None)  # the file's pages are cached now
+        again = _storage_read_bytes() - before
+    finally:
+        reader.close()
+    plain = LibraryReader("npz", open_per_sample=True)
+    try:  # the same sample as the library reading the file itself
+        expected = plain.read_decoded(str(f), 0, None)[1]
+    finally:
+        plain.close()
+    assert [a.tolist() for a in first] == [a.tolist() for a in expected]
+    if mode == "on":  # every read goes to the storage, whatever the page cache holds
+        assert again >= f.stat().st_size
+    else:
+        assert again < f.stat().st_size
 
 
 def _direct_fds(path: Path) -> list[bool]:
