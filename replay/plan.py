@@ -1,7 +1,9 @@
 """What one accelerator does: its plan, its shard's order of samples, its steps' compute.
 
 Rank r of N reads the dataset files r::N (or, with DLIO's sample order, its block of the
-global sample indices); each epoch's batches and each step's modelled compute time are
+global sample indices), as many samples as PyTorch's ``DistributedSampler`` gives a rank
+(:func:`rank_share`: padded to ``ceil`` by repeating samples from the start, or ``floor``
+with ``reader.drop_last``); each epoch's batches and each step's modelled compute time are
 drawn from the run's seed, so a replay is reproducible.
 """
 
@@ -54,8 +56,8 @@ def steps_per_epoch(model: WorkloadModel, size: int) -> int:
     """Steps per epoch for each of *size* accelerators (all ranks take the same count).
 
     DLIO's order takes ``floor(samples / batch / ranks)`` steps (its ``max_steps``, whole
-    batches only); otherwise each rank's files give its samples, and ``reader.drop_last``
-    drops a last partial batch.
+    batches only); otherwise each rank reads its :func:`rank_share` of the samples, and
+    ``reader.drop_last`` drops a last partial batch.
     """
     nfiles = model.dataset.num_files
     if nfiles < size:
@@ -67,11 +69,55 @@ def steps_per_epoch(model: WorkloadModel, size: int) -> int:
     if model.reader.sample_order == "dlio":
         steps = nfiles * model.dataset.num_samples_per_file // b // size
     else:
-        samples = (nfiles // size) * model.dataset.num_samples_per_file
+        samples = rank_share(model, size)
         steps = samples // b if model.reader.drop_last else math.ceil(samples / b)
     if model.train.steps_per_epoch:
         steps = min(steps, model.train.steps_per_epoch)
     return steps
+
+
+def rank_share(model: WorkloadModel, size: int) -> int:
+    """Samples each of *size* ranks reads per epoch in PyTorch's order, as
+    ``torch.utils.data.DistributedSampler`` shares a dataset of n samples: ``ceil(n / size)``
+    (drop_last False, its default: the short ranks padded with samples repeated from the start)
+    or ``floor(n / size)`` (``reader.drop_last``: the tail dropped). Not DLIO's order (its own
+    sampler: :func:`steps_per_epoch`)."""
+    total = model.dataset.num_files * model.dataset.num_samples_per_file
+    return total // size if model.reader.drop_last else math.ceil(total / size)
+
+
+def _own_samples(plan: RankPlan, rank: int, epoch: int) -> list[tuple[int, int]]:
+    """Rank *rank*'s (file, sample) pairs of *epoch* from its own files r::N, shuffled as
+    ``reader.file_shuffle`` and ``reader.sample_shuffle`` say."""
+    m, rd = plan.model, plan.model.reader
+    seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
+    files = list(range(rank, m.dataset.num_files, plan.size))
+    files = _shuffle(rd.file_shuffle, seed, files, (epoch, rank, 1))
+    samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
+    return _shuffle(rd.sample_shuffle, seed, samples, (epoch, rank, 2))
+
+
+def _padding(plan: RankPlan, epoch: int, share: int) -> list[tuple[int, int]]:
+    """The (file, sample) pairs this rank adds to its own files' samples to make *share*
+    (empty when they hold enough): DistributedSampler's padding, the ranks short of their share
+    taking in rank order first the samples other ranks hold beyond theirs (several samples a
+    file: whole files r::N do not split as samples do), then the global samples from the
+    start (file-major), as the sampler repeats them."""
+    nfiles, spf, size = (
+        plan.model.dataset.num_files,
+        plan.model.dataset.num_samples_per_file,
+        plan.size,
+    )
+    held = [(nfiles - q + size - 1) // size * spf for q in range(size)]  # rank q's files: q::size
+    short = [max(0, share - h) for h in held]
+    if not short[plan.rank]:
+        return []
+    pool = [s for q in range(size) if held[q] > share for s in _own_samples(plan, q, epoch)[share:]]
+    start = sum(short[: plan.rank])
+    need = range(start, start + short[plan.rank])
+    return [
+        pool[i] if i < len(pool) else divmod((i - len(pool)) % (nfiles * spf), spf) for i in need
+    ]
 
 
 def _dlio_order(plan: RankPlan, epoch: int) -> list[tuple[int, int]]:
@@ -101,11 +147,8 @@ def epoch_batches(plan: RankPlan, epoch: int) -> list[list[tuple[int, int]]]:
     if rd.sample_order == "dlio":
         samples = _dlio_order(plan, epoch)
     else:
-        seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
-        files = list(range(plan.rank, m.dataset.num_files, plan.size))
-        files = _shuffle(rd.file_shuffle, seed, files, (epoch, plan.rank, 1))
-        samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
-        samples = _shuffle(rd.sample_shuffle, seed, samples, (epoch, plan.rank, 2))
+        share = rank_share(m, plan.size)  # DistributedSampler's count: the last ones padded
+        samples = _own_samples(plan, plan.rank, epoch)[:share] + _padding(plan, epoch, share)
     steps = steps_per_epoch(m, plan.size)
     b = rd.batch_size
     batches = [samples[i * b : (i + 1) * b] for i in range(steps)]

@@ -1,0 +1,161 @@
+"""Each replay rank's share of the samples follows the sampler the model says the job used:
+PyTorch's ``DistributedSampler`` (``reader.sample_order`` pytorch) pads every rank to
+``ceil(n / N)`` samples by repeating from the start (``drop_last`` False, its default) or
+drops the tail to ``floor(n / N)`` (``reader.drop_last``); DLIO's own sampler (sample_order
+dlio) keeps its contiguous blocks and whole batches. Checked against torch's real sampler and
+DataLoader, and in a real two-accelerator replay."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from torch.utils.data import DataLoader, DistributedSampler
+
+from dlreplay.model import apply_overrides, model_from_dict
+from dlreplay.replay import ReplayConfig, run_replay
+from dlreplay.replay.engine import RankPlan, epoch_batches, steps_per_epoch
+from dlreplay.replay.plan import rank_share
+
+BASE = {
+    "schema": "dlreplay.workload",
+    "format_version": 1,
+    "model": {"name": "ranks"},
+    "dataset": {
+        "format": "npy",
+        "num_files": 6,
+        "num_samples_per_file": 1,
+        "record_length": {"type": "fixed", "value": 2048},
+    },
+    "reader": {"batch_size": 2, "read_threads": 1, "file_shuffle": "off", "sample_shuffle": "off"},
+    "train": {"epochs": 2, "computation_time": 0.0005},
+}
+
+
+def make_model(*sets: str):
+    return apply_overrides(model_from_dict(BASE), list(sets))
+
+
+def planned(model, size: int, epoch: int = 1) -> list[list[int]]:
+    """Global sample indices each of *size* ranks reads in *epoch*."""
+    spf = model.dataset.num_samples_per_file
+    return [
+        [
+            f * spf + k
+            for b in epoch_batches(RankPlan(model, None, r, size, 0, "", False), epoch)
+            for f, k in b
+        ]  # type: ignore[arg-type]
+        for r in range(size)
+    ]
+
+
+def sampler(n: int, size: int, rank: int, drop_last: bool) -> DistributedSampler:
+    return DistributedSampler(
+        range(n),  # type: ignore[arg-type]  # a sized sequence is all the sampler needs
+        num_replicas=size,
+        rank=rank,
+        shuffle=False,
+        drop_last=drop_last,
+    )
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("n", "size", "batch"), [(12, 3, 2), (10, 3, 3), (7, 2, 2), (9, 4, 2)])
+def test_share_is_distributed_samplers(n, size, batch, drop_last):
+    """One sample a file: each rank reads exactly the indices torch's DistributedSampler gives
+    it (own files r::N, then the padding from the start), in as many steps as torch's
+    DataLoader over that sampler takes with the same drop_last."""
+    m = make_model(
+        f"dataset.num_files={n}",
+        f"reader.batch_size={batch}",
+        f"reader.drop_last={str(drop_last).lower()}",
+    )
+    got = planned(m, size)
+    for r in range(size):
+        s = sampler(n, size, r, drop_last)
+        loader = DataLoader(range(n), batch_size=batch, sampler=s, drop_last=drop_last)  # type: ignore[arg-type]
+        assert got[r] == [int(i) for b in loader for i in b]
+        assert steps_per_epoch(m, size) == len(loader)
+        assert len(s) == rank_share(m, size)
+    assert rank_share(m, size) == (n // size if drop_last else -(-n // size))
+    counts = Counter(i for share in got for i in share)
+    if n % size == 0:  # nothing padded, nothing dropped: every sample once
+        assert counts == Counter(range(n))
+    elif drop_last:  # the tail dropped, nothing read twice
+        assert max(counts.values()) == 1 and len(counts) == size * steps_per_epoch(m, size) * batch
+    else:  # every sample read, the first ones twice to fill the short ranks
+        assert set(counts) == set(range(n))
+        assert sorted(i for i, c in counts.items() if c == 2) == list(range(size - n % size))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_share_with_shuffle_and_several_samples_a_file(drop_last):
+    """Shuffled files and samples, 3 samples a file (5 files, 15 samples, 4 ranks): each rank
+    reads the sampler's count in every epoch (in as many steps as torch's loader), the short
+    ranks padded with what rank 0's two files hold beyond its share, then the first sample."""
+    m = make_model(
+        "dataset.num_files=5",
+        "dataset.num_samples_per_file=3",
+        "reader.batch_size=2",
+        "reader.file_shuffle=seed",
+        "reader.sample_shuffle=seed",
+        f"reader.drop_last={str(drop_last).lower()}",
+    )
+    for epoch in (1, 2):
+        got = planned(m, 4, epoch)
+        for r, share in enumerate(got):
+            s = sampler(15, 4, r, drop_last)
+            loader = DataLoader(range(15), batch_size=2, sampler=s, drop_last=drop_last)  # type: ignore[arg-type]
+            assert len(share) == sum(len(b) for b in loader) and len(s) == rank_share(m, 4)
+            assert steps_per_epoch(m, 4) == len(loader)
+        if drop_last:  # 3 a rank (12 of 15), each once
+            assert Counter(i for share in got for i in share).most_common(1)[0][1] == 1
+        else:  # 4 a rank: all 15 samples read, one twice (the sampler pads 1)
+            counts = Counter(i for share in got for i in share)
+            assert set(counts) == set(range(15)) and sum(counts.values()) == 16
+    assert planned(m, 4, 1) != planned(m, 4, 2)  # the shuffle draws anew each epoch
+
+
+@pytest.mark.parametrize("num_files", [12, 10])
+def test_dlio_order_keeps_dlios_sampler(num_files):
+    """DLIO's sampler: contiguous blocks of ceil(n / N), whole batches, floor(n / b / N) steps;
+    no DistributedSampler padding whether n divides or not."""
+    m = make_model(
+        "reader.sample_order=dlio",
+        f"dataset.num_files={num_files}",
+        "reader.batch_size=2",
+        "reader.drop_last=true",
+    )
+    block = -(-num_files // 3)
+    got = planned(m, 3)
+    assert steps_per_epoch(m, 3) == num_files // 2 // 3
+    for r in range(3):
+        assert got[r] == list(range(r * block, r * block + 2 * steps_per_epoch(m, 3)))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_replay_ranks_read_their_share(tmp_path, drop_last):
+    """A real replay of 5 one-sample files on 2 accelerators (builtin loader): rank 1 reads the
+    padded sample 0 (drop_last False) or rank 0 leaves file 4 out (drop_last True)."""
+    m = make_model(
+        "dataset.num_files=5",
+        "reader.batch_size=2",
+        "train.epochs=1",
+        f"reader.drop_last={str(drop_last).lower()}",
+    )
+    run_replay(
+        ReplayConfig(
+            model=m,
+            data_dir=tmp_path / "d",
+            out=tmp_path / "o",
+            accelerators=2,
+            trace=False,
+            record_order=True,
+            loader="builtin",
+        ),
+        echo=lambda s: None,
+    )
+    order = json.loads((tmp_path / "o" / "sample-order.json").read_text())
+    want = [[0, 2], [1, 3]] if drop_last else [[0, 2, 4], [1, 3, 0]]
+    assert [order[str(r)]["1"] for r in (0, 1)] == want
