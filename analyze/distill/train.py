@@ -83,7 +83,9 @@ def _epochs_from_loop(
     if reader.sample_order == "dlio":  # whole batches only, floor(samples / batch / ranks)
         natural = dataset.num_files * spf // b // size
     else:
-        share = (dataset.num_files // size) * spf
+        # DistributedSampler's share: ceil(samples / ranks), floor with drop_last (replay.plan)
+        total = dataset.num_files * spf
+        share = total // size if reader.drop_last else -(-total // size)
         natural = share // b if reader.drop_last else -(-share // b)
     if steps_per_epoch == natural:
         steps_per_epoch = None
