@@ -199,6 +199,7 @@ def test_distill_storage_s3(models: dict[str, Any], name: str) -> None:
     assert st.ranged is (step is not None)
     assert (m.dataset.num_files, m.dataset.format, m.dataset.num_samples_per_file) == (8, "npy", 1)
     assert m.dataset.record_length.mean == size
+    assert m.dataset.data_folder == name  # DLIO's data_folder under storage_root
     assert m.reader.transfer_size.quantiles["p50"] == (size if step is None else step)
     assert m.reader.read_threads == 1 and m.train.epochs == 2
 

@@ -16,16 +16,19 @@ from __future__ import annotations
 import gzip
 import io
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
 
+from dlreplay.model import Dataset
 from dlreplay.model.sections import Storage
 
 from ..trace.inputs import TRACE_SUFFIXES
 
 __all__ = [
     "OBJECT_SCHEMA",
+    "object_folder",
     "object_reads",
     "storage_section",
     "with_object_dirs",
@@ -144,6 +147,14 @@ def without_object_dirs(manifest: dict | None, objects: pl.DataFrame) -> dict | 
     if objects.is_empty() or not manifest:
         return manifest
     return {**manifest, "data_dirs": []}
+
+
+def object_folder(dataset: Dataset, storage: Storage | None) -> Dataset:
+    """*dataset* with ``data_folder`` the objects' key prefix (without its last ``/``), as DLIO
+    reads it under ``storage_root`` with ``storage_type: s3``; unchanged for a POSIX job."""
+    if storage is None or storage.storage_type != "s3":
+        return dataset
+    return replace(dataset, data_folder=(storage.prefix or "").rstrip("/") or ".")
 
 
 def storage_section(objects: pl.DataFrame) -> Storage | None:
