@@ -47,7 +47,13 @@ from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
 from .shards import streamed_shards
-from .storage import object_reads, storage_section, with_object_dirs, with_object_reads
+from .storage import (
+    object_folder,
+    object_reads,
+    storage_section,
+    with_object_dirs,
+    with_object_reads,
+)
 from .timing import TimingModel, timing_model
 from .train import evaluation_section, train_section, with_timing
 
@@ -118,13 +124,14 @@ def distill(
         facts,
         obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
     )
+    storage = storage_section(objects)
     return WorkloadModel(
-        dataset=dataset,
+        dataset=object_folder(dataset, storage),
         reader=reader,
         train=train,
         checkpoint=checkpoint,
         processes=_processes(obs, reader.read_threads, facts),
-        storage=storage_section(objects),
+        storage=storage,
         provenance=Provenance(
             source_trace=source,
             capture_host=(manifest or {}).get("host"),
