@@ -107,7 +107,8 @@ def test_generate_and_replay_every_format(tmp_path, fmt, io):
         assert m["overall"]["bytes_read"] == 2 * payload
     elif fmt in ("raw", "tfrecord"):
         assert m["overall"]["bytes_read"] == 2 * payload
-    elif fmt == "tar":  # tarfile stops at the end-of-archive block: a last all-padding record unread
+    elif fmt == "tar":
+        # tarfile stops at the end-of-archive block: a last all-padding record is unread
         assert 2 * (payload - 6 * tarfile.RECORDSIZE) <= m["overall"]["bytes_read"] <= 2 * payload
     elif fmt == "indexed_binary":  # plus one 16-byte index entry per sample
         assert m["overall"]["bytes_read"] == 2 * (payload + 16 * 12)
