@@ -244,6 +244,7 @@ class SampleReader:
         if spec.s3 is not None:
             sizes = dict(zip(spec.paths, spec.file_bytes, strict=True))
             self.reader = S3Reader(spec.s3, spec.data_dir, sizes, spec.samples_per_file)
+            self.meter = ReadMeter(self.reader.returned)  # what the GETs returned: no block layer
         #: DLIO 2.0's record index of every file (offsets, sizes), loaded as its reader does when it starts
         self.index = (
             _dlio_index(spec)

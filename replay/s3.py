@@ -184,6 +184,9 @@ class S3Reader:
         )
         self._client: Any = None
         self._pid = 0
+        #: bytes the object store returned to this reader's GETs (``Content-Length``, or the bytes
+        #: the client library handed over): what the storage served it
+        self.returned_bytes = 0
 
     def _s3(self) -> Any:
         if self._client is None or self._pid != os.getpid():
@@ -219,6 +222,7 @@ class S3Reader:
             raise ReplayError(
                 f"s3://{self.target.bucket}/{key}: GET failed ({type(exc).__name__}: {exc})"
             ) from None
+        self.returned_bytes += len(data) if nbytes is None else int(nbytes)
         REGIONS.end(
             handle,
             url=f"s3://{self.target.bucket}/{key}",
@@ -259,6 +263,11 @@ class S3Reader:
             length = size * (k + 1) // self.per_file - offset
         data = self._read(path, offset, length, 0)
         return len(data), np.frombuffer(data, dtype=np.uint8)
+
+    def returned(self) -> int:
+        """Bytes the object store has returned to this reader's GETs so far (see
+        :attr:`returned_bytes`)."""
+        return self.returned_bytes
 
     def close(self) -> None:
         self._client = None

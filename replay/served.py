@@ -17,6 +17,12 @@ processes, the dataset device's own counters, and cold epochs (the dataset's pag
   (``/sys/dev/block/MAJ:MIN/stat``, 512 B sectors), by every process on the host: the
   storage's own count, flushed writes included; absent where the dataset is not on a block
   device (tmpfs, overlay, NFS).
+* **an S3 replay** (the model's ``storage_type: s3``): its reads never reach this host's block
+  layer, so its served bytes are the bytes the object store returned to its GETs (the responses'
+  ``Content-Length``, or the bytes the client library handed over), counted by the reader
+  (:class:`ReadMeter` given the reader's count), and the epoch says ``served_from:
+  object_store``; no page-cache share, no device counters and nothing dropped by ``--cold``
+  (the server's caches are its own).
 * **cold** (:func:`drop_pages`): before an epoch, each dataset file is flushed
   (``fdatasync``) and its pages dropped (``posix_fadvise(POSIX_FADV_DONTNEED)``), and with
   method ``auto`` the whole page cache too when ``/proc/sys/vm/drop_caches`` is writable;
@@ -39,6 +45,7 @@ import numpy as np
 
 __all__ = [
     "COLD_METHODS",
+    "SERVED_FROM",
     "EpochProbe",
     "ReadMeter",
     "count_served",
@@ -58,6 +65,10 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 #: Files whose residency is checked after a drop (mincore maps each)
 RESIDENCY_SAMPLE = 8
 SECTOR = 512
+
+#: where an epoch's served bytes came from: the block layer (``/proc/<pid>/io``), or the object
+#: store's GET responses (an S3 replay)
+SERVED_FROM = ("block_layer", "object_store")
 
 #: open ``/proc/.../io`` files, by (pid, native thread id or 0 for the process): one pread per read
 _FDS: dict[tuple[int, int], int] = {}
@@ -100,11 +111,16 @@ def io_counters(thread: bool = False) -> dict[str, int] | None:
 class ReadMeter:
     """Bytes the block layer read for the reading thread's process (or the thread alone when it
     is not its process's main thread) since the previous :meth:`take`; made in the thread
-    that reads."""
+    that reads. With *counter* (a reader's running count of the bytes its storage returned:
+    an S3 reader's GET responses), the deltas of that count instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, counter: Callable[[], int] | None = None) -> None:
         self.thread = threading.current_thread() is not threading.main_thread()
         self.pid = os.getpid()
+        self.counter = counter
+        if counter is not None:
+            self.last: int | None = int(counter())
+            return
         first = io_counters(self.thread)
         self.last = first["read_bytes"] if first else None
 
@@ -113,6 +129,9 @@ class ReadMeter:
         where they cannot be counted."""
         if self.last is None or os.getpid() != self.pid:  # unmeasured, or a forked copy
             return None
+        if self.counter is not None:
+            got, self.last = int(self.counter()) - self.last, int(self.counter())
+            return max(got, 0)
         now = io_counters(self.thread)
         if now is None:
             return None
@@ -145,18 +164,22 @@ def device_counters(path: str) -> tuple[str, int, int] | None:
 
 class EpochProbe:
     """One accelerator's counters across an epoch: its process's writes, and the dataset
-    device's reads and writes (only where *device* is true: one accelerator per host does it)."""
+    device's reads and writes (only where *device* is true: one accelerator per host does it;
+    never for *objects*: an S3 replay's dataset is in the object store, not on a device here)."""
 
-    def __init__(self, data_dir: str, device: bool) -> None:
+    def __init__(self, data_dir: str, device: bool, objects: bool = False) -> None:
         self.data_dir = data_dir
+        self.objects = objects
         self.io = io_counters()
-        self.dev = device_counters(data_dir) if device else None
+        self.dev = device_counters(data_dir) if device and not objects else None
 
     def finish(self, rec: dict[str, Any], cold: dict[str, Any] | None = None) -> None:
         """Write the epoch's ``written_bytes``, ``write_call_bytes``, (where measured) the
         device's ``device``, ``device_read_bytes``, ``device_write_bytes``, and what ``--cold``
-        did before it (*cold*, see :func:`drop_pages`) into *rec*."""
+        did before it (*cold*, see :func:`drop_pages`) into *rec*, and ``served_from`` (a
+        :data:`SERVED_FROM`: what its ``served_bytes`` count)."""
         rec.setdefault("served_bytes", 0)
+        rec["served_from"] = SERVED_FROM[1] if self.objects else SERVED_FROM[0]
         if cold is not None:
             rec["cold"] = cold
         io = io_counters()
@@ -326,10 +349,24 @@ def cold_epoch(spec: Any, rank: int, sync: Callable[[], None]) -> dict[str, Any]
     """``--cold``: every accelerator drops the dataset's pages (a host of its own has its own
     page cache; rank 0 alone may drop the whole cache), then waits for the others (*sync*: the
     replay's barrier), so no epoch starts before every drop is done. *spec*: the
-    :class:`~.loader.WorkerSpec` (its ``cold`` method, ``data_dir``, ``paths``). What was done
-    (see :func:`drop_pages`), or None when the replay is not cold."""
+    :class:`~.loader.WorkerSpec` (its ``cold`` method, ``data_dir``, ``paths``, ``s3``). What was
+    done (see :func:`drop_pages`; for an S3 replay, nothing, with a note saying why), or None
+    when the replay is not cold."""
     if not spec.cold:
         return None
+    if getattr(spec, "s3", None) is not None:
+        return {
+            "method": "none",
+            "files": 0,
+            "seconds": 0.0,
+            "filesystem": "s3",
+            "source": f"s3://{spec.s3.bucket}/{spec.s3.prefix}",
+            "resident_after_percent": None,
+            "note": (
+                "--cold: the replay reads objects from S3: nothing of them is in this host's page "
+                "cache, and the object store's own caches cannot be dropped from here"
+            ),
+        }
     done = drop_pages(spec.data_dir, spec.paths, spec.cold, whole_cache=rank == 0)
     sync()
     return done
