@@ -236,7 +236,9 @@ class _RankRun:
         ids: list[int] = []
         pids: set[int] = set()
         cold = cold_epoch(self.plan.spec, self.plan.rank, self.sync)  # --cold: before the epoch
-        probe = EpochProbe(self.plan.spec.data_dir, device=self.plan.rank == 0)
+        probe = EpochProbe(
+            self.plan.spec.data_dir, self.plan.rank == 0, objects=self.plan.spec.s3 is not None
+        )
         if self.model.reader.mapped_access is not None:  # a loop without a DataLoader
             from .mapped import mapped_step_count, mapped_steps
 
