@@ -30,8 +30,11 @@ Vocabulary and definitions follow MLPerf Storage / DLIO:
   ``written_bytes`` (dirtied for the storage by the accelerator processes: checkpoints, a
   traced replay's trace), ``write_call_bytes``; ``device``, ``device_read_bytes``,
   ``device_write_bytes`` (the dataset's block device, every process on the host); ``cold``
-  (what ``--cold`` did before the epoch). ``served_notes``: plain sentences, e.g. when most
-  of an epoch's bytes came from the page cache. A version 1 document has none of these.
+  (what ``--cold`` did before the epoch); ``served_from``: ``block_layer`` (the above) or
+  ``object_store`` (an S3 replay: ``served_bytes`` are the bytes its GETs returned, and it has
+  no ``cache_served_percent`` or device counts: no page cache or block device of this host
+  served it). ``served_notes``: plain sentences, e.g. when most of an epoch's bytes came from
+  the page cache. A version 1 document has none of these.
 """
 
 from __future__ import annotations
@@ -180,6 +183,9 @@ def served_totals(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         cache = 100.0 * max(0.0, 1.0 - served / asked)
     dev = next((r for r in recs if r.get("device")), None)
     cold = next((r["cold"] for r in recs if r.get("cold")), None)
+    objects = any(r.get("served_from") == "object_store" for r in recs)
+    if objects:  # the object store served every byte it returned: no page cache of this host
+        cache = None
     return {
         "bytes_asked": asked,
         "served_bytes": served,
@@ -191,6 +197,7 @@ def served_totals(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "device_read_bytes": _sum_of(recs, "device_read_bytes"),
         "device_write_bytes": _sum_of(recs, "device_write_bytes"),
         "cold": cold,
+        "served_from": "object_store" if objects else "block_layer",
     }
 
 
@@ -248,6 +255,7 @@ def served_summary(doc: dict[str, Any]) -> dict[str, Any] | None:
     keys = ("bytes_asked", "served_bytes", "cache_served_percent")
     return {
         **{k: o.get(k) for k in keys},
+        "served_from": o.get("served_from", "block_layer"),
         "cold": doc.get("cold"),
         "epochs": [
             {"epoch": e.get("epoch"), **{k: e.get(k) for k in keys}} for e in doc.get("epochs", [])
@@ -267,6 +275,8 @@ def _served_lines(metrics: dict[str, Any]) -> list[str]:
     def hb(v: int | None) -> str:
         return "-" if v is None else human_bytes(v)
 
+    if o.get("served_from") == "object_store":
+        return _object_lines(metrics, hb)
     lines = [
         f"{'epoch':>5} {'asked':>12} {'served':>12} {'cache %':>8} {'written':>12} {'device read':>12}"
     ]
@@ -289,6 +299,22 @@ def _served_lines(metrics: dict[str, Any]) -> list[str]:
         )
     lines += [f"note: {n}" for n in metrics.get("served_notes") or []]
     return lines
+
+
+def _object_lines(metrics: dict[str, Any], hb: Any) -> list[str]:
+    """The summary's lines on what an S3 replay's object store served (its GETs' bytes)."""
+    o = metrics.get("overall") or {}
+    lines = [f"{'epoch':>5} {'asked':>12} {'served by S3':>12} {'written':>12}"]
+    for e in [*metrics.get("epochs", []), {**o, "epoch": "all"}]:
+        lines.append(
+            f"{e['epoch']:>5} {hb(e.get('bytes_asked')):>12} {hb(e.get('served_bytes')):>12} "
+            f"{hb(e.get('written_bytes')):>12}"
+        )
+    lines.append(
+        "served by S3: the bytes the object store returned to the replay's GETs (no page cache "
+        "or block device of this host is in their path)"
+    )
+    return lines + [f"note: {n}" for n in metrics.get("served_notes") or []]
 
 
 def _f(v: float | None, fmt: str) -> str:
