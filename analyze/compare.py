@@ -446,8 +446,10 @@ def _served_lines(sa: dict | None, sb: dict | None) -> list[str]:
     lines = [
         f"  {'bytes asked':<18} {hb(sa, 'bytes_asked'):>14} {hb(sb, 'bytes_asked'):>14}",
         f"  {'served by storage':<18} {hb(sa, 'served_bytes'):>14} {hb(sb, 'served_bytes'):>14}",
-        f"  {'from page cache':<18} {pc(sa):>14} {pc(sb):>14}",
     ]
+    # an S3 replay's bytes came from the object store (its GETs'): it has no page-cache share
+    if any(s is not None and s.get("served_from") != "object_store" for s in (sa, sb)):
+        lines.append(f"  {'from page cache':<18} {pc(sa):>14} {pc(sb):>14}")
     for side, s in (("A", sa), ("B", sb)):
         lines += [f"  {side}: {n}" for n in (s or {}).get("notes", [])]
     return lines
