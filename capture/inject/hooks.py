@@ -31,7 +31,8 @@ dataloader     fetch.stop       the last ``next()`` of an epoch, which found its
                                 end (``batch_size`` 0): not a batch
 data           item             one ``Dataset.__getitem__`` (``image_idx``;
                                 ``cpu_time``: CPU microseconds the worker spent)
-data           items            one ``Dataset.__getitems__`` (``count``, ``cpu_time``)
+data           items            one ``Dataset.__getitems__``, or one batch fetch of an
+                                ``IterableDataset`` (``count``, ``cpu_time``)
 checkpoint     capture/restart  ``torch.save`` / ``torch.load`` (``path``, ``bytes``)
 =============  ===============  ================================================
 
@@ -531,19 +532,18 @@ def _patch_fetch(mod: Any) -> None:
 
     orig_iter_fetch = iter_cls.fetch
 
+    # an IterableDataset's batch (its samples' reads, decode and collation): one items event
     def iter_fetch(self: Any, possibly_batched_index: Any) -> Any:
-        handle = guard(
+        opened = guard(
             "IterableDataset fetch",
-            lambda: REGIONS.begin(
-                "items",
-                "data",
-                count=len(possibly_batched_index) if self.auto_collation else 1,
+            lambda: _begin_cpu(
+                "items", count=len(possibly_batched_index) if self.auto_collation else 1
             ),
         )
         try:
             return orig_iter_fetch(self, possibly_batched_index)
         finally:
-            guard("IterableDataset fetch", REGIONS.end, handle)
+            guard("IterableDataset fetch", _end_cpu, opened)
 
     map_cls.fetch = map_fetch
     iter_cls.fetch = iter_fetch
