@@ -561,7 +561,7 @@ class Provenance:
 #: Storage back ends of a model's ``storage`` section (DLIO's ``storage_type`` values).
 STORAGE_TYPES = ("local_fs", "parallel_fs", "s3")
 #: Client libraries a replay can read S3 objects with.
-S3_CLIENTS = ("boto3", "s3torchconnector")
+S3_CLIENTS = ("boto3", "s3torchconnector", "s3fs", "aiobotocore")
 
 
 @dataclass(frozen=True, kw_only=True)
