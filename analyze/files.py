@@ -43,6 +43,7 @@ from .trace.counts import file_process_table_counted, row_class
 
 __all__ = [
     "CHECKPOINT_WRITE_BYTES",
+    "LIBRARY_PATTERN",
     "ROLES",
     "classify_files",
     "file_process_table",
@@ -61,6 +62,8 @@ _LIBRARY_RE = (
     r"|(/(site|dist)-packages/)|(/lib/python\d)|(/__pycache__/)"
     r"|(\.(py|pyc|pyo|pyd|pth|so|a|la)$)|(\.so(\.\d+)+$)|(/pyvenv\.cfg$)|(/bin/python[\d.]*$)"
 )
+#: Regex of the interpreter's and the system's files (role ``library``).
+LIBRARY_PATTERN = _LIBRARY_RE
 
 
 CLASSIFY_SCHEMA = {
