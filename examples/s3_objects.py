@@ -6,7 +6,8 @@ A map-style ``torch.utils.data.Dataset`` over the objects under ``s3://<bucket>/
 with ``get_object``: the whole object in one GET (default), or in ranged GETs of
 ``--range-bytes`` each (``Range: bytes=a-b``, as chunked readers and s3torchconnector's
 range-based reader do); ``--client s3torchconnector`` reads through s3torchconnector's
-``S3MapDataset`` instead. A ``DataLoader`` with ``--workers`` worker processes (each its own
+``S3MapDataset`` instead, ``--client s3fs`` through s3fs (fsspec; aiobotocore underneath):
+``cat_file`` of the whole object, or of each range. A ``DataLoader`` with ``--workers`` worker processes (each its own
 boto3 client) feeds a tiny model.
 
 The endpoint and credentials come from the usual places boto3 reads (``AWS_ENDPOINT_URL``,
@@ -47,10 +48,10 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--client",
-        choices=("boto3", "s3torchconnector"),
+        choices=("boto3", "s3torchconnector", "s3fs"),
         default="boto3",
         help="s3torchconnector: its S3MapDataset's readers (sequential; range-based, unbuffered, "
-        "with --range-bytes)",
+        "with --range-bytes); s3fs: cat_file of the object or of each range",
     )
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
@@ -126,7 +127,7 @@ class S3Objects:
 
     def _s3(self):
         if self._client is None or self._pid != os.getpid():
-            make = client if self.library == "boto3" else self._torch_dataset
+            make = {"boto3": client, "s3fs": self._fsspec}.get(self.library, self._torch_dataset)
             self._client, self._pid = make(), os.getpid()
         return self._client
 
@@ -150,6 +151,24 @@ class S3Objects:
             reader_constructor=readers,
         )
 
+    @staticmethod
+    def _fsspec():
+        """s3fs's file system (endpoint and credentials from the environment), one per process."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True)
+
+    def _fetch_fsspec(self, idx: int) -> tuple[bytes, int]:
+        key, size = self.objects[idx]
+        fs, path = self._s3(), f"{self.bucket}/{key}"
+        if not self.range_bytes:
+            return fs.cat_file(path), 1
+        parts = [
+            fs.cat_file(path, start=off, end=min(off + self.range_bytes, size))
+            for off in range(0, size, self.range_bytes)
+        ]
+        return b"".join(parts), len(parts)
+
     def _fetch_torch(self, idx: int) -> tuple[bytes, int]:
         _, size = self.objects[idx]
         reader = self._s3()[idx]
@@ -163,6 +182,8 @@ class S3Objects:
 
     def fetch(self, idx: int) -> tuple[bytes, int]:
         """The object's bytes and how many GETs read them."""
+        if self.library == "s3fs":
+            return self._fetch_fsspec(idx)
         if self.library != "boto3":
             return self._fetch_torch(idx)
         key, size = self.objects[idx]

@@ -9,8 +9,9 @@ The endpoint and credentials come from the usual environment and files that boto
 ``~/.aws``), never from the model or a trace; nothing here writes them anywhere.
 
 The client: the model's (``storage.client``): s3torchconnector (its map dataset's sequential
-reader for whole GETs, its unbuffered range-based reader for ranges) where the model names it and
-it is installed, else boto3. Each GET is a DFTracer ``S3``/``GetObject``
+reader for whole GETs, its unbuffered range-based reader for ranges) or s3fs (``cat_file``: one
+GET per request, through aiobotocore) where the model names it and it is installed, else boto3
+(also for a job of aiobotocore without s3fs: the same GETs). Each GET is a DFTracer ``S3``/``GetObject``
 event with the args :mod:`dlreplay.capture.inject.s3` records, so a traced replay distills and
 compares as the job's capture does. Bytes; seconds.
 """
@@ -69,6 +70,8 @@ def s3_target(storage: Storage | None) -> S3Target | None:
     # it (s3torchconnector imports torch: seconds in each worker of each epoch otherwise)
     if storage.client == "s3torchconnector" and torch_client_available():
         importlib.import_module("s3torchconnector")
+    elif storage.client == "s3fs" and importlib.util.find_spec("s3fs") is not None:
+        importlib.import_module("s3fs")
     else:
         client()
     return S3Target(
@@ -164,6 +167,34 @@ class _TorchObjects:
         return bytes(reader.read(length))
 
 
+class _FsspecObjects:
+    """s3fs's file system (fsspec) over the replay's bucket: ``cat_file`` of a range (one ranged
+    GET) or of the whole object (one GET: objects below s3fs's block size)."""
+
+    def __init__(self, target: S3Target) -> None:
+        import s3fs
+
+        self.bucket = target.bucket
+        # a new instance per worker process (fsspec's instance cache and I/O loop are per process)
+        self.fs = s3fs.S3FileSystem(skip_instance_cache=True)
+
+    def get(self, key: str, offset: int, length: int, whole: bool) -> bytes:
+        path = f"{self.bucket}/{key}"
+        if whole:
+            return bytes(self.fs.cat_file(path))
+        return bytes(self.fs.cat_file(path, start=offset, end=offset + length))
+
+
+def library_of(client_name: str | None) -> str:
+    """The library the replay reads with for a model's ``storage.client``: s3torchconnector or
+    s3fs where named and installed, else boto3."""
+    if client_name == "s3torchconnector" and torch_client_available():
+        return "s3torchconnector"
+    if client_name == "s3fs" and importlib.util.find_spec("s3fs") is not None:
+        return "s3fs"
+    return "boto3"
+
+
 def torch_client_available() -> bool:
     """Whether s3torchconnector can be imported here."""
     return importlib.util.find_spec("s3torchconnector") is not None
@@ -172,16 +203,11 @@ def torch_client_available() -> bool:
 class S3Reader:
     """A worker's reader of samples from objects (the interface of the replay's file readers:
     :meth:`read` for ``--io posix``, :meth:`read_decoded` for ``--io library``). The client is
-    the model's (``storage.client``): s3torchconnector where the model names it and it is
-    installed, else boto3."""
+    the model's (``storage.client``, see :func:`library_of`)."""
 
     def __init__(self, target: S3Target, data_dir: str, sizes: dict[str, int], per_file: int):
         self.target, self.data_dir, self.sizes, self.per_file = target, data_dir, sizes, per_file
-        self.library = (
-            "s3torchconnector"
-            if target.client == "s3torchconnector" and torch_client_available()
-            else "boto3"
-        )
+        self.library = library_of(target.client)
         self._client: Any = None
         self._pid = 0
         #: bytes the object store returned to this reader's GETs (``Content-Length``, or the bytes
@@ -192,6 +218,8 @@ class S3Reader:
         if self._client is None or self._pid != os.getpid():
             if self.library == "boto3":
                 self._client = client()
+            elif self.library == "s3fs":
+                self._client = _FsspecObjects(self.target)
             else:
                 self._client = _TorchObjects(self.target, [self.target.key(p) for p in self.sizes])
             self._pid = os.getpid()

@@ -23,7 +23,8 @@ arg             meaning
 ``bytes``       bytes the server answered with (``ContentLength``)
 ``object_size`` the object's size (``ContentRange``'s total, else ``ContentLength``
                 of a whole-object GET)
-``client``      ``boto3``
+``client``      ``boto3``, ``s3torchconnector``, ``s3fs`` (aiobotocore's client where
+                s3fs is loaded) or ``aiobotocore``
 ``error``       1 when the call raised (the job's exception is raised unchanged)
 ==============  =================================================================
 
@@ -35,15 +36,19 @@ header is recorded.
 Where: ``botocore.client.BaseClient._make_api_call``, through which every boto3/botocore client
 call passes (``client.get_object``, ``Object.get``, ``download_fileobj``'s ranged GETs). The
 wrapper calls the original exactly once with the job's arguments and returns its result or
-raises its exception; bookkeeping that fails is a miss (``capture`` reports misses). Not hooked:
-s3fs/fsspec (aiobotocore's async client) and s3torchconnector (its own native client); their
-reads have no events.
+raises its exception; bookkeeping that fails is a miss (``capture`` reports misses).
+s3torchconnector (its own native client): at ``S3Client._get_object_stream`` (below).
+s3fs/fsspec: at ``aiobotocore.client.AioBaseClient._make_api_call``, the async twin of botocore's
+(every ``get_object`` of s3fs: ``cat_file``, ``open(...).read``'s ranged fetches), awaited in
+fsspec's I/O thread; the event spans the awaited call (the request, up to the response's
+headers) as for boto3.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -87,7 +92,7 @@ def object_size(response: Any, ranged: bool) -> int | None:
     return None
 
 
-def _begin(params: Any) -> tuple[int | None, dict[str, Any]]:
+def _begin(params: Any, client: str = "boto3") -> tuple[int | None, dict[str, Any]]:
     bucket, key = params.get("Bucket"), params.get("Key")
     offset, length = parse_range(params.get("Range"))
     args = {
@@ -96,7 +101,7 @@ def _begin(params: Any) -> tuple[int | None, dict[str, Any]]:
         "key": key,
         "offset": offset,
         "length": length,
-        "client": "boto3",
+        "client": client,
     }
     return core.REGIONS.begin(GET, CATEGORY), args
 
@@ -133,6 +138,45 @@ def wrap_make_api_call(orig: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper._dlreplay_wrapped = True  # type: ignore[attr-defined]
     return wrapper
+
+
+HOOK_AIO = "aiobotocore.GetObject"
+
+
+def _aio_client() -> str:
+    """The library behind an aiobotocore GET: s3fs where it is loaded, else aiobotocore."""
+    return "s3fs" if "s3fs" in sys.modules else "aiobotocore"
+
+
+def wrap_aio_make_api_call(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """aiobotocore's ``async _make_api_call(self, operation_name, api_params)`` (s3fs's client)
+    with GetObject traced: the wrapper awaits the original once and returns its result."""
+
+    @functools.wraps(orig)
+    async def wrapper(
+        self: Any, operation_name: Any, api_params: Any, *rest: Any, **kw: Any
+    ) -> Any:
+        if operation_name != GET:
+            return await orig(self, operation_name, api_params, *rest, **kw)
+        opened = core.guard(HOOK_AIO, _begin, api_params, _aio_client())
+        try:
+            result = await orig(self, operation_name, api_params, *rest, **kw)
+        except BaseException:
+            core.guard(HOOK_AIO, _end, opened, None)
+            raise
+        core.guard(HOOK_AIO, _end, opened, result)
+        return result
+
+    wrapper._dlreplay_wrapped = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _patch_aiobotocore(mod: Any) -> None:
+    cls = getattr(mod, "AioBaseClient", None)
+    orig = getattr(cls, "_make_api_call", None) if cls is not None else None
+    if orig is None or getattr(orig, "_dlreplay_wrapped", False):
+        return
+    cls._make_api_call = wrap_aio_make_api_call(orig)  # type: ignore[union-attr]
 
 
 def _patch_botocore(mod: Any) -> None:
@@ -239,3 +283,4 @@ def _patch_s3torch(mod: Any) -> None:
 
 core.add_patch("botocore.client", _patch_botocore)
 core.add_patch("s3torchconnector._s3client._s3client", _patch_s3torch)
+core.add_patch("aiobotocore.client", _patch_aiobotocore)
