@@ -21,9 +21,22 @@ bytes (``--io posix``, buffered). Measured, every pass with the dataset's pages 
   (one thread) against one fio job, which tells the reads from the loader around them.
 
 Direct I/O (``direct=1``) is not compared: the replay's ``--io posix`` reads are buffered.
+
+``--s3``: instead, an S3 replay against a plain loop of ranged GETs at the same concurrency and
+request size, on a real S3 server started here (s3rver on 127.0.0.1, its objects in
+``--data-dir``; see tests/s3server.py): ``--s3-objects`` objects of ``--s3-object-mb`` MB,
+uploaded by the replay's own ``generate``; the replay (``storage.client: boto3``, ranged GETs of
+``--s3-request`` bytes, ``--threads`` loader workers, the builtin loader and PyTorch's) against
+``--threads`` processes each with its own boto3 client reading objects ``w::W`` in the same
+ranged GETs (``Body.read()`` of each), timed from a barrier after their clients were made to the
+last one's end. Interleaved, ``--repeat`` times; also the replay's served bytes (what its GETs
+returned) against the bytes it asked for. The server runs on the same host and competes for its
+CPUs with both sides.
+
 MB = 10^6 bytes, GB = 10^9 bytes.
 
     python benchmarks/replay_bandwidth.py --size-mb 1024 --repeat 2 [--data-dir bench-data/replay-bw]
+    python benchmarks/replay_bandwidth.py --s3 --repeat 3 [--s3-objects 32 --s3-object-mb 4]
 """
 
 from __future__ import annotations
@@ -148,6 +161,138 @@ def replay(model, data: Path, out: Path, loader: str, cold: bool) -> dict:
     }
 
 
+def _s3_model(objects: int, object_mb: float, request: int, threads: int):
+    """An S3 model: *objects* raw objects of *object_mb* MB, one sample each, read in ranged GETs
+    of *request* bytes by *threads* workers through boto3; compute 0."""
+    record = int(object_mb * 1_000_000)
+    return model_from_dict(
+        {
+            "schema": "dlreplay.workload",
+            "format_version": 1,
+            "model": {"name": "s3-bandwidth"},
+            "dataset": {
+                "format": "raw",
+                "num_files": objects,
+                "num_samples_per_file": 1,
+                "record_length": record,
+            },
+            "reader": {"batch_size": 1, "read_threads": threads, "transfer_size": request},
+            "train": {"epochs": 1, "computation_time": 0},
+            "storage": {
+                "storage_type": "s3",
+                "storage_root": "dlreplay-bandwidth",
+                "prefix": "train/",
+                "client": "boto3",
+                "object_bytes": record,
+                "request_bytes": request,
+                "ranged": True,
+            },
+        }
+    )
+
+
+def _get_worker(bucket: str, objects: list, request: int, barrier, conn) -> None:
+    """One stream of the GET loop: its own boto3 client, then ranged GETs of *request* bytes over
+    *objects* ((key, size) each), one after the other; sends (start, end, bytes)."""
+    import boto3
+
+    s3 = boto3.session.Session().client("s3")
+    barrier.wait()
+    t0, n = time.perf_counter(), 0
+    for key, size in objects:
+        for off in range(0, size, request):
+            last = min(off + request, size) - 1
+            n += len(
+                s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={off}-{last}")["Body"].read()
+            )
+    conn.send((t0, time.perf_counter(), n))
+    conn.close()
+
+
+def get_loop(bucket: str, prefix: str, streams: int, request: int) -> float:
+    """MB/s of *streams* processes reading every object under *prefix* in ranged GETs (stream *w*
+    the objects ``w::streams``), from the moment all had their clients to the last one's end."""
+    import multiprocessing
+
+    import boto3
+
+    listed = boto3.session.Session().client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix)
+    objects = sorted((o["Key"], int(o["Size"])) for o in listed.get("Contents", ()))
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(streams)
+    pipes, procs = [], []
+    for w in range(streams):
+        here, there = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_get_worker, args=(bucket, objects[w::streams], request, barrier, there)
+        )
+        p.start()
+        pipes.append(here)
+        procs.append(p)
+    got = [c.recv() for c in pipes]
+    for p in procs:
+        p.join()
+    wall = max(g[1] for g in got) - min(g[0] for g in got)
+    return sum(g[2] for g in got) / wall / 1e6
+
+
+def s3_main(args: argparse.Namespace) -> int:
+    """The S3 half (see the module doc): replay vs a loop of ranged GETs on s3rver here."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.s3server import find_s3rver, s3_server
+
+    if find_s3rver() is None or importlib.util.find_spec("boto3") is None:
+        print("needs s3rver (node + npm s3rver, see tests/s3server.py) and boto3", file=sys.stderr)
+        return 2
+    model = _s3_model(args.s3_objects, args.s3_object_mb, args.s3_request, args.threads)
+    loaders = ["builtin"] + (["torch"] if importlib.util.find_spec("torch") is not None else [])
+    rates: dict[str, list[float]] = {}
+    served: list[tuple[int, int]] = []
+    with tempfile.TemporaryDirectory(prefix="dlreplay-s3bw-") as tmp:
+        state = args.data_dir.resolve() / "s3rver-state"
+        shutil.rmtree(state, ignore_errors=True)
+        with s3_server(state) as srv:
+            os.environ.update(srv.env())
+            data = Path(tmp) / "data"
+            generate_dataset(GenerateConfig(model=model, data_dir=data, progress=False))
+            print(
+                f"S3 (s3rver on 127.0.0.1, same host): {args.s3_objects} objects of "
+                f"{args.s3_object_mb:g} MB, ranged GETs of {args.s3_request} B, {args.threads} "
+                f"stream(s); {os.cpu_count()} CPU(s), load average {_load():.2f}"
+            )
+            for i in range(args.repeat):
+                rates.setdefault("GET loop", []).append(
+                    get_loop("dlreplay-bandwidth", "train/", args.threads, args.s3_request)
+                )
+                for loader in loaders:
+                    r = replay(model, data, Path(tmp) / f"s3-{i}-{loader}", loader, False)
+                    rates.setdefault(f"replay {loader} (epoch)", []).append(r["epoch_mbps"])
+                    rates.setdefault(f"replay {loader} (whole call)", []).append(r["call_mbps"])
+                    served.append((r["served"] or 0, r["bytes"]))
+                print(
+                    f"run {i}: "
+                    + "  ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items())
+                    + f"  (load {_load():.2f})"
+                )
+        shutil.rmtree(state, ignore_errors=True)
+    _report_ratios(rates, "GET loop")
+    print(
+        "target: S3 replay (epoch) >= 90 % of the GET loop at the same concurrency and request size"
+    )
+    for s, asked in served:
+        print(
+            f"  served by the object store (its GETs' bytes) {s / 1e6:.1f} MB of {asked / 1e6:.1f} MB asked"
+        )
+    return 0
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,7 +304,13 @@ def main() -> int:
     ap.add_argument("--transfer", type=int, default=4 << 20, help="bytes per pread (fio's bs)")
     ap.add_argument("--threads", type=int, default=2, help="loader workers = fio jobs")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--s3", action="store_true", help="the S3 comparison instead (module doc)")
+    ap.add_argument("--s3-objects", type=int, default=32)
+    ap.add_argument("--s3-object-mb", type=float, default=4.0)
+    ap.add_argument("--s3-request", type=int, default=1 << 20, help="bytes per ranged GET")
     args = ap.parse_args()
+    if args.s3:
+        return s3_main(args)
     if shutil.which("fio") is None:
         print("fio is not installed (apt-get install -y fio)", file=sys.stderr)
         return 2
@@ -223,16 +374,8 @@ def main() -> int:
 def _report(
     rates: dict[str, list[float]], served: list[tuple[int, int]], ceiling: dict[str, list[float]]
 ) -> None:
-    best = {k: max(v) for k, v in rates.items()}
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    print("cold, on the dataset's disk: best / median MB/s, and the ratio to fio's best / median:")
-    for key in rates:
-        ratio = (
-            ""
-            if key == "fio"
-            else f"   {best[key] / best['fio']:6.1%} / {med[key] / med['fio']:6.1%} of fio"
-        )
-        print(f"  {key:30s} {best[key]:8.1f} / {med[key]:8.1f}{ratio}")
+    print("cold, on the dataset's disk:", end=" ")
+    _report_ratios(rates, "fio")
     print("target: replay (epoch) >= 90 % of fio at the same block size, streams and mode")
     for s, d in served:
         print(
@@ -242,6 +385,22 @@ def _report(
     print("the client's ceiling on a memory-backed directory (no storage), best / median:")
     for key, v in ceiling.items():
         print(f"  {key:32s} {max(v):7.2f} / {statistics.median(v):7.2f}")
+
+
+def _report_ratios(rates: dict[str, list[float]], base: str) -> None:
+    """Best / median MB/s of each, the ratio to *base*'s best / median, and the median of the
+    runs' own ratios (each run's replay against the same run's *base*, taken beside it)."""
+    best = {k: max(v) for k, v in rates.items()}
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"best / median MB/s; ratio to {base}'s best / median; median of the runs' ratios:")
+    for key, v in rates.items():
+        paired = statistics.median(x / y for x, y in zip(v, rates[base], strict=True))
+        ratio = (
+            ""
+            if key == base
+            else f"   {best[key] / best[base]:6.1%} / {med[key] / med[base]:6.1%} / {paired:6.1%}"
+        )
+        print(f"  {key:30s} {best[key]:8.1f} / {med[key]:8.1f}{ratio}")
 
 
 if __name__ == "__main__":
