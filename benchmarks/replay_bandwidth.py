@@ -6,11 +6,14 @@ The dataset: ``--files`` raw files of ``--size-mb`` MB in all, one sample each; 
 bytes (``--io posix``, buffered). Measured, every pass with the dataset's pages dropped first
 (``posix_fadvise(POSIX_FADV_DONTNEED)``; the replays by their own ``--cold``):
 
-- **fio** (``ioengine=psync``, ``rw=read``, ``bs`` = the transfer, ``direct=0``): as many jobs
+- **fio** (``ioengine=psync``, ``rw=read``, ``bs`` = the transfer, ``direct=0``,
+  ``fadvise_hint=0``: no ``POSIX_FADV_SEQUENTIAL``, as the replay and the job it replays give
+  none; fio's default hint, which doubles Linux's readahead window, is run beside it): as many jobs
   as the replay has workers, job *w* reading files ``w::W`` one after the other (the replay's
   worker *w* reads batch ``i`` with ``i % W == w``: the same files, the same streams);
 - **the replay**, with dlreplay's loader and with PyTorch's DataLoader: MB/s over its epoch
-  (bytes / epoch time: the drop before the epoch is outside it) and over the whole call;
+  (bytes / epoch time: the drop before the epoch is outside it; worker start-up inside, as in
+  the job), steady (DLIO's throughput: the epoch less its first step) and over the whole call;
 - **served vs the device**: the cold replay's ``served_bytes`` (its readers' /proc/<pid>/io)
   against the dataset device's own sectors read in the epoch (``/sys/dev/block``, every
   process on the host: other traffic there counts too);
@@ -96,8 +99,13 @@ def _cpu_s() -> float:
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
-def fio(files: list[Path], data: Path, jobs: int, transfer: int) -> tuple[float, float]:
-    """(MB/s, CPU seconds) of fio reading *files* as the replay's *jobs* workers do, cold."""
+def fio(
+    files: list[Path], data: Path, jobs: int, transfer: int, hint: bool = False
+) -> tuple[float, float]:
+    """(MB/s, CPU seconds) of fio reading *files* as the replay's *jobs* workers do, cold.
+    *hint*: fio's default ``fadvise_hint=1`` (``POSIX_FADV_SEQUENTIAL`` on each file: Linux
+    doubles its readahead window); without it ``fadvise_hint=0``, as the replay and the job it
+    replays read (no hint)."""
     drop_pages(str(data), [str(p.relative_to(data)) for p in files], "fadvise")
     cmd = [
         "fio",
@@ -109,6 +117,7 @@ def fio(files: list[Path], data: Path, jobs: int, transfer: int) -> tuple[float,
         "--invalidate=1",
         "--file_service_type=sequential",
         "--group_reporting",
+        f"--fadvise_hint={1 if hint else 0}",
     ]
     for w in range(jobs):
         mine = files[w::jobs]
@@ -153,6 +162,8 @@ def replay(model, data: Path, out: Path, loader: str, cold: bool) -> dict:
     e = res.metrics["epochs"][0]
     return {
         "epoch_mbps": e["bytes_read"] / e["epoch_time_s"] / 1e6,
+        # DLIO's throughput: the epoch less its first step (worker start-up, first batch)
+        "steady_mbps": e.get("io_mb_per_s") or float("nan"),
         "call_mbps": e["bytes_read"] / wall / 1e6,
         "cpu_s": cpu,
         "bytes": e["bytes_read"],
@@ -267,6 +278,7 @@ def s3_main(args: argparse.Namespace) -> int:
                 for loader in loaders:
                     r = replay(model, data, Path(tmp) / f"s3-{i}-{loader}", loader, False)
                     rates.setdefault(f"replay {loader} (epoch)", []).append(r["epoch_mbps"])
+                    rates.setdefault(f"replay {loader} (steady)", []).append(r["steady_mbps"])
                     rates.setdefault(f"replay {loader} (whole call)", []).append(r["call_mbps"])
                     served.append((r["served"] or 0, r["bytes"]))
                 print(
@@ -337,13 +349,21 @@ def main() -> int:
             rates.setdefault("fio", []).append(
                 fio(files, args.data_dir, args.threads, args.transfer)[0]
             )
+            rates.setdefault("fio, its SEQUENTIAL hint", []).append(
+                fio(files, args.data_dir, args.threads, args.transfer, hint=True)[0]
+            )
             for loader in loaders:
                 r = replay(model, args.data_dir, Path(tmp) / f"r{i}-{loader}", loader, True)
                 rates.setdefault(f"replay {loader} (epoch)", []).append(r["epoch_mbps"])
+                rates.setdefault(f"replay {loader} (steady)", []).append(r["steady_mbps"])
                 rates.setdefault(f"replay {loader} (whole call)", []).append(r["call_mbps"])
                 if r["served"] is not None and r["device"]:
                     served.append((r["served"], r["device"]))
-            print(f"run {i}: " + "  ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()))
+            print(
+                f"run {i}: "
+                + "  ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items())
+                + f"  (load {_load():.2f})"
+            )
         shm = args.shm_dir / f"dlreplay-bw-ceiling-{os.getpid()}"
         try:
             generate_dataset(GenerateConfig(model=model, data_dir=shm, progress=False))
