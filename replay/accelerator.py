@@ -303,17 +303,23 @@ class _RankRun:
             sleeper.debt += t_got - t_recv  # taken out of this step's sleep
             modelled = float(modelled_steps[step])
             compute, ck = self._compute(epoch, step, modelled, cpu_steps, rec)
+            t_sync = time.perf_counter()
             self.sync()
+            waited = time.perf_counter() - t_sync  # for the other ranks (no overhead of the replay)
             if ev_step:
                 _end_step_event(ev_step, clocks)
             n_samples, n_bytes = _count_batch(rec, res, ck, pids, order)
             del res  # the batch is let go here, inside the step, as a training loop's is
             t_end = time.perf_counter()
             # The model's compute time is the job's whole loop body, its own overhead included;
-            # the replay's (letting go of the batch, bookkeeping) is taken out of the next sleeps
-            over = max((t_end - t_got) - compute - ck, 0.0)
+            # the replay's (letting go of the batch, bookkeeping) is taken out of the next sleeps.
+            # The wait for the other ranks is not: the distilled compute is the step's own (the
+            # last-arriving rank's), and a job's rank that waited at the all-reduce computes its
+            # whole next step (taken out, a rank that waited once slept no more and waited again:
+            # 2 of 3 ranks slept ~0 a step, the step ended at the one rank that still computed)
+            over = max((t_end - t_got) - compute - ck - waited, 0.0)
             sleeper.debt += over
-            compute += over + (t_got - t_recv)
+            compute += over + waited + (t_got - t_recv)
             # DLIO leaves the run's first step out of AU and throughput (its own runs: every epoch's)
             if (step > 0) if per_epoch_au else (self.global_step > 1):
                 rec["compute_s"] += compute
