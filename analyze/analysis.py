@@ -10,6 +10,7 @@ The CLI's ``analyze`` command is a thin layer over :func:`analyze_trace` and
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import tempfile
 import textwrap
@@ -21,6 +22,7 @@ import polars as pl
 
 from dlreplay.errors import UsageError
 
+from .distill.mapped import mapped_events
 from .findings import Finding, Thresholds, find, load_thresholds
 from .passes import Characterization, characterize
 from .report import Report, build_report
@@ -150,6 +152,7 @@ def _analyze_here(
         manifest=loaded.manifest,
         data_dirs=_data_dirs(data_dirs, loaded),
         per_process=loaded.per_process,
+        mapped_events=mapped_events(trace),
     )
     return loaded, c, find(c, thresholds, disabled), None
 
@@ -228,7 +231,8 @@ def _analyze_spilled(
         trace, group_stored_bytes=plan.group_stored_bytes, spill_dir=spill_dir, echo=echo, jobs=jobs
     ) as sp:
         dirs = list(data_dirs or []) or (sp.manifest or {}).get("data_dirs") or None
-        c = characterize(TraceView(sp.events, sp.manifest, dirs, sp.per_process))
+        view = TraceView(sp.events, sp.manifest, dirs, sp.per_process)
+        c = characterize(dataclasses.replace(view, mapped_events=mapped_events(trace)))
         findings = find(c, thresholds, disabled)
         _ = c.view.summary  # printed by the CLI after the spill is gone
         if figures_wanted:

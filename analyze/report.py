@@ -40,6 +40,7 @@ from dlreplay.units import (
 
 from .findings import Finding
 from .passes import Characterization, TraceView
+from .passes.mapped import MAPPED_NOTE, mapped_headline
 
 __all__ = [
     "REPORT_CSS",
@@ -117,13 +118,18 @@ def build_report(
         if isinstance(res, dict) and res.get("missing")
     ]
     ov = c["overview"]
-    if not ov.get("dataset_read_calls"):
+    mapped = c.results.get("mapped") or {}
+    if mapped.get("windows"):
+        notes.append(MAPPED_NOTE)
+    elif not ov.get("dataset_read_calls"):
         notes.insert(
             0,
             "The trace has no reads of dataset files: nothing to say about the input pipeline. "
             "Was the job's data directory traced (`dlreplay capture --data-dir`)?",
         )
-    if ov.get("events") and not (ov.get("bytes_read") or ov.get("bytes_written")):
+    if ov.get("events") and not (
+        ov.get("bytes_read") or ov.get("bytes_written") or mapped.get("windows")
+    ):
         notes.insert(0, "The trace holds only metadata calls (open/stat/close), no data transfers.")
     return Report(
         trace,
@@ -376,6 +382,7 @@ def _headline(r: Report) -> list[tuple[str, str]]:
         rows.append(("AU without epoch starts", f"{st['au_steady']:.1%}"))
     if st.get("au_dlio") is not None:
         rows.append(("AU as DLIO computes it", f"{st['au_dlio']:.1%}"))
+    rows += mapped_headline(c.results.get("mapped") or {})
     acc = c["access"]
     if acc.get("reads"):
         rows.append(

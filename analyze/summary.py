@@ -90,6 +90,9 @@ class Summary:
     data_dirs: list[str] = field(default_factory=list)
     #: annotation-like events no convention explains: [{cat, name, count}] (see :mod:`.vocabulary`)
     unknown_annotations: list[dict] = field(default_factory=list)
+    #: what the job read through memory maps (the ``mapped`` pass, :mod:`.passes.mapped`); empty
+    #: without mapped files
+    mapped: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-safe dict (pid keys become strings)."""
@@ -353,6 +356,8 @@ def _indented(
 
 
 def _dataset_lines(s: Summary) -> list[str]:
+    if not s.dataset_files and s.mapped.get("maps"):
+        return _mapped_lines(s.mapped)
     if not s.dataset_files:
         return [
             "Dataset: no dataset reads found"
@@ -368,7 +373,48 @@ def _dataset_lines(s: Summary) -> list[str]:
         + (f" (data dirs: {', '.join(s.data_dirs)})" if s.data_dirs else "")
     ]
     rows = [[str(pid), human_bytes(b)] for pid, b in s.dataset_bytes_read_per_pid.items()]
-    return out + _indented(["pid", "dataset bytes read"], rows, [True, True])
+    out += _indented(["pid", "dataset bytes read"], rows, [True, True])
+    return out + (_mapped_lines(s.mapped) if s.mapped.get("maps") else [])
+
+
+def _mapped_lines(m: dict) -> list[str]:
+    """The mapped data (the ``mapped`` pass's result *m*): files, windows, pages faulted in."""
+    cold = m.get("cold_bytes")
+    out = [
+        f"Mapped data: {m['files']} file(s) of {human_bytes(m.get('file_bytes') or 0)} mapped "
+        f"{m['maps']:,} time(s), {m['windows']:,} slice(s) taken, "
+        f"{human_bytes(m.get('bytes_touched') or 0)} touched, "
+        + (
+            f"{human_bytes(cold)} faulted in from storage (pages not in the page cache)"
+            if cold is not None
+            else "pages faulted in not measured"
+        )
+    ]
+    if m.get("windows_per_step") is not None:
+        dt = m.get("data_time_s")
+        out.append(
+            f"  {m['windows_per_step']:g} window(s) of {human_bytes(m.get('window_bytes') or 0)} per step "
+            f"({m['slices_per_step']:g} slice(s) of {human_bytes(m.get('slice_bytes') or 0)}) "
+            f"over {m['steps_with_windows']:,} step(s)"
+            + (f", {m['eval_windows']:,} in validation passes" if m.get("eval_windows") else "")
+            + (f"; data time between steps {human_seconds(dt)} (median)" if dt is not None else "")
+        )
+    rows = [
+        [
+            _short(f["file"]),
+            human_bytes(f["file_bytes"]),
+            f"{f['maps']:,}",
+            f"{f['windows']:,}",
+            human_bytes(f["bytes_touched"]),
+            human_bytes(f["cold_bytes"]) if f.get("cold_bytes") is not None else "-",
+        ]
+        for f in m.get("per_file", [])
+    ]
+    return out + _indented(
+        ["file", "size", "maps", "windows", "touched", "faulted in"],
+        rows,
+        [False, True, True, True, True, True],
+    )
 
 
 def _loader_lines(s: Summary) -> list[str]:

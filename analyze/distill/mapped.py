@@ -32,6 +32,7 @@ __all__ = [
     "mapped_access",
     "mapped_events",
     "mapped_summary",
+    "merged_windows",
     "with_mapped_access",
     "with_mapped_reads",
 ]
@@ -102,8 +103,9 @@ def _step_of(windows: pl.DataFrame, starts: np.ndarray) -> pl.DataFrame:
     return windows.with_columns(pl.Series("step", idx, dtype=pl.Int64))
 
 
-def _merged(windows: pl.DataFrame) -> pl.DataFrame:
-    """One row per window (a step's overlapping slices merged): step, offset, bytes, slices."""
+def merged_windows(windows: pl.DataFrame) -> pl.DataFrame:
+    """One row per window (a step's overlapping slices merged; *windows*: io.window events with a
+    ``step`` column): step, offset, bytes (file offset, bytes), slices, slice_bytes."""
     w = windows.with_columns((pl.col("offset") + pl.col("bytes")).alias("end")).sort(
         "step", "offset"
     )
@@ -158,7 +160,7 @@ def _evaluation(
     )
     if inside.is_empty():
         return {}
-    per = _merged(
+    per = merged_windows(
         inside.rename({"pass": "step"}).drop("end").with_columns(pl.col("step").cast(pl.Int64))
     )
     eval_maps = maps.filter(pl.col("path").is_in(inside["path"].unique().implode()))
@@ -212,7 +214,7 @@ def mapped_access(mapped: pl.DataFrame, events: pl.DataFrame) -> MappedAccess | 
         return None
     path = train_w["path"].mode().sort()[0]
     train_w = train_w.filter(pl.col("path") == path)
-    merged = _merged(_step_of(train_w, starts))
+    merged = merged_windows(_step_of(train_w, starts))
     per_step = merged.group_by("step").len()["len"]
     train_maps = maps.filter(pl.col("path") == path)
     gap = (steps.sort("ts")["wait_us"] + steps.sort("ts")["other_us"]).to_numpy() * US

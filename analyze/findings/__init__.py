@@ -32,7 +32,7 @@ from dlreplay.errors import UsageError
 
 from ..passes import Characterization
 
-# The rules live by family in this package (loader, reads, checkpoint); what they share is in
+# The rules live by family in this package (loader, reads, checkpoint, mapped); what they share is in
 # base. All stay importable from here.
 from .base import LIBRARY_OF as LIBRARY_OF
 from .base import SEVERITIES, Finding, Rule, Thresholds
@@ -45,6 +45,7 @@ from .loader import (
     rule_startup,
     rule_workers,
 )
+from .mapped import rule_mapped
 from .reads import (
     rule_metadata,
     rule_page_cache,
@@ -117,6 +118,9 @@ RULES: dict[str, Rule] = {
     "page-cache": rule_page_cache,
     "no-overlap": rule_overlap,
     "worker-startup": rule_startup,
+    "mapped-storage-stall": rule_mapped,
+    "mapped-inline-batches": rule_mapped,
+    "mapped-page-cache": rule_mapped,
 }
 
 

@@ -58,6 +58,9 @@ class Thresholds:
     io_share_min: float = 0.05  # ... only when dataset I/O is at least this share of the run
     startup_wait_share: float = 0.5  # epoch-start waits at or above this share of all data wait
     startup_wait_s: float = 0.5  # ... and at least this many seconds in all
+    mapped_stall_share: float = 0.05  # extra data time of steps with cold mapped pages / loop time
+    mapped_stall_share_high: float = 0.20  # ... high severity from this share
+    mapped_warm_share: float = 0.01  # mapped windows' pages found cold at most this share: cached
 
 
 @dataclass

@@ -18,6 +18,7 @@ from .base import (
     median_worker_busy,
     reading_library,
 )
+from .mapped import mapped_loop
 
 
 def rule_data_wait(c: Characterization, t: Thresholds) -> list[Finding]:
@@ -67,6 +68,8 @@ def rule_workers(c: Characterization, t: Thresholds) -> list[Finding]:
     (compute + wait); n / AU workers would deliver one per compute step. The
     recommendation adds 25 % headroom.
     """
+    if mapped_loop(c):  # no DataLoader to add workers to: mapped-inline-batches says why it waits
+        return []
     s = c["steps"]
     au, steady = s.get("au"), s.get("au_data_steady", s.get("au_steady"))
     n = loader_workers(c)

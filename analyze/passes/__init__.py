@@ -27,6 +27,7 @@ import polars as pl
 from dlreplay.allocator import release_free_memory
 
 from .loop import au_dlio, pass_checkpoints, pass_epochs, pass_overlap, pass_steps
+from .mapped import pass_mapped
 from .processes import pass_balance, pass_preprocess, pass_processes
 from .ranks import pass_ranks
 from .reads import (
@@ -68,6 +69,7 @@ __all__ = [
     "pass_epochs",
     "pass_metadata",
     "pass_overlap",
+    "pass_mapped",
     "pass_overview",
     "pass_page_cache",
     "pass_preprocess",
@@ -95,6 +97,7 @@ PASSES: dict[str, PassFn] = {
     "ranks": pass_ranks,
     "preprocess": pass_preprocess,
     "page_cache": pass_page_cache,
+    "mapped": pass_mapped,
 }
 
 
@@ -121,16 +124,18 @@ def characterize(
     data_dirs: list[str] | None = None,
     passes: Iterable[str] | None = None,
     per_process: pl.DataFrame | None = None,
+    mapped_events: pl.DataFrame | None = None,
 ) -> Characterization:
     """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table.
 
     ``per_process`` is the table's :func:`file_process_table` when already known (e.g.
-    :attr:`~.load.LoadedTrace.per_process`).
+    :attr:`~.load.LoadedTrace.per_process`); ``mapped_events`` are the trace's mapped-hook
+    events (:func:`~..distill.mapped.mapped_events`), for the ``mapped`` pass.
     """
     view = (
         events
         if isinstance(events, TraceView)
-        else TraceView(events, manifest, data_dirs, per_process)
+        else TraceView(events, manifest, data_dirs, per_process, mapped_events=mapped_events)
     )
     names = list(passes) if passes is not None else list(PASSES)
     unknown = [n for n in names if n not in PASSES]

@@ -7,6 +7,7 @@ the polars query that defines its loop beside it, and runs it without the extens
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..distill.measure import file_ends, file_sizes, warmup_steps
 from ..files import classify_files, file_process_table
 from ..summary import Summary, summarize
 from ..trace import vocabulary as voc
+from .mapped import mapped_reads
 from .numbers import US, rounded
 
 __all__ = [
@@ -95,6 +97,10 @@ class TraceView:
     known_per_process: pl.DataFrame | None = None
     #: :func:`summarize` of ``events`` (with these ``data_dirs``) when already computed
     known_summary: Summary | None = None
+    #: the ``io.mmap``/``io.window`` events of the trace's mapped hooks
+    #: (:func:`~..distill.mapped.mapped_events`: read from the trace files, as the event table
+    #: keeps no offset or bytes of annotation events); None when not read
+    mapped_events: pl.DataFrame | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.events, pl.DataFrame):
@@ -159,10 +165,18 @@ class TraceView:
 
     @cached_property
     def summary(self) -> Summary:
-        """The one-screen summary (see :func:`~dlreplay.analyze.summary.summarize`)."""
+        """The one-screen summary (see :func:`~dlreplay.analyze.summary.summarize`), with
+        the mapped data (:attr:`mapped`) where the trace has mapped windows."""
         if self.known_summary is not None:
             return self.known_summary
-        return summarize(self.events, data_dirs=self.data_dirs, per_process=self.per_process)
+        s = summarize(self.events, data_dirs=self.data_dirs, per_process=self.per_process)
+        return dataclasses.replace(s, mapped=self.mapped) if self.mapped.get("maps") else s
+
+    @cached_property
+    def mapped(self) -> dict[str, Any]:
+        """What the job read through memory maps (:func:`.mapped.mapped_reads`, from
+        :attr:`mapped_events`)."""
+        return mapped_reads(self)
 
     @cached_property
     def per_process(self) -> pl.DataFrame:
