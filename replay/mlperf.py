@@ -15,7 +15,9 @@
   Throughput per run is the mean over epochs of samples/s (``train_throughput_mean_samples_per_second``)
   and of MB/s (10^6 bytes).
 * **provenance.json** (:func:`provenance`): versions, host, command, model digest, dataset
-  digest (SHA-256 over the dataset manifest's paths and sizes), the storage's mount and device.
+  digest (SHA-256 over the dataset manifest's paths and sizes), the storage's mount and device
+  (an S3 replay's: its objects' ``s3://`` prefix and client as well; never the endpoint or a
+  credential).
 """
 
 from __future__ import annotations
@@ -209,6 +211,15 @@ def provenance(
             "filesystem": fstype,
             "source": source,
             "device": dev[0] if dev else None,
+            # an S3 replay reads objects, not data_dir (its local copy): where they are, no endpoint
+            **(
+                {
+                    "objects": f"s3://{model.storage.storage_root}/{model.storage.prefix or ''}",
+                    "client": model.storage.client,
+                }
+                if model.storage is not None and model.storage.storage_type == "s3"
+                else {}
+            ),
         },
         "started": metrics.get("started"),
         "cold": metrics.get("cold"),
