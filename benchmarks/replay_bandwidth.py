@@ -45,6 +45,7 @@ MB = 10^6 bytes, GB = 10^9 bytes.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -298,6 +299,49 @@ def s3_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _disk_run(
+    i: int,
+    args: argparse.Namespace,
+    model,
+    files: list[Path],
+    loaders: list[str],
+    tmp: Path,
+    rates: dict[str, list[float]],
+    served: list[tuple[int, int]],
+) -> None:
+    """Run *i* on the disk, cold: fio without and with its hint, and the replay with each loader,
+    in an order rotated by one each run (a storage that caches below the page cache, as a
+    virtual disk's host may, favours whoever reads the same bytes soon after another)."""
+
+    def fio_plain() -> None:
+        rates.setdefault("fio", []).append(
+            fio(files, args.data_dir, args.threads, args.transfer)[0]
+        )
+
+    def fio_hint() -> None:
+        rates.setdefault("fio, its SEQUENTIAL hint", []).append(
+            fio(files, args.data_dir, args.threads, args.transfer, hint=True)[0]
+        )
+
+    def one(loader: str) -> None:
+        r = replay(model, args.data_dir, tmp / f"r{i}-{loader}", loader, True)
+        rates.setdefault(f"replay {loader} (epoch)", []).append(r["epoch_mbps"])
+        rates.setdefault(f"replay {loader} (steady)", []).append(r["steady_mbps"])
+        rates.setdefault(f"replay {loader} (whole call)", []).append(r["call_mbps"])
+        if r["served"] is not None and r["device"]:
+            served.append((r["served"], r["device"]))
+
+    steps = [fio_plain, fio_hint, *(functools.partial(one, loader) for loader in loaders)]
+    first = i % len(steps)
+    for step in steps[first:] + steps[:first]:
+        step()
+    print(
+        f"run {i}: "
+        + "  ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items())
+        + f"  (load {_load():.2f})"
+    )
+
+
 def _load() -> float:
     try:
         return os.getloadavg()[0]
@@ -346,24 +390,7 @@ def main() -> int:
     ceiling: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="dlreplay-bw-") as tmp:
         for i in range(args.repeat):
-            rates.setdefault("fio", []).append(
-                fio(files, args.data_dir, args.threads, args.transfer)[0]
-            )
-            rates.setdefault("fio, its SEQUENTIAL hint", []).append(
-                fio(files, args.data_dir, args.threads, args.transfer, hint=True)[0]
-            )
-            for loader in loaders:
-                r = replay(model, args.data_dir, Path(tmp) / f"r{i}-{loader}", loader, True)
-                rates.setdefault(f"replay {loader} (epoch)", []).append(r["epoch_mbps"])
-                rates.setdefault(f"replay {loader} (steady)", []).append(r["steady_mbps"])
-                rates.setdefault(f"replay {loader} (whole call)", []).append(r["call_mbps"])
-                if r["served"] is not None and r["device"]:
-                    served.append((r["served"], r["device"]))
-            print(
-                f"run {i}: "
-                + "  ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items())
-                + f"  (load {_load():.2f})"
-            )
+            _disk_run(i, args, model, files, loaders, Path(tmp), rates, served)
         shm = args.shm_dir / f"dlreplay-bw-ceiling-{os.getpid()}"
         try:
             generate_dataset(GenerateConfig(model=model, data_dir=shm, progress=False))
