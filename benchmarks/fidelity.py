@@ -319,6 +319,32 @@ JOBS: dict[str, Job] = {
         "no DataLoader: np.memmap of a uint16 token file anew every batch, 2 random windows of "
         "1024 tokens, validation every 20 steps",
     ),
+    "dcp_sharded": Job(
+        "dcp_sharded",
+        (
+            "--num-files",
+            "32",
+            "--volume",
+            "16",
+            "--batch-size",
+            "2",
+            "--workers",
+            "1",
+            "--epochs",
+            "3",
+            "--checkpoint-every",
+            "4",
+            "--fsync",
+            "--keep",
+            "0",
+            "--by-path",
+            "--threads",
+            "1",
+        ),
+        "torchrun, 2 ranks, torch.distributed.checkpoint: dcp.save every 4 steps with fsync "
+        "(each rank its shard, rank 0 the .metadata)",
+        ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+    ),
 }
 
 TARGETS = {"steady_pct": 5.0, "first_pct": 10.0, "au_points": 3.0}
