@@ -221,9 +221,11 @@ def _get_worker(bucket: str, objects: list, request: int, barrier, conn) -> None
     conn.close()
 
 
-def get_loop(bucket: str, prefix: str, streams: int, request: int) -> float:
+def get_loop(bucket: str, prefix: str, streams: int, request: int) -> tuple[float, float]:
     """MB/s of *streams* processes reading every object under *prefix* in ranged GETs (stream *w*
-    the objects ``w::streams``), from the moment all had their clients to the last one's end."""
+    the objects ``w::streams``): from the moment all had their clients to the last one's end,
+    and from before the processes started (their start and clients counted, as a replay's
+    epoch counts its workers' start and clients)."""
     import multiprocessing
 
     import boto3
@@ -233,6 +235,7 @@ def get_loop(bucket: str, prefix: str, streams: int, request: int) -> float:
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(streams)
     pipes, procs = [], []
+    t_start = time.perf_counter()
     for w in range(streams):
         here, there = ctx.Pipe(duplex=False)
         p = ctx.Process(
@@ -244,8 +247,8 @@ def get_loop(bucket: str, prefix: str, streams: int, request: int) -> float:
     got = [c.recv() for c in pipes]
     for p in procs:
         p.join()
-    wall = max(g[1] for g in got) - min(g[0] for g in got)
-    return sum(g[2] for g in got) / wall / 1e6
+    end, total = max(g[1] for g in got), sum(g[2] for g in got)
+    return total / (end - min(g[0] for g in got)) / 1e6, total / (end - t_start) / 1e6
 
 
 def s3_main(args: argparse.Namespace) -> int:
@@ -273,9 +276,11 @@ def s3_main(args: argparse.Namespace) -> int:
                 f"stream(s); {os.cpu_count()} CPU(s), load average {_load():.2f}"
             )
             for i in range(args.repeat):
-                rates.setdefault("GET loop", []).append(
-                    get_loop("dlreplay-bandwidth", "train/", args.threads, args.s3_request)
+                loop, started = get_loop(
+                    "dlreplay-bandwidth", "train/", args.threads, args.s3_request
                 )
+                rates.setdefault("GET loop", []).append(loop)
+                rates.setdefault("GET loop, with its start", []).append(started)
                 for loader in loaders:
                     r = replay(model, data, Path(tmp) / f"s3-{i}-{loader}", loader, False)
                     rates.setdefault(f"replay {loader} (epoch)", []).append(r["epoch_mbps"])
