@@ -124,6 +124,17 @@ class Streaming:
     shuffle_buffer: int = model_field(
         0, check="nonneg", doc="samples in each worker's shuffle buffer (0 = in shard order)"
     )
+    worker_start_time: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="seconds a worker's first batch took beyond its later ones' (imports, the "
+        "dataset's setup, the shuffle buffer's fill), once per worker process",
+    )
+    worker_start_cpu: Distribution = model_field(
+        factory=lambda: Distribution.fixed(0.0),
+        check="nonneg",
+        doc="CPU seconds of worker_start_time (0 = slept)",
+    )
 
 
 #: How a mapped-access loop picks its windows' offsets (``reader.mapped_access.offsets``).
