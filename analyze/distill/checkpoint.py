@@ -23,7 +23,12 @@ from dlreplay.schema import READ_OPS, SYNC_OPS, WRITE_OPS
 from ..trace import vocabulary as voc
 from .base import US, Facts, mode, num, observed
 
-__all__ = ["MAX_CHECKPOINT_WRITE_RUNS", "checkpoint_section", "checkpoint_writes"]
+__all__ = [
+    "MAX_CHECKPOINT_WRITE_RUNS",
+    "checkpoint_section",
+    "checkpoint_writes",
+    "file_writes_of",
+]
 
 
 def checkpoint_section(
@@ -38,6 +43,7 @@ def checkpoint_section(
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
         return Checkpoint(enabled=False)
+    facts.put("checkpoint.enabled", f"{saves.height} checkpoint save event(s)", "measured")
     interval, every_epochs, after_epoch = _schedule_facts(saves, batches, epochs, facts)
     saves = _numbered(saves)
     # a checkpoint's bytes: its ranks' saves' (a rank's save of unknown size wrote nothing seen)
@@ -45,11 +51,8 @@ def checkpoint_section(
         pl.col("size").sum().alias("total"), pl.col("size").is_not_null().any().alias("known")
     )
     nbytes = int(num(per_ckpt.filter(pl.col("known"))["total"].mean()))
-    facts.put(
-        "checkpoint.bytes_per_checkpoint",
-        "bytes of each checkpoint (the saves of every rank)",
-        "measured",
-    )
+    how = "bytes of each checkpoint (the saves of every rank)"
+    facts.put("checkpoint.bytes_per_checkpoint", how, "measured")
     inside = _save_writes(events, saves)
     ckpt_files, files_per = _saved_files(inside, saves)
     fsync = (
@@ -270,6 +273,18 @@ def checkpoint_writes(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.D
 
 #: Most runs of equal write calls kept for one checkpoint (all files); more: the write-size distribution.
 MAX_CHECKPOINT_WRITE_RUNS = 1024
+
+
+def file_writes_of(
+    inside: pl.DataFrame,
+) -> tuple[list[list[list[int]]] | None, list[int] | None]:
+    """(the write calls of each file of one checkpoint as runs of ``[bytes, calls]``, the rank
+    writing each file) from *inside* (pid, ts, file, size, ckpt: the writes of each
+    checkpoint), in the most common number of files per checkpoint (see :func:`_file_writes`)."""
+    if inside.is_empty():
+        return None, None
+    files_per = int(num(inside.group_by("ckpt").agg(pl.col("file").n_unique())["file"].median(), 1))
+    return _file_writes(inside, max(files_per, 1))
 
 
 def _file_writes(
