@@ -33,6 +33,7 @@ from ..passes.ranks import ranks_of
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed
 from .checkpoint import MAX_CHECKPOINT_WRITE_RUNS, checkpoint_section
+from .checkpoint_posix import unannotated_checkpoints
 from .dataset import (
     EXTENSION_FORMATS,
     INDEX_SUFFIXES,
@@ -117,20 +118,25 @@ def distill(
             reader = replace(reader, batch_size_eval=eval_batch)
     train = with_timing(train, timing)
     main_pid = obs.main_pid
-    checkpoint = checkpoint_section(
-        events,
-        obs.saves,
-        obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps,
-        facts,
-        obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
-    )
+    processes = _processes(obs, reader.read_threads, facts)
+    if obs.saves.is_empty() and obs.annotated.is_empty():  # DFTracer's preload alone: writes
+        sofar = WorkloadModel(dataset=dataset, reader=reader, train=train, processes=processes)
+        checkpoint = unannotated_checkpoints(events, obs, sofar, manifest, facts)
+    else:
+        checkpoint = checkpoint_section(
+            events,
+            obs.saves,
+            obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps,
+            facts,
+            obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
+        )
     storage = storage_section(objects)
     return WorkloadModel(
         dataset=object_folder(dataset, storage),
         reader=reader,
         train=train,
         checkpoint=checkpoint,
-        processes=_processes(obs, reader.read_threads, facts),
+        processes=processes,
         storage=storage,
         provenance=Provenance(
             source_trace=source,
