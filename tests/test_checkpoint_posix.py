@@ -1,0 +1,136 @@
+"""Checkpoints from POSIX calls alone (#44): a trace without annotations (DFTracer's preload
+alone, ``dlreplay capture --no-loader-hooks``) has no checkpoint events, and distill infers
+the checkpoints from the writes (or, for ``torch.save``, whose writes DFTracer does not see,
+the opens and closes) of files outside the dataset, marked inferred, never measured.
+
+Real traces that differ in each inferred parameter: checkpoints per run (4, 6, 8, 16),
+files per checkpoint (DCP's shards and ``.metadata`` of 2 ranks or 1, DLIO's model and layer
+files, one ``torch.save`` file), bytes, fsync, the interval (every 2, 3 or 4 steps, every
+epoch) and the restore at start (traces/checkpoint_posix/, made by
+traces/make_checkpoint_traces.py; traces/dlio_jpeg_ckpt and traces/npz_checkpoint seen
+through their POSIX events). Traces with no writes say "no checkpoints" (inferred); captures
+that traced only the data directories say they cannot tell (a guess).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+
+import polars as pl
+import pytest
+import yaml
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.distill import distill
+from dlreplay.model import WorkloadModel
+
+from .conftest import TRACES
+
+POSIX = TRACES / "checkpoint_posix"
+
+
+@cache
+def _model(path: str, posix_only: bool = True) -> WorkloadModel:
+    lt = load_trace(TRACES / path)
+    ev = lt.events
+    if posix_only:  # what DFTracer's preload alone records of the same run
+        ev = ev.filter(pl.col("cat").is_in(["POSIX", "STDIO"])).with_columns(
+            pl.lit(None, pl.String).alias("role")
+        )
+    return distill(ev, manifest=lt.manifest)
+
+
+def _truth(path: str) -> dict:
+    """The checkpoint truth of a trace: its expected.json, or its job's own report/config."""
+    d = TRACES / path
+    if path == "dlio_jpeg_ckpt":
+        cfg = yaml.safe_load((d / "dlio_config.yaml").read_text())
+        steps = cfg["dataset"]["num_files_train"] // cfg["reader"]["batch_size"]
+        every = cfg["checkpoint"]["steps_between_checkpoints"]
+        return {
+            "checkpoints": cfg["train"]["epochs"] * steps // every,
+            "files_per_checkpoint": 2,  # DLIO 2.0's model and layer files, one rank
+            "bytes_per_checkpoint": _model(path, False).checkpoint.bytes_per_checkpoint,
+            "fsync": False,
+            "steps_between_checkpoints": every,
+            "writes_visible": True,
+            "read_at_start": False,
+        }
+    exp = json.loads((d / "expected.json").read_text())
+    if path == "npz_checkpoint":
+        return {
+            "checkpoints": exp["checkpoints"],
+            "files_per_checkpoint": 1,
+            "bytes_per_checkpoint": exp["checkpoint_bytes"] // exp["checkpoints"],
+            "fsync": False,
+            "steps_between_checkpoints": exp["model"]["checkpoint_every"],
+            "writes_visible": False,
+            "read_at_start": False,
+        }
+    return exp["checkpoint"]
+
+
+VARIANTS = ["checkpoint_posix/dlio_r2", "dlio_jpeg_ckpt", "npz_checkpoint"]
+
+
+@pytest.mark.parametrize("path", VARIANTS)
+def test_checkpoints_inferred_from_posix_calls(path: str) -> None:
+    want = _truth(path)
+    m = _model(path)
+    c, f = m.checkpoint, m.provenance.fields
+    assert c.enabled
+    assert f["checkpoint.enabled"].confidence == "inferred"  # never measured without events
+    n = re.match(r"(\d+) checkpoint\(s\)", f["checkpoint.enabled"].method)
+    assert n is not None and int(n.group(1)) == want["checkpoints"]
+    assert c.files_per_checkpoint == want["files_per_checkpoint"]
+    assert c.fsync is want["fsync"]
+    if want["writes_visible"]:
+        assert c.bytes_per_checkpoint == want["bytes_per_checkpoint"]
+        assert c.file_writes is not None and len(c.file_writes) == want["files_per_checkpoint"]
+    else:  # torch.save: only its fopen/fclose; the time between them is the save's
+        assert c.bytes_per_checkpoint == 0
+        assert f["checkpoint.bytes_per_checkpoint"].confidence == "default"
+        assert c.serialization_time.is_known and (c.serialization_time.mean or 0) > 0
+    for field in ("steps_between_checkpoints", "epochs_between_checkpoints"):
+        if want.get(field) is None:
+            continue
+        if f[f"checkpoint.{field}"].confidence == "inferred":
+            assert getattr(c, field) == want[field], field
+        else:  # the batch size is a guess, so are the steps: said so, not measured
+            assert f["reader.batch_size"].confidence == "default"
+    assert c.read_at_start is want["read_at_start"]
+    if want["read_at_start"]:
+        assert c.read_bytes_per_rank == want["read_bytes_per_rank"]
+
+
+@pytest.mark.parametrize("path", ["dlio_jpeg_ckpt", "checkpoint_posix/dlio_r2"])
+def test_annotated_checkpoints_stay_measured(path: str) -> None:
+    """The same runs with DLIO's own checkpoint events: measured, and the POSIX inference
+    found what they say."""
+    full, posix = _model(path, False), _model(path)
+    assert full.provenance.fields["checkpoint.enabled"].confidence == "measured"
+    for field in ("files_per_checkpoint", "bytes_per_checkpoint", "file_writes", "fsync"):
+        assert getattr(posix.checkpoint, field) == getattr(full.checkpoint, field), field
+
+
+@pytest.mark.parametrize("name", ["dlio_npz_4spf", "dlio_hdf5_8spf"])
+def test_no_writes_no_checkpoints(name: str) -> None:
+    """DLIO traced its data and checkpoint folders: no write at all, no checkpoints (inferred)."""
+    m = _model(f"sweep/{name}")
+    f = m.provenance.fields["checkpoint.enabled"]
+    assert not m.checkpoint.enabled
+    assert f.confidence == "inferred" and "no writes" in f.method
+
+
+@pytest.mark.parametrize("name", ["tiles_w0_t64", "cosmo_w2_s1"])
+def test_capture_of_the_data_dirs_alone_cannot_tell(name: str) -> None:
+    """``dlreplay capture --data-dir`` traced only the dataset: checkpoints written elsewhere
+    are not in the trace, so "none" is a guess, said so (it was marked measured, and wrong
+    for every sweep run that saved)."""
+    m = _model(f"sweep/{name}", False)  # captured with --no-loader-hooks: POSIX only
+    f = m.provenance.fields["checkpoint.enabled"]
+    assert not m.checkpoint.enabled
+    assert f.confidence == "default" and "traced only" in f.method
+    assert any(n.startswith("guess: checkpoint.enabled") for n in m.provenance.notes)
