@@ -414,25 +414,50 @@ def run_checkpoint_workload(plan: RankPlan, sync: Callable[[], None]) -> dict[st
     }
 
 
+def checkpoint_only(model: WorkloadModel) -> bool:
+    """A checkpoint-only workload: no training (it reads no dataset), checkpoints on."""
+    return not model.train.enabled and model.checkpoint.enabled
+
+
+def _gb_per_s(nbytes: int, seconds: float) -> float | None:
+    """Decimal GB/s (1e9 bytes per second), None without time."""
+    return nbytes / seconds / 1e9 if seconds > 0 else None
+
+
 def checkpoint_workload_doc(
     model: WorkloadModel, ranks: list[dict[str, Any]], size: int
 ) -> dict[str, Any] | None:
     """The metrics of a checkpoint-only workload (:func:`run_checkpoint_workload`) over its
     *ranks*' records: bytes and seconds written and read (the slowest rank's time: the ranks
-    meet after each checkpoint), bandwidths, the scaling and the full-size run's bytes; its
-    ``summary``: lines for the replay's output. None for a training workload."""
+    meet after each checkpoint), bandwidths in bytes/s and decimal GB/s, in total and per rank,
+    the scaling and the full-size run's bytes; its ``summary``: the lines the replay prints
+    instead of an AU verdict (there is no training to keep busy). None for a training
+    workload."""
     c = model.checkpoint
-    if model.train.enabled or not c.enabled:
+    if not checkpoint_only(model):
         return None
-    recs = [r["epochs"][0] for r in ranks if r.get("epochs")]
+    recs = [(r["rank"], r["epochs"][0]) for r in ranks if r.get("epochs")]
     if not recs:
         return None
-    written = sum(r.get("checkpoint_bytes", 0) for r in recs)
-    read = sum(r.get("checkpoint_read_bytes", 0) for r in recs)
-    w_s = max(r.get("checkpoint_write_s", 0.0) for r in recs)
-    r_s = max(r.get("checkpoint_read_s", 0.0) for r in recs)
-    writes = recs[0].get("checkpoints_written", 0)
-    reads = recs[0].get("checkpoints_read", 0)
+    per_rank = [
+        {
+            "rank": rank,
+            "bytes_written": int(r.get("checkpoint_bytes", 0)),
+            "write_s": float(r.get("checkpoint_write_s", 0.0)),
+            "bytes_read": int(r.get("checkpoint_read_bytes", 0)),
+            "read_s": float(r.get("checkpoint_read_s", 0.0)),
+        }
+        for rank, r in recs
+    ]
+    for p in per_rank:
+        p["write_gb_per_s"] = _gb_per_s(p["bytes_written"], p["write_s"])
+        p["read_gb_per_s"] = _gb_per_s(p["bytes_read"], p["read_s"])
+    written = sum(p["bytes_written"] for p in per_rank)
+    read = sum(p["bytes_read"] for p in per_rank)
+    w_s = max(p["write_s"] for p in per_rank)
+    r_s = max(p["read_s"] for p in per_rank)
+    writes = recs[0][1].get("checkpoints_written", 0)
+    reads = recs[0][1].get("checkpoints_read", 0)
     note = scaling(model, size)
     doc: dict[str, Any] = {
         "ranks": size,
@@ -445,17 +470,54 @@ def checkpoint_workload_doc(
         "read_s": r_s,
         "write_bytes_per_s": written / w_s if w_s > 0 else None,
         "read_bytes_per_s": read / r_s if r_s > 0 else None,
+        "write_gb_per_s": _gb_per_s(written, w_s),
+        "read_gb_per_s": _gb_per_s(read, r_s),
+        "per_rank": sorted(per_rank, key=lambda p: p["rank"]),
         "full_bytes_per_checkpoint": c.bytes_per_checkpoint,
         "fsync": c.fsync,
         "scaling": note,
     }
-    lines = [
-        f"checkpoints: {writes} written by {size} rank(s), {human_bytes(written)} in {w_s:.2f} s "
-        f"({human_bytes(doc['write_bytes_per_s'] or 0)}/s{', fsync' if c.fsync else ''}); "
-        f"{reads} read back, {human_bytes(read)} in {r_s:.2f} s "
-        f"({human_bytes(doc['read_bytes_per_s'] or 0)}/s)",
-    ]
-    if note:
-        lines.append(note)
-    doc["summary"] = lines
+    doc["summary"] = _workload_lines(doc, size)
     return doc
+
+
+def _workload_lines(doc: dict[str, Any], size: int) -> list[str]:
+    """The replay's output for a checkpoint-only workload: a line per side (write, read) with
+    checkpoints, bytes, the slowest rank's seconds and GB/s in total and per rank, then the
+    per-rank table and the scaling note."""
+
+    def gbs(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    fsync = " (fsync)" if doc["fsync"] else ""
+    lines = [
+        "checkpoint-only workload: no training, no AU; checkpoint throughput (GB = 1e9 bytes)",
+        f"{'side':<6} {'ckpts':>5} {'bytes':>16} {'time s':>8} {'GB/s':>8} {'GB/s/rank':>10}",
+    ]
+    for side, n, key, sec in (
+        ("write", doc["checkpoints_written"], "bytes_written", "write_s"),
+        ("read", doc["checkpoints_read"], "bytes_read", "read_s"),
+    ):
+        mine = [p[f"{side}_gb_per_s"] for p in doc["per_rank"] if p[f"{side}_gb_per_s"]]
+        per = sum(mine) / len(mine) if mine else None
+        lines.append(
+            f"{side:<6} {n:>5} {doc[key]:>16,} {doc[sec]:>8.2f} {gbs(doc[f'{side}_gb_per_s']):>8} "
+            f"{gbs(per):>10}" + (fsync if side == "write" else "")
+        )
+    if size > 1:
+        lines += [
+            f"  rank {p['rank']}: write {human_bytes(p['bytes_written'])} in {p['write_s']:.2f} s "
+            f"({gbs(p['write_gb_per_s'])} GB/s), read {human_bytes(p['bytes_read'])} in "
+            f"{p['read_s']:.2f} s ({gbs(p['read_gb_per_s'])} GB/s)"
+            for p in doc["per_rank"]
+        ]
+    lines.append(
+        f"checkpoints: {doc['checkpoints_written']} written by {size} rank(s), "
+        f"{human_bytes(doc['bytes_written'])} in {doc['write_s']:.2f} s "
+        f"({human_bytes(doc['write_bytes_per_s'] or 0)}/s{', fsync' if doc['fsync'] else ''}); "
+        f"{doc['checkpoints_read']} read back, {human_bytes(doc['bytes_read'])} in {doc['read_s']:.2f} s "
+        f"({human_bytes(doc['read_bytes_per_s'] or 0)}/s)"
+    )
+    if doc["scaling"]:
+        lines.append(doc["scaling"])
+    return lines
