@@ -322,7 +322,12 @@ def _f(v: float | None, fmt: str) -> str:
 
 
 def render_table(metrics: dict[str, Any]) -> str:
-    """A short text table: one line per epoch, then overall, mean ± stdev and pass/fail."""
+    """A short text table: one line per epoch, then overall, mean ± stdev and pass/fail; a
+    checkpoint-only workload's checkpoint throughput instead (no training, no AU)."""
+    ck = metrics.get("checkpoint_workload")
+    if ck:
+        tail = [] if metrics.get("complete", True) else ["(incomplete run)"]
+        return "\n".join(list(ck.get("summary", [])) + tail)
     lines = [
         f"{'epoch':>5} {'AU %':>7} {'samples/s':>10} {'MB/s':>10} {'MiB/s':>10} {'time s':>8} {'bytes read':>14}"
     ]
@@ -363,7 +368,6 @@ def render_table(metrics: dict[str, Any]) -> str:
     if metrics.get("loader"):
         lines.append(f"loader: {metrics['loader']} ({metrics.get('loader_reason', '')})")
     lines += _served_lines(metrics)
-    lines += (metrics.get("checkpoint_workload") or {}).get("summary", [])
     verdict = "PASS" if metrics.get("pass") else "FAIL"
     lines.append(
         f"AU threshold {metrics.get('au_threshold_percent')} %: {verdict}"
