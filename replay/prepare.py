@@ -207,6 +207,9 @@ def ensure_dataset(
 ) -> tuple[dict[str, Any], list[str]]:
     """The dataset's manifest (generated first when missing, unless ``generate`` is off) and the
     replay's warnings; the dataset is held for reading until the replay ends (:data:`CLAIMS`)."""
+    if not config.model.train.enabled and config.model.checkpoint.enabled:
+        echo("checkpoint-only workload (train.enabled false): it reads no dataset, none generated")
+        return {"files": [], "total_bytes": 0}, []
     status = dataset_status(config.model, config.data_dir, config.seed)
     if status != "ready":
         if not config.generate:
