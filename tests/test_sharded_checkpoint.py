@@ -281,5 +281,22 @@ def test_dlio_checkpoint_workload_writes_then_reads_scaled(
     assert doc["checkpoints_written"] == writes and doc["checkpoints_read"] == reads
     assert doc["full_bytes_per_checkpoint"] == c.bytes_per_checkpoint
     assert f"checkpoints: {writes} written by {replay_ranks} rank(s)" in res.stdout
+    # its result is the checkpoints' throughput, per rank and in all, not an AU verdict
+    assert "AU threshold" not in res.stdout and "AU %" not in res.stdout
+    table = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines() if ln.split()}
+    for side, nbytes, secs in (
+        ("write", doc["bytes_written"], doc["write_s"]),
+        ("read", doc["bytes_read"], doc["read_s"]),
+    ):
+        assert table[side][2] == f"{nbytes:,}"
+        assert abs(float(table[side][4]) - nbytes / secs / 1e9) < 1e-3
+        assert doc[f"{side}_gb_per_s"] == pytest.approx(nbytes / secs / 1e9)
+    assert table["write"][-1] == "(fsync)"
+    assert [p["rank"] for p in doc["per_rank"]] == list(range(replay_ranks))
+    assert sum(p["bytes_written"] for p in doc["per_rank"]) == doc["bytes_written"]
+    # the dataset it never reads is not generated
+    assert "none generated" in res.stderr + res.stdout
+    data = tmp_path / "data"
+    assert not data.exists() or not any(f.is_file() for f in data.rglob("*"))
     left = tmp_path / "r" / "checkpoints"
     assert not left.exists() or not any(f.is_file() for f in left.rglob("*"))
