@@ -14,7 +14,9 @@ leaves in the I/O still tells most of the loop:
 * **batch size**: a worker builds whole batches and idles while its next batch is not
   yet wanted; the samples it reads between idle gaps are a whole number of batches, so
   the gap before every B-th sample of a worker's epoch is the longer one (collating,
-  handing the batch over, idling): B is the period of the long gaps.
+  handing the batch over, idling): B is the period of the long gaps; where they stand out
+  less (prefetched batches read back to back), the position of the long gaps shared by
+  every worker's epoch (:mod:`.infer_batch`).
 * **compute time per step**: in steady state a worker's batches start one round of all
   workers apart, so a step takes the median interval between a worker's batch starts
   divided by the workers (without workers: the consumer's idle gap between batches).
@@ -40,6 +42,7 @@ import polars as pl
 
 from dlreplay.schema import OPEN_OPS, READ_OPS
 
+from .infer_batch import batch_from_gap_ranks, idle_gaps
 from .infer_pools import (
     EPOCH_AGREEMENT,
     Inferred,
@@ -420,6 +423,9 @@ def infer_posix_loop(
     spf = _samples_per_file(visits, basis)
     order = _shuffled(visits)
     batch, ev_batch = _batch_size(visits)
+    if batch is None:  # no clear period: where the long gaps fall in every worker's epoch
+        batch, ev_ranks = batch_from_gap_ranks(idle_gaps(visits, io))
+        ev_batch = ev_ranks if batch else f"{ev_batch}; {ev_ranks}"
     computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses)
     return PosixLoop(
         epochs=epochs,

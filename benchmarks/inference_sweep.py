@@ -25,6 +25,8 @@ a guess), every miss with its configuration, and the high-confidence fields that
     python benchmarks/inference_sweep.py [--limit N] [--subset examples|dlio|NAME-PREFIX]
         [--dlio-venv /work/dlio-venv] [--dir bench-data/inference_sweep] [--list]
     python benchmarks/inference_sweep.py --versus   # against dftracer_gen_dlio_config
+    python benchmarks/inference_sweep.py --replay N [--seed S]   # distill, generate, replay and
+        # compare N cached configurations drawn with seed S: similarity and epoch times each
 """
 
 from __future__ import annotations
@@ -507,6 +509,83 @@ def _gen_dlio_config(
     return yaml.safe_load((job / "out.yaml").read_text()) if (job / "out.yaml").exists() else None
 
 
+REPLAY_SCHEMA = {"schema": "dlreplay.inference_sweep.replay", "format_version": 1}
+#: the issue's target for the replay of every configuration
+SIMILARITY_TARGET = 0.97
+
+
+def replay_one(c: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Distill the cached run of ``c`` (its trace as captured: POSIX-only for the examples,
+    DLIO's own annotations for DLIO), generate its dataset, replay it traced and compare the
+    two traces: similarity, epoch times (job's and replay's, s) and the model's loop fields.
+    Saved as ``replay.json`` in the run's folder; the replay's dataset is removed after."""
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.compare import compare_traces
+    from dlreplay.analyze.distill import distill
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    job = root / c["name"]
+    lt = load_trace(job / "trace")
+    model = distill(lt.events, manifest=lt.manifest)
+    out, data = job / "replay", job / "replay-data"
+    for p in (out, data):
+        shutil.rmtree(p, ignore_errors=True)
+    t0 = time.monotonic()
+    try:
+        res = run_replay(ReplayConfig(model=model, data_dir=data, out=out), echo=lambda s: None)
+        cmp = compare_traces(job / "trace", out, data_dirs_a=[str(job / "data")])
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    rep = job / "report.json"
+    real = json.loads(rep.read_text()).get("epoch_times_s") if rep.exists() else None
+    row = {
+        **REPLAY_SCHEMA,
+        "name": c["name"],
+        "similarity": round(cmp.similarity, 4),
+        "replay_epochs_s": [round(e["epoch_time_s"], 4) for e in res.metrics["epochs"]],
+        "job_epochs_s": [round(x, 4) for x in real] if real else None,
+        "model": {
+            "batch_size": model.reader.batch_size,
+            "read_threads": model.reader.read_threads,
+            "epochs": model.train.epochs,
+            "samples_per_file": model.dataset.num_samples_per_file,
+            "compute_s": model.train.computation_time.mean,
+        },
+        "features": {"job": cmp.features_a, "replay": cmp.features_b},
+        "replay_s": round(time.monotonic() - t0, 1),
+    }
+    (job / "replay.json").write_text(json.dumps(row, indent=1, default=str) + "\n")
+    return row
+
+
+def replay_subset(configs: list[dict[str, Any]], root: Path, n: int, seed: int) -> int:
+    """Replay ``n`` cached configurations drawn with ``seed``; print each one's similarity;
+    returns how many fell under :data:`SIMILARITY_TARGET`."""
+    cached = [c for c in configs if (root / c["name"] / "trace").is_dir()]
+    pick = sorted(random.Random(seed).sample(cached, min(n, len(cached))), key=lambda c: c["name"])
+    under = 0
+    print(
+        "| configuration | similarity | job epochs s | replay epochs s | batch / threads / compute s |"
+    )
+    print("|---|---|---|---|---|")
+    for c in pick:
+        try:
+            r = replay_one(c, root)
+        except Exception as exc:  # a failed replay is a result of the sweep, not its end
+            print(f"| {c['name']} | failed: {str(exc)[-200:]} | | | |", flush=True)
+            under += 1
+            continue
+        m = r["model"]
+        under += r["similarity"] < SIMILARITY_TARGET
+        print(
+            f"| {c['name']} | {r['similarity']:.3f} | {r['job_epochs_s']} | {r['replay_epochs_s']} "
+            f"| {m['batch_size']} / {m['read_threads']} / {m['compute_s'] or 0:.4g} |",
+            flush=True,
+        )
+    print(f"\n{len(pick) - under} of {len(pick)} at similarity >= {SIMILARITY_TARGET}")
+    return under
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -528,6 +607,14 @@ def main() -> None:
     ap.add_argument(
         "--cached-only", action="store_true", help="report the cached results, run nothing"
     )
+    ap.add_argument(
+        "--replay",
+        type=int,
+        default=None,
+        metavar="N",
+        help="distill, replay and compare N cached configurations (drawn with --seed)",
+    )
+    ap.add_argument("--seed", type=int, default=44, help="the draw of --replay's configurations")
     args = ap.parse_args()
     if args.versus:
         versus(args.dir)
@@ -544,6 +631,8 @@ def main() -> None:
             print(c["name"])
         print(f"{len(configs)} configurations")
         return
+    if args.replay is not None:
+        sys.exit(1 if replay_subset(configs, args.dir, args.replay, args.seed) else 0)
     if args.limit is not None:
         configs = configs[: args.limit]
     results = []

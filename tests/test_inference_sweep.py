@@ -206,3 +206,73 @@ def test_sweep_grid_reaches_the_design() -> None:
         ("checkpoint", (True, False)),
     ):
         assert {c[factor] for c in g} == set(levels), factor
+
+
+@pytest.mark.parametrize(
+    "name", ["cosmo_w2_s1", "dlio_hdf5_2spf", "dlio_hdf5_8spf_16k", "dlio_hdf5_16spf_16k"]
+)
+def test_batch_size_from_where_the_long_gaps_fall(name: str) -> None:
+    """Workers that read their prefetched batches back to back show no clear period in their
+    gaps; the gap before every B-th sample still ranks among the longest of each worker's
+    epoch (batch sizes 4 and 8; an example job and DLIO runs), by chance far less often."""
+    want = _truth(name)
+    m = _model(name, posix_only=True)
+    f = m.provenance.fields["reader.batch_size"]
+    assert m.reader.batch_size == want["batch_size"]
+    assert f.confidence == "inferred" and "ranks" in f.method, f.method
+    assert not any(n.startswith("guess: reader.batch_size") for n in m.provenance.notes)
+
+
+@pytest.mark.parametrize("name", ["cosmo_w2_s1", "dlio_hdf5_8spf_16k"])
+def test_gap_ranks_find_nothing_in_shuffled_gaps(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The null: each worker-epoch's gaps (as distill measured them) shuffled among its
+    samples carry no position, and no batch size is found."""
+    import numpy as np
+
+    import dlreplay.analyze.infer as infer
+
+    seen: list[pl.DataFrame] = []
+
+    def spy(g: pl.DataFrame) -> tuple[int | None, str]:
+        seen.append(g)
+        return infer_batch.batch_from_gap_ranks(g)
+
+    from dlreplay.analyze import infer_batch
+
+    monkeypatch.setattr(infer, "batch_from_gap_ranks", spy)
+    lt = load_trace(SWEEP / name)
+    ev = lt.events.filter(pl.col("cat").is_in(["POSIX", "STDIO"]))
+    m = distill(ev.with_columns(pl.lit(None, pl.String).alias("role")), manifest=lt.manifest)
+    assert m.reader.batch_size == _truth(name)["batch_size"] and len(seen) == 1
+    g = seen[0]
+    rng = np.random.default_rng(7)
+    parts = []
+    for _, seq in g.sort("ts").group_by("pid", "epoch", maintain_order=True):
+        gaps = seq["gap"].to_list()
+        gaps[1:] = rng.permutation(np.asarray(gaps[1:], dtype=object)).tolist()
+        parts.append(seq.with_columns(pl.Series("gap", gaps, dtype=seq["gap"].dtype)))
+    shuffled = pl.concat(parts)
+    none, why = infer_batch.batch_from_gap_ranks(shuffled)
+    assert none is None, why
+
+
+def test_chance_of_a_mean_rank() -> None:
+    from dlreplay.analyze.infer_batch import chance
+
+    assert chance(1, 0.7) == pytest.approx(0.3)
+    assert chance(2, 0.9) == pytest.approx(0.02)  # (2 * 0.1)^2 / 2
+    assert chance(4, 0.5) == pytest.approx(0.5)
+    assert chance(30, 0.5) == pytest.approx(0.5)
+    assert chance(3, 1.0) == 0.0
+
+
+@pytest.mark.parametrize("name", ["dlio_hdf5_2spf", "dlio_hdf5_8spf", "dlio_hdf5_16spf_16k"])
+@pytest.mark.parametrize("posix_only", [False, True], ids=["dlio-events", "posix-only"])
+def test_hdf5_record_length_leaves_the_metadata_out(name: str, posix_only: bool) -> None:
+    """An HDF5 file's 2 KiB of metadata before its data is no sample's: file size less it,
+    over the samples per file, is DLIO's record_length (2, 8, 16 samples per file)."""
+    m = _model(name, posix_only)
+    assert m.dataset.record_length.mean == _truth(name)["record_length"]
+    assert "metadata" in m.provenance.fields["dataset.record_length"].method
