@@ -277,6 +277,32 @@ JOBS: dict[str, Job] = {
         ),
         "Arrow IPC stream shards (HF datasets' format) read with pyarrow, 2 workers",
     ),
+    "tar_persistent": Job(
+        "shards_tar",
+        (
+            "--num-files",
+            "10",
+            "--samples-per-shard",
+            "40",
+            "--member",
+            "jpeg",
+            "--image-size",
+            "32",
+            "--split",
+            "contiguous",
+            "--batch-size",
+            "10",
+            "--workers",
+            "3",
+            "--persistent-workers",
+            "--epochs",
+            "4",
+            "--threads",
+            "1",
+        ),
+        "tar shards of JPEG + label through tarfile, 3 persistent workers (each starts once), "
+        "contiguous split",
+    ),
     "tokens_block128": Job(
         "tokens_memmap",
         (
