@@ -30,6 +30,7 @@ from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SYNC_OPS, WRITE_OPS
 from ..files import CHECKPOINT_WRITE_BYTES, LIBRARY_PATTERN
 from .base import US, Facts, Observed, mode, num, observed
 from .checkpoint import file_writes_of
+from .dataset import MMAP_OPS
 
 __all__ = ["MIN_REPEATED_CHECKPOINT_BYTES", "posix_checkpoints", "unannotated_checkpoints"]
 
@@ -219,7 +220,10 @@ def _bursts(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
         & ~pl.col("file").cast(pl.String).str.contains(LIBRARY_PATTERN)
     )
     writes = _writes(mine)
-    read = mine.filter(pl.col("name").is_in(READ_OPS))["file"].cast(pl.String).unique()
+    # a file read, or mapped (its reads are page faults), is no checkpoint whose writes are unseen
+    read = (
+        mine.filter(pl.col("name").is_in([*READ_OPS, *MMAP_OPS]))["file"].cast(pl.String).unique()
+    )
     opens = (
         _calls(mine, OPEN_OPS, "open_ts")
         .filter(~pl.col("file").is_in(read.implode()))
