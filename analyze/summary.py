@@ -411,7 +411,7 @@ def _mapped_lines(m: dict) -> list[str]:
         for f in m.get("per_file", [])
     ]
     return out + _indented(
-        ["file", "size", "maps", "windows", "touched", "faulted in"],
+        ["file", "size", "maps", "slices", "touched", "faulted in"],
         rows,
         [False, True, True, True, True, True],
     )

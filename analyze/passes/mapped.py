@@ -216,10 +216,20 @@ def _per_step(v: Any, windows: pl.DataFrame, measured: bool, page: int) -> dict[
         pl.col("bytes").sum().alias("bytes"),
         pl.col("cold").sum().alias("cold"),
     )
-    st = steps.join(per.rename({"s_ts": "ts"}), on=["pid", "ts"], how="left").with_columns(
-        pl.col("windows", "bytes", "cold").fill_null(0)
-    )
+    st = steps.join(
+        per.rename({"s_ts": "ts"}), on=["pid", "ts"], how="left", maintain_order="left"
+    ).with_columns(pl.col("windows", "bytes", "cold").fill_null(0))
+    # the first step that takes windows waited for the mapped loop's start too (a model built,
+    # another loop before it): not steady
+    took_any = pl.col("windows") > 0
+    first = took_any & (took_any.cast(pl.Int64).cum_sum().over("pid") == 1)
+    st = st.with_columns((pl.col("steady") & ~first).alias("steady"))
     took = st.filter(pl.col("windows") > 0)
+    if took.is_empty():
+        return out | {
+            "steps_with_windows": 0,
+            "missing_steps": "no window taken by a process with steps (taken in loader workers?)",
+        }
     # a step's overlapping slices (an input and its target one token on) are one window
     merged = merged_windows(
         stepped.select(
