@@ -3,7 +3,7 @@ reads of its dataset files bypassed the page cache, from the ``flags`` DFTracer 
 every ``open``/``open64``/``openat`` call (the ``open(2)`` flags as the process passed them).
 
 The event table keeps no open flags, so the open events are read from the trace files
-themselves (:func:`open_flags`: the matching lines only, decoded as NDJSON by polars). Each
+themselves (:func:`open_flags`: the matching lines only, each decoded on its own by polars). Each
 read of a dataset file is given the flags of the last open of the same file (``fhash``) in the
 same process before it (an as-of join); its call size is the bytes it asked for. Then:
 
@@ -25,7 +25,6 @@ its default. ``O_DIRECT`` is read as Linux's generic value (x86, the value of th
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import re
 from dataclasses import replace
@@ -86,17 +85,17 @@ def open_flags(source: str | Path | None) -> pl.DataFrame:
         lines.extend(_lines(f))
     if not lines:
         return pl.DataFrame(schema=OPEN_SCHEMA)
-    raw = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), infer_schema_length=None)
-    have = {f.name for f in raw.schema["args"].fields}  # type: ignore[attr-defined]
-    if not {"fhash", "flags"} <= have:
-        return pl.DataFrame(schema=OPEN_SCHEMA)
-    args = raw["args"].struct
+    # Each line on its own: a damaged or odd line (a key given twice, a value of another type,
+    # DFTracer 1.x beside 2.x) reads as nulls and is dropped, never failing the others; a key
+    # given twice takes its last value, as the trace loader does.
+    text = pl.Series("line", [ln.decode("utf-8", "replace") for ln in lines])
+    field = text.str.json_path_match
     out = pl.DataFrame(
         {
-            "pid": raw["pid"],
-            "ts": raw["ts"],
-            "fhash": args.field("fhash"),
-            "flags": args.field("flags"),
+            "pid": field("$.pid").cast(pl.Float64, strict=False),
+            "ts": field("$.ts").cast(pl.Float64, strict=False),
+            "fhash": field("$.args.fhash"),
+            "flags": field("$.args.flags").cast(pl.Float64, strict=False),
         }
     )
     return out.cast(OPEN_SCHEMA).drop_nulls().sort("ts")  # type: ignore[arg-type]
