@@ -426,7 +426,7 @@ def infer_posix_loop(
     if batch is None:  # no clear period: where the long gaps fall in every worker's epoch
         batch, ev_ranks = batch_from_gap_ranks(idle_gaps(visits, io))
         ev_batch = ev_ranks if batch else f"{ev_batch}; {ev_ranks}"
-    computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses)
+    computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses, io)
     return PosixLoop(
         epochs=epochs,
         read_threads=threads,
@@ -551,7 +551,11 @@ def _samples_per_file(visits: pl.DataFrame, basis: str) -> Inferred:
 
 
 def _computation_time(
-    visits: pl.DataFrame, batch: int | None, threads: int, pauses: pl.DataFrame | None
+    visits: pl.DataFrame,
+    batch: int | None,
+    threads: int,
+    pauses: pl.DataFrame | None,
+    io: pl.DataFrame | None = None,
 ) -> tuple[Inferred, list[float]]:
     """(compute time per step, the steady-state intervals it is the median of): the interval
     between a worker's batch starts over the workers, or without workers the reading
@@ -568,6 +572,8 @@ def _computation_time(
     )
     if threads:
         vals, what = _worker_intervals(starts, batch, threads, pauses)
+    elif io is not None:
+        vals, what = _consumer_intervals(visits, io, batch, pauses)
     else:
         iv = starts.with_columns(
             (pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv")
@@ -585,6 +591,43 @@ def _computation_time(
     return (
         Inferred(compute, f"{what}: {compute:.4f} s over {vals.size} steady-state batches"),
         [float(x) for x in vals],
+    )
+
+
+def _consumer_intervals(
+    visits: pl.DataFrame, io: pl.DataFrame, batch: int, pauses: pl.DataFrame | None
+) -> tuple[np.ndarray, str]:
+    """(compute per step, how it was found) of a consumer that reads its own batches: the
+    time it did no I/O before each batch's first sample (:func:`idle_gaps`), across epochs
+    too (an epoch's last step ends where the next epoch's first batch is read), checkpoint
+    writes (``pauses``) taken out; the run's first step is warm-up, as distill's measured
+    steps leave it out."""
+    g = idle_gaps(visits, io).sort("pid", "ts")
+    g = g.with_columns(pl.int_range(pl.len()).over("pid", "epoch").alias("__i"))
+    # the batches' phase: a look at a file before the first batch shifts them; the phase
+    # whose positions hold the longest gaps (median) is where the batches start
+    phase = (
+        g.filter(pl.col("__i") > 0)
+        .group_by((pl.col("__i") % batch).alias("__p"))
+        .agg(pl.col("gap").median().alias("m"))
+        .sort("m", descending=True)["__p"]
+    )
+    shift = int(phase[0]) if phase.len() and batch > 1 else 0
+    g = g.with_columns(((pl.col("__i") - shift + batch) // batch).alias("batch"))
+    first = (
+        g.group_by("pid", "epoch", "batch")
+        .agg(pl.col("ts").first().alias("t0"), pl.col("gap").first().alias("iv"))
+        .sort("pid", "t0")
+        .filter(pl.int_range(pl.len()).over("pid") >= 2)  # no step before; the warm-up step
+        .filter(pl.col("iv").is_not_null())
+    )
+    if pauses is not None and pauses.height and first.height:
+        gone = _overlap(first["t0"] - first["iv"], first["t0"], pauses)
+        first = first.with_columns((pl.col("iv") - gone).alias("iv"))
+    vals = first.sort("t0")["iv"].to_numpy() * _US if first.height else np.array([])
+    return vals, (
+        "median idle time of the reading process before each of its batches (across epochs, "
+        "checkpoint writes out, the run's first step left out)"
     )
 
 

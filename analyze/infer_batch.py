@@ -35,28 +35,42 @@ WHOLE_BATCHES = 0.75
 
 
 def idle_gaps(visits: pl.DataFrame, io: pl.DataFrame) -> pl.DataFrame:
-    """``visits`` (pid, file, ts, epoch) with ``gap``: the time (µs) the process did no I/O
-    on the dataset before each visit (from the end of its latest call, of any kind, to the
-    visit), and ``other_file``: the visit is to another file than the process's previous one."""
+    """``visits`` (pid, file, ts, epoch) with ``gap``: the longest time (µs) the process did no
+    I/O on the dataset since its previous visit (each call's silence runs from the end of
+    the process's latest call, of any kind; a sample of a held-open file is found by small
+    reads of its index before its own read: the silence is before those), and
+    ``other_file``: the visit is to another file than the process's previous one."""
     calls = (
-        io.select("pid", pl.col("ts").alias("c_ts"), (pl.col("ts") + pl.col("dur").fill_null(0)))
-        .rename({"ts": "c_end"})
-        .sort("c_ts")
-        .with_columns(pl.col("c_end").cum_max().over("pid").alias("busy"))
+        io.select("pid", "ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("c_end"))
+        .sort("ts")
+        .with_columns(
+            (pl.col("ts") - pl.col("c_end").cum_max().shift(1).over("pid"))
+            .clip(lower_bound=0)
+            .alias("silence")
+        )
+        .filter(pl.col("silence").is_not_null())
     )
-    v = visits.sort("ts").join_asof(
-        calls.select("pid", "c_ts", "busy"),
+    v = visits.sort("ts").with_row_index("__v")
+    # each call counts for the first visit of its process at or after it
+    owner = calls.join_asof(
+        v.select("pid", pl.col("ts").alias("v_ts"), "__v"),
         left_on="ts",
-        right_on="c_ts",
+        right_on="v_ts",
         by="pid",
-        strategy="backward",
-        allow_exact_matches=False,
+        strategy="forward",
         check_sortedness=False,
     )
-    return v.with_columns(
-        (pl.col("ts") - pl.col("busy")).clip(lower_bound=0).alias("gap"),
-        (pl.col("file") != pl.col("file").shift(1).over("pid", "epoch")).alias("other_file"),
-    ).drop("c_ts", "busy")
+    longest = owner.group_by("__v").agg(pl.col("silence").max().alias("gap"))
+    first = pl.int_range(pl.len()).over("pid", "epoch") == 0
+    return (
+        v.join(longest, on="__v", how="left")
+        .sort("ts")
+        .with_columns(
+            pl.when(first).then(None).otherwise(pl.col("gap")).alias("gap"),
+            (pl.col("file") != pl.col("file").shift(1).over("pid", "epoch")).alias("other_file"),
+        )
+        .drop("__v")
+    )
 
 
 def _ranked(v: pl.DataFrame) -> list[np.ndarray]:
