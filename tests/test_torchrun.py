@@ -171,7 +171,9 @@ def test_replay_runs_the_ranks_with_their_share(job: dict, tmp_path: Path) -> No
     n = job["ranks"]
     model = job["model"]
     result = run_replay(
-        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "out", trace=False)
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "data", out=tmp_path / "out", trace=False, jobs=1
+        )
     )
     assert result.complete and result.metrics["accelerators"] == n
     shares = [r["samples"] for r in sorted(result.metrics["ranks"], key=lambda r: r["rank"])]
