@@ -1,12 +1,16 @@
 """Loops without a DataLoader and memory-mapped data (#43 items 2, 3): real ``dlreplay capture``
 runs of ``examples/tokens_memmap.py`` in two variants that differ in window size, windows per
-step and validation interval; steps found from the ``steps`` hooks, windows from the ``mapped``
-hooks, distilled into ``reader.mapped_access``; the second capture runs a DataLoader loop first
-in the same process, whose steps must not be counted twice; and the replay's windows fault in
-the pages they cover (the mapping's resident set)."""
+step, validation interval and page cache (the second starts with its files evicted); steps
+found from the ``steps`` hooks, windows from the ``mapped`` hooks, distilled into
+``reader.mapped_access``; the second capture runs a DataLoader loop first in the same process,
+whose steps must not be counted twice; the replay's windows fault in the pages they cover (the
+mapping's resident set); ``analyze`` counts the mapped windows and pages faulted in as the
+dataset's reads; and a third capture of numpy gathers and ``mmap.mmap`` reads records them with
+the job's results unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,7 +23,11 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze import load_trace
+from dlreplay.analyze.analysis import analyze_trace
 from dlreplay.analyze.distill.mapped import mapped_access, mapped_events, mapped_summary
+from dlreplay.analyze.findings import Thresholds, find
+from dlreplay.analyze.report import write_report
+from dlreplay.analyze.summary import render_text
 from dlreplay.analyze.trace import vocabulary as voc
 from dlreplay.model.sections import MappedAccess
 from replay.mapped import take_windows, window_offsets
@@ -74,6 +82,50 @@ MIXED = textwrap.dedent(
 )
 DATALOADER_STEPS = 4
 
+#: Reads of a mapped file the slice hooks do not see: integer-array indexes of an np.memmap
+#: (nanoGPT's gather form, a list, negative rows) and mmap.mmap slices and reads; prints a
+#: digest of everything it got, which must be the same with and without capture
+PROBE = textwrap.dedent(
+    """
+    import hashlib, mmap, pickle, sys
+    import numpy as np
+    path = sys.argv[1]
+    h = hashlib.sha256()
+    mm = np.memmap(path, dtype=np.uint16, mode="r")
+    ix = np.array([10, 5000, 90000])
+    for got in (mm[ix[:, None] + np.arange(64)], mm[[3, 4, 5, 9]], mm[np.array([-2, -1])]):
+        h.update(np.ascontiguousarray(got).tobytes())
+        h.update(type(got).__name__.encode())
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        h.update(m[100:300])
+        m.seek(1000)
+        h.update(m.read(50))
+        h.update(bytes([m[7]]))
+        h.update(repr(m).encode() + type(m).__name__.encode() + str(isinstance(m, mmap.mmap)).encode())
+        try:
+            pickle.dumps(m)
+        except TypeError as exc:
+            h.update(str(exc).encode())
+        m.close()
+    print(h.hexdigest())
+    """
+)
+#: (file offset, bytes) of each window PROBE takes, in order
+PROBE_WINDOWS = [(2 * r, 128) for r in (10, 5000, 90000)] + [(6, 6), (18, 2)]
+PROBE_WINDOWS += [(2 * (200_000 - 2), 4), (100, 200), (1000, 50)]
+
+
+def _drop_pages(folder: Path) -> None:
+    """Evict the token files under *folder* from the page cache (written back first)."""
+    for f in folder.glob("*.bin"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
 
 def _capture(out: Path, data: Path, args: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dlreplay", "capture", "--out", str(out), "--data-dir", str(data)]
@@ -98,14 +150,26 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, args in runs.items():  # the token files first: not part of the captured loop
         example_args = args[1:] if name == "mixed" else args
         subprocess.run([sys.executable, *example_args, "--generate-only"], check=True)
+    _drop_pages(root / "d_large")  # the mixed run starts cold, the small one warm
+    probe = root / "probe.py"
+    probe.write_text(PROBE)
+    runs["probe"] = [str(probe), str(root / "d_small" / "train.bin")]
     procs = {
-        name: _capture(root / f"t_{name}", Path(args[args.index("--data-dir") + 1]), args)
+        name: _capture(
+            root / f"t_{name}", root / ("d_small" if name != "mixed" else "d_large"), args
+        )
         for name, args in runs.items()
     }
+    outs = {}
     for name, p in procs.items():
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, f"{name}: {out}"
-    return {name: root / f"t_{name}" for name in runs}
+        outs[name], _ = p.communicate(timeout=300)
+        assert p.returncode == 0, f"{name}: {outs[name]}"
+    plain = subprocess.run(
+        [sys.executable, *runs["probe"]], capture_output=True, text=True, check=True
+    )
+    (root / "probe.plain").write_text(plain.stdout)
+    (root / "probe.captured").write_text(outs["probe"])
+    return {name: root / f"t_{name}" for name in runs} | {"root": root}
 
 
 def _events(trace: Path) -> pl.DataFrame:
@@ -219,3 +283,57 @@ def test_replay_windows_fault_in_their_pages(
     # around, a large folio: at most 2 MiB a page), far less than the file
     assert len(pages) * page <= resident <= len(pages) * (2 << 20) < SIZE
     del mm
+
+
+def test_gathers_and_mmap_reads_recorded_transparently(captures: dict[str, Path]) -> None:
+    root = captures["root"]
+    digest = re.compile(r"^[0-9a-f]{64}$", re.M)
+    plain = digest.findall((root / "probe.plain").read_text())
+    assert len(plain) == 1 and digest.findall((root / "probe.captured").read_text()) == plain
+    mapped = mapped_events(captures["probe"])
+    windows = mapped.filter(pl.col("name") == "io.window")
+    assert sorted(zip(windows["offset"], windows["bytes"], strict=True)) == sorted(PROBE_WINDOWS)
+    maps = mapped.filter(pl.col("name") == "io.mmap")  # the np.memmap's, the mmap.mmap's
+    assert maps.height == 2 and set(maps["bytes"]) == {2 * 200_000}
+    assert windows["cold"].null_count() == 0
+    manifest = json.loads((captures["probe"] / "manifest.json").read_text())
+    assert manifest["hook_misses"] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "block", "batch", "steps", "every", "eval_batches", "cold"),
+    [("small", 64, 4, 6, 3, 2, False), ("mixed", 512, 2, 4, 2, 1, True)],
+)
+def test_analyze_counts_mapped_reads(
+    captures: dict[str, Path],
+    tmp_path: Path,
+    name: str,
+    block: int,
+    batch: int,
+    steps: int,
+    every: int,
+    eval_batches: int,
+    cold: bool,
+) -> None:
+    report = analyze_trace(captures[name])
+    m = report.characterization["mapped"]
+    n_eval = (steps // every) * eval_batches
+    assert m["files"] == 2 and m["file_bytes"] == 2 * 220_000
+    assert m["windows"] == 2 * batch * (steps + n_eval) and m["eval_windows"] == 2 * batch * n_eval
+    assert m["bytes_touched"] == m["windows"] * 2 * block
+    assert m["steps_with_windows"] == steps and m["slices_per_step"] == 2 * batch
+    assert m["windows_per_step"] == batch and m["window_bytes"] == 2 * (block + 1)
+    assert m["data_time_s"] is not None and m["data_time_s"] > 0
+    ids = {f.id for f in report.findings}
+    assert "too-few-workers" not in ids or name == "mixed"  # a DataLoader only in the mixed run
+    if cold:  # its files dropped from the page cache before the capture
+        assert m["cold_bytes"] > 0 and m["cold_steps"] >= 1 and "mapped-page-cache" not in ids
+        stall = {f.id for f in find(report.characterization, Thresholds(mapped_stall_share=0.0))}
+        assert ("mapped-storage-stall" in stall) == (m["stall_s"] > 0)
+    else:
+        assert m["cold_bytes"] == 0 and m["cold_steps"] == 0 and "mapped-page-cache" in ids
+    text = render_text(report.characterization.view.summary)
+    assert "Mapped data: 2 file(s)" in text and "no dataset reads found" not in text
+    for suffix in ("md", "html"):
+        page = write_report(report, tmp_path / f"report.{suffix}").read_text()
+        assert "mapped data" in page and "faulted in from storage" in page

@@ -3,16 +3,14 @@
 ``dlreplay capture``'s ``mapped`` hooks.
 
 The event table keeps no ``offset``/``bytes`` of annotation events, so these events are read
-from the trace files themselves (:func:`mapped_events`: the matching lines only, decoded as
-NDJSON by polars). Each window is put in the step whose compute follows it (the steps of
+from the trace files themselves (:func:`mapped_events`, through :mod:`..trace.sidecar`: the
+matching lines only, each decoded on its own). Each window is put in the step whose compute follows it (the steps of
 :func:`~dlreplay.analyze.trace.vocabulary.training_steps`); a step's overlapping slices (an
 input and its target shifted by one token) merge into one window. Offsets, bytes; seconds.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +22,7 @@ from dlreplay.model import Distribution, Reader
 from dlreplay.model.sections import MappedAccess
 
 from ..trace import vocabulary as voc
-from ..trace.inputs import TRACE_SUFFIXES
+from ..trace.sidecar import fields_of, matching_lines
 from .base import US, Facts
 
 __all__ = [
@@ -48,53 +46,18 @@ MAPPED_SCHEMA = {
     "cold": pl.Int64,
 }
 _LINE = re.compile(rb'^\{[^\n]*"name":"io\.(?:window|mmap)","cat":"data"[^\n]*$', re.M)
-_MAX_TRACE_BYTES = 1 << 31
-
-
-def _trace_files(source: str | Path) -> list[Path]:
-    p = Path(source)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        return []
-    return sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-
-
-def _lines(path: Path) -> list[bytes]:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read(_MAX_TRACE_BYTES)
-        else:
-            raw = path.read_bytes()[:_MAX_TRACE_BYTES]
-    except (OSError, EOFError, gzip.BadGzipFile):  # a damaged file: its readable events only
-        return []
-    return _LINE.findall(raw)
 
 
 def mapped_events(source: str | Path | None) -> pl.DataFrame:
     """The ``io.mmap``/``io.window`` events of the trace at *source* (a capture directory or
     a trace file): :data:`MAPPED_SCHEMA`, by time. Empty without any."""
-    lines: list[bytes] = []
-    for f in _trace_files(source) if source else []:
-        lines.extend(_lines(f))
+    lines = matching_lines(source, _LINE)
     if not lines:
         return pl.DataFrame(schema=MAPPED_SCHEMA)
-    raw = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), infer_schema_length=None)
-    args = raw["args"].struct
-    fields = {f.name for f in raw.schema["args"].fields}  # type: ignore[attr-defined]
-    out = pl.DataFrame(
-        {
-            "pid": raw["pid"],
-            "ts": raw["ts"],
-            "name": raw["name"],
-            **{
-                k: (args.field(k) if k in fields else pl.Series(k, [None] * raw.height))
-                for k in ("path", "offset", "bytes", "cold")
-            },
-        }
-    )
-    return out.cast(MAPPED_SCHEMA).drop_nulls(["ts", "path"]).sort("ts")  # type: ignore[arg-type]
+    top = ("pid", "ts", "name")
+    schema = {k: (f"$.{k}" if k in top else f"$.args.{k}", t) for k, t in MAPPED_SCHEMA.items()}
+    out = fields_of(lines, schema)
+    return out.drop_nulls(["ts", "path"]).sort("ts", maintain_order=True)
 
 
 def _step_of(windows: pl.DataFrame, starts: np.ndarray) -> pl.DataFrame:

@@ -238,7 +238,7 @@ def _per_step(v: Any, windows: pl.DataFrame, measured: bool, page: int) -> dict[
             "bytes",
         )
     )
-    first, last = steps["ts"].min(), v.step_table["end"].max()
+    t0, t1 = steps["ts"].min(), v.step_table["end"].max()
     out |= {
         "steps_with_windows": took.height,
         "slices_per_step": rounded(_median_f(took["windows"]), 2),
@@ -246,7 +246,7 @@ def _per_step(v: Any, windows: pl.DataFrame, measured: bool, page: int) -> dict[
         "window_bytes": _median(merged["bytes"]),
         "bytes_per_step": _median(took["bytes"]),
         "data_time_s": _seconds(st.filter(pl.col("steady"))["data_us"]),
-        "loop_s": rounded((int(last) - int(first)) * US, 6),  # type: ignore[arg-type]
+        "loop_s": rounded((int(t1) - int(t0)) * US, 6),  # type: ignore[arg-type]
     }
     if measured:
         out |= _stall(st.filter(pl.col("steady")), took, page)
