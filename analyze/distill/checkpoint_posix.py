@@ -341,11 +341,12 @@ def _schedule(
             "checkpoint_after_epoch": int(epochs[0]),
         }
     steps, batch_confidence = steps_per_epoch
-    per = mode(per_epoch["len"])
-    interval = max(steps // per, 1) if steps and per else None
+    # the run's steps over its checkpoints (an epoch of 8 steps saving every 3: 2 or 3 an epoch)
+    n = len(starts)
+    interval = max(steps * len(spans) // n, 1) if steps and n else None
     facts.put(
         "checkpoint.steps_between_checkpoints",
-        f"steps per epoch {steps} over {per} checkpoint(s) an epoch"
+        f"{len(spans)} epoch(s) of {steps} steps over {n} checkpoint(s)"
         if interval
         else "checkpoints inside epochs, steps per epoch unknown: once an epoch assumed",
         "inferred" if interval and batch_confidence != "default" else "default",
