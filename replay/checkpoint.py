@@ -180,6 +180,8 @@ class Checkpointer:
         self.names = file_names(plan.model)
         self.restored = 0
         self.drop_cache = False  # a checkpoint-only workload reads back from storage
+        # the accelerators' meeting (set by the rank's run): a DCP save's ranks meet inside it
+        self.meet: Callable[[], None] | None = None
         # the bytes to write are made now, not inside the first save (24 MiB of random bytes take
         # tens of milliseconds: time the job's saves did not spend)
         self._buf = b""
@@ -232,10 +234,19 @@ class Checkpointer:
 
     def save(self) -> int:
         """One checkpoint as a ``checkpoint/save`` event: the model's serialisation time, then the
-        writes; returns bytes written."""
+        writes; returns bytes written. A DCP checkpoint of several ranks is saved as DCP does:
+        the ranks meet first (their plans gathered), each writes its shards, they meet again
+        (the write results gathered on rank 0), rank 0 writes the ``.metadata``, and they meet
+        once more (its result broadcast): a rank waits for the others inside the save, as the
+        job's did."""
         ev = REGIONS.begin("save", "checkpoint")
         nbytes = 0
+        # every rank saves at the same step (a time-based save is each rank's own decision)
+        collective = self.c.layout == "dcp" and self.plan.size > 1
+        meet = self.meet if collective and not self.c.time_between_checkpoints else None
         try:
+            if meet is not None:
+                meet()
             st = self.c.serialization_time
             seconds = (
                 float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
@@ -243,22 +254,38 @@ class Checkpointer:
             if seconds > 0:
                 time.sleep(seconds)
             # no bytes: a save whose size the trace does not know (its time is the serialisation)
-            nbytes = self.write() if self.c.bytes_per_checkpoint > 0 else 0
+            if self.c.bytes_per_checkpoint > 0:
+                nbytes = self.write(shards_only=meet is not None)
+                if meet is not None:
+                    meet()
+                    nbytes += self.write(metadata_only=True)
+                    meet()
+            elif meet is not None:
+                meet()
+                meet()
         finally:
             REGIONS.end(ev, path=self.last_path, bytes=nbytes)
         return nbytes
 
-    def write(self) -> int:
-        """Write this rank's files of one checkpoint; returns bytes written."""
+    def _mine(self, apart: bool, metadata: bool) -> list[int]:
+        """This rank's files of a checkpoint (with *apart*: only DCP's ``.metadata`` when
+        *metadata*, else all but it)."""
+        mine = [j for j, r in enumerate(self.owners) if r == self.plan.rank]
+        return [j for j in mine if (self.names[j] == ".metadata") is metadata] if apart else mine
+
+    def write(self, shards_only: bool = False, metadata_only: bool = False) -> int:
+        """Write this rank's files of one checkpoint (only its shards, or only DCP's
+        ``.metadata``, when the save writes them apart); returns bytes written."""
         c, p = self.c, self.plan
-        self.count += 1
-        self.last_time = time.monotonic()
+        if not metadata_only:
+            self.count += 1
+            self.last_time = time.monotonic()
+            # the save event names its file only when there is one: with several, each file's
+            # bytes are its writes (a path would credit the save's bytes to one of them)
+            self.last_path = None
         folder = Path(p.checkpoint_dir) / f"checkpoint-{self.count:04d}"
         nfiles = c.files_per_checkpoint
-        mine = [j for j, r in enumerate(self.owners) if r == p.rank]
-        # the save event names its file only when there is one: with several, each file's bytes
-        # are its writes (a path would credit the save's bytes to one of them)
-        self.last_path = None
+        mine = self._mine(shards_only or metadata_only, metadata_only)
         total = 0
         for j in mine:
             calls = self.file_plan[j] if self.file_plan is not None else None
@@ -386,6 +413,7 @@ def run_checkpoint_workload(plan: RankPlan, sync: Callable[[], None]) -> dict[st
         replace(plan, model=replace(plan.model, checkpoint=replace(c, read_at_start=False)))
     )
     ck.drop_cache = c.fsync
+    ck.meet = sync
     writes = c.num_checkpoints_write or 1
     t0 = time.perf_counter()
     written = 0

@@ -205,35 +205,37 @@ def _serialization(
     """A save's time outside the calls on its files (pickling, copies), per save; its whole
     time when neither its writes nor its size is in the trace; else 0."""
     if writes_seen:
-        # a save's time outside the calls on its file (pickling, copies) is not the storage's
+        # a save's time outside the calls on its files (pickling, copies) is not the storage's;
+        # nor is its ranks' wait for each other in its collectives (DCP gathers the ranks' plans
+        # and write results): the replay's ranks meet there themselves
         posix = events.filter(
             pl.col("file").is_in(ckpt_files) & pl.col("cat").is_in(["POSIX", "STDIO"])
         )
         sv = saves.sort("ts").select(
             "pid",
+            "ckpt",
             pl.col("ts").alias("save_ts"),
             (pl.col("ts") + pl.col("dur")).alias("save_end"),
             "dur",
         )
-        inside = (
-            posix.sort("ts")
-            .join_asof(
-                sv,
-                left_on="ts",
-                right_on="save_ts",
-                by="pid",
-                strategy="backward",
-                check_sortedness=False,
+        io = _inside_saves(posix, sv).rename({"spent": "io"})
+        comm = _inside_saves(_collectives(events), sv)
+        per = (
+            sv.join(io, on="save_ts", how="left")
+            .join(comm, on="save_ts", how="left")
+            .with_columns(pl.col("io", "spent").fill_null(0))
+            # a collective's own time is the least any rank of the checkpoint spent in them
+            .with_columns((pl.col("spent") - pl.col("spent").min().over("ckpt")).alias("wait"))
+            .select(
+                ((pl.col("dur") - pl.col("io") - pl.col("wait")).clip(lower_bound=0) * US).alias(
+                    "s"
+                )
             )
-            .filter(pl.col("ts") < pl.col("save_end"))
-            .group_by("save_ts")
-            .agg(pl.col("dur").sum().alias("io"))
-        )
-        per = sv.join(inside, on="save_ts", how="left").select(
-            ((pl.col("dur") - pl.col("io").fill_null(0)).clip(lower_bound=0) * US).alias("s")
         )
         facts.put(
-            "checkpoint.serialization_time", "torch.save duration minus its POSIX calls", "measured"
+            "checkpoint.serialization_time",
+            "the save's duration minus its POSIX calls and its wait in collectives",
+            "measured",
         )
         return observed(per["s"])
     if nbytes <= 0 and saves["dur"].drop_nulls().len():
@@ -253,6 +255,34 @@ def _serialization(
         "default",
     )
     return Distribution.fixed(0.0)
+
+
+def _collectives(events: pl.DataFrame) -> pl.DataFrame:
+    """The collective calls (``comm`` role, not the process group's set-up) of the trace."""
+    if "role" not in events.columns:
+        return events.clear()
+    return events.filter(
+        (pl.col("role") == voc.COMM) & ~pl.col("name").cast(pl.String).str.contains("init")
+    )
+
+
+def _inside_saves(calls: pl.DataFrame, sv: pl.DataFrame) -> pl.DataFrame:
+    """(save_ts, spent: µs of *calls* of the save's process while it ran) per save in *sv*."""
+    return (
+        calls.select("pid", "ts", pl.col("dur").fill_null(0))
+        .sort("ts")
+        .join_asof(
+            sv.select("pid", "save_ts", "save_end"),
+            left_on="ts",
+            right_on="save_ts",
+            by="pid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("ts") < pl.col("save_end"))
+        .group_by("save_ts")
+        .agg(pl.col("dur").sum().alias("spent"))
+    )
 
 
 def checkpoint_writes(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
@@ -373,7 +403,7 @@ def _save_writes(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
     )
     schema = {"pid": pl.Int32, "ts": pl.Int64, "file": pl.String, "size": pl.Int64}
     if w.is_empty():
-        return pl.DataFrame(schema={**schema, "ckpt": pl.Int64})
+        return _shard_saves(saves, schema)
     sv = saves.sort("ts").select(
         "ckpt",
         "pid",
@@ -383,8 +413,31 @@ def _save_writes(events: pl.DataFrame, saves: pl.DataFrame) -> pl.DataFrame:
     got = w.join_asof(
         sv, left_on="ts", right_on="s_ts", by="pid", strategy="backward", check_sortedness=False
     )
-    return got.filter(pl.col("ckpt").is_not_null() & (pl.col("ts") <= pl.col("s_end"))).select(
-        "pid", "ts", "file", "size", "ckpt"
+    got = got.filter(pl.col("ckpt").is_not_null() & (pl.col("ts") <= pl.col("s_end")))
+    if got.is_empty():
+        return _shard_saves(saves, schema)
+    return got.select("pid", "ts", "file", "size", "ckpt")
+
+
+def _shard_saves(saves: pl.DataFrame, schema: dict) -> pl.DataFrame:
+    """Writes not visible (a capture that traced only the data directories) and the k-th
+    saves of several processes name one directory (``dcp.save``: each rank writes its shards
+    there): one write per save of its bytes into a file of its own, so each rank keeps its
+    share (rank 0's with DCP's ``.metadata``); none otherwise."""
+    k = saves.filter(pl.col("size").is_not_null() & pl.col("file").is_not_null())
+    shared = k.group_by("ckpt").agg(
+        pl.col("file").n_unique().alias("paths"), pl.col("pid").n_unique().alias("ranks")
+    )
+    if k.is_empty() or not ((shared["paths"] == 1) & (shared["ranks"] > 1)).all():
+        return pl.DataFrame(schema={**schema, "ckpt": pl.Int64})
+    return k.select(
+        pl.col("pid").cast(pl.Int32),
+        "ts",
+        (pl.col("file").cast(pl.String) + "/rank-of-pid-" + pl.col("pid").cast(pl.String)).alias(
+            "file"
+        ),
+        pl.col("size").cast(pl.Int64),
+        "ckpt",
     )
 
 
