@@ -185,6 +185,7 @@ class _RankRun:
             "error": None,
         }
         self.ckpt = Checkpointer(plan)
+        self.ckpt.meet = sync  # a DCP save's ranks meet inside it
         self.loader: Any = None
         self.global_step = 0
         self.sleeper = _Sleeper()
