@@ -143,9 +143,22 @@ def test_replay_writes_each_ranks_shards_and_reads_the_restore(job: dict) -> Non
     for folder in written:
         got = {f.name: f.stat().st_size for f in folder.iterdir()}
         assert got == files  # the same files, the same bytes, each by its rank
-    ev = load_trace(out).events.filter(pl.col("cat") == "checkpoint")
+    every = load_trace(out).events
+    ev = every.filter(pl.col("cat") == "checkpoint")
     restarts = ev.filter(pl.col("name") == "restart")
     assert restarts["size"].to_list() == [model.checkpoint.read_bytes_per_rank] * 2
+    # as in dcp.save, the ranks meet inside each save: before their shards, after them (rank 0
+    # then writes the .metadata) and after that
+    saves = ev.filter(pl.col("name") == "save").select(
+        "pid", pl.col("ts").alias("s"), (pl.col("ts") + pl.col("dur")).alias("e")
+    )
+    meets = every.filter((pl.col("cat") == "comm") & (pl.col("name") == "barrier"))
+    inside = meets.join(saves, on="pid").filter(pl.col("ts").is_between("s", "e"))
+    assert inside.group_by("pid", "s").len()["len"].to_list() == [3] * saves.height
+    first = every.filter(pl.col("file").cast(pl.String).str.contains("/checkpoint-0001/"))
+    meta = first.filter(pl.col("file").cast(pl.String).str.ends_with(".metadata.tmp"))["ts"]
+    shard1 = first.filter(pl.col("file").cast(pl.String).str.ends_with("__1_0.distcp"))
+    assert meta.min() > (shard1["ts"] + shard1["dur"]).max()  # after rank 1's whole shard
     shutil.rmtree(out / "checkpoints")
 
 
@@ -300,3 +313,31 @@ def test_dlio_checkpoint_workload_writes_then_reads_scaled(
     assert not data.exists() or not any(f.is_file() for f in data.rglob("*"))
     left = tmp_path / "r" / "checkpoints"
     assert not left.exists() or not any(f.is_file() for f in left.rglob("*"))
+
+
+@pytest.mark.parametrize(("ranks", "shard"), [(2, 3000), (3, 1200)])
+def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -> None:
+    """A capture that traced only the data directories: each rank's dcp.save event names the
+    checkpoint directory with its bytes, and no write is in the trace. Each rank keeps its
+    share (it was one file of all the bytes, written by rank 0 alone)."""
+    rows = [
+        dict(
+            pid=100 + r,
+            ts=1000 * (k + 1) + r,
+            dur=20,
+            cat="checkpoint",
+            name="capture",
+            file=f"/ck/step_{k}",
+            size=shard * (r + 1) + (77 if r == 0 else 0),
+        )
+        for k in range(3)
+        for r in range(ranks)
+    ]
+    ev = _table(rows).sort("ts")
+    steps = pl.DataFrame({"pid": [100] * 12, "ts": [300 * i for i in range(12)]})
+    saves = ev.filter(pl.col("role") == "checkpoint.save")
+    ck = checkpoint_section(ev, saves, steps.with_columns(pl.col("pid").cast(pl.Int32)), Facts())
+    assert ck.files_per_checkpoint == ranks and ck.file_ranks == list(range(ranks))
+    sizes = [shard * (r + 1) + (77 if r == 0 else 0) for r in range(ranks)]
+    assert ck.file_writes == [[[n, 1]] for n in sizes]
+    assert ck.bytes_per_checkpoint == sum(sizes)
