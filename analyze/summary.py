@@ -385,7 +385,8 @@ def _mapped_lines(m: dict) -> list[str]:
         f"{m['maps']:,} time(s), {m['windows']:,} slice(s) taken, "
         f"{human_bytes(m.get('bytes_touched') or 0)} touched, "
         + (
-            f"{human_bytes(cold)} faulted in from storage (pages not in the page cache)"
+            f"{human_bytes(cold)} faulted in from storage (pages not in the page cache; "
+            f"{m.get('files_cold_at_start') or 0} file(s) cold at their first window)"
             if cold is not None
             else "pages faulted in not measured"
         )

@@ -328,10 +328,12 @@ def test_analyze_counts_mapped_reads(
     assert "too-few-workers" not in ids or name == "mixed"  # a DataLoader only in the mixed run
     if cold:  # its files dropped from the page cache before the capture
         assert m["cold_bytes"] > 0 and m["cold_steps"] >= 1 and "mapped-page-cache" not in ids
+        assert m["files_cold_at_start"] >= 1
         stall = {f.id for f in find(report.characterization, Thresholds(mapped_stall_share=0.0))}
         assert ("mapped-storage-stall" in stall) == (m["stall_s"] > 0)
     else:
         assert m["cold_bytes"] == 0 and m["cold_steps"] == 0 and "mapped-page-cache" in ids
+        assert m["files_cold_at_start"] == 0
     text = render_text(report.characterization.view.summary)
     assert "Mapped data: 2 file(s)" in text and "no dataset reads found" not in text
     for suffix in ("md", "html"):

@@ -101,6 +101,8 @@ def _warm(m: dict[str, Any], t: Thresholds) -> Finding | None:
     share = m.get("cold_share")
     if not m.get("cold_measured") or share is None or share > t.mapped_warm_share:
         return None
+    if m.get("files_cold_at_start"):  # storage served the file: its readahead hid the rest
+        return None
     mem = m.get("host_memory_bytes")
     fits = (
         f", and fits in the host's {human_bytes(mem)} of RAM"
@@ -120,7 +122,8 @@ def _warm(m: dict[str, Any], t: Thresholds) -> Finding | None:
             "host_memory_bytes": mem,
             "data_time_s": dt,
         },
-        threshold=f"pages of the windows not in the page cache when taken <= {t.mapped_warm_share:.0%}",
+        threshold=f"pages of the windows not in the page cache when taken <= {t.mapped_warm_share:.0%}, "
+        "and each file's first window found in the page cache",
         root_cause=(
             f"Of the {m.get('pages_touched', 0):,} pages the windows covered, "
             f"{human_bytes(m.get('cold_bytes') or 0)} ({share:.1%}) were not in the page cache when "

@@ -81,6 +81,18 @@ def mapped_reads(v: Any) -> dict[str, Any]:
         "cold_bytes": int(windows["cold"].sum() or 0) * page if measured else None,
         "slice_bytes": _median(windows["bytes"]),
         "per_file": _per_file(maps, windows, page, measured),
+        # files whose first window found pages not in the page cache: storage served that file
+        # (its readahead may have brought in most of what later windows took)
+        "files_cold_at_start": int(
+            windows.sort("ts", maintain_order=True)
+            .group_by("path")
+            .agg(pl.col("cold").first())["cold"]
+            .fill_null(0)
+            .gt(0)
+            .sum()
+        )
+        if measured
+        else None,
         "host_memory_bytes": (v.manifest or {}).get("mem_total_bytes"),
     }
     pages = out["pages_touched"]
