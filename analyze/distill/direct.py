@@ -3,9 +3,10 @@ reads of its dataset files bypassed the page cache, from the ``flags`` DFTracer 
 every ``open``/``open64``/``openat`` call (the ``open(2)`` flags as the process passed them).
 
 The event table keeps no open flags, so the open events are read from the trace files
-themselves (:func:`open_flags`: the matching lines only, each decoded on its own by polars). Each
-read of a dataset file is given the flags of the last open of the same file (``fhash``) in the
-same process before it (an as-of join); its call size is the bytes it asked for. Then:
+themselves (:func:`open_flags`, through :mod:`..trace.sidecar`: the matching lines only, each
+decoded on its own). Each read of a dataset file is given the flags of the last open of the same
+file (``fhash``) in the same process before it (an as-of join); its call size is the bytes it
+asked for. Then:
 
 * no read or open with ``O_DIRECT``: ``off``; every read direct: ``on``;
 * direct reads all larger than the buffered ones: ``hybrid``, the threshold the smallest power
@@ -24,7 +25,6 @@ its default. ``O_DIRECT`` is read as Linux's generic value (x86, the value of th
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 from dataclasses import replace
@@ -34,7 +34,7 @@ import polars as pl
 
 from dlreplay.model import Reader
 
-from ..trace.inputs import TRACE_SUFFIXES
+from ..trace.sidecar import fields_of, matching_lines
 from .base import Facts, Observed
 
 __all__ = [
@@ -53,52 +53,17 @@ OPEN_SCHEMA = {"pid": pl.Int64, "ts": pl.Int64, "fhash": pl.String, "flags": pl.
 _LINE = re.compile(
     rb'^\{[^\n]*"name":"(?:open|open64|openat|openat64)","cat":"POSIX"[^\n]*"flags":[^\n]*$', re.M
 )
-_MAX_TRACE_BYTES = 1 << 31
-
-
-def _trace_files(source: str | Path) -> list[Path]:
-    p = Path(source)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        return []
-    return sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-
-
-def _lines(path: Path) -> list[bytes]:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read(_MAX_TRACE_BYTES)
-        else:
-            raw = path.read_bytes()[:_MAX_TRACE_BYTES]
-    except (OSError, EOFError, gzip.BadGzipFile):  # a damaged file: its readable events only
-        return []
-    return _LINE.findall(raw)
+_FIELDS = {"pid": "$.pid", "ts": "$.ts", "fhash": "$.args.fhash", "flags": "$.args.flags"}
 
 
 def open_flags(source: str | Path | None) -> pl.DataFrame:
     """The open calls with recorded flags in the trace at *source* (a capture directory or a
     trace file): :data:`OPEN_SCHEMA`, by time. Empty without any."""
-    lines: list[bytes] = []
-    for f in _trace_files(source) if source else []:
-        lines.extend(_lines(f))
+    lines = matching_lines(source, _LINE)
     if not lines:
         return pl.DataFrame(schema=OPEN_SCHEMA)
-    # Each line on its own: a damaged or odd line (a key given twice, a value of another type,
-    # DFTracer 1.x beside 2.x) reads as nulls and is dropped, never failing the others; a key
-    # given twice takes its last value, as the trace loader does.
-    text = pl.Series("line", [ln.decode("utf-8", "replace") for ln in lines])
-    field = text.str.json_path_match
-    out = pl.DataFrame(
-        {
-            "pid": field("$.pid").cast(pl.Float64, strict=False),
-            "ts": field("$.ts").cast(pl.Float64, strict=False),
-            "fhash": field("$.args.fhash"),
-            "flags": field("$.args.flags").cast(pl.Float64, strict=False),
-        }
-    )
-    return out.cast(OPEN_SCHEMA).drop_nulls().sort("ts")  # type: ignore[arg-type]
+    out = fields_of(lines, {k: (path, OPEN_SCHEMA[k]) for k, path in _FIELDS.items()})
+    return out.drop_nulls().sort("ts")
 
 
 def classify_reads(reads: pl.DataFrame, opens: pl.DataFrame) -> pl.DataFrame:

@@ -13,8 +13,6 @@ request sizes and the workers come out of the same inferences as for files. Byte
 
 from __future__ import annotations
 
-import gzip
-import io
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +22,7 @@ import polars as pl
 from dlreplay.model import Dataset
 from dlreplay.model.sections import Storage
 
-from ..trace.inputs import TRACE_SUFFIXES
+from ..trace.sidecar import fields_of, matching_lines
 
 __all__ = [
     "OBJECT_SCHEMA",
@@ -54,53 +52,19 @@ OBJECT_SCHEMA = {
 }
 _ARGS = ("bucket", "key", "offset", "length", "bytes", "object_size", "client", "error")
 _LINE = re.compile(rb'^\{[^\n]*"name":"GetObject","cat":"S3"[^\n]*$', re.M)
-_MAX_TRACE_BYTES = 1 << 31
 #: The read call a GET stands for in the event table (a positioned read: its offset counts).
 READ_AS = "pread64"
-
-
-def _trace_files(source: str | Path) -> list[Path]:
-    p = Path(source)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        return []
-    return sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-
-
-def _lines(path: Path) -> list[bytes]:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                raw = fh.read(_MAX_TRACE_BYTES)
-        else:
-            raw = path.read_bytes()[:_MAX_TRACE_BYTES]
-    except (OSError, EOFError, gzip.BadGzipFile):  # a damaged file: its readable events only
-        return []
-    return _LINE.findall(raw)
 
 
 def object_reads(source: str | Path | None) -> pl.DataFrame:
     """The ``S3``/``GetObject`` events of the trace at *source* (a capture directory or a trace
     file): :data:`OBJECT_SCHEMA`, by time. Empty without any."""
-    lines: list[bytes] = []
-    for f in _trace_files(source) if source else []:
-        lines.extend(_lines(f))
+    lines = matching_lines(source, _LINE)
     if not lines:
         return pl.DataFrame(schema=OBJECT_SCHEMA)
-    raw = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), infer_schema_length=None)
-    args = raw["args"].struct
-    have = {f.name for f in raw.schema["args"].fields}  # type: ignore[attr-defined]
-    out = pl.DataFrame(
-        {
-            **{k: raw[k] for k in ("pid", "tid", "ts", "dur")},
-            **{
-                k: (args.field(k) if k in have else pl.Series(k, [None] * raw.height))
-                for k in _ARGS
-            },
-        }
-    )
-    return out.cast(OBJECT_SCHEMA).drop_nulls(["ts", "bucket", "key"]).sort("ts")  # type: ignore[arg-type]
+    schema = {k: (f"$.args.{k}" if k in _ARGS else f"$.{k}", t) for k, t in OBJECT_SCHEMA.items()}
+    out = fields_of(lines, schema)
+    return out.drop_nulls(["ts", "bucket", "key"]).sort("ts")
 
 
 def with_object_reads(events: pl.DataFrame, objects: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,102 @@
+"""Events whose arguments the event table keeps no column for, read straight from the trace
+files: the ``flags`` of ``open`` calls, S3 ``GetObject`` ranges, mapped-file windows.
+
+The loader's table has one vocabulary of columns for every trace; a pass that needs one more
+argument of a few kinds of events finds their lines with a regular expression
+(:func:`matching_lines`) and decodes only the fields it names (:func:`fields_of`), each line on
+its own: a damaged line, a value of another type or DFTracer 1.x beside 2.x reads as nulls
+there and never fails the others; a key given twice takes its last value, as in the loader.
+A trace file is read up to :data:`MAX_TRACE_BYTES` (decompressed); a damaged file gives the
+lines read before the damage.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import polars as pl
+
+from .inputs import TRACE_SUFFIXES
+
+__all__ = ["MAX_TRACE_BYTES", "DType", "fields_of", "matching_lines", "trace_files"]
+
+#: A polars type, as a class (``pl.Int64``) or an instance.
+DType = pl.DataType | type[pl.DataType]
+
+#: The most bytes (decompressed) read of one trace file.
+MAX_TRACE_BYTES = 1 << 31
+
+
+def trace_files(source: str | Path | None) -> list[Path]:
+    """The trace files at *source*: the file itself, or a directory's trace files (any depth),
+    sorted; none for ``None`` or a path that is neither."""
+    if not source:
+        return []
+    p = Path(source)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        return []
+    return sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+
+
+def _read(path: Path) -> bytes:
+    """*path*'s bytes, decompressed member by member, up to :data:`MAX_TRACE_BYTES`; of a damaged
+    or vanished file, what could be read (nothing, or the members before the damage and what
+    the damaged one gave)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_TRACE_BYTES)
+    except OSError:
+        return b""
+    if not path.name.endswith(".gz"):
+        return data
+    out = bytearray()
+    while data and len(out) < MAX_TRACE_BYTES:  # each buffer flush is its own gzip member
+        member = zlib.decompressobj(wbits=31)
+        try:
+            out += member.decompress(data, MAX_TRACE_BYTES - len(out))
+            while member.unconsumed_tail and len(out) < MAX_TRACE_BYTES:
+                out += member.decompress(member.unconsumed_tail, MAX_TRACE_BYTES - len(out))
+        except zlib.error:  # damaged: what came before it
+            break
+        if not member.eof:
+            break
+        data = member.unused_data
+    return bytes(out)
+
+
+def matching_lines(source: str | Path | None, pattern: re.Pattern[bytes]) -> list[bytes]:
+    """The lines of every trace file at *source* that *pattern* (compiled with ``re.M``,
+    anchored at a line's ends) matches, file by file."""
+    lines: list[bytes] = []
+    for f in trace_files(source):
+        lines.extend(pattern.findall(_read(f)))
+    return lines
+
+
+def _as(values: pl.Series, dtype: DType) -> pl.Series:
+    """*values* (JSON scalars as text) as *dtype*; what is not one reads as null (an integer
+    column also takes a whole number written as a float)."""
+    if dtype == pl.Int64:
+        as_int = values.cast(pl.Int64, strict=False)
+        return as_int.fill_null(values.cast(pl.Float64, strict=False).cast(pl.Int64, strict=False))
+    return values.cast(dtype, strict=False)
+
+
+def fields_of(lines: list[bytes], schema: Mapping[str, tuple[str, DType]]) -> pl.DataFrame:
+    """One row per line of *lines* (DFTracer JSON records), one column per entry of *schema*:
+    ``name -> (JSONPath, dtype)``, e.g. ``"flags": ("$.args.flags", pl.Int64)``. A field a line
+    lacks, or cannot give as its type, is null."""
+    # invalid UTF-8 is kept with U+FFFD in place of the bad bytes, as the loader keeps it
+    text = pl.Series("line", [ln.decode("utf-8", "replace") for ln in lines], dtype=pl.String)
+    return pl.DataFrame(
+        {
+            name: _as(text.str.json_path_match(path), dtype).alias(name)
+            for name, (path, dtype) in schema.items()
+        },
+        schema={name: dtype for name, (_path, dtype) in schema.items()},
+    )

@@ -1,0 +1,65 @@
+"""The side reader of arguments the event table has no column for (analyze/trace/sidecar.py):
+each line decoded on its own, so odd lines cost only themselves."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import polars as pl
+
+from dlreplay.analyze.trace.sidecar import fields_of, matching_lines
+
+OPEN = re.compile(rb'^\{[^\n]*"name":"open64","cat":"POSIX"[^\n]*"flags":[^\n]*$', re.M)
+SCHEMA = {
+    "pid": ("$.pid", pl.Int64),
+    "ts": ("$.ts", pl.Int64),
+    "fhash": ("$.args.fhash", pl.String),
+    "flags": ("$.args.flags", pl.Int64),
+}
+
+
+def _open(pid: object, ts: object, fhash: object, flags: object, extra: str = "") -> bytes:
+    return (
+        f'{{"id":1,"name":"open64","cat":"POSIX","pid":{pid},"tid":1,"ts":{ts},"dur":2,"ph":"X",'
+        f'"args":{{"fhash":{fhash},"flags":{flags}{extra}}}}}'
+    ).encode()
+
+
+def test_odd_lines_read_as_nulls_and_leave_the_others(tmp_path: Path) -> None:
+    lines = [
+        _open(7, 100, '"a1"', 0),
+        _open(7, 200, '"a1"', 16384, ',"flags":16448'),  # a key given twice: the last wins
+        _open(7, "300.0", '"b2"', 1),  # a whole number written as a float
+        _open('"x"', 400, '"c3"', '"0x2"'),  # values of another type
+        _open(7, 500, '"d4"', 2)[:-3],  # a line cut short
+        b'{"name":"open64","cat":"POSIX","pid":7,"ts":600,"args":{"fhash":"\xff\xfe","flags":1}}',
+    ]
+    f = tmp_path / "t.pfw"
+    f.write_bytes(b"\n".join([b"[", *lines, b'{"name":"read","cat":"POSIX","pid":7}']) + b"\n")
+    got = matching_lines(tmp_path, OPEN)
+    assert len(got) == len(lines)
+    df = fields_of(got, SCHEMA)
+    assert df.schema == pl.Schema({k: t for k, (_p, t) in SCHEMA.items()})
+    assert df.row(0) == (7, 100, "a1", 0)
+    assert df.row(1) == (7, 200, "a1", 16448)
+    assert df.row(2) == (7, 300, "b2", 1)
+    assert df.row(3) == (None, 400, "c3", None)
+    assert df.row(4) == (None, None, None, None)
+    assert df.row(5) == (
+        7,
+        600,
+        "\ufffd\ufffd",
+        1,
+    )  # invalid UTF-8 kept as U+FFFD, as the loader does
+
+
+def test_a_damaged_gzip_gives_the_lines_before_the_damage(tmp_path: Path) -> None:
+    good = b"\n".join(_open(1, 10 * i, f'"h{i}"', 0) for i in range(2000)) + b"\n"
+    whole = gzip.compress(good) + gzip.compress(good)  # two members, as DFTracer's flushes
+    (tmp_path / "a.pfw.gz").write_bytes(whole[: len(whole) - 200])  # the second member cut
+    got = matching_lines(tmp_path / "a.pfw.gz", OPEN)
+    assert 2000 <= len(got) < 4000  # the first member whole, the second as far as it goes
+    assert fields_of(got[:2000], SCHEMA)["fhash"].to_list() == [f"h{i}" for i in range(2000)]
+    assert matching_lines(tmp_path / "gone", OPEN) == [] and matching_lines(None, OPEN) == []
