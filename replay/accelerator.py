@@ -33,7 +33,7 @@ __all__ = ["make_loader", "run_rank"]
 
 
 def run_rank(
-    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str = False
+    plan: RankPlan, sync: Callable[[], Any], keep_checkpoints: bool | str = False
 ) -> dict[str, Any]:
     """Run one accelerator: epochs of (fetch batch, sleep compute, checkpoint, sync), then each
     epoch's end (epoch checkpoint, evaluation, the model's epoch-end time).
@@ -49,7 +49,7 @@ def run_rank(
 
 
 def _checkpoint_rank(
-    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str
+    plan: RankPlan, sync: Callable[[], Any], keep_checkpoints: bool | str
 ) -> dict[str, Any]:
     """A checkpoint-only workload (no training): replay/checkpoint.py's writes then reads."""
     done = run_checkpoint_workload(plan, sync)
@@ -167,7 +167,7 @@ def _count_batch(
 class _RankRun:
     """One accelerator's run (see :func:`run_rank`): the state its epochs and steps share."""
 
-    def __init__(self, plan: RankPlan, sync: Callable[[], None]) -> None:
+    def __init__(self, plan: RankPlan, sync: Callable[[], Any]) -> None:
         m = plan.model
         self.plan, self.model, self.sync = plan, m, sync
         # one draw of a step's compute for every rank: data-parallel ranks run the same model on
@@ -305,8 +305,9 @@ class _RankRun:
             modelled = float(modelled_steps[step])
             compute, ck = self._compute(epoch, step, modelled, cpu_steps, rec)
             t_sync = time.perf_counter()
-            self.sync()
-            waited = time.perf_counter() - t_sync  # for the other ranks (no overhead of the replay)
+            last = self.sync()  # local ranks: when the last one arrived (None: not known)
+            # the wait for the other ranks (up to the last one's arrival) is no replay overhead
+            waited = time.perf_counter() - t_sync if last is None else max(0.0, last - t_sync)
             if ev_step:
                 _end_step_event(ev_step, clocks)
             n_samples, n_bytes = _count_batch(rec, res, ck, pids, order)
@@ -317,7 +318,9 @@ class _RankRun:
             # The wait for the other ranks is not: the distilled compute is the step's own (the
             # last-arriving rank's), and a job's rank that waited at the all-reduce computes its
             # whole next step (taken out, a rank that waited once slept no more and waited again:
-            # 2 of 3 ranks slept ~0 a step, the step ended at the one rank that still computed)
+            # 2 of 3 ranks slept ~0 a step, the step ended at the one rank that still computed).
+            # The barrier's own latency after the last arrival is the replay's, as DLIO's MPI
+            # barrier's is its own: taken out of the next sleeps
             over = max((t_end - t_got) - compute - ck - waited, 0.0)
             sleeper.debt += over
             compute += over + waited + (t_got - t_recv)
@@ -420,7 +423,7 @@ class _RankRun:
 
 
 def _run_rank(
-    plan: RankPlan, sync: Callable[[], None], keep_checkpoints: bool | str
+    plan: RankPlan, sync: Callable[[], Any], keep_checkpoints: bool | str
 ) -> dict[str, Any]:
     run = _RankRun(plan, sync)
     result = run.result

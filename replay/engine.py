@@ -113,23 +113,37 @@ BARRIER_TIMEOUT_S = 600.0
 # --------------------------------------------------------------------------- local accelerator processes
 
 
-def traced_sync(wait: Callable[[], Any]) -> Callable[[], None]:
+def traced_sync(wait: Callable[[], Any]) -> Callable[[], Any]:
     """*wait* (the accelerators' meeting after each step) as a DFTracer ``comm``/``barrier``
     event inside the step, where a data-parallel job's collectives are (its all-reduce): the
-    replay's trace shows its ranks' waits for each other as the job's capture shows its own."""
+    replay's trace shows its ranks' waits for each other as the job's capture shows its own.
+    Returns what *wait* returns (local ranks: when the last rank arrived, see
+    :func:`_rank_process`)."""
 
-    def sync() -> None:
+    def sync() -> Any:
         ev = REGIONS.begin("barrier", "comm")
         try:
-            wait()
+            return wait()
         finally:
             REGIONS.end(ev)
 
     return sync
 
 
-def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: bool | str) -> None:
-    def wait() -> None:
+def _rank_process(
+    plan: RankPlan, barrier: Any, arrivals: Any, results: Any, keep_checkpoints: bool | str
+) -> None:
+    meetings = [0]
+
+    def wait() -> float:
+        # Each rank stamps its arrival (time.perf_counter: CLOCK_MONOTONIC, one clock for all
+        # processes) in its slot of this meeting's half of *arrivals* (halves alternate, so a
+        # fast rank's next stamp never overwrites one a slow rank has still to read); returns
+        # when the last rank arrived: the wait before it is for the others, the time after it
+        # the barrier's own latency (replay overhead, repaid by the next sleeps)
+        half = (meetings[0] % 2) * plan.size
+        meetings[0] += 1
+        arrivals[half + plan.rank] = time.perf_counter()
         # A KeyboardInterrupt raised inside the barrier's own locks leaves them half released
         # ("lock is not owned" tracebacks from the rank): while waiting, Ctrl-C only sets the
         # flag, and it is raised here, after the wait, at a safe point.
@@ -141,6 +155,7 @@ def _rank_process(plan: RankPlan, barrier: Any, results: Any, keep_checkpoints: 
                     raise KeyboardInterrupt from None
                 raise
         INTERRUPT.check()
+        return max(arrivals[half : half + plan.size])
 
     sync = traced_sync(wait)
 
@@ -280,10 +295,13 @@ def _run_local_ranks(plans: list[RankPlan], keep: bool | str) -> tuple[list[dict
     # forking (fork after polars' thread pool has run can deadlock csv/parquet readers).
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(len(plans))
+    arrivals = ctx.Array("d", 2 * len(plans), lock=False)  # see _rank_process
     results = ctx.Queue()
     procs = [
         ctx.Process(
-            target=_rank_process, args=(p, barrier, results, keep), name=f"dlreplay-rank-{p.rank}"
+            target=_rank_process,
+            args=(p, barrier, arrivals, results, keep),
+            name=f"dlreplay-rank-{p.rank}",
         )
         for p in plans
     ]
