@@ -21,12 +21,14 @@ from typing import Any
 import pytest
 
 from dlreplay.analyze import load_trace
+from dlreplay.analyze.compare import _served_lines as _compare_served_lines
 from dlreplay.analyze.compare import compare_traces
 from dlreplay.analyze.distill import distill
 from dlreplay.analyze.distill.storage import object_reads
 from dlreplay.capture.inject import s3 as s3hook
 from dlreplay.dlio import dlio_to_model, model_to_dlio
 from dlreplay.model import load_model, model_to_dict, save_model
+from dlreplay.replay.metrics import served_summary
 from tests.conftest import EXAMPLES, check_no_traceback
 from tests.s3server import ACCESS_KEY, SECRET_KEY, S3Server, find_s3rver, s3_server
 
@@ -57,6 +59,33 @@ VARIANTS: dict[str, tuple[list[str], int, int | None]] = {
     ),
 }
 NPY_HEADER = 128  # np.save's header of a 1-D float32 array
+
+FSSPEC_JOB = """
+import hashlib, json, sys
+import s3fs
+
+bucket, prefix, step, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+fs = s3fs.S3FileSystem(skip_instance_cache=True)
+digests = {}
+for path in sorted(fs.ls(f"{bucket}/{prefix}")):
+    whole = fs.cat_file(path)  # one GET of the object
+    with fs.open(path, "rb", cache_type="none") as f:  # ranged GETs of step bytes
+        ranged = b"".join(f.read(step) for _ in range(-(-len(whole) // step)))
+    assert ranged == whole
+    digests[path] = hashlib.sha256(whole).hexdigest()
+json.dump(digests, open(out, "w"))
+"""
+
+
+def _plain_client(endpoint: str) -> Any:
+    """A boto3 client of the test server, outside any capture."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
 
 
 def _run(args: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen:
@@ -89,6 +118,11 @@ def runs(server: S3Server, env: dict[str, str], tmp_path_factory: pytest.TempPat
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
     procs = {}
+    if importlib.util.find_spec("s3fs") is not None:  # an s3fs job beside them (FSSPEC_JOB)
+        (root / "fsspec_job.py").write_text(FSSPEC_JOB)
+        job = [sys.executable, str(root / "fsspec_job.py"), BUCKET, "ranged/", "16384"]
+        cap = [sys.executable, "-m", "dlreplay", "capture", "--out", str(root / "t_fsspec"), "--"]
+        procs["fsspec"] = _run([*cap, *job, str(root / "fsspec.json")], env)
     for name, (args, _, _) in VARIANTS.items():
         job = [
             sys.executable,
@@ -143,13 +177,7 @@ def test_capture_is_transparent(runs: Path, server: S3Server, name: str) -> None
     """Each captured job (boto3 ranges; s3torchconnector where installed) got every object's
     bytes as a plain boto3 client outside the capture reads them, each once per epoch; the
     botocore hook returns botocore's result and raises its exceptions unchanged."""
-    s3 = boto3.session.Session().client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1",
-    )
+    s3 = _plain_client(server.endpoint)
     listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{name}/")["Contents"]
     direct = {
         hashlib.sha256(s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()).hexdigest(): 2
@@ -225,9 +253,11 @@ def replays(runs: Path, models: dict[str, Any], env: dict[str, str]) -> dict[str
         cmd = [sys.executable, "-m", "dlreplay", "replay", str(runs / f"m_{name}.yaml")]
         cmd += ["--data-dir", str(runs / f"gen_{name}"), "-o", str(runs / f"replay_{name}")]
         cmd += ["--set", f"storage.storage_root=replayed-{name}", "--loader", "builtin"]
+        cmd += ["--cold"] if name == "whole" else []  # nothing of an object store to drop: said so
         procs[name] = _run(cmd, env)
     for name, p in procs.items():
         out, _ = p.communicate(timeout=300)
+        (runs / f"replay_{name}.out").write_text(out)
         check_no_traceback(out, what=f"replay {name}")
         assert p.returncode in (0, 1), out  # 1: the AU threshold failed
     return {name: runs / f"replay_{name}" for name in VARIANTS}
@@ -241,13 +271,7 @@ def test_generate_uploads_and_replay_reads_through_s3(
     the replay GETs them through the job's client with the job's request size (16 KiB ranges, or
     whole objects); the bytes match the capture's within 2 %."""
     _, _, step = VARIANTS[name]
-    s3 = boto3.session.Session().client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1",
-    )
+    s3 = _plain_client(env["AWS_ENDPOINT_URL"])
     listed = s3.list_objects_v2(Bucket=f"replayed-{name}", Prefix=f"{name}/")["Contents"]
     assert len(listed) == 8
     gets = object_reads(replays[name])
@@ -268,6 +292,39 @@ def test_generate_uploads_and_replay_reads_through_s3(
     )
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_s3_replay_served_by_the_object_store(
+    runs: Path, replays: dict[str, Path], env: dict[str, str], name: str
+) -> None:
+    """An S3 replay's "served by the storage" is what the object store returned to its GETs, not
+    the block layer's reads (none: no page cache is in the path): the GETs, whole or ranged,
+    returned each object's size as the server lists it, once per epoch. No page-cache line in metrics.json, the summary or
+    compare; --cold says it has nothing to drop."""
+    m = json.loads((replays[name] / "metrics.json").read_text())
+    o, epochs = m["overall"], m["epochs"]
+    assert o["served_from"] == "object_store" and o["cache_served_percent"] is None
+    assert o["device_read_bytes"] is None and o["device"] is None
+    assert [e["served_from"] for e in epochs] == ["object_store"] * 2
+    assert sum(e["served_bytes"] for e in epochs) == o["served_bytes"]
+    s3 = _plain_client(env["AWS_ENDPOINT_URL"])
+    sizes = [int(x["Size"]) for x in s3.list_objects_v2(Bucket=f"replayed-{name}")["Contents"]]
+    for e in epochs:  # every object read whole once per epoch (whole, or in ranges of step)
+        assert e["served_bytes"] == sum(sizes) == e["bytes_asked"]
+    assert o["served_bytes"] == object_reads(replays[name])["bytes"].sum()
+    out = (runs / f"replay_{name}.out").read_text()
+    assert "came from the page cache" not in out and "cache %" not in out
+    assert "served by S3" in out
+    assert not any("came from the page cache" in n for n in m["served_notes"])
+    assert "from page cache" not in "\n".join(_compare_served_lines(None, served_summary(m)))
+    storage = json.loads((replays[name] / "provenance.json").read_text())["storage"]
+    assert storage["objects"] == f"s3://replayed-{name}/{name}/"
+    cold = epochs[0].get("cold")
+    if name == "whole":
+        assert cold["method"] == "none" and "S3" in cold["note"] and cold["note"] in out
+    else:
+        assert cold is None
+
+
 def test_credentials_never_in_outputs(
     runs: Path, models: dict[str, Any], replays: dict[str, Path]
 ) -> None:
@@ -283,3 +340,95 @@ def test_credentials_never_in_outputs(
         checked += 1
     assert checked > 10
     assert load_model(runs / "m_whole.yaml").storage.storage_root == BUCKET
+
+
+def test_capture_records_s3fs_gets(runs: Path, server: S3Server) -> None:
+    """Every GET s3fs makes (aiobotocore's async client, in fsspec's I/O thread) is an
+    S3/GetObject event with its range and the bytes answered (a job reading the ranged variant's
+    8 objects whole, then in 16 KiB ranges through a file without a cache, captured beside the
+    others); the job got the objects' bytes."""
+    pytest.importorskip("s3fs", reason="s3fs (pip install 'dlreplay[s3fs]')")
+    fsspec_capture = runs / "t_fsspec"
+    _, payload, step = VARIANTS["ranged"]
+    size = payload + NPY_HEADER
+    gets = object_reads(fsspec_capture)
+    per_object = -(-size // step)
+    assert set(gets["client"]) == {"s3fs"} and set(gets["bucket"]) == {BUCKET}
+    assert gets["error"].is_null().all()
+    assert gets.height == 8 * (1 + per_object)
+    whole = gets.filter(gets["length"].is_null())
+    assert whole.height == 8 and set(whole["bytes"]) == {size}
+    ranged = gets.filter(gets["length"].is_not_null())
+    assert sorted(set(ranged["offset"])) == list(range(0, size, step))
+    assert set(ranged["bytes"]) == {step, size - (per_object - 1) * step}
+    assert gets["bytes"].sum() == 2 * 8 * size
+    s3 = _plain_client(server.endpoint)
+    digests = json.loads((runs / "fsspec.json").read_text())
+    for path, digest in digests.items():
+        key = path.split("/", 1)[1]
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == digest
+    assert len(digests) == 8
+
+
+@pytest.mark.parametrize("ranged", [True, False])
+def test_replay_reads_through_s3fs(
+    runs: Path, server: S3Server, monkeypatch: pytest.MonkeyPatch, ranged: bool
+) -> None:
+    """The replay's reader with ``storage.client: s3fs`` GETs through s3fs (ranges of the
+    request size, or whole objects): the objects' bytes, and it counts what the GETs returned
+    (its served bytes)."""
+    pytest.importorskip("s3fs", reason="s3fs (pip install 'dlreplay[s3fs]')")
+    from dlreplay.replay.s3 import S3Reader, S3Target
+
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+    _, payload, _ = VARIANTS["ranged"]
+    size = payload + NPY_HEADER
+    target = S3Target(BUCKET, "ranged/", 10000, "s3fs", ranged)
+    reader = S3Reader(target, str(runs), {"sample_00003.npy": size}, 1)
+    assert reader.library == "s3fs"
+    try:
+        rec = (100, size - 100) if ranged else None  # a record of the object, or the object
+        nbytes, data = reader.read_decoded(str(runs / "sample_00003.npy"), 0, rec)
+    finally:
+        reader.close()
+    s3 = boto3.session.Session().client("s3")
+    body = s3.get_object(Bucket=BUCKET, Key="ranged/sample_00003.npy")["Body"].read()
+    if ranged:  # ceil((size - 100) / 10000) GETs of the range: the bytes asked, returned
+        assert data.tobytes() == body[100:] and nbytes == reader.returned() == size - 100
+    else:  # one GET per sample: the whole object
+        assert data.tobytes() == body and nbytes == reader.returned() == size
+
+
+def test_aiobotocore_hook_is_transparent(runs: Path, server: S3Server) -> None:
+    """The s3fs hook (aiobotocore's async ``_make_api_call`` wrapped) awaits the original once:
+    the same bytes for a ranged GET, and NoSuchKey raised unchanged."""
+    import asyncio
+
+    aiosession = pytest.importorskip("aiobotocore.session", reason="s3fs (dlreplay[s3fs])")
+    from aiobotocore.client import AioBaseClient
+
+    plain = AioBaseClient._make_api_call
+    wrapped = s3hook.wrap_aio_make_api_call(plain)
+    params = {"Bucket": BUCKET, "Key": "ranged/sample_00001.npy", "Range": "bytes=5-104"}
+
+    async def calls() -> tuple[list[bytes], list[str]]:
+        kw = {"aws_access_key_id": ACCESS_KEY, "aws_secret_access_key": SECRET_KEY}
+        async with aiosession.get_session().create_client(
+            "s3", endpoint_url=server.endpoint, region_name="us-east-1", **kw
+        ) as s3:
+            bodies, errors = [], []
+            for call in (wrapped, plain):
+                resp = await call(s3, "GetObject", dict(params))
+                async with resp["Body"] as body:
+                    bodies.append(await body.read())
+                try:
+                    await call(s3, "GetObject", {"Bucket": BUCKET, "Key": "missing"})
+                except s3.exceptions.NoSuchKey as exc:
+                    errors.append(type(exc).__name__)
+            return bodies, errors
+
+    bodies, errors = asyncio.run(calls())
+    assert bodies[0] == bodies[1] and len(bodies[0]) == 100
+    assert errors == ["NoSuchKey", "NoSuchKey"]
