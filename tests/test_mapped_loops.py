@@ -32,6 +32,8 @@ from dlreplay.analyze.trace import vocabulary as voc
 from dlreplay.model.sections import MappedAccess
 from replay.mapped import take_windows, window_offsets
 
+from .conftest import check_no_traceback
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tokens_memmap.py"
 
@@ -164,6 +166,7 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, p in procs.items():
         outs[name], _ = p.communicate(timeout=300)
         assert p.returncode == 0, f"{name}: {outs[name]}"
+        check_no_traceback(outs[name], what=f"capture ({name})")
     plain = subprocess.run(
         [sys.executable, *runs["probe"]], capture_output=True, text=True, check=True
     )
