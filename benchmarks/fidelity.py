@@ -9,7 +9,8 @@ For each benchmark job (real PyTorch training scripts in ``examples/``) and each
 
 Printed per job (median over repeats, with the spread):
 
-* steady-state epoch error: mean replay epoch time over epochs 2.. vs the job's, in %;
+* steady-state epoch error: mean replay epoch time over epochs 2.. vs the job's, in % (the
+  whole run for a job of one epoch, e.g. a loop without epochs);
 * first-epoch error: replay vs job epoch 1, in %;
 * delta AU: replay AU - job AU, in percentage points, both computed from the traces
   by the same pass (``analyze``'s steps pass);
@@ -380,6 +381,11 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
+def _steady(epochs: list[float]) -> float:
+    """Mean of epochs 2.. (s); a run of one epoch (a loop without epochs) is its whole run."""
+    return _mean(epochs[1:]) if len(epochs) > 1 else _mean(epochs)
+
+
 def _score(
     name: str,
     repeat: int,
@@ -400,7 +406,7 @@ def _score(
         "pipeline": pipeline,
         "real_epochs_s": real,
         "replay_epochs_s": replay,
-        "steady_pct": 100.0 * (_mean(replay[1:]) / _mean(real[1:]) - 1.0),
+        "steady_pct": 100.0 * (_steady(replay) / _steady(real) - 1.0),
         "first_pct": 100.0 * (replay[0] / real[0] - 1.0),
         "au_real": au_a,
         "au_replay": au_b,
@@ -610,7 +616,7 @@ def summarize(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "au_replay",
         )
     }
-    steady_real = [_mean(r["real_epochs_s"][1:]) for r in rows]
+    steady_real = [_steady(r["real_epochs_s"]) for r in rows]
     noise = (
         100.0 * (max(steady_real) - min(steady_real)) / statistics.median(steady_real)
         if rows
