@@ -276,8 +276,9 @@ class S3Reader:
             for pos in range(offset, offset + length, step)
         )
 
-    def read(self, path: str, offset: int, length: int, transfer: int) -> int:
-        """Bytes [offset, offset+length) of *path*'s object in GETs; returns bytes read."""
+    def read(self, path: str, offset: int, length: int, transfer: int, direct: bool = False) -> int:
+        """Bytes [offset, offset+length) of *path*'s object in GETs; returns bytes read
+        (*direct*, the file readers' O_DIRECT, has no meaning for objects: ignored)."""
         return len(self._read(path, offset, length, transfer))
 
     def read_decoded(self, path: str, k: int, rec: Sequence[int] | None) -> tuple[int, np.ndarray]:
