@@ -87,11 +87,18 @@ def collect(query: pl.LazyFrame, events: pl.DataFrame | pl.LazyFrame) -> pl.Data
 
 
 def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
-    """(host, pid) of the processes that emit ``item`` events (data-loader workers)."""
+    """(host, pid) of the processes that emit ``item`` or ``items`` events (data-loader workers:
+    a map-style Dataset's items, a batch of ``__getitems__`` or an IterableDataset's fetch)."""
     events = _with_roles(events)
     return collect(
         events.lazy()
-        .filter(_role_is(events, "item", (pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")))
+        .filter(
+            _role_is(
+                events,
+                ("item", "items"),
+                (pl.col("cat") == CAT_DATA) & pl.col("name").is_in(["item", "items"]),
+            )
+        )
         .select(pl.col("host").cast(pl.String), pl.col("pid").cast(pl.Int64))
         .unique(),
         events,
@@ -235,7 +242,7 @@ def file_process_table_keyed(
         parts = v.group_by("__k").agg(pl.col("b").sum(), pl.len().cast(pl.Int64).alias("n"))
     loaders = (
         rows.lazy()
-        .filter((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item"))
+        .filter((pl.col("cat") == CAT_DATA) & pl.col("name").is_in(["item", "items"]))
         .select("__proc")
         .unique()
         .collect()["__proc"]

@@ -22,6 +22,7 @@ from .roles import (
     COMPUTE,
     FORWARD,
     ITEM,
+    ITEMS,
     LOOP_ROLES,
     OPTIMIZER,
     SAMPLE_READ,
@@ -330,9 +331,9 @@ def canonicalize(
         changed = changed or bool(
             ev.select(
                 (
-                    pl.col("role").is_in([ITEM, CKPT_SAVE, CKPT_LOAD, CKPT_IO])
+                    pl.col("role").is_in([ITEM, ITEMS, CKPT_SAVE, CKPT_LOAD, CKPT_IO])
                     & ~(
-                        ((pl.col("cat") == "data") & (pl.col("name") == "item"))
+                        ((pl.col("cat") == "data") & pl.col("name").is_in(["item", "items"]))
                         | (
                             (pl.col("cat") == "checkpoint")
                             & pl.col("name").is_in(["save", "load", "capture", "restart"])

@@ -197,7 +197,7 @@ def _part_counts(events: pl.DataFrame) -> pl.DataFrame:
     """The summary's per-process counts of a part's rows before their files are known
     (:data:`COUNTS_SCHEMA`): rows (``n``) and bytes (``b``) per (file hash, path argument,
     process, :func:`~.counts.row_class`, ``item`` event)."""
-    item = ((pl.col("cat") == CAT_DATA) & (pl.col("name") == "item")).fill_null(False)
+    item = ((pl.col("cat") == CAT_DATA) & pl.col("name").is_in(["item", "items"])).fill_null(False)
     # grouped by name and category codes first (the classes are computed on the groups),
     # on one packed integer key when the codes fit in 64 bits (twice as fast as five keys)
     keys = ("fhash", "__path", "__p", "name", "cat")
