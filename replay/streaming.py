@@ -16,8 +16,11 @@ job's opens, read sizes and order.
   :class:`~.loader.BatchResult` as the other loaders do.
 
 Bytes read are counted on the shard's file (tar; an Arrow stream is read through: its file's bytes).
-Each sample's work beyond its reads (``reader.preprocess_time``: the job's decode) is spent
-busy on the CPU in the worker (the job's decode competed with its training step for the CPU); compute stays the accelerator's sleep (:mod:`.accelerator`). Importing this module imports torch.
+Each sample's work beyond its reads (the job's decode) is spent in the worker as the job's
+CPU time on the CPU (``reader.preprocess_host_cpu``: the job's decode competed with its
+training step for the cores) and the rest of its wall time (``reader.preprocess_time``)
+asleep (:class:`_SampleWork`); compute stays the accelerator's sleep (:mod:`.accelerator`).
+Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dlreplay.model import Streaming, WorkloadModel
+from dlreplay.model import Distribution, Streaming, WorkloadModel
 from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
-from .loader import BatchResult, WorkerSpec, worker_context
+from .hostcpu import burn
+from .loader import BatchResult, WorkerSpec, runnable_seconds, worker_context
 from .plan import RankPlan
 from .torchloader import collate
 
@@ -173,26 +177,92 @@ class ShardStream(IterableDataset):  # type: ignore[type-arg]
             raw = read[self.st.library](shards, self.spec.file_bytes)
         rng = random.Random(hash((self.seed, self.epoch, self.rank, w)))
         spf = self.spec.samples_per_file
-        # the job's work on each sample beyond its reads (decode, its Dataset's steps): that long on
-        # the CPU (each overshoot carried into the next), drawn per sample
-        pre = self.spec.preprocess_time
-        draw = np.random.default_rng([self.seed, self.epoch, self.rank, w, 0x5A])
-        debt = 0.0
-        t_resume, r_resume = time.perf_counter(), _CountingFile.read_seconds
+        work = _SampleWork(
+            self.spec.preprocess_time,
+            self.spec.preprocess_cpu,
+            [self.seed, self.epoch, self.rank, w, 0x5A],
+            (self.st.worker_start_time, self.st.worker_start_cpu) if info is not None else None,
+        )
         for sid, k, data, nbytes in _buffered(raw, self.st.shuffle_buffer, rng):
             payload = torch.frombuffer(bytearray(data or b"\0"), dtype=torch.uint8)
-            want = float(pre.sample(draw, 1)[0]) if pre.is_known else 0.0
-            if want > 0:
-                # the library's own work on the sample (its parsing, outside the reads) and its
-                # share of the batch's collation are part of the job's too: only the rest is spent
-                t0 = time.perf_counter()
-                own = (t0 - t_resume) - (_CountingFile.read_seconds - r_resume)
-                own += _COLLATE_PER_SAMPLE[0]
-                while time.perf_counter() - t0 < want - own - debt:
-                    pass  # on the CPU, as the job's decode was: it competes with the training step
-                debt += own + time.perf_counter() - t0 - want
+            work.spend()
             yield (sid * spf + k, nbytes, os.getpid(), payload, *self._others)
-            t_resume, r_resume = time.perf_counter(), _CountingFile.read_seconds
+            work.resume()
+
+
+#: whether this process has spent its worker start (a persistent worker spends it once, a worker
+#: of a non-persistent loader in every epoch: a new process each time)
+_STARTED = [False]
+
+
+def _positive(dist: Distribution) -> Distribution:
+    """*dist*, or a fixed 0 where it is unknown or not above 0."""
+    return dist if dist.is_known and (dist.mean or 0) > 0 else Distribution.fixed(0.0)
+
+
+def _draws(dist: Distribution, rng: np.random.Generator) -> Iterator[float]:
+    """Values of *dist*, drawn 256 at a time (one numpy call per sample costs a small sample's
+    worth of CPU)."""
+    while True:
+        yield from (float(v) for v in dist.sample(rng, 256))
+
+
+class _SampleWork:
+    """The job's work on each sample beyond its reads (decode, its Dataset's own steps), spent in
+    one worker: ``reader.preprocess_host_cpu`` seconds busy on the CPU (:func:`.hostcpu.burn`:
+    it competes for the cores as the job's decode did, and takes longer on a busier host), then
+    the rest of ``reader.preprocess_time`` (the job's wall time per sample outside its reads:
+    its CPU and its waits for one) asleep, less the time this worker was runnable meanwhile
+    (on a CPU or waiting for one: :func:`.loader.runnable_seconds`). What the library's own
+    reads, parsing and the batch's collation took here is part of the job's too: only the rest
+    is spent. A CPU time of 0 (the field's default; a capture before dlreplay measured it for
+    an IterableDataset) sleeps the whole of it, as DLIO's preprocessing. A worker process's
+    first sample also carries its start (``reader.streaming.worker_start_time`` and ``_cpu``:
+    the job's imports and setup; the replay's own, importing the library, count towards it).
+    Overshoots are carried into the next sample's, so a worker's total tracks the model's.
+    Units: seconds."""
+
+    def __init__(
+        self,
+        pre: Distribution,
+        cpu: Distribution,
+        seed: list[int],
+        start: tuple[Distribution, Distribution] | None = None,
+    ) -> None:
+        pre, cpu = _positive(pre), _positive(cpu)  # 0 CPU: "the preprocessing is a sleep"
+        # (the CPU time drawn with the same random numbers: a long sample took much CPU, as in the job)
+        self.wall = _draws(pre, np.random.default_rng(seed))
+        self.cpu = _draws(cpu, np.random.default_rng(seed))
+        self.cpu_debt = self.wall_debt = 0.0
+        if start is not None and not _STARTED[0]:
+            # this worker process's start (reader.streaming.worker_start_*), with its first sample
+            rng = np.random.default_rng([*seed, 0x57])
+            self.wall_debt = max(0.0, float(_positive(start[0]).sample(rng, 1)[0]))
+            self.cpu_debt = min(self.wall_debt, float(_positive(start[1]).sample(rng, 1)[0]))
+            _STARTED[0] = True
+        self.on = (pre.mean or 0) > 0 or self.wall_debt > 0
+        self.resume()
+
+    def resume(self) -> None:
+        """Mark where the next sample's own work begins (its reads, the library's parsing)."""
+        self.cpu0, self.busy0 = time.process_time(), runnable_seconds()
+        self.read0 = _CountingFile.read_seconds
+
+    def spend(self) -> None:
+        """Spend what is left of this sample's CPU time, then of its wall time."""
+        if not self.on:
+            return
+        cpu_s, wall_s = _COLLATE_PER_SAMPLE
+        self.cpu_debt += next(self.cpu) - (time.process_time() - self.cpu0 + cpu_s)
+        if self.cpu_debt > 0:
+            self.cpu_debt -= burn(self.cpu_debt)
+        reads = _CountingFile.read_seconds - self.read0
+        busy = runnable_seconds() - self.busy0 - reads + wall_s
+        self.wall_debt += next(self.wall) - busy
+        if self.wall_debt > 0:
+            t0 = time.perf_counter()
+            time.sleep(self.wall_debt)
+            self.wall_debt -= time.perf_counter() - t0
 
 
 def _buffered(samples: Iterator[Any], buffer: int, rng: random.Random) -> Iterator[Any]:
@@ -266,14 +336,17 @@ def _arrow_samples(
     shards: Sequence[tuple[int, str]], sizes: Sequence[int]
 ) -> Iterator[tuple[int, int, bytes, int]]:
     """(shard, row, largest binary column's bytes, bytes read) of Arrow IPC stream shards read
-    record batch by record batch with ``pyarrow``, through a Python file (pyarrow calls its
-    ``read(n)`` where it would its own OSFile's; timed and counted)."""
+    record batch by record batch with ``pyarrow`` on its own ``OSFile``, as the job's reader
+    does: its reads go into Arrow's memory pool (through a Python file, each read of a record
+    batch was a new ``bytes`` whose pages the kernel faulted in inside the read: 2-4x the
+    job's read time). Bytes read: the file's position after each batch; the reads are not timed
+    apart from the stream's decoding (a few µs per batch, counted as the sample's own work)."""
     import pyarrow as pa
 
     for i, path in shards:
-        with _CountingFile(path) as raw, pa.PythonFile(raw, mode="r") as f:
+        with pa.OSFile(path, mode="rb") as f:
             rows = _arrow_rows(pa.ipc.open_stream(f))
-            for k, data, n in _counted(rows, functools.partial(getattr, raw, "nbytes")):
+            for k, data, n in _counted(rows, f.tell):
                 yield i, k, data, n
 
 
@@ -312,17 +385,18 @@ def _posix_samples(
             yield i, k, b"", share + (got - share * spf if k == spf - 1 else 0)
 
 
-#: seconds per sample of this process's last batch collation: the job's batch fetch (whose time
-#: per sample the model's ``preprocess_time`` is) held its collation too, so a worker spends that
-#: much less per sample
-_COLLATE_PER_SAMPLE = [0.0]
+#: (CPU seconds, runnable seconds) per sample of this process's last batch collation: the job's
+#: batch fetch (whose time per sample the model's ``preprocess_time`` and ``preprocess_host_cpu``
+#: are) held its collation too, so a worker spends that much less per sample
+_COLLATE_PER_SAMPLE = [0.0, 0.0]
 
 
 def _collate(samples: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     """(sample ids, bytes per sample, pids, *tensors) of a batch (see torchloader.collate)."""
-    t0 = time.perf_counter()
+    c0, b0 = time.process_time(), runnable_seconds()
     out = ([int(s[0]) for s in samples], *collate([s[1:] for s in samples]))
-    _COLLATE_PER_SAMPLE[0] = (time.perf_counter() - t0) / max(1, len(samples))
+    n = max(1, len(samples))
+    _COLLATE_PER_SAMPLE[:] = [(time.process_time() - c0) / n, (runnable_seconds() - b0) / n]
     return out
 
 

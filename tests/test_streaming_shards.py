@@ -5,7 +5,7 @@ members, library, split over workers and shuffle buffer; ``generate`` writes sha
 same inside; a replay streams each shard whole, once per epoch, split over workers as the job.
 
 The two tar jobs differ in every parameter the distill infers (shards, samples per shard,
-member bytes, library, workers, split, shuffle buffer, batch size).
+member bytes, library, workers, persistent workers, split, shuffle buffer, batch size).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import importlib.util
 import json
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,10 @@ JOBS = {
     "webdataset": (
         ("--num-files", "6", "--samples-per-shard", "12", "--sample-bytes", "2048",
          "--workers", "3", "--batch-size", "6", "--split", "contiguous",
-         "--reader", "webdataset", "--shuffle-buffer", "12"),
+         "--reader", "webdataset", "--shuffle-buffer", "12", "--persistent-workers"),
         {"shards": 6, "spf": 12, "npy": 128 + 2048, "library": "webdataset", "workers": 3,
-         "split": "contiguous", "buffer": (8, 16), "batch": 6, "steps": 12},
+         "split": "contiguous", "buffer": (8, 16), "batch": 6, "steps": 12,
+         "persistent": True},
     ),
     "arrow": (
         ("--format", "arrow", "--num-files", "4", "--samples-per-shard", "10",
@@ -121,6 +123,7 @@ def test_tar_shards_distil_to_their_layout(captured, name):
     lo, hi = want["buffer"]
     assert lo <= rd.streaming.shuffle_buffer <= hi
     assert rd.read_threads == want["workers"] and rd.batch_size == want["batch"]
+    assert rd.persistent_workers == want.get("persistent", False)
     assert rd.open_per_sample is False
     # the job's own count: every sample of every shard, once per epoch
     assert report["samples"] == 2 * want["shards"] * want["spf"]
@@ -164,11 +167,15 @@ def test_each_worker_streams_its_split_of_whole_shards(captured, name):
         for w in range(want["workers"])
     ]
     got = sorted(sorted(f) for f in per_pid["file"].to_list())
-    assert got == sorted(splits * 2)  # 2 epochs, new workers each
+    if want.get("persistent"):  # 2 epochs by the same workers
+        assert got == sorted(sorted(split * 2) for split in splits)
+    else:  # 2 epochs, new workers each
+        assert got == sorted(splits * 2)
     per_open = reads.group_by("pid", "file").agg(pl.col("size").sum())
     size = {s: Path(s).stat().st_size for s in shards}
+    opens = 2 if want.get("persistent") else 1  # a persistent worker's each epoch
     for f, n in per_open.select("file", "size").iter_rows():
-        assert size[f] - 2 * tarfile.RECORDSIZE <= n <= size[f]
+        assert size[f] - 2 * tarfile.RECORDSIZE <= n / opens <= size[f]
 
 
 def test_replay_split_matches_the_jobs_over_ranks_and_workers():
@@ -228,6 +235,141 @@ def test_replay_streams_each_shard_whole_once_per_epoch(captured, tmp_path, name
     assert per_pid.height == 2 * want["workers"]  # new workers each epoch, as the job's
     reads = io.filter(pl.col("name").is_in(READ_OPS))
     assert int(reads["size"].sum()) == 2 * total
+    # the dataset (what compare scores) is the shards the workers read, not the replay's own
+    # .dlreplay-dataset.json read by its main process (compare's read_size_min was that file's)
+    assert _dataset_files(events) == set(made)
+
+
+def _dataset_files(events: pl.DataFrame) -> set[str]:
+    """The files analyze classifies as the dataset."""
+    from dlreplay.analyze.files import classify_files
+
+    files = classify_files(events)
+    return set(files.filter(pl.col("role") == "dataset")["file"].to_list())
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_the_jobs_dataset_is_its_shards(captured, name):
+    """An IterableDataset's workers emit batch fetches (data/items), no items of their own: they
+    are the loader processes, so the dataset is the shards they read, not a file the main
+    process read in the data folder (the example's .dataset-done marker)."""
+    data, _, events, _ = captured[name]
+    assert _dataset_files(events) == {str(p) for p in _shards(data)}
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_worker_cpu_per_sample_is_measured(captured, name):
+    """Every batch fetch of the workers carries the CPU time the worker spent in it (at most its
+    wall time: one thread); distill splits the fetches' time and CPU time into a start per
+    worker process (its first fetch beyond its later ones) and a time per sample, which add
+    up to the fetches' (their reads apart)."""
+    data, report, events, model = captured[name]
+    items = events.filter((pl.col("cat") == "data") & (pl.col("name") == "items"))
+    assert items.height and items["cpu_time"].null_count() == 0  # (every job has workers)
+    assert (items["cpu_time"] <= items["dur"] + 50).all()  # µs; the two clocks' reads apart
+    rd, st = model.reader, model.reader.streaming
+    samples, procs = report["samples"], items["pid"].n_unique()
+    cpu = rd.preprocess_host_cpu.mean * samples + st.worker_start_cpu.mean * procs
+    assert cpu == pytest.approx(items["cpu_time"].sum() * 1e-6, rel=1e-6)
+    assert 0 < rd.preprocess_host_cpu.mean and st.worker_start_cpu.mean >= 0
+    reads = events.filter(
+        pl.col("name").is_in(READ_OPS)
+        & pl.col("pid").is_in(items["pid"].unique().to_list())
+        & pl.col("file").cast(pl.String).is_in([str(p) for p in _shards(data)])
+    )
+    wall = rd.preprocess_time.mean * samples + st.worker_start_time.mean * procs
+    assert wall == pytest.approx((items["dur"].sum() - reads["dur"].sum()) * 1e-6, abs=1e-4)
+
+
+def test_sample_work_is_cpu_then_sleep():
+    """Per sample: the model's CPU seconds busy, the rest of its wall time asleep; the worker's
+    own work on the sample (here 1 ms of CPU, as a library's parsing) counts towards both."""
+    from dlreplay.model import Distribution
+    from dlreplay.replay.hostcpu import burn
+    from dlreplay.replay.streaming import _SampleWork
+
+    n = 40
+    for cpu, own, want_cpu in ((0.0005, 0.0, 0.0005), (0.0005, 0.001, 0.001), (0.0, 0.0, 0.0)):
+        work = _SampleWork(Distribution.fixed(0.003), Distribution.fixed(cpu), [1, 2])
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            burn(own)
+            work.spend()
+            work.resume()
+        got_cpu = (time.process_time() - c0) / n
+        got_wall = (time.perf_counter() - t0) / n
+        assert got_wall >= 0.003 * 0.95, (cpu, own, got_wall)
+        # at least the model's CPU (or the worker's own, when more), not the whole wall time busy
+        assert want_cpu * 0.95 <= got_cpu <= max(want_cpu * 1.5, want_cpu + 0.0004), (
+            cpu,
+            own,
+            got_cpu,
+        )
+
+
+def test_worker_start_is_spent_once_per_process(monkeypatch):
+    """A worker process's first sample carries the model's worker start (40 ms, 10 ms of it CPU);
+    the next epoch's stream in the same process (a persistent worker) does not."""
+    from dlreplay.model import Distribution
+    from dlreplay.replay import streaming
+    from dlreplay.replay.streaming import _SampleWork
+
+    monkeypatch.setattr(streaming, "_STARTED", [False])
+    start = (Distribution.fixed(0.04), Distribution.fixed(0.01))
+    took = []
+    for epoch in (1, 2):
+        work = _SampleWork(Distribution.fixed(0.001), Distribution.fixed(0.0), [epoch], start)
+        c0, t0 = time.process_time(), time.perf_counter()
+        work.spend()
+        took.append((time.process_time() - c0, time.perf_counter() - t0))
+    (cpu1, wall1), (cpu2, wall2) = took
+    assert wall1 >= 0.041 * 0.95 and cpu1 >= 0.01 * 0.95
+    assert cpu2 < 0.005 and wall2 < wall1
+
+
+def test_replay_spends_the_jobs_cpu_and_sleeps_the_rest(captured, tmp_path):
+    """A model of 6 ms per sample outside the reads, 1.5 ms of it CPU: the replay's workers
+    spend about 1.5 ms of CPU per sample (not the whole 6 ms busy, which on a busy host would
+    ask for more CPU than the job used) and take at least the 6 ms."""
+    from dataclasses import replace
+
+    from dlreplay.model import Distribution
+
+    _, _, _, model = captured["tarfile"]
+    # a start (50 ms, 40 of CPU) that holds the replay worker's own (its first shard's open)
+    start = {
+        "worker_start_time": Distribution.fixed(0.05),
+        "worker_start_cpu": Distribution.fixed(0.04),
+    }
+    rd = replace(
+        model.reader,
+        preprocess_time=Distribution.fixed(0.006),
+        preprocess_host_cpu=Distribution.fixed(0.0015),
+        streaming=replace(model.reader.streaming, **start),
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=replace(model, reader=rd), data_dir=tmp_path / "data", out=tmp_path / "out"
+        )
+    )
+    assert res.complete
+    items = load_trace(tmp_path / "out").events.filter(
+        (pl.col("cat") == "data") & (pl.col("name") == "items")
+    )
+    # each worker's fetches but its first (its own start: importing the library) and its last
+    # (the end of its shards)
+    mid = (
+        items.sort("ts")
+        .group_by("pid")
+        .agg(pl.col("cpu_time", "dur").slice(1, pl.len() - 2))
+        .explode("cpu_time", "dur")
+        .drop_nulls()
+    )
+    assert mid.height >= 3
+    samples = mid.height * model.reader.batch_size  # (6 whole batches per worker and epoch)
+    cpu, wall = mid["cpu_time"].sum() * 1e-6 / samples, mid["dur"].sum() * 1e-6 / samples
+    assert wall >= 0.006 * 0.9
+    assert 0.0015 * 0.9 <= cpu < 0.6 * wall, (cpu, wall)
 
 
 def _steps(report: dict) -> list[int]:

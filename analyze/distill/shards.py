@@ -16,7 +16,9 @@ extension) and the loader yields more samples per epoch than it opens shards. It
   (``interleaved``: a worker's shards are R*W apart; ``contiguous``: adjacent), the shuffle
   buffer (samples a worker read before its first batch was complete, beyond the batch);
 * ``reader.read_threads`` (worker processes reading shards per epoch and rank),
-  ``persistent_workers``, ``open_per_sample`` false and opens/closes per sample.
+  ``persistent_workers``, ``open_per_sample`` false and opens/closes per sample;
+* ``reader.preprocess_time`` (seconds per sample of the workers' batch fetches outside their
+  shard reads) and ``reader.preprocess_host_cpu`` (CPU seconds per sample in those fetches).
 
 Units: bytes, samples.
 """
@@ -220,8 +222,8 @@ def _reader(
     read_threads = distinct
     persistent = reader.persistent_workers
     if distinct and epochs >= 2:
-        persistent = distinct < 2 * max(1, distinct // epochs)
-        read_threads = distinct if persistent else max(1, distinct // epochs)
+        persistent = _recurring(workers, obs.epochs)
+        read_threads = distinct if persistent else max(1, round(distinct / epochs))
         facts.put(
             "reader.persistent_workers",
             "shard-reading worker pids reused across epochs"
@@ -251,27 +253,40 @@ def _reader(
     )
     facts.put("reader.streaming.split", split[1], split[2])
     facts.put("reader.open_per_sample", "each shard opened once for many samples", "measured")
-    preprocess = _worker_time(obs, reads, samples * epochs)
-    if preprocess is not None:
-        facts.put(
-            "reader.preprocess_time",
-            "the workers' batch fetches (items) less their shard reads, per sample",
-            "measured",
-        )
+    preprocess, cpu, start, start_cpu = _worker_work(obs, reads, samples * epochs, facts)
     n_opens = opens.height
     return replace(
         reader,
         preprocess_time=preprocess if preprocess is not None else reader.preprocess_time,
+        preprocess_host_cpu=cpu if cpu is not None else reader.preprocess_host_cpu,
         read_threads=read_threads,
         persistent_workers=persistent,
         open_per_sample=False,
-        streaming=Streaming(library=library, split=split[0], shuffle_buffer=buffer),
+        streaming=Streaming(
+            library=library,
+            split=split[0],
+            shuffle_buffer=buffer,
+            worker_start_time=start,
+            worker_start_cpu=start_cpu,
+        ),
         metadata_per_sample=replace(
             reader.metadata_per_sample,
             opens=n_opens / max(samples * epochs, 1),
             closes=io.filter(pl.col("name").is_in(CLOSE_OPS)).height / max(samples * epochs, 1),
         ),
     )
+
+
+def _recurring(reads: pl.DataFrame, spans: pl.DataFrame) -> bool:
+    """Whether a process read shards in more than one epoch (*spans*: the consumers' epochs,
+    µs): a persistent loader's workers stream every epoch, a non-persistent loader's are new
+    processes each epoch."""
+    if reads.is_empty() or spans.is_empty():
+        return False
+    starts = spans.select("ts", "epoch").sort("ts")
+    tagged = reads.select("pid", "ts").sort("ts").join_asof(starts, on="ts", strategy="backward")
+    per = tagged.drop_nulls("epoch").group_by("pid").agg(pl.col("epoch").n_unique().alias("n"))
+    return bool((per["n"] > 1).any())
 
 
 def _split(reads: pl.DataFrame, paths: list[str]) -> tuple[str, str, str]:
@@ -300,16 +315,87 @@ def _split(reads: pl.DataFrame, paths: list[str]) -> tuple[str, str, str]:
     return "interleaved", "shards read in no regular split; interleaved assumed", "default"
 
 
-def _worker_time(obs: Observed, reads: pl.DataFrame, samples: float) -> Distribution | None:
-    """Seconds a worker spent per sample outside its shard reads (decoding, its Dataset's own
-    steps, the library's parsing): its batch fetches' (``items``) time less its reads' time,
-    over the samples; None without item events in the workers."""
+#: (seconds, CPU seconds) per sample of the workers' fetches, then per worker start (None: not in
+#: the trace)
+WorkerWork = tuple[Distribution | None, Distribution | None, Distribution, Distribution]
+
+
+def _worker_work(obs: Observed, reads: pl.DataFrame, samples: float, facts: Facts) -> WorkerWork:
+    """What the workers spent in their batch fetches (``items`` events) outside their shard
+    reads (decoding, the Dataset's own steps, the library's parsing, the collation): seconds
+    and CPU seconds (``cpu_time``, µs of the worker process's CPU clock, written by ``dlreplay
+    capture``) per sample, and per worker process the start (a worker's first fetch beyond its
+    later ones': imports, the dataset's setup, the shuffle buffer's fill), the start counted
+    apart so that a worker's first batch is as late as the job's. Time: None without items
+    events in the workers; CPU: None where the fetches carry no CPU time (an older capture)."""
+    zero = Distribution.fixed(0.0)
+    per = _per_worker(obs, reads)
+    if per.is_empty() or samples <= 0:
+        return None, None, zero, zero
+    later = per.filter(pl.col("n") > 1)
+    # the first fetch's time (its reads apart) beyond the mean of the worker's later fetches
+    rest = (pl.col("dur") - pl.col("d0") - pl.col("r") + pl.col("r0")) / (pl.col("n") - 1)
+    start = num(later.select((pl.col("d0") - pl.col("r0") - rest).clip(0).mean()).item()) * US
+    procs = per.height
+    wall = (num(per["dur"].sum()) - num(per["r"].sum())) * US - start * procs
+    facts.put(
+        "reader.preprocess_time",
+        "the workers' batch fetches (items) less their shard reads and their starts, per sample",
+        "measured",
+    )
+    facts.put(
+        "reader.streaming.worker_start_time",
+        f"a worker's first fetch beyond its later ones ({later.height} worker processes)",
+        "measured" if later.height else "default",
+    )
+    if per["c"].null_count() > per.height // 2:
+        return Distribution.fixed(max(0.0, wall) / samples), None, Distribution.fixed(start), zero
+    c_rest = (pl.col("c") - pl.col("c0")) / (pl.col("n") - 1)
+    c_start = num(later.select((pl.col("c0") - c_rest).clip(0).mean()).item()) * US
+    cpu = num(per["c"].mean()) * procs * US - c_start * procs
+    facts.put(
+        "reader.preprocess_host_cpu",
+        "the workers' CPU time in their batch fetches (items cpu_time: reads, parsing, decode, "
+        "collation) less their starts', per sample",
+        "measured",
+    )
+    return (
+        Distribution.fixed(max(0.0, wall) / samples),
+        Distribution.fixed(max(0.0, cpu) / samples),
+        Distribution.fixed(start),
+        Distribution.fixed(c_start),
+    )
+
+
+def _per_worker(obs: Observed, reads: pl.DataFrame) -> pl.DataFrame:
+    """One row per worker process with batch fetches (µs): ``n`` fetches, their ``dur`` and
+    ``c`` (CPU; null where not measured), the first fetch's ``d0``, ``c0`` and the time of the
+    reads inside it ``r0``, all the process's reads ``r``."""
     items = obs.annotated.filter((pl.col("name") == "items") & ~pl.col("pid").is_in(obs.consumers))
-    if items.is_empty() or samples <= 0:
-        return None
-    fetch_s = num(items["dur"].sum()) * US
-    read_s = num(reads.filter(pl.col("pid").is_in(items["pid"].unique().to_list()))["dur"].sum())
-    return Distribution.fixed(max(0.0, fetch_s - read_s * US) / samples)
+    cpu = pl.col("cpu_time") if "cpu_time" in items.columns else pl.lit(None, pl.Int64)
+    per = (
+        items.sort("ts")
+        .group_by("pid")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("dur").sum().alias("dur"),
+            # a fetch the hook could not measure counts as the measured ones' mean
+            (cpu.mean() * pl.len()).alias("c"),
+            pl.col("ts").first().alias("t0"),
+            pl.col("dur").first().alias("d0"),
+            cpu.first().alias("c0"),
+        )
+    )
+    r = reads.select("pid", "ts", "dur").join(per.select("pid", "t0", "d0"), on="pid")
+    inside = (pl.col("ts") >= pl.col("t0")) & (pl.col("ts") < pl.col("t0") + pl.col("d0"))
+    got = r.group_by("pid").agg(
+        pl.col("dur").sum().alias("r"), pl.col("dur").filter(inside).sum().alias("r0")
+    )
+    return per.join(got, on="pid", how="left").with_columns(
+        pl.col("r").fill_null(0),
+        pl.col("r0").fill_null(0),
+        pl.col("c0").fill_null(pl.col("c") / pl.col("n")),
+    )
 
 
 def _shuffle_buffer(
