@@ -84,18 +84,18 @@ class RemoteSamples(Dataset):
         return len(self.files)
 
     def __getitem__(self, i):
-        time.sleep(0.05)  # the storage's latency for one sample (a remote object store): no CPU needed
+        time.sleep(0.025)  # the storage's latency for one sample (a remote object store): no CPU needed
         return torch.from_numpy(np.load(self.files[i]))
 
 
 if sys.argv[1:] == ["generate"]:
     os.makedirs("data")
-    for i in range(64):
+    for i in range(32):  # 8 batches an epoch: the AU leaves each epoch's first out
         np.save(f"data/s{i:02d}.npy", np.random.default_rng(i).random(8192, dtype=np.float32))
     sys.exit()
 for epoch in range(2):
     for batch in DataLoader(RemoteSamples("data"), batch_size=4, num_workers=1, shuffle=True):
-        time.sleep(0.02)  # the training step
+        time.sleep(0.01)  # the training step
 """
 
 
@@ -103,7 +103,7 @@ for epoch in range(2):
 def test_verify_predicts_more_workers_help(cli, tmp_path: Path) -> None:
     """--verify on a 1-worker job whose loader waits on storage latency: more workers predict a higher AU.
 
-    The premise is built in, not hoped for: each sample costs 50 ms of waiting (a sleep, as a
+    The premise is built in, not hoped for: each sample costs 25 ms of waiting (a sleep, as a
     remote store's latency) and almost no CPU, so extra loader workers overlap those waits on
     any machine, one core included (a CPU-bound loader, such as NPZ decoding, gains nothing
     from workers on a 2-core machine). Baseline AU is about 20 %, more workers 60 % or more.
