@@ -253,7 +253,9 @@ def replays(runs: Path, models: dict[str, Any], env: dict[str, str]) -> dict[str
         cmd = [sys.executable, "-m", "dlreplay", "replay", str(runs / f"m_{name}.yaml")]
         cmd += ["--data-dir", str(runs / f"gen_{name}"), "-o", str(runs / f"replay_{name}")]
         cmd += ["--set", f"storage.storage_root=replayed-{name}", "--loader", "builtin"]
-        cmd += ["--cold"] if name == "whole" else []  # nothing of an object store to drop: said so
+        # whole: --cold (nothing of an object store to drop: said so); ranged: --io posix (the
+        # storage-level reads, the benchmark's)
+        cmd += ["--cold"] if name == "whole" else ["--io", "posix"]
         procs[name] = _run(cmd, env)
     for name, p in procs.items():
         out, _ = p.communicate(timeout=300)
