@@ -155,6 +155,7 @@ def test_replay_ranks_read_their_share(tmp_path, drop_last):
             trace=False,
             record_order=True,
             loader="builtin",
+            jobs=1,
         ),
         echo=lambda s: None,
     )
