@@ -66,6 +66,16 @@ TRACES: dict[str, list[str]] = {
         *("--num-files", "24", "--samples-per-file", "1", "--volume", "16", "--batch-size", "4"),
         *("--workers", "2", "--epochs", "3"),
     ],
+    # the consumer reads its own batches (no workers): compute per step from its idle time
+    # before each batch (expected.json keeps the job's own step_compute_s)
+    "cosmo_w0_b8": [
+        *("--num-files", "32", "--samples-per-file", "1", "--volume", "16", "--batch-size", "8"),
+        *("--workers", "0", "--epochs", "2"),
+    ],
+    "tiles_w0_b2": [
+        *("--num-files", "24", "--tile", "8", "--batch-size", "2"),
+        *("--workers", "0", "--epochs", "2"),
+    ],
 }
 
 
@@ -114,6 +124,7 @@ def make(name: str, work: Path) -> None:
             "persistent_workers": args["persistent_workers"],
             "epochs": rep["epochs"],
         },
+        "job": {"step_compute_s": rep["step_compute_s"]},
     }
     (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     size = sum(p.stat().st_size for p in dest.iterdir())
