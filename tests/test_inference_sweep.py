@@ -276,3 +276,42 @@ def test_hdf5_record_length_leaves_the_metadata_out(name: str, posix_only: bool)
     m = _model(name, posix_only)
     assert m.dataset.record_length.mean == _truth(name)["record_length"]
     assert "metadata" in m.provenance.fields["dataset.record_length"].method
+
+
+@pytest.mark.parametrize("name", ["cosmo_w0_b8", "tiles_w0_b2"])
+def test_consumer_compute_per_step_from_its_idle_time(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No workers: the consumer's idle time before each batch is the step's compute, step by
+    step against the job's own clock (batch 8 of per-sample files, batch 2 of a held-open
+    file's regions: the silence is before the index reads that find a region). Seen are the
+    steps inside an epoch but the run's first (warm-up)."""
+    import numpy as np
+
+    import dlreplay.analyze.infer as infer
+
+    seen: list[np.ndarray] = []
+    orig = infer._consumer_intervals
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        vals, what = orig(*args)
+        seen.append(vals)
+        return vals, what
+
+    monkeypatch.setattr(infer, "_consumer_intervals", spy)
+    lt = load_trace(SWEEP / name)
+    m = distill(lt.events, manifest=lt.manifest)
+    f = m.provenance.fields["train.computation_time"]
+    assert f.confidence == "inferred" and "before each of its batches" in f.method
+    want = _truth(name)
+    steps = json.loads((SWEEP / name / "expected.json").read_text())["job"]["step_compute_s"]
+    per = len(steps) // want["epochs"]
+    visible = [s for i, s in enumerate(steps) if i > 0 and i % per != per - 1]
+    got, job = seen[0], np.asarray(visible)
+    assert got.size == job.size
+    # step by step in time order: the idle time holds the step's compute (never less) and
+    # the loop's own time around it (a few ms; now and then the process descheduled)
+    extra = got - job
+    assert extra.min() > -0.002
+    assert float(np.median(extra)) < 0.003
+    assert np.mean(np.abs(extra) <= 0.05 * job + 0.003) >= 0.75
