@@ -368,8 +368,8 @@ def test_replay_spends_the_jobs_cpu_and_sleeps_the_rest(captured, tmp_path):
     assert mid.height >= 3
     samples = mid.height * model.reader.batch_size  # (6 whole batches per worker and epoch)
     cpu, wall = mid["cpu_time"].sum() * 1e-6 / samples, mid["dur"].sum() * 1e-6 / samples
-    assert wall >= 0.006 * 0.9
-    assert 0.0015 * 0.9 <= cpu < 0.6 * wall, (cpu, wall)
+    assert wall >= 0.006 * 0.7  # (overshoots of the start and earlier sleeps are carried)
+    assert 0.0015 * 0.7 <= cpu < 0.6 * wall, (cpu, wall)
 
 
 def _steps(report: dict) -> list[int]:
