@@ -564,7 +564,8 @@ def replay_one(c: dict[str, Any], root: Path) -> dict[str, Any]:
 
     job = root / c["name"]
     lt = load_trace(job / "trace")
-    model = distill(lt.events, manifest=lt.manifest)
+    # the trace's folder: its dataset fingerprint (the layout: chunks, arrays) is read there
+    model = distill(lt.events, manifest=lt.manifest, source=str(job / "trace"))
     out, data = job / "replay", job / "replay-data"
     for p in (out, data):
         shutil.rmtree(p, ignore_errors=True)
