@@ -259,14 +259,15 @@ def test_the_jobs_dataset_is_its_shards(captured, name):
 
 @pytest.mark.parametrize("name", list(JOBS))
 def test_worker_cpu_per_sample_is_measured(captured, name):
-    """Every batch fetch of the workers carries the CPU time the worker spent in it (at most its
-    wall time: one thread); distill splits the fetches' time and CPU time into a start per
-    worker process (its first fetch beyond its later ones) and a time per sample, which add
+    """Every batch fetch of the workers carries the CPU time the worker spent in it; distill
+    splits the fetches' time and CPU time into a start per worker process (its first fetch beyond its later ones) and a time per sample, which add
     up to the fetches' (their reads apart)."""
     data, report, events, model = captured[name]
     items = events.filter((pl.col("cat") == "data") & (pl.col("name") == "items"))
     assert items.height and items["cpu_time"].null_count() == 0  # (every job has workers)
-    assert (items["cpu_time"] <= items["dur"] + 50).all()  # µs; the two clocks' reads apart
+    # (the worker process's CPU clock: its other threads too, so a fetch may hold more than its
+    # wall time)
+    assert (items["cpu_time"] >= 0).all() and items["cpu_time"].sum() > 0
     rd, st = model.reader, model.reader.streaming
     samples, procs = report["samples"], items["pid"].n_unique()
     cpu = rd.preprocess_host_cpu.mean * samples + st.worker_start_cpu.mean * procs
