@@ -246,6 +246,7 @@ def main(argv=None):
         files, _ = C.ensure_dataset(args.data_dir, U.JOB, params, gen)
         mine = train(args, files, rank, world, dist)
         everyone = D._gather(dist, mine, world)
+        dist.barrier()  # every rank done with the group before any tears it down (ddp_torchrun.py)
     finally:
         dist.destroy_process_group()
     if rank == 0:
