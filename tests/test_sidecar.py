@@ -63,3 +63,23 @@ def test_a_damaged_gzip_gives_the_lines_before_the_damage(tmp_path: Path) -> Non
     assert 2000 <= len(got) < 4000  # the first member whole, the second as far as it goes
     assert fields_of(got[:2000], SCHEMA)["fhash"].to_list() == [f"h{i}" for i in range(2000)]
     assert matching_lines(tmp_path / "gone", OPEN) == [] and matching_lines(None, OPEN) == []
+
+
+def test_one_read_serves_every_pattern_and_a_rewritten_file_is_read_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from dlreplay.analyze.trace import sidecar
+
+    reads: list[Path] = []
+    real = sidecar._read
+    monkeypatch.setattr(sidecar, "_read", lambda p: reads.append(p) or real(p))
+    get = sidecar.register(re.compile(rb'^\{[^\n]*"name":"GetObject","cat":"S3"[^\n]*$', re.M))
+    f = tmp_path / "t.pfw"
+    get_line = b'{"name":"GetObject","cat":"S3","pid":3,"ts":9,"args":{"bucket":"b","key":"k"}}'
+    f.write_bytes(b"\n".join([_open(7, 100, '"a1"', 0), get_line]) + b"\n")
+    assert len(matching_lines(tmp_path, OPEN)) == 1
+    assert matching_lines(tmp_path, get) == [get_line]
+    assert len(reads) == 1  # one read of the file for both patterns
+    f.write_bytes(b"\n".join([_open(7, 100, '"a1"', 0), _open(7, 200, '"b2"', 1)]) + b"\n")
+    assert len(matching_lines(tmp_path, OPEN)) == 2 and matching_lines(tmp_path, get) == []
+    assert len(reads) == 2

@@ -34,7 +34,7 @@ import polars as pl
 
 from dlreplay.model import Reader
 
-from ..trace.sidecar import fields_of, matching_lines
+from ..trace.sidecar import fields_of, matching_lines, register
 from .base import Facts, Observed
 
 __all__ = [
@@ -50,8 +50,11 @@ __all__ = [
 O_DIRECT = getattr(os, "O_DIRECT", 0o40000)
 #: Columns of :func:`open_flags`: process, start (µs), DFTracer file hash, ``open(2)`` flags.
 OPEN_SCHEMA = {"pid": pl.Int64, "ts": pl.Int64, "fhash": pl.String, "flags": pl.Int64}
-_LINE = re.compile(
-    rb'^\{[^\n]*"name":"(?:open|open64|openat|openat64)","cat":"POSIX"[^\n]*"flags":[^\n]*$', re.M
+_LINE = register(
+    re.compile(
+        rb'^\{[^\n]*"name":"(?:open|open64|openat|openat64)","cat":"POSIX"[^\n]*"flags":[^\n]*$',
+        re.M,
+    )
 )
 _FIELDS = {"pid": "$.pid", "ts": "$.ts", "fhash": "$.args.fhash", "flags": "$.args.flags"}
 

@@ -22,7 +22,7 @@ from dlreplay.model import Distribution, Reader
 from dlreplay.model.sections import MappedAccess
 
 from ..trace import vocabulary as voc
-from ..trace.sidecar import fields_of, matching_lines
+from ..trace.sidecar import fields_of, matching_lines, register
 from .base import US, Facts
 
 __all__ = [
@@ -45,7 +45,7 @@ MAPPED_SCHEMA = {
     "bytes": pl.Int64,
     "cold": pl.Int64,
 }
-_LINE = re.compile(rb'^\{[^\n]*"name":"io\.(?:window|mmap)","cat":"data"[^\n]*$', re.M)
+_LINE = register(re.compile(rb'^\{[^\n]*"name":"io\.(?:window|mmap)","cat":"data"[^\n]*$', re.M))
 
 
 def mapped_events(source: str | Path | None) -> pl.DataFrame:

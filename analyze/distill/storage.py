@@ -22,7 +22,7 @@ import polars as pl
 from dlreplay.model import Dataset
 from dlreplay.model.sections import Storage
 
-from ..trace.sidecar import fields_of, matching_lines
+from ..trace.sidecar import fields_of, matching_lines, register
 
 __all__ = [
     "OBJECT_SCHEMA",
@@ -51,7 +51,7 @@ OBJECT_SCHEMA = {
     "error": pl.Int64,
 }
 _ARGS = ("bucket", "key", "offset", "length", "bytes", "object_size", "client", "error")
-_LINE = re.compile(rb'^\{[^\n]*"name":"GetObject","cat":"S3"[^\n]*$', re.M)
+_LINE = register(re.compile(rb'^\{[^\n]*"name":"GetObject","cat":"S3"[^\n]*$', re.M))
 #: The read call a GET stands for in the event table (a positioned read: its offset counts).
 READ_AS = "pread64"
 

@@ -8,10 +8,16 @@ its own: a damaged line, a value of another type or DFTracer 1.x beside 2.x read
 there and never fails the others; a key given twice takes its last value, as in the loader.
 A trace file is read up to :data:`MAX_TRACE_BYTES` (decompressed); a damaged file gives the
 lines read before the damage.
+
+Every pattern a module compiles at import goes through :func:`register`; the first
+:func:`matching_lines` call on a trace reads (and decompresses) its files once for all of them
+and keeps the matched lines of the last two traces, so distill's passes (open flags, S3 GETs,
+mapped windows) and `compare`'s two sides do not read the trace again each.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from collections.abc import Mapping
@@ -21,7 +27,14 @@ import polars as pl
 
 from .inputs import TRACE_SUFFIXES
 
-__all__ = ["MAX_TRACE_BYTES", "DType", "fields_of", "matching_lines", "trace_files"]
+__all__ = [
+    "MAX_TRACE_BYTES",
+    "DType",
+    "fields_of",
+    "matching_lines",
+    "register",
+    "trace_files",
+]
 
 #: A polars type, as a class (``pl.Int64``) or an instance.
 DType = pl.DataType | type[pl.DataType]
@@ -69,13 +82,53 @@ def _read(path: Path) -> bytes:
     return bytes(out)
 
 
+#: The patterns :func:`matching_lines` looks for in one read of a trace.
+_PATTERNS: list[re.Pattern[bytes]] = []
+
+
+def register(pattern: re.Pattern[bytes]) -> re.Pattern[bytes]:
+    """*pattern*, looked for from now on in every read of a trace (call at import, so that one
+    read serves every pass)."""
+    if pattern not in _PATTERNS:
+        _PATTERNS.append(pattern)
+    return pattern
+
+
+@functools.lru_cache(maxsize=2)
+def _scan(
+    files: tuple[tuple[str, int, int], ...], patterns: tuple[re.Pattern[bytes], ...]
+) -> tuple[list[bytes], ...]:
+    """The lines each of *patterns* matches in *files* ((path, size, mtime ns), in order)."""
+    found: tuple[list[bytes], ...] = tuple([] for _ in patterns)
+    for path, _size, _mtime in files:
+        data = _read(Path(path))
+        for lines, pattern in zip(found, patterns, strict=True):
+            lines.extend(pattern.findall(data))
+    return found
+
+
+def _identity(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+    """*files* as (path, size, mtime ns): a file rewritten since is read again."""
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            out.append((str(f), -1, -1))
+        else:
+            out.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 def matching_lines(source: str | Path | None, pattern: re.Pattern[bytes]) -> list[bytes]:
     """The lines of every trace file at *source* that *pattern* (compiled with ``re.M``,
     anchored at a line's ends) matches, file by file."""
-    lines: list[bytes] = []
-    for f in trace_files(source):
-        lines.extend(pattern.findall(_read(f)))
-    return lines
+    register(pattern)
+    files = trace_files(source)
+    if not files:
+        return []
+    found = _scan(_identity(files), tuple(_PATTERNS))
+    return list(found[_PATTERNS.index(pattern)])
 
 
 def _as(values: pl.Series, dtype: DType) -> pl.Series:
