@@ -21,7 +21,7 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze.distill.base import Facts
-from dlreplay.analyze.distill.checkpoint import checkpoint_section
+from dlreplay.analyze.distill.checkpoint import checkpoint_section, save_io
 from dlreplay.analyze.trace import load_trace
 from dlreplay.model import load_model
 from dlreplay.replay.checkpoint import file_names, restore_reads, scaling
@@ -103,6 +103,15 @@ def test_dcp_under_capture_records_each_ranks_save_and_restore(job: dict) -> Non
     assert set(restores["file"]) == {report["restored"]["path"]}
     # DDP's state is whole on each rank: each rank reads the shards and .metadata of both
     assert restores["size"].to_list() == [report["restored"]["bytes"]] * 2
+    # each save and restore carries its storage writer's/reader's own time, inside the call
+    timed = (
+        ev.filter(pl.col("cat") == "checkpoint")
+        .select(pl.col("pid").cast(pl.Int64), pl.col("ts").cast(pl.Int64), "dur")
+        .join(save_io(job["trace"]), on=["pid", "ts"], how="left")
+    )
+    assert timed.height == saves.height + restores.height
+    assert timed["io_us"].null_count() == 0
+    assert (timed["io_us"] > 0).all() and (timed["io_us"] <= timed["dur"]).all()
 
 
 def test_distill_models_per_rank_shards_and_the_restore(job: dict) -> None:
@@ -341,3 +350,50 @@ def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -
     sizes = [shard * (r + 1) + (77 if r == 0 else 0) for r in range(ranks)]
     assert ck.file_writes == [[[n, 1]] for n in sizes]
     assert ck.bytes_per_checkpoint == sum(sizes)
+
+
+@pytest.mark.parametrize(("ranks", "io", "waits"), [(2, 300, (0, 150)), (3, 120, (40, 0, 90))])
+def test_dcp_save_time_outside_its_writer_when_writes_are_not_traced(
+    ranks: int, io: int, waits: tuple[int, ...]
+) -> None:
+    """The checkpoint directory was not traced, but the DCP hook measured each save's time in
+    its FileSystemWriter (``io_us``): the serialisation is the save's duration less that time
+    and less the rank's wait in the save's collectives beyond the least any rank spent."""
+    dur, comm = 1000, 50
+    rows: list[dict] = []
+    for k in range(3):
+        for r in range(ranks):
+            ts = 10_000 * (k + 1) + r
+            rows.append(
+                dict(
+                    pid=100 + r,
+                    ts=ts,
+                    dur=dur,
+                    cat="checkpoint",
+                    name="capture",
+                    file=f"/ck/step_{k}",
+                    size=4096,
+                )
+            )
+            rows.append(
+                dict(pid=100 + r, ts=ts + 10, dur=comm + waits[r], cat="comm", name="gather")
+            )
+    ev = _table(rows).sort("ts")
+    ev = ev.with_columns(
+        pl.when(pl.col("cat") == "comm")
+        .then(pl.lit("comm"))
+        .otherwise(pl.col("role"))
+        .alias("role")
+    )
+    saves = ev.filter(pl.col("role") == "checkpoint.save").with_columns(
+        pl.lit(io, pl.Int64).alias("io_us")
+    )
+    steps = pl.DataFrame({"pid": [100] * 12, "ts": [3000 * i for i in range(12)]})
+    facts = Facts()
+    ck = checkpoint_section(ev, saves, steps.with_columns(pl.col("pid").cast(pl.Int32)), facts)
+    st = ck.serialization_time
+    low = min(waits)
+    expected = sorted((dur - io - (w - low)) * 1e-6 for w in waits)
+    assert st.min == pytest.approx(expected[0]) and st.max == pytest.approx(expected[-1])
+    assert facts.fields["checkpoint.serialization_time"].confidence == "measured"
+    assert "io_us" in facts.fields["checkpoint.serialization_time"].method

@@ -129,6 +129,7 @@ def distill(
             obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps,
             facts,
             obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
+            source,
         )
     storage = storage_section(objects)
     return WorkloadModel(

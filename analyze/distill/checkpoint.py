@@ -13,7 +13,7 @@ read sizes); loads after it are checkpoints read back (``num_checkpoints_read``)
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import polars as pl
 
@@ -21,6 +21,7 @@ from dlreplay.model import Checkpoint, Distribution
 from dlreplay.schema import READ_OPS, SYNC_OPS, WRITE_OPS
 
 from ..trace import vocabulary as voc
+from ..trace.sidecar import fields_of, matching_lines, register
 from .base import US, Facts, mode, num, observed
 
 __all__ = [
@@ -31,15 +32,50 @@ __all__ = [
 ]
 
 
+#: A checkpoint event whose hook measured its storage calls (``io_us``, DCP's FileSystemWriter)
+_IO_LINE = register(re.compile(rb'^\{[^\n]*"cat":"checkpoint"[^\n]*"io_us":[^\n]*$', re.M))
+
+
+def save_io(source: str | Path | None) -> pl.DataFrame:
+    """(pid, ts, io_us) of the checkpoint events of the trace at *source* whose capture hook
+    measured the time in their storage writer's or reader's calls (see
+    :mod:`dlreplay.capture.inject.checkpoint`); empty without any."""
+    schema = {"pid": pl.Int64, "ts": pl.Int64, "io_us": pl.Int64}
+    lines = matching_lines(source, _IO_LINE)
+    if not lines:
+        return pl.DataFrame(schema=schema)
+    out = fields_of(
+        lines,
+        {"pid": ("$.pid", pl.Int64), "ts": ("$.ts", pl.Int64), "io_us": ("$.args.io_us", pl.Int64)},
+    )
+    return out.drop_nulls().unique(["pid", "ts"])
+
+
+def with_save_io(saves: pl.DataFrame, io: pl.DataFrame) -> pl.DataFrame:
+    """*saves* with ``io_us`` (null where unmeasured) from :func:`save_io`'s *io*."""
+    if io.is_empty() or saves.is_empty():
+        return saves
+    return saves.join(
+        io.select(
+            pl.col("pid").cast(saves.schema["pid"]), pl.col("ts").cast(saves.schema["ts"]), "io_us"
+        ),
+        on=["pid", "ts"],
+        how="left",
+    )
+
+
 def checkpoint_section(
     events: pl.DataFrame,
     saves: pl.DataFrame,
     batches: pl.DataFrame,
     facts: Facts,
     epochs: pl.DataFrame | None = None,
+    source: str | Path | None = None,
 ) -> Checkpoint:
     """``checkpoint`` from the checkpoint saves (``saves``), the training steps that count
-    them (``batches``), the consumer's epochs and the writes in ``events``."""
+    them (``batches``), the consumer's epochs and the writes in ``events``; the saves' own
+    storage time (:func:`save_io`) from the trace at *source* where its hooks measured it."""
+    saves = with_save_io(saves, save_io(source))
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
         return Checkpoint(enabled=False)
@@ -204,21 +240,32 @@ def _serialization(
 ) -> Distribution:
     """A save's time outside the calls on its files (pickling, copies), per save; its whole
     time when neither its writes nor its size is in the trace; else 0."""
-    if writes_seen:
+    io_known = "io_us" in saves.columns and saves["io_us"].is_not_null().any()
+    if writes_seen or io_known:
         # a save's time outside the calls on its files (pickling, copies) is not the storage's;
         # nor is its ranks' wait for each other in its collectives (DCP gathers the ranks' plans
         # and write results): the replay's ranks meet there themselves
-        posix = events.filter(
-            pl.col("file").is_in(ckpt_files) & pl.col("cat").is_in(["POSIX", "STDIO"])
-        )
         sv = saves.sort("ts").select(
             "pid",
             "ckpt",
             pl.col("ts").alias("save_ts"),
             (pl.col("ts") + pl.col("dur")).alias("save_end"),
             "dur",
+            *(["io_us"] if io_known else []),
         )
-        io = _inside_saves(posix, sv).rename({"spent": "io"})
+        if writes_seen:
+            posix = events.filter(
+                pl.col("file").is_in(ckpt_files) & pl.col("cat").is_in(["POSIX", "STDIO"])
+            )
+            io = _inside_saves(posix, sv).rename({"spent": "io"})
+            how = "the save's duration minus its POSIX calls and its wait in collectives"
+        else:  # the directory was not traced: the storage writer's own time (DCP's, the hook's)
+            io = sv.select("save_ts", pl.col("io_us").alias("io"))
+            how = (
+                "the save's duration minus its storage writer's write and finish calls (the "
+                "capture hook's io_us: the checkpoint directory was not traced) and its wait "
+                "in collectives"
+            )
         comm = _inside_saves(_collectives(events), sv)
         per = (
             sv.join(io, on="save_ts", how="left")
@@ -232,11 +279,7 @@ def _serialization(
                 )
             )
         )
-        facts.put(
-            "checkpoint.serialization_time",
-            "the save's duration minus its POSIX calls and its wait in collectives",
-            "measured",
-        )
+        facts.put("checkpoint.serialization_time", how, "measured")
         return observed(per["s"])
     if nbytes <= 0 and saves["dur"].drop_nulls().len():
         # neither the writes nor the size is in the trace (an ai.checkpoint.capture region around

@@ -22,7 +22,11 @@ What is recorded:
   lengths of the items of its load plan, plus ``.metadata``). The POSIX events under the
   event carry each file, its write calls and fsync. Another storage writer or reader has no
   ``bytes`` (a miss, "unknown target"); analyze then takes the POSIX transfers inside the
-  event. ``async_save`` is not an event: its writes run on a background thread after the
+  event. ``io_us``: the microseconds this rank spent in its ``FileSystemWriter``'s
+  ``write_data`` (until its future was done) and ``finish``, or its ``FileSystemReader``'s
+  ``read_data`` and ``read_metadata``: the writing and reading of the files (with the tensors'
+  copies into them), so that distill can tell them from the save's planning and pickling and
+  its ranks' collectives when the checkpoint directory was not traced. ``async_save`` is not an event: its writes run on a background thread after the
   call returns; its POSIX events are in the trace.
 * Inside a DCP call, the ``torch.save`` / ``torch.load`` / ``pickle`` calls DCP makes for each
   tensor and for ``.metadata`` are parts of the DCP event, not events (nor misses) of their own.
@@ -39,6 +43,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,20 +60,26 @@ _UNKNOWN = "unknown target"
 
 class _DcpState:
     """The DCP call in progress in this process (any thread: DCP's writer threads too):
-    ``depth`` of nested DCP calls, the bytes its storage has reported and whether a
-    ``FileSystemWriter``/``FileSystemReader`` reported any."""
+    ``depth`` of nested DCP calls, the bytes its storage has reported, whether a
+    ``FileSystemWriter``/``FileSystemReader`` reported any, and the nanoseconds spent in
+    their data and metadata calls (``io_ns``)."""
 
-    __slots__ = ("depth", "nbytes", "measured")
+    __slots__ = ("depth", "nbytes", "measured", "io_ns")
 
     def __init__(self) -> None:
         self.depth = 0
         self.nbytes = 0
         self.measured = False
+        self.io_ns = 0
 
     def add(self, nbytes: int) -> None:
         if self.depth:
             self.nbytes += int(nbytes)
             self.measured = True
+
+    def add_io(self, ns: int) -> None:
+        if self.depth:
+            self.io_ns += int(ns)
 
 
 _DCP = _DcpState()
@@ -224,14 +235,15 @@ def _wrap_dcp(orig: Callable[..., Any], hook: str, name: str) -> Callable[..., A
             return
         if nbytes is None:  # not a FileSystemWriter/Reader: analyze takes the POSIX transfers
             core.MISSES.add(hook, _UNKNOWN)
-        core.REGIONS.end(handle, path=path, bytes=nbytes)
+        io_us = _DCP.io_ns // 1000 if _DCP.measured else None
+        core.REGIONS.end(handle, path=path, bytes=nbytes, io_us=io_us)
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _DCP.depth:  # a DCP call inside another: the outer one is the event
             return orig(*args, **kwargs)
         opened = core.guard(hook, begin, kwargs)
-        _DCP.depth, _DCP.nbytes, _DCP.measured = 1, 0, False
+        _DCP.depth, _DCP.nbytes, _DCP.measured, _DCP.io_ns = 1, 0, False, 0
         try:
             result = orig(*args, **kwargs)
         except BaseException:
@@ -265,16 +277,21 @@ def _patch_dcp_storage(fs: Any) -> None:
     write_data, finish = writer.write_data, writer.finish
     read_data, read_metadata = reader.read_data, reader.read_metadata
 
-    def on_written(fut: Any) -> None:
-        core.guard("dcp.FileSystemWriter", lambda: _DCP.add(_written(fut.value())))
-
     def write_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
         fut = write_data(self, *args, **kwargs)
+
+        def on_written(fut: Any) -> None:
+            _DCP.add_io(time.perf_counter_ns() - t0)
+            core.guard("dcp.FileSystemWriter", lambda: _DCP.add(_written(fut.value())))
+
         core.guard("dcp.FileSystemWriter", fut.add_done_callback, on_written)
         return fut
 
     def finish_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
         result = finish(self, *args, **kwargs)
+        _DCP.add_io(time.perf_counter_ns() - t0)
         local = not getattr(self, "use_collectives", True) and self.rank is not None
         rank = self.rank if local else None
         core.guard("dcp.FileSystemWriter", lambda: _DCP.add(_metadata_size(self, rank)))
@@ -286,10 +303,19 @@ def _patch_dcp_storage(fs: Any) -> None:
             _DCP.add(sum(int(data[item.storage_index].length) for item in plan.items))
 
         core.guard("dcp.FileSystemReader", planned)
-        return read_data(self, plan, *args, **kwargs)
+        t0 = time.perf_counter_ns()
+        fut = read_data(self, plan, *args, **kwargs)
+        core.guard(
+            "dcp.FileSystemReader",
+            fut.add_done_callback,
+            lambda _f: _DCP.add_io(time.perf_counter_ns() - t0),
+        )
+        return fut
 
     def metadata_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
         result = read_metadata(self, *args, **kwargs)
+        _DCP.add_io(time.perf_counter_ns() - t0)
         rank = kwargs.get("rank")
         core.guard("dcp.FileSystemReader", lambda: _DCP.add(_metadata_size(self, rank)))
         return result
