@@ -73,6 +73,9 @@ class PosixLoop:
     computation_time: Inferred
     #: computation time per step (s) of each steady-state interval used (for a distribution)
     compute_samples: list[float] = field(default_factory=list)
+    #: a consumer that reads its own samples: its silence (s) between two samples of a batch,
+    #: the decoding a sample costs (its median), which the replay spends per sample
+    preprocess_time: Inferred = field(default_factory=lambda: Inferred(None, "no batches"))
     #: (epoch, start µs, end µs) of each inferred epoch
     epoch_spans: list[tuple[int, int, int]] = field(default_factory=list)
     #: the files visited like samples (a marker or a file checked once is not one)
@@ -426,7 +429,9 @@ def infer_posix_loop(
     if batch is None:  # no clear period: where the long gaps fall in every worker's epoch
         batch, ev_ranks = batch_from_gap_ranks(idle_gaps(visits, io))
         ev_batch = ev_ranks if batch else f"{ev_batch}; {ev_ranks}"
-    computation, samples = _computation_time(visits, batch, int(threads.value or 0), pauses, io)
+    computation, samples, preprocess = _computation_time(
+        visits, batch, int(threads.value or 0), pauses, io
+    )
     return PosixLoop(
         epochs=epochs,
         read_threads=threads,
@@ -434,6 +439,7 @@ def infer_posix_loop(
         batch_size=Inferred(batch, ev_batch),
         computation_time=computation,
         compute_samples=samples,
+        preprocess_time=preprocess,
         epoch_spans=epoch_spans,
         sample_files=sorted(visits["file"].unique().to_list()),
         consumers=consumers,
@@ -556,12 +562,14 @@ def _computation_time(
     threads: int,
     pauses: pl.DataFrame | None,
     io: pl.DataFrame | None = None,
-) -> tuple[Inferred, list[float]]:
-    """(compute time per step, the steady-state intervals it is the median of): the interval
-    between a worker's batch starts over the workers, or without workers the reading
-    process's idle time between its batches; warm-up intervals left out."""
+) -> tuple[Inferred, list[float], Inferred]:
+    """(compute time per step, the steady-state intervals it is the median of, the time per
+    sample outside its I/O of a consumer that reads its own batches): the interval between a
+    worker's batch starts over the workers, or without workers the reading process's idle
+    time between its batches less one sample's decoding; warm-up intervals left out."""
+    none = Inferred(None, "the samples are read by workers")
     if not batch:
-        return Inferred(None, "batch size unknown"), []
+        return Inferred(None, "batch size unknown"), [], Inferred(None, "batch size unknown")
     b = visits.sort("pid", "ts").with_columns(
         (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
     )
@@ -570,10 +578,11 @@ def _computation_time(
         .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
         .sort("pid", "t0")
     )
+    preprocess = none
     if threads:
         vals, what = _worker_intervals(starts, batch, threads, pauses)
     elif io is not None:
-        vals, what = _consumer_intervals(visits, io, batch, pauses)
+        vals, what, preprocess = _consumer_intervals(visits, io, batch, pauses)
     else:
         iv = starts.with_columns(
             (pl.col("t0") - pl.col("t1").shift(1).over("pid", "epoch")).alias("iv")
@@ -586,22 +595,29 @@ def _computation_time(
         what += f", {warm} warm-up interval(s) left out"
         vals = vals[warm:]
     if not vals.size:
-        return Inferred(None, "no steady-state batches (too few per worker and epoch)"), []
+        return (
+            Inferred(None, "no steady-state batches (too few per worker and epoch)"),
+            [],
+            preprocess,
+        )
     compute = float(np.median(vals))
     return (
         Inferred(compute, f"{what}: {compute:.4f} s over {vals.size} steady-state batches"),
         [float(x) for x in vals],
+        preprocess,
     )
 
 
 def _consumer_intervals(
     visits: pl.DataFrame, io: pl.DataFrame, batch: int, pauses: pl.DataFrame | None
-) -> tuple[np.ndarray, str]:
-    """(compute per step, how it was found) of a consumer that reads its own batches: the
-    time it did no I/O before each batch's first sample (:func:`idle_gaps`), across epochs
-    too (an epoch's last step ends where the next epoch's first batch is read), checkpoint
-    writes (``pauses``) taken out; the run's first step is warm-up, as distill's measured
-    steps leave it out."""
+) -> tuple[np.ndarray, str, Inferred]:
+    """(compute per step, how it was found, the time per sample outside its I/O) of a consumer
+    that reads its own batches: the time it did no I/O before each batch's first sample
+    (:func:`idle_gaps`), across epochs too (an epoch's last step ends where the next epoch's
+    first batch is read), checkpoint writes (``pauses``) taken out, less one sample's
+    decoding: the median silence before the batch's other samples, which the replay spends
+    per sample (``reader.preprocess_time``), its batch's last sample included; the run's
+    first step is warm-up, as distill's measured steps leave it out."""
     g = idle_gaps(visits, io).sort("pid", "ts")
     g = g.with_columns(pl.int_range(pl.len()).over("pid", "epoch").alias("__i"))
     # the batches' phase: a look at a file before the first batch shifts them; the phase
@@ -614,6 +630,19 @@ def _consumer_intervals(
     )
     shift = int(phase[0]) if phase.len() and batch > 1 else 0
     g = g.with_columns(((pl.col("__i") - shift + batch) // batch).alias("batch"))
+    inner = g.filter(
+        (pl.col("__i") > 0) & ((pl.col("__i") - shift) % batch != 0) & pl.col("gap").is_not_null()
+    )["gap"]
+    per_sample = _num(inner.median()) if batch > 1 else 0.0
+    preprocess = (
+        Inferred(
+            per_sample * _US,
+            f"median silence of the reading process between two samples of a batch "
+            f"({inner.len()} samples): {per_sample * _US:.6f} s",
+        )
+        if inner.len()
+        else Inferred(None, "no batch of more than one sample")
+    )
     first = (
         g.group_by("pid", "epoch", "batch")
         .agg(pl.col("ts").first().alias("t0"), pl.col("gap").first().alias("iv"))
@@ -624,10 +653,12 @@ def _consumer_intervals(
     if pauses is not None and pauses.height and first.height:
         gone = _overlap(first["t0"] - first["iv"], first["t0"], pauses)
         first = first.with_columns((pl.col("iv") - gone).alias("iv"))
-    vals = first.sort("t0")["iv"].to_numpy() * _US if first.height else np.array([])
-    return vals, (
+    vals = (first.sort("t0")["iv"].to_numpy() - per_sample) * _US if first.height else np.array([])
+    return (
+        np.clip(vals, 0.0, None),
         "median idle time of the reading process before each of its batches (across epochs, "
-        "checkpoint writes out, the run's first step left out)"
+        "checkpoint writes out, the run's first step left out) less one sample's decoding",
+        preprocess,
     )
 
 

@@ -179,7 +179,9 @@ def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
         CaptureConfig(
             command=(*base, "--report", str(report)),
             out=job / "trace",
-            data_dirs=(str(data),),
+            # the checkpoint directory too where the job writes one: a POSIX-only trace of the
+            # data directory alone cannot show a checkpoint (DFTRACER_DATA_DIR=all would)
+            data_dirs=(str(data), str(job / "ckpt")) if c["checkpoint"] else (str(data),),
             name=c["name"],
             loader_hooks=False,
         )

@@ -294,23 +294,29 @@ def test_consumer_compute_per_step_from_its_idle_time(
     orig = infer._consumer_intervals
 
     def spy(*args):  # type: ignore[no-untyped-def]
-        vals, what = orig(*args)
+        vals, what, preprocess = orig(*args)
         seen.append(vals)
-        return vals, what
+        return vals, what, preprocess
 
     monkeypatch.setattr(infer, "_consumer_intervals", spy)
     lt = load_trace(SWEEP / name)
     m = distill(lt.events, manifest=lt.manifest)
     f = m.provenance.fields["train.computation_time"]
     assert f.confidence == "inferred" and "before each of its batches" in f.method
+    # a sample's decoding (the silence between two samples of a batch) is the reader's
+    # preprocess time, spent per sample by the replay and taken out of the step once
+    p = m.provenance.fields["reader.preprocess_time"]
+    assert p.confidence == "inferred" and "between two samples of a batch" in p.method
+    assert 0 < (m.reader.preprocess_time.mean or 0) < 0.01
     want = _truth(name)
     steps = json.loads((SWEEP / name / "expected.json").read_text())["job"]["step_compute_s"]
     per = len(steps) // want["epochs"]
     visible = [s for i, s in enumerate(steps) if i > 0 and i % per != per - 1]
     got, job = seen[0], np.asarray(visible)
     assert got.size == job.size
-    # step by step in time order: the idle time holds the step's compute (never less) and
-    # the loop's own time around it (a few ms; now and then the process descheduled)
+    # step by step in time order: the idle time less a sample's decoding holds the step's
+    # compute (never less) and the loop's own time around it (a few ms; now and then the
+    # process descheduled)
     extra = got - job
     assert extra.min() > -0.002
     assert float(np.median(extra)) < 0.003

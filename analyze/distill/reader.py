@@ -217,13 +217,17 @@ def _metadata(obs: Observed, facts: Facts) -> tuple[MetadataPerSample, bool]:
 def _preprocessing(obs: Observed, facts: Facts) -> tuple[Distribution, Distribution | None]:
     """(preprocess time, its host CPU time or None) per sample, from the item events."""
     preprocess = _preprocess_time(obs.tagged_io, obs.items)
-    facts.put(
-        "reader.preprocess_time",
-        "item duration minus its POSIX time, per sample"
-        if preprocess.is_known
-        else "no item events",
-        "measured" if preprocess.is_known else "default",
-    )
+    posix = obs.posix.preprocess_time if obs.posix is not None else None
+    if preprocess.is_known:
+        facts.put(
+            "reader.preprocess_time", "item duration minus its POSIX time, per sample", "measured"
+        )
+    elif posix is not None and posix.value is not None:
+        # a POSIX-only trace of a consumer that reads its own samples: its silence between them
+        preprocess = Distribution.fixed(float(posix.value))
+        facts.put("reader.preprocess_time", f"no item events; {posix.evidence}", "inferred")
+    else:
+        facts.put("reader.preprocess_time", "no item events", "default")
     cpu = preprocess_cpu(obs.items)
     if cpu is not None:
         facts.put(
