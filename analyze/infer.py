@@ -568,8 +568,14 @@ def _computation_time(
     worker's batch starts over the workers, or without workers the reading process's idle
     time between its batches less one sample's decoding; warm-up intervals left out."""
     none = Inferred(None, "the samples are read by workers")
+    guessed = ""
     if not batch:
-        return Inferred(None, "batch size unknown"), [], Inferred(None, "batch size unknown")
+        if threads or io is None:
+            return Inferred(None, "batch size unknown"), [], Inferred(None, "batch size unknown")
+        # a consumer's gaps with no period in them: every sample's idle time taken as one
+        # step's (batch 1, as distill's reader then says), so a replay spends the job's time
+        # between samples whatever the batch was
+        batch, guessed = 1, "batch size unknown, taken as 1: "
     b = visits.sort("pid", "ts").with_columns(
         (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
     )
@@ -602,7 +608,9 @@ def _computation_time(
         )
     compute = float(np.median(vals))
     return (
-        Inferred(compute, f"{what}: {compute:.4f} s over {vals.size} steady-state batches"),
+        Inferred(
+            compute, f"{guessed}{what}: {compute:.4f} s over {vals.size} steady-state batches"
+        ),
         [float(x) for x in vals],
         preprocess,
     )

@@ -321,3 +321,24 @@ def test_consumer_compute_per_step_from_its_idle_time(
     assert extra.min() > -0.002
     assert float(np.median(extra)) < 0.003
     assert np.mean(np.abs(extra) <= 0.05 * job + 0.003) >= 0.75
+
+
+@pytest.mark.parametrize("name", ["cosmo_w0_b1", "tiles_w0_b1"])
+def test_consumer_of_batch_one_spends_each_samples_idle_time(name: str) -> None:
+    """Batch 1 without workers: the consumer's gaps have no period, so the batch size is
+    unknown; distill then says batch 1 (a guess) and takes every sample's idle time as a
+    step's compute (a guess too), not 0: per-sample files and a held-open file's regions,
+    2 and 3 epochs. The idle time holds the job's step (never less) and one sample's
+    decoding and the loop's own time (a few ms)."""
+    import numpy as np
+
+    m = _model(name, posix_only=False)  # captured with --no-loader-hooks: POSIX only
+    f = m.provenance.fields
+    assert m.reader.batch_size == 1 and f["reader.batch_size"].confidence == "default"
+    c = f["train.computation_time"]
+    assert c.confidence == "default" and c.method.startswith("batch size unknown, taken as 1")
+    steps = json.loads((SWEEP / name / "expected.json").read_text())["job"]["step_compute_s"]
+    job = float(np.median(steps[1:]))
+    got = m.train.computation_time.quantiles.get("p50") or m.train.computation_time.mean
+    assert job <= got < job + 0.004
+    assert m.train.epochs == _truth(name)["epochs"]

@@ -76,6 +76,16 @@ TRACES: dict[str, list[str]] = {
         *("--num-files", "24", "--tile", "8", "--batch-size", "2"),
         *("--workers", "0", "--epochs", "2"),
     ],
+    # batch 1 without workers: no period in the consumer's gaps, so no batch size to find;
+    # every sample's idle time stands for a step's (per-sample files; a held-open file)
+    "cosmo_w0_b1": [
+        *("--num-files", "12", "--samples-per-file", "1", "--volume", "16", "--batch-size", "1"),
+        *("--workers", "0", "--epochs", "2"),
+    ],
+    "tiles_w0_b1": [
+        *("--num-files", "20", "--tile", "8", "--batch-size", "1"),
+        *("--workers", "0", "--epochs", "3"),
+    ],
 }
 
 

@@ -192,7 +192,9 @@ def _from_posix(obs: Observed, facts: Facts) -> tuple[int, Distribution]:
     facts.put("train.epochs", posix.epochs.evidence, "inferred")
     if posix.compute_samples:
         compute = Distribution.from_values(np.asarray(posix.compute_samples))
-        facts.put("train.computation_time", posix.computation_time.evidence, "inferred")
+        # without a batch size the idle time per sample stands for a step's: a guess
+        sure = "inferred" if posix.batch_size.value else "default"
+        facts.put("train.computation_time", posix.computation_time.evidence, sure)
     else:
         compute = Distribution.fixed(0.0)
         facts.put(
