@@ -279,7 +279,8 @@ class LibraryReader(_Reader):
     * with ``buffered`` false (the job handed the library an unbuffered file object,
       ``reader.file_buffering: unbuffered``), the library gets ``open(path, "rb",
       buffering=0)`` instead: each of its reads is one ``read(2)``, as in the job;
-    * hdf5: ``h5py.File(path)`` with its default driver, kept open unless open_per_sample;
+    * hdf5: ``h5py.File(path)`` with its default driver, kept open unless open_per_sample
+      (unbuffered: ``h5py.File`` of ``open(path, "rb", buffering=0)``, its fileobj driver);
     * parquet / csv: the file read in chunks of the model's largest transfer (256 KiB,
       pandas' reads, when unknown), then parsed by polars from memory;
     * tfrecord / indexed_binary / raw: ``os.pread`` of the record's byte range.
@@ -397,12 +398,18 @@ class LibraryReader(_Reader):
     def _read_hdf5(self, path: str, k: int) -> Decoded:
         import h5py
 
+        # unbuffered: the job handed h5py an unbuffered Python file object (h5py's fileobj
+        # driver: every request of the library one seek and read(2)), else h5py's own driver
         if self.open_per_sample:
+            if not self.buffered:
+                with open(path, "rb", buffering=0) as raw, h5py.File(raw, "r") as h5:
+                    return self._read_hdf5_row(h5, k)
             with h5py.File(path, "r") as h5:
                 return self._read_hdf5_row(h5, k)
         h5 = self._open.get(path)
         if h5 is None:
-            h5 = self._open[path] = h5py.File(path, "r")
+            src = path if self.buffered else open(path, "rb", buffering=0)  # noqa: SIM115
+            h5 = self._open[path] = h5py.File(src, "r")
         return self._read_hdf5_row(h5, k)
 
     def _read_hdf5_row(self, h5: Any, k: int) -> Decoded:

@@ -342,3 +342,48 @@ def test_consumer_of_batch_one_spends_each_samples_idle_time(name: str) -> None:
     got = m.train.computation_time.quantiles.get("p50") or m.train.computation_time.mean
     assert job <= got < job + 0.004
     assert m.train.epochs == _truth(name)["epochs"]
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("tiles_w0_b2", "unbuffered"),  # h5py.File(an unbuffered FileIO): read(2) per request
+        ("tiles_w2_t128", "unbuffered"),
+        ("cosmo_w0_b8", "unbuffered"),  # a file opened per sample, the same way
+        ("dlio_hdf5_2spf", "buffered"),  # DLIO: h5py.File(path), HDF5's own driver (pread)
+        ("dlio_hdf5_8spf", "buffered"),
+    ],
+)
+def test_hdf5_handed_to_h5py_as_a_python_file_object(name: str, want: str) -> None:
+    """HDF5's own driver reads with pread; reads at the file position are h5py's fileobj
+    driver, handed an unbuffered Python file (small reads: index entries and chunks): the
+    replay opens the file the same way (a sweep replay that opened it by path read 1.5x the
+    job's bytes in other sizes)."""
+    m = _model(name, posix_only=True)
+    assert m.reader.file_buffering == want
+    if want == "unbuffered":
+        f = m.provenance.fields["reader.file_buffering"]
+        assert f.confidence == "inferred" and "Python file object" in f.method
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+def test_replay_opens_hdf5_as_the_job_did(tmp_path: Path, buffered: bool) -> None:
+    """The replay's HDF5 reader: by path (HDF5's sec2 driver) or, unbuffered, through an
+    unbuffered Python file (h5py's fileobj driver); the same rows either way."""
+    import h5py
+    import numpy as np
+
+    from dlreplay.replay.formats import LibraryReader
+
+    path = tmp_path / "tiles.h5"
+    x = np.arange(6 * 48, dtype=np.uint8).reshape(6, 3, 4, 4)
+    with h5py.File(path, "w") as h:
+        h.create_dataset("x", data=x, chunks=(1, 3, 4, 4))
+    reader = LibraryReader("hdf5", open_per_sample=False, buffered=buffered)
+    try:
+        for k in (4, 1):
+            _, got = reader.read_decoded(str(path), k, None)
+            assert np.array_equal(np.asarray(got).reshape(x[k].shape), x[k])
+        assert reader._open[str(path)].driver == ("sec2" if buffered else "fileobj")
+    finally:
+        reader.close()

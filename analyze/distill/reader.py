@@ -27,6 +27,9 @@ __all__ = [
 PYTHON_FILE_FORMATS = ("npz", "npy", "jpeg", "png")
 #: Below this median read size (bytes) the job's file object was unbuffered.
 UNBUFFERED_MEDIAN_READ = 256
+#: HDF5 read through a Python file object: below this median read size (bytes) it was
+#: unbuffered (a buffered one reads blocks of io.DEFAULT_BUFFER_SIZE, 8 KiB, or more)
+HDF5_UNBUFFERED_MEDIAN_READ = 4096
 
 
 def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
@@ -261,6 +264,24 @@ def _transfers(obs: Observed, fmt: str, facts: Facts) -> tuple[Distribution, str
             f"({'<' if buffering == 'unbuffered' else '>='} {UNBUFFERED_MEDIAN_READ} B)",
             "inferred",
         )
+    if fmt == "hdf5" and reads.height:
+        # HDF5's own (sec2) driver reads with pread; read(2) at the file position is h5py's
+        # fileobj driver: the job handed h5py a Python file object (a seek and a read for
+        # each of the library's requests when it is unbuffered)
+        plain = reads.filter(pl.col("name").is_in(["read", "readv", "fread"])).height
+        if plain > reads.height // 2:
+            # a buffered Python file reads a block of io.DEFAULT_BUFFER_SIZE (8 KiB) or more at
+            # a time; HDF5's own requests (index entries, chunks) are mostly smaller
+            median = num(reads["size"].median())
+            buffering = "unbuffered" if median < HDF5_UNBUFFERED_MEDIAN_READ else "buffered"
+            facts.put(
+                "reader.file_buffering",
+                f"{plain} of {reads.height} HDF5 reads at the file position (HDF5's own "
+                f"driver uses pread): h5py was handed a Python file object; median read "
+                f"{median:.0f} B ({'<' if buffering == 'unbuffered' else '>='} "
+                f"{HDF5_UNBUFFERED_MEDIAN_READ} B)",
+                "inferred",
+            )
     pattern = access_pattern(reads)
     facts.put(
         "reader.access_pattern",

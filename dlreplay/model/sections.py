@@ -225,8 +225,9 @@ class Reader:
         "buffered",
         choices=FILE_BUFFERINGS,
         doc="how the job's Dataset handed files to the format's library (npz, npy, jpeg, "
-        "png): buffered = by path or a default Python file (a few large reads), "
-        "unbuffered = an unbuffered file object (every library read is one read call)",
+        "png, hdf5): buffered = by path or a default Python file (a few large reads; hdf5: "
+        "by path, HDF5's own driver), unbuffered = an unbuffered file object (every "
+        "library read is one read call; hdf5: h5py's fileobj driver)",
     )
     direct_io: str = model_field(
         "off",
