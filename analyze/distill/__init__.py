@@ -32,7 +32,7 @@ from dlreplay.model import Processes, Provenance, WorkloadModel
 from ..passes.ranks import ranks_of
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed
-from .checkpoint import MAX_CHECKPOINT_WRITE_RUNS, checkpoint_section
+from .checkpoint import MAX_CHECKPOINT_WRITE_RUNS, checkpoint_section, save_io, with_save_io
 from .checkpoint_posix import unannotated_checkpoints
 from .dataset import (
     EXTENSION_FORMATS,
@@ -125,11 +125,10 @@ def distill(
     else:
         checkpoint = checkpoint_section(
             events,
-            obs.saves,
+            with_save_io(obs.saves, save_io(source)),  # DCP's own storage time per save
             obs.steps.filter(pl.col("pid") == main_pid) if main_pid else obs.steps,
             facts,
             obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
-            source,
         )
     storage = storage_section(objects)
     return WorkloadModel(

@@ -29,6 +29,8 @@ __all__ = [
     "checkpoint_section",
     "checkpoint_writes",
     "file_writes_of",
+    "save_io",
+    "with_save_io",
 ]
 
 
@@ -70,12 +72,10 @@ def checkpoint_section(
     batches: pl.DataFrame,
     facts: Facts,
     epochs: pl.DataFrame | None = None,
-    source: str | Path | None = None,
 ) -> Checkpoint:
-    """``checkpoint`` from the checkpoint saves (``saves``), the training steps that count
-    them (``batches``), the consumer's epochs and the writes in ``events``; the saves' own
-    storage time (:func:`save_io`) from the trace at *source* where its hooks measured it."""
-    saves = with_save_io(saves, save_io(source))
+    """``checkpoint`` from the checkpoint saves (``saves``, with ``io_us`` where the capture's
+    hooks measured their storage time: :func:`with_save_io`), the training steps that count
+    them (``batches``), the consumer's epochs and the writes in ``events``."""
     if saves.height == 0:
         facts.put("checkpoint.enabled", "no checkpoint events", "measured")
         return Checkpoint(enabled=False)
