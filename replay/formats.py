@@ -309,7 +309,16 @@ class LibraryReader(_Reader):
         self.index_style = index_style
         self.memory_map = memory_map
         self.text_chunk = max(4096, int(text_chunk))
+        #: the unbuffered files handed to h5py (it never closes a file object it is given)
+        self._raw: list[Any] = []
         prime_library(fmt)
+
+    def close(self) -> None:
+        """Close every file kept open, then the files handed to h5py under them."""
+        super().close()
+        for raw in self._raw:
+            raw.close()
+        self._raw.clear()
 
     def read(self, path: str, k: int, rec: Sequence[int] | None) -> int:
         """Read sample *k* of *path* (*rec*: its ``[offset, length]`` for record formats); returns bytes read."""
@@ -409,6 +418,8 @@ class LibraryReader(_Reader):
         h5 = self._open.get(path)
         if h5 is None:
             src = path if self.buffered else open(path, "rb", buffering=0)  # noqa: SIM115
+            if not self.buffered:
+                self._raw.append(src)
             h5 = self._open[path] = h5py.File(src, "r")
         return self._read_hdf5_row(h5, k)
 

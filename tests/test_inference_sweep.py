@@ -385,5 +385,7 @@ def test_replay_opens_hdf5_as_the_job_did(tmp_path: Path, buffered: bool) -> Non
             _, got = reader.read_decoded(str(path), k, None)
             assert np.array_equal(np.asarray(got).reshape(x[k].shape), x[k])
         assert reader._open[str(path)].driver == ("sec2" if buffered else "fileobj")
+        raw = list(reader._raw)
     finally:
         reader.close()
+    assert len(raw) == (0 if buffered else 1) and all(f.closed for f in raw)
