@@ -53,6 +53,7 @@ from .infer_pools import (
     whole_file_visits,
     worker_pools,
 )
+from .infer_steps import epoch_span_steps, overlap_us, worker_sample_time
 
 __all__ = ["Inferred", "PosixLoop", "infer_posix_loop"]
 
@@ -281,31 +282,6 @@ def _warmup(values: np.ndarray) -> int:
     return int(np.argmin(slow)) if not slow.all() else 0
 
 
-def _overlap(a: pl.Series, b: pl.Series, spans: pl.DataFrame) -> pl.Series:
-    """Per interval [a, b): the time (µs) covered by ``spans`` (ts, end; non-overlapping
-    after a merge), from cumulative coverage at the interval's ends."""
-    s = spans.select("ts", "end").sort("ts")
-    # merge overlapping spans, then cumulative covered time at every span edge
-    s = s.with_columns(pl.col("end").cum_max().shift(1).alias("__prev")).with_columns(
-        (pl.col("__prev").is_null() | (pl.col("ts") > pl.col("__prev"))).cum_sum().alias("__g")
-    )
-    m = s.group_by("__g").agg(pl.col("ts").min(), pl.col("end").max()).sort("ts")
-    starts, ends = m["ts"].to_numpy(), m["end"].to_numpy()
-    before = np.concatenate([[0], np.cumsum(ends - starts)])
-
-    def covered(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(starts, t, side="right")  # spans starting at or before t
-        full = before[np.maximum(i - 1, 0)]
-        part = np.where(
-            i > 0,
-            np.clip(t - starts[np.maximum(i - 1, 0)], 0, (ends - starts)[np.maximum(i - 1, 0)]),
-            0,
-        )
-        return np.where(i > 0, full + part, 0)
-
-    return pl.Series((covered(b.to_numpy()) - covered(a.to_numpy())).astype(np.int64))
-
-
 def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
     """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
     if not spans:
@@ -430,7 +406,7 @@ def infer_posix_loop(
         batch, ev_ranks = batch_from_gap_ranks(idle_gaps(visits, io))
         ev_batch = ev_ranks if batch else f"{ev_batch}; {ev_ranks}"
     computation, samples, preprocess = _computation_time(
-        visits, batch, int(threads.value or 0), pauses, io
+        visits, batch, int(threads.value or 0), pauses, io, pools
     )
     return PosixLoop(
         epochs=epochs,
@@ -562,11 +538,14 @@ def _computation_time(
     threads: int,
     pauses: pl.DataFrame | None,
     io: pl.DataFrame | None = None,
+    pools: pl.DataFrame | None = None,
 ) -> tuple[Inferred, list[float], Inferred]:
     """(compute time per step, the steady-state intervals it is the median of, the time per
     sample outside its I/O of a consumer that reads its own batches): the interval between a
     worker's batch starts over the workers, or without workers the reading process's idle
-    time between its batches less one sample's decoding; warm-up intervals left out."""
+    time between its batches less one sample's decoding; warm-up intervals left out. Workers
+    with too few batches an epoch for a steady interval: each epoch's span (``pools``: the
+    workers' lifetimes) over its steps (:func:`~.infer_steps.epoch_span_steps`)."""
     none = Inferred(None, "the samples are read by workers")
     guessed = ""
     if not batch:
@@ -586,7 +565,10 @@ def _computation_time(
     )
     preprocess = none
     if threads:
+        preprocess = worker_sample_time(visits, io, batch) if io is not None else none
         vals, what = _worker_intervals(starts, batch, threads, pauses)
+        if not vals.size and pools is not None:
+            vals, what = epoch_span_steps(starts, pools, pauses)
     elif io is not None:
         vals, what, preprocess = _consumer_intervals(visits, io, batch, pauses)
     else:
@@ -659,7 +641,7 @@ def _consumer_intervals(
         .filter(pl.col("iv").is_not_null())
     )
     if pauses is not None and pauses.height and first.height:
-        gone = _overlap(first["t0"] - first["iv"], first["t0"], pauses)
+        gone = overlap_us(first["t0"] - first["iv"], first["t0"], pauses)
         first = first.with_columns((pl.col("iv") - gone).alias("iv"))
     vals = (first.sort("t0")["iv"].to_numpy() - per_sample) * _US if first.height else np.array([])
     return (
@@ -687,7 +669,9 @@ def _worker_intervals(
     ).sort("t0")
     if pauses is not None and pauses.height and steady.height:
         steady = steady.with_columns(
-            (pl.col("iv") - _overlap(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias("iv")
+            (pl.col("iv") - overlap_us(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias(
+                "iv"
+            )
         )
     vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
     # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound

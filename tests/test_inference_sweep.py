@@ -389,3 +389,71 @@ def test_replay_opens_hdf5_as_the_job_did(tmp_path: Path, buffered: bool) -> Non
     finally:
         reader.close()
     assert len(raw) == (0 if buffered else 1) and all(f.closed for f in raw)
+
+
+def _starts(epoch: int, arrivals_ms: list[float], workers: list[int]) -> list[dict]:
+    """Batches of one epoch: batch i is worker ``workers[i % W]``'s ``i // W``-th, arriving
+    (its last read's end) at ``arrivals_ms[i]``; each worker started at its first batch."""
+    w = len(workers)
+    return [
+        dict(
+            pid=workers[i % w], epoch=epoch, batch=i // w, t0=int(t * 1000) - 500, t1=int(t * 1000)
+        )
+        for i, t in enumerate(arrivals_ms)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "step_ms", "persistent"),
+    [
+        ([10, 12, 14, 16, 18, 20], 5.0, False),  # compute-bound: batches wait for the consumer
+        ([10, 30, 50, 70], 4.0, True),  # loader-bound: the consumer waits for each batch
+    ],
+)
+def test_epoch_span_gives_the_consumers_step(
+    arrivals: list[float], step_ms: float, persistent: bool
+) -> None:
+    """Too few batches a worker for a steady interval: the consumer's step from the epoch's
+    span, C = min_i (E - r_i) / (N - i), where E is the last step's end (the pool's end for
+    a pool per epoch, the next epoch's first read for workers that live on)."""
+    import numpy as np
+
+    from dlreplay.analyze.infer_steps import epoch_span_steps
+
+    n = len(arrivals)
+    end = max(r + (n - i) * step_ms for i, r in enumerate(arrivals))  # the consumer's last step
+    if persistent:
+        rows = _starts(0, arrivals, [11, 12]) + _starts(1, [end + 1.5, end + 2], [11, 12])
+        rows[-2]["t0"] = int(end * 1000)  # epoch 1's first read starts as epoch 0 ends
+        pools = pl.DataFrame({"pid": [11, 12], "b": [10**7, 10**7]})
+    else:
+        rows = _starts(0, arrivals, [11, 12]) + _starts(1, [a + 1000 for a in arrivals], [13, 14])
+        # each pool's first worker ends with its epoch's last step
+        pools = pl.DataFrame(
+            {"pid": [11, 12, 13, 14], "b": [int(end * 1000), int(end * 1000) + 700] * 2}
+        )
+        pools = pools.with_columns(
+            pl.when(pl.col("pid") > 12).then(pl.col("b") + 1_000_000).otherwise(pl.col("b"))
+        )
+    starts = pl.DataFrame(rows)
+    vals, how = epoch_span_steps(starts, pools, None)
+    assert vals.size == 1 and np.allclose(vals, step_ms / 1000)
+    assert "epoch's span" in how
+    assert ("a guess" in how) == persistent  # a persistent pool's first epoch alone: warm-up in
+
+
+@pytest.mark.parametrize("name", ["tiles_w4_t24", "cosmo_w2_s1"])
+def test_workers_with_few_batches_get_a_step_time_and_a_sample_time(name: str) -> None:
+    """Workers forked anew every epoch with three batches each (a held-open file, per-sample
+    files): no steady interval between a worker's batches, so the consumer's step comes from
+    the epochs' spans (it was 0: a replay with no compute), and each worker's silence
+    between two samples of a batch is its decoding, spent by the replay's workers as CPU."""
+    m = _model(name, posix_only=False)  # captured with --no-loader-hooks: POSIX only
+    f = m.provenance.fields
+    assert f["train.computation_time"].confidence == "inferred"
+    assert "epoch's span" in f["train.computation_time"].method
+    assert (m.train.computation_time.mean or 0) > 0
+    assert f["reader.preprocess_time"].confidence == "inferred"
+    assert 0 < (m.reader.preprocess_time.mean or 0) < 0.01
+    assert f["reader.preprocess_host_cpu"].confidence == "inferred"
+    assert m.reader.preprocess_host_cpu.mean == m.reader.preprocess_time.mean

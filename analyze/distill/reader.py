@@ -218,9 +218,11 @@ def _metadata(obs: Observed, facts: Facts) -> tuple[MetadataPerSample, bool]:
 
 
 def _preprocessing(obs: Observed, facts: Facts) -> tuple[Distribution, Distribution | None]:
-    """(preprocess time, its host CPU time or None) per sample, from the item events."""
+    """(preprocess time, its host CPU time or None) per sample, from the item events (a
+    POSIX-only trace: the reader's silence between two samples of a batch, taken as CPU)."""
     preprocess = _preprocess_time(obs.tagged_io, obs.items)
     posix = obs.posix.preprocess_time if obs.posix is not None else None
+    preprocess_known = preprocess.is_known
     if preprocess.is_known:
         facts.put(
             "reader.preprocess_time", "item duration minus its POSIX time, per sample", "measured"
@@ -237,6 +239,15 @@ def _preprocessing(obs: Observed, facts: Facts) -> tuple[Distribution, Distribut
             "reader.preprocess_host_cpu",
             "CPU time of the loader worker process in each item (data/item cpu_time), per sample",
             "measured",
+        )
+    elif posix is not None and posix.value is not None and not preprocess_known:
+        # the reader's silence between samples is its decoding: CPU, which a replay's readers
+        # spend too (idle readers would leave the job's CPU contention out of the replay)
+        cpu = preprocess
+        facts.put(
+            "reader.preprocess_host_cpu",
+            "the reader's silence between two samples of a batch, taken as its CPU (decoding)",
+            "inferred",
         )
     else:
         facts.put(

@@ -193,7 +193,8 @@ def _from_posix(obs: Observed, facts: Facts) -> tuple[int, Distribution]:
     if posix.compute_samples:
         compute = Distribution.from_values(np.asarray(posix.compute_samples))
         # without a batch size the idle time per sample stands for a step's: a guess
-        sure = "inferred" if posix.batch_size.value else "default"
+        guess = not posix.batch_size.value or "a guess" in str(posix.computation_time.evidence)
+        sure = "default" if guess else "inferred"
         facts.put("train.computation_time", posix.computation_time.evidence, sure)
     else:
         compute = Distribution.fixed(0.0)

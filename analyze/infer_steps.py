@@ -1,0 +1,112 @@
+"""The POSIX loop inference's time per step and per sample where the plain intervals do not
+show them (:mod:`.infer`): a loader worker's decoding between two samples of a batch, the
+consumer's step from each epoch's span when the workers read too few batches an epoch for a
+steady interval, and the time (µs) that pauses cover in intervals. Times in µs in, seconds
+out (as the field they stand for)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from .infer_batch import idle_gaps
+from .infer_pools import Inferred, as_float
+
+__all__ = ["epoch_span_steps", "overlap_us", "worker_sample_time"]
+
+_US = 1e-6
+
+
+def overlap_us(a: pl.Series, b: pl.Series, spans: pl.DataFrame) -> pl.Series:
+    """Per interval [a, b): the time (µs) covered by ``spans`` (ts, end; non-overlapping
+    after a merge), from cumulative coverage at the interval's ends."""
+    s = spans.select("ts", "end").sort("ts")
+    # merge overlapping spans, then cumulative covered time at every span edge
+    s = s.with_columns(pl.col("end").cum_max().shift(1).alias("__prev")).with_columns(
+        (pl.col("__prev").is_null() | (pl.col("ts") > pl.col("__prev"))).cum_sum().alias("__g")
+    )
+    m = s.group_by("__g").agg(pl.col("ts").min(), pl.col("end").max()).sort("ts")
+    starts, ends = m["ts"].to_numpy(), m["end"].to_numpy()
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right")  # spans starting at or before t
+        full = before[np.maximum(i - 1, 0)]
+        part = np.where(
+            i > 0,
+            np.clip(t - starts[np.maximum(i - 1, 0)], 0, (ends - starts)[np.maximum(i - 1, 0)]),
+            0,
+        )
+        return np.where(i > 0, full + part, 0)
+
+    return pl.Series((covered(b.to_numpy()) - covered(a.to_numpy())).astype(np.int64))
+
+
+def worker_sample_time(visits: pl.DataFrame, io: pl.DataFrame, batch: int) -> Inferred:
+    """A loader worker's time per sample outside its I/O (seconds): the median of its longest
+    silence (:func:`idle_gaps`) before each sample of a batch but the batch's first, its
+    decoding of the sample before, which the replay's workers spend per sample."""
+    g = idle_gaps(visits, io).sort("pid", "ts")
+    pos = pl.int_range(pl.len()).over("pid", "epoch")
+    inner = g.filter((pos % batch != 0) & pl.col("gap").is_not_null())["gap"]
+    if batch < 2 or inner.is_empty():
+        return Inferred(None, "no batch of more than one sample")
+    per = as_float(inner.median()) * _US
+    return Inferred(
+        per,
+        f"median silence of a loader worker between two samples of a batch ({inner.len()} "
+        f"samples): {per:.6f} s",
+    )
+
+
+def epoch_span_steps(
+    starts: pl.DataFrame, pools: pl.DataFrame, pauses: pl.DataFrame | None
+) -> tuple[np.ndarray, str]:
+    """(the consumer's time per step of each epoch, how it was found) where the workers read
+    too few batches an epoch for a steady interval (every batch prefetched at once): the
+    epoch's batch *i* arrives at ``r_i`` (its last read's end; batch *i* is worker ``i % W``'s,
+    the workers in the order they started) and the consumer takes a step of ``C`` seconds
+    once it has the batch, so its last step ends at ``max_i(r_i + (N - i) C)``; that is the
+    epoch's end ``E`` (the pool's last event for workers forked anew every epoch, else the
+    next epoch's first read; the pauses in between taken out), so ``C = min_i (E - r_i) /
+    (N - i)``. ``C`` holds the step's compute and the loop's own time around it (the batch's
+    hand-over): an upper bound on the compute, and what a replay must spend. The first
+    epoch (its warm-up) is left out where a later one is measured."""
+    out: list[tuple[int, float]] = []
+    ends = pools.select("pid", "b")
+    for e in sorted(starts["epoch"].unique().to_list()):
+        mine = starts.filter(pl.col("epoch") == e)
+        order = mine.group_by("pid").agg(pl.col("t0").min()).sort("t0")["pid"]
+        w = order.len()
+        ranked = mine.join(
+            pl.DataFrame({"pid": order, "__w": pl.int_range(w, eager=True)}), on="pid"
+        ).sort(pl.col("batch") * w + pl.col("__w"))
+        later = starts.filter(pl.col("epoch") > e)
+        others = starts.filter((pl.col("epoch") != e) & pl.col("pid").is_in(order.implode()))
+        if others.is_empty():  # a pool forked for this epoch alone: it ends with the epoch
+            # (its first worker to end is the nearest to the epoch's end: each one's exit
+            # after the consumer's last step takes its own time)
+            end = ends.filter(pl.col("pid").is_in(order.implode()))["b"].min()
+        elif later.height:
+            end = later["t0"].min()
+        else:  # the last epoch of workers that live on: its end is not in the reads
+            continue
+        r = ranked["t1"].to_numpy().astype(np.float64)
+        if not isinstance(end, (int, float)) or not r.size:
+            continue
+        span = float(end)
+        if pauses is not None and pauses.height:
+            span -= float(overlap_us(pl.Series([r[0]]), pl.Series([span]), pauses)[0])
+        left = r.size - np.arange(r.size)  # steps from batch i's arrival to the epoch's end
+        step = float(np.min((span - r) / left))
+        if step > 0:
+            out.append((int(e), step * _US))
+    vals = np.asarray([c for e, c in out[1:] or out])
+    first_only = len(out) == 1 and out[0][0] == min(starts["epoch"].unique().to_list())
+    return vals, (
+        "the consumer's time per step from each epoch's span (its batches' arrival to the "
+        "pool's end or the next epoch's first read) over its steps: compute and the loop's "
+        "own time, an upper bound on the compute (too few batches a worker for a steady "
+        "interval)"
+        + ("; the first epoch's alone, its warm-up included: a guess" if first_only else "")
+    )
