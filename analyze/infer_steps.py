@@ -46,10 +46,12 @@ def worker_sample_time(visits: pl.DataFrame, io: pl.DataFrame, batch: int) -> In
     """A loader worker's time per sample outside its I/O (seconds): the median of its longest
     silence (:func:`idle_gaps`) before each sample of a batch but the batch's first, its
     decoding of the sample before, which the replay's workers spend per sample."""
+    if batch < 2:
+        return Inferred(None, "no batch of more than one sample")
     g = idle_gaps(visits, io).sort("pid", "ts")
     pos = pl.int_range(pl.len()).over("pid", "epoch")
     inner = g.filter((pos % batch != 0) & pl.col("gap").is_not_null())["gap"]
-    if batch < 2 or inner.is_empty():
+    if inner.is_empty():
         return Inferred(None, "no batch of more than one sample")
     per = as_float(inner.median()) * _US
     return Inferred(
@@ -67,8 +69,8 @@ def epoch_span_steps(
     epoch's batch *i* arrives at ``r_i`` (its last read's end; batch *i* is worker ``i % W``'s,
     the workers in the order they started) and the consumer takes a step of ``C`` seconds
     once it has the batch, so its last step ends at ``max_i(r_i + (N - i) C)``; that is the
-    epoch's end ``E`` (the pool's last event for workers forked anew every epoch, else the
-    next epoch's first read; the pauses in between taken out), so ``C = min_i (E - r_i) /
+    epoch's end ``E`` (for workers forked anew every epoch the pool's first worker to end,
+    else the next epoch's first read; the pauses in between taken out), so ``C = min_i (E - r_i) /
     (N - i)``. ``C`` holds the step's compute and the loop's own time around it (the batch's
     hand-over): an upper bound on the compute, and what a replay must spend. The first
     epoch (its warm-up) is left out where a later one is measured."""
