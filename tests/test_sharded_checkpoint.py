@@ -56,25 +56,39 @@ def job(
     assert first.returncode == 0, first.stderr
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     report = tmp / "report.json"
-    cap = run_cli(
-        "capture",
-        "--out",
-        str(tmp / "trace"),
-        "--",
-        *cmd,
-        str(EXAMPLE),
-        *common,
-        "--epochs",
-        "1",
-        "--checkpoint-every",
-        "2",
-        "--fsync",
-        "--keep",
-        "0",
-        "--report",
-        str(report),
-        cwd=tmp,
-    )
+    first_ck = tmp / "ck-first"
+    shutil.copytree(tmp / "ck", first_ck)
+    for attempt in range(2):
+        if attempt:  # the retry restores what the first run left, as the first attempt did
+            shutil.rmtree(tmp / "ck")
+            shutil.copytree(first_ck, tmp / "ck")
+            report.unlink(missing_ok=True)
+        cap = run_cli(
+            "capture",
+            "--out",
+            str(tmp / "trace"),
+            "--force",
+            "--",
+            *cmd,
+            str(EXAMPLE),
+            *common,
+            "--epochs",
+            "1",
+            "--checkpoint-every",
+            "2",
+            "--fsync",
+            "--keep",
+            "0",
+            "--report",
+            str(report),
+            cwd=tmp,
+        )
+        # gloo's teardown at process exit still aborts a rank now and then (SIGABRT,
+        # "terminate called without an active exception"; 1 of about 45 runs with the
+        # barrier before destroy_process_group): the job's own exit, after its report. Once
+        # more then; any other failure, or the abort twice, fails the test
+        if cap.returncode == 0 or "terminate called without an active exception" not in cap.stderr:
+            break
     assert cap.returncode == 0, cap.stderr
     run_cli("distill", str(tmp / "trace"), "-o", str(tmp / "model.yaml"), "-q", check=True)
     return {
