@@ -437,6 +437,14 @@ def report(results: list[dict[str, Any]]) -> int:
         )
         + " (default = distill says it could not infer the field: a guess)"
     )
+    claimed = (
+        [tot[c][0] for c in ("measured", "inferred")],
+        [tot[c][1] for c in ("measured", "inferred")],
+    )
+    print(
+        f"fields distill claims (measured or inferred, not said to be a guess): "
+        f"{sum(claimed[0])}/{sum(claimed[1])} right ({sum(claimed[0]) / max(sum(claimed[1]), 1):.1%})"
+    )
     cfg = [
         (view, int(right("5%", got["fields"]["train.computation_time"]["value"], want)))
         for r in results

@@ -78,13 +78,15 @@ def test_posix_inference_matches_the_hooks(trace: Path) -> None:
 
 
 def test_posix_compute_time_of_compute_bound_runs() -> None:
-    """A step's compute from the interval between a worker's batches: within 25 % of the
-    hooks' median step where the loop is compute-bound and steady (AU >= 0.9)."""
+    """A step's compute from the interval between a worker's batches: within 35 % of the
+    hooks' median step where the loop is compute-bound and steady (AU >= 0.9), and said to be
+    an upper bound (a guess): the workers' pace holds the loop's own time too."""
     for name in ("dlio_h5_multi", "dlio_jpeg_ckpt", "ai_annotated"):
         lt = load_trace(TRACES / name)
         hooks = distill(lt.events)
         posix = distill(posix_only(lt.events))
-        assert posix.provenance.fields["train.computation_time"].confidence == "inferred"
+        f = posix.provenance.fields["train.computation_time"]
+        assert f.confidence == "default" and "upper bound" in f.method
         got, want = (
             posix.train.computation_time.quantiles["p50"],
             hooks.train.computation_time.quantiles["p50"],
