@@ -690,9 +690,26 @@ def _worker_intervals(
     return vals, what
 
 
-#: Changes of file or region (per process and epoch) needed to tell the sample order: 14 of a
-#: shuffled run's went forward 12 times in the sweep (8 workers with 2 samples each an epoch)
+#: Changes of file or region (per process and epoch) from which the share going forward tells
+#: the sample order (under 75 %: shuffled); with fewer, a likelihood ratio decides (14 of a
+#: shuffled run's went forward 12 times in the sweep: 8 workers with 2 samples each an epoch)
 MIN_ORDER_MOVES = 20
+#: Below MIN_ORDER_MOVES: the chance that a change goes forward in a shuffled order (a pair of
+#: random draws), and in an unshuffled one (forward but for the odd look back at a file's
+#: metadata or index; the sweep's unshuffled runs went forward 80-100 %)
+P_FORWARD_SHUFFLED, P_FORWARD_ORDERED = 0.5, 0.9
+#: ... and the likelihood ratio either way that tells the order (a 99 % posterior from even odds)
+ORDER_ODDS = 100.0
+
+
+def _order_odds(forward: int, moves: int) -> float:
+    """Likelihood of ``forward`` of ``moves`` changes going forward in a shuffled order over
+    that in an unshuffled one (binomial, :data:`P_FORWARD_SHUFFLED` / :data:`P_FORWARD_ORDERED`;
+    the binomial coefficients cancel)."""
+    back = moves - forward
+    return (P_FORWARD_SHUFFLED**forward * (1 - P_FORWARD_SHUFFLED) ** back) / (
+        P_FORWARD_ORDERED**forward * (1 - P_FORWARD_ORDERED) ** back
+    )
 
 
 def _natural(name: str) -> tuple:
@@ -719,9 +736,16 @@ def _shuffled(visits: pl.DataFrame) -> Inferred:
         .filter(pl.col("d").is_not_null() & (pl.col("d") != 0))
     )
     if moves.height < MIN_ORDER_MOVES:
-        return Inferred(
-            None, f"{moves.height} changes of file or region per process: too few to tell the order"
+        forward = int(moves.select((pl.col("d") > 0).sum()).item()) if moves.height else 0
+        odds = _order_odds(forward, moves.height)
+        said = (
+            f"{forward} of {moves.height} changes of file"
+            f"{' or region' if 'offset' in v.columns else ''} in each process's visits "
+            f"go forward: {odds:.3g} times likelier shuffled than in order"
         )
+        if odds >= ORDER_ODDS or odds <= 1 / ORDER_ODDS:
+            return Inferred(odds >= ORDER_ODDS, f"{said} (a binomial likelihood ratio)")
+        return Inferred(None, f"{said}: too few changes to tell the order")
     fwd = _num(moves.select((pl.col("d") > 0).mean()).item())
     return Inferred(
         fwd < 0.75,

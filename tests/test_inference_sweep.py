@@ -180,6 +180,41 @@ def test_sample_order_per_process(name: str, order: str, posix_only: bool) -> No
     assert "per process" in f.method or "each process" in f.method
 
 
+@pytest.mark.parametrize(
+    ("name", "order"),
+    [
+        ("cosmo_w1_b16_ordered", "off"),  # 14 of 14 changes forward: one worker, 8-sample files
+        ("tiles_w2_b1_ordered", "off"),  # 12 of 12: a held-open file's tiles, 2 re-forked workers
+        ("cosmo_w0_s8_b1", "seed"),  # 7 of 13: the consumer, batch 1
+        ("dlio_npz_w3_b3", "seed"),  # 10 of 18: 3 DLIO workers
+        ("dlio_npz_w4_b2", None),  # 8 of 12: 57x likelier shuffled, short of 100x: unknown
+    ],
+)
+def test_sample_order_from_few_changes(name: str, order: str | None) -> None:
+    """Under 20 changes of file or region in all the processes' epochs (few samples a worker
+    and epoch), the share going forward is no evidence; a binomial likelihood ratio (a change
+    goes forward half the time in a shuffled order, 90 % in an unshuffled one) tells the order
+    at 100x either way, and says unknown (a guess) in between."""
+    m = _model(name, posix_only=True)
+    f = m.provenance.fields["reader.sample_shuffle"]
+    if order is None:
+        assert f.confidence == "default" and f.method == "no item events"
+        return
+    assert m.reader.sample_shuffle == order
+    if name.startswith("dlio"):  # distill's reader says the POSIX evidence it used
+        assert f.confidence == "inferred"
+    truth = _truth(name).get("shuffle")
+    assert truth is None or truth == (order == "seed")
+
+
+def test_order_odds_decide_only_at_100x() -> None:
+    from dlreplay.analyze.infer import ORDER_ODDS, _order_odds
+
+    assert _order_odds(8, 8) < 1 / ORDER_ODDS < _order_odds(7, 7)  # 8 forward changes in a row
+    assert _order_odds(2, 6) > ORDER_ODDS > _order_odds(3, 6)
+    assert _order_odds(12, 16) == pytest.approx((0.5 / 0.9) ** 12 * (0.5 / 0.1) ** 4)
+
+
 def test_sweep_traces_are_small() -> None:
     for d in SWEEP.iterdir():
         assert sum(f.stat().st_size for f in d.iterdir()) < 200_000, d.name

@@ -89,6 +89,26 @@ TRACES: dict[str, list[str]] = {
 }
 
 
+# too few changes of file for the share going forward (under 20): the order from a likelihood
+# ratio, unshuffled (per-sample regions of 8-sample files read by one worker; a held-open
+# file of 8 tiles read by 2 workers forked every epoch) and shuffled (the consumer reading
+# 2 files of 8 samples, batch 1)
+TRACES |= {
+    "cosmo_w1_b16_ordered": [
+        *("--num-files", "8", "--samples-per-file", "8", "--volume", "16", "--batch-size", "16"),
+        *("--workers", "1", "--epochs", "2", "--no-shuffle"),
+    ],
+    "tiles_w2_b1_ordered": [
+        *("--num-files", "8", "--tile", "8", "--batch-size", "1"),
+        *("--workers", "2", "--epochs", "2", "--no-shuffle"),
+    ],
+    "cosmo_w0_s8_b1": [
+        *("--num-files", "2", "--samples-per-file", "8", "--volume", "16", "--batch-size", "1"),
+        *("--workers", "0", "--epochs", "2"),
+    ],
+}
+
+
 def make(name: str, work: Path) -> None:
     job = work / name
     if job.exists():
@@ -133,6 +153,7 @@ def make(name: str, work: Path) -> None:
             "read_threads": args["workers"],
             "persistent_workers": args["persistent_workers"],
             "epochs": rep["epochs"],
+            "shuffle": args.get("shuffle", True),
         },
         "job": {"step_compute_s": rep["step_compute_s"]},
     }
