@@ -25,6 +25,7 @@ from dlreplay.capture.inject.hooks import EXTENSIONS, MISSES_ENV, MISSES_PREFIX
 from dlreplay.errors import CaptureError, UsageError
 from dlreplay.osutil import (
     DirectoryClaim,
+    accelerator_nodes,
     atomic_write_text,
     check_plain_name,
     claim_directory,
@@ -383,6 +384,8 @@ def _started_manifest(
         "cpus": os.cpu_count(),
         "mem_total_bytes": host_memory_bytes()
         or None,  # page-cache analysis: is the dataset smaller than RAM?
+        # the accelerators' device nodes the job could use ([]: it computed on the CPU)
+        "accelerators": accelerator_nodes(env),
         "start_time": _now_iso(),
         "start_time_us": time.time_ns() // 1000,
         "versions": _versions(),

@@ -153,6 +153,23 @@ def host_memory_bytes() -> int:
         return 0
 
 
+#: Device nodes of the accelerators a training job computes on: NVIDIA GPUs, AMD's ROCm
+#: kernel driver, Linux's accel subsystem (Gaudi, NPUs), WSL's GPU
+ACCELERATOR_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/accel/accel*", "/dev/dxg")
+
+
+def accelerator_nodes(env: dict[str, str] | None = None) -> list[str]:
+    """The accelerator device nodes on this host (:data:`ACCELERATOR_NODES`), NVIDIA's left
+    out where ``CUDA_VISIBLE_DEVICES`` in *env* hides every GPU ("" or "-1"); [] means a job
+    here computes on the CPU."""
+    import glob
+
+    env = os.environ if env is None else env
+    hidden = env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
+    found = sorted({n for pat in ACCELERATOR_NODES for n in glob.glob(pat)})
+    return [n for n in found if not (hidden and os.path.basename(n).startswith("nvidia"))]
+
+
 def confined_path(
     base: str | os.PathLike[str], rel: object, source: str | os.PathLike[str]
 ) -> Path:

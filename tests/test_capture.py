@@ -69,6 +69,10 @@ def test_capture_records_reads_and_manifest(job_dir: Path) -> None:
     assert manifest["command"] == [sys.executable, "job.py"]
     assert manifest["versions"]["dftracer"]
     assert manifest["mem_total_bytes"] > 1 << 30 and manifest["cpus"] >= 1
+    # the accelerators' device nodes the job could use, as this host has them
+    from dlreplay.osutil import accelerator_nodes
+
+    assert manifest["accelerators"] == accelerator_nodes()
     assert manifest["events"] == sum(f["events"] for f in manifest["files"]) > 0
     # Relative data dir spelled the way the job opens files ("data/s0.bin").
     assert "data" in manifest["env"]["DFTRACER_DATA_DIR"].split(":")

@@ -363,3 +363,53 @@ def test_host_cpu_round_trips_capture_distill_replay(tmp_path: Path) -> None:
     again = distill(load_trace(tmp_path / "r").events)
     assert again.train.computation_host_cpu.type == "empirical"
     assert again.provenance.fields["train.computation_host_cpu"].confidence == "measured"
+
+
+@pytest.mark.parametrize(
+    ("accelerators", "spends"),
+    [([], True), (["/dev/nvidia0"], False), ("absent", False)],
+    ids=["cpu-host", "gpu-host", "older-capture"],
+)
+@pytest.mark.parametrize("trace", ["cosmo_w0_b8", "tiles_w2_t128"])
+def test_posix_only_compute_on_a_host_without_accelerators_spends_cpu(
+    trace: str, accelerators: list[str] | str, spends: bool
+) -> None:
+    """A POSIX-only capture (no loader hooks, so no CPU measured) whose manifest says the host
+    had no accelerator: the job computed on its CPU, so the model's steps spend host CPU, one
+    thread for each step's compute (a consumer that reads itself, and workers); a GPU host's
+    or an older capture's (no ``accelerators``) stays a pure sleep."""
+    loaded = load_trace(TRACES / "sweep" / trace)
+    manifest = {k: v for k, v in (loaded.manifest or {}).items() if k != "accelerators"}
+    if accelerators != "absent":
+        manifest["accelerators"] = accelerators
+    model = distill(loaded.events, manifest=manifest)
+    f = model.provenance.fields["train.computation_host_cpu"]
+    assert (model.train.computation_time.mean or 0) > 0
+    if spends:
+        assert spends_host_cpu(model) and model.train.computation_host_threads == 1
+        assert model.train.computation_host_cpu == model.train.computation_time
+        assert f.confidence == "inferred" and "no accelerator" in f.method
+    else:
+        assert not spends_host_cpu(model) and f.confidence == "default"
+
+
+def test_accelerator_nodes_found_and_hidden(tmp_path: Path, monkeypatch) -> None:
+    """The capture's ``accelerators``: the device nodes present ([] on this CPU-only host);
+    ``CUDA_VISIBLE_DEVICES`` "" or "-1" hides NVIDIA's from the job, not the others."""
+    from dlreplay import osutil
+
+    assert osutil.accelerator_nodes({}) == sorted(
+        n for pat in osutil.ACCELERATOR_NODES for n in __import__("glob").glob(pat)
+    )
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "kfd"):
+        (tmp_path / name).touch()
+    pats = (str(tmp_path / "nvidia[0-9]*"), str(tmp_path / "kfd"))
+    monkeypatch.setattr(osutil, "ACCELERATOR_NODES", pats)
+    nv = [str(tmp_path / "nvidia0"), str(tmp_path / "nvidia1")]
+    assert osutil.accelerator_nodes({}) == sorted([*nv, str(tmp_path / "kfd")])
+    assert osutil.accelerator_nodes({"CUDA_VISIBLE_DEVICES": "0"}) == sorted(
+        [*nv, str(tmp_path / "kfd")]
+    )
+    for hidden in ("", "-1"):
+        got = osutil.accelerator_nodes({"CUDA_VISIBLE_DEVICES": hidden})
+        assert got == [str(tmp_path / "kfd")]

@@ -109,7 +109,7 @@ def distill(
     dataset, reader = streamed_shards(obs, dataset, reader, facts)  # IterableDataset over shards
     reader = with_mapped_access(reader, every, source, facts)
     reader = with_direct_io(reader, obs, source, facts)  # O_DIRECT in the open flags
-    train, timing = train_section(obs, dataset, reader, facts)
+    train, timing = train_section(obs, dataset, reader, facts, manifest)
     if eval_events is not None:
         evaluation, eval_files, eval_batch = evaluation_section(eval_events, obs, facts)
         if evaluation is not None:

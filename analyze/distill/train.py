@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import PurePosixPath
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -23,11 +24,17 @@ __all__ = ["evaluation_section", "train_section", "with_timing"]
 
 
 def train_section(
-    obs: Observed, dataset: Dataset, reader: Reader, facts: Facts
+    obs: Observed,
+    dataset: Dataset,
+    reader: Reader,
+    facts: Facts,
+    manifest: dict[str, Any] | None = None,
 ) -> tuple[Train, TimingModel | None]:
     """``train`` (epochs, steps per epoch, compute per step) from the main consumer's loop,
     else from the POSIX inference; and the consumer's :class:`TimingModel` (None without
-    loop events), whose fields :func:`with_timing` adds."""
+    loop events), whose fields :func:`with_timing` adds. ``manifest``: the capture's, whose
+    ``accelerators`` tell a job that computed on the host CPU."""
+    host: Distribution | None = None
     if obs.has_loader and obs.main_pid is not None:
         n_epochs, steps_per_epoch = _epochs_from_loop(obs, dataset, reader, facts)
         compute, timing = _loop_timing(obs, facts)
@@ -35,9 +42,35 @@ def train_section(
         timing = None
         n_epochs, compute = _from_posix(obs, facts)
         steps_per_epoch = None
+        host = _cpu_host_compute(compute, manifest, facts)
     if not compute.is_known:
         compute = Distribution.fixed(0.0)
-    return Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute), timing
+    train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
+    if host is not None:
+        train = replace(train, computation_host_cpu=host, computation_host_threads=1)
+    return train, timing
+
+
+def _cpu_host_compute(
+    compute: Distribution, manifest: dict[str, Any] | None, facts: Facts
+) -> Distribution | None:
+    """The host CPU a POSIX-only trace's steps spent, where its capture says the host had no
+    accelerator (the manifest's ``accelerators`` is []): the job computed on its CPU, so a
+    replay that only sleeps leaves its loader the whole machine the job's loader shared.
+    One thread busy for the step's time (the loader hooks measure the real CPU and threads:
+    1-1.7x the step's time in the examples); None where the trace cannot tell."""
+    nodes = (manifest or {}).get("accelerators")
+    if not isinstance(nodes, list) or nodes or not compute.is_known or not (compute.mean or 0):
+        return None
+    facts.put(
+        "train.computation_host_cpu",
+        "the capture's host had no accelerator (no GPU, ROCm or accel device node): the job "
+        "computed on its CPU; one thread busy for each step's compute assumed (a POSIX-only "
+        "trace does not measure it; the loader hooks do)",
+        "inferred",
+    )
+    facts.put("train.computation_host_threads", "one thread assumed (POSIX-only trace)", "default")
+    return compute
 
 
 def with_timing(train: Train, timing: TimingModel | None) -> Train:
