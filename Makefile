@@ -36,9 +36,15 @@ demo: $(STAMP)  ## run the whole pipeline on the bundled example job (outputs in
 	@$(PYC)
 	$(VENV)/bin/dlreplay demo --out demo-out
 
-test: $(STAMP)  ## run the test suite (unit + end-to-end on real captures)
+# Test processes (pytest-xdist), each test file whole in one of them (its module fixtures, the
+# real captures many tests share, run once). 2 by default: the CI machine's cores; most tests
+# wait on real jobs and subprocesses, so two overlap well even on 2 cores. TEST_JOBS=0 runs
+# in this process alone.
+TEST_JOBS ?= 2
+
+test: $(STAMP)  ## run the test suite (unit + end-to-end on real captures; TEST_JOBS=2 processes)
 	@$(PYC)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile
 
 test-fast: $(STAMP)  ## unit tests only (skips the slow end-to-end captures)
 	@$(PYC)

@@ -68,6 +68,19 @@ def run_cli(
     return proc
 
 
+def pytest_sessionfinish(session) -> None:
+    """An xdist worker hands its count to the controller (``make test`` runs ``-n 2``)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["cli_runs_checked"] = CLI_RUNS_CHECKED[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """The controller adds up its workers' counts (an xdist hook: optional without xdist)."""
+    CLI_RUNS_CHECKED[0] += int(getattr(node, "workeroutput", {}).get("cli_runs_checked", 0))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if CLI_RUNS_CHECKED[0]:
         terminalreporter.write_line(
