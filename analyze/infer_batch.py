@@ -24,8 +24,11 @@ import polars as pl
 
 __all__ = ["ALPHA", "MIN_SCORE", "batch_from_gap_ranks", "chance", "idle_gaps"]
 
-#: the chance of a candidate's mean rank by luck, times the candidates tried, must be below this
-ALPHA = 1e-3
+#: the chance of a candidate's mean rank by luck, times the candidates tried, must be below this.
+#: 1e-2: of the sweep's 85 POSIX-only runs that reach this test, each with its gaps shuffled
+#: within each worker's epoch 10 times, 2 of 850 found a batch (0 at 1e-3); on the runs
+#: themselves 5 more right than at 1e-3 and none wrong
+ALPHA = 1e-2
 #: ... and at least this mean rank (the batch's gap is among the longest of its sequence)
 MIN_SCORE = 0.8
 #: the smallest candidate keeping this share of the best excess over chance wins

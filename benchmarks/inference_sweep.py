@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "traces"))
@@ -562,11 +564,13 @@ REPLAY_SCHEMA = {"schema": "dlreplay.inference_sweep.replay", "format_version": 
 SIMILARITY_TARGET = 0.97
 
 
-def replay_one(c: dict[str, Any], root: Path) -> dict[str, Any]:
+def replay_one(c: dict[str, Any], root: Path, as_sleep: bool = False) -> dict[str, Any]:
     """Distill the cached run of ``c`` (its trace as captured: POSIX-only for the examples,
     DLIO's own annotations for DLIO), generate its dataset, replay it traced and compare the
     two traces: similarity, epoch times (job's and replay's, s) and the model's loop fields.
-    Saved as ``replay.json`` in the run's folder; the replay's dataset is removed after."""
+    Saved as ``replay.json`` in the run's folder; the replay's dataset is removed after.
+    ``as_sleep``: distilled as from a capture that did not record the host's accelerators
+    (its compute a pure sleep: the ablation of the host-CPU inference)."""
     from dlreplay.analyze import load_trace
     from dlreplay.analyze.compare import compare_traces
     from dlreplay.analyze.distill import distill
@@ -574,8 +578,11 @@ def replay_one(c: dict[str, Any], root: Path) -> dict[str, Any]:
 
     job = root / c["name"]
     lt = load_trace(job / "trace")
+    manifest = dict(lt.manifest or {})
+    if as_sleep:
+        manifest.pop("accelerators", None)
     # the trace's folder: its dataset fingerprint (the layout: chunks, arrays) is read there
-    model = distill(lt.events, manifest=lt.manifest, source=str(job / "trace"))
+    model = distill(lt.events, manifest=manifest, source=str(job / "trace"))
     out, data = job / "replay", job / "replay-data"
     for p in (out, data):
         shutil.rmtree(p, ignore_errors=True)
@@ -603,35 +610,48 @@ def replay_one(c: dict[str, Any], root: Path) -> dict[str, Any]:
         "features": {"job": cmp.features_a, "replay": cmp.features_b},
         "replay_s": round(time.monotonic() - t0, 1),
     }
-    (job / "replay.json").write_text(json.dumps(row, indent=1, default=str) + "\n")
+    (job / ("replay-sleep.json" if as_sleep else "replay.json")).write_text(
+        json.dumps(row, indent=1, default=str) + "\n"
+    )
     return row
 
 
-def replay_subset(configs: list[dict[str, Any]], root: Path, n: int, seed: int) -> int:
+def replay_subset(
+    configs: list[dict[str, Any]], root: Path, n: int, seed: int, as_sleep: bool = False
+) -> int:
     """Replay ``n`` cached configurations drawn with ``seed``; print each one's similarity;
     returns how many fell under :data:`SIMILARITY_TARGET`."""
     cached = [c for c in configs if (root / c["name"] / "trace").is_dir()]
     pick = sorted(random.Random(seed).sample(cached, min(n, len(cached))), key=lambda c: c["name"])
     under = 0
+    errors: list[float] = []
     print(
         "| configuration | similarity | job epochs s | replay epochs s | batch / threads / compute s |"
     )
     print("|---|---|---|---|---|")
     for c in pick:
         try:
-            r = replay_one(c, root)
+            r = replay_one(c, root, as_sleep)
         except Exception as exc:  # a failed replay is a result of the sweep, not its end
             print(f"| {c['name']} | failed: {str(exc)[-200:]} | | | |", flush=True)
             under += 1
             continue
         m = r["model"]
         under += r["similarity"] < SIMILARITY_TARGET
+        if r["job_epochs_s"] and r["replay_epochs_s"]:
+            errors.append(r["replay_epochs_s"][-1] / r["job_epochs_s"][-1] - 1)
         print(
             f"| {c['name']} | {r['similarity']:.3f} | {r['job_epochs_s']} | {r['replay_epochs_s']} "
             f"| {m['batch_size']} / {m['read_threads']} / {m['compute_s'] or 0:.4g} |",
             flush=True,
         )
     print(f"\n{len(pick) - under} of {len(pick)} at similarity >= {SIMILARITY_TARGET}")
+    if errors:
+        e = np.abs(np.asarray(errors))
+        print(
+            f"last epoch against the job's: median error {np.median(e):.1%}; within 10 %: "
+            f"{int((e <= 0.10).sum())}, within 25 %: {int((e <= 0.25).sum())} of {e.size}"
+        )
     return under
 
 
@@ -664,6 +684,12 @@ def main() -> None:
         help="distill, replay and compare N cached configurations (drawn with --seed)",
     )
     ap.add_argument("--seed", type=int, default=44, help="the draw of --replay's configurations")
+    ap.add_argument(
+        "--as-sleep",
+        action="store_true",
+        help="--replay: distill as if the captures had not recorded the host's accelerators "
+        "(compute a pure sleep; the ablation of the host-CPU inference)",
+    )
     args = ap.parse_args()
     if args.versus:
         versus(args.dir)
@@ -681,7 +707,8 @@ def main() -> None:
         print(f"{len(configs)} configurations")
         return
     if args.replay is not None:
-        sys.exit(1 if replay_subset(configs, args.dir, args.replay, args.seed) else 0)
+        bad = replay_subset(configs, args.dir, args.replay, args.seed, args.as_sleep)
+        sys.exit(1 if bad else 0)
     if args.limit is not None:
         configs = configs[: args.limit]
     results = []
