@@ -7,12 +7,14 @@ import datetime as _dt
 import errno
 import fcntl
 import fnmatch
+import glob
 import json
 import os
 import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -158,12 +160,10 @@ def host_memory_bytes() -> int:
 ACCELERATOR_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/accel/accel*", "/dev/dxg")
 
 
-def accelerator_nodes(env: dict[str, str] | None = None) -> list[str]:
+def accelerator_nodes(env: Mapping[str, str] | None = None) -> list[str]:
     """The accelerator device nodes on this host (:data:`ACCELERATOR_NODES`), NVIDIA's left
     out where ``CUDA_VISIBLE_DEVICES`` in *env* hides every GPU ("" or "-1"); [] means a job
     here computes on the CPU."""
-    import glob
-
     env = os.environ if env is None else env
     hidden = env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
     found = sorted({n for pat in ACCELERATOR_NODES for n in glob.glob(pat)})
