@@ -144,6 +144,17 @@ def batch_from_gap_ranks(v: pl.DataFrame) -> tuple[int | None, str]:
         return None, f"no position of the long gaps shared by the workers' epochs ({told})"
     top = max(f[1] for f in strong) - 0.5
     b, score, n, p = min((f for f in strong if f[1] - 0.5 >= KEEP * top), key=lambda f: f[0])
+    # a divisor of B whose positions are likelier than chance still (more so than B's) but
+    # whose mean rank fell short: B's positions are a part of its, and B may be its multiple
+    # (seen under CPU load: batch 2 at chance 2e-5, mean rank 0.78; 4 at 0.006, 0.81)
+    under = [f for f in found if f[0] < b and b % f[0] == 0 and f[3] < p and f[1] < MIN_SCORE]
+    if under:
+        d = min(under, key=lambda f: f[3])
+        return None, (
+            f"no position of the long gaps shared by the workers' epochs: {b} (mean rank "
+            f"{score:.2f}, chance {p * tried:.1g}) is a multiple of {d[0]} (mean rank "
+            f"{d[1]:.2f}, chance {d[3] * tried:.1g}), likelier but under {MIN_SCORE}"
+        )
     return b, (
         f"the gap before every {b}th sample of a worker's epoch ranks {score:.2f} among its "
         f"sequence's gaps ({n} batch boundaries in {len(seqs)} worker-epochs; by chance "
