@@ -655,6 +655,42 @@ def replay_subset(
     return under
 
 
+def self_similarity(configs: list[dict[str, Any]], root: Path, again: Path) -> None:
+    """The similarity metric's floor: each configuration run twice (``root`` and ``again``,
+    two sweeps of the same grid), the two jobs' traces compared with each other as a replay
+    is with its job, beside the replay's similarity (``replay.json``) where there is one."""
+    from dlreplay.analyze.compare import compare_traces
+
+    rows = []
+    print("| configuration | job vs job again | replay vs job |")
+    print("|---|---|---|")
+    for c in configs:
+        a, b = root / c["name"], again / c["name"]
+        if not ((a / "trace").is_dir() and (b / "trace").is_dir()):
+            continue
+        cmp = compare_traces(
+            a / "trace", b / "trace", data_dirs_a=[str(a / "data")], data_dirs_b=[str(b / "data")]
+        )
+        rep = a / "replay.json"
+        r = json.loads(rep.read_text())["similarity"] if rep.exists() else None
+        rows.append((cmp.similarity, r))
+        print(f"| {c['name']} | {cmp.similarity:.3f} | {'-' if r is None else f'{r:.3f}'} |")
+    jobs = np.asarray([j for j, _ in rows])
+    both = [(j, r) for j, r in rows if r is not None]
+    print(
+        f"\n{len(rows)} configurations run twice: job vs job again >= {SIMILARITY_TARGET} in "
+        f"{int((jobs >= SIMILARITY_TARGET).sum())} (median {np.median(jobs):.3f})"
+        if rows
+        else "no configuration run in both folders"
+    )
+    if both:
+        under = [(j, r) for j, r in both if r < SIMILARITY_TARGET]
+        print(
+            f"replays under {SIMILARITY_TARGET}: {len(under)} of {len(both)}; of those, the job "
+            f"against itself was under it too in {sum(j < SIMILARITY_TARGET for j, _ in under)}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -685,6 +721,14 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=44, help="the draw of --replay's configurations")
     ap.add_argument(
+        "--self-similarity",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="compare each job with the same configuration's job in DIR (a second sweep, "
+        "--dir DIR): the similarity metric's floor, beside the replays'",
+    )
+    ap.add_argument(
         "--as-sleep",
         action="store_true",
         help="--replay: distill as if the captures had not recorded the host's accelerators "
@@ -705,6 +749,9 @@ def main() -> None:
         for c in configs:
             print(c["name"])
         print(f"{len(configs)} configurations")
+        return
+    if args.self_similarity is not None:
+        self_similarity(configs, args.dir, args.self_similarity)
         return
     if args.replay is not None:
         bad = replay_subset(configs, args.dir, args.replay, args.seed, args.as_sleep)
