@@ -53,9 +53,22 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}", 1)
         except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            # the command ends here: another Ctrl-C from now on (a second press, or one
+            # delivered late after its signal was blocked while workers started) must not
+            # raise out of the exit below, past click, and end the process by SIGINT
+            _ignore_further_ctrl_c()
             fail("interrupted (Ctrl-C)", 130)
 
     return wrapper
+
+
+def _ignore_further_ctrl_c() -> None:
+    """SIGINT ignored from now on (main thread only: elsewhere the handler cannot change)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _guarded(command: click.Command) -> click.Command:
