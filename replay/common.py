@@ -51,7 +51,9 @@ EXTENSIONS = {
 }
 #: Formats whose samples are byte ranges recorded in the manifest (``offsets``).
 RECORD_FORMATS = ("raw", "tfrecord", "indexed_binary")
-#: Formats that store one sample per file.
+#: Formats that store one image per file. Several samples per file are DLIO's: the file's
+#: one image, read whole for each of its samples (DLIO 2.0's image reader; its generator
+#: writes one image per file whatever ``num_samples_per_file`` says).
 ONE_SAMPLE_FORMATS = ("jpeg", "png")
 #: Formats whose shards an IterableDataset streams whole (:mod:`.streaming`).
 SHARD_FORMATS = ("tar", "arrow")
@@ -88,13 +90,8 @@ def dataset_digest(model: WorkloadModel) -> str:
 
 
 def check_model_for_replay(model: WorkloadModel) -> None:
-    """Raise :class:`ReplayError` for models the replay cannot produce a dataset for."""
-    ds = model.dataset
-    if ds.format in ONE_SAMPLE_FORMATS and ds.num_samples_per_file != 1:
-        raise ReplayError(
-            f"dataset.num_samples_per_file: {ds.format} files hold one image each, got "
-            f"{ds.num_samples_per_file}; set dataset.num_samples_per_file=1 (e.g. --set dataset.num_samples_per_file=1)."
-        )
+    """Raise :class:`ReplayError` for models the replay cannot produce a dataset for (none
+    at present: every format's layout can be generated; kept as the plan's one gate)."""
 
 
 #: Bytes of memory per sample of the dataset plan and of an epoch's sample order (Python ints and tuples).
@@ -243,7 +240,9 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     ext = EXTENSIONS[ds.format]
     out = []
     k = ds.num_samples_per_file
-    per_file = 1 if ds.format in ARRAY_FORMATS else k
+    # one record length a file: an array's rows, or an image file's one image that each of
+    # its samples reads whole
+    per_file = 1 if ds.format in ARRAY_FORMATS or ds.format in ONE_SAMPLE_FORMATS else k
     # an empirical distribution (the real files' sizes) is drawn stratified: each draw from its own
     # 1/N of the probabilities (in a seeded order over the files), so N files have the real
     # distribution's quantiles, not N random draws' noise
@@ -262,7 +261,7 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
         else:
             draws = ds.record_length.sample(rng, per_file)
         sizes = np.maximum(1, np.rint(draws)).astype(np.int64)
-        if ds.format in ARRAY_FORMATS:
+        if per_file == 1:
             sizes = np.repeat(sizes, k)
         name = f"img_{i:0{width}d}_of_{n}.{ext}"
         rel = f"train/{i % ds.num_subfolders}/{name}" if ds.num_subfolders > 0 else f"train/{name}"

@@ -505,3 +505,31 @@ def test_batch_is_not_a_multiple_of_a_likelier_one() -> None:
     truth = _truth("unet_w2_b2_loaded")
     assert m.reader.read_threads == truth["read_threads"]
     assert m.train.epochs == truth["epochs"]
+
+
+@pytest.mark.parametrize("name", ["dlio_jpeg_4spf", "dlio_jpeg_2spf"])
+def test_dlio_image_files_of_several_samples_replay_their_bytes(name: str, tmp_path: Path) -> None:
+    """DLIO 2.0 writes one image a file whatever ``num_samples_per_file`` says, and reads the
+    file whole for each of its samples: distill says N samples a file of the file's size each
+    (it said the file's size over N, and the replay refused JPEG files of several samples),
+    and the replay reads as many bytes as the job."""
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    truth = _truth(name)
+    lt = load_trace(SWEEP / name)
+    job = lt.events.filter(
+        (pl.col("cat") == "POSIX")
+        & pl.col("name").is_in(["read", "pread64"])
+        & pl.col("file").cast(pl.String).str.contains("/train/")
+    )["size"].sum()
+    for posix_only in (False, True):
+        m = _model(name, posix_only)
+        assert m.dataset.format == "jpeg"
+        assert m.dataset.num_samples_per_file == truth["num_samples_per_file"]
+        assert m.dataset.num_files == truth["num_files"] and m.train.epochs == truth["epochs"]
+        per_sample = job / (truth["num_files"] * truth["num_samples_per_file"] * truth["epochs"])
+        assert m.dataset.record_length.mean == pytest.approx(per_sample, rel=0.01)
+    res = run_replay(
+        ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out", trace=False)
+    )
+    assert res.metrics["overall"]["bytes_read"] == pytest.approx(job, rel=0.05)

@@ -235,6 +235,36 @@ def test_jpeg_size_approximates_record_length(tmp_path):
         assert 0.8 * 200000 < p.stat().st_size < 1.2 * 200000
 
 
+@pytest.mark.parametrize(("fmt", "spf"), [("jpeg", 4), ("png", 2)])
+def test_image_files_of_several_samples_are_read_whole_for_each(
+    tmp_path: Path, fmt: str, spf: int
+) -> None:
+    """DLIO's image datasets with ``num_samples_per_file`` N (DLIO 2.0 runs them; distill
+    finds N in their traces): one image a file, read whole for each of its N samples. The
+    replay had refused such a model."""
+    model = make_model(
+        f"dataset.format={fmt}",
+        f"dataset.num_samples_per_file={spf}",
+        "dataset.record_length=20000",
+        "reader.read_threads=0",
+    )
+    generate_dataset(GenerateConfig(model=model, data_dir=tmp_path / "d"))
+    files = data_files(tmp_path / "d")
+    assert len(files) == 6
+    from PIL import Image
+
+    for f in files:
+        with Image.open(f) as img:
+            assert getattr(img, "n_frames", 1) == 1  # one image, not N
+    on_disk = sum(f.stat().st_size for f in files)
+    res = run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "d", out=tmp_path / "out", trace=False)
+    )
+    m = res.metrics["overall"]
+    assert m["samples"] == 2 * 6 * spf  # 2 epochs
+    assert m["bytes_read"] == 2 * spf * on_disk
+
+
 # --------------------------------------------------------------------------- generation safety
 
 

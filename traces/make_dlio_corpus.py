@@ -227,7 +227,16 @@ WORKLOADS: dict[str, dict[str, Any]] = {
             },
             "train": {"epochs": 2, "computation_time": 0.01},
         }
-        for fmt, spf in (("hdf5", 8), ("hdf5", 2), ("npz", 4), ("npz", 2))
+        # and JPEG files of 4 and 2 samples: DLIO writes one image a file and reads it whole
+        # for each of its samples
+        for fmt, spf in (
+            ("hdf5", 8),
+            ("hdf5", 2),
+            ("npz", 4),
+            ("npz", 2),
+            ("jpeg", 4),
+            ("jpeg", 2),
+        )
     },
     # HDF5 files of 16 KiB samples, 8 and 16 of them: h5py reads a 64 KiB chunk (4 samples) for
     # each sample, more than its share and less than the file (POSIX-only passes were cut where

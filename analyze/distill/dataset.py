@@ -312,6 +312,15 @@ def _record_length(
 ) -> Distribution:
     """Bytes per sample: the file sizes over the samples per file (an HDF5 file's metadata
     before its data left out), else the read sizes."""
+    if sizes.height and fmt in ("jpeg", "png") and spf > 1:
+        # one image a file, which each of its samples reads whole (DLIO's image files of
+        # several samples): a sample's bytes are the file's
+        facts.put(
+            "dataset.record_length",
+            f"file size: the file's one image, read whole by each of its {spf} samples",
+            "inferred",
+        )
+        return Distribution.from_values(sizes["size"].to_numpy().astype(float))
     if sizes.height:
         head = _hdf5_head(obs.reads) if fmt == "hdf5" else None
         if head is not None and head.height:

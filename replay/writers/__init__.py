@@ -113,6 +113,7 @@ def write_file(
     if fmt in ("npz", "npy", "hdf5"):
         _write_arrays(fmt, tmp, sizes, layout, rng, out)
     elif fmt in ("jpeg", "png"):
+        target = int(sizes[0])  # one image; each of the file's samples reads it whole
         if layout.images:
             i = choose_structure(layout.images, target, rng)
             out.structure = i
