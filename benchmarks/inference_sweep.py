@@ -25,8 +25,12 @@ a guess), every miss with its configuration, and the high-confidence fields that
     python benchmarks/inference_sweep.py [--limit N] [--subset examples|dlio|NAME-PREFIX]
         [--dlio-venv /work/dlio-venv] [--dir bench-data/inference_sweep] [--list]
     python benchmarks/inference_sweep.py --versus   # against dftracer_gen_dlio_config
-    python benchmarks/inference_sweep.py --replay N [--seed S]   # distill, generate, replay and
-        # compare N cached configurations drawn with seed S: similarity and epoch times each
+    python benchmarks/inference_sweep.py --replay N [--seed S] [--as-sleep]   # distill, generate,
+        # replay and compare N cached configurations drawn with seed S: similarity and epoch
+        # times each (--as-sleep: the compute a pure sleep, the host-CPU inference ablated)
+    python benchmarks/inference_sweep.py --subset examples --dir bench-data/inference_sweep_rep2
+    python benchmarks/inference_sweep.py --subset examples --self-similarity bench-data/inference_sweep_rep2
+        # each job against its second run: the similarity metric's own floor
 """
 
 from __future__ import annotations
