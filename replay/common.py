@@ -89,11 +89,6 @@ def dataset_digest(model: WorkloadModel) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def check_model_for_replay(model: WorkloadModel) -> None:
-    """Raise :class:`ReplayError` for models the replay cannot produce a dataset for (none
-    at present: every format's layout can be generated; kept as the plan's one gate)."""
-
-
 #: Bytes of memory per sample of the dataset plan and of an epoch's sample order (Python ints and tuples).
 PLAN_BYTES_PER_SAMPLE = 160
 #: Bytes of memory per file of the plan and of the manifest.
@@ -232,7 +227,6 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
     bytes written) do not depend on how generation is split over processes.
     Array formats (npz, npy, hdf5) use one record length per file (rectangular arrays).
     """
-    check_model_for_replay(model)
     check_plan_size(model, seed)
     ds = model.dataset
     n = ds.num_files
