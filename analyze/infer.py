@@ -549,11 +549,12 @@ def _computation_time(
     none = Inferred(None, "the samples are read by workers")
     guessed = ""
     if not batch:
-        if threads or io is None:
+        if io is None or (threads and pools is None):
             return Inferred(None, "batch size unknown"), [], Inferred(None, "batch size unknown")
-        # a consumer's gaps with no period in them: every sample's idle time taken as one
-        # step's (batch 1, as distill's reader then says), so a replay spends the job's time
-        # between samples whatever the batch was
+        # gaps with no period in them: batch 1, as distill's reader then says, and the time
+        # per sample taken as one step's: a consumer's idle time before each sample, or with
+        # workers its pace over each epoch's span; so a replay spends the job's time between
+        # samples whatever the batch was (it spent none: epochs a third of the job's)
         batch, guessed = 1, "batch size unknown, taken as 1: "
     b = visits.sort("pid", "ts").with_columns(
         (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
@@ -564,7 +565,12 @@ def _computation_time(
         .sort("pid", "t0")
     )
     preprocess = none
-    if threads:
+    if threads and guessed:  # a worker's samples come in bursts of the unknown batch: the
+        # interval between them is no step; each epoch's span over its samples is the pace
+        preprocess = Inferred(None, "batch size unknown")
+        assert pools is not None
+        vals, what = epoch_span_steps(starts, pools, pauses)
+    elif threads:
         preprocess = worker_sample_time(visits, io, batch) if io is not None else none
         vals, what = _worker_intervals(starts, batch, threads, pauses)
         if not vals.size and pools is not None:

@@ -533,3 +533,23 @@ def test_dlio_image_files_of_several_samples_replay_their_bytes(name: str, tmp_p
         ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out", trace=False)
     )
     assert res.metrics["overall"]["bytes_read"] == pytest.approx(job, rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["unet_w1_b2_unknown", "cosmo_w4_b2_unknown"])
+def test_workers_of_an_unknown_batch_still_get_the_jobs_pace(name: str) -> None:
+    """DataLoader workers whose gaps show no batch (one worker, or four forked every epoch,
+    batch 2): the batch is said unknown and taken as 1, and the consumer's time per sample
+    comes from each epoch's span. It was 0, and the replay's epochs a third of the job's.
+    Both are marked guesses. The modelled compute of an epoch is a good share of the job's
+    epoch and no more than it (the rest is the replay's own reading)."""
+    truth = _truth(name)
+    m = _model(name, posix_only=False)  # captured with --no-loader-hooks: POSIX only
+    f = m.provenance.fields
+    assert m.reader.batch_size == 1 and f["reader.batch_size"].confidence == "default"
+    assert m.reader.read_threads == truth["read_threads"]
+    c = f["train.computation_time"]
+    assert c.confidence == "default" and "taken as 1" in c.method and "epoch's span" in c.method
+    job = json.loads((SWEEP / name / "expected.json").read_text())["job"]
+    per_epoch = job["samples"] / truth["epochs"]
+    modelled = per_epoch * (m.train.computation_time.mean or 0)
+    assert 0.33 * min(job["epoch_times_s"]) < modelled <= max(job["epoch_times_s"])
