@@ -96,9 +96,13 @@ def epoch_span_steps(
         r = ranked["t1"].to_numpy().astype(np.float64)
         if not isinstance(end, (int, float)) or not r.size:
             continue
-        span = float(end)
+        span = np.full(r.size, float(end))
         if pauses is not None and pauses.height:
-            span -= float(overlap_us(pl.Series([r[0]]), pl.Series([span]), pauses)[0])
+            # each batch's time to the epoch's end less the pauses in it (a checkpoint
+            # before batch i's arrival is no time of the steps after it)
+            span -= overlap_us(
+                pl.Series(r.astype(np.int64)), pl.Series(span.astype(np.int64)), pauses
+            ).to_numpy()
         left = r.size - np.arange(r.size)  # steps from batch i's arrival to the epoch's end
         step = float(np.min((span - r) / left))
         if step > 0:

@@ -553,3 +553,22 @@ def test_workers_of_an_unknown_batch_still_get_the_jobs_pace(name: str) -> None:
     per_epoch = job["samples"] / truth["epochs"]
     modelled = per_epoch * (m.train.computation_time.mean or 0)
     assert 0.33 * min(job["epoch_times_s"]) < modelled <= max(job["epoch_times_s"])
+
+
+def test_epoch_span_takes_out_only_the_pauses_after_each_batch() -> None:
+    """A checkpoint written between two batches' arrivals (DLIO's checkpoints every few
+    steps) is no time of the steps after the later one: each batch's time to the epoch's end
+    loses only the pauses in it. Taken out of the whole span, the steps after the checkpoint
+    came out negative and the compute was 0 (6 of the sweep's DLIO runs that checkpoint)."""
+    import numpy as np
+
+    from dlreplay.analyze.infer_steps import epoch_span_steps
+
+    # the consumer: steps 1-6 and 6-11, a checkpoint 11-41, then batches 2 and 3 (arrived
+    # at 42 and 43) in steps 42-47 and 47-52; the next epoch's first read starts at 52
+    arrivals, step_ms = [1.0, 2.0, 42.0, 43.0], 5.0
+    rows = _starts(0, arrivals, [11, 12]) + _starts(1, [52.5, 53.5], [11, 12])
+    pools = pl.DataFrame({"pid": [11, 12], "b": [10**7, 10**7]})
+    pauses = pl.DataFrame({"ts": [11_000], "end": [41_000]})
+    vals, _ = epoch_span_steps(pl.DataFrame(rows), pools, pauses)
+    assert vals.size == 1 and np.isclose(vals[0], step_ms / 1000)
