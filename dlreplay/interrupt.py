@@ -193,11 +193,23 @@ HOLD_MAX_S = 300.0
 def hold_point(point: str) -> None:
     """Test-only blocking point: when ``DLREPLAY_TEST_HOLD`` names *point*, print ``held at
     POINT`` on stderr and wait there (at most :data:`HOLD_MAX_S`) for Ctrl-C, so that a test's
-    Ctrl-C lands at that point on a machine of any speed. A no-op otherwise."""
-    if os.environ.get(HOLD_ENV) != point:
+    Ctrl-C lands at that point on a machine of any speed. A no-op otherwise.
+
+    ``POINT:exec`` waits inside code run by ``exec()`` of a string, where a Ctrl-C also lands
+    when it comes while a module defines a dataclass (its methods are made that way): the case
+    :func:`dlreplay.cli.forget_unhandled_ctrl_c` is for."""
+    name = os.environ.get(HOLD_ENV)
+    if name not in (point, f"{point}:exec"):
         return
-    sys.stderr.write(f"held at {point} ({HOLD_ENV}); waiting for Ctrl-C\n")
+    sys.stderr.write(f"held at {name} ({HOLD_ENV}); waiting for Ctrl-C\n")
     sys.stderr.flush()
+    if name.endswith(":exec"):
+        exec("_wait()", {"_wait": _wait_for_ctrl_c})  # noqa: S102 - a constant string
+    else:
+        _wait_for_ctrl_c()
+
+
+def _wait_for_ctrl_c() -> None:
     deadline = time.monotonic() + HOLD_MAX_S
     while time.monotonic() < deadline:
         time.sleep(0.05)

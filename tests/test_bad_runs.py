@@ -1027,6 +1027,27 @@ def test_ctrl_c_during_a_verify_replay_stops_analyze(tmp_path: Path) -> None:
     assert "Verified by replay" not in stdout and "AU" not in stdout  # no result shown at all
 
 
+@pytest.mark.parametrize("point", ["command", "command:exec"])
+def test_ctrl_c_that_lands_in_exec_code_still_exits_130(point: str) -> None:
+    """A Ctrl-C raised inside code that ``exec()`` runs from a string (a dataclass's methods,
+    made as a module is imported: how the verify-replay test above failed in CI, 1 run in
+    13 under load) left CPython's "unhandled KeyboardInterrupt" note set although dlreplay
+    handled it, and ``python -m dlreplay`` then killed itself with SIGINT at exit (-2, not
+    130). The test-only hold point waits inside such an ``exec`` (``command:exec``) or in
+    plain code (``command``), as the command starts."""
+    from dlreplay.interrupt import HOLD_ENV as POINT_ENV
+
+    proc = start_cli(
+        "analyze", str(REPO / "traces" / "npz_starved"), env={**os.environ, POINT_ENV: point}
+    )
+    wait_for_line(proc, f"held at {point} ")
+    ctrl_c(proc, "group")
+    stdout, stderr = proc.communicate(timeout=120)
+    no_traceback(stderr)
+    assert proc.returncode == 130, stderr
+    assert stdout == "" and "interrupted (Ctrl-C)" in stderr
+
+
 @pytest.mark.parametrize("target", ["group", "pid"])
 def test_ctrl_c_during_distributed_analyze(tmp_path: Path, target: str) -> None:
     """--workers 2: Ctrl-C with parse tasks in flight (held there by the test-only hook): exit 130,
