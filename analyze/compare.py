@@ -36,6 +36,7 @@ from .distill.storage import (
     with_object_reads,
     without_object_dirs,
 )
+from .files import has_loader_processes
 from .passes import Characterization, characterize, flag_reads
 from .trace import load_trace
 from .trace.inputs import trace_notes
@@ -293,7 +294,7 @@ def compare_traces(
     data_dirs_b: list[str] | None = None,
 ) -> Comparison:
     """Load both traces and compare them (see the module doc)."""
-    chars, warned, gaps = [], [], []
+    chars, warned, gaps, loaded = [], [], [], []
     for path, dirs in ((a, data_dirs_a), (b, data_dirs_b)):
         lt = load_trace(path)
         notes = trace_notes(path, lt.files)
@@ -306,6 +307,11 @@ def compare_traces(
                 f"{path}: the trace holds no events, so there is nothing to compare ("
                 f"{'; '.join(warned[-1]) or 'no event lines'}); capture the job again"
             )
+        loaded.append((path, dirs, lt))
+    # both sides' files by one rule: a trace without loader events (DFTracer's preload alone)
+    # counts every file read under the data dirs, so its replay's are counted the same way
+    by_loader = all(has_loader_processes(lt.events, lt.per_process) for _, _, lt in loaded)
+    for path, dirs, lt in loaded:
         objects = object_reads(path)  # S3 GETs are reads of files s3://bucket/key (distill.storage)
         chars.append(
             characterize(
@@ -314,6 +320,7 @@ def compare_traces(
                 data_dirs=with_object_dirs(dirs, objects),
                 passes=["overview", "steps", "epochs", "access"],
                 per_process=lt.per_process if objects.is_empty() else None,
+                by_loader=by_loader,
             )
         )
     ca, cb = chars

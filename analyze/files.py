@@ -86,6 +86,18 @@ def collect(query: pl.LazyFrame, events: pl.DataFrame | pl.LazyFrame) -> pl.Data
     )
 
 
+#: dlreplay's own files in a data folder (a generated dataset's manifest, journal, claim).
+_OWN_RE = r"(?:^|/)\.dlreplay-[^/]*$"
+
+
+def has_loader_processes(
+    events: pl.DataFrame | pl.LazyFrame, per_process: pl.DataFrame | None = None
+) -> bool:
+    """True when some process of ``events`` is a data-loader worker (:func:`loader_processes`)."""
+    fp = file_process_table(events) if per_process is None else per_process
+    return bool(fp["loader"].any()) or loader_processes(events).height > 0
+
+
 def loader_processes(events: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """(host, pid) of the processes that emit ``item`` or ``items`` events (data-loader workers:
     a map-style Dataset's items, a batch of ``__getitems__`` or an IterableDataset's fetch)."""
@@ -292,19 +304,23 @@ def classify_files(
     data_dirs: Iterable[str] | None = None,
     *,
     per_process: pl.DataFrame | None = None,
+    by_loader: bool = True,
 ) -> pl.DataFrame:
     """One row per file: file, role, bytes_read, bytes_written, reads, writes, opens, processes.
 
     ``bytes_read``/``bytes_written`` are bytes transferred by read/write calls (a
     checkpoint save/load event counts when its writes/reads were not traced);
     ``processes`` counts distinct (host, pid). Sorted by bytes read, then written.
-    ``per_process`` reuses a :func:`file_process_table` already computed.
+    ``per_process`` reuses a :func:`file_process_table` already computed. ``by_loader``
+    False: the rules of a trace without loader events, even where it has them (a comparison
+    with such a trace classifies both sides alike). dlreplay's own files (``.dlreplay-*``: a
+    generated dataset's manifest) are never the dataset.
     """
     if _empty(events):
         return pl.DataFrame(schema=CLASSIFY_SCHEMA)
     events = _with_roles(events)
     fp = file_process_table(events) if per_process is None else per_process
-    has_loaders = bool(fp["loader"].any()) or loader_processes(events).height > 0
+    has_loaders = by_loader and has_loader_processes(events, fp)
     per_file = (
         fp.lazy()
         .group_by("file")
@@ -333,6 +349,7 @@ def classify_files(
         dataset = read & pl.col("__loader_read")
     else:
         dataset = read & ((pl.col("opens") > 1) | (pl.col("__readers") > 1))
+    dataset = dataset & ~pl.col("file").str.contains(_OWN_RE)
     role = (
         pl.when(checkpoint)
         .then(pl.lit("checkpoint"))

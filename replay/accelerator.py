@@ -11,6 +11,7 @@ and the metrics of each epoch are gathered in one record (see :mod:`.metrics`).
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -217,6 +218,26 @@ class _RankRun:
         # first, so no garbage is frozen; unfrozen at the rank's end)
         gc.collect()
         gc.freeze()
+        self.read_side_files("start")
+
+    def read_side_files(self, when: str) -> None:
+        """Read the dataset's side files of *when* (``start``, ``epoch``) as the job did: each
+        visit opens the file and makes the recorded read calls (bytes; local data only)."""
+        side = [s for s in self.model.dataset.side_files or [] if s.when == when]
+        if not side or self.plan.spec.s3 is not None:
+            return
+        from dlreplay.osutil import confined_path
+
+        for sf in side:
+            path = confined_path(self.plan.spec.data_dir, sf.path, "the model's dataset.side_files")
+            for _ in range(sf.visits):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    for nbytes, calls in sf.reads:
+                        for _ in range(calls):
+                            os.read(fd, nbytes)
+                finally:
+                    os.close(fd)
 
     def epoch(self, epoch: int) -> bool:
         """Run *epoch* (1-based): its steps, then its end; False when there is nothing left to run."""
@@ -232,6 +253,7 @@ class _RankRun:
             batches = batches[: max(0, total_cap - self.global_step)]
         if not batches:
             return False
+        self.read_side_files("epoch")
         rec = _new_record(epoch)
         self.epochs.append(rec)
         ids: list[int] = []

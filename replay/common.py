@@ -299,11 +299,13 @@ def listed_files(data_dir: Path, doc: dict[str, Any], source: Path) -> dict[str,
     """
     files = doc.get("files", [])
     entries = list(files.values()) if isinstance(files, dict) else files
-    if not isinstance(entries, list):
+    side = doc.get("side_files", [])  # the model's dataset.side_files, as written
+    if not isinstance(entries, list) or not isinstance(side, list):
         raise ReplayError(
             f"{source}: 'files' is not a list of files; delete {source} (it is not a file dlreplay "
             f"wrote) or choose another --data-dir"
         )
+    entries = entries + side
     out: dict[str, dict[str, Any]] = {}
     for e in entries:
         rel = e.get("path") if isinstance(e, dict) else e

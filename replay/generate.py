@@ -42,6 +42,7 @@ from dlreplay.model import Layout, WorkloadModel, model_to_dict
 from dlreplay.osutil import (
     DirectoryClaim,
     claim_directory,
+    confined_path,
     end_with_parent,
     host_memory_bytes,
     is_empty_dir,
@@ -369,9 +370,14 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
     _write_journaled(todo, model, data_dir, seed, jobs, journal)
 
     INTERRUPT.check()  # never mark a dataset complete after a Ctrl-C
+    side = _write_side_files(model, data_dir, seed, {s.relpath for s in plan})
+    INTERRUPT.check()
     files = [done[s.relpath] for s in plan]
     total = sum(int(e["bytes"]) + int(e.get("aux_bytes", 0)) for e in files)
+    total += sum(e["bytes"] for e in side)
     manifest = _manifest(header, model, files, total)
+    if side:
+        manifest["side_files"] = side
     write_json_atomic(data_dir / MANIFEST_NAME, manifest)
     journal_path.unlink(missing_ok=True)
     warnings.extend(cache_warnings(total))
@@ -385,6 +391,37 @@ def _generate(config: GenerateConfig, t0: float) -> GenerateResult:
         warnings=tuple(warnings),
         manifest=manifest,
     )
+
+
+def _write_side_files(
+    model: WorkloadModel, data_dir: Path, seed: int, planned: set[str]
+) -> list[dict[str, Any]]:
+    """Write the model's ``dataset.side_files`` (seeded random bytes of each one's size, each
+    through a temporary file) in *data_dir*; returns their manifest entries (path, bytes)."""
+    entries: list[dict[str, Any]] = []
+    for k, sf in enumerate(model.dataset.side_files or []):
+        if sf.path in planned:
+            raise ReplayError(
+                f"dataset.side_files lists {sf.path!r}, which is also one of the dataset's files; "
+                "remove it from side_files"
+            )
+        path = confined_path(data_dir, sf.path, "the model's dataset.side_files")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
+        rng = np.random.default_rng([seed, 1 << 20, k])
+        try:
+            with open(tmp, "wb") as fh:
+                left = sf.size
+                while left:
+                    n = min(left, 1 << 20)
+                    fh.write(rng.bytes(n))
+                    left -= n
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        entries.append({"path": sf.path, "bytes": sf.size})
+    return entries
 
 
 def _reused(data_dir: Path, files: int, t0: float) -> GenerateResult:

@@ -48,6 +48,7 @@ from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
 from .shards import streamed_shards
+from .side import with_side_files
 from .storage import (
     object_folder,
     object_reads,
@@ -131,6 +132,9 @@ def distill(
             obs.epochs.filter(pl.col("pid") == main_pid) if main_pid else None,
         )
     storage = storage_section(objects)
+    dataset = with_side_files(
+        dataset, every, obs.paths, train.epochs, processes.ranks, facts, data_dirs
+    )
     return WorkloadModel(
         dataset=object_folder(dataset, storage),
         reader=reader,

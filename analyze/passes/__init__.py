@@ -125,6 +125,7 @@ def characterize(
     passes: Iterable[str] | None = None,
     per_process: pl.DataFrame | None = None,
     mapped_events: pl.DataFrame | None = None,
+    by_loader: bool = True,
 ) -> Characterization:
     """Run the characterisation ``passes`` (default: all of :data:`PASSES`) over an event table.
 
@@ -135,7 +136,14 @@ def characterize(
     view = (
         events
         if isinstance(events, TraceView)
-        else TraceView(events, manifest, data_dirs, per_process, mapped_events=mapped_events)
+        else TraceView(
+            events,
+            manifest,
+            data_dirs,
+            per_process,
+            mapped_events=mapped_events,
+            by_loader=by_loader,
+        )
     )
     names = list(passes) if passes is not None else list(PASSES)
     unknown = [n for n in names if n not in PASSES]

@@ -101,6 +101,9 @@ class TraceView:
     #: (:func:`~..distill.mapped.mapped_events`: read from the trace files, as the event table
     #: keeps no offset or bytes of annotation events); None when not read
     mapped_events: pl.DataFrame | None = None
+    #: classify the files with the loader rule when the trace has loader events (see
+    #: :func:`classify_files`); False in a comparison with a trace that has none
+    by_loader: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.events, pl.DataFrame):
@@ -188,7 +191,9 @@ class TraceView:
     @cached_property
     def files(self) -> pl.DataFrame:
         """Per file: role, bytes, call counts (see :func:`classify_files`)."""
-        return classify_files(self.events, self.data_dirs, per_process=self.per_process)
+        return classify_files(
+            self.events, self.data_dirs, per_process=self.per_process, by_loader=self.by_loader
+        )
 
     def role_files(self, role: str) -> list[str]:
         return self.files.filter(pl.col("role") == role)["file"].to_list()

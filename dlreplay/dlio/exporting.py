@@ -403,6 +403,10 @@ def _io_inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("checkpoint.file_ranks")
     if pr.workers_per_rank != rd.read_threads:
         lost.append(f"processes.workers_per_rank={pr.workers_per_rank}")
+    if model.dataset.side_files:
+        lost.append(
+            f"dataset.side_files ({len(model.dataset.side_files)}: DLIO reads only sample files)"
+        )
     return lost
 
 

@@ -28,6 +28,46 @@ from dlreplay.model.distribution import Distribution
 from dlreplay.model.layout import Layout
 
 
+#: When a side file is read: once as the run starts, or at the start of every epoch.
+SIDE_FILE_WHEN = ("start", "epoch")
+#: Most side files a model lists (more are not side files but a dataset distill could not tell).
+MAX_SIDE_FILES = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class SideFile:
+    """A file in the data folder that the job reads outside its samples: a marker, a label
+    list, a class index, a metadata JSON. ``generate`` writes it at its size and the replay
+    reads it as the job did, in every rank's main process."""
+
+    path: str = model_field(doc="path relative to the data folder")
+    size: int = model_field(check="nonneg", doc="bytes")
+    reads: list[list[int]] = model_field(
+        factory=list,
+        check="nonneg",
+        doc="the read calls of one visit, in order: runs of [bytes per call, calls]",
+    )
+    visits: int = model_field(1, check="positive", doc="opens per rank at each reading")
+    when: str = model_field("start", choices=SIDE_FILE_WHEN, doc="start: once; epoch: each epoch")
+
+    _track_defaults: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        parts = self.path.replace("\\", "/").split("/")
+        if (
+            not self.path
+            or "\x00" in self.path
+            or self.path.startswith("/")
+            or ".." in parts
+            or parts[-1].startswith(".dlreplay-")
+        ):
+            raise InvalidField(
+                "path",
+                f"expected a path inside the data folder (relative, no '..', not dlreplay's own "
+                f".dlreplay-* files), got {shown(self.path)}",
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Dataset:
     """The training dataset's shape (DLIO ``dataset``)."""
@@ -48,6 +88,18 @@ class Dataset:
         None, check="nonneg", doc="bytes per sample after the reader's resize (memory, not I/O)"
     )
     layout: Layout = model_field(factory=Layout, doc="format-specific layout")
+    side_files: list[SideFile] | None = model_field(
+        None,
+        doc="files in the data folder read outside the samples (markers, labels, indexes); "
+        "null: none",
+    )
+
+    def __post_init__(self) -> None:
+        if self.side_files is not None and len(self.side_files) > MAX_SIDE_FILES:
+            raise InvalidField(
+                "side_files",
+                f"expected at most {MAX_SIDE_FILES} side files, got {len(self.side_files)}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
