@@ -76,6 +76,8 @@ def epoch_span_steps(
     epoch (its warm-up) is left out where a later one is measured."""
     out: list[tuple[int, float]] = []
     ends = pools.select("pid", "b")
+    # (epoch, arrivals, end) of each epoch; end None: the last epoch of workers that live on
+    spans: list[tuple[int, np.ndarray, float | None]] = []
     for e in sorted(starts["epoch"].unique().to_list()):
         mine = starts.filter(pl.col("epoch") == e)
         order = mine.group_by("pid").agg(pl.col("t0").min()).sort("t0")["pid"]
@@ -89,12 +91,14 @@ def epoch_span_steps(
             # (its first worker to end is the nearest to the epoch's end: each one's exit
             # after the consumer's last step takes its own time)
             end = ends.filter(pl.col("pid").is_in(order.implode()))["b"].min()
-        elif later.height:
-            end = later["t0"].min()
-        else:  # the last epoch of workers that live on: its end is not in the reads
-            continue
+        else:  # workers that live on: the next epoch's first read; None for the last epoch
+            end = later["t0"].min() if later.height else None
         r = ranked["t1"].to_numpy().astype(np.float64)
-        if not isinstance(end, (int, float)) or not r.size:
+        if r.size and (end is None or isinstance(end, (int, float))):
+            spans.append((int(e), r, None if end is None else float(end)))
+    spans, closed = _last_epoch_by_checkpoint(spans, pauses)
+    for e, r, end in spans:
+        if end is None:  # its end is not in the reads
             continue
         span = np.full(r.size, float(end))
         if pauses is not None and pauses.height:
@@ -106,7 +110,7 @@ def epoch_span_steps(
         left = r.size - np.arange(r.size)  # steps from batch i's arrival to the epoch's end
         step = float(np.min((span - r) / left))
         if step > 0:
-            out.append((int(e), step * _US))
+            out.append((e, step * _US))
     vals = np.asarray([c for e, c in out[1:] or out])
     first_only = len(out) == 1 and out[0][0] == min(starts["epoch"].unique().to_list())
     return vals, (
@@ -115,4 +119,33 @@ def epoch_span_steps(
         "own time, an upper bound on the compute (too few batches a worker for a steady "
         "interval)"
         + ("; the first epoch's alone, its warm-up included: a guess" if first_only else "")
+        + (
+            "; the last epoch ends where its checkpoint starts, as each earlier one's did"
+            if closed
+            else ""
+        )
     )
+
+
+def _last_epoch_by_checkpoint(
+    spans: list[tuple[int, np.ndarray, float | None]], pauses: pl.DataFrame | None
+) -> tuple[list[tuple[int, np.ndarray, float | None]], bool]:
+    """*spans* (epoch, batch arrivals, end; µs) with the end of the last epoch of workers that
+    live on, whose reads do not show it, taken from a checkpoint: when exactly one pause
+    (checkpoint) starts after each earlier epoch's last arrival and before its end, the job
+    checkpoints at every epoch's end, and the one pause after the last epoch's last arrival
+    starts at its end. Returns (spans, whether the last epoch's end was found so)."""
+    if len(spans) < 2 or spans[-1][2] is not None or pauses is None or pauses.is_empty():
+        return spans, False
+    starts = pauses["ts"].to_numpy().astype(np.float64)
+
+    def after(r: np.ndarray, end: float) -> np.ndarray:
+        return starts[(starts > r.max()) & (starts < end)]
+
+    if not all(end is not None and after(r, end).size == 1 for _, r, end in spans[:-1]):
+        return spans, False
+    e, r, _ = spans[-1]
+    last = after(r, np.inf)
+    if last.size != 1:
+        return spans, False
+    return [*spans[:-1], (e, r, float(last[0]))], True

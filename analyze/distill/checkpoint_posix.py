@@ -209,6 +209,17 @@ def _calls(events: pl.DataFrame, ops: tuple[str, ...], name: str) -> pl.DataFram
     )
 
 
+def checkpoint_spans(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
+    """(ts, end) µs of each checkpoint file's burst, from its open (or first write) to its
+    close (or last write), as :func:`posix_checkpoints` finds them: the time the loop spent
+    saving, also where the writes are not visible (``torch.save``: its open and close only).
+    ``paths``: the dataset's files. Empty when the trace shows no checkpoints."""
+    ckpt = _checkpoint_bursts(_bursts(events, paths))
+    if ckpt is None:
+        return pl.DataFrame(schema={"ts": pl.Int64, "end": pl.Int64})
+    return ckpt.select(pl.col("ts").cast(pl.Int64), pl.col("end").cast(pl.Int64))
+
+
 def _bursts(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
     """One row per (process, file, open) outside the dataset and the interpreter's and
     system's files that wrote bytes, or was opened and closed without a read or a write seen

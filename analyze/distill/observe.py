@@ -15,6 +15,7 @@ from ..infer import infer_posix_loop
 from ..trace import vocabulary as voc
 from .base import Facts, Observed, mode, role_events
 from .checkpoint import checkpoint_writes
+from .checkpoint_posix import checkpoint_spans
 from .dataset import dlio_reader, find_dataset, infer_format
 
 __all__ = ["assign_items", "observe", "split_evaluation"]
@@ -54,7 +55,7 @@ def observe(
         else infer_posix_loop(
             io,
             traced_pids=set(events["pid"].unique().to_list()),
-            pauses=checkpoint_writes(events, data_dirs),
+            pauses=_pauses(events, data_dirs, paths),
             held_open_regions=infer_format(paths, reads)[0] == "hdf5",
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
@@ -89,6 +90,19 @@ def observe(
         posix=posix,
         tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
         dlio_reader=dlio_reader(annotated),
+    )
+
+
+def _pauses(events: pl.DataFrame, data_dirs: list[str] | None, paths: list[str]) -> pl.DataFrame:
+    """(ts, end) µs the loop spent on checkpoints: the write bursts to checkpoint files, and
+    each checkpoint file's open to close (``torch.save``'s writes are not visible)."""
+    return pl.concat(
+        [
+            checkpoint_writes(events, data_dirs).select(
+                pl.col("ts").cast(pl.Int64), pl.col("end").cast(pl.Int64)
+            ),
+            checkpoint_spans(events, paths),
+        ]
     )
 
 
