@@ -663,7 +663,8 @@ def _worker_intervals(
 ) -> tuple[np.ndarray, str]:
     """(compute per step of each steady-state interval, how it was found): the interval
     between a worker's batch starts (``starts``: pid, epoch, batch, t0, t1, n) over the
-    ``threads`` workers, the ``pauses`` inside it taken out."""
+    ``threads`` workers, the ``pauses`` inside it taken out; the first epoch's (the run's
+    warm-up in them) left out where later epochs have such intervals."""
     w = max(threads, 1)
     iv = starts.with_columns(
         (pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv")
@@ -673,6 +674,9 @@ def _worker_intervals(
     steady = iv.filter(
         (pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
     ).sort("t0")
+    first = steady["epoch"].min()
+    if steady["epoch"].n_unique() > 1:  # the first epoch's are warm-up where later ones exist
+        steady = steady.filter(pl.col("epoch") != first)
     if pauses is not None and pauses.height and steady.height:
         steady = steady.with_columns(
             (pl.col("iv") - overlap_us(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias(

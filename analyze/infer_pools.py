@@ -117,7 +117,8 @@ def worker_pools(
     workers alive at the same time are one pool, and a pool forked after the previous one
     ended is a new one (non-persistent workers: a new pool every epoch). Columns pid, ppid,
     a, b (first and last event, µs: of any kind where ``lifetimes`` (pid, a, b) gives them, else
-    of the reads), pool (0, 1, ... per parent); None without workers."""
+    of the reads), pool (0, 1, ... per parent), and ``ended`` where ``lifetimes`` has it (b is
+    the process's exit: DFTracer's end record); None without workers."""
     if traced_pids is None:
         return None
     reads = io.filter(
@@ -133,7 +134,8 @@ def worker_pools(
         (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
     )
     if lifetimes is not None:  # a worker lives from its start to its last event of any kind
-        procs = procs.drop("a", "b").join(lifetimes.select("pid", "a", "b"), on="pid")
+        keep = [c for c in ("pid", "a", "b", "ended") if c in lifetimes.columns]
+        procs = procs.drop("a", "b").join(lifetimes.select(keep), on="pid")
     # a process reading a small share (the consumer's look at a file) is no worker
     procs = procs.filter(pl.col("n") >= 0.25 * pl.col("n").median()).sort("ppid", "a")
     if procs.is_empty():

@@ -73,10 +73,68 @@ def epoch_span_steps(
     else the next epoch's first read; the pauses in between taken out), so ``C = min_i (E - r_i) /
     (N - i)``. ``C`` holds the step's compute and the loop's own time around it (the batch's
     hand-over): an upper bound on the compute, and what a replay must spend. The first
-    epoch (its warm-up) is left out where a later one is measured."""
+    epoch (its warm-up) is left out where a later one is measured. The last epoch of workers
+    that live on ends where its checkpoint starts (:func:`_last_epoch_by_checkpoint`), else
+    at the workers' exit (an upper bound: the smaller of it and the first epoch's is taken)."""
+    spans, left_at = _epoch_spans(starts, pools)
+    spans, closed = _last_epoch_by_checkpoint(spans, pauses)
+    exited = None  # the last epoch measured to its workers' exit: an upper bound
+    if spans and spans[-1][2] is None and left_at is not None and left_at > spans[-1][1].max():
+        exited = spans[-1][0]
+        spans[-1] = (exited, spans[-1][1], left_at)
     out: list[tuple[int, float]] = []
+    for e, r, end in spans:
+        if end is None:  # its end is not in the reads
+            continue
+        span = np.full(r.size, float(end))
+        if pauses is not None and pauses.height:
+            # each batch's time to the epoch's end less the pauses in it (a checkpoint
+            # before batch i's arrival is no time of the steps after it)
+            span -= overlap_us(
+                pl.Series(r.astype(np.int64)), pl.Series(span.astype(np.int64)), pauses
+            ).to_numpy()
+        left = r.size - np.arange(r.size)  # steps from batch i's arrival to the epoch's end
+        step = float(np.min((span - r) / left))
+        if step > 0:
+            out.append((e, step * _US))
+    exact = [c for e, c in out[1:] if e != exited]
+    tighter = not exact and exited is not None and len(out) > 1
+    if exact:
+        vals = np.asarray(exact)
+    elif tighter:  # the first epoch's (warm-up in) and the last's to the workers' exit (what
+        # the job did after its last step in): both upper bounds, the smaller the tighter
+        vals = np.asarray([min(c for _, c in out)])
+    else:
+        vals = np.asarray([c for _, c in out[:1]])
+    first_only = len(out) == 1 and out[0][0] == min(starts["epoch"].unique().to_list())
+    return vals, (
+        "the consumer's time per step from each epoch's span (its batches' arrival to the "
+        "pool's end or the next epoch's first read) over its steps: compute and the loop's "
+        "own time, an upper bound on the compute (too few batches a worker for a steady "
+        "interval)"
+        + ("; the first epoch's alone, its warm-up included: a guess" if first_only else "")
+        + (
+            "; the smaller of the first epoch's (its warm-up in) and the last epoch's up to "
+            "its workers' exit (whatever the job did after its last step in): a guess"
+            if tighter
+            else ""
+        )
+        + (
+            "; the last epoch ends where its checkpoint starts, as each earlier one's did"
+            if closed
+            else ""
+        )
+    )
+
+
+def _epoch_spans(
+    starts: pl.DataFrame, pools: pl.DataFrame
+) -> tuple[list[tuple[int, np.ndarray, float | None]], float | None]:
+    """((epoch, batch arrivals in batch order, end) of each epoch, µs; end None for the last
+    epoch of workers that live on), and that epoch's workers' exit where the trace shows it
+    (DFTracer's end record, ``pools.ended``; else their last event is only a read): None."""
     ends = pools.select("pid", "b")
-    # (epoch, arrivals, end) of each epoch; end None: the last epoch of workers that live on
+    left_at = None
     spans: list[tuple[int, np.ndarray, float | None]] = []
     for e in sorted(starts["epoch"].unique().to_list()):
         mine = starts.filter(pl.col("epoch") == e)
@@ -93,38 +151,14 @@ def epoch_span_steps(
             end = ends.filter(pl.col("pid").is_in(order.implode()))["b"].min()
         else:  # workers that live on: the next epoch's first read; None for the last epoch
             end = later["t0"].min() if later.height else None
+            if end is None and "ended" in pools.columns:  # they exit when the loader goes
+                gone = pools.filter(pl.col("pid").is_in(order.implode()) & pl.col("ended"))
+                first_gone = gone["b"].min()
+                left_at = float(first_gone) if isinstance(first_gone, (int, float)) else None
         r = ranked["t1"].to_numpy().astype(np.float64)
         if r.size and (end is None or isinstance(end, (int, float))):
             spans.append((int(e), r, None if end is None else float(end)))
-    spans, closed = _last_epoch_by_checkpoint(spans, pauses)
-    for e, r, end in spans:
-        if end is None:  # its end is not in the reads
-            continue
-        span = np.full(r.size, float(end))
-        if pauses is not None and pauses.height:
-            # each batch's time to the epoch's end less the pauses in it (a checkpoint
-            # before batch i's arrival is no time of the steps after it)
-            span -= overlap_us(
-                pl.Series(r.astype(np.int64)), pl.Series(span.astype(np.int64)), pauses
-            ).to_numpy()
-        left = r.size - np.arange(r.size)  # steps from batch i's arrival to the epoch's end
-        step = float(np.min((span - r) / left))
-        if step > 0:
-            out.append((e, step * _US))
-    vals = np.asarray([c for e, c in out[1:] or out])
-    first_only = len(out) == 1 and out[0][0] == min(starts["epoch"].unique().to_list())
-    return vals, (
-        "the consumer's time per step from each epoch's span (its batches' arrival to the "
-        "pool's end or the next epoch's first read) over its steps: compute and the loop's "
-        "own time, an upper bound on the compute (too few batches a worker for a steady "
-        "interval)"
-        + ("; the first epoch's alone, its warm-up included: a guess" if first_only else "")
-        + (
-            "; the last epoch ends where its checkpoint starts, as each earlier one's did"
-            if closed
-            else ""
-        )
-    )
+    return spans, left_at
 
 
 def _last_epoch_by_checkpoint(

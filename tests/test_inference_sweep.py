@@ -629,3 +629,47 @@ def test_persistent_workers_compute_from_their_last_epoch(name: str) -> None:
     steady = float(np.median(steps))
     # still an upper bound (the loop's own time is in it), no longer the first epoch's
     assert steady <= (m.train.computation_time.mean or 0) <= 2.0 * steady
+
+
+@pytest.mark.parametrize("ended", [True, False, None])
+def test_last_epoch_of_persistent_workers_to_their_exit(ended: bool | None) -> None:
+    """Workers that live on and no checkpoint: the last epoch measured up to the workers' exit
+    (DFTracer's end record), which comes after the last step, so an upper bound like the
+    first epoch's (its warm-up in): the smaller of the two is taken. Without an end record
+    (``ended`` false, or no such column: DLIO's traces) a worker's last event is only a read,
+    and the first epoch's stays."""
+    import numpy as np
+
+    from dlreplay.analyze.infer_steps import epoch_span_steps
+
+    step_ms, warm_ms = 5.0, 30.0
+    e0 = [1.0, 2.0, 3.0, 4.0]
+    end0 = e0[0] + warm_ms + 4 * step_ms  # the first step's warm-up, then 3 steps
+    e1 = [end0 + 1.0, end0 + 2.0, end0 + 3.0, end0 + 4.0]
+    end1 = e1[0] + 4 * step_ms
+    rows = _starts(0, e0, [11, 12]) + _starts(1, e1, [11, 12])
+    rows[len(e0)]["t0"] = int(end0 * 1000)  # epoch 1's first read starts as epoch 0 ends
+    pools = pl.DataFrame({"pid": [11, 12], "b": [int((end1 + 2.0) * 1000)] * 2})
+    if ended is not None:
+        pools = pools.with_columns(pl.lit(ended).alias("ended"))
+    vals, how = epoch_span_steps(pl.DataFrame(rows), pools, None)
+    first = (end0 - e0[0]) / 4  # the warm-up spread over the epoch's steps
+    if ended:
+        assert "workers' exit" in how and vals.size == 1
+        assert np.isclose(vals[0], (step_ms + 0.5) / 1000)  # the 2 ms to the exit over 4 steps
+    else:
+        assert "workers' exit" not in how and np.isclose(vals[0], first / 1000)
+
+
+@pytest.mark.parametrize("name", ["png_w4p_b4", "unet_w1p_b8"])
+def test_persistent_workers_without_checkpoints_leave_the_first_epoch_out(name: str) -> None:
+    """Real POSIX-only captures of two epochs with persistent workers and no checkpoint: the
+    compute came from the first epoch (4 workers: its span; 1 worker: its steady intervals),
+    the run's warm-up in it: 10.7 and 26.6 ms a step, where the jobs' steps took 3.5 and
+    8.4 ms (median) and their second epochs a third to a half of their first. Now the last
+    epoch up to the workers' exit, and the later epochs' intervals."""
+    truth = json.loads((SWEEP / name / "expected.json").read_text())
+    m = _model(name, posix_only=False)
+    steady = float(np.median(truth["job"]["step_compute_s"]))
+    assert steady <= (m.train.computation_time.mean or 0) <= 2.0 * steady
+    assert m.provenance.fields["train.computation_time"].confidence == "default"

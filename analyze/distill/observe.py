@@ -60,6 +60,8 @@ def observe(
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
                 (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
+                # DFTracer's end record: the process's last event is its exit
+                ((pl.col("cat") == "dftracer") & (pl.col("name") == "end")).any().alias("ended"),
             ),
         )
     )
