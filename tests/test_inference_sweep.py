@@ -579,7 +579,10 @@ def test_epoch_span_takes_out_only_the_pauses_after_each_batch() -> None:
     ("epoch_ckpts", "found"),
     [
         ([1, 1, 1], True),  # a checkpoint at every epoch's end: the last one ends the last epoch
-        ([1, 2, 2], False),  # checkpoints every few steps too: the one after the last arrival is not the end
+        (
+            [1, 2, 2],
+            False,
+        ),  # checkpoints every few steps too: the one after the last arrival is not the end
         ([0, 0, 1], False),  # no checkpoint at the earlier epochs' ends: no pattern to follow
     ],
 )

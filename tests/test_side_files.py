@@ -28,7 +28,7 @@ from .conftest import check_no_traceback
 
 #: the job: reads side files as its arguments say, then epochs of batches of whole sample files
 JOB = textwrap.dedent(
-    '''
+    """
     import argparse, os, time
 
     ap = argparse.ArgumentParser()
@@ -62,7 +62,7 @@ JOB = textwrap.dedent(
             for name in files[b : b + 4]:
                 whole(os.path.join(a.data, "train", name))
             time.sleep(0.01)  # the step's compute
-    '''
+    """
 )
 
 #: variant: (side files and their sizes, job arguments, the side files distill must find)
@@ -80,7 +80,11 @@ VARIANTS = {
     "metadata_twice": (
         {"meta/info.json": 2000},
         ["--epochs", "2", "--start", "meta/info.json:2"],
-        [SideFile(path="meta/info.json", size=2000, reads=[[2001, 1], [1, 1]], visits=2, when="start")],
+        [
+            SideFile(
+                path="meta/info.json", size=2000, reads=[[2001, 1], [1, 1]], visits=2, when="start"
+            )
+        ],
     ),
 }
 

@@ -27,7 +27,6 @@ from dlreplay.model.base import (
 from dlreplay.model.distribution import Distribution
 from dlreplay.model.layout import Layout
 
-
 #: When a side file is read: once as the run starts, or at the start of every epoch.
 SIDE_FILE_WHEN = ("start", "epoch")
 #: Most side files a model lists (more are not side files but a dataset distill could not tell).
