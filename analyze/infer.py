@@ -573,8 +573,14 @@ def _computation_time(
     elif threads:
         preprocess = worker_sample_time(visits, io, batch) if io is not None else none
         vals, what = _worker_intervals(starts, batch, threads, pauses)
-        if not vals.size and pools is not None:
-            vals, what = epoch_span_steps(starts, pools, pauses)
+        if vals.size < FEW_STEADY and pools is not None:
+            # no or few steady intervals (one may still hold the prefetch ramp or the
+            # loader's period): each epoch's span bounds the step too; the smaller wins
+            span, how = epoch_span_steps(starts, pools, pauses)
+            if span.size and (not vals.size or np.median(span) < np.median(vals)):
+                if vals.size:
+                    how += f" (under the median of the {vals.size} steady interval(s))"
+                vals, what = span, how
     elif io is not None:
         vals, what, preprocess = _consumer_intervals(visits, io, batch, pauses)
     else:
@@ -698,6 +704,10 @@ def _worker_intervals(
         else ""
     )
     return vals, what
+
+
+#: Fewer steady-state worker intervals than this: the epoch-span bound is taken where it is smaller.
+FEW_STEADY = 4
 
 
 #: Changes of file or region (per process and epoch) from which the share going forward tells
