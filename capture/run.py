@@ -323,11 +323,16 @@ def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> Cap
     atomic_write_text(out / CAPTURE_MARKER, f"made by dlreplay capture ({TRACE_SCHEMA_NAME})\n")
     _write_json_atomic(manifest_path, manifest)
 
-    returncode, interrupted, wall = _run_job(config, env, cwd, inject_dir)
-    # The job's own helpers can outlive it by a moment (multiprocessing's resource tracker,
-    # started by spawn-context queues, exits once the job's end closes its pipe): their
-    # trace files are written, or removed when empty, only as they end.
-    lingering = wait_for_trace_writers(out, LINGER_S)
+    try:
+        returncode, interrupted, wall = _run_job(config, env, cwd)
+        # The job's own helpers can outlive it by a moment (multiprocessing's resource tracker,
+        # started by spawn-context queues, exits once the job's end closes its pipe): their
+        # trace files are written, or removed when empty, only as they end. The hooks stay
+        # until then: a helper still starting its interpreter imports them from inject_dir
+        # (removed at the job's exit, a helper that started late missed them: "not loaded")
+        lingering = wait_for_trace_writers(out, LINGER_S)
+    finally:
+        shutil.rmtree(inject_dir, ignore_errors=True)
 
     exit_code, killed_by, status = _job_status(returncode, interrupted)
     misses = collect_hook_misses(out)
@@ -397,11 +402,9 @@ def _started_manifest(
     }
 
 
-def _run_job(
-    config: CaptureConfig, env: dict[str, str], cwd: Path, inject_dir: Path
-) -> tuple[int, bool, float]:
-    """Run the job to its end, forwarding SIGINT/SIGTERM to it, then remove *inject_dir*;
-    returns (its return code, whether it was interrupted, wall seconds)."""
+def _run_job(config: CaptureConfig, env: dict[str, str], cwd: Path) -> tuple[int, bool, float]:
+    """Run the job to its end, forwarding SIGINT/SIGTERM to it; returns (its return code,
+    whether it was interrupted, wall seconds)."""
     interrupted = False
     proc: subprocess.Popen[bytes] | None = None
     pending: list[int] = []  # signals received while Popen was starting the job
@@ -441,7 +444,6 @@ def _run_job(
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        shutil.rmtree(inject_dir, ignore_errors=True)
     return returncode, interrupted, time.perf_counter() - t0
 
 
