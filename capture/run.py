@@ -315,15 +315,14 @@ def run_capture(config: CaptureConfig) -> CaptureResult:
 def _capture_into(config: CaptureConfig, out: Path, cwd: Path, name: str) -> CaptureResult:
     """The capture itself, into the claimed directory *out*."""
     inject_dir = Path(tempfile.mkdtemp(prefix="dlreplay-inject-"))
-    for src, dst in _INJECT_FILES.items():
-        shutil.copy2(_INJECT_DIR / src, inject_dir / dst)
-    env = build_env(config, out, inject_dir, cwd)
-    manifest = _started_manifest(config, env, cwd, name)
-    manifest_path = out / MANIFEST
-    atomic_write_text(out / CAPTURE_MARKER, f"made by dlreplay capture ({TRACE_SCHEMA_NAME})\n")
-    _write_json_atomic(manifest_path, manifest)
-
     try:
+        for src, dst in _INJECT_FILES.items():
+            shutil.copy2(_INJECT_DIR / src, inject_dir / dst)
+        env = build_env(config, out, inject_dir, cwd)
+        manifest = _started_manifest(config, env, cwd, name)
+        manifest_path = out / MANIFEST
+        atomic_write_text(out / CAPTURE_MARKER, f"made by dlreplay capture ({TRACE_SCHEMA_NAME})\n")
+        _write_json_atomic(manifest_path, manifest)
         returncode, interrupted, wall = _run_job(config, env, cwd)
         # The job's own helpers can outlive it by a moment (multiprocessing's resource tracker,
         # started by spawn-context queues, exits once the job's end closes its pipe): their
