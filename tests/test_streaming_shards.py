@@ -421,3 +421,31 @@ def test_two_rank_replay_streams_each_ranks_split(captured, tmp_path):
             got = sorted({i // spf for i in ids})
             assert got == list(range(int(rank), shards, 2)), (rank, epoch)
             assert len(ids) == len(got) * spf  # each of its shards streamed whole
+
+
+def test_streaming_batches_carry_when_torch_had_them(captured, tmp_path):
+    """The streaming loader stamps each batch with when torch had it (the iterator's
+    ``_next_data`` returned), as the map-style torch loader does: the replay's step counts from
+    there, so the handover to the training loop comes out of the step's sleep instead of
+    lengthening its loop body past the model. Every batch of both epochs has its own stamp, at
+    or before the loop received it, and after the previous batch's receipt."""
+    from dlreplay.replay.accelerator import make_loader
+    from dlreplay.replay.plan import RankPlan, epoch_batches
+    from dlreplay.replay.prepare import ensure_dataset, worker_spec
+
+    _, report, _, model = captured["tarfile"]
+    config = ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "o", jobs=1)
+    manifest, _ = ensure_dataset(config, lambda s: None)
+    plan = RankPlan(model, worker_spec(config, manifest), 0, 1, 0, "", False, "torch")
+    loader = make_loader(plan)
+    try:
+        for epoch in (1, 2):
+            prev, stamps = 0.0, []
+            for res in loader.epoch(epoch_batches(plan, epoch)):
+                now = time.perf_counter()
+                assert res.received is not None and prev < res.received <= now
+                stamps.append(res.received)
+                prev = now
+            assert len(stamps) == _steps(report)[epoch - 1]
+    finally:
+        loader.close()
