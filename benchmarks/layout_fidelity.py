@@ -112,8 +112,10 @@ def settled_dataset(model: WorkloadModel, data: Path) -> None:
     """The replay's dataset in *data* generated (when it is not there yet) and settled: every
     dirty page written back (a previous run's dataset or checkpoints would throttle the
     replay's writes) and the dataset read once, so that the replay reads it from the page
-    cache as the job (or DLIO) read its own (:func:`warm_page_cache`)."""
-    generate_dataset(GenerateConfig(model=model, data_dir=data))
+    cache as the job (or DLIO) read its own (:func:`warm_page_cache`). *data* is the
+    benchmark's own: a dataset left there for another shape (the job's parameters changed since)
+    is replaced."""
+    generate_dataset(GenerateConfig(model=model, data_dir=data, force=True))
     os.sync()
     warm_page_cache(data)
 
