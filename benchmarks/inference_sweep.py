@@ -24,6 +24,7 @@ a guess), every miss with its configuration, and the high-confidence fields that
 
     python benchmarks/inference_sweep.py [--limit N] [--subset examples|dlio|NAME-PREFIX]
         [--dlio-venv /work/dlio-venv] [--dir bench-data/inference_sweep] [--list]
+        [--batches-per-worker K]   # K batches per worker an epoch (default 2, all prefetched)
     python benchmarks/inference_sweep.py --versus   # against dftracer_gen_dlio_config
     python benchmarks/inference_sweep.py --replay N [--seed S] [--as-sleep]   # distill, generate,
         # replay and compare N cached configurations drawn with seed S: similarity and epoch
@@ -86,8 +87,9 @@ FIELDS = {
 }
 
 
-def grid(seed: int = 44) -> list[dict[str, Any]]:
-    """Every configuration of the fractional design, in a fixed order (see the module doc)."""
+def grid(seed: int = 44, per_worker: int = 2) -> list[dict[str, Any]]:
+    """Every configuration of the fractional design, in a fixed order (see the module doc);
+    *per_worker*: batches per loader worker an epoch (:func:`_files`)."""
     out = []
     for source, n in SOURCES.items():
         rng = random.Random(f"{seed}-{source}")
@@ -109,6 +111,8 @@ def grid(seed: int = 44) -> list[dict[str, Any]]:
         for i in range(n):
             c = {k: v[i] for k, v in cols.items()}
             c["source"] = source
+            if per_worker != 2:
+                c["per_worker"] = per_worker
             out.append(_feasible(c))
     for c in out:
         c["name"] = _name(c)
@@ -140,13 +144,19 @@ def _name(c: dict[str, Any]) -> str:
     return (
         f"{c['source']}-w{c['workers']}{'p' if c['persistent'] else ''}-s{c['spf']}-b{c['batch']}"
         f"-{'sh' if c['shuffle'] else 'ns'}-r{c['ranks']}{'-ck' if c['checkpoint'] else ''}"
+        + (f"-q{c['per_worker']}" if c.get("per_worker", 2) != 2 else "")
     )
 
 
 def _files(c: dict[str, Any]) -> int:
-    """Files so that an epoch has 4 batches per rank and 2 per worker (at least 2 files): a
-    worker without a batch reads nothing, and no trace can show it."""
-    samples = max(4, 2 * c["workers"]) * c["batch"] * c["ranks"]
+    """Files so that an epoch has ``per_worker`` batches per worker (2 unless the
+    configuration says; a worker without a batch reads nothing, and no trace can show it),
+    and twice that per rank without workers (at least 2 files). With 2 every worker's batches
+    are prefetched at the epoch's start (``prefetch_factor`` 2), so no read waits for the
+    consumer; with more, the workers reach a steady state paced by the slower of the loader
+    and the consumer's steps."""
+    k = int(c.get("per_worker", 2))
+    samples = max(2 * k, k * c["workers"]) * c["batch"] * c["ranks"]
     return max(2, -(-samples // c["spf"]))
 
 
@@ -707,6 +717,14 @@ def main() -> None:
     ap.add_argument(
         "--dlio-venv", type=Path, default=Path(os.environ.get("DLIO_VENV", "/work/dlio-venv"))
     )
+    ap.add_argument(
+        "--batches-per-worker",
+        type=int,
+        default=2,
+        metavar="K",
+        help="batches per loader worker an epoch (default 2: every batch prefetched at the "
+        "epoch's start; more gives steady-state epochs, names end in -qK)",
+    )
     ap.add_argument("--list", action="store_true", help="list the configurations and exit")
     ap.add_argument(
         "--versus",
@@ -742,7 +760,7 @@ def main() -> None:
     if args.versus:
         versus(args.dir)
         return
-    configs = grid()
+    configs = grid(per_worker=args.batches_per_worker)
     if args.subset == "examples":
         configs = [c for c in configs if not c["source"].startswith("dlio_")]
     elif args.subset == "dlio":

@@ -242,6 +242,14 @@ def test_sweep_grid_reaches_the_design() -> None:
         ("checkpoint", (True, False)),
     ):
         assert {c[factor] for c in g} == set(levels), factor
+    # steady-state epochs: the same configurations, 4x the files (8 batches per worker instead
+    # of 2), named apart so that both caches can live side by side
+    q8 = mod.grid(per_worker=8)
+    assert [c["name"] for c in q8] == [c["name"] + "-q8" for c in g]
+    for a, b in zip(g, q8, strict=True):
+        samples = max(2, a["workers"]) * a["batch"] * a["ranks"]  # a worker's batch each
+        assert mod._files(a) == max(2, -(-2 * samples // a["spf"])), a["name"]
+        assert mod._files(b) == max(2, -(-8 * samples // b["spf"])), b["name"]
 
 
 @pytest.mark.parametrize(
