@@ -208,7 +208,7 @@ JOBS: dict[str, Job] = {
         "shards_tar",
         (
             "--num-files",
-            "16",
+            "64",
             "--samples-per-shard",
             "64",
             "--sample-bytes",
@@ -260,7 +260,7 @@ JOBS: dict[str, Job] = {
             "--format",
             "arrow",
             "--num-files",
-            "8",
+            "40",
             "--samples-per-shard",
             "96",
             "--sample-bytes",
