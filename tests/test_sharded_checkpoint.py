@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -23,7 +24,7 @@ import pytest
 from dlreplay.analyze.distill.base import Facts
 from dlreplay.analyze.distill.checkpoint import checkpoint_section, save_io
 from dlreplay.analyze.trace import load_trace
-from dlreplay.model import load_model
+from dlreplay.model import load_model, model_from_dict
 from dlreplay.replay.checkpoint import file_names, restore_reads, scaling
 from dlreplay.schema import EVENT_SCHEMA
 
@@ -104,7 +105,7 @@ def test_dcp_under_capture_records_each_ranks_save_and_restore(job: dict) -> Non
     assert report["world_size"] == 2 and report["restored"]["step"] == 4
     ev = load_trace(job["trace"]).events
     ck = ev.filter(pl.col("cat") == "checkpoint").select(
-        pl.col("name").cast(pl.String), pl.col("file").cast(pl.String), "size", "pid"
+        pl.col("name").cast(pl.String), pl.col("file").cast(pl.String), "size", "pid", "ts"
     )
     saves = ck.filter(pl.col("name") == "capture")
     restores = ck.filter(pl.col("name") == "restart")
@@ -126,6 +127,20 @@ def test_dcp_under_capture_records_each_ranks_save_and_restore(job: dict) -> Non
     assert timed.height == saves.height + restores.height
     assert timed["io_us"].null_count() == 0
     assert (timed["io_us"] > 0).all() and (timed["io_us"] <= timed["dur"]).all()
+    # each save names its writer's sync_files (the job ran with --fsync); the .metadata's
+    # bytes are on the one rank that wrote it, and the loads carry neither
+    args = save_io(job["trace"]).join(
+        saves.select(pl.col("pid").cast(pl.Int64), pl.col("ts").cast(pl.Int64)), on=["pid", "ts"]
+    )
+    assert args.height == saves.height and args["fsync"].to_list() == [1] * saves.height
+    for c in report["checkpoints"]:
+        mine = args.join(
+            saves.filter(pl.col("file") == c["path"]).select(
+                pl.col("pid").cast(pl.Int64), pl.col("ts").cast(pl.Int64)
+            ),
+            on=["pid", "ts"],
+        )
+        assert mine["metadata_bytes"].drop_nulls().to_list() == [c["files"][".metadata"]]
 
 
 def test_distill_models_per_rank_shards_and_the_restore(job: dict) -> None:
@@ -183,6 +198,15 @@ def test_replay_writes_each_ranks_shards_and_reads_the_restore(job: dict) -> Non
     shard1 = first.filter(pl.col("file").cast(pl.String).str.ends_with("__1_0.distcp"))
     assert meta.min() > (shard1["ts"] + shard1["dur"]).max()  # after rank 1's whole shard
     shutil.rmtree(out / "checkpoints")
+
+
+#: A model to name a checkpoint's files with (file_names reads its checkpoint section only).
+_BASE = {
+    "schema": "dlreplay.workload",
+    "format_version": 1,
+    "dataset": {"format": "npy", "num_files": 4, "num_samples_per_file": 1, "record_length": 64},
+    "reader": {"batch_size": 1},
+}
 
 
 def _table(rows: list[dict]) -> pl.DataFrame:
@@ -364,6 +388,56 @@ def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -
     sizes = [shard * (r + 1) + (77 if r == 0 else 0) for r in range(ranks)]
     assert ck.file_writes == [[[n, 1]] for n in sizes]
     assert ck.bytes_per_checkpoint == sum(sizes)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "shard", "fsync", "metadata"), [(2, 3000, 1, 700), (3, 1200, 0, 250)]
+)
+def test_untraced_dcp_saves_keep_their_layout_fsync_and_metadata(
+    ranks: int, shard: int, fsync: int, metadata: int
+) -> None:
+    """The checkpoint directory was not traced, but the DCP hook recorded each save's
+    FileSystemWriter: its ``sync_files`` (``fsync``) and the ``.metadata`` rank 0 wrote
+    (``metadata_bytes``, part of its bytes). The model is DCP's layout (each rank's shard,
+    rank 0's ``.metadata`` after its shard) with the writer's fsync, not per-rank parts
+    without fsync; a save without those args says fsync is not known."""
+    rows = [
+        dict(
+            pid=100 + r,
+            ts=1000 * (k + 1) + r,
+            dur=20,
+            cat="checkpoint",
+            name="capture",
+            file=f"/ck/step_{k}",
+            size=shard * (r + 1) + (metadata if r == 0 else 0),
+        )
+        for k in range(3)
+        for r in range(ranks)
+    ]
+    ev = _table(rows).sort("ts")
+    steps = pl.DataFrame({"pid": [100] * 12, "ts": [300 * i for i in range(12)]})
+    steps = steps.with_columns(pl.col("pid").cast(pl.Int32))
+    saves = ev.filter(pl.col("role") == "checkpoint.save").with_columns(
+        pl.lit(5, pl.Int64).alias("io_us"),
+        pl.lit(fsync, pl.Int64).alias("fsync"),
+        pl.when(pl.col("pid") == 100).then(pl.lit(metadata, pl.Int64)).alias("metadata_bytes"),
+    )
+    facts = Facts()
+    ck = checkpoint_section(ev, saves, steps, facts)
+    assert ck.layout == "dcp" and ck.fsync is bool(fsync)
+    assert facts.fields["checkpoint.fsync"].confidence == "measured"
+    assert ck.file_ranks == [0, 0, *range(1, ranks)]
+    want = [[[shard, 1]], [[metadata, 1]], *([[shard * (r + 1), 1]] for r in range(1, ranks))]
+    assert ck.file_writes == want
+    assert ck.bytes_per_checkpoint == sum(shard * (r + 1) for r in range(ranks)) + metadata
+    base = model_from_dict(_BASE)
+    names = file_names(replace(base, checkpoint=ck))
+    assert names == ["__0_0.distcp", ".metadata", *(f"__{r}_0.distcp" for r in range(1, ranks))]
+    # without the hook's args (an older capture): the layout as the names say, fsync unknown
+    facts = Facts()
+    ck = checkpoint_section(ev, saves.drop("fsync", "metadata_bytes"), steps, facts)
+    assert ck.layout == "parts" and not ck.fsync
+    assert facts.fields["checkpoint.fsync"].confidence == "default"
 
 
 @pytest.mark.parametrize(("ranks", "io", "waits"), [(2, 300, (0, 150)), (3, 120, (40, 0, 90))])

@@ -38,28 +38,45 @@ __all__ = [
 _IO_LINE = register(re.compile(rb'^\{[^\n]*"cat":"checkpoint"[^\n]*"io_us":[^\n]*$', re.M))
 
 
+#: What the DCP hook records on a save beside ``io_us`` (null where a save has none).
+_SAVE_ARGS = ("fsync", "metadata_bytes")
+
+
 def save_io(source: str | Path | None) -> pl.DataFrame:
-    """(pid, ts, io_us) of the checkpoint events of the trace at *source* whose capture hook
-    measured the time in their storage writer's or reader's calls (see
-    :mod:`dlreplay.capture.inject.checkpoint`); empty without any."""
+    """(pid, ts, io_us, fsync, metadata_bytes) of the checkpoint events of the trace at
+    *source* whose capture hook measured the time in their storage writer's or reader's calls
+    (see :mod:`dlreplay.capture.inject.checkpoint`): ``fsync`` the DCP writer's
+    ``sync_files`` (0/1), ``metadata_bytes`` the ``.metadata`` it wrote (null where the event
+    has none); empty without any."""
     schema = {"pid": pl.Int64, "ts": pl.Int64, "io_us": pl.Int64}
+    schema.update(dict.fromkeys(_SAVE_ARGS, pl.Int64))
     lines = matching_lines(source, _IO_LINE)
     if not lines:
         return pl.DataFrame(schema=schema)
     out = fields_of(
         lines,
-        {"pid": ("$.pid", pl.Int64), "ts": ("$.ts", pl.Int64), "io_us": ("$.args.io_us", pl.Int64)},
+        {
+            "pid": ("$.pid", pl.Int64),
+            "ts": ("$.ts", pl.Int64),
+            "io_us": ("$.args.io_us", pl.Int64),
+            **{a: (f"$.args.{a}", pl.Int64) for a in _SAVE_ARGS},
+        },
     )
-    return out.drop_nulls().unique(["pid", "ts"])
+    return out.drop_nulls(["pid", "ts", "io_us"]).unique(["pid", "ts"])
 
 
 def with_save_io(saves: pl.DataFrame, io: pl.DataFrame) -> pl.DataFrame:
-    """*saves* with ``io_us`` (null where unmeasured) from :func:`save_io`'s *io*."""
+    """*saves* with ``io_us``, ``fsync`` and ``metadata_bytes`` (null where unmeasured) from
+    :func:`save_io`'s *io*."""
     if io.is_empty() or saves.is_empty():
         return saves
+    extra = [a for a in _SAVE_ARGS if a in io.columns]
     return saves.join(
         io.select(
-            pl.col("pid").cast(saves.schema["pid"]), pl.col("ts").cast(saves.schema["ts"]), "io_us"
+            pl.col("pid").cast(saves.schema["pid"]),
+            pl.col("ts").cast(saves.schema["ts"]),
+            "io_us",
+            *extra,
         ),
         on=["pid", "ts"],
         how="left",
@@ -91,13 +108,10 @@ def checkpoint_section(
     facts.put("checkpoint.bytes_per_checkpoint", how, "measured")
     inside = _save_writes(events, saves)
     ckpt_files, files_per = _saved_files(inside, saves)
-    fsync = (
-        events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height > 0
-    )
-    facts.put("checkpoint.fsync", "fsync/fdatasync on checkpoint files", "measured")
     writes = events.filter(
         pl.col("name").is_in(WRITE_OPS) & pl.col("file").is_in(ckpt_files) & (pl.col("size") > 0)
     )
+    fsync = _fsync(events, saves, ckpt_files, writes.height > 0, facts)
     wts = observed(writes["size"])
     facts.put(
         "checkpoint.write_transfer_size",
@@ -126,8 +140,20 @@ def checkpoint_section(
         facts.put(
             "checkpoint.bytes_per_checkpoint", "bytes written by the most common save", "measured"
         )
-    layout = "dcp" if any(str(f).endswith(".distcp") for f in ckpt_files) else "parts"
-    facts.put("checkpoint.layout", f"file names of the saves ({layout})", "measured")
+    if any(str(f).endswith(".distcp") for f in ckpt_files):
+        layout = "dcp"
+        facts.put("checkpoint.layout", "file names of the saves (dcp)", "measured")
+    elif not writes.height and _dcp_writer(saves):
+        layout = "dcp"
+        facts.put(
+            "checkpoint.layout",
+            "dcp.save events through a FileSystemWriter (the capture hook's); the checkpoint "
+            "files are not in the trace",
+            "measured",
+        )
+    else:
+        layout = "parts"
+        facts.put("checkpoint.layout", "file names of the saves (parts)", "measured")
     restore = _restore(events, batches, facts)
     return Checkpoint(
         **restore,
@@ -145,6 +171,42 @@ def checkpoint_section(
         serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
+
+
+def _dcp_writer(saves: pl.DataFrame) -> bool:
+    """Whether the saves went through DCP's ``FileSystemWriter`` (the capture hook recorded
+    its storage time, ``io_us``, and its ``sync_files``, ``fsync``)."""
+    return "fsync" in saves.columns and saves["fsync"].is_not_null().any()
+
+
+def _fsync(
+    events: pl.DataFrame, saves: pl.DataFrame, ckpt_files: list[str], seen: bool, facts: Facts
+) -> bool:
+    """Whether the job fsynced its checkpoint files: the fsync/fdatasync calls on them where
+    their writes are in the trace, else the DCP writer's ``sync_files`` as the capture hook
+    recorded it; else not known (false, a guess)."""
+    if seen:
+        facts.put("checkpoint.fsync", "fsync/fdatasync on checkpoint files", "measured")
+        return (
+            events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(ckpt_files)).height
+            > 0
+        )
+    if _dcp_writer(saves):
+        on = saves["fsync"].drop_nulls()
+        facts.put(
+            "checkpoint.fsync",
+            f"the DCP FileSystemWriter's sync_files (capture hook; {int(on.sum())} of {on.len()} "
+            "saves), the checkpoint files not being in the trace",
+            "measured",
+        )
+        return bool(on.sum() * 2 > on.len())
+    facts.put(
+        "checkpoint.fsync",
+        "not known: the checkpoint files' calls are not in the trace (their directory was not "
+        "traced); taken as no fsync",
+        "default",
+    )
+    return False
 
 
 def _schedule_facts(
@@ -466,22 +528,36 @@ def _shard_saves(saves: pl.DataFrame, schema: dict) -> pl.DataFrame:
     """Writes not visible (a capture that traced only the data directories) and the k-th
     saves of several processes name one directory (``dcp.save``: each rank writes its shards
     there): one write per save of its bytes into a file of its own, so each rank keeps its
-    share (rank 0's with DCP's ``.metadata``); none otherwise."""
+    share; where the DCP hook recorded the ``.metadata`` a rank wrote (``metadata_bytes``), a
+    second write of those bytes into the directory's ``.metadata`` after its shard, else the
+    rank's one file holds them too. None otherwise."""
     k = saves.filter(pl.col("size").is_not_null() & pl.col("file").is_not_null())
     shared = k.group_by("ckpt").agg(
         pl.col("file").n_unique().alias("paths"), pl.col("pid").n_unique().alias("ranks")
     )
     if k.is_empty() or not ((shared["paths"] == 1) & (shared["ranks"] > 1)).all():
         return pl.DataFrame(schema={**schema, "ckpt": pl.Int64})
-    return k.select(
+    md = (
+        pl.col("metadata_bytes").fill_null(0).clip(0, pl.col("size")).cast(pl.Int64)
+        if "metadata_bytes" in k.columns
+        else pl.lit(0, pl.Int64)
+    )
+    folder = pl.col("file").cast(pl.String)
+    shards = k.select(
         pl.col("pid").cast(pl.Int32),
         "ts",
-        (pl.col("file").cast(pl.String) + "/rank-of-pid-" + pl.col("pid").cast(pl.String)).alias(
-            "file"
-        ),
-        pl.col("size").cast(pl.Int64),
+        (folder + "/rank-of-pid-" + pl.col("pid").cast(pl.String)).alias("file"),
+        (pl.col("size").cast(pl.Int64) - md).alias("size"),
         "ckpt",
     )
+    metadata = k.filter(md > 0).select(
+        pl.col("pid").cast(pl.Int32),
+        pl.col("ts") + 1,
+        (folder + "/.metadata").alias("file"),
+        md.alias("size"),
+        "ckpt",
+    )
+    return pl.concat([shards.filter(pl.col("size") > 0), metadata]).sort("ts")
 
 
 def _restore(events: pl.DataFrame, batches: pl.DataFrame, facts: Facts) -> dict:

@@ -26,7 +26,11 @@ What is recorded:
   ``write_data`` (until its future was done) and ``finish``, or its ``FileSystemReader``'s
   ``read_data`` and ``read_metadata``: the writing and reading of the files (with the tensors'
   copies into them), so that distill can tell them from the save's planning and pickling and
-  its ranks' collectives when the checkpoint directory was not traced. ``async_save`` is not an event: its writes run on a background thread after the
+  its ranks' collectives when the checkpoint directory was not traced. A save through a
+  ``FileSystemWriter`` also has ``fsync`` (its ``sync_files``: 1 when DCP fsyncs each file)
+  and, on the rank that wrote it, ``metadata_bytes`` (the ``.metadata`` file's size, part of
+  ``bytes``): what the POSIX events would show of the files when their directory is not
+  traced. ``async_save`` is not an event: its writes run on a background thread after the
   call returns; its POSIX events are in the trace.
 * Inside a DCP call, the ``torch.save`` / ``torch.load`` / ``pickle`` calls DCP makes for each
   tensor and for ``.metadata`` are parts of the DCP event, not events (nor misses) of their own.
@@ -64,13 +68,15 @@ class _DcpState:
     ``FileSystemWriter``/``FileSystemReader`` reported any, and the nanoseconds spent in
     their data and metadata calls (``io_ns``)."""
 
-    __slots__ = ("depth", "nbytes", "measured", "io_ns")
+    __slots__ = ("depth", "nbytes", "measured", "io_ns", "sync", "metadata")
 
     def __init__(self) -> None:
         self.depth = 0
         self.nbytes = 0
         self.measured = False
         self.io_ns = 0
+        self.sync: bool | None = None  # the FileSystemWriter's sync_files (None: no writer)
+        self.metadata = 0  # bytes of the .metadata this rank's writer wrote
 
     def add(self, nbytes: int) -> None:
         if self.depth:
@@ -236,7 +242,12 @@ def _wrap_dcp(orig: Callable[..., Any], hook: str, name: str) -> Callable[..., A
         if nbytes is None:  # not a FileSystemWriter/Reader: analyze takes the POSIX transfers
             core.MISSES.add(hook, _UNKNOWN)
         io_us = _DCP.io_ns // 1000 if _DCP.measured else None
-        core.REGIONS.end(handle, path=path, bytes=nbytes, io_us=io_us)
+        extra: dict[str, int] = {}
+        if _DCP.sync is not None:  # a FileSystemWriter's save: its fsync, its .metadata
+            extra["fsync"] = int(_DCP.sync)
+            if _DCP.metadata:
+                extra["metadata_bytes"] = _DCP.metadata
+        core.REGIONS.end(handle, path=path, bytes=nbytes, io_us=io_us, **extra)
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -244,6 +255,7 @@ def _wrap_dcp(orig: Callable[..., Any], hook: str, name: str) -> Callable[..., A
             return orig(*args, **kwargs)
         opened = core.guard(hook, begin, kwargs)
         _DCP.depth, _DCP.nbytes, _DCP.measured, _DCP.io_ns = 1, 0, False, 0
+        _DCP.sync, _DCP.metadata = None, 0
         try:
             result = orig(*args, **kwargs)
         except BaseException:
@@ -277,7 +289,13 @@ def _patch_dcp_storage(fs: Any) -> None:
     write_data, finish = writer.write_data, writer.finish
     read_data, read_metadata = reader.read_data, reader.read_metadata
 
+    def sync_files(self: Any) -> None:
+        sync = getattr(self, "sync_files", None)
+        if _DCP.depth and isinstance(sync, bool):
+            _DCP.sync = sync
+
     def write_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        core.guard("dcp.FileSystemWriter", sync_files, self)
         t0 = time.perf_counter_ns()
         fut = write_data(self, *args, **kwargs)
 
@@ -294,7 +312,15 @@ def _patch_dcp_storage(fs: Any) -> None:
         _DCP.add_io(time.perf_counter_ns() - t0)
         local = not getattr(self, "use_collectives", True) and self.rank is not None
         rank = self.rank if local else None
-        core.guard("dcp.FileSystemWriter", lambda: _DCP.add(_metadata_size(self, rank)))
+
+        def metadata() -> None:
+            size = _metadata_size(self, rank)
+            _DCP.add(size)
+            if _DCP.depth:
+                _DCP.metadata += size
+
+        core.guard("dcp.FileSystemWriter", sync_files, self)
+        core.guard("dcp.FileSystemWriter", metadata)
         return result
 
     def read_wrapper(self: Any, plan: Any, *args: Any, **kwargs: Any) -> Any:
