@@ -98,6 +98,12 @@ def features(c: Characterization) -> dict[str, float | None]:
         written = int(saves["size"].sum() or 0)
     rt = float(reads["dur"].sum() or 0) * _US
     wt = float(writes["dur"].sum() or 0) * _US
+    # the checkpoint files' calls other than writes (opens, fsync, the restore's reads): what a
+    # trace whose checkpoint directory was not traced lacks besides the writes
+    ck_files = set(v.role_files("checkpoint"))
+    ck_io = io.filter(pl.col("file").is_in(list(ck_files)))
+    ck_other = ck_io.filter(~(pl.col("name").is_in(WRITE_OPS) & (pl.col("size") > 0)))
+    seen = set(io["file"].unique().to_list())
     seq = con = None
     flagged = flag_reads(io)
     if flagged.height:
@@ -105,8 +111,11 @@ def features(c: Characterization) -> dict[str, float | None]:
     sizes = reads["size"]
     return {
         "io_time_s": float(io["dur"].sum() or 0) * _US,
-        # (not a feature: what compare_traces takes out of io_time_s where one side's writes are invisible)
+        # (not features: what compare_traces takes out of io_time_s and files where one side's
+        # writes are invisible)
         "_write_time_s": wt,
+        "_checkpoint_other_s": float(ck_other["dur"].sum() or 0) * _US,
+        "_checkpoint_files": float(len(ck_files & seen)),
         "bytes_read": float(sizes.sum() or 0),
         "bytes_written": float(written),
         "read_size_min": float(sizes.min()) if sizes.len() else None,  # type: ignore[arg-type]
@@ -117,7 +126,7 @@ def features(c: Characterization) -> dict[str, float | None]:
         "write_bandwidth": float(writes["size"].sum()) / wt if wt > 0 else None,
         "sequential": seq,
         "consecutive": con,
-        "files": float(len({f for f in files if f in set(io["file"].unique().to_list())})),
+        "files": float(len(files & seen)),
     }
 
 
@@ -329,10 +338,13 @@ def compare_traces(
     fa, sa = with_mapped_reads(features(ca), _dataset_read_sizes(ca), ma)
     fb, sb = with_mapped_reads(features(cb), _dataset_read_sizes(cb), mb)
     if _writes_invisible(fa) or _writes_invisible(fb):
-        # A checkpoint written where the tracer cannot see the calls (torch.save's C++ writer) has
-        # bytes but no write time: the I/O time compares what both sides measured, reads and metadata
+        # A checkpoint written where the tracer cannot see the calls (torch.save's C++ writer, or a
+        # checkpoint directory the capture did not trace) has bytes but no write time: the I/O
+        # time and the files compare what both sides measured, the dataset's calls and files
         for f in (fa, fb):
-            f["io_time_s"] = max(0.0, (f["io_time_s"] or 0.0) - (f["_write_time_s"] or 0.0))
+            hidden = (f["_write_time_s"] or 0.0) + (f["_checkpoint_other_s"] or 0.0)
+            f["io_time_s"] = max(0.0, (f["io_time_s"] or 0.0) - hidden)
+            f["files"] = max(0.0, (f["files"] or 0.0) - (f["_checkpoint_files"] or 0.0))
     sim, skipped = cosine(fa, fb)
     return Comparison(
         str(a),
@@ -397,7 +409,11 @@ def render_comparison(cmp: Comparison) -> str:
         if k == "io_time_s" and (
             _writes_invisible(cmp.features_a) or _writes_invisible(cmp.features_b)
         ):
-            mark = "  (write time left out: one side's writes are invisible)"
+            mark = "  (checkpoint I/O left out: one side's writes are invisible)"
+        if k == "files" and (
+            _writes_invisible(cmp.features_a) or _writes_invisible(cmp.features_b)
+        ):
+            mark = "  (dataset files: one side's checkpoint files are invisible)"
         lines.append(
             f"  {k:<18} {fmt(k, cmp.features_a.get(k)):>14} {fmt(k, cmp.features_b.get(k)):>14}{mark}"
         )

@@ -186,3 +186,52 @@ def test_verify_replays_the_layout_distill_writes(cli, tmp_path: Path) -> None:
     )["verify"]
     assert sorted(p.name for p in work.glob("data-*")) == [f"data-{dataset_digest(model)[:12]}"]
     assert "dataset fingerprint" in out["note"] and out["runs"][0]["complete"]
+
+
+def _job_and_replay(tmp: Path, ckpt_traced: bool) -> Path:
+    """One process reading two dataset files whole, then saving a checkpoint (a DCP save
+    event of 2 MB, over the 1 MiB that makes a written file a checkpoint); with *ckpt_traced* the save's writes, fsync and close are in the
+    trace (a replay traces its own checkpoint directory), else only the save event (a capture
+    that traced the data directory alone)."""
+    from .test_load import Proc, write_gz
+
+    p = Proc(pid=7)
+    for f in ("/d/f0.bin", "/d/f1.bin"):
+        for _ in range(2):  # two epochs
+            p.open(f)
+            p.read(f, 1000, dur=40)
+            p.close(f)
+    save = p.event(
+        "capture", "checkpoint", {"bytes": 2_000_000, "path": "/ck/step_1"}, dur=500, typ=2
+    )
+    if ckpt_traced:
+        p.ts = save["ts"] + 10
+        p.open("/ck/step_1/__0_0.distcp", flags=577)
+        p.write("/ck/step_1/__0_0.distcp", 2_000_000, dur=100)
+        p.event("fsync", "POSIX", {"ret": 0, "fhash": p.file("/ck/step_1/__0_0.distcp")}, dur=300)
+        p.close("/ck/step_1/__0_0.distcp")
+    p.finish()
+    out = tmp / ("replay" if ckpt_traced else "job")
+    out.mkdir()
+    write_gz(out / "trace-7.pfw.gz", p.lines())
+    return out
+
+
+def test_checkpoint_io_one_side_cannot_see_is_left_out_of_both(tmp_path: Path) -> None:
+    """A job captured with its data directory alone has its checkpoints' save events but not
+    their calls; its replay's trace has them (writes, fsync, the files). Both are compared on
+    what both measured: the dataset's files (2 and 2, not 2 and 3) and the I/O time of the
+    dataset's calls (the replay's fsync is not I/O time the job lacks)."""
+    from dlreplay.analyze.compare import compare_traces
+
+    job, replay = _job_and_replay(tmp_path, False), _job_and_replay(tmp_path, True)
+    cmp = compare_traces(job, replay, data_dirs_a=["/d"], data_dirs_b=["/d"])
+    fa, fb = cmp.features_a, cmp.features_b
+    assert fa["bytes_written"] == fb["bytes_written"] == 2_000_000
+    assert fa["files"] == fb["files"] == 2
+    assert fa["io_time_s"] == pytest.approx(fb["io_time_s"])
+    assert cmp.similarity == pytest.approx(1.0)
+    # both sides traced the checkpoint: its file counts and its calls are I/O time on both
+    both = compare_traces(replay, replay, data_dirs_a=["/d"], data_dirs_b=["/d"])
+    assert both.features_a["files"] == 3
+    assert both.features_a["io_time_s"] > fb["io_time_s"]
