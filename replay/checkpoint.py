@@ -181,7 +181,7 @@ class Checkpointer:
         self.restored = 0
         self.drop_cache = False  # a checkpoint-only workload reads back from storage
         # the accelerators' meeting (set by the rank's run): a DCP save's ranks meet inside it
-        self.meet: Callable[[], None] | None = None
+        self.meet: Callable[[], Any] | None = None
         # the bytes to write are made now, not inside the first save (24 MiB of random bytes take
         # tens of milliseconds: time the job's saves did not spend)
         self._buf = b""
@@ -238,31 +238,46 @@ class Checkpointer:
         the ranks meet first (their plans gathered), each writes its shards, they meet again
         (the write results gathered on rank 0), rank 0 writes the ``.metadata``, and they meet
         once more (its result broadcast): a rank waits for the others inside the save, as the
-        job's did."""
+        job's did. The meetings' own latency after the last rank arrived (waking processes
+        on a busy host: milliseconds) is the replay's, not the job's (the job's collectives'
+        own time is in its serialisation time): such a save spends its serialisation last,
+        less those latencies, as the step loop takes its barrier's latency out of the next
+        sleeps."""
         ev = REGIONS.begin("save", "checkpoint")
         nbytes = 0
         # every rank saves at the same step (a time-based save is each rank's own decision)
         collective = self.c.layout == "dcp" and self.plan.size > 1
         meet = self.meet if collective and not self.c.time_between_checkpoints else None
+        latency = [0.0]
+
+        def met() -> None:
+            assert meet is not None
+            t0 = time.perf_counter()
+            last = meet()  # local ranks: when the last one arrived (None: not known)
+            if isinstance(last, float):
+                latency[0] += max(0.0, time.perf_counter() - max(last, t0))
+
         try:
-            if meet is not None:
-                meet()
             st = self.c.serialization_time
             seconds = (
                 float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
             )
-            if seconds > 0:
+            if meet is None and seconds > 0:
                 time.sleep(seconds)
+            if meet is not None:
+                met()
             # no bytes: a save whose size the trace does not know (its time is the serialisation)
             if self.c.bytes_per_checkpoint > 0:
                 nbytes = self.write(shards_only=meet is not None)
                 if meet is not None:
-                    meet()
+                    met()
                     nbytes += self.write(metadata_only=True)
-                    meet()
+                    met()
             elif meet is not None:
-                meet()
-                meet()
+                met()
+                met()
+            if meet is not None and seconds - latency[0] > 0:
+                time.sleep(seconds - latency[0])
         finally:
             REGIONS.end(ev, path=self.last_path, bytes=nbytes)
         return nbytes

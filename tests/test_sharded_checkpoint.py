@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -485,3 +486,64 @@ def test_dcp_save_time_outside_its_writer_when_writes_are_not_traced(
     assert st.min == pytest.approx(expected[0]) and st.max == pytest.approx(expected[-1])
     assert facts.fields["checkpoint.serialization_time"].confidence == "measured"
     assert "io_us" in facts.fields["checkpoint.serialization_time"].method
+
+
+@pytest.mark.parametrize("stamped", [True, False])
+def test_dcp_save_takes_its_meetings_latency_out_of_its_serialisation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamped: bool
+) -> None:
+    """A DCP save of 2 ranks meets three times; a meeting that returns when the last rank
+    arrived (local ranks) and then took at least 30 ms to wake this rank has that latency of
+    the replay's own, which comes out of the save's serialisation time (0.2 s), as a step
+    barrier's comes out of the next sleeps. A meeting that cannot say when the last rank
+    arrived (MPI ranks) is all meeting, and the serialisation is slept whole. (The save's
+    sleeps are recorded, not timed.)"""
+    from types import SimpleNamespace
+
+    import dlreplay.replay.checkpoint as rc
+    from dlreplay.replay.plan import RankPlan
+
+    slept: list[float] = []
+    monkeypatch.setattr(
+        rc,
+        "time",
+        SimpleNamespace(
+            perf_counter=time.perf_counter, monotonic=time.monotonic, sleep=slept.append
+        ),
+    )
+    model = model_from_dict(
+        {
+            **_BASE,
+            "checkpoint": {
+                "enabled": True,
+                "layout": "dcp",
+                "steps_between_checkpoints": 1,
+                "files_per_checkpoint": 3,
+                "bytes_per_checkpoint": 3000,
+                "file_ranks": [0, 0, 1],
+                "file_writes": [[[1000, 1]], [[500, 1]], [[1500, 1]]],
+                "serialization_time": 0.2,
+            },
+            "processes": {"ranks": 2},
+        }
+    )
+    plan = RankPlan(model, None, 0, 2, 0, str(tmp_path / "ck"), False)  # type: ignore[arg-type]
+    ck = rc.Checkpointer(plan)
+    meetings: list[float] = []
+
+    def meet() -> float | None:
+        arrived = time.perf_counter()  # every rank is here: the rest is waking this one
+        time.sleep(0.03)
+        meetings.append(arrived)
+        return arrived if stamped else None
+
+    ck.meet = meet
+    try:
+        assert ck.save() == 1500  # rank 0: its shard and the .metadata
+    finally:
+        ck.cleanup()
+    assert len(meetings) == 3
+    if stamped:  # 0.2 s less at least 3 x 30 ms (none when the latency passed 0.2 s)
+        assert len(slept) <= 1 and sum(slept) <= 0.2 - 0.09 + 1e-9, slept
+    else:
+        assert slept == [0.2]
