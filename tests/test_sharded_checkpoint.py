@@ -363,11 +363,9 @@ def test_dlio_checkpoint_workload_writes_then_reads_scaled(
     assert not left.exists() or not any(f.is_file() for f in left.rglob("*"))
 
 
-@pytest.mark.parametrize(("ranks", "shard"), [(2, 3000), (3, 1200)])
-def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -> None:
-    """A capture that traced only the data directories: each rank's dcp.save event names the
-    checkpoint directory with its bytes, and no write is in the trace. Each rank keeps its
-    share (it was one file of all the bytes, written by rank 0 alone)."""
+def _untraced_saves(ranks: int, shard: int, extra: int) -> pl.DataFrame:
+    """Three checkpoints' dcp.save events of *ranks* ranks naming the checkpoint directory,
+    rank r's of ``shard * (r + 1)`` bytes and rank 0's *extra* more, no write in the trace."""
     rows = [
         dict(
             pid=100 + r,
@@ -376,12 +374,20 @@ def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -
             cat="checkpoint",
             name="capture",
             file=f"/ck/step_{k}",
-            size=shard * (r + 1) + (77 if r == 0 else 0),
+            size=shard * (r + 1) + (extra if r == 0 else 0),
         )
         for k in range(3)
         for r in range(ranks)
     ]
-    ev = _table(rows).sort("ts")
+    return _table(rows).sort("ts")
+
+
+@pytest.mark.parametrize(("ranks", "shard"), [(2, 3000), (3, 1200)])
+def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -> None:
+    """A capture that traced only the data directories: each rank's dcp.save event names the
+    checkpoint directory with its bytes, and no write is in the trace. Each rank keeps its
+    share (it was one file of all the bytes, written by rank 0 alone)."""
+    ev = _untraced_saves(ranks, shard, 77)
     steps = pl.DataFrame({"pid": [100] * 12, "ts": [300 * i for i in range(12)]})
     saves = ev.filter(pl.col("role") == "checkpoint.save")
     ck = checkpoint_section(ev, saves, steps.with_columns(pl.col("pid").cast(pl.Int32)), Facts())
@@ -402,20 +408,7 @@ def test_untraced_dcp_saves_keep_their_layout_fsync_and_metadata(
     (``metadata_bytes``, part of its bytes). The model is DCP's layout (each rank's shard,
     rank 0's ``.metadata`` after its shard) with the writer's fsync, not per-rank parts
     without fsync; a save without those args says fsync is not known."""
-    rows = [
-        dict(
-            pid=100 + r,
-            ts=1000 * (k + 1) + r,
-            dur=20,
-            cat="checkpoint",
-            name="capture",
-            file=f"/ck/step_{k}",
-            size=shard * (r + 1) + (metadata if r == 0 else 0),
-        )
-        for k in range(3)
-        for r in range(ranks)
-    ]
-    ev = _table(rows).sort("ts")
+    ev = _untraced_saves(ranks, shard, metadata)
     steps = pl.DataFrame({"pid": [100] * 12, "ts": [300 * i for i in range(12)]})
     steps = steps.with_columns(pl.col("pid").cast(pl.Int32))
     saves = ev.filter(pl.col("role") == "checkpoint.save").with_columns(
