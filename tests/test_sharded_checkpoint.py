@@ -398,7 +398,7 @@ def test_distill_dcp_saves_whose_writes_are_not_traced(ranks: int, shard: int) -
 
 
 @pytest.mark.parametrize(
-    ("ranks", "shard", "fsync", "metadata"), [(2, 3000, 1, 700), (3, 1200, 0, 250)]
+    ("ranks", "shard", "fsync", "metadata"), [(2, 3000, 1, 700), (3, 1200, 0, 250), (1, 900, 1, 90)]
 )
 def test_untraced_dcp_saves_keep_their_layout_fsync_and_metadata(
     ranks: int, shard: int, fsync: int, metadata: int
@@ -407,7 +407,7 @@ def test_untraced_dcp_saves_keep_their_layout_fsync_and_metadata(
     FileSystemWriter: its ``sync_files`` (``fsync``) and the ``.metadata`` rank 0 wrote
     (``metadata_bytes``, part of its bytes). The model is DCP's layout (each rank's shard,
     rank 0's ``.metadata`` after its shard) with the writer's fsync, not per-rank parts
-    without fsync; a save without those args says fsync is not known."""
+    without fsync, for 1, 2 and 3 ranks; a save without those args says fsync is not known."""
     ev = _untraced_saves(ranks, shard, metadata)
     steps = pl.DataFrame({"pid": [100] * 12, "ts": [300 * i for i in range(12)]})
     steps = steps.with_columns(pl.col("pid").cast(pl.Int32))

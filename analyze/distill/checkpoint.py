@@ -140,20 +140,7 @@ def checkpoint_section(
         facts.put(
             "checkpoint.bytes_per_checkpoint", "bytes written by the most common save", "measured"
         )
-    if any(str(f).endswith(".distcp") for f in ckpt_files):
-        layout = "dcp"
-        facts.put("checkpoint.layout", "file names of the saves (dcp)", "measured")
-    elif not writes.height and _dcp_writer(saves):
-        layout = "dcp"
-        facts.put(
-            "checkpoint.layout",
-            "dcp.save events through a FileSystemWriter (the capture hook's); the checkpoint "
-            "files are not in the trace",
-            "measured",
-        )
-    else:
-        layout = "parts"
-        facts.put("checkpoint.layout", "file names of the saves (parts)", "measured")
+    layout = _layout(saves, ckpt_files, writes.height > 0, facts)
     restore = _restore(events, batches, facts)
     return Checkpoint(
         **restore,
@@ -171,6 +158,25 @@ def checkpoint_section(
         serialization_time=serialization,
         checkpoint_folder=folders.pop() if len(folders) == 1 else None,
     )
+
+
+def _layout(saves: pl.DataFrame, ckpt_files: list[str], seen: bool, facts: Facts) -> str:
+    """``dcp`` where the files are DCP's shards (``__<rank>_<n>.distcp``), or where the saves
+    went through DCP's ``FileSystemWriter`` and their files are not in the trace; else
+    ``parts``."""
+    if any(str(f).endswith(".distcp") for f in ckpt_files):
+        facts.put("checkpoint.layout", "file names of the saves (dcp)", "measured")
+        return "dcp"
+    if not seen and _dcp_writer(saves):
+        facts.put(
+            "checkpoint.layout",
+            "dcp.save events through a FileSystemWriter (the capture hook's); the checkpoint "
+            "files are not in the trace",
+            "measured",
+        )
+        return "dcp"
+    facts.put("checkpoint.layout", "file names of the saves (parts)", "measured")
+    return "parts"
 
 
 def _dcp_writer(saves: pl.DataFrame) -> bool:
@@ -535,13 +541,15 @@ def _shard_saves(saves: pl.DataFrame, schema: dict) -> pl.DataFrame:
     shared = k.group_by("ckpt").agg(
         pl.col("file").n_unique().alias("paths"), pl.col("pid").n_unique().alias("ranks")
     )
-    if k.is_empty() or not ((shared["paths"] == 1) & (shared["ranks"] > 1)).all():
-        return pl.DataFrame(schema={**schema, "ckpt": pl.Int64})
     md = (
         pl.col("metadata_bytes").fill_null(0).clip(0, pl.col("size")).cast(pl.Int64)
         if "metadata_bytes" in k.columns
         else pl.lit(0, pl.Int64)
     )
+    # a DCP save of one rank too, where the hook tells its .metadata from its shard
+    one = "metadata_bytes" in k.columns and bool(k.select((md > 0).any()).item())
+    if k.is_empty() or not ((shared["paths"] == 1) & ((shared["ranks"] > 1) | one)).all():
+        return pl.DataFrame(schema={**schema, "ckpt": pl.Int64})
     folder = pl.col("file").cast(pl.String)
     shards = k.select(
         pl.col("pid").cast(pl.Int32),
