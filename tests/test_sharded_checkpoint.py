@@ -434,6 +434,22 @@ def test_untraced_dcp_saves_keep_their_layout_fsync_and_metadata(
     assert facts.fields["checkpoint.fsync"].confidence == "default"
 
 
+def test_untraced_dcp_saves_of_ranks_that_each_write_metadata() -> None:
+    """DCP without collectives: every rank writes its own ``__<rank>.metadata``. Each rank
+    keeps its shard and its metadata as files of its own (none shared between ranks)."""
+    ev = _untraced_saves(2, 2000, 0)
+    steps = pl.DataFrame({"pid": [100] * 12, "ts": [300 * i for i in range(12)]})
+    saves = ev.filter(pl.col("role") == "checkpoint.save").with_columns(
+        pl.lit(5, pl.Int64).alias("io_us"),
+        pl.lit(1, pl.Int64).alias("fsync"),
+        pl.lit(100, pl.Int64).alias("metadata_bytes"),
+    )
+    ck = checkpoint_section(ev, saves, steps.with_columns(pl.col("pid").cast(pl.Int32)), Facts())
+    assert ck.layout == "dcp" and ck.fsync and ck.file_ranks == [0, 0, 1, 1]
+    assert ck.file_writes == [[[1900, 1]], [[100, 1]], [[3900, 1]], [[100, 1]]]
+    assert ck.bytes_per_checkpoint == 2000 + 4000
+
+
 @pytest.mark.parametrize(("ranks", "io", "waits"), [(2, 300, (0, 150)), (3, 120, (40, 0, 90))])
 def test_dcp_save_time_outside_its_writer_when_writes_are_not_traced(
     ranks: int, io: int, waits: tuple[int, ...]

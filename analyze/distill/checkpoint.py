@@ -535,7 +535,7 @@ def _shard_saves(saves: pl.DataFrame, schema: dict) -> pl.DataFrame:
     saves of several processes name one directory (``dcp.save``: each rank writes its shards
     there): one write per save of its bytes into a file of its own, so each rank keeps its
     share; where the DCP hook recorded the ``.metadata`` a rank wrote (``metadata_bytes``), a
-    second write of those bytes into the directory's ``.metadata`` after its shard, else the
+    second write of those bytes into a metadata file of its own after its shard, else the
     rank's one file holds them too. None otherwise."""
     k = saves.filter(pl.col("size").is_not_null() & pl.col("file").is_not_null())
     shared = k.group_by("ckpt").agg(
@@ -558,10 +558,11 @@ def _shard_saves(saves: pl.DataFrame, schema: dict) -> pl.DataFrame:
         (pl.col("size").cast(pl.Int64) - md).alias("size"),
         "ckpt",
     )
+    # each writer's own (DCP without collectives writes a __<rank>.metadata in every rank)
     metadata = k.filter(md > 0).select(
         pl.col("pid").cast(pl.Int32),
         pl.col("ts") + 1,
-        (folder + "/.metadata").alias("file"),
+        (folder + "/rank-of-pid-" + pl.col("pid").cast(pl.String) + ".metadata").alias("file"),
         md.alias("size"),
         "ckpt",
     )
