@@ -159,6 +159,14 @@ def prepare_restore(model: WorkloadModel, checkpoint_dir: str, size: int, seed: 
     return total
 
 
+def _met(meet: Callable[[], Any]) -> float:
+    """Meet the other ranks; returns this meeting's own latency (seconds from the last rank's
+    arrival, which local ranks' meetings return, to this rank's leaving; 0 where unknown)."""
+    t0 = time.perf_counter()
+    last = meet()
+    return max(0.0, time.perf_counter() - max(last, t0)) if isinstance(last, float) else 0.0
+
+
 class Checkpointer:
     """Writes checkpoints as the model says (this rank: its job rank's files, see the module),
     and restores the latest at start when the model says so."""
@@ -248,36 +256,27 @@ class Checkpointer:
         # every rank saves at the same step (a time-based save is each rank's own decision)
         collective = self.c.layout == "dcp" and self.plan.size > 1
         meet = self.meet if collective and not self.c.time_between_checkpoints else None
-        latency = [0.0]
-
-        def met() -> None:
-            assert meet is not None
-            t0 = time.perf_counter()
-            last = meet()  # local ranks: when the last one arrived (None: not known)
-            if isinstance(last, float):
-                latency[0] += max(0.0, time.perf_counter() - max(last, t0))
-
         try:
             st = self.c.serialization_time
             seconds = (
                 float(st.sample(self.rng, 1)[0]) if st.is_known and (st.mean or 0) > 0 else 0.0
             )
-            if meet is None and seconds > 0:
-                time.sleep(seconds)
-            if meet is not None:
-                met()
-            # no bytes: a save whose size the trace does not know (its time is the serialisation)
-            if self.c.bytes_per_checkpoint > 0:
-                nbytes = self.write(shards_only=meet is not None)
-                if meet is not None:
-                    met()
+            if meet is None:
+                if seconds > 0:
+                    time.sleep(seconds)
+                # no bytes: a save whose size the trace does not know (its time is the serialisation)
+                if self.c.bytes_per_checkpoint > 0:
+                    nbytes = self.write()
+            else:
+                latency = _met(meet)
+                if self.c.bytes_per_checkpoint > 0:
+                    nbytes = self.write(shards_only=True)
+                latency += _met(meet)
+                if self.c.bytes_per_checkpoint > 0:
                     nbytes += self.write(metadata_only=True)
-                    met()
-            elif meet is not None:
-                met()
-                met()
-            if meet is not None and seconds - latency[0] > 0:
-                time.sleep(seconds - latency[0])
+                latency += _met(meet)
+                if seconds - latency > 0:
+                    time.sleep(seconds - latency)
         finally:
             REGIONS.end(ev, path=self.last_path, bytes=nbytes)
         return nbytes

@@ -49,7 +49,7 @@ from .common import ReplayError
 from .hostcpu import burn
 from .loader import BatchResult, WorkerSpec, runnable_seconds, worker_context
 from .plan import RankPlan
-from .torchloader import arrival_stamps, collate
+from .torchloader import arrival_stamps, collate, received_at
 
 __all__ = ["ShardStream", "StreamingLoader", "split_shards", "streamed_batches", "streaming_of"]
 
@@ -465,13 +465,10 @@ class StreamingLoader:
             for i, (ids, nbytes, pids, *tensors) in enumerate(self._iter):
                 if i >= len(batches):
                     break
-                # the step begins where the capture hooks begin the job's loop body, as for
-                # map-style datasets (torchloader.arrival_stamps): without it the handover after
-                # torch had the batch counted in neither the fetch nor the sleep, and the
-                # replay's loop bodies ran 4 % past the model (tar_stream: 2.78 against 2.67 ms)
-                hooked = getattr(self._iter.__dict__.get("_dlreplay_state"), "step_t0", 0.0)
-                got = max(arrived[0], hooked) or time.perf_counter()
-                arrived[0] = 0.0
+                # the step begins when torch had the batch, as for map-style datasets: without
+                # it the handover counted in neither the fetch nor the sleep, and the replay's
+                # loop bodies ran 4 % past the model (tar_stream: 2.78 against 2.67 ms)
+                got = received_at(self._iter, arrived)
                 box = [tensors]
                 del tensors
                 yield BatchResult(i, sum(nbytes), tuple(ids), 0.0, pids[0], box.pop(), got)

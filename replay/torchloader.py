@@ -310,6 +310,17 @@ def arrival_stamps(it: Any) -> list[float]:
     return stamp
 
 
+def received_at(it: Any, stamp: list[float]) -> float:
+    """When the step of the batch the DataLoader iterator *it* just gave begins
+    (``time.perf_counter()``), from its :func:`arrival_stamps` list *stamp* (reset for the
+    next batch). Traced by dlreplay's capture hooks, the step begins where they begin the
+    job's loop body: after their own fetch bookkeeping (and a trace buffer's flush)."""
+    hooked = getattr(it.__dict__.get("_dlreplay_state"), "step_t0", 0.0)
+    got = max(stamp[0], hooked) or time.perf_counter()
+    stamp[0] = 0.0
+    return got
+
+
 class TorchLoader:
     """The replay's batches through ``torch.utils.data.DataLoader``.
 
@@ -361,11 +372,7 @@ class TorchLoader:
             arrived = arrival_stamps(self._iter)
             for i, (nbytes, pids, *tensors) in enumerate(self._iter):
                 served = getattr(nbytes, "served", None)
-                # traced by dlreplay's capture hooks, the step begins where they begin the job's
-                # loop body: after their own fetch bookkeeping (and a trace buffer's flush)
-                hooked = getattr(self._iter.__dict__.get("_dlreplay_state"), "step_t0", 0.0)
-                got = max(arrived[0], hooked) or time.perf_counter()
-                arrived[0] = 0.0
+                got = received_at(self._iter, arrived)
                 # the tensors go to the training step, which drops them at its end (a generator
                 # suspended at yield would otherwise hold them into the next fetch)
                 box = [tensors]

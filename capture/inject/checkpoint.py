@@ -319,7 +319,6 @@ def _patch_dcp_storage(fs: Any) -> None:
             if _DCP.depth:
                 _DCP.metadata += size
 
-        core.guard("dcp.FileSystemWriter", sync_files, self)
         core.guard("dcp.FileSystemWriter", metadata)
         return result
 
