@@ -55,7 +55,7 @@ from .infer_pools import (
 )
 from .infer_steps import epoch_span_steps, overlap_us, worker_sample_time
 
-__all__ = ["Inferred", "PosixLoop", "infer_posix_loop"]
+__all__ = ["Inferred", "PosixLoop", "infer_posix_loop", "natural_key"]
 
 _US = 1e-6
 #: A gap between two of a worker's samples is idle time when it exceeds this many times
@@ -732,7 +732,7 @@ def _order_odds(forward: int, moves: int) -> float:
     )
 
 
-def _natural(name: str) -> tuple:
+def natural_key(name: str) -> tuple:
     """Sort key of a file name with its numbers as numbers (img_10 after img_9)."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
@@ -741,7 +741,7 @@ def _shuffled(visits: pl.DataFrame) -> Inferred:
     """Whether samples were read out of order: each process's visits in an epoch, in time
     order, by file (in natural name order) and region; shuffled when under 75 % of the
     changes go forward (an unshuffled loader's workers each read their batches in order)."""
-    files = sorted(visits["file"].cast(pl.String).unique().to_list(), key=_natural)
+    files = sorted(visits["file"].cast(pl.String).unique().to_list(), key=natural_key)
     ranks = pl.DataFrame({"file": files, "__rank": range(len(files))})
     v = visits.with_columns(pl.col("file").cast(pl.String)).join(ranks, on="file")
     key = (

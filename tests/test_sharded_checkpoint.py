@@ -228,7 +228,7 @@ def _table(rows: list[dict]) -> pl.DataFrame:
 
 @pytest.mark.parametrize(
     ("ranks", "every", "shard", "restore"),
-    [(3, 5, 3000, True), (2, 3, 1200, False)],
+    [(3, 5, 3000, True), (2, 3, 1200, False), (12, 4, 500, False)],
 )
 def test_distill_per_rank_torch_save_shards(ranks: int, every: int, shard: int, restore: bool):
     """Each rank torch.saves its own shard (ckpt_rank<r>.pt, rank r's shard r*shard + shard
@@ -267,7 +267,8 @@ def test_distill_per_rank_torch_save_shards(ranks: int, every: int, shard: int, 
     assert ck.steps_between_checkpoints == every
     assert ck.files_per_checkpoint == ranks and ck.layout == "parts"
     assert ck.bytes_per_checkpoint == shard * ranks * (ranks + 1) // 2
-    # files by rank: rank r's file is r's (its name sorts r-th), whatever the pids
+    # files by rank: rank r's file is r's (its name sorts r-th, ckpt_rank2 before ckpt_rank10),
+    # whatever the pids
     assert ck.file_ranks == list(range(ranks))
     assert ck.file_writes == [[[64, 1], [shard * (r + 1) - 64, 1]] for r in range(ranks)]
     assert ck.read_at_start is restore
@@ -432,6 +433,53 @@ def test_untraced_dcp_saves_keep_their_layout_fsync_and_metadata(
     ck = checkpoint_section(ev, saves.drop("fsync", "metadata_bytes"), steps, facts)
     assert ck.layout == "parts" and not ck.fsync
     assert facts.fields["checkpoint.fsync"].confidence == "default"
+
+
+@pytest.mark.parametrize("launcher", [True, False])
+@pytest.mark.parametrize(("pids", "ranks"), [((9998, 10001, 9999), (2, 0, 1)), ((7, 12), (1, 0))])
+def test_untraced_dcp_saves_ranked_by_the_launcher_else_by_pid_as_a_number(
+    pids: tuple[int, ...], ranks: tuple[int, ...], launcher: bool
+) -> None:
+    """Untraced dcp.save events of processes whose pids sort one way as text and another as
+    numbers, and whose launcher ranks follow neither. With the ranks' init_process_group
+    records each file is its launcher rank's; without them the processes are ranked by pid
+    as a number (9998, 9999, 10001), not as text (10001 first)."""
+    rows = [
+        dict(
+            pid=pid,
+            ts=1000 * (k + 1) + i,
+            dur=20,
+            cat="checkpoint",
+            name="capture",
+            file=f"/ck/step_{k}",
+            size=1000 * (rank + 1),
+        )
+        for k in range(3)
+        for i, (pid, rank) in enumerate(zip(pids, ranks, strict=True))
+    ]
+    if launcher:
+        rows += [
+            dict(pid=pid, ts=10 + i, dur=5, cat="comm", name=f"comm.rank{r}.world{len(pids)}.init")
+            for i, (pid, r) in enumerate(zip(pids, ranks, strict=True))
+        ]
+    ev = _table(rows).with_columns(
+        pl.lit("host-a").alias("host"),
+        pl.when(pl.col("cat") == "comm")
+        .then(pl.lit("init"))
+        .otherwise(pl.col("role"))
+        .alias("role"),
+    )
+    ev = ev.sort("ts")
+    steps = pl.DataFrame({"pid": [pids[0]] * 12, "ts": [300 * i for i in range(12)]})
+    saves = ev.filter(pl.col("role") == "checkpoint.save")
+    ck = checkpoint_section(ev, saves, steps.with_columns(pl.col("pid").cast(pl.Int32)), Facts())
+    assert ck.file_ranks == list(range(len(pids)))
+    by_pid = dict(zip(pids, ranks, strict=True))
+    if launcher:  # file r is launcher rank r's: its bytes 1000 * (r + 1)
+        want = [1000 * (r + 1) for r in range(len(pids))]
+    else:  # file i is the i-th pid's, as numbers
+        want = [1000 * (by_pid[p] + 1) for p in sorted(pids)]
+    assert ck.file_writes == [[[n, 1]] for n in want]
 
 
 def test_untraced_dcp_saves_of_ranks_that_each_write_metadata() -> None:

@@ -5,8 +5,9 @@ time a save spends outside its writes, and the restore (the checkpoint read back
 A checkpoint is the k-th save of every process that saves: the ranks of a sharded checkpoint
 (DCP's ``dcp.save``, or each rank's own ``torch.save``) each save at the same steps, so their
 k-th saves are one checkpoint, its files the union of theirs. The rank of a saving process is
-the one its DCP shard files name (``__<rank>_<n>.distcp``); without them, processes are
-ranked by the first file each wrote (``ckpt_rank0.pt`` before ``ckpt_rank1.pt``). A load before
+the one its DCP shard files name (``__<rank>_<n>.distcp``); without them, the one its launcher
+gave it (its ``init_process_group`` record); without that, processes are ranked by the first
+file each wrote, numbers as numbers (``ckpt_rank2.pt`` before ``ckpt_rank10.pt``). A load before
 the training process's first step is a restore at start (``read_at_start``; bytes per rank,
 read sizes); loads after it are checkpoints read back (``num_checkpoints_read``)."""
 
@@ -20,6 +21,8 @@ import polars as pl
 from dlreplay.model import Checkpoint, Distribution
 from dlreplay.schema import READ_OPS, SYNC_OPS, WRITE_OPS
 
+from ..infer import natural_key
+from ..passes.ranks import rank_table
 from ..trace import vocabulary as voc
 from ..trace.sidecar import fields_of, matching_lines, register
 from .base import US, Facts, mode, num, observed
@@ -122,13 +125,14 @@ def checkpoint_section(
     )
     serialization = _serialization(events, saves, ckpt_files, writes.height > 0, nbytes, facts)
     folders = {str(PurePosixPath(f).parent) for f in ckpt_files}
-    file_writes, file_ranks = _file_writes(inside, max(files_per, 1))
+    file_writes, file_ranks = _file_writes(inside, max(files_per, 1), _launcher_ranks(events))
     if file_writes is not None:
         nbytes = sum(size * calls for runs in file_writes for size, calls in runs)
         facts.put(
             "checkpoint.file_ranks",
             "the rank of the process that wrote each file (DCP's __<rank>_<n>.distcp names, "
-            "else the processes in the order of their first file's name)",
+            "else the launcher's rank of the process, else the processes in the order of their "
+            "first file's name, numbers as numbers)",
             "inferred",
         )
         facts.put(
@@ -429,12 +433,12 @@ def file_writes_of(
 
 
 def _file_writes(
-    inside: pl.DataFrame, files_per: int
+    inside: pl.DataFrame, files_per: int, launcher: pl.DataFrame | None = None
 ) -> tuple[list[list[list[int]]] | None, list[int] | None]:
     """(the write calls of each file of one checkpoint as runs of ``[bytes, calls]``, the rank
     that wrote each file): those of the first checkpoint that wrote the most common total in
-    *files_per* files, files by rank then first write. (None, None) when no save's writes are
-    visible or they take too many runs."""
+    *files_per* files, files by rank (:func:`_pid_ranks`, *launcher* the launcher's ranks) then
+    first write. (None, None) when no save's writes are visible or they take too many runs."""
     if inside.is_empty():
         return None, None
     totals = inside.group_by("ckpt").agg(
@@ -447,7 +451,7 @@ def _file_writes(
     first = totals.filter(pl.col("total") == common)["ckpt"].min()
     mine = (
         inside.filter(pl.col("ckpt") == first)
-        .join(_pid_ranks(inside), on="pid", how="left")
+        .join(_pid_ranks(inside, launcher), on="pid", how="left")
         .sort("ts")
         .with_columns(pl.col("ts").min().over("file").alias("f_ts"))
     )
@@ -477,15 +481,32 @@ def _file_writes(
 _DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp$")
 
 
-def _pid_ranks(inside: pl.DataFrame) -> pl.DataFrame:
+def _launcher_ranks(events: pl.DataFrame) -> pl.DataFrame | None:
+    """(pid, rank) of the processes the launcher made ranks (their ``init_process_group``
+    records, :func:`~..passes.ranks.rank_table`); None without such records, or where two
+    hosts' processes share a pid (a pid then names no one process)."""
+    if not {"cat", "role", "name", "host"} <= set(events.columns):
+        return None
+    rt = rank_table(events)
+    if rt.is_empty() or rt["pid"].n_unique() < rt.height:
+        return None
+    return rt.select(pl.col("pid").cast(pl.Int32), pl.col("rank").cast(pl.Int64))
+
+
+def _pid_ranks(inside: pl.DataFrame, launcher: pl.DataFrame | None = None) -> pl.DataFrame:
     """(pid, rank) of the processes that wrote checkpoint files: the rank their DCP shard
-    files name, else the next free rank in the order of the first file each wrote."""
+    files name, else the rank *launcher* gives the process (:func:`_launcher_ranks`), else the
+    next free rank in the order of the first file each wrote, numbers as numbers
+    (``ckpt_rank2.pt`` before ``ckpt_rank10.pt``, ``rank-of-pid-998`` before
+    ``rank-of-pid-1002``)."""
     first = (
         inside.sort("ts")
         .group_by("pid", maintain_order=True)
         .agg(pl.col("file").sort().first().alias("first"), pl.col("file").unique().alias("files"))
-        .sort("first")
     )
+    # one row per writing process: a few, so the names are ordered here, not in polars
+    order = sorted(range(first.height), key=lambda i: natural_key(str(first["first"][i])))
+    first = first[order]
     named: dict[int, int] = {}
     for pid, files in zip(first["pid"], first["files"], strict=True):
         for f in files:
@@ -493,6 +514,11 @@ def _pid_ranks(inside: pl.DataFrame) -> pl.DataFrame:
             if m:
                 named[int(pid)] = int(m.group(1))
                 break
+    if launcher is not None:
+        given = dict(zip(launcher["pid"].to_list(), launcher["rank"].to_list(), strict=True))
+        for pid in first["pid"].to_list():
+            if int(pid) not in named and int(pid) in given:
+                named[int(pid)] = int(given[int(pid)])
     free = (r for r in range(len(first) + len(named) + 1) if r not in named.values())
     ranks = [named[int(pid)] if int(pid) in named else next(free) for pid in first["pid"]]
     return pl.DataFrame(
