@@ -230,7 +230,16 @@ def _run_replay(config: ReplayConfig, echo: Callable[[str], None] | None) -> Rep
     loader, why = choose_loader(config)
     import_loader(loader)
     plans = [
-        RankPlan(config.model, spec, r, size, config.seed, ckdir, config.record_order, loader)
+        RankPlan(
+            config.model,
+            dataclasses.replace(spec, rank=r, ranks=size),
+            r,
+            size,
+            config.seed,
+            ckdir,
+            config.record_order,
+            loader,
+        )
         for r in range(size)
     ]
     # One accelerator runs here: Ctrl-C raises KeyboardInterrupt. With several, this process
@@ -399,7 +408,7 @@ def _run_mpi(config: ReplayConfig, comm: Any, say: Callable[[str], None]) -> Rep
     import_loader(loader)
     plan = RankPlan(
         config.model,
-        spec,
+        dataclasses.replace(spec, rank=rank, ranks=size),
         rank,
         size,
         config.seed,

@@ -238,6 +238,13 @@ def prime_library(fmt: str) -> None:
             pl.read_parquet(io.BytesIO(buf.getvalue()))
 
 
+def _array_key(name: str) -> str:
+    """An array's name as the libraries list it: an HDF5 path without its leading ``/``
+    (h5py's ``name`` of a dataset under the root), an NPZ member without ``.npy``."""
+    name = name.lstrip("/")
+    return name[: -len(".npy")] if name.endswith(".npy") else name
+
+
 def _sample_of(arrays: list[np.ndarray], k: int | None) -> Decoded:
     """One sample from the arrays a Dataset takes: row *k* of arrays with more than one row
     (None: the arrays are the sample's already), the whole array otherwise; several arrays
@@ -300,9 +307,12 @@ class LibraryReader(_Reader):
         memory_map: bool = False,
         direct_io: str = "off",
         direct_io_threshold: int = 0,
+        unread: Sequence[str] = (),
     ) -> None:
         super().__init__(fmt, open_per_sample)
         self.buffered = buffered
+        #: hdf5 datasets / npz members the job never reads per sample (without ``/``, ``.npy``)
+        self.unread = {_array_key(n) for n in unread}
         #: npz/npy: whole files read through O_DIRECT (:mod:`.direct`), as DLIO's odirect reader
         self.direct_io = direct_io if fmt in ("npz", "npy") else "off"
         self.direct_io_threshold = direct_io_threshold
@@ -394,7 +404,7 @@ class LibraryReader(_Reader):
     def _numpy_sample(self, src: Any, k: int) -> Decoded:
         if self.fmt == "npz":
             with np.load(src) as z:  # every member, as a job's Dataset takes the arrays of a sample
-                return _sample_of([z[name] for name in z.files], k)
+                return _sample_of([z[name] for name in z.files if name not in self.unread], k)
         return _sample_of([np.load(src)], k)
 
     def _handle(self, path: str) -> Any:
@@ -447,7 +457,9 @@ class LibraryReader(_Reader):
                         found.append((obj.name.lstrip("/"), obj.shape[0]))
             leading = [n for _, n in found]
             samples = max(set(leading), key=leading.count) if leading else 0
-            names = self._h5_names = [n for n, rows in found if rows == samples]
+            names = self._h5_names = [
+                n for n, rows in found if rows == samples and n not in self.unread
+            ]
         return _sample_of([np.asarray(h5[name][k]) for name in names if name in h5], None)
 
     def _read_record(self, path: str, k: int, rec: Sequence[int] | None) -> Decoded:

@@ -82,6 +82,12 @@ class WorkerSpec:
     #: (hybrid) (:mod:`.direct`: --io posix, and npz/npy files whole); off = buffered
     direct_io: str = "off"
     direct_io_threshold: int = 0
+    #: the accelerator (rank) whose workers these are, of ``ranks``
+    rank: int = 0
+    ranks: int = 1
+    #: arrays of the files the job never reads per sample (HDF5 dataset paths, NPZ member names,
+    #: from the layout's ``read_per_sample``), e.g. DLIO's ``/labels``
+    unread: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,31 +185,50 @@ def _text_chunk(transfer: Distribution) -> int:
     return int(top) if top and top > 0 else TEXT_CHUNK_BYTES
 
 
-def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray]]:
-    """DLIO 2.0's ``IndexedBinaryReader.load_index``: for every file of the dataset, its
-    ``.off.idx`` and ``.sz.idx`` read whole (``samples_per_file`` 8-byte values each: open,
-    one read, close), when a reader starts."""
-    out = []
-    for rel in spec.paths:
-        path = os.path.join(spec.data_dir, rel)
-        pair = []
-        for suffix in (".off.idx", ".sz.idx"):
-            values = np.zeros(spec.samples_per_file, dtype=np.int64)
-            try:
-                if spec.memory_map:  # DLIO's mmap reader maps its index files too (np.memmap)
-                    mapped = np.memmap(path + suffix, mode="r", dtype=np.int64)
-                    values[: min(len(mapped), len(values))] = mapped[: len(values)]
-                    del mapped
-                else:
-                    with open(path + suffix, "rb") as fh:
-                        fh.readinto(values)  # type: ignore[arg-type]  # an ndarray is a writable buffer
-            except OSError as exc:
-                raise ReplayError(
-                    f"{path + suffix}: cannot read the record index ({exc.strerror or exc})"
-                ) from None
-            pair.append(values)
-        out.append((pair[0], pair[1]))
+def dlio_index_files(spec: WorkerSpec) -> list[int]:
+    """The files whose record index DLIO 2.0's PyTorch reader loads in rank ``spec.rank``'s
+    workers (``ConfigArguments.get_global_map_index``): those holding the rank's block of
+    samples, ``ceil(samples / ranks)`` of them from ``rank * ceil(samples / ranks)`` on."""
+    total = len(spec.paths) * spec.samples_per_file
+    per_rank = -(-total // max(spec.ranks, 1))
+    first, last = spec.rank * per_rank, min((spec.rank + 1) * per_rank, total)
+    if last <= first:
+        return []
+    spf = max(spec.samples_per_file, 1)
+    return list(range(first // spf, (last - 1) // spf + 1))
+
+
+def _dlio_index(spec: WorkerSpec) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """DLIO 2.0's ``IndexedBinaryReader.load_index``: for every file of the rank's samples
+    (:func:`dlio_index_files`), its record index (:func:`dlio_index_of`), when a reader
+    starts; None for the other files (the rank reads none of their samples)."""
+    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(spec.paths)
+    for i in dlio_index_files(spec):
+        out[i] = dlio_index_of(spec, i)
     return out
+
+
+def dlio_index_of(spec: WorkerSpec, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """File *i*'s ``.off.idx`` and ``.sz.idx`` read whole (``samples_per_file`` 8-byte values
+    each: open, one read, close; mapped where DLIO's reader maps its files)."""
+    path = os.path.join(spec.data_dir, spec.paths[i])
+    pair = []
+    for suffix in (".off.idx", ".sz.idx"):
+        values = np.zeros(spec.samples_per_file, dtype=np.int64)
+        try:
+            if spec.memory_map:  # DLIO's mmap reader maps its index files too (np.memmap)
+                mapped = np.memmap(path + suffix, mode="r", dtype=np.int64)
+                values[: min(len(mapped), len(values))] = mapped[: len(values)]
+                del mapped
+            else:
+                with open(path + suffix, "rb") as fh:
+                    fh.readinto(values)  # type: ignore[arg-type]  # an ndarray is a writable buffer
+        except OSError as exc:
+            raise ReplayError(
+                f"{path + suffix}: cannot read the record index ({exc.strerror or exc})"
+            ) from None
+        pair.append(values)
+    return pair[0], pair[1]
 
 
 class SampleReader:
@@ -240,6 +265,7 @@ class SampleReader:
                 memory_map=spec.memory_map,
                 direct_io=spec.direct_io,
                 direct_io_threshold=spec.direct_io_threshold,
+                unread=spec.unread,
             )
         if spec.s3 is not None:
             sizes = dict(zip(spec.paths, spec.file_bytes, strict=True))
@@ -292,7 +318,10 @@ class SampleReader:
         recs = s.records[f]
         rec = recs[k] if recs is not None else None
         if self.index is not None:
-            rec = (int(self.index[f][0][k]), int(self.index[f][1][k]))
+            if self.index[f] is None:  # outside the rank's block (an order not DLIO's): loaded now
+                self.index[f] = dlio_index_of(s, f)
+            off, size = self.index[f]  # type: ignore[misc]
+            rec = (int(off[k]), int(size[k]))
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = (
             REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k)

@@ -194,6 +194,16 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         s3=s3_target(m.storage),
         direct_io=direct_plan(m, config.io, _first_file(config, files))[0],
         direct_io_threshold=m.reader.direct_io_threshold,
+        unread=tuple(
+            sorted(
+                {
+                    member.name
+                    for a in m.dataset.layout.arrays or ()
+                    for member in a.members or ()
+                    if not member.read_per_sample
+                }
+            )
+        ),
     )
 
 

@@ -6,6 +6,7 @@ quoted in :mod:`dlreplay.dlio.generator`), so the tests hold without DLIO instal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -34,6 +35,7 @@ from dlreplay.errors import ModelError
 from dlreplay.model import Checkpoint, Distribution, apply_overrides, load_yaml_file
 from dlreplay.replay import ReplayConfig, run_replay
 from dlreplay.replay.common import plan_dataset
+from dlreplay.replay.loader import WorkerSpec, dlio_index_files
 
 from .conftest import TRACES
 
@@ -386,6 +388,119 @@ def test_dlio_indexed_binary_replays_its_record_index(tmp_path):
         & ~pl.col("file").cast(pl.String).str.ends_with(".idx")
     )
     assert set(data["size"].to_list()) == {exp["record_length"]}
+
+
+def _data_read_sizes(trace: Path, files: str) -> dict[int, int]:
+    """Read calls of *trace* on the files whose path contains *files*: bytes -> calls."""
+    ev = load_trace(trace).events
+    reads = ev.filter(
+        pl.col("name").cast(pl.String).is_in(["read", "pread", "pread64"])
+        & (pl.col("size") > 0)
+        & pl.col("file").cast(pl.String).str.contains(files, literal=True)
+    )
+    return dict(reads.group_by("size").len().rows())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dlio_h5_multi", "sweep/dlio_hdf5_2spf"])
+def test_dlio_hdf5_replay_reads_the_records_not_the_labels(tmp_path, name):
+    """DLIO 2.0.0's HDF5 files hold ``/records`` and, after them, ``/labels``; its reader reads a
+    sample's row of ``/records`` and never ``/labels``. The replay's files put the records
+    first too and its workers read the records alone: the same read calls as DLIO's, per
+    size (the replay read the labels too: a 512-byte header and the labels' 8-byte values a
+    sample, and its records lay behind them)."""
+    trace = TRACES / name
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    members = model.dataset.layout.arrays[0].members
+    assert [(m.name, m.read_per_sample) for m in members] == [
+        ("/records", True),
+        ("/labels", False),
+    ]
+    model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
+    run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"),
+        echo=lambda s: None,
+    )
+    job = _data_read_sizes(trace, "/train/")
+    mine = _data_read_sizes(tmp_path / "replay", str(tmp_path / "data" / "train"))
+    # each worker looks at the first file's objects once to find the sample arrays: at most
+    # one more header read a worker
+    extra = {n: mine.get(n, 0) - c for n, c in job.items()}
+    assert set(mine) <= set(job) and all(0 <= e <= model.reader.read_threads for e in extra.values())
+    with h5py.File(next((tmp_path / "data" / "train").glob("*.h5")), "r") as f:
+        assert f["records"].id.get_offset() < f["labels"].id.get_offset()
+
+
+def _index_reads(trace: Path) -> dict[int, list[str]]:
+    """Per reading process of *trace*: the record-index files it read, by name."""
+    ev = load_trace(trace).events
+    reads = ev.filter(
+        pl.col("name").cast(pl.String).is_in(["read", "pread64"])
+        & (pl.col("size") > 0)
+        & pl.col("file").cast(pl.String).str.ends_with(".idx")
+    )
+    got = reads.group_by("pid").agg(
+        pl.col("file").cast(pl.String).str.extract(r"([^/]+)$").sort().alias("f")
+    )
+    return {int(p): f for p, f in zip(got["pid"], got["f"], strict=True)}
+
+
+@pytest.mark.slow
+def test_dlio_indexed_binary_ranks_load_the_index_of_their_own_files(tmp_path):
+    """DLIO 2.0.0's PyTorch reader loads the record index of the files its rank's block of
+    samples is in (``get_global_map_index``), not of every file: 2 ranks over 8 files of 2
+    samples load 4 files' indexes each, 8 index reads a worker. The replay's ranks did 16."""
+    trace = TRACES / "sweep" / "dlio_ib_2spf_r2"
+    exp = json.loads((trace / "expected.json").read_text())["model"]
+    job = _index_reads(trace)
+    assert sorted(len(v) for v in job.values()) == [8, 8]  # the premise: DLIO's own trace
+    loaded = load_trace(trace)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(trace))
+    assert (model.processes.ranks, model.dataset.layout.index) == (2, "dlio")
+    model = apply_overrides(model, ["train.computation_time=0.001"])  # timing is not what is tested
+    run_replay(
+        ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "replay"),
+        echo=lambda s: None,
+    )
+    mine = _index_reads(tmp_path / "replay")
+    assert sorted(len(v) for v in mine.values()) == [8, 8]
+    # each worker's 4 files are a rank's block: together every file, none twice
+    stems = [sorted({n.rsplit(".", 3)[0] for n in v}) for v in mine.values()]
+    assert sorted(len(s) for s in stems) == [4, 4]
+    assert sorted(stems[0] + stems[1]) == sorted({n for s in stems for n in s})
+    assert len(set(stems[0] + stems[1])) == exp["num_files"]
+    cmp = compare_traces(trace, tmp_path / "replay")
+    assert cmp.ks_read_sizes is not None and cmp.ks_read_sizes <= 0.10
+
+
+@pytest.mark.parametrize(
+    ("files", "spf", "ranks", "want"),
+    [
+        (8, 2, 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        (5, 3, 2, [[0, 1, 2], [2, 3, 4]]),  # 8 samples a rank: file 2 is in both blocks
+        (4, 1, 3, [[0, 1], [2, 3], []]),  # 2 a rank: the third rank's block is past the end
+        (3, 4, 1, [[0, 1, 2]]),
+    ],
+)
+def test_dlio_index_files_of_each_rank(files, spf, ranks, want):
+    base = WorkerSpec(
+        data_dir="/d",
+        fmt="indexed_binary",
+        io="library",
+        paths=tuple(f"f{i}" for i in range(files)),
+        file_bytes=(0,) * files,
+        records=(None,) * files,
+        samples_per_file=spf,
+        open_per_sample=False,
+        transfer_size=Distribution.fixed(1.0),
+        preprocess_time=Distribution.fixed(0.0),
+        stats_per_sample=0.0,
+        lseeks_per_sample=0.0,
+        seed=0,
+    )
+    got = [dlio_index_files(dataclasses.replace(base, rank=r, ranks=ranks)) for r in range(ranks)]
+    assert got == want
 
 
 @pytest.mark.slow

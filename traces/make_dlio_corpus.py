@@ -314,9 +314,35 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         }
         for workers, batches in ((4, 2), (3, 3))
     },
+    # indexed binary of 2 samples a file read by 2 ranks: each rank's reader loads the record
+    # index of its own block of files only (DLIO's global index map), not all of them
+    "sweep/dlio_ib_2spf_r2": {
+        "model": {"name": "ib_2spf_r2"},
+        "framework": "pytorch",
+        "dataset": {
+            "format": "indexed_binary",
+            "num_files_train": 8,
+            "num_samples_per_file": 2,
+            "record_length": 16 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 2,
+            "read_threads": 1,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
+        "train": {"epochs": 2, "computation_time": 0.01},
+    },
 }
 #: MPI ranks a workload runs with (``mpiexec -n N`` from DLIO's virtualenv); 1 when absent.
-RANKS: dict[str, int] = {"dlio_npz_2ranks": 2, "sweep/dlio_npz_noshuffle_r2": 2}
+RANKS: dict[str, int] = {
+    "dlio_npz_2ranks": 2,
+    "sweep/dlio_npz_noshuffle_r2": 2,
+    "sweep/dlio_ib_2spf_r2": 2,
+}
 
 _METRIC = re.compile(r"\[METRIC\] (.+?): ([-\d.]+)(?: \(([-\d.]+)\))?\s*$")
 

@@ -145,7 +145,9 @@ def _hdf5_layout(
     chunk_size: int | None,
 ) -> Layout:
     """``/records`` ``(spf, d1, d2)`` (chunked ``(1, c, c)`` with ``chunk_size``, filtered with
-    ``compression``), then ``/labels``, h5py's defaults otherwise."""
+    ``compression``), then ``/labels``, h5py's defaults otherwise, in that order in the file
+    (DLIO writes the records first). DLIO's HDF5 reader reads a sample's row of ``/records``
+    and never ``/labels``."""
     chunks = None
     if chunk_size:
         c = min(int(math.ceil(math.sqrt(chunk_size))), d1)
@@ -170,6 +172,7 @@ def _hdf5_layout(
         storage="contiguous",
         fill_value=0.0,
         track_times=True,
+        read_per_sample=False,
     )
     size = array_file_bytes("hdf5", spf, (d1, d2)) if records.storage == "contiguous" else None
     return Layout(
@@ -177,7 +180,7 @@ def _hdf5_layout(
         hdf5_compression=filt,
         compression_level=level,
         hdf5_chunk_shape=chunks,
-        arrays=[ArrayFile(bytes=size, samples=spf, members=[labels, records])],
+        arrays=[ArrayFile(bytes=size, samples=spf, members=[records, labels])],
     )
 
 

@@ -77,6 +77,11 @@ class ArrayMember:
     vlen_attributes: int = model_field(
         0, check="nonneg", doc="of those, variable-length (strings: a global heap)"
     )
+    read_per_sample: bool = model_field(
+        True,
+        doc="the job reads this array's row of each sample it takes; false: it is in the "
+        "file and never read (DLIO's HDF5 reader reads /records, not /labels)",
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
