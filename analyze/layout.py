@@ -245,6 +245,74 @@ def _h5_key(d: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def _by_address(members: list[ArrayMember], datasets: list[dict[str, Any]]) -> list[ArrayMember]:
+    """*members* (one per fingerprint dataset of *datasets*) in the order of their data in the
+    file, where every dataset with data is contiguous (its offset exact; those without data
+    first, in their own order); as listed otherwise (chunked datasets' chunks interleave, and
+    the listed order is the one the replay's tests hold to)."""
+    if any(d.get("storage") == "chunked" for d in datasets):
+        return members
+    order = sorted(
+        range(len(members)),
+        key=lambda j: (datasets[j].get("offset") is not None, datasets[j].get("offset") or 0, j),
+    )
+    return [members[j] for j in order]
+
+
+def _member_spans(f: dict[str, Any], fmt: str) -> dict[str, tuple[int, int]]:
+    """Each array's bytes in fingerprint file *f*, ``[start, end)``: an HDF5 contiguous
+    dataset's data, an NPZ member's local header and data. Arrays whose bytes are not known
+    (chunked, compact) are left out."""
+    if fmt == "hdf5":
+        return {
+            str(d["name"]): (int(d["offset"]), int(d["offset"]) + int(d.get("stored_bytes") or 0))
+            for d in f.get("datasets", [])
+            if d.get("offset") is not None and d.get("stored_bytes")
+        }
+    out = {}
+    for m in f.get("members", []):
+        if m.get("offset") is None or m.get("stored_bytes") is None:
+            continue
+        # local header (30 bytes, the name, numpy's zip64 extra field of 20), then the data;
+        # the central directory after the last member is not the member's
+        head = 30 + len(str(m["name"]).encode()) + (20 if m.get("zip64") else 0)
+        start = int(m["offset"])
+        out[str(m["name"])] = (start, start + head + int(m["stored_bytes"]))
+    return out
+
+
+def unread_members(
+    files: list[dict[str, Any]], root: str, fmt: str, reads: pl.DataFrame
+) -> tuple[set[str], int]:
+    """(the arrays no read touched, files that tell): in each sampled file (*files*, paths
+    under *root*) the trace read (*reads*: its ``file``, ``offset``, ``size``), the arrays
+    whose bytes no read overlapped while another array's were read; an array is unread when
+    it was so in every such file. HDF5's sieve buffer reading past a small array counts as a
+    read of it (the array is then kept)."""
+    if reads.is_empty() or not {"file", "offset", "size"} <= set(reads.columns):
+        return set(), 0
+    got = reads.filter(pl.col("offset").is_not_null() & (pl.col("size") > 0)).select(
+        pl.col("file").cast(pl.String), "offset", "size"
+    )
+    by_file = {str(k[0]): v for k, v in got.partition_by("file", as_dict=True).items()}
+    unread: set[str] | None = None
+    told = 0
+    for f in files:
+        spans = _member_spans(f, fmt)
+        mine = by_file.get(os.path.normpath(os.path.join(root, str(f.get("path", "")))))
+        if len(spans) < 2 or mine is None:
+            continue
+        lo = mine["offset"].to_numpy()
+        hi = lo + mine["size"].to_numpy()
+        touched = {n for n, (a, b) in spans.items() if bool(((lo < b) & (hi > a)).any())}
+        if not touched:  # no array's bytes read here (a mapped file, metadata only)
+            continue
+        told += 1
+        here = set(spans) - touched
+        unread = here if unread is None else unread & here
+    return unread or set(), told
+
+
 def _hdf5_arrays(files: list[dict[str, Any]], spf: int) -> list[ArrayFile]:
     out = []
     for same in _structures(
@@ -291,6 +359,9 @@ def _hdf5_arrays(files: list[dict[str, Any]], spf: int) -> list[ArrayFile]:
                     vlen_attributes=int(d.get("vlen_attributes", 0)),
                 )
             )
+        # in the order of their data in the file (link order is by name): the replay creates
+        # and writes them in this order, so its arrays lie where the job's do
+        members = _by_address(members, first["datasets"])
         out.append(
             ArrayFile(
                 weight=round(len(same) / len(files), 6),
@@ -456,10 +527,17 @@ def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
 
 
 def layout_from_fingerprint(
-    doc: dict[str, Any], fmt: str, paths: Sequence[str], spf: int, where: str = FINGERPRINT_NAME
+    doc: dict[str, Any],
+    fmt: str,
+    paths: Sequence[str],
+    spf: int,
+    where: str = FINGERPRINT_NAME,
+    reads: pl.DataFrame | None = None,
 ) -> LayoutResult | None:
     """The layout of the trace's dataset (*paths*, format *fmt*, *spf* samples per file) from
-    fingerprint *doc*; None when the fingerprint has no group of that format."""
+    fingerprint *doc*; None when the fingerprint has no group of that format. With the trace's
+    dataset *reads*, the arrays of NPZ and HDF5 files that no read touched are marked
+    ``read_per_sample: false`` (:func:`unread_members`)."""
     group = find_group(doc, fmt, paths)
     files = own_files(group, paths) if group is not None else []
     if not files:  # none of the trace's own files sampled: sample them now, where they are here
@@ -491,6 +569,8 @@ def layout_from_fingerprint(
         res.notes.extend(str(f["note"]) for f in files[:1] if f.get("note"))
     elif gfmt == "tfrecord":
         _tfrecord_summary(files, how, res, summary)
+    if reads is not None and summary.get("arrays") and gfmt in ("npz", "zip", "hdf5"):
+        _mark_unread(summary, files, str(group.get("root", "")), gfmt, reads, res)
     res.layout = Layout(**summary)
     if len(res.layout.arrays or res.layout.images or res.layout.tables or []) > 1:
         res.notes.append(
@@ -498,6 +578,36 @@ def layout_from_fingerprint(
             f"structures among {len(files)} sampled files (weights in dataset.layout)"
         )
     return res
+
+
+def _mark_unread(
+    summary: dict[str, Any],
+    files: list[dict[str, Any]],
+    root: str,
+    fmt: str,
+    reads: pl.DataFrame,
+    res: LayoutResult,
+) -> None:
+    """The arrays of ``summary["arrays"]`` no read of the trace touched (:func:`unread_members`)
+    marked ``read_per_sample: false``, with the evidence."""
+    unread, told = unread_members(files, root, "hdf5" if fmt == "hdf5" else "npz", reads)
+    if not unread:
+        return
+    summary["arrays"] = [
+        replace(
+            a,
+            members=[
+                replace(m, read_per_sample=False) if m.name in unread else m for m in a.members
+            ],
+        )
+        for a in summary["arrays"]
+    ]
+    how, confidence = res.fields["dataset.layout.arrays"]
+    res.fields["dataset.layout.arrays"] = (
+        f"{how}; never read per sample: {', '.join(sorted(unread))} (no read of the "
+        f"{told} sampled file(s) the trace read touched their bytes)",
+        confidence,
+    )
 
 
 def _npz_summary(

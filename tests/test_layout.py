@@ -8,6 +8,7 @@ come back identical and sizes/compression ratios close.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 
 from dlreplay.analyze.layout import infer_layout, layout_from_fingerprint, resolve_fingerprint
@@ -1058,3 +1060,103 @@ def _content_digest(path: Path, fmt: str) -> str:
         for name in sorted(f):
             h.update(name.encode() + np.ascontiguousarray(f[name][()]).tobytes())
     return h.hexdigest()
+
+
+class _LoggedFile(io.RawIOBase):
+    """A file whose reads are logged as ``(offset, bytes)``: the bytes a library touched."""
+
+    def __init__(self, path: Path, log: list[tuple[int, int]]) -> None:
+        self._f = open(path, "rb", buffering=0)  # noqa: SIM115
+        self._log = log
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def readinto(self, b: Any) -> int:
+        at = self._f.tell()
+        n = self._f.readinto(b) or 0
+        if n:
+            self._log.append((at, n))
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _read_samples(paths: list[Path], fmt: str, arrays: tuple[str, ...], spf: int) -> pl.DataFrame:
+    """The reads a job makes taking sample k's row of *arrays* from each file (h5py through a
+    file object, numpy.load of the archive): file, offset, size."""
+    import h5py
+
+    rows = []
+    for p in paths:
+        log: list[tuple[int, int]] = []
+        for k in range(spf):
+            fh = _LoggedFile(p, log)
+            if fmt == "hdf5":
+                with h5py.File(fh, "r") as f:
+                    for a in arrays:
+                        np.asarray(f[a][k])
+            else:
+                with np.load(fh) as z:
+                    for a in arrays:
+                        np.asarray(z[a])
+            fh.close()
+        rows += [(str(p), o, n) for o, n in log]
+    return pl.DataFrame(rows, schema=["file", "offset", "size"], orient="row")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "read", "order", "unread"),
+    [
+        # DLIO 2.0's files: /records written first, then /labels; its reader reads /records
+        ("hdf5", ("records",), ["/records", "/labels"], {"/labels"}),
+        ("hdf5", ("records", "labels"), ["/records", "/labels"], set()),
+        ("npz", ("x", "y"), ["x.npy", "y.npy", "meta.npy"], {"meta.npy"}),
+        ("npz", ("x",), ["x.npy", "y.npy", "meta.npy"], {"y.npy", "meta.npy"}),
+        ("npz", ("x", "y", "meta"), ["x.npy", "y.npy", "meta.npy"], set()),
+    ],
+)
+def test_arrays_the_job_never_reads_are_marked(tmp_path: Path, fmt, read, order, unread) -> None:
+    """Arrays of the files that no read of the trace touched (DLIO's /labels, an NPZ member the
+    job's Dataset never takes) are ``read_per_sample: false``; the others, and every array
+    when the trace has no reads, stay read. HDF5 arrays are listed where their data lies,
+    not by name (/labels came first, and the replay wrote it first)."""
+    import h5py
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(7)
+    paths = []
+    for i in range(3):
+        if fmt == "hdf5":
+            p = src / f"img_{i}.hdf5"
+            with h5py.File(p, "w") as f:
+                d = f.create_dataset("records", (4, 64, 64), dtype=np.uint8)
+                d[0:4] = rng.integers(0, 255, (4, 64, 64), dtype=np.uint8)
+                f.create_dataset("labels", data=[0] * 4)
+        else:
+            p = src / f"s_{i}.npz"
+            np.savez(p, x=rng.random((4, 32, 32)), y=np.arange(4), meta=rng.random(512))
+        paths.append(p)
+    doc = fingerprint_dataset([src])
+    reads = _read_samples(paths, fmt, read, 4)
+    got = layout_from_fingerprint(doc, fmt, [str(p) for p in paths], 4, "test", reads)
+    assert got is not None
+    members = got.layout.arrays[0].members
+    assert [m.name for m in members] == order
+    assert {m.name for m in members if not m.read_per_sample} == unread
+    if unread:
+        assert "never read per sample" in got.fields["dataset.layout.arrays"][0]
+    none = layout_from_fingerprint(doc, fmt, [str(p) for p in paths], 4, "test", reads.clear())
+    assert none is not None and all(m.read_per_sample for m in none.layout.arrays[0].members)

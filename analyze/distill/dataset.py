@@ -438,7 +438,9 @@ def _dataset_layout(
         except DlreplayError as exc:
             facts.notes.append(f"dataset fingerprint ignored: {exc}")
     result = (
-        layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "") if fingerprint else None
+        layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "", reads)
+        if fingerprint
+        else None
     )
     if fingerprint and result is None:
         facts.notes.append(
