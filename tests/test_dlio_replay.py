@@ -345,7 +345,7 @@ def test_replay_of_a_distilled_dlio_trace_reads_and_writes_as_dlio(tmp_path, nam
 @pytest.mark.slow
 def test_dlio_indexed_binary_replays_its_record_index(tmp_path):
     """DLIO 2.0.0 writes an indexed-binary file's record index beside it (``<file>.off.idx``,
-    ``<file>.sz.idx``) and every reader reads all of them when it starts. Distill keeps them out
+    ``<file>.sz.idx``) and every reader of a one-rank run reads all of them when it starts. Distill keeps them out
     of the dataset (8 files, not 24) and records the index; generate writes it; the replay's
     workers read every index whole, then each record with a seek and one read, as DLIO's do."""
     trace = TRACES / "dlio_ib_multi"
@@ -427,7 +427,9 @@ def test_dlio_hdf5_replay_reads_the_records_not_the_labels(tmp_path, name):
     # each worker looks at the first file's objects once to find the sample arrays: at most
     # one more header read a worker
     extra = {n: mine.get(n, 0) - c for n, c in job.items()}
-    assert set(mine) <= set(job) and all(0 <= e <= model.reader.read_threads for e in extra.values())
+    assert set(mine) <= set(job) and all(
+        0 <= e <= model.reader.read_threads for e in extra.values()
+    )
     with h5py.File(next((tmp_path / "data" / "train").glob("*.h5")), "r") as f:
         assert f["records"].id.get_offset() < f["labels"].id.get_offset()
 
