@@ -37,6 +37,7 @@ a guess), every miss with its configuration, and the high-confidence fields that
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -612,7 +613,11 @@ def replay_one(c: dict[str, Any], root: Path, as_sleep: bool = False) -> dict[st
     finally:
         shutil.rmtree(data, ignore_errors=True)
     rep = job / "report.json"
-    real = json.loads(rep.read_text()).get("epoch_times_s") if rep.exists() else None
+    real = (
+        json.loads(rep.read_text()).get("epoch_times_s")
+        if rep.exists()
+        else dlio_epoch_times(job / "out" / "per_epoch_stats.json")
+    )
     row = {
         **REPLAY_SCHEMA,
         "name": c["name"],
@@ -633,6 +638,22 @@ def replay_one(c: dict[str, Any], root: Path, as_sleep: bool = False) -> dict[st
         json.dumps(row, indent=1, default=str) + "\n"
     )
     return row
+
+
+def dlio_epoch_times(stats: Path) -> list[float] | None:
+    """A DLIO run's epoch times (s) from its ``per_epoch_stats.json``: each epoch's end less its
+    start (DLIO's own ``duration`` is rounded to 10 ms); None where the file is missing."""
+    if not stats.is_file():
+        return None
+    doc = json.loads(stats.read_text())
+    out = []
+    for key in sorted((k for k in doc if str(k).isdigit()), key=int):
+        e = doc[key]
+        if not (isinstance(e, dict) and e.get("start") and e.get("end")):
+            return None
+        t0, t1 = (datetime.datetime.fromisoformat(e[k]) for k in ("start", "end"))
+        out.append((t1 - t0).total_seconds())
+    return out or None
 
 
 def replay_subset(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -221,8 +222,7 @@ def test_sweep_traces_are_small() -> None:
         assert sum(f.stat().st_size for f in d.iterdir()) < 200_000, d.name
 
 
-def test_sweep_grid_reaches_the_design() -> None:
-    """The sweep's design: >= 150 configurations, every level of every factor present."""
+def _sweep_module() -> Any:
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "inference_sweep.py"
@@ -230,6 +230,30 @@ def test_sweep_grid_reaches_the_design() -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dlio_epoch_times_from_its_per_epoch_stats(tmp_path: Path) -> None:
+    """A DLIO run's epoch times for the sweep's replay errors: each epoch's end less its start,
+    to the microsecond (DLIO's own ``duration`` is rounded to 10 ms); None without the file or
+    with an epoch that never ended."""
+    mod = _sweep_module()
+    stats = {
+        "1": {"start": "2026-12-06T23:22:10.326732", "end": "2026-12-06T23:22:10.605527"},
+        "2": {"start": "2026-12-06T23:22:10.607371", "end": "2026-12-06T23:22:10.676167"},
+        "10": {"start": "2026-12-06T23:22:11.000000", "end": "2026-12-06T23:22:11.500000"},
+    }
+    p = tmp_path / "per_epoch_stats.json"
+    p.write_text(json.dumps({**stats, "2": {**stats["2"], "duration": "0.07"}}))
+    assert mod.dlio_epoch_times(p) == pytest.approx([0.278795, 0.068796, 0.5])
+    assert mod.dlio_epoch_times(tmp_path / "none.json") is None
+    p.write_text(json.dumps({"1": {"start": stats["1"]["start"]}}))
+    assert mod.dlio_epoch_times(p) is None
+
+
+def test_sweep_grid_reaches_the_design() -> None:
+    """The sweep's design: >= 150 configurations, every level of every factor present."""
+    mod = _sweep_module()
     g = mod.grid()
     assert len(g) >= 150 and len({c["name"] for c in g}) == len(g)
     for factor, levels in (
