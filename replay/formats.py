@@ -450,6 +450,8 @@ class LibraryReader(_Reader):
             while stack:
                 group = stack.pop()
                 for key in group:
+                    if f"{group.name.rstrip('/')}/{key}".lstrip("/") in self.unread:
+                        continue  # never opened, as the job never opens it
                     obj = group[key]
                     if isinstance(obj, h5py.Group):
                         stack.append(obj)
