@@ -254,8 +254,11 @@ def test_the_torch_datasets_own_steps_count_in_the_samples_cpu(tmp_path: Path, m
     for i in range(n):
         ds[i % len(ds)]
     spent = time.thread_time() - c0
+    # the premise is 1 ms of CPU a tensor, 24 ms over the model when uncounted; the Dataset's
+    # real steps beside it (35-40 us a sample on the project's VM, about 90 on a slower one)
+    # are no part of it: a quarter of a millisecond a sample leaves room for a slower machine
     assert spent == pytest.approx(
-        n * 0.004 + debt0 - reader.cpu_debt, abs=0.002
+        n * 0.004 + debt0 - reader.cpu_debt, abs=n * 0.00025
     )  # before: 24 ms over
     assert -0.004 < reader.cpu_debt <= 0
     ds.close()
