@@ -213,10 +213,12 @@ def test_what_a_sample_spends_after_its_cpu_is_settled_comes_out_of_the_next(
     for i in range(n):
         reader.read_sample(i % 6, 0)
     spent = time.thread_time() - c0
-    # the model's CPU, less what is still owed (negative: spent ahead): the code before was 28 ms over
-    assert spent == pytest.approx(n * 0.004 - reader.cpu_debt, abs=0.002)
+    # the model's CPU, less what is still owed (negative: spent ahead): the code before was 28 ms
+    # over; the reader's real steps beside the premise's 1 ms a region (tens of microseconds a
+    # sample) get a quarter of a millisecond a sample, room for a slower machine
+    assert spent == pytest.approx(n * 0.004 - reader.cpu_debt, abs=n * 0.00025)
     assert -0.003 < reader.cpu_debt <= 0  # at most a few samples' overrun carried, never grown
-    assert spent < n * 0.004 + 0.003
+    assert spent < n * 0.004 + 0.003 + n * 0.00025
 
 
 @pytest.mark.skipif(
