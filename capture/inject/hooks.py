@@ -94,6 +94,7 @@ class _Regions:
     def __init__(self) -> None:
         self.enabled = False
         self._fini: Any = None
+        self._settle: Any = None
         self._finalized = False
         self._names: collections.deque[Any] = collections.deque(maxlen=256)
         if os.environ.get("DFTRACER_ENABLE") != "1":
@@ -114,7 +115,10 @@ class _Regions:
         self._set_int.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
         self._set_str.restype = None
         self._set_str.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
-        self._fini = getattr(lib, "_Z13dftracer_finiv", None)
+        # Both called holding the GIL (PyDLL): see :meth:`finalize`.
+        held = ctypes.PyDLL(None)
+        self._fini = getattr(held, "_Z13dftracer_finiv", None)
+        self._settle = getattr(held, "usleep", None)
         self.enabled = True
 
     def begin(self, name: str, cat: str, **args: Any) -> int | None:
@@ -180,7 +184,56 @@ class _Regions:
         """
         if self.enabled and self._fini is not None and not self._finalized:
             self._finalized = True
-            self._fini()
+            _stop_helper_threads()
+            me = threading.current_thread()
+            if self._settle is None or not any(t is not me for t in threading.enumerate()):
+                self._fini()
+                return
+            # DFTracer frees its buffers in ``dftracer_fini`` while another thread may be inside
+            # one of its interceptors, logging a call on a traced file: the process died of
+            # SIGSEGV (a reader thread still running at a multiprocessing child's end, or a
+            # garbage collection closing a file in a helper thread; never without capture;
+            # gdb: the thread in DFTLogger::log while DFTLogger::finalize frees; see
+            # tests/test_capture_threads.py). So the other threads are kept out of it: the GIL
+            # is held through the call (PyDLL, where CDLL would release it), after every
+            # waiting thread was made to wait at a long switch interval (the sleep) so none
+            # asks for the GIL meanwhile, and after a pause (held too) for calls already
+            # under way to return: a file call takes microseconds, and an interceptor logs its
+            # event before it returns. A call slower than the pause is not covered.
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(_HOLD_S)
+            try:
+                time.sleep(0.001)
+                self._settle(_SETTLE_US)
+                self._fini()
+            finally:
+                sys.setswitchinterval(interval)
+
+
+#: How long (microseconds) a child's end waits, holding the GIL, for the file calls other
+#: threads have under way before DFTracer is finalized (:meth:`_Regions.finalize`), and the
+#: switch interval (seconds) meanwhile: no waiting thread asks for the GIL before it.
+_SETTLE_US = 100_000
+_HOLD_S = 0.5
+
+
+def _stop_helper_threads() -> None:
+    """Stop multiprocessing's own daemon threads in this process before DFTracer is
+    finalized: the fd-passing server (``resource_sharer``, which serves the parent's
+    requests for a tensor's shared-memory file) and the feeders of queues already closed
+    (a DataLoader worker's result queue, whose join the worker cancels). Each gets a bounded
+    wait; a thread still busy after it is left as multiprocessing leaves it."""
+    sharer_mod = sys.modules.get("multiprocessing.resource_sharer")
+    sharer = getattr(sharer_mod, "_resource_sharer", None)
+    if sharer is not None and getattr(sharer, "_thread", None) is not None:
+        try:
+            sharer.stop(timeout=1.0)
+        except Exception:  # never break the job's end: the thread is left running
+            pass
+    deadline = time.monotonic() + 1.0
+    for t in threading.enumerate():
+        if t.name.startswith("QueueFeederThread") and t is not threading.current_thread():
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 REGIONS = _Regions()
