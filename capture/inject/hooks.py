@@ -176,17 +176,17 @@ class _Regions:
         if not self._finalized:
             self._end(handle)
 
-    def finalize(self) -> None:
+    def finalize(self, child_end: bool = False) -> None:
         """Flush and close this process's trace file (idempotent).
 
         Needed where a process leaves through ``os._exit`` (multiprocessing children),
         which skips the preload library's destructor and would lose buffered events.
+        *child_end*: a multiprocessing child whose target returned (its queues are closed).
         """
         if self.enabled and self._fini is not None and not self._finalized:
             self._finalized = True
-            _stop_helper_threads()
-            me = threading.current_thread()
-            if self._settle is None or not any(t is not me for t in threading.enumerate()):
+            quiet = _helper_threads_done(child_end)
+            if self._settle is None or all(t in quiet for t in threading.enumerate()):
                 self._fini()
                 return
             # DFTracer frees its buffers in ``dftracer_fini`` while another thread may be inside
@@ -217,23 +217,26 @@ _SETTLE_US = 100_000
 _HOLD_S = 0.5
 
 
-def _stop_helper_threads() -> None:
-    """Stop multiprocessing's own daemon threads in this process before DFTracer is
-    finalized: the fd-passing server (``resource_sharer``, which serves the parent's
-    requests for a tensor's shared-memory file) and the feeders of queues already closed
-    (a DataLoader worker's result queue, whose join the worker cancels). Each gets a bounded
-    wait; a thread still busy after it is left as multiprocessing leaves it."""
-    sharer_mod = sys.modules.get("multiprocessing.resource_sharer")
-    sharer = getattr(sharer_mod, "_resource_sharer", None)
-    if sharer is not None and getattr(sharer, "_thread", None) is not None:
-        try:
-            sharer.stop(timeout=1.0)
-        except Exception:  # never break the job's end: the thread is left running
-            pass
-    deadline = time.monotonic() + 1.0
-    for t in threading.enumerate():
-        if t.name.startswith("QueueFeederThread") and t is not threading.current_thread():
+def _helper_threads_done(child_end: bool) -> set[Any]:
+    """Let multiprocessing's own daemon threads in this process finish before DFTracer is
+    finalized; returns those that need no wait.
+
+    - At a child's end (*child_end*), multiprocessing has closed its queues; their feeders
+      (a DataLoader worker's result queue's, whose join the worker cancels) are joined, for
+      a quarter of a second at most: they write to pipes (a full one, whose reader has gone,
+      would hold them for good).
+    - The fd-passing server (``resource_sharer``; it serves the parent's requests for a
+      tensor's shared-memory file) waits in ``accept`` on a socket whose path
+      multiprocessing has removed by now (so ``stop()``, which connects to it, fails). It
+      reads no file: left as it is."""
+    me = threading.current_thread()
+    deadline = time.monotonic() + 0.25
+    for t in threading.enumerate() if child_end else ():
+        if t.name.startswith("QueueFeederThread") and t is not me:
             t.join(max(0.0, deadline - time.monotonic()))
+    sharer_mod = sys.modules.get("multiprocessing.resource_sharer")
+    server = getattr(getattr(sharer_mod, "_resource_sharer", None), "_thread", None)
+    return {me} | ({server} if server is not None else set())
 
 
 REGIONS = _Regions()
@@ -680,9 +683,9 @@ def _at_exit() -> None:
     MISSES.write()
 
 
-def _finalize_process() -> None:
+def _finalize_process(child_end: bool = False) -> None:
     guard("exit", _close_open_iterators)
-    guard("exit", REGIONS.finalize)
+    guard("exit", REGIONS.finalize, child_end)
     MISSES.write()  # after the trace is closed: this write is not one of the job's
 
 
@@ -699,7 +702,7 @@ def _patch_multiprocessing() -> None:
         try:
             return orig(self, *args, **kwargs)
         finally:
-            _finalize_process()
+            _finalize_process(child_end=True)
 
     cls._bootstrap = _bootstrap  # type: ignore[attr-defined]
     cls._dlreplay_patched = True  # type: ignore[attr-defined]
