@@ -198,6 +198,9 @@ class _RankRun:
         self.per_epoch_au = m.train.au_first_steps == "epoch"
         self.host = HostCpu(m.train.computation_host_threads) if spends_host_cpu(m) else None
         self.own_events = True
+        # the compute is the job's silence between its batches' reads (its collate and loop in
+        # it): the replay's own loader work there is taken out of it (:meth:`_loader_work`)
+        self.between_reads = m.train.timed_between_reads and m.reader.read_threads == 0
 
     def start(self) -> None:
         """What a training script does before its first epoch."""
@@ -320,10 +323,10 @@ class _RankRun:
             clocks = (time.process_time_ns(), time.thread_time_ns()) if ev_step else (0, 0)
             INTERRUPT.check()  # a Ctrl-C whose KeyboardInterrupt was swallowed still stops here
             t_got = time.perf_counter()
-            # the step starts when the loader had the batch (what the loader does after that,
-            # and the interpreter's garbage collections, are the replay's loop overhead)
+            # the step starts when the loader had the batch (what it does after, and garbage
+            # collections: loop overhead, out of this step's sleep; and :meth:`_loader_work`)
             t_recv = min(res.received, t_got) if res.received is not None else t_got
-            sleeper.debt += t_got - t_recv  # taken out of this step's sleep
+            sleeper.debt += t_got - t_recv + self._loader_work(step, t_prev, t_recv)
             modelled = float(modelled_steps[step])
             compute, ck = self._compute(epoch, step, modelled, cpu_steps, rec)
             t_sync = time.perf_counter()
@@ -358,6 +361,32 @@ class _RankRun:
             rec["epoch_time_s"] = t_end - t_start  # so far (an interrupted epoch keeps it)
         REGIONS.end(ev_epoch, steps=rec["steps"])
         return t_start
+
+    def _loader_work(self, step: int, t_prev: float, t_recv: float) -> float:
+        """Seconds this process's loader worked around the batch just received outside its
+        samples (``time.perf_counter()`` stamps: the previous step ended at *t_prev*, the loader
+        had the batch at *t_recv*): from the previous step's end to its first sample's read (the
+        loop, the fetch; not for an epoch's first batch, whose wait holds the loader's start),
+        and from its last sample's end to the batch in hand (the collate). 0 unless the model's
+        compute is the job's silence between its batches' reads (``train.timed_between_reads``),
+        which holds the job's own loader work there: the replay's is then taken out of the
+        step's compute instead of added to it (it was, in the inference sweep's runs without
+        workers: replayed epochs a median 12 % over their jobs')."""
+        local = getattr(self.loader, "local_reader", None) if self.between_reads else None
+        reader = local() if local is not None else None  # (streamed shards: no sample reader)
+        if reader is None:
+            return 0.0
+        began, ended, library = reader.batch_marks()
+        work = max(0.0, t_recv - ended) if ended is not None else 0.0
+        if began is not None and step > 0:
+            work += max(0.0, began - t_prev)
+        if reader.preprocess is None:
+            # no per-sample silence was modelled (a batch of one, or none found), so none was
+            # taken out of the compute: the silence before a batch holds the library's work on
+            # one sample around its reads too (its decode, its lookups), which the replay's
+            # library does again
+            work += library
+        return work
 
     def _compute(
         self, epoch: int, step: int, modelled: float, cpu_steps: np.ndarray, rec: dict[str, Any]

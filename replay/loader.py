@@ -89,6 +89,10 @@ class WorkerSpec:
     #: arrays of the files the job never reads per sample (HDF5 dataset paths, NPZ member names,
     #: from the layout's ``read_per_sample``), e.g. DLIO's ``/labels``
     unread: tuple[str, ...] = ()
+    #: the preprocess time is the job's silence between two samples' reads (the model's
+    #: ``train.timed_between_reads``): the time between two of this reader's samples outside
+    #: it (the loader's own work) is taken out of the next sample's preprocessing
+    between_reads: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,13 @@ class SampleReader:
             0.0  # seconds of modelled preprocessing not yet spent (negative: overspent)
         )
         self.spec = spec
+        #: ``time.perf_counter()`` where this reader's first sample since :meth:`batch_marks`
+        #: began (None: none since), and where its last sample ended (its preprocessing spent)
+        self.batch_began: float | None = None
+        self.sample_ended: float | None = None
+        #: seconds the library took to read and decode the last sample while not blocked in I/O
+        #: (:func:`runnable_seconds`; measured where ``spec.between_reads``)
+        self.library_s = 0.0
         self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
         if spec.io == "posix":
             self.reader: Any = PosixReader(
@@ -312,6 +323,13 @@ class SampleReader:
         ``cpu0``: the thread's CPU clock where the sample's item began, if before this call (the
         PyTorch Dataset's own steps count as the job's did); what the caller spends after the
         call it reports with :meth:`charge`."""
+        began = time.perf_counter()
+        if self.batch_began is None:
+            self.batch_began = began
+        elif self.spec.between_reads and self.sample_ended is not None:
+            # the loader's own work since the last sample (its loop, the Dataset's call) is in
+            # the job's silence between two samples, which the model's preprocessing is
+            self.preprocess_debt -= began - self.sample_ended
         if cpu0 is None:
             cpu0 = time.thread_time()
         s = self.spec
@@ -331,6 +349,8 @@ class SampleReader:
         )
         busy0 = runnable_seconds()
         nbytes, decoded = self._read(path, f, k, rec)
+        if s.between_reads:
+            self.library_s = runnable_seconds() - busy0
         pre = None
         settled: float | None = None
         burned = 0.0
@@ -363,7 +383,17 @@ class SampleReader:
             # spent none of it, and without this the replay's workers spent more CPU per sample
             # than the job's.
             self.cpu_debt -= time.thread_time() - settled - burned
+        self.sample_ended = time.perf_counter()
         return nbytes, decoded
+
+    def batch_marks(self) -> tuple[float | None, float | None, float]:
+        """(where the first sample read since the last call began, where the last one ended
+        (``time.perf_counter()``; None: no sample since), the library's time in the last one
+        (:attr:`library_s`)), and start anew: the training process calls it at each step, so
+        the marks of the next call are its next batch's."""
+        marks = (self.batch_began, self.sample_ended, self.library_s)
+        self.batch_began = None
+        return marks
 
     def _read(self, path: str, f: int, k: int, rec: tuple[int, int] | None) -> tuple[int, Decoded]:
         """Read sample *k* of file *f* at *path* (its byte range *rec*, when the file has records):
@@ -543,6 +573,10 @@ class Loader:
             finally:
                 if mask is not None:
                     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def local_reader(self) -> SampleReader | None:
+        """The reader of the training process's own samples (no workers), None with workers."""
+        return self._local
 
     def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
         """Yield the batches' results in order (batch i read by worker i % W)."""

@@ -194,6 +194,7 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         s3=s3_target(m.storage),
         direct_io=direct_plan(m, config.io, _first_file(config, files))[0],
         direct_io_threshold=m.reader.direct_io_threshold,
+        between_reads=m.train.timed_between_reads and m.reader.read_threads == 0,
         unread=tuple(
             sorted(
                 {

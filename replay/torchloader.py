@@ -365,6 +365,11 @@ class TorchLoader:
                 **kwargs,
             )
         self._iter: Any = None
+        self._in_process = num_workers == 0
+
+    def local_reader(self) -> SampleReader | None:
+        """The reader of the training process's own samples (no workers), None with workers."""
+        return self.dataset._reader if self._in_process else None
 
     def epoch(self, batches: Sequence[Sequence[tuple[int, int]]]) -> Iterator[BatchResult]:
         """Yield the epoch's batches in order (``iter()`` starts workers unless they persist)."""

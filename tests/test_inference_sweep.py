@@ -723,3 +723,27 @@ def test_few_steady_intervals_yield_to_the_epoch_span(name: str, bound: float) -
     assert "epoch's span" in c.method, c.method
     steady = float(np.median(truth["job"]["step_compute_s"]))
     assert steady <= (m.train.computation_time.mean or 0) <= bound * steady
+
+
+@pytest.mark.parametrize(
+    ("name", "posix_only", "want"),
+    [
+        ("tiles_w0_b1", False, True),  # the training process reads its samples; batch unknown
+        ("tiles_w0_b2", False, True),  # batch 2: the silence between batches
+        ("cosmo_w0_b8", False, True),  # per-sample files, batch 8
+        ("cosmo_w2_s1", True, False),  # workers read: the compute is the workers' pace
+        ("tiles_w1p_b8_ck", True, False),
+        ("dlio_npz_4spf", False, False),  # loader events: the compute is the measured step
+    ],
+)
+def test_compute_from_the_silences_between_reads_is_said_so(
+    name: str, posix_only: bool, want: bool
+) -> None:
+    """A POSIX-only trace of a loop that reads its own samples gives its compute (and its
+    preprocessing) as the silences between its reads, which hold the job's own loader work
+    (collate, the loop): the model says so (``train.timed_between_reads``), and the replay
+    takes its own loader's work out of them. Workers' reads, or loader events, say not."""
+    m = _model(name, posix_only=posix_only)
+    assert m.train.timed_between_reads is want
+    f = m.provenance.fields.get("train.timed_between_reads")
+    assert (f is not None and f.confidence == "measured") is want

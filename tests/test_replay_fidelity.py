@@ -647,3 +647,84 @@ def test_a_checkpoint_of_unknown_size_is_its_time_alone(tmp_path):
         assert e["checkpoint_bytes"] == 0
         assert e["checkpoint_s"] >= saves_per_epoch * 0.02 * 0.95
     assert not [p for p in (tmp_path / "o").rglob("part-*")]
+
+
+# --------------------------------------------------------------------------- times between reads
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("between_reads", [False, True])
+def test_loader_work_comes_out_of_times_taken_between_reads(
+    monkeypatch, tmp_path, between_reads, loader
+):
+    """``train.timed_between_reads``: the model's compute and preprocessing are the job's
+    silences between its reads, its own loader work in them. The replay's loop that reads its
+    own samples then takes its loader's work out of them, measured around the samples: here a
+    collate of 60 ms after each batch's reads and 30 ms before each sample after a batch's first
+    come out of the step's 100 ms and the sample's 50 ms. Without the flag they are added.
+    Checked on the sleeps the replay asks for, not on the time they take."""
+    import time as _time
+
+    from dlreplay.replay import loader as loader_mod
+
+    real_sleep, asked = _time.sleep, {"step": [], "sample": []}
+
+    def sleep(seconds):
+        caller = __import__("sys")._getframe(1).f_code.co_name
+        if caller == "sleep":  # the step's (accelerator._Sleeper.sleep)
+            asked["step"].append(seconds)
+        elif caller == "read_sample":  # a sample's preprocessing
+            asked["sample"].append(seconds)
+        real_sleep(seconds)
+
+    real_read_sample, real_read_batch = (
+        loader_mod.SampleReader.read_sample,
+        loader_mod.SampleReader.read_batch,
+    )
+
+    def read_sample(self, f, k, cpu0=None):
+        if self.batch_began is not None:  # not the batch's first: the loader's own work first
+            real_sleep(0.03)
+        return real_read_sample(self, f, k, cpu0)
+
+    def read_batch(self, index, samples):
+        res = real_read_batch(self, index, samples)
+        real_sleep(0.06)  # the job's collate, after the batch's last read
+        return res
+
+    monkeypatch.setattr(_time, "sleep", sleep)
+    monkeypatch.setattr(loader_mod.SampleReader, "read_sample", read_sample)
+    monkeypatch.setattr(loader_mod.SampleReader, "read_batch", read_batch)
+    if loader == "torch":  # PyTorch's DataLoader collates the batch itself
+        from dlreplay.replay import torchloader
+
+        real_collate = torchloader.collate
+
+        def collate(batch):
+            out = real_collate(batch)
+            real_sleep(0.06)
+            return out
+
+        monkeypatch.setattr(torchloader, "collate", collate)
+    model = make_model(
+        "reader.read_threads=0",
+        "train.epochs=2",
+        "train.computation_time=0.1",
+        "reader.preprocess_time=0.05",
+        f"train.timed_between_reads={str(between_reads).lower()}",
+    )
+    res = run_replay(
+        ReplayConfig(
+            model=model, data_dir=tmp_path / "d", out=tmp_path / "o", trace=False, loader=loader
+        )
+    )
+    assert res.complete
+    assert len(asked["step"]) == 8 and len(asked["sample"]) == 16
+    # a batch's second sample follows the loader's 30 ms; its first, the step (the compute's)
+    steps, inner = np.median(asked["step"]), np.median(asked["sample"][1::2])
+    first = np.median(asked["sample"][0::2])
+    assert first > 0.05 - 0.015, asked
+    if between_reads:  # at most what is left of them after the loader's work (less overshoots)
+        assert steps <= 0.1 - 0.06 + 0.002 and inner <= 0.05 - 0.03 + 0.002, asked
+    else:  # the whole: only a previous sleep's overshoot comes out
+        assert steps > 0.1 - 0.03 and inner > 0.05 - 0.015, asked

@@ -48,7 +48,25 @@ def train_section(
     train = Train(epochs=n_epochs, steps_per_epoch=steps_per_epoch, computation_time=compute)
     if host is not None:
         train = replace(train, computation_host_cpu=host, computation_host_threads=1)
+    if timing is None and _timed_between_reads(obs, facts):
+        train = replace(train, timed_between_reads=True)
     return train, timing
+
+
+def _timed_between_reads(obs: Observed, facts: Facts) -> bool:
+    """Whether the compute (and the preprocessing) came from the silences of a training process
+    that reads its own samples (a POSIX-only trace without workers): the job's collate and loop
+    are in them."""
+    posix = obs.posix
+    if posix is None or not posix.compute_samples or posix.read_threads.value:
+        return False
+    facts.put(
+        "train.timed_between_reads",
+        "the compute is the reading process's idle time before its batches, and the "
+        "preprocessing its silence between a batch's samples: the job's loader work is in both",
+        "measured",
+    )
+    return True
 
 
 def _cpu_host_compute(

@@ -394,6 +394,14 @@ class Train:
         doc="threads that share computation_host_cpu (torch's intra-op "
         "threads of a CPU-trained model)",
     )
+    timed_between_reads: bool = model_field(
+        False,
+        doc="computation_time (and reader.preprocess_time) are the training "
+        "process's silences between its reads (a trace without loader events "
+        "of a loop that reads its own samples): they hold the job's own loader "
+        "work (collate, the loop), so the replay takes its own loader's work "
+        "out of them instead of adding it",
+    )
     warmup_computation_time: list[float] = model_field(
         factory=list,
         check="nonneg",
