@@ -558,6 +558,11 @@ def test_export_lossy_steps_are_warned_and_commented(tmp_path: Path) -> None:
     assert "train.computation_time: empirical distribution exported as normal" in text
     assert "dataset.format raw exported as npy" in text
     assert "train.steps_per_epoch=24 has no DLIO key" in text
+    assert "silences between its reads" not in text  # (a model with loader events)
+    timed = dataclasses.replace(
+        model, train=dataclasses.replace(model.train, timed_between_reads=True)
+    )
+    assert any("silences between its reads" in w for w in export_dlio(timed, tmp_path / "t.yaml"))
     for lost in (
         "reader.worker_kind=thread",
         "reader.open_per_sample=false",

@@ -296,6 +296,12 @@ def _export_train(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
         out["computation_time"] = spec
     if tr.total_training_steps is not None:
         out["total_training_steps"] = tr.total_training_steps
+    if tr.timed_between_reads:
+        warnings.append(
+            "train.computation_time (and reader.preprocess_time) are the job's silences between "
+            "its reads, its own collate and loop in them: DLIO adds its loader's to them "
+            "(dlreplay's replay takes its own out)"
+        )
     if tr.steps_per_epoch is not None:
         warnings.append(
             f"train.steps_per_epoch={tr.steps_per_epoch} has no DLIO key: DLIO derives steps from "
