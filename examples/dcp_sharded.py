@@ -246,7 +246,7 @@ def main(argv=None):
         files, _ = C.ensure_dataset(args.data_dir, U.JOB, params, gen)
         mine = train(args, files, rank, world, dist)
         everyone = D._gather(dist, mine, world)
-        dist.barrier()  # every rank done with the group before any tears it down (ddp_torchrun.py)
+        D.all_done(dist, rank, world)  # every rank done with the group before any tears it down
     finally:
         dist.destroy_process_group()
     if rank == 0:

@@ -197,6 +197,24 @@ def train(args, files: list[str], rank: int, world: int, dist) -> dict:
     }
 
 
+def all_done(dist, rank: int, world: int) -> None:
+    """Return when every rank is done with the group, before any tears it down.
+
+    gloo aborts a rank ("terminate called without an active exception", SIGABRT) whose peer
+    destroyed the group while a send to it was in flight: 3 of 20 plain runs here with none
+    of this, and still now and then after a ``dist.barrier()``, whose own last sends may be
+    in flight when a rank leaves it. So after the barrier each rank says so in the group's
+    store (TCP to the launcher's store, no gloo pair) and waits for all: by then every
+    barrier message has been received, and nothing of gloo's is in flight."""
+    dist.barrier()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):  # a torch without it: the barrier only
+        return
+    store.set(f"{JOB}/past-barrier/{rank}", "1")
+    store.wait([f"{JOB}/past-barrier/{r}" for r in range(world)])
+
+
 def _gather(dist, mine: dict, world: int) -> list[dict]:
     """Every rank's numbers (on every rank)."""
     out: list = [None] * world
@@ -231,10 +249,7 @@ def main(argv=None):
         files, _ = C.ensure_dataset(args.data_dir, U.JOB, params, gen)
         mine = train(args, files, rank, world, dist)
         everyone = _gather(dist, mine, world)
-        # every rank done with the group before any tears it down: gloo aborts a rank
-        # ("terminate called without an active exception") whose peer destroyed the group
-        # while its last send was in flight (3 of 20 plain runs here)
-        dist.barrier()
+        all_done(dist, rank, world)
     finally:
         dist.destroy_process_group()
     if rank == 0:
