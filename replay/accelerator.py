@@ -370,22 +370,18 @@ class _RankRun:
         and from its last sample's end to the batch in hand (the collate). 0 unless the model's
         compute is the job's silence between its batches' reads (``train.timed_between_reads``),
         which holds the job's own loader work there: the replay's is then taken out of the
-        step's compute instead of added to it (it was, in the inference sweep's runs without
-        workers: replayed epochs a median 12 % over their jobs')."""
+        step's compute instead of added to it. (The library's own time around a sample's reads
+        is in the silence too, but not taken out: the thread's runnable time also holds the
+        reads' copies, and subtracting it took the sweep's batch-1 runs from 10-30 % over to
+        13-33 % under; docs/fidelity.md.)"""
         local = getattr(self.loader, "local_reader", None) if self.between_reads else None
         reader = local() if local is not None else None  # (streamed shards: no sample reader)
         if reader is None:
             return 0.0
-        began, ended, library = reader.batch_marks()
+        began, ended = reader.batch_marks()
         work = max(0.0, t_recv - ended) if ended is not None else 0.0
         if began is not None and step > 0:
             work += max(0.0, began - t_prev)
-        if reader.preprocess is None:
-            # no per-sample silence was modelled (a batch of one, or none found), so none was
-            # taken out of the compute: the silence before a batch holds the library's work on
-            # one sample around its reads too (its decode, its lookups), which the replay's
-            # library does again
-            work += library
         return work
 
     def _compute(

@@ -255,9 +255,6 @@ class SampleReader:
         #: began (None: none since), and where its last sample ended (its preprocessing spent)
         self.batch_began: float | None = None
         self.sample_ended: float | None = None
-        #: seconds the library took to read and decode the last sample while not blocked in I/O
-        #: (:func:`runnable_seconds`; measured where ``spec.between_reads``)
-        self.library_s = 0.0
         self.rng = np.random.default_rng([spec.seed, worker_id, 0x10])
         if spec.io == "posix":
             self.reader: Any = PosixReader(
@@ -349,8 +346,6 @@ class SampleReader:
         )
         busy0 = runnable_seconds()
         nbytes, decoded = self._read(path, f, k, rec)
-        if s.between_reads:
-            self.library_s = runnable_seconds() - busy0
         pre = None
         settled: float | None = None
         burned = 0.0
@@ -386,12 +381,11 @@ class SampleReader:
         self.sample_ended = time.perf_counter()
         return nbytes, decoded
 
-    def batch_marks(self) -> tuple[float | None, float | None, float]:
-        """(where the first sample read since the last call began, where the last one ended
-        (``time.perf_counter()``; None: no sample since), the library's time in the last one
-        (:attr:`library_s`)), and start anew: the training process calls it at each step, so
-        the marks of the next call are its next batch's."""
-        marks = (self.batch_began, self.sample_ended, self.library_s)
+    def batch_marks(self) -> tuple[float | None, float | None]:
+        """(where the first sample read since the last call began, where the last one ended;
+        ``time.perf_counter()``; None: no sample since), and start anew: the training process
+        calls it at each step, so the marks of the next call are its next batch's."""
+        marks = (self.batch_began, self.sample_ended)
         self.batch_began = None
         return marks
 
