@@ -68,6 +68,16 @@ def run_cli(
     return proc
 
 
+def run_plain(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python *args`` in *cwd* without capture (a job's plain run, to hold its capture's
+    against); fails on any Python traceback in its output."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    check_no_traceback(proc.stdout, proc.stderr, what="(the job, plain)")
+    return proc
+
+
 def pytest_sessionfinish(session) -> None:
     """An xdist worker hands its count to the controller (``make test`` runs ``-n 2``)."""
     out = getattr(session.config, "workeroutput", None)

@@ -12,7 +12,6 @@ about 8; no core was kept there)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from dlreplay.analyze import load_trace
 
-from .conftest import check_no_traceback, run_cli
+from .conftest import run_cli, run_plain
 
 JOB = r'''
 import multiprocessing as mp, os, sys, threading, time
@@ -73,14 +72,9 @@ def test_a_child_ends_while_its_threads_read_traced_files(tmp_path: Path, contex
         data.mkdir(parents=True)
         (data / "shard.bin").write_bytes(bytes(4096))
         runs[run] = data
-    plain = subprocess.run(
-        [sys.executable, "job.py", context, str(children), str(runs["plain"])],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    plain = run_plain(
+        "job.py", context, str(children), str(runs["plain"]), cwd=tmp_path, timeout=300
     )
-    check_no_traceback(plain.stdout, plain.stderr, what="(the job, plain)")
     out = tmp_path / "trace"
     captured = run_cli(
         "capture",

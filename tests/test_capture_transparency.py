@@ -19,7 +19,7 @@ import pytest
 from dlreplay.capture import read_manifest
 from dlreplay.capture.inject import checkpoint, hooks
 
-from .conftest import check_no_traceback
+from .conftest import run_plain
 
 pytest.importorskip("torch")
 
@@ -215,19 +215,10 @@ loader()
 
 
 def test_save_and_load_matrix_is_identical_with_and_without_capture(tmp_path: Path, cli) -> None:
-    import subprocess
-
     (tmp_path / "job.py").write_text(JOB)
     for run in ("plain", "captured"):  # each its own cwd: the job's messages name "w/..."
         (tmp_path / run).mkdir()
-    plain = subprocess.run(
-        [sys.executable, "../job.py", "w"],
-        cwd=tmp_path / "plain",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    check_no_traceback(plain.stdout, plain.stderr, what="(the job, plain)")
+    plain = run_plain("../job.py", "w", cwd=tmp_path / "plain")
     out = tmp_path / "trace"
     captured = cli(
         "capture",
