@@ -29,6 +29,9 @@ a guess), every miss with its configuration, and the high-confidence fields that
     python benchmarks/inference_sweep.py --replay N [--seed S] [--as-sleep]   # distill, generate,
         # replay and compare N cached configurations drawn with seed S: similarity and epoch
         # times each (--as-sleep: the compute a pure sleep, the host-CPU inference ablated)
+    python benchmarks/inference_sweep.py --between-reads-ab R   # the cached runs without workers
+        # replayed R times each with train.timed_between_reads on and off, interleaved: the
+        # last epoch's error against the job's, both ways, and the paired difference
     python benchmarks/inference_sweep.py --subset examples --dir bench-data/inference_sweep_rep2
     python benchmarks/inference_sweep.py --subset examples --self-similarity bench-data/inference_sweep_rep2
         # each job against its second run: the similarity metric's own floor
@@ -695,6 +698,64 @@ def replay_subset(
     return under
 
 
+def between_reads_ab(configs: list[dict[str, Any]], root: Path, repeats: int) -> None:
+    """``train.timed_between_reads`` on and off (the replay's loader work taken out of the
+    compute, or added to it) on the cached example runs without workers, whose distilled
+    models set it: each replayed ``repeats`` times both ways, the order alternating; prints
+    the last epoch's error against the job's per run, then the medians and the paired
+    difference."""
+    import dataclasses
+
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill import distill
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    runs = [c for c in configs if not c["source"].startswith("dlio_") and c["workers"] == 0]
+    runs = [c for c in runs if (root / c["name"] / "report.json").is_file()]
+    errors: dict[bool, list[float]] = {True: [], False: []}
+    for rep in range(repeats):
+        for i, c in enumerate(runs):
+            job = root / c["name"]
+            lt = load_trace(job / "trace")
+            model = distill(lt.events, manifest=dict(lt.manifest or {}), source=str(job / "trace"))
+            real = json.loads((job / "report.json").read_text())["epoch_times_s"]
+            got = {}
+            for flag in (True, False) if (i + rep) % 2 == 0 else (False, True):
+                train = dataclasses.replace(model.train, timed_between_reads=flag)
+                out, data = job / "replay-ab", job / "replay-ab-data"
+                shutil.rmtree(out, ignore_errors=True)
+                try:
+                    res = run_replay(
+                        ReplayConfig(
+                            model=dataclasses.replace(model, train=train), data_dir=data, out=out
+                        ),
+                        echo=lambda s: None,
+                    )
+                finally:
+                    shutil.rmtree(data, ignore_errors=True)
+                    shutil.rmtree(out, ignore_errors=True)
+                got[flag] = res.metrics["epochs"][-1]["epoch_time_s"] / real[-1] - 1
+                errors[flag].append(got[flag])
+            print(
+                f"{c['name']:40s} on {got[True]:+.1%}  off {got[False]:+.1%}"
+                f"  (set by distill: {model.train.timed_between_reads})",
+                flush=True,
+            )
+    on, off = np.asarray(errors[True]), np.asarray(errors[False])
+    if not on.size:
+        print("no cached runs without workers")
+        return
+    for name, e in (("on", on), ("off", off)):
+        print(
+            f"{name}: median error {np.median(e):+.1%}, within 10 %: {int((abs(e) <= 0.1).sum())} "
+            f"of {e.size}"
+        )
+    d = on - off
+    print(
+        f"paired difference (on - off): median {np.median(d):+.1%}, {int((d < 0).sum())} of {d.size} shorter"
+    )
+
+
 def self_similarity(configs: list[dict[str, Any]], root: Path, again: Path) -> None:
     """The similarity metric's floor: each configuration run twice (``root`` and ``again``,
     two sweeps of the same grid), the two jobs' traces compared with each other as a replay
@@ -777,6 +838,15 @@ def main() -> None:
         "--dir DIR): the similarity metric's floor, beside the replays'",
     )
     ap.add_argument(
+        "--between-reads-ab",
+        type=int,
+        default=None,
+        metavar="R",
+        help="replay the cached runs without workers R times each with "
+        "train.timed_between_reads on and off (the replay's loader work taken out of the "
+        "compute, or added)",
+    )
+    ap.add_argument(
         "--as-sleep",
         action="store_true",
         help="--replay: distill as if the captures had not recorded the host's accelerators "
@@ -800,6 +870,9 @@ def main() -> None:
         return
     if args.self_similarity is not None:
         self_similarity(configs, args.dir, args.self_similarity)
+        return
+    if args.between_reads_ab is not None:
+        between_reads_ab(configs, args.dir, args.between_reads_ab)
         return
     if args.replay is not None:
         bad = replay_subset(configs, args.dir, args.replay, args.seed, args.as_sleep)
