@@ -151,9 +151,7 @@ def summarize_model(model: WorkloadModel) -> str:
         )
     if tr.enabled:
         steps = f", {tr.steps_per_epoch} steps/epoch" if tr.steps_per_epoch else ""
-        timed = (
-            " (timed between reads: the job's loader work in it)" if tr.timed_between_reads else ""
-        )
+        timed = " (timed between reads: the job's loader work in it)" * tr.timed_between_reads
         lines.append(
             f"  train       {tr.epochs} epoch(s){steps}, compute {_fmt_dist(tr.computation_time, _fmt_seconds)}"
             f"/step{timed}"
