@@ -713,11 +713,14 @@ def between_reads_ab(configs: list[dict[str, Any]], root: Path, repeats: int) ->
     runs = [c for c in configs if not c["source"].startswith("dlio_") and c["workers"] == 0]
     runs = [c for c in runs if (root / c["name"] / "report.json").is_file()]
     errors: dict[bool, list[float]] = {True: [], False: []}
+    models = {}
+    for c in runs:  # distilled once, replayed 2 x repeats times
+        lt = load_trace(root / c["name"] / "trace")
+        src = str(root / c["name"] / "trace")
+        models[c["name"]] = distill(lt.events, manifest=dict(lt.manifest or {}), source=src)
     for rep in range(repeats):
         for i, c in enumerate(runs):
-            job = root / c["name"]
-            lt = load_trace(job / "trace")
-            model = distill(lt.events, manifest=dict(lt.manifest or {}), source=str(job / "trace"))
+            job, model = root / c["name"], models[c["name"]]
             real = json.loads((job / "report.json").read_text())["epoch_times_s"]
             got = {}
             for flag in (True, False) if (i + rep) % 2 == 0 else (False, True):

@@ -198,9 +198,6 @@ class _RankRun:
         self.per_epoch_au = m.train.au_first_steps == "epoch"
         self.host = HostCpu(m.train.computation_host_threads) if spends_host_cpu(m) else None
         self.own_events = True
-        # the compute is the job's silence between its batches' reads (its collate and loop in
-        # it): the replay's own loader work there is taken out of it (:meth:`_loader_work`)
-        self.between_reads = m.train.timed_between_reads and m.reader.read_threads == 0
 
     def start(self) -> None:
         """What a training script does before its first epoch."""
@@ -374,7 +371,7 @@ class _RankRun:
         is in the silence too, but not taken out: the thread's runnable time also holds the
         reads' copies, and subtracting it took the sweep's batch-1 runs from 10-30 % over to
         13-33 % under; docs/fidelity.md.)"""
-        local = getattr(self.loader, "local_reader", None) if self.between_reads else None
+        local = getattr(self.loader, "local_reader", None) if self.plan.spec.between_reads else None
         reader = local() if local is not None else None  # (streamed shards: no sample reader)
         if reader is None:
             return 0.0

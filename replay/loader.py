@@ -319,13 +319,14 @@ class SampleReader:
         ``cpu0``: the thread's CPU clock where the sample's item began, if before this call (the
         PyTorch Dataset's own steps count as the job's did); what the caller spends after the
         call it reports with :meth:`charge`."""
-        began = time.perf_counter()
-        if self.batch_began is None:
-            self.batch_began = began
-        elif self.spec.between_reads and self.sample_ended is not None:
-            # the loader's own work since the last sample (its loop, the Dataset's call) is in
-            # the job's silence between two samples, which the model's preprocessing is
-            self.preprocess_debt -= began - self.sample_ended
+        if self.spec.between_reads:  # (only then are the marks read: batch_marks)
+            began = time.perf_counter()
+            if self.batch_began is None:
+                self.batch_began = began
+            elif self.sample_ended is not None:
+                # the loader's own work since the last sample (its loop, the Dataset's call) is
+                # in the job's silence between two samples, which the model's preprocessing is
+                self.preprocess_debt -= began - self.sample_ended
         if cpu0 is None:
             cpu0 = time.thread_time()
         s = self.spec
@@ -377,7 +378,8 @@ class SampleReader:
             # spent none of it, and without this the replay's workers spent more CPU per sample
             # than the job's.
             self.cpu_debt -= time.thread_time() - settled - burned
-        self.sample_ended = time.perf_counter()
+        if s.between_reads:
+            self.sample_ended = time.perf_counter()
         return nbytes, decoded
 
     def batch_marks(self) -> tuple[float | None, float | None]:
