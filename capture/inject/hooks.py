@@ -185,29 +185,32 @@ class _Regions:
         """
         if self.enabled and self._fini is not None and not self._finalized:
             self._finalized = True
-            quiet = _helper_threads_done(child_end)
-            if self._settle is None or all(t in quiet for t in threading.enumerate()):
-                self._fini()
-                return
-            # DFTracer frees its buffers in ``dftracer_fini`` while another thread may be inside
-            # one of its interceptors, logging a call on a traced file: the process died of
-            # SIGSEGV (a reader thread still running at a multiprocessing child's end, or a
-            # garbage collection closing a file in a helper thread; never without capture;
-            # gdb: the thread in DFTLogger::log while DFTLogger::finalize frees; see
-            # tests/test_capture_threads.py). So the other threads are kept out of it: the GIL
-            # is held through the call (PyDLL, where CDLL would release it), after every
-            # waiting thread was made to wait at a long switch interval (the sleep) so none
-            # asks for the GIL meanwhile, and after a pause (held too) for calls already
-            # under way to return: a file call takes microseconds, and an interceptor logs its
-            # event before it returns. A call slower than the pause is not covered.
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(_HOLD_S)
-            try:
-                time.sleep(0.001)
-                self._settle(_SETTLE_US)
-                self._fini()
-            finally:
-                sys.setswitchinterval(interval)
+            with _signals_held(child_end):
+                self._finalize_alone(_helper_threads_done(child_end))
+
+    def _finalize_alone(self, quiet: set[Any]) -> None:
+        if self._settle is None or all(t in quiet for t in threading.enumerate()):
+            self._fini()
+            return
+        # DFTracer frees its buffers in ``dftracer_fini`` while another thread may be inside
+        # one of its interceptors, logging a call on a traced file: the process died of
+        # SIGSEGV (a reader thread still running at a multiprocessing child's end, or a
+        # garbage collection closing a file in a helper thread; never without capture;
+        # gdb: the thread in DFTLogger::log while DFTLogger::finalize frees; see
+        # tests/test_capture_threads.py). So the other threads are kept out of it: the GIL
+        # is held through the call (PyDLL, where CDLL would release it), after every
+        # waiting thread was made to wait at a long switch interval (the sleep) so none
+        # asks for the GIL meanwhile, and after a pause (held too) for calls already
+        # under way to return: a file call takes microseconds, and an interceptor logs its
+        # event before it returns. A call slower than the pause is not covered.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(_HOLD_S)
+        try:
+            time.sleep(0.001)
+            self._settle(_SETTLE_US)
+            self._fini()
+        finally:
+            sys.setswitchinterval(interval)
 
 
 #: How long (microseconds) a child's end waits, holding the GIL, for the file calls other
@@ -215,6 +218,64 @@ class _Regions:
 #: switch interval (seconds) meanwhile: no waiting thread asks for the GIL before it.
 _SETTLE_US = 100_000
 _HOLD_S = 0.5
+
+
+#: Signals that end a process when they arrive, and that a child's end holds while DFTracer
+#: is finalized (:func:`_signals_held`).
+_ENDING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+@contextmanager
+def _signals_held(child_end: bool) -> Iterator[None]:
+    """At a child's end (*child_end*), a signal that would end the process while DFTracer is
+    being finalized arrives after it instead, with the handler it had.
+
+    Why: a DataLoader worker's SIGTERM handler (PyTorch's, in C) calls ``_exit``, which
+    DFTracer intercepts to finalize; a SIGTERM from the parent while the worker's end was
+    inside ``dftracer_fini`` finalized again in the middle of it, and the worker aborted
+    ("terminate called after throwing an instance of 'std::system_error'", "Resource
+    deadlock avoided"; gdb: ``handler_SIGTERM`` → ``_exit_wrapper`` over
+    ``BufferManager::finalize``), in about one Ctrl-C'd traced replay in five. A signal's
+    disposition is the process's, so the signal is caught whichever thread the kernel gives
+    it to; a plain mask would cover only this thread. The disposition is read from the kernel
+    (PyTorch's handler is not in Python's table, which may still name a handler inherited
+    from the parent) and put back byte for byte; an ignored signal is left alone."""
+    if not child_end or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    held: dict[int, tuple[Any, Any]] = {}
+    try:
+        libc = ctypes.CDLL(None)
+        for name in _ENDING_SIGNALS:
+            sig = int(getattr(signal, name))
+            saved = ctypes.create_string_buffer(512)  # a struct sigaction, opaque past its handler
+            if libc.sigaction(sig, None, saved) != 0:
+                continue
+            if ctypes.c_void_p.from_buffer(saved).value == int(signal.SIG_IGN):
+                continue
+            before = signal.signal(sig, lambda signum, frame: arrived.append(signum))
+            held[sig] = (saved, before)
+    except (AttributeError, OSError, ValueError):
+        pass
+    try:
+        yield
+    finally:
+        _release_signals(held, arrived)
+
+
+def _release_signals(held: dict[int, tuple[Any, Any]], arrived: list[int]) -> None:
+    """Put back what :func:`_signals_held` replaced, then deliver what arrived meanwhile.
+
+    A function of its own: entering it runs the Python handlers of signals that arrived
+    during the call (a Python function's start is where the interpreter runs them)."""
+    libc = ctypes.CDLL(None)
+    for sig, (saved, before) in held.items():
+        if before is not None:
+            signal.signal(sig, before)  # Python's own table, as it was
+        libc.sigaction(sig, saved, None)  # the kernel's, exactly as it was
+    for sig in dict.fromkeys(arrived):
+        os.kill(os.getpid(), sig)
 
 
 def _helper_threads_done(child_end: bool) -> set[Any]:
