@@ -12,6 +12,7 @@ for the run otherwise. Each worker reads whole batches through a
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import queue
@@ -454,6 +455,7 @@ def _worker_main(
     """
     parent = multiprocessing.parent_process() if is_process else None
     if is_process:
+        faulthandler.enable(all_threads=True)  # a fatal signal prints the worker's Python stacks
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the accelerator stops workers itself
         signal.pthread_sigmask(
             signal.SIG_UNBLOCK, {signal.SIGINT}

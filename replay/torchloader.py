@@ -25,6 +25,7 @@ Importing this module imports torch; :mod:`.engine` imports it only when it is u
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -238,7 +239,10 @@ def _workers_start_deaf() -> Iterator[None]:
 def _worker_init(worker_id: int) -> None:
     """In each worker: ignore SIGINT (then unblock it, see :func:`_workers_start_deaf`), and stay
     quiet when the training process abandons a batch hand-over (its fd-sharing thread then sees
-    the connection reset: a Ctrl-C, not an error)."""
+    the connection reset: a Ctrl-C, not an error). A fatal signal (SIGSEGV, SIGBUS...) prints
+    the Python stack of every thread of the worker before PyTorch's own handler reports it:
+    PyTorch alone says only "killed by signal", with "details lost due to multiprocessing"."""
+    faulthandler.enable(all_threads=True)  # then the previous handler (PyTorch's) runs
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # ended with its accelerator process when that is killed: PyTorch's own watch takes

@@ -1122,3 +1122,66 @@ def test_full_disk_during_reports_exports_and_spills(tmp_path: Path, small_fs: P
             proc.stderr,
         )
         assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "user-file.txt"], what
+
+
+# --------------------------------------------------------------------------- a replay worker killed by a fatal signal
+
+CRASHING_REPLAY = r"""
+import ctypes, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])  # the repository: its tests' model
+from dlreplay.replay import ReplayConfig, run_replay
+from dlreplay.replay.common import ReplayError
+from dlreplay.replay import loader
+from tests.test_replay import make_model
+
+
+def read_sample(self, f, k, cpu0=None):
+    if k == 0 and f == 3:
+        ctypes.string_at(0)  # SIGSEGV in the worker, as a crash in a native library would
+    return real(self, f, k, cpu0)
+
+
+real = loader.SampleReader.read_sample
+if __name__ == "__main__":  # (generate's pool spawns processes that import this file)
+    loader.SampleReader.read_sample = read_sample  # forked workers inherit it
+    out = Path(sys.argv[2])
+    try:
+        run_replay(ReplayConfig(model=make_model("reader.read_threads=2"), data_dir=out / "d",
+                                out=out / "o", trace=False, loader=sys.argv[1]))
+    except ReplayError as exc:
+        print("replay error:", exc)
+"""
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        "builtin",
+        pytest.param(
+            "torch",
+            marks=pytest.mark.skipif(
+                __import__("importlib").util.find_spec("torch") is None, reason="no torch"
+            ),
+        ),
+    ],
+)
+def test_a_replay_worker_killed_by_a_fatal_signal_prints_its_stack(
+    tmp_path: Path, loader: str
+) -> None:
+    """A worker that dies of SIGSEGV (a native library's crash) fails the replay with a clear
+    error, and its Python stack (every thread's) is on stderr: PyTorch alone says only
+    "killed by signal", its details "lost due to multiprocessing"."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_REPLAY)
+    proc = subprocess.run(
+        [PY, str(script), loader, str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replay error:" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    assert "Fatal Python error: Segmentation fault" in proc.stderr, proc.stderr[-3000:]
+    stack = proc.stderr[proc.stderr.index("Fatal Python error") :]
+    assert "in read_sample" in stack and "crash.py" in stack, stack[:3000]
