@@ -449,3 +449,28 @@ def test_streaming_batches_carry_when_torch_had_them(captured, tmp_path):
             assert len(stamps) == _steps(report)[epoch - 1]
     finally:
         loader.close()
+
+
+RANKS_TRACES = REPO / "traces" / "streams_ranks"
+
+
+@pytest.mark.parametrize("name", ["r2_fresh", "r2_persistent"])
+def test_each_ranks_workers_are_told_apart_from_the_other_ranks_epochs(name):
+    """2 ranks under torchrun (committed captures, traces/make_stream_traces.py): workers per
+    rank and whether they persist, with the ranks' epochs apart. In ``r2_fresh`` a re-forked
+    worker of one rank still read after the other rank's next epoch began; placed in the epochs
+    of both ranks by time alone it read in two, and the rank's 2 workers a epoch were taken for
+    6 persistent ones. The two traces differ in workers, persistence, library, split and epochs."""
+    expected = json.loads((RANKS_TRACES / name / "expected.json").read_text())
+    truth = expected["truth"]
+    if not truth["persistent"]:
+        assert expected["premise_workers_across_ranks_epochs"] > 0
+    loaded = load_trace(RANKS_TRACES / name)
+    model = distill(loaded.events, manifest=loaded.manifest)
+    assert model.processes.ranks == truth["ranks"]
+    assert model.train.epochs == truth["epochs"]
+    assert model.reader.read_threads == truth["workers_per_rank"]
+    assert model.reader.persistent_workers is truth["persistent"]
+    args = expected["command"]
+    assert model.reader.streaming.split == args[args.index("--split") + 1]
+    assert model.reader.streaming.library == args[args.index("--reader") + 1]

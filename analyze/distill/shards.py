@@ -280,11 +280,27 @@ def _reader(
 def _recurring(reads: pl.DataFrame, spans: pl.DataFrame) -> bool:
     """Whether a process read shards in more than one epoch (*spans*: the consumers' epochs,
     µs): a persistent loader's workers stream every epoch, a non-persistent loader's are new
-    processes each epoch."""
+    processes each epoch.
+
+    A worker's reads are placed in its own consumer's epochs (its parent's), where every
+    reader's parent has epochs: ranks do not start their epochs together, and a worker of one
+    rank still reading after another rank's next epoch began was taken for a persistent one
+    (2 ranks under torchrun, 2 non-persistent workers each: 6 "persistent" workers a rank)."""
     if reads.is_empty() or spans.is_empty():
         return False
-    starts = spans.select("ts", "epoch").sort("ts")
-    tagged = reads.select("pid", "ts").sort("ts").join_asof(starts, on="ts", strategy="backward")
+    starts = spans.select(pl.col("pid").alias("ppid"), "ts", "epoch").sort("ts")
+    own = bool(reads["ppid"].is_in(starts["ppid"].implode()).all())
+    tagged = (
+        reads.select("pid", "ppid", "ts")
+        .sort("ts")
+        .join_asof(
+            starts,
+            on="ts",
+            by="ppid" if own else None,
+            strategy="backward",
+            check_sortedness=False,  # sorted by time, so within each parent too
+        )
+    )
     per = tagged.drop_nulls("epoch").group_by("pid").agg(pl.col("epoch").n_unique().alias("n"))
     return bool((per["n"] > 1).any())
 

@@ -1,0 +1,133 @@
+"""Regenerate ``traces/streams_ranks/``: captures of ``examples/shards_tar.py`` under ``torchrun``
+with 2 ranks (tar shards streamed by an ``IterableDataset``), for
+tests/test_streaming_shards.py: distill finds each rank's workers and whether they persist.
+
+The variants differ in every parameter that inference reads: workers per rank (2, 3),
+persistent or re-forked every epoch, the library (webdataset, tarfile), the split (contiguous,
+interleaved), epochs (3, 2). The ranks start their epochs apart; in ``r2_fresh`` (re-forked
+workers) a worker of one rank must still read after the other rank's next epoch began, the
+case that made its workers look persistent (6 per rank): the script captures again until a run
+shows it (``premise`` in ``expected.json``). ``expected.json`` holds the truth, from the jobs'
+reports and arguments.
+
+    python traces/make_stream_traces.py [--only NAME] [--work /tmp/dlreplay-stream-traces]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+#: name -> (the job's arguments, the truth distill must find)
+TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "r2_fresh": (
+        ["--num-files", "12", "--samples-per-shard", "10", "--sample-bytes", "30000"]
+        + ["--workers", "2", "--batch-size", "4", "--reader", "webdataset"]
+        + ["--split", "contiguous", "--epochs", "3"],
+        {"ranks": 2, "workers_per_rank": 2, "persistent": False, "epochs": 3},
+    ),
+    "r2_persistent": (
+        ["--num-files", "12", "--samples-per-shard", "8", "--sample-bytes", "12000"]
+        + ["--workers", "3", "--batch-size", "2", "--reader", "tarfile"]
+        + ["--split", "interleaved", "--epochs", "2", "--persistent-workers"],
+        {"ranks": 2, "workers_per_rank": 3, "persistent": True, "epochs": 2},
+    ),
+}
+
+
+def crossed(trace: Path) -> int:
+    """Worker reads that fall after another rank's next epoch began (the premise of
+    ``r2_fresh``): per worker, its reads placed in every consumer's epochs by time alone span
+    more than one epoch."""
+    import polars as pl
+
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.trace.steps import epoch_spans
+
+    ev = load_trace(trace).events
+    starts = epoch_spans(ev).select("ts", "epoch").sort("ts")
+    reads = ev.filter(
+        (pl.col("name") == "read") & pl.col("file").cast(pl.String).str.ends_with(".tar")
+    )
+    tagged = reads.select("pid", "ts").sort("ts").join_asof(starts, on="ts", strategy="backward")
+    per = tagged.drop_nulls("epoch").group_by("pid").agg(pl.col("epoch").n_unique().alias("n"))
+    return int((per["n"] > 1).sum())
+
+
+def make(name: str, work: Path, tries: int = 8) -> None:
+    args, truth = TRACES[name]
+    job = work / name
+    if job.exists():
+        shutil.rmtree(job)
+    data = job / "data"
+    script = str(REPO / "examples" / "shards_tar.py")
+    base = [script, "--data-dir", str(data), "--threads", "1", "--quiet", *args]
+    subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
+    for attempt in range(tries):
+        out = job / f"trace{attempt}"
+        res = run_capture(
+            CaptureConfig(
+                command=(sys.executable, *TORCHRUN, *base),
+                out=out,
+                data_dirs=(str(data),),
+                name=name,
+                cwd=job,
+            )  # fmt: skip
+        )
+        if res.exit_code != 0:
+            raise SystemExit(f"{name}: job failed ({res.exit_code})")
+        premise = crossed(out)
+        if truth["persistent"] or premise:
+            break
+        print(f"{name}: no worker read past another rank's next epoch start; again")
+    else:
+        raise SystemExit(f"{name}: the premise did not show in {tries} captures")
+    dest = HERE / "streams_ranks" / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in sorted(out.iterdir()):
+        if f.name.endswith(".pfw.gz") or f.name == "manifest.json":
+            shutil.copy(f, dest / f.name)
+    expected = {
+        "source": "examples/shards_tar.py under torchrun, dlreplay capture",
+        "command": [
+            "torchrun",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "examples/shards_tar.py",
+            *base[3:],
+        ],
+        "truth": truth,
+        "premise_workers_across_ranks_epochs": premise,
+    }
+    (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    print(f"{name}: {size / 1024:.0f} KiB -> {dest} (premise: {premise} worker(s))")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-stream-traces"))
+    a = ap.parse_args()
+    for name in TRACES:
+        if a.only in (None, name):
+            make(name, a.work)
+
+
+if __name__ == "__main__":
+    main()
