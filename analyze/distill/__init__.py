@@ -27,6 +27,7 @@ from typing import Any
 import polars as pl
 
 import dlreplay
+from dlreplay.errors import DlreplayError
 from dlreplay.model import Processes, Provenance, WorkloadModel
 
 from ..passes.ranks import ranks_of
@@ -107,7 +108,9 @@ def distill(
     obs = observe(events, data_dirs, fingerprint, source, facts)
     dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
     reader = reader_section(obs, dataset, facts)
-    dataset, reader = streamed_shards(obs, dataset, reader, facts)  # IterableDataset over shards
+    dataset, reader = streamed_shards(  # IterableDataset over shards
+        obs, dataset, reader, facts, fingerprint or _capture_fingerprint(source)
+    )
     reader = with_mapped_access(reader, every, source, facts)
     reader = with_direct_io(reader, obs, source, facts)  # O_DIRECT in the open flags
     train, timing = train_section(obs, dataset, reader, facts, manifest)
@@ -151,6 +154,19 @@ def distill(
             notes=facts.notes,
         ),
     )
+
+
+def _capture_fingerprint(source: str | None) -> dict[str, Any] | None:
+    """The dataset fingerprint a capture left in the trace directory *source* (None without one,
+    or when it cannot be read: the sections that use it say so)."""
+    from dlreplay.analyze.layout import resolve_fingerprint
+
+    if not source:
+        return None
+    try:
+        return resolve_fingerprint(source)[0]
+    except DlreplayError:
+        return None
 
 
 def _processes(obs: Observed, read_threads: int, facts: Facts) -> Processes:

@@ -28,14 +28,22 @@ from __future__ import annotations
 import tarfile
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 import polars as pl
 
+from dlreplay.capture.fingerprint.shards import (
+    arrow_parts,
+    is_arrow_header,
+    is_tar_header,
+    tar_parts,
+)
 from dlreplay.model import Dataset, Distribution, Layout, Reader, ShardMember, Streaming
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS
 
 from .base import US, Facts, Observed, num, observed
+from .measure import file_sizes
 
 __all__ = ["SHARD_EXTENSIONS", "TAR_RECORD", "shard_format", "streamed_shards"]
 
@@ -45,8 +53,6 @@ SHARD_EXTENSIONS = {".tar": "tar", ".arrow": "arrow"}
 TAR_RECORD = tarfile.RECORDSIZE
 #: Shards whose headers distill reads for the member layout (a bounded sample).
 SHARDS_SAMPLED = 4
-#: Arrow IPC: the continuation marker that starts a stream's messages; a file's magic.
-_ARROW_STREAM, _ARROW_FILE = b"\xff\xff\xff\xff", b"ARROW1"
 
 
 def shard_format(paths: list[str]) -> str | None:
@@ -59,9 +65,9 @@ def shard_format(paths: list[str]) -> str | None:
                 head = fh.read(264)
         except OSError:
             continue
-        if head[257:262] == b"ustar":
+        if is_tar_header(head):
             return "tar"
-        if head.startswith((_ARROW_STREAM, _ARROW_FILE)):
+        if is_arrow_header(head, PurePosixPath(p).suffix):
             return "arrow"
         return None
     exts = {PurePosixPath(p).suffix for p in paths}
@@ -69,25 +75,37 @@ def shard_format(paths: list[str]) -> str | None:
 
 
 def streamed_shards(
-    obs: Observed, dataset: Dataset, reader: Reader, facts: Facts
+    obs: Observed,
+    dataset: Dataset,
+    reader: Reader,
+    facts: Facts,
+    fingerprint: dict[str, Any] | None = None,
 ) -> tuple[Dataset, Reader]:
     """(dataset, reader) modelling streamed shards when the trace shows them (see module doc);
-    unchanged otherwise."""
+    unchanged otherwise. *fingerprint*: the dataset fingerprint, for the shards' insides where
+    the files are not at hand."""
     fmt = shard_format(obs.paths)
-    if fmt is None or not obs.has_loader or obs.reads.is_empty():
+    posix_only = not obs.has_loader
+    if fmt is None or obs.reads.is_empty() or (posix_only and obs.posix is None):
         return dataset, reader
     files = pl.DataFrame({"file": obs.paths, "shard": range(len(obs.paths))})
     io = obs.io.with_columns(pl.col("file").cast(pl.String)).join(files, on="file")
     # the opens of processes that read shards (not those that wrote them: a job making its data)
     readers = obs.reads.select("pid", pl.col("file").cast(pl.String)).unique()
     opens = io.filter(pl.col("name").is_in(OPEN_OPS)).join(readers, on=["pid", "file"], how="semi")
-    epochs = max(1, int(obs.steps["epoch"].n_unique()))
-    samples = _samples_per_epoch(obs, epochs)
+    inside = _inside(obs.paths, fmt, fingerprint)
+    if posix_only:
+        got = _posix_stream(obs, opens, inside, facts)
+        if got is None:
+            return dataset, reader
+        epochs, samples = got
+    else:
+        epochs = max(1, int(obs.steps["epoch"].n_unique()))
+        samples = _samples_per_epoch(obs, epochs)
     opens_per_epoch = opens.height / epochs
     if not opens.height or samples <= opens_per_epoch:
         return dataset, reader  # one open per sample: map-style reads of whole files
     spf_trace = max(1, round(samples / opens_per_epoch))
-    inside = _inside(obs.paths, fmt)
     spf = inside[0] if inside else spf_trace
     facts.put("dataset.format", f"{fmt} shards (the files' magic or extension)", "measured")
     # the map-style sections' word on the layout is superseded: say where the shards' comes from
@@ -98,7 +116,7 @@ def streamed_shards(
     )
     facts.put(
         "dataset.num_samples_per_file",
-        f"samples per shard read from {len(obs.paths[:SHARDS_SAMPLED])} shard(s)' headers"
+        f"samples per shard read from {inside[3]}"
         if inside
         else f"{samples:.0f} samples per epoch over {opens_per_epoch:.0f} shard opens per epoch",
         "measured" if inside else "inferred",
@@ -112,7 +130,7 @@ def streamed_shards(
     )
     facts.put(
         "dataset.layout",
-        "members per sample read from the shards' headers"
+        f"members per sample read from {inside[3]}"
         if inside
         else "the shards were not at hand: one part per sample",
         "measured" if inside else "default",
@@ -129,6 +147,43 @@ def streamed_shards(
     return dataset, _reader(obs, io, opens, reader, fmt, epochs, samples, facts)
 
 
+def _posix_stream(
+    obs: Observed, opens: pl.DataFrame, inside: tuple[int, Any, Any, str] | None, facts: Facts
+) -> tuple[int, float] | None:
+    """(epochs, samples per epoch) of shards streamed whole in a trace without loader events,
+    or None when it does not show them.
+
+    Without the loader's events the samples are not in the trace: they come from the shards'
+    headers (samples per shard, where the files are at hand) times the shards opened per epoch;
+    the epochs from the POSIX inference (passes over the files, re-forked workers). Streamed,
+    not read as samples: every open of a shard read it through (within tarfile's two closing
+    records, or an Arrow stream's end), and a shard holds more than one sample. A map-style
+    job reading members of a tar by offset reads parts of it per open and stays map-style."""
+    if inside is None or inside[0] <= 1 or opens.is_empty():
+        return None
+    seen = dict(file_sizes(obs.io.with_columns(pl.col("file").cast(pl.String))).iter_rows())
+    sizes = {p: _size(p) or seen.get(p) for p in obs.paths}  # on disk, else as far as read
+    per_open = (
+        obs.reads.with_columns(pl.col("file").cast(pl.String))
+        .group_by("pid", "file")
+        .agg(pl.col("size").sum().alias("bytes"))
+        .join(opens.group_by("pid", "file").len(), on=["pid", "file"])
+        .with_columns(pl.col("file").replace_strict(sizes, default=None).alias("of"))
+        .drop_nulls("of")
+    )
+    whole = per_open.filter(pl.col("bytes") / pl.col("len") >= pl.col("of") - 2 * TAR_RECORD)
+    if per_open.is_empty() or whole.height < per_open.height:
+        return None
+    assert obs.posix is not None
+    epochs = max(1, int(num(obs.posix.epochs.value or 1)))
+    facts.notes.append(
+        "streamed shards in a trace without loader events: the samples per epoch are the "
+        "shards' headers' count times the shards opened per epoch; batch size, shuffle buffer "
+        "and compute are not in such a trace"
+    )
+    return epochs, inside[0] * opens.height / epochs
+
+
 def _samples_per_epoch(obs: Observed, epochs: int) -> float:
     """Samples the consumers received per epoch (their batches' sizes)."""
     got = obs.fetch.filter(pl.col("batch_size") > 0)
@@ -142,61 +197,54 @@ def _size(path: str) -> int | None:
         return None
 
 
-def _inside(paths: list[str], fmt: str) -> tuple[int, list[ShardMember], int | None] | None:
-    """(samples per shard, each sample's parts, Arrow rows per record batch) read from the first
-    readable shards' headers (tar: members grouped by key; Arrow: columns, rows); None when
-    none is readable."""
+def _inside(
+    paths: list[str], fmt: str, fingerprint: dict[str, Any] | None
+) -> tuple[int, list[ShardMember], int | None, str] | None:
+    """(samples per shard, each sample's parts, Arrow rows per record batch, where they were
+    read) from the first readable shards' headers (tar: members grouped by key; Arrow: columns,
+    rows), else from the dataset fingerprint (the shards it sampled); None when neither has
+    them."""
     counts: list[int] = []
     parts: dict[str, list[int]] = {}
     rows: list[int] = []
     for p in paths[:SHARDS_SAMPLED]:
         try:
-            got = _tar_parts(p) if fmt == "tar" else _arrow_parts(p, rows)
+            if fmt == "tar":
+                got = tar_parts(p)
+            else:
+                n, cols, batch_rows = arrow_parts(p)
+                got = (n, cols)
+                rows.extend(batch_rows)
         except (OSError, tarfile.TarError, ValueError, ImportError):
             continue
         counts.append(got[0])
         for name, sizes in got[1].items():
             parts.setdefault(name, []).extend(sizes)
+    where = f"{len(counts)} shard(s)' headers"
     if not counts:
+        where = "the dataset fingerprint's shards (the files are not at hand)"
+        for entry in _fingerprinted(fingerprint, fmt):
+            counts.append(int(entry["samples"]))
+            for name, sizes in entry.get("parts", {}).items():
+                parts.setdefault(str(name), []).extend(int(v) for v in sizes)
+            rows.extend(int(v) for v in entry.get("rows_per_batch", []))
+    if not counts or not parts:
         return None
     spf = int(np.bincount(counts).argmax())
     members = [ShardMember(name=n, bytes=observed(np.asarray(s))) for n, s in parts.items()]
-    return spf, members, (int(np.bincount(rows).argmax()) if rows else None)
+    return spf, members, (int(np.bincount(rows).argmax()) if rows else None), where
 
 
-def _tar_parts(path: str) -> tuple[int, dict[str, list[int]]]:
-    """(samples, part name -> bytes of each) of a tar shard, from its headers (seeking past data)."""
-    parts: dict[str, list[int]] = {}
-    keys: set[str] = set()
-    with tarfile.open(path, "r:") as tf:
-        for m in tf:
-            if not m.isreg():
-                continue
-            key, _, ext = PurePosixPath(m.name).name.partition(".")
-            keys.add(str(PurePosixPath(m.name).parent / key))
-            parts.setdefault(ext, []).append(m.size)
-    return len(keys), parts
-
-
-def _arrow_parts(path: str, rows: list[int]) -> tuple[int, dict[str, list[int]]]:
-    """(rows, column -> bytes per row of each record batch) of an Arrow IPC stream shard; each
-    batch's rows go into *rows*."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    parts: dict[str, list[int]] = {}
-    n = 0
-    with pa.OSFile(path, "rb") as f:
-        for batch in pa.ipc.open_stream(f):
-            rows.append(batch.num_rows)
-            n += batch.num_rows
-            for name, col in zip(batch.schema.names, batch.columns, strict=True):
-                if pa.types.is_binary(col.type) or pa.types.is_string(col.type):
-                    per = np.asarray(pc.binary_length(col).to_numpy(zero_copy_only=False))
-                else:
-                    per = np.full(batch.num_rows, max(1, col.type.bit_width // 8))
-                parts.setdefault(name, []).extend(int(v) for v in per)
-    return n, parts
+def _fingerprinted(fingerprint: dict[str, Any] | None, fmt: str) -> list[dict[str, Any]]:
+    """The shards of format *fmt* the dataset fingerprint sampled (entries with ``samples``)."""
+    out: list[dict[str, Any]] = []
+    for group in (fingerprint or {}).get("groups", []):
+        if not isinstance(group, dict) or group.get("format") != fmt:
+            continue
+        for entry in group.get("files_sampled") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("samples"), int):
+                out.append(entry)
+    return out[:SHARDS_SAMPLED]
 
 
 def _reader(
@@ -221,7 +269,17 @@ def _reader(
     # non-persistent workers are new every epoch: each epoch's share of the distinct pids
     read_threads = distinct
     persistent = reader.persistent_workers
-    if distinct and epochs >= 2:
+    if (
+        distinct
+        and epochs >= 2
+        and obs.posix is not None
+        and obs.posix.persistent.value is not None
+    ):
+        # no loader events: the POSIX inference's word (workers re-forked for every epoch)
+        persistent = bool(obs.posix.persistent.value)
+        read_threads = distinct if persistent else max(1, round(distinct / epochs))
+        facts.put("reader.persistent_workers", obs.posix.persistent.evidence, "inferred")
+    elif distinct and epochs >= 2:
         persistent = _recurring(workers, obs.epochs)
         read_threads = distinct if persistent else max(1, round(distinct / epochs))
         facts.put(
@@ -248,8 +306,10 @@ def _reader(
     buffer = _shuffle_buffer(obs, reads, reader.batch_size, samples, opens.height / epochs)
     facts.put(
         "reader.streaming.shuffle_buffer",
-        "samples read by a worker before its first batch was complete, beyond the batch",
-        "inferred",
+        "samples read by a worker before its first batch was complete, beyond the batch"
+        if obs.has_loader
+        else "no batches in a trace without loader events: none assumed",
+        "inferred" if obs.has_loader else "default",
     )
     facts.put("reader.streaming.split", split[1], split[2])
     facts.put("reader.open_per_sample", "each shard opened once for many samples", "measured")

@@ -41,6 +41,7 @@ def train_section(
     else:
         timing = None
         n_epochs, compute = _from_posix(obs, facts)
+        compute = _per_streamed_step(compute, obs, dataset, reader, n_epochs, facts)
         steps_per_epoch = None
         host = _cpu_host_compute(compute, manifest, facts)
     if not compute.is_known:
@@ -273,6 +274,33 @@ def _from_posix(obs: Observed, facts: Facts) -> tuple[int, Distribution]:
         "default",
     )
     return n_epochs, compute
+
+
+def _per_streamed_step(
+    compute: Distribution,
+    obs: Observed,
+    dataset: Dataset,
+    reader: Reader,
+    epochs: int,
+    facts: Facts,
+) -> Distribution:
+    """The POSIX inference's compute per step, over the steps of streamed shards: it counted
+    one sample per visit (a shard's open), where a shard holds many; the same epoch's compute
+    over more steps. Unchanged for map-style reads."""
+    posix = obs.posix
+    if reader.streaming is None or posix is None or not posix.visits or not compute.is_known:
+        return compute
+    samples = dataset.num_files * dataset.num_samples_per_file
+    scale = posix.visits / max(epochs, 1) / max(samples, 1)
+    if not posix.compute_samples or scale >= 1:
+        return compute
+    facts.put(
+        "train.computation_time",
+        f"{facts.fields['train.computation_time'].method}; over the streamed samples' steps "
+        f"({posix.visits / max(epochs, 1):.0f} shard visits, {samples} samples an epoch)",
+        facts.fields["train.computation_time"].confidence,
+    )
+    return Distribution.from_values(np.asarray(posix.compute_samples) * scale)
 
 
 def _posix_epochs(io: pl.DataFrame, paths: list[str]) -> int:

@@ -11,7 +11,8 @@ library decides what to read from that layout. While the job's dataset is reacha
 * a bounded number of files per group (:class:`FingerprintLimits`), spread evenly over
   the sorted listing, are opened with the formats' own readers (``zipfile`` + numpy's
   header reader, h5py, Pillow, pyarrow) or by walking the container's framing (PNG
-  chunks, TFRecord headers, JPEG markers before the first scan); no sample data is
+  chunks, TFRecord headers, JPEG markers before the first scan, tar headers, Arrow record
+  batches' lengths); no sample data is
   kept, only structure: names, dtypes, shapes, storage, filters, sizes;
 * file sizes come from ``stat`` (all files up to a bound, then a spread subset).
 
@@ -26,7 +27,8 @@ Public API: :func:`fingerprint_dataset`, :func:`write_fingerprint`,
 
 The package's modules: :mod:`.listing` (which files), :mod:`.formats` (which format, and
 one file's layout) with one module per format (:mod:`.npz`, :mod:`.hdf5`, :mod:`.jpeg`,
-:mod:`.png`, :mod:`.tfrecord`, :mod:`.parquet`, :mod:`.csvfile`), :mod:`.common` (limits and
+:mod:`.png`, :mod:`.tfrecord`, :mod:`.parquet`, :mod:`.csvfile`, :mod:`.shards` for streamed
+tar and Arrow shards), :mod:`.common` (limits and
 shared helpers); this module fingerprints a dataset from them and saves the document.
 """
 
@@ -119,7 +121,7 @@ def _fingerprint_group(
         path = paths[i]
         try:
             with open(path, "rb") as fh:
-                head = fh.read(64)
+                head = fh.read(512)  # a tar's header names its format at byte 257
         except OSError as exc:
             unreadable[
                 "permission denied"

@@ -13,6 +13,7 @@ from .jpeg import inspect_jpeg
 from .npz import inspect_npy, inspect_zip
 from .parquet import inspect_parquet
 from .png import PNG_MAGIC, inspect_png
+from .shards import inspect_shard, is_arrow_header, is_tar_header
 from .tfrecord import inspect_tfrecord, is_tfrecord_header
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -22,7 +23,8 @@ _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 def detect_format(head: bytes, ext: str) -> str | None:
     """The dataset format of a file from its first bytes (and extension for text/TFRecord).
 
-    Returns a DLIO format name (npz, npy, hdf5, jpeg, png, parquet, tfrecord, csv), ``zip``
+    Returns a DLIO format name (npz, npy, hdf5, jpeg, png, parquet, tfrecord, csv), ``tar``
+    or ``arrow`` for streamed shards (*head* of at least 262 bytes for a tar's header), ``zip``
     for a zip that is not an NPZ (decided later from its members), or None (unknown).
     """
     if head.startswith(_ZIP_MAGIC):
@@ -37,6 +39,10 @@ def detect_format(head: bytes, ext: str) -> str | None:
         return "png"
     if head.startswith(b"PAR1"):
         return "parquet"
+    if is_tar_header(head):
+        return "tar"
+    if is_arrow_header(head, ext):
+        return "arrow"
     if len(head) >= 12 and is_tfrecord_header(head[:12]):
         return "tfrecord"
     if ext in (".h5", ".hdf5", ".hdf", ".he5", ".nc"):
@@ -83,6 +89,8 @@ def fingerprint_file(
             entry = inspect_parquet(path)
         elif fmt == "csv":
             entry = inspect_csv(path, limits)
+        elif fmt in ("tar", "arrow"):
+            entry = inspect_shard(path, fmt, limits)
         else:
             entry = {}
     except Unreadable:
