@@ -451,7 +451,7 @@ def test_streaming_batches_carry_when_torch_had_them(captured, tmp_path):
         loader.close()
 
 
-RANKS_TRACES = REPO / "traces" / "streams_ranks"
+RANKS_TRACES = REPO / "traces" / "streams"
 
 
 @pytest.mark.parametrize("name", ["r2_fresh", "r2_persistent"])
@@ -474,3 +474,96 @@ def test_each_ranks_workers_are_told_apart_from_the_other_ranks_epochs(name):
     args = expected["command"]
     assert model.reader.streaming.split == args[args.index("--split") + 1]
     assert model.reader.streaming.library == args[args.index("--reader") + 1]
+
+
+def _write_tar(path: Path, samples: int, parts: dict[str, int]) -> None:
+    import io
+
+    with tarfile.open(path, "w") as tf:
+        for i in range(samples):
+            for ext, size in parts.items():
+                info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                info.size = size + i  # sizes differ from sample to sample
+                tf.addfile(info, io.BytesIO(bytes(info.size)))
+
+
+@pytest.mark.parametrize(
+    ("samples", "parts"), [(7, {"npy": 300, "cls": 1}), (13, {"jpg": 900, "json": 40, "cls": 2})]
+)
+def test_the_fingerprint_reads_a_tar_shards_inside(tmp_path, samples, parts):
+    """The capture's fingerprint of tar shards: samples per shard and each part's sizes, from the
+    headers (what distill needs when the shards are not at hand)."""
+    from dlreplay.capture.fingerprint import fingerprint_dataset
+
+    for k in range(3):
+        _write_tar(tmp_path / f"shard-{k}.tar", samples, parts)
+    doc = fingerprint_dataset([str(tmp_path)])
+    (group,) = doc["groups"]
+    assert group["format"] == "tar" and group["sampled"] == 3 and not doc["problems"]
+    entry = group["files_sampled"][0]
+    assert entry["samples"] == samples
+    assert {k: len(v) for k, v in entry["parts"].items()} == dict.fromkeys(parts, samples)
+    assert entry["parts"][next(iter(parts))] == [
+        parts[next(iter(parts))] + i for i in range(samples)
+    ]
+
+
+def test_the_fingerprint_reads_an_arrow_shards_inside(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    from dlreplay.capture.fingerprint import fingerprint_dataset
+
+    schema = pa.schema([("data", pa.binary()), ("label", pa.int64())])
+    with pa.OSFile(str(tmp_path / "shard-0.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, schema) as writer:
+            for b in range(3):  # 3 record batches of 4 rows
+                rows = [bytes(100 + 4 * b + r) for r in range(4)]
+                writer.write_batch(pa.record_batch([rows, list(range(4))], schema=schema))
+    doc = fingerprint_dataset([str(tmp_path)])
+    entry = doc["groups"][0]["files_sampled"][0]
+    assert doc["groups"][0]["format"] == "arrow"
+    assert entry["samples"] == 12 and entry["rows_per_batch"] == [4, 4, 4]
+    assert entry["parts"]["data"] == [100 + i for i in range(12)]
+    assert entry["parts"]["label"] == [8] * 12
+
+
+STREAMS = REPO / "traces" / "streams"
+
+
+@pytest.mark.parametrize("name", ["posix_tarfile", "posix_wds"])
+def test_shards_streamed_in_a_posix_only_trace(name):
+    """DFTracer's POSIX calls alone (committed captures, traces/make_stream_traces.py): the shards
+    each read through at every open are streamed shards; their insides come from the capture's
+    fingerprint; workers, persistence, library, split and epochs from the calls. The two differ
+    in each of these."""
+    expected = json.loads((STREAMS / name / "expected.json").read_text())
+    truth, args = expected["truth"], expected["command"]
+    loaded = load_trace(STREAMS / name)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(STREAMS / name))
+    assert model.dataset.format == "tar"
+    assert model.dataset.num_files == truth["shards"]
+    assert model.dataset.num_samples_per_file == truth["samples_per_shard"]
+    assert sorted(m.name for m in model.dataset.layout.shard_members) == truth["parts"]
+    assert model.processes.ranks == truth["ranks"]
+    assert model.train.epochs == truth["epochs"]
+    assert model.reader.read_threads == truth["workers_per_rank"]
+    assert model.reader.persistent_workers is truth["persistent"]
+    assert model.reader.open_per_sample is False
+    assert model.reader.streaming.split == args[args.index("--split") + 1]
+    assert model.reader.streaming.library == args[args.index("--reader") + 1]
+    fields = model.provenance.fields
+    assert fields["reader.batch_size"].confidence == "default"  # not in such a trace: said so
+    assert fields["reader.streaming.shuffle_buffer"].confidence == "default"
+
+
+def test_a_posix_only_trace_takes_the_shards_inside_from_the_fingerprint():
+    """Where the shards are not at hand (a trace distilled on another machine), their samples
+    and members come from the capture's fingerprint, and distill says so."""
+    from dlreplay.analyze.distill.shards import _inside
+
+    doc = json.loads((STREAMS / "posix_wds" / "dataset-fingerprint.json").read_text())
+    got = _inside(["/nonexistent/shard-00000.tar"], "tar", doc)
+    assert got is not None
+    spf, members, _, where = got
+    assert spf == 20 and sorted(m.name for m in members) == ["cls", "jpg"]
+    assert "fingerprint" in where
+    assert _inside(["/nonexistent/shard-00000.tar"], "tar", None) is None

@@ -1,14 +1,20 @@
-"""Regenerate ``traces/streams_ranks/``: captures of ``examples/shards_tar.py`` under ``torchrun``
-with 2 ranks (tar shards streamed by an ``IterableDataset``), for
-tests/test_streaming_shards.py: distill finds each rank's workers and whether they persist.
+"""Regenerate ``traces/streams/``: captures of ``examples/shards_tar.py`` (tar shards streamed by
+an ``IterableDataset``), for tests/test_streaming_shards.py.
 
-The variants differ in every parameter that inference reads: workers per rank (2, 3),
-persistent or re-forked every epoch, the library (webdataset, tarfile), the split (contiguous,
-interleaved), epochs (3, 2). The ranks start their epochs apart; in ``r2_fresh`` (re-forked
-workers) a worker of one rank must still read after the other rank's next epoch began, the
-case that made its workers look persistent (6 per rank): the script captures again until a run
-shows it (``premise`` in ``expected.json``). ``expected.json`` holds the truth, from the jobs'
-reports and arguments.
+* ``r2_fresh``, ``r2_persistent``: under ``torchrun`` with 2 ranks, with the loader hooks:
+  distill finds each rank's workers and whether they persist. They differ in workers per rank
+  (2, 3), persistence, the library (webdataset, tarfile), the split (contiguous, interleaved)
+  and epochs (3, 2). The ranks start their epochs apart; in ``r2_fresh`` (re-forked workers) a
+  worker of one rank must still read after the other rank's next epoch began, the case that
+  made its workers look persistent (6 per rank): the script captures again until a run shows it
+  (``premise_workers_across_ranks_epochs`` in ``expected.json``).
+* ``posix_tarfile``, ``posix_wds``: one rank, DFTracer's POSIX calls alone
+  (``--no-loader-hooks``), with the capture's dataset fingerprint: distill recognises the
+  streamed shards and takes their insides from the fingerprint (the shards themselves are not
+  at hand where the tests run). They differ in shards (16, 8), samples per shard (12, 20),
+  members (npy, jpg), workers (3, 2), persistence, library, split and epochs.
+
+``expected.json`` holds the truth, from the jobs' arguments.
 
     python traces/make_stream_traces.py [--only NAME] [--work /tmp/dlreplay-stream-traces]
 """
@@ -30,21 +36,45 @@ sys.path.insert(0, str(REPO))
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-#: name -> (the job's arguments, the truth distill must find)
-TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
+#: name -> (launcher, the job's arguments, loader hooks, the truth distill must find)
+TRACES: dict[str, tuple[tuple[str, ...], list[str], bool, dict[str, Any]]] = {
     "r2_fresh": (
+        TORCHRUN,
         ["--num-files", "12", "--samples-per-shard", "10", "--sample-bytes", "30000"]
         + ["--workers", "2", "--batch-size", "4", "--reader", "webdataset"]
         + ["--split", "contiguous", "--epochs", "3"],
+        True,
         {"ranks": 2, "workers_per_rank": 2, "persistent": False, "epochs": 3},
     ),
     "r2_persistent": (
+        TORCHRUN,
         ["--num-files", "12", "--samples-per-shard", "8", "--sample-bytes", "12000"]
         + ["--workers", "3", "--batch-size", "2", "--reader", "tarfile"]
         + ["--split", "interleaved", "--epochs", "2", "--persistent-workers"],
+        True,
         {"ranks": 2, "workers_per_rank": 3, "persistent": True, "epochs": 2},
     ),
-}
+    # DFTracer's POSIX calls alone (--no-loader-hooks): the shards' insides come from the
+    # capture's dataset fingerprint (the shards are not at hand where the tests distill)
+    "posix_tarfile": (
+        (),
+        ["--num-files", "16", "--samples-per-shard", "12", "--sample-bytes", "20000"]
+        + ["--workers", "3", "--batch-size", "4", "--reader", "tarfile"]
+        + ["--split", "interleaved", "--epochs", "3"],
+        False,
+        {"ranks": 1, "workers_per_rank": 3, "persistent": False, "epochs": 3, "shards": 16,
+         "samples_per_shard": 12, "parts": ["cls", "npy"]},
+    ),
+    "posix_wds": (
+        (),
+        ["--num-files", "8", "--samples-per-shard", "20", "--sample-bytes", "6000"]
+        + ["--workers", "2", "--batch-size", "8", "--reader", "webdataset"]
+        + ["--split", "contiguous", "--epochs", "2", "--persistent-workers", "--member", "jpeg"],
+        False,
+        {"ranks": 1, "workers_per_rank": 2, "persistent": True, "epochs": 2, "shards": 8,
+         "samples_per_shard": 20, "parts": ["cls", "jpg"]},
+    ),
+}  # fmt: skip
 
 
 def crossed(trace: Path) -> int:
@@ -67,7 +97,7 @@ def crossed(trace: Path) -> int:
 
 
 def make(name: str, work: Path, tries: int = 8) -> None:
-    args, truth = TRACES[name]
+    launcher, args, hooks, truth = TRACES[name]
     job = work / name
     if job.exists():
         shutil.rmtree(job)
@@ -79,38 +109,34 @@ def make(name: str, work: Path, tries: int = 8) -> None:
         out = job / f"trace{attempt}"
         res = run_capture(
             CaptureConfig(
-                command=(sys.executable, *TORCHRUN, *base),
+                command=(sys.executable, *launcher, *base),
                 out=out,
                 data_dirs=(str(data),),
                 name=name,
                 cwd=job,
-            )  # fmt: skip
+                loader_hooks=hooks,
+            )
         )
         if res.exit_code != 0:
             raise SystemExit(f"{name}: job failed ({res.exit_code})")
-        premise = crossed(out)
-        if truth["persistent"] or premise:
+        premise = crossed(out) if hooks else 0
+        if truth["persistent"] or premise or truth["ranks"] == 1:
             break
         print(f"{name}: no worker read past another rank's next epoch start; again")
     else:
         raise SystemExit(f"{name}: the premise did not show in {tries} captures")
-    dest = HERE / "streams_ranks" / name
+    dest = HERE / "streams" / name
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for f in sorted(out.iterdir()):
-        if f.name.endswith(".pfw.gz") or f.name == "manifest.json":
+        if f.name.endswith(".pfw.gz") or f.name in ("manifest.json", "dataset-fingerprint.json"):
             shutil.copy(f, dest / f.name)
+    torchrun = ["torchrun", "--standalone", "--nproc-per-node", "2"] if launcher else []
     expected = {
-        "source": "examples/shards_tar.py under torchrun, dlreplay capture",
-        "command": [
-            "torchrun",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "examples/shards_tar.py",
-            *base[3:],
-        ],
+        "source": "examples/shards_tar.py, dlreplay capture"
+        + ("" if hooks else " --no-loader-hooks"),
+        "command": [*torchrun, "examples/shards_tar.py", *base[3:]],
         "truth": truth,
         "premise_workers_across_ranks_epochs": premise,
     }
