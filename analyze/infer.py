@@ -55,7 +55,14 @@ from .infer_pools import (
 )
 from .infer_steps import epoch_span_steps, overlap_us, worker_sample_time
 
-__all__ = ["Inferred", "PosixLoop", "infer_posix_loop", "natural_key"]
+__all__ = [
+    "Inferred",
+    "PosixLoop",
+    "batch_period",
+    "infer_posix_loop",
+    "natural_key",
+    "steady_batch_intervals",
+]
 
 _US = 1e-6
 #: A gap between two of a worker's samples is idle time when it exceeds this many times
@@ -314,10 +321,16 @@ def _concurrent(frame: pl.DataFrame) -> int:
 
 
 def _worker_gaps(v: pl.DataFrame) -> list[np.ndarray]:
-    """Per process and epoch: the gaps (µs) before each of its samples but the first."""
-    s = v.sort("pid", "ts").with_columns(
-        (pl.col("ts") - pl.col("end").shift(1).over("pid", "epoch")).alias("gap")
-    )
+    """Per process and epoch: the gaps (µs) before each of its samples but the first; NaN
+    before a sample whose ``masked`` column (optional) is true."""
+    gap = pl.col("ts") - pl.col("end").shift(1).over("pid", "epoch")
+    if "masked" in v.columns:
+        gap = (  # the first sample's has no gap (null, dropped) either way
+            pl.when(pl.col("masked") & gap.is_not_null())
+            .then(float("nan"))
+            .otherwise(gap.cast(pl.Float64))
+        )
+    s = v.sort("pid", "ts").with_columns(gap.alias("gap"))
     return [
         g["gap"].drop_nulls().to_numpy().astype(float)
         for _, g in s.group_by("pid", "epoch", maintain_order=True)
@@ -325,8 +338,10 @@ def _worker_gaps(v: pl.DataFrame) -> list[np.ndarray]:
     ]
 
 
-def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
-    """The batch size: the period of a worker's longer gaps (see the module doc).
+def batch_period(v: pl.DataFrame) -> tuple[int | None, str]:
+    """The batch size: the period of a worker's longer gaps (see the module doc). *v*: one row
+    per sample visit (``pid``, ``epoch``, ``ts``, ``end`` µs; ``masked``, optional: the gap
+    before that sample is no evidence either way, as a streamed shard's open, and is left out).
 
     A worker reads a batch's samples back to back; between batches it collates, hands the
     batch over and, when the loader is ahead, idles: the gap before every B-th sample of a
@@ -345,6 +360,7 @@ def _batch_size(v: pl.DataFrame) -> tuple[int | None, str]:
     for b in range(2, max(longest // 2, 2) + 1):  # one per candidate batch size, not per event
         bound = np.concatenate([x[b - 1 :: b] for x in seqs])  # gap before sample b, 2b, ...
         other = np.concatenate([np.delete(x, np.arange(b - 1, len(x), b)) for x in seqs])
+        bound, other = bound[~np.isnan(bound)], other[~np.isnan(other)]
         if bound.size < 2 or other.size < b:
             continue
         lo = max(float(np.percentile(other, 75)), 50.0)
@@ -401,7 +417,7 @@ def infer_posix_loop(
         threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)
     order = _shuffled(visits)
-    batch, ev_batch = _batch_size(visits)
+    batch, ev_batch = batch_period(visits)
     if batch is None:  # no clear period: where the long gaps fall in every worker's epoch
         batch, ev_ranks = batch_from_gap_ranks(idle_gaps(visits, io))
         ev_batch = ev_ranks if batch else f"{ev_batch}; {ev_ranks}"
@@ -662,6 +678,26 @@ def _consumer_intervals(
         "checkpoint writes out, the run's first step left out) less one sample's decoding",
         preprocess,
     )
+
+
+def steady_batch_intervals(
+    visits: pl.DataFrame, batch: int, threads: int
+) -> tuple[np.ndarray, str]:
+    """(compute per step of each steady-state interval, how it was found) of workers reading
+    batches of *batch* samples (*visits*: pid, epoch, ts, end µs, one row per sample): the
+    interval between a worker's batch starts over the *threads* workers (see
+    :func:`_worker_intervals`), warm-up intervals left out."""
+    b = visits.sort("pid", "ts").with_columns(
+        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
+    )
+    starts = (
+        b.group_by("pid", "epoch", "batch")
+        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
+        .sort("pid", "t0")
+    )
+    vals, what = _worker_intervals(starts, batch, max(threads, 1), None)
+    warm = _warmup(vals)
+    return vals[warm:], what + (f", {warm} warm-up interval(s) left out" if warm else "")
 
 
 def _worker_intervals(

@@ -529,12 +529,14 @@ def test_the_fingerprint_reads_an_arrow_shards_inside(tmp_path):
 STREAMS = REPO / "traces" / "streams"
 
 
-@pytest.mark.parametrize("name", ["posix_tarfile", "posix_wds"])
+@pytest.mark.parametrize("name", ["posix_tarfile", "posix_wds", "posix_wds_npy", "posix_tar_b3"])
 def test_shards_streamed_in_a_posix_only_trace(name):
     """DFTracer's POSIX calls alone (committed captures, traces/make_stream_traces.py): the shards
     each read through at every open are streamed shards; their insides come from the capture's
-    fingerprint; workers, persistence, library, split and epochs from the calls. The two differ
-    in each of these."""
+    fingerprint; workers, persistence, library, split, epochs and (where the workers wait at
+    their batches' ends) the batch size from the calls. The traces differ in each of these; in
+    two the batch does not show (samples smaller than the reads; webdataset reading a shard's
+    samples in one burst), and distill must say it guessed."""
     expected = json.loads((STREAMS / name / "expected.json").read_text())
     truth, args = expected["truth"], expected["command"]
     loaded = load_trace(STREAMS / name)
@@ -551,7 +553,13 @@ def test_shards_streamed_in_a_posix_only_trace(name):
     assert model.reader.streaming.split == args[args.index("--split") + 1]
     assert model.reader.streaming.library == args[args.index("--reader") + 1]
     fields = model.provenance.fields
-    assert fields["reader.batch_size"].confidence == "default"  # not in such a trace: said so
+    if truth["batch"] is None:  # not in this trace: said so
+        assert fields["reader.batch_size"].confidence == "default"
+        assert any(n.startswith("guess: reader.batch_size") for n in model.provenance.notes)
+    else:
+        assert model.reader.batch_size == truth["batch"]
+        assert fields["reader.batch_size"].confidence == "inferred"
+        assert "streamed shards" in fields["reader.batch_size"].method
     assert fields["reader.streaming.shuffle_buffer"].confidence == "default"
 
 

@@ -8,11 +8,13 @@ an ``IterableDataset``), for tests/test_streaming_shards.py.
   worker of one rank must still read after the other rank's next epoch began, the case that
   made its workers look persistent (6 per rank): the script captures again until a run shows it
   (``premise_workers_across_ranks_epochs`` in ``expected.json``).
-* ``posix_tarfile``, ``posix_wds``: one rank, DFTracer's POSIX calls alone
-  (``--no-loader-hooks``), with the capture's dataset fingerprint: distill recognises the
-  streamed shards and takes their insides from the fingerprint (the shards themselves are not
-  at hand where the tests run). They differ in shards (16, 8), samples per shard (12, 20),
-  members (npy, jpg), workers (3, 2), persistence, library, split and epochs.
+* ``posix_tarfile``, ``posix_wds``, ``posix_wds_npy``: one rank, DFTracer's POSIX calls
+  alone (``--no-loader-hooks``), with the capture's dataset fingerprint: distill recognises
+  the streamed shards and takes their insides from the fingerprint (the shards themselves are
+  not at hand where the tests run). They differ in shards (16, 8, 10), samples per shard (12,
+  20, 18), members (npy, jpg), workers (3, 2), persistence, library, split, epochs and batch
+  size (4, 8, 6): ``posix_wds``'s samples (small JPEGs) are smaller than its reads, so its
+  batch size does not show (``batch`` null: distill must say it is a guess).
 
 ``expected.json`` holds the truth, from the jobs' arguments.
 
@@ -63,7 +65,7 @@ TRACES: dict[str, tuple[tuple[str, ...], list[str], bool, dict[str, Any]]] = {
         + ["--split", "interleaved", "--epochs", "3"],
         False,
         {"ranks": 1, "workers_per_rank": 3, "persistent": False, "epochs": 3, "shards": 16,
-         "samples_per_shard": 12, "parts": ["cls", "npy"]},
+         "samples_per_shard": 12, "parts": ["cls", "npy"], "batch": 4},
     ),
     "posix_wds": (
         (),
@@ -72,7 +74,27 @@ TRACES: dict[str, tuple[tuple[str, ...], list[str], bool, dict[str, Any]]] = {
         + ["--split", "contiguous", "--epochs", "2", "--persistent-workers", "--member", "jpeg"],
         False,
         {"ranks": 1, "workers_per_rank": 2, "persistent": True, "epochs": 2, "shards": 8,
-         "samples_per_shard": 20, "parts": ["cls", "jpg"]},
+         "samples_per_shard": 20, "parts": ["cls", "jpg"], "batch": None},
+    ),
+    "posix_wds_npy": (
+        (),
+        ["--num-files", "10", "--samples-per-shard", "18", "--sample-bytes", "40000"]
+        + ["--workers", "2", "--batch-size", "6", "--reader", "webdataset"]
+        + ["--split", "contiguous", "--epochs", "2", "--persistent-workers"]
+        + ["--compute-scale", "6"],  # a consumer slower than its loader: batches wait
+        False,
+        {"ranks": 1, "workers_per_rank": 2, "persistent": True, "epochs": 2, "shards": 10,
+         "samples_per_shard": 18, "parts": ["cls", "npy"], "batch": None},
+    ),
+    "posix_tar_b3": (
+        (),
+        ["--num-files", "9", "--samples-per-shard", "9", "--member", "jpeg"]
+        + ["--image-size", "176", "--workers", "2", "--batch-size", "3", "--reader", "tarfile"]
+        + ["--split", "contiguous", "--epochs", "2", "--persistent-workers"]
+        + ["--compute-scale", "2"],
+        False,
+        {"ranks": 1, "workers_per_rank": 2, "persistent": True, "epochs": 2, "shards": 9,
+         "samples_per_shard": 9, "parts": ["cls", "jpg"], "batch": 3},
     ),
 }  # fmt: skip
 

@@ -108,7 +108,7 @@ def distill(
     obs = observe(events, data_dirs, fingerprint, source, facts)
     dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
     reader = reader_section(obs, dataset, facts)
-    dataset, reader = streamed_shards(  # IterableDataset over shards
+    dataset, reader, obs.posix = streamed_shards(  # IterableDataset over shards
         obs, dataset, reader, facts, fingerprint or _capture_fingerprint(source)
     )
     reader = with_mapped_access(reader, every, source, facts)

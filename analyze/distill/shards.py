@@ -42,6 +42,7 @@ from dlreplay.capture.fingerprint.shards import (
 from dlreplay.model import Dataset, Distribution, Layout, Reader, ShardMember, Streaming
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS
 
+from ..infer import PosixLoop
 from .base import US, Facts, Observed, num, observed
 from .measure import file_sizes
 
@@ -80,14 +81,15 @@ def streamed_shards(
     reader: Reader,
     facts: Facts,
     fingerprint: dict[str, Any] | None = None,
-) -> tuple[Dataset, Reader]:
-    """(dataset, reader) modelling streamed shards when the trace shows them (see module doc);
-    unchanged otherwise. *fingerprint*: the dataset fingerprint, for the shards' insides where
+) -> tuple[Dataset, Reader, PosixLoop | None]:
+    """(dataset, reader, the POSIX loop) modelling streamed shards when the trace shows them (see
+    module doc); unchanged otherwise. The POSIX loop (a trace without loader events) is the
+    inference's, seen through the streamed samples where their batches show. *fingerprint*: the dataset fingerprint, for the shards' insides where
     the files are not at hand."""
     fmt = shard_format(obs.paths)
     posix_only = not obs.has_loader
     if fmt is None or obs.reads.is_empty() or (posix_only and obs.posix is None):
-        return dataset, reader
+        return dataset, reader, obs.posix
     files = pl.DataFrame({"file": obs.paths, "shard": range(len(obs.paths))})
     io = obs.io.with_columns(pl.col("file").cast(pl.String)).join(files, on="file")
     # the opens of processes that read shards (not those that wrote them: a job making its data)
@@ -97,14 +99,14 @@ def streamed_shards(
     if posix_only:
         got = _posix_stream(obs, opens, inside, facts)
         if got is None:
-            return dataset, reader
+            return dataset, reader, obs.posix
         epochs, samples = got
     else:
         epochs = max(1, int(obs.steps["epoch"].n_unique()))
         samples = _samples_per_epoch(obs, epochs)
     opens_per_epoch = opens.height / epochs
     if not opens.height or samples <= opens_per_epoch:
-        return dataset, reader  # one open per sample: map-style reads of whole files
+        return dataset, reader, obs.posix  # one open per sample: map-style reads of whole files
     spf_trace = max(1, round(samples / opens_per_epoch))
     spf = inside[0] if inside else spf_trace
     facts.put("dataset.format", f"{fmt} shards (the files' magic or extension)", "measured")
@@ -144,7 +146,10 @@ def streamed_shards(
         layout=layout,
     )
     facts.put("dataset.record_length", "shard bytes over samples per shard", "measured")
-    return dataset, _reader(obs, io, opens, reader, fmt, epochs, samples, facts)
+    posix = obs.posix
+    if posix_only:
+        reader, posix = _streamed_batch(obs, opens, spf, reader, facts)
+    return dataset, _reader(obs, io, opens, reader, fmt, epochs, samples, facts), posix
 
 
 def _posix_stream(
@@ -185,6 +190,87 @@ def _posix_stream(
         "and compute are not in such a trace"
     )
     return epochs, inside[0] * opens.height / epochs
+
+
+def _streamed_batch(
+    obs: Observed, opens: pl.DataFrame, spf: int, reader: Reader, facts: Facts
+) -> tuple[Reader, PosixLoop | None]:
+    """(*reader* with the batch size a trace without loader events shows in its streamed
+    shards, the POSIX loop seen through the streamed samples: its batch size, sample visits and
+    steady intervals between a worker's batches), where it shows it: a worker reads a batch's samples back to back, then collates, hands the
+    batch over and, ahead of the consumer, waits; the gap before every B-th sample of its epoch
+    is the long one (:func:`~dlreplay.analyze.infer.batch_period`, as for files read per
+    sample). A read belongs to the sample its offset falls in (the shard's bytes over its
+    samples, tar headers included), the sample's visit from its first read to its last. Samples
+    smaller than two reads leave some with no read of their own, and no period to count: the
+    POSIX inference's word stands (a guess, said so). The gap before a shard's first sample is
+    left out: opening the next shard takes the library longer than a batch boundary (with
+    webdataset, 18-40 ms against under 1 ms, and the shard's samples then looked like the
+    batch)."""
+    from dlreplay.analyze.infer import Inferred, batch_period, steady_batch_intervals
+
+    reads = obs.reads.filter(
+        (pl.col("size") > 0) & pl.col("offset").is_not_null() & ~pl.col("pid").is_in(obs.consumers)
+    ).with_columns(pl.col("file").cast(pl.String))
+    seen = file_sizes(obs.io.with_columns(pl.col("file").cast(pl.String)))
+    sizes = pl.DataFrame(
+        {"file": obs.paths, "bytes": [_size(p) for p in obs.paths]},
+        schema={"file": pl.String, "bytes": pl.Int64},
+    ).join(seen, on="file", how="left")
+    per = sizes.select("file", (pl.coalesce("bytes", "size") / max(spf, 1)).alias("per"))
+    if reads.is_empty() or num(per["per"].median()) < 2 * num(reads["size"].median()):
+        facts.put(
+            "reader.batch_size",
+            f"{facts.fields['reader.batch_size'].method}; the shards' samples are smaller than "
+            "two of their reads: no batch period in the reads",
+            "default",
+        )
+        return reader, obs.posix
+    starts = opens.select("pid", "file", pl.col("ts").alias("opened")).sort("opened")
+    spans = pl.DataFrame(
+        {"epoch": [e for e, _, _ in obs.posix.epoch_spans] if obs.posix else [0]},
+        schema={"epoch": pl.Int64},
+    ).with_columns(
+        a=pl.Series([a for _, a, _ in obs.posix.epoch_spans] if obs.posix else [0], dtype=pl.Int64)
+    )
+    visits = (
+        reads.sort("ts")
+        .join_asof(
+            starts, left_on="ts", right_on="opened", by=["pid", "file"], strategy="backward",
+            check_sortedness=False,
+        )
+        .join(per, on="file")
+        .with_columns(sample=(pl.col("offset") // pl.col("per")).cast(pl.Int64))
+        .group_by("pid", "file", "opened", "sample")
+        .agg(pl.col("ts").min(), (pl.col("ts") + pl.col("dur")).max().alias("end"))
+        .sort("ts")
+        # the gap before a shard's first sample is its open's (the library's), not a batch's
+        .with_columns(masked=pl.col("opened") != pl.col("opened").shift(1).over("pid"))
+        .join_asof(spans.sort("a"), left_on="ts", right_on="a", strategy="backward")
+        .with_columns(pl.col("epoch").fill_null(0))
+    )  # fmt: skip
+    batch, how = batch_period(visits)
+    if batch is None or obs.posix is None:
+        return reader, obs.posix
+    facts.put("reader.batch_size", f"streamed shards: {how}", "inferred")
+    facts.notes[:] = [n for n in facts.notes if not n.startswith("guess: reader.batch_size")]
+    # the step's time from the streamed samples' batches, as for files read per sample: the
+    # interval between a worker's batch starts over the workers (an upper bound, said so)
+    vals, what = steady_batch_intervals(visits, batch, int(obs.posix.read_threads.value or 1))
+    posix = replace(
+        obs.posix,
+        batch_size=Inferred(batch, how),
+        visits=visits.height,
+        **(
+            {
+                "compute_samples": [float(v) for v in vals],
+                "computation_time": Inferred(float(np.median(vals)), f"streamed shards: {what}"),
+            }
+            if vals.size
+            else {}
+        ),
+    )
+    return replace(reader, batch_size=batch), posix
 
 
 def _samples_per_epoch(obs: Observed, epochs: int) -> float:

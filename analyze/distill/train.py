@@ -285,19 +285,23 @@ def _per_streamed_step(
     facts: Facts,
 ) -> Distribution:
     """The POSIX inference's compute per step, over the steps of streamed shards: it counted
-    one sample per visit (a shard's open), where a shard holds many; the same epoch's compute
-    over more steps. Unchanged for map-style reads."""
+    one sample per visit (a shard's open), where a shard holds many, in batches of its own
+    batch size; the same epoch's compute over the streamed samples' steps, in batches of the
+    reader's. Unchanged for map-style reads."""
     posix = obs.posix
     if reader.streaming is None or posix is None or not posix.visits or not compute.is_known:
         return compute
     samples = dataset.num_files * dataset.num_samples_per_file
-    scale = posix.visits / max(epochs, 1) / max(samples, 1)
-    if not posix.compute_samples or scale >= 1:
+    visits = posix.visits / max(epochs, 1)
+    steps_then = visits / max(int(posix.batch_size.value or 1), 1)
+    scale = steps_then / max(samples / max(reader.batch_size, 1), 1)
+    if not posix.compute_samples or abs(scale - 1) < 0.05:  # already per streamed step
         return compute
     facts.put(
         "train.computation_time",
         f"{facts.fields['train.computation_time'].method}; over the streamed samples' steps "
-        f"({posix.visits / max(epochs, 1):.0f} shard visits, {samples} samples an epoch)",
+        f"({visits:.0f} shard visits, {samples} samples an epoch in batches of "
+        f"{reader.batch_size})",
         facts.fields["train.computation_time"].confidence,
     )
     return Distribution.from_values(np.asarray(posix.compute_samples) * scale)
