@@ -53,7 +53,14 @@ from .infer_pools import (
     whole_file_visits,
     worker_pools,
 )
-from .infer_steps import epoch_span_steps, overlap_us, worker_sample_time
+from .infer_steps import (
+    epoch_span_steps,
+    overlap_us,
+    steady_batch_intervals,
+    warmup_count,
+    worker_intervals,
+    worker_sample_time,
+)
 
 __all__ = [
     "Inferred",
@@ -274,19 +281,6 @@ def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
     med = _num(per_file["len"].median())
     keep = per_file.filter(pl.col("len") >= 0.75 * med)["file"]
     return v.filter(pl.col("file").is_in(keep.implode()))
-
-
-#: as distill's WARMUP_FACTOR: a leading interval longer than this x the median is warm-up
-_WARMUP_FACTOR = 3.0
-
-
-def _warmup(values: np.ndarray) -> int:
-    """Leading values (in time order) longer than _WARMUP_FACTOR x the median: the first
-    steps of a framework are much slower than its steady state (distill leaves them out too)."""
-    if values.size < 3:
-        return 0
-    slow = values > _WARMUP_FACTOR * float(np.median(values))
-    return int(np.argmin(slow)) if not slow.all() else 0
 
 
 def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
@@ -588,7 +582,7 @@ def _computation_time(
         vals, what = epoch_span_steps(starts, pools, pauses)
     elif threads:
         preprocess = worker_sample_time(visits, io, batch) if io is not None else none
-        vals, what = _worker_intervals(starts, batch, threads, pauses)
+        vals, what = worker_intervals(starts, batch, threads, pauses)
         if vals.size < FEW_STEADY and pools is not None:
             # no or few steady intervals (one may still hold the prefetch ramp or the
             # loader's period): each epoch's span bounds the step too; the smaller wins
@@ -606,7 +600,7 @@ def _computation_time(
         steady = iv.filter(pl.col("iv").is_not_null() & (pl.col("n") == batch)).sort("t0")
         vals = steady["iv"].to_numpy() * _US if steady.height else np.array([])
         what = "median idle time of the reading process between its batches"
-    warm = _warmup(vals)
+    warm = warmup_count(vals)
     if warm:
         what += f", {warm} warm-up interval(s) left out"
         vals = vals[warm:]
@@ -678,68 +672,6 @@ def _consumer_intervals(
         "checkpoint writes out, the run's first step left out) less one sample's decoding",
         preprocess,
     )
-
-
-def steady_batch_intervals(
-    visits: pl.DataFrame, batch: int, threads: int
-) -> tuple[np.ndarray, str]:
-    """(compute per step of each steady-state interval, how it was found) of workers reading
-    batches of *batch* samples (*visits*: pid, epoch, ts, end µs, one row per sample): the
-    interval between a worker's batch starts over the *threads* workers (see
-    :func:`_worker_intervals`), warm-up intervals left out."""
-    b = visits.sort("pid", "ts").with_columns(
-        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
-    )
-    starts = (
-        b.group_by("pid", "epoch", "batch")
-        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
-        .sort("pid", "t0")
-    )
-    vals, what = _worker_intervals(starts, batch, max(threads, 1), None)
-    warm = _warmup(vals)
-    return vals[warm:], what + (f", {warm} warm-up interval(s) left out" if warm else "")
-
-
-def _worker_intervals(
-    starts: pl.DataFrame, batch: int, threads: int, pauses: pl.DataFrame | None
-) -> tuple[np.ndarray, str]:
-    """(compute per step of each steady-state interval, how it was found): the interval
-    between a worker's batch starts (``starts``: pid, epoch, batch, t0, t1, n) over the
-    ``threads`` workers, the ``pauses`` inside it taken out; the first epoch's (the run's
-    warm-up in them) left out where later epochs have such intervals."""
-    w = max(threads, 1)
-    iv = starts.with_columns(
-        (pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv")
-    )
-    # steady state: from a worker's fourth batch of an epoch on (its first two are the
-    # prefetch burst, the third's interval still runs from the burst)
-    steady = iv.filter(
-        (pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
-    ).sort("t0")
-    first = steady["epoch"].min()
-    if steady["epoch"].n_unique() > 1:  # the first epoch's are warm-up where later ones exist
-        steady = steady.filter(pl.col("epoch") != first)
-    if pauses is not None and pauses.height and steady.height:
-        steady = steady.with_columns(
-            (pl.col("iv") - overlap_us(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias(
-                "iv"
-            )
-        )
-    vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
-    # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
-    # worker idles most of it (a few %); above a quarter the loader sets the pace and the
-    # interval is the loader's period, an upper bound on the compute
-    busy = (
-        _num(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item())
-        if steady.height
-        else 0.0
-    )
-    what = f"median interval between a worker's batch starts / {w} workers" + (
-        f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)"
-        if busy > 0.25
-        else ""
-    )
-    return vals, what
 
 
 #: Fewer steady-state worker intervals than this: the epoch-span bound is taken where it is smaller.

@@ -12,7 +12,14 @@ import polars as pl
 from .infer_batch import idle_gaps
 from .infer_pools import Inferred, as_float
 
-__all__ = ["epoch_span_steps", "overlap_us", "worker_sample_time"]
+__all__ = [
+    "epoch_span_steps",
+    "overlap_us",
+    "steady_batch_intervals",
+    "warmup_count",
+    "worker_intervals",
+    "worker_sample_time",
+]
 
 _US = 1e-6
 
@@ -183,3 +190,78 @@ def _last_epoch_by_checkpoint(
     if last.size != 1:
         return spans, False
     return [*spans[:-1], (e, r, float(last[0]))], True
+
+
+#: as distill's WARMUP_FACTOR: a leading interval longer than this x the median is warm-up
+_WARMUP_FACTOR = 3.0
+
+
+def warmup_count(values: np.ndarray) -> int:
+    """Leading values (in time order) longer than _WARMUP_FACTOR x the median: the first
+    steps of a framework are much slower than its steady state (distill leaves them out too)."""
+    if values.size < 3:
+        return 0
+    slow = values > _WARMUP_FACTOR * float(np.median(values))
+    return int(np.argmin(slow)) if not slow.all() else 0
+
+
+def steady_batch_intervals(
+    visits: pl.DataFrame, batch: int, threads: int
+) -> tuple[np.ndarray, str]:
+    """(compute per step of each steady-state interval, how it was found) of workers reading
+    batches of *batch* samples (*visits*: pid, epoch, ts, end µs, one row per sample): the
+    interval between a worker's batch starts over the *threads* workers (see
+    :func:`worker_intervals`), warm-up intervals left out."""
+    b = visits.sort("pid", "ts").with_columns(
+        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
+    )
+    starts = (
+        b.group_by("pid", "epoch", "batch")
+        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
+        .sort("pid", "t0")
+    )
+    vals, what = worker_intervals(starts, batch, max(threads, 1), None)
+    warm = warmup_count(vals)
+    return vals[warm:], what + (f", {warm} warm-up interval(s) left out" if warm else "")
+
+
+def worker_intervals(
+    starts: pl.DataFrame, batch: int, threads: int, pauses: pl.DataFrame | None
+) -> tuple[np.ndarray, str]:
+    """(compute per step of each steady-state interval, how it was found): the interval
+    between a worker's batch starts (``starts``: pid, epoch, batch, t0, t1, n) over the
+    ``threads`` workers, the ``pauses`` inside it taken out; the first epoch's (the run's
+    warm-up in them) left out where later epochs have such intervals."""
+    w = max(threads, 1)
+    iv = starts.with_columns(
+        (pl.col("t0") - pl.col("t0").shift(1).over("pid", "epoch")).alias("iv")
+    )
+    # steady state: from a worker's fourth batch of an epoch on (its first two are the
+    # prefetch burst, the third's interval still runs from the burst)
+    steady = iv.filter(
+        (pl.col("batch") >= 3) & (pl.col("n") == batch) & pl.col("iv").is_not_null()
+    ).sort("t0")
+    first = steady["epoch"].min()
+    if steady["epoch"].n_unique() > 1:  # the first epoch's are warm-up where later ones exist
+        steady = steady.filter(pl.col("epoch") != first)
+    if pauses is not None and pauses.height and steady.height:
+        steady = steady.with_columns(
+            (pl.col("iv") - overlap_us(steady["t0"] - steady["iv"], steady["t0"], pauses)).alias(
+                "iv"
+            )
+        )
+    vals = (steady["iv"].to_numpy() * _US / w) if steady.height else np.array([])
+    # busy: a worker's batch (first sample's open to last's) over its cycle. A compute-bound
+    # worker idles most of it (a few %); above a quarter the loader sets the pace and the
+    # interval is the loader's period, an upper bound on the compute
+    busy = (
+        as_float(steady.select(((pl.col("t1") - pl.col("t0")) / pl.col("iv")).median()).item())
+        if steady.height
+        else 0.0
+    )
+    what = f"median interval between a worker's batch starts / {w} workers" + (
+        f" (workers busy {busy:.0%} of it: the loader's period, an upper bound)"
+        if busy > 0.25
+        else ""
+    )
+    return vals, what

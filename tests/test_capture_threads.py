@@ -117,7 +117,7 @@ def test_a_child_ends_while_its_threads_read_traced_files(tmp_path: Path, contex
         assert not set(row["own"]) & set(row["reader"]), row  # from another thread
 
 
-SIGNAL_JOB = r'''
+SIGNAL_JOB = r"""
 import ctypes, os, signal, sys
 from dlreplay.capture.inject import hooks
 
@@ -150,7 +150,7 @@ with hooks._signals_held(True):
     print("alive after the signal", flush=True)
 print("after the hold", flush=True)  # only where nothing ends the process at the hold's end
 assert disposition() == before and signal.getsignal(signal.SIGTERM) is table
-'''
+"""
 
 
 @pytest.mark.parametrize(

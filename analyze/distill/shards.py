@@ -5,7 +5,10 @@ A streaming job's loader workers each open a shard, read it through in the libra
 size, and yield many samples from that one open; the map-style reading of the other sections
 ("one item = one file read") would model each shard as one sample. :func:`streamed_shards`
 recognises it: the dataset's files are tar or Arrow shards (their first bytes, else their
-extension) and the loader yields more samples per epoch than it opens shards. It then says:
+extension) and the loader yields more samples per epoch than it opens shards; in a trace
+without the loader's events (DFTracer's POSIX calls alone), every open of a shard read it
+through and a shard holds more than one sample (its headers, or the capture's dataset
+fingerprint, say how many). It then says:
 
 * ``dataset``: format ``tar``/``arrow``, samples and bytes per shard, and the members of each
   sample (``layout.shard_members``: tar members sharing a key, or Arrow columns; the Arrow
@@ -349,35 +352,7 @@ def _reader(
     """The reader of streamed shards: library, split, shuffle buffer, workers (see module doc)."""
     reads = obs.reads.with_columns(pl.col("file").cast(pl.String))
     workers = reads.filter(~pl.col("pid").is_in(obs.consumers))
-    per_rank = (
-        workers.group_by("ppid").agg(pl.col("pid").n_unique().alias("n"))["n"]
-        if workers.height
-        else pl.Series([0])
-    )
-    distinct = int(num(per_rank.max()))
-    # non-persistent workers are new every epoch: each epoch's share of the distinct pids
-    read_threads = distinct
-    persistent = reader.persistent_workers
-    if (
-        distinct
-        and epochs >= 2
-        and obs.posix is not None
-        and obs.posix.persistent.value is not None
-    ):
-        # no loader events: the POSIX inference's word (workers re-forked for every epoch)
-        persistent = bool(obs.posix.persistent.value)
-        read_threads = distinct if persistent else max(1, round(distinct / epochs))
-        facts.put("reader.persistent_workers", obs.posix.persistent.evidence, "inferred")
-    elif distinct and epochs >= 2:
-        persistent = _recurring(workers, obs.epochs)
-        read_threads = distinct if persistent else max(1, round(distinct / epochs))
-        facts.put(
-            "reader.persistent_workers",
-            "shard-reading worker pids reused across epochs"
-            if persistent
-            else "new shard-reading worker pids every epoch",
-            "measured",
-        )
+    read_threads, persistent = _workers(obs, workers, epochs, reader.persistent_workers, facts)
     facts.put("reader.read_threads", "processes reading shards per rank and epoch", "measured")
     library = "pyarrow"
     if fmt == "tar":
@@ -424,6 +399,43 @@ def _reader(
             closes=io.filter(pl.col("name").is_in(CLOSE_OPS)).height / max(samples * epochs, 1),
         ),
     )
+
+
+def _workers(
+    obs: Observed, workers: pl.DataFrame, epochs: int, persistent: bool, facts: Facts
+) -> tuple[int, bool]:
+    """(worker processes reading shards per rank and epoch, whether they persist across epochs):
+    non-persistent workers are new every epoch, so a rank's distinct pids are epochs x its
+    share. Without loader events, whether they persist is the POSIX inference's word."""
+    per_rank = (
+        workers.group_by("ppid").agg(pl.col("pid").n_unique().alias("n"))["n"]
+        if workers.height
+        else pl.Series([0])
+    )
+    distinct = int(num(per_rank.max()))
+    # non-persistent workers are new every epoch: each epoch's share of the distinct pids
+    read_threads = distinct
+    if (
+        distinct
+        and epochs >= 2
+        and obs.posix is not None
+        and obs.posix.persistent.value is not None
+    ):
+        # no loader events: the POSIX inference's word (workers re-forked for every epoch)
+        persistent = bool(obs.posix.persistent.value)
+        read_threads = distinct if persistent else max(1, round(distinct / epochs))
+        facts.put("reader.persistent_workers", obs.posix.persistent.evidence, "inferred")
+    elif distinct and epochs >= 2:
+        persistent = _recurring(workers, obs.epochs)
+        read_threads = distinct if persistent else max(1, round(distinct / epochs))
+        facts.put(
+            "reader.persistent_workers",
+            "shard-reading worker pids reused across epochs"
+            if persistent
+            else "new shard-reading worker pids every epoch",
+            "measured",
+        )
+    return read_threads, persistent
 
 
 def _recurring(reads: pl.DataFrame, spans: pl.DataFrame) -> bool:

@@ -9,6 +9,7 @@ events says nothing of the samples inside a shard.
 
 from __future__ import annotations
 
+import os
 import tarfile
 from pathlib import PurePosixPath
 from typing import Any
@@ -55,8 +56,7 @@ def tar_parts(path: str, limit: int | None = None) -> tuple[int, dict[str, list[
             members += 1
             end = m.offset_data + m.size
             if limit is not None and members >= limit:
-                size = tf.fileobj.seek(0, 2) if tf.fileobj is not None else end
-                return round(len(keys) * size / max(end, 1)), parts
+                return round(len(keys) * os.path.getsize(path) / max(end, 1)), parts
     return len(keys), parts
 
 

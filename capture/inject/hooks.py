@@ -220,26 +220,20 @@ _SETTLE_US = 100_000
 _HOLD_S = 0.5
 
 
-#: Signals that end a process when they arrive, and that a child's end holds while DFTracer
-#: is finalized (:func:`_signals_held`).
+#: Signals that end a process, held at a child's end while DFTracer finalizes (below).
 _ENDING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 @contextmanager
 def _signals_held(child_end: bool) -> Iterator[None]:
     """At a child's end (*child_end*), a signal that would end the process while DFTracer is
-    being finalized arrives after it instead, with the handler it had.
-
-    Why: a DataLoader worker's SIGTERM handler (PyTorch's, in C) calls ``_exit``, which
-    DFTracer intercepts to finalize; a SIGTERM from the parent while the worker's end was
-    inside ``dftracer_fini`` finalized again in the middle of it, and the worker aborted
-    ("terminate called after throwing an instance of 'std::system_error'", "Resource
-    deadlock avoided"; gdb: ``handler_SIGTERM`` → ``_exit_wrapper`` over
-    ``BufferManager::finalize``), in about one Ctrl-C'd traced replay in five. A signal's
-    disposition is the process's, so the signal is caught whichever thread the kernel gives
-    it to; a plain mask would cover only this thread. The disposition is read from the kernel
-    (PyTorch's handler is not in Python's table, which may still name a handler inherited
-    from the parent) and put back byte for byte; an ignored signal is left alone."""
+    being finalized arrives after it, with the handler it had: PyTorch's worker SIGTERM handler
+    (C) calls ``_exit``, which DFTracer intercepts to finalize again inside ``dftracer_fini``
+    (gdb: ``handler_SIGTERM`` → ``_exit_wrapper`` over ``BufferManager::finalize``); the worker
+    aborted, "Resource deadlock avoided", in about one Ctrl-C'd traced replay in seven. The
+    disposition is the process's (a mask would cover this thread only); it is read from the
+    kernel (Python's table may name a handler inherited from the parent) and put back byte for
+    byte; an ignored signal is left alone."""
     if not child_end or threading.current_thread() is not threading.main_thread():
         yield
         return
