@@ -342,3 +342,37 @@ def test_analyze_counts_mapped_reads(
     for suffix in ("md", "html"):
         page = write_report(report, tmp_path / f"report.{suffix}").read_text()
         assert "mapped data" in page and "faulted in from storage" in page
+
+
+MAPPED_POSIX = Path(__file__).resolve().parents[1] / "traces" / "mapped_posix"
+
+
+@pytest.mark.parametrize("name", ["tokens_a", "tokens_b"])
+def test_a_mapped_loop_from_posix_calls_alone(name: str) -> None:
+    """DFTracer's POSIX calls alone (committed captures, traces/make_mapped_traces.py): a loop
+    that maps its token file every batch is one pass of steps (one map each), with validation
+    passes (bursts of maps of the other file) and the files' sizes (from the capture's
+    fingerprint: the token files are not at hand here); the windows are not in such a trace,
+    and distill says so. It was 'N epochs of 1 sample' with no compute: a replay of no time.
+    The two differ in steps, validation interval and batches, and file sizes."""
+    from dlreplay.analyze.distill import distill
+
+    truth = json.loads((MAPPED_POSIX / name / "expected.json").read_text())["truth"]
+    loaded = load_trace(MAPPED_POSIX / name)
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(MAPPED_POSIX / name))
+    access = model.reader.mapped_access
+    assert access is not None
+    assert model.train.epochs == 1 and model.train.steps_per_epoch == truth["steps"]
+    assert access.map_per_step and access.window_bytes == 0  # not in the trace: none kept
+    assert (access.file_bytes, access.eval_file_bytes) == (
+        truth["file_bytes"],
+        truth["eval_file_bytes"],
+    )
+    assert (access.eval_every_steps, access.eval_steps) == (
+        truth["eval_every_steps"],
+        truth["eval_steps"],
+    )
+    assert (model.train.computation_time.mean or 0) > 0
+    fields = model.provenance.fields
+    assert fields["train.computation_time"].confidence == "default"
+    assert "not in such a trace" in fields["reader.mapped_access"].method

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 import dlreplay
 from dlreplay.errors import DlreplayError
-from dlreplay.model import Processes, Provenance, WorkloadModel
+from dlreplay.model import Processes, Provenance, Reader, Train, WorkloadModel
 
 from ..passes.ranks import ranks_of
 from ..trace import vocabulary as voc
@@ -44,7 +45,7 @@ from .dataset import (
     infer_format,
 )
 from .direct import with_direct_io
-from .mapped import with_mapped_access
+from .mapped import posix_mapped_loop, with_mapped_access
 from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
@@ -121,6 +122,9 @@ def distill(
             dataset = replace(dataset, num_files_eval=eval_files)
             reader = replace(reader, batch_size_eval=eval_batch)
     train = with_timing(train, timing)
+    reader, train = _posix_mapped(
+        obs, every, reader, train, data_dirs, fingerprint or _capture_fingerprint(source), facts
+    )
     main_pid = obs.main_pid
     processes = _processes(obs, reader.read_threads, facts)
     if obs.saves.is_empty() and obs.annotated.is_empty():  # DFTracer's preload alone: writes
@@ -154,6 +158,55 @@ def distill(
             notes=facts.notes,
         ),
     )
+
+
+def _posix_mapped(
+    obs: Observed,
+    events: pl.DataFrame,
+    reader: Reader,
+    train: Train,
+    data_dirs: list[str] | None,
+    fingerprint: dict[str, Any] | None,
+    facts: Facts,
+) -> tuple[Reader, Train]:
+    """(reader, train) of a loop that maps its training file every step, where DFTracer's POSIX
+    calls alone show one (:func:`.mapped.posix_mapped_loop`): one pass of its steps, each the
+    interval between two maps; unchanged otherwise."""
+    if reader.mapped_access is not None or obs.has_loader or not obs.mapped:
+        return reader, train
+    roots = tuple(data_dirs or {str(Path(p).parent) for p in obs.paths})
+    mapped = (
+        events.filter(pl.col("name").is_in(["mmap", "mmap64"]) & pl.col("file").is_not_null())
+        .select(pl.col("file").cast(pl.String))
+        .unique()["file"]
+        .to_list()
+    )
+    found = posix_mapped_loop(
+        events, [f for f in mapped if f.startswith(roots)], _listed_sizes(fingerprint), facts
+    )
+    if found is None:
+        return reader, train
+    access, steps, step = found
+    facts.put("train.epochs", "a loop without epochs: one pass of its steps", "default")
+    facts.put("train.steps_per_epoch", "maps of the training file", "inferred")
+    # the map-style reading of the same calls (one epoch per map, DLIO's mapped reader) is gone
+    facts.notes[:] = [n for n in facts.notes if "were memory-mapped (mmap)" not in n]
+    facts.notes[:] = [n for n in facts.notes if not n.startswith("guess: reader.batch_size")]
+    return (
+        replace(reader, mapped_access=access, read_threads=0),
+        replace(train, epochs=1, steps_per_epoch=steps, computation_time=step),
+    )
+
+
+def _listed_sizes(fingerprint: dict[str, Any] | None) -> dict[str, int]:
+    """Path -> bytes of the files a dataset fingerprint lists with their sizes."""
+    out: dict[str, int] = {}
+    for group in (fingerprint or {}).get("groups", []):
+        listed = group.get("file_bytes") if isinstance(group, dict) else None
+        if isinstance(listed, dict):
+            root = str(group.get("root", ""))
+            out.update({str(Path(root) / k): int(v) for k, v in listed.items()})
+    return out
 
 
 def _capture_fingerprint(source: str | None) -> dict[str, Any] | None:

@@ -267,3 +267,94 @@ def _page_size() -> int:
     import mmap
 
     return mmap.PAGESIZE
+
+
+#: Fewest maps of one file by one process for a loop that maps its training file every step.
+MIN_STEP_MAPS = 3
+
+
+def posix_mapped_loop(
+    events: pl.DataFrame, paths: list[str], sizes: dict[str, int], facts: Facts
+) -> tuple[MappedAccess, int, Distribution] | None:
+    """(mapped access, steps, seconds per step) of a loop without a DataLoader that maps its
+    training file anew every step, from DFTracer's POSIX calls alone (no mapped hooks): each
+    ``mmap`` of the file by the one process that maps it is a step's; maps of another file in
+    bursts between them are validation passes. None where the trace shows other than that
+    (workers mapping, samples read, many files: DLIO's mapped reader).
+
+    What such a trace cannot show: the windows taken of each mapping (page faults, no calls).
+    The model keeps none (``window_bytes`` 0: the replay maps and touches nothing, as the
+    storage saw nothing the trace can count), says so, and takes each step's time as the
+    interval between two maps: the windows' page faults, the compute and the loop, a guess.
+    *sizes*: the files' sizes where the capture's fingerprint listed them (path -> bytes)."""
+    maps = (
+        events.filter(pl.col("name").is_in(["mmap", "mmap64"]) & pl.col("file").is_not_null())
+        .with_columns(pl.col("file").cast(pl.String))
+        .filter(pl.col("file").is_in(paths))
+        .sort("ts")
+    )
+    if maps.is_empty() or maps["pid"].n_unique() != 1 or maps["file"].n_unique() > 2:
+        return None
+    per_file = maps.group_by("file").len().sort("len", descending=True)
+    train = str(per_file["file"][0])
+    if int(per_file["len"][0]) < MIN_STEP_MAPS:
+        return None
+    seq = maps.with_columns(
+        is_train=pl.col("file") == train,
+        run=(pl.col("file") != pl.col("file").shift(1)).fill_null(True).cum_sum(),
+    )
+    gaps = seq.with_columns(iv=pl.col("ts").shift(-1) - pl.col("ts"), nxt=pl.col("run").shift(-1))
+    steady = gaps.filter(pl.col("is_train") & (pl.col("run") == pl.col("nxt")))["iv"]
+    if steady.is_empty():
+        return None
+    step = Distribution.from_values(steady.to_numpy() * US)
+    evals = seq.filter(~pl.col("is_train")).group_by("run").agg(pl.len(), pl.col("ts"))
+    access = MappedAccess(file_bytes=_file_bytes(events, train, sizes), map_per_step=True)
+    if evals.height:
+        trains = seq.filter(pl.col("is_train")).group_by("run").len()
+        inner = gaps.filter(~pl.col("is_train") & (pl.col("run") == pl.col("nxt")))["iv"]
+        access = replace(
+            access,
+            eval_file_bytes=_file_bytes(
+                events, str(maps.filter(pl.col("file") != train)["file"][0]), sizes
+            ),
+            eval_every_steps=int(np.median(trains["len"].to_numpy())),
+            eval_steps=int(np.median(evals["len"].to_numpy())),
+            eval_step_time=Distribution.from_values(inner.to_numpy() * US)
+            if inner.len()
+            else Distribution.fixed(0.0),
+        )
+    facts.put(
+        "reader.mapped_access",
+        f"each mmap of {Path(train).name} by the one process mapping it is a step (DFTracer's "
+        "POSIX calls); the windows taken of each mapping are page faults, not in such a trace: "
+        "none kept (window_bytes 0), capture with the loader hooks for them",
+        "inferred",
+    )
+    facts.put(
+        "train.computation_time",
+        "the interval between two maps of the training file: the windows' page faults, the "
+        "compute and the loop (a POSIX trace does not split them)",
+        "default",
+    )
+    facts.notes.append(
+        f"mapped loop without a DataLoader (POSIX calls alone): {int(per_file['len'][0])} steps "
+        f"mapping {Path(train).name}, {evals.height} validation pass(es); the pages each step "
+        "touched are not in the trace, so the replay maps the file and touches none"
+    )
+    return access, int(per_file["len"][0]), step
+
+
+def _file_bytes(events: pl.DataFrame, path: str, sizes: dict[str, int]) -> int:
+    """A file's size: the largest read end on it in the trace, else as the capture's fingerprint
+    listed it, else on disk, else 0."""
+    on = events.filter(pl.col("file").cast(pl.String) == path)
+    ends = on.select((pl.col("offset").fill_null(0) + pl.col("size").fill_null(0)).max()).item()
+    if ends:
+        return int(ends)
+    if path in sizes:
+        return sizes[path]
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0

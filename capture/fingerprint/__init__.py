@@ -157,7 +157,24 @@ def _fingerprint_group(
     group["format"] = formats.most_common(1)[0][0] if formats else None
     group["sampled"] = len(files)
     group["files_sampled"] = files
+    if len(paths) <= LISTED_SIZES:  # a few files, each its own size (a token file and its split)
+        group["file_bytes"] = {
+            (os.path.relpath(f, root) if os.path.isdir(root) else os.path.basename(f)): nbytes
+            for f in paths
+            if (nbytes := _size_or_none(f)) is not None
+        }
     return group
+
+
+#: Groups of at most this many files list each file's size (``file_bytes``: path -> bytes).
+LISTED_SIZES = 64
+
+
+def _size_or_none(path: str) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
 
 
 def fingerprint_dataset(
