@@ -54,6 +54,7 @@ from .infer_pools import (
     worker_pools,
 )
 from .infer_steps import (
+    batch_starts,
     epoch_span_steps,
     overlap_us,
     steady_batch_intervals,
@@ -566,14 +567,7 @@ def _computation_time(
         # workers its pace over each epoch's span; so a replay spends the job's time between
         # samples whatever the batch was (it spent none: epochs a third of the job's)
         batch, guessed = 1, "batch size unknown, taken as 1: "
-    b = visits.sort("pid", "ts").with_columns(
-        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
-    )
-    starts = (
-        b.group_by("pid", "epoch", "batch")
-        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
-        .sort("pid", "t0")
-    )
+    starts = batch_starts(visits, batch)
     preprocess = none
     if threads and guessed:  # a worker's samples come in bursts of the unknown batch: the
         # interval between them is no step; each epoch's span over its samples is the pace

@@ -13,6 +13,7 @@ from .infer_batch import idle_gaps
 from .infer_pools import Inferred, as_float
 
 __all__ = [
+    "batch_starts",
     "epoch_span_steps",
     "overlap_us",
     "steady_batch_intervals",
@@ -205,6 +206,20 @@ def warmup_count(values: np.ndarray) -> int:
     return int(np.argmin(slow)) if not slow.all() else 0
 
 
+def batch_starts(visits: pl.DataFrame, batch: int) -> pl.DataFrame:
+    """Each process's batches of *batch* samples in each epoch, in its visits' order (*visits*:
+    pid, epoch, ts, end µs): pid, epoch, batch, ``t0``/``t1`` (its first visit's start, its
+    last's end), ``n`` samples."""
+    b = visits.sort("pid", "ts").with_columns(
+        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
+    )
+    return (
+        b.group_by("pid", "epoch", "batch")
+        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
+        .sort("pid", "t0")
+    )
+
+
 def steady_batch_intervals(
     visits: pl.DataFrame, batch: int, threads: int
 ) -> tuple[np.ndarray, str]:
@@ -212,15 +227,7 @@ def steady_batch_intervals(
     batches of *batch* samples (*visits*: pid, epoch, ts, end µs, one row per sample): the
     interval between a worker's batch starts over the *threads* workers (see
     :func:`worker_intervals`), warm-up intervals left out."""
-    b = visits.sort("pid", "ts").with_columns(
-        (pl.int_range(pl.len()).over("pid", "epoch") // batch).alias("batch")
-    )
-    starts = (
-        b.group_by("pid", "epoch", "batch")
-        .agg(pl.col("ts").min().alias("t0"), pl.col("end").max().alias("t1"), pl.len().alias("n"))
-        .sort("pid", "t0")
-    )
-    vals, what = worker_intervals(starts, batch, max(threads, 1), None)
+    vals, what = worker_intervals(batch_starts(visits, batch), batch, max(threads, 1), None)
     warm = warmup_count(vals)
     return vals[warm:], what + (f", {warm} warm-up interval(s) left out" if warm else "")
 

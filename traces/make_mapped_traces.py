@@ -12,7 +12,6 @@ a trace cannot see). ``expected.json`` holds the truth, from the job's arguments
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from make_stream_traces import keep_capture  # noqa: E402
 
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
@@ -64,21 +66,12 @@ def make(name: str, work: Path) -> None:
     )
     if res.exit_code != 0:
         raise SystemExit(f"{name}: job failed ({res.exit_code})")
-    dest = HERE / "mapped_posix" / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for f in sorted(out.iterdir()):
-        if f.name.endswith(".pfw.gz") or f.name in ("manifest.json", "dataset-fingerprint.json"):
-            shutil.copy(f, dest / f.name)
     expected = {
         "source": "examples/tokens_memmap.py, dlreplay capture --no-loader-hooks",
         "command": ["examples/tokens_memmap.py", *base[3:]],
         "truth": truth,
     }
-    (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
-    size = sum(p.stat().st_size for p in dest.iterdir())
-    print(f"{name}: {size / 1024:.0f} KiB -> {dest}")
+    keep_capture(out, HERE / "mapped_posix" / name, expected)
 
 
 def main() -> None:

@@ -147,13 +147,6 @@ def make(name: str, work: Path, tries: int = 8) -> None:
         print(f"{name}: no worker read past another rank's next epoch start; again")
     else:
         raise SystemExit(f"{name}: the premise did not show in {tries} captures")
-    dest = HERE / "streams" / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for f in sorted(out.iterdir()):
-        if f.name.endswith(".pfw.gz") or f.name in ("manifest.json", "dataset-fingerprint.json"):
-            shutil.copy(f, dest / f.name)
     torchrun = ["torchrun", "--standalone", "--nproc-per-node", "2"] if launcher else []
     expected = {
         "source": "examples/shards_tar.py, dlreplay capture"
@@ -162,9 +155,21 @@ def make(name: str, work: Path, tries: int = 8) -> None:
         "truth": truth,
         "premise_workers_across_ranks_epochs": premise,
     }
+    keep_capture(out, HERE / "streams" / name, expected, f"premise: {premise} worker(s)")
+
+
+def keep_capture(out: Path, dest: Path, expected: dict[str, Any], more: str = "") -> None:
+    """Copy a capture's trace files, manifest and dataset fingerprint from *out* to *dest* (made
+    anew), with *expected* as its ``expected.json``; says its size."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in sorted(out.iterdir()):
+        if f.name.endswith(".pfw.gz") or f.name in ("manifest.json", "dataset-fingerprint.json"):
+            shutil.copy(f, dest / f.name)
     (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     size = sum(p.stat().st_size for p in dest.iterdir())
-    print(f"{name}: {size / 1024:.0f} KiB -> {dest} (premise: {premise} worker(s))")
+    print(f"{dest.name}: {size / 1024:.0f} KiB -> {dest}" + (f" ({more})" if more else ""))
 
 
 def main() -> None:
