@@ -529,7 +529,9 @@ def test_the_fingerprint_reads_an_arrow_shards_inside(tmp_path):
 STREAMS = REPO / "traces" / "streams"
 
 
-@pytest.mark.parametrize("name", ["posix_tarfile", "posix_wds", "posix_wds_npy", "posix_tar_b3"])
+@pytest.mark.parametrize(
+    "name", ["posix_tarfile", "posix_wds", "posix_wds_npy", "posix_tar_b3", "posix_arrow"]
+)
 def test_shards_streamed_in_a_posix_only_trace(name):
     """DFTracer's POSIX calls alone (committed captures, traces/make_stream_traces.py): the shards
     each read through at every open are streamed shards; their insides come from the capture's
@@ -541,7 +543,7 @@ def test_shards_streamed_in_a_posix_only_trace(name):
     truth, args = expected["truth"], expected["command"]
     loaded = load_trace(STREAMS / name)
     model = distill(loaded.events, manifest=loaded.manifest, source=str(STREAMS / name))
-    assert model.dataset.format == "tar"
+    assert model.dataset.format == truth.get("format", "tar")
     assert model.dataset.num_files == truth["shards"]
     assert model.dataset.num_samples_per_file == truth["samples_per_shard"]
     assert sorted(m.name for m in model.dataset.layout.shard_members) == truth["parts"]

@@ -13,8 +13,10 @@ an ``IterableDataset``), for tests/test_streaming_shards.py.
   the streamed shards and takes their insides from the fingerprint (the shards themselves are
   not at hand where the tests run). They differ in shards (16, 8, 10), samples per shard (12,
   20, 18), members (npy, jpg), workers (3, 2), persistence, library, split, epochs and batch
-  size (4, 8, 6): ``posix_wds``'s samples (small JPEGs) are smaller than its reads, so its
-  batch size does not show (``batch`` null: distill must say it is a guess).
+  size (4, 8, 6, 3): ``posix_wds``'s samples (small JPEGs) are smaller than its reads, and
+  ``posix_wds_npy``'s worker reads a shard's samples in one burst, so their batch size does not
+  show (``batch`` null: distill must say it is a guess). ``posix_arrow``: Arrow IPC shards read
+  with pyarrow (record batches of 6 rows, each read in one call: no batch either).
 
 ``expected.json`` holds the truth, from the jobs' arguments.
 
@@ -95,6 +97,16 @@ TRACES: dict[str, tuple[tuple[str, ...], list[str], bool, dict[str, Any]]] = {
         False,
         {"ranks": 1, "workers_per_rank": 2, "persistent": True, "epochs": 2, "shards": 9,
          "samples_per_shard": 9, "parts": ["cls", "jpg"], "batch": 3},
+    ),
+    "posix_arrow": (
+        (),
+        ["--format", "arrow", "--num-files", "10", "--samples-per-shard", "24"]
+        + ["--sample-bytes", "30000", "--rows-per-batch", "6", "--workers", "2"]
+        + ["--batch-size", "4", "--reader", "pyarrow", "--split", "interleaved", "--epochs", "3"]
+        + ["--compute-scale", "2"],
+        False,
+        {"ranks": 1, "workers_per_rank": 2, "persistent": False, "epochs": 3, "shards": 10,
+         "samples_per_shard": 24, "parts": ["data", "key", "label"], "batch": None, "format": "arrow"},
     ),
 }  # fmt: skip
 
