@@ -9,8 +9,9 @@ Two kinds of real runs, each distilled without its configuration:
 
 The grid: workers 0, 1, 2, 4, 8; persistent workers on/off; samples per file 1, 2, 4, 8, 16;
 batch 1..64; shuffle on/off; 1 and 2 ranks (DLIO under mpiexec); checkpoints on/off; the
-formats the examples write (npz, hdf5 per sample and one HDF5 file of tiles, jpeg, png) and
-DLIO's npz, hdf5, jpeg and indexed_binary. The design is fractional and balanced: for each
+formats the examples write (npz, hdf5 per sample and one HDF5 file of tiles, jpeg, png, tar
+shards streamed by an ``IterableDataset`` through tarfile or webdataset) and DLIO's npz, hdf5,
+jpeg and indexed_binary. The design is fractional and balanced: for each
 source its factors' levels are dealt out in seeded permutations, so every level of every
 factor appears about equally often; interactions are sampled, not crossed. Levels a source
 cannot take are mapped to the nearest it can (the examples' npz/jpeg files hold one sample,
@@ -69,6 +70,7 @@ SOURCES: dict[str, int] = {
     "tiles_h5": 24,
     "resnet_jpeg": 16,
     "resnet_png": 8,
+    "shards_tar": 16,
     "dlio_npz": 16,
     "dlio_hdf5": 16,
     "dlio_jpeg": 16,
@@ -139,6 +141,8 @@ def _feasible(c: dict[str, Any]) -> dict[str, Any]:
         c["ranks"] = 1
         if s in ("unet3d_npz", "resnet_jpeg", "resnet_png"):
             c["spf"] = 1
+        if s == "shards_tar":  # a shard of one sample is a file per sample
+            c["spf"] = max(c["spf"], 2)
     if c["workers"] == 0:
         c["persistent"] = False
     return c
@@ -225,6 +229,58 @@ def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
         "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
         "checkpoint.enabled": c["checkpoint"],
         "train.computation_time": tail[len(tail) // 2] if tail else None,
+    }
+
+
+def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
+    """Capture ``examples/shards_tar.py`` POSIX-only: tar shards of ``spf`` samples of 30 kB
+    (two of tarfile's reads and more) streamed by an ``IterableDataset``; ``shuffle`` picks the
+    library (an ``IterableDataset`` has no sampler to shuffle): webdataset, else tarfile; the
+    split alternates with the batch size. Returns the truth from its report and its shards."""
+    from dlreplay.capture import CaptureConfig, run_capture
+
+    data = job / "data"
+    files = max(_files(c), c["workers"], 1)  # every worker a shard at least
+    args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
+    args += ["--num-files", str(files), "--samples-per-shard", str(c["spf"])]
+    args += ["--sample-bytes", "30000", "--threads", "1"]
+    args += ["--reader", "webdataset" if c["shuffle"] else "tarfile"]
+    args += ["--split", "contiguous" if c["batch"] in (2, 8, 32) else "interleaved"]
+    if c["persistent"] and c["workers"]:
+        args.append("--persistent-workers")
+    if c["checkpoint"]:
+        args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
+    report = job / "report.json"
+    base = [sys.executable, str(REPO / "examples" / "shards_tar.py"), "--data-dir", str(data)]
+    base += [*args, "--quiet"]
+    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
+    res = run_capture(
+        CaptureConfig(
+            command=(*base, "--report", str(report)),
+            out=job / "trace",
+            data_dirs=(str(data), str(job / "ckpt")) if c["checkpoint"] else (str(data),),
+            name=c["name"],
+            loader_hooks=False,
+        )
+    )
+    if res.exit_code != 0:
+        raise RuntimeError(f"job failed ({res.exit_code})")
+    rep = json.loads(report.read_text())
+    steps = sorted((rep.get("step_compute_s") or [])[1:])
+    shards = sorted(data.glob("*.tar"))
+    return {
+        "train.epochs": rep["epochs"],
+        "reader.read_threads": c["workers"],
+        "dataset.num_samples_per_file": c["spf"],
+        "dataset.num_files": len(shards),
+        "reader.batch_size": c["batch"],
+        "dataset.format": "tar",
+        "reader.persistent_workers": c["persistent"] if c["workers"] else None,
+        "processes.ranks": 1,
+        "reader.sample_shuffle": "off",
+        "checkpoint.enabled": c["checkpoint"],
+        "dataset.record_length": float(np.mean([p.stat().st_size for p in shards])) / c["spf"],
+        "train.computation_time": steps[len(steps) // 2] if steps else None,
     }
 
 
@@ -353,7 +409,7 @@ def distilled(trace: Path, posix_only: bool) -> dict[str, Any]:
         ev = ev.filter(pl.col("cat").is_in(["POSIX", "STDIO"])).with_columns(
             pl.lit(None, pl.String).alias("role")
         )
-    model = distill(ev, manifest=lt.manifest)
+    model = distill(ev, manifest=lt.manifest, source=str(trace))  # as `dlreplay distill DIR`
     f = model.provenance.fields
     out = {}
     for path in FIELDS:
@@ -387,6 +443,8 @@ def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         if c["source"].startswith("dlio_"):
             truth = run_dlio_job(c, job, venv)
+        elif c["source"] == "shards_tar":
+            truth = run_shards(c, job)
         else:
             truth = run_example(c, job)
         result = {**SCHEMA, "config": c, "truth": truth, "run_s": round(time.monotonic() - t0, 1)}
