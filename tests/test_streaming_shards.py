@@ -530,7 +530,16 @@ STREAMS = REPO / "traces" / "streams"
 
 
 @pytest.mark.parametrize(
-    "name", ["posix_tarfile", "posix_wds", "posix_wds_npy", "posix_tar_b3", "posix_arrow"]
+    "name",
+    [
+        "posix_tarfile",
+        "posix_wds",
+        "posix_wds_npy",
+        "posix_tar_b3",
+        "posix_arrow",
+        "posix_whole_shards",
+        "posix_w0",
+    ],
 )
 def test_shards_streamed_in_a_posix_only_trace(name):
     """DFTracer's POSIX calls alone (committed captures, traces/make_stream_traces.py): the shards
@@ -552,7 +561,10 @@ def test_shards_streamed_in_a_posix_only_trace(name):
     assert model.reader.read_threads == truth["workers_per_rank"]
     assert model.reader.persistent_workers is truth["persistent"]
     assert model.reader.open_per_sample is False
-    assert model.reader.streaming.split == args[args.index("--split") + 1]
+    if truth["workers_per_rank"] > 1:  # one reader reads every shard in order: either split
+        assert model.reader.streaming.split == args[args.index("--split") + 1]
+    else:
+        assert model.provenance.fields["reader.streaming.split"].confidence == "default"
     assert model.reader.streaming.library == args[args.index("--reader") + 1]
     fields = model.provenance.fields
     if truth["batch"] is None:  # not in this trace: said so
@@ -562,6 +574,8 @@ def test_shards_streamed_in_a_posix_only_trace(name):
         assert model.reader.batch_size == truth["batch"]
         assert fields["reader.batch_size"].confidence == "inferred"
         assert "streamed shards" in fields["reader.batch_size"].method
+        if truth["batch"] % truth["samples_per_shard"] == 0:  # whole shards: in the opens
+            assert "shard(s) a batch" in fields["reader.batch_size"].method
     assert fields["reader.streaming.shuffle_buffer"].confidence == "default"
 
 

@@ -17,6 +17,9 @@ an ``IterableDataset``), for tests/test_streaming_shards.py.
   ``posix_wds_npy``'s worker reads a shard's samples in one burst, so their batch size does not
   show (``batch`` null: distill must say it is a guess). ``posix_arrow``: Arrow IPC shards read
   with pyarrow (record batches of 6 rows, each read in one call: no batch either).
+  ``posix_whole_shards``, ``posix_w0``: batches of whole shards (4 shards of 4, 2 of 8 samples),
+  read by one worker re-forked every epoch and by the consumer itself: the batch is the period
+  of the shards' opens times the samples per shard; no workers is 0, not 1.
 
 ``expected.json`` holds the truth, from the jobs' arguments.
 
@@ -107,6 +110,26 @@ TRACES: dict[str, tuple[tuple[str, ...], list[str], bool, dict[str, Any]]] = {
         False,
         {"ranks": 1, "workers_per_rank": 2, "persistent": False, "epochs": 3, "shards": 10,
          "samples_per_shard": 24, "parts": ["data", "key", "label"], "batch": None, "format": "arrow"},
+    ),
+    # batches of whole shards: the batch's end is a shard's open (the period is in the shards)
+    "posix_whole_shards": (
+        (),
+        ["--num-files", "16", "--samples-per-shard", "4", "--sample-bytes", "30000"]
+        + ["--workers", "1", "--batch-size", "16", "--reader", "tarfile"]
+        + ["--split", "contiguous", "--epochs", "3"],
+        False,
+        {"ranks": 1, "workers_per_rank": 1, "persistent": False, "epochs": 3, "shards": 16,
+         "samples_per_shard": 4, "parts": ["cls", "npy"], "batch": 16},
+    ),
+    # the consumer streams its shards itself (no workers), 2 shards a batch
+    "posix_w0": (
+        (),
+        ["--num-files", "8", "--samples-per-shard", "8", "--sample-bytes", "30000"]
+        + ["--workers", "0", "--batch-size", "16", "--reader", "tarfile"]
+        + ["--split", "interleaved", "--epochs", "2"],
+        False,
+        {"ranks": 1, "workers_per_rank": 0, "persistent": False, "epochs": 2, "shards": 8,
+         "samples_per_shard": 8, "parts": ["cls", "npy"], "batch": 16},
     ),
 }  # fmt: skip
 

@@ -499,6 +499,14 @@ def _recurring(reads: pl.DataFrame, spans: pl.DataFrame) -> bool:
     return bool((per["n"] > 1).any())
 
 
+def _one_reader_at_a_time(reads: pl.DataFrame) -> bool:
+    """Whether the processes reading shards never overlap in time (one worker, or a consumer
+    reading itself, in each epoch; re-forked workers follow one another)."""
+    spans = reads.group_by("pid").agg(pl.col("ts").min().alias("a"), pl.col("ts").max().alias("b"))
+    spans = spans.sort("a")
+    return bool((spans["a"].shift(-1) > spans["b"]).fill_null(True).all())
+
+
 def _split(reads: pl.DataFrame, paths: list[str]) -> tuple[str, str, str]:
     """(split, how it was found, confidence): each reading process's shards (indices in the
     sorted shard list) are R*W apart (interleaved) or adjacent (contiguous)."""
@@ -513,6 +521,13 @@ def _split(reads: pl.DataFrame, paths: list[str]) -> tuple[str, str, str]:
     if per.is_empty():
         return "interleaved", "every process read one shard: the split does not show", "default"
     readers = reads["pid"].n_unique()
+    if _one_reader_at_a_time(reads):
+        # one reader a rank reads every shard in order: interleaved and contiguous alike
+        return (
+            "interleaved",
+            "one process read the shards at a time: the split does not show",
+            "default",
+        )
     gaps = per["gaps"]
     if bool((gaps == 1).all()):
         return "contiguous", "each process read adjacent shards", "measured"
