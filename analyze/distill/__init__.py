@@ -109,8 +109,9 @@ def distill(
     obs = observe(events, data_dirs, fingerprint, source, facts)
     dataset = dataset_section(obs, facts, fingerprint, fingerprint_origin, source)
     reader = reader_section(obs, dataset, facts)
+    shard_doc = fingerprint or _capture_fingerprint(source)  # the shards' and files' insides
     dataset, reader, obs.posix = streamed_shards(  # IterableDataset over shards
-        obs, dataset, reader, facts, fingerprint or _capture_fingerprint(source)
+        obs, dataset, reader, facts, shard_doc
     )
     reader = with_mapped_access(reader, every, source, facts)
     reader = with_direct_io(reader, obs, source, facts)  # O_DIRECT in the open flags
@@ -122,9 +123,7 @@ def distill(
             dataset = replace(dataset, num_files_eval=eval_files)
             reader = replace(reader, batch_size_eval=eval_batch)
     train = with_timing(train, timing)
-    reader, train = _posix_mapped(
-        obs, every, reader, train, data_dirs, fingerprint or _capture_fingerprint(source), facts
-    )
+    reader, train = _posix_mapped(obs, every, reader, train, data_dirs, shard_doc, facts)
     main_pid = obs.main_pid
     processes = _processes(obs, reader.read_threads, facts)
     if obs.saves.is_empty() and obs.annotated.is_empty():  # DFTracer's preload alone: writes

@@ -87,8 +87,8 @@ def streamed_shards(
 ) -> tuple[Dataset, Reader, PosixLoop | None]:
     """(dataset, reader, the POSIX loop) modelling streamed shards when the trace shows them (see
     module doc); unchanged otherwise. The POSIX loop (a trace without loader events) is the
-    inference's, seen through the streamed samples where their batches show. *fingerprint*: the dataset fingerprint, for the shards' insides where
-    the files are not at hand."""
+    inference's, seen through the streamed samples where their batches show. *fingerprint*:
+    the dataset fingerprint, for the shards' insides where the files are not at hand."""
     fmt = shard_format(obs.paths)
     posix_only = not obs.has_loader
     if fmt is None or obs.reads.is_empty() or (posix_only and obs.posix is None):
@@ -221,7 +221,8 @@ def _streamed_batch(
             "inferred",
         )
         return replace(reader, batch_size=shards * spf), posix
-    if reader.batch_size != 1 or facts.fields["reader.batch_size"].confidence != "default":
+    said = facts.fields.get("reader.batch_size")
+    if reader.batch_size != 1 or said is None or said.confidence != "default":
         facts.put(
             "reader.batch_size",
             "streamed shards: no batch in the samples' reads, nor a whole number of shards a "
