@@ -591,3 +591,13 @@ def test_a_posix_only_trace_takes_the_shards_inside_from_the_fingerprint():
     assert spf == 20 and sorted(m.name for m in members) == ["cls", "jpg"]
     assert "fingerprint" in where
     assert _inside(["/nonexistent/shard-00000.tar"], "tar", None) is None
+
+
+def test_a_damaged_fingerprint_entry_is_skipped_not_trusted():
+    from dlreplay.analyze.distill.shards import _inside
+
+    doc = json.loads((STREAMS / "posix_wds" / "dataset-fingerprint.json").read_text())
+    for group in doc["groups"]:
+        for entry in group["files_sampled"]:
+            entry["parts"] = {"jpg": ["x", None]}
+    assert _inside(["/nonexistent/shard-00000.tar"], "tar", doc) is None

@@ -204,7 +204,9 @@ def _listed_sizes(fingerprint: dict[str, Any] | None) -> dict[str, int]:
         listed = group.get("file_bytes") if isinstance(group, dict) else None
         if isinstance(listed, dict):
             root = str(group.get("root", ""))
-            out.update({str(Path(root) / k): int(v) for k, v in listed.items()})
+            out.update(
+                {str(Path(root) / k): v for k, v in listed.items() if isinstance(v, int) and v >= 0}
+            )
     return out
 
 

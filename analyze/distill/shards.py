@@ -352,10 +352,15 @@ def _inside(
     if not counts:
         where = "the dataset fingerprint's shards (the files are not at hand)"
         for entry in _fingerprinted(fingerprint, fmt):
+            try:  # a damaged document's entry is skipped, not trusted
+                got_parts = {str(k): [int(v) for v in vs] for k, vs in entry["parts"].items()}
+                got_rows = [int(v) for v in entry.get("rows_per_batch", [])]
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
             counts.append(int(entry["samples"]))
-            for name, sizes in entry.get("parts", {}).items():
-                parts.setdefault(str(name), []).extend(int(v) for v in sizes)
-            rows.extend(int(v) for v in entry.get("rows_per_batch", []))
+            for name, sizes in got_parts.items():
+                parts.setdefault(name, []).extend(sizes)
+            rows.extend(got_rows)
     if not counts or not parts:
         return None
     spf = int(np.bincount(counts).argmax())
