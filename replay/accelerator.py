@@ -105,8 +105,11 @@ def make_loader(plan: RankPlan) -> Any:
 
 
 def _loader_events_from_hooks(plan: RankPlan) -> bool:
-    """A traced torch replay: the capture hooks emit epoch/fetch/step for the DataLoader."""
-    if plan.loader != "torch":
+    """A traced replay through PyTorch's DataLoader (the torch loader, or streamed shards,
+    whose loader is always one): the capture hooks emit epoch/fetch/step for it. A streamed
+    replay of a model whose loader is not PyTorch's (a POSIX-only trace's) wrote each epoch
+    twice, its own and the hooks' (compare then counted 6 epochs of 3)."""
+    if plan.loader != "torch" and plan.model.dataset.format not in SHARD_FORMATS:
         return False
     from .torchloader import loader_events_from_hooks
 

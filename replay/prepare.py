@@ -18,7 +18,7 @@ from dlreplay.errors import InUseError
 from dlreplay.model import WorkloadModel
 from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir, share_directory
 
-from .common import ReplayError, dataset_digest, read_dataset_manifest
+from .common import SHARD_FORMATS, ReplayError, dataset_digest, read_dataset_manifest
 from .direct import direct_plan
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
 from .loader import WorkerSpec
@@ -125,6 +125,15 @@ def choose_loader(config: ReplayConfig) -> tuple[str, str]:
     """(``torch`` | ``builtin``, why) for this replay (see :class:`ReplayConfig`)."""
     m = config.model
     have_torch = importlib.util.find_spec("torch") is not None
+    if m.dataset.format in SHARD_FORMATS:  # the streaming loader is PyTorch's, whatever the model
+        if not have_torch:
+            raise ReplayError(
+                f"{m.dataset.format} shards are streamed through PyTorch's DataLoader: torch is "
+                "not importable here; install dlreplay[torch] (torch==2.13.0)"
+            )
+        return "torch", "streamed shards: PyTorch's DataLoader over an IterableDataset" + (
+            " (--loader builtin does not apply)" if config.loader == "builtin" else ""
+        )
     if config.loader == "builtin":
         return "builtin", "--loader builtin"
     if config.loader == "torch":

@@ -601,3 +601,20 @@ def test_a_damaged_fingerprint_entry_is_skipped_not_trusted():
         for entry in group["files_sampled"]:
             entry["parts"] = {"jpg": ["x", None]}
     assert _inside(["/nonexistent/shard-00000.tar"], "tar", doc) is None
+
+
+def test_a_posix_only_streamed_model_replays_through_torch_with_one_epoch_each(tmp_path):
+    """A model distilled from POSIX calls alone has a 'native' loader; its shards still stream
+    through PyTorch's DataLoader, and the replay says so. Its trace has one epoch event per
+    epoch: the hooks' (the replay's own had come too, and compare counted 4 epochs of 2)."""
+    from dlreplay.replay.prepare import choose_loader
+
+    loaded = load_trace(STREAMS / "posix_w0")
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(STREAMS / "posix_w0"))
+    assert model.reader.data_loader != "pytorch"
+    cfg = ReplayConfig(model=model, data_dir=tmp_path / "data", out=tmp_path / "out", trace=True)
+    assert choose_loader(cfg)[0] == "torch"
+    assert run_replay(cfg).complete
+    events = load_trace(tmp_path / "out").events
+    epochs = events.filter((pl.col("cat") == "pipeline") & (pl.col("name") == "epoch"))
+    assert epochs.height == model.train.epochs == 2
