@@ -171,13 +171,35 @@ def _files(c: dict[str, Any]) -> int:
 # ---------------------------------------------------------------------------- examples
 
 
-def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
-    """Capture the example job POSIX-only; returns the truth from its report."""
+def _capture_posix(c: dict[str, Any], job: Path, script: str, args: list[str]) -> dict[str, Any]:
+    """Generate the dataset of ``examples/<script>.py`` with *args* in ``job/data``, capture the
+    job POSIX-only into ``job/trace`` and return its report."""
     from dlreplay.capture import CaptureConfig, run_capture
 
+    data, report = job / "data", job / "report.json"
+    base = [sys.executable, str(REPO / "examples" / f"{script}.py"), "--data-dir", str(data)]
+    base += [*args, "--quiet"]
+    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
+    res = run_capture(
+        CaptureConfig(
+            command=(*base, "--report", str(report)),
+            out=job / "trace",
+            # the checkpoint directory too where the job writes one: a POSIX-only trace of the
+            # data directory alone cannot show a checkpoint (DFTRACER_DATA_DIR=all would)
+            data_dirs=(str(data), str(job / "ckpt")) if c["checkpoint"] else (str(data),),
+            name=c["name"],
+            loader_hooks=False,
+        )
+    )
+    if res.exit_code != 0:
+        raise RuntimeError(f"job failed ({res.exit_code})")
+    return json.loads(report.read_text())
+
+
+def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
+    """Capture the example job POSIX-only; returns the truth from its report."""
     s = c["source"]
     script = {"resnet_png": "resnet_jpeg"}.get(s, s)
-    data = job / "data"
     files = _files(c)
     args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
     args += ["--shuffle" if c["shuffle"] else "--no-shuffle", "--num-files"]
@@ -195,24 +217,7 @@ def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
         args.append("--persistent-workers")
     if c["checkpoint"]:
         args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
-    report = job / "report.json"
-    base = [sys.executable, str(REPO / "examples" / f"{script}.py"), "--data-dir", str(data)]
-    base += [*args, "--quiet"]
-    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
-    res = run_capture(
-        CaptureConfig(
-            command=(*base, "--report", str(report)),
-            out=job / "trace",
-            # the checkpoint directory too where the job writes one: a POSIX-only trace of the
-            # data directory alone cannot show a checkpoint (DFTRACER_DATA_DIR=all would)
-            data_dirs=(str(data), str(job / "ckpt")) if c["checkpoint"] else (str(data),),
-            name=c["name"],
-            loader_hooks=False,
-        )
-    )
-    if res.exit_code != 0:
-        raise RuntimeError(f"job failed ({res.exit_code})")
-    rep = json.loads(report.read_text())
+    rep = _capture_posix(c, job, script, args)
     steps = rep.get("step_compute_s") or []
     tail = sorted(steps[1:] or steps)
     return {
@@ -237,8 +242,6 @@ def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
     (two of tarfile's reads and more) streamed by an ``IterableDataset``; ``shuffle`` picks the
     library (an ``IterableDataset`` has no sampler to shuffle): webdataset, else tarfile; the
     split alternates with the batch size. Returns the truth from its report and its shards."""
-    from dlreplay.capture import CaptureConfig, run_capture
-
     data = job / "data"
     files = max(_files(c), c["workers"], 1)  # every worker a shard at least
     args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
@@ -250,22 +253,7 @@ def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
         args.append("--persistent-workers")
     if c["checkpoint"]:
         args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
-    report = job / "report.json"
-    base = [sys.executable, str(REPO / "examples" / "shards_tar.py"), "--data-dir", str(data)]
-    base += [*args, "--quiet"]
-    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
-    res = run_capture(
-        CaptureConfig(
-            command=(*base, "--report", str(report)),
-            out=job / "trace",
-            data_dirs=(str(data), str(job / "ckpt")) if c["checkpoint"] else (str(data),),
-            name=c["name"],
-            loader_hooks=False,
-        )
-    )
-    if res.exit_code != 0:
-        raise RuntimeError(f"job failed ({res.exit_code})")
-    rep = json.loads(report.read_text())
+    rep = _capture_posix(c, job, "shards_tar", args)
     steps = sorted((rep.get("step_compute_s") or [])[1:])
     shards = sorted(data.glob("*.tar"))
     return {

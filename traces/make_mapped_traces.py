@@ -11,7 +11,6 @@ a trace cannot see). ``expected.json`` holds the truth, from the job's arguments
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from make_stream_traces import keep_capture  # noqa: E402
+from make_stream_traces import keep_capture, run_makers  # noqa: E402
 
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
@@ -75,13 +74,7 @@ def make(name: str, work: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default=None)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-mapped-traces"))
-    a = ap.parse_args()
-    for name in TRACES:
-        if a.only in (None, name):
-            make(name, a.work)
+    run_makers(__doc__ or "", TRACES, make, "/tmp/dlreplay-mapped-traces")
 
 
 if __name__ == "__main__":

@@ -207,14 +207,20 @@ def keep_capture(out: Path, dest: Path, expected: dict[str, Any], more: str = ""
     print(f"{dest.name}: {size / 1024:.0f} KiB -> {dest}" + (f" ({more})" if more else ""))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_makers(doc: str, names: Any, make_one: Any, work: str) -> None:
+    """The makers' command line: ``[--only NAME] [--work DIR]``, then *make_one(name, work)* for
+    each of *names* (or the one asked for)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--only", default=None)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/dlreplay-stream-traces"))
+    ap.add_argument("--work", type=Path, default=Path(work))
     a = ap.parse_args()
-    for name in TRACES:
+    for name in names:
         if a.only in (None, name):
-            make(name, a.work)
+            make_one(name, a.work)
+
+
+def main() -> None:
+    run_makers(__doc__ or "", TRACES, make, "/tmp/dlreplay-stream-traces")
 
 
 if __name__ == "__main__":
