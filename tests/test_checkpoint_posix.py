@@ -6,7 +6,9 @@ the opens and closes) of files outside the dataset, marked inferred, never measu
 Real traces that differ in each inferred parameter: checkpoints per run (3, 4, 5, 6, 8, 16),
 files per checkpoint (DCP's shards and ``.metadata`` of 2 ranks or 1, DLIO's model and layer
 files, one ``torch.save`` file), bytes, fsync, the interval (every 2, 3 or 4 steps, every
-epoch) and the restore at start (traces/checkpoint_posix/, made by
+epoch) and the restore at start, and what is written beside them (a capture of every file of a
+torchrun job: its report and the launcher's small files, and rank 0 saving after the other rank
+began its next epoch) (traces/checkpoint_posix/, made by
 traces/make_checkpoint_traces.py; traces/dlio_jpeg_ckpt and traces/npz_checkpoint seen
 through their POSIX events). Traces with no writes say "no checkpoints" (inferred); captures
 that traced only the data directories say they cannot tell (a guess).
@@ -76,6 +78,7 @@ VARIANTS = [
     "checkpoint_posix/dcp_r2_fsync",
     "checkpoint_posix/dcp_r1_every3",
     "checkpoint_posix/torch_every_epoch",
+    "checkpoint_posix/torchrun_every_epoch",
     "checkpoint_posix/dlio_r2",
     "dlio_jpeg_ckpt",
     "npz_checkpoint",

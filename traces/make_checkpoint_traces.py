@@ -57,7 +57,20 @@ TRACES: dict[str, tuple[tuple[str, ...], str, list[str], list[str] | None]] = {
         + ["--workers", "2", "--epochs", "3", "--checkpoint-every-epoch"],
         None,
     ),
+    # torchrun, 2 ranks of 2 persistent workers each, rank 0 torch.save's after every epoch,
+    # every file traced (a capture without --data-dir: the job's report and the launcher's
+    # small files are written beside the checkpoints); the other rank begins its next epoch
+    # before rank 0's save (retried until it does)
+    "torchrun_every_epoch": (
+        TORCHRUN,
+        "ddp_torchrun",
+        [*SMALL, "--workers", "2", "--persistent-workers", "--epochs", "3", "--by-path"]
+        + ["--checkpoint-every-epoch"],
+        None,
+    ),
 }
+#: captures of every file, not only the data and checkpoint directories
+EVERY_FILE = {"torchrun_every_epoch"}
 
 
 def _truth(script: str, rep: dict[str, Any], pre: bool) -> dict[str, Any]:
@@ -87,13 +100,40 @@ def _truth(script: str, rep: dict[str, Any], pre: bool) -> dict[str, Any]:
         "steps_between_checkpoints": None,
         "epochs_between_checkpoints": 1,
         "checkpoint_after_epoch": 1,
-        "ranks": 1,
+        "ranks": rep.get("world_size", 1),
         "read_at_start": False,
         "writes_visible": False,
     }
 
 
-def make(name: str, work: Path) -> None:
+def make(name: str, work: Path, tries: int = 10) -> None:
+    """Capture *name* into *work* and keep it; a capture whose premise does not show is made
+    again, up to *tries* times."""
+    for _ in range(tries):
+        if _capture(name, work):
+            return
+    raise SystemExit(f"{name}: the premise did not show in {tries} captures")
+
+
+def _saved_in_the_next_epoch(trace: Path) -> bool:
+    """Whether a save (a checkpoint file's open) began after another rank had begun the next
+    epoch's reads: the whole job's epochs put it inside that epoch."""
+    import polars as pl
+
+    from dlreplay.analyze import load_trace
+    from dlreplay.analyze.distill.base import Facts
+    from dlreplay.analyze.distill.observe import observe
+
+    ev = load_trace(trace).events
+    spans = sorted(a for _, a, _ in observe(ev, None, None, str(trace), Facts()).posix.epoch_spans)
+    saves = ev.filter(
+        pl.col("name").cast(pl.String).str.starts_with("fopen")
+        & pl.col("file").cast(pl.String).str.contains("/ck/")
+    )["ts"].sort()
+    return any(k + 1 < len(spans) and t > spans[k + 1] for k, t in enumerate(saves.to_list()))
+
+
+def _capture(name: str, work: Path) -> bool:
     launcher, script, args, pre = TRACES[name]
     job = work / name
     if job.exists():
@@ -109,7 +149,7 @@ def make(name: str, work: Path) -> None:
         CaptureConfig(
             command=tuple(cmd),
             out=out,
-            data_dirs=(str(data), str(ck)),
+            data_dirs=() if name in EVERY_FILE else (str(data), str(ck)),
             name=name,
             loader_hooks=False,
             cwd=job,
@@ -117,6 +157,8 @@ def make(name: str, work: Path) -> None:
     )
     if res.exit_code != 0:
         raise SystemExit(f"{name}: job failed ({res.exit_code})")
+    if name in EVERY_FILE and not _saved_in_the_next_epoch(out):
+        return False
     rep = json.loads(report.read_text())
     _keep(
         name,
@@ -127,6 +169,7 @@ def make(name: str, work: Path) -> None:
             "checkpoint": _truth(script, rep, pre is not None),
         },
     )
+    return True
 
 
 def _keep(name: str, trace: Path, expected: dict[str, Any]) -> None:

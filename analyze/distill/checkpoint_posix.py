@@ -100,12 +100,14 @@ def posix_checkpoints(
             facts.put("checkpoint.enabled", f"no writes {how}: no checkpoints", "inferred")
         return Checkpoint(enabled=False)
     files = ckpt["file"].unique().to_list()
-    starts = ckpt.group_by("ckpt").agg(pl.col("ts").min())["ts"].sort().to_list()
+    first = ckpt.sort("ts").group_by("ckpt", maintain_order=True).first()
+    starts = first["ts"].to_list()
+    spans = _savers_epochs(events, paths, epoch_spans, first["pid"].unique().to_list())
     root = _folder(files)
     return Checkpoint(
         enabled=True,
         **_sizes(events, ckpt, facts),
-        **_schedule(starts, epoch_spans, steps_per_epoch, facts),
+        **_schedule(starts, spans, steps_per_epoch, facts),
         **_restore(events, paths, root, facts),
         fsync=events.filter(pl.col("name").is_in(SYNC_OPS) & pl.col("file").is_in(files)).height
         > 0,
@@ -280,8 +282,11 @@ def _bursts(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
 
 def _checkpoint_bursts(bursts: pl.DataFrame) -> pl.DataFrame | None:
     """The bursts that make checkpoints, each with ``ckpt`` (0-based), or None: the k-th
-    burst of every (pid, name pattern) written as often as the pattern of the most bytes (of
-    the most opens when no write is visible); with visible writes, only files written."""
+    burst of every (pid, name pattern) written as often as the pattern of the most bytes,
+    only files written, when they weigh enough; else, where ``torch.save`` wrote them unseen,
+    the k-th burst of every pattern opened as often as the pattern opened most often without
+    a visible write (twice or more). A small file written beside them (a report, a
+    launcher's marker) does not hide unseen checkpoints: both kinds are weighed apart."""
     if bursts.is_empty():
         return None
     keyed = bursts.with_columns(
@@ -291,16 +296,54 @@ def _checkpoint_bursts(bursts: pl.DataFrame) -> pl.DataFrame | None:
         pl.len().over("pid", "pattern").alias("times"),
         pl.col("bytes").sum().over("pid", "pattern").alias("key_bytes"),
     )
-    top = keyed.sort(["key_bytes", "times"], descending=True)
-    n, seen = int(top["times"][0]), int(top["key_bytes"][0]) > 0
-    ckpt = keyed.filter((pl.col("times") == n) & ((pl.col("key_bytes") > 0) | (not seen)))
-    per = ckpt.group_by("ckpt").agg(pl.col("bytes").sum())
-    least = int(num(per["bytes"].min()))
-    if not seen and n >= 2:  # the writes are not visible: repeated opens of files nobody read
-        return ckpt.drop("pattern", "times", "key_bytes")
-    if (n >= 2 and least >= MIN_REPEATED_CHECKPOINT_BYTES) or least > CHECKPOINT_WRITE_BYTES:
-        return ckpt.drop("pattern", "times", "key_bytes")
+    drop = ("pattern", "times", "key_bytes")
+    seen = keyed.filter(pl.col("key_bytes") > 0)
+    if not seen.is_empty():
+        n = int(num(seen.sort(["key_bytes", "times"], descending=True)["times"][0]))
+        ckpt = seen.filter(pl.col("times") == n)
+        least = int(num(ckpt.group_by("ckpt").agg(pl.col("bytes").sum())["bytes"].min()))
+        if (n >= 2 and least >= MIN_REPEATED_CHECKPOINT_BYTES) or least > CHECKPOINT_WRITE_BYTES:
+            return ckpt.drop(drop)
+    unseen = keyed.filter(pl.col("key_bytes") == 0)
+    n = int(num(unseen["times"].max(), 0))
+    if n >= 2:  # the writes are not visible: repeated opens of files nobody read
+        return unseen.filter(pl.col("times") == n).drop(drop)
     return None
+
+
+def _savers_epochs(
+    events: pl.DataFrame,
+    paths: list[str],
+    epoch_spans: list[tuple[int, int, int]],
+    savers: list[int],
+) -> list[tuple[int, int, int]]:
+    """The epochs (epoch, start µs, end µs) of the processes that save, from their own
+    dataset reads and their workers' (each read placed in the latest epoch begun, by any
+    rank, before it); ``epoch_spans`` where they read nothing. A rank that saves after its
+    epoch may save after another rank began the next one (torchrun's ranks do not wait for
+    rank 0's save), so the whole job's epochs would put the save inside the next epoch."""
+    if not epoch_spans or "ppid" not in events.columns:
+        return epoch_spans
+    reads = events.filter(
+        pl.col("file").is_in(paths)
+        & pl.col("name").is_in(READ_OPS)
+        & (pl.col("pid").is_in(savers) | pl.col("ppid").is_in(savers))
+    ).select("ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"))
+    if reads.is_empty():
+        return epoch_spans
+    begun = pl.DataFrame(
+        {"e": [e for e, _, _ in epoch_spans], "e_ts": [a for _, a, _ in epoch_spans]},
+        schema={"e": pl.Int64, "e_ts": pl.Int64},
+    ).sort("e_ts")
+    own = (
+        reads.sort("ts")
+        .join_asof(begun, left_on="ts", right_on="e_ts", strategy="backward")
+        .with_columns(pl.col("e").fill_null(begun["e"][0]))
+        .group_by("e")
+        .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
+        .sort("e")
+    )
+    return [(int(e), int(a), int(b)) for e, a, b in own.iter_rows()]
 
 
 def _schedule(
