@@ -522,13 +522,21 @@ def _read_threads(
     parents = fair["ppid"].n_unique()
     if threads:
         consumers = parents
+        ev_threads = (
+            f"{threads} worker processes (children of a traced process) read samples in an "
+            "epoch "
+            + (f"for each of {parents} consumers " if parents > 1 else "")
+            + f"({pids} reading process(es) in all)"
+        )
+        return Inferred(threads, ev_threads), consumers
+    # no worker: each process reading a fair share reads its own samples (a rank of its own)
+    own = readers.group_by("pid").len()
+    consumers = max(own.filter(pl.col("len") >= 0.25 * pl.col("len").median()).height, 1)
     ev_threads = (
-        f"{threads} worker processes (children of a traced process) read samples in an epoch "
-        + (f"for each of {parents} consumers " if parents > 1 else "")
-        + f"({pids} reading process(es) in all)"
-        if threads
-        else f"the consumer reads the samples itself ({pids} reading process(es), none a worker)"
-    )
+        f"each of {consumers} processes reads its samples itself, none a worker"
+        if consumers > 1
+        else "the consumer reads the samples itself"
+    ) + f" ({pids} reading process(es))"
     return Inferred(threads, ev_threads), consumers
 
 

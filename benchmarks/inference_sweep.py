@@ -71,6 +71,7 @@ SOURCES: dict[str, int] = {
     "resnet_jpeg": 16,
     "resnet_png": 8,
     "shards_tar": 16,
+    "ddp_torchrun": 12,
     "dlio_npz": 16,
     "dlio_hdf5": 16,
     "dlio_jpeg": 16,
@@ -111,7 +112,7 @@ def grid(seed: int = 44, per_worker: int = 2) -> list[dict[str, Any]]:
             "spf": deal(SPF),
             "batch": deal(BATCH),
             "shuffle": deal((True, False)),
-            "ranks": deal((1, 2)),
+            "ranks": deal((1, 2, 3) if source == "ddp_torchrun" else (1, 2)),
             "checkpoint": deal((True, False)),
         }
         for i in range(n):
@@ -137,6 +138,9 @@ def _feasible(c: dict[str, Any]) -> dict[str, Any]:
         c["persistent"] = True  # DLIO 2.0's TorchDataLoader keeps its workers
         c["workers"] = max(c["workers"], 1)  # DLIO 2.0 with read_threads 0 reads in the consumer
         c["batch"] = min(c["batch"], 16)
+    elif s == "ddp_torchrun":  # ranks under torchrun, each with its own workers
+        c["spf"] = 1
+        c["workers"] = min(c["workers"], 4 if c["ranks"] == 1 else 2)  # 2 cores
     else:
         c["ranks"] = 1
         if s in ("unet3d_npz", "resnet_jpeg", "resnet_png"):
@@ -171,22 +175,34 @@ def _files(c: dict[str, Any]) -> int:
 # ---------------------------------------------------------------------------- examples
 
 
-def _capture_posix(c: dict[str, Any], job: Path, script: str, args: list[str]) -> dict[str, Any]:
+def _capture_posix(
+    c: dict[str, Any], job: Path, script: str, args: list[str], ranks: int = 0
+) -> dict[str, Any]:
     """Generate the dataset of ``examples/<script>.py`` with *args* in ``job/data``, capture the
-    job POSIX-only into ``job/trace`` and return its report."""
+    job POSIX-only into ``job/trace`` and return its report; with *ranks*, the job runs under
+    ``torchrun`` with that many ranks and every file is traced, as a capture without
+    ``--data-dir`` does (the job's report and the launcher's files in the trace too)."""
     from dlreplay.capture import CaptureConfig, run_capture
 
     data, report = job / "data", job / "report.json"
-    base = [sys.executable, str(REPO / "examples" / f"{script}.py"), "--data-dir", str(data)]
-    base += [*args, "--quiet"]
-    subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
+    script_args = [str(REPO / "examples" / f"{script}.py"), "--data-dir", str(data)]
+    script_args += [*args, "--quiet"]
+    subprocess.run(
+        [sys.executable, *script_args, "--generate-only"], check=True, capture_output=True
+    )
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    base = [sys.executable, *(launch if ranks else []), *script_args]
     res = run_capture(
         CaptureConfig(
             command=(*base, "--report", str(report)),
             out=job / "trace",
             # the checkpoint directory too where the job writes one: a POSIX-only trace of the
             # data directory alone cannot show a checkpoint (DFTRACER_DATA_DIR=all would)
-            data_dirs=(str(data), str(job / "ckpt")) if c["checkpoint"] else (str(data),),
+            data_dirs=()
+            if ranks
+            else (str(data), str(job / "ckpt"))
+            if c["checkpoint"]
+            else (str(data),),
             name=c["name"],
             loader_hooks=False,
         )
@@ -268,6 +284,34 @@ def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
         "reader.sample_shuffle": "off",
         "checkpoint.enabled": c["checkpoint"],
         "dataset.record_length": float(np.mean([p.stat().st_size for p in shards])) / c["spf"],
+        "train.computation_time": steps[len(steps) // 2] if steps else None,
+    }
+
+
+def run_torchrun(c: dict[str, Any], job: Path) -> dict[str, Any]:
+    """Capture ``examples/ddp_torchrun.py`` POSIX-only under ``torchrun`` with ``ranks`` ranks
+    (gloo DDP, a ``DistributedSampler``, each rank its own workers, rank 0 ``torch.save``\\ s
+    every epoch with ``checkpoint``), every file traced; returns the truth from its report."""
+    args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
+    args += ["--shuffle" if c["shuffle"] else "--no-shuffle", "--num-files", str(_files(c))]
+    args += ["--volume", "16", "--by-path", "--threads", "1"]
+    if c["persistent"] and c["workers"]:
+        args.append("--persistent-workers")
+    if c["checkpoint"]:
+        args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
+    rep = _capture_posix(c, job, "ddp_torchrun", args, ranks=c["ranks"])
+    steps = sorted((rep.get("step_compute_s") or [])[1:])
+    return {
+        "train.epochs": rep["epochs"],
+        "reader.read_threads": c["workers"],
+        "dataset.num_samples_per_file": 1,
+        "dataset.num_files": _files(c),
+        "reader.batch_size": c["batch"],
+        "dataset.format": "npz",
+        "reader.persistent_workers": c["persistent"] if c["workers"] else None,
+        "processes.ranks": c["ranks"],
+        "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
+        "checkpoint.enabled": c["checkpoint"],
         "train.computation_time": steps[len(steps) // 2] if steps else None,
     }
 
@@ -433,6 +477,8 @@ def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
             truth = run_dlio_job(c, job, venv)
         elif c["source"] == "shards_tar":
             truth = run_shards(c, job)
+        elif c["source"] == "ddp_torchrun":
+            truth = run_torchrun(c, job)
         else:
             truth = run_example(c, job)
         result = {**SCHEMA, "config": c, "truth": truth, "run_s": round(time.monotonic() - t0, 1)}

@@ -109,20 +109,44 @@ TRACES |= {
 }
 
 
+# ranks under torchrun that read their own samples (no workers): 2 ranks with every file traced
+# (the launcher reads its entry points twice, beside 8 sample files), 3 ranks and 1 rank with
+# the data directory alone
+TRACES |= {
+    "ddp_w0_r2_all": [
+        *("--num-files", "8", "--volume", "16", "--batch-size", "1", "--by-path"),
+        *("--workers", "0", "--epochs", "2", "--threads", "1"),
+    ],
+    "ddp_w0_r3": [
+        *("--num-files", "24", "--volume", "16", "--batch-size", "2", "--by-path"),
+        *("--workers", "0", "--epochs", "3", "--threads", "1", "--no-shuffle"),
+    ],
+    "ddp_w0_r1": [
+        *("--num-files", "16", "--volume", "16", "--batch-size", "4", "--by-path"),
+        *("--workers", "0", "--epochs", "2", "--threads", "1"),
+    ],
+}
+#: torchrun's ranks of the ``ddp_*`` traces
+RANKS = {"ddp_w0_r2_all": 2, "ddp_w0_r3": 3, "ddp_w0_r1": 1}
+
+
 def make(name: str, work: Path) -> None:
     job = work / name
     if job.exists():
         shutil.rmtree(job)
     data, out, report = job / "data", job / "trace", job / "report.json"
-    script = "tiles_h5.py" if name.startswith("tiles") else "cosmoflow_h5.py"
+    script = {"tiles": "tiles_h5.py", "ddp_w": "ddp_torchrun.py"}.get(name[:5], "cosmoflow_h5.py")
     base = [sys.executable, str(REPO / "examples" / script), "--data-dir", str(data)]
     base += [*TRACES[name], "--quiet"]
     subprocess.run([*base, "--generate-only"], check=True, capture_output=True)
+    launch = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node")
+    if name in RANKS:
+        base[1:1] = [*launch, str(RANKS[name])]
     res = run_capture(
         CaptureConfig(
             command=(*base, "--report", str(report)),
             out=out,
-            data_dirs=(str(data),),
+            data_dirs=() if name.endswith("_all") else (str(data),),
             name=name,
             loader_hooks=False,
         )
@@ -144,11 +168,12 @@ def make(name: str, work: Path) -> None:
     expected = {
         "source": f"examples/{script} captured with dlreplay capture --no-loader-hooks",
         "model": {
-            "format": "hdf5",
+            "format": "npz" if name in RANKS else "hdf5",
             "num_files": 1 if script == "tiles_h5.py" else args["num_files"],
             "num_samples_per_file": args["num_files"]
             if script == "tiles_h5.py"
-            else args["samples_per_file"],
+            else args.get("samples_per_file", 1),
+            "ranks": rep.get("world_size", 1),
             "batch_size": args["batch_size"],
             "read_threads": args["workers"],
             "persistent_workers": args["persistent_workers"],

@@ -230,11 +230,8 @@ def _processes(obs: Observed, read_threads: int, facts: Facts) -> Processes:
         facts.put("processes.ranks", how, "measured")
     elif obs.posix is not None and obs.posix.consumers > 1:
         ranks = obs.posix.consumers
-        facts.put(
-            "processes.ranks",
-            f"{ranks} processes whose worker processes read the samples",
-            "inferred",
-        )
+        whose = "whose worker processes read" if read_threads else "reading their own"
+        facts.put("processes.ranks", f"{ranks} processes {whose} samples", "inferred")
     else:
         facts.put("processes.ranks", "single process assumed", "default")
     return Processes(ranks=ranks, workers_per_rank=read_threads)

@@ -177,7 +177,17 @@ def _homogeneous(paths: list[str], facts: Facts) -> list[str]:
     exts = pl.Series("ext", [PurePosixPath(p).suffix.lower() for p in paths])
     counts = exts.value_counts(sort=True)
     top, n = counts[0, 0], counts[0, 1]
-    if n == len(paths) or n < 0.9 * len(paths):
+    if n == len(paths):
+        return paths
+    outside = _outside_the_top_folder(paths, exts.to_list(), top)
+    if outside and n >= 2:  # a file read twice elsewhere (a launcher's entry points)
+        facts.notes.append(
+            f"ignored {len(outside)} file(s) outside the folder of the {top or 'extensionless'} "
+            "files: " + ", ".join(sorted(outside)[:5])
+        )
+        paths = [p for p in paths if p not in outside]
+        return _homogeneous(paths, facts)
+    if n < 0.9 * len(paths):
         return paths
     kept = [p for p, e in zip(paths, exts.to_list(), strict=True) if e == top]
     dropped = sorted(set(paths) - set(kept))
@@ -186,6 +196,20 @@ def _homogeneous(paths: list[str], facts: Facts) -> list[str]:
         + ", ".join(PurePosixPath(d).name for d in dropped[:5])
     )
     return kept
+
+
+def _outside_the_top_folder(paths: list[str], exts: list[str], top: str) -> set[str]:
+    """The files of another extension than ``top`` (the most common one) that lie outside
+    the folder holding every ``top`` file (relative paths: none)."""
+    tops = [p for p, e in zip(paths, exts, strict=True) if e == top]
+    if not all(p.startswith("/") for p in paths):
+        return set()
+    root = os.path.commonpath([os.path.dirname(p) for p in tops])
+    return {
+        p
+        for p, e in zip(paths, exts, strict=True)
+        if e != top and os.path.commonpath([root, p]) != root
+    }
 
 
 def infer_format(paths: list[str], reads: pl.DataFrame) -> tuple[str, str, str]:

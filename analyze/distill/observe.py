@@ -13,6 +13,7 @@ from dlreplay.schema import READ_OPS
 
 from ..infer import infer_posix_loop
 from ..trace import vocabulary as voc
+from ..trace.programs import programs
 from .base import Facts, Observed, mode, role_events
 from .checkpoint import checkpoint_writes
 from .checkpoint_posix import checkpoint_spans
@@ -53,7 +54,7 @@ def observe(
         None
         if has_loader
         else infer_posix_loop(
-            io,
+            _without_launchers(io, programs(source)),
             traced_pids=set(events["pid"].unique().to_list()),
             pauses=_pauses(events, data_dirs, paths),
             held_open_regions=infer_format(paths, reads)[0] == "hdf5",
@@ -92,6 +93,20 @@ def observe(
         posix=posix,
         tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
         dlio_reader=dlio_reader(annotated),
+    )
+
+
+def _without_launchers(io: pl.DataFrame, launched: set[int]) -> pl.DataFrame:
+    """``io`` with no parent for the processes started as programs of their own
+    (:func:`~dlreplay.analyze.trace.programs.programs`: torchrun's ranks, python under a
+    shell), so that a rank reading its own samples is a consumer, not its launcher's worker."""
+    if not launched:
+        return io
+    return io.with_columns(
+        pl.when(pl.col("pid").is_in(list(launched)))
+        .then(pl.lit(None, io.schema["ppid"]))
+        .otherwise(pl.col("ppid"))
+        .alias("ppid")
     )
 
 
