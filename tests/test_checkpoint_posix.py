@@ -17,6 +17,7 @@ that traced only the data directories say they cannot tell (a guess).
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import cache
 
@@ -150,3 +151,60 @@ def test_capture_of_the_data_dirs_alone_cannot_tell(name: str) -> None:
     assert not m.checkpoint.enabled
     assert f.confidence == "default" and "traced only" in f.method
     assert any(n.startswith("guess: checkpoint.enabled") for n in m.provenance.notes)
+
+
+#: A loop without a DataLoader that reads its samples, takes a lock file every step as the
+#: ``filelock`` package does (an ``open(2)`` for writing, ``flock``, ``close``: nothing written)
+#: and, given an argument, ``torch.save``s to a path every epoch (its writes unseen: only the
+#: C stream's ``fopen``/``fclose``).
+HEARTBEAT_JOB = """
+import fcntl, os, sys, time
+from pathlib import Path
+import torch
+save = len(sys.argv) > 1
+files = sorted(Path("data").iterdir())
+model = torch.nn.Linear(256, 256)
+for epoch in range(3):
+    for i, f in enumerate(files):
+        f.read_bytes()
+        fd = os.open("run/step.lock", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        time.sleep(0.002)
+    if save:
+        torch.save(model.state_dict(), f"run/ckpt_{epoch:03d}.pt")
+"""
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_a_lock_file_taken_every_step_is_no_checkpoint(tmp_path, save: bool) -> None:
+    """Only a C stream opened for writing can have written unseen: a lock file opened every
+    step through ``open(2)`` (whose writes DFTracer always sees) is empty, no checkpoint, whether
+    ``torch.save`` checkpoints are beside it (3, found after each epoch) or not (none)."""
+    import sys
+
+    from dlreplay.capture import CaptureConfig, run_capture
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "run").mkdir()
+    for i in range(6):
+        (tmp_path / "data" / f"s{i}.bin").write_bytes(os.urandom(20_000))
+    (tmp_path / "job.py").write_text(HEARTBEAT_JOB)
+    out = tmp_path / "trace"
+    res = run_capture(
+        CaptureConfig(
+            command=(sys.executable, "job.py", *(["save"] if save else [])),
+            out=out,
+            data_dirs=("data", "run"),
+            cwd=tmp_path,
+            loader_hooks=False,
+        )
+    )
+    assert res.exit_code == 0
+    lt = load_trace(out)
+    m = distill(lt.events, manifest=lt.manifest, source=str(out)).checkpoint
+    assert m.enabled is save
+    if save:
+        assert m.files_per_checkpoint == 1 and m.epochs_between_checkpoints == 1
+        assert "ckpt_" not in str(m.checkpoint_folder) and str(m.checkpoint_folder).endswith("run")

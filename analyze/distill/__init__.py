@@ -128,7 +128,7 @@ def distill(
     processes = _processes(obs, reader.read_threads, facts)
     if obs.saves.is_empty() and obs.annotated.is_empty():  # DFTracer's preload alone: writes
         sofar = WorkloadModel(dataset=dataset, reader=reader, train=train, processes=processes)
-        checkpoint = unannotated_checkpoints(events, obs, sofar, manifest, facts)
+        checkpoint = unannotated_checkpoints(events, obs, sofar, manifest, facts, source)
     else:
         checkpoint = checkpoint_section(
             events,

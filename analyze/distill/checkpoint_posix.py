@@ -20,6 +20,8 @@ elsewhere, and says so."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -28,6 +30,7 @@ from dlreplay.model import Checkpoint, WorkloadModel
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SYNC_OPS, WRITE_OPS
 
 from ..files import CHECKPOINT_WRITE_BYTES, LIBRARY_PATTERN
+from ..trace.sidecar import fields_of, matching_lines, register
 from .base import US, Facts, Observed, mode, num, observed
 from .checkpoint import file_writes_of
 from .dataset import MMAP_OPS
@@ -38,6 +41,27 @@ __all__ = ["MIN_REPEATED_CHECKPOINT_BYTES", "posix_checkpoints", "unannotated_ch
 MIN_REPEATED_CHECKPOINT_BYTES = 4096
 #: A burst of writes overlapping more than this share of the dataset reads' span is a log.
 LOG_OVERLAP = 0.5
+#: Opens whose writes DFTracer may not see: a C stream's (``torch.save``'s ``std::ofstream``
+#: writes through the descriptor of an ``fopen`` that the tracer does not follow); the writes
+#: through a descriptor of ``open(2)`` are always seen, so such a file without them is empty.
+STREAM_OPENS = ("fopen", "fopen64", "freopen", "freopen64")
+_STREAM_OPEN = register(
+    re.compile(
+        rb'^\{[^\n]*"name":"(?:fopen|fopen64|freopen|freopen64)","cat":"STDIO"[^\n]*"mode":[^\n]*$',
+        re.M,
+    )
+)
+
+
+def read_only_streams(source: str | Path | None) -> pl.DataFrame:
+    """(pid, ts µs) of the ``fopen`` calls of the trace at *source* whose mode only reads
+    (``r``, ``rb``: ``torch.load``'s stream, whose reads are as unseen as ``torch.save``'s
+    writes); empty where the trace records no mode."""
+    modes = fields_of(
+        matching_lines(source, _STREAM_OPEN),
+        {"pid": ("$.pid", pl.Int64), "ts": ("$.ts", pl.Int64), "mode": ("$.args.mode", pl.String)},
+    ).drop_nulls()
+    return modes.filter(~pl.col("mode").str.contains(r"[wa+]")).select("pid", "ts")
 
 
 def unannotated_checkpoints(
@@ -46,10 +70,11 @@ def unannotated_checkpoints(
     model: WorkloadModel,
     manifest: dict[str, Any] | None,
     facts: Facts,
+    source: str | None = None,
 ) -> Checkpoint:
     """:func:`posix_checkpoints` of a trace without annotations, ``model`` the sections
     distilled so far (the replay's steps per epoch), ``manifest`` the capture's (the
-    directories it traced)."""
+    directories it traced), ``source`` the trace."""
     from dlreplay.errors import DlreplayError
     from dlreplay.replay.plan import steps_per_epoch
 
@@ -65,6 +90,7 @@ def unannotated_checkpoints(
         (steps, batch.confidence if batch else "default"),
         list((manifest or {}).get("data_dirs") or []) or None,
         facts,
+        source,
     )
 
 
@@ -75,12 +101,14 @@ def posix_checkpoints(
     steps_per_epoch: tuple[int | None, str],
     traced_dirs: list[str] | None,
     facts: Facts,
+    source: str | None = None,
 ) -> Checkpoint:
     """``checkpoint`` from the POSIX writes in ``events`` (see the module doc): ``paths``
     the dataset's files, ``epoch_spans`` (epoch, start µs, end µs) the epochs the reads
     show, ``steps_per_epoch`` (steps, the batch size's confidence), ``traced_dirs`` the only
-    directories the capture traced (None: every file)."""
-    bursts = _bursts(events, paths)
+    directories the capture traced (None: every file), ``source`` the trace (its streams'
+    open modes)."""
+    bursts = _bursts(events, paths, read_only_streams(source))
     ckpt = _checkpoint_bursts(bursts)
     if ckpt is None:
         if traced_dirs:
@@ -211,22 +239,28 @@ def _calls(events: pl.DataFrame, ops: tuple[str, ...], name: str) -> pl.DataFram
     )
 
 
-def checkpoint_spans(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
+def checkpoint_spans(
+    events: pl.DataFrame, paths: list[str], source: str | None = None
+) -> pl.DataFrame:
     """(ts, end) µs of each checkpoint file's burst, from its open (or first write) to its
     close (or last write), as :func:`posix_checkpoints` finds them: the time the loop spent
     saving, also where the writes are not visible (``torch.save``: its open and close only).
-    ``paths``: the dataset's files. Empty when the trace shows no checkpoints."""
-    ckpt = _checkpoint_bursts(_bursts(events, paths))
+    ``paths``: the dataset's files; ``source``: the trace. Empty when the trace shows no
+    checkpoints."""
+    ckpt = _checkpoint_bursts(_bursts(events, paths, read_only_streams(source)))
     if ckpt is None:
         return pl.DataFrame(schema={"ts": pl.Int64, "end": pl.Int64})
     return ckpt.select(pl.col("ts").cast(pl.Int64), pl.col("end").cast(pl.Int64))
 
 
-def _bursts(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
+def _bursts(
+    events: pl.DataFrame, paths: list[str], read_only: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """One row per (process, file, open) outside the dataset and the interpreter's and
-    system's files that wrote bytes, or was opened and closed without a read or a write seen
-    in a file nobody read (a write DFTracer does not see), not spread over the dataset reads
-    like a log: pid, file, open_ts, ts, end µs, bytes, calls."""
+    system's files that wrote bytes, or was opened as a C stream (:data:`STREAM_OPENS`) for
+    writing and closed without a read or a write seen in a file nobody read (a write DFTracer
+    does not see), not spread over the dataset reads like a log: pid, file, open_ts, ts, end
+    µs, bytes, calls. ``read_only``: (pid, ts) of the streams opened only to read."""
     mine = events.filter(
         ~pl.col("file").is_in(paths)
         & pl.col("file").is_not_null()
@@ -237,9 +271,21 @@ def _bursts(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
     read = (
         mine.filter(pl.col("name").is_in([*READ_OPS, *MMAP_OPS]))["file"].cast(pl.String).unique()
     )
+    # where no write is seen, only a C stream opened for writing can have written unseen
+    streams = _calls(mine, STREAM_OPENS, "open_ts").with_columns(pl.lit(True).alias("stream"))
+    if read_only is not None and not read_only.is_empty():
+        streams = streams.join(
+            read_only.select(
+                pl.col("pid").cast(streams.schema["pid"]), pl.col("ts").alias("open_ts")
+            ),
+            on=["pid", "open_ts"],
+            how="anti",
+        )
     opens = (
         _calls(mine, OPEN_OPS, "open_ts")
         .filter(~pl.col("file").is_in(read.implode()))
+        .join(streams.unique(), on=["pid", "file", "open_ts"], how="left")
+        .with_columns(pl.col("stream").fill_null(False))
         .join_asof(
             _calls(mine, CLOSE_OPS, "close_ts"),
             left_on="open_ts",
@@ -266,8 +312,10 @@ def _bursts(events: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
             pl.max_horizontal("close_ts", "w_end").alias("end"),
             pl.col("bytes").fill_null(0),
             pl.col("calls").fill_null(0),
+            pl.col("stream").fill_null(False),
         )
-        .filter(pl.col("ts").is_not_null())
+        .filter(pl.col("ts").is_not_null() & ((pl.col("bytes") > 0) | pl.col("stream")))
+        .drop("stream")
         .with_columns(pl.col("end").fill_null(pl.col("ts")))
     )
     data = events.filter(pl.col("file").is_in(paths) & pl.col("name").is_in(READ_OPS))

@@ -56,7 +56,7 @@ def observe(
         else infer_posix_loop(
             _without_launchers(io, programs(source)),
             traced_pids=set(events["pid"].unique().to_list()),
-            pauses=_pauses(events, data_dirs, paths),
+            pauses=_pauses(events, data_dirs, paths, source),
             held_open_regions=infer_format(paths, reads)[0] == "hdf5",
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
@@ -110,7 +110,9 @@ def _without_launchers(io: pl.DataFrame, launched: set[int]) -> pl.DataFrame:
     )
 
 
-def _pauses(events: pl.DataFrame, data_dirs: list[str] | None, paths: list[str]) -> pl.DataFrame:
+def _pauses(
+    events: pl.DataFrame, data_dirs: list[str] | None, paths: list[str], source: str | None
+) -> pl.DataFrame:
     """(ts, end) µs the loop spent on checkpoints: the write bursts to checkpoint files, and
     each checkpoint file's open to close (``torch.save``'s writes are not visible)."""
     return pl.concat(
@@ -118,7 +120,7 @@ def _pauses(events: pl.DataFrame, data_dirs: list[str] | None, paths: list[str])
             checkpoint_writes(events, data_dirs).select(
                 pl.col("ts").cast(pl.Int64), pl.col("end").cast(pl.Int64)
             ),
-            checkpoint_spans(events, paths),
+            checkpoint_spans(events, paths, source),
         ]
     )
 

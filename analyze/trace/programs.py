@@ -5,8 +5,8 @@ without ``exec`` (a DataLoader worker under ``fork``) runs its parent's.
 
 DFTracer (2.0.3 and later) opens every process's file with a ``start`` record that names its
 parent (``ppid``) and the hash of its command line (``cmd_hash``), and a string record
-(``SH``) maps that hash to the command line. Both sit in the first lines of the file, so only
-a file's head is read (:data:`HEAD_BYTES` of text at most), not the trace.
+(``SH``) maps that hash to the command line. The event table keeps neither, so they are read
+through :mod:`.sidecar` (one read of the trace serves every such pass).
 
 A child of Python's ``multiprocessing`` started anew (``spawn``, ``forkserver``: its command
 line runs ``multiprocessing``'s own entry point) is a worker all the same, never a program.
@@ -14,95 +14,52 @@ line runs ``multiprocessing``'s own entry point) is a worker all the same, never
 
 from __future__ import annotations
 
-import json
-import zlib
+import re
 from pathlib import Path
 
-from .inputs import find_inputs
+import polars as pl
 
-__all__ = ["HEAD_BYTES", "programs"]
+from .sidecar import fields_of, matching_lines, register
 
-#: Text read from the head of each trace file to find its start and string records.
-HEAD_BYTES = 256 << 10
-#: Compressed bytes fed to the decompressor at a time.
-_CHUNK = 1 << 16
+__all__ = ["programs"]
+
+_START = register(
+    re.compile(rb'^\{[^\n]*"name":"start","cat":"dftracer"[^\n]*"cmd_hash":[^\n]*$', re.M)
+)
+_STRING = register(re.compile(rb'^\{[^\n]*"name":"SH","cat":"dftracer"[^\n]*$', re.M))
 #: A command line with one of these runs ``multiprocessing``'s entry point: a worker.
 _MULTIPROCESSING = ("multiprocessing.spawn", "multiprocessing.forkserver", "--multiprocessing-fork")
 
 
 def programs(source: str | Path | None) -> set[int]:
-    """The pids of the processes of trace directory *source* whose parent is traced and ran
-    another command line (see the module doc); empty when *source* is not a trace directory
-    or its files have no start records (DFTracer before 2.0.3). A pid started twice (two
-    hosts, or a pid used again) is left out: its parent cannot be told."""
-    if source is None:
+    """The pids of the processes of the trace at *source* whose parent is traced and ran
+    another command line (see the module doc); empty without start records (DFTracer before
+    2.0.3, or *source* not a trace). A pid started twice with another parent or command line
+    (two hosts, or a pid used again) is left out: its parent cannot be told."""
+    starts = fields_of(
+        matching_lines(source, _START),
+        {
+            "pid": ("$.pid", pl.Int64),
+            "ppid": ("$.args.ppid", pl.Int64),
+            "cmd": ("$.args.cmd_hash", pl.String),
+        },
+    ).drop_nulls()
+    if starts.is_empty():
         return set()
-    try:
-        files, _ = find_inputs(source)
-    except Exception:  # noqa: BLE001 - not a trace directory: nothing known
-        return set()
-    starts: dict[int, tuple[int, str]] = {}
-    strings: dict[str, str] = {}  # a forked child's file need not repeat its parent's strings
-    twice: set[int] = set()
-    for f in files:
-        heads, named = _heads(f)
-        strings.update(named)
-        for pid, ppid, cmd in heads:
-            if pid in starts and starts[pid] != (ppid, cmd):
-                twice.add(pid)
-            starts[pid] = (ppid, cmd)
-    out = set()
-    for pid, (ppid, cmd) in starts.items():
-        parent = starts.get(ppid)
-        if pid in twice or parent is None or parent[1] == cmd:
-            continue
-        line = strings.get(cmd)
-        if line is not None and not any(m in line for m in _MULTIPROCESSING):
-            out.add(pid)
-    return out
-
-
-def _heads(path: Path) -> tuple[list[tuple[int, int, str]], dict[str, str]]:
-    """((pid, ppid, command line's hash) of the start records, {hash: string} of the string
-    records) in the head of one trace file."""
-    text = _head_text(path)
-    starts: list[tuple[int, int, str]] = []
-    strings: dict[str, str] = {}
-    for line in text.splitlines():
-        if '"start"' not in line and '"SH"' not in line:
-            continue
-        try:
-            rec = json.loads(line.rstrip().rstrip(","))
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("args"), dict):
-            continue
-        args = rec["args"]
-        if rec.get("name") == "SH" and isinstance(args.get("value"), str):
-            strings[args["value"]] = str(args.get("name"))
-        elif rec.get("name") == "start" and rec.get("cat") == "dftracer":
-            pid, ppid, cmd = rec.get("pid"), args.get("ppid"), args.get("cmd_hash")
-            if isinstance(pid, int) and isinstance(ppid, int) and isinstance(cmd, str):
-                starts.append((pid, ppid, cmd))
-    return starts, strings
-
-
-def _head_text(path: Path) -> str:
-    """Up to :data:`HEAD_BYTES` of a trace file's text from its start (gzip members in turn;
-    a damaged stream ends the text where it breaks)."""
-    out = bytearray()
-    try:
-        with open(path, "rb") as fh:
-            if not path.name.endswith(".gz"):
-                return fh.read(HEAD_BYTES).decode("utf-8", "replace")
-            d = zlib.decompressobj(wbits=31)
-            while len(out) < HEAD_BYTES:
-                chunk = d.unconsumed_tail or d.unused_data or fh.read(_CHUNK)
-                if not chunk:
-                    break
-                if d.eof:  # the next gzip member
-                    d = zlib.decompressobj(wbits=31)
-                out += d.decompress(chunk, HEAD_BYTES - len(out))
-    except (OSError, zlib.error):
-        pass
-    return out.decode("utf-8", "replace")
+    lines = fields_of(
+        matching_lines(source, _STRING),
+        {"cmd": ("$.args.value", pl.String), "line": ("$.args.name", pl.String)},
+    ).unique("cmd")
+    once = starts.unique().filter(pl.len().over("pid") == 1)
+    parents = once.select(pl.col("pid").alias("ppid"), pl.col("cmd").alias("parent_cmd"))
+    launched = (
+        once.join(parents, on="ppid")
+        .filter(pl.col("cmd") != pl.col("parent_cmd"))
+        .join(lines, on="cmd")  # the command line must be known to be no multiprocessing child
+        .filter(
+            ~pl.any_horizontal(
+                pl.col("line").str.contains(m, literal=True) for m in _MULTIPROCESSING
+            )
+        )
+    )
+    return set(launched["pid"].to_list())
