@@ -243,10 +243,15 @@ def _epochs_from_visits(
     g = reduce(math.gcd, counts)
     sizes = reads.group_by("file").agg((pl.col("offset") + pl.col("size")).max().alias("fsize"))
     whole_visits = whole_file_visits(reads, v)
-    ranked = v.with_row_index("__k")
+    # each consumer's visits cut in its own time order (ranks need not read in step: a rank
+    # may run its epochs before another's); one consumer: the whole trace's order
+    mine = pl.col("consumer") if "consumer" in v.columns else pl.lit(0)
+    ranked = v.with_row_index("__k").with_columns(
+        pl.int_range(pl.len()).over(mine).alias("__kc"), pl.len().over(mine).alias("__nc")
+    )
     passing: list[tuple[int, pl.DataFrame]] = []
     for e in sorted((d for d in range(1, g + 1) if g % d == 0), reverse=True):
-        chunk = ranked.with_columns((pl.col("__k") * e // n).alias("epoch"))
+        chunk = ranked.with_columns((pl.col("__kc") * e // pl.col("__nc")).alias("epoch"))
         if _even_pass(chunk, per_file, e, reads, sizes):
             passing.append((e, chunk))
             if not whole_visits:
@@ -272,7 +277,7 @@ def _epochs_from_visits(
         f"{n} visits of {per_file.height} files ({min(counts)}-{max(counts)} per file) split into "
         f"{e} passes in time order, each file visited {g // e}x and read whole in every pass{how}"
     )
-    return e, ev, chunk.drop("__k"), guessed
+    return e, ev, chunk.drop("__k", "__kc", "__nc"), guessed
 
 
 def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
@@ -405,6 +410,7 @@ def infer_posix_loop(
     if regions is not None:
         visits, basis = regions
     pools = worker_pools(io, traced_pids, lifetimes)
+    visits = _with_consumer(visits, io, traced_pids)
     epochs, visits, epoch_spans, guessed = _epochs(io, _dataset_visits(visits), basis, pools)
     if read_threads is None and "pools" in str(epochs.evidence) and pools is not None:
         threads, consumers = pool_threads(pools)
@@ -434,6 +440,28 @@ def infer_posix_loop(
         passes_guessed=guessed,
         shuffled=order,
         visits=visits.height,
+    )
+
+
+def _with_consumer(
+    visits: pl.DataFrame, io: pl.DataFrame, traced_pids: set[int] | None
+) -> pl.DataFrame:
+    """``visits`` with ``consumer``: the process each visit's sample is read for, the
+    visitor's parent where the parent is traced (a worker), else the visitor itself."""
+    if traced_pids is None or "ppid" not in io.columns:
+        return visits
+    parents = io.select("pid", "ppid").unique("pid")
+    return (
+        visits.drop("consumer", strict=False)
+        .join(parents, on="pid", how="left")
+        .with_columns(
+            pl.when(pl.col("ppid").is_in(list(traced_pids)))
+            .then(pl.col("ppid"))
+            .otherwise(pl.col("pid"))
+            .cast(pl.Int64)
+            .alias("consumer")
+        )
+        .drop("ppid")
     )
 
 

@@ -539,6 +539,7 @@ STREAMS = REPO / "traces" / "streams"
         "posix_arrow",
         "posix_whole_shards",
         "posix_w0",
+        "posix_r2_w0",
     ],
 )
 def test_shards_streamed_in_a_posix_only_trace(name):
@@ -547,7 +548,9 @@ def test_shards_streamed_in_a_posix_only_trace(name):
     fingerprint; workers, persistence, library, split, epochs and (where the workers wait at
     their batches' ends) the batch size from the calls. The traces differ in each of these; in
     two the batch does not show (samples smaller than the reads; webdataset reading a shard's
-    samples in one burst), and distill must say it guessed."""
+    samples in one burst), and distill must say it guessed. ``posix_r2_w0``: 2 ranks under
+    torchrun stream their shards themselves, out of step: each rank's opens cut into its
+    epochs, the whole trace's in time order do not."""
     expected = json.loads((STREAMS / name / "expected.json").read_text())
     truth, args = expected["truth"], expected["command"]
     loaded = load_trace(STREAMS / name)

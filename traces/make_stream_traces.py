@@ -20,6 +20,10 @@ an ``IterableDataset``), for tests/test_streaming_shards.py.
   ``posix_whole_shards``, ``posix_w0``: batches of whole shards (4 shards of 4, 2 of 8 samples),
   read by one worker re-forked every epoch and by the consumer itself: the batch is the period
   of the shards' opens times the samples per shard; no workers is 0, not 1.
+  ``posix_r2_w0``: under ``torchrun``, 2 ranks streaming their shards themselves (no workers,
+  no process group), captured again until the ranks ran out of step (one rank's next epoch
+  begun before the other's ended: ``premise_workers_across_ranks_epochs`` counts such pairs):
+  each rank's own opens cut into epochs, the trace's in time order do not.
 
 ``expected.json`` holds the truth, from the jobs' arguments.
 
@@ -131,7 +135,44 @@ TRACES: dict[str, tuple[tuple[str, ...], list[str], bool, dict[str, Any]]] = {
         {"ranks": 1, "workers_per_rank": 0, "persistent": False, "epochs": 2, "shards": 8,
          "samples_per_shard": 8, "parts": ["cls", "npy"], "batch": 16},
     ),
+    # torchrun's 2 ranks stream their shards themselves (no workers, no process group): they
+    # run out of step, one rank's second epoch begun before the other's first ended
+    "posix_r2_w0": (
+        TORCHRUN,
+        ["--num-files", "16", "--samples-per-shard", "12", "--sample-bytes", "20000"]
+        + ["--workers", "0", "--batch-size", "6", "--reader", "tarfile"]
+        + ["--split", "interleaved", "--epochs", "2"],
+        False,
+        {"ranks": 2, "workers_per_rank": 0, "persistent": False, "epochs": 2, "shards": 16,
+         "samples_per_shard": 12, "parts": ["cls", "npy"], "batch": 6},
+    ),
 }  # fmt: skip
+
+
+def out_of_step(trace: Path, epochs: int) -> int:
+    """Pairs of ranks (reading their shards themselves) of which one began its next epoch
+    before the other ended its epoch (the premise of ``posix_r2_w0``): the trace's opens of
+    shards in time order do not cut into epochs, each rank's do."""
+    import polars as pl
+
+    from dlreplay.analyze import load_trace
+
+    ev = load_trace(trace).events
+    opens = ev.filter(
+        pl.col("name").cast(pl.String).str.starts_with("open")
+        & pl.col("file").cast(pl.String).str.ends_with(".tar")
+    ).sort("ts")
+    spans = {}
+    for (pid,), o in opens.group_by("pid"):
+        ts = o["ts"].to_list()
+        k = len(ts) // epochs
+        spans[pid] = [(ts[e * k], ts[(e + 1) * k - 1]) for e in range(epochs)]
+    return sum(
+        1
+        for a in spans
+        for b in spans
+        if a != b and any(spans[b][e + 1][0] < spans[a][e][1] for e in range(epochs - 1))
+    )
 
 
 def crossed(trace: Path) -> int:
@@ -176,7 +217,12 @@ def make(name: str, work: Path, tries: int = 8) -> None:
         )
         if res.exit_code != 0:
             raise SystemExit(f"{name}: job failed ({res.exit_code})")
-        premise = crossed(out) if hooks else 0
+        if hooks:
+            premise = crossed(out)
+        elif truth["ranks"] > 1:
+            premise = out_of_step(out, truth["epochs"])
+        else:
+            premise = 0
         if truth["persistent"] or premise or truth["ranks"] == 1:
             break
         print(f"{name}: no worker read past another rank's next epoch start; again")
