@@ -15,7 +15,8 @@ jpeg and indexed_binary. The design is fractional and balanced: for each
 source its factors' levels are dealt out in seeded permutations, so every level of every
 factor appears about equally often; interactions are sampled, not crossed. Levels a source
 cannot take are mapped to the nearest it can (the examples' npz/jpeg files hold one sample,
-DLIO's loader always keeps its workers, examples run one rank).
+DLIO's loader always keeps its workers, examples run one rank but ``ddp_torchrun`` (1-3
+ranks) and ``shards_tar`` (1-2), which run under ``torchrun`` with every file traced).
 
 Runs are cached under ``bench-data/inference_sweep/<config>/`` (the trace, and
 ``result.json``: the truth, and the distilled fields with their confidence and evidence); a
@@ -141,12 +142,13 @@ def _feasible(c: dict[str, Any]) -> dict[str, Any]:
     elif s == "ddp_torchrun":  # ranks under torchrun, each with its own workers
         c["spf"] = 1
         c["workers"] = min(c["workers"], 4 if c["ranks"] == 1 else 2)  # 2 cores
+    elif s == "shards_tar":  # 2 ranks under torchrun; a shard of one sample is a file a sample
+        c["spf"] = max(c["spf"], 2)
+        c["workers"] = min(c["workers"], 8 if c["ranks"] == 1 else 4)  # 2 cores
     else:
         c["ranks"] = 1
         if s in ("unet3d_npz", "resnet_jpeg", "resnet_png"):
             c["spf"] = 1
-        if s == "shards_tar":  # a shard of one sample is a file per sample
-            c["spf"] = max(c["spf"], 2)
     if c["workers"] == 0:
         c["persistent"] = False
     return c
@@ -257,9 +259,11 @@ def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
     """Capture ``examples/shards_tar.py`` POSIX-only: tar shards of ``spf`` samples of 30 kB
     (two of tarfile's reads and more) streamed by an ``IterableDataset``; ``shuffle`` picks the
     library (an ``IterableDataset`` has no sampler to shuffle): webdataset, else tarfile; the
-    split alternates with the batch size. Returns the truth from its report and its shards."""
+    split alternates with the batch size; 2 ranks run under ``torchrun`` (the shards split
+    over the ranks, then their workers; every file traced). Returns the truth from its report
+    and its shards."""
     data = job / "data"
-    files = max(_files(c), c["workers"], 1)  # every worker a shard at least
+    files = max(_files(c), c["workers"] * c["ranks"], c["ranks"])  # every worker a shard at least
     args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
     args += ["--num-files", str(files), "--samples-per-shard", str(c["spf"])]
     args += ["--sample-bytes", "30000", "--threads", "1"]
@@ -269,7 +273,7 @@ def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
         args.append("--persistent-workers")
     if c["checkpoint"]:
         args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
-    rep = _capture_posix(c, job, "shards_tar", args)
+    rep = _capture_posix(c, job, "shards_tar", args, ranks=c["ranks"] if c["ranks"] > 1 else 0)
     steps = sorted((rep.get("step_compute_s") or [])[1:])
     shards = sorted(data.glob("*.tar"))
     return {
@@ -280,7 +284,7 @@ def run_shards(c: dict[str, Any], job: Path) -> dict[str, Any]:
         "reader.batch_size": c["batch"],
         "dataset.format": "tar",
         "reader.persistent_workers": c["persistent"] if c["workers"] else None,
-        "processes.ranks": 1,
+        "processes.ranks": c["ranks"],
         "reader.sample_shuffle": "off",
         "checkpoint.enabled": c["checkpoint"],
         "dataset.record_length": float(np.mean([p.stat().st_size for p in shards])) / c["spf"],
