@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -621,3 +623,42 @@ def test_a_posix_only_streamed_model_replays_through_torch_with_one_epoch_each(t
     events = load_trace(tmp_path / "out").events
     epochs = events.filter((pl.col("cat") == "pipeline") & (pl.col("name") == "epoch"))
     assert epochs.height == model.train.epochs == 2
+
+
+@pytest.mark.parametrize(
+    ("member", "reader", "shards", "samples"),
+    [("npy", "tarfile", 6, 5), ("jpeg", "webdataset", 4, 8)],
+)
+def test_a_capture_of_every_file_fingerprints_the_shards_it_opened(
+    tmp_path, member, reader, shards, samples
+):
+    """Without --data-dir the capture fingerprints the dataset files the job opened: tar shards
+    among them (they had been left out, so a POSIX-only trace of every file, distilled where the
+    shards are gone, was "raw, 1 sample a file"). Two layouts: npy and JPEG members, tarfile
+    and webdataset, 6 shards of 5 samples and 4 of 8."""
+    data = tmp_path / "data"
+    cmd = [sys.executable, str(EXAMPLE), "--data-dir", str(data), "--epochs", "2",
+           "--threads", "1", "--quiet", "--num-files", str(shards), "--samples-per-shard",
+           str(samples), "--member", member, "--reader", reader, "--workers", "1",
+           "--batch-size", "2"]  # fmt: skip
+    if member == "jpeg":
+        cmd += ["--image-size", "24"]
+    subprocess.run([*cmd, "--generate-only"], check=True, capture_output=True)
+    got = run_capture(
+        CaptureConfig(
+            command=tuple(cmd),
+            out=tmp_path / "trace",
+            loader_hooks=False,
+            job_output=tmp_path / "job.log",
+        )
+    )
+    assert got.exit_code == 0, (tmp_path / "job.log").read_text()
+    doc = json.loads((tmp_path / "trace" / "dataset-fingerprint.json").read_text())
+    (group,) = [g for g in doc["groups"] if g["extension"] == ".tar"]
+    assert group["files"] == shards
+    shutil.rmtree(data)  # distilled where the shards are not at hand: the fingerprint tells
+    loaded = load_trace(tmp_path / "trace")
+    model = distill(loaded.events, manifest=loaded.manifest, source=str(tmp_path / "trace"))
+    assert model.dataset.format == "tar"
+    assert model.dataset.num_files == shards
+    assert model.dataset.num_samples_per_file == samples

@@ -35,6 +35,8 @@ DATASET_EXTENSIONS = {
     ".raw",
     ".dat",
     ".zip",
+    ".tar",  # shards (WebDataset), streamed by an IterableDataset
+    ".arrow",  # Arrow IPC files (HF datasets' cache)
 }
 
 
