@@ -83,7 +83,26 @@ def epoch_span_steps(
     hand-over): an upper bound on the compute, and what a replay must spend. The first
     epoch (its warm-up) is left out where a later one is measured. The last epoch of workers
     that live on ends where its checkpoint starts (:func:`_last_epoch_by_checkpoint`), else
-    at the workers' exit (an upper bound: the smaller of it and the first epoch's is taken)."""
+    at the workers' exit (an upper bound: the smaller of it and the first epoch's is taken).
+    Each consumer (the workers' parent: a rank) is measured over its own workers' batches,
+    whose steps are its own; their steps are taken together."""
+    if "ppid" in pools.columns and pools["ppid"].n_unique() > 1:
+        parts = [
+            _consumer_span_steps(
+                starts.filter(pl.col("pid").is_in(own["pid"].implode())), own, pauses
+            )
+            for _, own in pools.group_by("ppid", maintain_order=True)
+        ]
+        vals = [v for v, _ in parts if v.size]
+        what = parts[0][1] + f" (each of {len(parts)} consumers over its own workers' batches)"
+        return (np.concatenate(vals) if vals else np.array([])), what
+    return _consumer_span_steps(starts, pools, pauses)
+
+
+def _consumer_span_steps(
+    starts: pl.DataFrame, pools: pl.DataFrame, pauses: pl.DataFrame | None
+) -> tuple[np.ndarray, str]:
+    """:func:`epoch_span_steps` of one consumer's workers."""
     spans, left_at = _epoch_spans(starts, pools)
     spans, closed = _last_epoch_by_checkpoint(spans, pauses)
     exited = None  # the last epoch measured to its workers' exit: an upper bound

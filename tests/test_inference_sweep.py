@@ -785,3 +785,24 @@ def test_torchruns_ranks_are_programs_not_workers(name: str) -> None:
     if name == "ddp_w0_r1":
         old = distill(lt.events, manifest=lt.manifest)
         assert old.reader.read_threads == 1
+
+
+def test_each_ranks_step_from_its_own_workers_batches() -> None:
+    """2 ranks of 2 workers whose batches are all prefetched (2 a worker): the step is each
+    epoch's span over the steps after each batch's arrival, and a rank's steps are its own
+    workers' batches. Counting both ranks' batches as one consumer's steps halved it, under
+    the job's own compute (11.5 ms against 11.8 here; now 22.8, the loop's period 46): an
+    upper bound must hold the compute and stay within the loop's period (the epoch over its
+    steps)."""
+    name = "ddp_w2_r2"
+    lt = load_trace(SWEEP / name)
+    m = distill(lt.events, manifest=lt.manifest, source=str(SWEEP / name))
+    job = json.loads((SWEEP / name / "expected.json").read_text())["job"]
+    want = _truth(name)
+    compute = float(np.median(job["step_compute_s"][1:]))
+    steps = want["num_files"] // want["ranks"] // want["batch_size"]  # a rank's, an epoch
+    period = min(job["epoch_times_s"][1:]) / steps
+    got = m.train.computation_time.mean
+    assert m.processes.ranks == 2 and m.reader.read_threads == 2
+    assert got is not None and compute <= got <= period, (compute, got, period)
+    assert m.provenance.fields["train.computation_time"].confidence == "default"  # a bound

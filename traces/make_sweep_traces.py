@@ -125,9 +125,15 @@ TRACES |= {
         *("--num-files", "16", "--volume", "16", "--batch-size", "4", "--by-path"),
         *("--workers", "0", "--epochs", "2", "--threads", "1"),
     ],
+    # 2 ranks of 2 workers, every batch prefetched (2 a worker): the step from each rank's
+    # epoch span over its own steps
+    "ddp_w2_r2": [
+        *("--num-files", "32", "--volume", "16", "--batch-size", "4", "--by-path"),
+        *("--workers", "2", "--epochs", "3", "--threads", "1"),
+    ],
 }
 #: torchrun's ranks of the ``ddp_*`` traces
-RANKS = {"ddp_w0_r2_all": 2, "ddp_w0_r3": 3, "ddp_w0_r1": 1}
+RANKS = {"ddp_w0_r2_all": 2, "ddp_w0_r3": 3, "ddp_w0_r1": 1, "ddp_w2_r2": 2}
 
 
 def make(name: str, work: Path) -> None:
@@ -180,7 +186,7 @@ def make(name: str, work: Path) -> None:
             "epochs": rep["epochs"],
             "shuffle": args.get("shuffle", True),
         },
-        "job": {"step_compute_s": rep["step_compute_s"]},
+        "job": {"step_compute_s": rep["step_compute_s"], "epoch_times_s": rep.get("epoch_times_s")},
     }
     (dest / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     size = sum(p.stat().st_size for p in dest.iterdir())
