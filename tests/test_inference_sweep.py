@@ -806,3 +806,23 @@ def test_each_ranks_step_from_its_own_workers_batches() -> None:
     assert m.processes.ranks == 2 and m.reader.read_threads == 2
     assert got is not None and compute <= got <= period, (compute, got, period)
     assert m.provenance.fields["train.computation_time"].confidence == "default"  # a bound
+
+
+def test_a_dataset_generated_in_the_capture_is_left_out() -> None:
+    """The job wrote its dataset inside the capture (an empty folder), then its 2 persistent
+    workers read it through handles they keep open across epochs. The generator's open of
+    each file made it look opened once more than its readers, so the files were not held
+    open: 4 samples a file, 1 epoch, batch 1. The writes before any read are the generation,
+    left out and said so."""
+    name = "cosmo_w2p_keep_gen"
+    want = _truth(name)
+    lt = load_trace(SWEEP / name)
+    m = distill(lt.events, manifest=lt.manifest, source=str(SWEEP / name))
+    assert m.dataset.num_files == want["num_files"]
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"]
+    assert m.train.epochs == want["epochs"]
+    assert m.reader.read_threads == want["read_threads"]
+    assert m.reader.persistent_workers is want["persistent_workers"]
+    if m.provenance.fields["reader.batch_size"].confidence == "inferred":
+        assert m.reader.batch_size == want["batch_size"]
+    assert any(n.startswith("left out the dataset's generation") for n in m.provenance.notes)

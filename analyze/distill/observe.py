@@ -9,12 +9,12 @@ from typing import Any
 
 import polars as pl
 
-from dlreplay.schema import READ_OPS
+from dlreplay.schema import READ_OPS, WRITE_OPS
 
 from ..infer import infer_posix_loop
 from ..trace import vocabulary as voc
 from ..trace.programs import programs
-from .base import Facts, Observed, mode, role_events
+from .base import Facts, Observed, mode, num, role_events
 from .checkpoint import checkpoint_writes
 from .checkpoint_posix import checkpoint_spans
 from .dataset import dlio_reader, find_dataset, infer_format
@@ -41,7 +41,10 @@ def observe(
 ) -> Observed:
     """Find the dataset and the training loop in ``events`` (the training phase, with roles)."""
     paths, index_style, mapped = find_dataset(events, data_dirs, fingerprint, source, facts)
-    io = events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"]))
+    io = _after_generation(
+        events.filter(pl.col("file").is_in(paths) & pl.col("cat").is_in(["POSIX", "STDIO"])),
+        facts,
+    )
     reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
 
     annotated = events.filter(pl.col("role").is_not_null())
@@ -94,6 +97,27 @@ def observe(
         tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
         dlio_reader=dlio_reader(annotated),
     )
+
+
+def _after_generation(io: pl.DataFrame, facts: Facts) -> pl.DataFrame:
+    """``io`` (the dataset's POSIX/STDIO calls) from the end of the dataset's generation: a
+    job that writes its dataset before it reads any of it (an example or synthetic benchmark
+    run on an empty folder) made those files in the trace, and their opens and writes are no
+    visits; unchanged when the dataset was not written, or written while it was read."""
+    writes = io.filter(pl.col("name").is_in(WRITE_OPS) & (pl.col("size") > 0))
+    if writes.is_empty():
+        return io
+    done = int(num((writes["ts"] + writes["dur"].fill_null(0)).max()))
+    reads = io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+    if reads.is_empty() or int(num(reads["ts"].min())) < done:
+        return io
+    made = writes["file"].n_unique()
+    took = (done - int(num(writes["ts"].min()))) / 1e6
+    facts.notes.append(
+        f"left out the dataset's generation: the job wrote {made} of its files ({took:.2f} s) "
+        "before it read any"
+    )
+    return io.filter(pl.col("ts") >= done)
 
 
 def _without_launchers(io: pl.DataFrame, launched: set[int]) -> pl.DataFrame:
