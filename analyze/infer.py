@@ -49,6 +49,7 @@ from .infer_pools import (
     epochs_from_pools,
     persistent_workers,
     pool_threads,
+    reparses,
     sample_regions,
     whole_file_visits,
     worker_pools,
@@ -391,6 +392,7 @@ def infer_posix_loop(
     pauses: pl.DataFrame | None = None,
     held_open_regions: bool = False,
     lifetimes: pl.DataFrame | None = None,
+    whole_file_samples: bool = False,
 ) -> PosixLoop:
     """Infer the loop from ``io``: POSIX/STDIO events on the dataset files (pid, ppid, ts,
     dur, name, file, size, offset). ``read_threads`` overrides the concurrency count;
@@ -398,11 +400,15 @@ def infer_posix_loop(
     ``pauses`` (``ts``, ``end`` µs: checkpoint writes) are time the loop did not compute,
     taken out of the intervals they fall in; ``held_open_regions`` (a format whose samples are
     regions of a file, HDF5): a file each process opens once is visited per sample-sized read;
-    ``lifetimes`` (pid, a, b µs: each process's first and last event) tell worker pools apart."""
+    ``lifetimes`` (pid, a, b µs: each process's first and last event) tell worker pools apart;
+    ``whole_file_samples`` (a format of one sample a file: NPZ, NPY, JPEG, PNG): a file read
+    again from its start through a handle kept open is visited again (:func:`_reparses`)."""
     visits = _visits(io)
     basis = "opens"
     if visits.is_empty() or visits.group_by("file").len()["len"].max() is None:
         visits, basis = _read_runs(io), "read runs"
+    elif whole_file_samples and (again := reparses(io, visits)) is not None:
+        visits, basis = again, "each open's first read, again through the handle kept open"
     if visits.is_empty():
         none = Inferred(None, "no dataset I/O")
         return PosixLoop(none, none, none, none, none)

@@ -17,6 +17,7 @@ __all__ = [
     "epochs_from_pools",
     "persistent_workers",
     "pool_threads",
+    "reparses",
     "sample_regions",
     "whole_file_visits",
     "worker_pools",
@@ -234,3 +235,61 @@ def pool_threads(pools: pl.DataFrame) -> tuple[Inferred, int]:
         f"{threads} worker processes in each pool forked for an epoch"
         + (f", for each of {parents} consumers" if parents > 1 else ""),
     ), parents
+
+
+#: Share of a file's bytes read since the last read of its start that makes a new access.
+WHOLE_FILE = 0.9
+
+
+def reparses(io: pl.DataFrame, opens: pl.DataFrame) -> pl.DataFrame | None:
+    """Visits of files of one sample each that a loader keeps open (a worker caching its
+    handles): it parses the file again through the handle for every sample (``np.load`` of a
+    kept file object reads the zip's magic from the file's start, then its directory), so
+    each open's first read, from offset 0, comes again at each sample, after reads of other
+    files (a read of a file's start again within one access, a buffered reader's, is none).
+    Those reads, (pid, file, ts, end) in time order, where they outnumber the opens; else
+    None (a file opened for every sample reads its first read once an open)."""
+    r = (
+        io.filter(pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0))
+        .select(
+            "pid",
+            "file",
+            "ts",
+            (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"),
+            "offset",
+            "size",
+        )  # fmt: skip
+        .sort("ts")
+        .with_columns(
+            (pl.col("file") != pl.col("file").shift(1).over("pid")).fill_null(True).alias("back"),
+            # the bytes this process read of the file before each read, and the file's size
+            (pl.col("size").cum_sum() - pl.col("size")).over("pid", "file").alias("before"),
+            (pl.col("offset") + pl.col("size")).max().over("file").alias("fsize"),
+        )
+        .filter(pl.col("offset") == 0)
+        # a whole access since the last read of the file's start: a new one, even with no
+        # other file between (a worker that meets the file at an epoch's end and next start)
+        .with_columns(
+            (
+                pl.col("back")
+                | (
+                    (pl.col("before") - pl.col("before").shift(1).over("pid", "file"))
+                    >= WHOLE_FILE * pl.col("fsize")
+                )
+            ).alias("back")
+        )  # fmt: skip
+    )
+    if r.is_empty():
+        return None
+    o = opens.select("pid", "file", pl.col("ts").alias("o_ts")).sort("o_ts")
+    tagged = r.join_asof(
+        o, left_on="ts", right_on="o_ts", by=["pid", "file"], strategy="backward",
+        check_sortedness=False,
+    ).drop_nulls("o_ts")  # fmt: skip
+    first = tagged.group_by("pid", "file", "o_ts").agg(pl.col("size").first().alias("p_size"))
+    again = tagged.join(first, on=["pid", "file", "o_ts"]).filter(
+        (pl.col("size") == pl.col("p_size")) & pl.col("back")
+    )
+    if again.height <= opens.height:
+        return None
+    return again.select("pid", "file", "ts", "end").sort("ts")

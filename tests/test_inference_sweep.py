@@ -826,3 +826,24 @@ def test_a_dataset_generated_in_the_capture_is_left_out() -> None:
     if m.provenance.fields["reader.batch_size"].confidence == "inferred":
         assert m.reader.batch_size == want["batch_size"]
     assert any(n.startswith("left out the dataset's generation") for n in m.provenance.notes)
+
+
+@pytest.mark.parametrize("name", ["ddp_w2p_keep_r1", "ddp_w2p_keep_r2"])
+def test_npz_files_read_through_handles_kept_open(name: str) -> None:
+    """Persistent workers keep a handle to every NPZ file they met and read it again through
+    it in later epochs: no open per sample, but each access re-reads the file from its start
+    (``np.load``'s magic). Those repeated first reads are the visits; by the opens alone the
+    files met twice by one worker looked like files of 2 samples, or like strays (17 of 24
+    files, 2 epochs of 3; 25 of 32). Variants: 1 rank, compressed members, 3 epochs,
+    batch 3; 2 ranks, stored members, 2 epochs, batch 2."""
+    want = _truth(name)
+    lt = load_trace(SWEEP / name)
+    m = distill(lt.events, manifest=lt.manifest, source=str(SWEEP / name))
+    assert m.dataset.num_files == want["num_files"]
+    assert m.dataset.num_samples_per_file == 1
+    assert m.train.epochs == want["epochs"]
+    assert m.processes.ranks == want["ranks"]
+    assert m.reader.read_threads == want["read_threads"]
+    assert m.reader.persistent_workers is True
+    if m.provenance.fields["reader.batch_size"].confidence == "inferred":
+        assert m.reader.batch_size == want["batch_size"]

@@ -140,10 +140,32 @@ TRACES |= {
         *("--workers", "2", "--epochs", "3", "--keep-open", "--persistent-workers"),
     ],
 }
+# NPZ files read through handles 2 persistent workers keep open across epochs: no open per
+# sample, each access re-reads the zip through the kept handle (1 rank, compressed, 3 epochs;
+# 2 ranks, 2 epochs)
+TRACES |= {
+    "ddp_w2p_keep_r1": [
+        *("--num-files", "24", "--volume", "16", "--batch-size", "3", "--compressed"),
+        *("--workers", "2", "--epochs", "3", "--persistent-workers", "--keep-open"),
+        *("--threads", "1"),
+    ],
+    "ddp_w2p_keep_r2": [
+        *("--num-files", "32", "--volume", "16", "--batch-size", "2"),
+        *("--workers", "2", "--epochs", "2", "--persistent-workers", "--keep-open"),
+        *("--threads", "1"),
+    ],
+}
 #: traces whose job generates its dataset inside the capture
 GENERATED_IN_CAPTURE = {"cosmo_w2p_keep_gen"}
 #: torchrun's ranks of the ``ddp_*`` traces
-RANKS = {"ddp_w0_r2_all": 2, "ddp_w0_r3": 3, "ddp_w0_r1": 1, "ddp_w2_r2": 2}
+RANKS = {
+    "ddp_w0_r2_all": 2,
+    "ddp_w0_r3": 3,
+    "ddp_w0_r1": 1,
+    "ddp_w2_r2": 2,
+    "ddp_w2p_keep_r1": 1,
+    "ddp_w2p_keep_r2": 2,
+}
 
 
 def make(name: str, work: Path) -> None:

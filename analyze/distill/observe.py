@@ -61,6 +61,7 @@ def observe(
             traced_pids=set(events["pid"].unique().to_list()),
             pauses=_pauses(events, data_dirs, paths, source),
             held_open_regions=infer_format(paths, reads)[0] == "hdf5",
+            whole_file_samples=infer_format(paths, reads)[0] in WHOLE_FILE_FORMATS,
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
                 (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
@@ -97,6 +98,10 @@ def observe(
         tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
         dlio_reader=dlio_reader(annotated),
     )
+
+
+#: Formats of one sample a file, read whole (a kept handle re-reads the file's start).
+WHOLE_FILE_FORMATS = ("npz", "npy", "jpeg", "png")
 
 
 def _after_generation(io: pl.DataFrame, facts: Facts) -> pl.DataFrame:
