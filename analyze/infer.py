@@ -58,6 +58,7 @@ from .infer_steps import (
     batch_starts,
     epoch_span_steps,
     overlap_us,
+    per_epoch,
     steady_batch_intervals,
     warmup_count,
     worker_intervals,
@@ -290,21 +291,6 @@ def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
     return v.filter(pl.col("file").is_in(keep.implode()))
 
 
-def _per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
-    """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
-    if not spans:
-        return frame.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
-    starts = pl.DataFrame(
-        {"epoch": [e for e, _, _ in spans], "e_ts": [a for _, a, _ in spans]}
-    ).sort("e_ts")
-    out = (
-        frame.drop("epoch", strict=False)
-        .sort("ts")
-        .join_asof(starts, left_on="ts", right_on="e_ts", strategy="backward")
-    )
-    return out.with_columns(pl.col("epoch").fill_null(starts["epoch"][0])).drop("e_ts")
-
-
 def _concurrent(frame: pl.DataFrame) -> int:
     """Most processes whose event spans overlap in time."""
     spans = frame.group_by("pid").agg(
@@ -402,7 +388,8 @@ def infer_posix_loop(
     regions of a file, HDF5): a file each process opens once is visited per sample-sized read;
     ``lifetimes`` (pid, a, b µs: each process's first and last event) tell worker pools apart;
     ``whole_file_samples`` (a format of one sample a file: NPZ, NPY, JPEG, PNG): a file read
-    again from its start through a handle kept open is visited again (:func:`_reparses`)."""
+    again from its start through a handle kept open is visited again
+    (:func:`~.infer_pools.reparses`)."""
     visits = _visits(io)
     basis = "opens"
     if visits.is_empty() or visits.group_by("file").len()["len"].max() is None:
@@ -547,7 +534,7 @@ def _read_threads(
         ), consumers
     # a worker counts in the epochs it reads a fair share in (a persistent worker in all;
     # reads at an epoch's edge, by the previous epoch's workers, do not count)
-    work = _per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
+    work = per_epoch(readers.filter(pl.col("ppid").is_in(list(traced_pids))), epoch_spans)
     n = work.group_by("pid", "ppid", "epoch").len()
     fair = n.filter(pl.col("len") >= 0.25 * pl.col("len").median())
     # per consumer (the workers' parent: each rank of a multi-rank job has its own workers)

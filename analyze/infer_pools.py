@@ -258,7 +258,7 @@ def reparses(io: pl.DataFrame, opens: pl.DataFrame) -> pl.DataFrame | None:
             (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"),
             "offset",
             "size",
-        )  # fmt: skip
+        )
         .sort("ts")
         .with_columns(
             (pl.col("file") != pl.col("file").shift(1).over("pid")).fill_null(True).alias("back"),
@@ -277,15 +277,19 @@ def reparses(io: pl.DataFrame, opens: pl.DataFrame) -> pl.DataFrame | None:
                     >= WHOLE_FILE * pl.col("fsize")
                 )
             ).alias("back")
-        )  # fmt: skip
+        )
     )
     if r.is_empty():
         return None
     o = opens.select("pid", "file", pl.col("ts").alias("o_ts")).sort("o_ts")
     tagged = r.join_asof(
-        o, left_on="ts", right_on="o_ts", by=["pid", "file"], strategy="backward",
+        o,
+        left_on="ts",
+        right_on="o_ts",
+        by=["pid", "file"],
+        strategy="backward",
         check_sortedness=False,
-    ).drop_nulls("o_ts")  # fmt: skip
+    ).drop_nulls("o_ts")
     first = tagged.group_by("pid", "file", "o_ts").agg(pl.col("size").first().alias("p_size"))
     again = tagged.join(first, on=["pid", "file", "o_ts"]).filter(
         (pl.col("size") == pl.col("p_size")) & pl.col("back")

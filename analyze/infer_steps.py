@@ -16,6 +16,7 @@ __all__ = [
     "batch_starts",
     "epoch_span_steps",
     "overlap_us",
+    "per_epoch",
     "steady_batch_intervals",
     "warmup_count",
     "worker_intervals",
@@ -291,3 +292,18 @@ def worker_intervals(
         else ""
     )
     return vals, what
+
+
+def per_epoch(frame: pl.DataFrame, spans: list[tuple[int, int, int]]) -> pl.DataFrame:
+    """``frame`` with ``epoch``: the latest inferred epoch starting at or before each event."""
+    if not spans:
+        return frame.with_columns(pl.lit(0, pl.Int64).alias("epoch"))
+    starts = pl.DataFrame(
+        {"epoch": [e for e, _, _ in spans], "e_ts": [a for _, a, _ in spans]}
+    ).sort("e_ts")
+    out = (
+        frame.drop("epoch", strict=False)
+        .sort("ts")
+        .join_asof(starts, left_on="ts", right_on="e_ts", strategy="backward")
+    )
+    return out.with_columns(pl.col("epoch").fill_null(starts["epoch"][0])).drop("e_ts")

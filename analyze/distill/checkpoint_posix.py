@@ -30,6 +30,7 @@ from dlreplay.model import Checkpoint, WorkloadModel
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SYNC_OPS, WRITE_OPS
 
 from ..files import CHECKPOINT_WRITE_BYTES, LIBRARY_PATTERN
+from ..infer_steps import per_epoch
 from ..trace.sidecar import fields_of, matching_lines, register
 from .base import US, Facts, Observed, mode, num, observed
 from .checkpoint import file_writes_of
@@ -379,17 +380,11 @@ def _savers_epochs(
     ).select("ts", (pl.col("ts") + pl.col("dur").fill_null(0)).alias("end"))
     if reads.is_empty():
         return epoch_spans
-    begun = pl.DataFrame(
-        {"e": [e for e, _, _ in epoch_spans], "e_ts": [a for _, a, _ in epoch_spans]},
-        schema={"e": pl.Int64, "e_ts": pl.Int64},
-    ).sort("e_ts")
     own = (
-        reads.sort("ts")
-        .join_asof(begun, left_on="ts", right_on="e_ts", strategy="backward")
-        .with_columns(pl.col("e").fill_null(begun["e"][0]))
-        .group_by("e")
+        per_epoch(reads, epoch_spans)
+        .group_by("epoch")
         .agg(pl.col("ts").min().alias("a"), pl.col("end").max().alias("b"))
-        .sort("e")
+        .sort("epoch")
     )
     return [(int(e), int(a), int(b)) for e, a, b in own.iter_rows()]
 

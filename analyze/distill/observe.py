@@ -52,6 +52,7 @@ def observe(
     # one row per training step of each consumer, whichever convention annotated the loop
     loop = voc.training_steps(annotated)
     has_loader = loop.height > 0
+    fmt = infer_format(paths, reads)[0]
     # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
     posix = (
         None
@@ -60,8 +61,8 @@ def observe(
             _without_launchers(io, programs(source)),
             traced_pids=set(events["pid"].unique().to_list()),
             pauses=_pauses(events, data_dirs, paths, source),
-            held_open_regions=infer_format(paths, reads)[0] == "hdf5",
-            whole_file_samples=infer_format(paths, reads)[0] in WHOLE_FILE_FORMATS,
+            held_open_regions=fmt == "hdf5",
+            whole_file_samples=fmt in WHOLE_FILE_FORMATS,
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
                 (pl.col("ts") + pl.col("dur").fill_null(0)).max().alias("b"),
