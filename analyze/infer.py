@@ -110,6 +110,9 @@ class PosixLoop:
     #: file from E/d passes of k*d samples each read with its whole file (DLIO's NPZ reader):
     #: the epochs and samples per file are a guess
     passes_guessed: bool = False
+    #: the visits count a file's re-reads through a handle kept open (:func:`~.infer_pools.reparses`):
+    #: the job does not open a file per sample
+    kept_open: bool = False
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {
@@ -433,6 +436,7 @@ def infer_posix_loop(
         passes_guessed=guessed,
         shuffled=order,
         visits=visits.height,
+        kept_open=basis.startswith("each open's first read, again"),
     )
 
 

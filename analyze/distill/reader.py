@@ -208,10 +208,14 @@ def _metadata(obs: Observed, facts: Facts) -> tuple[MetadataPerSample, bool]:
         "calls on dataset files / samples read",
         "measured" if items.height else "inferred",
     )
-    open_per_sample = meta.opens is not None and meta.opens >= 0.5
+    kept = not items.height and obs.posix is not None and obs.posix.kept_open
+    open_per_sample = meta.opens is not None and meta.opens >= 0.5 and not kept
     facts.put(
         "reader.open_per_sample",
-        "dataset opens per sample >= 0.5",
+        "files read again through handles kept open (the first read of an open repeated "
+        f"without an open; {meta.opens} opens per sample)"
+        if kept
+        else "dataset opens per sample >= 0.5",
         "measured" if items.height else "inferred",
     )
     return meta, open_per_sample
