@@ -122,7 +122,7 @@ def check_plan_size(model: WorkloadModel, seed: int) -> None:
     if not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
         raise ReplayError(f"seed: expected an integer in 0..2**63-1, got {seed!r}")
     ds = model.dataset
-    samples = ds.num_files * ds.num_samples_per_file
+    samples = ds.num_files * ds.num_samples_per_file // max(1, ds.files_per_sample)
     need = samples * PLAN_BYTES_PER_SAMPLE + ds.num_files * PLAN_BYTES_PER_FILE
     ram = host_memory_bytes()
     if ram and need > ram // 2:
@@ -195,7 +195,8 @@ def check_replay_resources(model: WorkloadModel, accelerators: int, out: Path | 
                 f"{MAX_SLEEP_S:.0e} s, {MAX_SLEEP_S / 86400:.0f} days); check the unit (seconds)"
             )
     ram = host_memory_bytes()
-    in_batch = min(rd.batch_size, ds.num_files * ds.num_samples_per_file)
+    k = max(1, ds.files_per_sample)  # record_length is then a file's, k files a sample
+    in_batch = min(rd.batch_size, ds.num_files * ds.num_samples_per_file // k) * k
     batch = _mean(ds.record_length) * in_batch * max(1, accelerators) * (1 + rd.prefetch_factor)
     if ram and batch > ram // 2:
         raise ReplayError(
@@ -245,6 +246,9 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
         if ds.record_length.type == "empirical"
         else None
     )
+    parts = _part_sizes(ds, seed) if ds.files_per_sample > 1 else None
+    if strata is not None and ds.files_per_sample > 1:
+        strata = _part_strata(ds, strata)
     for i in range(n):
         rng = np.random.default_rng([seed, i, 0x5EED])
         if strata is not None:
@@ -255,12 +259,49 @@ def plan_dataset(model: WorkloadModel, seed: int) -> list[FileSpec]:
         else:
             draws = ds.record_length.sample(rng, per_file)
         sizes = np.maximum(1, np.rint(draws)).astype(np.int64)
+        if parts is not None:
+            sizes = parts[i : i + 1]
         if per_file == 1:
             sizes = np.repeat(sizes, k)
         name = f"img_{i:0{width}d}_of_{n}.{ext}"
         rel = f"train/{i % ds.num_subfolders}/{name}" if ds.num_subfolders > 0 else f"train/{name}"
         out.append(FileSpec(index=i, relpath=rel, sizes=tuple(int(s) for s in sizes)))
     return out
+
+
+def _part_sizes(ds: Any, seed: int) -> np.ndarray | None:
+    """Each file's size (bytes) where a sample's ``k = files_per_sample`` files are the layout's
+    ``k`` structures in turn and each structure lists its sampled files' sizes: file ``i``
+    takes one of structure ``i % k``'s, in a seeded order that deals them out evenly. None
+    without such a layout (:func:`_part_strata` then bands the record lengths)."""
+    k, n = ds.files_per_sample, ds.num_files
+    structures = list(ds.layout.arrays or ds.layout.images or [])
+    if len(structures) != k or not all(st.file_bytes for st in structures):
+        return None
+    out = np.zeros(n, dtype=np.int64)
+    for j, st in enumerate(structures):
+        sizes = np.asarray(st.file_bytes, dtype=np.int64)
+        picks = np.random.default_rng([seed, j, 0x9A27]).permutation(n // k) % sizes.size
+        out[j::k] = sizes[picks]
+    return out
+
+
+def _part_strata(ds: Any, strata: np.ndarray) -> np.ndarray:
+    """Strata of the files of samples of ``k = files_per_sample`` files: file ``i`` is part
+    ``i % k`` of sample ``i // k``, and each part draws from its own band of the sizes' quantiles
+    (a sample's image from the images' sizes, its mask from the masks'). Part ``j``'s band is
+    the rank of the layout's ``j``-th structure among the structures' sizes where the layout
+    has one structure a part (distill orders them by part), else ``j`` (smallest first)."""
+    k, n = ds.files_per_sample, strata.size
+    per = n // k
+    structures = list(ds.layout.arrays or ds.layout.images or [])
+    sizes = [getattr(st, "bytes", None) for st in structures]
+    bands = list(range(k))
+    if len(structures) == k and all(isinstance(b, int) for b in sizes):
+        bands = [sorted(range(k), key=lambda j: sizes[j]).index(j) for j in range(k)]
+    order = strata[strata < per]  # a seeded permutation of the samples, from the files' own
+    i = np.arange(n)
+    return np.asarray([bands[j] for j in i % k]) * per + order[i // k]
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:

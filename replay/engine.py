@@ -51,6 +51,7 @@ from .plan import (
     epoch_compute,
     evaluation_steps,
     model_accelerators,
+    sample_files,
     spends_host_cpu,
     step_compute,
     steps_per_epoch,
@@ -584,7 +585,7 @@ def find_max_accelerators(
     measured: dict[int, float | None] = {}
 
     def trial(n: int) -> bool:
-        if n > config.model.dataset.num_files:
+        if n > sample_files(config.model):
             return False
         cfg = dataclasses.replace(config, accelerators=n, out=base / f"n{n}", trace=False)
         res = run_replay(cfg, echo=say)

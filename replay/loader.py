@@ -69,6 +69,9 @@ class WorkerSpec:
     preprocess_cpu: Distribution = Distribution.fixed(0.0)
     #: how worker processes start (the model's ``reader.multiprocessing_context``)
     start_method: str = "fork"
+    #: files each sample reads whole (the model's ``dataset.files_per_sample``): sample file
+    #: ``f`` of the plan is ``paths[f*k .. f*k+k-1]``
+    files_per_sample: int = 1
     #: tensors in each batch the torch loader hands over (the model's ``reader.batch_tensors``)
     batch_tensors: int = 1
     #: indexed_binary: where the record index is (the model's ``dataset.layout.index``; None: dlreplay's)
@@ -331,14 +334,6 @@ class SampleReader:
         if cpu0 is None:
             cpu0 = time.thread_time()
         s = self.spec
-        path = os.path.join(s.data_dir, s.paths[f])
-        recs = s.records[f]
-        rec = recs[k] if recs is not None else None
-        if self.index is not None:
-            if self.index[f] is None:  # outside the rank's block (an order not DLIO's): loaded now
-                self.index[f] = dlio_index_of(s, f)
-            off, size = self.index[f]  # type: ignore[misc]
-            rec = (int(off[k]), int(size[k]))
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = (
             REGIONS.begin("item", "data", image_idx=f * s.samples_per_file + k)
@@ -346,7 +341,15 @@ class SampleReader:
             else None
         )
         busy0 = runnable_seconds()
-        nbytes, decoded = self._read(path, f, k, rec)
+        if s.files_per_sample > 1:  # each of the sample's files whole, in turn
+            got = [
+                self._read_file(g, 0)
+                for g in range(f * s.files_per_sample, (f + 1) * s.files_per_sample)
+            ]
+            nbytes = sum(n for n, _ in got)
+            decoded = tuple(a for _, d in got for a in (d if isinstance(d, tuple) else (d,)))
+        else:
+            nbytes, decoded = self._read_file(f, k)
         pre = None
         settled: float | None = None
         burned = 0.0
@@ -390,6 +393,20 @@ class SampleReader:
         marks = (self.batch_began, self.sample_ended)
         self.batch_began = None
         return marks
+
+    def _read_file(self, f: int, k: int) -> tuple[int, Decoded]:
+        """Read sample *k* of file *f* (an index of ``spec.paths``): its record's byte range from
+        the file's records or its DLIO index, where it has them."""
+        s = self.spec
+        path = os.path.join(s.data_dir, s.paths[f])
+        recs = s.records[f]
+        rec = recs[k] if recs is not None else None
+        if self.index is not None:
+            if self.index[f] is None:  # outside the rank's block (an order not DLIO's): loaded now
+                self.index[f] = dlio_index_of(s, f)
+            off, size = self.index[f]  # type: ignore[misc]
+            rec = (int(off[k]), int(size[k]))
+        return self._read(path, f, k, rec)
 
     def _read(self, path: str, f: int, k: int, rec: tuple[int, int] | None) -> tuple[int, Decoded]:
         """Read sample *k* of file *f* at *path* (its byte range *rec*, when the file has records):

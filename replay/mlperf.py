@@ -103,7 +103,8 @@ def files_for_bytes(model: WorkloadModel, target: int) -> int:
             "dataset.record_length has no known mean: the files' size, so how many files a size "
             "needs, cannot be told"
         )
-    return max(ds.num_files, math.ceil(target / per_file))
+    k = max(1, ds.files_per_sample)  # whole samples of k files each
+    return max(ds.num_files, math.ceil(target / per_file / k) * k)
 
 
 def scale_target(text: str) -> int:

@@ -45,11 +45,17 @@ def _shuffle(mode: str, seed: int | None, items: list[Any], key: Sequence[int]) 
     return [items[i] for i in order]
 
 
+def sample_files(model: WorkloadModel) -> int:
+    """The dataset's files as the samples see them: every file, or each sample's group of
+    ``dataset.files_per_sample`` files (file ``i`` of the plan reads files ``i*k .. i*k+k-1``)."""
+    return model.dataset.num_files // max(1, model.dataset.files_per_sample)
+
+
 def model_accelerators(model: WorkloadModel) -> int:
     """The accelerators a replay of ``model`` simulates unless told: the traced job's ranks
     (``processes.ranks``; a 2-rank DLIO run replayed on one accelerator read half its data),
     at most one per dataset file."""
-    return max(1, min(model.processes.ranks, model.dataset.num_files))
+    return max(1, min(model.processes.ranks, sample_files(model)))
 
 
 def steps_per_epoch(model: WorkloadModel, size: int) -> int:
@@ -59,7 +65,7 @@ def steps_per_epoch(model: WorkloadModel, size: int) -> int:
     batches only); otherwise each rank reads its :func:`rank_share` of the samples, and
     ``reader.drop_last`` drops a last partial batch.
     """
-    nfiles = model.dataset.num_files
+    nfiles = sample_files(model)
     if nfiles < size:
         raise ReplayError(
             f"dataset.num_files: {nfiles} file(s) cannot be shared by {size} accelerators "
@@ -82,7 +88,7 @@ def rank_share(model: WorkloadModel, size: int) -> int:
     (drop_last False, its default: the short ranks padded with samples repeated from the start)
     or ``floor(n / size)`` (``reader.drop_last``: the tail dropped). Not DLIO's order (its own
     sampler: :func:`steps_per_epoch`)."""
-    total = model.dataset.num_files * model.dataset.num_samples_per_file
+    total = sample_files(model) * model.dataset.num_samples_per_file
     return total // size if model.reader.drop_last else math.ceil(total / size)
 
 
@@ -91,7 +97,7 @@ def _own_samples(plan: RankPlan, rank: int, epoch: int) -> list[tuple[int, int]]
     ``reader.file_shuffle`` and ``reader.sample_shuffle`` say."""
     m, rd = plan.model, plan.model.reader
     seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed
-    files = list(range(rank, m.dataset.num_files, plan.size))
+    files = list(range(rank, sample_files(m), plan.size))
     files = _shuffle(rd.file_shuffle, seed, files, (epoch, rank, 1))
     samples = [(f, k) for f in files for k in range(m.dataset.num_samples_per_file)]
     return _shuffle(rd.sample_shuffle, seed, samples, (epoch, rank, 2))
@@ -104,7 +110,7 @@ def _padding(plan: RankPlan, epoch: int, share: int) -> list[tuple[int, int]]:
     file: whole files r::N do not split as samples do), then the global samples from the
     start (file-major), as the sampler repeats them."""
     nfiles, spf, size = (
-        plan.model.dataset.num_files,
+        sample_files(plan.model),
         plan.model.dataset.num_samples_per_file,
         plan.size,
     )
@@ -128,7 +134,7 @@ def _dlio_order(plan: RankPlan, epoch: int) -> list[tuple[int, int]]:
     ``file_shuffle`` has no effect on this path."""
     m, rd = plan.model, plan.model.reader
     spf = m.dataset.num_samples_per_file
-    total = m.dataset.num_files * spf
+    total = sample_files(m) * spf
     per_rank = math.ceil(total / plan.size)
     indices = list(range(plan.rank * per_rank, min(total, (plan.rank + 1) * per_rank)))
     seed = rd.shuffle_seed if rd.shuffle_seed is not None else plan.seed

@@ -196,6 +196,7 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         resize_bytes=m.dataset.record_length_resize,
         preprocess_cpu=m.reader.preprocess_host_cpu,
         start_method=m.reader.multiprocessing_context,
+        files_per_sample=m.dataset.files_per_sample,
         batch_tensors=m.reader.batch_tensors,
         index_style=m.dataset.layout.index,
         memory_map=m.reader.memory_map and m.dataset.format == "indexed_binary",

@@ -89,7 +89,7 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         }
 
     def __len__(self) -> int:
-        return len(self.spec.paths) * self.spec.samples_per_file
+        return len(self.spec.paths) // self.spec.files_per_sample * self.spec.samples_per_file
 
     def reader(self) -> SampleReader:
         pid = os.getpid()

@@ -262,6 +262,7 @@ def dataset_section(
         "measured" if sizes.height else "default",
     )
     spf = _samples_per_file(obs, facts)
+    parts = _sample_parts(obs, sizes, spf, fmt, len(paths), facts)
     record = _record_length(obs, sizes, spf, facts, fmt)
     parents = {str(PurePosixPath(p).parent) for p in paths}
     folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
@@ -272,6 +273,7 @@ def dataset_section(
         format=fmt,
         num_files=len(paths),
         num_samples_per_file=spf,
+        files_per_sample=max(1, len(parts)),
         record_length=record,
         file_size=file_size,
         num_subfolders=len(parents) if len(parents) > 1 else 0,
@@ -290,7 +292,75 @@ def dataset_section(
             sizes["size"].to_list(),
         ),
     )
+    if len(parts) > 1:
+        dataset = replace(dataset, layout=_parts_in_order(dataset.layout, parts))
     return _with_layout_details(dataset, obs, fingerprint, facts)
+
+
+#: formats whose sample can be a group of files, each read whole (an image and its mask)
+_PART_FORMATS = ("npz", "npy", "hdf5", "jpeg", "png")
+#: share of the item events that must read the same number of files for it to be the rule
+_PARTS_SHARE = 0.9
+
+
+def _sample_parts(
+    obs: Observed, sizes: pl.DataFrame, spf: int, fmt: str, files: int, facts: Facts
+) -> list[float]:
+    """Each file of a sample's group, in the order the sample reads them: its median size
+    (bytes) over the samples; [] where a sample reads one file. A sample reads *k* > 1 files
+    where at least 90 % of the item events (a Dataset's ``__getitem__``) read *k* distinct
+    dataset files (MLPerf unet3d's ``case_x.npy`` and ``case_y.npy``): measured. POSIX-only
+    traces have no items: not inferred there."""
+    if spf != 1 or fmt not in _PART_FORMATS or not obs.items.height:
+        return []
+    reads = obs.tagged_io.filter(
+        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("item_ts").is_not_null()
+    )
+    firsts = reads.group_by("pid", "item_ts", "file").agg(pl.col("ts").min())
+    per_item = firsts.group_by("pid", "item_ts").agg(pl.len().alias("k"))
+    if per_item.is_empty():
+        return []
+    k = int(per_item["k"].mode().min() or 1)
+    share = float((per_item["k"] == k).mean() or 0.0)
+    if k < 2 or share < _PARTS_SHARE or files % k:
+        return []
+    # each item's files in the order it first read them: the part each file is
+    order = (
+        firsts.join(per_item.filter(pl.col("k") == k), on=["pid", "item_ts"])
+        .sort("ts")
+        .with_columns(pl.int_range(pl.len()).over("pid", "item_ts").alias("part"))
+        .join(sizes.select("file", "size"), on="file", how="left")
+    )
+    medians = order.group_by("part").agg(pl.col("size").median()).sort("part")["size"].to_list()
+    facts.put(
+        "dataset.files_per_sample",
+        f"{share:.0%} of {per_item.height} item events read {k} dataset files each (median "
+        f"sizes in the order read: {', '.join(f'{num(m, 0):.0f}' for m in medians)} B)",
+        "measured",
+    )
+    facts.notes.append(
+        f"each sample reads {k} files whole ({files // k} samples of {files} files): the "
+        "replay reads the same groups (dataset.files_per_sample; DLIO has no such key, and "
+        "its export reads each file as a sample)"
+    )
+    return [num(m, 0) for m in medians]
+
+
+def _parts_in_order(layout: Layout, parts: list[float]) -> Layout:
+    """*layout* with its structures (arrays or images) in the order of a sample's parts (the
+    replay gives file ``i`` of a sample the ``i``-th structure's sizes): each part takes the
+    free structure nearest its median size. Unchanged unless there is one structure a part."""
+    for key in ("arrays", "images"):
+        structures = list(getattr(layout, key) or [])
+        if len(structures) != len(parts) or any(st.bytes is None for st in structures):
+            continue
+        free, ordered = list(range(len(structures))), []
+        for size in parts:
+            best = min(free, key=lambda i: abs(int(structures[i].bytes) - size))
+            free.remove(best)
+            ordered.append(structures[best])
+        return replace(layout, **{key: ordered})
+    return layout
 
 
 def _samples_per_file(obs: Observed, facts: Facts) -> int:

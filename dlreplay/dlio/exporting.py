@@ -253,9 +253,17 @@ def _export_reader(model: WorkloadModel, warnings: list[str]) -> dict[str, Any]:
     prefetch = (
         rd.prefetch_factor * max(rd.read_threads, 1) if loader == "pytorch" else rd.prefetch_factor
     )
+    k = model.dataset.files_per_sample
+    if k > 1:
+        warnings.append(
+            f"dataset.files_per_sample={k} has no DLIO key: DLIO reads each file as a sample, so "
+            f"batch_size is exported as {rd.batch_size} x {k} = {rd.batch_size * k}: the same files, "
+            "bytes and steps (DLIO's samples/s counts files, and it spends reader.preprocess_time, "
+            "a sample's, per file)"
+        )
     out: dict[str, Any] = {
         "data_loader": loader,
-        "batch_size": rd.batch_size,
+        "batch_size": rd.batch_size * k,
         "batch_size_eval": rd.batch_size_eval,
         "read_threads": rd.read_threads,
         "computation_threads": rd.computation_threads,

@@ -74,7 +74,9 @@ class Dataset:
     format: str = model_field(choices=FORMATS, doc="file format")
     num_files: int = model_field(check="positive", doc="training files (DLIO num_files_train)")
     num_samples_per_file: int = model_field(check="positive", doc="samples per file")
-    record_length: Distribution = model_field(check="nonneg", doc="bytes per sample")
+    record_length: Distribution = model_field(
+        check="nonneg", doc="bytes per sample (per file where files_per_sample > 1)"
+    )
     file_size: Distribution = model_field(
         factory=Distribution.unknown, check="nonneg", doc="bytes per file"
     )
@@ -92,8 +94,23 @@ class Dataset:
         doc="files in the data folder read outside the samples (markers, labels, indexes); "
         "null: none",
     )
+    files_per_sample: int = model_field(
+        1,
+        check="positive",
+        doc="files each sample reads whole, one of each part in turn (an image and its mask: "
+        "2); num_files counts every file, so num_files / files_per_sample samples (not DLIO)",
+    )
 
     def __post_init__(self) -> None:
+        if self.files_per_sample > 1 and (
+            self.num_samples_per_file != 1 or self.num_files % self.files_per_sample
+        ):
+            raise InvalidField(
+                "files_per_sample",
+                f"{self.files_per_sample} files a sample needs 1 sample a file and num_files a "
+                f"multiple of it, got num_samples_per_file {self.num_samples_per_file} and "
+                f"num_files {self.num_files}",
+            )
         if self.side_files is not None and len(self.side_files) > MAX_SIDE_FILES:
             raise InvalidField(
                 "side_files",

@@ -118,6 +118,13 @@ def _summary_layout(lay: Layout) -> str:
     return f"{', '.join(parts)}{more} ({lay.source or 'given'})"
 
 
+def _per_file(ds: Any) -> str:
+    """How the dataset's samples sit in its files: samples a file, or files a sample."""
+    if ds.files_per_sample > 1:
+        return f"({ds.files_per_sample} a sample: {ds.num_files // ds.files_per_sample} samples)"
+    return f"x {ds.num_samples_per_file} sample(s)/file"
+
+
 def summarize_model(model: WorkloadModel) -> str:
     """A readable multi-line summary, ending with the fields left at defaults."""
     m, ds, rd, tr, pr = model.model, model.dataset, model.reader, model.train, model.processes
@@ -125,9 +132,8 @@ def summarize_model(model: WorkloadModel) -> str:
     lines = [
         f"workload {name}" + (f" ({m.type})" if m.type else "") + f", framework {model.framework}"
     ]
-    per_file = f"{ds.num_samples_per_file} sample(s)/file"
     lines.append(
-        f"  dataset     {ds.format}, {ds.num_files} files x {per_file}"
+        f"  dataset     {ds.format}, {ds.num_files} files {_per_file(ds)}"
         + (f", {ds.num_files_eval} eval files" if ds.num_files_eval else "")
         + (f", in {ds.data_folder}" if ds.data_folder else "")
     )

@@ -1,0 +1,120 @@
+"""Samples made of several files, each read whole (an image and its mask: MLPerf unet3d's
+``case_x.npy`` and ``case_y.npy``): distill finds how many files a sample reads and in which
+order (``dataset.files_per_sample``), generate writes each sample's files with their own
+sizes, and the replay reads the same groups. Before, the model said "48 files of 1 sample,
+batch 2, 12 steps an epoch", and the replay read 24 of the 48 files an epoch: half the bytes.
+
+Traces: ``traces/parts/`` (``traces/make_parts_traces.py``): 2 and 3 files a sample, NPY and
+PNG, the image or the mask read first, 2 workers or none, batch 2 or 3, shuffled or not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from dlreplay.analyze import load_trace
+from dlreplay.analyze.distill import distill
+from dlreplay.errors import ModelError
+from dlreplay.schema import READ_OPS
+
+PARTS = Path(__file__).resolve().parent.parent / "traces" / "parts"
+NAMES = ["npy_pairs", "png_triples"]
+
+
+def _truth(name: str) -> dict:
+    return json.loads((PARTS / name / "expected.json").read_text())["truth"]
+
+
+def _model(name: str):
+    lt = load_trace(PARTS / name)
+    return distill(lt.events, manifest=lt.manifest, source=str(PARTS / name)), lt
+
+
+def _reads(lt) -> pl.DataFrame:
+    """A trace's reads of its dataset files (the example's ``case_*``, the replay's ``img_*``)."""
+    return lt.events.filter(
+        pl.col("name").is_in(list(READ_OPS))
+        & (pl.col("size") > 0)
+        & pl.col("file").cast(pl.String).str.contains(r"/(case|img)_[^/]*\.(npy|png)$")
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_files_a_sample_reads_found_in_their_order(name: str) -> None:
+    """The files each item event reads, and their order: the layout's first structure is the
+    part the job read first (the image, 12 KiB, or the mask, 0.3 KiB)."""
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, f = m.dataset, m.provenance.fields
+    assert ds.files_per_sample == truth["files_per_sample"]
+    assert f["dataset.files_per_sample"].confidence == "measured"
+    assert ds.num_files == truth["num_files"] and ds.num_samples_per_file == 1
+    assert ds.format == truth["format"]
+    assert m.reader.batch_size == truth["batch_size"]
+    assert m.reader.read_threads == truth["read_threads"]
+    assert m.train.epochs == truth["epochs"]
+    assert m.train.steps_per_epoch == -(-truth["samples"] // truth["batch_size"])
+    structures = ds.layout.arrays or ds.layout.images
+    assert len(structures) == truth["files_per_sample"]
+    sizes = [s.bytes for s in structures]
+    first_is_largest = sizes[0] == max(sizes)
+    assert first_is_largest == (truth["first_part"] == "image")
+    assert any("each sample reads" in n for n in m.provenance.notes)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_replay_reads_each_samples_files(name: str, tmp_path: Path) -> None:
+    """The replay reads every file an epoch, as the job did (it read half of them), and the
+    generated files take each part's size in turn."""
+    from dlreplay.analyze.compare import compare_traces
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    truth = _truth(name)
+    m, lt = _model(name)
+    res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
+    assert res.complete
+    assert res.metrics["overall"]["samples"] == truth["samples"] * truth["epochs"]
+    # both traced alike: numpy's and Pillow's reads as DFTracer sees them
+    job, replay = _reads(lt), _reads(load_trace(tmp_path / "out"))
+    assert replay["file"].n_unique() == job["file"].n_unique() == truth["num_files"]
+    assert replay["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
+    cmp = compare_traces(PARTS / name, tmp_path / "out")
+    assert cmp.similarity >= 0.97
+    # the generated files: each sample's group in the layout's order, each part its own size
+    manifest = json.loads(next((tmp_path / "d").glob(".dlreplay-dataset.json")).read_text())
+    files = sorted(manifest["files"], key=lambda f: f["path"])
+    k = truth["files_per_sample"]
+    want = [s.bytes for s in (m.dataset.layout.arrays or m.dataset.layout.images)]
+    for i, f in enumerate(files):
+        assert f["bytes"] == pytest.approx(want[i % k], rel=0.25), (i, f)
+
+
+def test_a_group_needs_whole_files_and_whole_samples() -> None:
+    """A model whose groups do not divide its files, or whose files hold several samples, is
+    refused with the field named."""
+    from dataclasses import replace
+
+    m, _ = _model("npy_pairs")
+    assert replace(m.dataset, num_files=46).files_per_sample == 2
+    with pytest.raises(ModelError, match="files_per_sample"):
+        replace(m.dataset, num_files=47)
+    with pytest.raises(ModelError, match="files_per_sample"):
+        replace(m.dataset, num_samples_per_file=2)
+
+
+def test_dlio_export_keeps_the_files_and_steps(tmp_path: Path) -> None:
+    """DLIO reads each file as a sample: the export's batch is the job's times the files a
+    sample, so DLIO reads the same files in the same steps, and says so."""
+    import yaml
+
+    from dlreplay.dlio import export_dlio
+
+    m, _ = _model("png_triples")
+    warnings = export_dlio(m, tmp_path / "w.yaml")
+    cfg = yaml.safe_load((tmp_path / "w.yaml").read_text())
+    assert cfg["reader"]["batch_size"] == 3 * 3
+    assert cfg["dataset"]["num_files_train"] == 54
+    assert any("files_per_sample=3" in w for w in warnings)

@@ -1,0 +1,75 @@
+"""Regenerate ``traces/parts/``: captures (with the loader hooks) of ``examples/paired_files.py``,
+whose every sample is a group of files read whole in its ``__getitem__`` (an image and its mask,
+and a weight map), for tests/test_sample_parts.py: distill finds the files a sample reads and
+their order, and the replay reads the same groups. The two differ in each of these: 2 or 3
+files a sample, NPY or PNG, the image or the mask read first, 2 workers or none, batch 2 or
+3, shuffled or not. ``expected.json`` holds the truth, from the job's arguments.
+
+    python traces/make_parts_traces.py [--only NAME] [--work /tmp/dlreplay-parts-traces]
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from make_stream_traces import keep_capture, run_makers  # noqa: E402
+
+from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+
+#: name -> (the job's arguments, the truth distill must find)
+TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "npy_pairs": (
+        ["--format", "npy", "--parts", "2", "--num-files", "24", "--workers", "2"]
+        + ["--batch-size", "2", "--shuffle", "--epochs", "3"],
+        {"files_per_sample": 2, "samples": 24, "num_files": 48, "format": "npy",
+         "first_part": "image", "batch_size": 2, "read_threads": 2, "epochs": 3},
+    ),
+    "png_triples": (
+        ["--format", "png", "--parts", "3", "--part-order", "mask-first", "--num-files", "18"]
+        + ["--workers", "0", "--batch-size", "3", "--no-shuffle", "--epochs", "3"],
+        {"files_per_sample": 3, "samples": 18, "num_files": 54, "format": "png",
+         "first_part": "mask", "batch_size": 3, "read_threads": 0, "epochs": 3},
+    ),
+}  # fmt: skip
+
+
+def make(name: str, work: Path) -> None:
+    args, truth = TRACES[name]
+    job = work / name
+    if job.exists():
+        shutil.rmtree(job)
+    data = job / "data"
+    script = REPO / "examples" / "paired_files.py"
+    base = [str(script), "--data-dir", str(data), "--quiet", *args]
+    subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
+    out = job / "trace"
+    res = run_capture(
+        CaptureConfig(
+            command=(sys.executable, *base), out=out, data_dirs=(str(data),), name=name, cwd=job
+        )
+    )
+    if res.exit_code != 0:
+        raise SystemExit(f"{name}: job failed ({res.exit_code})")
+    expected = {
+        "source": "examples/paired_files.py, dlreplay capture (loader hooks on)",
+        "command": ["examples/paired_files.py", *base[3:]],
+        "truth": truth,
+    }
+    keep_capture(out, HERE / "parts" / name, expected)
+
+
+def main() -> None:
+    run_makers(__doc__ or "", TRACES, make, "/tmp/dlreplay-parts-traces")
+
+
+if __name__ == "__main__":
+    main()
