@@ -48,7 +48,12 @@ __all__ = [
 ]
 
 #: Formats a fingerprint group may have for each model format.
-_COMPATIBLE = {"npz": ("npz", "zip"), "indexed_binary": ("raw", None), "raw": (None,)}
+_COMPATIBLE = {
+    "npz": ("npz", "zip"),
+    "pt": ("zip",),  # a torch.save archive is a zip
+    "indexed_binary": ("raw", None),
+    "raw": (None,),
+}
 
 
 @dataclass
@@ -554,7 +559,7 @@ def layout_from_fingerprint(
     summary: dict[str, Any] = {"source": "fingerprint", "files_sampled": len(files)}
     gfmt = group.get("format")
     if gfmt in ("npz", "zip", "npy"):
-        _npz_summary(files, spf, how, res, summary)
+        _npz_summary(_archive_members(files) if fmt == "pt" else files, spf, how, res, summary)
     elif gfmt == "hdf5":
         _hdf5_summary(files, spf, how, res, summary)
     elif gfmt in ("jpeg", "png"):
@@ -608,6 +613,19 @@ def _mark_unread(
         f"{told} sampled file(s) the trace read touched their bytes)",
         confidence,
     )
+
+
+def _archive_members(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """*files* of ``torch.save`` archives with their members named without the archive's own
+    folder (``sample_00007/data/0`` -> ``data/0``: torch names it after the file), so files
+    of one structure are one structure."""
+    out = []
+    for f in files:
+        members = [
+            {**m, "name": str(m.get("name", "")).split("/", 1)[-1]} for m in f.get("members", [])
+        ]
+        out.append({**f, "members": members})
+    return out
 
 
 def _npz_summary(

@@ -48,13 +48,14 @@ EXTENSIONS = {
     "raw": "raw",
     "tar": "tar",
     "arrow": "arrow",
+    "pt": "pt",
 }
 #: Formats whose samples are byte ranges recorded in the manifest (``offsets``).
 RECORD_FORMATS = ("raw", "tfrecord", "indexed_binary")
 #: Formats that store one image per file. Several samples per file are DLIO's: the file's
 #: one image, read whole for each of its samples (DLIO 2.0's image reader; its generator
 #: writes one image per file whatever ``num_samples_per_file`` says).
-ONE_SAMPLE_FORMATS = ("jpeg", "png")
+ONE_SAMPLE_FORMATS = ("jpeg", "png", "pt")
 #: Formats whose shards an IterableDataset streams whole (:mod:`.streaming`).
 SHARD_FORMATS = ("tar", "arrow")
 #: Formats whose samples are rows of a rectangular array (one record length per file).

@@ -245,6 +245,11 @@ def _array_key(name: str) -> str:
     return name[: -len(".npy")] if name.endswith(".npy") else name
 
 
+def _member(value: Any) -> np.ndarray:
+    """An NPZ member as an array: numpy hands a member that is no ``.npy`` over as bytes."""
+    return np.frombuffer(value, dtype=np.uint8) if isinstance(value, bytes) else value
+
+
 def _sample_of(arrays: list[np.ndarray], k: int | None) -> Decoded:
     """One sample from the arrays a Dataset takes: row *k* of arrays with more than one row
     (None: the arrays are the sample's already), the whole array otherwise; several arrays
@@ -363,6 +368,8 @@ class LibraryReader(_Reader):
                 with open(path, "rb", buffering=0) as raw:
                     return self._numpy_sample(raw, k)
             return self._numpy_sample(path if self.open_per_sample else self._handle(path), k)
+        if fmt == "pt":
+            return self._read_pt(path)
         if fmt in ("parquet", "csv"):
             import polars as pl
 
@@ -404,8 +411,40 @@ class LibraryReader(_Reader):
     def _numpy_sample(self, src: Any, k: int) -> Decoded:
         if self.fmt == "npz":
             with np.load(src) as z:  # every member, as a job's Dataset takes the arrays of a sample
-                return _sample_of([z[name] for name in z.files if name not in self.unread], k)
+                # (a member that is no .npy, e.g. a torch.save archive's pickle or storages,
+                # numpy hands over as its bytes)
+                return _sample_of(
+                    [_member(z[name]) for name in z.files if name not in self.unread], k
+                )
         return _sample_of([np.load(src)], k)
+
+    def _read_pt(self, path: str) -> Decoded:
+        """A ``torch.save`` archive read by ``torch.load`` (tensors only: ``weights_only``), as
+        the job's Dataset did: its tensors as arrays."""
+        try:
+            import torch
+        except ImportError:
+            raise ReplayError(
+                "dataset.format pt is read by torch.load: install the torch extra "
+                "(pip install 'dlreplay[torch]')"
+            ) from None
+        if self.open_per_sample and not self.buffered:
+            with open(path, "rb", buffering=0) as raw:
+                obj = torch.load(raw, weights_only=True)
+        else:
+            obj = torch.load(
+                path if self.open_per_sample else self._handle(path), weights_only=True
+            )
+        values = (
+            obj.values()
+            if isinstance(obj, dict)
+            else obj
+            if isinstance(obj, (list, tuple))
+            else [obj]
+        )
+        return tuple(v.numpy() for v in values if isinstance(v, torch.Tensor)) or np.zeros(
+            0, np.uint8
+        )
 
     def _handle(self, path: str) -> Any:
         fh = self._open.get(path)

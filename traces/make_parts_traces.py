@@ -1,9 +1,15 @@
-"""Regenerate ``traces/parts/``: captures (with the loader hooks) of ``examples/paired_files.py``,
-whose every sample is a group of files read whole in its ``__getitem__`` (an image and its mask,
-and a weight map), for tests/test_sample_parts.py: distill finds the files a sample reads and
-their order, and the replay reads the same groups. The two differ in each of these: 2 or 3
-files a sample, NPY or PNG, the image or the mask read first, 2 workers or none, batch 2 or
-3, shuffled or not. ``expected.json`` holds the truth, from the job's arguments.
+"""Regenerate ``traces/parts/``: captures (with the loader hooks) for tests/test_sample_parts.py.
+
+* ``examples/paired_files.py``, whose every sample is a group of files read whole in its
+  ``__getitem__`` (an image and its mask, and a weight map): distill finds the files a sample
+  reads and their order, and the replay reads the same groups. The two differ in each of
+  these: 2 or 3 files a sample, NPY or PNG, the image or the mask read first, 2 workers or
+  none, batch 2 or 3, shuffled or not.
+* ``examples/pt_samples.py``, a file a sample read by ``torch.load`` in ``__getitem__``: each
+  load is the sample's read, not a checkpoint restore. They differ in tensors a file (1, 2),
+  workers (2, 0), batch (4, 2), shuffle and the image's size.
+
+``expected.json`` holds the truth, from the job's arguments.
 
     python traces/make_parts_traces.py [--only NAME] [--work /tmp/dlreplay-parts-traces]
 """
@@ -25,7 +31,8 @@ from make_stream_traces import keep_capture, run_makers  # noqa: E402
 
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
-#: name -> (the job's arguments, the truth distill must find)
+#: name -> (the job's arguments, the truth distill must find); the job is paired_files.py but
+#: for the names starting with ``pt_`` (pt_samples.py)
 TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "npy_pairs": (
         ["--format", "npy", "--parts", "2", "--num-files", "24", "--workers", "2"]
@@ -39,6 +46,18 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"files_per_sample": 3, "samples": 18, "num_files": 54, "format": "png",
          "first_part": "mask", "batch_size": 3, "read_threads": 0, "epochs": 3},
     ),
+    "pt_w2_b4": (
+        ["--tensors", "1", "--edge", "64", "--num-files", "32", "--workers", "2"]
+        + ["--batch-size", "4", "--shuffle", "--epochs", "3"],
+        {"files_per_sample": 1, "samples": 32, "num_files": 32, "format": "pt",
+         "batch_size": 4, "read_threads": 2, "epochs": 3},
+    ),
+    "pt_w0_b2": (
+        ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]
+        + ["--batch-size", "2", "--no-shuffle", "--epochs", "2"],
+        {"files_per_sample": 1, "samples": 20, "num_files": 20, "format": "pt",
+         "batch_size": 2, "read_threads": 0, "epochs": 2},
+    ),
 }  # fmt: skip
 
 
@@ -48,7 +67,7 @@ def make(name: str, work: Path) -> None:
     if job.exists():
         shutil.rmtree(job)
     data = job / "data"
-    script = REPO / "examples" / "paired_files.py"
+    script = REPO / "examples" / ("pt_samples.py" if name.startswith("pt_") else "paired_files.py")
     base = [str(script), "--data-dir", str(data), "--quiet", *args]
     subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
     out = job / "trace"
@@ -60,8 +79,8 @@ def make(name: str, work: Path) -> None:
     if res.exit_code != 0:
         raise SystemExit(f"{name}: job failed ({res.exit_code})")
     expected = {
-        "source": "examples/paired_files.py, dlreplay capture (loader hooks on)",
-        "command": ["examples/paired_files.py", *base[3:]],
+        "source": f"examples/{script.name}, dlreplay capture (loader hooks on)",
+        "command": [f"examples/{script.name}", *base[3:]],
         "truth": truth,
     }
     keep_capture(out, HERE / "parts" / name, expected)

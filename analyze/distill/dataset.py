@@ -33,6 +33,8 @@ __all__ = [
 EXTENSION_FORMATS = {
     ".npz": "npz",
     ".npy": "npy",
+    ".pt": "pt",
+    ".pth": "pt",
     ".h5": "hdf5",
     ".hdf5": "hdf5",
     ".hdf": "hdf5",

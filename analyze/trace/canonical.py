@@ -20,6 +20,7 @@ from .roles import (
     CKPT_LOAD,
     CKPT_SAVE,
     COMPUTE,
+    DATA_IO,
     FORWARD,
     ITEM,
     ITEMS,
@@ -327,6 +328,9 @@ def canonicalize(
             changed = True
     if ev["role"].null_count() < ev.height:
         ev = _fill_loop(ev)
+        relabeled = _loads_in_items(ev)
+        if relabeled is not None:
+            ev, changed = relabeled, True
         # the loader's per-process table counts items and checkpoints by dlreplay's spellings
         changed = changed or bool(
             ev.select(
@@ -343,6 +347,41 @@ def canonicalize(
             ).item()
         )
     return ev, changed
+
+
+def _loads_in_items(ev: pl.DataFrame) -> pl.DataFrame | None:
+    """``ev`` with the checkpoint loads made inside a sample's item event (same process) given
+    the role of the sample's data I/O: a Dataset whose samples are ``torch.save``\\ d files
+    read by ``torch.load`` in ``__getitem__`` loads no checkpoint (its files read as
+    checkpoints, the trace had no dataset). None where no load is inside an item."""
+    loads = ev.select(pl.arg_where(pl.col("role") == CKPT_LOAD).alias("__r")).to_series()
+    if loads.is_empty():
+        return None
+    items = (
+        ev.filter(pl.col("role") == ITEM)
+        .select("pid", pl.col("ts").alias("i_ts"), (pl.col("ts") + pl.col("dur")).alias("i_end"))
+        .sort("i_ts")
+    )
+    if items.is_empty():
+        return None
+    inside = (
+        ev.select("pid", "ts")[loads]
+        .insert_column(0, loads)
+        .sort("ts")
+        .join_asof(
+            items,
+            left_on="ts",
+            right_on="i_ts",
+            by="pid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("i_end").is_not_null() & (pl.col("ts") <= pl.col("i_end")))["__r"]
+    )
+    if inside.is_empty():
+        return None
+    role = ev["role"].cast(pl.String).scatter(inside, DATA_IO).cast(ev.schema["role"])
+    return ev.with_columns(role.alias("role"))
 
 
 def _fill_loop(ev: pl.DataFrame) -> pl.DataFrame:

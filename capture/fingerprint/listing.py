@@ -37,6 +37,8 @@ DATASET_EXTENSIONS = {
     ".zip",
     ".tar",  # shards (WebDataset), streamed by an IterableDataset
     ".arrow",  # Arrow IPC files (HF datasets' cache)
+    ".pt",  # torch.save archives a sample (checkpoints too: a group of their own)
+    ".pth",
 }
 
 

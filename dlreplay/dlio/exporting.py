@@ -77,6 +77,12 @@ def _export_format(model: WorkloadModel, warnings: list[str]) -> str:
             "by an IterableDataset: it reads each sample by its offset, not each shard through)"
         )
         return "indexed_binary"
+    if ds.format == "pt":
+        warnings.append(
+            "dataset.format pt exported as npz (DLIO has no torch.save archives: it reads each "
+            "sample's file as a zip of arrays, with numpy's reads, not torch.load's)"
+        )
+        return "npz"
     if ds.format != "raw":
         return ds.format
     fmt = "npy" if ds.num_samples_per_file == 1 else "indexed_binary"

@@ -15,7 +15,8 @@ MODEL_SCHEMA_NAME = "dlreplay.workload"
 MODEL_FORMAT_VERSION = 1
 
 #: Dataset file formats (DLIO's names; ``raw`` = headerless binary records; ``tar``/``arrow`` =
-#: shards streamed whole by an IterableDataset: WebDataset tar, Arrow IPC stream).
+#: shards streamed whole by an IterableDataset: WebDataset tar, Arrow IPC stream; ``pt`` = a
+#: ``torch.save`` archive a sample, read by ``torch.load``: not DLIO).
 FORMATS = (
     "npz",
     "npy",
@@ -29,6 +30,7 @@ FORMATS = (
     "raw",
     "tar",
     "arrow",
+    "pt",
 )
 #: Data loaders: the framework's loader, DALI, or ``native`` (the job reads files itself).
 DATA_LOADERS = ("pytorch", "tensorflow", "dali", "native")

@@ -52,6 +52,7 @@ from .hdf5 import write_hdf5
 from .images import image_for, image_legacy
 from .shards import write_arrow, write_tar
 from .tables import write_csv, write_parquet
+from .torchfiles import storage_bytes, write_pt
 
 __all__ = [
     "AUX_SUFFIXES",
@@ -125,6 +126,11 @@ def write_file(
         out.records = _write_records(fmt, tmp, sizes, rng)
         if fmt == "indexed_binary":
             _write_index(path, out.records, layout, out)
+    elif fmt == "pt":  # a sample's tensors, torch.save'd
+        i = choose_structure(layout.arrays, target, rng) if layout.arrays else None
+        out.structure = i
+        st = layout.arrays[i] if i is not None else None
+        out.notes.append(write_pt(tmp, storage_bytes(st, target), rng))
     elif fmt in ("tar", "arrow"):  # shards streamed whole (see .shards)
         out.notes.append((write_tar if fmt == "tar" else write_arrow)(tmp, sizes, layout, rng))
     elif fmt in ("csv", "parquet"):
