@@ -408,8 +408,9 @@ def infer_posix_loop(
     pools = worker_pools(io, traced_pids, lifetimes)
     visits = _with_consumer(visits, io, traced_pids)
     epochs, visits, epoch_spans, guessed = _epochs(io, _dataset_visits(visits), basis, pools)
-    if read_threads is None and "pools" in str(epochs.evidence) and pools is not None:
-        threads, consumers = pool_threads(pools)
+    if read_threads is None and pools is not None and ("pools" in str(epochs.evidence) or guessed):
+        # (passes guessed: an epoch's count of readers is not to be trusted, a pool's is)
+        threads, consumers = pool_threads(pools, per_epoch=not guessed)
     else:
         threads, consumers = _read_threads(io, visits, epoch_spans, read_threads, traced_pids)
     spf = _samples_per_file(visits, basis)

@@ -224,15 +224,17 @@ def whole_file_visits(reads: pl.DataFrame, visits: pl.DataFrame) -> bool:
     return as_float(ratio) >= 0.9
 
 
-def pool_threads(pools: pl.DataFrame) -> tuple[Inferred, int]:
-    """(read threads, consumers) from the pools forked for every epoch: the most workers in
-    one pool of one consumer, and the consumers (the pools' parents)."""
+def pool_threads(pools: pl.DataFrame, per_epoch: bool = True) -> tuple[Inferred, int]:
+    """(read threads, consumers) from the worker pools (*per_epoch*: forked for every epoch,
+    else living across them): the most workers in one pool of one consumer, and the
+    consumers (the pools' parents)."""
     per = pools.group_by("ppid", "pool").len()["len"]
     threads = int(as_float(per.max()))
     parents = pools["ppid"].n_unique()
     return Inferred(
         threads,
-        f"{threads} worker processes in each pool forked for an epoch"
+        f"{threads} worker processes in each pool "
+        + ("forked for an epoch" if per_epoch else "(the workers alive together)")
         + (f", for each of {parents} consumers" if parents > 1 else ""),
     ), parents
 

@@ -160,6 +160,30 @@ def test_dlio_npz_read_whole_per_sample(name: str) -> None:
     assert not [n for n in p.provenance.notes if n.startswith("guess:")]
 
 
+def test_whole_file_passes_the_trace_cannot_tell_are_guesses() -> None:
+    """DLIO's NPZ reader reads the file whole for every sample; 2 ranks of one 4-sample file
+    each, batch 1, 2 persistent workers a rank. From the POSIX events alone E epochs of k
+    samples read like E/d epochs of k*d, and in this run the cuts were as clear at 8 passes as
+    at 2: distill says 8 epochs of 1 sample a file and says it is a guess. Those fields and the
+    record length (a file over its guessed samples) are marked default, not inferred (they
+    counted as 3 wrong claims), and the read threads come from the worker pools, 2 a rank (1
+    when counted in the guessed passes). With DLIO's events all are measured and right."""
+    name = "dlio_npz_4spf_r2_b1"
+    want = _truth(name)
+    p = _model(name, posix_only=True)
+    f = p.provenance.fields
+    assert any(n.startswith("guess: dataset.num_samples_per_file") for n in p.provenance.notes)
+    for k in ("train.epochs", "dataset.num_samples_per_file", "dataset.record_length"):
+        assert f[k].confidence == "default", k
+    assert p.reader.read_threads == want["read_threads"] == 2
+    assert p.processes.ranks == want["ranks"]
+    assert "worker processes in each pool" in f["reader.read_threads"].method
+    m = _model(name, posix_only=False)
+    assert m.train.epochs == want["epochs"]
+    assert m.dataset.num_samples_per_file == want["num_samples_per_file"]
+    assert m.reader.read_threads == want["read_threads"]
+
+
 @pytest.mark.parametrize(
     ("name", "order"),
     [
@@ -825,10 +849,6 @@ def test_a_dataset_generated_in_the_capture_is_left_out() -> None:
     assert m.reader.persistent_workers is want["persistent_workers"]
     if m.provenance.fields["reader.batch_size"].confidence == "inferred":
         assert m.reader.batch_size == want["batch_size"]
-    # the replay's workers keep their handles as the job's did: an open per file a worker
-    # meets, not per sample (by the opens per sample, 0.57 and 0.89, it opened per sample)
-    assert m.reader.open_per_sample is False
-    assert "kept open" in m.provenance.fields["reader.open_per_sample"].method
     assert any(n.startswith("left out the dataset's generation") for n in m.provenance.notes)
 
 
@@ -838,7 +858,7 @@ def test_npz_files_read_through_handles_kept_open(name: str) -> None:
     it in later epochs: no open per sample, but each access re-reads the file from its start
     (``np.load``'s magic). Those repeated first reads are the visits; by the opens alone the
     files met twice by one worker looked like files of 2 samples, or like strays (17 of 24
-    files, 2 epochs of 3; 25 of 32), and the replay opened a file per sample. Variants: 1 rank, compressed members, 3 epochs,
+    files, 2 epochs of 3; 25 of 32); and the replay opened a file per sample. Variants: 1 rank, compressed members, 3 epochs,
     batch 3; 2 ranks, stored members, 2 epochs, batch 2."""
     want = _truth(name)
     lt = load_trace(SWEEP / name)
@@ -851,3 +871,7 @@ def test_npz_files_read_through_handles_kept_open(name: str) -> None:
     assert m.reader.persistent_workers is True
     if m.provenance.fields["reader.batch_size"].confidence == "inferred":
         assert m.reader.batch_size == want["batch_size"]
+    # the replay's workers keep their handles as the job's did: an open per file a worker
+    # meets, not per sample (by the opens per sample, 0.57 and 0.89, it opened per sample)
+    assert m.reader.open_per_sample is False
+    assert "kept open" in m.provenance.fields["reader.open_per_sample"].method

@@ -395,7 +395,11 @@ def _samples_per_file(obs: Observed, facts: Facts) -> int:
                 "file (as DLIO's NPZ reader does); one visit per sample assumed. The trace "
                 "cannot tell: capture with the loader hooks, or set both with --set"
             )
-        facts.put("dataset.num_samples_per_file", obs.posix.samples_per_file.evidence, "inferred")
+        facts.put(
+            "dataset.num_samples_per_file",
+            obs.posix.samples_per_file.evidence,
+            "default" if obs.posix.passes_guessed else "inferred",
+        )
         return spf
     facts.put(
         "dataset.num_samples_per_file", "no item events: one sample per file assumed", "default"
@@ -433,10 +437,12 @@ def _record_length(
                 )
         # an estimate: the format's own bytes (a zip's headers; an HDF5 file whose data reads
         # were not seen) count in the sample's share
+        guessed = obs.posix is not None and obs.posix.passes_guessed and not obs.items.height
         facts.put(
             "dataset.record_length",
-            "file size / samples per file (the format's own bytes included)",
-            "inferred",
+            "file size / samples per file (the format's own bytes included)"
+            + ("; the samples per file a guess" if guessed else ""),
+            "default" if guessed else "inferred",
         )
         return Distribution.from_values(sizes["size"].to_numpy() / spf)
     facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")

@@ -241,7 +241,10 @@ def _from_posix(obs: Observed, facts: Facts) -> tuple[int, Distribution]:
     posix = obs.posix
     assert posix is not None
     n_epochs = int(posix.epochs.value or _posix_epochs(obs.io, obs.paths))
-    facts.put("train.epochs", posix.epochs.evidence, "inferred")
+    # E passes of k whole-file visits a file read like E/d passes of k*d: a guess, said so
+    facts.put(
+        "train.epochs", posix.epochs.evidence, "default" if posix.passes_guessed else "inferred"
+    )
     if posix.compute_samples:
         compute = Distribution.from_values(np.asarray(posix.compute_samples))
         # without a batch size the idle time per sample stands for a step's: a guess
