@@ -10,8 +10,13 @@ from setuptools import Extension, setup
 
 def _extension(name: str, source: str) -> Extension:
     """An optional C extension of dlreplay (with the shared buffer helper)."""
-    return Extension(name, sources=[source], depends=["analyze/_pybuf.h"], optional=True,
-                     extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"])
+    return Extension(
+        name,
+        sources=[source],
+        depends=["analyze/_pybuf.h"],
+        optional=True,
+        extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
+    )
 
 
 setup(

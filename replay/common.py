@@ -299,7 +299,8 @@ def _part_strata(ds: Any, strata: np.ndarray) -> np.ndarray:
     sizes = [getattr(st, "bytes", None) for st in structures]
     bands = list(range(k))
     if len(structures) == k and all(isinstance(b, int) for b in sizes):
-        bands = [sorted(range(k), key=lambda j: sizes[j]).index(j) for j in range(k)]
+        known = [int(b or 0) for b in sizes]
+        bands = [sorted(range(k), key=lambda j: known[j]).index(j) for j in range(k)]
     order = strata[strata < per]  # a seeded permutation of the samples, from the files' own
     i = np.arange(n)
     return np.asarray([bands[j] for j in i % k]) * per + order[i // k]

@@ -193,7 +193,10 @@ class _Reader:
         """Close every file kept open and release the read buffer."""
         for h in self._open.values():
             try:
-                os.close(h) if isinstance(h, int) else h.close()
+                if isinstance(h, int):
+                    os.close(h)
+                elif hasattr(h, "close"):  # (a mapped array is let go: its map closes with it)
+                    h.close()
             except (OSError, ValueError):
                 pass
         self._open.clear()
@@ -361,6 +364,8 @@ class LibraryReader(_Reader):
                     return np.asarray(img.convert("RGB"))
             with Image.open(path) as img:
                 return np.asarray(img.convert("RGB"))
+        if fmt == "npy" and self.memory_map:
+            return self._mapped_row(path, k)
         if fmt in ("npz", "npy"):
             if self.direct_io != "off" and (data := self._read_direct(path)) is not None:
                 return self._numpy_sample(io.BytesIO(data), k)
@@ -521,6 +526,15 @@ class LibraryReader(_Reader):
         finally:
             if self.open_per_sample:
                 os.close(fd)
+
+    def _mapped_row(self, path: str, k: int) -> Decoded:
+        """Row *k* of an NPY file mapped once (``np.load(mmap_mode="r")``, kept: a Dataset that
+        maps its array in ``__init__`` or at its first item), copied out of the mapping, so its
+        pages are faulted in from storage as the job's were; no read call beyond the header's."""
+        arr = self._open.get(path)
+        if arr is None:
+            arr = self._open[path] = np.load(path, mmap_mode="r")
+        return np.array(arr[k] if arr.ndim and arr.shape[0] > 1 else arr)
 
     def _read_dlio_record(self, path: str, offset: int, length: int) -> Decoded:
         """DLIO 2.0's ``IndexedBinaryReader.get_sample``: a Python file object, ``seek`` to the

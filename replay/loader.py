@@ -347,7 +347,9 @@ class SampleReader:
                 for g in range(f * s.files_per_sample, (f + 1) * s.files_per_sample)
             ]
             nbytes = sum(n for n, _ in got)
-            decoded = tuple(a for _, d in got for a in (d if isinstance(d, tuple) else (d,)))
+            decoded: Decoded = tuple(
+                a for _, d in got for a in (d if isinstance(d, tuple) else (d,))
+            )
         else:
             nbytes, decoded = self._read_file(f, k)
         pre = None

@@ -33,6 +33,15 @@ def _model(name: str):
     return distill(lt.events, manifest=lt.manifest, source=str(PARTS / name)), lt
 
 
+def _reads_of(lt, pattern: str) -> pl.DataFrame:
+    """A trace's reads of the files whose path matches *pattern*."""
+    return lt.events.filter(
+        pl.col("name").is_in(list(READ_OPS))
+        & (pl.col("size") > 0)
+        & pl.col("file").cast(pl.String).str.contains(pattern)
+    )
+
+
 def _reads(lt) -> pl.DataFrame:
     """A trace's reads of its dataset files (the example's ``case_*``, the replay's ``img_*``)."""
     return lt.events.filter(
@@ -171,3 +180,50 @@ def test_pt_samples_replayed_through_torch_load(name: str, tmp_path: Path) -> No
     assert replay["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
     assert replay.height == pytest.approx(job.height, rel=0.02)
     assert replay["size"].median() == pytest.approx(job["size"].median(), rel=0.05)
+
+
+ROWS = ["rows_w2_b8", "rows_w0_b4"]
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_rows_of_a_mapped_file_are_the_samples(name: str) -> None:
+    """A Dataset that maps one NPY file (``np.load(mmap_mode="r")``) and copies a row per
+    item: its rows are page faults, and only the header's reads show. The windows the item
+    events take are the samples: rows a file, their bytes, the file mapped (the replay maps it
+    too). Before, the samples were the header reads inside items: "1 file of 6 samples of 683
+    KiB" against 256 rows of 16 KiB."""
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, f = m.dataset, m.provenance.fields
+    assert ds.format == "npy" and ds.num_files == 1
+    assert ds.num_samples_per_file == truth["samples"]
+    assert ds.record_length.mean == truth["record_length"]
+    assert f["dataset.num_samples_per_file"].confidence == "measured"
+    assert "windows" in f["dataset.num_samples_per_file"].method
+    assert m.reader.memory_map is True and m.reader.open_per_sample is False
+    assert m.reader.batch_size == truth["batch_size"]
+    assert m.reader.read_threads == truth["read_threads"]
+    assert m.train.epochs == truth["epochs"]
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_mapped_rows_replayed_by_faulting_them_in(name: str, tmp_path: Path) -> None:
+    """The replay maps the generated file once a process and copies each sample's row out of
+    it: the windows it takes (its own mapped hooks record them) are the job's in count and
+    bytes, and a read call touches no row."""
+    from dlreplay.analyze.distill.mapped import mapped_events
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    truth = _truth(name)
+    m, _ = _model(name)
+    res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
+    assert res.complete
+    assert res.metrics["overall"]["samples"] == truth["samples"] * truth["epochs"]
+    job = mapped_events(PARTS / name).filter(pl.col("name") == "io.window")
+    replay = mapped_events(tmp_path / "out").filter(pl.col("name") == "io.window")
+    assert replay.height == job.height == truth["samples"] * truth["epochs"]
+    assert replay["bytes"].sum() == job["bytes"].sum()
+    # read calls: the header's at each mapping, as the job's; no row is read by a call
+    reads = _reads_of(load_trace(tmp_path / "out"), r"\.npy$")
+    assert reads["size"].sum() < 0.05 * replay["bytes"].sum()
+    assert reads.height <= 2 * _reads_of(load_trace(PARTS / name), r"\.npy$").height

@@ -8,6 +8,10 @@
 * ``examples/pt_samples.py``, a file a sample read by ``torch.load`` in ``__getitem__``: each
   load is the sample's read, not a checkpoint restore. They differ in tensors a file (1, 2),
   workers (2, 0), batch (4, 2), shuffle and the image's size.
+* ``examples/mapped_rows.py``, rows of one NPY file mapped in each process
+  (``np.load(mmap_mode="r")``): the samples are the windows the items take (page faults, no
+  read call). They differ in rows (256, 96), row bytes (16 KiB, 64 KiB), dtype, workers (2, 0),
+  batch (8, 4), shuffle and epochs.
 
 ``expected.json`` holds the truth, from the job's arguments.
 
@@ -31,8 +35,7 @@ from make_stream_traces import keep_capture, run_makers  # noqa: E402
 
 from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
 
-#: name -> (the job's arguments, the truth distill must find); the job is paired_files.py but
-#: for the names starting with ``pt_`` (pt_samples.py)
+#: name -> (the job's arguments, the truth distill must find); the job by the name's prefix
 TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "npy_pairs": (
         ["--format", "npy", "--parts", "2", "--num-files", "24", "--workers", "2"]
@@ -52,6 +55,18 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"files_per_sample": 1, "samples": 32, "num_files": 32, "format": "pt",
          "batch_size": 4, "read_threads": 2, "epochs": 3},
     ),
+    "rows_w2_b8": (
+        ["--num-files", "256", "--row-bytes", "16384", "--dtype", "float32", "--workers", "2"]
+        + ["--batch-size", "8", "--shuffle", "--epochs", "3"],
+        {"files_per_sample": 1, "samples": 256, "num_files": 1, "format": "npy",
+         "record_length": 16384, "batch_size": 8, "read_threads": 2, "epochs": 3},
+    ),
+    "rows_w0_b4": (
+        ["--num-files", "96", "--row-bytes", "65536", "--dtype", "uint8", "--workers", "0"]
+        + ["--batch-size", "4", "--no-shuffle", "--epochs", "2"],
+        {"files_per_sample": 1, "samples": 96, "num_files": 1, "format": "npy",
+         "record_length": 65536, "batch_size": 4, "read_threads": 0, "epochs": 2},
+    ),
     "pt_w0_b2": (
         ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]
         + ["--batch-size", "2", "--no-shuffle", "--epochs", "2"],
@@ -61,13 +76,17 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
 }  # fmt: skip
 
 
+#: the job of each name's prefix (else paired_files.py)
+_JOBS = {"pt": "pt_samples.py", "rows": "mapped_rows.py"}
+
+
 def make(name: str, work: Path) -> None:
     args, truth = TRACES[name]
     job = work / name
     if job.exists():
         shutil.rmtree(job)
     data = job / "data"
-    script = REPO / "examples" / ("pt_samples.py" if name.startswith("pt_") else "paired_files.py")
+    script = REPO / "examples" / _JOBS.get(name.split("_")[0], "paired_files.py")
     base = [str(script), "--data-dir", str(data), "--quiet", *args]
     subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
     out = job / "trace"

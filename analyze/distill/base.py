@@ -93,6 +93,10 @@ class Observed:
     tagged_io: pl.DataFrame
     #: DLIO's reader class when the sample reads are DLIO's
     dlio_reader: str | None
+    #: the windows of mapped dataset files taken inside item events (a Dataset's rows of an
+    #: ``np.load(mmap_mode="r")`` or ``np.memmap``: page faults, no read call): file, offset,
+    #: bytes (µs ``ts``, ``pid``); empty where the samples are read
+    item_windows: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @property
     def has_loader(self) -> bool:

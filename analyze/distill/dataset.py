@@ -322,8 +322,8 @@ def _sample_parts(
     per_item = firsts.group_by("pid", "item_ts").agg(pl.len().alias("k"))
     if per_item.is_empty():
         return []
-    k = int(per_item["k"].mode().min() or 1)
-    share = float((per_item["k"] == k).mean() or 0.0)
+    k = int(num(per_item["k"].mode().min(), 1))
+    share = num((per_item["k"] == k).mean(), 0.0)
     if k < 2 or share < _PARTS_SHARE or files % k:
         return []
     # each item's files in the order it first read them: the part each file is
@@ -361,12 +361,24 @@ def _parts_in_order(layout: Layout, parts: list[float]) -> Layout:
             best = min(free, key=lambda i: abs(int(structures[i].bytes) - size))
             free.remove(best)
             ordered.append(structures[best])
-        return replace(layout, **{key: ordered})
+        return (
+            replace(layout, arrays=ordered) if key == "arrays" else replace(layout, images=ordered)
+        )
     return layout
 
 
 def _samples_per_file(obs: Observed, facts: Facts) -> int:
-    """Distinct samples read per file (item events), else the POSIX inference's, else 1."""
+    """Distinct samples read per file (item events; a mapped file's windows taken inside
+    them), else the POSIX inference's, else 1."""
+    if obs.item_windows.height:
+        per = obs.item_windows.group_by("file").agg(pl.col("offset").n_unique().alias("n"))
+        facts.put(
+            "dataset.num_samples_per_file",
+            "distinct windows the item events took of each mapped file (its rows: page faults, "
+            "no read call)",
+            "measured",
+        )
+        return int(num(per["n"].median(), 1))
     # the calls that touch a sample: its reads, or (a mapped dataset) the maps of its file
     tagged = obs.tagged_io.filter(
         pl.col("name").is_in(MMAP_OPS)
@@ -411,7 +423,16 @@ def _record_length(
     obs: Observed, sizes: pl.DataFrame, spf: int, facts: Facts, fmt: str = ""
 ) -> Distribution:
     """Bytes per sample: the file sizes over the samples per file (an HDF5 file's metadata
-    before its data left out), else the read sizes."""
+    before its data left out), else the read sizes; a mapped file's windows taken inside the
+    item events where the samples are such windows."""
+    if obs.item_windows.height:
+        rows = obs.item_windows.unique(["file", "offset"])["bytes"].to_numpy().astype(float)
+        facts.put(
+            "dataset.record_length",
+            "bytes of the windows the item events took of the mapped files",
+            "measured",
+        )
+        return Distribution.from_values(rows)
     if sizes.height and fmt in ("jpeg", "png") and spf > 1:
         # one image a file, which each of its samples reads whole (DLIO's image files of
         # several samples): a sample's bytes are the file's

@@ -18,6 +18,7 @@ from .base import Facts, Observed, mode, num, role_events
 from .checkpoint import checkpoint_writes
 from .checkpoint_posix import checkpoint_spans
 from .dataset import dlio_reader, find_dataset, infer_format
+from .mapped import mapped_events
 
 __all__ = ["assign_items", "observe", "split_evaluation"]
 
@@ -98,7 +99,43 @@ def observe(
         posix=posix,
         tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
         dlio_reader=dlio_reader(annotated),
+        item_windows=item_windows(source, items, paths),
     )
+
+
+def item_windows(source: str | None, items: pl.DataFrame, paths: list[str]) -> pl.DataFrame:
+    """The ``io.window`` events (:func:`~.mapped.mapped_events`) on the dataset files *paths*
+    inside an item event of the same process: pid, ts, file, offset, bytes. Empty unless such
+    windows are in at least half of the items (a Dataset that takes its samples as rows of a
+    mapped file)."""
+    if items.is_empty() or not paths:
+        return pl.DataFrame()
+    w = mapped_events(source)
+    w = w.filter((pl.col("name") == "io.window") & pl.col("path").is_in(paths)).drop_nulls(
+        ["offset", "bytes"]
+    )
+    if w.is_empty():
+        return pl.DataFrame()
+    spans = items.select(
+        pl.col("pid").cast(pl.Int64),
+        pl.col("ts").alias("i_ts"),
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("i_end"),
+    ).sort("i_ts")
+    inside = (
+        w.sort("ts")
+        .join_asof(
+            spans,
+            left_on="ts",
+            right_on="i_ts",
+            by="pid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("i_end").is_not_null() & (pl.col("ts") <= pl.col("i_end")))
+    )
+    if inside["i_ts"].n_unique() < 0.5 * items.height:
+        return pl.DataFrame()
+    return inside.select("pid", "ts", pl.col("path").alias("file"), "offset", "bytes")
 
 
 #: Formats of one sample a file, read whole (a kept handle re-reads the file's start).

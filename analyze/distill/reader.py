@@ -306,12 +306,24 @@ def _transfers(obs: Observed, fmt: str, facts: Facts) -> tuple[Distribution, str
     return transfer, buffering, pattern
 
 
+#: Formats whose samples a Dataset can take as rows of a mapped file, as the replay does
+MAPPED_ROW_FORMATS = ("npy",)
+
+
 def _as_dlio_reads(reader: Reader, obs: Observed, fmt: str, facts: Facts) -> Reader:
     """``reader`` with what a memory-mapped dataset and DLIO's PyTorch loader change."""
     if obs.mapped and fmt == "indexed_binary":
         reader = replace(reader, memory_map=True)
         facts.put(
             "reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured"
+        )
+    elif obs.item_windows.height and fmt in MAPPED_ROW_FORMATS:
+        reader = replace(reader, memory_map=True)
+        facts.put(
+            "reader.memory_map",
+            "the item events took windows of the mapped files (np.load(mmap_mode='r'), "
+            "np.memmap): each sample's rows faulted in",
+            "measured",
         )
     if obs.dlio_reader is not None and obs.has_loader and _dlio_torch(obs.annotated):
         # DLIO 2.0's TorchDataLoader: DataLoader(sampler=dlio_sampler, drop_last=True); a trace holds

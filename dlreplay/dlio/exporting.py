@@ -405,6 +405,11 @@ def _io_inexpressible(model: WorkloadModel) -> list[str]:
         lost.append(f"reader.worker_kind={rd.worker_kind}")
     if not rd.open_per_sample:
         lost.append("reader.open_per_sample=false")
+    if rd.memory_map and model.dataset.format == "npy":
+        lost.append(
+            "reader.memory_map=true (the rows taken out of a mapped NPY file: DLIO reads each "
+            "sample's file whole)"
+        )
     if rd.file_buffering != "buffered":
         lost.append(f"reader.file_buffering={rd.file_buffering}")
     if rd.direct_io == "hybrid":

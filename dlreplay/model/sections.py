@@ -287,7 +287,9 @@ class Reader:
         False,
         doc="indexed_binary: the job's reader maps each file (mmap) and takes its "
         "records from the mapping, without read calls (DLIO's "
-        "mmap_indexed_binary reader, whose samples are views it never touches)",
+        "mmap_indexed_binary reader, whose samples are views it never touches); npy: "
+        "each process maps the file once (np.load(mmap_mode='r')) and copies a sample's "
+        "row out of it, faulting its pages in",
     )
     file_buffering: str = model_field(
         "buffered",

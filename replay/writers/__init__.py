@@ -127,9 +127,10 @@ def write_file(
         if fmt == "indexed_binary":
             _write_index(path, out.records, layout, out)
     elif fmt == "pt":  # a sample's tensors, torch.save'd
-        i = choose_structure(layout.arrays, target, rng) if layout.arrays else None
-        out.structure = i
-        st = layout.arrays[i] if i is not None else None
+        st = None
+        if layout.arrays:
+            out.structure = choose_structure(layout.arrays, target, rng)
+            st = layout.arrays[out.structure]
         out.notes.append(write_pt(tmp, storage_bytes(st, target), rng))
     elif fmt in ("tar", "arrow"):  # shards streamed whole (see .shards)
         out.notes.append((write_tar if fmt == "tar" else write_arrow)(tmp, sizes, layout, rng))

@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""Samples as rows of one large array, memory-mapped: the Dataset maps ``rows.npy`` with
+``np.load(path, mmap_mode="r")`` once in each process (at its first item, so every DataLoader
+worker maps it itself) and copies row *i* out of the mapping in ``__getitem__``, as Megatron-
+style indexed datasets and preprocessed feature arrays are read. The rows' pages are faulted in
+from storage: no read call shows them (DFTracer sees the header's reads alone).
+"""
+
+from __future__ import annotations
+
+import _common as C
+
+JOB = "mapped_rows"
+
+
+def parse_args(argv=None):
+    p = C.make_parser(JOB, __doc__, num_files=256, batch_size=8, workers=2)
+    g = p.add_argument_group("mapped rows")
+    g.add_argument("--row-bytes", type=C.positive_int, default=16384, help="bytes a row (sample)")
+    g.add_argument("--dtype", choices=("float32", "uint8"), default="float32")
+    args = p.parse_args(argv)
+    if args.row_bytes % 4 and args.dtype == "float32":
+        p.error("--row-bytes must be a multiple of 4 for float32 rows")
+    return args
+
+
+def generate(args):
+    import os
+
+    import numpy as np
+
+    def gen(data_dir):
+        rng = np.random.default_rng(args.seed)
+        n = args.row_bytes // np.dtype(args.dtype).itemsize
+        rows = rng.integers(0, 256, (args.num_files, n), dtype=np.uint8).astype(args.dtype)
+        np.save(os.path.join(data_dir, "rows.npy"), rows)
+        return ["rows.npy"]
+
+    return gen
+
+
+class MappedRows:
+    """Map-style dataset: index -> (row as float, label, bytes read, read calls, pid); the
+    array mapped at the first item of each process. ``--num-files`` counts rows."""
+
+    def __init__(self, path, n):
+        self.path, self.n, self.arr = path, n, None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, idx):
+        import numpy as np
+        import torch
+
+        with C.CountedRead(True) as counted:
+            if self.arr is None:
+                self.arr = np.load(self.path, mmap_mode="r")
+            row = np.array(self.arr[idx], dtype=np.float32)
+        return (torch.from_numpy(row), torch.tensor(idx % 2), *C.io_tensors(counted))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    params = {"seed": args.seed, "rows": args.num_files, "row_bytes": args.row_bytes,
+              "dtype": args.dtype}  # fmt: skip
+
+    def build(files):
+        import numpy as np
+        from torch import nn
+
+        n = args.row_bytes // np.dtype(args.dtype).itemsize
+        model = nn.Linear(n, 2)
+        return MappedRows(files[0], args.num_files), model, nn.CrossEntropyLoss()
+
+    return C.main_wrapper(JOB, args, params, generate(args), build)
+
+
+if __name__ == "__main__":
+    C.run(main)
