@@ -227,3 +227,32 @@ def test_mapped_rows_replayed_by_faulting_them_in(name: str, tmp_path: Path) -> 
     reads = _reads_of(load_trace(tmp_path / "out"), r"\.npy$")
     assert reads["size"].sum() < 0.05 * replay["bytes"].sum()
     assert reads.height <= 2 * _reads_of(load_trace(PARTS / name), r"\.npy$").height
+
+
+def test_rows_of_mapped_files_from_posix_calls_alone() -> None:
+    """The same job with DFTracer's POSIX calls alone: the workers map the file and read its
+    header, no row. Distill takes the mapped array's rows (fingerprint) for the samples and
+    says it is a guess, maps the file in the replay, and tells no batch (each visit is a
+    mapping, no sample); the compute is spread over the rows' steps. Before: "1 file of 6
+    samples of 683 KiB, batch 2", inferred, and a replay 15x the job's epoch."""
+    truth = _truth("rows_w2_b8_posix")
+    m, _ = _model("rows_w2_b8_posix")
+    f = m.provenance.fields
+    assert m.dataset.num_samples_per_file == truth["samples"]
+    assert m.dataset.record_length.mean == truth["record_length"]
+    for k in ("dataset.num_samples_per_file", "dataset.record_length", "reader.batch_size"):
+        assert f[k].confidence == "default", k
+    assert any(n.startswith("guess: dataset.num_samples_per_file") for n in m.provenance.notes)
+    assert m.reader.memory_map is True
+    assert m.reader.read_threads == truth["read_threads"] and m.train.epochs == truth["epochs"]
+    # the modelled compute of an epoch: a good share of the workers' epochs, and no more
+    lt = load_trace(PARTS / "rows_w2_b8_posix")
+    workers = (
+        lt.events.filter(pl.col("name") == "read")
+        .group_by("pid")
+        .agg(pl.col("ts").min().alias("a"), (pl.col("ts") + pl.col("dur")).max().alias("b"))
+    )
+    run_s = (workers["b"].max() - workers["a"].min()) * 1e-6
+    steps = truth["samples"] / m.reader.batch_size
+    per_epoch = steps * (m.train.computation_time.mean or 0)
+    assert 0.1 * run_s / truth["epochs"] < per_epoch < run_s

@@ -67,6 +67,14 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"files_per_sample": 1, "samples": 96, "num_files": 1, "format": "npy",
          "record_length": 65536, "batch_size": 4, "read_threads": 0, "epochs": 2},
     ),
+    # the same job with DFTracer's POSIX calls alone (names ending in _posix): the header reads
+    # and the mappings, no row
+    "rows_w2_b8_posix": (
+        ["--num-files", "256", "--row-bytes", "16384", "--dtype", "float32", "--workers", "2"]
+        + ["--batch-size", "8", "--shuffle", "--epochs", "3"],
+        {"files_per_sample": 1, "samples": 256, "num_files": 1, "format": "npy",
+         "record_length": 16384, "batch_size": 8, "read_threads": 2, "epochs": 3},
+    ),
     "pt_w0_b2": (
         ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]
         + ["--batch-size", "2", "--no-shuffle", "--epochs", "2"],
@@ -92,13 +100,19 @@ def make(name: str, work: Path) -> None:
     out = job / "trace"
     res = run_capture(
         CaptureConfig(
-            command=(sys.executable, *base), out=out, data_dirs=(str(data),), name=name, cwd=job
+            command=(sys.executable, *base),
+            out=out,
+            data_dirs=(str(data),),
+            name=name,
+            cwd=job,
+            loader_hooks=not name.endswith("_posix"),
         )
     )
     if res.exit_code != 0:
         raise SystemExit(f"{name}: job failed ({res.exit_code})")
     expected = {
-        "source": f"examples/{script.name}, dlreplay capture (loader hooks on)",
+        "source": f"examples/{script.name}, dlreplay capture"
+        + (" --no-loader-hooks" if name.endswith("_posix") else " (loader hooks on)"),
         "command": [f"examples/{script.name}", *base[3:]],
         "truth": truth,
     }

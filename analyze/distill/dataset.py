@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from dlreplay.errors import DlreplayError
@@ -296,7 +297,59 @@ def dataset_section(
     )
     if len(parts) > 1:
         dataset = replace(dataset, layout=_parts_in_order(dataset.layout, parts))
+    if posix_mapped_rows(obs, dataset):
+        dataset = _rows_of_mapped_files(dataset, facts)
     return _with_layout_details(dataset, obs, fingerprint, facts)
+
+
+#: A mapped file read no further than this share of its size was read in its header alone
+_HEADER_SHARE = 0.05
+
+
+def posix_mapped_rows(obs: Observed, dataset: Dataset) -> bool:
+    """Whether a trace without item events shows NPY files that their readers mapped (mmap) and
+    read in their headers alone (``np.load(mmap_mode="r")``): their samples are rows faulted in
+    from the mapping, which no call shows. Needs the files' arrays (the fingerprint)."""
+    arrays = dataset.layout.arrays or []
+    if obs.items.height or dataset.format != "npy" or len(arrays) != 1:
+        return False
+    a = arrays[0]
+    if not a.bytes or not a.members or len(a.members[0].shape or []) < 2:
+        return False
+    if obs.io.filter(pl.col("name").is_in(MMAP_OPS)).is_empty():
+        return False
+    extent = obs.reads.select((pl.col("offset").fill_null(0) + pl.col("size")).max()).item()
+    return num(extent, 0.0) < _HEADER_SHARE * a.bytes
+
+
+def _rows_of_mapped_files(dataset: Dataset, facts: Facts) -> Dataset:
+    """*dataset* (see :func:`posix_mapped_rows`) as rows of its mapped arrays: samples a file
+    the array's first axis, a row's bytes each: the layout's guess, said so."""
+    a = dataset.layout.arrays[0]
+    shape = list(a.members[0].shape)
+    rows = int(shape[0])
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(a.members[0].dtype).itemsize
+    facts.put(
+        "dataset.num_samples_per_file",
+        f"the mapped array's first axis ({rows} rows of {row_bytes:,} B; fingerprint): the files "
+        "were mapped and read in their headers alone, so the samples are rows faulted in from "
+        "the mapping, which no call shows",
+        "default",
+    )
+    facts.put("dataset.record_length", "a row of the mapped array (fingerprint)", "default")
+    facts.notes.append(
+        f"guess: dataset.num_samples_per_file {rows}: the dataset's NPY files were mapped "
+        "(mmap) and read in their headers alone, so their samples are page faults a POSIX "
+        "trace does not show; one row of the array a sample assumed (reader.memory_map). "
+        "Capture with the loader hooks for the rows the job took"
+    )
+    layout = replace(dataset.layout, arrays=[replace(a, samples=rows)])
+    return replace(
+        dataset,
+        num_samples_per_file=rows,
+        record_length=Distribution.fixed(float(row_bytes)),
+        layout=layout,
+    )
 
 
 #: formats whose sample can be a group of files, each read whole (an image and its mask)

@@ -12,7 +12,9 @@ import polars as pl
 from dlreplay.model import AccessPattern, Dataset, Distribution, MetadataPerSample, Reader
 from dlreplay.schema import CLOSE_OPS, OPEN_OPS, SEEK_OPS, STAT_OPS
 
+from ..infer_pools import Inferred
 from .base import US, Facts, Observed, mode, num, observed
+from .dataset import posix_mapped_rows
 from .measure import workers_per_rank
 
 __all__ = [
@@ -38,7 +40,7 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     if obs.has_loader:
         batch_size, read_threads, persistent, start_method = _loader_from_events(obs, facts)
     else:
-        batch_size, read_threads, persistent, start_method = _loader_from_posix(obs, facts)
+        batch_size, read_threads, persistent, start_method = _loader_from_posix(obs, dataset, facts)
     if start_method is None:
         facts.put(
             "reader.multiprocessing_context",
@@ -100,7 +102,7 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         access_pattern=pattern,
         metadata_per_sample=meta,
     )
-    return _as_dlio_reads(reader, obs, dataset.format, facts)
+    return _as_dlio_reads(reader, obs, dataset, facts)
 
 
 def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:
@@ -153,11 +155,20 @@ def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | N
     return batch_size, read_threads, persistent, start_method
 
 
-def _loader_from_posix(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:
+def _loader_from_posix(
+    obs: Observed, dataset: Dataset, facts: Facts
+) -> tuple[int, int, bool | None, str | None]:
     """(batch size, workers per rank, persistent workers or None, None) as the POSIX inference
-    found them."""
+    found them (no batch where the samples are rows faulted in from mapped files)."""
     posix = obs.posix
     assert posix is not None
+    if posix_mapped_rows(obs, dataset):
+        posix = replace(
+            posix,
+            batch_size=Inferred(
+                None, "the samples are rows faulted in from mapped files: no visit is a sample"
+            ),
+        )
     batch_size = int(posix.batch_size.value or 1)
     facts.put(
         "reader.batch_size",
@@ -310,20 +321,24 @@ def _transfers(obs: Observed, fmt: str, facts: Facts) -> tuple[Distribution, str
 MAPPED_ROW_FORMATS = ("npy",)
 
 
-def _as_dlio_reads(reader: Reader, obs: Observed, fmt: str, facts: Facts) -> Reader:
+def _as_dlio_reads(reader: Reader, obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     """``reader`` with what a memory-mapped dataset and DLIO's PyTorch loader change."""
+    fmt = dataset.format
     if obs.mapped and fmt == "indexed_binary":
         reader = replace(reader, memory_map=True)
         facts.put(
             "reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured"
         )
-    elif obs.item_windows.height and fmt in MAPPED_ROW_FORMATS:
+    elif fmt in MAPPED_ROW_FORMATS and (obs.item_windows.height or posix_mapped_rows(obs, dataset)):
         reader = replace(reader, memory_map=True)
+        seen = bool(obs.item_windows.height)
         facts.put(
             "reader.memory_map",
             "the item events took windows of the mapped files (np.load(mmap_mode='r'), "
-            "np.memmap): each sample's rows faulted in",
-            "measured",
+            "np.memmap): each sample's rows faulted in"
+            if seen
+            else "the files were mapped (mmap) and read in their headers alone",
+            "measured" if seen else "inferred",
         )
     if obs.dlio_reader is not None and obs.has_loader and _dlio_torch(obs.annotated):
         # DLIO 2.0's TorchDataLoader: DataLoader(sampler=dlio_sampler, drop_last=True); a trace holds

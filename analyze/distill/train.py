@@ -292,7 +292,11 @@ def _per_streamed_step(
     batch size; the same epoch's compute over the streamed samples' steps, in batches of the
     reader's. Unchanged for map-style reads."""
     posix = obs.posix
-    if reader.streaming is None or posix is None or not posix.visits or not compute.is_known:
+    # (the rows of mapped files: the visits are the files' mappings, no sample either)
+    rows = reader.memory_map and dataset.format == "npy" and not obs.items.height
+    if (reader.streaming is None and not rows) or posix is None or not posix.visits:
+        return compute
+    if not compute.is_known:
         return compute
     samples = dataset.num_files * dataset.num_samples_per_file
     visits = posix.visits / max(epochs, 1)
@@ -302,9 +306,9 @@ def _per_streamed_step(
         return compute
     facts.put(
         "train.computation_time",
-        f"{facts.fields['train.computation_time'].method}; over the streamed samples' steps "
-        f"({visits:.0f} shard visits, {samples} samples an epoch in batches of "
-        f"{reader.batch_size})",
+        f"{facts.fields['train.computation_time'].method}; over the samples' steps "
+        f"({visits:.0f} {'mappings' if rows else 'shard visits'} an epoch, {samples} samples "
+        f"in batches of {reader.batch_size})",
         facts.fields["train.computation_time"].confidence,
     )
     return Distribution.from_values(np.asarray(posix.compute_samples) * scale)
