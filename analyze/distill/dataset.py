@@ -325,7 +325,7 @@ def posix_mapped_rows(obs: Observed, dataset: Dataset) -> bool:
 def _rows_of_mapped_files(dataset: Dataset, facts: Facts) -> Dataset:
     """*dataset* (see :func:`posix_mapped_rows`) as rows of its mapped arrays: samples a file
     the array's first axis, a row's bytes each: the layout's guess, said so."""
-    a = dataset.layout.arrays[0]
+    a = (dataset.layout.arrays or [])[0]
     shape = list(a.members[0].shape)
     rows = int(shape[0])
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(a.members[0].dtype).itemsize
