@@ -372,6 +372,32 @@ JOBS: dict[str, Job] = {
         "(each rank its shard, rank 0 the .metadata)",
         ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
     ),
+    "npy_pairs": Job(
+        "paired_files",
+        ("--format", "npy", "--parts", "2", "--num-files", "256", "--edge", "64")
+        + ("--batch-size", "8", "--workers", "2", "--epochs", "4", "--threads", "1"),
+        "every sample two NPY files read whole (image, mask: MLPerf unet3d's case_x/case_y), "
+        "2 workers",
+    ),
+    "png_triples": Job(
+        "paired_files",
+        ("--format", "png", "--parts", "3", "--part-order", "mask-first", "--num-files", "192")
+        + ("--batch-size", "6", "--workers", "2", "--persistent-workers", "--epochs", "4")
+        + ("--threads", "1"),
+        "every sample three PNG files (mask, image, weight map), 2 persistent workers",
+    ),
+    "pt_samples": Job(
+        "pt_samples",
+        ("--tensors", "2", "--edge", "96", "--num-files", "256", "--batch-size", "8")
+        + ("--workers", "2", "--epochs", "4", "--threads", "1"),
+        "a torch.save'd file a sample (image and mask) read by torch.load, 2 workers",
+    ),
+    "mapped_rows": Job(
+        "mapped_rows",
+        ("--num-files", "2048", "--row-bytes", "65536", "--batch-size", "16", "--workers", "2")
+        + ("--epochs", "4", "--threads", "1"),
+        "rows of one NPY file mapped in each worker (np.load(mmap_mode='r')), 64 KiB a row",
+    ),
 }
 
 TARGETS = {"steady_pct": 5.0, "first_pct": 10.0, "au_points": 3.0}

@@ -24,7 +24,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-SCRIPTS = ("unet3d_npz.py", "cosmoflow_h5.py", "resnet_jpeg.py")
+SCRIPTS = (
+    "unet3d_npz.py",
+    "cosmoflow_h5.py",
+    "resnet_jpeg.py",
+    "paired_files.py",
+    "pt_samples.py",
+    "mapped_rows.py",
+)
 
 
 def _load_common():
