@@ -11,8 +11,6 @@ a trace cannot see). ``expected.json`` holds the truth, from the job's arguments
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,9 +20,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from make_stream_traces import keep_capture, run_makers  # noqa: E402
-
-from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+from make_stream_traces import capture_example, keep_capture, run_makers  # noqa: E402
 
 #: name -> (the job's arguments, the truth distill must find)
 TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
@@ -45,29 +41,10 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
 
 def make(name: str, work: Path) -> None:
     args, truth = TRACES[name]
-    job = work / name
-    if job.exists():
-        shutil.rmtree(job)
-    data = job / "data"
-    script = REPO / "examples" / "tokens_memmap.py"
-    base = [str(script), "--data-dir", str(data), "--quiet", *args]
-    subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
-    out = job / "trace"
-    res = run_capture(
-        CaptureConfig(
-            command=(sys.executable, *base),
-            out=out,
-            data_dirs=(str(data),),
-            name=name,
-            cwd=job,
-            loader_hooks=False,
-        )
-    )
-    if res.exit_code != 0:
-        raise SystemExit(f"{name}: job failed ({res.exit_code})")
+    out, command = capture_example(name, work, "tokens_memmap.py", args, loader_hooks=False)
     expected = {
         "source": "examples/tokens_memmap.py, dlreplay capture --no-loader-hooks",
-        "command": ["examples/tokens_memmap.py", *base[3:]],
+        "command": ["examples/tokens_memmap.py", *command[2:]],
         "truth": truth,
     }
     keep_capture(out, HERE / "mapped_posix" / name, expected)

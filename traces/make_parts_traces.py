@@ -20,8 +20,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,9 +29,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from make_stream_traces import keep_capture, run_makers  # noqa: E402
-
-from dlreplay.capture import CaptureConfig, run_capture  # noqa: E402
+from make_stream_traces import capture_example, keep_capture, run_makers  # noqa: E402
 
 #: name -> (the job's arguments, the truth distill must find); the job by the name's prefix
 TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
@@ -90,30 +86,13 @@ _JOBS = {"pt": "pt_samples.py", "rows": "mapped_rows.py"}
 
 def make(name: str, work: Path) -> None:
     args, truth = TRACES[name]
-    job = work / name
-    if job.exists():
-        shutil.rmtree(job)
-    data = job / "data"
-    script = REPO / "examples" / _JOBS.get(name.split("_")[0], "paired_files.py")
-    base = [str(script), "--data-dir", str(data), "--quiet", *args]
-    subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
-    out = job / "trace"
-    res = run_capture(
-        CaptureConfig(
-            command=(sys.executable, *base),
-            out=out,
-            data_dirs=(str(data),),
-            name=name,
-            cwd=job,
-            loader_hooks=not name.endswith("_posix"),
-        )
-    )
-    if res.exit_code != 0:
-        raise SystemExit(f"{name}: job failed ({res.exit_code})")
+    script = _JOBS.get(name.split("_")[0], "paired_files.py")
+    posix = name.endswith("_posix")
+    out, command = capture_example(name, work, script, args, loader_hooks=not posix)
     expected = {
-        "source": f"examples/{script.name}, dlreplay capture"
-        + (" --no-loader-hooks" if name.endswith("_posix") else " (loader hooks on)"),
-        "command": [f"examples/{script.name}", *base[3:]],
+        "source": f"examples/{script}, dlreplay capture"
+        + (" --no-loader-hooks" if posix else " (loader hooks on)"),
+        "command": [f"examples/{script}", *command[2:]],
         "truth": truth,
     }
     keep_capture(out, HERE / "parts" / name, expected)

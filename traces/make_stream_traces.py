@@ -253,6 +253,34 @@ def keep_capture(out: Path, dest: Path, expected: dict[str, Any], more: str = ""
     print(f"{dest.name}: {size / 1024:.0f} KiB -> {dest}" + (f" ({more})" if more else ""))
 
 
+def capture_example(
+    name: str, work: Path, script: str, args: list[str], *, loader_hooks: bool
+) -> tuple[Path, list[str]]:
+    """Generate the dataset of ``examples/<script>`` with *args* in ``work/name/data``, then
+    capture the job (DFTracer's POSIX calls alone unless *loader_hooks*); returns (the
+    capture's folder, the job's arguments after the script's path). Stops on a failed job."""
+    job = work / name
+    if job.exists():
+        shutil.rmtree(job)
+    data = job / "data"
+    base = [str(REPO / "examples" / script), "--data-dir", str(data), "--quiet", *args]
+    subprocess.run([sys.executable, *base, "--generate-only"], check=True, capture_output=True)
+    out = job / "trace"
+    res = run_capture(
+        CaptureConfig(
+            command=(sys.executable, *base),
+            out=out,
+            data_dirs=(str(data),),
+            name=name,
+            cwd=job,
+            loader_hooks=loader_hooks,
+        )
+    )
+    if res.exit_code != 0:
+        raise SystemExit(f"{name}: job failed ({res.exit_code})")
+    return out, base[1:]
+
+
 def run_makers(doc: str, names: Any, make_one: Any, work: str) -> None:
     """The makers' command line: ``[--only NAME] [--work DIR]``, then *make_one(name, work)* for
     each of *names* (or the one asked for)."""

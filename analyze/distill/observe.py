@@ -116,24 +116,9 @@ def item_windows(source: str | None, items: pl.DataFrame, paths: list[str]) -> p
     )
     if w.is_empty():
         return pl.DataFrame()
-    spans = items.select(
-        pl.col("pid").cast(pl.Int64),
-        pl.col("ts").alias("i_ts"),
-        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("i_end"),
-    ).sort("i_ts")
-    inside = (
-        w.sort("ts")
-        .join_asof(
-            spans,
-            left_on="ts",
-            right_on="i_ts",
-            by="pid",
-            strategy="backward",
-            check_sortedness=False,
-        )
-        .filter(pl.col("i_end").is_not_null() & (pl.col("ts") <= pl.col("i_end")))
-    )
-    if inside["i_ts"].n_unique() < 0.5 * items.height:
+    tagged = assign_items(w.with_columns(pl.col("pid").cast(items.schema["pid"])), items)
+    inside = tagged.filter(pl.col("item_ts").is_not_null())
+    if inside["item_ts"].n_unique() < 0.5 * items.height:
         return pl.DataFrame()
     return inside.select("pid", "ts", pl.col("path").alias("file"), "offset", "bytes")
 
