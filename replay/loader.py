@@ -437,8 +437,9 @@ class SampleReader:
         except ReplayError:
             raise
         except Exception as exc:  # a library failing on a damaged file
+            first = (str(exc).strip().splitlines() or [""])[0]  # (torch.load's run for lines)
             raise ReplayError(
-                f"{path}: cannot read sample {k} ({type(exc).__name__}: {exc})"
+                f"{path}: cannot read sample {k} ({type(exc).__name__}: {first})"
             ) from None
         return nbytes, decoded
 
