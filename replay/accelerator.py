@@ -23,7 +23,7 @@ from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 
 from .checkpoint import Checkpointer, run_checkpoint_workload
-from .common import SHARD_FORMATS, ReplayError
+from .common import ReplayError, streams_shards
 from .hostcpu import HostCpu
 from .loader import Loader
 from .plan import RankPlan, epoch_batches, epoch_compute, evaluation_steps, spends_host_cpu
@@ -86,7 +86,7 @@ class _Sleeper:
 def make_loader(plan: RankPlan) -> Any:
     """The run's data loader: PyTorch's DataLoader (``plan.loader == "torch"``) or the builtin one."""
     rd = plan.model.reader
-    if plan.model.dataset.format in SHARD_FORMATS:  # an IterableDataset streaming whole shards
+    if streams_shards(plan.model):  # an IterableDataset streaming whole shards
         from .streaming import StreamingLoader
 
         return StreamingLoader(plan)
@@ -109,7 +109,7 @@ def _loader_events_from_hooks(plan: RankPlan) -> bool:
     whose loader is always one): the capture hooks emit epoch/fetch/step for it. A streamed
     replay of a model whose loader is not PyTorch's (a POSIX-only trace's) wrote each epoch
     twice, its own and the hooks' (compare then counted 6 epochs of 3)."""
-    if plan.loader != "torch" and plan.model.dataset.format not in SHARD_FORMATS:
+    if plan.loader != "torch" and not streams_shards(plan.model):
         return False
     from .torchloader import loader_events_from_hooks
 
@@ -245,7 +245,7 @@ class _RankRun:
     def epoch(self, epoch: int) -> bool:
         """Run *epoch* (1-based): its steps, then its end; False when there is nothing left to run."""
         INTERRUPT.check()
-        if self.model.dataset.format in SHARD_FORMATS:
+        if streams_shards(self.model):
             from .streaming import streamed_batches
 
             batches = streamed_batches(self.plan, epoch)

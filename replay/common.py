@@ -58,6 +58,15 @@ RECORD_FORMATS = ("raw", "tfrecord", "indexed_binary")
 ONE_SAMPLE_FORMATS = ("jpeg", "png", "pt")
 #: Formats whose shards an IterableDataset streams whole (:mod:`.streaming`).
 SHARD_FORMATS = ("tar", "arrow")
+
+
+def streams_shards(model: Any) -> bool:
+    """Whether *model*'s files are shards an IterableDataset streams whole: tar and Arrow, but
+    not Arrow files a map-style Dataset maps and takes rows of (``reader.memory_map``)."""
+    ds = model.dataset
+    return ds.format in SHARD_FORMATS and not (ds.format == "arrow" and model.reader.memory_map)
+
+
 #: Formats whose samples are rows of a rectangular array (one record length per file).
 ARRAY_FORMATS = ("npz", "npy", "hdf5")
 

@@ -366,6 +366,8 @@ class LibraryReader(_Reader):
                 return np.asarray(img.convert("RGB"))
         if fmt == "npy" and self.memory_map:
             return self._mapped_row(path, k)
+        if fmt == "arrow":  # a map-style Dataset's row of a mapped Arrow file
+            return self._mapped_table_row(path, k)
         if fmt in ("npz", "npy"):
             if self.direct_io != "off" and (data := self._read_direct(path)) is not None:
                 return self._numpy_sample(io.BytesIO(data), k)
@@ -535,6 +537,26 @@ class LibraryReader(_Reader):
         if arr is None:
             arr = self._open[path] = np.load(path, mmap_mode="r")
         return np.array(arr[k] if arr.ndim and arr.shape[0] > 1 else arr)
+
+    def _mapped_table_row(self, path: str, k: int) -> Decoded:
+        """Row *k* of an Arrow IPC stream (or file) mapped once a process (``pa.memory_map``,
+        as HF ``datasets`` maps its cache files), each column's value copied out of the
+        mapping: its pages faulted in from storage, no read call."""
+        import pyarrow as pa
+
+        table = self._open.get(path)
+        if table is None:
+            source = pa.memory_map(path)
+            try:
+                table = pa.ipc.open_stream(source).read_all()
+            except pa.ArrowInvalid:  # the random-access file format
+                table = pa.ipc.open_file(source).read_all()
+            self._open[path] = table
+        values = [table.column(c)[k].as_py() for c in table.column_names]
+        return tuple(
+            np.frombuffer(v, dtype=np.uint8) if isinstance(v, bytes) else np.asarray(v)
+            for v in values
+        )
 
     def _read_dlio_record(self, path: str, offset: int, length: int) -> Decoded:
         """DLIO 2.0's ``IndexedBinaryReader.get_sample``: a Python file object, ``seek`` to the

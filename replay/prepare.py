@@ -18,7 +18,7 @@ from dlreplay.errors import InUseError
 from dlreplay.model import WorkloadModel
 from dlreplay.osutil import DirectoryClaim, claim_directory, is_empty_dir, share_directory
 
-from .common import SHARD_FORMATS, ReplayError, dataset_digest, read_dataset_manifest
+from .common import ReplayError, dataset_digest, read_dataset_manifest, streams_shards
 from .direct import direct_plan
 from .generate import GenerateConfig, cache_warnings, dataset_status, generate_dataset
 from .loader import WorkerSpec
@@ -125,7 +125,7 @@ def choose_loader(config: ReplayConfig) -> tuple[str, str]:
     """(``torch`` | ``builtin``, why) for this replay (see :class:`ReplayConfig`)."""
     m = config.model
     have_torch = importlib.util.find_spec("torch") is not None
-    if m.dataset.format in SHARD_FORMATS:  # the streaming loader is PyTorch's, whatever the model
+    if streams_shards(m):  # the streaming loader is PyTorch's, whatever the model
         if not have_torch:
             raise ReplayError(
                 f"{m.dataset.format} shards are streamed through PyTorch's DataLoader: torch is "
@@ -199,7 +199,7 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         files_per_sample=m.dataset.files_per_sample,
         batch_tensors=m.reader.batch_tensors,
         index_style=m.dataset.layout.index,
-        memory_map=m.reader.memory_map and m.dataset.format in ("indexed_binary", "npy"),
+        memory_map=m.reader.memory_map and m.dataset.format in ("indexed_binary", "npy", "arrow"),
         cold=config.cold,
         s3=s3_target(m.storage),
         direct_io=direct_plan(m, config.io, _first_file(config, files))[0],

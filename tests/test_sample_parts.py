@@ -256,3 +256,35 @@ def test_rows_of_mapped_files_from_posix_calls_alone() -> None:
     steps = truth["samples"] / m.reader.batch_size
     per_epoch = steps * (m.train.computation_time.mean or 0)
     assert 0.1 * run_s / truth["epochs"] < per_epoch < run_s
+
+
+def test_rows_of_a_mapped_arrow_file(tmp_path: Path) -> None:
+    """Hugging Face ``datasets``' map-style access: each worker maps the Arrow stream
+    (``pa.ipc.open_stream(pa.memory_map(path))``) and takes a row an item. Nothing is read by
+    a call: the trace has its opens and mmaps alone, and distill stopped with an unknown
+    record length. The rows a file and their columns come from the fingerprint; the replay
+    maps the generated stream in each worker (not the streaming loader of shards) and copies
+    each row out."""
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    name = "rows_arrow_w2_b4"
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, f = m.dataset, m.provenance.fields
+    assert ds.format == "arrow" and ds.num_files == 1
+    assert ds.num_samples_per_file == truth["samples"]
+    assert ds.record_length.mean == truth["record_length"]
+    assert f["dataset.num_samples_per_file"].confidence == "measured"
+    assert m.reader.memory_map is True and m.reader.streaming is None
+    assert ds.layout.rows_per_batch == 48
+    assert m.reader.batch_size == truth["batch_size"]
+    assert m.reader.read_threads == truth["read_threads"]
+    res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
+    assert res.complete
+    assert res.metrics["overall"]["samples"] == truth["samples"] * truth["epochs"]
+    import pyarrow as pa
+
+    (made,) = (tmp_path / "d" / "train").glob("*.arrow")
+    table = pa.ipc.open_stream(pa.memory_map(str(made))).read_all()
+    assert table.num_rows == truth["samples"]
+    assert len(table.column("x")[0].as_py()) == truth["record_length"] - 8

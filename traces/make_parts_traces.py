@@ -71,6 +71,12 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"files_per_sample": 1, "samples": 256, "num_files": 1, "format": "npy",
          "record_length": 16384, "batch_size": 8, "read_threads": 2, "epochs": 3},
     ),
+    "rows_arrow_w2_b4": (
+        ["--format", "arrow", "--num-files", "192", "--row-bytes", "32768", "--workers", "2"]
+        + ["--batch-size", "4", "--persistent-workers", "--rows-per-batch", "48", "--epochs", "2"],
+        {"files_per_sample": 1, "samples": 192, "num_files": 1, "format": "arrow",
+         "record_length": 32768 + 8, "batch_size": 4, "read_threads": 2, "epochs": 2},
+    ),
     "pt_w0_b2": (
         ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]
         + ["--batch-size", "2", "--no-shuffle", "--epochs", "2"],

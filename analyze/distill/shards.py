@@ -91,6 +91,8 @@ def streamed_shards(
     the dataset fingerprint, for the shards' insides where the files are not at hand."""
     fmt = shard_format(obs.paths)
     posix_only = not obs.has_loader
+    if fmt == "arrow" and obs.mapped and obs.reads.is_empty():
+        return (*_mapped_table_rows(obs, dataset, reader, facts, fingerprint), obs.posix)
     if fmt is None or obs.reads.is_empty() or (posix_only and obs.posix is None):
         return dataset, reader, obs.posix
     files = pl.DataFrame({"file": obs.paths, "shard": range(len(obs.paths))})
@@ -153,6 +155,53 @@ def streamed_shards(
     if posix_only:
         reader, posix = _streamed_batch(obs, opens, spf, reader, facts)
     return dataset, _reader(obs, io, opens, reader, fmt, epochs, samples, facts), posix
+
+
+def _mapped_table_rows(
+    obs: Observed,
+    dataset: Dataset,
+    reader: Reader,
+    facts: Facts,
+    fingerprint: dict[str, Any] | None,
+) -> tuple[Dataset, Reader]:
+    """(dataset, reader) of Arrow files that the loader mapped and never read (HF ``datasets``'
+    map-style access: ``pa.ipc.open_stream(pa.memory_map(path))``, a row a sample): the rows a
+    file and each row's columns from the files' headers or the fingerprint, the files mapped
+    in the replay (``reader.memory_map``), which takes each sample's row out of the mapping.
+    Unchanged where neither shows the rows (the trace has no bytes of them)."""
+    inside = _inside(obs.paths, "arrow", fingerprint)
+    if inside is None or inside[0] < 1:
+        return dataset, reader
+    rows, members, per_batch, where = inside
+    row_bytes = sum(num(m.bytes.mean) for m in members) or num(dataset.file_size.mean) / rows
+    facts.put("dataset.format", "Arrow files (the files' magic or extension), mapped", "measured")
+    facts.put(
+        "dataset.num_samples_per_file",
+        f"the Arrow table's rows, from {where}: the loader mapped the files and took a row an "
+        "item (page faults, no read call)",
+        "measured",
+    )
+    facts.put("dataset.record_length", f"a row's columns, from {where}", "measured")
+    facts.put("dataset.layout", f"columns per row from {where}", "measured")
+    facts.put("reader.memory_map", "the Arrow files were mapped (mmap) and never read", "measured")
+    layout = Layout(
+        source="fingerprint",
+        files_sampled=len(obs.paths[:SHARDS_SAMPLED]),
+        shard_members=members,
+        rows_per_batch=per_batch,
+    )
+    facts.notes.append(
+        f"Arrow files mapped by the loader, a row an item ({rows} rows a file): the replay maps "
+        "them and copies each sample's row out"
+    )
+    dataset = replace(
+        dataset,
+        format="arrow",
+        num_samples_per_file=rows,
+        record_length=Distribution.fixed(float(row_bytes)),
+        layout=layout,
+    )
+    return dataset, replace(reader, memory_map=True, open_per_sample=False)
 
 
 def _posix_stream(
