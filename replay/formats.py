@@ -316,9 +316,14 @@ class LibraryReader(_Reader):
         direct_io: str = "off",
         direct_io_threshold: int = 0,
         unread: Sequence[str] = (),
+        record_buffer: int = 0,
     ) -> None:
         super().__init__(fmt, open_per_sample)
         self.buffered = buffered
+        #: raw: read a record through a Python file of this buffer (bytes), as a job's
+        #: ``seek`` + ``readline``/``read`` on ``open(path, "rb")`` does (0: ``os.pread`` of the
+        #: record's bytes alone)
+        self.record_buffer = record_buffer if fmt == "raw" else 0
         #: hdf5 datasets / npz members the job never reads per sample (without ``/``, ``.npy``)
         self.unread = {_array_key(n) for n in unread}
         #: npz/npy: whole files read through O_DIRECT (:mod:`.direct`), as DLIO's odirect reader
@@ -524,10 +529,28 @@ class LibraryReader(_Reader):
                 off, length = struct.unpack("<QQ", entry) if len(entry) == 16 else (0, 0)
             else:
                 off, length = (int(rec[0]), int(rec[1])) if rec else (0, os.fstat(fd).st_size)
+            if self.record_buffer:
+                return self._buffered_record(path, off, length)
             return np.frombuffer(os.pread(fd, length, off), dtype=np.uint8)
         finally:
             if self.open_per_sample:
                 os.close(fd)
+
+    def _buffered_record(self, path: str, off: int, length: int) -> Decoded:
+        """A record read through a buffered Python file (``seek``, then ``read``): each read
+        call fills the file's buffer from the record's offset, as the job's did."""
+        key = f"{path}\0buffered"
+        fh = self._open.get(key) if not self.open_per_sample else None
+        if fh is None:
+            fh = open(path, "rb", buffering=self.record_buffer)  # noqa: SIM115
+            if not self.open_per_sample:
+                self._open[key] = fh
+        try:
+            fh.seek(off)
+            return np.frombuffer(fh.read(length), dtype=np.uint8)
+        finally:
+            if self.open_per_sample:
+                fh.close()
 
     def _mapped_row(self, path: str, k: int) -> Decoded:
         """Row *k* of an NPY file mapped once (``np.load(mmap_mode="r")``, kept: a Dataset that

@@ -193,6 +193,20 @@ def _text_chunk(transfer: Distribution) -> int:
     return int(top) if top and top > 0 else TEXT_CHUNK_BYTES
 
 
+def _record_buffer(spec: WorkerSpec) -> int:
+    """The buffer (bytes) a raw record is read through: the job's read size where its reads were
+    larger than its records and the files buffered (a Python file's ``seek`` + ``readline``
+    reads a buffer from the record's offset); 0 otherwise (the record's bytes alone)."""
+    if spec.fmt != "raw" or spec.file_buffering != "buffered" or not spec.transfer_size.is_known:
+        return 0
+    lengths = [b for recs in spec.records if recs for _, b in recs]
+    if not lengths:
+        return 0
+    ts = spec.transfer_size
+    median = float(ts.quantile([0.5])[0]) if ts.type == "empirical" else float(ts.mean or 0)
+    return int(median) if median > float(np.mean(lengths)) else 0
+
+
 def dlio_index_files(spec: WorkerSpec) -> list[int]:
     """The files whose record index DLIO 2.0's PyTorch reader loads in rank ``spec.rank``'s
     workers (``ConfigArguments.get_global_map_index``): those holding the rank's block of
@@ -278,6 +292,7 @@ class SampleReader:
                 direct_io=spec.direct_io,
                 direct_io_threshold=spec.direct_io_threshold,
                 unread=spec.unread,
+                record_buffer=_record_buffer(spec),
             )
         if spec.s3 is not None:
             sizes = dict(zip(spec.paths, spec.file_bytes, strict=True))

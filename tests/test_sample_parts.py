@@ -288,3 +288,65 @@ def test_rows_of_a_mapped_arrow_file(tmp_path: Path) -> None:
     table = pa.ipc.open_stream(pa.memory_map(str(made))).read_all()
     assert table.num_rows == truth["samples"]
     assert len(table.column("x")[0].as_py()) == truth["record_length"] - 8
+
+
+def test_raw_records_read_through_a_buffer_as_the_job_did(tmp_path: Path) -> None:
+    """A JSON-lines file read by ``seek`` + ``readline`` on ``open(path, "rb")``: each sample
+    is one read of the file's 4 KiB buffer from the line's offset, more bytes than the line.
+    The replay read the record's bytes alone (a JSON-lines job of 512 lines: 2.7 MiB against
+    the job's 6.9, similarity 0.85; now 6.0 MiB, 0.92). Where the job's reads were larger
+    than its records, the replay's raw reader reads through a buffer of their size (the
+    kernel's count of the bytes read: 4096 a record, not 1800)."""
+    import os
+
+    from dlreplay.replay.formats import LibraryReader
+
+    path = tmp_path / "train.raw"
+    data = os.urandom(64 << 10)
+    path.write_bytes(data)
+    plain = LibraryReader("raw", open_per_sample=False)
+    buffered = LibraryReader("raw", open_per_sample=False, record_buffer=4096)
+    try:
+        n_plain, got_plain = plain.read_decoded(str(path), 3, (10000, 1800))
+        n_buf, got_buf = buffered.read_decoded(str(path), 3, (10000, 1800))
+        n_next, _ = buffered.read_decoded(str(path), 9, (30000, 1800))
+    finally:
+        plain.close()
+        buffered.close()
+    assert bytes(got_plain) == bytes(got_buf) == data[10000:11800]
+    assert n_plain == 1800
+    assert n_buf == n_next == 4096
+    # only raw records: other formats keep their own reads
+    assert LibraryReader("npz", open_per_sample=True, record_buffer=4096).record_buffer == 0
+
+
+@pytest.mark.parametrize(
+    ("fmt", "buffering", "read", "want"),
+    [("raw", "buffered", 4096, 4096), ("raw", "buffered", 1024, 0), ("raw", "unbuffered", 4096, 0),
+     ("tfrecord", "buffered", 4096, 0)],
+)  # fmt: skip
+def test_the_record_buffer_is_the_jobs_read_where_it_read_more(
+    fmt: str, buffering: str, read: int, want: int
+) -> None:
+    """The buffer a replay reads raw records through: the job's median read where it exceeded
+    the records (1800 B here) and the files were buffered; else none."""
+    from dlreplay.model import Distribution
+    from dlreplay.replay.loader import WorkerSpec, _record_buffer
+
+    spec = WorkerSpec(
+        data_dir="/nonexistent",
+        fmt=fmt,
+        io="library",
+        paths=("a",),
+        file_bytes=(18000,),
+        records=(tuple((i * 1800, 1800) for i in range(10)),),
+        samples_per_file=10,
+        open_per_sample=False,
+        transfer_size=Distribution.fixed(float(read)),
+        preprocess_time=Distribution.fixed(0.0),
+        stats_per_sample=0.0,
+        lseeks_per_sample=0.0,
+        seed=0,
+        file_buffering=buffering,
+    )
+    assert _record_buffer(spec) == want
