@@ -90,8 +90,10 @@ def test_replay_reads_each_samples_files(name: str, tmp_path: Path) -> None:
     job, replay = _reads(lt), _reads(load_trace(tmp_path / "out"))
     assert replay["file"].n_unique() == job["file"].n_unique() == truth["num_files"]
     assert replay["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
+    # (compare's similarity weighs I/O times too, which the machine's speed moves: not here)
     cmp = compare_traces(PARTS / name, tmp_path / "out")
-    assert cmp.similarity >= 0.97
+    assert cmp.features_b["files"] == cmp.features_a["files"]
+    assert cmp.features_b["bytes_read"] == pytest.approx(cmp.features_a["bytes_read"], rel=0.02)
     # the generated files: each sample's group in the layout's order, each part its own size
     manifest = json.loads(next((tmp_path / "d").glob(".dlreplay-dataset.json")).read_text())
     files = sorted(manifest["files"], key=lambda f: f["path"])
