@@ -37,10 +37,14 @@ HDF5_UNBUFFERED_MEDIAN_READ = 4096
 def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     """``reader``: the loader's batch size and workers from the training-loop events (else
     the POSIX inference), what a sample costs from the dataset I/O."""
+    # NPY files mapped and read in their headers alone, in a trace without items: once, here
+    mapped_rows = posix_mapped_rows(obs, dataset)
     if obs.has_loader:
         batch_size, read_threads, persistent, start_method = _loader_from_events(obs, facts)
     else:
-        batch_size, read_threads, persistent, start_method = _loader_from_posix(obs, dataset, facts)
+        batch_size, read_threads, persistent, start_method = _loader_from_posix(
+            obs, mapped_rows, facts
+        )
     if start_method is None:
         facts.put(
             "reader.multiprocessing_context",
@@ -102,7 +106,7 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         access_pattern=pattern,
         metadata_per_sample=meta,
     )
-    return _as_dlio_reads(reader, obs, dataset, facts)
+    return _as_dlio_reads(reader, obs, dataset.format, mapped_rows, facts)
 
 
 def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:
@@ -156,13 +160,13 @@ def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | N
 
 
 def _loader_from_posix(
-    obs: Observed, dataset: Dataset, facts: Facts
+    obs: Observed, mapped_rows: bool, facts: Facts
 ) -> tuple[int, int, bool | None, str | None]:
     """(batch size, workers per rank, persistent workers or None, None) as the POSIX inference
     found them (no batch where the samples are rows faulted in from mapped files)."""
     posix = obs.posix
     assert posix is not None
-    if posix_mapped_rows(obs, dataset):
+    if mapped_rows:
         posix = replace(
             posix,
             batch_size=Inferred(
@@ -321,15 +325,17 @@ def _transfers(obs: Observed, fmt: str, facts: Facts) -> tuple[Distribution, str
 MAPPED_ROW_FORMATS = ("npy",)
 
 
-def _as_dlio_reads(reader: Reader, obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
-    """``reader`` with what a memory-mapped dataset and DLIO's PyTorch loader change."""
-    fmt = dataset.format
+def _as_dlio_reads(
+    reader: Reader, obs: Observed, fmt: str, mapped_rows: bool, facts: Facts
+) -> Reader:
+    """``reader`` with what a memory-mapped dataset (*mapped_rows*: :func:`posix_mapped_rows`)
+    and DLIO's PyTorch loader change."""
     if obs.mapped and fmt == "indexed_binary":
         reader = replace(reader, memory_map=True)
         facts.put(
             "reader.memory_map", "the dataset files were mapped (mmap) and never read", "measured"
         )
-    elif fmt in MAPPED_ROW_FORMATS and (obs.item_windows.height or posix_mapped_rows(obs, dataset)):
+    elif fmt in MAPPED_ROW_FORMATS and (obs.item_windows.height or mapped_rows):
         reader = replace(reader, memory_map=True)
         seen = bool(obs.item_windows.height)
         facts.put(
