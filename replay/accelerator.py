@@ -222,6 +222,22 @@ class _RankRun:
         gc.collect()
         gc.freeze()
         self.read_side_files("start")
+        self.scan_dataset()
+
+    def scan_dataset(self) -> None:
+        """The pass a Dataset that indexes its records makes as it is made: every dataset file
+        read start to end in ``dataset.scan_read_size`` reads (local data only)."""
+        size = self.model.dataset.scan_read_size
+        if not size or self.plan.spec.s3 is not None:
+            return
+        spec = self.plan.spec
+        for rel in spec.paths:
+            fd = os.open(os.path.join(spec.data_dir, rel), os.O_RDONLY)
+            try:
+                while os.read(fd, size):
+                    INTERRUPT.check()
+            finally:
+                os.close(fd)
 
     def read_side_files(self, when: str) -> None:
         """Read the dataset's side files of *when* (``start``, ``epoch``) as the job did: each

@@ -12,6 +12,12 @@
   (``np.load(mmap_mode="r")``): the samples are the windows the items take (page faults, no
   read call). They differ in rows (256, 96), row bytes (16 KiB, 64 KiB), dtype, workers (2, 0),
   batch (8, 4), shuffle and epochs.
+* ``examples/jsonl_lines.py``, JSON lines read by ``seek`` + ``readline`` on a file a worker
+  keeps open: each line's size comes from the offsets the items seek to (the reads are the
+  file's buffer), and a pass over every file before the first epoch (the Dataset indexing its
+  lines) is modelled. They differ in files (2, 3), lines a file (256, 96), line sizes
+  (512-3072 B, 200-1200 B), the index (a scan, or .idx.npy side files), workers (2, 0), batch
+  (8, 4) and epochs (3, 2).
 
 ``expected.json`` holds the truth, from the job's arguments.
 
@@ -77,6 +83,22 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"files_per_sample": 1, "samples": 192, "num_files": 1, "format": "arrow",
          "record_length": 32768 + 8, "batch_size": 4, "read_threads": 2, "epochs": 2},
     ),
+    # JSON lines read by seek + readline: the lines' sizes from the seeks' offsets; the pass
+    # over every file that indexes the lines at the Dataset's making (--index scan) or none
+    # (--index sidecar: the offsets from .idx.npy side files)
+    "jsonl_w2_b8": (
+        ["--num-files", "2", "--lines", "256", "--min-line", "512", "--max-line", "3072"]
+        + ["--index", "scan", "--workers", "2", "--batch-size", "8", "--shuffle", "--epochs", "3"],
+        {"samples_per_file": 256, "num_files": 2, "format": "raw", "scan_read_size": 4096,
+         "side_files": 1, "batch_size": 8, "read_threads": 2, "epochs": 3},
+    ),
+    "jsonl_w0_b4": (
+        ["--num-files", "3", "--lines", "96", "--min-line", "200", "--max-line", "1200"]
+        + ["--index", "sidecar", "--workers", "0", "--batch-size", "4", "--shuffle"]
+        + ["--epochs", "2"],
+        {"samples_per_file": 96, "num_files": 3, "format": "raw", "scan_read_size": 0,
+         "side_files": 4, "batch_size": 4, "read_threads": 0, "epochs": 2},
+    ),
     "pt_w0_b2": (
         ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]
         + ["--batch-size", "2", "--no-shuffle", "--epochs", "2"],
@@ -87,7 +109,7 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
 
 
 #: the job of each name's prefix (else paired_files.py)
-_JOBS = {"pt": "pt_samples.py", "rows": "mapped_rows.py"}
+_JOBS = {"pt": "pt_samples.py", "rows": "mapped_rows.py", "jsonl": "jsonl_lines.py"}
 
 
 def make(name: str, work: Path) -> None:
@@ -95,6 +117,11 @@ def make(name: str, work: Path) -> None:
     script = _JOBS.get(name.split("_")[0], "paired_files.py")
     posix = name.endswith("_posix")
     out, command = capture_example(name, work, script, args, loader_hooks=not posix)
+    if script == "jsonl_lines.py":  # the lines' sizes, from the files
+        lines = [
+            len(x) for f in sorted((work / name / "data").glob("*.jsonl")) for x in open(f, "rb")
+        ]
+        truth = {**truth, "line_bytes": sorted(lines)}
     expected = {
         "source": f"examples/{script}, dlreplay capture"
         + (" --no-loader-hooks" if posix else " (loader hooks on)"),

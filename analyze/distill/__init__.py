@@ -49,6 +49,7 @@ from .mapped import posix_mapped_loop, with_mapped_access
 from .measure import WARMUP_FACTOR, warmup_steps
 from .observe import observe, split_evaluation
 from .reader import PYTHON_FILE_FORMATS, UNBUFFERED_MEDIAN_READ, access_pattern, reader_section
+from .scan import with_start_scan
 from .shards import streamed_shards
 from .side import with_side_files
 from .storage import (
@@ -141,6 +142,7 @@ def distill(
     dataset = with_side_files(
         dataset, every, obs.paths, train.epochs, processes.ranks, facts, data_dirs
     )
+    dataset = with_start_scan(dataset, every, obs, facts)
     return WorkloadModel(
         dataset=object_folder(dataset, storage),
         reader=reader,

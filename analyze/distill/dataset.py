@@ -52,6 +52,9 @@ EXTENSION_FORMATS = {
     ".bin": "indexed_binary",
     ".indexed_binary": "indexed_binary",
     ".mmap_indexed_binary": "indexed_binary",
+    # JSON lines: raw records of bytes, a line each
+    ".jsonl": "raw",
+    ".ndjson": "raw",
 }
 
 
@@ -486,6 +489,16 @@ def _record_length(
             "measured",
         )
         return Distribution.from_values(rows)
+    lines = _record_spans(obs, sizes, spf) if fmt == "raw" and spf > 1 else None
+    if lines is not None:
+        facts.put(
+            "dataset.record_length",
+            f"the spans between the offsets the item events seeked to or began reading at "
+            f"({lines.size} records of {sizes.height} files, {lines.min():,.0f}-"
+            f"{lines.max():,.0f} B)",
+            "measured",
+        )
+        return Distribution.from_values(lines)
     if sizes.height and fmt in ("jpeg", "png") and spf > 1:
         # one image a file, which each of its samples reads whole (DLIO's image files of
         # several samples): a sample's bytes are the file's
@@ -521,6 +534,56 @@ def _record_length(
         return Distribution.from_values(sizes["size"].to_numpy() / spf)
     facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
     return observed(obs.reads["size"].to_numpy())
+
+
+def _record_spans(obs: Observed, sizes: pl.DataFrame, spf: int) -> np.ndarray | None:
+    """Each record's bytes (a line of a JSON-lines or text file, a record of a raw file) where
+    the item events read the records at their own offsets: the spans between the distinct
+    offsets the items' first reads of each file began at, the last one's to the file's end.
+    A Dataset that ``seek``\\ s to a line and ``readline``\\ s it reads its buffer from the
+    line's offset, so the reads' sizes are the buffer's, not the line's. None unless nearly
+    every record of nearly every file was seen (a record never read would merge into the
+    one before it)."""
+    if not obs.items.height or not sizes.height or "offset" not in obs.tagged_io.columns:
+        return None
+    io = obs.tagged_io.filter(pl.col("item_ts").is_not_null())
+    # lseek returns the new offset (fseek 0 or -1)
+    seeks = io.filter(pl.col("name").is_in(("lseek", "lseek64")) & pl.col("ret").is_not_null())
+    if seeks.height and seeks.n_unique(["pid", "item_ts"]) >= 0.5 * obs.items.height:
+        # a buffered file's seek lands the next read on the record; a seek inside the
+        # buffer makes no call, and the read that follows (if any) starts at the buffer's
+        # end, mid-record: the seeks' targets alone are the records' starts
+        firsts = seeks.select("file", pl.col("ret").alias("offset"))
+    else:  # records read at their offsets (pread): each item's first read of the file
+        firsts = (
+            io.filter(
+                pl.col("name").is_in(READ_OPS)
+                & (pl.col("size") > 0)
+                & pl.col("offset").is_not_null()
+            )
+            .sort("ts")
+            .group_by("pid", "item_ts", "file")
+            .agg(pl.col("offset").first())
+        )
+    starts = firsts.unique(["file", "offset"]).join(sizes.select("file", "size"), on="file")
+    if starts.is_empty():
+        return None
+    spans = starts.sort("file", "offset").with_columns(
+        (
+            pl.col("offset").shift(-1).over("file").fill_null(pl.col("size")) - pl.col("offset")
+        ).alias("span"),
+        pl.len().over("file").alias("n"),
+    )
+    whole = spans.filter(pl.col("n") >= _SPAN_COVERAGE * spf)
+    if whole["file"].n_unique() < _SPAN_COVERAGE * sizes.height:
+        return None
+    values = whole.filter(pl.col("span") > 0)["span"].to_numpy().astype(float)
+    return values if values.size else None
+
+
+#: share of a file's records (and of the files) whose offsets items must have read for the
+#: spans between them to be the records' sizes
+_SPAN_COVERAGE = 0.9
 
 
 def _hdf5_head(reads: pl.DataFrame) -> pl.DataFrame | None:

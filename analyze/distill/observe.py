@@ -81,6 +81,8 @@ def observe(
         paths = posix.sample_files
         io = io.filter(pl.col("file").is_in(paths))
         reads = reads.filter(pl.col("file").is_in(paths))
+    if items.height and not mapped:
+        paths, io, reads = _read_in_items(paths, io, reads, items, facts)
     return Observed(
         events=events,
         paths=paths,
@@ -175,6 +177,30 @@ def _pauses(
             checkpoint_spans(events, paths, source),
         ]
     )
+
+
+def _read_in_items(
+    paths: list[str], io: pl.DataFrame, reads: pl.DataFrame, items: pl.DataFrame, facts: Facts
+) -> tuple[list[str], pl.DataFrame, pl.DataFrame]:
+    """(paths, io, reads) without the files of another extension than the samples' that no
+    item event read (a Dataset's own index of the samples, ``shard_00000.idx.npy``, loaded
+    as it is made: with no worker that process is the loader's, so its reads looked like the
+    loader's): they are side files, not samples. Unchanged where every extension was read in
+    items."""
+    inside = assign_items(reads, items).filter(pl.col("item_ts").is_not_null())
+    if inside.is_empty():
+        return paths, io, reads
+    exts = {PurePosixPath(f).suffix.lower() for f in inside["file"].unique().to_list()}
+    keep = [p for p in paths if PurePosixPath(p).suffix.lower() in exts]
+    if len(keep) == len(paths) or not keep:
+        return paths, io, reads
+    stray = sorted(set(paths) - set(keep))
+    facts.notes.append(
+        f"left out {len(stray)} file(s) of the dataset's folder that no sample read (read "
+        "outside the item events, of another extension: the Dataset's own side files): "
+        + ", ".join(PurePosixPath(d).name for d in stray[:5])
+    )
+    return keep, io.filter(pl.col("file").is_in(keep)), reads.filter(pl.col("file").is_in(keep))
 
 
 def assign_items(reads: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:

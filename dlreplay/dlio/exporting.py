@@ -428,6 +428,11 @@ def _io_inexpressible(model: WorkloadModel) -> list[str]:
         lost.append("checkpoint.file_ranks")
     if pr.workers_per_rank != rd.read_threads:
         lost.append(f"processes.workers_per_rank={pr.workers_per_rank}")
+    if model.dataset.scan_read_size:
+        lost.append(
+            f"dataset.scan_read_size (a pass over every file in {model.dataset.scan_read_size:,} B "
+            "reads before the first epoch: DLIO reads no file before it)"
+        )
     if model.dataset.side_files:
         lost.append(
             f"dataset.side_files ({len(model.dataset.side_files)}: DLIO reads only sample files)"

@@ -100,6 +100,13 @@ class Dataset:
         doc="files each sample reads whole, one of each part in turn (an image and its mask: "
         "2); num_files counts every file, so num_files / files_per_sample samples (not DLIO)",
     )
+    scan_read_size: int = model_field(
+        0,
+        check="nonneg",
+        doc="bytes per read of a pass each rank makes over every dataset file, start to end, "
+        "before its first epoch (a Dataset that indexes its records as it is made: a JSON-lines "
+        "dataset finding its lines' offsets); 0: no such pass (not DLIO)",
+    )
 
     def __post_init__(self) -> None:
         if self.files_per_sample > 1 and (
