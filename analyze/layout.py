@@ -499,6 +499,14 @@ def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
                 )
                 if c.get("row_bytes") is not None
                 else None,
+                disk_row_bytes=round(
+                    float(
+                        np.median([_column(f, c["name"]).get("disk_row_bytes") or 0 for f in same])
+                    ),
+                    3,
+                )
+                if c.get("disk_row_bytes") is not None
+                else None,
             )
             for c in f0.get("columns", [])
         ]

@@ -398,6 +398,20 @@ JOBS: dict[str, Job] = {
         + ("--epochs", "4", "--threads", "1"),
         "rows of one NPY file mapped in each worker (np.load(mmap_mode='r')), 64 KiB a row",
     ),
+    "jsonl_lines": Job(
+        "jsonl_lines",
+        ("--num-files", "4", "--lines", "1024", "--min-line", "512", "--max-line", "6144")
+        + ("--batch-size", "16", "--workers", "2", "--shuffle", "--epochs", "4", "--threads", "1"),
+        "JSON lines read by seek + readline, 0.5-6 KiB a line, the lines indexed by a pass "
+        "over the files as the Dataset is made, 2 workers",
+    ),
+    "parquet_rows": Job(
+        "parquet_rows",
+        ("--num-files", "4", "--rows", "1024", "--row-group", "64", "--row-bytes", "2048")
+        + ("--batch-size", "16", "--workers", "2", "--shuffle", "--epochs", "4", "--threads", "1"),
+        "Parquet rows read by the row group holding them (pyarrow read_row_group, the last "
+        "group kept), snappy, 2 workers",
+    ),
 }
 
 TARGETS = {"steady_pct": 5.0, "first_pct": 10.0, "au_points": 3.0}

@@ -212,6 +212,10 @@ class _RankRun:
             from .formats import prime_library
 
             prime_library(self.plan.spec.fmt)
+        if self.plan.loader == "torch" and self.model.reader.read_threads > 0:
+            from .loader import start_worker_server
+
+            start_worker_server(self.plan.spec, torch=True)
         # The DataLoader's events come from the capture hooks in a traced torch replay; else from here
         # (the same names and args a captured job has, so a replay trace is analysed like the real one).
         self.own_events = not _loader_events_from_hooks(self.plan)

@@ -205,9 +205,18 @@ class _Reader:
             self._buf = None
 
 
+#: the formats whose library this process has primed (a forked worker inherits its parent's)
+_PRIMED: set[str] = set()
+
+
 def prime_library(fmt: str) -> None:
     """Import what the format's library imports on its first use (reads of .py files that are
-    not the dataset's): decode a tiny sample held in memory."""
+    not the dataset's): decode a tiny sample held in memory. Once a process: a worker forked
+    from a primed process has it all (polars' writes in a forked worker, whose thread pool the
+    fork left behind, took 1.5-4 s at each worker's start)."""
+    if fmt in _PRIMED:
+        return
+    _PRIMED.add(fmt)
     if fmt in ("jpeg", "png"):
         from PIL import Image
 
@@ -239,6 +248,12 @@ def prime_library(fmt: str) -> None:
             buf = io.BytesIO()
             pl.DataFrame({"a": [1]}).write_parquet(buf)
             pl.read_parquet(io.BytesIO(buf.getvalue()))
+            try:  # reader.row_group_reads' library (the parquet extra): imported here, so each
+                # worker forked per epoch has it (importing it there took 2.5 s on a busy VM)
+                import pyarrow.parquet as pq
+            except ImportError:
+                return
+            pq.ParquetFile(io.BytesIO(buf.getvalue())).read_row_group(0, use_threads=False)
 
 
 def _array_key(name: str) -> str:
@@ -317,8 +332,15 @@ class LibraryReader(_Reader):
         direct_io_threshold: int = 0,
         unread: Sequence[str] = (),
         record_buffer: int = 0,
+        row_groups: bool = False,
     ) -> None:
         super().__init__(fmt, open_per_sample)
+        #: parquet: a sample read as the row group holding it (:meth:`_row_group_row`)
+        self.row_groups = row_groups and fmt == "parquet"
+        self._group: tuple[str, int, Any] | None = (
+            None  # the last row group read: path, index, table
+        )
+        self._group_starts: dict[str, list[int]] = {}
         self.buffered = buffered
         #: raw: read a record through a Python file of this buffer (bytes), as a job's
         #: ``seek`` + ``readline``/``read`` on ``open(path, "rb")`` does (0: ``os.pread`` of the
@@ -382,6 +404,8 @@ class LibraryReader(_Reader):
             return self._numpy_sample(path if self.open_per_sample else self._handle(path), k)
         if fmt == "pt":
             return self._read_pt(path)
+        if self.row_groups:
+            return self._row_group_row(path, k)
         if fmt in ("parquet", "csv"):
             import polars as pl
 
@@ -393,6 +417,44 @@ class LibraryReader(_Reader):
         raise ReplayError(
             f"unsupported dataset format {fmt!r}"
         )  # pragma: no cover - validated by the model
+
+    def _row_group_row(self, path: str, k: int) -> Decoded:
+        """Row *k* of a Parquet file as a job's ``ParquetFile.read_row_group`` gets it: the file
+        opened once a process (pyarrow reads its footer then), the row group holding the row
+        read (its column chunks), the last group kept, so rows of one group read it once."""
+        import bisect
+
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ReplayError(
+                "reader.row_group_reads needs pyarrow (pip install 'dlreplay[parquet]'), or "
+                "--set reader.row_group_reads=false to read whole files"
+            ) from None
+
+        pf = self._open.get(path)
+        if pf is None:
+            pf = pq.ParquetFile(path)
+            if not self.open_per_sample:
+                self._open[path] = pf
+            meta = pf.metadata
+            starts = [0]
+            for g in range(meta.num_row_groups):
+                starts.append(starts[-1] + meta.row_group(g).num_rows)
+            self._group_starts[path] = starts
+        starts = self._group_starts[path]
+        g = min(max(bisect.bisect_right(starts, k) - 1, 0), len(starts) - 2)
+        if self._group is None or self._group[:2] != (path, g):
+            # in this thread (use_threads=False): its decode is then counted as the
+            # library's time, which the sample's preprocessing holds (pyarrow's pool's is not)
+            self._group = (path, g, pf.read_row_group(g, use_threads=False))
+        table = self._group[2]
+        row = min(k - starts[g], max(table.num_rows - 1, 0))
+        value = table.column(0)[row].as_py() if table.num_rows and table.num_columns else b""
+        if self.open_per_sample:
+            pf.close()
+        data = value if isinstance(value, bytes) else str(value).encode()
+        return np.frombuffer(data, dtype=np.uint8)
 
     def _read_whole(self, path: str) -> bytes:
         """A file read start to end in reads of ``text_chunk`` bytes, and the read at its end

@@ -200,6 +200,7 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
         batch_tensors=m.reader.batch_tensors,
         index_style=m.dataset.layout.index,
         memory_map=m.reader.memory_map and m.dataset.format in ("indexed_binary", "npy", "arrow"),
+        row_groups=m.reader.row_group_reads and m.dataset.format == "parquet",
         cold=config.cold,
         s3=s3_target(m.storage),
         direct_io=direct_plan(m, config.io, _first_file(config, files))[0],

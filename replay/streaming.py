@@ -439,7 +439,7 @@ class StreamingLoader:
             kwargs = {
                 "prefetch_factor": max(1, rd.prefetch_factor),
                 "persistent_workers": rd.persistent_workers,
-                "multiprocessing_context": worker_context(plan.spec),
+                "multiprocessing_context": worker_context(plan.spec, torch=True),
                 "worker_init_fn": _worker_init,
             }
         with warnings.catch_warnings():

@@ -352,7 +352,7 @@ class TorchLoader:
             kwargs = {
                 "prefetch_factor": max(1, prefetch_factor),
                 "persistent_workers": persistent_workers,
-                "multiprocessing_context": worker_context(spec),
+                "multiprocessing_context": worker_context(spec, torch=True),
                 "worker_init_fn": _worker_init,
             }
         with _quiet_worker_count():

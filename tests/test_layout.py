@@ -42,7 +42,15 @@ from dlreplay.replay.generate import GenerateConfig, generate_dataset
 from .conftest import EXAMPLES, run_cli
 
 #: Per-structure fields compared with a tolerance (content-dependent), the rest must be equal.
-_SIZE_KEYS = {"bytes", "file_bytes", "weight", "compression_ratio", "row_bytes", "line_bytes"}
+_SIZE_KEYS = {
+    "bytes",
+    "file_bytes",
+    "weight",
+    "compression_ratio",
+    "row_bytes",
+    "disk_row_bytes",
+    "line_bytes",
+}
 
 
 def _layout_dict(layout: Layout) -> dict[str, Any]:
@@ -642,9 +650,12 @@ def test_parquet_columns_codecs_row_groups(tmp_path: Path) -> None:
                 "blob": [rng.bytes(50) for _ in range(100)],
             }
         ).write_parquet(src / f"a{i}.parquet", compression="zstd", row_group_size=30)
-    real, _ = roundtrip(src, "parquet", tmp_path, spf=100, ratio_tol=0.15, bytes_tol=0.05)
+    real, again = roundtrip(src, "parquet", tmp_path, spf=100, ratio_tol=0.15, bytes_tol=0.05)
     (t,) = real.tables
     assert t.row_groups == 4 and t.rows == 100
+    # each column's chunks on disk: an id of 100 values, random doubles, random blobs
+    for want, got in zip(t.columns, again.tables[0].columns, strict=True):
+        assert got.disk_row_bytes == pytest.approx(want.disk_row_bytes, rel=0.1), want.name
     assert [(c.name, c.type, c.compression) for c in t.columns] == [
         ("id", "int64", "zstd"),
         ("v", "double", "zstd"),

@@ -18,6 +18,11 @@
   lines) is modelled. They differ in files (2, 3), lines a file (256, 96), line sizes
   (512-3072 B, 200-1200 B), the index (a scan, or .idx.npy side files), workers (2, 0), batch
   (8, 4) and epochs (3, 2).
+* ``examples/parquet_rows.py``, Parquet rows read by the row group holding them
+  (``ParquetFile.read_row_group``, a file opened once a process, the last group kept): the
+  replay reads row groups, not whole files. They differ in files (2, 3), rows (512, 256),
+  rows a group (64, 32), row bytes (1024, 512), codec (snappy, zstd), the columns read (all,
+  two of three), workers (2, 0), batch (16, 8), shuffle and epochs (3, 2).
 
 ``expected.json`` holds the truth, from the job's arguments.
 
@@ -99,6 +104,22 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"samples_per_file": 96, "num_files": 3, "format": "raw", "scan_read_size": 0,
          "side_files": 4, "batch_size": 4, "read_threads": 0, "epochs": 2},
     ),
+    # Parquet rows read by the row group holding them (pyarrow's read_row_group, the last group
+    # kept): a row group's column chunks an item, not the file
+    "parquet_w2_b16": (
+        ["--num-files", "2", "--rows", "512", "--row-group", "64", "--row-bytes", "1024"]
+        + ["--compression", "snappy", "--workers", "2", "--batch-size", "16", "--shuffle"]
+        + ["--epochs", "3"],
+        {"samples_per_file": 512, "num_files": 2, "format": "parquet", "row_groups": 8,
+         "row_group_reads": True, "batch_size": 16, "read_threads": 2, "epochs": 3},
+    ),
+    "parquet_w0_b8": (
+        ["--num-files", "3", "--rows", "256", "--row-group", "32", "--row-bytes", "512"]
+        + ["--compression", "zstd", "--columns", "features", "--workers", "0"]
+        + ["--batch-size", "8", "--no-shuffle", "--epochs", "2"],
+        {"samples_per_file": 256, "num_files": 3, "format": "parquet", "row_groups": 8,
+         "row_group_reads": True, "batch_size": 8, "read_threads": 0, "epochs": 2},
+    ),
     "pt_w0_b2": (
         ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]
         + ["--batch-size", "2", "--no-shuffle", "--epochs", "2"],
@@ -109,7 +130,12 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
 
 
 #: the job of each name's prefix (else paired_files.py)
-_JOBS = {"pt": "pt_samples.py", "rows": "mapped_rows.py", "jsonl": "jsonl_lines.py"}
+_JOBS = {
+    "pt": "pt_samples.py",
+    "rows": "mapped_rows.py",
+    "jsonl": "jsonl_lines.py",
+    "parquet": "parquet_rows.py",
+}
 
 
 def make(name: str, work: Path) -> None:

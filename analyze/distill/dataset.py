@@ -447,12 +447,29 @@ def _samples_per_file(obs: Observed, facts: Facts) -> int:
             .group_by("file")
             .agg(pl.col("item_index").n_unique().alias("samples"))
         )
+        spf = int(num(per_file["samples"].median(), 1))
+        every = (
+            obs.items["sample_index"].drop_nulls().n_unique()
+            if "sample_index" in obs.items.columns
+            else 0
+        )
+        files = max(per_file.height, 1)
+        if every >= 2 * spf * files:
+            # most items read nothing: their sample came with an earlier item's read (a
+            # Parquet row group kept, its rows in order): the samples are the items'
+            facts.put(
+                "dataset.num_samples_per_file",
+                f"distinct sample indices of the item events ({every}) over the {files} files "
+                f"read (only {spf} a file read anything: the rest came with an earlier read)",
+                "measured",
+            )
+            return max(1, round(every / files))
         facts.put(
             "dataset.num_samples_per_file",
             "distinct sample indices read per file (item events)",
             "measured",
         )
-        return int(num(per_file["samples"].median(), 1))
+        return spf
     if obs.posix is not None and obs.posix.samples_per_file.value:
         spf = int(obs.posix.samples_per_file.value)
         if obs.posix.passes_guessed:

@@ -10,12 +10,12 @@ import numpy as np
 import polars as pl
 
 from dlreplay.model import AccessPattern, Dataset, Distribution, MetadataPerSample, Reader
-from dlreplay.schema import CLOSE_OPS, OPEN_OPS, SEEK_OPS, STAT_OPS
+from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS
 
 from ..infer_pools import Inferred
 from .base import US, Facts, Observed, mode, num, observed
 from .dataset import posix_mapped_rows
-from .measure import workers_per_rank
+from .measure import file_sizes, workers_per_rank
 
 __all__ = [
     "PYTHON_FILE_FORMATS",
@@ -106,7 +106,35 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         access_pattern=pattern,
         metadata_per_sample=meta,
     )
+    reader = _row_group_reads(reader, obs, dataset, facts)
     return _as_dlio_reads(reader, obs, dataset.format, mapped_rows, facts)
+
+
+def _row_group_reads(reader: Reader, obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
+    """``reader`` with ``row_group_reads`` where the item events of a Parquet dataset of
+    several samples a file read less than half a file each (pyarrow's ``read_row_group``: the
+    column chunks of the group holding the sample), measured; DLIO's and pandas' readers
+    read the whole file a sample, as the replay does otherwise (a job of 8 row groups a file
+    replayed so: 1.1 GiB read against 103 MiB)."""
+    if dataset.format != "parquet" or dataset.num_samples_per_file < 2 or not obs.items.height:
+        return reader
+    reads = obs.tagged_io.filter(
+        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("item_ts").is_not_null()
+    )
+    sizes = file_sizes(obs.io)
+    if reads.is_empty() or sizes.is_empty():
+        return reader
+    per_item = reads.group_by("pid", "item_ts").agg(pl.col("size").sum())["size"]
+    item, file = num(per_item.median(), 0.0), num(sizes["size"].median(), 0.0)
+    if not file or item >= 0.5 * file:
+        return reader
+    facts.put(
+        "reader.row_group_reads",
+        f"the {per_item.len()} item events that read read {item:,.0f} B each (median), of files "
+        f"of {file:,.0f} B: a row group each, not the file",
+        "measured",
+    )
+    return replace(reader, row_group_reads=True)
 
 
 def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | None, str | None]:

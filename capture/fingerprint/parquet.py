@@ -256,6 +256,7 @@ def inspect_parquet(path: str) -> dict[str, Any]:
     rg_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     comp = uncomp = 0
     per_column: Counter[int] = Counter()
+    per_column_disk: Counter[int] = Counter()
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
         for j in range(rg.num_columns):
@@ -263,6 +264,7 @@ def inspect_parquet(path: str) -> dict[str, Any]:
             comp += c.total_compressed_size
             uncomp += c.total_uncompressed_size
             per_column[j] += c.total_uncompressed_size
+            per_column_disk[j] += c.total_compressed_size
             if i == 0:
                 codec = c.compression.lower()
                 columns.append(
@@ -279,6 +281,9 @@ def inspect_parquet(path: str) -> dict[str, Any]:
     pages = _parquet_pages(path, meta)
     for j, col in enumerate(columns):
         col["row_bytes"] = round(per_column[j] / meta.num_rows, 3) if meta.num_rows else None
+        col["disk_row_bytes"] = (
+            round(per_column_disk[j] / meta.num_rows, 3) if meta.num_rows else None
+        )
         if pages:
             col.update({k: v for k, v in pages["columns"][j].items() if v is not None})
     out = {

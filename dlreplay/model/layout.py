@@ -200,6 +200,11 @@ class TableColumn:
     row_bytes: float | None = model_field(
         None, check="nonneg", doc="Parquet: uncompressed bytes per row of this column"
     )
+    disk_row_bytes: float | None = model_field(
+        None,
+        check="nonneg",
+        doc="Parquet: bytes per row of this column's chunks on disk (encoded and compressed)",
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True

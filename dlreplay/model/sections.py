@@ -290,6 +290,12 @@ class Reader:
         doc="keep loader workers across epochs (PyTorch persistent_workers); "
         "false: new workers every epoch, as PyTorch's default",
     )
+    row_group_reads: bool = model_field(
+        False,
+        doc="parquet: an item reads the row group that holds its sample (pyarrow's "
+        "ParquetFile.read_row_group: each file opened once a process, its footer read then, "
+        "the last group read kept), not its whole file (DLIO's and pandas' readers)",
+    )
     memory_map: bool = model_field(
         False,
         doc="indexed_binary: the job's reader maps each file (mmap) and takes its "

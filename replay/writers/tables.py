@@ -3,6 +3,8 @@ types, codecs, row groups and pages, or delimiter and header."""
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import numpy as np
 
 from dlreplay.model import TableFile
 
-from .content import block_for, deflate_share, fill_noise
+from .content import block_for, calibrate, deflate_share, fill_noise
 
 #: Bytes per value of Parquet's fixed-width column types.
 _FIXED_WIDTH = {
@@ -50,21 +52,111 @@ def write_parquet(
             tmp, compression=codec, row_group_size=row_group, data_page_size=t.data_page_size
         )
         return "polars (pyarrow not installed: one codec for all columns, its own page cuts)"
+    fitted = _fit_disk_bytes(t, data, var, min(row_group, rows), rng)
     table = pa.table(
         {
             c.name: pa.array(data[c.name], type=pa.binary()) if c in var else pa.array(data[c.name])
             for c in cols
         }
     )
-    pq.write_table(
-        table,
-        tmp,
-        row_group_size=row_group,
-        compression={c.name: (c.compression or "none") for c in cols},
-        use_dictionary=[c.name for c in cols if c.dictionary] or False,
+    options: dict[str, Any] = {
+        "row_group_size": row_group,
+        "compression": {c.name: (c.compression or "none") for c in cols},
+        "use_dictionary": [c.name for c in cols if c.dictionary] or False,
         **_pyarrow_pages(t),
+    }
+    pq.write_table(table, tmp, **options)
+    target = int(sum(sizes))
+    for _ in range(2 if fitted else 0):
+        # columns fitted to their chunks on disk: the rest of the file is its footer, which
+        # another writer makes larger (polars: 3.5 KiB of an 11 KiB file against pyarrow's
+        # 2.3); a key-value entry of the difference in the footer brings the file to its size
+        short = target - tmp.stat().st_size
+        if short <= 0.01 * target:
+            break
+        pad = (table.schema.metadata or {}).get(_PAD_KEY, b"")
+        # (pyarrow stores the schema's metadata twice: as a key-value entry and inside the
+        # base64 of its ARROW:schema entry, 7/3 bytes a byte)
+        table = table.replace_schema_metadata({_PAD_KEY: b"." * (len(pad) + short * 3 // 7)})
+        pq.write_table(table, tmp, **options)
+    return f"pyarrow {pa.__version__}" + (
+        f"; {fitted} column(s) fitted to their bytes on disk" if fitted else ""
     )
-    return f"pyarrow {pa.__version__}"
+
+
+#: the footer entry that brings a generated Parquet file to its real size
+_PAD_KEY = b"dlreplay.padding"
+
+
+def _fit_disk_bytes(
+    t: TableFile, data: dict[str, Any], var: list[Any], group: int, rng: np.random.Generator
+) -> int:
+    """Fit each column with its bytes on disk per row (``disk_row_bytes``) to them, in *data*
+    (changed in place): a binary column's share of random blocks, an integer column's number of
+    distinct values, each found by writing one row group of the column alone with its codec and
+    encoding and reading its chunk's size. The table's one compression ratio, calibrated with
+    deflate, gave a snappy column of half noise, half zeros 46 KiB a row group against its 37,
+    and random labels 573 B against 131: a job reading row groups read 26 % more. Returns the
+    columns fitted."""
+    fitted = 0
+    for c in t.columns:
+        rows = len(data[c.name])
+        if not c.disk_row_bytes or not rows or not group:
+            continue
+        n = min(group, rows)
+        if c in var:
+            widths = [len(v) for v in data[c.name]]
+            block = block_for(max(int(np.median(widths)), 16))
+            share = calibrate(
+                functools.partial(_binary_chunk, c, widths[:n], block=block),
+                c.disk_row_bytes,
+                tol=0.01,
+            )
+            data[c.name] = [fill_noise(x, share, rng, block).tobytes() for x in widths]
+            fitted += 1
+        elif c.type in ("int64", "int32"):
+            dtype = np.int64 if c.type == "int64" else np.int32
+            bits = 30 * calibrate(
+                functools.partial(_int_chunk, c, n, dtype=dtype), c.disk_row_bytes, 0.02
+            )
+            data[c.name] = rng.integers(0, max(1, int(round(2**bits))), rows).astype(dtype)
+            fitted += 1
+    return fitted
+
+
+def _chunk_bytes(col: Any, values: Any, rows: int) -> float:
+    """Bytes per row of the column chunk of *values* (a pyarrow array of *rows* values) written
+    alone as one row group with *col*'s codec and dictionary encoding."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(
+        pa.table({col.name: values}),
+        buf,
+        compression=col.compression or "none",
+        use_dictionary=bool(col.dictionary),
+    )
+    meta = pq.ParquetFile(io.BytesIO(buf.getvalue())).metadata
+    return meta.row_group(0).column(0).total_compressed_size / max(rows, 1)
+
+
+def _binary_chunk(col: Any, widths: list[int], share: float, block: int = 16) -> float:
+    """:func:`_chunk_bytes` of binary values of *widths* bytes, *share* of their blocks random."""
+    import pyarrow as pa
+
+    probe = np.random.default_rng(0xF17)
+    vals = [fill_noise(x, share, probe, block).tobytes() for x in widths]
+    return _chunk_bytes(col, pa.array(vals, type=pa.binary()), len(widths))
+
+
+def _int_chunk(col: Any, rows: int, share: float, dtype: Any) -> float:
+    """:func:`_chunk_bytes` of *rows* integers drawn from 2**(30 *share*) distinct values."""
+    import pyarrow as pa
+
+    probe = np.random.default_rng(0xF17)
+    top = max(1, int(round(2 ** (30 * share))))
+    return _chunk_bytes(col, pa.array(probe.integers(0, top, rows).astype(dtype)), rows)
 
 
 def _parquet_columns(
