@@ -467,49 +467,37 @@ def _column(f: dict[str, Any], name: str) -> dict[str, Any]:
     return next((c for c in f.get("columns", []) if c.get("name") == name), {})
 
 
+def _table_column(c: dict[str, Any], same: list[dict[str, Any]]) -> TableColumn:
+    """Column *c* of a table structure, its bytes per row the median over the files *same*."""
+
+    def per_row(key: str) -> float | None:
+        if c.get(key) is None:
+            return None
+        return round(float(np.median([_column(f, c["name"]).get(key) or 0 for f in same])), 3)
+
+    return TableColumn(
+        name=str(c["name"]),
+        type=str(c.get("physical_type") or c.get("type") or "str"),
+        compression=c.get("compression"),
+        dictionary=bool(c.get("dictionary", False)),
+        row_bytes=per_row("row_bytes"),
+        disk_row_bytes=per_row("disk_row_bytes"),
+    )
+
+
 def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
     out = []
 
     def key(f: dict[str, Any]) -> list[Any]:
-        if (
-            fmt == "parquet"
-        ):  # the columns' identity: their sizes and pages differ from file to file
-            return [
-                [
-                    [
-                        c.get(k)
-                        for k in ("name", "type", "physical_type", "compression", "dictionary")
-                    ]
-                    for c in f.get("columns", [])
-                ],
-                f.get("row_groups"),
-            ]
-        return [f.get(k) for k in ("columns", "header", "delimiter")]
+        if fmt != "parquet":
+            return [f.get(k) for k in ("columns", "header", "delimiter")]
+        # the columns' identity: their sizes and pages differ from file to file
+        ident = ("name", "type", "physical_type", "compression", "dictionary")
+        return [[[c.get(k) for k in ident] for c in f.get("columns", [])], f.get("row_groups")]
 
     for same in _structures(files, key):
         f0 = same[0]
-        cols = [
-            TableColumn(
-                name=str(c["name"]),
-                type=str(c.get("physical_type") or c.get("type") or "str"),
-                compression=c.get("compression"),
-                dictionary=bool(c.get("dictionary", False)),
-                row_bytes=float(
-                    np.median([_column(f, c["name"]).get("row_bytes") or 0 for f in same])
-                )
-                if c.get("row_bytes") is not None
-                else None,
-                disk_row_bytes=round(
-                    float(
-                        np.median([_column(f, c["name"]).get("disk_row_bytes") or 0 for f in same])
-                    ),
-                    3,
-                )
-                if c.get("disk_row_bytes") is not None
-                else None,
-            )
-            for c in f0.get("columns", [])
-        ]
+        cols = [_table_column(c, same) for c in f0.get("columns", [])]
         line = None
         if fmt == "csv":
             sample = [x for f in same for x in f.get("line_bytes_sample", [])]
