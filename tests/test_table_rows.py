@@ -110,3 +110,22 @@ def test_replay_reads_row_groups_of_the_jobs_size(tmp_path: Path) -> None:
             meta.row_group(g).column(j).total_compressed_size for g in range(meta.num_row_groups)
         )
         assert disk / meta.num_rows == pytest.approx(col.disk_row_bytes, rel=0.05), col.name
+
+
+def test_row_groups_from_posix_calls_alone() -> None:
+    """With DFTracer's POSIX calls alone no sample shows: each worker opened each file once and
+    read a row group at a time (2 opens a file an epoch for 512 rows, which had made 2 samples
+    a file, and the replay read the whole file each: 1.3 MiB an epoch for the job's 34). The
+    rows come from the fingerprint, said to be a guess; the row groups are read through files
+    kept open; the batch is unknown."""
+    name = "parquet_w2_b16_posix"
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, rd, f = m.dataset, m.reader, m.provenance.fields
+    assert ds.num_samples_per_file == truth["samples_per_file"]
+    assert f["dataset.num_samples_per_file"].confidence == "default"
+    assert rd.row_group_reads is True and rd.open_per_sample is False
+    assert f["reader.row_group_reads"].confidence == "inferred"
+    assert f["reader.batch_size"].confidence == "default"
+    assert (rd.read_threads, m.train.epochs) == (truth["read_threads"], truth["epochs"])
+    assert any("row group at a time" in n for n in m.provenance.notes)

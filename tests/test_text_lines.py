@@ -99,3 +99,27 @@ def test_replay_reads_the_lines_and_the_index_pass(tmp_path: Path) -> None:
     # the lines: the job's spread, not one size
     records = [b for f in manifest["files"] for _, b in f["records"]]
     assert np.std(records) > 0.3 * np.mean(records)
+
+
+def test_lines_from_posix_calls_alone() -> None:
+    """With DFTracer's POSIX calls alone: the files were opened once a worker, so their opens
+    had made "2 files of 2 samples" (claimed, not said to be a guess); now each 4 KiB read at
+    a place is a sample, the seeks' targets give the lines (all of them) and their sizes, and
+    the pass before the workers' first epoch is the Dataset's index scan (inferred)."""
+    name = "jsonl_w2_b8_posix"
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, rd, f = m.dataset, m.reader, m.provenance.fields
+    assert (ds.num_files, ds.num_samples_per_file) == (
+        truth["num_files"],
+        truth["samples_per_file"],
+    )
+    assert ds.scan_read_size == truth["scan_read_size"]
+    assert f["dataset.scan_read_size"].confidence == "inferred"
+    assert rd.open_per_sample is False
+    assert (rd.read_threads, m.train.epochs) == (truth["read_threads"], truth["epochs"])
+    lines = np.asarray(truth["line_bytes"], dtype=float)
+    assert ds.record_length.mean == pytest.approx(lines.mean(), rel=0.01)
+    assert np.allclose(
+        ds.record_length.quantile([0.25, 0.5, 0.75]), np.percentile(lines, [25, 50, 75]), rtol=0.03
+    )

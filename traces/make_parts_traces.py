@@ -97,6 +97,14 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"samples_per_file": 256, "num_files": 2, "format": "raw", "scan_read_size": 4096,
          "side_files": 1, "batch_size": 8, "read_threads": 2, "epochs": 3},
     ),
+    # the same job with DFTracer's POSIX calls alone: the lines from the seeks, the pass before
+    # the workers' first epoch
+    "jsonl_w2_b8_posix": (
+        ["--num-files", "2", "--lines", "256", "--min-line", "512", "--max-line", "3072"]
+        + ["--index", "scan", "--workers", "2", "--batch-size", "8", "--shuffle", "--epochs", "3"],
+        {"samples_per_file": 256, "num_files": 2, "format": "raw", "scan_read_size": 4096,
+         "side_files": 1, "batch_size": 8, "read_threads": 2, "epochs": 3},
+    ),
     "jsonl_w0_b4": (
         ["--num-files", "3", "--lines", "96", "--min-line", "200", "--max-line", "1200"]
         + ["--index", "sidecar", "--workers", "0", "--batch-size", "4", "--shuffle"]
@@ -107,6 +115,14 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
     # Parquet rows read by the row group holding them (pyarrow's read_row_group, the last group
     # kept): a row group's column chunks an item, not the file
     "parquet_w2_b16": (
+        ["--num-files", "2", "--rows", "512", "--row-group", "64", "--row-bytes", "1024"]
+        + ["--compression", "snappy", "--workers", "2", "--batch-size", "16", "--shuffle"]
+        + ["--epochs", "3"],
+        {"samples_per_file": 512, "num_files": 2, "format": "parquet", "row_groups": 8,
+         "row_group_reads": True, "batch_size": 16, "read_threads": 2, "epochs": 3},
+    ),
+    # the same job with DFTracer's POSIX calls alone: no sample shows, the row groups' reads do
+    "parquet_w2_b16_posix": (
         ["--num-files", "2", "--rows", "512", "--row-group", "64", "--row-bytes", "1024"]
         + ["--compression", "snappy", "--workers", "2", "--batch-size", "16", "--shuffle"]
         + ["--epochs", "3"],

@@ -13,7 +13,7 @@ import polars as pl
 
 from dlreplay.errors import DlreplayError
 from dlreplay.model import Dataset, Distribution, Layout
-from dlreplay.schema import READ_OPS
+from dlreplay.schema import OPEN_OPS, READ_OPS
 
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed, num, observed
@@ -268,6 +268,8 @@ def dataset_section(
         "measured" if sizes.height else "default",
     )
     spf = _samples_per_file(obs, facts)
+    if fmt == "raw" and not obs.items.height and spf > 1:
+        spf = _seeked_records(obs, spf, facts)
     parts = _sample_parts(obs, sizes, spf, fmt, len(paths), facts)
     record = _record_length(obs, sizes, spf, facts, fmt)
     parents = {str(PurePosixPath(p).parent) for p in paths}
@@ -302,7 +304,50 @@ def dataset_section(
         dataset = replace(dataset, layout=_parts_in_order(dataset.layout, parts))
     if posix_mapped_rows(obs, dataset):
         dataset = _rows_of_mapped_files(dataset, facts)
+    elif posix_row_groups(obs, dataset):
+        dataset = _rows_of_row_groups(dataset, obs, facts)
     return _with_layout_details(dataset, obs, fingerprint, facts)
+
+
+def posix_row_groups(obs: Observed, dataset: Dataset) -> bool:
+    """Whether a trace without item events shows Parquet files of several row groups (the
+    fingerprint's) read in pieces: several reads a visit (open), under half the file each,
+    as pyarrow's ``read_row_group`` reads a group's column chunks from a file a worker keeps
+    open. Its visits are then no samples (2 opens a file an epoch for 512 rows)."""
+    tables = dataset.layout.tables or []
+    if obs.items.height or dataset.format != "parquet" or len(tables) != 1:
+        return False
+    t = tables[0]
+    if not t.rows or t.rows < 2 or not t.row_groups or t.row_groups < 2 or obs.reads.is_empty():
+        return False
+    opens = obs.io.filter(pl.col("name").is_in(OPEN_OPS)).height
+    size = num(file_sizes(obs.io)["size"].median(), 0.0)
+    median_read = num(obs.reads["size"].median(), 0.0)
+    return bool(size) and median_read < 0.5 * size and obs.reads.height >= 2 * max(opens, 1)
+
+
+def _rows_of_row_groups(dataset: Dataset, obs: Observed, facts: Facts) -> Dataset:
+    """*dataset* (see :func:`posix_row_groups`) as the rows of its files (the fingerprint's),
+    a file's bytes over them each: the layout's guess, said so."""
+    rows = int(dataset.layout.tables[0].rows or 1)
+    facts.put(
+        "dataset.num_samples_per_file",
+        f"the files' rows ({rows}; fingerprint): the files were read a row group at a time "
+        "through handles kept open, so their opens are no samples and the rows are taken as "
+        "the samples",
+        "default",
+    )
+    facts.put("dataset.record_length", "file size / the files' rows (fingerprint)", "default")
+    facts.notes.append(
+        f"guess: dataset.num_samples_per_file {rows}: the dataset's Parquet files were read a "
+        "row group at a time through handles kept open, so the trace shows no sample; one row "
+        "a sample assumed (reader.row_group_reads). Capture with the loader hooks for the rows "
+        "the job took"
+    )
+    sizes = file_sizes(obs.io)["size"].to_numpy().astype(float)
+    return replace(
+        dataset, num_samples_per_file=rows, record_length=Distribution.from_values(sizes / rows)
+    )
 
 
 #: A mapped file read no further than this share of its size was read in its header alone
@@ -510,10 +555,11 @@ def _record_length(
     if lines is not None:
         facts.put(
             "dataset.record_length",
-            f"the spans between the offsets the item events seeked to or began reading at "
+            f"the spans between the offsets the {'item events' if obs.items.height else 'job'} "
+            "seeked to or began reading at "
             f"({lines.size} records of {sizes.height} files, {lines.min():,.0f}-"
             f"{lines.max():,.0f} B)",
-            "measured",
+            "measured" if obs.items.height else "inferred",
         )
         return Distribution.from_values(lines)
     if sizes.height and fmt in ("jpeg", "png") and spf > 1:
@@ -555,33 +601,18 @@ def _record_length(
 
 def _record_spans(obs: Observed, sizes: pl.DataFrame, spf: int) -> np.ndarray | None:
     """Each record's bytes (a line of a JSON-lines or text file, a record of a raw file) where
-    the item events read the records at their own offsets: the spans between the distinct
-    offsets the items' first reads of each file began at, the last one's to the file's end.
-    A Dataset that ``seek``\\ s to a line and ``readline``\\ s it reads its buffer from the
-    line's offset, so the reads' sizes are the buffer's, not the line's. None unless nearly
-    every record of nearly every file was seen (a record never read would merge into the
-    one before it)."""
-    if not obs.items.height or not sizes.height or "offset" not in obs.tagged_io.columns:
+    the records were read at their own offsets: the spans between the distinct offsets the
+    item events seeked to or first read each file at, the last one's to the file's end (a
+    POSIX-only trace: the seeks' targets, where a seek came before most reads). A Dataset
+    that ``seek``\\ s to a line and ``readline``\\ s it reads its buffer from the line's
+    offset, so the reads' sizes are the buffer's, not the line's. None unless nearly every
+    record of nearly every file was seen (a record never read would merge into the one
+    before it)."""
+    if not sizes.height or "offset" not in obs.tagged_io.columns:
         return None
-    io = obs.tagged_io.filter(pl.col("item_ts").is_not_null())
-    # lseek returns the new offset (fseek 0 or -1)
-    seeks = io.filter(pl.col("name").is_in(("lseek", "lseek64")) & pl.col("ret").is_not_null())
-    if seeks.height and seeks.n_unique(["pid", "item_ts"]) >= 0.5 * obs.items.height:
-        # a buffered file's seek lands the next read on the record; a seek inside the
-        # buffer makes no call, and the read that follows (if any) starts at the buffer's
-        # end, mid-record: the seeks' targets alone are the records' starts
-        firsts = seeks.select("file", pl.col("ret").alias("offset"))
-    else:  # records read at their offsets (pread): each item's first read of the file
-        firsts = (
-            io.filter(
-                pl.col("name").is_in(READ_OPS)
-                & (pl.col("size") > 0)
-                & pl.col("offset").is_not_null()
-            )
-            .sort("ts")
-            .group_by("pid", "item_ts", "file")
-            .agg(pl.col("offset").first())
-        )
+    firsts = _record_starts(obs)
+    if firsts is None:
+        return None
     starts = firsts.unique(["file", "offset"]).join(sizes.select("file", "size"), on="file")
     if starts.is_empty():
         return None
@@ -596,6 +627,57 @@ def _record_spans(obs: Observed, sizes: pl.DataFrame, spf: int) -> np.ndarray | 
         return None
     values = whole.filter(pl.col("span") > 0)["span"].to_numpy().astype(float)
     return values if values.size else None
+
+
+def _seeked_records(obs: Observed, spf: int, facts: Facts) -> int:
+    """Records a file of a POSIX-only trace whose reads follow seeks to each record (see
+    :func:`_record_starts`): the distinct seek targets a file, where they are more than and
+    near the *spf* the visits gave (a seek that lands in the buffer of a read before makes no
+    read: 253 of 256 lines a file); else *spf*."""
+    starts = _record_starts(obs)
+    if starts is None or starts.is_empty():
+        return spf
+    per_file = int(
+        num(starts.group_by("file").agg(pl.col("offset").n_unique())["offset"].median(), 0)
+    )
+    if not spf < per_file <= 1.1 * spf:
+        return spf
+    facts.put(
+        "dataset.num_samples_per_file",
+        f"distinct offsets a file the job seeked to before its reads ({per_file}; the reads of "
+        f"a record's size at distinct places gave {spf}: a seek inside the buffer of the read "
+        "before makes no read)",
+        "inferred",
+    )
+    return per_file
+
+
+def _record_starts(obs: Observed) -> pl.DataFrame | None:
+    """file, offset: where the records the job read begin (see :func:`_record_spans`)."""
+    items = obs.items.height
+    io = obs.tagged_io.filter(pl.col("item_ts").is_not_null()) if items else obs.io
+    # lseek returns the new offset (fseek 0 or -1)
+    seeks = io.filter(pl.col("name").is_in(("lseek", "lseek64")) & pl.col("ret").is_not_null())
+    if items and seeks.height and seeks.n_unique(["pid", "item_ts"]) >= 0.5 * items:
+        # a buffered file's seek lands the next read on the record; a seek inside the
+        # buffer makes no call, and the read that follows (if any) starts at the buffer's
+        # end, mid-record: the seeks' targets alone are the records' starts
+        return seeks.select("file", pl.col("ret").alias("offset"))
+    if not items:  # no samples to tell: the seeks, where one came before most reads
+        return (
+            seeks.select("file", pl.col("ret").alias("offset"))
+            if seeks.height >= 0.5 * obs.reads.height > 0
+            else None
+        )
+    # records read at their offsets (pread): each item's first read of the file
+    return (
+        io.filter(
+            pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
+        )
+        .sort("ts")
+        .group_by("pid", "item_ts", "file")
+        .agg(pl.col("offset").first())
+    )
 
 
 #: share of a file's records (and of the files) whose offsets items must have read for the

@@ -62,7 +62,10 @@ def observe(
             _without_launchers(io, programs(source)),
             traced_pids=set(events["pid"].unique().to_list()),
             pauses=_pauses(events, data_dirs, paths, source),
-            held_open_regions=fmt == "hdf5",
+            # (JSON lines read by seek + readline from a file each worker keeps open: each
+            # read of the buffer at a line is a sample, as an HDF5 file's chunk; tar shards,
+            # raw too here, are streamed whole)
+            held_open_regions=fmt == "hdf5" or _json_lines(paths),
             whole_file_samples=fmt in WHOLE_FILE_FORMATS,
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
@@ -176,6 +179,13 @@ def _pauses(
             ),
             checkpoint_spans(events, paths, source),
         ]
+    )
+
+
+def _json_lines(paths: list[str]) -> bool:
+    """Whether the dataset's files are JSON lines (``.jsonl``, ``.ndjson``)."""
+    return bool(paths) and all(
+        PurePosixPath(p).suffix.lower() in (".jsonl", ".ndjson") for p in paths
     )
 
 

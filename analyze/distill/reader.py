@@ -14,7 +14,7 @@ from dlreplay.schema import CLOSE_OPS, OPEN_OPS, READ_OPS, SEEK_OPS, STAT_OPS
 
 from ..infer_pools import Inferred
 from .base import US, Facts, Observed, mode, num, observed
-from .dataset import posix_mapped_rows
+from .dataset import posix_mapped_rows, posix_row_groups
 from .measure import file_sizes, workers_per_rank
 
 __all__ = [
@@ -43,7 +43,7 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         batch_size, read_threads, persistent, start_method = _loader_from_events(obs, facts)
     else:
         batch_size, read_threads, persistent, start_method = _loader_from_posix(
-            obs, mapped_rows, facts
+            obs, mapped_rows or posix_row_groups(obs, dataset), facts
         )
     if start_method is None:
         facts.put(
@@ -116,8 +116,22 @@ def _row_group_reads(reader: Reader, obs: Observed, dataset: Dataset, facts: Fac
     column chunks of the group holding the sample), measured; DLIO's and pandas' readers
     read the whole file a sample, as the replay does otherwise (a job of 8 row groups a file
     replayed so: 1.1 GiB read against 103 MiB)."""
-    if dataset.format != "parquet" or dataset.num_samples_per_file < 2 or not obs.items.height:
+    if dataset.format != "parquet" or dataset.num_samples_per_file < 2:
         return reader
+    if not obs.items.height:
+        if not posix_row_groups(obs, dataset):
+            return reader
+        facts.put(
+            "reader.row_group_reads",
+            "several reads a visit of the files, under half a file each (POSIX calls alone)",
+            "inferred",
+        )
+        facts.put(
+            "reader.open_per_sample",
+            "the files' row groups were read through handles kept open (several reads an open)",
+            "inferred",
+        )
+        return replace(reader, row_group_reads=True, open_per_sample=False)
     reads = obs.tagged_io.filter(
         pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("item_ts").is_not_null()
     )
@@ -188,17 +202,20 @@ def _loader_from_events(obs: Observed, facts: Facts) -> tuple[int, int, bool | N
 
 
 def _loader_from_posix(
-    obs: Observed, mapped_rows: bool, facts: Facts
+    obs: Observed, rows: bool, facts: Facts
 ) -> tuple[int, int, bool | None, str | None]:
     """(batch size, workers per rank, persistent workers or None, None) as the POSIX inference
-    found them (no batch where the samples are rows faulted in from mapped files)."""
+    found them (no batch where the samples are *rows* of the files, which no visit shows:
+    rows faulted in from mapped files, or read a row group at a time)."""
     posix = obs.posix
     assert posix is not None
-    if mapped_rows:
+    if rows:
         posix = replace(
             posix,
             batch_size=Inferred(
-                None, "the samples are rows faulted in from mapped files: no visit is a sample"
+                None,
+                "the samples are rows of the files (faulted in from mappings, or read a row "
+                "group at a time): no visit is a sample",
             ),
         )
     batch_size = int(posix.batch_size.value or 1)

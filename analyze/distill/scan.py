@@ -32,18 +32,22 @@ def with_start_scan(dataset: Dataset, events: pl.DataFrame, obs: Observed, facts
     """*dataset* with ``scan_read_size`` where each consumer read nearly every dataset file
     whole before its first batch (*events*: the whole trace's, so the pass before the training
     counts); unchanged otherwise."""
-    if not obs.items.height or not obs.consumers or not obs.paths or dataset.format == "arrow":
+    if not obs.paths or dataset.format == "arrow":
+        return dataset
+    first, sure = _first_asks(obs)
+    if first is None:
         return dataset
     sizes = file_sizes(obs.io).select(pl.col("file").cast(pl.String), "size")
     if sizes.is_empty():
         return dataset
-    first = _first_asks(obs)
     io = events.filter(
         pl.col("cat").is_in(["POSIX", "STDIO"])
         & pl.col("name").cast(pl.String).is_in(READ_OPS)
         & (pl.col("size").fill_null(0) > 0)
         & pl.col("file").is_not_null()
     ).with_columns(pl.col("file").cast(pl.String))
+    if first.is_empty():  # a POSIX-only trace: before the first epoch, any process
+        first = io.select("pid").unique().with_columns(pl.lit(_first_epoch(obs)).alias("first"))
     before = io.join(first, on="pid").filter(
         (pl.col("ts") < pl.col("first")) & pl.col("file").is_in(obs.paths)
     )
@@ -63,12 +67,17 @@ def with_start_scan(dataset: Dataset, events: pl.DataFrame, obs: Observed, facts
     size = int(num(reads.median(), 0))
     if size <= 0:
         return dataset
+    who = (
+        f"{scanners.len()} of {len(obs.consumers)} consumer(s)"
+        if sure
+        else f"{scanners.len()} process(es) (POSIX calls alone: before the workers' first epoch)"
+    )
     facts.put(
         "dataset.scan_read_size",
-        f"{scanners.len()} of {len(obs.consumers)} consumer(s) read {SCAN_COVERAGE:.0%} or more "
-        f"of {SCAN_COVERAGE:.0%} or more of the {len(obs.paths)} dataset files before their "
-        f"first batch, outside any item ({reads.len()} reads, median {size:,} B)",
-        "measured",
+        f"{who} read {SCAN_COVERAGE:.0%} or more of {SCAN_COVERAGE:.0%} or more of the "
+        f"{len(obs.paths)} dataset files before their first batch, outside any item "
+        f"({reads.len()} reads, median {size:,} B)",
+        "measured" if sure else "inferred",
     )
     facts.notes.append(
         f"each rank reads every dataset file through ({size:,} B reads) before its first "
@@ -78,12 +87,27 @@ def with_start_scan(dataset: Dataset, events: pl.DataFrame, obs: Observed, facts
     return replace(dataset, scan_read_size=size)
 
 
-def _first_asks(obs: Observed) -> pl.DataFrame:
-    """pid, ``first``: when each consumer first asked its loader for a batch (its first fetch
-    event), else its first item event (µs)."""
-    asks = obs.fetch if obs.fetch.height else obs.items
-    return (
-        asks.filter(pl.col("pid").is_in(obs.consumers))
-        .group_by("pid")
-        .agg(pl.col("ts").min().alias("first"))
-    )
+def _first_asks(obs: Observed) -> tuple[pl.DataFrame | None, bool]:
+    """(pid, ``first``: when each consumer first asked its loader for a batch, its first fetch
+    event, else its first item event (µs); whether the loader's events told it). A POSIX-only
+    trace whose workers read the samples: an empty frame (the first epoch's start holds for
+    every process: :func:`_first_epoch`); else None (a consumer reading its own samples would
+    show its pass as one more epoch)."""
+    if obs.items.height and obs.consumers:
+        asks = obs.fetch if obs.fetch.height else obs.items
+        first = (
+            asks.filter(pl.col("pid").is_in(obs.consumers))
+            .group_by("pid")
+            .agg(pl.col("ts").min().alias("first"))
+        )
+        return first, True
+    posix = obs.posix
+    if posix is not None and posix.read_threads.value and posix.epoch_spans:
+        return pl.DataFrame(schema={"pid": pl.Int32, "first": pl.Int64}), False
+    return None, False
+
+
+def _first_epoch(obs: Observed) -> int:
+    """Where the POSIX inference's first epoch starts (µs)."""
+    assert obs.posix is not None
+    return int(min(start for _, start, _ in obs.posix.epoch_spans))

@@ -293,7 +293,9 @@ def _per_streamed_step(
     reader's. Unchanged for map-style reads."""
     posix = obs.posix
     # (the rows of mapped files: the visits are the files' mappings, no sample either)
-    rows = reader.memory_map and dataset.format == "npy" and not obs.items.height
+    rows = not obs.items.height and (
+        (reader.memory_map and dataset.format == "npy") or reader.row_group_reads
+    )
     if (reader.streaming is None and not rows) or posix is None or not posix.visits:
         return compute
     if not compute.is_known:
@@ -307,7 +309,7 @@ def _per_streamed_step(
     facts.put(
         "train.computation_time",
         f"{facts.fields['train.computation_time'].method}; over the samples' steps "
-        f"({visits:.0f} {'mappings' if rows else 'shard visits'} an epoch, {samples} samples "
+        f"({visits:.0f} {('mappings' if reader.memory_map else 'visits') if rows else 'shard visits'} an epoch, {samples} samples "
         f"in batches of {reader.batch_size})",
         facts.fields["train.computation_time"].confidence,
     )
