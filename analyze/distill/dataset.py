@@ -329,7 +329,7 @@ def posix_row_groups(obs: Observed, dataset: Dataset) -> bool:
 def _rows_of_row_groups(dataset: Dataset, obs: Observed, facts: Facts) -> Dataset:
     """*dataset* (see :func:`posix_row_groups`) as the rows of its files (the fingerprint's),
     a file's bytes over them each: the layout's guess, said so."""
-    rows = int(dataset.layout.tables[0].rows or 1)
+    rows = int((dataset.layout.tables or [])[0].rows or 1)
     facts.put(
         "dataset.num_samples_per_file",
         f"the files' rows ({rows}; fingerprint): the files were read a row group at a time "
