@@ -32,6 +32,7 @@ import io
 import mmap
 import os
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -182,6 +183,10 @@ class _Reader:
         self._open: dict[str, Any] = {}
         self.meter = ReadMeter()
         self._buf: ReadBuffer | None = None
+        #: seconds the calling thread waited on the library's own threads (pyarrow reads a
+        #: row group's chunks in its I/O threads): the job's preprocess time holds that wait,
+        #: so the sample's modelled preprocessing takes it out, as the thread's runnable time
+        self.library_wait = 0.0
 
     def buffer(self) -> ReadBuffer:
         """This reader's read buffer (made on first use)."""
@@ -445,9 +450,15 @@ class LibraryReader(_Reader):
         starts = self._group_starts[path]
         g = min(max(bisect.bisect_right(starts, k) - 1, 0), len(starts) - 2)
         if self._group is None or self._group[:2] != (path, g):
-            # in this thread (use_threads=False): its decode is then counted as the
-            # library's time, which the sample's preprocessing holds (pyarrow's pool's is not)
+            # decoded in this thread (use_threads=False): its CPU is counted as the library's
+            # time, which the sample's preprocessing holds (pyarrow's pool's is not); the
+            # chunks are read in pyarrow's I/O threads, and this thread's wait for them is the
+            # job's too (the reads themselves: 10-15 us from the page cache, counted with it)
+            from .loader import runnable_seconds
+
+            t0, r0 = time.perf_counter(), runnable_seconds()
             self._group = (path, g, pf.read_row_group(g, use_threads=False))
+            self.library_wait += (time.perf_counter() - t0) - (runnable_seconds() - r0)
         table = self._group[2]
         row = min(k - starts[g], max(table.num_rows - 1, 0))
         value = table.column(0)[row].as_py() if table.num_rows and table.num_columns else b""

@@ -359,7 +359,7 @@ class SampleReader:
             if self.item_events
             else None
         )
-        busy0 = runnable_seconds()
+        busy0 = runnable_seconds() + getattr(self.reader, "library_wait", 0.0)
         if s.files_per_sample > 1:  # each of the sample's files whole, in turn
             got = [
                 self._read_file(g, 0)
@@ -389,7 +389,9 @@ class SampleReader:
             # here too (on a CPU or waiting for one, not blocked in I/O), so only the rest is slept. Sleeps
             # of a millisecond overshoot by a good part of it on a busy machine: the overshoot is
             # carried into the next sample's sleep, so this worker's total tracks the model.
-            self.preprocess_debt += self.preprocess.next() - (runnable_seconds() - busy0)
+            self.preprocess_debt += self.preprocess.next() - (
+                runnable_seconds() + getattr(self.reader, "library_wait", 0.0) - busy0
+            )
             if self.preprocess_debt > 0:
                 pre = pre or REGIONS.begin("preprocess", "data")
                 t0 = time.perf_counter()
