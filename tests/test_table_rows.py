@@ -129,3 +129,43 @@ def test_row_groups_from_posix_calls_alone() -> None:
     assert f["reader.batch_size"].confidence == "default"
     assert (rd.read_threads, m.train.epochs) == (truth["read_threads"], truth["epochs"])
     assert any("row group at a time" in n for n in m.provenance.notes)
+
+
+def _torch_loaded(q) -> None:  # (module level: pickled by reference to the forkserver)
+    import sys
+
+    q.put("torch" in sys.modules)
+
+
+def test_table_workers_fork_with_torch_loaded(tmp_path: Path) -> None:
+    """The workers of a Parquet or CSV replay come from a forkserver (polars' thread pool does
+    not survive a fork): it preloads torch, so a worker forked at each epoch's start has it
+    (each imported it itself: 1.5-4 s an epoch), and it runs before the first epoch."""
+    from dlreplay.model import Distribution
+    from dlreplay.replay.loader import WorkerSpec, start_worker_server, worker_context
+
+    spec = WorkerSpec(
+        data_dir=str(tmp_path),
+        fmt="parquet",
+        io="library",
+        paths=("a.parquet",),
+        file_bytes=(1,),
+        records=(None,),
+        samples_per_file=1,
+        open_per_sample=False,
+        transfer_size=Distribution.fixed(4096.0),
+        preprocess_time=Distribution.fixed(0.0),
+        stats_per_sample=0.0,
+        lseeks_per_sample=0.0,
+        seed=0,
+    )
+    start_worker_server(spec, torch=True)
+    ctx = worker_context(spec, torch=True)
+    assert ctx.get_start_method() == "forkserver"
+    q = ctx.Queue()
+    p = ctx.Process(target=_torch_loaded, args=(q,))
+    p.start()
+    try:
+        assert q.get(timeout=120) is True
+    finally:
+        p.join(timeout=60)
