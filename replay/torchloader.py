@@ -44,7 +44,7 @@ from dlreplay.osutil import end_with_parent
 
 from .common import ReplayError
 from .formats import joined
-from .loader import BatchResult, SampleReader, WorkerSpec, worker_context
+from .loader import BatchResult, SampleReader, WorkerSpec, runnable_seconds, worker_context
 
 
 def _hooks_patched(obj: Any) -> bool:
@@ -110,13 +110,14 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, sample: int) -> tuple[Any, ...]:
         reader = self.reader()  # (its start in a new worker, opening files, is not the sample's)
-        # the item's CPU from here (the job's item held its Dataset's own steps too): what this
-        # spends around the reader's read_sample comes out of the sample's modelled CPU
-        cpu0 = time.thread_time()
+        # the item's CPU and runnable time from here (the job's item held its Dataset's own
+        # steps too): what this spends around the reader's read_sample comes out of the
+        # sample's modelled CPU and preprocess time
+        cpu0, busy0 = time.thread_time(), runnable_seconds()
         f, k = divmod(int(sample), self.spec.samples_per_file)
-        nbytes, decoded = reader.read_sample(f, k, cpu0)
+        nbytes, decoded = reader.read_sample(f, k, cpu0, busy0)
         _count_served(reader.meter.take())  # the storage's reads for it, handed over by collate
-        after = time.thread_time()
+        after, busy_after = time.thread_time(), runnable_seconds()
         if self.spec.resize_bytes:
             # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
             if self._resized is None or self._resized.numel() != self.spec.resize_bytes:
@@ -132,7 +133,7 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
                 torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays
             )
             out = (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1 :])
-        reader.charge(time.thread_time() - after)
+        reader.charge(time.thread_time() - after, runnable_seconds() - busy_after)
         return out
 
     def close(self) -> None:

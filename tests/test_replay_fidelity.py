@@ -684,11 +684,11 @@ def test_loader_work_comes_out_of_times_taken_between_reads(
 
     calls = [0]
 
-    def read_sample(self, f, k, cpu0=None):
+    def read_sample(self, f, k, cpu0=None, busy0=None):
         calls[0] += 1
         if calls[0] % 2 == 0:  # a batch's second sample (batch 2): the loader's own work first
             real_sleep(0.03)
-        return real_read_sample(self, f, k, cpu0)
+        return real_read_sample(self, f, k, cpu0, busy0)
 
     def read_batch(self, index, samples):
         res = real_read_batch(self, index, samples)
