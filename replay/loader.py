@@ -398,12 +398,17 @@ class SampleReader:
                 runnable_seconds() + getattr(self.reader, "library_wait", 0.0) - busy0
             )
             if self.preprocess_debt > 0:
-                pre = pre or REGIONS.begin("preprocess", "data")
                 t0 = time.perf_counter()
+                pre = pre or REGIONS.begin("preprocess", "data")
                 time.sleep(self.preprocess_debt)
                 self.preprocess_debt -= time.perf_counter() - t0
+        t1 = time.perf_counter()
         REGIONS.end(pre)
         REGIONS.end(item)
+        if self.preprocess is not None:
+            # the regions' trace events (a traced replay's, which the job's items did not
+            # write) come out of the next sample's share, as the sleep's overshoot does
+            self.preprocess_debt -= time.perf_counter() - t1
         if settled is not None:
             # what the sample took after its CPU was settled, besides the burn, comes out of the next
             # sample's: the sleep's own system time and the trace's region events. The job's items
