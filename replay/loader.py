@@ -389,19 +389,7 @@ class SampleReader:
                 burned = burn(self.cpu_debt)
                 self.cpu_debt -= burned
         if self.preprocess is not None:
-            # The model's per-sample time (the job's item time minus its POSIX time: decode, and the
-            # waits for a CPU on a busy host) holds the job's decode; the library has just decoded
-            # here too (on a CPU or waiting for one, not blocked in I/O), so only the rest is slept. Sleeps
-            # of a millisecond overshoot by a good part of it on a busy machine: the overshoot is
-            # carried into the next sample's sleep, so this worker's total tracks the model.
-            self.preprocess_debt += self.preprocess.next() - (
-                runnable_seconds() + getattr(self.reader, "library_wait", 0.0) - busy0
-            )
-            if self.preprocess_debt > 0:
-                t0 = time.perf_counter()
-                pre = pre or REGIONS.begin("preprocess", "data")
-                time.sleep(self.preprocess_debt)
-                self.preprocess_debt -= time.perf_counter() - t0
+            pre = self._sleep_preprocess(busy0, pre)
         t1 = time.perf_counter()
         REGIONS.end(pre)
         REGIONS.end(item)
@@ -418,6 +406,26 @@ class SampleReader:
         if s.between_reads:
             self.sample_ended = time.perf_counter()
         return nbytes, decoded
+
+    def _sleep_preprocess(self, busy0: float, pre: Any) -> Any:
+        """Sleep what is left of the sample's modelled preprocess time; returns its trace
+        region (*pre*, or one begun here). The model's per-sample time (the job's item time
+        minus its POSIX time: decode, and the waits for a CPU on a busy host) holds the job's
+        decode; the library has just decoded here too (on a CPU or waiting for one, not
+        blocked in I/O; *busy0*: :func:`runnable_seconds` where the sample began), so only the
+        rest is slept. Sleeps of a millisecond overshoot by a good part of it on a busy
+        machine: the overshoot is carried into the next sample's sleep, so this worker's total
+        tracks the model."""
+        assert self.preprocess is not None
+        self.preprocess_debt += self.preprocess.next() - (
+            runnable_seconds() + getattr(self.reader, "library_wait", 0.0) - busy0
+        )
+        if self.preprocess_debt > 0:
+            t0 = time.perf_counter()
+            pre = pre or REGIONS.begin("preprocess", "data")
+            time.sleep(self.preprocess_debt)
+            self.preprocess_debt -= time.perf_counter() - t0
+        return pre
 
     def batch_marks(self) -> tuple[float | None, float | None]:
         """(where the first sample read since the last call began, where the last one ended;

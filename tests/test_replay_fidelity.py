@@ -673,7 +673,7 @@ def test_loader_work_comes_out_of_times_taken_between_reads(
         caller = __import__("sys")._getframe(1).f_code.co_name
         if caller == "sleep":  # the step's (accelerator._Sleeper.sleep)
             asked["step"].append(seconds)
-        elif caller == "read_sample":  # a sample's preprocessing
+        elif caller in ("read_sample", "_sleep_preprocess"):  # a sample's preprocessing
             asked["sample"].append(seconds)
         real_sleep(seconds)
 

@@ -410,6 +410,11 @@ def _io_inexpressible(model: WorkloadModel) -> list[str]:
             "reader.memory_map=true (the rows taken out of a mapped NPY file: DLIO reads each "
             "sample's file whole)"
         )
+    if rd.row_group_reads and model.dataset.format == "parquet":
+        lost.append(
+            "reader.row_group_reads=true (a sample's row group read, the last one kept: DLIO "
+            "reads each sample's whole file)"
+        )
     if rd.file_buffering != "buffered":
         lost.append(f"reader.file_buffering={rd.file_buffering}")
     if rd.direct_io == "hybrid":
