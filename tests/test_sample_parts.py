@@ -16,30 +16,15 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze import load_trace
-from dlreplay.analyze.distill import distill
 from dlreplay.errors import ModelError
 from dlreplay.schema import READ_OPS
 
-PARTS = Path(__file__).resolve().parent.parent / "traces" / "parts"
+from .parts import PARTS
+from .parts import model as _model
+from .parts import reads_of as _reads_of
+from .parts import truth as _truth
+
 NAMES = ["npy_pairs", "png_triples"]
-
-
-def _truth(name: str) -> dict:
-    return json.loads((PARTS / name / "expected.json").read_text())["truth"]
-
-
-def _model(name: str):
-    lt = load_trace(PARTS / name)
-    return distill(lt.events, manifest=lt.manifest, source=str(PARTS / name)), lt
-
-
-def _reads_of(lt, pattern: str) -> pl.DataFrame:
-    """A trace's reads of the files whose path matches *pattern*."""
-    return lt.events.filter(
-        pl.col("name").is_in(list(READ_OPS))
-        & (pl.col("size") > 0)
-        & pl.col("file").cast(pl.String).str.contains(pattern)
-    )
 
 
 def _reads(lt) -> pl.DataFrame:

@@ -12,29 +12,21 @@ three, 2 workers or none, batch 16 or 8, shuffled or not, 3 or 2 epochs."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from dlreplay.analyze import load_trace
-from dlreplay.analyze.distill import distill
 from dlreplay.schema import READ_OPS
+
+from .parts import model as _model
+from .parts import reads_of as _reads_of
+from .parts import truth as _truth
 
 pytest.importorskip("pyarrow")
 
-PARTS = Path(__file__).resolve().parent.parent / "traces" / "parts"
 NAMES = ["parquet_w2_b16", "parquet_w0_b8"]
-
-
-def _truth(name: str) -> dict:
-    return json.loads((PARTS / name / "expected.json").read_text())["truth"]
-
-
-def _model(name: str):
-    lt = load_trace(PARTS / name)
-    return distill(lt.events, manifest=lt.manifest, source=str(PARTS / name)), lt
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -78,14 +70,6 @@ def test_whole_file_reads_stay_whole() -> None:
     assert got.row_group_reads is False
 
 
-def _reads(lt, pattern: str) -> pl.DataFrame:
-    return lt.events.filter(
-        pl.col("name").is_in(list(READ_OPS))
-        & (pl.col("size") > 0)
-        & pl.col("file").cast(pl.String).str.contains(pattern)
-    )
-
-
 def test_replay_reads_row_groups_of_the_jobs_size(tmp_path: Path) -> None:
     """The replay's reads: one row group's chunks an item, of the job's size (within 2 %), and
     its bytes the job's (within 2 %), where whole files read 10x them."""
@@ -95,8 +79,8 @@ def test_replay_reads_row_groups_of_the_jobs_size(tmp_path: Path) -> None:
     m, lt = _model(name)
     res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
     assert res.complete
-    job = _reads(lt, r"/part-\d+\.parquet$")
-    got = _reads(load_trace(tmp_path / "out"), r"/train/[^/]+\.parquet$")
+    job = _reads_of(lt, r"/part-\d+\.parquet$")
+    got = _reads_of(load_trace(tmp_path / "out"), r"/train/[^/]+\.parquet$")
     assert got["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
     assert got["size"].median() == pytest.approx(job["size"].median(), rel=0.02)
     # generated files: the columns' chunks as the job's on disk

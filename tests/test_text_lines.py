@@ -19,20 +19,12 @@ import polars as pl
 import pytest
 
 from dlreplay.analyze import load_trace
-from dlreplay.analyze.distill import distill
-from dlreplay.schema import READ_OPS
 
-PARTS = Path(__file__).resolve().parent.parent / "traces" / "parts"
+from .parts import model as _model
+from .parts import reads_of as _reads_of
+from .parts import truth as _truth
+
 NAMES = ["jsonl_w2_b8", "jsonl_w0_b4"]
-
-
-def _truth(name: str) -> dict:
-    return json.loads((PARTS / name / "expected.json").read_text())["truth"]
-
-
-def _model(name: str):
-    lt = load_trace(PARTS / name)
-    return distill(lt.events, manifest=lt.manifest, source=str(PARTS / name)), lt
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -63,14 +55,6 @@ def test_lines_sizes_and_the_index_pass_found(name: str) -> None:
     assert rl.max == pytest.approx(lines.max(), rel=0.01)
 
 
-def _dataset_reads(lt, pattern: str) -> pl.DataFrame:
-    return lt.events.filter(
-        pl.col("name").is_in(list(READ_OPS))
-        & (pl.col("size") > 0)
-        & pl.col("file").cast(pl.String).str.contains(pattern)
-    )
-
-
 def test_replay_reads_the_lines_and_the_index_pass(tmp_path: Path) -> None:
     """The replay's lines take the job's sizes, each read through the 4 KiB buffer, and its
     rank reads every file through before the first epoch: the bytes the job read within 2 %
@@ -83,8 +67,8 @@ def test_replay_reads_the_lines_and_the_index_pass(tmp_path: Path) -> None:
     res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
     assert res.complete
     replay = load_trace(tmp_path / "out")
-    job_reads = _dataset_reads(lt, r"/shard_\d+\.jsonl$")
-    got = _dataset_reads(replay, r"/train/[^/]+$")
+    job_reads = _reads_of(lt, r"/shard_\d+\.jsonl$")
+    got = _reads_of(replay, r"/train/[^/]+$")
     assert got["size"].sum() == pytest.approx(job_reads["size"].sum(), rel=0.02)
     # the pass: before the rank's first item, one process read each file whole
     first_item = replay.events.filter(pl.col("role") == "item")["ts"].min()
