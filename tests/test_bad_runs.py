@@ -1136,10 +1136,10 @@ from dlreplay.replay import loader
 from tests.test_replay import make_model
 
 
-def read_sample(self, f, k, cpu0=None):
+def read_sample(self, f, k, cpu0=None, busy0=None):
     if k == 0 and f == 3:
         ctypes.string_at(0)  # SIGSEGV in the worker, as a crash in a native library would
-    return real(self, f, k, cpu0)
+    return real(self, f, k, cpu0, busy0)
 
 
 real = loader.SampleReader.read_sample
