@@ -48,20 +48,18 @@ from .writers import crc32c, masked_crc32c, tfrecord_frame, write_file  # noqa: 
 
 
 def _read_counters() -> tuple[int, int, int]:
-    """(rchar, syscr, bytes of this probe) of the calling thread, from ``/proc/thread-self/io``.
+    """(rchar, syscr, bytes of this probe) of the calling thread, from ``/proc/thread-self/io``
+    (read through a file kept open a thread: :func:`~.served.proc_io`).
 
     rchar: bytes returned by read-family syscalls so far; syscr: read-family syscalls so far.
     The kernel adds a read to them after it returns, so the probe's own read is in the next
     probe's values: the caller subtracts it (``bytes of this probe`` and one call).
     """
-    try:
-        fd = os.open("/proc/thread-self/io", os.O_RDONLY)
-    except OSError:
+    from .served import proc_io
+
+    text = proc_io(thread=True)
+    if text is None:
         return 0, 0, 0
-    try:
-        text = os.read(fd, 4096)
-    finally:
-        os.close(fd)
     rchar = syscr = 0
     for line in text.splitlines():
         if line.startswith(b"rchar:"):

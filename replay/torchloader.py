@@ -116,8 +116,8 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         cpu0, busy0 = time.thread_time(), runnable_seconds()
         f, k = divmod(int(sample), self.spec.samples_per_file)
         nbytes, decoded = reader.read_sample(f, k, cpu0, busy0)
-        _count_served(reader.meter.take())  # the storage's reads for it, handed over by collate
         after, busy_after = time.thread_time(), runnable_seconds()
+        _count_served(reader.meter.take())  # the storage's reads for it, handed over by collate
         if self.spec.resize_bytes:
             # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
             if self._resized is None or self._resized.numel() != self.spec.resize_bytes:
