@@ -510,6 +510,7 @@ def _tables(files: list[dict[str, Any]], fmt: str) -> list[TableFile]:
                 file_bytes=_file_bytes(same),
                 rows=_median_int([f.get("rows") for f in same]),
                 row_groups=f0.get("row_groups"),
+                row_group_rows=_median_int([(f.get("row_group_rows") or [None])[0] for f in same]),
                 data_page_size=_median_int([f.get("data_page_size") for f in same]),
                 data_page_values=_median_int([f.get("data_page_values") for f in same]),
                 data_page_batch=_median_int([f.get("data_page_batch") for f in same]),

@@ -221,6 +221,12 @@ class TableFile:
     )
     rows: int | None = model_field(None, check="nonneg")
     row_groups: int | None = model_field(None, check="positive", doc="Parquet row groups per file")
+    row_group_rows: int | None = model_field(
+        None,
+        check="positive",
+        doc="Parquet: rows of a file's first row group (a writer's row_group_size: the last "
+        "group holds the rest); null: the rows split evenly over row_groups",
+    )
     data_page_size: int | None = model_field(
         None,
         check="positive",

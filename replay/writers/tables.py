@@ -41,7 +41,8 @@ def write_parquet(
         return "polars"
     assert t is not None  # cols come from it
     data, var = _parquet_columns(t, sizes, rng)
-    row_group = max(1, -(-rows // (t.row_groups or 1)))
+    # the writer's row group size (its last group the rest: 30/30/30/10), else an even split
+    row_group = t.row_group_rows or max(1, -(-rows // (t.row_groups or 1)))
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -103,12 +104,13 @@ def _fit_disk_bytes(
         rows = len(data[c.name])
         if not c.disk_row_bytes or not rows or not group:
             continue
-        n = min(group, rows)
+        # the file's own row groups (a short last one costs more a row), up to 16 of them
+        n = min(rows, 16 * group)
         if c in var:
             widths = [len(v) for v in data[c.name]]
             block = block_for(max(int(np.median(widths)), 16))
             share = calibrate(
-                functools.partial(_binary_chunk, c, widths[:n], block=block),
+                functools.partial(_binary_chunk, c, widths[:n], block=block, group=group),
                 c.disk_row_bytes,
                 tol=0.01,
             )
@@ -117,16 +119,18 @@ def _fit_disk_bytes(
         elif c.type in ("int64", "int32"):
             dtype = np.int64 if c.type == "int64" else np.int32
             bits = 30 * calibrate(
-                functools.partial(_int_chunk, c, n, dtype=dtype), c.disk_row_bytes, 0.02
+                functools.partial(_int_chunk, c, n, dtype=dtype, group=group),
+                c.disk_row_bytes,
+                0.02,
             )
             data[c.name] = rng.integers(0, max(1, int(round(2**bits))), rows).astype(dtype)
             fitted += 1
     return fitted
 
 
-def _chunk_bytes(col: Any, values: Any, rows: int) -> float:
-    """Bytes per row of the column chunk of *values* (a pyarrow array of *rows* values) written
-    alone as one row group with *col*'s codec and dictionary encoding."""
+def _chunk_bytes(col: Any, values: Any, rows: int, group: int) -> float:
+    """Bytes per row of the column chunks of *values* (a pyarrow array of *rows* values)
+    written alone in row groups of *group* rows with *col*'s codec and dictionary encoding."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -134,29 +138,35 @@ def _chunk_bytes(col: Any, values: Any, rows: int) -> float:
     pq.write_table(
         pa.table({col.name: values}),
         buf,
+        row_group_size=max(group, 1),
         compression=col.compression or "none",
         use_dictionary=bool(col.dictionary),
     )
     meta = pq.ParquetFile(io.BytesIO(buf.getvalue())).metadata
-    return meta.row_group(0).column(0).total_compressed_size / max(rows, 1)
+    disk = sum(
+        meta.row_group(g).column(0).total_compressed_size for g in range(meta.num_row_groups)
+    )
+    return disk / max(rows, 1)
 
 
-def _binary_chunk(col: Any, widths: list[int], share: float, block: int = 16) -> float:
+def _binary_chunk(
+    col: Any, widths: list[int], share: float, block: int = 16, group: int = 1
+) -> float:
     """:func:`_chunk_bytes` of binary values of *widths* bytes, *share* of their blocks random."""
     import pyarrow as pa
 
     probe = np.random.default_rng(0xF17)
     vals = [fill_noise(x, share, probe, block).tobytes() for x in widths]
-    return _chunk_bytes(col, pa.array(vals, type=pa.binary()), len(widths))
+    return _chunk_bytes(col, pa.array(vals, type=pa.binary()), len(widths), group)
 
 
-def _int_chunk(col: Any, rows: int, share: float, dtype: Any) -> float:
+def _int_chunk(col: Any, rows: int, share: float, dtype: Any, group: int = 1) -> float:
     """:func:`_chunk_bytes` of *rows* integers drawn from 2**(30 *share*) distinct values."""
     import pyarrow as pa
 
     probe = np.random.default_rng(0xF17)
     top = max(1, int(round(2 ** (30 * share))))
-    return _chunk_bytes(col, pa.array(probe.integers(0, top, rows).astype(dtype)), rows)
+    return _chunk_bytes(col, pa.array(probe.integers(0, top, rows).astype(dtype)), rows, group)
 
 
 def _parquet_columns(
