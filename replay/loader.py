@@ -362,9 +362,7 @@ class SampleReader:
             if self.item_events
             else None
         )
-        busy0 = (runnable_seconds() if busy0 is None else busy0) + getattr(
-            self.reader, "library_wait", 0.0
-        )
+        busy0 = (runnable_seconds() if busy0 is None else busy0) + self.reader.library_wait
         if s.files_per_sample > 1:  # each of the sample's files whole, in turn
             got = [
                 self._read_file(g, 0)
@@ -418,7 +416,7 @@ class SampleReader:
         tracks the model."""
         assert self.preprocess is not None
         self.preprocess_debt += self.preprocess.next() - (
-            runnable_seconds() + getattr(self.reader, "library_wait", 0.0) - busy0
+            runnable_seconds() + self.reader.library_wait - busy0
         )
         if self.preprocess_debt > 0:
             t0 = time.perf_counter()

@@ -213,6 +213,8 @@ class S3Reader:
         #: bytes the object store returned to this reader's GETs (``Content-Length``, or the bytes
         #: the client library handed over): what the storage served it
         self.returned_bytes = 0
+        #: (the file readers' wait on a library's own threads: none here)
+        self.library_wait = 0.0
 
     def _s3(self) -> Any:
         if self._client is None or self._pid != os.getpid():

@@ -66,7 +66,7 @@ def test_whole_file_reads_stay_whole() -> None:
     from dlreplay.analyze.distill.observe import observe
 
     obs = observe(events, lt.manifest.get("data_dirs"), None, None, Facts())
-    got = _row_group_reads(m.reader.__class__(), obs, m.dataset, Facts())
+    got = _row_group_reads(m.reader.__class__(), obs, m.dataset, False, Facts())
     assert got.row_group_reads is False
 
 

@@ -39,11 +39,13 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
     the POSIX inference), what a sample costs from the dataset I/O."""
     # NPY files mapped and read in their headers alone, in a trace without items: once, here
     mapped_rows = posix_mapped_rows(obs, dataset)
+    # and Parquet files read a row group at a time through files kept open
+    row_groups = not mapped_rows and posix_row_groups(obs, dataset)
     if obs.has_loader:
         batch_size, read_threads, persistent, start_method = _loader_from_events(obs, facts)
     else:
         batch_size, read_threads, persistent, start_method = _loader_from_posix(
-            obs, mapped_rows or posix_row_groups(obs, dataset), facts
+            obs, mapped_rows or row_groups, facts
         )
     if start_method is None:
         facts.put(
@@ -106,20 +108,23 @@ def reader_section(obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
         access_pattern=pattern,
         metadata_per_sample=meta,
     )
-    reader = _row_group_reads(reader, obs, dataset, facts)
+    reader = _row_group_reads(reader, obs, dataset, row_groups, facts)
     return _as_dlio_reads(reader, obs, dataset.format, mapped_rows, facts)
 
 
-def _row_group_reads(reader: Reader, obs: Observed, dataset: Dataset, facts: Facts) -> Reader:
+def _row_group_reads(
+    reader: Reader, obs: Observed, dataset: Dataset, posix_groups: bool, facts: Facts
+) -> Reader:
     """``reader`` with ``row_group_reads`` where the item events of a Parquet dataset of
     several samples a file read less than half a file each (pyarrow's ``read_row_group``: the
     column chunks of the group holding the sample), measured; DLIO's and pandas' readers
     read the whole file a sample, as the replay does otherwise (a job of 8 row groups a file
-    replayed so: 1.1 GiB read against 103 MiB)."""
+    replayed so: 1.1 GiB read against 103 MiB). Without item events: *posix_groups*
+    (:func:`~.dataset.posix_row_groups`), inferred."""
     if dataset.format != "parquet" or dataset.num_samples_per_file < 2:
         return reader
     if not obs.items.height:
-        if not posix_row_groups(obs, dataset):
+        if not posix_groups:
             return reader
         facts.put(
             "reader.row_group_reads",

@@ -306,11 +306,11 @@ def _per_streamed_step(
     scale = steps_then / max(samples / max(reader.batch_size, 1), 1)
     if not posix.compute_samples or abs(scale - 1) < 0.05:  # already per streamed step
         return compute
+    what = ("mappings" if reader.memory_map else "visits") if rows else "shard visits"
     facts.put(
         "train.computation_time",
         f"{facts.fields['train.computation_time'].method}; over the samples' steps "
-        f"({visits:.0f} {('mappings' if reader.memory_map else 'visits') if rows else 'shard visits'} an epoch, {samples} samples "
-        f"in batches of {reader.batch_size})",
+        f"({visits:.0f} {what} an epoch, {samples} samples in batches of {reader.batch_size})",
         facts.fields["train.computation_time"].confidence,
     )
     return Distribution.from_values(np.asarray(posix.compute_samples) * scale)
