@@ -23,7 +23,7 @@ from dlreplay.capture import REGIONS
 from dlreplay.interrupt import INTERRUPT
 
 from .checkpoint import Checkpointer, run_checkpoint_workload
-from .common import ReplayError, streams_shards
+from .common import ReplayError, is_worker_failure, streams_shards, worker_failure
 from .hostcpu import HostCpu
 from .loader import Loader
 from .plan import RankPlan, epoch_batches, epoch_compute, evaluation_steps, spends_host_cpu
@@ -507,6 +507,11 @@ def _run_rank(
         result["error"] = "another accelerator stopped (barrier broken)"
     except ReplayError as exc:
         result["error"] = str(exc)
+    except RuntimeError as exc:  # a worker died while this process was not waiting for it
+        if not is_worker_failure(exc):
+            raise
+        failure = worker_failure(exc)
+        result["error"] = None if isinstance(failure, KeyboardInterrupt) else str(failure)
     finally:
         run.close(keep_checkpoints)
     result["order"] = run.order if plan.record_order else None

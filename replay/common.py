@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dlreplay.errors import DlreplayError
+from dlreplay.interrupt import INTERRUPT
 from dlreplay.model import WorkloadModel, model_to_dict
 from dlreplay.osutil import atomic_write_text, confined_path, host_memory_bytes, process_limit
 from dlreplay.units import human_bytes
@@ -73,6 +74,34 @@ ARRAY_FORMATS = ("npz", "npy", "hdf5")
 
 class ReplayError(DlreplayError):
     """Dataset generation or a replay failed; the message names the path and what to do."""
+
+
+def worker_message(exc: BaseException) -> str:
+    """The one-line cause of an error re-raised from a DataLoader worker (torch wraps it in
+    "Caught X in DataLoader worker process N. Original Traceback ..."; keep the cause)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    for prefix in ("dlreplay.replay.common.ReplayError: ", "ReplayError: "):
+        if last.startswith(prefix):
+            return last[len(prefix) :]
+    return last
+
+
+def worker_failure(exc: RuntimeError) -> BaseException:
+    """What a PyTorch DataLoader's RuntimeError about its workers means for the replay: a
+    ReplayError naming the cause ("DataLoader worker (pid N) is killed by signal: ..."), or a
+    KeyboardInterrupt where a terminal's Ctrl-C reached the workers too (they stop quietly, as
+    asked). PyTorch raises it from the batch wait or, through its SIGCHLD handler, from
+    wherever the training process is when a worker dies (a compute sleep, a checkpoint)."""
+    if INTERRUPT.requested:
+        return KeyboardInterrupt()
+    return ReplayError(f"data-loader worker failed: {worker_message(exc)}")
+
+
+def is_worker_failure(exc: RuntimeError) -> bool:
+    """Whether *exc* is PyTorch's report of a DataLoader worker's death (its SIGCHLD handler's
+    or the batch wait's), not another RuntimeError."""
+    return "DataLoader worker" in str(exc)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 from dlreplay.interrupt import INTERRUPT
 from dlreplay.osutil import end_with_parent
 
-from .common import ReplayError
+from .common import ReplayError, worker_failure, worker_message
 from .formats import joined
 from .loader import BatchResult, SampleReader, WorkerSpec, runnable_seconds, worker_context
 
@@ -272,17 +272,6 @@ def _quiet_abandoned_handovers() -> None:
     sys.excepthook = hook
 
 
-def _worker_message(exc: BaseException) -> str:
-    """The one-line cause of an error re-raised from a DataLoader worker (torch wraps it in
-    "Caught X in DataLoader worker process N. Original Traceback ..."; keep the cause)."""
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else type(exc).__name__
-    for prefix in ("dlreplay.replay.common.ReplayError: ", "ReplayError: "):
-        if last.startswith(prefix):
-            return last[len(prefix) :]
-    return last
-
-
 def arrival_stamps(it: Any) -> list[float]:
     """A one-item list that holds, after each batch of the DataLoader iterator *it*, the
     ``time.perf_counter()`` at which torch had it (its ``_next_data`` returned; 0.0 where the
@@ -398,15 +387,9 @@ class TorchLoader:
                     served=served,
                 )
         except ReplayError as exc:
-            raise ReplayError(_worker_message(exc)) from None
-        except (
-            RuntimeError
-        ) as exc:  # a worker killed or gone ("DataLoader worker (pid N) exited unexpectedly")
-            if (
-                INTERRUPT.requested
-            ):  # a terminal's Ctrl-C reached the workers too: they stop quietly, as asked
-                raise KeyboardInterrupt from None
-            raise ReplayError(f"data-loader worker failed: {_worker_message(exc)}") from None
+            raise ReplayError(worker_message(exc)) from None
+        except RuntimeError as exc:  # a worker killed or gone, or its error re-raised
+            raise worker_failure(exc) from None
 
     def close(self) -> None:
         """Stop persistent workers, close the main process's files."""

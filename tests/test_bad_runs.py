@@ -1185,3 +1185,68 @@ def test_a_replay_worker_killed_by_a_fatal_signal_prints_its_stack(
     assert "Fatal Python error: Segmentation fault" in proc.stderr, proc.stderr[-3000:]
     stack = proc.stderr[proc.stderr.index("Fatal Python error") :]
     assert "in read_sample" in stack and "crash.py" in stack, stack[:3000]
+
+
+CRASH_DURING_COMPUTE = r"""
+import ctypes, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])  # the repository: its tests' model
+from dlreplay.replay import ReplayConfig, run_replay
+from dlreplay.replay.common import ReplayError
+from dlreplay.replay import accelerator, loader
+from tests.test_replay import make_model
+
+out = Path(sys.argv[1])
+MARK = out / "computing"
+
+
+def read_sample(self, f, k, cpu0=None, busy0=None):
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    if info is not None and info.id == 1:  # batch 1's worker: dies once batch 0 is computing
+        for _ in range(6000):
+            if MARK.exists():
+                ctypes.string_at(0)
+            time.sleep(0.01)
+    return real_read(self, f, k, cpu0, busy0)
+
+
+def sleep(self, seconds, spent=0.0):
+    if seconds >= 10:
+        MARK.touch()
+    return real_sleep(self, seconds, spent)
+
+
+real_read = loader.SampleReader.read_sample
+real_sleep = accelerator._Sleeper.sleep
+if __name__ == "__main__":
+    loader.SampleReader.read_sample = read_sample  # forked workers inherit it
+    accelerator._Sleeper.sleep = sleep
+    try:
+        run_replay(ReplayConfig(
+            model=make_model("reader.read_threads=2", "train.epochs=1",
+                             "train.computation_time=20"),
+            data_dir=out / "d", out=out / "o", trace=False, loader="torch"))
+    except ReplayError as exc:
+        print("replay error:", exc)
+"""
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="no torch")
+def test_a_worker_that_dies_while_the_step_computes_is_a_replay_error(tmp_path: Path) -> None:
+    """PyTorch reports a dead worker through its SIGCHLD handler, which raises wherever the
+    training process is: here in the compute sleep of batch 0 (batch 1's worker dies only once
+    that sleep has begun), not in the batch wait. It is a replay error all the same, no
+    traceback (CI once saw it escape when a crash happened to land in a step)."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_DURING_COMPUTE)
+    proc = subprocess.run(
+        [PY, str(script), str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300
+    )
+    assert (tmp_path / "computing").exists(), proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replay error:" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    assert "data-loader worker failed" in proc.stdout, proc.stdout
+    assert "killed by signal: Segmentation fault" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr.split("Fatal Python error")[0], proc.stderr[-3000:]
