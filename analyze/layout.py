@@ -37,6 +37,8 @@ from dlreplay.model import (
     TableFile,
 )
 
+from .unread import mark_unread
+
 __all__ = [
     "LayoutResult",
     "find_group",
@@ -264,60 +266,6 @@ def _by_address(members: list[ArrayMember], datasets: list[dict[str, Any]]) -> l
     return [members[j] for j in order]
 
 
-def _member_spans(f: dict[str, Any], fmt: str) -> dict[str, tuple[int, int]]:
-    """Each array's bytes in fingerprint file *f*, ``[start, end)``: an HDF5 contiguous
-    dataset's data, an NPZ member's local header and data. Arrays whose bytes are not known
-    (chunked, compact) are left out."""
-    if fmt == "hdf5":
-        return {
-            str(d["name"]): (int(d["offset"]), int(d["offset"]) + int(d.get("stored_bytes") or 0))
-            for d in f.get("datasets", [])
-            if d.get("offset") is not None and d.get("stored_bytes")
-        }
-    out = {}
-    for m in f.get("members", []):
-        if m.get("offset") is None or m.get("stored_bytes") is None:
-            continue
-        # local header (30 bytes, the name, numpy's zip64 extra field of 20), then the data;
-        # the central directory after the last member is not the member's
-        head = 30 + len(str(m["name"]).encode()) + (20 if m.get("zip64") else 0)
-        start = int(m["offset"])
-        out[str(m["name"])] = (start, start + head + int(m["stored_bytes"]))
-    return out
-
-
-def unread_members(
-    files: list[dict[str, Any]], root: str, fmt: str, reads: pl.DataFrame
-) -> tuple[set[str], int]:
-    """(the arrays no read touched, files that tell): in each sampled file (*files*, paths
-    under *root*) the trace read (*reads*: its ``file``, ``offset``, ``size``), the arrays
-    whose bytes no read overlapped while another array's were read; an array is unread when
-    it was so in every such file. HDF5's sieve buffer reading past a small array counts as a
-    read of it (the array is then kept)."""
-    if reads.is_empty() or not {"file", "offset", "size"} <= set(reads.columns):
-        return set(), 0
-    got = reads.filter(pl.col("offset").is_not_null() & (pl.col("size") > 0)).select(
-        pl.col("file").cast(pl.String), "offset", "size"
-    )
-    by_file = {str(k[0]): v for k, v in got.partition_by("file", as_dict=True).items()}
-    unread: set[str] | None = None
-    told = 0
-    for f in files:
-        spans = _member_spans(f, fmt)
-        mine = by_file.get(os.path.normpath(os.path.join(root, str(f.get("path", "")))))
-        if len(spans) < 2 or mine is None:
-            continue
-        lo = mine["offset"].to_numpy()
-        hi = lo + mine["size"].to_numpy()
-        touched = {n for n, (a, b) in spans.items() if bool(((lo < b) & (hi > a)).any())}
-        if not touched:  # no array's bytes read here (a mapped file, metadata only)
-            continue
-        told += 1
-        here = set(spans) - touched
-        unread = here if unread is None else unread & here
-    return unread or set(), told
-
-
 def _hdf5_arrays(files: list[dict[str, Any]], spf: int) -> list[ArrayFile]:
     out = []
     for same in _structures(
@@ -539,7 +487,7 @@ def layout_from_fingerprint(
     """The layout of the trace's dataset (*paths*, format *fmt*, *spf* samples per file) from
     fingerprint *doc*; None when the fingerprint has no group of that format. With the trace's
     dataset *reads*, the arrays of NPZ and HDF5 files that no read touched are marked
-    ``read_per_sample: false`` (:func:`unread_members`)."""
+    ``read_per_sample: false`` (:func:`.unread.mark_unread`)."""
     group = find_group(doc, fmt, paths)
     files = own_files(group, paths) if group is not None else []
     if not files:  # none of the trace's own files sampled: sample them now, where they are here
@@ -571,8 +519,8 @@ def layout_from_fingerprint(
         res.notes.extend(str(f["note"]) for f in files[:1] if f.get("note"))
     elif gfmt == "tfrecord":
         _tfrecord_summary(files, how, res, summary)
-    if reads is not None and summary.get("arrays") and gfmt in ("npz", "zip", "hdf5"):
-        _mark_unread(summary, files, str(group.get("root", "")), gfmt, reads, res)
+    if reads is not None:
+        mark_unread(summary, files, str(group.get("root", "")), str(gfmt), reads, res.fields)
     res.layout = Layout(**summary)
     if len(res.layout.arrays or res.layout.images or res.layout.tables or []) > 1:
         res.notes.append(
@@ -580,36 +528,6 @@ def layout_from_fingerprint(
             f"structures among {len(files)} sampled files (weights in dataset.layout)"
         )
     return res
-
-
-def _mark_unread(
-    summary: dict[str, Any],
-    files: list[dict[str, Any]],
-    root: str,
-    fmt: str,
-    reads: pl.DataFrame,
-    res: LayoutResult,
-) -> None:
-    """The arrays of ``summary["arrays"]`` no read of the trace touched (:func:`unread_members`)
-    marked ``read_per_sample: false``, with the evidence."""
-    unread, told = unread_members(files, root, "hdf5" if fmt == "hdf5" else "npz", reads)
-    if not unread:
-        return
-    summary["arrays"] = [
-        replace(
-            a,
-            members=[
-                replace(m, read_per_sample=False) if m.name in unread else m for m in a.members
-            ],
-        )
-        for a in summary["arrays"]
-    ]
-    how, confidence = res.fields["dataset.layout.arrays"]
-    res.fields["dataset.layout.arrays"] = (
-        f"{how}; never read per sample: {', '.join(sorted(unread))} (no read of the "
-        f"{told} sampled file(s) the trace read touched their bytes)",
-        confidence,
-    )
 
 
 def _archive_members(files: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -21,9 +21,22 @@ def parse_args(argv=None):
     g.add_argument("--row-group", type=C.positive_int, default=64, help="rows a row group")
     g.add_argument("--row-bytes", type=C.positive_int, default=1024, help="feature bytes a row")
     g.add_argument("--compression", choices=("none", "snappy", "zstd"), default="snappy")
-    g.add_argument("--columns", choices=("all", "features"), default="all",
-                   help="the columns an item reads")  # fmt: skip
+    g.add_argument("--columns", type=_columns, default="all",
+                   help="the columns an item reads: all, or some of features,label,id "
+                        "(comma-separated; pyarrow reads those columns' chunks alone)")  # fmt: skip
     return p.parse_args(argv)
+
+
+def _columns(text):
+    """``all`` (None: every column), or a comma-separated list of the file's columns."""
+    import argparse
+
+    if text == "all":
+        return None
+    names = [n for n in text.split(",") if n]
+    if not names or set(names) - {"features", "label", "id"}:
+        raise argparse.ArgumentTypeError("all, or a comma-separated list of features,label,id")
+    return names
 
 
 def generate(args):
@@ -71,7 +84,7 @@ class ParquetRows:
 
     def __init__(self, files, rows, group, columns):
         self.files, self.rows, self.group = list(files), rows, group
-        self.columns = ["features", "label"] if columns == "features" else None
+        self.columns = columns  # None: all
         self.handles, self.cached = {}, (None, None, None)
 
     def __len__(self):
@@ -91,8 +104,9 @@ class ParquetRows:
                     pf = self.handles[f] = pq.ParquetFile(self.files[f])
                 self.cached = (f, g, pf.read_row_group(g, columns=self.columns))
             table = self.cached[2]
-            feats = table.column("features")[k].as_py()
-            label = table.column("label")[k].as_py()
+            names = table.column_names
+            feats = table.column("features")[k].as_py() if "features" in names else b"\0"
+            label = table.column("label")[k].as_py() if "label" in names else 0
         x = torch.from_numpy(np.frombuffer(feats, dtype=np.uint8).astype(np.float32) / 255)
         return (x, torch.tensor(label), *C.io_tensors(counted))
 

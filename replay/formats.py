@@ -349,7 +349,8 @@ class LibraryReader(_Reader):
         #: ``seek`` + ``readline``/``read`` on ``open(path, "rb")`` does (0: ``os.pread`` of the
         #: record's bytes alone)
         self.record_buffer = record_buffer if fmt == "raw" else 0
-        #: hdf5 datasets / npz members the job never reads per sample (without ``/``, ``.npy``)
+        #: hdf5 datasets / npz members / parquet columns the job never reads per sample
+        #: (without ``/``, ``.npy``)
         self.unread = {_array_key(n) for n in unread}
         #: npz/npy: whole files read through O_DIRECT (:mod:`.direct`), as DLIO's odirect reader
         self.direct_io = direct_io if fmt in ("npz", "npy") else "off"
@@ -454,8 +455,11 @@ class LibraryReader(_Reader):
             # job's too (the reads themselves: 10-15 us from the page cache, counted with it)
             from .loader import runnable_seconds
 
+            # the columns the job reads (pyarrow then reads only their chunks)
+            names = pf.schema_arrow.names
+            cols = [n for n in names if _array_key(n) not in self.unread] if self.unread else None
             t0, r0 = time.perf_counter(), runnable_seconds()
-            self._group = (path, g, pf.read_row_group(g, use_threads=False))
+            self._group = (path, g, pf.read_row_group(g, columns=cols or None, use_threads=False))
             self.library_wait += (time.perf_counter() - t0) - (runnable_seconds() - r0)
         table = self._group[2]
         row = min(k - starts[g], max(table.num_rows - 1, 0))

@@ -214,6 +214,12 @@ def worker_spec(config: ReplayConfig, manifest: dict[str, Any]) -> WorkerSpec:
                     for member in a.members or ()
                     if not member.read_per_sample
                 }
+                | {
+                    c.name
+                    for t in m.dataset.layout.tables or ()
+                    for c in t.columns or ()
+                    if not c.read_per_sample
+                }
             )
         ),
     )

@@ -119,22 +119,26 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         + ["--compression", "snappy", "--workers", "2", "--batch-size", "16", "--shuffle"]
         + ["--epochs", "3"],
         {"samples_per_file": 512, "num_files": 2, "format": "parquet", "row_groups": 8,
-         "row_group_reads": True, "batch_size": 16, "read_threads": 2, "epochs": 3},
+         "row_group_reads": True, "batch_size": 16, "read_threads": 2, "epochs": 3,
+         "columns_unread": []},
     ),
-    # the same job with DFTracer's POSIX calls alone: no sample shows, the row groups' reads do
+    # the same job with DFTracer's POSIX calls alone: no sample shows, the row groups' reads do;
+    # one column of three read
     "parquet_w2_b16_posix": (
         ["--num-files", "2", "--rows", "512", "--row-group", "64", "--row-bytes", "1024"]
-        + ["--compression", "snappy", "--workers", "2", "--batch-size", "16", "--shuffle"]
-        + ["--epochs", "3"],
+        + ["--compression", "snappy", "--columns", "features", "--workers", "2"]
+        + ["--batch-size", "16", "--shuffle", "--epochs", "3"],
         {"samples_per_file": 512, "num_files": 2, "format": "parquet", "row_groups": 8,
-         "row_group_reads": True, "batch_size": 16, "read_threads": 2, "epochs": 3},
+         "row_group_reads": True, "batch_size": 16, "read_threads": 2, "epochs": 3,
+         "columns_unread": ["id", "label"]},
     ),
     "parquet_w0_b8": (
         ["--num-files", "3", "--rows", "256", "--row-group", "32", "--row-bytes", "512"]
-        + ["--compression", "zstd", "--columns", "features", "--workers", "0"]
+        + ["--compression", "zstd", "--columns", "features,label", "--workers", "0"]
         + ["--batch-size", "8", "--no-shuffle", "--epochs", "2"],
         {"samples_per_file": 256, "num_files": 3, "format": "parquet", "row_groups": 8,
-         "row_group_reads": True, "batch_size": 8, "read_threads": 0, "epochs": 2},
+         "row_group_reads": True, "batch_size": 8, "read_threads": 0, "epochs": 2,
+         "columns_unread": ["id"]},
     ),
     "pt_w0_b2": (
         ["--tensors", "2", "--edge", "48", "--num-files", "20", "--workers", "0"]

@@ -227,36 +227,56 @@ def _writer_pages(per: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+#: Row groups whose column chunks' places a file's fingerprint lists (``chunk_spans``), and
+#: the chunks it lists at most (a wide table's: fewer groups).
+_MAX_SPAN_GROUPS, _MAX_SPANS = 64, 4096
+
+
+def _chunk_span(c: Any) -> list[int]:
+    """``[start, stored bytes]`` of column chunk *c* in its file (its dictionary page first,
+    where it has one): the bytes a reader of that column in that row group reads."""
+    starts = [x for x in (c.dictionary_page_offset, c.data_page_offset) if x is not None and x > 0]
+    return [int(min(starts)) if starts else 0, int(c.total_compressed_size)]
+
+
+def _columns_without_pyarrow(path: str) -> dict[str, Any]:
+    """The columns' names and types alone, through polars (no pyarrow: no row groups)."""
+    import polars as pl
+
+    schema = pl.read_parquet_schema(path)
+    names = {
+        "Int64": "int64",
+        "Int32": "int32",
+        "Float64": "double",
+        "Float32": "float",
+        "Boolean": "boolean",
+        "Binary": "binary",
+        "String": "string",
+    }
+    return {
+        "columns": [
+            {"name": k, "type": names.get(str(v), str(v).lower())} for k, v in schema.items()
+        ],
+        "note": "row groups and codecs need pyarrow (pip install 'dlreplay[parquet]')",
+    }
+
+
 def inspect_parquet(path: str) -> dict[str, Any]:
     """Rows, row groups and columns from the footer (with pyarrow; only the columns with
-    polars), and the data pages from the page headers."""
+    polars), each column's chunks' places in the file (``chunk_spans``: ``[start, bytes]`` of
+    the first :data:`_MAX_SPAN_GROUPS` row groups', :data:`_MAX_SPANS` chunks at most), and
+    the data pages from the page headers."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        import polars as pl
-
-        schema = pl.read_parquet_schema(path)
-        names = {
-            "Int64": "int64",
-            "Int32": "int32",
-            "Float64": "double",
-            "Float32": "float",
-            "Boolean": "boolean",
-            "Binary": "binary",
-            "String": "string",
-        }
-        return {
-            "columns": [
-                {"name": k, "type": names.get(str(v), str(v).lower())} for k, v in schema.items()
-            ],
-            "note": "row groups and codecs need pyarrow (pip install 'dlreplay[parquet]')",
-        }
+        return _columns_without_pyarrow(path)
     meta = pq.ParquetFile(path).metadata
     columns: list[dict[str, Any]] = []
     rg_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     comp = uncomp = 0
     per_column: Counter[int] = Counter()
     per_column_disk: Counter[int] = Counter()
+    spans: dict[int, list[list[int]]] = {}
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
         for j in range(rg.num_columns):
@@ -265,6 +285,8 @@ def inspect_parquet(path: str) -> dict[str, Any]:
             uncomp += c.total_uncompressed_size
             per_column[j] += c.total_uncompressed_size
             per_column_disk[j] += c.total_compressed_size
+            if i < min(_MAX_SPAN_GROUPS, max(1, _MAX_SPANS // max(1, rg.num_columns))):
+                spans.setdefault(j, []).append(_chunk_span(c))
             if i == 0:
                 codec = c.compression.lower()
                 columns.append(
@@ -284,6 +306,7 @@ def inspect_parquet(path: str) -> dict[str, Any]:
         col["disk_row_bytes"] = (
             round(per_column_disk[j] / meta.num_rows, 3) if meta.num_rows else None
         )
+        col["chunk_spans"] = spans.get(j, [])
         if pages:
             col.update({k: v for k, v in pages["columns"][j].items() if v is not None})
     out = {

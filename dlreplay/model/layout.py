@@ -205,6 +205,11 @@ class TableColumn:
         check="nonneg",
         doc="Parquet: bytes per row of this column's chunks on disk (encoded and compressed)",
     )
+    read_per_sample: bool = model_field(
+        True,
+        doc="Parquet: the job reads this column (its chunk of each row group it takes); "
+        "false: it is in the file and never read (a reader's columns=[...])",
+    )
 
     _track_defaults: ClassVar[bool] = False
     _omit_defaults: ClassVar[bool] = True
