@@ -49,6 +49,7 @@ from .infer_pools import (
     epochs_from_pools,
     persistent_workers,
     pool_threads,
+    region_passes,
     reparses,
     sample_regions,
     whole_file_visits,
@@ -490,6 +491,8 @@ def _epochs(
         )
         reads = reads.clear()
     split = _epochs_from_visits(visits, reads)
+    if regions and (split is None or split[0] == 1) and (passes := region_passes(visits)):
+        split = (*passes, False)
     guessed = False
     if split is not None:
         n_epochs, ev_epochs, visits, guessed = split

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from dlreplay.schema import READ_OPS
@@ -109,6 +110,49 @@ def sample_regions(io: pl.DataFrame, visits: pl.DataFrame) -> tuple[pl.DataFrame
         f"reads of {size:,} B, the largest size read at the most places: each process opens a file "
         f"once ({opens:.0f} opens per file) and reads {regions:.0f} distinct regions of it"
     )
+
+
+#: share of a held-open file's sample regions that must be visited the same number of times
+#: (the passes) for :func:`region_passes` to cut the visits by it
+REGION_PASS_SHARE = 0.75
+
+
+def region_passes(v: pl.DataFrame) -> tuple[int, str, pl.DataFrame] | None:
+    """(E, evidence, *v* with ``epoch``) for visits of sample regions (*v*'s ``file`` names a
+    region) read E times, most of them: a sample read through a buffer makes no call when it
+    lies in the bytes the previous one brought in, so a few regions show fewer visits and the
+    visits do not split into even passes. E is the count most regions have
+    (:data:`REGION_PASS_SHARE` or more of them, E >= 2); the k-th visit of those regions is in
+    pass k, and every visit is in the pass whose first such visit came last before it. None
+    where the passes overlap in time (the k-th visits of the regions not all after the
+    (k-1)-th) or no count is so common."""
+    counts = v.group_by("file").agg(pl.len().alias("n"))
+    if counts.is_empty():
+        return None
+    common = counts.group_by("n").agg(pl.len().alias("regions")).sort("regions", descending=True)
+    e, most = int(common["n"][0]), int(common["regions"][0])
+    if e < 2 or most < REGION_PASS_SHARE * counts.height:
+        return None
+    modal = counts.filter(pl.col("n") == e)["file"].implode()
+    kth = (
+        v.filter(pl.col("file").is_in(modal))
+        .sort("ts")
+        .with_columns(pl.int_range(pl.len()).over("file").alias("k"))
+        .group_by("k")
+        .agg(pl.col("ts").min().alias("a"), pl.col("ts").max().alias("b"))
+        .sort("k")
+    )
+    a, b = kth["a"].to_numpy(), kth["b"].to_numpy()
+    if len(a) != e or bool((a[1:] <= b[:-1]).any()):  # a pass began before the last ended
+        return None
+    epoch = np.clip(np.searchsorted(a, v["ts"].to_numpy(), side="right") - 1, 0, e - 1)
+    out = v.with_columns(pl.Series("epoch", epoch, dtype=pl.Int64))
+    ev = (
+        f"{v.height} visits of {counts.height} file regions; {most} of them ({most / counts.height:.0%})"
+        f" visited {e}x, one after another: {e} passes in time order (a region read fewer "
+        "times was in the bytes a previous read brought in)"
+    )
+    return e, ev, out
 
 
 def worker_pools(

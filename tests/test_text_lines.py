@@ -5,9 +5,10 @@ from the offsets the items seek to (``dataset.record_length``: all lines the mea
 1755 B for 516-3070 B lines), and the pass a Dataset makes over its files to index the lines
 as it is made (``dataset.scan_read_size``: 0.9 of the job's 6.8 MiB the replay did not read).
 
-Traces: ``traces/parts/jsonl_*`` (``traces/make_parts_traces.py``): 2 or 3 files, 256 or 96
-lines a file of 512-3072 or 200-1200 B, the index a scan or ``.idx.npy`` side files, 2
-workers or none, batch 8 or 4, 3 or 2 epochs."""
+Traces: ``traces/parts/jsonl_*`` (``traces/make_parts_traces.py``): 2 or 3 files, 256, 200,
+160, 128 or 96 lines a file of 150-600 to 512-3072 B, the index a scan or ``.idx.npy`` side
+files, 2 workers or none, batch 8, 4 or 2, shuffled or in order, 3 or 2 epochs, with the
+loader hooks or DFTracer's POSIX calls alone (``_posix``)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,124 @@ def test_lines_from_posix_calls_alone() -> None:
     assert np.allclose(
         ds.record_length.quantile([0.25, 0.5, 0.75]), np.percentile(lines, [25, 50, 75]), rtol=0.03
     )
+
+
+NO_WORKERS = [
+    "jsonl_w0_scan_posix",
+    "jsonl_w0_b2_posix",
+    "jsonl_w0_sorted_posix",
+    "jsonl_w0_sidecar_posix",
+]
+
+
+@pytest.mark.parametrize("name", NO_WORKERS)
+def test_lines_of_a_process_without_workers_from_posix_calls_alone(name: str) -> None:
+    """No workers and DFTracer's POSIX calls alone: the training process's index pass (each
+    file's first open read through, then a second open kept for the lines) had been one more
+    epoch and its 4 KiB reads samples (3 files x 275 for 128 lines, 1 epoch for 2); lines hit
+    inside the buffer had made the epochs uneven (1 found); lines read in order make no seek
+    (the fingerprint counts them: 47 buffers a file had been the samples for 160 lines); and
+    the ``.idx.npy`` side files read once before the first line had been samples (6 files x 1).
+    Files, lines, epochs, the pass and side files all right, the lines' mean within 3 %."""
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, rd, f = m.dataset, m.reader, m.provenance.fields
+    assert (ds.format, ds.num_files, ds.num_samples_per_file) == (
+        truth["format"], truth["num_files"], truth["samples_per_file"]
+    )  # fmt: skip
+    assert (rd.read_threads, m.train.epochs) == (truth["read_threads"], truth["epochs"])
+    assert ds.scan_read_size == truth["scan_read_size"]
+    if truth["scan_read_size"]:
+        assert f["dataset.scan_read_size"].confidence == "inferred"
+    assert len(ds.side_files or []) == truth["side_files"]
+    lines = np.asarray(truth["line_bytes"], dtype=float)
+    assert ds.record_length.mean == pytest.approx(lines.mean(), rel=0.03)
+    assert f["dataset.num_samples_per_file"].confidence != "measured"
+
+
+def test_index_pass_is_not_a_whole_file_epoch() -> None:
+    """The index pass needs a second open that reads its file at other places or over and
+    over: files read through once an open, epoch after epoch (NPZ samples, a whole-file reader
+    without workers), keep every pass an epoch."""
+    from dlreplay.analyze.distill.scan import index_pass
+
+    rows = []
+    t = 0
+    for _epoch in range(3):
+        for f in ("/d/a.jsonl", "/d/b.jsonl"):
+            rows.append(("open64", f, t, None, None))
+            for k in range(4):
+                t += 10
+                rows.append(("read", f, t, k * 4096, 4096))
+            t += 10
+    io = pl.DataFrame(
+        rows, schema=["name", "file", "ts", "offset", "size"], orient="row"
+    ).with_columns(
+        pl.lit(7, pl.Int32).alias("pid"),
+        pl.lit(0).alias("dur"),
+        pl.lit(None, pl.Int64).alias("ret"),
+    )
+    assert index_pass(io, ["/d/a.jsonl", "/d/b.jsonl"]) is None
+    # the same files read through once, then at other places through one kept open: a pass
+    shuffled = [r for r in rows if r[2] < 100] + [("open64", "/d/a.jsonl", 200, None, None)]
+    shuffled += [("open64", "/d/b.jsonl", 201, None, None)]
+    shuffled += [("read", f, 300 + i, off, 4096) for i, (f, off) in enumerate(
+        [("/d/a.jsonl", 8192), ("/d/b.jsonl", 0), ("/d/a.jsonl", 4096), ("/d/b.jsonl", 12288),
+         ("/d/a.jsonl", 0), ("/d/b.jsonl", 4096)])]  # fmt: skip
+    io2 = pl.DataFrame(
+        shuffled, schema=["name", "file", "ts", "offset", "size"], orient="row"
+    ).with_columns(
+        pl.lit(7, pl.Int32).alias("pid"),
+        pl.lit(0).alias("dur"),
+        pl.lit(None, pl.Int64).alias("ret"),
+    )
+    found = index_pass(io2, ["/d/a.jsonl", "/d/b.jsonl"])
+    assert found is not None and found.height == 2
+
+
+def test_fingerprint_counts_json_lines(tmp_path: Path) -> None:
+    """The dataset fingerprint knows ``.jsonl`` files and counts their lines (a last line
+    without its newline too) with their lengths; past its byte budget the count is an
+    estimate, said so."""
+    from dlreplay.capture.fingerprint import csvfile, fingerprint_dataset
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(20, 400, size=(2, 150))
+    for i, row in enumerate(lengths):
+        text = "\n".join('{"t": "' + "x" * int(n) + '"}' for n in row)
+        (tmp_path / f"s{i}.jsonl").write_text(text + ("\n" if i == 0 else ""))
+    doc = fingerprint_dataset(files=sorted(str(p) for p in tmp_path.glob("*.jsonl")))
+    (group,) = doc["groups"]
+    assert group["format"] == "jsonl"
+    got = {f["path"]: f for f in group["files_sampled"]}
+    for i in range(2):
+        f = got[f"s{i}.jsonl"]
+        assert (f["lines"], f["lines_exact"]) == (150, True)
+        assert f["line_bytes_sample"][:5] == [int(n) + 10 for n in lengths[i][:5]]
+    big = tmp_path / "big.jsonl"
+    big.write_text(("x" * 99 + "\n") * 20000)  # 2 MB, 20000 lines
+    old = csvfile.JSONL_COUNT_BYTES
+    csvfile.JSONL_COUNT_BYTES = 1  # one block of 1 MiB counted, then estimated
+    try:
+        from dlreplay.capture.fingerprint.common import FingerprintLimits
+
+        est = csvfile.inspect_jsonl(str(big), FingerprintLimits())
+    finally:
+        csvfile.JSONL_COUNT_BYTES = old
+    assert est["lines_exact"] is False
+    assert est["lines"] == pytest.approx(20000, rel=0.01)
+
+
+def test_replay_of_a_process_without_workers_reads_the_jobs_bytes(tmp_path: Path) -> None:
+    """The replay of the POSIX-only capture of a process without workers that scans its files
+    then reads its lines in order: its bytes and read calls the job's within 2 % (the model
+    had been 47 samples of 4.1 KiB a file and one epoch more)."""
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    m, lt = _model("jsonl_w0_sorted_posix")
+    res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
+    assert res.complete
+    job = _reads_of(lt, r"/shard_\d+\.jsonl$")
+    got = _reads_of(load_trace(tmp_path / "out"), r"/train/[^/]+$")
+    assert got["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
+    assert got.height == pytest.approx(job.height, rel=0.02)

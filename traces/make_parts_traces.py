@@ -112,6 +112,36 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"samples_per_file": 96, "num_files": 3, "format": "raw", "scan_read_size": 0,
          "side_files": 4, "batch_size": 4, "read_threads": 0, "epochs": 2},
     ),
+    # no workers, DFTracer's POSIX calls alone: the training process indexes its lines by a
+    # pass over the files (an open of each read through), then reads them through a second
+    # open it keeps (the pass is no epoch); in order, no seek shows the lines (the
+    # fingerprint counts them); or the offsets come from .idx.npy side files
+    "jsonl_w0_scan_posix": (
+        ["--num-files", "3", "--lines", "128", "--min-line", "300", "--max-line", "1500"]
+        + ["--index", "scan", "--workers", "0", "--batch-size", "4", "--shuffle", "--epochs", "2"],
+        {"samples_per_file": 128, "num_files": 3, "format": "raw", "scan_read_size": 4096,
+         "side_files": 1, "read_threads": 0, "epochs": 2},
+    ),
+    "jsonl_w0_b2_posix": (
+        ["--num-files", "2", "--lines", "200", "--min-line", "150", "--max-line", "600"]
+        + ["--index", "scan", "--workers", "0", "--batch-size", "2", "--shuffle", "--epochs", "3"],
+        {"samples_per_file": 200, "num_files": 2, "format": "raw", "scan_read_size": 4096,
+         "side_files": 1, "read_threads": 0, "epochs": 3},
+    ),
+    "jsonl_w0_sorted_posix": (
+        ["--num-files", "2", "--lines", "160", "--min-line", "400", "--max-line", "2000"]
+        + ["--index", "scan", "--workers", "0", "--batch-size", "4", "--no-shuffle"]
+        + ["--epochs", "2"],
+        {"samples_per_file": 160, "num_files": 2, "format": "raw", "scan_read_size": 4096,
+         "side_files": 1, "read_threads": 0, "epochs": 2},
+    ),
+    "jsonl_w0_sidecar_posix": (
+        ["--num-files", "3", "--lines", "96", "--min-line", "200", "--max-line", "1200"]
+        + ["--index", "sidecar", "--workers", "0", "--batch-size", "4", "--shuffle"]
+        + ["--epochs", "2"],
+        {"samples_per_file": 96, "num_files": 3, "format": "raw", "scan_read_size": 0,
+         "side_files": 4, "read_threads": 0, "epochs": 2},
+    ),
     # Parquet rows read by the row group holding them (pyarrow's read_row_group, the last group
     # kept): a row group's column chunks an item, not the file
     "parquet_w2_b16": (

@@ -97,6 +97,10 @@ class Observed:
     #: ``np.load(mmap_mode="r")`` or ``np.memmap``: page faults, no read call): file, offset,
     #: bytes (µs ``ts``, ``pid``); empty where the samples are read
     item_windows: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: POSIX calls alone: the consumer's pass over its files before it read its samples
+    #: through files it kept open was found and left out of the loop's epochs
+    #: (:func:`~.scan.index_pass`)
+    index_pass: bool = False
 
     @property
     def has_loader(self) -> bool:

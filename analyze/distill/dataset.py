@@ -17,6 +17,7 @@ from dlreplay.schema import OPEN_OPS, READ_OPS
 
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed, num, observed
+from .lines import counted_lines, json_lines, record_spans, seeked_records
 from .measure import file_sizes
 
 __all__ = [
@@ -269,7 +270,9 @@ def dataset_section(
     )
     spf = _samples_per_file(obs, facts)
     if fmt == "raw" and not obs.items.height and spf > 1:
-        spf = _seeked_records(obs, spf, facts)
+        spf = seeked_records(obs, spf, facts)
+    if fmt == "raw" and not obs.items.height and json_lines(paths):
+        spf = counted_lines(obs, spf, fingerprint, source, facts)
     parts = _sample_parts(obs, sizes, spf, fmt, len(paths), facts)
     record = _record_length(obs, sizes, spf, facts, fmt)
     parents = {str(PurePosixPath(p).parent) for p in paths}
@@ -551,7 +554,7 @@ def _record_length(
             "measured",
         )
         return Distribution.from_values(rows)
-    lines = _record_spans(obs, sizes, spf) if fmt == "raw" and spf > 1 else None
+    lines = record_spans(obs, sizes, spf) if fmt == "raw" and spf > 1 else None
     if lines is not None:
         facts.put(
             "dataset.record_length",
@@ -597,92 +600,6 @@ def _record_length(
         return Distribution.from_values(sizes["size"].to_numpy() / spf)
     facts.put("dataset.record_length", "read sizes (no file sizes seen)", "inferred")
     return observed(obs.reads["size"].to_numpy())
-
-
-def _record_spans(obs: Observed, sizes: pl.DataFrame, spf: int) -> np.ndarray | None:
-    """Each record's bytes (a line of a JSON-lines or text file, a record of a raw file) where
-    the records were read at their own offsets: the spans between the distinct offsets the
-    item events seeked to or first read each file at, the last one's to the file's end (a
-    POSIX-only trace: the seeks' targets, where a seek came before most reads). A Dataset
-    that ``seek``\\ s to a line and ``readline``\\ s it reads its buffer from the line's
-    offset, so the reads' sizes are the buffer's, not the line's. None unless nearly every
-    record of nearly every file was seen (a record never read would merge into the one
-    before it)."""
-    if not sizes.height or "offset" not in obs.tagged_io.columns:
-        return None
-    firsts = _record_starts(obs)
-    if firsts is None:
-        return None
-    starts = firsts.unique(["file", "offset"]).join(sizes.select("file", "size"), on="file")
-    if starts.is_empty():
-        return None
-    spans = starts.sort("file", "offset").with_columns(
-        (
-            pl.col("offset").shift(-1).over("file").fill_null(pl.col("size")) - pl.col("offset")
-        ).alias("span"),
-        pl.len().over("file").alias("n"),
-    )
-    whole = spans.filter(pl.col("n") >= _SPAN_COVERAGE * spf)
-    if whole["file"].n_unique() < _SPAN_COVERAGE * sizes.height:
-        return None
-    values = whole.filter(pl.col("span") > 0)["span"].to_numpy().astype(float)
-    return values if values.size else None
-
-
-def _seeked_records(obs: Observed, spf: int, facts: Facts) -> int:
-    """Records a file of a POSIX-only trace whose reads follow seeks to each record (see
-    :func:`_record_starts`): the distinct seek targets a file, where they are more than and
-    near the *spf* the visits gave (a seek that lands in the buffer of a read before makes no
-    read: 253 of 256 lines a file); else *spf*."""
-    starts = _record_starts(obs)
-    if starts is None or starts.is_empty():
-        return spf
-    per_file = int(
-        num(starts.group_by("file").agg(pl.col("offset").n_unique())["offset"].median(), 0)
-    )
-    if not spf < per_file <= 1.1 * spf:
-        return spf
-    facts.put(
-        "dataset.num_samples_per_file",
-        f"distinct offsets a file the job seeked to before its reads ({per_file}; the reads of "
-        f"a record's size at distinct places gave {spf}: a seek inside the buffer of the read "
-        "before makes no read)",
-        "inferred",
-    )
-    return per_file
-
-
-def _record_starts(obs: Observed) -> pl.DataFrame | None:
-    """file, offset: where the records the job read begin (see :func:`_record_spans`)."""
-    items = obs.items.height
-    io = obs.tagged_io.filter(pl.col("item_ts").is_not_null()) if items else obs.io
-    # lseek returns the new offset (fseek 0 or -1)
-    seeks = io.filter(pl.col("name").is_in(("lseek", "lseek64")) & pl.col("ret").is_not_null())
-    if items and seeks.height and seeks.n_unique(["pid", "item_ts"]) >= 0.5 * items:
-        # a buffered file's seek lands the next read on the record; a seek inside the
-        # buffer makes no call, and the read that follows (if any) starts at the buffer's
-        # end, mid-record: the seeks' targets alone are the records' starts
-        return seeks.select("file", pl.col("ret").alias("offset"))
-    if not items:  # no samples to tell: the seeks, where one came before most reads
-        return (
-            seeks.select("file", pl.col("ret").alias("offset"))
-            if seeks.height >= 0.5 * obs.reads.height > 0
-            else None
-        )
-    # records read at their offsets (pread): each item's first read of the file
-    return (
-        io.filter(
-            pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("offset").is_not_null()
-        )
-        .sort("ts")
-        .group_by("pid", "item_ts", "file")
-        .agg(pl.col("offset").first())
-    )
-
-
-#: share of a file's records (and of the files) whose offsets items must have read for the
-#: spans between them to be the records' sizes
-_SPAN_COVERAGE = 0.9
 
 
 def _hdf5_head(reads: pl.DataFrame) -> pl.DataFrame | None:

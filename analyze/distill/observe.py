@@ -18,7 +18,10 @@ from .base import Facts, Observed, mode, num, role_events
 from .checkpoint import checkpoint_writes
 from .checkpoint_posix import checkpoint_spans
 from .dataset import dlio_reader, find_dataset, infer_format
+from .lines import json_lines
 from .mapped import mapped_events
+from .scan import index_pass, without_pass
+from .side_posix import read_ahead_side_files
 
 __all__ = ["assign_items", "observe", "split_evaluation"]
 
@@ -50,22 +53,28 @@ def observe(
 
     annotated = events.filter(pl.col("role").is_not_null())
     items = role_events(annotated, voc.ITEM)
+    if items.is_empty() and not mapped:
+        paths, io, reads = read_ahead_side_files(paths, io, reads, facts)
     # one row per training step of each consumer, whichever convention annotated the loop
     loop = voc.training_steps(annotated)
     has_loader = loop.height > 0
     fmt = infer_format(paths, reads)[0]
+    # (JSON lines read by seek + readline from a file each worker keeps open: each read of the
+    # buffer at a line is a sample, as an HDF5 file's chunk; tar shards, raw too here, are
+    # streamed whole)
+    held = fmt == "hdf5" or json_lines(paths)
+    # a pass that indexes the records, made by the process that then reads them (no workers):
+    # not an epoch (:func:`.scan.index_pass`)
+    scan = None if has_loader or not held else index_pass(io, paths)
     # no training-loop events (DFTracer's preload alone): the loop inferred from the I/O
     posix = (
         None
         if has_loader
         else infer_posix_loop(
-            _without_launchers(io, programs(source)),
+            _without_launchers(io if scan is None else without_pass(io, scan), programs(source)),
             traced_pids=set(events["pid"].unique().to_list()),
             pauses=_pauses(events, data_dirs, paths, source),
-            # (JSON lines read by seek + readline from a file each worker keeps open: each
-            # read of the buffer at a line is a sample, as an HDF5 file's chunk; tar shards,
-            # raw too here, are streamed whole)
-            held_open_regions=fmt == "hdf5" or _json_lines(paths),
+            held_open_regions=held,
             whole_file_samples=fmt in WHOLE_FILE_FORMATS,
             lifetimes=events.group_by("pid").agg(
                 pl.col("ts").min().alias("a"),
@@ -105,6 +114,7 @@ def observe(
         tagged_io=assign_items(io, items),  # every dataset I/O call with its enclosing sample, once
         dlio_reader=dlio_reader(annotated),
         item_windows=item_windows(source, items, paths),
+        index_pass=scan is not None,
     )
 
 
@@ -179,13 +189,6 @@ def _pauses(
             ),
             checkpoint_spans(events, paths, source),
         ]
-    )
-
-
-def _json_lines(paths: list[str]) -> bool:
-    """Whether the dataset's files are JSON lines (``.jsonl``, ``.ndjson``)."""
-    return bool(paths) and all(
-        PurePosixPath(p).suffix.lower() in (".jsonl", ".ndjson") for p in paths
     )
 
 

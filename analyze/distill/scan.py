@@ -8,8 +8,10 @@ first batch, outside any sample's item event, and it reads each file start to en
 without it reads fewer bytes than its job (0.9 MiB of 6.8 for a JSON-lines job of 3 epochs)
 and fewer consecutive reads (0.5 % against 12.8 %).
 
-Found with the loader's events only (a POSIX-only trace shows such a pass as one more
-epoch's reads of one process). Sizes are bytes.
+Found with the loader's events, or from POSIX calls alone: where workers read the samples,
+the consumer's reads before their first epoch; where the consumer reads its own samples
+through files it keeps open, each file's first open read through before the file is opened
+again (:func:`index_pass`; else the pass looks like one more epoch). Sizes are bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import replace
 import polars as pl
 
 from dlreplay.model import Dataset
-from dlreplay.schema import READ_OPS
+from dlreplay.schema import OPEN_OPS, READ_OPS
 
 from .base import Facts, Observed, num
 from .measure import file_sizes
@@ -91,8 +93,9 @@ def _first_asks(obs: Observed) -> tuple[pl.DataFrame | None, bool]:
     """(pid, ``first``: when each consumer first asked its loader for a batch, its first fetch
     event, else its first item event (µs); whether the loader's events told it). A POSIX-only
     trace whose workers read the samples: an empty frame (the first epoch's start holds for
-    every process: :func:`_first_epoch`); else None (a consumer reading its own samples would
-    show its pass as one more epoch)."""
+    every process: :func:`_first_epoch`), as one whose consumer's pass :func:`index_pass`
+    left out of the epochs; else None (a consumer reading its own samples would show its pass
+    as one more epoch)."""
     if obs.items.height and obs.consumers:
         asks = obs.fetch if obs.fetch.height else obs.items
         first = (
@@ -102,7 +105,7 @@ def _first_asks(obs: Observed) -> tuple[pl.DataFrame | None, bool]:
         )
         return first, True
     posix = obs.posix
-    if posix is not None and posix.read_threads.value and posix.epoch_spans:
+    if posix is not None and (posix.read_threads.value or obs.index_pass) and posix.epoch_spans:
         return pl.DataFrame(schema={"pid": pl.Int32, "first": pl.Int64}), False
     return None, False
 
@@ -111,3 +114,89 @@ def _first_epoch(obs: Observed) -> int:
     """Where the POSIX inference's first epoch starts (µs)."""
     assert obs.posix is not None
     return int(min(start for _, start, _ in obs.posix.epoch_spans))
+
+
+def index_pass(io: pl.DataFrame, paths: list[str]) -> pl.DataFrame | None:
+    """The opens of an index pass in POSIX calls alone, where the process that reads the
+    samples made it (no workers): ``(pid, file, a, b)``, each dataset file's first open by that
+    process (at ``a`` µs) read start to end in consecutive reads before the process opened the
+    file again (at ``b``), for the last time, and then read it through that second open at
+    other places (seeks) or over and over (a handle kept open over the epochs). None unless nearly every file
+    (:data:`SCAN_COVERAGE`) was so and every pass ended before the process's first read
+    through a second open. (Without seeks and over one epoch, a pass and an epoch read alike:
+    not told apart.)"""
+    opens = (
+        io.filter(pl.col("name").cast(pl.String).is_in(OPEN_OPS) & pl.col("file").is_in(paths))
+        .select("pid", pl.col("file").cast(pl.String), "ts")
+        .sort("ts")
+        .with_columns(pl.int_range(pl.len()).over("pid", "file").alias("k"))
+    )
+    # twice a file: the pass's open, then the one kept for the samples (a file opened again
+    # every epoch is read in passes that are epochs)
+    twice = opens.group_by("pid", "file").agg(pl.len().alias("n")).filter(pl.col("n") == 2)
+    first = opens.filter(pl.col("k") == 0).select("pid", "file", pl.col("ts").alias("a"))
+    second = opens.filter(pl.col("k") == 1).select("pid", "file", pl.col("ts").alias("b"))
+    windows = first.join(second, on=["pid", "file"]).join(
+        twice.select("pid", "file"), on=["pid", "file"]
+    )
+    if windows.height < SCAN_COVERAGE * len(paths):
+        return None
+    reads = (
+        io.filter(
+            pl.col("name").cast(pl.String).is_in(READ_OPS)
+            & (pl.col("size").fill_null(0) > 0)
+            & pl.col("offset").is_not_null()
+        )
+        .select("pid", pl.col("file").cast(pl.String), "ts", "offset", "size")
+        .join(windows, on=["pid", "file"])
+        .sort("ts")
+        .with_columns(
+            (pl.col("ts") >= pl.col("b")).alias("later"),
+            (pl.col("offset") + pl.col("size"))
+            .shift(1)
+            .over("pid", "file", pl.col("ts") >= pl.col("b"))
+            .alias("prev"),
+        )
+        .with_columns((pl.col("offset") != pl.col("prev").fill_null(0)).alias("jump"))
+    )
+    sizes = file_sizes(io).select(pl.col("file").cast(pl.String), pl.col("size").alias("fsize"))
+    per = (
+        reads.group_by("pid", "file", "later")
+        .agg(
+            pl.col("size").sum().alias("bytes"),
+            pl.col("jump").sum().alias("jumps"),
+            pl.col("ts").min().alias("t0"),
+            pl.col("ts").max().alias("t1"),
+        )
+        .join(sizes, on="file")
+    )
+    scans = per.filter(
+        ~pl.col("later")
+        & (pl.col("jumps") == 0)
+        & (pl.col("bytes") >= SCAN_COVERAGE * pl.col("fsize"))
+    )
+    after = per.filter(
+        pl.col("later") & ((pl.col("jumps") >= 2) | (pl.col("bytes") >= 1.5 * pl.col("fsize")))
+    )
+    both = scans.join(after.select("pid", "file", pl.col("t0").alias("u0")), on=["pid", "file"])
+    if both.height < SCAN_COVERAGE * len(paths):
+        return None
+    # a pass before the training: every scan ends before that process's first later read
+    order = both.group_by("pid").agg(
+        pl.col("t1").max().alias("last"), pl.col("u0").min().alias("use")
+    )
+    if (order["last"] >= order["use"]).any():
+        return None
+    return windows.join(both.select("pid", "file"), on=["pid", "file"])
+
+
+def without_pass(io: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """*io* without the calls of the index pass's opens (*windows*: :func:`index_pass`): each
+    file's calls by that process from its first open to just before its second."""
+    keyed = io.with_columns(pl.col("file").cast(pl.String).alias("__f"))
+    drop = (
+        keyed.join(windows.rename({"file": "__f"}), on=["pid", "__f"])
+        .filter((pl.col("ts") >= pl.col("a")) & (pl.col("ts") < pl.col("b")))
+        .select("pid", "__f", "ts", "name")
+    )
+    return keyed.join(drop, on=["pid", "__f", "ts", "name"], how="anti").drop("__f")

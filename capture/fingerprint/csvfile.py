@@ -1,5 +1,5 @@
 """CSV and other delimited text: rows, delimiter, header and columns, and line lengths, from
-the file's first bytes."""
+the file's first bytes; JSON lines: the lines counted and their lengths."""
 
 from __future__ import annotations
 
@@ -48,6 +48,38 @@ def inspect_csv(path: str, limits: FingerprintLimits) -> dict[str, Any]:
         "delimiter": delimiter,
         "header_bytes": len(lines[0]) + 1 if header else 0,
         "columns": [{"name": n, "type": "str"} for n in names],
+        "line_bytes": quantiles(lengths),
+        "line_bytes_sample": [int(x) for x in lengths[:64]],
+    }
+
+
+#: Bytes of a JSON-lines file whose lines :func:`inspect_jsonl` counts (past it: estimated)
+JSONL_COUNT_BYTES = 64 << 20
+
+
+def inspect_jsonl(path: str, limits: FingerprintLimits) -> dict[str, Any]:
+    """A JSON-lines file (``.jsonl``, ``.ndjson``; a record a line): its lines, counted over
+    the whole file up to :data:`JSONL_COUNT_BYTES` (``lines_exact``; past it estimated from
+    the bytes counted), and the lengths (bytes, newline included) of the lines in the first
+    ``limits.text_bytes``."""
+    lines = counted = 0
+    head = b""
+    with open(path, "rb") as fh:
+        while counted < JSONL_COUNT_BYTES and (block := fh.read(1 << 20)):
+            if len(head) < limits.text_bytes:
+                head += block[: limits.text_bytes - len(head)]
+            lines += block.count(b"\n")
+            counted += len(block)
+            last = block[-1:]
+        complete = not fh.read(1)
+    if counted and complete and last != b"\n":
+        lines += 1  # a last line without its newline
+    size = os.path.getsize(path)
+    whole = [x for x in head.split(b"\n")[:-1]] if head else []
+    lengths = np.asarray([len(x) + 1 for x in whole] or [0], dtype=np.int64)
+    return {
+        "lines": int(lines if complete else round(lines * size / max(counted, 1))),
+        "lines_exact": complete,
         "line_bytes": quantiles(lengths),
         "line_bytes_sample": [int(x) for x in lengths[:64]],
     }

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from .common import DEFAULT_LIMITS, FingerprintLimits, Unreadable
-from .csvfile import inspect_csv
+from .csvfile import inspect_csv, inspect_jsonl
 from .hdf5 import inspect_hdf5
 from .jpeg import inspect_jpeg
 from .npz import inspect_npy, inspect_zip
@@ -24,7 +24,7 @@ def detect_format(head: bytes, ext: str) -> str | None:
     """The dataset format of a file from its first bytes (and extension for text/TFRecord).
 
     Returns a DLIO format name (npz, npy, hdf5, jpeg, png, parquet, tfrecord, csv), ``tar``
-    or ``arrow`` for streamed shards (*head* of at least 262 bytes for a tar's header), ``zip``
+    or ``arrow`` for streamed shards, ``jsonl`` for JSON lines (a record a line) (*head* of at least 262 bytes for a tar's header), ``zip``
     for a zip that is not an NPZ (decided later from its members), or None (unknown).
     """
     if head.startswith(_ZIP_MAGIC):
@@ -49,6 +49,8 @@ def detect_format(head: bytes, ext: str) -> str | None:
         return "hdf5"  # a user block before the superblock: h5py decides
     if ext in (".csv", ".tsv", ".txt") and _looks_text(head):
         return "csv"
+    if ext in (".jsonl", ".ndjson") and _looks_text(head):
+        return "jsonl"
     return None
 
 
@@ -89,6 +91,8 @@ def fingerprint_file(
             entry = inspect_parquet(path)
         elif fmt == "csv":
             entry = inspect_csv(path, limits)
+        elif fmt == "jsonl":
+            entry = inspect_jsonl(path, limits)
         elif fmt in ("tar", "arrow"):
             entry = inspect_shard(path, fmt, limits)
         else:
