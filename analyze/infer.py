@@ -43,6 +43,7 @@ import polars as pl
 from dlreplay.schema import OPEN_OPS, READ_OPS
 
 from .infer_batch import batch_from_gap_ranks, idle_gaps
+from .infer_parts import SampleGroups, sample_groups
 from .infer_pools import (
     EPOCH_AGREEMENT,
     Inferred,
@@ -114,6 +115,8 @@ class PosixLoop:
     #: the visits count a file's re-reads through a handle kept open (:func:`~.infer_pools.reparses`):
     #: the job does not open a file per sample
     kept_open: bool = False
+    #: a sample reads several files (:func:`~.infer_parts.sample_groups`); None: one
+    groups: SampleGroups | None = None
 
     def to_dict(self) -> dict:
         out: dict[str, object] = {
@@ -406,6 +409,10 @@ def infer_posix_loop(
     regions = sample_regions(io, visits) if held_open_regions else None
     if regions is not None:
         visits, basis = regions
+    # a sample of several files (an image and its mask): its first file's visit is the sample's
+    groups = sample_groups(visits) if basis == "opens" else None
+    if groups is not None:
+        visits = visits.filter(pl.col("file").is_in([f for f, i in groups.part.items() if i == 0]))
     pools = worker_pools(io, traced_pids, lifetimes)
     visits = _with_consumer(visits, io, traced_pids)
     epochs, visits, epoch_spans, guessed = _epochs(io, _dataset_visits(visits), basis, pools)
@@ -432,7 +439,8 @@ def infer_posix_loop(
         compute_samples=samples,
         preprocess_time=preprocess,
         epoch_spans=epoch_spans,
-        sample_files=sorted(visits["file"].unique().to_list()),
+        sample_files=sorted(groups.part if groups else visits["file"].unique().to_list()),
+        groups=groups,
         consumers=consumers,
         persistent=persistent_workers(pools, epochs),
         passes_guessed=guessed,

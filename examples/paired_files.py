@@ -30,11 +30,18 @@ def parse_args(argv=None):
         help="which file of a sample __getitem__ reads first",
     )
     g.add_argument("--edge", type=C.positive_int, default=32, help="image edge (pixels)")
+    g.add_argument(
+        "--naming",
+        choices=("suffix", "folders"),
+        default="suffix",
+        help="a sample's files: case_00007_image.npy, case_00007_mask.npy (suffix) or "
+        "image/00007.npy, mask/00007.npy (folders)",
+    )
     return p.parse_args(argv)
 
 
-def _name(i: int, part: str, fmt: str) -> str:
-    return f"case_{i:05d}_{part}.{fmt}"
+def _name(i: int, part: str, fmt: str, naming: str = "suffix") -> str:
+    return f"{part}/{i:05d}.{fmt}" if naming == "folders" else f"case_{i:05d}_{part}.{fmt}"
 
 
 def generate(args):
@@ -55,7 +62,8 @@ def generate(args):
             weight = rng.random((e, e), dtype=np.float32)
             arrays = {"image": image, "mask": mask, "weight": weight}
             for part in parts:
-                name = _name(i, part, args.format)
+                name = _name(i, part, args.format, args.naming)
+                os.makedirs(os.path.dirname(os.path.join(data_dir, name)), exist_ok=True)
                 a = arrays[part]
                 if args.format == "npy":
                     np.save(os.path.join(data_dir, name), a)
@@ -77,8 +85,8 @@ class PairedFiles:
     """Map-style dataset: index -> (image, mask, bytes read, read calls, pid), each part read
     from its own file by path."""
 
-    def __init__(self, data_dir, n, fmt, parts, mask_first):
-        self.data_dir, self.n, self.fmt = data_dir, n, fmt
+    def __init__(self, data_dir, n, fmt, parts, mask_first, naming="suffix"):
+        self.data_dir, self.n, self.fmt, self.naming = data_dir, n, fmt, naming
         order = list(PARTS[:parts])
         if mask_first:
             order.remove("mask")
@@ -105,7 +113,7 @@ class PairedFiles:
 
         with C.CountedRead(True) as counted:
             got = {
-                p: self._load(os.path.join(self.data_dir, _name(idx, p, self.fmt)))
+                p: self._load(os.path.join(self.data_dir, _name(idx, p, self.fmt, self.naming)))
                 for p in self.order
             }
         image = np.asarray(got["image"], dtype=np.float32)
@@ -126,6 +134,7 @@ def main(argv=None):
         "format": args.format,
         "parts": args.parts,
         "edge": args.edge,
+        "naming": args.naming,
     }
 
     def build(files):
@@ -141,6 +150,7 @@ def main(argv=None):
             args.format,
             args.parts,
             args.part_order == "mask-first",
+            args.naming,
         )
         return dataset, model, nn.BCEWithLogitsLoss()
 

@@ -5,7 +5,8 @@ sizes, and the replay reads the same groups. Before, the model said "48 files of
 batch 2, 12 steps an epoch", and the replay read 24 of the 48 files an epoch: half the bytes.
 
 Traces: ``traces/parts/`` (``traces/make_parts_traces.py``): 2 and 3 files a sample, NPY and
-PNG, the image or the mask read first, 2 workers or none, batch 2 or 3, shuffled or not."""
+PNG, the image or the mask read first, 2 workers or none, batch 2 or 3, shuffled or not, the
+parts named by a suffix or a folder, with the loader hooks or POSIX calls alone (``_posix``)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,77 @@ def test_replay_reads_each_samples_files(name: str, tmp_path: Path) -> None:
     want = [s.bytes for s in (m.dataset.layout.arrays or m.dataset.layout.images)]
     for i, f in enumerate(files):
         assert f["bytes"] == pytest.approx(want[i % k], rel=0.25), (i, f)
+
+
+POSIX = ["npy_pairs_posix", "png_triples_posix"]
+
+
+def _dataset_reads(lt) -> pl.DataFrame:
+    """A trace's reads of NPY/PNG files (the example's names either way, the replay's)."""
+    return lt.events.filter(
+        pl.col("name").is_in(list(READ_OPS))
+        & (pl.col("size") > 0)
+        & pl.col("file").cast(pl.String).str.contains(r"\.(npy|png)$")
+    )
+
+
+@pytest.mark.parametrize("name", POSIX)
+def test_files_a_sample_reads_from_posix_calls_alone(name: str) -> None:
+    """DFTracer's POSIX calls alone (no item events): the groups come from the files' names (a
+    suffix token, ``case_00007_image.npy``; a folder, ``mask/00007.png``) and the reads taking
+    each group's files one after another (inferred). Before: "48 files x 1 sample, batch 4,
+    in order" for 24 shuffled pairs in batches of 2. Files, batch, order, epochs and the
+    first part all the job's."""
+    truth = _truth(name)
+    m, _ = _model(name)
+    ds, f = m.dataset, m.provenance.fields
+    assert ds.files_per_sample == truth["files_per_sample"]
+    assert f["dataset.files_per_sample"].confidence == "inferred"
+    assert ds.num_files == truth["num_files"] and ds.num_samples_per_file == 1
+    assert m.reader.batch_size == truth["batch_size"]
+    assert (m.reader.read_threads, m.train.epochs) == (truth["read_threads"], truth["epochs"])
+    assert (m.reader.sample_shuffle != "off") is truth["sample_shuffle"]
+    structures = ds.layout.arrays or ds.layout.images
+    sizes = [s.bytes for s in structures]
+    assert (sizes[0] == max(sizes)) == (truth["first_part"] == "image")
+
+
+def test_replay_of_posix_groups_reads_every_file(tmp_path: Path) -> None:
+    """The replay of the POSIX-only pairs reads all 48 files an epoch, the job's bytes within
+    2 % (as 48 one-file samples in batches of 4 it read them too, but in name order)."""
+    from dlreplay.replay import ReplayConfig, run_replay
+
+    name = "npy_pairs_posix"
+    truth = _truth(name)
+    m, lt = _model(name)
+    res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
+    assert res.complete
+    assert res.metrics["overall"]["samples"] == truth["samples"] * truth["epochs"]
+    job, replay = _dataset_reads(lt), _dataset_reads(load_trace(tmp_path / "out"))
+    assert replay["file"].n_unique() == job["file"].n_unique() == truth["num_files"]
+    assert replay["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
+
+
+def test_names_alone_or_reads_alone_make_no_group() -> None:
+    """A group needs both: one-file samples read in name order (``img_00001.jpg`` then
+    ``img_00002.jpg``: runs of one file) and files named in pairs whose pairs the reads do not
+    keep together (all images, then all masks) are no groups."""
+    from dlreplay.analyze.infer_parts import sample_groups
+
+    def visits(files: list[str]) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"pid": [1] * len(files), "file": files, "ts": list(range(len(files)))},
+            schema={"pid": pl.Int32, "file": pl.String, "ts": pl.Int64},
+        )
+
+    single = [f"/d/img_{i:05d}.jpg" for i in range(32)]
+    assert sample_groups(visits(single * 2)) is None
+    images = [f"/d/case_{i:05d}_image.npy" for i in range(16)]
+    masks = [f"/d/case_{i:05d}_mask.npy" for i in range(16)]
+    assert sample_groups(visits(images + masks)) is None
+    pairs = [f for i in range(16) for f in (images[i], masks[i])]
+    got = sample_groups(visits(pairs))
+    assert got is not None and (got.k, got.names) == (2, ["image", "mask"])
 
 
 def test_a_group_needs_whole_files_and_whole_samples() -> None:

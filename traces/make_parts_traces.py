@@ -56,6 +56,23 @@ TRACES: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"files_per_sample": 3, "samples": 18, "num_files": 54, "format": "png",
          "first_part": "mask", "batch_size": 3, "read_threads": 0, "epochs": 3},
     ),
+    # the same two families with DFTracer's POSIX calls alone: the groups from the files'
+    # names (a suffix token, a folder) and the order the reads take them in
+    "npy_pairs_posix": (
+        ["--format", "npy", "--parts", "2", "--num-files", "24", "--workers", "2"]
+        + ["--batch-size", "2", "--shuffle", "--epochs", "3"],
+        {"files_per_sample": 2, "samples": 24, "num_files": 48, "format": "npy",
+         "first_part": "image", "batch_size": 2, "read_threads": 2, "epochs": 3,
+         "sample_shuffle": True},
+    ),
+    "png_triples_posix": (
+        ["--format", "png", "--parts", "3", "--part-order", "mask-first", "--naming", "folders"]
+        + ["--num-files", "18", "--workers", "0", "--batch-size", "3", "--no-shuffle"]
+        + ["--epochs", "3"],
+        {"files_per_sample": 3, "samples": 18, "num_files": 54, "format": "png",
+         "first_part": "mask", "batch_size": 3, "read_threads": 0, "epochs": 3,
+         "sample_shuffle": False},
+    ),
     "pt_w2_b4": (
         ["--tensors", "1", "--edge", "64", "--num-files", "32", "--workers", "2"]
         + ["--batch-size", "4", "--shuffle", "--epochs", "3"],

@@ -416,9 +416,12 @@ def _sample_parts(
     (bytes) over the samples; [] where a sample reads one file. A sample reads *k* > 1 files
     where at least 90 % of the item events (a Dataset's ``__getitem__``) read *k* distinct
     dataset files (MLPerf unet3d's ``case_x.npy`` and ``case_y.npy``): measured. POSIX-only
-    traces have no items: not inferred there."""
-    if spf != 1 or fmt not in _PART_FORMATS or not obs.items.height:
+    traces have no items: the groups the names and the reads show (inferred,
+    :func:`~..infer_parts.sample_groups`)."""
+    if spf != 1 or fmt not in _PART_FORMATS:
         return []
+    if not obs.items.height:
+        return _posix_parts(obs, sizes, files, facts)
     reads = obs.tagged_io.filter(
         pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("item_ts").is_not_null()
     )
@@ -448,6 +451,35 @@ def _sample_parts(
         f"each sample reads {k} files whole ({files // k} samples of {files} files): the "
         "replay reads the same groups (dataset.files_per_sample; DLIO has no such key, and "
         "its export reads each file as a sample)"
+    )
+    return [num(m, 0) for m in medians]
+
+
+def _posix_parts(obs: Observed, sizes: pl.DataFrame, files: int, facts: Facts) -> list[float]:
+    """Each part's median size (bytes) in the order a sample reads them, where the POSIX loop
+    found samples of several files (:func:`~..infer_parts.sample_groups`); else []."""
+    groups = obs.posix.groups if obs.posix is not None else None
+    if groups is None or files % groups.k:
+        return []
+    part = pl.DataFrame(
+        {"file": list(groups.part), "part": list(groups.part.values())},
+        schema={"file": pl.String, "part": pl.Int64},
+    )
+    medians = (
+        sizes.with_columns(pl.col("file").cast(pl.String))
+        .join(part, on="file")
+        .group_by("part")
+        .agg(pl.col("size").median())
+        .sort("part")["size"]
+        .to_list()
+    )
+    if len(medians) != groups.k:
+        return []
+    facts.put("dataset.files_per_sample", groups.evidence, "inferred")
+    facts.notes.append(
+        f"each sample reads {groups.k} files ({' + '.join(groups.names)}; {files // groups.k} "
+        f"samples of {files} files), from their names and the order they were read: the "
+        "replay reads the same groups (dataset.files_per_sample)"
     )
     return [num(m, 0) for m in medians]
 
