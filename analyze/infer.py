@@ -291,10 +291,14 @@ def _epochs_from_visits(
 
 def _dataset_visits(v: pl.DataFrame) -> pl.DataFrame:
     """Visits of the files visited like the rest: a file visited less than 3/4 of the median
-    number of times (a marker, a stray check) is not part of the passes."""
+    number of times (a marker, a stray check) is not part of the passes; a quarter where the
+    visits are a held-open file's sample regions (``offset``), whose count a file's buffer
+    lowers at random (a region read in the buffer of the read before makes no call: of 512
+    files of 16 lines, 27 fell under 3/4)."""
     per_file = v.group_by("file").len()
     med = _num(per_file["len"].median())
-    keep = per_file.filter(pl.col("len") >= 0.75 * med)["file"]
+    cut = 0.25 if "offset" in v.columns else 0.75
+    keep = per_file.filter(pl.col("len") >= cut * med)["file"]
     return v.filter(pl.col("file").is_in(keep.implode()))
 
 

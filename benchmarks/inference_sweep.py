@@ -10,8 +10,10 @@ Two kinds of real runs, each distilled without its configuration:
 The grid: workers 0, 1, 2, 4, 8; persistent workers on/off; samples per file 1, 2, 4, 8, 16;
 batch 1..64; shuffle on/off; 1 and 2 ranks (DLIO under mpiexec); checkpoints on/off; the
 formats the examples write (npz, hdf5 per sample and one HDF5 file of tiles, jpeg, png, tar
-shards streamed by an ``IterableDataset`` through tarfile or webdataset) and DLIO's npz, hdf5,
-jpeg and indexed_binary. The design is fractional and balanced: for each
+shards streamed by an ``IterableDataset`` through tarfile or webdataset, samples of 2 or 3
+NPY or PNG files named by a suffix or a folder, JSON lines of ``16 x spf`` lines a file read by
+``seek`` + ``readline`` and indexed by a scan or side files: the source's ``variant``, in its
+name) and DLIO's npz, hdf5, jpeg and indexed_binary. The design is fractional and balanced: for each
 source its factors' levels are dealt out in seeded permutations, so every level of every
 factor appears about equally often; interactions are sampled, not crossed. Levels a source
 cannot take are mapped to the nearest it can (the examples' npz/jpeg files hold one sample,
@@ -73,6 +75,8 @@ SOURCES: dict[str, int] = {
     "resnet_png": 8,
     "shards_tar": 16,
     "ddp_torchrun": 12,
+    "paired_files": 12,
+    "jsonl_lines": 12,
     "dlio_npz": 16,
     "dlio_hdf5": 16,
     "dlio_jpeg": 16,
@@ -92,6 +96,7 @@ FIELDS = {
     "checkpoint.enabled": "exact",
     "dataset.record_length": "5%",
     "train.computation_time": "5%",
+    "dataset.files_per_sample": "exact",
 }
 
 
@@ -145,6 +150,19 @@ def _feasible(c: dict[str, Any]) -> dict[str, Any]:
     elif s == "shards_tar":  # 2 ranks under torchrun; a shard of one sample is a file a sample
         c["spf"] = max(c["spf"], 2)
         c["workers"] = min(c["workers"], 8 if c["ranks"] == 1 else 4)  # 2 cores
+    elif s == "paired_files":  # a sample of 2 or 3 files, NPY or PNG, named by suffix or folder
+        c["ranks"] = 1
+        c["variant"] = (
+            ("png" if c["spf"] in (2, 8) else "npy")
+            + ("3" if c["batch"] in (1, 4, 16, 64) else "2")
+            + ("f" if c["spf"] in (4, 16) else "s")
+        )
+        c["spf"] = 1
+    elif s == "jsonl_lines":  # 16 x spf lines a file; the index a scan or side files
+        c["ranks"] = 1
+        c["variant"] = ("scan" if c["batch"] in (1, 4, 16, 64) else "idx") + (
+            "S" if c["shuffle"] else "L"
+        )
     else:
         c["ranks"] = 1
         if s in ("unet3d_npz", "resnet_jpeg", "resnet_png"):
@@ -158,6 +176,7 @@ def _name(c: dict[str, Any]) -> str:
     return (
         f"{c['source']}-w{c['workers']}{'p' if c['persistent'] else ''}-s{c['spf']}-b{c['batch']}"
         f"-{'sh' if c['shuffle'] else 'ns'}-r{c['ranks']}{'-ck' if c['checkpoint'] else ''}"
+        + (f"-{c['variant']}" if c.get("variant") else "")
         + (f"-q{c['per_worker']}" if c.get("per_worker", 2) != 2 else "")
     )
 
@@ -252,6 +271,62 @@ def run_example(c: dict[str, Any], job: Path) -> dict[str, Any]:
         "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
         "checkpoint.enabled": c["checkpoint"],
         "train.computation_time": tail[len(tail) // 2] if tail else None,
+    }
+
+
+def run_family(c: dict[str, Any], job: Path) -> dict[str, Any]:
+    """Capture ``examples/paired_files.py`` (a sample of 2 or 3 files, NPY or PNG, named by a
+    suffix or a folder: ``variant``) or ``examples/jsonl_lines.py`` (``16 x spf`` JSON lines a
+    file, indexed by a scan or ``.idx.npy`` side files, lines of 200-1200 B shuffled, 400-2000
+    B in order) POSIX-only; returns the truth from its report and its files."""
+    s, v = c["source"], c["variant"]
+    samples = _files(c) * (16 * c["spf"] if s == "jsonl_lines" else 1)
+    args = ["--batch-size", str(c["batch"]), "--workers", str(c["workers"]), "--epochs", "2"]
+    args += ["--shuffle" if c["shuffle"] else "--no-shuffle"]
+    if s == "paired_files":
+        parts, files = int(v[3]), samples
+        args += ["--num-files", str(files), "--format", v[:3], "--parts", str(parts)]
+        args += ["--naming", "folders" if v[4] == "f" else "suffix"]
+    else:
+        lines = 16 * c["spf"]
+        files = max(2, -(-samples // lines))
+        args += ["--num-files", str(files), "--lines", str(lines)]
+        args += ["--index", "scan" if v.startswith("scan") else "sidecar"]
+        args += ["--min-line", "200", "--max-line", "1200"] if c["shuffle"] else []
+        args += [] if c["shuffle"] else ["--min-line", "400", "--max-line", "2000"]
+    if c["persistent"] and c["workers"]:
+        args.append("--persistent-workers")
+    if c["checkpoint"]:
+        args += ["--checkpoint-every-epoch", "--checkpoint-dir", str(job / "ckpt")]
+    rep = _capture_posix(c, job, s, args)
+    steps = sorted((rep.get("step_compute_s") or [])[1:])
+    truth = {
+        "train.epochs": rep["epochs"],
+        "reader.read_threads": c["workers"],
+        "reader.batch_size": c["batch"],
+        "reader.persistent_workers": c["persistent"] if c["workers"] else None,
+        "processes.ranks": 1,
+        "reader.sample_shuffle": "seed" if c["shuffle"] else "off",
+        "checkpoint.enabled": c["checkpoint"],
+        "train.computation_time": steps[len(steps) // 2] if steps else None,
+    }
+    if s == "paired_files":
+        return {
+            **truth,
+            "dataset.num_samples_per_file": 1,
+            "dataset.num_files": files * parts,
+            "dataset.format": v[:3],
+            "dataset.files_per_sample": parts,
+        }
+    data = sorted((job / "data").glob("*.jsonl"))
+    line_bytes = [len(x) for f in data for x in f.read_bytes().splitlines(keepends=True)]
+    return {
+        **truth,
+        "dataset.num_samples_per_file": 16 * c["spf"],
+        "dataset.num_files": len(data),
+        "dataset.format": "raw",
+        "dataset.record_length": float(np.mean(line_bytes)),
+        "dataset.files_per_sample": 1,
     }
 
 
@@ -483,6 +558,8 @@ def run_one(c: dict[str, Any], root: Path, venv: Path) -> dict[str, Any]:
             truth = run_shards(c, job)
         elif c["source"] == "ddp_torchrun":
             truth = run_torchrun(c, job)
+        elif c["source"] in ("paired_files", "jsonl_lines"):
+            truth = run_family(c, job)
         else:
             truth = run_example(c, job)
         result = {**SCHEMA, "config": c, "truth": truth, "run_s": round(time.monotonic() - t0, 1)}

@@ -117,20 +117,38 @@ def _first_epoch(obs: Observed) -> int:
 
 
 def index_pass(io: pl.DataFrame, paths: list[str]) -> pl.DataFrame | None:
-    """The opens of an index pass in POSIX calls alone, where the process that reads the
-    samples made it (no workers): ``(pid, file, a, b)``, each dataset file's first open by that
-    process (at ``a`` µs) read start to end in consecutive reads before the process opened the
-    file again (at ``b``), for the last time, and then read it through that second open at
-    other places (seeks) or over and over (a handle kept open over the epochs). None unless nearly every file
-    (:data:`SCAN_COVERAGE`) was so and every pass ended before the process's first read
-    through a second open. (Without seeks and over one epoch, a pass and an epoch read alike:
-    not told apart.)"""
+    """The opens of an index pass in POSIX calls alone: ``(pid, file, a, b)``, each dataset
+    file's first open by the process that made the pass (at ``a`` µs) read start to end in
+    consecutive reads, up to ``b`` (the process's next open of the file, or never). Either
+    the process reads the samples itself (no workers: :func:`_scan_then_reopen`) or others
+    do (workers: :func:`_scan_alone`). None unless nearly every file
+    (:data:`SCAN_COVERAGE`) was so."""
     opens = (
         io.filter(pl.col("name").cast(pl.String).is_in(OPEN_OPS) & pl.col("file").is_in(paths))
         .select("pid", pl.col("file").cast(pl.String), "ts")
         .sort("ts")
         .with_columns(pl.int_range(pl.len()).over("pid", "file").alias("k"))
     )
+    reads = io.filter(
+        pl.col("name").cast(pl.String).is_in(READ_OPS)
+        & (pl.col("size").fill_null(0) > 0)
+        & pl.col("offset").is_not_null()
+        & pl.col("file").is_in(paths)
+    ).select("pid", pl.col("file").cast(pl.String), "ts", "offset", "size")
+    sizes = file_sizes(io).select(pl.col("file").cast(pl.String), pl.col("size").alias("fsize"))
+    found = _scan_then_reopen(opens, reads, sizes, len(paths))
+    return found if found is not None else _scan_alone(opens, reads, sizes, len(paths))
+
+
+def _scan_then_reopen(
+    opens: pl.DataFrame, reads: pl.DataFrame, sizes: pl.DataFrame, n_files: int
+) -> pl.DataFrame | None:
+    """The pass of a process that reads the samples itself: its first open of each file read
+    through before it opened the file again (at ``b``), for the last time, and then read it
+    through that second open at other places (seeks) or over and over (a handle kept open
+    over the epochs); every pass ended before the process's first read through a second
+    open. (Without seeks and over one epoch, a pass and an epoch read alike: not told
+    apart.)"""
     # twice a file: the pass's open, then the one kept for the samples (a file opened again
     # every epoch is read in passes that are epochs)
     twice = opens.group_by("pid", "file").agg(pl.len().alias("n")).filter(pl.col("n") == 2)
@@ -139,37 +157,10 @@ def index_pass(io: pl.DataFrame, paths: list[str]) -> pl.DataFrame | None:
     windows = first.join(second, on=["pid", "file"]).join(
         twice.select("pid", "file"), on=["pid", "file"]
     )
-    if windows.height < SCAN_COVERAGE * len(paths):
+    if windows.height < SCAN_COVERAGE * n_files:
         return None
-    reads = (
-        io.filter(
-            pl.col("name").cast(pl.String).is_in(READ_OPS)
-            & (pl.col("size").fill_null(0) > 0)
-            & pl.col("offset").is_not_null()
-        )
-        .select("pid", pl.col("file").cast(pl.String), "ts", "offset", "size")
-        .join(windows, on=["pid", "file"])
-        .sort("ts")
-        .with_columns(
-            (pl.col("ts") >= pl.col("b")).alias("later"),
-            (pl.col("offset") + pl.col("size"))
-            .shift(1)
-            .over("pid", "file", pl.col("ts") >= pl.col("b"))
-            .alias("prev"),
-        )
-        .with_columns((pl.col("offset") != pl.col("prev").fill_null(0)).alias("jump"))
-    )
-    sizes = file_sizes(io).select(pl.col("file").cast(pl.String), pl.col("size").alias("fsize"))
-    per = (
-        reads.group_by("pid", "file", "later")
-        .agg(
-            pl.col("size").sum().alias("bytes"),
-            pl.col("jump").sum().alias("jumps"),
-            pl.col("ts").min().alias("t0"),
-            pl.col("ts").max().alias("t1"),
-        )
-        .join(sizes, on="file")
-    )
+    later = pl.col("ts") >= pl.col("b")
+    per = _runs(reads.join(windows, on=["pid", "file"]), later).join(sizes, on="file")
     scans = per.filter(
         ~pl.col("later")
         & (pl.col("jumps") == 0)
@@ -179,7 +170,7 @@ def index_pass(io: pl.DataFrame, paths: list[str]) -> pl.DataFrame | None:
         pl.col("later") & ((pl.col("jumps") >= 2) | (pl.col("bytes") >= 1.5 * pl.col("fsize")))
     )
     both = scans.join(after.select("pid", "file", pl.col("t0").alias("u0")), on=["pid", "file"])
-    if both.height < SCAN_COVERAGE * len(paths):
+    if both.height < SCAN_COVERAGE * n_files:
         return None
     # a pass before the training: every scan ends before that process's first later read
     order = both.group_by("pid").agg(
@@ -188,6 +179,57 @@ def index_pass(io: pl.DataFrame, paths: list[str]) -> pl.DataFrame | None:
     if (order["last"] >= order["use"]).any():
         return None
     return windows.join(both.select("pid", "file"), on=["pid", "file"])
+
+
+def _scan_alone(
+    opens: pl.DataFrame, reads: pl.DataFrame, sizes: pl.DataFrame, n_files: int
+) -> pl.DataFrame | None:
+    """The pass of a process whose workers read the samples: it opened nearly every file once
+    and read it through in consecutive reads, all before any other process's first read of
+    the dataset, and other processes read those files after (``b``: never)."""
+    once = (
+        opens.group_by("pid", "file")
+        .agg(pl.len().alias("n"), pl.col("ts").min().alias("a"))
+        .filter(pl.col("n") == 1)
+    )
+    per = _runs(reads.join(once.select("pid", "file"), on=["pid", "file"]), pl.lit(False))
+    scans = per.join(sizes, on="file").filter(
+        (pl.col("jumps") == 0) & (pl.col("bytes") >= SCAN_COVERAGE * pl.col("fsize"))
+    )
+    who = scans.group_by("pid").len().filter(pl.col("len") >= SCAN_COVERAGE * n_files)["pid"]
+    if who.is_empty():
+        return None
+    scans = scans.filter(pl.col("pid").is_in(who.implode()))
+    others = reads.filter(~pl.col("pid").is_in(who.implode()))
+    if others.is_empty() or scans["t1"].max() >= others["ts"].min():  # type: ignore[operator]
+        return None
+    scans = scans.filter(pl.col("file").is_in(others["file"].unique().implode()))
+    if scans.height < SCAN_COVERAGE * n_files:
+        return None
+    return once.join(scans.select("pid", "file"), on=["pid", "file"]).select(
+        "pid", "file", "a", pl.lit(1 << 62, pl.Int64).alias("b")
+    )
+
+
+def _runs(reads: pl.DataFrame, later: pl.Expr) -> pl.DataFrame:
+    """Per pid, file and side of *later* (a boolean expression over the reads): bytes read, the
+    reads that did not start where the one before ended (``jumps``; the first counts unless it
+    starts at 0), the first and last read's times."""
+    return (
+        reads.sort("ts")
+        .with_columns(later.alias("later"))
+        .with_columns(
+            (pl.col("offset") + pl.col("size")).shift(1).over("pid", "file", "later").alias("prev")
+        )
+        .with_columns((pl.col("offset") != pl.col("prev").fill_null(0)).alias("jump"))
+        .group_by("pid", "file", "later")
+        .agg(
+            pl.col("size").sum().alias("bytes"),
+            pl.col("jump").sum().alias("jumps"),
+            pl.col("ts").min().alias("t0"),
+            pl.col("ts").max().alias("t1"),
+        )
+    )
 
 
 def without_pass(io: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
