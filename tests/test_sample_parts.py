@@ -28,12 +28,13 @@ from .parts import truth as _truth
 NAMES = ["npy_pairs", "png_triples"]
 
 
-def _reads(lt) -> pl.DataFrame:
-    """A trace's reads of its dataset files (the example's ``case_*``, the replay's ``img_*``)."""
+def _reads(lt, pattern: str = r"/(case|img)_[^/]*\.(npy|png)$") -> pl.DataFrame:
+    """A trace's reads of its dataset files (the example's ``case_*``, the replay's ``img_*``;
+    or the files whose path matches *pattern*)."""
     return lt.events.filter(
         pl.col("name").is_in(list(READ_OPS))
         & (pl.col("size") > 0)
-        & pl.col("file").cast(pl.String).str.contains(r"/(case|img)_[^/]*\.(npy|png)$")
+        & pl.col("file").cast(pl.String).str.contains(pattern)
     )
 
 
@@ -92,15 +93,6 @@ def test_replay_reads_each_samples_files(name: str, tmp_path: Path) -> None:
 POSIX = ["npy_pairs_posix", "png_triples_posix"]
 
 
-def _dataset_reads(lt) -> pl.DataFrame:
-    """A trace's reads of NPY/PNG files (the example's names either way, the replay's)."""
-    return lt.events.filter(
-        pl.col("name").is_in(list(READ_OPS))
-        & (pl.col("size") > 0)
-        & pl.col("file").cast(pl.String).str.contains(r"\.(npy|png)$")
-    )
-
-
 @pytest.mark.parametrize("name", POSIX)
 def test_files_a_sample_reads_from_posix_calls_alone(name: str) -> None:
     """DFTracer's POSIX calls alone (no item events): the groups come from the files' names (a
@@ -133,7 +125,8 @@ def test_replay_of_posix_groups_reads_every_file(tmp_path: Path) -> None:
     res = run_replay(ReplayConfig(model=m, data_dir=tmp_path / "d", out=tmp_path / "out"))
     assert res.complete
     assert res.metrics["overall"]["samples"] == truth["samples"] * truth["epochs"]
-    job, replay = _dataset_reads(lt), _dataset_reads(load_trace(tmp_path / "out"))
+    pattern = r"\.(npy|png)$"  # the example's names either way, the replay's
+    job, replay = _reads(lt, pattern), _reads(load_trace(tmp_path / "out"), pattern)
     assert replay["file"].n_unique() == job["file"].n_unique() == truth["num_files"]
     assert replay["size"].sum() == pytest.approx(job["size"].sum(), rel=0.02)
 
