@@ -729,7 +729,8 @@ def _dataset_layout(
         if fingerprint
         else None
     )
-    if fingerprint and result is None:
+    if fingerprint and result is None and not (fmt == "raw" and json_lines(paths)):
+        # (JSON lines: the fingerprint counts their lines, no layout: :func:`.lines.counted_lines`)
         facts.notes.append(
             f"the dataset fingerprint ({where}) holds none of the trace's {fmt} dataset files: "
             "layout inferred from the trace"

@@ -229,7 +229,7 @@ def _writer_pages(per: list[dict[str, Any]]) -> dict[str, Any]:
 
 #: Row groups whose column chunks' places a file's fingerprint lists (``chunk_spans``), and
 #: the chunks it lists at most (a wide table's: fewer groups).
-_MAX_SPAN_GROUPS, _MAX_SPANS = 64, 4096
+_MAX_SPAN_GROUPS, _MAX_SPANS = 64, 1024
 
 
 def _chunk_span(c: Any) -> list[int]:
