@@ -225,3 +225,79 @@ def test_checkpoint_interval_counts_one_ranks_saves() -> None:
     )
     ck = _checkpoint(empty_events(), saves, steps, _Facts())
     assert ck.enabled and ck.steps_between_checkpoints == 4
+
+
+def test_a_dataset_loaded_into_memory_at_start_is_named_in_the_error(tmp_path: Path) -> None:
+    """A job that loads its arrays into memory as it starts (``np.load`` of each file once)
+    reads nothing while it trains: distill stops with an error that names the files it read
+    once and why there is nothing to model, not "pass --data-dir" (which the capture had);
+    and it says that numpy's bulk read of a .npy is invisible to DFTracer (real capture: the
+    8 KiB array's read does not show, its header's buffered read does)."""
+    from .conftest import run_cli
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("x", "y"):
+        np.save(data / f"{name}.npy", np.arange(2048, dtype=np.float32))
+    pytest.importorskip("torch")
+    job = (
+        "import numpy as np, sys, torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "x, y = (torch.from_numpy(np.load(p)) for p in sys.argv[1:])\n"
+        "for epoch in range(2):\n"
+        "    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256, num_workers=2):\n"
+        "        (xb * yb).sum()\n"
+    )
+    run_capture(
+        CaptureConfig(
+            command=(sys.executable, "-c", job, str(data / "x.npy"), str(data / "y.npy")),
+            out=tmp_path / "trace",
+            data_dirs=(str(data),),
+        )
+    )
+    lt = load_trace(tmp_path / "trace")
+    reads = lt.events.filter(
+        pl.col("name").cast(pl.String).is_in(["read", "pread64", "fread"])
+        & pl.col("file").cast(pl.String).str.ends_with(".npy")
+    )
+    assert reads["size"].sum() < 2 * 8192  # the arrays' 8 KiB past the header: not seen
+    proc = run_cli("distill", str(tmp_path / "trace"), "-o", str(tmp_path / "m.yaml"))
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "2 file(s) were read before the first sample and none while" in err, err
+    assert "(x.npy, y.npy)" in err and "in memory" in err, err
+    assert "duplicated descriptor" in err, err
+    assert "Pass --data-dir" not in err, err
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_samples_that_read_nothing_are_no_dataset(tmp_path: Path) -> None:
+    """The same job without workers: its training process read the two files, so they had
+    counted as the dataset ("2 files x 1 sample, batch 32, 64 steps an epoch"); every read
+    came before the first sample and none in one, so it is the same error."""
+    from .conftest import run_cli
+
+    pytest.importorskip("torch")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("x", "y"):
+        np.save(data / f"{name}.npy", np.arange(2048, dtype=np.float32))
+    job = (
+        "import numpy as np, sys, torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "x, y = (torch.from_numpy(np.load(p)) for p in sys.argv[1:])\n"
+        "for epoch in range(2):\n"
+        "    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256):\n"
+        "        (xb * yb).sum()\n"
+    )
+    run_capture(
+        CaptureConfig(
+            command=(sys.executable, "-c", job, str(data / "x.npy"), str(data / "y.npy")),
+            out=tmp_path / "trace",
+            data_dirs=(str(data),),
+        )
+    )
+    proc = run_cli("distill", str(tmp_path / "trace"), "-o", str(tmp_path / "m.yaml"))
+    assert proc.returncode != 0, proc.stdout
+    assert "its samples read no file" in proc.stderr, proc.stderr
+    assert "none while the job trained (x.npy, y.npy)" in proc.stderr, proc.stderr

@@ -14,10 +14,10 @@ from dlreplay.schema import READ_OPS, WRITE_OPS
 from ..infer import infer_posix_loop
 from ..trace import vocabulary as voc
 from ..trace.programs import programs
-from .base import Facts, Observed, mode, num, role_events
+from .base import DistillError, Facts, Observed, mode, num, role_events
 from .checkpoint import checkpoint_writes
 from .checkpoint_posix import checkpoint_spans
-from .dataset import dlio_reader, find_dataset, infer_format
+from .dataset import dlio_reader, find_dataset, in_memory, infer_format
 from .lines import json_lines
 from .mapped import mapped_events
 from .scan import index_pass, without_pass
@@ -55,6 +55,12 @@ def observe(
     items = role_events(annotated, voc.ITEM)
     if items.is_empty() and not mapped:
         paths, io, reads = read_ahead_side_files(paths, io, reads, facts)
+    elif not mapped and reads.height and reads["ts"].max() < items["ts"].min():  # type: ignore[operator]
+        # every read before the first sample, none in one: the dataset is in memory
+        raise DistillError(
+            f"{source or 'the trace'} has no dataset reads while it trains: its samples read "
+            "no file." + in_memory(sorted(set(reads["file"].cast(pl.String).to_list())))
+        )
     # one row per training step of each consumer, whichever convention annotated the loop
     loop = voc.training_steps(annotated)
     has_loader = loop.height > 0
