@@ -53,14 +53,8 @@ def observe(
 
     annotated = events.filter(pl.col("role").is_not_null())
     items = role_events(annotated, voc.ITEM)
-    if items.is_empty() and not mapped:
-        paths, io, reads = read_ahead_side_files(paths, io, reads, facts)
-    elif not mapped and reads.height and reads["ts"].max() < items["ts"].min():  # type: ignore[operator]
-        # every read before the first sample, none in one: the dataset is in memory
-        raise DistillError(
-            f"{source or 'the trace'} has no dataset reads while it trains: its samples read "
-            "no file." + in_memory(sorted(set(reads["file"].cast(pl.String).to_list())))
-        )
+    if not mapped:
+        paths, io, reads = _samples_files(paths, io, reads, items, source, facts)
     # one row per training step of each consumer, whichever convention annotated the loop
     loop = voc.training_steps(annotated)
     has_loader = loop.height > 0
@@ -196,6 +190,27 @@ def _pauses(
             checkpoint_spans(events, paths, source),
         ]
     )
+
+
+def _samples_files(
+    paths: list[str],
+    io: pl.DataFrame,
+    reads: pl.DataFrame,
+    items: pl.DataFrame,
+    source: str | None,
+    facts: Facts,
+) -> tuple[list[str], pl.DataFrame, pl.DataFrame]:
+    """(paths, io, reads) without the side files read ahead of the samples (POSIX calls
+    alone: :func:`.side_posix.read_ahead_side_files`). Raises :class:`DistillError` where the
+    item events read nothing and every read came before the first: the dataset is in memory."""
+    if items.is_empty():
+        return read_ahead_side_files(paths, io, reads, facts)
+    if reads.height and reads["ts"].max() < items["ts"].min():  # type: ignore[operator]
+        raise DistillError(
+            f"{source or 'the trace'} has no dataset reads while it trains: its samples read "
+            "no file." + in_memory(sorted(set(reads["file"].cast(pl.String).to_list())))
+        )
+    return paths, io, reads
 
 
 def _read_in_items(
