@@ -412,6 +412,15 @@ JOBS: dict[str, Job] = {
         "Parquet rows read by the row group holding them (pyarrow read_row_group, the last "
         "group kept), snappy, 2 workers",
     ),
+    "parquet_columns": Job(
+        "parquet_rows",
+        ("--num-files", "3", "--rows", "1024", "--row-group", "128", "--row-bytes", "1024")
+        + ("--compression", "zstd", "--columns", "features")
+        + ("--batch-size", "32", "--workers", "2", "--persistent-workers", "--shuffle")
+        + ("--epochs", "4", "--threads", "1"),
+        "Parquet rows read by row group for one column of three (read_row_group columns=), "
+        "zstd, 2 persistent workers",
+    ),
 }
 
 TARGETS = {"steady_pct": 5.0, "first_pct": 10.0, "au_points": 3.0}

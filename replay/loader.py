@@ -263,6 +263,17 @@ class SampleReader:
     holds its decode, and its waits for a CPU)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, item_events: bool = True) -> None:
+        #: the CPU clock a sample's own CPU is measured by: the process's (all its threads, as
+        #: the capture hooks measure a job's item, so a library's own threads, pyarrow's I/O,
+        #: are not spent again), the thread's where this reader is one of several threads of
+        #: a process (thread workers). Measured by the thread's clock, the replay's items
+        #: spent 24-27 % more CPU than the job's (jsonl_lines, parquet_columns), 10-18 % by
+        #: the process's (benchmarks/RESULTS.md)
+        self.clock = (
+            time.process_time
+            if threading.current_thread() is threading.main_thread()
+            else time.thread_time
+        )
         self.meter = (
             ReadMeter()
         )  # the storage's reads for this reader, from its start (index files)
@@ -341,7 +352,7 @@ class SampleReader:
         and the sample handed over is an empty array (the model's ``record_length_resize``,
         where it has one, is handed over by the PyTorch loader whatever was read).
 
-        ``cpu0``: the thread's CPU clock where the sample's item began, if before this call (the
+        ``cpu0``: the reader's CPU clock (:attr:`clock`) where the sample's item began, if before this call (the
         PyTorch Dataset's own steps count as the job's did); ``busy0``: its runnable seconds
         (:func:`runnable_seconds`) there, likewise for the preprocess time; what the caller
         spends after the call it reports with :meth:`charge`."""
@@ -354,7 +365,7 @@ class SampleReader:
                 # in the job's silence between two samples, which the model's preprocessing is
                 self.preprocess_debt -= began - self.sample_ended
         if cpu0 is None:
-            cpu0 = time.thread_time()
+            cpu0 = self.clock()
         s = self.spec
         # the same data/item event a captured PyTorch worker emits (no-op when not traced)
         item = (
@@ -380,7 +391,7 @@ class SampleReader:
         if self.cpu is not None:
             # the job's worker CPU per sample, less what the library's read and decode took here: spent
             # busy (it competes for the cores with the training process as the job's decode did)
-            settled = time.thread_time()
+            settled = self.clock()
             self.cpu_debt += self.cpu.next() - (settled - cpu0)
             if self.cpu_debt > 0:
                 pre = REGIONS.begin("preprocess", "data")
@@ -400,7 +411,7 @@ class SampleReader:
             # sample's: the sleep's own system time and the trace's region events. The job's items
             # spent none of it, and without this the replay's workers spent more CPU per sample
             # than the job's.
-            self.cpu_debt -= time.thread_time() - settled - burned
+            self.cpu_debt -= self.clock() - settled - burned
         if s.between_reads:
             self.sample_ended = time.perf_counter()
         return nbytes, decoded

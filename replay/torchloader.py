@@ -113,10 +113,10 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
         # the item's CPU and runnable time from here (the job's item held its Dataset's own
         # steps too): what this spends around the reader's read_sample comes out of the
         # sample's modelled CPU and preprocess time
-        cpu0, busy0 = time.thread_time(), runnable_seconds()
+        cpu0, busy0 = reader.clock(), runnable_seconds()
         f, k = divmod(int(sample), self.spec.samples_per_file)
         nbytes, decoded = reader.read_sample(f, k, cpu0, busy0)
-        after, busy_after = time.thread_time(), runnable_seconds()
+        after, busy_after = reader.clock(), runnable_seconds()
         _count_served(reader.meter.take())  # the storage's reads for it, handed over by collate
         if self.spec.resize_bytes:
             # the reader resizes every sample to one array (DLIO returns its ``resized_image``)
@@ -133,7 +133,7 @@ class ReplayDataset(Dataset):  # type: ignore[type-arg]
                 torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in arrays
             )
             out = (nbytes, os.getpid(), *tensors, *self._others[len(arrays) - 1 :])
-        reader.charge(time.thread_time() - after, runnable_seconds() - busy_after)
+        reader.charge(reader.clock() - after, runnable_seconds() - busy_after)
         return out
 
     def close(self) -> None:
