@@ -42,9 +42,13 @@ def _member_spans(f: dict[str, Any], fmt: str) -> dict[str, list[tuple[int, int]
         }
     if fmt == "parquet":
         return {
-            str(c["name"]): [(int(a), int(a) + int(n)) for a, n in c["chunk_spans"]]
+            str(c["name"]): [
+                (int(x[0]), int(x[0]) + int(x[1]))
+                for x in c["chunk_spans"]
+                if isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) for v in x)
+            ]
             for c in f.get("columns", [])
-            if c.get("chunk_spans")
+            if isinstance(c, dict) and "name" in c and isinstance(c.get("chunk_spans"), list)
         }
     out = {}
     for m in f.get("members", []):

@@ -123,8 +123,8 @@ def counted_lines(
     source: str | None,
     facts: Facts,
 ) -> int:
-    """The lines a JSON-lines file holds (the median over the files the dataset fingerprint
-    counted whole, of the trace's own), where they differ from *spf*: a record a line. POSIX
+    """The lines a JSON-lines file holds (the median over the trace's own files the dataset
+    fingerprint counted, or estimated past its first 8 MiB), where they differ from *spf*: a record a line. POSIX
     calls alone show a job that reads its lines in order as its buffer's reads (47 reads of
     4 KiB a file an epoch for 160 lines); no seek tells the lines. Else *spf*."""
     if fingerprint is None and source and os.path.isdir(source):
@@ -132,25 +132,28 @@ def counted_lines(
 
         fingerprint = resolve_fingerprint(source)[0]
     mine = set(obs.paths)
-    counts = [
-        int(f["lines"])
+    entries = [
+        f
         for g in (fingerprint or {}).get("groups", [])
         if isinstance(g, dict) and g.get("format") == "jsonl"
         for f in g.get("files_sampled") or []
         if isinstance(f, dict)
-        and f.get("lines_exact")
         and isinstance(f.get("lines"), int)
         and os.path.normpath(os.path.join(str(g.get("root", "")), str(f.get("path", "")))) in mine
     ]
+    counts = [int(f["lines"]) for f in entries]
     if not counts:
         return spf
+    estimated = sum(1 for f in entries if not f.get("lines_exact"))
     lines = int(np.median(counts))
     if lines == spf or lines < 1:
         return spf
     facts.put(
         "dataset.num_samples_per_file",
         f"the lines of the {len(counts)} JSON-lines file(s) the dataset fingerprint counted "
-        f"({lines}, median; {min(counts)}-{max(counts)}): a record a line (the reads gave "
+        f"({lines}, median; {min(counts)}-{max(counts)}"
+        + (f"; {estimated} estimated from their first 8 MiB" if estimated else "")
+        + f"): a record a line (the reads gave "
         f"{spf} a file: a line read in order makes no call of its own)",
         "inferred",
     )
