@@ -227,25 +227,20 @@ def test_checkpoint_interval_counts_one_ranks_saves() -> None:
     assert ck.enabled and ck.steps_between_checkpoints == 4
 
 
-def test_a_dataset_loaded_into_memory_at_start_is_named_in_the_error(tmp_path: Path) -> None:
-    """A job that loads its arrays into memory as it starts (``np.load`` of each file once)
-    reads nothing while it trains: distill stops with an error that names the files it read
-    once and why there is nothing to model, not "pass --data-dir" (which the capture had);
-    and it says that numpy's bulk read of a .npy is invisible to DFTracer (real capture: the
-    8 KiB array's read does not show, its header's buffered read does)."""
-    from .conftest import run_cli
-
+def _in_memory_capture(tmp_path: Path, workers: int) -> Path:
+    """A real capture (loader hooks on) of a job that ``np.load``s two 8 KiB arrays into a
+    ``TensorDataset`` as it starts and trains 2 epochs over them with *workers* workers."""
+    pytest.importorskip("torch")
     data = tmp_path / "data"
     data.mkdir()
     for name in ("x", "y"):
         np.save(data / f"{name}.npy", np.arange(2048, dtype=np.float32))
-    pytest.importorskip("torch")
     job = (
         "import numpy as np, sys, torch\n"
         "from torch.utils.data import DataLoader, TensorDataset\n"
         "x, y = (torch.from_numpy(np.load(p)) for p in sys.argv[1:])\n"
         "for epoch in range(2):\n"
-        "    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256, num_workers=2):\n"
+        f"    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256, num_workers={workers}):\n"
         "        (xb * yb).sum()\n"
     )
     run_capture(
@@ -255,13 +250,25 @@ def test_a_dataset_loaded_into_memory_at_start_is_named_in_the_error(tmp_path: P
             data_dirs=(str(data),),
         )
     )
-    lt = load_trace(tmp_path / "trace")
+    return tmp_path / "trace"
+
+
+def test_a_dataset_loaded_into_memory_at_start_is_named_in_the_error(tmp_path: Path) -> None:
+    """A job that loads its arrays into memory as it starts (``np.load`` of each file once)
+    reads nothing while it trains: distill stops with an error that names the files it read
+    once and why there is nothing to model, not "pass --data-dir" (which the capture had);
+    and it says that numpy's bulk read of a .npy is invisible to DFTracer (real capture: the
+    8 KiB array's read does not show, its header's buffered read does)."""
+    from .conftest import run_cli
+
+    trace = _in_memory_capture(tmp_path, workers=2)
+    lt = load_trace(trace)
     reads = lt.events.filter(
         pl.col("name").cast(pl.String).is_in(["read", "pread64", "fread"])
         & pl.col("file").cast(pl.String).str.ends_with(".npy")
     )
     assert reads["size"].sum() < 2 * 8192  # the arrays' 8 KiB past the header: not seen
-    proc = run_cli("distill", str(tmp_path / "trace"), "-o", str(tmp_path / "m.yaml"))
+    proc = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"))
     assert proc.returncode != 0
     err = proc.stderr
     assert "2 file(s) were read before the first sample and none while" in err, err
@@ -277,27 +284,8 @@ def test_samples_that_read_nothing_are_no_dataset(tmp_path: Path) -> None:
     came before the first sample and none in one, so it is the same error."""
     from .conftest import run_cli
 
-    pytest.importorskip("torch")
-    data = tmp_path / "data"
-    data.mkdir()
-    for name in ("x", "y"):
-        np.save(data / f"{name}.npy", np.arange(2048, dtype=np.float32))
-    job = (
-        "import numpy as np, sys, torch\n"
-        "from torch.utils.data import DataLoader, TensorDataset\n"
-        "x, y = (torch.from_numpy(np.load(p)) for p in sys.argv[1:])\n"
-        "for epoch in range(2):\n"
-        "    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256):\n"
-        "        (xb * yb).sum()\n"
-    )
-    run_capture(
-        CaptureConfig(
-            command=(sys.executable, "-c", job, str(data / "x.npy"), str(data / "y.npy")),
-            out=tmp_path / "trace",
-            data_dirs=(str(data),),
-        )
-    )
-    proc = run_cli("distill", str(tmp_path / "trace"), "-o", str(tmp_path / "m.yaml"))
+    trace = _in_memory_capture(tmp_path, workers=0)
+    proc = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"))
     assert proc.returncode != 0, proc.stdout
     assert "its samples read no file" in proc.stderr, proc.stderr
     assert "none while the job trained (x.npy, y.npy)" in proc.stderr, proc.stderr
