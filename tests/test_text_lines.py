@@ -140,6 +140,9 @@ def test_lines_of_a_process_without_workers_from_posix_calls_alone(name: str) ->
     assert len(ds.side_files or []) == truth["side_files"]
     lines = np.asarray(truth["line_bytes"], dtype=float)
     assert ds.record_length.mean == pytest.approx(lines.mean(), rel=0.03)
+    # the lines' spread too: from the seeks, or (in order: no seek) the fingerprint's first
+    # lines, scaled to the files' bytes over their lines (every line the mean before)
+    assert ds.record_length.stdev == pytest.approx(lines.std(), rel=0.15)
     assert f["dataset.num_samples_per_file"].confidence != "measured"
 
 

@@ -17,7 +17,7 @@ from dlreplay.schema import OPEN_OPS, READ_OPS
 
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed, num, observed
-from .lines import counted_lines, json_lines, record_spans, seeked_records
+from .lines import counted_lines, json_lines, line_lengths, record_spans, seeked_records
 from .measure import file_sizes
 
 __all__ = [
@@ -320,6 +320,9 @@ def dataset_section(
         spf = counted_lines(obs, spf, fingerprint, source, facts)
     parts = _sample_parts(obs, sizes, spf, fmt, len(paths), facts)
     record = _record_length(obs, sizes, spf, facts, fmt)
+    if fmt == "raw" and not obs.items.height and json_lines(paths) and spf > 1:
+        if facts.fields["dataset.record_length"].method.startswith("file size / samples"):
+            record = line_lengths(obs, record, fingerprint, source, facts)
     parents = {str(PurePosixPath(p).parent) for p in paths}
     folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
     if len(paths) > 1 and folder in paths:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dlreplay.model import Distribution
 from dlreplay.schema import READ_OPS
 
 from .base import Facts, Observed, num
@@ -116,23 +117,17 @@ def _record_starts(obs: Observed) -> pl.DataFrame | None:
 _SPAN_COVERAGE = 0.9
 
 
-def counted_lines(
-    obs: Observed,
-    spf: int,
-    fingerprint: dict[str, Any] | None,
-    source: str | None,
-    facts: Facts,
-) -> int:
-    """The lines a JSON-lines file holds (the median over the trace's own files the dataset
-    fingerprint counted, or estimated past its first 8 MiB), where they differ from *spf*: a record a line. POSIX
-    calls alone show a job that reads its lines in order as its buffer's reads (47 reads of
-    4 KiB a file an epoch for 160 lines); no seek tells the lines. Else *spf*."""
+def _jsonl_entries(
+    obs: Observed, fingerprint: dict[str, Any] | None, source: str | None
+) -> list[dict[str, Any]]:
+    """The dataset fingerprint's entries of the trace's own JSON-lines files (the capture's
+    fingerprint where *fingerprint* is None and *source* a trace folder)."""
     if fingerprint is None and source and os.path.isdir(source):
         from dlreplay.analyze.layout import resolve_fingerprint
 
         fingerprint = resolve_fingerprint(source)[0]
     mine = set(obs.paths)
-    entries = [
+    return [
         f
         for g in (fingerprint or {}).get("groups", [])
         if isinstance(g, dict) and g.get("format") == "jsonl"
@@ -141,6 +136,21 @@ def counted_lines(
         and isinstance(f.get("lines"), int)
         and os.path.normpath(os.path.join(str(g.get("root", "")), str(f.get("path", "")))) in mine
     ]
+
+
+def counted_lines(
+    obs: Observed,
+    spf: int,
+    fingerprint: dict[str, Any] | None,
+    source: str | None,
+    facts: Facts,
+) -> int:
+    """The lines a JSON-lines file holds (the median over the trace's own files the dataset
+    fingerprint counted, or estimated past its first 8 MiB), where they differ from *spf*: a
+    record a line. POSIX calls alone show a job that reads its lines in order as its buffer's
+    reads (47 reads of 4 KiB a file an epoch for 160 lines); no seek tells the lines. Else
+    *spf*."""
+    entries = _jsonl_entries(obs, fingerprint, source)
     counts = [int(f["lines"]) for f in entries]
     if not counts:
         return spf
@@ -153,8 +163,46 @@ def counted_lines(
         f"the lines of the {len(counts)} JSON-lines file(s) the dataset fingerprint counted "
         f"({lines}, median; {min(counts)}-{max(counts)}"
         + (f"; {estimated} estimated from their first 8 MiB" if estimated else "")
-        + f"): a record a line (the reads gave "
-        f"{spf} a file: a line read in order makes no call of its own)",
+        + f"): a record a line (the reads gave {spf} a file: a line read in order makes no "
+        "call of its own)",
         "inferred",
     )
     return lines
+
+
+#: the fingerprint's first lines stand for the files' lines where their mean is within this
+#: share of the files' bytes over their lines
+LINE_SAMPLE_AGREEMENT = 0.1
+
+
+def line_lengths(
+    obs: Observed,
+    record: Distribution,
+    fingerprint: dict[str, Any] | None,
+    source: str | None,
+    facts: Facts,
+) -> Distribution:
+    """The lines' sizes (bytes) from the lengths of the first lines of the JSON-lines files
+    the dataset fingerprint read, scaled to *record*'s mean (the files' bytes over their
+    lines, every line the mean: the trace showed no line) where they agree within
+    :data:`LINE_SAMPLE_AGREEMENT`; else *record*."""
+    sample = [
+        int(x)
+        for f in _jsonl_entries(obs, fingerprint, source)
+        for x in f.get("line_bytes_sample") or []
+        if isinstance(x, int) and x > 0
+    ]
+    mean = record.mean or 0.0
+    if len(sample) < 8 or not mean:
+        return record
+    got = float(np.mean(sample))
+    if abs(got - mean) > LINE_SAMPLE_AGREEMENT * mean:
+        return record
+    facts.put(
+        "dataset.record_length",
+        f"the lengths of {len(sample)} lines, the first of each JSON-lines file the dataset "
+        f"fingerprint read (mean {got:,.0f} B), scaled to the files' bytes over their lines "
+        f"({mean:,.0f} B)",
+        "inferred",
+    )
+    return Distribution.from_values(np.asarray(sample, dtype=float) * (mean / got))
