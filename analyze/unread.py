@@ -12,6 +12,13 @@ from typing import Any
 
 import polars as pl
 
+#: per format: the layout's structures, the attribute holding their parts, what a part is
+_PARTS = {
+    "npz": ("arrays", "members", "never read per sample", "their bytes"),
+    "hdf5": ("arrays", "members", "never read per sample", "their bytes"),
+    "parquet": ("tables", "columns", "columns never read", "their chunks"),
+}
+
 
 def mark_unread(
     summary: dict[str, Any],
@@ -22,12 +29,38 @@ def mark_unread(
     fields: dict[str, tuple[str, str]],
 ) -> None:
     """Mark in *summary* (a layout's fields) what no read of *reads* touched in the sampled
-    *files* (paths under *root*): NPZ and HDF5 arrays, Parquet columns, with the evidence in
-    *fields* (a field's dotted path -> (method, confidence))."""
-    if summary.get("arrays") and fmt in ("npz", "zip", "hdf5"):
-        _mark_unread(summary, files, root, fmt, reads, fields)
-    if summary.get("tables") and fmt == "parquet":
-        _mark_unread_columns(summary, files, root, reads, fields)
+    *files* (paths under *root*): NPZ and HDF5 arrays, Parquet columns (a job's
+    ``columns=[...]``: pyarrow reads those columns' chunks alone) become
+    ``read_per_sample: false``, with the evidence in *fields* (a field's dotted path ->
+    (method, confidence)). Unchanged where every part is unread (the trace cannot tell)."""
+    kind = "npz" if fmt == "zip" else fmt
+    if kind not in _PARTS:
+        return
+    key, attr, said, what = _PARTS[kind]
+    if not summary.get(key):
+        return
+    unread, told = unread_members(files, root, kind, reads)
+    names = {m.name for st in summary[key] for m in getattr(st, attr) or ()}
+    if not unread or not names - unread:
+        return
+    summary[key] = [
+        replace(
+            st,
+            **{
+                attr: [
+                    replace(m, read_per_sample=False) if m.name in unread else m
+                    for m in getattr(st, attr) or ()
+                ]
+            },
+        )
+        for st in summary[key]
+    ]
+    how, confidence = fields[f"dataset.layout.{key}"]
+    fields[f"dataset.layout.{key}"] = (
+        f"{how}; {said}: {', '.join(sorted(unread))} (no read of the {told} sampled file(s) "
+        f"the trace read touched {what})",
+        confidence,
+    )
 
 
 def _member_spans(f: dict[str, Any], fmt: str) -> dict[str, list[tuple[int, int]]]:
@@ -101,64 +134,3 @@ def unread_members(
         here = set(spans) - touched
         unread = here if unread is None else unread & here
     return unread or set(), told
-
-
-def _mark_unread(
-    summary: dict[str, Any],
-    files: list[dict[str, Any]],
-    root: str,
-    fmt: str,
-    reads: pl.DataFrame,
-    fields: dict[str, tuple[str, str]],
-) -> None:
-    """The arrays of ``summary["arrays"]`` no read of the trace touched (:func:`unread_members`)
-    marked ``read_per_sample: false``, with the evidence."""
-    unread, told = unread_members(files, root, "hdf5" if fmt == "hdf5" else "npz", reads)
-    if not unread:
-        return
-    summary["arrays"] = [
-        replace(
-            a,
-            members=[
-                replace(m, read_per_sample=False) if m.name in unread else m for m in a.members
-            ],
-        )
-        for a in summary["arrays"]
-    ]
-    how, confidence = fields["dataset.layout.arrays"]
-    fields["dataset.layout.arrays"] = (
-        f"{how}; never read per sample: {', '.join(sorted(unread))} (no read of the "
-        f"{told} sampled file(s) the trace read touched their bytes)",
-        confidence,
-    )
-
-
-def _mark_unread_columns(
-    summary: dict[str, Any],
-    files: list[dict[str, Any]],
-    root: str,
-    reads: pl.DataFrame,
-    fields: dict[str, tuple[str, str]],
-) -> None:
-    """The Parquet columns no read of the trace touched (a job's ``columns=[...]``: pyarrow
-    reads the chunks of those alone) marked ``read_per_sample: false``, with the evidence."""
-    unread, told = unread_members(files, root, "parquet", reads)
-    names = {c.name for t in summary["tables"] for c in t.columns or ()}
-    if not unread or not names - unread:  # a column read, or the trace cannot tell
-        return
-    summary["tables"] = [
-        replace(
-            t,
-            columns=[
-                replace(c, read_per_sample=False) if c.name in unread else c
-                for c in t.columns or ()
-            ],
-        )
-        for t in summary["tables"]
-    ]
-    how, confidence = fields["dataset.layout.tables"]
-    fields["dataset.layout.tables"] = (
-        f"{how}; columns never read: {', '.join(sorted(unread))} (no read of the {told} "
-        "sampled file(s) the trace read touched their chunks)",
-        confidence,
-    )

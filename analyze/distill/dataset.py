@@ -17,6 +17,7 @@ from dlreplay.schema import OPEN_OPS, READ_OPS
 
 from ..trace import vocabulary as voc
 from .base import DistillError, Facts, Observed, num, observed
+from .in_memory import read_once
 from .lines import counted_lines, json_lines, line_lengths, record_spans, seeked_records
 from .measure import file_sizes
 
@@ -116,55 +117,10 @@ def find_dataset(
     if ds_files.is_empty():
         raise DistillError(
             f"{source or 'the trace'} has no dataset reads: no file was read by data-loader workers or "
-            "repeatedly." + _read_once(events, data_dirs)
+            "repeatedly." + read_once(events, data_dirs)
         )
     paths, index_style = _record_indexes(ds_files["file"].to_list(), facts)
     return _homogeneous(paths, facts), index_style, mapped
-
-
-def _read_once(events: pl.DataFrame, data_dirs: list[str] | None) -> str:
-    """The rest of the no-dataset error: the files under *data_dirs* that were read, each once
-    by one process (a job that loads its dataset into memory as it starts, ``np.load`` of the
-    whole array, a pickle), named as such; else where to look."""
-    reads = events.filter(
-        pl.col("name").is_in(READ_OPS) & (pl.col("size") > 0) & pl.col("file").is_not_null()
-    )
-    if data_dirs:
-        under = pl.lit(False)
-        for d in data_dirs:
-            under = under | pl.col("file").cast(pl.String).str.starts_with(d.rstrip("/") + "/")
-        reads = reads.filter(under)
-    files = reads.select(pl.col("file").cast(pl.String)).unique()["file"].to_list()
-    if not files or not data_dirs:
-        return " Pass --data-dir with the dataset's path, or check the capture's --data-dir."
-    opens = events.filter(pl.col("name").is_in(OPEN_OPS) & pl.col("file").is_in(files))
-    once = opens.group_by("file").agg(
-        pl.len().alias("n"), pl.col("pid").n_unique().alias("p")
-    ).filter((pl.col("n") <= 1) & (pl.col("p") <= 1)).height == len(files)
-    if not once:
-        return " Check the capture's --data-dir: the files under it were read, but not by workers."
-    return " Each file under the data dir was opened and read once, by one process." + in_memory(
-        files
-    )
-
-
-def in_memory(files: list[str]) -> str:
-    """What a job that read *files* once as it started, and nothing while it trained, is (the
-    rest of distill's error)."""
-    names = ", ".join(sorted(PurePosixPath(f).name for f in files)[:4])
-    npy = any(f.endswith(".npy") for f in files)
-    return (
-        f" {len(files)} file(s) were read before the first sample and none while the job "
-        f"trained ({names}{', ...' if len(files) > 4 else ''}): it holds its dataset in "
-        "memory, and dlreplay models the reads a job makes while it trains, of which this one "
-        "makes none."
-        + (
-            " (numpy's np.load of a .npy and np.fromfile read the array past their first "
-            "buffered read through a duplicated descriptor that DFTracer does not see.)"
-            if npy
-            else ""
-        )
-    )
 
 
 def _mapped_dataset(events: pl.DataFrame, data_dirs: list[str] | None) -> pl.DataFrame:
@@ -303,6 +259,10 @@ def dataset_section(
     """``dataset``: format, files, sizes, samples per file and folder from the trace; the
     layout from the dataset fingerprint, else DLIO's generator, else the reads."""
     paths = obs.paths
+    given = fingerprint  # (what the layout details weigh: a fingerprint passed to distill)
+    fingerprint, fingerprint_origin = _resolved_fingerprint(
+        fingerprint, fingerprint_origin, source, facts
+    )
     fmt, how, conf = infer_format(paths, obs.reads)
     facts.put("dataset.format", how, conf)
     facts.put("dataset.num_files", "distinct dataset files read", "measured")
@@ -317,12 +277,12 @@ def dataset_section(
     if fmt == "raw" and not obs.items.height and spf > 1:
         spf = seeked_records(obs, spf, facts)
     if fmt == "raw" and not obs.items.height and json_lines(paths):
-        spf = counted_lines(obs, spf, fingerprint, source, facts)
+        spf = counted_lines(obs, spf, fingerprint, facts)
     parts = _sample_parts(obs, sizes, spf, fmt, len(paths), facts)
     record = _record_length(obs, sizes, spf, facts, fmt)
     if fmt == "raw" and not obs.items.height and json_lines(paths) and spf > 1:
         if facts.fields["dataset.record_length"].method.startswith("file size / samples"):
-            record = line_lengths(obs, record, fingerprint, source, facts)
+            record = line_lengths(obs, record, fingerprint, facts)
     parents = {str(PurePosixPath(p).parent) for p in paths}
     folder = os.path.commonpath(paths) if len(paths) > 1 else str(PurePosixPath(paths[0]).parent)
     if len(paths) > 1 and folder in paths:
@@ -357,7 +317,7 @@ def dataset_section(
         dataset = _rows_of_mapped_files(dataset, facts)
     elif posix_row_groups(obs, dataset):
         dataset = _rows_of_row_groups(dataset, obs, facts)
-    return _with_layout_details(dataset, obs, fingerprint, facts)
+    return _with_layout_details(dataset, obs, given, facts)
 
 
 def posix_row_groups(obs: Observed, dataset: Dataset) -> bool:
@@ -743,6 +703,23 @@ def _layout_record_length(layout: Layout, fmt: str) -> Distribution | None:
     return None
 
 
+def _resolved_fingerprint(
+    fingerprint: dict[str, Any] | None, origin: str | None, source: str | None, facts: Facts
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the dataset fingerprint, where it came from): the one given, else the trace folder's
+    (made at capture) or its data dirs' fingerprinted now, read once for the whole section; a
+    damaged one is ignored, said so."""
+    if fingerprint is not None or not source or not os.path.isdir(source):
+        return fingerprint, origin
+    from dlreplay.analyze.layout import resolve_fingerprint
+
+    try:
+        return resolve_fingerprint(source)
+    except DlreplayError as exc:
+        facts.notes.append(f"dataset fingerprint ignored: {exc}")
+        return None, origin
+
+
 def _dataset_layout(
     fmt: str,
     paths: list[str],
@@ -763,15 +740,9 @@ def _dataset_layout(
         infer_dlio_layout,
         infer_layout,
         layout_from_fingerprint,
-        resolve_fingerprint,
     )
 
     where = origin or "given to distill"
-    if fingerprint is None and source and os.path.isdir(source):
-        try:
-            fingerprint, where = resolve_fingerprint(source)
-        except DlreplayError as exc:
-            facts.notes.append(f"dataset fingerprint ignored: {exc}")
     result = (
         layout_from_fingerprint(fingerprint, fmt, paths, spf, where or "", reads)
         if fingerprint

@@ -117,15 +117,8 @@ def _record_starts(obs: Observed) -> pl.DataFrame | None:
 _SPAN_COVERAGE = 0.9
 
 
-def _jsonl_entries(
-    obs: Observed, fingerprint: dict[str, Any] | None, source: str | None
-) -> list[dict[str, Any]]:
-    """The dataset fingerprint's entries of the trace's own JSON-lines files (the capture's
-    fingerprint where *fingerprint* is None and *source* a trace folder)."""
-    if fingerprint is None and source and os.path.isdir(source):
-        from dlreplay.analyze.layout import resolve_fingerprint
-
-        fingerprint = resolve_fingerprint(source)[0]
+def _jsonl_entries(obs: Observed, fingerprint: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The dataset fingerprint's entries of the trace's own JSON-lines files."""
     mine = set(obs.paths)
     return [
         f
@@ -142,7 +135,6 @@ def counted_lines(
     obs: Observed,
     spf: int,
     fingerprint: dict[str, Any] | None,
-    source: str | None,
     facts: Facts,
 ) -> int:
     """The lines a JSON-lines file holds (the median over the trace's own files the dataset
@@ -150,7 +142,7 @@ def counted_lines(
     record a line. POSIX calls alone show a job that reads its lines in order as its buffer's
     reads (47 reads of 4 KiB a file an epoch for 160 lines); no seek tells the lines. Else
     *spf*."""
-    entries = _jsonl_entries(obs, fingerprint, source)
+    entries = _jsonl_entries(obs, fingerprint)
     counts = [int(f["lines"]) for f in entries]
     if not counts:
         return spf
@@ -179,7 +171,6 @@ def line_lengths(
     obs: Observed,
     record: Distribution,
     fingerprint: dict[str, Any] | None,
-    source: str | None,
     facts: Facts,
 ) -> Distribution:
     """The lines' sizes (bytes) from the lengths of the first lines of the JSON-lines files
@@ -188,7 +179,7 @@ def line_lengths(
     :data:`LINE_SAMPLE_AGREEMENT`; else *record*."""
     sample = [
         int(x)
-        for f in _jsonl_entries(obs, fingerprint, source)
+        for f in _jsonl_entries(obs, fingerprint)
         for x in f.get("line_bytes_sample") or []
         if isinstance(x, int) and x > 0
     ]

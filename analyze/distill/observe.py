@@ -17,7 +17,8 @@ from ..trace.programs import programs
 from .base import DistillError, Facts, Observed, mode, num, role_events
 from .checkpoint import checkpoint_writes
 from .checkpoint_posix import checkpoint_spans
-from .dataset import dlio_reader, find_dataset, in_memory, infer_format
+from .dataset import dlio_reader, find_dataset, infer_format
+from .in_memory import in_memory
 from .lines import json_lines
 from .mapped import mapped_events
 from .scan import index_pass, without_pass
