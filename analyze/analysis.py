@@ -27,6 +27,7 @@ from .findings import Finding, Thresholds, find, load_thresholds
 from .passes import Characterization, characterize
 from .report import Report, build_report
 from .trace import load_trace, trace_warnings
+from .trace.hidden import recovered_note
 
 __all__ = ["analyze_trace", "render_findings_text"]
 
@@ -128,6 +129,9 @@ def _report(
     )
     if memory_note:
         report.notes.append(memory_note)
+    recovered = recovered_note(loaded.files)
+    if recovered:
+        report.notes.append(recovered)
     report.warnings = trace_warnings(trace, report.file_reports)
     return report
 

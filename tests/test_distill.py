@@ -256,9 +256,10 @@ def _in_memory_capture(tmp_path: Path, workers: int) -> Path:
 def test_a_dataset_loaded_into_memory_at_start_is_named_in_the_error(tmp_path: Path) -> None:
     """A job that loads its arrays into memory as it starts (``np.load`` of each file once)
     reads nothing while it trains: distill stops with an error that names the files it read
-    once and why there is nothing to model, not "pass --data-dir" (which the capture had);
-    and it says that numpy's bulk read of a .npy is invisible to DFTracer (real capture: the
-    8 KiB array's read does not show, its header's buffered read does)."""
+    once and why there is nothing to model, not "pass --data-dir" (which the capture had).
+    Each array's read, which numpy makes through a duplicated descriptor DFTracer does not
+    see, is in the table, recovered from its seeks (analyze/trace/hidden.py): 8 KiB and the
+    128-byte header read again, after the header's buffered 4 KiB."""
     from .conftest import run_cli
 
     trace = _in_memory_capture(tmp_path, workers=2)
@@ -267,13 +268,13 @@ def test_a_dataset_loaded_into_memory_at_start_is_named_in_the_error(tmp_path: P
         pl.col("name").cast(pl.String).is_in(["read", "pread64", "fread"])
         & pl.col("file").cast(pl.String).str.ends_with(".npy")
     )
-    assert reads["size"].sum() < 2 * 8192  # the arrays' 8 KiB past the header: not seen
+    recovered = reads.filter(pl.col("name").cast(pl.String) == "fread")["size"].to_list()
+    assert recovered == [8192 + 128, 8192 + 128], reads
     proc = run_cli("distill", str(trace), "-o", str(tmp_path / "m.yaml"))
     assert proc.returncode != 0
     err = proc.stderr
     assert "2 file(s) were read before the first sample and none while" in err, err
     assert "(x.npy, y.npy)" in err and "in memory" in err, err
-    assert "duplicated descriptor" in err, err
     assert "Pass --data-dir" not in err, err
     assert not (tmp_path / "m.yaml").exists()
 

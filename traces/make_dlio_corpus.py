@@ -156,6 +156,28 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
     # evaluation after every epoch: a second loader (its own workers) over 8 files in valid/,
     # batches of 2, 10 ms steps
+    # NPY samples: DLIO's reader calls np.load, whose array read DFTracer does not see
+    # (numpy reads through a duplicated descriptor); the loader recovers it from its seeks
+    "dlio_npy_small": {
+        "model": {"name": "npy_small"},
+        "framework": "pytorch",
+        "dataset": {
+            "format": "npy",
+            "num_files_train": 16,
+            "num_samples_per_file": 1,
+            "record_length": 384 << 10,
+            "record_length_stdev": 0,
+            "record_length_resize": 0,
+        },
+        "reader": {
+            "data_loader": "pytorch",
+            "batch_size": 2,
+            "read_threads": 2,
+            "file_shuffle": "seed",
+            "sample_shuffle": "seed",
+        },
+        "train": {"epochs": 2, "computation_time": 0.01},
+    },
     "dlio_npz_eval": {
         "model": {"name": "unet3d_eval"},
         "framework": "pytorch",

@@ -42,16 +42,9 @@ def in_memory(files: list[str]) -> str:
     """What a job that read *files* once as it started, and nothing while it trained, is (the
     rest of distill's error)."""
     names = ", ".join(sorted(PurePosixPath(f).name for f in files)[:4])
-    npy = any(f.endswith(".npy") for f in files)
     return (
         f" {len(files)} file(s) were read before the first sample and none while the job "
         f"trained ({names}{', ...' if len(files) > 4 else ''}): it holds its dataset in "
         "memory, and dlreplay models the reads a job makes while it trains, of which this one "
         "makes none."
-        + (
-            " (numpy's np.load of a .npy and np.fromfile read the array past their first "
-            "buffered read through a duplicated descriptor that DFTracer does not see.)"
-            if npy
-            else ""
-        )
     )

@@ -152,6 +152,7 @@ def _native_offsets(
         stray,
     )
     del proc, fcode
+    _seek_targets(ev, values, valid)
     if release:  # the inputs' copies, before the column is built beside the values
         release_free_memory(keep_large=True)
     found = bool(stray.any())
@@ -161,6 +162,21 @@ def _native_offsets(
         pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")
     )
     return offset.to_series(), (stray if found else None)
+
+
+def _seek_targets(ev: pl.DataFrame, values: np.ndarray, valid: np.ndarray) -> None:
+    """Give each successful ``lseek(fd, off, SEEK_SET)`` its target as its offset (``values`` /
+    ``valid`` by row, in place): an lseek relative to the position or the end keeps none, so
+    the table tells a seek to a place from a ``tell`` (numpy's trail, :mod:`.hidden`)."""
+    op = ev["op"].to_numpy()
+    pos = ev["pos"].to_numpy()
+    hit = (op == LSEEK) & ((pos & POS_SET) != 0) & ((pos & POS_OK) != 0)
+    if hit.any():
+        at = np.flatnonzero(hit)
+        target = ev["parg"].to_numpy()[at]
+        known = target != NUL  # (an lseek without its result has no place)
+        values[at[known]] = target[known]
+        valid[at[known]] = True
 
 
 def _polars_offsets(ev: pl.DataFrame, order: np.ndarray) -> tuple[pl.Series, np.ndarray | None]:
@@ -225,6 +241,7 @@ def _polars_offsets(ev: pl.DataFrame, order: np.ndarray) -> tuple[pl.Series, np.
     if narrow.height:
         _stream_offsets(narrow, rank, values, valid, stray)
     values, valid = values[rank], valid[rank]  # (by output position: back to the rows' order)
+    _seek_targets(ev, values, valid)
     valid &= ~stray  # a stray transfer is on no file: no offset
     offset = pl.select(
         pl.when(pl.lit(pl.Series(valid))).then(pl.lit(pl.Series(values))).alias("offset")

@@ -18,6 +18,11 @@ file's report (:attr:`~.shapes.FileReport.problems`), so the plain output, ``--j
   missing, null, ``true`` or not a number);
 * **named**: events without a category (``cat`` null): their bytes count by their name.
 
+One more pass is not a check but runs here for the same reason (the whole table, every
+loading path): the array reads and writes numpy makes through a duplicated descriptor,
+which DFTracer does not see, are added from their seek trails and named per file
+(:mod:`.hidden`).
+
 Both parsers give the same table, so the checks give the same reports whichever parsed it.
 """
 
@@ -32,6 +37,7 @@ import polars as pl
 
 from dlreplay.schema import READ_OPS, WRITE_OPS
 
+from .hidden import RECOVERED, recover_hidden
 from .shapes import READ_AS_NULL, SET_ASIDE, FileReport, LoadedTrace, int_stat
 
 __all__ = [
@@ -85,8 +91,8 @@ def check_values(loaded: LoadedTrace) -> LoadedTrace:
     if not notes:
         return loaded
     files = noted_reports(loaded.files, notes)
-    # the loader's per-process counts included the rows set aside: counted again from the
-    # table where it is used (TraceView.per_process, summarize), as after a changed role
+    # the loader's per-process counts included the rows set aside (and not the rows added):
+    # counted again from the table where it is used (TraceView.per_process, summarize), as after a changed role
     per_process = None if aside else loaded.per_process
     return dataclasses.replace(loaded, events=ev, files=files, per_process=per_process)
 
@@ -95,8 +101,9 @@ def check_table(
     ev: pl.DataFrame, manifest: dict | None, spans: pl.DataFrame | None = None
 ) -> tuple[pl.DataFrame, dict[str, list[str]], bool]:
     """:func:`check_values` of an event table (or of the files wholly in it): (the table with
-    the implausible values set aside or read as null, each file's notes by name, whether rows
-    were set aside). ``spans``: :func:`file_spans` of the whole run where ``ev`` holds only
+    the implausible values set aside or read as null and numpy's unseen transfers added
+    (:func:`~.hidden.recover_hidden`), each file's notes by name, whether rows were set aside
+    or added). ``spans``: :func:`file_spans` of the whole run where ``ev`` holds only
     some of its files (a spilled part), to find the files far from the rest of the run."""
     window = capture_window(manifest)
     notes: dict[str, list[str]] = {}
@@ -106,7 +113,11 @@ def check_table(
     ev = _null_durations(ev, window, notes)
     _count(ev, _no_ret(), NO_RET, notes)
     _count(ev, pl.col("cat").is_null(), NO_CAT, notes)
-    return ev, notes, aside is not None
+    before = ev.height
+    ev, recovered = recover_hidden(ev)
+    for name, said in recovered.items():
+        notes.setdefault(name, []).extend(said)
+    return ev, notes, aside is not None or ev.height != before
 
 
 def noted_reports(files: Sequence[FileReport], notes: dict[str, list[str]]) -> list[FileReport]:
@@ -430,11 +441,13 @@ def _count(ev: pl.DataFrame, cond: pl.Expr, what: str, notes: dict[str, list[str
 
 def _noted(rep: FileReport, notes: Sequence[str]) -> FileReport:
     """``rep`` with ``notes`` among its problems and its events counted again where some
-    were set aside."""
+    were set aside (or recovered: :mod:`.hidden`)."""
     if not notes:
         return rep
     aside = sum(int(n.split(" ", 1)[0]) for n in notes if n.endswith(SET_ASIDE))
+    added = sum(int(n.split(" ", 1)[0]) for n in notes if n.endswith(RECOVERED))
     problems = [*rep.problems, *notes]
     if aside and aside >= rep.events:
         problems.append("every event of this file set aside")
-    return dataclasses.replace(rep, events=max(rep.events - aside, 0), problems=problems)
+    events = max(rep.events - aside, 0) + added
+    return dataclasses.replace(rep, events=events, problems=problems)

@@ -202,12 +202,16 @@ def _print_analysis(report: Any, trace: Path, report_path: Path | None) -> None:
     """The text answer: warnings, the summary, the findings, and the next commands."""
     from dlreplay.analyze.analysis import render_findings_text
     from dlreplay.analyze.summary import render_text
+    from dlreplay.analyze.trace.hidden import recovered_note
 
     for w in report.warnings:  # before any number derived from the trace
         echo(f"warning: {w}")
     if report.warnings:
         echo("")
     echo(render_text(report.characterization.view.summary))
+    recovered = recovered_note(report.file_reports)
+    if recovered:
+        echo(f"note: {recovered}")
     if not report.characterization["overview"]["events"]:
         echo(f"\nwarning: {why_no_events(report.file_reports, report.manifest)}")
     else:
