@@ -143,6 +143,27 @@ def test_without_the_trails_the_reads_are_the_buffer_refills(capture) -> None:
     assert seen < sizes["big.npy"] / 10
 
 
+def test_dlio_npy_samples_are_read_whole(cli, tmp_path: Path) -> None:
+    """DLIO 2.0.0's NPY reader (``np.load`` a sample; pydftracer 1.x names files by path):
+    every sample's array is read, once an epoch, with the record's bytes; distill and compare
+    see them (the trace alone: 32 reads of 4 KiB for 12 MiB of samples)."""
+    import yaml
+
+    trace = Path(__file__).parent.parent / "traces" / "dlio_npy_small"
+    exp = json.loads((trace / "expected.json").read_text())["model"]
+    ev = _calls(trace)
+    got = ev.filter(pl.col("op") == "fread")
+    assert got.height == exp["num_files"] * exp["epochs"]
+    assert got["f"].n_unique() == exp["num_files"]
+    assert all(abs(s - exp["record_length"]) <= 1024 for s in got["size"].to_list()), got
+    model = tmp_path / "model.yaml"
+    out = cli("distill", str(trace), "-o", str(model), check=True)
+    m = yaml.safe_load(model.read_text())
+    assert "384.0 KiB" in out.stdout
+    # (the whole file: the header read again with the array, 41 bytes past DLIO's record)
+    assert abs(m["dataset"]["record_length"]["mean"] - exp["record_length"]) <= 1024, m["dataset"]
+
+
 def test_tables_without_trails_are_returned_as_they_are() -> None:
     lt = load_trace(Path(__file__).parent.parent / "traces" / "npz_fork")
     out, notes = recover_hidden(lt.events)

@@ -427,6 +427,7 @@ def test_foreign_corpus_is_present() -> None:
         "dlio_ib_multi",
         "dlio_npz_eval",
         "dlio_ib_mmap",
+        "dlio_npy_small",
     }
     assert (TRACES / "ai_annotated" / "expected.json").is_file()
 
@@ -518,6 +519,9 @@ DLIO_ACCESS = {
     "dlio_ib_multi": (1.0, 0.25),
     "dlio_npz_eval": (0.625, 0.5),
     "dlio_h5_multi": (0.6667, 0.3333),
+    # each np.load: the header's 4 KiB buffer, then the array from 0 (recovered from numpy's
+    # seeks: analyze/trace/hidden.py)
+    "dlio_npy_small": (0.5, 0.5),
 }
 
 
@@ -553,7 +557,10 @@ def test_dlio_reads_have_offsets_and_an_access_pattern(trace: Path) -> None:
     a = c["access"]
     assert (a["sequential"], a["consecutive"]) == DLIO_ACCESS[trace.name]
     pattern = distill(lt.events, source=str(trace)).reader.access_pattern
-    assert pattern.sequential is not None and 0 < pattern.sequential <= 1
+    # (np.load reads the array again from the header's end, inside the 4 KiB its file object
+    # had read: each sample's second read starts behind the first's end, none is sequential)
+    low = 0 if trace.name == "dlio_npy_small" else 1e-9
+    assert pattern.sequential is not None and low <= pattern.sequential <= 1
 
 
 def test_io_bound_dlio_run_fires_data_wait_and_worker_findings(cli) -> None:
