@@ -13,7 +13,7 @@ formats the examples write (npz, hdf5 per sample and one HDF5 file of tiles, jpe
 shards streamed by an ``IterableDataset`` through tarfile or webdataset, samples of 2 or 3
 NPY or PNG files named by a suffix or a folder, JSON lines of ``16 x spf`` lines a file read by
 ``seek`` + ``readline`` and indexed by a scan or side files: the source's ``variant``, in its
-name) and DLIO's npz, hdf5, jpeg and indexed_binary. The design is fractional and balanced: for each
+name) and DLIO's npz, npy, hdf5, jpeg and indexed_binary. The design is fractional and balanced: for each
 source its factors' levels are dealt out in seeded permutations, so every level of every
 factor appears about equally often; interactions are sampled, not crossed. Levels a source
 cannot take are mapped to the nearest it can (the examples' npz/jpeg files hold one sample,
@@ -81,6 +81,8 @@ SOURCES: dict[str, int] = {
     "dlio_hdf5": 16,
     "dlio_jpeg": 16,
     "dlio_indexed_binary": 16,
+    # np.load a sample: the array's read DFTracer does not see, recovered by the loader
+    "dlio_npy": 16,
 }
 #: fields compared: model path -> kind (exact or within 5 %)
 FIELDS = {
