@@ -160,6 +160,7 @@ def test_dlio_npy_samples_are_read_whole(cli, tmp_path: Path) -> None:
     out = cli("distill", str(trace), "-o", str(model), check=True)
     m = yaml.safe_load(model.read_text())
     assert "384.0 KiB" in out.stdout
+    assert "note: 32 numpy array transfer(s)" in out.stdout
     # (the whole file: the header read again with the array, 41 bytes past DLIO's record)
     assert abs(m["dataset"]["record_length"]["mean"] - exp["record_length"]) <= 1024, m["dataset"]
 

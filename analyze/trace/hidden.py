@@ -88,25 +88,23 @@ def _trails(ev: pl.DataFrame) -> pl.DataFrame:
     (``ret``), and the row of the stream's last transfer, open or close before it (``__rl``,
     null for none).
 
-    First among each (pid, file) stream's seeks, opens and closes alone: a tell returning P, a
-    seek to P and a seek further, in a row (narrow columns over few rows, so that a trace
+    First among each (pid, file) stream's seeks alone: a tell returning P, a seek to P and a
+    seek further, in a row (narrow columns over few rows, sorted by stream, so that a trace
     without trails costs little: loading's peak memory is bound per event); then, for those
-    streams, no other call on the file between the first and the third (the next one after
-    the first comes after the third)."""
+    streams, no other call on the file between the first and the third, open or close
+    included (the next one after the first comes after the third)."""
     p, r, key = pl.col("ret"), pl.col("__r"), pl.col("__key")
 
     def ahead(c: pl.Expr, k: int) -> pl.Expr:
         """``c`` of the stream's k-th next row (null past the stream's end): the rows sorted by
-        stream, so a shift (a window per stream cost several times more)."""
+        stream (stable: in time within one), so a shift (a window per stream cost more)."""
         return pl.when(key.shift(-k) == key).then(c.shift(-k))
 
-    # a tell (no place: SEEK_CUR), a seek to the place it told, a seek further, in one open
-    seek = pl.col("__seek")
-    told, placed = seek & pl.col("offset").is_null(), seek & (pl.col("offset") == p)
+    # a tell (no place: SEEK_CUR), a seek to the place it told, a seek further
+    told, placed = pl.col("offset").is_null(), pl.col("offset") == p
     trail = (
         told
         & ahead(placed, 1)
-        & ahead(seek, 2)
         & ahead(pl.col("offset"), 2).is_not_null()
         & (ahead(p, 1) == p)
         & (ahead(p, 2) > p)
@@ -115,22 +113,16 @@ def _trails(ev: pl.DataFrame) -> pl.DataFrame:
     seeks = (
         ev.lazy()
         .with_row_index("__r")
-        .filter(_on_files([*_SEEKS, *OPEN_OPS, "close"]))
-        .select(
-            "__r",
-            _key().alias("__key"),
-            pl.col("name").is_in(list(_SEEKS)).alias("__seek"),
-            "ret",
-            "offset",
-        )
-        .sort("__key", "__r")
+        .filter(_on_files(list(_SEEKS)))
+        .select("__r", _key().alias("__key"), "ret", "offset")
+        .sort("__key", maintain_order=True)
         .with_columns(
             trail.fill_null(False).alias("__t"),
             ahead(r, 1).alias("__r1"),
             ahead(r, 2).alias("__r2"),
         )
         .filter(pl.col("__t"))
-        .drop("__t", "__seek", "offset")
+        .drop("__t", "offset")
         .sort("__r")
         .collect()
     )

@@ -81,10 +81,14 @@ def distill(
 
 def _print_model(model: Any, loaded: Any) -> None:
     """The model's summary, its notes, and what was lost to a damaged trace."""
+    from dlreplay.analyze.trace.hidden import recovered_note
     from dlreplay.model import summarize_model
 
     echo(summarize_model(model))
     for note in model.provenance.notes:  # what was left out or set apart, and where the time went
         echo(f"  note: {note}")
+    recovered = recovered_note(loaded.files)
+    if recovered:  # reads the model counts that the trace's own calls do not show
+        echo(f"  note: {recovered}")
     if loaded.damaged:
         echo(f"warning: {loaded.describe_damage()}")
