@@ -165,6 +165,22 @@ def test_dlio_npy_samples_are_read_whole(cli, tmp_path: Path) -> None:
     assert abs(m["dataset"]["record_length"]["mean"] - exp["record_length"]) <= 1024, m["dataset"]
 
 
+def test_a_trail_past_what_a_call_can_move_is_not_recovered(capture) -> None:
+    """A seek to 2^62 (a damaged or hand-made trace) makes no exabyte read: the loader's bound
+    on one call's bytes (1 TiB) holds for what it adds too."""
+    trace, sizes = capture
+    ev = load_trace(trace).events.filter(~pl.col("name").cast(pl.String).is_in(["fread", "fwrite"]))
+    big = pl.col("ret") > sizes["small.npy"]
+    far = ev.with_columns(
+        pl.when(big).then(pl.lit(1 << 62)).otherwise(pl.col(c)).alias(c) for c in ("ret", "offset")
+    )
+    out, _ = recover_hidden(ev)
+    assert out.height > ev.height  # (the premise: the same table's trails, as they were)
+    out, notes = recover_hidden(far)
+    got = out.filter(pl.col("name").cast(pl.String).is_in(["fread", "fwrite"]))
+    assert (got["size"] <= 1 << 40).all(), got
+
+
 def test_tables_without_trails_are_returned_as_they_are() -> None:
     lt = load_trace(Path(__file__).parent.parent / "traces" / "npz_fork")
     out, notes = recover_hidden(lt.events)

@@ -48,6 +48,9 @@ from dlreplay.schema import OPEN_OPS, READ_OPS, WRITE_OPS
 
 __all__ = ["BUFFER_BYTES", "RECOVERED", "UNRECOVERED", "recover_hidden", "recovered_note"]
 
+#: The most bytes one call moves (1 TiB, the loader's bound on a read's or write's count)
+MAX_CALL_BYTES = 1 << 40
+
 #: The largest read taken for a Python file object's buffer refill (io.DEFAULT_BUFFER_SIZE
 #: is 8 KiB, a file's st_blksize 4 KiB to 64 KiB).
 BUFFER_BYTES = 64 * 1024
@@ -108,6 +111,8 @@ def _trails(ev: pl.DataFrame) -> pl.DataFrame:
         & ahead(pl.col("offset"), 2).is_not_null()
         & (ahead(p, 1) == p)
         & (ahead(p, 2) > p)
+        # (no call moves more than 1 TiB: the loader's bound on a byte count)
+        & (ahead(p, 2) - p <= MAX_CALL_BYTES - BUFFER_BYTES)
         & (p >= 0)
     )
     seeks = (
