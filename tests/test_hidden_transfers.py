@@ -59,7 +59,7 @@ JOB = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def capture(tmp_path_factory) -> tuple[Path, dict[str, int]]:
+def capture(tmp_path_factory) -> tuple[Path, dict[str, int], str]:
     from .conftest import run_cli
 
     root = tmp_path_factory.mktemp("hidden")
@@ -67,7 +67,6 @@ def capture(tmp_path_factory) -> tuple[Path, dict[str, int]]:
     data = root / "data"
     proc = run_cli(
         "capture",
-        "-q",
         "--no-loader-hooks",
         "--data-dir",
         str(data),
@@ -80,7 +79,7 @@ def capture(tmp_path_factory) -> tuple[Path, dict[str, int]]:
         cwd=root,
         check=True,
     )
-    return root / "trace", json.loads(proc.stdout.strip().splitlines()[-1])
+    return root / "trace", json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
 def _calls(trace: Path) -> pl.DataFrame:
@@ -92,7 +91,7 @@ def _calls(trace: Path) -> pl.DataFrame:
 
 
 def test_each_array_transfer_is_recovered_with_its_bytes(capture) -> None:
-    trace, sizes = capture
+    trace, sizes, _ = capture
     ev = _calls(trace)
     got = ev.filter(pl.col("op").is_in(["fread", "fwrite"]))
     reads = got.filter(pl.col("op") == "fread")
@@ -121,7 +120,7 @@ def test_each_array_transfer_is_recovered_with_its_bytes(capture) -> None:
 
 
 def test_the_trace_says_what_was_recovered_and_what_could_not_be(capture, cli) -> None:
-    trace, _ = capture
+    trace, _, said = capture
     lt = load_trace(trace)
     notes = [p for f in lt.files for p in f.problems]
     assert any(p.endswith(RECOVERED) for p in notes), notes
@@ -132,12 +131,13 @@ def test_the_trace_says_what_was_recovered_and_what_could_not_be(capture, cli) -
     assert note and "9 numpy array transfer(s)" in note and "1 more" in note, note
     out = cli("analyze", str(trace), check=True).stdout
     assert "note: 9 numpy array transfer(s)" in out
+    assert "note: 9 numpy array transfer(s)" in said  # the capture's own summary
 
 
 def test_without_the_trails_the_reads_are_the_buffer_refills(capture) -> None:
     """The premise: DFTracer's own calls on a ``.npy`` are 4 KiB-sized refills, far below the
     array (the test above would pass on a trace that had the reads)."""
-    trace, sizes = capture
+    trace, sizes, _ = capture
     ev = _calls(trace)
     seen = ev.filter(pl.col("op") == "read", pl.col("f") == "big.npy")["size"].sum()
     assert seen < sizes["big.npy"] / 10
@@ -168,7 +168,7 @@ def test_dlio_npy_samples_are_read_whole(cli, tmp_path: Path) -> None:
 def test_a_trail_past_what_a_call_can_move_is_not_recovered(capture) -> None:
     """A seek to 2^62 (a damaged or hand-made trace) makes no exabyte read: the loader's bound
     on one call's bytes (1 TiB) holds for what it adds too."""
-    trace, sizes = capture
+    trace, sizes, _ = capture
     ev = load_trace(trace).events.filter(~pl.col("name").cast(pl.String).is_in(["fread", "fwrite"]))
     big = pl.col("ret") > sizes["small.npy"]
     far = ev.with_columns(

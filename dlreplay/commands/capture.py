@@ -106,6 +106,7 @@ def print_capture_summary(result: Any) -> None:
     """How the capture ended and what the trace holds, on stderr (stdout is the job's)."""
     from dlreplay.analyze import load_trace, summarize
     from dlreplay.analyze.distill.mapped import mapped_summary
+    from dlreplay.analyze.trace.hidden import recovered_note
     from dlreplay.errors import DlreplayError
     from dlreplay.units import human_bytes
 
@@ -134,6 +135,9 @@ def print_capture_summary(result: Any) -> None:
                 f"{human_bytes(mapped['cold_bytes'])})",
                 err=True,
             )
+        recovered = recovered_note(loaded.files)
+        if recovered:  # reads the tracer did not see, counted in the bytes above
+            echo(f"  note: {recovered}", err=True)
         if loaded.damaged:
             echo(f"  warning: {loaded.describe_damage()}", err=True)
         if loaded.events.height == 0:
