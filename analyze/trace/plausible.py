@@ -92,7 +92,8 @@ def check_values(loaded: LoadedTrace) -> LoadedTrace:
         return loaded
     files = noted_reports(loaded.files, notes)
     # the loader's per-process counts included the rows set aside (and not the rows added):
-    # counted again from the table where it is used (TraceView.per_process, summarize), as after a changed role
+    # counted again from the table where it is used (TraceView.per_process, summarize), as
+    # after a changed role
     per_process = None if aside else loaded.per_process
     return dataclasses.replace(loaded, events=ev, files=files, per_process=per_process)
 
