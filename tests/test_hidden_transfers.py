@@ -12,6 +12,7 @@ there with its bytes.
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def capture(tmp_path_factory) -> tuple[Path, dict[str, int], str]:
         "-o",
         str(root / "trace"),
         "--",
-        "python",
+        sys.executable,
         str(root / "job.py"),
         str(data),
         cwd=root,
