@@ -182,6 +182,33 @@ def test_a_trail_past_what_a_call_can_move_is_not_recovered(capture) -> None:
     assert (got["size"] <= 1 << 40).all(), got
 
 
+def test_two_threads_loading_one_file_at_once_each_keep_their_trail(capture) -> None:
+    """Two threads of one process that ``np.load`` the same file at the same time interleave
+    their calls on it; each trail is one thread's. Built from the capture's own rows: its two
+    loads of big.npy, the second given to another thread and interleaved call by call."""
+    trace, sizes, _ = capture
+    ev = load_trace(trace).events.filter(~pl.col("name").cast(pl.String).is_in(["fread", "fwrite"]))
+    big = ev.filter(pl.col("file").cast(pl.String).str.ends_with("/big.npy"))
+    visit = (pl.col("name").cast(pl.String).str.starts_with("open")).cum_sum().alias("visit")
+    big = big.with_columns(visit)
+    a, b = (big.filter(pl.col("visit") == k).drop("visit") for k in (2, 3))  # the two np.load
+    assert a.height == b.height and a["name"].to_list() == b["name"].to_list()
+    t0 = int(a["ts"][0])
+    a = a.with_columns((t0 + 2 * pl.int_range(pl.len())).alias("ts"), pl.lit(0).alias("dur"))
+    b = b.with_columns(
+        (t0 + 2 * pl.int_range(pl.len()) + 1).alias("ts"),
+        pl.lit(0).alias("dur"),
+        (pl.col("tid") + 1).alias("tid"),
+    )
+    both = pl.concat([a, b]).sort("ts")
+    # (the premise: in the process's calls on the file the two loads alternate)
+    assert both["tid"].to_list()[:4] == [a["tid"][0], b["tid"][0]] * 2
+    out, _ = recover_hidden(both)
+    got = out.filter(pl.col("name").cast(pl.String) == "fread")
+    assert sorted(got["tid"].to_list()) == sorted([a["tid"][0], b["tid"][0]])
+    assert all(0 <= s - sizes["big.npy"] <= 128 for s in got["size"].to_list()), got
+
+
 def test_tables_without_trails_are_returned_as_they_are() -> None:
     lt = load_trace(Path(__file__).parent.parent / "traces" / "npz_fork")
     out, notes = recover_hidden(lt.events)

@@ -18,7 +18,7 @@ The table gives a ``SEEK_SET`` lseek its target as ``offset`` and a ``tell`` non
 further are told apart from other runs of seeks: PyTorch's zip reader (``torch.load``, DCP)
 tells twice and then seeks to the end, which is no trail.
 
-:func:`recover_hidden` finds these trails per (process, file) stream and adds the transfer
+:func:`recover_hidden` finds these trails per (thread, file) stream and adds the transfer
 they bound as the call numpy made, an ``fread`` or ``fwrite`` (category ``STDIO``) of
 ``E - S`` bytes at offset S, timed between the first and second seeks (where the transfer
 ran). The direction is the stream's last visible transfer since its open: after a write
@@ -81,9 +81,12 @@ def _on_files(names: list[str]) -> pl.Expr:
 
 
 def _key() -> pl.Expr:
-    """A (pid, file) stream as one integer (the resolved path: DFTracer 1.x, as DLIO's traces
-    have it, names files by path, not hash)."""
-    return pl.col("pid").cast(pl.Int64) * (1 << 32) + pl.col("file").to_physical().cast(pl.Int64)
+    """A stream, (thread, file), as one integer: numpy's trail is one thread's, and threads
+    that load the same file at once interleave their calls. The thread id (the process's
+    where none is recorded; thread ids are unique across a host's processes) and the
+    resolved path (DFTracer 1.x, as DLIO's traces have it, names files by path, not hash)."""
+    thread = pl.coalesce(pl.col("tid"), pl.col("pid")).cast(pl.Int64)
+    return thread * (1 << 32) + pl.col("file").to_physical().cast(pl.Int64)
 
 
 def _trails(ev: pl.DataFrame) -> pl.DataFrame:
@@ -91,7 +94,7 @@ def _trails(ev: pl.DataFrame) -> pl.DataFrame:
     (``ret``), and the row of the stream's last transfer, open or close before it (``__rl``,
     null for none).
 
-    First among each (pid, file) stream's seeks alone: a tell returning P, a seek to P and a
+    First among each (thread, file) stream's seeks alone: a tell returning P, a seek to P and a
     seek further, in a row (narrow columns over few rows, sorted by stream, so that a trace
     without trails costs little: loading's peak memory is bound per event); then, for those
     streams, no other call on the file between the first and the third, open or close
@@ -133,21 +136,22 @@ def _trails(ev: pl.DataFrame) -> pl.DataFrame:
     )
     if seeks.height == 0:
         return seeks
+    stream = ["__key"]
     others = (
         ev.lazy()
         .with_row_index("__r")
         .filter(_on_files([*_TRANSFERS, *OPEN_OPS, "close"]))
         .select("__r", _key().alias("__key"))
-        .join(seeks.lazy().select("__key").unique(), on="__key", how="semi")
+        .join(seeks.lazy().select(stream).unique(), on=stream, how="semi")
         .with_columns(pl.col("__r").alias("__rl"), pl.col("__r").alias("__rn"))
         .collect()
     )
     with warnings.catch_warnings():  # (sorted by row: polars cannot check it within groups)
         warnings.simplefilter("ignore", UserWarning)
-        nxt = seeks.join_asof(others.drop("__rl"), on="__r", by="__key", strategy="forward")
-        both = nxt.join_asof(others.drop("__rn"), on="__r", by="__key", strategy="backward")
+        nxt = seeks.join_asof(others.drop("__rl"), on="__r", by=stream, strategy="forward")
+        both = nxt.join_asof(others.drop("__rn"), on="__r", by=stream, strategy="backward")
     return both.filter(pl.col("__rn").is_null() | (pl.col("__rn") > pl.col("__r2"))).drop(
-        "__rn", "__key"
+        "__rn", *stream
     )
 
 
