@@ -51,9 +51,11 @@ __all__ = ["BUFFER_BYTES", "RECOVERED", "UNRECOVERED", "recover_hidden", "recove
 #: The most bytes one call moves (1 TiB, the loader's bound on a read's or write's count)
 MAX_CALL_BYTES = 1 << 40
 
-#: The largest read taken for a Python file object's buffer refill (io.DEFAULT_BUFFER_SIZE
-#: is 8 KiB, a file's st_blksize 4 KiB to 64 KiB).
-BUFFER_BYTES = 64 * 1024
+#: The largest read taken for a Python file object's buffer refill: its buffer is the file's
+#: st_blksize (4 KiB on local file systems, 4 MiB on Lustre and up to 16 MiB on GPFS), else
+#: io.DEFAULT_BUFFER_SIZE (8 KiB). On Lustre an np.load of 10 MiB refills 4 MiB and numpy
+#: reads the 10 MiB again from the header's end: taken from the refill's start, not its end.
+BUFFER_BYTES = 16 << 20
 
 #: The note of a file whose trails were recovered (a count and bytes precede it).
 RECOVERED = (
