@@ -33,6 +33,7 @@ from .shapes import (
     I32,
     INT,
     LSEEK,
+    MAX_CALL_BYTES,
     NARROW,
     NATIVE_INTS,
     NATIVE_STRS,
@@ -70,13 +71,6 @@ __all__ = [
     "one_frame",
 ]
 
-#: The most bytes one call moves (``MAX_CALL_BYTES`` in ``_pfwscan.c``), 1 TiB: Linux moves
-#: at most 2 GiB - 4 KiB in one read or write, and an fread/fwrite or one checkpoint save of
-#: more would need a buffer beyond a node's memory. A byte count that is negative or larger
-#: is damage, read as null and counted (:data:`ODD_BYTES`): summed, 8 M of them would pass
-#: int64, and one of 2^63 - 1 made a trace's total read -8192 PiB.
-_MAX_CALL_BYTES = 1 << 40
-
 
 #: Bit of the scanner's validity word set on a row with a byte count read as null.
 _V_ODDBYTES = 1 << 15
@@ -111,15 +105,15 @@ def _item(col: Callable[[str], pl.Expr]) -> pl.Expr:
 
 def _call_bytes_ok(n: pl.Expr, item: pl.Expr | int) -> pl.Expr:
     """``n`` items of ``item`` bytes are a byte count one call can move: both non-negative,
-    the product at most :data:`_MAX_CALL_BYTES` (``call_bytes`` in ``_pfwscan.c``)."""
+    the product at most :data:`MAX_CALL_BYTES` (``call_bytes`` in ``_pfwscan.c``)."""
     item = pl.lit(item, dtype=INT) if isinstance(item, int) else item.cast(INT)
-    most = pl.lit(_MAX_CALL_BYTES, dtype=INT) // item.clip(lower_bound=1)
+    most = pl.lit(MAX_CALL_BYTES, dtype=INT) // item.clip(lower_bound=1)
     return (n >= 0) & (item >= 0) & ((item == 0) | (n <= most))
 
 
 def _odd_bytes(col: Callable[[str], pl.Expr]) -> pl.Expr:
     """Rows whose byte count :func:`_compact_exprs` reads as null as damage (a count
-    negative or beyond :data:`_MAX_CALL_BYTES`; a failed call's negative ``ret`` is none)."""
+    negative or beyond :data:`MAX_CALL_BYTES`; a failed call's negative ``ret`` is none)."""
     ret, item, count = col("ret"), _item(col), col("count")
     xfer = ((ret >= 0) & ~_call_bytes_ok(ret, item)) | ~_call_bytes_ok(count, item)
     return (

@@ -46,10 +46,9 @@ import polars as pl
 
 from dlreplay.schema import OPEN_OPS, READ_OPS, WRITE_OPS
 
-__all__ = ["BUFFER_BYTES", "RECOVERED", "UNRECOVERED", "recover_hidden", "recovered_note"]
+from .shapes import MAX_CALL_BYTES
 
-#: The most bytes one call moves (1 TiB, the loader's bound on a read's or write's count)
-MAX_CALL_BYTES = 1 << 40
+__all__ = ["BUFFER_BYTES", "RECOVERED", "UNRECOVERED", "recover_hidden", "recovered_note"]
 
 #: The largest read taken for a Python file object's buffer refill: its buffer is the file's
 #: st_blksize (4 KiB on local file systems, 4 MiB on Lustre and up to 16 MiB on GPFS), else
@@ -138,22 +137,21 @@ def _trails(ev: pl.DataFrame) -> pl.DataFrame:
     )
     if seeks.height == 0:
         return seeks
-    stream = ["__key"]
     others = (
         ev.lazy()
         .with_row_index("__r")
         .filter(_on_files([*_TRANSFERS, *OPEN_OPS, "close"]))
         .select("__r", _key().alias("__key"))
-        .join(seeks.lazy().select(stream).unique(), on=stream, how="semi")
+        .join(seeks.lazy().select("__key").unique(), on="__key", how="semi")
         .with_columns(pl.col("__r").alias("__rl"), pl.col("__r").alias("__rn"))
         .collect()
     )
     with warnings.catch_warnings():  # (sorted by row: polars cannot check it within groups)
         warnings.simplefilter("ignore", UserWarning)
-        nxt = seeks.join_asof(others.drop("__rl"), on="__r", by=stream, strategy="forward")
-        both = nxt.join_asof(others.drop("__rn"), on="__r", by=stream, strategy="backward")
+        nxt = seeks.join_asof(others.drop("__rl"), on="__r", by="__key", strategy="forward")
+        both = nxt.join_asof(others.drop("__rn"), on="__r", by="__key", strategy="backward")
     return both.filter(pl.col("__rn").is_null() | (pl.col("__rn") > pl.col("__r2"))).drop(
-        "__rn", *stream
+        "__rn", "__key"
     )
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "INT",
     "LOOSE_INT_ARGS",
     "LSEEK",
+    "MAX_CALL_BYTES",
     "LoadedTrace",
     "MARKER_SCHEMA",
     "MAX_CALLS",
@@ -156,6 +157,13 @@ LOOSE_INT_ARGS = {
     "tensors",
 }
 
+
+#: The most bytes one call moves (``MAX_CALL_BYTES`` in ``_pfwscan.c``), 1 TiB: Linux moves
+#: at most 2 GiB - 4 KiB in one read or write, and an fread/fwrite or one checkpoint save of
+#: more would need a buffer beyond a node's memory. A byte count that is negative or larger
+#: is damage, read as null and counted (:data:`ODD_BYTES`): summed, 8 M of them would pass
+#: int64, and one of 2^63 - 1 made a trace's total read -8192 PiB.
+MAX_CALL_BYTES = 1 << 40
 
 OPEN, LSEEK, FSEEK, FTELL, REWIND, CLOSE, XFER, SXFER, PXFER = range(1, 10)
 
