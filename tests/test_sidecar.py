@@ -83,3 +83,44 @@ def test_one_read_serves_every_pattern_and_a_rewritten_file_is_read_again(
     f.write_bytes(b"\n".join([_open(7, 100, '"a1"', 0), _open(7, 200, '"b2"', 1)]) + b"\n")
     assert len(matching_lines(tmp_path, OPEN)) == 2 and matching_lines(tmp_path, get) == []
     assert len(reads) == 2
+
+
+def test_needles_find_the_lines_the_whole_text_pattern_finds(tmp_path: Path) -> None:
+    """A registered pattern's lines are found from its needles (a plain search) and matched one
+    by one: the same lines, in order, as the pattern run over the whole text, on the committed
+    traces and on lines built to sit at the edges (the last line without its newline, a needle
+    twice in a line, a needle in a line the pattern refuses, one file of NUL bytes)."""
+    import dlreplay.analyze.analysis  # noqa: F401  (every pass's patterns registered)
+    from dlreplay.analyze.distill import direct, storage
+    from dlreplay.analyze.trace import sidecar
+
+    assert direct._LINE in sidecar._NEEDLES and storage._LINE in sidecar._NEEDLES
+    assert len(sidecar._NEEDLES) >= 7
+    built = tmp_path / "built.pfw"
+    built.write_bytes(
+        b"\n".join(
+            [
+                b"[",
+                _open(7, 1, '"a"', 0, ',"note":"name open64 cat POSIX"'),
+                b'{"id":2,"name":"open64","cat":"POSIX","pid":7,"args":{"fhash":"b"}}',  # no flags
+                _open(7, 3, '"c"', 0) + b' {"name":"open64","cat":"POSIX"}',  # the needle twice
+                b'{"name":"GetObject","cat":"S3","pid":3,"ts":9,"args":{"key":"k"}}',
+                _open(7, 4, '"d"', 1),  # the last line, no newline after it
+            ]
+        )
+    )
+    (tmp_path / "nul.pfw").write_bytes(bytes(1 << 16))
+    repo = Path(__file__).resolve().parent.parent
+    files = [built, tmp_path / "nul.pfw", *sidecar.trace_files(repo / "traces")[:120]]
+    found = 0
+    for f in files:
+        data = sidecar._read(f)
+        for pattern, needles in sidecar._NEEDLES.items():
+            want = pattern.findall(data)
+            assert sidecar._lines_with(data, pattern, needles) == want, (f, pattern.pattern)
+            found += len(want)
+    assert found > 1000
+    assert (
+        len(sidecar._lines_with(built.read_bytes(), direct._LINE, sidecar._NEEDLES[direct._LINE]))
+        == 3
+    )

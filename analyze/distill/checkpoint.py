@@ -38,7 +38,9 @@ __all__ = [
 
 
 #: A checkpoint event whose hook measured its storage calls (``io_us``, DCP's FileSystemWriter)
-_IO_LINE = register(re.compile(rb'^\{[^\n]*"cat":"checkpoint"[^\n]*"io_us":[^\n]*$', re.M))
+_IO_LINE = register(
+    re.compile(rb'^\{[^\n]*"cat":"checkpoint"[^\n]*"io_us":[^\n]*$', re.M), b'"cat":"checkpoint"'
+)
 
 
 #: What the DCP hook records on a save beside ``io_us`` (null where a save has none).

@@ -50,7 +50,8 @@ _STREAM_OPEN = register(
     re.compile(
         rb'^\{[^\n]*"name":"(?:fopen|fopen64|freopen|freopen64)","cat":"STDIO"[^\n]*"mode":[^\n]*$',
         re.M,
-    )
+    ),
+    *(b'"name":"%s","cat":"STDIO"' % n.encode() for n in STREAM_OPENS),
 )
 
 

@@ -54,7 +54,8 @@ _LINE = register(
     re.compile(
         rb'^\{[^\n]*"name":"(?:open|open64|openat|openat64)","cat":"POSIX"[^\n]*"flags":[^\n]*$',
         re.M,
-    )
+    ),
+    *(b'"name":"%s","cat":"POSIX"' % n for n in (b"open", b"open64", b"openat", b"openat64")),
 )
 _FIELDS = {"pid": "$.pid", "ts": "$.ts", "fhash": "$.args.fhash", "flags": "$.args.flags"}
 

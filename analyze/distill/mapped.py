@@ -45,7 +45,10 @@ MAPPED_SCHEMA = {
     "bytes": pl.Int64,
     "cold": pl.Int64,
 }
-_LINE = register(re.compile(rb'^\{[^\n]*"name":"io\.(?:window|mmap)","cat":"data"[^\n]*$', re.M))
+_LINE = register(
+    re.compile(rb'^\{[^\n]*"name":"io\.(?:window|mmap)","cat":"data"[^\n]*$', re.M),
+    *(b'"name":"io.%s","cat":"data"' % n for n in (b"window", b"mmap")),
+)
 
 
 def mapped_events(source: str | Path | None) -> pl.DataFrame:

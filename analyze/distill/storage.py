@@ -51,7 +51,10 @@ OBJECT_SCHEMA = {
     "error": pl.Int64,
 }
 _ARGS = ("bucket", "key", "offset", "length", "bytes", "object_size", "client", "error")
-_LINE = register(re.compile(rb'^\{[^\n]*"name":"GetObject","cat":"S3"[^\n]*$', re.M))
+_LINE = register(
+    re.compile(rb'^\{[^\n]*"name":"GetObject","cat":"S3"[^\n]*$', re.M),
+    b'"name":"GetObject","cat":"S3"',
+)
 #: The read call a GET stands for in the event table (a positioned read: its offset counts).
 READ_AS = "pread64"
 

@@ -24,9 +24,13 @@ from .sidecar import fields_of, matching_lines, register
 __all__ = ["programs"]
 
 _START = register(
-    re.compile(rb'^\{[^\n]*"name":"start","cat":"dftracer"[^\n]*"cmd_hash":[^\n]*$', re.M)
+    re.compile(rb'^\{[^\n]*"name":"start","cat":"dftracer"[^\n]*"cmd_hash":[^\n]*$', re.M),
+    b'"name":"start","cat":"dftracer"',
 )
-_STRING = register(re.compile(rb'^\{[^\n]*"name":"SH","cat":"dftracer"[^\n]*$', re.M))
+_STRING = register(
+    re.compile(rb'^\{[^\n]*"name":"SH","cat":"dftracer"[^\n]*$', re.M),
+    b'"name":"SH","cat":"dftracer"',
+)
 #: A command line with one of these runs ``multiprocessing``'s entry point: a worker.
 _MULTIPROCESSING = ("multiprocessing.spawn", "multiprocessing.forkserver", "--multiprocessing-fork")
 
