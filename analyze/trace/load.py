@@ -188,8 +188,9 @@ def load_trace(
     """Load a trace directory (all ``*.pfw``/``*.pfw.gz`` below it), one file, or a list of files.
 
     ``jobs`` is how many threads decompress, parse and resolve at once (default:
-    :func:`available_cores`, fewer for a small trace: :data:`THREAD_MIN_BYTES`): groups of small files, whole files, and byte ranges of
-    whole gzip members of a file larger than its share (:func:`parse_parts`). The table
+    :func:`available_cores`, fewer for a small trace: :data:`THREAD_MIN_BYTES`): groups of
+    small files, whole files, and byte ranges of whole gzip members of a file larger than
+    its share (:func:`parse_parts`). The table
     is the same whatever ``jobs`` is. Raises :class:`~dlreplay.errors.TraceError` when
     the path does not exist or holds no trace file. Damage never raises: see
     :attr:`LoadedTrace.files`.
