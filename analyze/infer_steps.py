@@ -6,8 +6,6 @@ out (as the field they stand for)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import polars as pl
 
@@ -17,7 +15,6 @@ from .infer_pools import Inferred, as_float
 __all__ = [
     "batch_starts",
     "epoch_span_steps",
-    "median_shift",
     "overlap_us",
     "per_epoch",
     "steady_batch_intervals",
@@ -227,20 +224,6 @@ def warmup_count(values: np.ndarray) -> int:
         return 0
     slow = values > _WARMUP_FACTOR * float(np.median(values))
     return int(np.argmin(slow)) if not slow.all() else 0
-
-
-def median_shift(values: np.ndarray) -> float:
-    """How far (relative to it) the median of *values* moves when one value is left out (or,
-    the same, when one more falls beyond either end): the largest of the two moves, leaving
-    out the smallest or the largest value; infinite for fewer than 2 values or a median of 0.
-    A step set that differs from the job's by one step (a warm-up step left out, an epoch's
-    last step without a read after it) moves the median this much."""
-    v = np.sort(np.asarray(values, dtype=float))
-    mid = float(np.median(v)) if v.size else 0.0
-    if v.size < 2 or mid <= 0:
-        return math.inf
-    up, down = float(np.median(v[1:])), float(np.median(v[:-1]))
-    return max(up - mid, mid - down) / mid
 
 
 def batch_starts(visits: pl.DataFrame, batch: int) -> pl.DataFrame:

@@ -396,15 +396,9 @@ def test_consumer_compute_per_step_from_its_idle_time(
     lt = load_trace(SWEEP / name)
     m = distill(lt.events, manifest=lt.manifest)
     f = m.provenance.fields["train.computation_time"]
-    assert "before each of its batches" in f.method
-    # a claim only where one step more or fewer (the job's warm-up and epochs' last steps,
-    # which distill does not see) keeps the median within 5 %: cosmo_w0_b8's 4 steps of
-    # 4-145 ms do not (its median 8.6 ms against the job's 36.7 over 7 steps), tiles_w0_b2's
-    # 21 do (137.5 ms against 136.8)
-    if name == "cosmo_w0_b8":
-        assert f.confidence == "default" and "steps more or fewer moves their median by" in f.method
-    else:
-        assert f.confidence == "inferred" and "a guess" not in f.method
+    # the compute and the loop's own work between reads: an upper bound, a guess, said so
+    assert f.confidence == "default" and "before each of its batches" in f.method
+    assert f.method.startswith("the compute and the loop's own work, not the compute alone")
     # a sample's decoding (the silence between two samples of a batch) is the reader's
     # preprocess time, spent per sample by the replay and taken out of the step once
     p = m.provenance.fields["reader.preprocess_time"]
@@ -883,18 +877,3 @@ def test_npz_files_read_through_handles_kept_open(name: str) -> None:
     # meets, not per sample (by the opens per sample, 0.57 and 0.89, it opened per sample)
     assert m.reader.open_per_sample is False
     assert "kept open" in m.provenance.fields["reader.open_per_sample"].method
-
-
-def test_median_shift_is_one_step_more_or_fewer() -> None:
-    """The move of a median when one value is left out (the larger of the two ways), relative."""
-    import math
-
-    from dlreplay.analyze.infer_steps import median_shift
-
-    assert median_shift([10.0, 10.0, 10.0]) == 0.0
-    # 4 steps of 4-145 ms: median 8.6, one fewer at either end 5.1 or 12.1
-    assert median_shift([12.1, 5.1, 4.3, 144.9]) == pytest.approx((12.1 - 8.6) / 8.6)
-    # odd count: median 5, leaving out the smallest 5.5, the largest 4.5
-    assert median_shift([1.0, 4.0, 5.0, 6.0, 100.0]) == pytest.approx(0.1)
-    assert math.isinf(median_shift([3.0])) and math.isinf(median_shift([]))
-    assert math.isinf(median_shift([0.0, 0.0, 1.0]))
