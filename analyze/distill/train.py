@@ -17,6 +17,7 @@ from dlreplay.schema import READ_OPS
 from ..passes.ranks import own_compute_steps
 from ..trace import vocabulary as voc
 from .base import US, Facts, Observed, num
+from .lines import json_lines
 from .measure import WARMUP_FACTOR, file_sizes
 from .timing import TimingModel, timing_model
 
@@ -304,9 +305,13 @@ def _per_streamed_step(
     batch size; the same epoch's compute over the streamed samples' steps, in batches of the
     reader's. Unchanged for map-style reads."""
     posix = obs.posix
-    # (the rows of mapped files: the visits are the files' mappings, no sample either)
+    # (the rows of mapped files: the visits are the files' mappings, no sample either; the
+    # lines of a JSON-lines file: a visit is a read of its buffer, a few lines, or none where
+    # the line was in the buffer already)
     rows = not obs.items.height and (
-        (reader.memory_map and dataset.format == "npy") or reader.row_group_reads
+        (reader.memory_map and dataset.format == "npy")
+        or reader.row_group_reads
+        or json_lines(obs.paths)
     )
     if (reader.streaming is None and not rows) or posix is None or not posix.visits:
         return compute
@@ -318,7 +323,11 @@ def _per_streamed_step(
     scale = steps_then / max(samples / max(reader.batch_size, 1), 1)
     if not posix.compute_samples or abs(scale - 1) < 0.05:  # already per streamed step
         return compute
-    what = ("mappings" if reader.memory_map else "visits") if rows else "shard visits"
+    what = (
+        ("mappings" if reader.memory_map else "buffer reads" if json_lines(obs.paths) else "visits")
+        if rows
+        else "shard visits"
+    )
     facts.put(
         "train.computation_time",
         f"{facts.fields['train.computation_time'].method}; over the samples' steps "
