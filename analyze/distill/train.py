@@ -300,10 +300,11 @@ def _per_streamed_step(
     epochs: int,
     facts: Facts,
 ) -> Distribution:
-    """The POSIX inference's compute per step, over the steps of streamed shards: it counted
+    """The POSIX inference's compute per step (s), over the steps of streamed shards: it counted
     one sample per visit (a shard's open), where a shard holds many, in batches of its own
     batch size; the same epoch's compute over the streamed samples' steps, in batches of the
-    reader's. Unchanged for map-style reads."""
+    reader's. Likewise over a mapped file's rows (a visit is a mapping), a Parquet file's rows
+    and a JSON-lines file's lines (a visit is a buffer's read). Unchanged for other reads."""
     posix = obs.posix
     # (the rows of mapped files: the visits are the files' mappings, no sample either; the
     # lines of a JSON-lines file: a visit is a read of its buffer, a few lines, or none where
