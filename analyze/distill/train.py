@@ -309,10 +309,9 @@ def _per_streamed_step(
     # (the rows of mapped files: the visits are the files' mappings, no sample either; the
     # lines of a JSON-lines file: a visit is a read of its buffer, a few lines, or none where
     # the line was in the buffer already)
+    lines = json_lines(obs.paths)
     rows = not obs.items.height and (
-        (reader.memory_map and dataset.format == "npy")
-        or reader.row_group_reads
-        or json_lines(obs.paths)
+        (reader.memory_map and dataset.format == "npy") or reader.row_group_reads or lines
     )
     if (reader.streaming is None and not rows) or posix is None or not posix.visits:
         return compute
@@ -325,7 +324,7 @@ def _per_streamed_step(
     if not posix.compute_samples or abs(scale - 1) < 0.05:  # already per streamed step
         return compute
     what = (
-        ("mappings" if reader.memory_map else "buffer reads" if json_lines(obs.paths) else "visits")
+        ("mappings" if reader.memory_map else "buffer reads" if lines else "visits")
         if rows
         else "shard visits"
     )

@@ -103,22 +103,15 @@ def register(pattern: re.Pattern[bytes], *needles: bytes) -> re.Pattern[bytes]:
 
 def _lines_with(data: bytes, pattern: re.Pattern[bytes], needles: tuple[bytes, ...]) -> list[bytes]:
     """The lines of *data* that hold one of *needles* and that *pattern* matches, in order."""
-    starts: set[int] = set()
+    bounds: dict[int, int] = {}  # start -> end of each line holding a needle
     for needle in needles:
         at = data.find(needle)
         while at >= 0:
-            start = data.rfind(b"\n", 0, at) + 1
             end = data.find(b"\n", at)
             end = len(data) if end < 0 else end
-            starts.add(start)
+            bounds[data.rfind(b"\n", 0, at) + 1] = end
             at = data.find(needle, end)
-    out = []
-    for start in sorted(starts):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
-        if pattern.fullmatch(data, start, end):
-            out.append(data[start:end])
-    return out
+    return [data[a:b] for a, b in sorted(bounds.items()) if pattern.fullmatch(data, a, b)]
 
 
 @functools.lru_cache(maxsize=2)
@@ -151,8 +144,7 @@ def _identity(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
 def matching_lines(source: str | Path | None, pattern: re.Pattern[bytes]) -> list[bytes]:
     """The lines of every trace file at *source* that *pattern* (compiled with ``re.M``,
     anchored at a line's ends: ``^...$``) matches, file by file."""
-    if pattern not in _PATTERNS:
-        register(pattern)
+    register(pattern)
     files = trace_files(source)
     if not files:
         return []
